@@ -1,0 +1,60 @@
+"""Platform settings, built once per entry point and passed down.
+
+Every value comes from an explicit constructor argument or a `LORAHOST_*` environment variable.
+Nothing here connects to anything; building a `Settings` is pure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All platform configuration. Construct once in an entry point (CLI, app factory, worker)."""
+
+    model_config = SettingsConfigDict(env_prefix="LORAHOST_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(default=Path(".lorahost"), description="Embedded-mode state: DB, blobs, demo model")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir")
+    blob_store: str | None = Field(
+        default=None, description="Local directory path or s3://bucket/prefix; default data_dir/blobs"
+    )
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    redis_url: str | None = Field(default=None, description="Redis URL; None = embedded in-memory backends")
+    celery_broker_url: str | None = Field(default=None, description="Defaults to redis_url")
+    is_inline_jobs: bool = Field(default=True, description="Run jobs inline (embedded) instead of via Celery")
+
+    admin_key: str | None = None
+    internal_token: str | None = Field(default=None, description="Shared secret for the worker's internal API")
+
+    base_model_path: Path | None = None
+    base_model_name: str = "lorahost-base"
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    max_upload_bytes: int = 512 * 1024 * 1024
+    max_uncompressed_bytes: int = 1024 * 1024 * 1024
+    max_rank: int = 256
+    max_prompt_tokens: int = 4096
+    max_completion_tokens: int = 2048
+
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to a SQLite file inside data_dir."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'lorahost.db').resolve()}"
+
+    def resolved_blob_store(self) -> str:
+        """The blob store location, defaulting to data_dir/blobs."""
+        if self.blob_store:
+            return self.blob_store
+        return str((self.data_dir / "blobs").resolve())
+
+    def resolved_broker_url(self) -> str | None:
+        """The Celery broker URL (falls back to the Redis URL)."""
+        return self.celery_broker_url or self.redis_url

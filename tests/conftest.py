@@ -1,0 +1,40 @@
+"""Shared fixtures: the tiny generated demo model and adapters (seeded, generated once per session)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+NUM_DEMO_ADAPTERS = 5
+
+
+def is_ci() -> bool:
+    """True under CI=true: service-backed tests must run there (fail, never skip)."""
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama demo model in demo_dir/base and 5 PEFT adapters in demo_dir/adapters/<name>."""
+    from gpu_workers.demo_model import generate_demo
+
+    cached = os.environ.get("LORAHOST_TEST_DEMO_DIR")
+    if cached and (Path(cached) / "base" / "config.json").exists():
+        return Path(cached)
+    out = tmp_path_factory.mktemp("demo")
+    generate_demo(out, size="tiny", num_adapters=NUM_DEMO_ADAPTERS, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def base_model_dir(demo_dir: Path) -> Path:
+    """The tiny base model directory (Hugging Face format)."""
+    return demo_dir / "base"
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(demo_dir: Path) -> dict[str, Path]:
+    """Demo adapter name -> its PEFT directory."""
+    return {p.name: p for p in sorted((demo_dir / "adapters").iterdir()) if p.is_dir()}
