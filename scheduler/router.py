@@ -1,0 +1,69 @@
+"""Router v1: choose a worker for a request. Pure: plain data in, decision out.
+
+Preference order: a worker with the adapter on the device, then one with it in host memory, then any
+worker; within a tier the least loaded wins (ties broken by worker id so the choice is deterministic).
+The [Cluster] issue replaces this with the rank-aware router behind the same `Router` protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What the router knows about one live worker."""
+
+    worker_id: str
+    base_model: str
+    num_running: int = 0
+    num_waiting: int = 0
+    max_num_seqs: int = 1
+    device_adapters: frozenset[str] = field(default_factory=frozenset)
+    host_adapters: frozenset[str] = field(default_factory=frozenset)
+    is_ready: bool = True
+
+    @property
+    def load(self) -> float:
+        """Queued plus running requests per batch slot (0 = idle)."""
+        return (self.num_running + self.num_waiting) / max(1, self.max_num_seqs)
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """A request to place: its base model and adapter key (None for the base model itself)."""
+
+    base_model: str
+    adapter_key: str | None = None
+    num_prompt_tokens: int = 0
+    predicted_output_tokens: int = 0
+
+
+class Router(Protocol):
+    """A routing policy."""
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+        """Return the chosen worker id, or None when no worker can serve the request."""
+        ...
+
+
+def residency_tier(request: RouteRequest, worker: WorkerView) -> int:
+    """0 = adapter on device (or no adapter), 1 = adapter in host memory, 2 = cold."""
+    if request.adapter_key is None or request.adapter_key in worker.device_adapters:
+        return 0
+    if request.adapter_key in worker.host_adapters:
+        return 1
+    return 2
+
+
+class ResidencyThenLeastLoaded:
+    """Router v1: prefer adapter residency, then the least loaded worker."""
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+        """Pick the best ready worker serving the request's base model, or None."""
+        candidates = [w for w in workers if w.is_ready and w.base_model == request.base_model]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda w: (residency_tier(request, w), w.load, w.worker_id))
+        return best.worker_id

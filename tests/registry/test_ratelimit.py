@@ -1,0 +1,67 @@
+from typing import Any, Iterator
+
+import pytest
+
+from registry.ratelimit import InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
+from tests.services import redis_with_prefix
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory", "redis"])
+def limiter_and_clock(request: pytest.FixtureRequest) -> Iterator[tuple[RateLimiter, FakeClock]]:
+    clock = FakeClock()
+    if request.param == "memory":
+        yield InMemoryRateLimiter(clock=clock), clock
+        return
+    gen = redis_with_prefix()
+    client, prefix = next(gen)
+    yield RedisRateLimiter(client, key_prefix=prefix, clock=clock), clock
+    gen.close()
+
+
+def test_refuses_request_over_requests_per_minute(limiter_and_clock: Any) -> None:
+    limiter, _ = limiter_and_clock
+    limits = RateLimits(max_requests_per_min=2)
+    assert limiter.acquire("t1", 10, limits).is_allowed
+    assert limiter.acquire("t1", 10, limits).is_allowed
+    refused = limiter.acquire("t1", 10, limits)
+    assert not refused.is_allowed
+    assert 1 <= refused.retry_after_s <= 60
+    assert "requests per minute" in refused.reason
+
+
+def test_refused_request_consumes_no_tokens(limiter_and_clock: Any) -> None:
+    limiter, _ = limiter_and_clock
+    limits = RateLimits(max_tokens_per_min=100)
+    assert limiter.acquire("t1", 60, limits).is_allowed
+    assert not limiter.acquire("t1", 60, limits).is_allowed
+    assert limiter.acquire("t1", 40, limits).is_allowed
+
+
+def test_window_rolls_over_after_a_minute(limiter_and_clock: Any) -> None:
+    limiter, clock = limiter_and_clock
+    limits = RateLimits(max_requests_per_min=1)
+    assert limiter.acquire("t1", 1, limits).is_allowed
+    assert not limiter.acquire("t1", 1, limits).is_allowed
+    clock.now += 60
+    assert limiter.acquire("t1", 1, limits).is_allowed
+
+
+def test_tenants_have_separate_budgets(limiter_and_clock: Any) -> None:
+    limiter, _ = limiter_and_clock
+    limits = RateLimits(max_requests_per_min=1)
+    assert limiter.acquire("t1", 1, limits).is_allowed
+    assert limiter.acquire("t2", 1, limits).is_allowed
+
+
+def test_unlimited_plan_always_admits(limiter_and_clock: Any) -> None:
+    limiter, _ = limiter_and_clock
+    for _ in range(50):
+        assert limiter.acquire("t1", 10_000, RateLimits()).is_allowed
