@@ -1,0 +1,96 @@
+"""The internal API between API servers and workers (shapes only; no I/O).
+
+Every call carries `Authorization: Bearer <internal_token>` (compared in constant time by the worker).
+Tenants never reach this API.
+
+  POST {worker}/internal/v1/generate      body GenerateRequest -> NDJSON stream of GenerateEvent lines
+  POST {worker}/internal/v1/adapters/prefetch   body AdapterRef -> {"adapter_key", "residency"}
+  POST {worker}/internal/v1/adapters/drop       body {"adapter_key"} -> {"dropped": bool}
+  GET  {worker}/internal/v1/stats         -> WorkerStats
+  GET  {worker}/internal/v1/health        -> 200 while the process lives
+  GET  {worker}/internal/v1/ready         -> 200 when the model is loaded and not draining, else 503
+
+A generate stream is: zero or more `delta` events, then exactly one terminal event, `final` or `error`.
+Closing the HTTP stream early aborts the engine request (its blocks are freed).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+INTERNAL_PREFIX = "/internal/v1"
+
+
+class AdapterRef(BaseModel):
+    """Where a worker finds an adapter version's files. `adapter_key` is unique per version."""
+
+    adapter_key: str = Field(description="Stable key of one adapter version (its version id)")
+    sha256: str = Field(description="sha256 of adapter_model.safetensors; the host cache is keyed by it")
+    config_blob_key: str
+    weights_blob_key: str
+    rank: int = 0
+
+
+class SamplingSpec(BaseModel):
+    """Sampling parameters forwarded to the engine."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class GenerateRequest(BaseModel):
+    """One inference request, already authorised, templated and size-checked by the API."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    adapter: AdapterRef | None = None
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    predicted_output_tokens: int | None = None
+    tenant_id: str | None = None
+
+
+class GenerateEvent(BaseModel):
+    """One NDJSON line of a generate stream."""
+
+    type: Literal["delta", "final", "error"]
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    # final only
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    queue_ms: float | None = None
+    # error only: code is one of bad_request, adapter_unavailable, overloaded, draining, internal
+    code: str | None = None
+    message: str | None = None
+
+
+class WorkerStats(BaseModel):
+    """A worker's load and residency, as reported by /stats and in heartbeats."""
+
+    worker_id: str
+    base_model: str
+    num_running: int
+    num_waiting: int
+    max_num_seqs: int
+    device_adapters: list[str]
+    host_adapters: list[str]
+    num_free_kv_blocks: int = 0
+    num_total_kv_blocks: int = 0
+    num_cache_hits: int = 0
+    num_cache_misses: int = 0
+    num_adapter_loads: int = 0
+    is_ready: bool = True
+    is_draining: bool = False
