@@ -1,0 +1,1 @@
+"""Alembic migrations for the registry schema (packaged, so `lorahost db upgrade` works when installed)."""

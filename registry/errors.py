@@ -1,0 +1,42 @@
+"""Domain errors raised by registry/ and mapped to HTTP errors by api/errors.py.
+
+Each carries a short machine-readable `code` and a message that says what to change.
+"""
+
+from __future__ import annotations
+
+
+class RegistryError(Exception):
+    """Base class for registry domain errors."""
+
+    code = "registry_error"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+
+
+class NotFoundError(RegistryError):
+    """The object does not exist, or is not visible to the caller (never reveals other tenants' data)."""
+
+    code = "not_found"
+
+
+class ConflictError(RegistryError):
+    """The request conflicts with the current state (e.g. a concurrent upload of the same name)."""
+
+    code = "conflict"
+
+
+class InvalidRequestError(RegistryError):
+    """The request is malformed in a way the caller can fix (bad adapter name, bad source URI)."""
+
+    code = "invalid_request"
+
+
+class PermissionDeniedError(RegistryError):
+    """The caller may see the object but not change it (e.g. another tenant's public adapter)."""
+
+    code = "permission_denied"

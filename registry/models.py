@@ -1,0 +1,198 @@
+"""SQLAlchemy 2 tables: tenants, API keys, adapters and their versions, usage records, price plans.
+
+Public ids are UUID strings (String(36)) so the same schema runs on PostgreSQL and SQLite.
+Enumerations are plain strings guarded by named CHECK constraints (portable, readable in SQL).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from decimal import Decimal
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+VISIBILITIES = ("private", "public")
+VERSION_STATUSES = ("uploading", "validating", "ready", "failed")
+USAGE_STATUSES = ("ok", "error", "aborted", "rejected")
+
+
+def new_id() -> str:
+    """A new public id (UUID4 string)."""
+    return str(uuid.uuid4())
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+def _in_check(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a constraint naming convention (stable names for migrations)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class PricePlan(Base):
+    """Prices, rate limits and SLO targets a tenant is billed and measured against."""
+
+    __tablename__ = "price_plans"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    price_per_1m_prompt_tokens: Mapped[Decimal] = mapped_column(Numeric(18, 6), default=Decimal(0))
+    price_per_1m_completion_tokens: Mapped[Decimal] = mapped_column(Numeric(18, 6), default=Decimal(0))
+    price_storage_per_adapter_day: Mapped[Decimal] = mapped_column(Numeric(18, 6), default=Decimal(0))
+    requests_per_min: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_min: Mapped[int | None] = mapped_column(Integer)
+    slo_ttft_ms: Mapped[float | None] = mapped_column(Float)
+    slo_tpot_ms: Mapped[float | None] = mapped_column(Float)
+    slo_percentile: Mapped[float] = mapped_column(Float, default=99.0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Tenant(Base):
+    """A customer account; owns API keys and adapters."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    plan_id: Mapped[str | None] = mapped_column(ForeignKey("price_plans.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    plan: Mapped[PricePlan | None] = relationship()
+
+
+class ApiKey(Base):
+    """A tenant API key. Only a salted HMAC-SHA256 of the secret is stored; the key is shown once."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    salt: Mapped[str] = mapped_column(String(64))
+    secret_hash: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    tenant: Mapped[Tenant] = relationship()
+
+
+class Adapter(Base):
+    """A named LoRA adapter of one tenant; its files live in versions. Soft-deleted via deleted_at."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (
+        CheckConstraint(_in_check("visibility", VISIBILITIES), name="visibility"),
+        # One live adapter per (tenant, name); a soft-deleted name can be reused.
+        Index(
+            "uq_adapters_tenant_name_live",
+            "tenant_id",
+            "name",
+            unique=True,
+            postgresql_where=text("deleted_at IS NULL"),
+            sqlite_where=text("deleted_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    visibility: Mapped[str] = mapped_column(String(16), default="private")
+    base_model_name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    tenant: Mapped[Tenant] = relationship()
+    versions: Mapped[list[AdapterVersion]] = relationship(
+        back_populates="adapter", order_by="AdapterVersion.number"
+    )
+
+
+class AdapterVersion(Base):
+    """One uploaded revision of an adapter: blob keys, checksum, LoRA shape and lifecycle status."""
+
+    __tablename__ = "adapter_versions"
+    __table_args__ = (
+        UniqueConstraint("adapter_id", "number", name="uq_adapter_versions_adapter_number"),
+        CheckConstraint(_in_check("status", VERSION_STATUSES), name="status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    adapter_id: Mapped[str] = mapped_column(ForeignKey("adapters.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="validating")
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    source_uri: Mapped[str | None] = mapped_column(Text)
+    config_blob_key: Mapped[str | None] = mapped_column(String(500))
+    weights_blob_key: Mapped[str | None] = mapped_column(String(500))
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    alpha: Mapped[float | None] = mapped_column(Float)
+    target_modules: Mapped[list[str] | None] = mapped_column(JSON)
+    num_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    adapter: Mapped[Adapter] = relationship(back_populates="versions")
+
+
+class UsageRecord(Base):
+    """One inference request's metering row (written before the response stream closes)."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (
+        CheckConstraint(_in_check("status", USAGE_STATUSES), name="status"),
+        Index("ix_usage_records_tenant_started", "tenant_id", "started_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    request_id: Mapped[str] = mapped_column(String(100), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    adapter_id: Mapped[str | None] = mapped_column(ForeignKey("adapters.id", ondelete="SET NULL"))
+    adapter_version_id: Mapped[str | None] = mapped_column(
+        ForeignKey("adapter_versions.id", ondelete="SET NULL")
+    )
+    model_name: Mapped[str] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
+    e2e_ms: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16))
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,308 @@
+"""Queries over the registry tables. Every tenant-scoped function takes `tenant_id`.
+
+Functions flush but never commit: the caller (route, job) owns the transaction.
+A tenant sees its own adapters and everyone's public adapters; another tenant's private adapter is
+reported as not found, never as forbidden.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session, selectinload
+
+from registry import keys
+from registry.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
+from registry.models import (
+    VISIBILITIES,
+    Adapter,
+    AdapterVersion,
+    ApiKey,
+    PricePlan,
+    Tenant,
+    utcnow,
+)
+
+ADAPTER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+ADAPTER_NAME_RULE = (
+    "adapter names are 1-64 characters of lowercase letters, digits, '-', '_' or '.', "
+    "starting with a letter or digit"
+)
+UNSET: Any = object()
+
+
+# ---- tenants, plans and keys -------------------------------------------------------------------
+
+
+def create_price_plan(session: Session, name: str, **fields: Any) -> PricePlan:
+    """Insert a price plan (prices per 1M tokens, storage per adapter-day, limits, SLO targets)."""
+    plan = PricePlan(name=name, **fields)
+    session.add(plan)
+    session.flush()
+    return plan
+
+
+def get_price_plan(session: Session, plan_id: str) -> PricePlan:
+    """The plan with this id, or NotFoundError."""
+    plan = session.get(PricePlan, plan_id)
+    if plan is None:
+        raise NotFoundError(f"price plan {plan_id!r} does not exist")
+    return plan
+
+
+def create_tenant(session: Session, name: str, plan_id: str | None = None) -> Tenant:
+    """Insert an active tenant."""
+    if plan_id is not None:
+        get_price_plan(session, plan_id)
+    tenant = Tenant(name=name, plan_id=plan_id, is_active=True)
+    session.add(tenant)
+    session.flush()
+    return tenant
+
+
+def list_tenants(session: Session) -> list[Tenant]:
+    """All tenants, oldest first."""
+    return list(session.scalars(select(Tenant).order_by(Tenant.created_at, Tenant.id)))
+
+
+def get_tenant(session: Session, tenant_id: str) -> Tenant:
+    """The tenant with this id, or NotFoundError."""
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise NotFoundError(f"tenant {tenant_id!r} does not exist")
+    return tenant
+
+
+def update_tenant(
+    session: Session, tenant_id: str, *, is_active: bool | None = None, plan_id: str | None = UNSET
+) -> Tenant:
+    """Enable/disable a tenant and/or change its plan (plan_id=None clears it)."""
+    tenant = get_tenant(session, tenant_id)
+    if is_active is not None:
+        tenant.is_active = is_active
+    if plan_id is not UNSET:
+        if plan_id is not None:
+            get_price_plan(session, plan_id)
+        tenant.plan_id = plan_id
+    session.flush()
+    return tenant
+
+
+def create_api_key(session: Session, tenant_id: str) -> tuple[ApiKey, str]:
+    """Create a key for the tenant; returns the row and the full key (the only time it exists in clear)."""
+    get_tenant(session, tenant_id)
+    secret, salt = keys.new_secret(), keys.new_salt()
+    row = ApiKey(tenant_id=tenant_id, salt=salt, secret_hash=keys.hash_secret(secret, salt))
+    session.add(row)
+    session.flush()
+    return row, keys.format_key(row.id, secret)
+
+
+def revoke_api_key(session: Session, key_id: str) -> ApiKey:
+    """Mark a key revoked (idempotent)."""
+    row = session.get(ApiKey, key_id)
+    if row is None:
+        raise NotFoundError(f"API key {key_id!r} does not exist")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+        session.flush()
+    return row
+
+
+def find_api_key(session: Session, presented: str) -> ApiKey | None:
+    """The unrevoked key row matching a presented bearer key (secret checked in constant time), else None.
+
+    The caller still checks `row.tenant.is_active`.
+    """
+    parsed = keys.parse_key(presented)
+    if parsed is None:
+        return None
+    row = session.get(ApiKey, parsed.key_id)
+    if row is None or row.revoked_at is not None:
+        return None
+    if not keys.verify_secret(parsed.secret, row.salt, row.secret_hash):
+        return None
+    return row
+
+
+# ---- adapter names -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed `name` or `name@3` reference."""
+
+    name: str
+    version: int | None = None
+
+
+def check_adapter_name(name: str, *, reserved: tuple[str, ...] = ()) -> str:
+    """Return `name` if it is a valid adapter slug, else InvalidRequestError saying the rule."""
+    if not ADAPTER_NAME_RE.fullmatch(name or ""):
+        raise InvalidRequestError(f"invalid adapter name {name!r}: {ADAPTER_NAME_RULE}", code="invalid_name")
+    if name in reserved:
+        raise InvalidRequestError(f"adapter name {name!r} is reserved; choose another", code="invalid_name")
+    return name
+
+
+def parse_model_ref(ref: str) -> ModelRef:
+    """Parse `name` or `name@N` (N >= 1)."""
+    name, sep, version = ref.partition("@")
+    if not sep:
+        return ModelRef(name=name)
+    if not version.isdigit() or int(version) < 1:
+        raise InvalidRequestError(
+            f"invalid version in {ref!r}: use name@N with N a positive integer", code="invalid_name"
+        )
+    return ModelRef(name=name, version=int(version))
+
+
+def check_visibility(visibility: str) -> str:
+    """Return `visibility` if allowed, else InvalidRequestError."""
+    if visibility not in VISIBILITIES:
+        raise InvalidRequestError(
+            f"visibility must be one of {', '.join(VISIBILITIES)}, got {visibility!r}", code="invalid_visibility"
+        )
+    return visibility
+
+
+# ---- adapters and versions ---------------------------------------------------------------------
+
+
+def _live_adapters() -> Any:
+    return select(Adapter).where(Adapter.deleted_at.is_(None)).options(selectinload(Adapter.versions))
+
+
+def get_own_adapter(session: Session, tenant_id: str, name: str) -> Adapter | None:
+    """The tenant's live adapter with this name, or None."""
+    stmt = _live_adapters().where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+    return session.scalars(stmt).first()
+
+
+def find_visible_adapter(session: Session, tenant_id: str, name: str) -> Adapter:
+    """The tenant's own adapter with this name, else the oldest public one; NotFoundError otherwise."""
+    own = get_own_adapter(session, tenant_id, name)
+    if own is not None:
+        return own
+    stmt = (
+        _live_adapters()
+        .where(Adapter.name == name, Adapter.visibility == "public")
+        .order_by(Adapter.created_at, Adapter.id)
+    )
+    public = session.scalars(stmt).first()
+    if public is None:
+        raise NotFoundError(f"adapter {name!r} not found", code="adapter_not_found")
+    return public
+
+
+def list_own_adapters(session: Session, tenant_id: str) -> list[Adapter]:
+    """The tenant's live adapters, by name."""
+    stmt = _live_adapters().where(Adapter.tenant_id == tenant_id).order_by(Adapter.name)
+    return list(session.scalars(stmt))
+
+
+def list_visible_adapters(session: Session, tenant_id: str) -> list[Adapter]:
+    """The tenant's own live adapters plus every public live adapter, by name."""
+    stmt = (
+        _live_adapters()
+        .where(or_(Adapter.tenant_id == tenant_id, Adapter.visibility == "public"))
+        .order_by(Adapter.name, Adapter.created_at)
+    )
+    return list(session.scalars(stmt))
+
+
+def get_or_create_adapter(
+    session: Session, tenant_id: str, name: str, *, base_model_name: str, visibility: str | None = None
+) -> Adapter:
+    """The tenant's live adapter `name` (visibility updated if given), created when missing."""
+    adapter = get_own_adapter(session, tenant_id, name)
+    if adapter is None:
+        adapter = Adapter(
+            tenant_id=tenant_id,
+            name=name,
+            visibility=check_visibility(visibility or "private"),
+            base_model_name=base_model_name,
+        )
+        session.add(adapter)
+    elif visibility is not None:
+        adapter.visibility = check_visibility(visibility)
+    session.flush()
+    return adapter
+
+
+def add_adapter_version(session: Session, tenant_id: str, adapter: Adapter, **fields: Any) -> AdapterVersion:
+    """Insert version N+1 of the tenant's adapter (status and blob keys in `fields`)."""
+    if adapter.tenant_id != tenant_id:
+        raise NotFoundError(f"adapter {adapter.name!r} not found", code="adapter_not_found")
+    current = session.scalar(
+        select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id)
+    )
+    version = AdapterVersion(adapter_id=adapter.id, number=(current or 0) + 1, **fields)
+    session.add(version)
+    session.flush()
+    return version
+
+
+def soft_delete_adapter(session: Session, tenant_id: str, name: str) -> Adapter:
+    """Soft-delete the tenant's adapter. Another tenant's private adapter is NotFound, a public one Denied."""
+    adapter = get_own_adapter(session, tenant_id, name)
+    if adapter is None:
+        other = find_visible_adapter(session, tenant_id, name)  # raises NotFound for private ones
+        raise PermissionDeniedError(
+            f"adapter {other.name!r} belongs to another tenant; you can only delete your own adapters"
+        )
+    adapter.deleted_at = utcnow()
+    session.flush()
+    return adapter
+
+
+def pick_version(adapter: Adapter, version: int | None, *, is_ready_only: bool = True) -> AdapterVersion:
+    """The pinned version `number`, or the latest ready one; NotFoundError saying why otherwise."""
+    if version is not None:
+        for candidate in adapter.versions:
+            if candidate.number == version:
+                if is_ready_only and candidate.status != "ready":
+                    raise NotFoundError(
+                        f"version {adapter.name}@{version} is {candidate.status}, not ready",
+                        code="adapter_not_ready",
+                    )
+                return candidate
+        raise NotFoundError(f"adapter {adapter.name}@{version} not found", code="adapter_not_found")
+    ready = [v for v in adapter.versions if v.status == "ready"]
+    if not ready:
+        raise NotFoundError(f"adapter {adapter.name!r} has no ready version yet", code="adapter_not_ready")
+    return max(ready, key=lambda v: v.number)
+
+
+def resolve_model(session: Session, tenant_id: str, ref: str) -> tuple[Adapter, AdapterVersion]:
+    """Resolve `name` / `name@N` to a visible adapter and its ready version (for inference)."""
+    parsed = parse_model_ref(ref)
+    adapter = find_visible_adapter(session, tenant_id, parsed.name)
+    return adapter, pick_version(adapter, parsed.version)
+
+
+def list_ready_models(session: Session, tenant_id: str) -> list[tuple[Adapter, AdapterVersion]]:
+    """Visible adapters that have a ready version, each with its latest ready version."""
+    out = []
+    for adapter in list_visible_adapters(session, tenant_id):
+        ready = [v for v in adapter.versions if v.status == "ready"]
+        if ready:
+            out.append((adapter, max(ready, key=lambda v: v.number)))
+    return out
+
+
+def get_version(session: Session, version_id: str) -> AdapterVersion:
+    """A version by id (internal: jobs), or NotFoundError."""
+    version = session.get(AdapterVersion, version_id)
+    if version is None:
+        raise NotFoundError(f"adapter version {version_id!r} does not exist")
+    return version
+
+
+def count_rows(session: Session, model: type) -> int:
+    """Number of rows in a table (tests and admin stats)."""
+    return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
