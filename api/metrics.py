@@ -1,0 +1,83 @@
+"""Prometheus metrics for the API process (its own registry: no import-time global state).
+
+Request/token counters and latency histograms are updated by the completions route; queue depth and
+adapter residency are read from the worker directory at scrape time (workers advertise them in heartbeats).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from registry.membership import WorkerRecord
+
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+TPOT_BUCKETS_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000)
+
+
+class WorkerCollector(Collector):
+    """Per-worker gauges taken from live worker records at scrape time."""
+
+    def __init__(self, list_workers: Callable[[], Iterable[WorkerRecord]]) -> None:
+        self._list_workers = list_workers
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        """Yield queue depth, running requests, residency and cache counters per worker."""
+        running = GaugeMetricFamily("lorahost_worker_running_requests", "Requests running", labels=["worker"])
+        waiting = GaugeMetricFamily("lorahost_worker_queue_depth", "Requests waiting", labels=["worker"])
+        resident = GaugeMetricFamily(
+            "lorahost_worker_resident_adapters", "Adapters resident per tier", labels=["worker", "tier"]
+        )
+        hits = CounterMetricFamily("lorahost_worker_adapter_cache_hits", "Adapter cache hits", labels=["worker"])
+        misses = CounterMetricFamily("lorahost_worker_adapter_cache_misses", "Adapter cache misses", labels=["worker"])
+        loads = CounterMetricFamily("lorahost_worker_adapter_loads", "Adapter loads", labels=["worker"])
+        for w in self._list_workers():
+            running.add_metric([w.worker_id], w.num_running)
+            waiting.add_metric([w.worker_id], w.num_waiting)
+            resident.add_metric([w.worker_id, "device"], len(w.device_adapters))
+            resident.add_metric([w.worker_id, "host"], len(w.host_adapters))
+            hits.add_metric([w.worker_id], float(w.extra.get("num_cache_hits", 0)))
+            misses.add_metric([w.worker_id], float(w.extra.get("num_cache_misses", 0)))
+            loads.add_metric([w.worker_id], float(w.extra.get("num_adapter_loads", 0)))
+        yield from (running, waiting, resident, hits, misses, loads)
+
+
+class ApiMetrics:
+    """The API's metrics, registered in a registry owned by this object."""
+
+    def __init__(self, list_workers: Callable[[], Iterable[WorkerRecord]] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "lorahost_requests", "Inference requests by final status", ["status"], registry=self.registry
+        )
+        self.tokens = Counter("lorahost_tokens", "Tokens metered by kind", ["kind"], registry=self.registry)
+        self.ttft_ms = Histogram(
+            "lorahost_ttft_ms", "Time to first token (ms)", buckets=LATENCY_BUCKETS_MS, registry=self.registry
+        )
+        self.tpot_ms = Histogram(
+            "lorahost_tpot_ms", "Mean time per output token (ms)", buckets=TPOT_BUCKETS_MS, registry=self.registry
+        )
+        self.e2e_ms = Histogram(
+            "lorahost_e2e_ms", "End-to-end latency (ms)", buckets=LATENCY_BUCKETS_MS, registry=self.registry
+        )
+        if list_workers is not None:
+            self.registry.register(WorkerCollector(list_workers))
+
+    def observe_request(
+        self, status: str, prompt_tokens: int, completion_tokens: int,
+        ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float | None,
+    ) -> None:
+        """Count one finished request (call exactly once per request, next to the usage record)."""
+        self.requests.labels(status=status).inc()
+        self.tokens.labels(kind="prompt").inc(prompt_tokens)
+        self.tokens.labels(kind="completion").inc(completion_tokens)
+        for histogram, value in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2e_ms, e2e_ms)):
+            if value is not None:
+                histogram.observe(value)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
