@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, description="Redis URL; None = embedded in-memory backends")
     celery_broker_url: str | None = Field(default=None, description="Defaults to redis_url")
     is_inline_jobs: bool = Field(default=True, description="Run jobs inline (embedded) instead of via Celery")
+    celery_key_prefix: str = Field(default="", description="Prefix for every Celery key in Redis (isolation)")
+    celery_queue: str = Field(default="lorahost", description="Celery queue the API sends jobs to")
 
     admin_key: str | None = None
     internal_token: str | None = Field(default=None, description="Shared secret for the worker's internal API")
@@ -40,6 +42,8 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 512 * 1024 * 1024
     max_uncompressed_bytes: int = 1024 * 1024 * 1024
     max_rank: int = 256
+    max_adapter_bytes: int = 512 * 1024 * 1024
+    max_archive_members: int = 8
     max_prompt_tokens: int = 4096
     max_completion_tokens: int = 2048
 
