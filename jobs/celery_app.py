@@ -1,0 +1,48 @@
+"""The Celery app factory and its thin task wrappers over plain functions in registry/.
+
+Run a worker with `celery -A jobs.worker worker` (jobs/worker.py is the entry point that builds settings).
+Nothing connects at import time: the broker is contacted when the worker starts or a task is sent, and the
+DB engine and blob store of a worker are built on its first task.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from celery import Celery
+
+from jobs.dispatch import VALIDATE_ADAPTER_TASK
+from registry.adapter_pipeline import AdapterJobContext, make_job_context, run_validation_job
+from registry.settings import Settings
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app on the Redis broker from settings, with the lorahost tasks registered."""
+    broker = settings.resolved_broker_url()
+    if not broker:
+        raise ValueError("Celery jobs need a broker: set LORAHOST_REDIS_URL or LORAHOST_CELERY_BROKER_URL")
+    app = Celery("lorahost", broker=broker, set_as_current=False)
+    transport_options = {"global_keyprefix": settings.celery_key_prefix} if settings.celery_key_prefix else {}
+    app.conf.update(
+        task_default_queue=settings.celery_queue,
+        broker_transport_options=transport_options,
+        task_acks_late=True,  # a worker killed mid-job leaves the task for another worker
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+    )
+    _register_tasks(app, settings)
+    return app
+
+
+def _register_tasks(app: Celery, settings: Settings) -> None:
+    @cache
+    def context() -> AdapterJobContext:
+        return make_job_context(settings)
+
+    @app.task(name=VALIDATE_ADAPTER_TASK)
+    def validate_adapter_version(version_id: str) -> str:
+        """Validate an uploaded adapter version; marks it ready or failed."""
+        return run_validation_job(context(), version_id)
+
