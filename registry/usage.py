@@ -72,7 +72,8 @@ class SloTargets:
     tpot_ms: float | None = None
 
 
-def _as_utc(moment: datetime) -> datetime:
+def as_utc(moment: datetime) -> datetime:
+    """The same instant as a timezone-aware UTC datetime (naive values are taken as UTC)."""
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
@@ -83,7 +84,7 @@ def load_rows(session: Session, start: datetime, end: datetime, tenant_id: str |
         query = query.where(UsageRecord.tenant_id == tenant_id)
     return [
         UsageRow(r.tenant_id, r.adapter_id, r.model_name, r.prompt_tokens, r.completion_tokens, r.ttft_ms,
-                 r.tpot_ms, r.e2e_ms, r.status, _as_utc(r.started_at))
+                 r.tpot_ms, r.e2e_ms, r.status, as_utc(r.started_at))
         for r in session.scalars(query)
     ]
 
@@ -120,8 +121,8 @@ class InvoiceLine:
 
 def adapter_days(created_at: datetime, deleted_at: datetime | None, start: datetime, end: datetime) -> Decimal:
     """How many days (fractional) an adapter existed inside [start, end)."""
-    lo = max(_as_utc(created_at), start)
-    hi = min(_as_utc(deleted_at), end) if deleted_at is not None else end
+    lo = max(as_utc(created_at), start)
+    hi = min(as_utc(deleted_at), end) if deleted_at is not None else end
     if hi <= lo:
         return Decimal(0)
     return Decimal((hi - lo).total_seconds()) / Decimal(86400)
@@ -158,7 +159,7 @@ def _prices(plan: PricePlan | None) -> Prices:
 
 def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:
     """Invoice lines for every tenant with usage or stored adapters in [start, end), by tenant name."""
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     rows_by_tenant: dict[str, list[UsageRow]] = defaultdict(list)
     for row in load_rows(session, start, end):
         rows_by_tenant[row.tenant_id].append(row)
@@ -308,16 +309,16 @@ def slo_report(session: Session, start: datetime, end: datetime, group_by: str) 
     """SLO table for [start, end) grouped by tenant, adapter (model name) or hour."""
     if group_by not in GROUP_BYS:
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, not {group_by!r}")
-    return compute_slo(load_rows(session, _as_utc(start), _as_utc(end)), group_by, slo_targets_by_tenant(session))
+    return compute_slo(load_rows(session, as_utc(start), as_utc(end)), group_by, slo_targets_by_tenant(session))
 
 
 def hour_floor(moment: datetime) -> datetime:
     """The start of the hour containing moment (UTC)."""
-    moment = _as_utc(moment)
+    moment = as_utc(moment)
     return moment.replace(minute=0, second=0, microsecond=0)
 
 
 def default_period(now: datetime | None = None) -> tuple[datetime, datetime]:
     """The default report period: the last 30 days up to now."""
-    now = _as_utc(now or datetime.now(timezone.utc))
+    now = as_utc(now or datetime.now(timezone.utc))
     return now - timedelta(days=30), now
