@@ -97,7 +97,7 @@ def main() -> None:
     assert new_tokens == args.num_requests * args.max_tokens, (new_tokens, args.num_requests * args.max_tokens)
 
     res = common.base_result(
-        "hf_peft" if args.mode == "lora" else "hf",
+        "hf",
         args.mode,
         args,
         engine=f"transformers {__import__('transformers').__version__}"

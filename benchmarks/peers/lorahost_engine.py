@@ -1,0 +1,189 @@
+"""lorahost native engine peer for benchmarks/engine_throughput.py. Run with the project venv.
+
+Modes:
+  base  the base model only (no adapter on any request).
+  lora  every adapter loaded with engine.load_adapter; request i uses adapter i, all in one batch.
+
+When the engine exposes add_request/step (the vLLM-shaped loop), the timed run drives it step by step and
+reports prefill (steps until every request has its first token) and decode step times; otherwise it times
+engine.generate as a whole. engine.stats() is attached when present. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+
+
+def _jsonable(obj, depth: int = 0):  # noqa: ANN001, ANN202
+    if depth > 4:
+        return str(obj)
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v, depth + 1) for v in obj][:64]
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: _jsonable(getattr(obj, k), depth + 1) for k in obj.__dataclass_fields__}
+    return str(obj)
+
+
+def main() -> None:
+    p = common.peer_argparser(__doc__.splitlines()[0], ["base", "lora"])
+    p.add_argument("--mode-loop", choices=["auto", "step", "generate"], default="auto",
+                   help="drive add_request/step (auto when available) or call generate()")
+    args = p.parse_args()
+    t_load0 = time.perf_counter()
+    import torch
+
+    from gpu_workers.config import EngineConfig
+    from gpu_workers.engine import LLMEngine
+    from gpu_workers.sampling import SamplingParams
+
+    common.set_threads(args.threads)
+    cfg_kw = dict(model_path=args.model_dir / "base", dtype="bfloat16")
+    fields = getattr(EngineConfig, "__dataclass_fields__", {})
+    if "max_num_seqs" in fields:
+        cfg_kw["max_num_seqs"] = max(64, args.num_requests)
+    if "max_num_batched_tokens" in fields:
+        cfg_kw["max_num_batched_tokens"] = max(4096, args.num_requests * (args.prompt_len + args.max_tokens))
+    if args.threads and "num_threads" in fields:
+        cfg_kw["num_threads"] = args.threads
+    engine = LLMEngine(EngineConfig(**cfg_kw))
+
+    names = common.adapter_names(args.model_dir, args.num_requests)
+    distinct = sorted(set(names))
+    if args.mode == "lora":
+        for n in distinct:
+            engine.load_adapter(n, str(args.model_dir / "adapters" / n))
+    load_s = time.perf_counter() - t_load0
+    adapter_ids = names if args.mode == "lora" else None
+
+    prompts = common.make_prompts(common.vocab_size(args.model_dir), args.num_requests, args.prompt_len)
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+    gen_sig = inspect.signature(engine.generate)
+
+    def run_generate(n: int) -> tuple[float, list[list[int]]]:
+        kw = {}
+        if "adapter_ids" in gen_sig.parameters:
+            kw["adapter_ids"] = adapter_ids
+        elif adapter_ids is not None:
+            raise SystemExit("engine.generate has no adapter_ids parameter")
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, params(n), **kw)
+        total = time.perf_counter() - t0
+        return total, [list(o.token_ids) for o in outs]
+
+    use_step = args.mode_loop == "step" or (
+        args.mode_loop == "auto" and hasattr(engine, "add_request") and hasattr(engine, "step")
+    )
+    add_sig = inspect.signature(engine.add_request) if use_step else None
+
+    def run_steps(n: int, tag: str) -> dict:
+        rid_index = {}
+        for i, prompt in enumerate(prompts):
+            rid = f"{tag}-{i}"
+            rid_index[rid] = i
+            kw = {}
+            aid = adapter_ids[i] if adapter_ids else None
+            for key in ("adapter_id", "adapter_name", "lora"):
+                if key in add_sig.parameters:  # type: ignore[union-attr]
+                    kw[key] = aid
+                    break
+            else:
+                if aid is not None:
+                    raise SystemExit("engine.add_request takes no adapter argument")
+            ps = add_sig.parameters  # type: ignore[union-attr]
+            if "request_id" in ps:
+                engine.add_request(request_id=rid, prompt_token_ids=prompt, params=params(n), **kw) \
+                    if "prompt_token_ids" in ps and "params" in ps else engine.add_request(rid, prompt, params(n), **kw)
+            else:
+                ret = engine.add_request(prompt, params(n), **kw)
+                rid_index[getattr(ret, "request_id", ret)] = i
+        ntok = [0] * len(prompts)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        step_t: list[float] = []
+        prefill_steps = 0
+        t0 = time.perf_counter()
+        prev = t0
+        has_unfinished = getattr(engine, "has_unfinished_requests", None)
+        while True:
+            outs = engine.step()
+            now = time.perf_counter()
+            step_t.append(now - prev)
+            prev = now
+            for o in outs:
+                i = rid_index.get(o.request_id)
+                if i is None:
+                    continue
+                tokens[i].extend(o.new_token_ids)
+                ntok[i] = len(tokens[i])
+            if prefill_steps == 0 and all(k > 0 for k in ntok):
+                prefill_steps = len(step_t)
+            done = all(k >= n for k in ntok)
+            if has_unfinished is not None:
+                done = done and not has_unfinished()
+            if done:
+                break
+            if len(step_t) > 100 * (n + args.prompt_len):
+                raise SystemExit("engine did not finish the requests")
+        total = time.perf_counter() - t0
+        return {"total_s": total, "prefill_s": sum(step_t[:prefill_steps]), "prefill_steps": prefill_steps,
+                "decode_step_s": step_t[prefill_steps:], "tokens": tokens}
+
+    # Warm-up: same prompts and adapters, few output tokens.
+    if use_step:
+        run_steps(args.warmup_tokens, "warmup")
+    else:
+        run_generate(args.warmup_tokens)
+
+    runs = []
+    first_tokens = None
+    for r in range(args.repeats):
+        if use_step:
+            run = run_steps(args.max_tokens, f"bench{r}")
+            toks = run.pop("tokens")
+        else:
+            total, toks = run_generate(args.max_tokens)
+            run = {"total_s": total}
+        assert all(len(t) == args.max_tokens for t in toks), [len(t) for t in toks]
+        first_tokens = [t[:8] for t in toks[:2]]
+        runs.append(run)
+
+    extra = {}
+    if hasattr(engine, "stats"):
+        try:
+            extra["engine_stats"] = _jsonable(engine.stats())
+        except Exception as exc:  # noqa: BLE001
+            extra["engine_stats"] = f"stats() failed: {exc!r}"
+    summary = common.summarize_runs(runs, args.num_requests * args.max_tokens)
+    summary.pop("engine_stats", None)
+    res = common.base_result(
+        "lorahost",
+        args.mode,
+        args,
+        engine="lorahost native",
+        adapters=len(distinct) if args.mode == "lora" else 0,
+        loop="step" if use_step else "generate",
+        torch_threads=torch.get_num_threads(),
+        load_s=round(load_s, 3),
+        **summary,
+        peak_rss_mb=round(common.peak_rss_mb_self(), 1),
+        first_tokens=first_tokens,
+        **extra,
+    )
+    common.emit(res)
+
+
+if __name__ == "__main__":
+    main()
