@@ -1,0 +1,68 @@
+"""Frozen engine configuration, built once by the entry point and never mutated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the native engine needs; validated at construction.
+
+    KV memory: `num_kv_blocks` wins when set, else `kv_cache_bytes` is divided into blocks.
+    `max_num_batched_tokens` is the per-step token budget (prefill chunks + decodes).
+    `max_model_len` None means the model's max_position_embeddings (capped by the KV capacity).
+    """
+
+    model_path: Path | str
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    max_model_len: int | None = None
+    max_lora_rank: int = 256
+    max_loaded_adapters: int = 1024
+    num_threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_path", Path(self.model_path))
+        if self.dtype not in (*DTYPES, "auto"):
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_lora_rank", "kv_cache_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+
+    def resolved_device(self) -> torch.device:
+        """cuda when requested or available (auto), else cpu."""
+        if self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available()):
+            return torch.device("cuda")
+        return torch.device("cpu")
+
+    def resolved_dtype(self) -> torch.dtype:
+        """The compute dtype; auto = bf16 on CUDA or on a CPU with fast bf16, else fp32."""
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        if self.resolved_device().type == "cuda":
+            return torch.bfloat16
+        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+
+
+def _cpu_has_fast_bf16() -> bool:
+    """True when oneDNN reports native bf16 support (AVX512-BF16 / AMX)."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

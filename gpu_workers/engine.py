@@ -1,0 +1,271 @@
+"""LLMEngine: add_request / step / abort over the batch scheduler and the model runner (single-threaded;
+see async_engine.py for the thread-safe streaming wrapper)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpu_workers.batch_scheduler import BatchScheduler
+from gpu_workers.block_manager import BlockManager
+from gpu_workers.config import EngineConfig
+from gpu_workers.detokenizer import append_text, find_stop_string, num_held_back_chars
+from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, DuplicateRequestError, PromptTooLongError
+from gpu_workers.model_runner import BatchEntry, ModelRunner
+from gpu_workers.outputs import CompletionOutput, RequestOutput
+from gpu_workers.sampling import SamplingParams
+from gpu_workers.sequence import Sequence
+from scheduler.batch_policy import BatchPolicy, FifoPolicy
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counters reported by `stats()`."""
+
+    num_steps: int = 0
+    num_finished: int = 0
+    num_aborted: int = 0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_batched_tokens: int = 0
+    step_seconds: float = 0.0
+    max_step_seconds: float = 0.0
+
+
+class LLMEngine:
+    """Native multi-LoRA engine: continuous batching, paged KV, per-adapter segmented LoRA."""
+
+    def __init__(self, config: EngineConfig, policy: BatchPolicy | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(config.model_path))
+        self.max_model_len = self.runner.max_model_len
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
+        self.scheduler = BatchScheduler(
+            self.block_manager,
+            policy or FifoPolicy(),
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            adapter_rank=lambda a: self.runner.adapters[a].rank if a in self.runner.adapters else 0,
+        )
+        self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
+            {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        )
+        self.counters = EngineCounters()
+        self._pending_outputs: list[RequestOutput] = []
+        self._request_counter = itertools.count()
+
+    # ---- requests -----------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        adapter_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError."""
+        if self.scheduler.get(request_id) is not None:
+            raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
+        if adapter_id is not None and adapter_id not in self.runner.adapters:
+            raise AdapterNotLoadedError(f"adapter {adapter_id!r} is not loaded; call load_adapter first")
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not token_ids:
+            raise ValueError("prompt is empty; send at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}; "
+                f"shorten it to at most {self.max_model_len - 1} tokens"
+            )
+        max_tokens = min(sampling_params.max_tokens, self.max_model_len - len(token_ids))
+        seq = Sequence(request_id, token_ids, sampling_params, adapter_id, max_tokens)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.scheduler.add(seq)
+        self.counters.num_prompt_tokens += len(token_ids)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request now (reason "abort"), freeing its pages; False if it is not in the engine."""
+        seq = self.scheduler.get(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, "abort")
+        self.counters.num_aborted += 1
+        self._pending_outputs.append(self._delta(seq, []))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return self.scheduler.has_unfinished()
+
+    # ---- stepping -----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        entries = self.scheduler.schedule()
+        if not entries:
+            return outputs
+        started = time.perf_counter()
+        tokens, _ = self.runner.execute(entries)
+        outputs.extend(self._process(entries, tokens))
+        self._record_step(entries, time.perf_counter() - started)
+        return outputs
+
+    def _process(self, entries: list[BatchEntry], tokens: list[int]) -> list[RequestOutput]:
+        sampling = [e for e in entries if e.is_sampling]
+        for entry in entries:
+            entry.seq.num_computed_tokens += entry.num_new_tokens
+        now = time.time()
+        outputs = []
+        for entry, token in zip(sampling, tokens):
+            seq = entry.seq
+            seq.token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            self._check_stop(seq, token)
+            outputs.append(self._delta(seq, [token]))
+        return outputs
+
+    def _check_stop(self, seq: Sequence, token: int) -> None:
+        params = seq.sampling_params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            self._finish(seq, "stop")
+            return
+        num_chars_before = len(seq.output_text)
+        append_text(self.tokenizer, seq)
+        stop_at = find_stop_string(seq.output_text, params.stop, len(seq.output_text) - num_chars_before)
+        if stop_at is not None:
+            seq.output_text = seq.output_text[:stop_at]
+            self._finish(seq, "stop")
+        elif seq.num_output_tokens >= seq.max_tokens:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_time = time.time()
+        self.scheduler.finish(seq, reason)
+        self.runner.release_request(seq.request_id)
+        self.counters.num_finished += 1
+
+    def _delta(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+        """Build the output delta; text that could still become a stop string is held back until finish."""
+        visible = len(seq.output_text)
+        if not seq.is_finished:
+            visible = max(seq.num_emitted_chars, visible - num_held_back_chars(seq.sampling_params.stop))
+        new_text = seq.output_text[seq.num_emitted_chars:visible]
+        seq.num_emitted_chars = visible
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_token_ids,
+            new_text=new_text,
+            is_finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            finish_time=seq.finish_time,
+            adapter_id=seq.adapter_id,
+        )
+
+    def _record_step(self, entries: list[BatchEntry], seconds: float) -> None:
+        c = self.counters
+        c.num_steps += 1
+        c.num_batched_tokens += sum(e.num_new_tokens for e in entries)
+        c.num_output_tokens += sum(1 for e in entries if e.seq.num_computed_tokens >= e.seq.num_prompt_tokens)
+        c.step_seconds += seconds
+        c.max_step_seconds = max(c.max_step_seconds, seconds)
+
+    # ---- offline convenience -------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams],
+        adapter_ids: list[str | None] | None = None,
+    ) -> list[CompletionOutput]:
+        """Run prompts to completion (continuous batching) and return one CompletionOutput per prompt, in order."""
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        adapters = adapter_ids if adapter_ids is not None else [None] * len(prompts)
+        if not len(params) == len(adapters) == len(prompts):
+            raise ValueError("prompts, sampling_params and adapter_ids must have the same length")
+        ids = [f"generate-{next(self._request_counter)}" for _ in prompts]
+        seqs: dict[str, Sequence] = {}
+        for request_id, prompt, p, adapter_id in zip(ids, prompts, params, adapters):
+            self.add_request(request_id, prompt, p, adapter_id)
+            seqs[request_id] = self.scheduler.get(request_id)  # type: ignore[assignment]
+        while any(not s.is_finished for s in seqs.values()):
+            self.step()
+        return [self._completion(seqs[i]) for i in ids]
+
+    @staticmethod
+    def _completion(seq: Sequence) -> CompletionOutput:
+        return CompletionOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=list(seq.prompt_token_ids),
+            token_ids=seq.output_token_ids,
+            text=seq.output_text,
+            finish_reason=seq.finish_reason,
+            adapter_id=seq.adapter_id,
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            finish_time=seq.finish_time,
+        )
+
+    # ---- adapters -----------------------------------------------------------------------------------
+
+    def load_adapter(self, adapter_id: str, path: Path | str) -> None:
+        """Validate and load (or reload) an adapter; reloading one that requests use raises AdapterInUseError."""
+        if adapter_id in self.runner.adapters and self.scheduler.is_adapter_in_use(adapter_id):
+            raise AdapterInUseError(
+                f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
+            )
+        info = self.runner.validate_adapter(Path(path))
+        self.runner.adapters[adapter_id] = self.runner.load_adapter(adapter_id, Path(path), info)
+
+    def unload_adapter(self, adapter_id: str) -> None:
+        """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""
+        if adapter_id not in self.runner.adapters:
+            raise AdapterNotLoadedError(f"adapter {adapter_id!r} is not loaded")
+        if self.scheduler.is_adapter_in_use(adapter_id):
+            raise AdapterInUseError(
+                f"adapter {adapter_id!r} is used by running or waiting requests; unload it after they finish"
+            )
+        del self.runner.adapters[adapter_id]
+
+    def loaded_adapters(self) -> list[str]:
+        """Ids of the loaded adapters."""
+        return sorted(self.runner.adapters)
+
+    # ---- introspection ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, KV usage and step timings (plain JSON-able values)."""
+        c = self.counters
+        return {
+            "num_waiting": len(self.scheduler.waiting),
+            "num_running": len(self.scheduler.running),
+            "num_finished": c.num_finished,
+            "num_aborted": c.num_aborted,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": c.num_steps,
+            "num_prompt_tokens": c.num_prompt_tokens,
+            "num_output_tokens": c.num_output_tokens,
+            "num_batched_tokens": c.num_batched_tokens,
+            "step_seconds_total": c.step_seconds,
+            "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
+            "step_seconds_max": c.max_step_seconds,
+            "num_kv_blocks": self.block_manager.num_blocks,
+            "num_free_kv_blocks": self.block_manager.num_free_blocks,
+            "num_loaded_adapters": len(self.runner.adapters),
+            "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
+            "max_model_len": self.max_model_len,
+            "dtype": str(self.runner.dtype).replace("torch.", ""),
+            "device": str(self.runner.device),
+        }

@@ -1,0 +1,110 @@
+"""Paged-KV attention: write new K/V into the page pool, causal SDPA for prefill chunks, one batched
+SDPA over gathered pages for all decode tokens.
+
+KV cache per layer: k_cache, v_cache [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of
+[num_blocks, block_size, num_kv_heads, head_dim]); slot = block_id * block_size + offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Tokens [start, end) of the batch are positions [context_len - (end-start), context_len) of one seq.
+
+    context_slots: [context_len] cache slots of the whole context, None when the chunk is the whole context
+    (then K/V come straight from this step). mask: [q_len, context_len] bool (True = attend), None = causal.
+    """
+
+    start: int
+    end: int
+    context_slots: torch.Tensor | None
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step attention inputs, shared by every layer.
+
+    slot_mapping: [num_tokens] cache slot of each new token.
+    decode_token_idx: [num_decodes] batch rows of single-token (decode) queries, or None.
+    decode_slots: [num_decodes, max_context] slots to gather (padding repeats a valid slot).
+    decode_mask: [num_decodes, 1, 1, max_context] bool, True for real context positions.
+    """
+
+    slot_mapping: torch.Tensor
+    prefills: tuple[PrefillChunk, ...]
+    decode_token_idx: torch.Tensor | None
+    decode_slots: torch.Tensor | None
+    decode_mask: torch.Tensor | None
+    is_all_decode: bool
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, Hq, D]; k, v: [T, Hkv, D] for the new tokens -> output [T, Hq, D]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q) if not meta.is_all_decode else None
+    for chunk in meta.prefills:
+        assert out is not None
+        out[chunk.start:chunk.end] = _prefill_attention(q, k, v, k_cache, v_cache, chunk, scale)
+    if meta.decode_token_idx is None:
+        assert out is not None
+        return out
+    decoded = _decode_attention(q, k_cache, v_cache, meta, scale)
+    if out is None:
+        return decoded
+    out.index_copy_(0, meta.decode_token_idx, decoded)
+    return out
+
+
+def _prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of one prompt chunk over its whole context -> [q_len, Hq, D]."""
+    q_c = q[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+    if chunk.context_slots is None:
+        k_c, v_c = k[chunk.start:chunk.end], v[chunk.start:chunk.end]
+    else:
+        k_c = k_cache.index_select(0, chunk.context_slots)
+        v_c = v_cache.index_select(0, chunk.context_slots)
+    k_c = k_c.transpose(0, 1).unsqueeze(0)  # [1, Hkv, context_len, D]
+    v_c = v_c.transpose(0, 1).unsqueeze(0)
+    o = F.scaled_dot_product_attention(
+        q_c, k_c, v_c, attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=True
+    )
+    return o.squeeze(0).transpose(0, 1)
+
+
+def _decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """All single-token queries at once over their gathered pages -> [num_decodes, Hq, D]."""
+    assert meta.decode_slots is not None and meta.decode_token_idx is not None
+    num_decodes, max_context = meta.decode_slots.shape
+    flat = meta.decode_slots.view(-1)
+    k_d = k_cache.index_select(0, flat).view(num_decodes, max_context, *k_cache.shape[1:]).transpose(1, 2)
+    v_d = v_cache.index_select(0, flat).view(num_decodes, max_context, *v_cache.shape[1:]).transpose(1, 2)
+    q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)
+    q_d = q_d.unsqueeze(2)  # [num_decodes, Hq, 1, D]
+    o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
+    return o.squeeze(2)

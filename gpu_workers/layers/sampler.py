@@ -1,0 +1,40 @@
+"""Token sampling: greedy argmax, or temperature / top-k / top-p with an optional per-request generator."""
+
+from __future__ import annotations
+
+import torch
+
+from gpu_workers.sampling import SamplingParams
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> list[int]:
+    """logits: [num_seqs, vocab] fp32 -> one token id per row."""
+    greedy = logits.argmax(dim=-1).tolist()
+    if all(p.is_greedy for p in params):
+        return greedy
+    tokens = list(greedy)
+    for i, p in enumerate(params):
+        if not p.is_greedy:
+            tokens[i] = _sample_one(logits[i], p, generators[i])
+    return tokens
+
+
+def _sample_one(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
+    """logits: [vocab] fp32."""
+    logits = logits / p.temperature
+    if p.top_k > 0 and p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        sorted_probs, sorted_idx = probs.sort(descending=True)
+        cumulative = sorted_probs.cumsum(-1)
+        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+        drop = cumulative - sorted_probs >= p.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, sorted_idx, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -1,0 +1,236 @@
+"""The model runner owns every tensor: weights, paged KV cache, loaded adapters; it turns a scheduled
+batch into tensors, runs the model and samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
+from gpu_workers.config import EngineConfig
+from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
+from gpu_workers.layers.lora import LoraAdapter, LoraBatch, LoraSegment
+from gpu_workers.layers.rotary import RotaryEmbedding
+from gpu_workers.layers.sampler import sample_tokens
+from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
+from gpu_workers.models.llama import LlamaForCausalLM, ModelArgs
+from gpu_workers.sequence import Sequence
+from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One sequence's share of a step: compute tokens [num_computed_tokens, + num_new_tokens)."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def is_sampling(self) -> bool:
+        """True when this step computes the sequence's last uncomputed token (so a new token is sampled)."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """Tensors and metadata for one forward pass."""
+
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    attention: AttentionMetadata
+    lora: LoraBatch
+    sample_rows: torch.Tensor  # [num_sampling] batch rows whose logits are sampled
+
+
+class ModelRunner:
+    """Weights + KV cache + adapters on one device; `execute` runs one scheduled batch."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.resolved_device()
+        self.dtype = config.resolved_dtype()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        hf_config = read_hf_config(config.model_path)
+        self.args = ModelArgs.from_hf_config(hf_config)
+        self.model_spec = BaseModelSpec.from_hf_config(hf_config)
+        self.validation_limits = ValidationLimits(max_rank=config.max_lora_rank)
+        self.model = self._load_model()
+        self.block_size = config.block_size
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.max_model_len = min(
+            config.max_model_len or self.args.max_position_embeddings, self.num_kv_blocks * self.block_size
+        )
+        self.rotary = RotaryEmbedding(
+            self.args.head_dim, max(self.max_model_len, 1), self.args.rope, self.dtype, self.device
+        )
+        self.kv_caches = self._allocate_kv_cache()
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.generators: dict[str, torch.Generator] = {}
+        self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
+
+    # ---- setup -------------------------------------------------------------------------------------
+
+    def _load_model(self) -> LlamaForCausalLM:
+        model = LlamaForCausalLM(self.args, self.dtype, self.device)
+        model.load_weights(iter_safetensors(safetensors_files(self.config.model_path)))
+        return model.eval()
+
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of K and V for one block across all layers."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.args.num_layers * self.config.block_size * self.args.num_kv_heads * self.args.head_dim * elem
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        num_blocks = self.config.kv_cache_bytes // self.kv_bytes_per_block()
+        if num_blocks < 1:
+            raise ValueError("kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks")
+        return int(num_blocks)
+
+    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Per layer: [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of the page pool).
+        shape = (self.num_kv_blocks * self.block_size, self.args.num_kv_heads, self.args.head_dim)
+        return [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.args.num_layers)
+        ]
+
+    # ---- adapters ----------------------------------------------------------------------------------
+
+    def validate_adapter(self, path: Path) -> AdapterInfo:
+        """Check an adapter directory against this base model and the engine's limits."""
+        return validate_adapter(path, self.model_spec, self.validation_limits)
+
+    def load_adapter(self, adapter_id: str, path: Path, info: AdapterInfo) -> LoraAdapter:
+        """Pack a validated adapter's weights on the device (not yet visible to batches)."""
+        layer0 = self.model.layers[0]
+        slices = {name: getattr(layer0, name).output_slices for name in ("qkv", "o", "gate_up", "down")}
+        return load_lora_adapter(adapter_id, path, info, slices, self.args.num_layers, self.dtype, self.device)
+
+    # ---- one step ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, entries: list[BatchEntry], return_logits: bool = False) -> tuple[list[int], torch.Tensor | None]:
+        """Run one batch (entries sorted by adapter) -> sampled token per sampling entry (+ their logits)."""
+        inputs = self.prepare(entries)
+        cos_sin = self.rotary.lookup(inputs.positions)
+        hidden = self.model(inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora)
+        sampling = [e for e in entries if e.is_sampling]
+        if not sampling:
+            return [], None
+        logits = self.model.logits(hidden.index_select(0, inputs.sample_rows))  # [num_sampling, vocab]
+        params = [e.seq.sampling_params for e in sampling]
+        generators = [self._generator_for(e.seq) for e in sampling]
+        tokens = sample_tokens(logits, params, generators)
+        return tokens, (logits if return_logits else None)
+
+    def _generator_for(self, seq: Sequence) -> torch.Generator | None:
+        if seq.sampling_params.is_greedy:
+            return None
+        if seq.sampling_params.seed is None:
+            return self.default_generator
+        gen = self.generators.get(seq.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seq.sampling_params.seed)
+            self.generators[seq.request_id] = gen
+        return gen
+
+    def release_request(self, request_id: str) -> None:
+        """Drop per-request sampler state."""
+        self.generators.pop(request_id, None)
+
+    def prepare(self, entries: list[BatchEntry]) -> StepInputs:
+        """Build token ids, positions, slot mappings, attention and LoRA segment metadata for one step."""
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        prefills: list[PrefillChunk] = []
+        decode_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        sample_rows: list[int] = []
+        for entry in entries:
+            seq, start = entry.seq, entry.seq.num_computed_tokens
+            end, row = start + entry.num_new_tokens, len(ids)
+            ids.extend(seq.token_ids[start:end])
+            table = torch.tensor(seq.block_table, dtype=torch.long)
+            context_pos = torch.arange(end)
+            context_slots = table[context_pos // bs] * bs + context_pos % bs  # [end]
+            positions.append(context_pos[start:])
+            slots.append(context_slots[start:])
+            if entry.num_new_tokens == 1:
+                decode_rows.append(row)
+                decode_tables.append(seq.block_table)
+                decode_lens.append(end)
+            else:
+                prefills.append(self._prefill_chunk(row, start, end, context_slots))
+            if entry.is_sampling:
+                sample_rows.append(row + entry.num_new_tokens - 1)
+        attention = self._attention_metadata(torch.cat(slots), prefills, decode_rows, decode_tables, decode_lens, len(ids))
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
+            positions=torch.cat(positions).to(self.device),
+            attention=attention,
+            lora=self._lora_batch(entries),
+            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=self.device),
+        )
+
+    def _prefill_chunk(self, row: int, start: int, end: int, context_slots: torch.Tensor) -> PrefillChunk:
+        num_new = end - start
+        if start == 0:
+            return PrefillChunk(start=row, end=row + num_new, context_slots=None, mask=None)
+        q_pos = torch.arange(start, end).unsqueeze(1)  # [num_new, 1]
+        mask = torch.arange(end).unsqueeze(0) <= q_pos  # [num_new, end]
+        return PrefillChunk(row, row + num_new, context_slots.to(self.device), mask.to(self.device))
+
+    def _attention_metadata(
+        self,
+        slot_mapping: torch.Tensor,
+        prefills: list[PrefillChunk],
+        decode_rows: list[int],
+        decode_tables: list[list[int]],
+        decode_lens: list[int],
+        num_tokens: int,
+    ) -> AttentionMetadata:
+        if not decode_rows:
+            return AttentionMetadata(slot_mapping.to(self.device), tuple(prefills), None, None, None, False)
+        bs = self.block_size
+        max_len = max(decode_lens)
+        max_blocks = -(-max_len // bs)
+        tables = torch.zeros(len(decode_rows), max_blocks, dtype=torch.long)  # pad with block 0 (masked)
+        for i, table in enumerate(decode_tables):
+            n = min(len(table), max_blocks)
+            tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
+        pos = torch.arange(max_len)
+        decode_slots = tables[:, pos // bs] * bs + pos % bs  # [num_decodes, max_len]
+        decode_mask = (pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1))[:, None, None, :]
+        return AttentionMetadata(
+            slot_mapping=slot_mapping.to(self.device),
+            prefills=tuple(prefills),
+            decode_token_idx=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
+            decode_slots=decode_slots.to(self.device),
+            decode_mask=decode_mask.to(self.device),
+            is_all_decode=len(decode_rows) == num_tokens,
+        )
+
+    def _lora_batch(self, entries: list[BatchEntry]) -> LoraBatch:
+        """Contiguous token ranges per adapter (entries are already sorted by adapter)."""
+        segments: list[LoraSegment] = []
+        row = 0
+        for entry in entries:
+            end = row + entry.num_new_tokens
+            adapter_id = entry.seq.adapter_id
+            if adapter_id is not None:
+                last = segments[-1] if segments else None
+                if last is not None and last.adapter.adapter_id == adapter_id and last.end == row:
+                    segments[-1] = LoraSegment(last.start, end, last.adapter)
+                else:
+                    segments.append(LoraSegment(row, end, self.adapters[adapter_id]))
+            row = end
+        return LoraBatch(tuple(segments))

@@ -1,0 +1,73 @@
+"""Admission policies for the engine's batch scheduler: plain data in, decision out (no torch).
+
+The engine's batch scheduler asks a `BatchPolicy` which waiting requests to try to admit, in what order.
+The scheduler then admits them while KV blocks and the token/sequence budget allow. `FifoPolicy` is the
+baseline; a multi-queue policy (Chameleon-style) implements the same interface later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class WaitingRequest:
+    """What a policy may know about one waiting request."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int
+    adapter_id: str | None = None
+    adapter_rank: int = 0
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """What is left for new requests in this engine step."""
+
+    num_free_seqs: int
+    num_free_tokens: int
+    num_free_blocks: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """Request ids in the order the scheduler should try to admit them.
+
+    `is_head_of_line_blocking`: stop at the first request that does not fit (FIFO, non-preemptive);
+    when False the scheduler skips it and tries the next.
+    """
+
+    request_ids: tuple[str, ...]
+    is_head_of_line_blocking: bool = True
+
+
+class BatchPolicy(Protocol):
+    """Decides the admission order of waiting requests; called once per engine step."""
+
+    def plan(self, waiting: Sequence[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
+        """Return the admission order for this step."""
+        ...
+
+    def on_finished(self, request_id: str) -> None:
+        """Called when an admitted request finishes or is aborted (quota bookkeeping)."""
+        ...
+
+
+class FifoPolicy:
+    """First come, first served, with head-of-line blocking (the S-LoRA / vLLM default)."""
+
+    def plan(self, waiting: Sequence[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
+        """Admit in arrival order; ties keep submission order (sorted() is stable)."""
+        if budget.num_free_seqs <= 0 or budget.num_free_tokens <= 0:
+            return AdmissionPlan(request_ids=())
+        ordered = sorted(waiting, key=lambda r: r.arrival_time)
+        return AdmissionPlan(request_ids=tuple(r.request_id for r in ordered), is_head_of_line_blocking=True)
+
+    def on_finished(self, request_id: str) -> None:
+        """FIFO keeps no per-request state."""
+        return None
