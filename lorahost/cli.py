@@ -6,9 +6,12 @@ Heavy imports (torch, FastAPI, SQLAlchemy) happen inside the commands, so `lorah
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from registry.settings import Settings
 
 app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
@@ -35,6 +38,90 @@ def demo_model(
     modules = tuple(m.strip() for m in target_modules.split(",")) if target_modules else None
     generate_demo(out_dir, size=size, num_adapters=num_adapters, seed=seed, target_modules=modules)
     typer.echo(f"wrote {out_dir}/base and {num_adapters} adapters under {out_dir}/adapters")
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision")] = "head",
+    database_url: Annotated[Optional[str], typer.Option(help="Overrides LORAHOST_DATABASE_URL")] = None,
+) -> None:
+    """Apply the Alembic migrations to the configured database."""
+    from migrations.runner import upgrade
+    from registry.settings import Settings
+
+    settings = Settings(**({"database_url": database_url} if database_url else {}))
+    url = settings.resolved_database_url()
+    _ensure_sqlite_dir(url)
+    upgrade(url, revision)
+    typer.echo(f"database at revision {revision}: {_redact(url)}")
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1)")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (default 8000)")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Embedded state: SQLite DB, blobs, demo model")] = None,
+    base_model: Annotated[
+        Optional[Path], typer.Option(help="Base model directory (default: a generated tiny demo model)")
+    ] = None,
+) -> None:
+    """Run the API (embedded mode by default: SQLite, local blobs, inline jobs). Migrates on start."""
+    import uvicorn
+
+    from api.main import create_app
+    from migrations.runner import upgrade
+    from registry.settings import Settings
+
+    overrides = {"host": host, "port": port, "data_dir": data_dir, "base_model_path": base_model}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.base_model_path is None:
+        settings = settings.model_copy(update={"base_model_path": _ensure_demo_model(settings.data_dir)})
+    url = settings.resolved_database_url()
+    _ensure_sqlite_dir(url)
+    upgrade(url)
+    _announce_admin_key(settings)
+    typer.echo(f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port}")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+
+
+def _ensure_demo_model(data_dir: Path) -> Path:
+    """Generate the tiny demo model into DATA_DIR/demo on first start; returns DATA_DIR/demo/base."""
+    demo = data_dir / "demo"
+    if not (demo / "base" / "config.json").exists():
+        from gpu_workers.demo_model import generate_demo
+
+        typer.echo(f"lorahost: generating the tiny demo model into {demo} (first start)")
+        generate_demo(demo, size="tiny", num_adapters=2, seed=0)
+    return (demo / "base").resolve()
+
+
+def _announce_admin_key(settings: Settings) -> None:
+    """Print a generated admin key once (only its hash is kept, in the data dir)."""
+    from registry.keys import ADMIN_KEY_HASH_FILENAME, ensure_admin_key_hash
+
+    if settings.admin_key:
+        return
+    key = ensure_admin_key_hash(settings.data_dir)
+    if key is None:
+        typer.echo(
+            f"lorahost: admin key was printed on first start (hash in {settings.data_dir / ADMIN_KEY_HASH_FILENAME}); "
+            "delete that file to generate a new one, or set LORAHOST_ADMIN_KEY"
+        )
+        return
+    typer.echo("\n    lorahost admin key (shown only this once; only its hash is stored):\n")
+    typer.echo(f"        {key}\n")
+
+
+def _ensure_sqlite_dir(url: str) -> None:
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def main() -> None:

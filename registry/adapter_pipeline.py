@@ -369,3 +369,25 @@ def make_job_context(settings: Settings) -> AdapterJobContext:
         blob_store=make_blob_store(settings),
         limits=limits_from_settings(settings),
     )
+
+
+def accept_upload(
+    session: Session,
+    ctx: AdapterJobContext,
+    *,
+    tenant_id: str,
+    name: str,
+    visibility: str | None,
+    upload_dir: Path,
+    names: list[str],
+) -> AdapterVersion:
+    """Steps 1-3 for files already on local disk: prepare, fully validate, then stage (blocking)."""
+    repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
+    if visibility is not None:
+        repository.check_visibility(visibility)
+    check_incoming_names(names)
+    adapter_dir = prepare_adapter_dir(upload_dir, names, ctx.limits)
+    info = validate_adapter_files(adapter_dir, ctx)
+    return stage_upload(
+        session, ctx, tenant_id=tenant_id, name=name, visibility=visibility, adapter_dir=adapter_dir, info=info
+    )

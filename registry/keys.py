@@ -7,9 +7,11 @@ HMAC-SHA256(salt, secret); the secret itself is shown once and never stored.
 from __future__ import annotations
 
 import hashlib
+import os
 import hmac
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 KEY_PREFIX = "lh"
 ADMIN_KEY_PREFIX = "lhadmin"
@@ -76,3 +78,25 @@ def verify_admin_key(presented: str, *, admin_key: str | None, admin_key_hash: s
         salt, _, digest = rest.partition("$")
         return scheme == "sha256" and verify_secret(presented, salt, digest)
     return False
+
+
+ADMIN_KEY_HASH_FILENAME = "admin_key.sha256"
+
+
+def read_admin_key_hash(data_dir: Path) -> str | None:
+    """The stored admin key hash in data_dir, or None when none was generated."""
+    path = Path(data_dir) / ADMIN_KEY_HASH_FILENAME
+    return path.read_text().strip() if path.exists() else None
+
+
+def ensure_admin_key_hash(data_dir: Path) -> str | None:
+    """Generate an admin key on first start: store only its hash; return the key (to print once) or None."""
+    if read_admin_key_hash(data_dir) is not None:
+        return None
+    key = new_admin_key()
+    path = Path(data_dir) / ADMIN_KEY_HASH_FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(hash_admin_key(key) + "\n")
+    return key

@@ -1,0 +1,80 @@
+"""Request dependencies as Annotated aliases: SessionDep, CurrentTenant, AdminDep, BlobStoreDep, ServicesDep."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from api.errors import ApiError
+from api.services import Services
+from registry import keys, repository
+from registry.models import Tenant
+from registry.settings import Settings
+from registry.storage import BlobStore
+
+bearer_scheme = HTTPBearer(auto_error=False, description="Tenant key (lh_...) or, on /v1/admin, the admin key")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+
+
+def get_services(request: Request) -> Services:
+    """The app's services (built in the lifespan)."""
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_settings(services: ServicesDep) -> Settings:
+    """The app's settings."""
+    return services.settings
+
+
+def get_session(services: ServicesDep) -> Iterator[Session]:
+    """One DB session per request; routes commit what they change."""
+    with services.session_factory() as session:
+        yield session
+
+
+def get_blob_store(services: ServicesDep) -> BlobStore:
+    """The adapter blob store."""
+    return services.blob_store
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "authentication_error", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def get_current_tenant(session: SessionDep, credentials: BearerDep) -> Tenant:
+    """The active tenant owning the bearer key; 401 for a missing/invalid/revoked key, 403 if disabled."""
+    if credentials is None:
+        raise _unauthorized("missing API key: send 'Authorization: Bearer <your lh_... key>'")
+    row = repository.find_api_key(session, credentials.credentials)
+    if row is None:
+        raise _unauthorized("invalid or revoked API key: ask your operator for a new key")
+    if not row.tenant.is_active:
+        raise ApiError(403, "tenant_disabled", "this tenant is disabled; contact the operator to re-enable it")
+    return row.tenant
+
+
+def require_admin(services: ServicesDep, credentials: BearerDep) -> None:
+    """Accept only the admin key (compared in constant time)."""
+    if credentials is None:
+        raise _unauthorized("missing admin key: send 'Authorization: Bearer <admin key>'")
+    is_admin = keys.verify_admin_key(
+        credentials.credentials, admin_key=services.settings.admin_key, admin_key_hash=services.admin_key_hash
+    )
+    if not is_admin:
+        raise _unauthorized("this route needs the admin key (tenant keys are not accepted)")
+
+
+CurrentTenant = Annotated[Tenant, Depends(get_current_tenant)]
+AdminDep = Annotated[None, Depends(require_admin)]

@@ -1,0 +1,123 @@
+"""Domain errors -> JSON errors `{"error": {"type", "message"}}`, FastAPI's own 404/405/422 included."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from registry.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    RegistryError,
+)
+from registry.validation import AdapterValidationError
+
+log = logging.getLogger(__name__)
+
+HTTP_ERROR_TYPES = {
+    400: "invalid_request",
+    401: "authentication_error",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limited",
+    503: "unavailable",
+}
+REGISTRY_STATUS: dict[type[RegistryError], int] = {
+    NotFoundError: 404,
+    ConflictError: 409,
+    InvalidRequestError: 400,
+    PermissionDeniedError: 403,
+}
+# Validator codes about the shape of the request (which files were sent) rather than their content.
+REQUEST_SHAPE_CODES = frozenset(
+    {"pickle_not_allowed", "duplicate_file", "unexpected_file", "missing_config", "missing_weights"}
+)
+
+
+class ApiError(Exception):
+    """An HTTP error with a machine-readable type and a message saying what to change."""
+
+    def __init__(self, status_code: int, type_: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.type = type_
+        self.message = message
+        self.headers = headers
+
+
+def error_response(status_code: int, type_: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The one JSON error shape."""
+    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status_code, headers=headers)
+
+
+def validation_error_status(code: str) -> int:
+    """413 for size limits, 400 for the wrong set of files, 422 for invalid adapter content."""
+    if code.startswith("too_many") or (code.endswith("too_large") and code != "rank_too_large"):
+        return 413
+    if code in REQUEST_SHAPE_CODES or code.startswith("archive") or code.startswith("unsafe"):
+        return 400
+    return 422
+
+
+def _registry_status(exc: RegistryError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in REGISTRY_STATUS:
+            return REGISTRY_STATUS[cls]
+    return 400
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status_code, exc.type, exc.message, exc.headers)
+
+
+async def _registry_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RegistryError)
+    return error_response(_registry_status(exc), exc.code, exc.message)
+
+
+async def _adapter_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AdapterValidationError)
+    return error_response(validation_error_status(exc.code), exc.code, exc.message)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    type_ = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    return error_response(exc.status_code, type_, message, getattr(exc, "headers", None))
+
+
+async def _request_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg')}")
+    return error_response(422, "invalid_request", "; ".join(parts) or "invalid request")
+
+
+async def _unhandled_error(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal_error", "internal server error; retry, or contact the operator")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register every handler on the app."""
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RegistryError, _registry_error)
+    app.add_exception_handler(AdapterValidationError, _adapter_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _request_validation_error)
+    app.add_exception_handler(Exception, _unhandled_error)

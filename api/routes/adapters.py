@@ -1,0 +1,141 @@
+"""/v1/adapters: upload (multipart or s3:// import), list, read, soft delete."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CurrentTenant, ServicesDep, SessionDep
+from api.errors import ApiError
+from api.services import Services
+from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
+from api.uploads import receive_upload
+from registry import adapter_pipeline, repository
+from registry.models import AdapterVersion
+
+router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+MAX_JSON_BYTES = 64 * 1024
+
+UPLOAD_OPENAPI = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["name", "files"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "visibility": {"type": "string", "enum": ["private", "public"]},
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                    },
+                }
+            },
+            "application/json": {"schema": AdapterImport.model_json_schema()},
+        }
+    }
+}
+
+
+@router.post("", status_code=202, response_model=UploadAccepted, openapi_extra=UPLOAD_OPENAPI)
+async def upload_adapter(
+    request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> UploadAccepted:
+    """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an s3:// import (JSON body)."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        version = await _accept_multipart(request, tenant.id, session, services)
+    elif content_type.startswith("application/json"):
+        version = await _accept_import(request, tenant.id, session, services)
+    else:
+        raise ApiError(
+            415, "unsupported_media_type", "send multipart/form-data (name + files) or JSON {name, source}"
+        )
+    await run_in_threadpool(services.jobs.validate_adapter_version, version.id)
+    return _accepted(session, version.id)
+
+
+async def _accept_multipart(
+    request: Request, tenant_id: str, session: Session, services: Services
+) -> AdapterVersion:
+    with tempfile.TemporaryDirectory(prefix="lorahost-upload-") as tmp:
+        received = await receive_upload(request, Path(tmp), services.settings.max_upload_bytes)
+        return await run_in_threadpool(
+            adapter_pipeline.accept_upload,
+            session,
+            services.job_context,
+            tenant_id=tenant_id,
+            name=received.name,
+            visibility=received.visibility,
+            upload_dir=Path(tmp),
+            names=received.filenames,
+        )
+
+
+async def _accept_import(
+    request: Request, tenant_id: str, session: Session, services: Services
+) -> AdapterVersion:
+    body = await request.body()
+    if len(body) > MAX_JSON_BYTES:
+        raise ApiError(413, "payload_too_large", f"JSON body larger than {MAX_JSON_BYTES} bytes")
+    try:
+        payload = AdapterImport.model_validate_json(body)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    return await run_in_threadpool(
+        adapter_pipeline.stage_import,
+        session,
+        services.job_context,
+        tenant_id=tenant_id,
+        name=payload.name,
+        visibility=payload.visibility,
+        source=payload.source,
+    )
+
+
+def _accepted(session: Session, version_id: str) -> UploadAccepted:
+    session.expire_all()  # the job may have changed the row through another session
+    version = repository.get_version(session, version_id)
+    adapter = version.adapter
+    return UploadAccepted(
+        adapter=adapter.name,
+        adapter_id=adapter.id,
+        visibility=adapter.visibility,
+        version=AdapterPublic.from_row(adapter, [version]).versions[0],
+    )
+
+
+@router.get("", response_model=ListResponse)
+def list_adapters(tenant: CurrentTenant, session: SessionDep, include_public: bool = False) -> ListResponse:
+    """The tenant's adapters (and everyone's public adapters with include_public=true)."""
+    if include_public:
+        adapters = repository.list_visible_adapters(session, tenant.id)
+    else:
+        adapters = repository.list_own_adapters(session, tenant.id)
+    return ListResponse(data=[AdapterPublic.from_row(a) for a in adapters])
+
+
+@router.get("/{ref}", response_model=AdapterPublic)
+def get_adapter(ref: str, tenant: CurrentTenant, session: SessionDep) -> AdapterPublic:
+    """One adapter with its versions' status and failure reasons; `name@N` shows only version N."""
+    parsed = repository.parse_model_ref(ref)
+    adapter = repository.find_visible_adapter(session, tenant.id, parsed.name)
+    if parsed.version is None:
+        return AdapterPublic.from_row(adapter)
+    version = repository.pick_version(adapter, parsed.version, is_ready_only=False)
+    return AdapterPublic.from_row(adapter, [version])
+
+
+@router.delete("/{name}", response_model=AdapterDeleted)
+def delete_adapter(name: str, tenant: CurrentTenant, session: SessionDep) -> AdapterDeleted:
+    """Soft-delete one of the tenant's adapters (all its versions stop being served)."""
+    if "@" in name:
+        raise ApiError(400, "invalid_request", "delete removes a whole adapter: use its name without @N")
+    adapter = repository.soft_delete_adapter(session, tenant.id, name)
+    session.commit()
+    return AdapterDeleted(id=adapter.id, name=adapter.name)

@@ -1,0 +1,96 @@
+"""Receive a multipart adapter upload into a temp directory, bounded by max_upload_bytes.
+
+The request body is streamed; the byte count is enforced while reading (413 as soon as it is exceeded),
+and file names are checked before any adapter file is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import Request
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from api.errors import ApiError
+from registry.adapter_pipeline import check_incoming_names, safe_basename
+
+MAX_FILES = 8
+MAX_FIELDS = 8
+COPY_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReceivedUpload:
+    """The form fields and the names of the files written into the upload directory."""
+
+    name: str
+    visibility: str | None
+    filenames: list[str]
+
+
+class UploadTooLargeError(MultiPartException):
+    """The body exceeded max_upload_bytes (a MultiPartException so the parser closes its spooled files)."""
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        "upload_too_large",
+        f"upload exceeds the limit of {max_bytes} bytes; send a smaller adapter (lower rank, fewer target "
+        "modules or fp16/bf16 weights) or ask the operator to raise LORAHOST_MAX_UPLOAD_BYTES",
+    )
+
+
+async def _bounded(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+    num_bytes = 0
+    async for chunk in request.stream():
+        num_bytes += len(chunk)
+        if num_bytes > max_bytes:
+            raise UploadTooLargeError(f"body larger than {max_bytes} bytes")
+        yield chunk
+
+
+async def receive_upload(request: Request, upload_dir: Path, max_bytes: int) -> ReceivedUpload:
+    """Parse the multipart body (`name`, optional `visibility`, one or more `files`) into `upload_dir`."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    parser = MultiPartParser(request.headers, _bounded(request, max_bytes), max_files=MAX_FILES, max_fields=MAX_FIELDS)
+    try:
+        form = await parser.parse()
+    except UploadTooLargeError:
+        raise _too_large(max_bytes) from None
+    except MultiPartException as exc:
+        raise ApiError(400, "invalid_multipart", f"could not read the multipart body: {exc.message}") from None
+    try:
+        return await _save_form(form, upload_dir)
+    finally:
+        await form.close()
+
+
+async def _save_form(form: object, upload_dir: Path) -> ReceivedUpload:
+    name = form.get("name")  # type: ignore[attr-defined]
+    visibility = form.get("visibility")  # type: ignore[attr-defined]
+    files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]  # type: ignore[attr-defined]
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "invalid_request", "form field 'name' is required (the adapter name)")
+    if visibility is not None and not isinstance(visibility, str):
+        raise ApiError(400, "invalid_request", "form field 'visibility' must be 'private' or 'public'")
+    if not files:
+        raise ApiError(
+            400,
+            "missing_files",
+            "no files: send the adapter as -F files=@adapter_config.json -F files=@adapter_model.safetensors, "
+            "or one archive as -F files=@adapter.zip",
+        )
+    filenames = [safe_basename(f.filename or "") for f in files]
+    check_incoming_names(filenames)
+    for upload, filename in zip(files, filenames):
+        with open(upload_dir / filename, "wb") as out:
+            await upload.seek(0)
+            shutil.copyfileobj(upload.file, out, COPY_CHUNK_BYTES)
+    return ReceivedUpload(name=name, visibility=visibility or None, filenames=filenames)
