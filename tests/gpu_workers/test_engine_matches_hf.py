@@ -1,0 +1,79 @@
+"""The oracle: greedy tokens and logits equal transformers + peft, per adapter alone and all mixed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from gpu_workers.engine import LLMEngine
+from gpu_workers.model_runner import BatchEntry
+from gpu_workers.sampling import SamplingParams
+from gpu_workers.sequence import Sequence
+
+NUM_TOKENS = 8
+GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True)
+
+
+def engine_prefill_logits(engine: LLMEngine, prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
+    """Logits [n, vocab] of one batched prefill of `prompts` (pages allocated and freed here)."""
+    seqs = [Sequence(f"logits-{i}", p, GREEDY, a, NUM_TOKENS) for i, (p, a) in enumerate(zip(prompts, adapters))]
+    for seq in seqs:
+        seq.block_table = engine.block_manager.allocate(engine.block_manager.num_blocks_for_tokens(seq.num_tokens))
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].adapter_id or "")
+    try:
+        _, logits = engine.runner.execute([BatchEntry(seqs[i], seqs[i].num_tokens) for i in order], True)
+    finally:
+        for seq in seqs:
+            engine.block_manager.free(seq.block_table)
+    assert logits is not None
+    result = torch.empty_like(logits)
+    result[torch.tensor(order)] = logits
+    return result
+
+
+@pytest.mark.parametrize("adapter", [None, "adapter-00", "adapter-01", "adapter-02", "adapter-03", "adapter-04"])
+def test_greedy_tokens_match_peft_for_each_adapter_alone(
+    fp32_engine: LLMEngine, hf_oracle: Any, prompt_ids: list[list[int]], adapter: str | None
+) -> None:
+    prompt = prompt_ids[1]
+    [out] = fp32_engine.generate([prompt], GREEDY, adapter_ids=[adapter])
+    assert out.token_ids == hf_oracle.greedy(prompt, adapter, NUM_TOKENS)
+
+
+def test_mixed_batch_of_all_adapters_and_base_matches_peft(
+    fp32_engine: LLMEngine, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict
+) -> None:
+    adapters: list[str | None] = [None, *adapter_dirs, None, *reversed(list(adapter_dirs))]
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
+    outs = fp32_engine.generate(prompts, GREEDY, adapter_ids=adapters)
+    for prompt, adapter, out in zip(prompts, adapters, outs):
+        assert out.token_ids == hf_oracle.greedy(prompt, adapter, NUM_TOKENS), adapter
+
+
+def test_fp32_logits_match_peft_tightly(
+    fp32_engine: LLMEngine, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict
+) -> None:
+    adapters: list[str | None] = [None, *adapter_dirs]
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
+    logits = engine_prefill_logits(fp32_engine, prompts, adapters)
+    for i, (prompt, adapter) in enumerate(zip(prompts, adapters)):
+        torch.testing.assert_close(logits[i], hf_oracle.logits(prompt, adapter), atol=1e-4, rtol=1e-4)
+
+
+def test_lora_changes_the_logits(fp32_engine: LLMEngine, prompt_ids: list[list[int]]) -> None:
+    logits = engine_prefill_logits(fp32_engine, [prompt_ids[0]] * 2, [None, "adapter-00"])
+    assert (logits[0] - logits[1]).abs().max() > 1e-2
+
+
+def test_bf16_logits_match_peft_loosely(
+    make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict
+) -> None:
+    engine = make_engine(dtype="bfloat16")
+    adapters: list[str | None] = [None, *adapter_dirs]
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
+    logits = engine_prefill_logits(engine, prompts, adapters)
+    for i, (prompt, adapter) in enumerate(zip(prompts, adapters)):
+        expected = hf_oracle.logits(prompt, adapter)
+        assert (logits[i] - expected).abs().max() < 0.05 * expected.abs().max() + 0.05
