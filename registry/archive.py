@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from registry.validation import (
     IGNORED_FILENAMES,
@@ -86,7 +86,7 @@ class _Extraction:
     def count_entry(self) -> None:
         """Every entry, junk included, counts against a hard cap (bounds work on crafted archives)."""
         self.num_entries += 1
-        if self.num_entries > 4 * self.limits.max_archive_members + 16:
+        if self.num_entries > _max_entries(self.limits):
             raise _too_many_members(self.limits)
 
     def add_member(self, raw_name: str, is_dir: bool) -> str | None:
@@ -128,7 +128,7 @@ class _Extraction:
         self.check_room(num_bytes)
         self.num_bytes += num_bytes
 
-    def write(self, name: str, source: BinaryIO) -> None:
+    def write(self, name: str, source: IO[bytes]) -> None:
         """Stream one member to staging/name, counting bytes as they are decompressed."""
         with open(self.staging / name, "xb") as out:
             while chunk := source.read(COPY_CHUNK_BYTES):
@@ -140,13 +140,24 @@ class _Extraction:
 def _safe_parts(raw_name: str) -> list[str]:
     name = raw_name.replace("\\", "/")
     if "\x00" in name or name.startswith("/") or _DRIVE.match(name):
-        raise _fail("unsafe_archive_path", f"archive member {raw_name!r} has an absolute path; archive the "
-                    "adapter files with relative names")
+        raise _fail(
+            "unsafe_archive_path",
+            f"archive member {raw_name!r} has an absolute path; archive the "
+            "adapter files with relative names",
+        )
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise _fail("unsafe_archive_path", f"archive member {raw_name!r} points outside the archive (\"..\"); "
-                    "archive the adapter files with plain relative names")
+        raise _fail(
+            "unsafe_archive_path",
+            f'archive member {raw_name!r} points outside the archive (".."); '
+            "archive the adapter files with plain relative names",
+        )
     return parts
+
+
+def _max_entries(limits: ValidationLimits) -> int:
+    """Hard cap on entries of any kind (junk and folders included)."""
+    return 4 * limits.max_archive_members + 16
 
 
 def _counts_as_member(raw_name: str) -> bool:
@@ -159,23 +170,34 @@ def _is_junk(parts: list[str]) -> bool:
 
 
 def _layout_error(raw_name: str) -> AdapterValidationError:
-    return _fail("invalid_archive_layout", f"archive member {raw_name!r}: the adapter files must sit at the top "
-                 "of the archive or together in one top-level folder")
+    return _fail(
+        "invalid_archive_layout",
+        f"archive member {raw_name!r}: the adapter files must sit at the top "
+        "of the archive or together in one top-level folder",
+    )
 
 
 def _too_many_members(limits: ValidationLimits) -> AdapterValidationError:
-    return _fail("too_many_archive_members", f"the archive has more than {limits.max_archive_members} entries; "
-                 "it should hold only adapter_config.json and adapter_model.safetensors")
+    return _fail(
+        "too_many_archive_members",
+        f"the archive has more than {limits.max_archive_members} entries; "
+        "it should hold only adapter_config.json and adapter_model.safetensors",
+    )
 
 
 def _link_error(raw_name: str) -> AdapterValidationError:
-    return _fail("archive_link_not_allowed", f"archive member {raw_name!r} is a symbolic or hard link; "
-                 "archive the real files instead")
+    return _fail(
+        "archive_link_not_allowed",
+        f"archive member {raw_name!r} is a symbolic or hard link; archive the real files instead",
+    )
 
 
 def _special_error(raw_name: str) -> AdapterValidationError:
-    return _fail("unsupported_archive_member", f"archive member {raw_name!r} is not a regular file (device, "
-                 "FIFO, sparse or socket); archive only the adapter files")
+    return _fail(
+        "unsupported_archive_member",
+        f"archive member {raw_name!r} is not a regular file (device, "
+        "FIFO, sparse or socket); archive only the adapter files",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,12 +212,15 @@ def _extractor_for(path: Path) -> Callable[[Path, _Extraction], None]:
         return _extract_tar
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic.startswith(b"PK\x03\x04") or magic.startswith(b"PK\x05\x06"):
+    if magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return _extract_zip
     if magic.startswith(b"\x1f\x8b"):
         return _extract_tar
-    raise _fail("unsupported_archive", f"{path.name!r} is not a supported archive; upload a .zip, .tar.gz or "
-                ".tgz, or the two adapter files directly")
+    raise _fail(
+        "unsupported_archive",
+        f"{path.name!r} is not a supported archive; upload a .zip, .tar.gz or "
+        ".tgz, or the two adapter files directly",
+    )
 
 
 @contextmanager
@@ -204,10 +229,21 @@ def _corrupt_archive_errors() -> Iterator[None]:
         yield
     except AdapterValidationError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, EOFError, zlib.error, OSError,
-            ValueError, NotImplementedError, RuntimeError, KeyError) as exc:  # fmt: skip
-        raise _fail("corrupt_archive", f"the archive could not be read ({exc}); re-create it with zip or "
-                    "tar -czf") from exc
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        tarfile.TarError,
+        EOFError,
+        zlib.error,
+        OSError,
+        ValueError,
+        NotImplementedError,
+        RuntimeError,
+        KeyError,
+    ) as exc:
+        raise _fail(
+            "corrupt_archive", f"the archive could not be read ({exc}); re-create it with zip or tar -czf"
+        ) from exc
 
 
 def _extract_zip(path: Path, state: _Extraction) -> None:
@@ -215,8 +251,13 @@ def _extract_zip(path: Path, state: _Extraction) -> None:
         _check_zip_entry_count(f, state.limits)
         with zipfile.ZipFile(f) as archive:
             infos = archive.infolist()
-            state.check_room(sum(info.file_size for info in infos))  # declared sizes; real bytes counted later
-            if sum(1 for info in infos if _counts_as_member(info.filename)) > state.limits.max_archive_members:
+            state.check_room(
+                sum(info.file_size for info in infos)
+            )  # declared sizes; real bytes counted later
+            if (
+                sum(1 for info in infos if _counts_as_member(info.filename))
+                > state.limits.max_archive_members
+            ):
                 raise _too_many_members(state.limits)
             for info in infos:
                 _extract_zip_member(archive, info, state)
@@ -224,10 +265,11 @@ def _extract_zip(path: Path, state: _Extraction) -> None:
 
 def _check_zip_entry_count(f: BinaryIO, limits: ValidationLimits) -> None:
     """Read the end-of-central-directory entry count before zipfile parses every entry."""
-    end_record = zipfile._EndRecData(f)  # noqa: SLF001  (stable helper; avoids parsing a huge directory)
+    end_record = zipfile._EndRecData(f)  # type: ignore[attr-defined]  # private but stable since py2
     if end_record is None:
         raise _fail("corrupt_archive", "the file is not a valid zip archive; re-create it with zip")
-    if end_record[zipfile._ECD_ENTRIES_TOTAL] > 4 * limits.max_archive_members + 16:  # noqa: SLF001
+    num_entries = end_record[zipfile._ECD_ENTRIES_TOTAL]  # type: ignore[attr-defined]
+    if num_entries > _max_entries(limits):
         raise _too_many_members(limits)
     f.seek(0)
 
@@ -241,8 +283,10 @@ def _extract_zip_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, state: 
     if stat.S_IFMT(mode) not in (0, stat.S_IFREG, stat.S_IFDIR):
         raise _special_error(info.filename)
     if info.flag_bits & 0x1:
-        raise _fail("unsupported_archive", f"archive member {info.filename!r} is encrypted; upload an "
-                    "unencrypted archive")
+        raise _fail(
+            "unsupported_archive",
+            f"archive member {info.filename!r} is encrypted; upload an unencrypted archive",
+        )
     name = state.add_member(info.filename, info.is_dir())
     if name is not None:
         with archive.open(info) as source:

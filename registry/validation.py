@@ -37,10 +37,23 @@ _MODULE_PARENT = {m: "self_attn" for m in SUPPORTED_TARGET_MODULES[:4]} | {
 }
 # safetensors dtype -> bytes per element (all dtypes the format defines, so sizes can be checked)
 _DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 # accepted dtypes -> the name the engine uses (torch attribute names, e.g. torch.bfloat16)
 SUPPORTED_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
 _TENSOR_NAME = re.compile(
@@ -246,12 +259,16 @@ def validate_adapter_config(raw: bytes, spec: BaseModelSpec, limits: ValidationL
 
 def _parse_config_json(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_CONFIG_BYTES:
-        raise _fail("config_too_large", f"{CONFIG_FILENAME} is {len(raw)} bytes; the limit is {MAX_CONFIG_BYTES}")
+        raise _fail(
+            "config_too_large", f"{CONFIG_FILENAME} is {len(raw)} bytes; the limit is {MAX_CONFIG_BYTES}"
+        )
     try:
         config = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _fail("config_not_json", f"{CONFIG_FILENAME} is not valid JSON ({exc}); upload the file "
-                    "written by peft's save_pretrained") from exc
+        raise _fail(
+            "config_not_json",
+            f"{CONFIG_FILENAME} is not valid JSON ({exc}); upload the file written by peft's save_pretrained",
+        ) from exc
     except RecursionError as exc:
         raise _fail("config_not_json", f"{CONFIG_FILENAME} is nested too deeply to be a PEFT config") from exc
     if not isinstance(config, dict):
@@ -265,7 +282,9 @@ def _parse_config_json(raw: bytes) -> dict[str, Any]:
 def _check_peft_type(config: dict[str, Any]) -> None:
     peft_type = config.get("peft_type")
     if peft_type is None:
-        raise _fail("unsupported_peft_type", f"{CONFIG_FILENAME} has no peft_type; only LORA adapters are served")
+        raise _fail(
+            "unsupported_peft_type", f"{CONFIG_FILENAME} has no peft_type; only LORA adapters are served"
+        )
     if peft_type != "LORA":
         raise _fail(
             "unsupported_peft_type",
@@ -276,8 +295,10 @@ def _check_peft_type(config: dict[str, Any]) -> None:
 
 def _check_unsupported_features(config: dict[str, Any]) -> None:
     if config.get("use_dora"):
-        raise _fail("dora_not_supported", "DoRA adapters (use_dora: true) are not supported; retrain with "
-                    "use_dora=False")
+        raise _fail(
+            "dora_not_supported",
+            "DoRA adapters (use_dora: true) are not supported; retrain with use_dora=False",
+        )
     if config.get("modules_to_save"):
         raise _fail(
             "modules_to_save_not_supported",
@@ -285,29 +306,43 @@ def _check_unsupported_features(config: dict[str, Any]) -> None:
             "cannot be shared between tenants; retrain without modules_to_save",
         )
     if config.get("bias") not in (None, "none") or config.get("lora_bias"):
-        raise _fail("lora_bias_not_supported", "trained biases (bias other than 'none', or lora_bias: true) are "
-                    "not supported; retrain with bias='none' and lora_bias=False")
+        raise _fail(
+            "lora_bias_not_supported",
+            "trained biases (bias other than 'none', or lora_bias: true) are "
+            "not supported; retrain with bias='none' and lora_bias=False",
+        )
     for key in ("rank_pattern", "alpha_pattern"):
         if config.get(key):
-            raise _fail("rank_pattern_not_supported", f"{key} (per-module rank or alpha) is not supported; "
-                        "retrain with one r and lora_alpha for all modules")
+            raise _fail(
+                "rank_pattern_not_supported",
+                f"{key} (per-module rank or alpha) is not supported; "
+                "retrain with one r and lora_alpha for all modules",
+            )
     for key in _UNSUPPORTED_CONFIG_OPTIONS:
         if config.get(key):
-            raise _fail("unsupported_config_option", f"{key}={config[key]!r} is not supported; retrain "
-                        f"without {key}")
+            raise _fail(
+                "unsupported_config_option", f"{key}={config[key]!r} is not supported; retrain without {key}"
+            )
 
 
 def _check_rank(rank: Any, limits: ValidationLimits) -> int:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise _fail("invalid_rank", f"r must be a positive integer, got {rank!r}")
     if rank > limits.max_rank:
-        raise _fail("rank_too_large", f"r={rank} is above the limit of {limits.max_rank}; retrain with "
-                    f"r <= {limits.max_rank}")
+        raise _fail(
+            "rank_too_large",
+            f"r={rank} is above the limit of {limits.max_rank}; retrain with r <= {limits.max_rank}",
+        )
     return rank
 
 
 def _check_alpha(alpha: Any) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha) or alpha <= 0:
+    if (
+        isinstance(alpha, bool)
+        or not isinstance(alpha, int | float)
+        or not math.isfinite(alpha)
+        or alpha <= 0
+    ):
         raise _fail("invalid_alpha", f"lora_alpha must be a positive number, got {alpha!r}")
     return float(alpha)
 
@@ -323,8 +358,11 @@ def _normalize_target_modules(target_modules: Any) -> tuple[str, ...]:
             f"from {list(SUPPORTED_TARGET_MODULES)}",
         )
     if not isinstance(target_modules, list) or not target_modules:
-        raise _fail("unsupported_target_module", f"target_modules must be a non-empty list of module names "
-                    f"from {list(SUPPORTED_TARGET_MODULES)}, got {target_modules!r}")
+        raise _fail(
+            "unsupported_target_module",
+            f"target_modules must be a non-empty list of module names "
+            f"from {list(SUPPORTED_TARGET_MODULES)}, got {target_modules!r}",
+        )
     short: set[str] = set()
     for item in target_modules:
         name = item.rsplit(".", 1)[-1] if isinstance(item, str) else item
@@ -357,8 +395,10 @@ def parse_lora_tensor_name(name: str) -> tuple[int, str, str]:
     if module not in SUPPORTED_TARGET_MODULES:
         raise _fail("unsupported_target_module", f"tensor {name!r}: " + _unsupported_module_message(module))
     if _MODULE_PARENT[module] != parent:
-        raise _fail("unexpected_tensor", f"tensor {name!r}: {module} belongs to {_MODULE_PARENT[module]}, "
-                    f"not {parent}")
+        raise _fail(
+            "unexpected_tensor",
+            f"tensor {name!r}: {module} belongs to {_MODULE_PARENT[module]}, not {parent}",
+        )
     return int(layer), module, side
 
 
@@ -368,8 +408,10 @@ def _unparsable_tensor_error(name: str) -> AdapterValidationError:
         module = lora_module.group(1)
         return _fail("unsupported_target_module", f"tensor {name!r}: " + _unsupported_module_message(module))
     if re.search(r"\.lora_[AB]\.bias$", name) or name.endswith(".bias"):
-        return _fail("lora_bias_not_supported", f"tensor {name!r} is a bias; retrain with bias='none' and "
-                     "lora_bias=False")
+        return _fail(
+            "lora_bias_not_supported",
+            f"tensor {name!r} is a bias; retrain with bias='none' and lora_bias=False",
+        )
     return _fail(
         "unexpected_tensor",
         f"tensor {name!r} is not a PEFT LoRA weight; expected names like "
@@ -409,28 +451,42 @@ def read_safetensors_header(path: Path, limits: ValidationLimits) -> Safetensors
         prefix = f.read(8)
         header_len = int.from_bytes(prefix, "little")
         if header_len > limits.max_header_bytes:
-            raise _fail("header_too_large", f"{WEIGHTS_FILENAME} declares a {header_len}-byte header; the limit "
-                        f"is {limits.max_header_bytes}. The file is corrupt or not safetensors")
+            raise _fail(
+                "header_too_large",
+                f"{WEIGHTS_FILENAME} declares a {header_len}-byte header; the limit "
+                f"is {limits.max_header_bytes}. The file is corrupt or not safetensors",
+            )
         if 8 + header_len > file_size:
-            raise _fail("truncated_weights", f"{WEIGHTS_FILENAME} is shorter than its own header says "
-                        f"({file_size} bytes); upload the complete file")
+            raise _fail(
+                "truncated_weights",
+                f"{WEIGHTS_FILENAME} is shorter than its own header says "
+                f"({file_size} bytes); upload the complete file",
+            )
         header_json = f.read(header_len)
     entries, metadata = _parse_header_json(header_json)
     data_start = 8 + header_len
     tensors = tuple(_check_entry(name, value, data_start) for name, value in entries)
     _check_tiling(tensors, data_start, file_size)
-    return SafetensorsHeader(prefix + header_json, tuple(sorted(tensors, key=lambda t: (t.begin, t.end))),
-                             metadata)
+    return SafetensorsHeader(
+        prefix + header_json, tuple(sorted(tensors, key=lambda t: (t.begin, t.end))), metadata
+    )
 
 
 def _check_file_size(file_size: int, limits: ValidationLimits) -> None:
     if file_size == 0:
-        raise _fail("empty_weights", f"{WEIGHTS_FILENAME} is empty; upload the file written by save_pretrained")
+        raise _fail(
+            "empty_weights", f"{WEIGHTS_FILENAME} is empty; upload the file written by save_pretrained"
+        )
     if file_size > limits.max_adapter_bytes:
-        raise _fail("weights_too_large", f"{WEIGHTS_FILENAME} is {file_size} bytes; the limit is "
-                    f"{limits.max_adapter_bytes}. Use a smaller rank or fewer target modules")
+        raise _fail(
+            "weights_too_large",
+            f"{WEIGHTS_FILENAME} is {file_size} bytes; the limit is "
+            f"{limits.max_adapter_bytes}. Use a smaller rank or fewer target modules",
+        )
     if file_size < 8:
-        raise _fail("truncated_weights", f"{WEIGHTS_FILENAME} is only {file_size} bytes; upload the complete file")
+        raise _fail(
+            "truncated_weights", f"{WEIGHTS_FILENAME} is only {file_size} bytes; upload the complete file"
+        )
 
 
 def _parse_header_json(header_json: bytes) -> tuple[list[tuple[str, Any]], dict[str, str]]:
@@ -445,8 +501,11 @@ def _parse_header_json(header_json: bytes) -> tuple[list[tuple[str, Any]], dict[
     except (ValueError, RecursionError) as exc:
         if isinstance(exc, AdapterValidationError):
             raise
-        raise _fail("invalid_header", f"{WEIGHTS_FILENAME} header is not valid JSON; the file is corrupt or "
-                    "not safetensors. Re-save with safe_serialization=True") from exc
+        raise _fail(
+            "invalid_header",
+            f"{WEIGHTS_FILENAME} header is not valid JSON; the file is corrupt or "
+            "not safetensors. Re-save with safe_serialization=True",
+        ) from exc
     if not isinstance(header, dict):
         raise _fail("invalid_header", f"{WEIGHTS_FILENAME} header is not a JSON object")
     metadata = header.pop("__metadata__", {})
@@ -458,8 +517,11 @@ def _parse_header_json(header_json: bytes) -> tuple[list[tuple[str, Any]], dict[
 
 
 def _check_entry(name: str, value: Any, data_start: int) -> TensorEntry:
-    bad = _fail("invalid_header", f"{WEIGHTS_FILENAME} header entry {name!r} must be "
-                "{dtype, shape, data_offsets} with known dtype, non-negative shape and offsets")
+    bad = _fail(
+        "invalid_header",
+        f"{WEIGHTS_FILENAME} header entry {name!r} must be "
+        "{dtype, shape, data_offsets} with known dtype, non-negative shape and offsets",
+    )
     if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data_offsets"}:
         raise bad
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
@@ -469,9 +531,12 @@ def _check_entry(name: str, value: Any, data_start: int) -> TensorEntry:
         raise bad
     num_elements = math.prod(shape)
     if num_elements * _DTYPE_SIZES[dtype] != offsets[1] - offsets[0]:
-        raise _fail("invalid_header", f"tensor {name!r}: shape {shape} of {dtype} needs "
-                    f"{num_elements * _DTYPE_SIZES[dtype]} bytes but its data_offsets span "
-                    f"{offsets[1] - offsets[0]}; the file is corrupt")
+        raise _fail(
+            "invalid_header",
+            f"tensor {name!r}: shape {shape} of {dtype} needs "
+            f"{num_elements * _DTYPE_SIZES[dtype]} bytes but its data_offsets span "
+            f"{offsets[1] - offsets[0]}; the file is corrupt",
+        )
     return TensorEntry(name, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
 
 
@@ -484,18 +549,29 @@ def _check_tiling(tensors: tuple[TensorEntry, ...], data_start: int, file_size: 
     position = data_start
     for tensor in sorted(tensors, key=lambda t: (t.begin, t.end)):
         if tensor.begin < position:
-            raise _fail("overlapping_tensors", f"tensor {tensor.name!r} overlaps another tensor's bytes; the "
-                        "file is corrupt or crafted. Re-save with safe_serialization=True")
+            raise _fail(
+                "overlapping_tensors",
+                f"tensor {tensor.name!r} overlaps another tensor's bytes; the "
+                "file is corrupt or crafted. Re-save with safe_serialization=True",
+            )
         if tensor.begin > position:
-            raise _fail("invalid_header", f"{WEIGHTS_FILENAME} has unused bytes before tensor "
-                        f"{tensor.name!r}; the file is corrupt")
+            raise _fail(
+                "invalid_header",
+                f"{WEIGHTS_FILENAME} has unused bytes before tensor {tensor.name!r}; the file is corrupt",
+            )
         position = tensor.end
     if position > file_size:
-        raise _fail("truncated_weights", f"{WEIGHTS_FILENAME} is {file_size} bytes but its tensors need "
-                    f"{position}; upload the complete file")
+        raise _fail(
+            "truncated_weights",
+            f"{WEIGHTS_FILENAME} is {file_size} bytes but its tensors need "
+            f"{position}; upload the complete file",
+        )
     if position < file_size:
-        raise _fail("invalid_header", f"{WEIGHTS_FILENAME} has {file_size - position} trailing bytes after "
-                    "the last tensor; the file is corrupt")
+        raise _fail(
+            "invalid_header",
+            f"{WEIGHTS_FILENAME} has {file_size - position} trailing bytes after "
+            "the last tensor; the file is corrupt",
+        )
 
 
 def _dtype_message(name: str, dtype: Any) -> str:
@@ -517,19 +593,31 @@ def _check_tensor_shape(tensor: TensorEntry, module: str, side: str, rank: int, 
     if shape == expected:
         return
     if len(shape) != 2:
-        raise _fail("invalid_tensor_shape", f"tensor {tensor.name!r} has shape {list(shape)}; expected a "
-                    f"2-D [{expected[0]}, {expected[1]}] matrix")
+        raise _fail(
+            "invalid_tensor_shape",
+            f"tensor {tensor.name!r} has shape {list(shape)}; expected a "
+            f"2-D [{expected[0]}, {expected[1]}] matrix",
+        )
     if shape == expected[::-1]:
-        raise _fail("invalid_tensor_shape", f"tensor {tensor.name!r} has shape {list(shape)}, the transpose "
-                    f"of the expected {list(expected)}; save lora_{side} as [{expected[0]}, {expected[1]}]")
+        raise _fail(
+            "invalid_tensor_shape",
+            f"tensor {tensor.name!r} has shape {list(shape)}, the transpose "
+            f"of the expected {list(expected)}; save lora_{side} as [{expected[0]}, {expected[1]}]",
+        )
     features_axis, rank_axis = (1, 0) if side == "A" else (0, 1)
     if shape[features_axis] != expected[features_axis]:
         kind = "in_features" if side == "A" else "out_features"
-        raise _fail("wrong_base_model", f"tensor {tensor.name!r} has {kind}={shape[features_axis]} but this "
-                    f"base model's {module} has {kind}={expected[features_axis]} (hidden_size "
-                    f"{spec.hidden_size}); the adapter was trained for a different base model")
-    raise _fail("rank_mismatch", f"tensor {tensor.name!r} has rank {shape[rank_axis]} but adapter_config.json "
-                f"says r={rank}; upload the config saved with these weights")
+        raise _fail(
+            "wrong_base_model",
+            f"tensor {tensor.name!r} has {kind}={shape[features_axis]} but this "
+            f"base model's {module} has {kind}={expected[features_axis]} (hidden_size "
+            f"{spec.hidden_size}); the adapter was trained for a different base model",
+        )
+    raise _fail(
+        "rank_mismatch",
+        f"tensor {tensor.name!r} has rank {shape[rank_axis]} but adapter_config.json "
+        f"says r={rank}; upload the config saved with these weights",
+    )
 
 
 def _check_tensors(
@@ -540,12 +628,18 @@ def _check_tensors(
     for tensor in header.tensors:
         layer, module, side = parse_lora_tensor_name(tensor.name)
         if module not in config.target_modules:
-            raise _fail("module_not_targeted", f"tensor {tensor.name!r} is for {module}, which is not in "
-                        f"target_modules {list(config.target_modules)}; upload the matching adapter_config.json")
+            raise _fail(
+                "module_not_targeted",
+                f"tensor {tensor.name!r} is for {module}, which is not in "
+                f"target_modules {list(config.target_modules)}; upload the matching adapter_config.json",
+            )
         if layer >= spec.num_layers:
-            raise _fail("layer_out_of_range", f"tensor {tensor.name!r} is for layer {layer} but the base model "
-                        f"has {spec.num_layers} layers (0..{spec.num_layers - 1}); the adapter was trained for "
-                        "a different base model")
+            raise _fail(
+                "layer_out_of_range",
+                f"tensor {tensor.name!r} is for layer {layer} but the base model "
+                f"has {spec.num_layers} layers (0..{spec.num_layers - 1}); the adapter was trained for "
+                "a different base model",
+            )
         if tensor.dtype not in SUPPORTED_DTYPES:
             raise _fail("unsupported_dtype", _dtype_message(tensor.name, tensor.dtype))
         _check_tensor_shape(tensor, module, side, config.rank, spec)
@@ -559,22 +653,30 @@ def _check_pairs(sides: dict[tuple[int, str], set[str]]) -> None:
     for (layer, module), present in sorted(sides.items()):
         if present != {"A", "B"}:
             missing = "B" if "A" in present else "A"
-            raise _fail("missing_lora_pair", f"layer {layer} {module} has lora_{present.pop()} but no "
-                        f"lora_{missing}; every adapted module needs both matrices")
+            raise _fail(
+                "missing_lora_pair",
+                f"layer {layer} {module} has lora_{present.pop()} but no "
+                f"lora_{missing}; every adapted module needs both matrices",
+            )
 
 
 def _check_modules_present(sides: dict[tuple[int, str], set[str]], config: LoraConfigInfo) -> None:
     found = {module for _, module in sides}
     missing = [m for m in config.target_modules if m not in found]
     if missing:
-        raise _fail("missing_lora_weights", f"target_modules lists {missing} but {WEIGHTS_FILENAME} has no "
-                    "weights for them; upload the config saved with these weights")
+        raise _fail(
+            "missing_lora_weights",
+            f"target_modules lists {missing} but {WEIGHTS_FILENAME} has no "
+            "weights for them; upload the config saved with these weights",
+        )
 
 
 def _single_dtype(header: SafetensorsHeader) -> str:
     dtypes = sorted({t.dtype for t in header.tensors})
     if len(dtypes) != 1:
-        raise _fail("mixed_dtypes", f"{WEIGHTS_FILENAME} mixes dtypes {dtypes}; cast all tensors to one dtype")
+        raise _fail(
+            "mixed_dtypes", f"{WEIGHTS_FILENAME} mixes dtypes {dtypes}; cast all tensors to one dtype"
+        )
     return dtypes[0]
 
 
@@ -624,8 +726,11 @@ def _check_tensor_values(f: BinaryIO, tensor: TensorEntry, digest: Any) -> None:
         values = _to_float32(buffer[: len(buffer) - len(buffer) % itemsize], tensor.dtype)
         if not np.isfinite(values).all():
             kind = "NaN" if np.isnan(values).any() else "Inf"
-            raise _fail("non_finite_values", f"tensor {tensor.name!r} contains {kind} values; the training run "
-                        "diverged. Retrain (e.g. lower learning rate) and upload finite weights")
+            raise _fail(
+                "non_finite_values",
+                f"tensor {tensor.name!r} contains {kind} values; the training run "
+                "diverged. Retrain (e.g. lower learning rate) and upload finite weights",
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------

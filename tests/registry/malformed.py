@@ -18,8 +18,8 @@ import shutil
 import stat
 import struct
 import tarfile
-import zipfile
 import warnings
+import zipfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -37,17 +37,30 @@ from registry.validation import (
 )
 
 DEMO_SPEC = BaseModelSpec(
-    model_type="llama", hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2,
-    head_dim=16, vocab_size=512,
-)  # fmt: skip
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=176,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    vocab_size=512,
+)
 TIGHT_LIMITS = ValidationLimits(
     max_rank=64, max_adapter_bytes=64 * 1024, max_uncompressed_bytes=256 * 1024, max_archive_members=8
 )
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model.model.layers"
-_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}  # fmt: skip
+_PARENT = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 
 Files = list[Path]
 
@@ -72,11 +85,21 @@ def tensor_name(layer: int, module: str, side: str) -> str:
 def lora_config(rank: int = 4, modules: tuple[str, ...] = ("q_proj", "v_proj"), **overrides: Any) -> dict:
     """A PEFT LoraConfig dict as save_pretrained writes it (the fields validation looks at)."""
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
-        "target_modules": list(modules), "bias": "none", "use_dora": False, "use_rslora": False,
-        "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {}, "lora_dropout": 0.0,
-        "fan_in_fan_out": False, "base_model_name_or_path": "base",
-    }  # fmt: skip
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": list(modules),
+        "bias": "none",
+        "use_dora": False,
+        "use_rslora": False,
+        "modules_to_save": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "lora_dropout": 0.0,
+        "fan_in_fan_out": False,
+        "base_model_name_or_path": "base",
+    }
     config.update(overrides)
     return config
 
@@ -106,14 +129,20 @@ def _encode(array: np.ndarray, dtype: str) -> bytes:
         return np.ascontiguousarray(array, dtype=numpy_dtype).tobytes()
 
 
-def safetensors_bytes(tensors: dict[str, np.ndarray], dtype: str = "F32", dtypes: dict | None = None) -> bytes:
+def safetensors_bytes(
+    tensors: dict[str, np.ndarray], dtype: str = "F32", dtypes: dict | None = None
+) -> bytes:
     """Encode tensors as a safetensors file (header padded to 8 bytes, as the safetensors library does)."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     blobs, offset = [], 0
     for name, array in tensors.items():
         tensor_dtype = (dtypes or {}).get(name, dtype)
         blob = _encode(array, tensor_dtype)
-        header[name] = {"dtype": tensor_dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        header[name] = {
+            "dtype": tensor_dtype,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
         blobs.append(blob)
         offset += len(blob)
     return raw_safetensors(header, b"".join(blobs))
@@ -127,7 +156,9 @@ def raw_safetensors(header: dict | bytes, data: bytes) -> bytes:
     return struct.pack("<Q", len(header_bytes)) + header_bytes + data
 
 
-def write_upload(tmp_dir: Path, config: dict | bytes | None, weights: bytes | None, extra: dict | None = None) -> Files:
+def write_upload(
+    tmp_dir: Path, config: dict | bytes | None, weights: bytes | None, extra: dict | None = None
+) -> Files:
     """Write the given files into tmp_dir/upload; returns their paths (config first)."""
     upload = tmp_dir / "upload"
     upload.mkdir(parents=True, exist_ok=True)
@@ -145,7 +176,10 @@ def write_upload(tmp_dir: Path, config: dict | bytes | None, weights: bytes | No
 
 
 def valid_files(
-    spec: BaseModelSpec = DEMO_SPEC, rank: int = 4, modules: tuple[str, ...] = ("q_proj", "v_proj"), dtype: str = "F32"
+    spec: BaseModelSpec = DEMO_SPEC,
+    rank: int = 4,
+    modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    dtype: str = "F32",
 ) -> dict[str, bytes]:
     """name -> content of a valid adapter."""
     config = lora_config(rank, modules)
@@ -153,8 +187,13 @@ def valid_files(
     return {CONFIG: json.dumps(config, indent=2).encode(), WEIGHTS: weights}
 
 
-def _adapter(tmp_dir: Path, config: dict | bytes | None = None, tensors: dict | None = None, dtype: str = "F32",
-             **tensor_kwargs: Any) -> Files:  # fmt: skip
+def _adapter(
+    tmp_dir: Path,
+    config: dict | bytes | None = None,
+    tensors: dict | None = None,
+    dtype: str = "F32",
+    **tensor_kwargs: Any,
+) -> Files:
     config = lora_config() if config is None else config
     weights = safetensors_bytes(tensors if tensors is not None else lora_tensors(**tensor_kwargs), dtype)
     return write_upload(tmp_dir, config, weights)
@@ -204,14 +243,25 @@ def _zip_bomb(path: Path, num_mib: int) -> Files:
     compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
     block = compressor.compress(b"\0" * (1 << 20)) + compressor.flush(zlib.Z_FULL_FLUSH)
     data = block * num_mib + compressor.flush()
-    members = [(CONFIG.encode(), 0, json.dumps(lora_config()).encode(), 0), (WEIGHTS.encode(), 8, data, num_mib << 20)]
+    members = [
+        (CONFIG.encode(), 0, json.dumps(lora_config()).encode(), 0),
+        (WEIGHTS.encode(), 8, data, num_mib << 20),
+    ]
     local, central = b"", b""
     for name, method, payload, size in members:
         size, crc = size or len(payload), zlib.crc32(payload) if method == 0 else 0
         fields = struct.pack("<HHHHHIIIHH", 20, 0, method, 0, 0x21, crc, len(payload), size, len(name), 0)
-        central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + struct.pack("<HHHII", 0, 0, 0, 0, len(local)) + name
+        central += (
+            b"PK\x01\x02"
+            + struct.pack("<H", 20)
+            + fields
+            + struct.pack("<HHHII", 0, 0, 0, 0, len(local))
+            + name
+        )
         local += b"PK\x03\x04" + fields + name + payload
-    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, len(members), len(members), len(central), len(local), 0)
+    end = b"PK\x05\x06" + struct.pack(
+        "<HHHHIIH", 0, 0, len(members), len(members), len(central), len(local), 0
+    )
     path.write_bytes(local + central + end)
     return [path]
 
@@ -240,8 +290,12 @@ def validate_upload_files(
 # Cases
 
 
-def _with_tensors(mutate: Callable[[dict[str, np.ndarray]], None], config: dict | None = None,
-                  dtype: str = "F32", **tensor_kwargs: Any) -> Callable[[Path], Files]:  # fmt: skip
+def _with_tensors(
+    mutate: Callable[[dict[str, np.ndarray]], object],
+    config: dict | None = None,
+    dtype: str = "F32",
+    **tensor_kwargs: Any,
+) -> Callable[[Path], Files]:
     def build(tmp_dir: Path) -> Files:
         tensors = lora_tensors(**tensor_kwargs)
         mutate(tensors)
@@ -271,8 +325,10 @@ def _poison(value: float) -> Callable[[dict[str, np.ndarray]], None]:
 
 def _overlapping() -> bytes:
     a, b = tensor_name(0, "q_proj", "A"), tensor_name(0, "q_proj", "B")
-    header = {a: {"dtype": "F32", "shape": [4, 64], "data_offsets": [0, 1024]},
-              b: {"dtype": "F32", "shape": [64, 4], "data_offsets": [512, 1536]}}  # fmt: skip
+    header = {
+        a: {"dtype": "F32", "shape": [4, 64], "data_offsets": [0, 1024]},
+        b: {"dtype": "F32", "shape": [64, 4], "data_offsets": [512, 1536]},
+    }
     return raw_safetensors(header, b"\0" * 1536)
 
 
@@ -313,7 +369,9 @@ def _tar_device(tmp_dir: Path) -> Files:
     return write_tar(tmp_dir / "adapter.tgz", [*_valid_members()[:1], device])
 
 
-def _zip(members: Callable[[], list[tuple[str, bytes]]], symlinks: tuple[str, ...] = ()) -> Callable[[Path], Files]:
+def _zip(
+    members: Callable[[], list[tuple[str, bytes]]], symlinks: tuple[str, ...] = ()
+) -> Callable[[Path], Files]:
     return lambda tmp_dir: write_zip(tmp_dir / "adapter.zip", members(), symlinks)
 
 
@@ -340,7 +398,9 @@ Q_V = ("q_proj", "v_proj")
 MALFORMED_CASES: list[MalformedCase] = [
     # file names
     MalformedCase("pickle_bin", _pickle, "pickle_not_allowed"),
-    MalformedCase("missing_config", lambda d: write_upload(d, None, valid_files()[WEIGHTS]), "missing_config"),
+    MalformedCase(
+        "missing_config", lambda d: write_upload(d, None, valid_files()[WEIGHTS]), "missing_config"
+    ),
     MalformedCase("missing_weights", lambda d: write_upload(d, lora_config(), None), "missing_weights"),
     MalformedCase("extra_file", _extra_file, "unexpected_file"),
     # adapter_config.json
@@ -349,11 +409,15 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase("peft_prefix_tuning", _with_config(peft_type="PREFIX_TUNING"), "unsupported_peft_type"),
     MalformedCase("peft_ia3", _with_config(peft_type="IA3"), "unsupported_peft_type"),
     MalformedCase("dora", _with_config(use_dora=True), "dora_not_supported"),
-    MalformedCase("modules_to_save", _with_config(modules_to_save=["lm_head"]), "modules_to_save_not_supported"),
+    MalformedCase(
+        "modules_to_save", _with_config(modules_to_save=["lm_head"]), "modules_to_save_not_supported"
+    ),
     MalformedCase("lora_bias", _with_config(bias="lora_only"), "lora_bias_not_supported"),
     MalformedCase("rank_pattern", _with_config(rank_pattern={"q_proj": 8}), "rank_pattern_not_supported"),
     MalformedCase("alpha_pattern", _with_config(alpha_pattern={"v_proj": 32}), "rank_pattern_not_supported"),
-    MalformedCase("config_targets_lm_head", _with_config(modules=("q_proj", "lm_head")), "unsupported_target_module"),
+    MalformedCase(
+        "config_targets_lm_head", _with_config(modules=("q_proj", "lm_head")), "unsupported_target_module"
+    ),
     MalformedCase("target_modules_regex", _with_config(target_modules=".*proj"), "unsupported_target_module"),
     MalformedCase("rank_zero", _with_config(r=0), "invalid_rank"),
     MalformedCase("rank_not_int", _with_config(r=4.5), "invalid_rank"),
@@ -362,28 +426,56 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase("alpha_negative", _with_config(lora_alpha=-8), "invalid_alpha"),
     MalformedCase("rslora_not_bool", _with_config(use_rslora="yes"), "invalid_config_value"),
     # tensor names and shapes
-    MalformedCase("lm_head_tensors", _with_tensors(_set("base_model.model.lm_head.lora_A.weight",
-                  np.zeros((4, 64), np.float32))), "unsupported_target_module"),  # fmt: skip
-    MalformedCase("embed_tokens_tensors", _with_tensors(_set("base_model.model.model.embed_tokens.lora_embedding_A",
-                  np.zeros((4, 512), np.float32))), "unsupported_target_module"),  # fmt: skip
-    MalformedCase("unexpected_tensor_name", _with_tensors(_set("optimizer.step", np.zeros((1,), np.float32))),
-                  "unexpected_tensor"),  # fmt: skip
-    MalformedCase("module_not_targeted", _with_tensors(lambda t: None, lora_config(modules=("q_proj",))),
-                  "module_not_targeted"),  # fmt: skip
-    MalformedCase("targeted_module_without_weights", _with_tensors(lambda t: None, modules=("q_proj",)),
-                  "missing_lora_weights"),  # fmt: skip
-    MalformedCase("transposed_lora_A", _with_tensors(_set(tensor_name(0, "q_proj", "A"),
-                  np.zeros((64, 4), np.float32))), "invalid_tensor_shape"),  # fmt: skip
-    MalformedCase("three_dim_tensor", _with_tensors(_set(tensor_name(0, "q_proj", "A"),
-                  np.zeros((1, 4, 64), np.float32))), "invalid_tensor_shape"),  # fmt: skip
+    MalformedCase(
+        "lm_head_tensors",
+        _with_tensors(_set("base_model.model.lm_head.lora_A.weight", np.zeros((4, 64), np.float32))),
+        "unsupported_target_module",
+    ),
+    MalformedCase(
+        "embed_tokens_tensors",
+        _with_tensors(
+            _set("base_model.model.model.embed_tokens.lora_embedding_A", np.zeros((4, 512), np.float32))
+        ),
+        "unsupported_target_module",
+    ),
+    MalformedCase(
+        "unexpected_tensor_name",
+        _with_tensors(_set("optimizer.step", np.zeros((1,), np.float32))),
+        "unexpected_tensor",
+    ),
+    MalformedCase(
+        "module_not_targeted",
+        _with_tensors(lambda t: None, lora_config(modules=("q_proj",))),
+        "module_not_targeted",
+    ),
+    MalformedCase(
+        "targeted_module_without_weights",
+        _with_tensors(lambda t: None, modules=("q_proj",)),
+        "missing_lora_weights",
+    ),
+    MalformedCase(
+        "transposed_lora_A",
+        _with_tensors(_set(tensor_name(0, "q_proj", "A"), np.zeros((64, 4), np.float32))),
+        "invalid_tensor_shape",
+    ),
+    MalformedCase(
+        "three_dim_tensor",
+        _with_tensors(_set(tensor_name(0, "q_proj", "A"), np.zeros((1, 4, 64), np.float32))),
+        "invalid_tensor_shape",
+    ),
     MalformedCase("rank_mismatch", _with_tensors(lambda t: None, lora_config(rank=8)), "rank_mismatch"),
     MalformedCase("wrong_base_model", _wrong_base_model, "wrong_base_model"),
-    MalformedCase("layer_out_of_range", _with_tensors(_set(tensor_name(2, "q_proj", "A"),
-                  np.zeros((4, 64), np.float32))), "layer_out_of_range"),  # fmt: skip
-    MalformedCase("lora_A_without_B", _with_tensors(lambda t: t.pop(tensor_name(1, "v_proj", "B"))),
-                  "missing_lora_pair"),  # fmt: skip
-    MalformedCase("lora_B_without_A", _with_tensors(lambda t: t.pop(tensor_name(0, "q_proj", "A"))),
-                  "missing_lora_pair"),  # fmt: skip
+    MalformedCase(
+        "layer_out_of_range",
+        _with_tensors(_set(tensor_name(2, "q_proj", "A"), np.zeros((4, 64), np.float32))),
+        "layer_out_of_range",
+    ),
+    MalformedCase(
+        "lora_A_without_B", _with_tensors(lambda t: t.pop(tensor_name(1, "v_proj", "B"))), "missing_lora_pair"
+    ),
+    MalformedCase(
+        "lora_B_without_A", _with_tensors(lambda t: t.pop(tensor_name(0, "q_proj", "A"))), "missing_lora_pair"
+    ),
     # dtypes and values
     MalformedCase("int_dtype", lambda d: _adapter(d, dtype="I32"), "unsupported_dtype"),
     MalformedCase("f64_dtype", lambda d: _adapter(d, dtype="F64"), "unsupported_dtype"),
@@ -393,53 +485,102 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase("f16_overflow_inf", _with_tensors(_poison(1e6), dtype="F16"), "non_finite_values"),
     # the safetensors container
     MalformedCase("empty_weights", _with_weights(lambda: b""), "empty_weights"),
-    MalformedCase("no_tensors", _with_weights(lambda: raw_safetensors({"__metadata__": {}}, b"")), "empty_weights"),
+    MalformedCase(
+        "no_tensors", _with_weights(lambda: raw_safetensors({"__metadata__": {}}, b"")), "empty_weights"
+    ),
     MalformedCase("truncated_weights", _with_weights(_truncated), "truncated_weights"),
     MalformedCase("bad_header_json", _with_weights(_bad_header_json), "invalid_header"),
     MalformedCase("header_length_too_big", _with_weights(_header_too_large), "header_too_large"),
     MalformedCase("overlapping_offsets", _with_weights(_overlapping), "overlapping_tensors"),
-    MalformedCase("pickle_renamed_safetensors", _with_weights(lambda: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00"
-                  b"}q\x00X\x06\x00\x00\x00weightq"), "header_too_large"),  # fmt: skip
+    MalformedCase(
+        "pickle_renamed_safetensors",
+        _with_weights(lambda: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}q\x00X\x06\x00\x00\x00weightq"),
+        "header_too_large",
+    ),
     # archives
-    MalformedCase("zip_parent_dir", _zip(lambda: [("../" + n, c) for n, c in _valid_members()]), "unsafe_archive_path"),
+    MalformedCase(
+        "zip_parent_dir", _zip(lambda: [("../" + n, c) for n, c in _valid_members()]), "unsafe_archive_path"
+    ),
     MalformedCase("tar_absolute_path", _tar(lambda: _valid_members("/tmp/adapter/")), "unsafe_archive_path"),
     MalformedCase("tar_symlink", _tar_link(tarfile.SYMTYPE, WEIGHTS), "archive_link_not_allowed"),
     MalformedCase("tar_hardlink", _tar_link(tarfile.LNKTYPE, WEIGHTS), "archive_link_not_allowed"),
     MalformedCase("zip_symlink", _zip(_valid_members, symlinks=(WEIGHTS,)), "archive_link_not_allowed"),
     MalformedCase("tar_device", _tar_device, "unsupported_archive_member"),
     MalformedCase("zip_bomb", lambda d: _zip_bomb(d / "adapter.zip", 1100), "archive_too_large"),
-    MalformedCase("zip_too_many_members", _zip(lambda: [*_valid_members(), *[(f"README{i}.md", b"") for i in range(8)]]),
-                  "too_many_archive_members"),  # fmt: skip
-    MalformedCase("zip_duplicate_names", _zip(lambda: [*_valid_members(), _valid_members()[0]]), "duplicate_file"),
-    MalformedCase("zip_extra_file", _zip(lambda: [*_valid_members(), ("notes.txt", b"hi")]), "unexpected_file"),
-    MalformedCase("zip_pickle", _zip(lambda: [_valid_members()[0], ("adapter_model.bin", b"\x80\x04")]),
-                  "pickle_not_allowed"),  # fmt: skip
+    MalformedCase(
+        "zip_too_many_members",
+        _zip(lambda: [*_valid_members(), *[(f"README{i}.md", b"") for i in range(8)]]),
+        "too_many_archive_members",
+    ),
+    MalformedCase(
+        "zip_duplicate_names", _zip(lambda: [*_valid_members(), _valid_members()[0]]), "duplicate_file"
+    ),
+    MalformedCase(
+        "zip_extra_file", _zip(lambda: [*_valid_members(), ("notes.txt", b"hi")]), "unexpected_file"
+    ),
+    MalformedCase(
+        "zip_pickle",
+        _zip(lambda: [_valid_members()[0], ("adapter_model.bin", b"\x80\x04")]),
+        "pickle_not_allowed",
+    ),
     MalformedCase("zip_nested_folders", _zip(lambda: _valid_members("a/b/")), "invalid_archive_layout"),
-    MalformedCase("zip_two_folders", _zip(lambda: [("a/" + n, c) for n, c in _valid_members()[:1]] +
-                  [("b/" + n, c) for n, c in _valid_members()[1:]]), "invalid_archive_layout"),  # fmt: skip
+    MalformedCase(
+        "zip_two_folders",
+        _zip(
+            lambda: (
+                [("a/" + n, c) for n, c in _valid_members()[:1]]
+                + [("b/" + n, c) for n, c in _valid_members()[1:]]
+            )
+        ),
+        "invalid_archive_layout",
+    ),
     MalformedCase("zip_missing_weights", _zip(lambda: _valid_members()[:1]), "missing_weights"),
     MalformedCase("not_an_archive", _not_an_archive, "corrupt_archive"),
-    MalformedCase("tgz_bad_weights_inside", _tar(lambda: [_valid_members()[0], (WEIGHTS, b"")]), "empty_weights"),
+    MalformedCase(
+        "tgz_bad_weights_inside", _tar(lambda: [_valid_members()[0], (WEIGHTS, b"")]), "empty_weights"
+    ),
 ]
 
 TIGHT_LIMIT_CASES: list[MalformedCase] = [
     MalformedCase("oversize_weights", _oversize, "weights_too_large"),
-    MalformedCase("rank_over_tight_max", lambda d: _adapter(d, lora_config(rank=128), rank=128, modules=Q_V),
-                  "rank_too_large"),  # fmt: skip
-    MalformedCase("tar_bomb", _tar(lambda: [_valid_members()[0], (WEIGHTS, b"\0" * (1 << 20))]), "archive_too_large"),
+    MalformedCase(
+        "rank_over_tight_max",
+        lambda d: _adapter(d, lora_config(rank=128), rank=128, modules=Q_V),
+        "rank_too_large",
+    ),
+    MalformedCase(
+        "tar_bomb", _tar(lambda: [_valid_members()[0], (WEIGHTS, b"\0" * (1 << 20))]), "archive_too_large"
+    ),
     MalformedCase("zip_bomb_small", lambda d: _zip_bomb(d / "adapter.zip", 1), "archive_too_large"),
 ]
 
 VALID_CASES: list[MalformedCase] = [
     MalformedCase("valid_files", lambda d: write_upload(d, lora_config(), valid_files()[WEIGHTS]), ""),
-    MalformedCase("valid_with_readme", lambda d: write_upload(d, lora_config(), valid_files()[WEIGHTS],
-                  {"README.md": b"# my adapter"}), ""),  # fmt: skip
+    MalformedCase(
+        "valid_with_readme",
+        lambda d: write_upload(d, lora_config(), valid_files()[WEIGHTS], {"README.md": b"# my adapter"}),
+        "",
+    ),
     MalformedCase("valid_bf16", lambda d: _adapter(d, dtype="BF16"), ""),
     MalformedCase("valid_f16", lambda d: _adapter(d, dtype="F16"), ""),
     MalformedCase("valid_zip_flat", _zip(_valid_members), ""),
-    MalformedCase("valid_zip_in_folder", _zip(lambda: [("my-adapter/", b""), *_valid_members("my-adapter/")]), ""),
-    MalformedCase("valid_tgz_in_folder", _tar(lambda: [*_valid_members("my-adapter/"), ("my-adapter/README.md", b"hi")]),
-                  ""),  # fmt: skip
-    MalformedCase("valid_zip_with_macos_junk", _zip(lambda: [*_valid_members("a/"), ("__MACOSX/a/._adapter_config.json",
-                  b"junk"), ("a/.DS_Store", b"junk")]), ""),  # fmt: skip
+    MalformedCase(
+        "valid_zip_in_folder", _zip(lambda: [("my-adapter/", b""), *_valid_members("my-adapter/")]), ""
+    ),
+    MalformedCase(
+        "valid_tgz_in_folder",
+        _tar(lambda: [*_valid_members("my-adapter/"), ("my-adapter/README.md", b"hi")]),
+        "",
+    ),
+    MalformedCase(
+        "valid_zip_with_macos_junk",
+        _zip(
+            lambda: [
+                *_valid_members("a/"),
+                ("__MACOSX/a/._adapter_config.json", b"junk"),
+                ("a/.DS_Store", b"junk"),
+            ]
+        ),
+        "",
+    ),
 ]

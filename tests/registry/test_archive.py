@@ -27,7 +27,9 @@ from tests.registry.malformed import (
 )
 
 DEFAULT_LIMITS = ValidationLimits()
-ARCHIVE_CASES = [c for c in MALFORMED_CASES if c.case_id.startswith(("zip_", "tar_", "tgz_", "not_an_archive"))]
+ARCHIVE_CASES = [
+    c for c in MALFORMED_CASES if c.case_id.startswith(("zip_", "tar_", "tgz_", "not_an_archive"))
+]
 
 
 def _members(folder: str = "") -> list[tuple[str, bytes]]:
@@ -94,7 +96,9 @@ def test_refused_archive_leaves_no_partial_files(case: MalformedCase, tmp_path: 
     assert _leftovers(dest) == []
 
 
-@pytest.mark.parametrize("case", [c for c in TIGHT_LIMIT_CASES if "bomb" in c.case_id], ids=lambda c: c.case_id)
+@pytest.mark.parametrize(
+    "case", [c for c in TIGHT_LIMIT_CASES if "bomb" in c.case_id], ids=lambda c: c.case_id
+)
 def test_bombs_are_refused_under_tight_limits_without_leftovers(case: MalformedCase, tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     dest = tmp_path / "work" / "adapter"
@@ -109,7 +113,9 @@ def test_zip_bomb_with_a_lying_size_header_never_writes_past_the_declared_size(t
     data = compressor.compress(b"\0" * (64 << 20)) + compressor.flush()
     config = lora_config()
     path = tmp_path / "bomb.zip"
-    _write_raw_zip(path, [(CONFIG.encode(), str(config).encode(), 0, None), (WEIGHTS.encode(), data, 8, 1024)])
+    _write_raw_zip(
+        path, [(CONFIG.encode(), str(config).encode(), 0, None), (WEIGHTS.encode(), data, 8, 1024)]
+    )
     dest = tmp_path / "out"
     with pytest.raises(AdapterValidationError) as excinfo:
         extract_archive(path, dest, TIGHT_LIMITS)
@@ -123,13 +129,21 @@ def _write_raw_zip(path: Path, members: list[tuple[bytes, bytes, int, int | None
         size = len(payload) if declared is None else declared
         crc = zlib.crc32(payload) if method == 0 else 0
         fields = struct.pack("<HHHHHIIIHH", 20, 0, method, 0, 0x21, crc, len(payload), size, len(name), 0)
-        central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + struct.pack("<HHHII", 0, 0, 0, 0, len(local)) + name
+        central += (
+            b"PK\x01\x02"
+            + struct.pack("<H", 20)
+            + fields
+            + struct.pack("<HHHII", 0, 0, 0, 0, len(local))
+            + name
+        )
         local += b"PK\x03\x04" + fields + name + payload
-    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, len(members), len(members), len(central), len(local), 0)
+    end = b"PK\x05\x06" + struct.pack(
+        "<HHHHIIH", 0, 0, len(members), len(members), len(central), len(local), 0
+    )
     path.write_bytes(local + central + end)
 
 
-def test_tar_members_are_counted_while_streaming(tmp_path: Path) -> None:
+def test_tar_member_sizes_accumulate_against_the_limit(tmp_path: Path) -> None:
     """Each member fits; together they pass the limit, which is caught before the third is written."""
     limits = ValidationLimits(max_uncompressed_bytes=valid_files()[WEIGHTS].__len__() + 100)
     path = write_tar(tmp_path / "a.tgz", [(CONFIG, b" " * 90), ("README.md", b"x" * 50), *_members()[1:]])[0]
@@ -153,7 +167,9 @@ def test_tar_with_many_members_is_refused(tmp_path: Path) -> None:
         extract_archive(path, tmp_path / "out", DEFAULT_LIMITS)
 
 
-@pytest.mark.parametrize("name", ["C:/adapter_config.json", "a\\..\\adapter_config.json", "/adapter_config.json"])
+@pytest.mark.parametrize(
+    "name", ["C:/adapter_config.json", "a\\..\\adapter_config.json", "/adapter_config.json"]
+)
 def test_windows_and_absolute_paths_are_refused(name: str, tmp_path: Path) -> None:
     path = write_zip(tmp_path / "a.zip", [(name, b"{}"), _members()[1]])[0]
     with pytest.raises(AdapterValidationError, match="unsafe_archive_path"):
