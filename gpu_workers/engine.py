@@ -13,6 +13,7 @@ from gpu_workers.batch_scheduler import BatchScheduler
 from gpu_workers.block_manager import BlockManager
 from gpu_workers.config import EngineConfig
 from gpu_workers.detokenizer import append_text, find_stop_string, num_held_back_chars
+from gpu_workers.layers.lora import LoraAdapter
 from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, DuplicateRequestError, PromptTooLongError
 from gpu_workers.model_runner import BatchEntry, ModelRunner
 from gpu_workers.outputs import CompletionOutput, RequestOutput
@@ -222,12 +223,21 @@ class LLMEngine:
 
     def load_adapter(self, adapter_id: str, path: Path | str) -> None:
         """Validate and load (or reload) an adapter; reloading one that requests use raises AdapterInUseError."""
-        if adapter_id in self.runner.adapters and self.scheduler.is_adapter_in_use(adapter_id):
-            raise AdapterInUseError(
-                f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
-            )
+        self.install_adapter(self.prepare_adapter(adapter_id, path))
+
+    def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
+        """Validate and pack an adapter without touching engine state (safe to run beside step())."""
         info = self.runner.validate_adapter(Path(path))
-        self.runner.adapters[adapter_id] = self.runner.load_adapter(adapter_id, Path(path), info)
+        return self.runner.load_adapter(adapter_id, Path(path), info)
+
+    def install_adapter(self, adapter: LoraAdapter) -> None:
+        """Make a prepared adapter visible to new requests; refuses to replace one that requests use."""
+        if adapter.adapter_id in self.runner.adapters and self.scheduler.is_adapter_in_use(adapter.adapter_id):
+            raise AdapterInUseError(
+                f"adapter {adapter.adapter_id!r} is used by running or waiting requests; "
+                "reload it after they finish"
+            )
+        self.runner.adapters[adapter.adapter_id] = adapter
 
     def unload_adapter(self, adapter_id: str) -> None:
         """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""

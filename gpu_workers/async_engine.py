@@ -1,0 +1,144 @@
+"""AsyncLLMEngine: a background thread steps the engine while work exists; asyncio callers stream deltas.
+
+Threading: one lock guards the engine; the loop thread holds it for one `step()` at a time, other callers
+(add/abort/load/unload from any thread) take it between steps. Deltas are handed to each request's asyncio
+queue with `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from gpu_workers.config import EngineConfig
+from gpu_workers.engine import LLMEngine
+from gpu_workers.outputs import RequestOutput
+from gpu_workers.sampling import SamplingParams
+
+
+class AsyncLLMEngine:
+    """Thread-safe streaming wrapper around LLMEngine (implements backend.InferenceBackend)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._has_work = threading.Condition(self._lock)
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._is_stopped = False
+        self._thread = threading.Thread(target=self._run, name="lorahost-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
+        """Build the engine (loads the model) and start the loop thread."""
+        return cls(LLMEngine(config))
+
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer."""
+        return self.engine.tokenizer
+
+    # ---- loop thread --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._has_work:
+                while not self._is_stopped and not self._has_pending_work():
+                    self._has_work.wait()
+                if self._is_stopped:
+                    return
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:  # an engine bug must not hang every stream
+                    self._fail_all(exc)
+                    continue
+            for output in outputs:
+                self._deliver(output.request_id, output, is_last=output.is_finished)
+
+    def _has_pending_work(self) -> bool:
+        return self.engine.has_unfinished_requests() or bool(self.engine._pending_outputs)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException, is_last: bool) -> None:
+        target = self._streams.pop(request_id, None) if is_last else self._streams.get(request_id)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id in list(self._streams):
+            self.engine.abort(request_id)
+            self._deliver(request_id, exc, is_last=True)
+
+    # ---- public API ---------------------------------------------------------------------------------
+
+    async def generate_stream(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        adapter_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield deltas for one request until it finishes; cancellation or early exit aborts it."""
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        with self._has_work:
+            self.engine.add_request(request_id, prompt, sampling_params, adapter_id)
+            self._streams[request_id] = (asyncio.get_running_loop(), queue)
+            self._has_work.notify()
+        is_finished = False
+        try:
+            while not is_finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                is_finished = item.is_finished
+                yield item
+        finally:
+            if not is_finished:
+                self.abort_now(request_id)
+
+    def abort_now(self, request_id: str) -> None:
+        """Abort from any thread (blocks until the current step ends)."""
+        with self._has_work:
+            self._streams.pop(request_id, None)
+            self.engine.abort(request_id)
+            self._has_work.notify()
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; its stream ends with finish_reason "abort"."""
+        await asyncio.to_thread(self._abort_keep_stream, request_id)
+
+    def _abort_keep_stream(self, request_id: str) -> None:
+        with self._has_work:
+            self.engine.abort(request_id)
+            self._has_work.notify()
+
+    async def load_adapter(self, adapter_id: str, path: Path) -> None:
+        """Load an adapter without blocking the event loop."""
+        adapter = await asyncio.to_thread(self.engine.prepare_adapter, adapter_id, path)
+        await asyncio.to_thread(self._locked, self.engine.install_adapter, adapter)
+
+    async def unload_adapter(self, adapter_id: str) -> None:
+        """Unload an adapter (AdapterInUseError while requests use it)."""
+        await asyncio.to_thread(self._locked, self.engine.unload_adapter, adapter_id)
+
+    def _locked(self, fn: Any, *args: Any) -> Any:
+        with self._lock:
+            return fn(*args)
+
+    def loaded_adapters(self) -> list[str]:
+        """Ids of the loaded adapters."""
+        return self._locked(self.engine.loaded_adapters)
+
+    def stats(self) -> dict[str, Any]:
+        """Engine stats."""
+        return self._locked(self.engine.stats)
+
+    def shutdown(self) -> None:
+        """Stop the loop thread (pending requests are left as they are)."""
+        with self._has_work:
+            self._is_stopped = True
+            self._has_work.notify()
+        self._thread.join(timeout=10)

@@ -1,0 +1,49 @@
+"""The interface the worker server talks to; the native engine and (later) a vLLM backend implement it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from gpu_workers.outputs import RequestOutput
+from gpu_workers.sampling import SamplingParams
+
+
+@runtime_checkable
+class InferenceBackend(Protocol):
+    """Async, thread-safe serving interface over one base model with many LoRA adapters."""
+
+    def generate_stream(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        adapter_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield token deltas until the request finishes; cancelling the iteration aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request (no-op when unknown or already finished)."""
+        ...
+
+    async def load_adapter(self, adapter_id: str, path: Path) -> None:
+        """Load or reload an adapter from a local PEFT directory."""
+        ...
+
+    async def unload_adapter(self, adapter_id: str) -> None:
+        """Drop an adapter (AdapterInUseError while requests use it)."""
+        ...
+
+    def loaded_adapters(self) -> list[str]:
+        """Ids of the loaded adapters."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Engine counters and timings."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop background work."""
+        ...
