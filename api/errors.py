@@ -41,7 +41,17 @@ REGISTRY_STATUS: dict[type[RegistryError], int] = {
 }
 # Validator codes about the shape of the request (which files were sent) rather than their content.
 REQUEST_SHAPE_CODES = frozenset(
-    {"pickle_not_allowed", "duplicate_file", "unexpected_file", "missing_config", "missing_weights"}
+    {
+        "pickle_not_allowed",
+        "duplicate_file",
+        "unexpected_file",
+        "missing_config",
+        "missing_weights",
+        "corrupt_archive",
+        "invalid_archive_layout",
+        "unsupported_archive",
+        "unsupported_archive_member",
+    }
 )
 
 

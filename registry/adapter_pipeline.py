@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry import repository
+from registry.archive import extract_archive, is_archive_name
 from registry.errors import ConflictError, InvalidRequestError
 from registry.models import AdapterVersion, new_id, utcnow
 from registry.settings import Settings
@@ -42,7 +43,6 @@ from registry.validation import (
 
 log = logging.getLogger(__name__)
 
-ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
 STORED_FILENAMES = (CONFIG_FILENAME, WEIGHTS_FILENAME)
 HASH_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -93,11 +93,6 @@ class AdapterJobContext:
 # ---- steps 1-2: local files ----------------------------------------------------------------------
 
 
-def is_archive_name(name: str) -> bool:
-    """True for .zip, .tar.gz and .tgz file names."""
-    return name.lower().endswith(ARCHIVE_SUFFIXES)
-
-
 def safe_basename(name: str) -> str:
     """The last path component of a client-sent file name (clients may send `dir/file`)."""
     return PurePosixPath(name.replace("\\", "/")).name
@@ -109,7 +104,7 @@ def check_incoming_names(names: list[str]) -> None:
         return
     if any(is_archive_name(n) for n in names):
         raise AdapterValidationError(
-            "unexpected_file", "send either one archive (.zip/.tar.gz) or the adapter's files, not both"
+            "unexpected_file", "send either one archive (.zip/.tar.gz/.tar) or the adapter's files, not both"
         )
     check_upload_filenames(names)
 
@@ -118,21 +113,8 @@ def prepare_adapter_dir(upload_dir: Path, names: list[str], limits: ValidationLi
     """The directory holding the adapter's files: `upload_dir` itself, or the extracted archive."""
     if not (len(names) == 1 and is_archive_name(names[0])):
         return upload_dir
-    from registry.archive import extract_archive
-
     dest = upload_dir / "extracted"
-    dest.mkdir()
-    extract_archive(upload_dir / names[0], dest, limits)
-    return _adapter_root(dest)
-
-
-def _adapter_root(dest: Path) -> Path:
-    """The extracted dir, or its single sub-directory when the archive wrapped the files in a folder."""
-    if (dest / CONFIG_FILENAME).exists():
-        return dest
-    children = list(dest.iterdir())
-    if len(children) == 1 and children[0].is_dir() and not children[0].is_symlink():
-        return children[0]
+    extract_archive(upload_dir / names[0], dest, limits)  # flat: a single wrapping folder is removed
     return dest
 
 

@@ -12,7 +12,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from registry.errors import NotFoundError
@@ -31,8 +31,8 @@ class BlobNotFoundError(NotFoundError):
 
 def check_key(key: str) -> str:
     """Reject empty, absolute or `..` keys (a key must stay inside the store)."""
-    parts = PurePosixPath(key).parts
-    if not key or key.startswith("/") or any(p in ("..", ".", "") for p in parts) or "\\" in key:
+    parts = key.split("/")
+    if not key or any(p in ("..", ".", "") for p in parts) or "\\" in key:
         raise ValueError(f"invalid blob key {key!r}")
     return key
 
@@ -275,16 +275,24 @@ class S3BlobStore(BlobStore):
 
 
 class _CountingReader:
-    """Wraps a binary stream and counts the bytes read through it."""
+    """Wraps a binary stream: counts bytes and fills each read (boto3 treats a short read as the end of a
+    small object, so a stream with short reads would otherwise never be sent as a multipart upload)."""
 
     def __init__(self, fileobj: IO[bytes]) -> None:
         self.fileobj = fileobj
         self.num_bytes = 0
 
     def read(self, size: int = -1) -> bytes:
-        chunk = self.fileobj.read(size)
-        self.num_bytes += len(chunk)
-        return chunk
+        if size is None or size < 0:
+            data = self.fileobj.read()
+        else:
+            parts, remaining = [], size
+            while remaining > 0 and (chunk := self.fileobj.read(remaining)):
+                parts.append(chunk)
+                remaining -= len(chunk)
+            data = b"".join(parts)
+        self.num_bytes += len(data)
+        return data
 
 
 def _is_missing(exc: Exception) -> bool:

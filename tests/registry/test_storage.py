@@ -1,0 +1,152 @@
+"""Blob stores on a local directory and on a real S3 HTTP API (moto server)."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from registry.settings import Settings
+from registry.storage import (
+    BlobNotFoundError,
+    BlobStore,
+    LocalBlobStore,
+    S3BlobStore,
+    make_blob_store,
+    parse_s3_uri,
+)
+
+MIB = 1024 * 1024
+MULTIPART_CHUNK = 5 * MIB  # S3's minimum part size
+
+
+class _ChunkedReader(io.RawIOBase):
+    """A non-seekable stream that yields `num_bytes` of a repeating pattern, never all in memory."""
+
+    def __init__(self, num_bytes: int) -> None:
+        self.remaining = num_bytes
+        self.pattern = bytes(range(256)) * 4096
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        n = min(len(buffer), self.remaining, len(self.pattern))
+        buffer[:n] = self.pattern[:n]
+        self.remaining -= n
+        return n
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
+    """The same tests against both implementations."""
+    if request.param == "local":
+        yield LocalBlobStore(tmp_path / "blobs")
+        return
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = request.getfixturevalue("s3_bucket")
+    yield S3BlobStore(bucket, "prefix/dir", endpoint_url=endpoint, multipart_chunk_bytes=MULTIPART_CHUNK)
+
+
+def test_round_trips_bytes_through_every_read_path(store: BlobStore, tmp_path: Path) -> None:
+    assert store.put_stream("a/b/file.bin", io.BytesIO(b"hello")) == 5
+    with store.open("a/b/file.bin") as f:
+        assert f.read() == b"hello"
+    with store.get_stream("a/b/file.bin") as f:
+        assert f.read() == b"hello"
+    store.download_to("a/b/file.bin", tmp_path / "out" / "file.bin")
+    assert (tmp_path / "out" / "file.bin").read_bytes() == b"hello"
+    assert store.exists("a/b/file.bin") and store.size("a/b/file.bin") == 5
+
+
+def test_streams_a_multipart_upload_larger_than_5_mib(store: BlobStore, tmp_path: Path) -> None:
+    num_bytes = 2 * MULTIPART_CHUNK + 123
+    assert store.put_stream("big.bin", _ChunkedReader(num_bytes)) == num_bytes
+    assert store.size("big.bin") == num_bytes
+    store.download_to("big.bin", tmp_path / "big.bin")
+    expected = _ChunkedReader(num_bytes).read()
+    assert (tmp_path / "big.bin").read_bytes() == expected
+    if isinstance(store, S3BlobStore):
+        head = store.client.head_object(Bucket=store.bucket, Key=store._key("big.bin"))
+        assert head["ETag"].strip('"').endswith("-3")  # three parts: a real multipart upload
+
+
+def test_delete_removes_the_key_and_is_idempotent(store: BlobStore) -> None:
+    store.put_stream("x/y.bin", io.BytesIO(b"1"))
+    store.delete("x/y.bin")
+    store.delete("x/y.bin")
+    assert not store.exists("x/y.bin")
+    assert store.list_keys() == []
+
+
+def test_missing_key_raises_blob_not_found(store: BlobStore, tmp_path: Path) -> None:
+    with pytest.raises(BlobNotFoundError):
+        with store.open("nope"):
+            pass
+    with pytest.raises(BlobNotFoundError):
+        store.size("nope")
+    with pytest.raises(BlobNotFoundError):
+        store.download_to("nope", tmp_path / "nope")
+    with pytest.raises(BlobNotFoundError):
+        store.copy("nope", "other")
+    assert not (tmp_path / "nope").exists()
+
+
+def test_copy_and_move_between_keys(store: BlobStore) -> None:
+    store.put_stream("src.bin", io.BytesIO(b"data"))
+    store.copy("src.bin", "copy.bin")
+    store.move("src.bin", "moved/dst.bin")
+    assert store.list_keys() == ["copy.bin", "moved/dst.bin"]
+    with store.open("moved/dst.bin") as f:
+        assert f.read() == b"data"
+
+
+def test_lists_and_deletes_by_prefix(store: BlobStore) -> None:
+    for key in ("uploads/1/a", "uploads/1/b", "adapters/t/a"):
+        store.put_stream(key, io.BytesIO(b"."))
+    assert store.list_keys("uploads/") == ["uploads/1/a", "uploads/1/b"]
+    store.delete_prefix("uploads/")
+    assert store.list_keys() == ["adapters/t/a"]
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "../escape", "a/../b", "a//b"])
+def test_refuses_keys_that_escape_the_store(store: BlobStore, key: str) -> None:
+    with pytest.raises(ValueError):
+        store.put_stream(key, io.BytesIO(b"x"))
+
+
+def test_local_write_failure_leaves_no_partial_file(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+
+    class Broken(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+            raise OSError("client went away")
+
+    store.put_stream("k", io.BytesIO(b"old"))
+    with pytest.raises(OSError):
+        store.put_stream("k", Broken())
+    assert store.open("k").__enter__().read() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["k"]
+
+
+def test_make_blob_store_picks_s3_for_s3_uris_and_local_otherwise(tmp_path: Path) -> None:
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    s3 = make_blob_store(Settings(data_dir=tmp_path, blob_store="s3://bucket/some/prefix"))
+    assert isinstance(s3, S3BlobStore) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
+    local = make_blob_store(Settings(data_dir=tmp_path))
+    assert isinstance(local, LocalBlobStore) and local.root == (tmp_path / "blobs").resolve()
+
+
+def test_parse_s3_uri_rejects_non_s3() -> None:
+    assert parse_s3_uri("s3://b") == ("b", "")
+    with pytest.raises(ValueError):
+        parse_s3_uri("http://b/x")
+    with pytest.raises(ValueError):
+        parse_s3_uri("s3:///x")
