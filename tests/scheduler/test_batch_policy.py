@@ -1,0 +1,34 @@
+"""FIFO admission policy: pure data in, order out."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.batch_policy import BatchBudget, FifoPolicy, WaitingRequest
+
+BUDGET = BatchBudget(num_free_seqs=8, num_free_tokens=4096, num_free_blocks=100, block_size=16)
+
+
+def req(request_id: str, arrival: float) -> WaitingRequest:
+    return WaitingRequest(request_id=request_id, arrival_time=arrival, num_prompt_tokens=10, max_tokens=5)
+
+
+def test_fifo_orders_by_arrival_and_blocks_head_of_line() -> None:
+    plan = FifoPolicy().plan([req("b", 2.0), req("a", 1.0), req("c", 3.0)], BUDGET)
+    assert plan.request_ids == ("a", "b", "c")
+    assert plan.is_head_of_line_blocking
+
+
+def test_fifo_admits_nothing_without_budget() -> None:
+    budget = BatchBudget(num_free_seqs=0, num_free_tokens=10, num_free_blocks=1, block_size=16)
+    assert FifoPolicy().plan([req("a", 1.0)], budget).request_ids == ()
+
+
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), max_size=30))
+def test_fifo_plan_is_a_permutation_sorted_by_arrival(arrivals: list[float]) -> None:
+    waiting = [req(f"r{i}", t) for i, t in enumerate(arrivals)]
+    plan = FifoPolicy().plan(waiting, BUDGET)
+    assert sorted(plan.request_ids) == sorted(r.request_id for r in waiting)
+    times = {r.request_id: r.arrival_time for r in waiting}
+    assert [times[i] for i in plan.request_ids] == sorted(arrivals)
