@@ -1,0 +1,83 @@
+"""Alembic migrations on empty SQLite and PostgreSQL databases, and `lorahost db upgrade`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+from typer.testing import CliRunner
+
+from migrations.runner import current_revision, downgrade, upgrade
+from registry.db import make_engine
+from registry.models import Base
+from tests.registry.db_fixtures import (
+    create_postgres_database,
+    drop_postgres_database,
+    postgres_reachable,
+    require_service,
+)
+
+TABLES = {"price_plans", "tenants", "api_keys", "adapters", "adapter_versions", "usage_records"}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A brand-new empty database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    reason = postgres_reachable()
+    if reason:
+        require_service(reason)
+    url = create_postgres_database()
+    try:
+        yield url
+    finally:
+        drop_postgres_database(url)
+
+
+def _tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> None:
+    assert current_revision(empty_db_url) is None
+    upgrade(empty_db_url)
+    assert _tables(empty_db_url) == TABLES
+    assert current_revision(empty_db_url) == "0001"
+
+
+def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
+    upgrade(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    finally:
+        engine.dispose()
+    assert diff == []
+
+
+def test_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
+    upgrade(empty_db_url)
+    downgrade(empty_db_url, "base")
+    assert _tables(empty_db_url) == set()
+    upgrade(empty_db_url)
+    assert _tables(empty_db_url) == TABLES
+
+
+def test_cli_db_upgrade_migrates_the_configured_database(tmp_path: Path) -> None:
+    from lorahost.cli import app
+
+    url = f"sqlite:///{tmp_path / 'nested' / 'cli.db'}"
+    result = CliRunner().invoke(app, ["db", "upgrade", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    assert _tables(url) == TABLES
