@@ -1,0 +1,127 @@
+"""API fixtures: create_app(test settings) with the rolled-back test session and a local blob store.
+
+The request session is the test's `db_session` (dependency override); inline jobs get sessions on the same
+connection, so everything a test does through HTTP is rolled back too.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.deps import get_session
+from api.main import create_app
+from api.services import build_services
+from registry.settings import Settings
+from registry.storage import LocalBlobStore
+from tests.registry.db_fixtures import *  # noqa: F403
+
+ADMIN_KEY = "test-admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+@dataclass
+class TenantHandle:
+    """A tenant created through the admin API, with its key."""
+
+    id: str
+    name: str
+    key_id: str
+    key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+@pytest.fixture
+def blob_store(tmp_path: Path) -> LocalBlobStore:
+    return LocalBlobStore(tmp_path / "blobs")
+
+
+@pytest.fixture
+def make_client(
+    tmp_path: Path,
+    base_model_dir: Path,
+    db_session: Session,
+    db_session_factory: sessionmaker[Session],
+    blob_store: LocalBlobStore,
+) -> Iterator[Callable[..., TestClient]]:
+    """Build a TestClient for explicit settings (keyword overrides on top of the test defaults)."""
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        values = {"data_dir": tmp_path, "admin_key": ADMIN_KEY, "base_model_path": base_model_dir} | overrides
+        settings = Settings(**values)
+        services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
+        app = create_app(settings, services=services)
+        app.dependency_overrides[get_session] = lambda: db_session
+        client = TestClient(app)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    return make_client()
+
+
+@pytest.fixture
+def new_tenant(client: TestClient) -> Callable[[str], TenantHandle]:
+    """Create a tenant and a key through the admin API."""
+
+    def create(name: str = "acme") -> TenantHandle:
+        tenant = client.post("/v1/admin/tenants", json={"name": name}, headers=ADMIN)
+        assert tenant.status_code == 201, tenant.text
+        key = client.post(f"/v1/admin/tenants/{tenant.json()['id']}/keys", headers=ADMIN)
+        assert key.status_code == 201, key.text
+        return TenantHandle(tenant.json()["id"], name, key.json()["id"], key.json()["key"])
+
+    return create
+
+
+@pytest.fixture
+def tenant(new_tenant: Callable[[str], TenantHandle]) -> TenantHandle:
+    return new_tenant("acme")
+
+
+@pytest.fixture
+def demo_adapter(adapter_dirs: dict[str, Path]) -> Path:
+    """The first demo adapter's directory (adapter_config.json + adapter_model.safetensors + README.md)."""
+    return next(iter(adapter_dirs.values()))
+
+
+def multipart_files(paths: list[Path]) -> list[tuple[str, tuple[str, bytes, str]]]:
+    """`files` parts for TestClient, one per path."""
+    return [("files", (p.name, p.read_bytes(), "application/octet-stream")) for p in paths]
+
+
+def upload(client: TestClient, tenant: TenantHandle, name: str, paths: list[Path], **fields: str):  # type: ignore[no-untyped-def]
+    """POST /v1/adapters as multipart."""
+    return client.post(
+        "/v1/adapters", data={"name": name, **fields}, files=multipart_files(paths), headers=tenant.headers
+    )
+
+
+def adapter_paths(adapter_dir: Path) -> list[Path]:
+    return [adapter_dir / name for name in ADAPTER_FILES]
+
+
+def copy_adapter(adapter_dir: Path, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ADAPTER_FILES:
+        shutil.copyfile(adapter_dir / name, dest / name)
+    return dest

@@ -1,0 +1,184 @@
+"""POST/GET/DELETE /v1/adapters over HTTP with real demo adapters, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from registry import repository
+from registry.models import Adapter, AdapterVersion
+from registry.storage import LocalBlobStore
+from tests.api.conftest import adapter_paths, upload
+
+
+def _assert_nothing_stored(db_session: Session, blob_store: LocalBlobStore) -> None:
+    db_session.expire_all()
+    assert blob_store.list_keys() == []
+    assert repository.count_rows(db_session, AdapterVersion) == 0
+    assert repository.count_rows(db_session, Adapter) == 0
+
+
+def _zip(adapter_dir: Path, dest: Path) -> Path:
+    with zipfile.ZipFile(dest, "w") as zf:
+        for path in adapter_paths(adapter_dir):
+            zf.write(path, arcname=path.name)
+    return dest
+
+
+def _tar_gz(adapter_dir: Path, dest: Path) -> Path:
+    with tarfile.open(dest, "w:gz") as tar:
+        for path in adapter_paths(adapter_dir):
+            tar.add(path, arcname=f"my-adapter/{path.name}")
+    return dest
+
+
+def test_uploaded_folder_files_become_ready_in_the_202_response(client, tenant, demo_adapter, blob_store) -> None:
+    response = upload(client, tenant, "my-lora", adapter_paths(demo_adapter))
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert body["adapter"] == "my-lora" and body["visibility"] == "private"
+    assert body["version"]["status"] == "ready" and body["version"]["model"] == "my-lora@1"
+    assert body["version"]["rank"] > 0 and body["version"]["sha256"]
+    assert all(k.startswith(f"adapters/{tenant.id}/") for k in blob_store.list_keys())
+    assert len(blob_store.list_keys()) == 2
+
+
+def test_upload_with_peft_readme_is_accepted(client, tenant, demo_adapter) -> None:
+    paths = [*adapter_paths(demo_adapter), demo_adapter / "README.md"]
+    assert upload(client, tenant, "with-readme", paths).json()["version"]["status"] == "ready"
+
+
+@pytest.mark.parametrize("make_archive", [_zip, _tar_gz], ids=["zip", "tar.gz"])
+def test_uploaded_archive_becomes_ready(client, tenant, demo_adapter, tmp_path, make_archive) -> None:
+    suffix = ".zip" if make_archive is _zip else ".tar.gz"
+    archive = make_archive(demo_adapter, tmp_path / f"adapter{suffix}")
+    response = upload(client, tenant, "archived", [archive])
+    assert response.status_code == 202, response.text
+    assert response.json()["version"]["status"] == "ready"
+
+
+def test_reupload_creates_version_n_plus_1_and_name_at_n_addresses_it(client, tenant, adapter_dirs) -> None:
+    first, second = list(adapter_dirs.values())[:2]
+    assert upload(client, tenant, "my-lora", adapter_paths(first)).json()["version"]["number"] == 1
+    assert upload(client, tenant, "my-lora", adapter_paths(second)).json()["version"]["number"] == 2
+    adapter = client.get("/v1/adapters/my-lora", headers=tenant.headers).json()
+    assert [v["number"] for v in adapter["versions"]] == [1, 2] and adapter["latest_ready_version"] == 2
+    pinned = client.get("/v1/adapters/my-lora@1", headers=tenant.headers).json()
+    assert [v["model"] for v in pinned["versions"]] == ["my-lora@1"]
+    assert client.get("/v1/models/my-lora@1", headers=tenant.headers).json()["version"] == 1
+    assert client.get("/v1/adapters/my-lora@3", headers=tenant.headers).status_code == 404
+
+
+@pytest.mark.parametrize("name", ["Has Caps", "-x", "a/b", "x" * 65, "lorahost-base"])
+def test_invalid_adapter_name_is_400_and_stores_nothing(client, tenant, demo_adapter, db_session, blob_store, name):
+    response = upload(client, tenant, name, adapter_paths(demo_adapter))
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_name"
+    _assert_nothing_stored(db_session, blob_store)
+
+
+def test_invalid_visibility_is_400(client, tenant, demo_adapter, db_session, blob_store) -> None:
+    response = upload(client, tenant, "x", adapter_paths(demo_adapter), visibility="everyone")
+    assert response.status_code == 400 and "visibility" in response.json()["error"]["message"]
+    _assert_nothing_stored(db_session, blob_store)
+
+
+def test_upload_over_max_upload_bytes_is_413_with_a_clear_message(make_client, new_tenant, demo_adapter, db_session, blob_store):
+    client = make_client(max_upload_bytes=4096)
+    tenant = new_tenant("small")
+    response = upload(client, tenant, "big", adapter_paths(demo_adapter))
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "upload_too_large"
+    assert "4096 bytes" in response.json()["error"]["message"]
+    _assert_nothing_stored(db_session, blob_store)
+
+
+def test_chunked_upload_over_the_limit_is_413(make_client, new_tenant, demo_adapter) -> None:
+    client = make_client(max_upload_bytes=4096)
+    tenant = new_tenant("chunked")
+    body = b"--b\r\n" + b'Content-Disposition: form-data; name="files"; filename="adapter_model.safetensors"\r\n\r\n'
+    body += b"\0" * 10000 + b"\r\n--b--\r\n"
+
+    def chunks():
+        for i in range(0, len(body), 1000):
+            yield body[i : i + 1000]
+
+    headers = {**tenant.headers, "content-type": "multipart/form-data; boundary=b"}
+    response = client.post("/v1/adapters", content=chunks(), headers=headers)
+    assert response.status_code == 413
+
+
+def test_upload_without_files_or_name_is_400(client, tenant) -> None:
+    no_files = client.post("/v1/adapters", data={"name": "x"}, files=[("other", ("a", b"x"))], headers=tenant.headers)
+    assert no_files.status_code == 400 and "files=@adapter_config.json" in no_files.json()["error"]["message"]
+    no_name = client.post("/v1/adapters", files=[("files", ("adapter_config.json", b"{}"))], headers=tenant.headers)
+    assert no_name.status_code == 400 and "'name'" in no_name.json()["error"]["message"]
+
+
+def test_upload_with_unsupported_content_type_is_415(client, tenant) -> None:
+    response = client.post("/v1/adapters", content=b"x", headers={**tenant.headers, "content-type": "text/plain"})
+    assert response.status_code == 415
+
+
+def test_json_import_with_non_s3_source_is_400(client, tenant, db_session, blob_store) -> None:
+    response = client.post("/v1/adapters", json={"name": "x", "source": "/etc/passwd"}, headers=tenant.headers)
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_source"
+    _assert_nothing_stored(db_session, blob_store)
+
+
+def test_json_import_with_missing_fields_is_422(client, tenant) -> None:
+    response = client.post("/v1/adapters", json={"name": "x"}, headers=tenant.headers)
+    assert response.status_code == 422 and "source" in response.json()["error"]["message"]
+
+
+def test_json_import_from_s3_runs_the_job(make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    for path in adapter_paths(demo_adapter):
+        s3.upload_file(str(path), s3_bucket, f"lora/{path.name}")
+    client = make_client(s3_endpoint_url=s3_endpoint)
+    tenant = new_tenant("importer")
+    body = {"name": "imported", "source": f"s3://{s3_bucket}/lora"}
+    response = client.post("/v1/adapters", json=body, headers=tenant.headers)
+    assert response.status_code == 202 and response.json()["version"]["status"] == "ready"
+    missing = client.post("/v1/adapters", json={**body, "source": f"s3://{s3_bucket}/none"}, headers=tenant.headers)
+    assert missing.json()["version"]["status"] == "failed"
+    assert "no files found" in missing.json()["version"]["failure_reason"]
+
+
+def test_lists_own_adapters_and_optionally_public_ones(client, new_tenant, demo_adapter) -> None:
+    alice, bob = new_tenant("alice"), new_tenant("bob")
+    upload(client, alice, "alice-public", adapter_paths(demo_adapter), visibility="public")
+    upload(client, bob, "bob-private", adapter_paths(demo_adapter))
+    names = lambda r: [a["name"] for a in r.json()["data"]]  # noqa: E731
+    assert names(client.get("/v1/adapters", headers=bob.headers)) == ["bob-private"]
+    assert names(client.get("/v1/adapters?include_public=true", headers=bob.headers)) == ["alice-public", "bob-private"]
+
+
+def test_delete_soft_deletes_and_hides_the_adapter(client, tenant, demo_adapter, db_session) -> None:
+    upload(client, tenant, "gone", adapter_paths(demo_adapter))
+    response = client.delete("/v1/adapters/gone", headers=tenant.headers)
+    assert response.status_code == 200 and response.json()["deleted"] is True
+    assert client.get("/v1/adapters/gone", headers=tenant.headers).status_code == 404
+    assert "gone" not in [m["id"] for m in client.get("/v1/models", headers=tenant.headers).json()["data"]]
+    db_session.expire_all()
+    assert repository.count_rows(db_session, Adapter) == 1  # soft: the row stays, marked deleted
+    again = upload(client, tenant, "gone", adapter_paths(demo_adapter))
+    assert again.json()["version"]["number"] == 1
+
+
+def test_delete_with_version_suffix_is_400(client, tenant) -> None:
+    assert client.delete("/v1/adapters/x@1", headers=tenant.headers).status_code == 400
+
+
+def test_uploads_of_two_tenants_may_share_a_name(client, new_tenant, demo_adapter) -> None:
+    alice, bob = new_tenant("alice"), new_tenant("bob")
+    assert upload(client, alice, "same", adapter_paths(demo_adapter)).json()["version"]["number"] == 1
+    assert upload(client, bob, "same", adapter_paths(demo_adapter)).json()["version"]["number"] == 1
+
