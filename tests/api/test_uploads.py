@@ -1,0 +1,80 @@
+"""Every malformed upload from tests/registry/malformed.py is refused over HTTP with the validator's code
+and message, and leaves nothing stored (no blob, no row)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from registry import repository
+from registry.models import Adapter, AdapterVersion
+from registry.storage import LocalBlobStore
+from registry.validation import AdapterValidationError, BaseModelSpec, ValidationLimits
+from tests.api.conftest import TenantHandle, upload
+from tests.registry.malformed import (
+    MALFORMED_CASES,
+    TIGHT_LIMIT_CASES,
+    TIGHT_LIMITS,
+    VALID_CASES,
+    MalformedCase,
+    validate_upload_files,
+)
+
+TIGHT_SETTINGS = {
+    "max_rank": TIGHT_LIMITS.max_rank,
+    "max_adapter_bytes": TIGHT_LIMITS.max_adapter_bytes,
+    "max_uncompressed_bytes": TIGHT_LIMITS.max_uncompressed_bytes,
+    "max_archive_members": TIGHT_LIMITS.max_archive_members,
+}
+
+
+def _expected_error(files: list[Path], work_dir: Path, spec: BaseModelSpec, limits: ValidationLimits) -> AdapterValidationError:
+    with pytest.raises(AdapterValidationError) as err:
+        validate_upload_files(files, work_dir, spec, limits)
+    return err.value
+
+
+def _assert_refused(response, expected: AdapterValidationError, db_session: Session, blob_store: LocalBlobStore) -> None:  # type: ignore[no-untyped-def]
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert error["type"] == expected.code
+    assert error["message"] == expected.message
+    if expected.code.endswith("too_large") and expected.code != "rank_too_large":
+        assert response.status_code == 413
+    db_session.expire_all()
+    assert blob_store.list_keys() == []
+    assert repository.count_rows(db_session, AdapterVersion) == 0
+    assert repository.count_rows(db_session, Adapter) == 0
+
+
+@pytest.mark.parametrize("case", MALFORMED_CASES, ids=[c.case_id for c in MALFORMED_CASES])
+def test_malformed_upload_is_refused_and_nothing_is_stored(
+    case: MalformedCase, client, tenant: TenantHandle, base_model_dir: Path, tmp_path: Path, db_session, blob_store
+) -> None:
+    files = case.build(tmp_path)
+    expected = _expected_error(files, tmp_path / "ref", BaseModelSpec.from_model_dir(base_model_dir), ValidationLimits())
+    assert expected.code == case.expected_code
+    _assert_refused(upload(client, tenant, "bad", files), expected, db_session, blob_store)
+
+
+@pytest.mark.parametrize("case", TIGHT_LIMIT_CASES, ids=[c.case_id for c in TIGHT_LIMIT_CASES])
+def test_upload_over_configured_limits_is_refused(
+    case: MalformedCase, make_client, new_tenant, base_model_dir: Path, tmp_path: Path, db_session, blob_store
+) -> None:
+    client = make_client(**TIGHT_SETTINGS)
+    tenant = new_tenant("tight")
+    files = case.build(tmp_path)
+    expected = _expected_error(files, tmp_path / "ref", BaseModelSpec.from_model_dir(base_model_dir), TIGHT_LIMITS)
+    assert expected.code == case.expected_code
+    _assert_refused(upload(client, tenant, "bad", files), expected, db_session, blob_store)
+
+
+@pytest.mark.parametrize("case", VALID_CASES, ids=[c.case_id for c in VALID_CASES])
+def test_valid_upload_variants_become_ready(case: MalformedCase, make_client, new_tenant, tmp_path: Path) -> None:
+    client = make_client(**TIGHT_SETTINGS)
+    tenant = new_tenant("valid")
+    response = upload(client, tenant, "good", case.build(tmp_path))
+    assert response.status_code == 202, response.text
+    assert response.json()["version"]["status"] == "ready"
