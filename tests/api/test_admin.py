@@ -1,0 +1,50 @@
+"""/v1/admin: tenants, keys, plans."""
+
+from __future__ import annotations
+
+from tests.api.conftest import ADMIN
+
+
+def test_creates_and_lists_tenants(client) -> None:
+    created = client.post("/v1/admin/tenants", json={"name": "acme"}, headers=ADMIN)
+    assert created.status_code == 201
+    body = created.json()
+    assert body["name"] == "acme" and body["is_active"] is True and len(body["id"]) == 36
+    listed = client.get("/v1/admin/tenants", headers=ADMIN).json()
+    assert listed["object"] == "list" and [t["id"] for t in listed["data"]] == [body["id"]]
+
+
+def test_tenant_name_is_required(client) -> None:
+    response = client.post("/v1/admin/tenants", json={}, headers=ADMIN)
+    assert response.status_code == 422 and "name" in response.json()["error"]["message"]
+
+
+def test_patch_changes_only_the_fields_sent(client) -> None:
+    plan = client.post("/v1/admin/plans", json={"name": "pro", "price_per_1m_prompt_tokens": "0.25"}, headers=ADMIN)
+    assert plan.status_code == 201 and plan.json()["slo_percentile"] == 99.0
+    tenant = client.post("/v1/admin/tenants", json={"name": "acme"}, headers=ADMIN).json()
+    with_plan = client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"plan_id": plan.json()["id"]}, headers=ADMIN)
+    assert with_plan.json()["plan_id"] == plan.json()["id"] and with_plan.json()["is_active"] is True
+    disabled = client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"is_active": False}, headers=ADMIN)
+    assert disabled.json()["is_active"] is False and disabled.json()["plan_id"] == plan.json()["id"]
+    cleared = client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"plan_id": None}, headers=ADMIN)
+    assert cleared.json()["plan_id"] is None
+    assert [p["name"] for p in client.get("/v1/admin/plans", headers=ADMIN).json()["data"]] == ["pro"]
+
+
+def test_unknown_plan_or_tenant_is_404(client) -> None:
+    tenant = client.post("/v1/admin/tenants", json={"name": "acme"}, headers=ADMIN).json()
+    assert client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"plan_id": "nope"}, headers=ADMIN).status_code == 404
+    assert client.patch("/v1/admin/tenants/nope", json={"is_active": False}, headers=ADMIN).status_code == 404
+    assert client.post("/v1/admin/tenants/nope/keys", headers=ADMIN).status_code == 404
+    assert client.delete("/v1/admin/keys/nope", headers=ADMIN).status_code == 404
+
+
+def test_key_is_shown_once_in_lh_format_and_revocation_is_idempotent(client) -> None:
+    tenant = client.post("/v1/admin/tenants", json={"name": "acme"}, headers=ADMIN).json()
+    key = client.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()
+    assert key["key"].startswith(f"lh_{key['id']}_") and key["tenant_id"] == tenant["id"]
+    first = client.delete(f"/v1/admin/keys/{key['id']}", headers=ADMIN).json()
+    second = client.delete(f"/v1/admin/keys/{key['id']}", headers=ADMIN).json()
+    assert first["revoked_at"] is not None and first["revoked_at"] == second["revoked_at"]
+    assert "key" not in first
