@@ -41,7 +41,7 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
     def context() -> AdapterJobContext:
         return make_job_context(settings)
 
-    @app.task(name=VALIDATE_ADAPTER_TASK)
+    @app.task(name=VALIDATE_ADAPTER_TASK, shared=False)  # per-app: the task closes over these settings
     def validate_adapter_version(version_id: str) -> str:
         """Validate an uploaded adapter version; marks it ready or failed."""
         return run_validation_job(context(), version_id)

@@ -1,0 +1,36 @@
+"""Dispatcher choice from settings (inline vs Celery)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.celery_app import make_celery
+from jobs.dispatch import VALIDATE_ADAPTER_TASK, CeleryJobs, InlineJobs, make_job_dispatcher
+from registry.adapter_pipeline import make_job_context
+from registry.settings import Settings
+
+
+def test_inline_settings_give_inline_jobs(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, is_inline_jobs=True)
+    assert isinstance(make_job_dispatcher(settings, make_job_context(settings)), InlineJobs)
+
+
+def test_celery_settings_give_celery_jobs_without_connecting(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, is_inline_jobs=False, redis_url="redis://127.0.0.1:1/0")
+    jobs = make_job_dispatcher(settings, make_job_context(settings))
+    assert isinstance(jobs, CeleryJobs) and not jobs.is_inline
+
+
+def test_celery_app_registers_the_validation_task_and_key_prefix(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0", celery_key_prefix="p:", celery_queue="q")
+    app = make_celery(settings)
+    assert VALIDATE_ADAPTER_TASK in app.tasks
+    assert app.conf.broker_transport_options == {"global_keyprefix": "p:"}
+    assert app.conf.task_default_queue == "q"
+
+
+def test_celery_without_a_broker_says_what_to_set(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="LORAHOST_REDIS_URL"):
+        make_celery(Settings(data_dir=tmp_path, redis_url=None))
