@@ -16,7 +16,9 @@ from registry.models import Tenant
 from registry.settings import Settings
 from registry.storage import BlobStore
 
-bearer_scheme = HTTPBearer(auto_error=False, description="Tenant key (lh_...) or, on /v1/admin, the admin key")
+bearer_scheme = HTTPBearer(
+    auto_error=False, description="Tenant key (lh_...) or, on /v1/admin, the admin key"
+)
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
@@ -61,7 +63,9 @@ def get_current_tenant(session: SessionDep, credentials: BearerDep) -> Tenant:
     if row is None:
         raise _unauthorized("invalid or revoked API key: ask your operator for a new key")
     if not row.tenant.is_active:
-        raise ApiError(403, "tenant_disabled", "this tenant is disabled; contact the operator to re-enable it")
+        raise ApiError(
+            403, "tenant_disabled", "this tenant is disabled; contact the operator to re-enable it"
+        )
     return row.tenant
 
 

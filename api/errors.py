@@ -66,16 +66,20 @@ class ApiError(Exception):
         self.headers = headers
 
 
-def error_response(status_code: int, type_: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status_code: int, type_: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """The one JSON error shape."""
-    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status_code, headers=headers)
+    return JSONResponse(
+        {"error": {"type": type_, "message": message}}, status_code=status_code, headers=headers
+    )
 
 
 def validation_error_status(code: str) -> int:
     """413 for size limits, 400 for the wrong set of files, 422 for invalid adapter content."""
     if code.startswith("too_many") or (code.endswith("too_large") and code != "rank_too_large"):
         return 413
-    if code in REQUEST_SHAPE_CODES or code.startswith("archive") or code.startswith("unsafe"):
+    if code in REQUEST_SHAPE_CODES or code.startswith(("archive", "unsafe")):
         return 400
     return 422
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -59,13 +60,17 @@ async def receive_upload(request: Request, upload_dir: Path, max_bytes: int) -> 
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
-    parser = MultiPartParser(request.headers, _bounded(request, max_bytes), max_files=MAX_FILES, max_fields=MAX_FIELDS)
+    parser = MultiPartParser(
+        request.headers, _bounded(request, max_bytes), max_files=MAX_FILES, max_fields=MAX_FIELDS
+    )
     try:
         form = await parser.parse()
     except UploadTooLargeError:
         raise _too_large(max_bytes) from None
     except MultiPartException as exc:
-        raise ApiError(400, "invalid_multipart", f"could not read the multipart body: {exc.message}") from None
+        raise ApiError(
+            400, "invalid_multipart", f"could not read the multipart body: {exc.message}"
+        ) from None
     try:
         return await _save_form(form, upload_dir)
     finally:
@@ -89,8 +94,12 @@ async def _save_form(form: object, upload_dir: Path) -> ReceivedUpload:
         )
     filenames = [safe_basename(f.filename or "") for f in files]
     check_incoming_names(filenames)
-    for upload, filename in zip(files, filenames):
-        with open(upload_dir / filename, "wb") as out:
-            await upload.seek(0)
-            shutil.copyfileobj(upload.file, out, COPY_CHUNK_BYTES)
+    await run_in_threadpool(_write_files, files, filenames, upload_dir)
     return ReceivedUpload(name=name, visibility=visibility or None, filenames=filenames)
+
+
+def _write_files(files: list[UploadFile], filenames: list[str], upload_dir: Path) -> None:
+    for upload, filename in zip(files, filenames, strict=True):
+        upload.file.seek(0)
+        with open(upload_dir / filename, "wb") as out:
+            shutil.copyfileobj(upload.file, out, COPY_CHUNK_BYTES)

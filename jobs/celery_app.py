@@ -45,4 +45,3 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
     def validate_adapter_version(version_id: str) -> str:
         """Validate an uploaded adapter version; marks it ready or failed."""
         return run_validation_job(context(), version_id)
-

@@ -6,7 +6,7 @@ Heavy imports (torch, FastAPI, SQLAlchemy) happen inside the commands, so `lorah
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,7 +25,7 @@ def demo_model(
     num_adapters: Annotated[int, typer.Option(help="How many PEFT adapters to generate")] = 4,
     seed: Annotated[int, typer.Option(help="Random seed")] = 0,
     target_modules: Annotated[
-        Optional[str], typer.Option(help="Comma-separated target modules for every adapter (default: varied)")
+        str | None, typer.Option(help="Comma-separated target modules for every adapter (default: varied)")
     ] = None,
 ) -> None:
     """Generate a seeded Llama-family demo model and PEFT LoRA adapters locally."""
@@ -43,7 +43,7 @@ def demo_model(
 @db_app.command("upgrade")
 def db_upgrade(
     revision: Annotated[str, typer.Argument(help="Target revision")] = "head",
-    database_url: Annotated[Optional[str], typer.Option(help="Overrides LORAHOST_DATABASE_URL")] = None,
+    database_url: Annotated[str | None, typer.Option(help="Overrides LORAHOST_DATABASE_URL")] = None,
 ) -> None:
     """Apply the Alembic migrations to the configured database."""
     from migrations.runner import upgrade
@@ -58,11 +58,13 @@ def db_upgrade(
 
 @app.command("serve")
 def serve(
-    host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1)")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port (default 8000)")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Embedded state: SQLite DB, blobs, demo model")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000)")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Embedded state: SQLite DB, blobs, demo model")
+    ] = None,
     base_model: Annotated[
-        Optional[Path], typer.Option(help="Base model directory (default: a generated tiny demo model)")
+        Path | None, typer.Option(help="Base model directory (default: a generated tiny demo model)")
     ] = None,
 ) -> None:
     """Run the API (embedded mode by default: SQLite, local blobs, inline jobs). Migrates on start."""
@@ -81,7 +83,9 @@ def serve(
     _ensure_sqlite_dir(url)
     upgrade(url)
     _announce_admin_key(settings)
-    typer.echo(f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port}")
+    typer.echo(
+        f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port}"
+    )
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
 
 

@@ -185,7 +185,13 @@ def stage_upload(
 
 
 def stage_import(
-    session: Session, ctx: AdapterJobContext, *, tenant_id: str, name: str, visibility: str | None, source: str
+    session: Session,
+    ctx: AdapterJobContext,
+    *,
+    tenant_id: str,
+    name: str,
+    visibility: str | None,
+    source: str,
 ) -> AdapterVersion:
     """Commit an `uploading` version whose files the validation job fetches from an s3:// source."""
     try:
@@ -197,12 +203,24 @@ def stage_import(
             code="invalid_source",
         ) from None
     return _insert_version(
-        session, ctx, tenant_id=tenant_id, name=name, visibility=visibility, status="uploading", source_uri=source
+        session,
+        ctx,
+        tenant_id=tenant_id,
+        name=name,
+        visibility=visibility,
+        status="uploading",
+        source_uri=source,
     )
 
 
 def _insert_version(
-    session: Session, ctx: AdapterJobContext, *, tenant_id: str, name: str, visibility: str | None, **fields: object
+    session: Session,
+    ctx: AdapterJobContext,
+    *,
+    tenant_id: str,
+    name: str,
+    visibility: str | None,
+    **fields: object,
 ) -> AdapterVersion:
     repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
     try:
@@ -213,7 +231,9 @@ def _insert_version(
         session.commit()
     except IntegrityError:
         session.rollback()
-        raise ConflictError(f"another upload of adapter {name!r} was committed at the same time; retry") from None
+        raise ConflictError(
+            f"another upload of adapter {name!r} was committed at the same time; retry"
+        ) from None
     return version
 
 
@@ -250,7 +270,7 @@ def run_validation_job(ctx: AdapterJobContext, version_id: str) -> str:
         dest = final_keys(adapter.tenant_id, adapter.id, version.number)
         try:
             info, sha256 = _fetch_and_validate(ctx, version, dest)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure becomes the version's failure reason
             return _mark_failed(session, ctx, version, dest, exc)
         version.status = "ready"
         version.config_blob_key = dest[CONFIG_FILENAME]
@@ -326,7 +346,9 @@ def _mark_failed(
         reason = f"{exc.code}: {exc.message}"
     else:
         log.exception("validation job for version %s failed", version.id)
-        reason = f"internal error while validating ({type(exc).__name__}: {exc}); upload again or contact support"
+        reason = (
+            f"internal error while validating ({type(exc).__name__}: {exc}); upload again or contact support"
+        )
     keys = [k for k in (version.config_blob_key, version.weights_blob_key) if k] + list(dest.values())
     _delete_keys(ctx.blob_store, keys)
     session.rollback()
@@ -371,5 +393,11 @@ def accept_upload(
     adapter_dir = prepare_adapter_dir(upload_dir, names, ctx.limits)
     info = validate_adapter_files(adapter_dir, ctx)
     return stage_upload(
-        session, ctx, tenant_id=tenant_id, name=name, visibility=visibility, adapter_dir=adapter_dir, info=info
+        session,
+        ctx,
+        tenant_id=tenant_id,
+        name=name,
+        visibility=visibility,
+        adapter_dir=adapter_dir,
+        info=info,
     )

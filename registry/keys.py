@@ -7,8 +7,8 @@ HMAC-SHA256(salt, secret); the secret itself is shown once and never stored.
 from __future__ import annotations
 
 import hashlib
-import os
 import hmac
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path

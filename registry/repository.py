@@ -164,7 +164,8 @@ def check_visibility(visibility: str) -> str:
     """Return `visibility` if allowed, else InvalidRequestError."""
     if visibility not in VISIBILITIES:
         raise InvalidRequestError(
-            f"visibility must be one of {', '.join(VISIBILITIES)}, got {visibility!r}", code="invalid_visibility"
+            f"visibility must be one of {', '.join(VISIBILITIES)}, got {visibility!r}",
+            code="invalid_visibility",
         )
     return visibility
 
@@ -305,4 +306,3 @@ def get_version(session: Session, version_id: str) -> AdapterVersion:
 def count_rows(session: Session, model: type) -> int:
     """Number of rows in a table (tests and admin stats)."""
     return int(session.scalar(select(func.count()).select_from(model)) or 0)
-

@@ -119,11 +119,10 @@ class LocalBlobStore(BlobStore):
 
     @contextmanager
     def open(self, key: str) -> Iterator[IO[bytes]]:
-        try:
-            fileobj = open(self._path(key), "rb")
-        except FileNotFoundError:
-            raise BlobNotFoundError(f"blob {key!r} not found") from None
-        with fileobj:
+        path = self._path(key)
+        if not path.is_file():
+            raise BlobNotFoundError(f"blob {key!r} not found")
+        with open(path, "rb") as fileobj:
             yield fileobj
 
     def download_to(self, key: str, path: Path) -> None:

@@ -13,8 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
-from api.services import Services
 from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
+from api.services import Services
 from api.uploads import receive_upload
 from registry import adapter_pipeline, repository
 from registry.models import AdapterVersion

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
@@ -17,12 +17,14 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 def _timestamp(value: datetime) -> int:
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return int(value.timestamp())
 
 
 def _base_card(settings: Settings) -> ModelCard:
-    return ModelCard(id=settings.base_model_name, created=0, owned_by="lorahost", root=settings.base_model_name)
+    return ModelCard(
+        id=settings.base_model_name, created=0, owned_by="lorahost", root=settings.base_model_name
+    )
 
 
 def _adapter_card(adapter: Adapter, version: AdapterVersion) -> ModelCard:

@@ -21,7 +21,7 @@ from api.main import create_app
 from api.services import build_services
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
-from tests.registry.db_fixtures import *  # noqa: F403
+from tests.registry.db_fixtures import *
 
 ADMIN_KEY = "test-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

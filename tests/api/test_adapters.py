@@ -7,7 +7,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from registry import repository
@@ -37,7 +36,9 @@ def _tar_gz(adapter_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def test_uploaded_folder_files_become_ready_in_the_202_response(client, tenant, demo_adapter, blob_store) -> None:
+def test_uploaded_folder_files_become_ready_in_the_202_response(
+    client, tenant, demo_adapter, blob_store
+) -> None:
     response = upload(client, tenant, "my-lora", adapter_paths(demo_adapter))
     assert response.status_code == 202, response.text
     body = response.json()
@@ -75,7 +76,9 @@ def test_reupload_creates_version_n_plus_1_and_name_at_n_addresses_it(client, te
 
 
 @pytest.mark.parametrize("name", ["Has Caps", "-x", "a/b", "x" * 65, "lorahost-base"])
-def test_invalid_adapter_name_is_400_and_stores_nothing(client, tenant, demo_adapter, db_session, blob_store, name):
+def test_invalid_adapter_name_is_400_and_stores_nothing(
+    client, tenant, demo_adapter, db_session, blob_store, name
+):
     response = upload(client, tenant, name, adapter_paths(demo_adapter))
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_name"
@@ -88,7 +91,9 @@ def test_invalid_visibility_is_400(client, tenant, demo_adapter, db_session, blo
     _assert_nothing_stored(db_session, blob_store)
 
 
-def test_upload_over_max_upload_bytes_is_413_with_a_clear_message(make_client, new_tenant, demo_adapter, db_session, blob_store):
+def test_upload_over_max_upload_bytes_is_413_with_a_clear_message(
+    make_client, new_tenant, demo_adapter, db_session, blob_store
+):
     client = make_client(max_upload_bytes=4096)
     tenant = new_tenant("small")
     response = upload(client, tenant, "big", adapter_paths(demo_adapter))
@@ -101,7 +106,10 @@ def test_upload_over_max_upload_bytes_is_413_with_a_clear_message(make_client, n
 def test_chunked_upload_over_the_limit_is_413(make_client, new_tenant, demo_adapter) -> None:
     client = make_client(max_upload_bytes=4096)
     tenant = new_tenant("chunked")
-    body = b"--b\r\n" + b'Content-Disposition: form-data; name="files"; filename="adapter_model.safetensors"\r\n\r\n'
+    body = (
+        b"--b\r\n"
+        + b'Content-Disposition: form-data; name="files"; filename="adapter_model.safetensors"\r\n\r\n'
+    )
     body += b"\0" * 10000 + b"\r\n--b--\r\n"
 
     def chunks():
@@ -114,19 +122,27 @@ def test_chunked_upload_over_the_limit_is_413(make_client, new_tenant, demo_adap
 
 
 def test_upload_without_files_or_name_is_400(client, tenant) -> None:
-    no_files = client.post("/v1/adapters", data={"name": "x"}, files=[("other", ("a", b"x"))], headers=tenant.headers)
+    no_files = client.post(
+        "/v1/adapters", data={"name": "x"}, files=[("other", ("a", b"x"))], headers=tenant.headers
+    )
     assert no_files.status_code == 400 and "files=@adapter_config.json" in no_files.json()["error"]["message"]
-    no_name = client.post("/v1/adapters", files=[("files", ("adapter_config.json", b"{}"))], headers=tenant.headers)
+    no_name = client.post(
+        "/v1/adapters", files=[("files", ("adapter_config.json", b"{}"))], headers=tenant.headers
+    )
     assert no_name.status_code == 400 and "'name'" in no_name.json()["error"]["message"]
 
 
 def test_upload_with_unsupported_content_type_is_415(client, tenant) -> None:
-    response = client.post("/v1/adapters", content=b"x", headers={**tenant.headers, "content-type": "text/plain"})
+    response = client.post(
+        "/v1/adapters", content=b"x", headers={**tenant.headers, "content-type": "text/plain"}
+    )
     assert response.status_code == 415
 
 
 def test_json_import_with_non_s3_source_is_400(client, tenant, db_session, blob_store) -> None:
-    response = client.post("/v1/adapters", json={"name": "x", "source": "/etc/passwd"}, headers=tenant.headers)
+    response = client.post(
+        "/v1/adapters", json={"name": "x", "source": "/etc/passwd"}, headers=tenant.headers
+    )
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_source"
     _assert_nothing_stored(db_session, blob_store)
 
@@ -136,7 +152,9 @@ def test_json_import_with_missing_fields_is_422(client, tenant) -> None:
     assert response.status_code == 422 and "source" in response.json()["error"]["message"]
 
 
-def test_json_import_from_s3_runs_the_job(make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter) -> None:
+def test_json_import_from_s3_runs_the_job(
+    make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter
+) -> None:
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
@@ -147,7 +165,9 @@ def test_json_import_from_s3_runs_the_job(make_client, new_tenant, s3_endpoint, 
     body = {"name": "imported", "source": f"s3://{s3_bucket}/lora"}
     response = client.post("/v1/adapters", json=body, headers=tenant.headers)
     assert response.status_code == 202 and response.json()["version"]["status"] == "ready"
-    missing = client.post("/v1/adapters", json={**body, "source": f"s3://{s3_bucket}/none"}, headers=tenant.headers)
+    missing = client.post(
+        "/v1/adapters", json={**body, "source": f"s3://{s3_bucket}/none"}, headers=tenant.headers
+    )
     assert missing.json()["version"]["status"] == "failed"
     assert "no files found" in missing.json()["version"]["failure_reason"]
 
@@ -156,9 +176,12 @@ def test_lists_own_adapters_and_optionally_public_ones(client, new_tenant, demo_
     alice, bob = new_tenant("alice"), new_tenant("bob")
     upload(client, alice, "alice-public", adapter_paths(demo_adapter), visibility="public")
     upload(client, bob, "bob-private", adapter_paths(demo_adapter))
-    names = lambda r: [a["name"] for a in r.json()["data"]]  # noqa: E731
+    names = lambda r: [a["name"] for a in r.json()["data"]]
     assert names(client.get("/v1/adapters", headers=bob.headers)) == ["bob-private"]
-    assert names(client.get("/v1/adapters?include_public=true", headers=bob.headers)) == ["alice-public", "bob-private"]
+    assert names(client.get("/v1/adapters?include_public=true", headers=bob.headers)) == [
+        "alice-public",
+        "bob-private",
+    ]
 
 
 def test_delete_soft_deletes_and_hides_the_adapter(client, tenant, demo_adapter, db_session) -> None:
@@ -181,4 +204,3 @@ def test_uploads_of_two_tenants_may_share_a_name(client, new_tenant, demo_adapte
     alice, bob = new_tenant("alice"), new_tenant("bob")
     assert upload(client, alice, "same", adapter_paths(demo_adapter)).json()["version"]["number"] == 1
     assert upload(client, bob, "same", adapter_paths(demo_adapter)).json()["version"]["number"] == 1
-

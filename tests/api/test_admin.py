@@ -20,10 +20,14 @@ def test_tenant_name_is_required(client) -> None:
 
 
 def test_patch_changes_only_the_fields_sent(client) -> None:
-    plan = client.post("/v1/admin/plans", json={"name": "pro", "price_per_1m_prompt_tokens": "0.25"}, headers=ADMIN)
+    plan = client.post(
+        "/v1/admin/plans", json={"name": "pro", "price_per_1m_prompt_tokens": "0.25"}, headers=ADMIN
+    )
     assert plan.status_code == 201 and plan.json()["slo_percentile"] == 99.0
     tenant = client.post("/v1/admin/tenants", json={"name": "acme"}, headers=ADMIN).json()
-    with_plan = client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"plan_id": plan.json()["id"]}, headers=ADMIN)
+    with_plan = client.patch(
+        f"/v1/admin/tenants/{tenant['id']}", json={"plan_id": plan.json()["id"]}, headers=ADMIN
+    )
     assert with_plan.json()["plan_id"] == plan.json()["id"] and with_plan.json()["is_active"] is True
     disabled = client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"is_active": False}, headers=ADMIN)
     assert disabled.json()["is_active"] is False and disabled.json()["plan_id"] == plan.json()["id"]
@@ -34,7 +38,10 @@ def test_patch_changes_only_the_fields_sent(client) -> None:
 
 def test_unknown_plan_or_tenant_is_404(client) -> None:
     tenant = client.post("/v1/admin/tenants", json={"name": "acme"}, headers=ADMIN).json()
-    assert client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"plan_id": "nope"}, headers=ADMIN).status_code == 404
+    assert (
+        client.patch(f"/v1/admin/tenants/{tenant['id']}", json={"plan_id": "nope"}, headers=ADMIN).status_code
+        == 404
+    )
     assert client.patch("/v1/admin/tenants/nope", json={"is_active": False}, headers=ADMIN).status_code == 404
     assert client.post("/v1/admin/tenants/nope/keys", headers=ADMIN).status_code == 404
     assert client.delete("/v1/admin/keys/nope", headers=ADMIN).status_code == 404

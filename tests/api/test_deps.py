@@ -8,7 +8,12 @@ from sqlalchemy import text
 from registry import keys
 from tests.api.conftest import ADMIN, adapter_paths, upload
 
-TENANT_ROUTES = [("get", "/v1/adapters"), ("get", "/v1/models"), ("get", "/v1/adapters/x"), ("post", "/v1/adapters")]
+TENANT_ROUTES = [
+    ("get", "/v1/adapters"),
+    ("get", "/v1/models"),
+    ("get", "/v1/adapters/x"),
+    ("post", "/v1/adapters"),
+]
 
 
 @pytest.mark.parametrize(("method", "path"), TENANT_ROUTES)
@@ -55,7 +60,9 @@ def test_admin_routes_refuse_tenant_keys_and_missing_keys(client, tenant) -> Non
     assert client.get("/v1/admin/tenants", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
-def test_tenant_cannot_list_read_use_or_delete_another_tenants_private_adapter(client, new_tenant, demo_adapter) -> None:
+def test_tenant_cannot_list_read_use_or_delete_another_tenants_private_adapter(
+    client, new_tenant, demo_adapter
+) -> None:
     alice, bob = new_tenant("alice"), new_tenant("bob")
     assert upload(client, alice, "secret", adapter_paths(demo_adapter)).status_code == 202
     assert client.get("/v1/adapters", headers=bob.headers).json()["data"] == []
@@ -71,7 +78,9 @@ def test_tenant_cannot_list_read_use_or_delete_another_tenants_private_adapter(c
     assert client.get("/v1/adapters/secret", headers=alice.headers).status_code == 200
 
 
-def test_public_adapter_is_visible_to_others_but_only_its_owner_deletes_it(client, new_tenant, demo_adapter) -> None:
+def test_public_adapter_is_visible_to_others_but_only_its_owner_deletes_it(
+    client, new_tenant, demo_adapter
+) -> None:
     alice, bob = new_tenant("alice"), new_tenant("bob")
     upload(client, alice, "shared", adapter_paths(demo_adapter), visibility="public")
     assert client.get("/v1/adapters/shared", headers=bob.headers).json()["owner_tenant_id"] == alice.id
@@ -93,8 +102,12 @@ def test_generated_admin_key_works_through_its_stored_hash(make_client, tmp_path
     assert admin_key and keys.ensure_admin_key_hash(data_dir) is None
     assert admin_key not in (data_dir / keys.ADMIN_KEY_HASH_FILENAME).read_text()
     client = make_client(admin_key=None, data_dir=data_dir)
-    assert client.get("/v1/admin/tenants", headers={"Authorization": f"Bearer {admin_key}"}).status_code == 200
-    assert client.get("/v1/admin/tenants", headers={"Authorization": "Bearer lhadmin_wrong"}).status_code == 401
+    assert (
+        client.get("/v1/admin/tenants", headers={"Authorization": f"Bearer {admin_key}"}).status_code == 200
+    )
+    assert (
+        client.get("/v1/admin/tenants", headers={"Authorization": "Bearer lhadmin_wrong"}).status_code == 401
+    )
 
 
 def test_without_any_admin_key_admin_routes_are_closed(make_client, tmp_path) -> None:

@@ -22,7 +22,10 @@ def test_wrong_method_is_json_405(client) -> None:
 def test_invalid_body_is_json_422_naming_the_field(client) -> None:
     response = client.post("/v1/admin/tenants", json={"name": 5}, headers=ADMIN)
     assert response.status_code == 422
-    assert response.json()["error"]["type"] == "invalid_request" and "name" in response.json()["error"]["message"]
+    assert (
+        response.json()["error"]["type"] == "invalid_request"
+        and "name" in response.json()["error"]["message"]
+    )
 
 
 def test_health_reports_ok(client) -> None:

@@ -30,13 +30,17 @@ TIGHT_SETTINGS = {
 }
 
 
-def _expected_error(files: list[Path], work_dir: Path, spec: BaseModelSpec, limits: ValidationLimits) -> AdapterValidationError:
+def _expected_error(
+    files: list[Path], work_dir: Path, spec: BaseModelSpec, limits: ValidationLimits
+) -> AdapterValidationError:
     with pytest.raises(AdapterValidationError) as err:
         validate_upload_files(files, work_dir, spec, limits)
     return err.value
 
 
-def _assert_refused(response, expected: AdapterValidationError, db_session: Session, blob_store: LocalBlobStore) -> None:  # type: ignore[no-untyped-def]
+def _assert_refused(
+    response, expected: AdapterValidationError, db_session: Session, blob_store: LocalBlobStore
+) -> None:  # type: ignore[no-untyped-def]
     assert 400 <= response.status_code < 500, response.text
     error = response.json()["error"]
     assert error["type"] == expected.code
@@ -51,10 +55,18 @@ def _assert_refused(response, expected: AdapterValidationError, db_session: Sess
 
 @pytest.mark.parametrize("case", MALFORMED_CASES, ids=[c.case_id for c in MALFORMED_CASES])
 def test_malformed_upload_is_refused_and_nothing_is_stored(
-    case: MalformedCase, client, tenant: TenantHandle, base_model_dir: Path, tmp_path: Path, db_session, blob_store
+    case: MalformedCase,
+    client,
+    tenant: TenantHandle,
+    base_model_dir: Path,
+    tmp_path: Path,
+    db_session,
+    blob_store,
 ) -> None:
     files = case.build(tmp_path)
-    expected = _expected_error(files, tmp_path / "ref", BaseModelSpec.from_model_dir(base_model_dir), ValidationLimits())
+    expected = _expected_error(
+        files, tmp_path / "ref", BaseModelSpec.from_model_dir(base_model_dir), ValidationLimits()
+    )
     assert expected.code == case.expected_code
     _assert_refused(upload(client, tenant, "bad", files), expected, db_session, blob_store)
 
@@ -66,13 +78,17 @@ def test_upload_over_configured_limits_is_refused(
     client = make_client(**TIGHT_SETTINGS)
     tenant = new_tenant("tight")
     files = case.build(tmp_path)
-    expected = _expected_error(files, tmp_path / "ref", BaseModelSpec.from_model_dir(base_model_dir), TIGHT_LIMITS)
+    expected = _expected_error(
+        files, tmp_path / "ref", BaseModelSpec.from_model_dir(base_model_dir), TIGHT_LIMITS
+    )
     assert expected.code == case.expected_code
     _assert_refused(upload(client, tenant, "bad", files), expected, db_session, blob_store)
 
 
 @pytest.mark.parametrize("case", VALID_CASES, ids=[c.case_id for c in VALID_CASES])
-def test_valid_upload_variants_become_ready(case: MalformedCase, make_client, new_tenant, tmp_path: Path) -> None:
+def test_valid_upload_variants_become_ready(
+    case: MalformedCase, make_client, new_tenant, tmp_path: Path
+) -> None:
     client = make_client(**TIGHT_SETTINGS)
     tenant = new_tenant("valid")
     response = upload(client, tenant, "good", case.build(tmp_path))

@@ -81,7 +81,11 @@ def worker_settings(
                "-Q", settings.celery_queue, "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            command, cwd=REPO_ROOT, env={**os.environ, **_settings_env(settings)}, stdout=log, stderr=subprocess.STDOUT
+            command,
+            cwd=REPO_ROOT,
+            env={**os.environ, **_settings_env(settings)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     try:
         _wait_for_ready(proc, log_path)
@@ -107,7 +111,9 @@ def _poll_status(ctx: pipeline.AdapterJobContext, version_id: str) -> str:
     pytest.fail(f"version {version_id} still {status} after {JOB_TIMEOUT_S}s")
 
 
-def test_upload_is_validated_by_the_celery_worker(worker_settings: Settings, adapter_dirs: dict[str, Path]) -> None:
+def test_upload_is_validated_by_the_celery_worker(
+    worker_settings: Settings, adapter_dirs: dict[str, Path]
+) -> None:
     adapter_dir = next(iter(adapter_dirs.values()))
     with TestClient(create_app(worker_settings)) as client:
         tenant = client.post("/v1/admin/tenants", json={"name": "celery"}, headers=ADMIN).json()
@@ -142,7 +148,9 @@ def test_celery_worker_marks_a_tampered_upload_failed(
             names=list(pipeline.STORED_FILENAMES),
         )  # fmt: skip
     ctx.blob_store.put_file(version.weights_blob_key, upload_dir / pipeline.CONFIG_FILENAME)
-    CeleryJobs(make_celery(worker_settings), worker_settings.celery_queue).validate_adapter_version(version.id)
+    CeleryJobs(make_celery(worker_settings), worker_settings.celery_queue).validate_adapter_version(
+        version.id
+    )
     assert _poll_status(ctx, version.id) == "failed"
     with ctx.session_factory() as session:
         reason = repository.get_version(session, version.id).failure_reason

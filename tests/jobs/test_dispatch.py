@@ -24,7 +24,9 @@ def test_celery_settings_give_celery_jobs_without_connecting(tmp_path: Path) -> 
 
 
 def test_celery_app_registers_the_validation_task_and_key_prefix(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0", celery_key_prefix="p:", celery_queue="q")
+    settings = Settings(
+        data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0", celery_key_prefix="p:", celery_queue="q"
+    )
     app = make_celery(settings)
     assert VALIDATE_ADAPTER_TASK in app.tasks
     assert app.conf.broker_transport_options == {"global_keyprefix": "p:"}

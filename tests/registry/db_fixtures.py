@@ -23,20 +23,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from registry.db import make_engine
 from tests.conftest import is_ci
 
-PG_ADMIN_URL = os.environ.get("LORAHOST_TEST_POSTGRES_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "LORAHOST_TEST_POSTGRES_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 REDIS_URL = os.environ.get("LORAHOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 __all__ = [
-    "sqlite_url",
-    "postgres_url",
-    "db_url",
-    "db_engine",
     "db_connection",
-    "db_session_factory",
+    "db_engine",
     "db_session",
+    "db_session_factory",
+    "db_url",
+    "postgres_url",
     "redis_url",
-    "s3_endpoint",
     "s3_bucket",
+    "s3_endpoint",
+    "sqlite_url",
 ]
 
 
@@ -88,8 +90,10 @@ def postgres_reachable() -> str | None:
         with admin.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
         return None
-    except Exception as exc:  # any driver/connection error means "not reachable here"
-        return f"PostgreSQL not reachable at {make_url(PG_ADMIN_URL).render_as_string()}: {type(exc).__name__}"
+    except Exception as exc:  # noqa: BLE001 - any driver/connection error means "not reachable here"
+        return (
+            f"PostgreSQL not reachable at {make_url(PG_ADMIN_URL).render_as_string()}: {type(exc).__name__}"
+        )
     finally:
         admin.dispose()
 
@@ -168,7 +172,7 @@ def redis_url() -> str:
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
     try:
         client.ping()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any error means "not reachable here"
         require_service(f"Redis not reachable at {REDIS_URL}: {type(exc).__name__}")
     finally:
         client.close()

@@ -49,7 +49,9 @@ def tenant_id(db_session: Session) -> str:
     return tenant.id
 
 
-def _stage(db_session: Session, ctx, tenant_id: str, adapter_dir: Path, name: str = "my-lora") -> AdapterVersion:
+def _stage(
+    db_session: Session, ctx, tenant_id: str, adapter_dir: Path, name: str = "my-lora"
+) -> AdapterVersion:
     info = pipeline.validate_adapter_files(adapter_dir, ctx)
     return pipeline.stage_upload(
         db_session, ctx, tenant_id=tenant_id, name=name, visibility=None, adapter_dir=adapter_dir, info=info
@@ -100,7 +102,13 @@ def test_staging_failure_leaves_no_blob_and_no_row(db_session, ctx, tenant_id, a
     info = pipeline.validate_adapter_files(adapter_dir, ctx)
     with pytest.raises(InvalidRequestError):
         pipeline.stage_upload(
-            db_session, ctx, tenant_id=tenant_id, name="Bad Name", visibility=None, adapter_dir=adapter_dir, info=info
+            db_session,
+            ctx,
+            tenant_id=tenant_id,
+            name="Bad Name",
+            visibility=None,
+            adapter_dir=adapter_dir,
+            info=info,
         )
     assert ctx.blob_store.list_keys() == []
     assert repository.count_rows(db_session, AdapterVersion) == 0
@@ -114,7 +122,9 @@ def test_reupload_creates_the_next_version(db_session, ctx, tenant_id, adapter_d
     assert (first.number, second.number) == (1, 2) and first.adapter_id == second.adapter_id
 
 
-def test_accept_upload_refuses_invalid_adapter_before_storing(db_session, ctx, tenant_id, adapter_dirs, tmp_path):
+def test_accept_upload_refuses_invalid_adapter_before_storing(
+    db_session, ctx, tenant_id, adapter_dirs, tmp_path
+):
     adapter_dir = _adapter_dir(adapter_dirs, tmp_path)
     (adapter_dir / pipeline.WEIGHTS_FILENAME).write_bytes(b"")
     with pytest.raises(AdapterValidationError) as err:
@@ -128,9 +138,11 @@ def test_accept_upload_refuses_invalid_adapter_before_storing(db_session, ctx, t
 
 def test_no_base_model_configured_is_a_clear_error(tmp_path, db_session_factory):
     settings = Settings(data_dir=tmp_path)
-    ctx = pipeline.AdapterJobContext(settings, db_session_factory, LocalBlobStore(tmp_path), pipeline.limits_from_settings(settings))
+    ctx = pipeline.AdapterJobContext(
+        settings, db_session_factory, LocalBlobStore(tmp_path), pipeline.limits_from_settings(settings)
+    )
     with pytest.raises(AdapterValidationError, match="LORAHOST_BASE_MODEL_PATH"):
-        ctx.base_model_spec
+        _ = ctx.base_model_spec
 
 
 # ---- s3:// imports ------------------------------------------------------------------------------
@@ -148,7 +160,9 @@ def s3_ctx(ctx, s3_endpoint: str) -> pipeline.AdapterJobContext:
 
 
 def _import(db_session, ctx, tenant_id: str, source: str) -> AdapterVersion:
-    version = pipeline.stage_import(db_session, ctx, tenant_id=tenant_id, name="imported", visibility=None, source=source)
+    version = pipeline.stage_import(
+        db_session, ctx, tenant_id=tenant_id, name="imported", visibility=None, source=source
+    )
     assert version.status == "uploading"
     pipeline.run_validation_job(ctx, version.id)
     db_session.expire_all()
@@ -180,4 +194,6 @@ def test_import_of_missing_source_fails_with_reason(db_session, s3_ctx, tenant_i
 
 def test_import_source_must_be_an_s3_uri(db_session, ctx, tenant_id):
     with pytest.raises(InvalidRequestError, match="s3://bucket/prefix"):
-        pipeline.stage_import(db_session, ctx, tenant_id=tenant_id, name="x", visibility=None, source="/etc/passwd")
+        pipeline.stage_import(
+            db_session, ctx, tenant_id=tenant_id, name="x", visibility=None, source="/etc/passwd"
+        )

@@ -58,7 +58,9 @@ def test_two_keys_with_same_secret_get_different_hashes(db_session: Session) -> 
     assert len(set(salts)) == 2
 
 
-@pytest.mark.parametrize("mangle", [lambda k: k + "x", lambda k: k.replace("lh_", "xx_"), lambda k: "lh_nope_abc"])
+@pytest.mark.parametrize(
+    "mangle", [lambda k: k + "x", lambda k: k.replace("lh_", "xx_"), lambda k: "lh_nope_abc"]
+)
 def test_wrong_key_does_not_authenticate(db_session: Session, mangle) -> None:
     tenant = repository.create_tenant(db_session, "acme")
     _, key = repository.create_api_key(db_session, tenant.id)
@@ -145,7 +147,9 @@ def test_reserved_adapter_name_is_refused() -> None:
         repository.check_adapter_name("lorahost-base", reserved=("lorahost-base",))
 
 
-@pytest.mark.parametrize(("ref", "expected"), [("a", ("a", None)), ("a@3", ("a", 3)), ("a.b-c_d@12", ("a.b-c_d", 12))])
+@pytest.mark.parametrize(
+    ("ref", "expected"), [("a", ("a", None)), ("a@3", ("a", 3)), ("a.b-c_d@12", ("a.b-c_d", 12))]
+)
 def test_parses_model_refs(ref: str, expected: tuple) -> None:
     parsed = repository.parse_model_ref(ref)
     assert (parsed.name, parsed.version) == expected
@@ -161,7 +165,14 @@ def test_version_rows_keep_lora_metadata(db_session: Session) -> None:
     tenant = repository.create_tenant(db_session, "acme")
     adapter = repository.get_or_create_adapter(db_session, tenant.id, "m", base_model_name="base")
     repository.add_adapter_version(
-        db_session, tenant.id, adapter, status="ready", rank=8, alpha=16.0, target_modules=["q_proj"], num_bytes=10
+        db_session,
+        tenant.id,
+        adapter,
+        status="ready",
+        rank=8,
+        alpha=16.0,
+        target_modules=["q_proj"],
+        num_bytes=10,
     )
     db_session.expire_all()
     row = db_session.scalars(select(AdapterVersion)).one()

@@ -83,9 +83,8 @@ def test_delete_removes_the_key_and_is_idempotent(store: BlobStore) -> None:
 
 
 def test_missing_key_raises_blob_not_found(store: BlobStore, tmp_path: Path) -> None:
-    with pytest.raises(BlobNotFoundError):
-        with store.open("nope"):
-            pass
+    with pytest.raises(BlobNotFoundError), store.open("nope"):
+        pass
     with pytest.raises(BlobNotFoundError):
         store.size("nope")
     with pytest.raises(BlobNotFoundError):
