@@ -74,7 +74,7 @@ def _read_lora_tensors(weights_path: Path, num_layers: int) -> list[dict[str, tu
     """-> per layer: module -> (lora_A [r, in], lora_B [out, r])."""
     halves: list[dict[str, dict[str, torch.Tensor]]] = [{} for _ in range(num_layers)]
     with safe_open(str(weights_path), framework="pt", device="cpu") as f:
-        for name in f.keys():
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
             layer, module, side = parse_lora_tensor_name(name)
             halves[layer].setdefault(module, {})[side] = f.get_tensor(name)
     result: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []

@@ -52,7 +52,7 @@ class AsyncLLMEngine:
                     return
                 try:
                     outputs = self.engine.step()
-                except Exception as exc:  # an engine bug must not hang every stream
+                except Exception as exc:  # noqa: BLE001 (an engine bug must not hang every stream)
                     self._fail_all(exc)
                     continue
             for output in outputs:

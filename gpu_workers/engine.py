@@ -13,8 +13,13 @@ from gpu_workers.batch_scheduler import BatchScheduler
 from gpu_workers.block_manager import BlockManager
 from gpu_workers.config import EngineConfig
 from gpu_workers.detokenizer import append_text, find_stop_string, num_held_back_chars
+from gpu_workers.errors import (
+    AdapterInUseError,
+    AdapterNotLoadedError,
+    DuplicateRequestError,
+    PromptTooLongError,
+)
 from gpu_workers.layers.lora import LoraAdapter
-from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, DuplicateRequestError, PromptTooLongError
 from gpu_workers.model_runner import BatchEntry, ModelRunner
 from gpu_workers.outputs import CompletionOutput, RequestOutput
 from gpu_workers.sampling import SamplingParams

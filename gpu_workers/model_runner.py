@@ -209,13 +209,14 @@ class ModelRunner:
             tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
         pos = torch.arange(max_len)
         decode_slots = tables[:, pos // bs] * bs + pos % bs  # [num_decodes, max_len]
-        decode_mask = (pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1))[:, None, None, :]
+        is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_len]
+        decode_bias = torch.zeros(is_real.shape).masked_fill_(~is_real, float("-inf"))[:, None, None, :]
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),
             decode_token_idx=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
             decode_slots=decode_slots.to(self.device),
-            decode_mask=decode_mask.to(self.device),
+            decode_bias=decode_bias.to(self.device),
             is_all_decode=len(decode_rows) == num_tokens,
         )
 

@@ -34,14 +34,14 @@ class AttentionMetadata:
     slot_mapping: [num_tokens] cache slot of each new token.
     decode_token_idx: [num_decodes] batch rows of single-token (decode) queries, or None.
     decode_slots: [num_decodes, max_context] slots to gather (padding repeats a valid slot).
-    decode_mask: [num_decodes, 1, 1, max_context] bool, True for real context positions.
+    decode_bias: [num_decodes, 1, 1, max_context] fp32, 0 for real context positions and -inf for padding.
     """
 
     slot_mapping: torch.Tensor
     prefills: tuple[PrefillChunk, ...]
     decode_token_idx: torch.Tensor | None
     decode_slots: torch.Tensor | None
-    decode_mask: torch.Tensor | None
+    decode_bias: torch.Tensor | None
     is_all_decode: bool
 
 
@@ -98,13 +98,20 @@ def _prefill_attention(
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """All single-token queries at once over their gathered pages -> [num_decodes, Hq, D]."""
-    assert meta.decode_slots is not None and meta.decode_token_idx is not None
+    """All single-token queries at once over their gathered pages -> [num_decodes, Hq, D].
+
+    Plain batched matmuls (GQA by grouping query heads per KV head) beat the CPU flash kernel for q_len 1.
+    """
+    assert meta.decode_slots is not None and meta.decode_token_idx is not None and meta.decode_bias is not None
     num_decodes, max_context = meta.decode_slots.shape
+    _, num_kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
     flat = meta.decode_slots.view(-1)
-    k_d = k_cache.index_select(0, flat).view(num_decodes, max_context, *k_cache.shape[1:]).transpose(1, 2)
-    v_d = v_cache.index_select(0, flat).view(num_decodes, max_context, *v_cache.shape[1:]).transpose(1, 2)
+    # [num_decodes, Hkv, max_context, D]
+    k_d = k_cache.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
+    v_d = v_cache.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
     q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)
-    q_d = q_d.unsqueeze(2)  # [num_decodes, Hq, 1, D]
-    o = F.scaled_dot_product_attention(q_d, k_d, v_d, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
-    return o.squeeze(2)
+    q_d = q_d.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, group, D]
+    scores = torch.matmul(q_d, k_d.transpose(-1, -2)).float() * scale  # [B, Hkv, group, max_context]
+    probs = torch.softmax(scores + meta.decode_bias, dim=-1).to(q.dtype)
+    return torch.matmul(probs, v_d).view(num_decodes, num_heads, head_dim)

@@ -16,17 +16,23 @@ from gpu_workers.model_runner import BatchEntry
 from gpu_workers.sampling import SamplingParams
 from gpu_workers.sequence import Sequence
 
-COMMON = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-)
+COMMON = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2,
+}
 PROMPT = [1, 17, 42, 99, 7, 300, 256, 11, 5, 400, 123, 321]
 
 
 def make_model(kind: str, out_dir: Path, base_model_dir: Path) -> Path:
     """Save a tiny random HF model of `kind` with the demo tokenizer files."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config
-    from transformers import Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(0)
     if kind == "llama3_rope":
