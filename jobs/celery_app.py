@@ -11,9 +11,11 @@ from functools import cache
 
 from celery import Celery
 
-from jobs.dispatch import VALIDATE_ADAPTER_TASK
-from registry.adapter_pipeline import AdapterJobContext, make_job_context, run_validation_job
+from jobs.dispatch import FAIL_STALE_VERSIONS_TASK, VALIDATE_ADAPTER_TASK
+from registry import adapter_pipeline as pipeline
 from registry.settings import Settings
+
+STALE_VERSION_AGE_S = 3600.0
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -32,16 +34,24 @@ def make_celery(settings: Settings) -> Celery:
         task_ignore_result=True,
         broker_connection_retry_on_startup=True,
     )
+    app.conf.beat_schedule = {
+        "fail-stale-adapter-versions": {"task": FAIL_STALE_VERSIONS_TASK, "schedule": 600.0},
+    }
     _register_tasks(app, settings)
     return app
 
 
 def _register_tasks(app: Celery, settings: Settings) -> None:
     @cache
-    def context() -> AdapterJobContext:
-        return make_job_context(settings)
+    def context() -> pipeline.AdapterJobContext:
+        return pipeline.make_job_context(settings)
 
     @app.task(name=VALIDATE_ADAPTER_TASK, shared=False)  # per-app: the task closes over these settings
     def validate_adapter_version(version_id: str) -> str:
         """Validate an uploaded adapter version; marks it ready or failed."""
-        return run_validation_job(context(), version_id)
+        return pipeline.run_validation_job(context(), version_id)
+
+    @app.task(name=FAIL_STALE_VERSIONS_TASK, shared=False)
+    def fail_stale_versions(max_age_s: float = STALE_VERSION_AGE_S) -> list[str]:
+        """Fail versions whose validation job was lost (periodic housekeeping)."""
+        return pipeline.fail_stale_versions(context(), max_age_s)

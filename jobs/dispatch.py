@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from registry.settings import Settings
 
 VALIDATE_ADAPTER_TASK = "lorahost.validate_adapter_version"
+FAIL_STALE_VERSIONS_TASK = "lorahost.fail_stale_versions"
 
 
 class JobDispatcher(Protocol):

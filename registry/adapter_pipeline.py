@@ -18,9 +18,11 @@ import logging
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -401,3 +403,26 @@ def accept_upload(
         adapter_dir=adapter_dir,
         info=info,
     )
+
+
+def fail_stale_versions(ctx: AdapterJobContext, max_age_s: float) -> list[str]:
+    """Mark versions stuck in uploading/validating for longer than `max_age_s` failed (their job was lost,
+    e.g. the process died mid-job) and delete their blobs. Returns the ids it failed."""
+    cutoff = utcnow() - timedelta(seconds=max_age_s)
+    with ctx.session_factory() as session:
+        stale = session.scalars(
+            select(AdapterVersion).where(
+                AdapterVersion.status.in_(("uploading", "validating")), AdapterVersion.created_at < cutoff
+            )
+        ).all()
+        for version in stale:
+            keys = [k for k in (version.config_blob_key, version.weights_blob_key) if k]
+            _delete_keys(ctx.blob_store, keys)
+            version.status = "failed"
+            version.failure_reason = (
+                f"validation did not finish within {int(max_age_s)} s; upload the adapter again"
+            )
+            version.config_blob_key = version.weights_blob_key = None
+            version.finished_at = utcnow()
+        session.commit()
+        return [v.id for v in stale]

@@ -197,3 +197,15 @@ def test_import_source_must_be_an_s3_uri(db_session, ctx, tenant_id):
         pipeline.stage_import(
             db_session, ctx, tenant_id=tenant_id, name="x", visibility=None, source="/etc/passwd"
         )
+
+
+def test_versions_stuck_in_validation_are_failed_and_their_blobs_deleted(
+    db_session, ctx, tenant_id, adapter_dirs, tmp_path
+):
+    version = _stage(db_session, ctx, tenant_id, _adapter_dir(adapter_dirs, tmp_path))
+    assert pipeline.fail_stale_versions(ctx, max_age_s=3600) == []
+    assert pipeline.fail_stale_versions(ctx, max_age_s=-1) == [version.id]
+    db_session.expire_all()
+    version = repository.get_version(db_session, version.id)
+    assert version.status == "failed" and "did not finish" in version.failure_reason
+    assert ctx.blob_store.list_keys() == []
