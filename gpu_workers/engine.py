@@ -121,7 +121,7 @@ class LLMEngine:
         started = time.perf_counter()
         tokens, _ = self.runner.execute(entries)
         outputs.extend(self._process(entries, tokens))
-        self._record_step(entries, time.perf_counter() - started)
+        self._record_step(entries, len(tokens), time.perf_counter() - started)
         return outputs
 
     def _process(self, entries: list[BatchEntry], tokens: list[int]) -> list[RequestOutput]:
@@ -180,11 +180,11 @@ class LLMEngine:
             adapter_id=seq.adapter_id,
         )
 
-    def _record_step(self, entries: list[BatchEntry], seconds: float) -> None:
+    def _record_step(self, entries: list[BatchEntry], num_sampled: int, seconds: float) -> None:
         c = self.counters
         c.num_steps += 1
         c.num_batched_tokens += sum(e.num_new_tokens for e in entries)
-        c.num_output_tokens += sum(1 for e in entries if e.seq.num_computed_tokens >= e.seq.num_prompt_tokens)
+        c.num_output_tokens += num_sampled
         c.step_seconds += seconds
         c.max_step_seconds = max(c.max_step_seconds, seconds)
 

@@ -65,7 +65,7 @@ def test_full_kv_budget_queues_requests_and_preempts_without_failing(
     got = small.generate(prompts, GREEDY, adapter_ids=ADAPTERS)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     assert small.block_manager.num_free_blocks == 6
-    assert small.stats()["num_preemptions"] > 0 or small.stats()["num_steps"] > len(expected[0].token_ids)
+    assert small.stats()["num_preemptions"] > 0
 
 
 def test_max_num_seqs_limits_the_batch(make_engine: Any, prompt_ids: list[list[int]]) -> None:
