@@ -174,7 +174,11 @@ def check_visibility(visibility: str) -> str:
 
 
 def _live_adapters() -> Any:
-    return select(Adapter).where(Adapter.deleted_at.is_(None)).options(selectinload(Adapter.versions))
+    return (
+        select(Adapter)
+        .where(Adapter.deleted_at.is_(None))
+        .options(selectinload(Adapter.versions), selectinload(Adapter.tenant))
+    )
 
 
 def get_own_adapter(session: Session, tenant_id: str, name: str) -> Adapter | None:

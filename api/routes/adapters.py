@@ -47,6 +47,7 @@ async def upload_adapter(
     request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
 ) -> UploadAccepted:
     """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an s3:// import (JSON body)."""
+    session.commit()  # end the auth read transaction: nothing is held open while the body streams in
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         version = await _accept_multipart(request, tenant.id, session, services)
