@@ -119,10 +119,10 @@ class TreeMemorySampler(threading.Thread):
         self.pid, self.interval = pid, interval
         self.peak_rss_kb = self.peak_pss_kb = 0
         self.max_procs = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             pids = _tree(self.pid)
             rss = pss = 0
             for p in pids:
@@ -132,10 +132,10 @@ class TreeMemorySampler(threading.Thread):
             self.peak_rss_kb = max(self.peak_rss_kb, rss)
             self.peak_pss_kb = max(self.peak_pss_kb, pss)
             self.max_procs = max(self.max_procs, len(pids))
-            self._stop.wait(self.interval)
+            self._halt.wait(self.interval)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
 
@@ -175,6 +175,7 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
             env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     log_path = log_dir / f"{system}-{mode}.log"
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
@@ -228,6 +229,8 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
     res["peak_rss_mb_maxproc"] = round(max(maxproc, peer_rss), 1)
     res["processes"] = sampler.max_procs
     res["wall_s"] = round(wall, 2)
+    # Other load on the machine skews every number: record it (1-min load average before / after).
+    res["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return res
 
 

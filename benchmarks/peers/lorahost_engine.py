@@ -104,9 +104,8 @@ def main() -> None:
                 if aid is not None:
                     raise SystemExit("engine.add_request takes no adapter argument")
             ps = add_sig.parameters  # type: ignore[union-attr]
-            if "request_id" in ps:
-                engine.add_request(request_id=rid, prompt_token_ids=prompt, params=params(n), **kw) \
-                    if "prompt_token_ids" in ps and "params" in ps else engine.add_request(rid, prompt, params(n), **kw)
+            if "request_id" in ps:  # add_request(request_id, prompt, sampling_params, adapter_id=None)
+                engine.add_request(rid, prompt, params(n), **kw)
             else:
                 ret = engine.add_request(prompt, params(n), **kw)
                 rid_index[getattr(ret, "request_id", ret)] = i

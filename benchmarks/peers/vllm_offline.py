@@ -135,13 +135,6 @@ def main() -> None:
         peak_rss_mb=round(common.peak_rss_mb_self(), 1),
         first_tokens=first_tokens,
     )
-    # Shut the engine core down so RUSAGE_CHILDREN covers it (it may run in a child process).
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001
-        pass
-    del llm, engine
-    res["peak_rss_mb_engine_child"] = round(common.peak_rss_mb_children(), 1)
     common.emit(res)
 
 
