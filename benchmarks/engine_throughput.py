@@ -150,19 +150,44 @@ def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> 
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     print(f"[engine_throughput] generating demo model into {model_dir}", file=sys.stderr)
     subprocess.run(
-        [python, "-m", "lorahost.cli", "demo-model", str(model_dir), "--size", size,
-         "--num-adapters", str(num_adapters), "--target-modules", TARGET_MODULES],
-        check=True, cwd=str(REPO), stdout=sys.stderr,
+        [
+            python,
+            "-m",
+            "lorahost.cli",
+            "demo-model",
+            str(model_dir),
+            "--size",
+            size,
+            "--num-adapters",
+            str(num_adapters),
+            "--target-modules",
+            TARGET_MODULES,
+        ],
+        check=True,
+        cwd=str(REPO),
+        stdout=sys.stderr,
     )
 
 
 def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_dir: Path) -> dict:
     script = PEERS / PEER_SCRIPTS[system][0]
     cmd = [
-        python, str(script), "--model-dir", str(args.model_dir), "--mode", mode,
-        "--num-requests", str(args.num_requests), "--prompt-len", str(args.prompt_len),
-        "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-        "--warmup-tokens", str(args.warmup_tokens),
+        python,
+        str(script),
+        "--model-dir",
+        str(args.model_dir),
+        "--mode",
+        mode,
+        "--num-requests",
+        str(args.num_requests),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--warmup-tokens",
+        str(args.warmup_tokens),
     ]
     if args.threads and system != "vllm":
         cmd += ["--threads", str(args.threads)]
@@ -317,20 +342,39 @@ def main(argv: list[str] | None = None) -> int:
         if system == "vllm":
             python = args.vllm_python
             if not Path(python).exists():
-                emit({"system": "vllm", "skipped": f"vLLM python {python} not found; "
-                      "run benchmarks/setup_vllm_venv.sh or pass --vllm-python"})
+                emit(
+                    {
+                        "system": "vllm",
+                        "skipped": f"vLLM python {python} not found; "
+                        "run benchmarks/setup_vllm_venv.sh or pass --vllm-python",
+                    }
+                )
                 continue
-            check = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+            check = subprocess.run([python, "-c", "import vllm"], check=False, capture_output=True, text=True)
             if check.returncode != 0:
-                emit({"system": "vllm", "skipped": "import vllm failed: "
-                      + (check.stderr.strip().splitlines() or ["?"])[-1]})
+                emit(
+                    {
+                        "system": "vllm",
+                        "skipped": "import vllm failed: " + (check.stderr.strip().splitlines() or ["?"])[-1],
+                    }
+                )
                 continue
         if system == "lorahost":
-            check = subprocess.run([python, "-c", "import gpu_workers.engine"], capture_output=True,
-                                   text=True, cwd=str(REPO))
+            check = subprocess.run(
+                [python, "-c", "import gpu_workers.engine"],
+                check=False,
+                capture_output=True,
+                text=True,
+                cwd=str(REPO),
+            )
             if check.returncode != 0:
-                emit({"system": "lorahost", "skipped": "native engine not importable: "
-                      + (check.stderr.strip().splitlines() or ["?"])[-1]})
+                emit(
+                    {
+                        "system": "lorahost",
+                        "skipped": "native engine not importable: "
+                        + (check.stderr.strip().splitlines() or ["?"])[-1],
+                    }
+                )
                 continue
         for mode in modes_list:
             if mode not in PEER_SCRIPTS[system][1]:

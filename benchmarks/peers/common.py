@@ -21,10 +21,14 @@ NUM_SPECIAL_IDS = 7
 WORKLOAD_SEED = 20240601
 
 
-def make_prompts(vocab_size: int, num_requests: int, prompt_len: int, seed: int = WORKLOAD_SEED) -> list[list[int]]:
+def make_prompts(
+    vocab_size: int, num_requests: int, prompt_len: int, seed: int = WORKLOAD_SEED
+) -> list[list[int]]:
     """Deterministic prompts: `num_requests` lists of exactly `prompt_len` ids in [7, vocab_size)."""
     rng = random.Random(seed)
-    return [[rng.randrange(NUM_SPECIAL_IDS, vocab_size) for _ in range(prompt_len)] for _ in range(num_requests)]
+    return [
+        [rng.randrange(NUM_SPECIAL_IDS, vocab_size) for _ in range(prompt_len)] for _ in range(num_requests)
+    ]
 
 
 def adapter_names(model_dir: Path, num_requests: int) -> list[str]:
@@ -55,7 +59,9 @@ def peer_argparser(description: str, modes: list[str]) -> argparse.ArgumentParse
     p.add_argument("--prompt-len", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=1, help="timed runs after one warm-up")
-    p.add_argument("--warmup-tokens", type=int, default=4, help="max_tokens of the warm-up run (same prompts)")
+    p.add_argument(
+        "--warmup-tokens", type=int, default=4, help="max_tokens of the warm-up run (same prompts)"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: library default)")
     return p
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 
 def main() -> None:
@@ -59,13 +59,13 @@ def main() -> None:
     input_ids = torch.full((len(prompts), width), 3, dtype=torch.long)
     attn = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        input_ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
+        input_ids[i, width - len(p) :] = torch.tensor(p)
+        attn[i, width - len(p) :] = 1
 
     clock = common.StepClock()
 
     class Stamp(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):  # noqa: ANN001
+        def __call__(self, input_ids, scores, **kwargs):
             clock.tick()
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
@@ -94,7 +94,10 @@ def main() -> None:
         new_tokens = int(out.shape[1] - width) * out.shape[0]
         prefill, decode = clock.split(1)
         runs.append({"total_s": total, "prefill_s": prefill[0] if prefill else None, "decode_step_s": decode})
-    assert new_tokens == args.num_requests * args.max_tokens, (new_tokens, args.num_requests * args.max_tokens)
+    assert new_tokens == args.num_requests * args.max_tokens, (
+        new_tokens,
+        args.num_requests * args.max_tokens,
+    )
 
     res = common.base_result(
         "hf",
@@ -107,7 +110,7 @@ def main() -> None:
         load_s=round(load_s, 3),
         **common.summarize_runs(runs, args.num_requests * args.max_tokens),
         peak_rss_mb=round(common.peak_rss_mb_self(), 1),
-        first_tokens=out[:2, width:width + 8].tolist(),
+        first_tokens=out[:2, width : width + 8].tolist(),
     )
     common.emit(res)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 
-def _jsonable(obj, depth: int = 0):  # noqa: ANN001, ANN202
+def _jsonable(obj, depth: int = 0):
     if depth > 4:
         return str(obj)
     if isinstance(obj, (str, int, float, bool)) or obj is None:
@@ -37,8 +37,12 @@ def _jsonable(obj, depth: int = 0):  # noqa: ANN001, ANN202
 
 def main() -> None:
     p = common.peer_argparser(__doc__.splitlines()[0], ["base", "lora"])
-    p.add_argument("--mode-loop", choices=["auto", "step", "generate"], default="auto",
-                   help="drive add_request/step (auto when available) or call generate()")
+    p.add_argument(
+        "--mode-loop",
+        choices=["auto", "step", "generate"],
+        default="auto",
+        help="drive add_request/step (auto when available) or call generate()",
+    )
     args = p.parse_args()
     t_load0 = time.perf_counter()
     import torch
@@ -48,7 +52,7 @@ def main() -> None:
     from gpu_workers.sampling import SamplingParams
 
     common.set_threads(args.threads)
-    cfg_kw = dict(model_path=args.model_dir / "base", dtype="bfloat16")
+    cfg_kw = {"model_path": args.model_dir / "base", "dtype": "bfloat16"}
     fields = getattr(EngineConfig, "__dataclass_fields__", {})
     if "max_num_seqs" in fields:
         cfg_kw["max_num_seqs"] = max(64, args.num_requests)
@@ -137,8 +141,13 @@ def main() -> None:
             if len(step_t) > 100 * (n + args.prompt_len):
                 raise SystemExit("engine did not finish the requests")
         total = time.perf_counter() - t0
-        return {"total_s": total, "prefill_s": sum(step_t[:prefill_steps]), "prefill_steps": prefill_steps,
-                "decode_step_s": step_t[prefill_steps:], "tokens": tokens}
+        return {
+            "total_s": total,
+            "prefill_s": sum(step_t[:prefill_steps]),
+            "prefill_steps": prefill_steps,
+            "decode_step_s": step_t[prefill_steps:],
+            "tokens": tokens,
+        }
 
     # Warm-up: same prompts and adapters, few output tokens.
     if use_step:

@@ -22,13 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 
 def main() -> None:
-    args = common.peer_argparser(
-        __doc__.splitlines()[0], ["base", "base_lora_enabled", "lora"]
-    ).parse_args()
+    args = common.peer_argparser(__doc__.splitlines()[0], ["base", "base_lora_enabled", "lora"]).parse_args()
     # KV cache space in GiB on CPU (vLLM's default is larger than this workload needs; it counts in RSS).
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -45,14 +43,14 @@ def main() -> None:
     ranks = common.adapter_ranks(args.model_dir, distinct)
     lora_on = args.mode in ("lora", "base_lora_enabled")
     max_batched = max(2048, args.num_requests * (args.prompt_len + args.max_tokens))
-    kw = dict(
-        model=str(base_dir),
-        dtype="bfloat16",
-        seed=0,
-        max_model_len=args.prompt_len + args.max_tokens + 16,
-        max_num_seqs=max(args.num_requests, 16),
-        max_num_batched_tokens=max_batched,
-    )
+    kw = {
+        "model": str(base_dir),
+        "dtype": "bfloat16",
+        "seed": 0,
+        "max_model_len": args.prompt_len + args.max_tokens + 16,
+        "max_num_seqs": max(args.num_requests, 16),
+        "max_num_batched_tokens": max_batched,
+    }
     if lora_on:
         kw.update(
             enable_lora=True,
@@ -87,8 +85,9 @@ def main() -> None:
         for i, tp in enumerate(tprompts):
             rid = f"bench-{seq}-{i}"
             rid_index[rid] = i
-            engine.add_request(rid, tp, params(args.max_tokens),
-                               lora_request=lora_reqs[i] if lora_reqs else None)
+            engine.add_request(
+                rid, tp, params(args.max_tokens), lora_request=lora_reqs[i] if lora_reqs else None
+            )
         seq += 1
         ntok = [0] * len(tprompts)
         tokens: list[list[int]] = [[] for _ in tprompts]
@@ -113,12 +112,14 @@ def main() -> None:
         total = time.perf_counter() - t0
         assert all(n == args.max_tokens for n in ntok), ntok
         prefill_steps = prefill_steps or 1
-        runs.append({
-            "total_s": total,
-            "prefill_s": sum(step_t[:prefill_steps]),
-            "prefill_steps": prefill_steps,
-            "decode_step_s": [t for t in step_t[prefill_steps:] if t > 0],
-        })
+        runs.append(
+            {
+                "total_s": total,
+                "prefill_s": sum(step_t[:prefill_steps]),
+                "prefill_steps": prefill_steps,
+                "decode_step_s": [t for t in step_t[prefill_steps:] if t > 0],
+            }
+        )
         first_tokens = [t[:8] for t in tokens[:2]]
 
     res = common.base_result(
