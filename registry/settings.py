@@ -47,6 +47,28 @@ class Settings(BaseSettings):
     max_prompt_tokens: int = 4096
     max_completion_tokens: int = 2048
 
+    # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
+    worker_host: str = Field(default="127.0.0.1", description="Worker bind address")
+    worker_port: int = Field(default=8100, description="Worker port (0 = pick a free port)")
+    worker_advertise_url: str | None = Field(
+        default=None, description="URL API servers reach this worker at; default http://worker_host:worker_port"
+    )
+    worker_id: str | None = Field(default=None, description="Stable worker id; default <hostname>-<port>")
+    heartbeat_interval_s: float = Field(default=2.0, gt=0, description="Seconds between worker heartbeats")
+    heartbeat_ttl_s: float | None = Field(default=None, description="Membership TTL; default 3x the interval")
+    drain_timeout_s: float = Field(default=30.0, ge=0, description="Max wait for running requests on shutdown")
+    max_loaded_adapters: int = Field(default=64, gt=0, description="Adapters loaded in one engine at once (LRU)")
+    host_cache_dir: Path | None = Field(default=None, description="Worker adapter file cache; default data_dir/host_cache")
+    host_cache_max_bytes: int = Field(default=8 << 30, gt=0, description="Host adapter cache budget")
+    engine_dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
+    engine_device: str = Field(default="auto", description="cpu, cuda or auto")
+    engine_kv_cache_bytes: int = Field(default=1 << 30, gt=0, description="KV cache budget (bytes)")
+    engine_num_kv_blocks: int | None = Field(default=None, description="KV blocks; overrides the byte budget")
+    engine_max_num_seqs: int = Field(default=64, gt=0, description="Max requests running in one batch")
+    engine_max_num_batched_tokens: int = Field(default=4096, gt=0, description="Per-step token budget")
+    engine_max_model_len: int | None = Field(default=None, description="Default: the model's context length")
+    engine_num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
+
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to a SQLite file inside data_dir."""
         if self.database_url:
@@ -62,3 +84,11 @@ class Settings(BaseSettings):
     def resolved_broker_url(self) -> str | None:
         """The Celery broker URL (falls back to the Redis URL)."""
         return self.celery_broker_url or self.redis_url
+
+    def resolved_heartbeat_ttl_s(self) -> float:
+        """How long a worker's membership lives without a heartbeat (default 3x the interval)."""
+        return self.heartbeat_ttl_s if self.heartbeat_ttl_s is not None else 3 * self.heartbeat_interval_s
+
+    def resolved_host_cache_dir(self) -> Path:
+        """The worker's adapter file cache directory (default data_dir/host_cache)."""
+        return self.host_cache_dir or (self.data_dir / "host_cache")
