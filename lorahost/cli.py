@@ -89,6 +89,43 @@ def serve(
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
 
 
+@app.command("worker")
+def worker(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8100; 0 = a free port)")] = None,
+    advertise_url: Annotated[
+        str | None, typer.Option(help="URL API servers reach this worker at (default http://host:port)")
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option(help="Stable worker id (default <hostname>-<port>)")] = None,
+    base_model: Annotated[Path | None, typer.Option(help="Base model directory (HF format)")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="State dir (default host cache, local blobs)")] = None,
+) -> None:
+    """Run one inference worker: loads the base model, registers in the worker directory (Redis when
+    LORAHOST_REDIS_URL is set), heartbeats, and drains on SIGTERM/SIGINT. Needs LORAHOST_INTERNAL_TOKEN."""
+    import logging
+
+    from gpu_workers.server import run_worker
+    from registry.settings import Settings
+
+    overrides = {
+        "worker_host": host,
+        "worker_port": port,
+        "worker_advertise_url": advertise_url,
+        "worker_id": worker_id,
+        "base_model_path": base_model,
+        "data_dir": data_dir,
+    }
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    if not settings.internal_token:
+        raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the shared secret API servers send)")
+    if settings.base_model_path is None:
+        raise typer.BadParameter("pass --base-model or set LORAHOST_BASE_MODEL_PATH")
+    if not settings.redis_url:
+        typer.echo("lorahost worker: no LORAHOST_REDIS_URL; registered in memory only (direct calls only)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_worker(settings)
+
+
 def _ensure_demo_model(data_dir: Path) -> Path:
     """Generate the tiny demo model into DATA_DIR/demo on first start; returns DATA_DIR/demo/base."""
     demo = data_dir / "demo"

@@ -12,6 +12,23 @@ Tenants never reach this API.
 
 A generate stream is: zero or more `delta` events, then exactly one terminal event, `final` or `error`.
 Closing the HTTP stream early aborts the engine request (its blocks are freed).
+NDJSON lines omit fields at their default values; parse each with `GenerateEvent.model_validate_json`.
+
+Errors: everything detectable before generation starts is an HTTP error with the JSON body
+`{"error": {"type": <code>, "message": <what to change>}}` and no stream:
+  401 unauthorized (missing or wrong token), 400 bad_request (invalid body or sampling, empty prompt or
+  both/neither of prompt and prompt_token_ids, prompt >= max_model_len, duplicate request_id),
+  424 adapter_unavailable (the adapter's blobs are missing, fail the sha256 check or do not load),
+  503 draining (worker shutting down: route elsewhere), 503 overloaded (model still loading, or every
+  loaded adapter is in use).
+Once the 200 stream has started, failures arrive as one terminal `error` event (code internal for an
+engine failure; bad_request / adapter_unavailable only in races the up-front checks cannot see).
+The adapter is fetched and loaded before the response starts, so a cold adapter delays the headers.
+
+Timings in `final` (milliseconds, from the worker's receipt of the request): queue_ms = until the engine
+queued the request (adapter fetch + load), ttft_ms = until the first token, tpot_ms = mean time per output
+token after the first (None with fewer than 2 tokens), e2e_ms = until the last token.
+Prefetch returns residency "device" (loaded in the engine); /ready is 503 while loading or draining.
 """
 
 from __future__ import annotations

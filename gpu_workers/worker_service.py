@@ -1,0 +1,404 @@
+"""What a worker does per call, without HTTP or the blob store: adapter residency and request streams.
+
+`WorkerService` wraps one `InferenceBackend` and one `HostAdapterCache` (whose fetch function the server
+injects). `AdapterManager` keeps the engine's loaded adapters LRU-bounded: an adapter is leased by every
+request that uses it (from before its load until its stream ends) and a leased adapter is never unloaded;
+the engine's own AdapterInUseError is a second guard. Concurrent first requests for one adapter share one
+load task. Everything here runs on the worker's event loop; blocking work goes to threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_workers.backend import InferenceBackend
+from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, PromptTooLongError
+from gpu_workers.host_cache import HostAdapterCache
+from gpu_workers.outputs import RequestOutput
+from gpu_workers.sampling import SamplingParams
+from registry.membership import WorkerRecord
+from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats
+
+
+class WorkerError(Exception):
+    """An error a worker call reports as {"error": {"type": code, "message"}} or an `error` event."""
+
+    code = "internal"
+    status_code = 500
+
+
+class BadRequestError(WorkerError):
+    """The request cannot run as sent (sampling, prompt, duplicate id)."""
+
+    code = "bad_request"
+    status_code = 400
+
+
+class AdapterUnavailableError(WorkerError):
+    """The adapter's files could not be fetched, verified or loaded."""
+
+    code = "adapter_unavailable"
+    status_code = 424
+
+
+class OverloadedError(WorkerError):
+    """No room right now (every loaded adapter is in use); retry or route elsewhere."""
+
+    code = "overloaded"
+    status_code = 503
+
+
+class DrainingError(WorkerError):
+    """The worker is shutting down and accepts no new requests; route elsewhere."""
+
+    code = "draining"
+    status_code = 503
+
+
+@dataclass
+class AdapterCounters:
+    """Cumulative adapter residency counters (reported in stats and heartbeats)."""
+
+    num_cache_hits: int = 0  # the adapter was loaded (or being loaded) when a request asked for it
+    num_cache_misses: int = 0  # a request started a load
+    num_adapter_loads: int = 0  # loads into the engine that succeeded
+    num_adapter_unloads: int = 0
+    num_load_failures: int = 0
+
+
+class AdapterManager:
+    """Loaded-adapter LRU over an engine: leases, single-flight loads, bounded by max_loaded."""
+
+    def __init__(self, engine: InferenceBackend, host_cache: HostAdapterCache, max_loaded: int) -> None:
+        self._engine = engine
+        self._host_cache = host_cache
+        self._max_loaded = max_loaded
+        self._loaded: OrderedDict[str, str] = OrderedDict()  # adapter_key -> sha256; LRU order, oldest first
+        self._leases: dict[str, int] = {}
+        self._loading: dict[str, asyncio.Task[None]] = {}
+        self._refs: dict[str, AdapterRef] = {}  # every adapter seen (for host residency)
+        self._install_lock = asyncio.Lock()  # make-room + load is one step, so the bound holds
+        self.counters = AdapterCounters()
+
+    async def acquire(self, ref: AdapterRef) -> str:
+        """Lease the adapter and make sure it is loaded; returns the engine adapter id (= adapter_key)."""
+        key = ref.adapter_key
+        self._leases[key] = self._leases.get(key, 0) + 1
+        try:
+            await self._ensure_loaded(ref)
+        except BaseException:
+            self.release(key)
+            raise
+        return key
+
+    def release(self, key: str) -> None:
+        """End one lease (the adapter becomes evictable when no lease is left)."""
+        count = self._leases.get(key, 0) - 1
+        if count > 0:
+            self._leases[key] = count
+        else:
+            self._leases.pop(key, None)
+
+    async def _ensure_loaded(self, ref: AdapterRef) -> None:
+        key = ref.adapter_key
+        self._refs[key] = ref
+        if key in self._loaded:
+            self._loaded.move_to_end(key)
+            self.counters.num_cache_hits += 1
+            return
+        task = self._loading.get(key)
+        if task is None:
+            self.counters.num_cache_misses += 1
+            task = asyncio.ensure_future(self._load(ref))
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        else:
+            self.counters.num_cache_hits += 1
+        await asyncio.shield(task)  # one waiter's cancellation must not cancel the shared load
+
+    async def _load(self, ref: AdapterRef) -> None:
+        path = await self._fetch(ref)
+        async with self._install_lock:
+            await self._make_room()
+            try:
+                await self._engine.load_adapter(ref.adapter_key, path)
+            except Exception as exc:  # invalid files: report them, keep serving
+                self.counters.num_load_failures += 1
+                raise AdapterUnavailableError(
+                    f"adapter {ref.adapter_key} could not be loaded by this worker: {exc}"
+                ) from exc
+            self._loaded[ref.adapter_key] = ref.sha256
+            self.counters.num_adapter_loads += 1
+
+    async def _fetch(self, ref: AdapterRef) -> Any:
+        try:
+            return await asyncio.to_thread(
+                self._host_cache.get, ref.sha256, ref.config_blob_key, ref.weights_blob_key
+            )
+        except Exception as exc:  # missing blob, checksum mismatch, I/O: all unavailable
+            self.counters.num_load_failures += 1
+            raise AdapterUnavailableError(
+                f"adapter {ref.adapter_key} files could not be fetched or verified: {exc}"
+            ) from exc
+
+    async def _make_room(self) -> None:
+        """Unload least-recently-used idle adapters until one more fits; OverloadedError if none can go."""
+        while len(self._loaded) >= self._max_loaded:
+            for key in list(self._loaded):
+                if await self._try_unload(key):
+                    break
+            else:
+                raise OverloadedError(
+                    f"all {len(self._loaded)} loaded adapters are in use (max_loaded_adapters="
+                    f"{self._max_loaded}); retry later or raise LORAHOST_MAX_LOADED_ADAPTERS"
+                )
+
+    async def _try_unload(self, key: str) -> bool:
+        if self._leases.get(key):
+            return False
+        try:
+            await self._engine.unload_adapter(key)
+        except AdapterInUseError:
+            return False
+        except AdapterNotLoadedError:
+            pass
+        self._loaded.pop(key, None)
+        self.counters.num_adapter_unloads += 1
+        return True
+
+    async def drop(self, key: str) -> bool:
+        """Unload an adapter now unless requests use it; True if it was unloaded."""
+        if key not in self._loaded:
+            return False
+        async with self._install_lock:
+            return key in self._loaded and await self._try_unload(key)
+
+    def device_adapters(self) -> list[str]:
+        """Adapter keys loaded in the engine, least recently used first."""
+        return list(self._loaded)
+
+    def host_adapters(self) -> list[str]:
+        """Adapter keys whose files are in the host cache but which are not loaded in the engine."""
+        return sorted(
+            k for k, ref in self._refs.items() if k not in self._loaded and self._host_cache.contains(ref.sha256)
+        )
+
+    def residency(self, key: str) -> str:
+        """"device", "host" or "none"."""
+        if key in self._loaded:
+            return "device"
+        return "host" if key in self.host_adapters() else "none"
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A generate request checked against the engine, holding its adapter lease."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    adapter_key: str | None
+    received_at: float  # time.time() when the worker received the request
+
+
+class WorkerService:
+    """One worker's behaviour: prepare (everything checkable up front), then stream events."""
+
+    def __init__(
+        self,
+        engine: InferenceBackend,
+        host_cache: HostAdapterCache,
+        *,
+        worker_id: str,
+        base_model: str,
+        max_loaded_adapters: int,
+        max_num_seqs: int,
+    ) -> None:
+        self.engine = engine
+        self.host_cache = host_cache
+        self.worker_id = worker_id
+        self.base_model = base_model
+        self.max_num_seqs = max_num_seqs
+        self.adapters = AdapterManager(engine, host_cache, max_loaded_adapters)
+        self.is_ready = True
+        self.is_draining = False
+        self._active: set[str] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- generate -----------------------------------------------------------------------------------
+
+    async def prepare(self, request: GenerateRequest, received_at: float | None = None) -> PreparedRequest:
+        """Check and admit a request (draining, sampling, prompt, adapter); raises a WorkerError subclass."""
+        received_at = time.time() if received_at is None else received_at
+        if self.is_draining:
+            raise DrainingError(f"worker {self.worker_id} is draining; send the request to another worker")
+        if request.request_id in self._active:
+            raise BadRequestError(f"request id {request.request_id!r} is already running on this worker")
+        params = sampling_params_from_spec(request.sampling)
+        token_ids = self._prompt_token_ids(request)
+        adapter_key = await self.adapters.acquire(request.adapter) if request.adapter else None
+        self._active.add(request.request_id)
+        self._idle.clear()
+        return PreparedRequest(request.request_id, token_ids, params, adapter_key, received_at)
+
+    def _prompt_token_ids(self, request: GenerateRequest) -> list[int]:
+        if (request.prompt is None) == (request.prompt_token_ids is None):
+            raise BadRequestError("send exactly one of prompt and prompt_token_ids")
+        if request.prompt is not None:
+            token_ids = list(self.engine.tokenizer.encode(request.prompt))  # type: ignore[attr-defined]
+        else:
+            token_ids = [int(t) for t in request.prompt_token_ids or ()]
+        if not token_ids:
+            raise BadRequestError("the prompt is empty; send at least one token")
+        max_model_len = int(self.engine.stats()["max_model_len"])
+        if len(token_ids) >= max_model_len:
+            raise BadRequestError(
+                f"prompt has {len(token_ids)} tokens but this worker's max_model_len is {max_model_len}; "
+                f"shorten it to at most {max_model_len - 1} tokens"
+            )
+        return token_ids
+
+    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[GenerateEvent]:
+        """Deltas, then one final or error event. Closing the iterator early aborts the engine request."""
+        last: RequestOutput | None = None
+        stream = self.engine.generate_stream(
+            prepared.request_id, prepared.token_ids, prepared.sampling_params, prepared.adapter_key
+        )
+        try:
+            async with aclosing(stream):  # closing this iterator early closes (aborts) the engine stream
+                async for out in stream:
+                    last = out
+                    if out.new_token_ids or out.new_text:
+                        yield GenerateEvent(type="delta", text=out.new_text, token_ids=list(out.new_token_ids))
+            yield final_event(last, prepared.received_at) if last else error_event("internal", "no output")
+        except (PromptTooLongError, ValueError) as exc:
+            yield error_event("bad_request", str(exc))
+        except AdapterNotLoadedError as exc:
+            yield error_event("adapter_unavailable", str(exc))
+        except Exception as exc:  # noqa: BLE001 (an engine failure ends this stream, not the worker)
+            yield error_event("internal", f"engine error: {type(exc).__name__}: {exc}")
+        finally:
+            self.finish(prepared)
+
+    def finish(self, prepared: PreparedRequest) -> None:
+        """Release a prepared request's adapter lease and slot (idempotent)."""
+        if prepared.request_id not in self._active:
+            return
+        self._active.discard(prepared.request_id)
+        if prepared.adapter_key is not None:
+            self.adapters.release(prepared.adapter_key)
+        if not self._active:
+            self._idle.set()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def num_active(self) -> int:
+        """Requests admitted and not yet finished (streams open)."""
+        return len(self._active)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests and wait for running ones; True if all finished within timeout_s."""
+        self.is_draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    # ---- introspection ------------------------------------------------------------------------------
+
+    def stats(self) -> WorkerStats:
+        """Load and residency as WorkerStats."""
+        engine_stats = self.engine.stats()
+        counters = self.adapters.counters
+        return WorkerStats(
+            worker_id=self.worker_id,
+            base_model=self.base_model,
+            num_running=int(engine_stats.get("num_running", 0)),
+            num_waiting=int(engine_stats.get("num_waiting", 0)),
+            max_num_seqs=self.max_num_seqs,
+            device_adapters=self.adapters.device_adapters(),
+            host_adapters=self.adapters.host_adapters(),
+            num_free_kv_blocks=int(engine_stats.get("num_free_kv_blocks", 0)),
+            num_total_kv_blocks=int(engine_stats.get("num_kv_blocks", 0)),
+            num_cache_hits=counters.num_cache_hits,
+            num_cache_misses=counters.num_cache_misses,
+            num_adapter_loads=counters.num_adapter_loads,
+            is_ready=self.is_ready and not self.is_draining,
+            is_draining=self.is_draining,
+        )
+
+    def record(self, url: str) -> WorkerRecord:
+        """The membership record advertised in heartbeats (counters in `extra`)."""
+        stats = self.stats()
+        counters = self.adapters.counters
+        return WorkerRecord(
+            worker_id=self.worker_id,
+            url=url,
+            base_model=self.base_model,
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            max_num_seqs=stats.max_num_seqs,
+            device_adapters=tuple(stats.device_adapters),
+            host_adapters=tuple(stats.host_adapters),
+            is_ready=stats.is_ready,
+            is_draining=stats.is_draining,
+            extra={
+                "num_active": self.num_active,
+                "num_free_kv_blocks": stats.num_free_kv_blocks,
+                "num_total_kv_blocks": stats.num_total_kv_blocks,
+                "num_cache_hits": counters.num_cache_hits,
+                "num_cache_misses": counters.num_cache_misses,
+                "num_adapter_loads": counters.num_adapter_loads,
+                "num_adapter_unloads": counters.num_adapter_unloads,
+                "num_load_failures": counters.num_load_failures,
+            },
+        )
+
+
+def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
+    """Engine SamplingParams from the wire spec (top_k -1 means disabled); BadRequestError if invalid."""
+    try:
+        return SamplingParams(
+            max_tokens=spec.max_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=max(spec.top_k, 0),
+            seed=spec.seed,
+            stop=tuple(spec.stop),
+            stop_token_ids=tuple(spec.stop_token_ids),
+            ignore_eos=spec.ignore_eos,
+        )
+    except ValueError as exc:
+        raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
+
+
+def final_event(last: RequestOutput, received_at: float) -> GenerateEvent:
+    """The terminal event with token counts and timings (ms, measured from the worker's receipt)."""
+    finished = last.finish_time or time.time()
+    first = last.first_token_time
+    num_output = last.num_output_tokens
+    tpot_ms = (finished - first) * 1000 / (num_output - 1) if first is not None and num_output > 1 else None
+    return GenerateEvent(
+        type="final",
+        finish_reason=last.finish_reason,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_output_tokens=num_output,
+        ttft_ms=(first - received_at) * 1000 if first is not None else None,
+        tpot_ms=tpot_ms,
+        e2e_ms=(finished - received_at) * 1000,
+        queue_ms=max(0.0, last.arrival_time - received_at) * 1000,
+    )
+
+
+def error_event(code: str, message: str) -> GenerateEvent:
+    """A terminal error event."""
+    return GenerateEvent(type="error", code=code, message=message)
