@@ -169,6 +169,33 @@ def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> 
     )
 
 
+def _cpu_busy_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return (sum(vals[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores(seconds: float = 2.0) -> float:
+    """Average number of busy cores over `seconds` (call while this benchmark is idle: = other load)."""
+    b0, t0 = _cpu_busy_s(), time.monotonic()
+    time.sleep(seconds)
+    return (_cpu_busy_s() - b0) / (time.monotonic() - t0)
+
+
+def wait_for_quiet(max_wait: float, threshold: float) -> float:
+    """Wait (at most max_wait s) until other processes use less than `threshold` cores; returns the last
+    measurement. The machine may be shared: numbers taken under foreign load are not comparable."""
+    deadline = time.monotonic() + max_wait
+    busy = busy_cores()
+    while busy >= threshold and time.monotonic() < deadline:
+        print(f"[engine_throughput] waiting for a quiet machine: {busy:.2f} cores busy", file=sys.stderr)
+        time.sleep(10)
+        busy = busy_cores()
+    return busy
+
+
 def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_dir: Path) -> dict:
     script = PEERS / PEER_SCRIPTS[system][0]
     cmd = [
@@ -200,7 +227,10 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
             env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     log_path = log_dir / f"{system}-{mode}.log"
-    load_before = os.getloadavg()[0]
+    busy_before = (
+        wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 else busy_cores(1.0)
+    )
+    cpu0 = _cpu_busy_s()
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
@@ -233,6 +263,8 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
         reader.join(timeout=10)
         sampler.stop()
     wall = time.perf_counter() - t0
+    # CPU used by everything else on the machine while the peer ran = all busy time - the peer tree's.
+    foreign = (_cpu_busy_s() - cpu0 - (ru.ru_utime + ru.ru_stime)) / max(wall, 1e-9)
 
     results = []
     for line in lines:
@@ -254,14 +286,16 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
     res["peak_rss_mb_maxproc"] = round(max(maxproc, peer_rss), 1)
     res["processes"] = sampler.max_procs
     res["wall_s"] = round(wall, 2)
-    # Other load on the machine skews every number: record it (1-min load average before / after).
-    res["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    # Other load on the machine skews every number: record it (busy cores before; foreign cores during).
+    res["other_cores_busy_before"] = round(busy_before, 2)
+    res["other_cores_busy_during"] = round(max(foreign, 0.0), 2)
     return res
 
 
 def summary(results: list[dict], args: argparse.Namespace) -> dict:
     tps = {r["label"]: r["out_tok_s"] for r in results if "out_tok_s" in r}
     rss = {r["label"]: r["peak_rss_mb"] for r in results if "peak_rss_mb" in r}
+    foreign = {r["label"]: r["other_cores_busy_during"] for r in results if "other_cores_busy_during" in r}
     ratios = {}
     for name, num, den in RATIOS:
         if num in tps and den in tps and tps[den] > 0:
@@ -274,6 +308,8 @@ def summary(results: list[dict], args: argparse.Namespace) -> dict:
         "out_tok_s": tps,
         "peak_rss_mb": rss,
         "ratios": ratios,
+        "other_cores_busy_during": foreign,
+        "contended": any(v > args.quiet_threshold for v in foreign.values()),
         "workload": {
             "model_dir": str(args.model_dir),
             "num_requests": args.num_requests,
@@ -313,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads for lorahost/hf (0: default)")
     p.add_argument("--vllm-omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's auto)")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each peer, wait up to this many seconds for other load to drop",
+    )
+    p.add_argument("--quiet-threshold", type=float, default=0.3, help="cores busy that count as quiet")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per peer process")
     p.add_argument("--out", type=Path, default=HERE / "results" / "engine_throughput.jsonl")
     args = p.parse_args(argv)
