@@ -70,4 +70,4 @@ class FifoPolicy:
 
     def on_finished(self, request_id: str) -> None:
         """FIFO keeps no per-request state."""
-        return None
+        return
