@@ -8,14 +8,32 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.errors import install_error_handlers
-from api.routes import adapters, admin, health, models
-from api.services import Services, build_services
+from api.routes import adapters, admin, completions, health, models, reports, usage
+from api.services import Services, build_services, ensure_inference_services
+from api.worker_client import WorkerClient
 from registry.settings import Settings
 
-DEFAULT_ROUTERS: tuple[APIRouter, ...] = (health.router, admin.router, adapters.router, models.router)
+# /metrics is unauthenticated, as Prometheus scrapers expect: it holds aggregate counters and worker ids
+# only (no tenant, adapter or key data). Keep it off the public listener (network policy) in production.
+metrics_router = APIRouter(tags=["metrics"])
+
+
+@metrics_router.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    """Prometheus text exposition of the API's metrics and the live workers' gauges."""
+    body = request.app.state.services.extras["metrics"].render()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+DEFAULT_ROUTERS: tuple[APIRouter, ...] = (
+    health.router, admin.router, adapters.router, models.router, completions.router, usage.router,
+    reports.router, metrics_router,
+)
 
 
 def create_app(
@@ -31,9 +49,13 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = services is None
         app.state.services = services or build_services(settings)
+        worker_client = _open_worker_client(app.state.services)
         try:
             yield
         finally:
+            if worker_client is not None:
+                await worker_client.aclose()
+                app.state.services.extras.pop("worker_client", None)
             if owned:
                 app.state.services.close()
 
@@ -43,3 +65,13 @@ def create_app(
     for router in (*routers, *extra_routers):
         app.include_router(router)
     return app
+
+
+def _open_worker_client(services: Services) -> WorkerClient | None:
+    """Give the services a worker client for this app's lifetime (None if one was passed in)."""
+    ensure_inference_services(services)
+    if "worker_client" in services.extras:
+        return None
+    client = WorkerClient.create(lambda: services.extras.get("internal_token") or services.settings.internal_token)
+    services.extras["worker_client"] = client
+    return client

@@ -183,3 +183,79 @@ class ModelCard(BaseModel):
     parent: str | None = None
     version: int | None = None
     visibility: str | None = None
+
+
+# ---- inference (OpenAI-compatible) ---------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    """`stream_options` of a streamed request."""
+
+    include_usage: bool = False
+
+
+class InferenceRequestBase(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions. Unknown fields are kept (extra="allow")
+    so the route can name them in its 400 instead of silently ignoring them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Accepted only at their no-op values (the route refuses anything else, naming the field).
+    n: int | None = None
+    logprobs: Any = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def stop_list(self) -> list[str]:
+        """`stop` as a list (OpenAI allows one string or up to 4)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(InferenceRequestBase):
+    """POST /v1/completions: `prompt` is a string, a list of one string, or token ids."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+class ChatCompletionRequest(InferenceRequestBase):
+    """POST /v1/chat/completions: `messages` rendered with the base model's chat template."""
+
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+class UsagePublic(BaseModel):
+    """OpenAI `usage`."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class PeriodQuery(BaseModel):
+    """A reporting period [start, end) in UTC."""
+
+    start: datetime
+    end: datetime

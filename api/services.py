@@ -8,10 +8,15 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.metering import UsageLedger
+from api.metrics import ApiMetrics
+from api.prompting import load_base_tokenizer
 from jobs.dispatch import JobDispatcher, make_job_dispatcher
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
+from registry.membership import WorkerRecord
+from registry.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from registry.settings import Settings
 from registry.storage import BlobStore, make_blob_store
 
@@ -54,7 +59,7 @@ def build_services(
         blob_store=blob_store,
         limits=limits_from_settings(settings),
     )
-    return Services(
+    services = Services(
         settings=settings,
         session_factory=session_factory,
         blob_store=blob_store,
@@ -63,3 +68,44 @@ def build_services(
         admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
     )
+    ensure_inference_services(services)
+    return services
+
+
+# ---- inference services (extras) ----------------------------------------------------------------------
+# services.extras keys used by the inference path:
+#   "tokenizer"        api.prompting.BaseModelTokenizer | None (None: no base model configured)
+#   "rate_limiter"     registry.ratelimit.RateLimiter (Redis when settings.redis_url, else in memory)
+#   "metrics"          api.metrics.ApiMetrics (worker gauges read from "worker_directory" at scrape time)
+#   "usage_ledger"     api.metering.UsageLedger
+#   "worker_client"    api.worker_client.WorkerClient (created in the app lifespan: it owns an AsyncClient)
+#   "worker_directory" registry.membership.WorkerDirectory, published by whoever runs/knows the workers
+#   "internal_token"   the workers' bearer token (defaults to settings.internal_token)
+
+
+def make_rate_limiter(settings: Settings) -> RateLimiter:
+    """Redis-backed limits shared by every API replica when Redis is configured, else process-local ones."""
+    if settings.redis_url:
+        import redis
+
+        return RedisRateLimiter(redis.Redis.from_url(settings.redis_url), key_prefix=f"{settings.celery_key_prefix}lorahost:rl:")
+    return InMemoryRateLimiter()
+
+
+def live_workers(services: Services) -> list[WorkerRecord]:
+    """The live worker records from the published directory (none when no directory is published)."""
+    directory = services.extras.get("worker_directory")
+    return directory.list_live() if directory is not None else []
+
+
+def ensure_inference_services(services: Services) -> None:
+    """Fill in the inference extras that are missing (idempotent; pass your own to replace any)."""
+    extras = services.extras
+    if "tokenizer" not in extras:
+        extras["tokenizer"] = load_base_tokenizer(services.settings.base_model_path)
+    if "rate_limiter" not in extras:
+        extras["rate_limiter"] = make_rate_limiter(services.settings)
+    if "metrics" not in extras:
+        extras["metrics"] = ApiMetrics(list_workers=lambda: live_workers(services))
+    if "usage_ledger" not in extras:
+        extras["usage_ledger"] = UsageLedger(services.session_factory, extras["metrics"])

@@ -1,0 +1,430 @@
+"""OpenAI-compatible inference: /v1/completions, /v1/chat/completions, /v1/adapters/{name}/completions.
+
+`model` is an adapter name (its latest ready version), `name@N` (a pinned version) or the base model name
+(no adapter). One request = one worker generation = exactly one usage row (see api/metering.py):
+auth -> parse + refuse unsupported fields -> resolve the model -> tokenize and size-check the prompt ->
+rate limit -> route to a worker and read its first event (one retry on another worker) -> stream back.
+Every refusal after authentication is metered as `rejected` with zero tokens.
+Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`); the usage row is written before [DONE].
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+from starlette.types import Receive, Scope, Send
+
+from api.deps import CurrentTenant, ServicesDep, SessionDep
+from api.errors import ApiError
+from api.metering import RequestMeter, UsageLedger
+from api.prompting import BaseModelTokenizer, PromptError
+from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
+from api.services import Services
+from api.worker_client import WorkerStream, WorkerUnavailableError
+from registry import repository
+from registry.errors import RegistryError
+from registry.models import Tenant
+from registry.ratelimit import RateLimits
+from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec
+from scheduler.router import RouteRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", tags=["completions"])
+
+Kind = Literal["text", "chat"]
+RETRY_AFTER_NO_WORKER_S = 2
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_STOP_STRINGS = 4
+# Fields the route knows but cannot honour, with the only value(s) it accepts for each.
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False, True),
+}
+WORKER_ERROR_STATUS = {"bad_request": 400, "adapter_unavailable": 503, "overloaded": 503, "draining": 503}
+
+
+def _body_schema(model: type[InferenceRequestBase]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+@router.post("/completions", openapi_extra=_body_schema(CompletionRequest))
+async def create_completion(
+    request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> Any:
+    """Text completion (OpenAI `POST /v1/completions`), plain or streamed."""
+    return await serve(request, tenant, session, services, "text")
+
+
+@router.post("/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+async def create_chat_completion(
+    request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> Any:
+    """Chat completion (OpenAI `POST /v1/chat/completions`), plain or streamed."""
+    return await serve(request, tenant, session, services, "chat")
+
+
+@router.post("/adapters/{name}/completions", openapi_extra=_body_schema(CompletionRequest))
+async def create_adapter_completion(
+    name: str, request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> Any:
+    """Text completion with the adapter in the path (`model` may be omitted, or `name@N` to pin)."""
+    return await serve(request, tenant, session, services, "text", path_model=name)
+
+
+# ---- preparing a request -------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """An admitted request, ready to send to a worker."""
+
+    kind: Kind
+    response_id: str
+    model: str
+    is_stream: bool
+    include_usage: bool
+    route: RouteRequest
+    generate: GenerateRequest
+
+
+async def serve(
+    request: Request, tenant: Tenant, session: Session, services: Services, kind: Kind, path_model: str | None = None
+) -> Any:
+    """Run one inference request end to end, metering it exactly once."""
+    ledger: UsageLedger = services.extras["usage_ledger"]
+    meter = ledger.start(tenant.id)
+    try:
+        prepared = await _prepare(request, tenant, session, services, meter, kind, path_model)
+        upstream = await _start(services, prepared, meter)
+    except (ApiError, RegistryError, PromptError) as exc:
+        await ledger.record(meter, "rejected", _message(exc))
+        raise _as_api_error(exc) from exc
+    except Exception as exc:
+        await _record_quietly(ledger, meter, "error", f"internal error: {exc!r}")
+        raise
+    if prepared.is_stream:
+        return MeteredStreamingResponse(_stream(prepared, upstream, meter, ledger), media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _collect(prepared, upstream, meter, ledger)
+
+
+def _message(exc: Exception) -> str:
+    return getattr(exc, "message", None) or str(exc)
+
+
+def _as_api_error(exc: Exception) -> Exception:
+    if isinstance(exc, PromptError):
+        return ApiError(400, "invalid_request", str(exc))
+    return exc
+
+
+async def _prepare(
+    request: Request, tenant: Tenant, session: Session, services: Services, meter: RequestMeter,
+    kind: Kind, path_model: str | None,
+) -> Prepared:
+    body = await _parse_body(request, kind)
+    _refuse_unsupported(body)
+    model = _model_ref(body.model, path_model)
+    meter.model_name = repository.parse_model_ref(model).name
+    adapter_ref, base_model = _resolve(session, tenant.id, model, services, meter)
+    prompt_ids = _prompt_ids(_tokenizer(services), body)
+    meter.num_prompt_tokens = len(prompt_ids)
+    max_tokens = _check_sizes(services, body, len(prompt_ids))
+    plan = tenant.plan
+    limits = RateLimits(plan.requests_per_min, plan.tokens_per_min) if plan else RateLimits()
+    session.commit()  # end the auth/lookup transaction: nothing is held open while the request runs
+    _admit(services, tenant.id, len(prompt_ids) + max_tokens, limits)
+    response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
+    sampling = SamplingSpec(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                            seed=body.seed, stop=body.stop_list())
+    return Prepared(
+        kind=kind, response_id=response_id, model=model, is_stream=body.stream,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        route=RouteRequest(base_model, adapter_ref.adapter_key if adapter_ref else None, len(prompt_ids), max_tokens),
+        generate=GenerateRequest(request_id=meter.request_id, prompt_token_ids=prompt_ids, adapter=adapter_ref,
+                                 sampling=sampling, tenant_id=tenant.id),
+    )
+
+
+async def _parse_body(request: Request, kind: Kind) -> InferenceRequestBase:
+    try:
+        raw = await request.json()
+    except ValueError as exc:
+        raise ApiError(400, "invalid_request", f"the body must be a JSON object: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()]
+        raise ApiError(400, "invalid_request", "; ".join(parts)) from exc
+
+
+def _refuse_unsupported(body: InferenceRequestBase) -> None:
+    """400 naming every field this server cannot honour (unknown fields included)."""
+    problems = [f"{name}={value!r}" for name, value in (body.model_extra or {}).items()]
+    for name, allowed in NO_OP_VALUES.items():
+        value = getattr(body, name, None)
+        if value not in allowed:
+            problems.append(f"{name}={value!r}")
+    response_format = getattr(body, "response_format", None)
+    if response_format and response_format.get("type", "text") != "text":
+        problems.append(f"response_format={response_format!r}")
+    if problems:
+        raise ApiError(400, "invalid_request", f"unsupported field(s): {', '.join(problems)}; remove them "
+                       "(this server supports n=1 without logprobs, echo, suffix, logit_bias, penalties, tools or "
+                       "structured output)")
+    if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
+        raise ApiError(400, "invalid_request", f"stop must be a non-empty string or up to {MAX_STOP_STRINGS} of them")
+
+
+def _model_ref(body_model: str | None, path_model: str | None) -> str:
+    if path_model is None:
+        if not body_model:
+            raise ApiError(400, "invalid_request", "model is required: an adapter name, name@N or the base model")
+        return body_model
+    if body_model and repository.parse_model_ref(body_model).name != path_model:
+        raise ApiError(400, "invalid_request", f"model {body_model!r} does not match the adapter {path_model!r} "
+                       "in the path; omit model or use name@N of the same adapter")
+    return body_model or path_model
+
+
+def _resolve(
+    session: Session, tenant_id: str, model: str, services: Services, meter: RequestMeter
+) -> tuple[AdapterRef | None, str]:
+    """The adapter version to apply (None for the base model) and the base model to route to."""
+    base_name = services.settings.base_model_name
+    if model == base_name:
+        return None, base_name
+    adapter, version = repository.resolve_model(session, tenant_id, model)
+    meter.adapter_id, meter.adapter_version_id = adapter.id, version.id
+    ref = AdapterRef(adapter_key=version.id, sha256=version.sha256 or "", config_blob_key=version.config_blob_key or "",
+                     weights_blob_key=version.weights_blob_key or "", rank=version.rank or 0)
+    return ref, adapter.base_model_name
+
+
+def _tokenizer(services: Services) -> BaseModelTokenizer:
+    tokenizer = services.extras.get("tokenizer")
+    if tokenizer is None:
+        raise ApiError(503, "unavailable", "no base model tokenizer is configured on this API server "
+                       "(set LORAHOST_BASE_MODEL_PATH to the base model directory)")
+    return tokenizer
+
+
+def _prompt_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:
+    if isinstance(body, ChatCompletionRequest):
+        return tokenizer.encode_chat(body.messages)[1]
+    assert isinstance(body, CompletionRequest)
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return tokenizer.check_token_ids(prompt)
+    if len(prompt) == 1:
+        only = prompt[0]
+        return tokenizer.encode(only) if isinstance(only, str) else tokenizer.check_token_ids(only)
+    raise PromptError("prompt must be a string, a list of one string, or one list of token ids (batches of "
+                      f"prompts are not supported: got {len(prompt)}); send one request per prompt")
+
+
+def _check_sizes(services: Services, body: InferenceRequestBase, num_prompt: int) -> int:
+    """The effective max_tokens, after refusing prompts and completions beyond the limits."""
+    settings, context = services.settings, _tokenizer(services).max_context_tokens
+    if num_prompt == 0:
+        raise PromptError("the prompt is empty")
+    if num_prompt > settings.max_prompt_tokens:
+        raise PromptError(f"the prompt has {num_prompt} tokens; the limit is {settings.max_prompt_tokens} tokens")
+    requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if requested is not None and requested > settings.max_completion_tokens:
+        raise PromptError(f"max_tokens={requested} is above the limit of {settings.max_completion_tokens}")
+    if requested is None:
+        default = DEFAULT_COMPLETION_MAX_TOKENS if isinstance(body, CompletionRequest) else settings.max_completion_tokens
+        requested = min(default, (context or num_prompt + default) - num_prompt)
+    if context is not None and num_prompt + requested > context:
+        raise PromptError(f"prompt ({num_prompt} tokens) + max_tokens ({requested}) exceeds the model's context of "
+                          f"{context} tokens; shorten the prompt or lower max_tokens")
+    return requested
+
+
+def _admit(services: Services, tenant_id: str, num_tokens: int, limits: RateLimits) -> None:
+    decision = services.extras["rate_limiter"].acquire(tenant_id, num_tokens, limits)
+    if not decision.is_allowed:
+        raise ApiError(429, "rate_limited", decision.reason, headers={"Retry-After": str(decision.retry_after_s)})
+
+
+async def _start(services: Services, prepared: Prepared, meter: RequestMeter) -> WorkerStream:
+    """Route and open the worker stream; worker refusals before any token become HTTP errors."""
+    directory = services.extras.get("worker_directory")
+    records = await anyio.to_thread.run_sync(directory.list_live) if directory is not None else []
+    try:
+        upstream = await services.extras["worker_client"].start(prepared.route, records, prepared.generate)
+    except WorkerUnavailableError as exc:
+        raise ApiError(503, "unavailable", f"no worker can serve this request right now ({exc}); retry shortly",
+                       headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)}) from exc
+    meter.worker_id = upstream.worker_id
+    first = upstream.first
+    if first.type == "error":
+        await upstream.aclose()
+        await _record_worker_error(services.extras["usage_ledger"], meter, first)
+        status = WORKER_ERROR_STATUS.get(first.code or "", 502)
+        raise ApiError(status, "worker_error" if status >= 500 else "invalid_request",
+                       f"the worker refused the request ({first.code}): {first.message}",
+                       headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)} if status == 503 else None)
+    return upstream
+
+
+async def _record_worker_error(ledger: UsageLedger, meter: RequestMeter, event: GenerateEvent) -> None:
+    if event.num_prompt_tokens:
+        meter.is_prefilled = True
+    await ledger.record(meter, "error", f"{event.code}: {event.message}")
+
+
+# ---- responses -----------------------------------------------------------------------------------------
+
+
+def usage_dict(meter: RequestMeter, status: str) -> dict[str, int]:
+    """OpenAI `usage` for what this request is billed."""
+    prompt = meter.billed_prompt_tokens(status)
+    return {"prompt_tokens": prompt, "completion_tokens": meter.num_delivered_tokens,
+            "total_tokens": prompt + meter.num_delivered_tokens}
+
+
+def _choice(kind: Kind, text: str, finish_reason: str | None, *, is_chunk: bool, is_first: bool = False) -> dict[str, Any]:
+    if kind == "text":
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if not is_chunk:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish_reason}
+    delta: dict[str, Any] = {"role": "assistant", "content": text} if is_first else ({"content": text} if text else {})
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _envelope(prepared: Prepared, choices: list[dict[str, Any]], *, is_chunk: bool) -> dict[str, Any]:
+    if prepared.kind == "text":
+        obj = "text_completion"
+    else:
+        obj = "chat.completion.chunk" if is_chunk else "chat.completion"
+    return {"id": prepared.response_id, "object": obj, "created": int(time.time()), "model": prepared.model,
+            "choices": choices}
+
+
+def _finish_reason(event: GenerateEvent) -> str:
+    return "length" if event.finish_reason == "length" else "stop"
+
+
+async def _collect(prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger) -> JSONResponse:
+    """A non-streamed response: the whole generation, metered before it is returned."""
+    texts: list[str] = []
+    num_tokens = 0
+    try:
+        async for event in upstream.events():
+            if event.type == "delta":
+                texts.append(event.text)
+                num_tokens += len(event.token_ids)
+            elif event.type == "final":
+                meter.on_delivered(num_tokens)
+                await ledger.record(meter, "ok")
+                body = _envelope(prepared, [_choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)],
+                                 is_chunk=False)
+                return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
+            else:
+                meter.is_prefilled = meter.is_prefilled or num_tokens > 0 or event.num_prompt_tokens > 0
+                await ledger.record(meter, "error", f"{event.code}: {event.message}")
+                raise ApiError(502, "worker_error", f"the worker failed while generating ({event.code}): {event.message}")
+    finally:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+            await _record_quietly(ledger, meter, "aborted", "the request was cancelled before it finished")
+    raise AssertionError("unreachable: a worker stream always ends with final or error")
+
+
+def _sse_line(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+async def _stream(
+    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+) -> AsyncIterator[bytes]:
+    """SSE chunks of a streamed response; the usage row is written before the usage chunk and [DONE].
+
+    A client disconnect (cancellation, or aclose at a yield) closes the worker stream, which aborts the
+    engine request, and records `aborted` with the tokens delivered so far.
+    """
+    try:
+        async for chunk in _stream_body(prepared, upstream, meter, ledger):
+            yield chunk
+    finally:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+            await _record_quietly(ledger, meter, "aborted", "the client disconnected before the stream ended")
+
+
+async def _stream_body(
+    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+) -> AsyncIterator[bytes]:
+    usage_field = {"usage": None} if prepared.include_usage else {}
+    is_first = prepared.kind == "chat"
+    status, error = "ok", None
+    async for event in upstream.events():
+        if event.type == "delta" and (event.text or is_first):
+            choice = _choice(prepared.kind, event.text, None, is_chunk=True, is_first=is_first)
+            is_first = False
+            yield _sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+        if event.type == "delta":
+            meter.on_delivered(len(event.token_ids))  # counted once handed to the server for sending
+        elif event.type == "final":
+            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True)
+            yield _sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+        else:
+            status, error = "error", f"{event.code}: {event.message}"
+            meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
+    await ledger.record(meter, status, error)
+    if error is not None:
+        yield _sse_line({"error": {"type": "worker_error", "message": f"the worker failed while generating ({error})"}})
+    if prepared.include_usage:
+        yield _sse_line(_envelope(prepared, [], is_chunk=True) | {"usage": usage_dict(meter, status)})
+    yield _sse_line("[DONE]")
+
+
+async def _record_quietly(ledger: UsageLedger, meter: RequestMeter, status: str, message: str) -> None:
+    """Record from a finaliser: log failures instead of masking the original exit."""
+    try:
+        await ledger.record(meter, status, message)
+    except Exception:  # noqa: BLE001 - a finaliser must not raise; the ledger logged the cause
+        log.warning("request %s: usage not recorded from the finaliser", meter.request_id)
+
+
+class MeteredStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always closes its body generator, so its finaliser (abort the worker request,
+    record the usage) runs even when the client disconnects while the generator waits at a `yield`."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,199 @@
+"""Talking to workers: pick one (scheduler.router) and stream a generation from it (NDJSON over HTTP).
+
+The contract is `registry.worker_protocol`: POST {url}/internal/v1/generate with the bearer internal token
+returns zero or more `delta` events then exactly one `final` or `error` event. Closing the HTTP stream
+aborts the engine request, so `WorkerStream.aclose()` is how a client disconnect reaches the engine.
+
+A worker that cannot start the request (connection refused/reset, a non-200 answer, or an `overloaded` /
+`draining` error before any token) is retried on another worker once; then the request gets a 503.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from pydantic import ValidationError
+
+from registry.membership import WorkerRecord
+from registry.worker_protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest
+from scheduler.router import ResidencyThenLeastLoaded, Router, RouteRequest, WorkerView
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_ERROR_CODES = frozenset({"overloaded", "draining"})
+MAX_ATTEMPTS = 2  # the first worker, then one other
+# The internal token, or a callable reading it when a request is sent (it may be published after startup).
+TokenSource = str | None | Callable[[], str | None]
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
+
+
+class WorkerUnavailableError(Exception):
+    """No worker could start the request (none live, or every attempt failed before the first event)."""
+
+
+def worker_view(record: WorkerRecord) -> WorkerView:
+    """What the router needs from a worker's advertised record (a draining worker is not ready)."""
+    return WorkerView(
+        worker_id=record.worker_id,
+        base_model=record.base_model,
+        num_running=record.num_running,
+        num_waiting=record.num_waiting,
+        max_num_seqs=record.max_num_seqs,
+        device_adapters=frozenset(record.device_adapters),
+        host_adapters=frozenset(record.host_adapters),
+        is_ready=record.is_ready and not record.is_draining,
+    )
+
+
+def choose_worker(
+    router: Router, request: RouteRequest, records: Iterable[WorkerRecord], exclude: frozenset[str] = frozenset()
+) -> WorkerRecord | None:
+    """The router's choice among live records not in `exclude`, or None."""
+    by_id = {r.worker_id: r for r in records if r.worker_id not in exclude}
+    chosen = router.choose(request, [worker_view(r) for r in by_id.values()])
+    return by_id.get(chosen) if chosen is not None else None
+
+
+@dataclass
+class WorkerStream:
+    """An open generate stream whose first event has been read (so failures to start are known)."""
+
+    worker_id: str
+    first: GenerateEvent
+    response: httpx.Response
+    lines: AsyncIterator[str]
+    is_closed: bool = field(default=False)
+
+    async def events(self) -> AsyncIterator[GenerateEvent]:
+        """The first event, then the rest; a broken or truncated stream ends with a synthetic error event."""
+        yield self.first
+        if self.first.type != "delta":
+            return
+        while True:
+            try:
+                event = await _next_event(self.lines)
+            except (httpx.HTTPError, ValidationError, ValueError) as exc:
+                yield GenerateEvent(type="error", code="internal", message=f"worker stream broke: {exc!r}")
+                return
+            if event is None:
+                yield GenerateEvent(type="error", code="internal", message="worker stream ended without a final event")
+                return
+            yield event
+            if event.type != "delta":
+                return
+
+    async def aclose(self) -> None:
+        """Close the HTTP stream (aborts the engine request if it is still running). Idempotent."""
+        if not self.is_closed:
+            self.is_closed = True
+            await self.response.aclose()
+
+
+async def _next_event(lines: AsyncIterator[str]) -> GenerateEvent | None:
+    """The next NDJSON event, skipping blank lines; None at the end of the stream."""
+    async for line in lines:
+        if line.strip():
+            return GenerateEvent.model_validate_json(line)
+    return None
+
+
+def _error_fields(body: str, status_code: int) -> tuple[str, str]:
+    """(code, message) of a worker's JSON error body `{"error": {"type", "message"}}`."""
+    try:
+        error = json.loads(body)["error"]
+        return str(error["type"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"http_{status_code}", body[:300]
+
+
+async def _no_lines() -> AsyncIterator[str]:
+    return
+    yield
+
+
+class WorkerClient:
+    """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy."""
+
+    def __init__(self, http: httpx.AsyncClient, internal_token: TokenSource, router: Router | None = None) -> None:
+        self.http = http
+        self.internal_token = internal_token
+        self.router = router or ResidencyThenLeastLoaded()
+
+    @classmethod
+    def create(cls, internal_token: TokenSource, transport: httpx.AsyncBaseTransport | None = None) -> WorkerClient:
+        """A client with the default timeouts (pass a transport to reach fake workers in tests)."""
+        return cls(httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport), internal_token)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self.http.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        token = self.internal_token() if callable(self.internal_token) else self.internal_token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def open(self, worker: WorkerRecord, request: GenerateRequest) -> WorkerStream:
+        """Start a generation on one worker and read its first event; WorkerUnavailableError if it cannot."""
+        url = f"{worker.url.rstrip('/')}{INTERNAL_PREFIX}/generate"
+        http_request = self.http.build_request(
+            "POST", url, content=request.model_dump_json(), headers={**self._headers(), "Content-Type": "application/json"}
+        )
+        try:
+            response = await self.http.send(http_request, stream=True)
+        except httpx.HTTPError as exc:
+            raise WorkerUnavailableError(f"worker {worker.worker_id} unreachable: {type(exc).__name__}") from exc
+        try:
+            return await self._first_event(worker, response)
+        except BaseException:
+            await response.aclose()
+            raise
+
+    async def _first_event(self, worker: WorkerRecord, response: httpx.Response) -> WorkerStream:
+        if response.status_code != 200:
+            return await self._refusal(worker, response)
+        lines = response.aiter_lines()
+        try:
+            first = await _next_event(lines)
+        except (httpx.HTTPError, ValidationError, ValueError) as exc:
+            raise WorkerUnavailableError(f"worker {worker.worker_id} broke before the first event: {exc!r}") from exc
+        if first is None:
+            raise WorkerUnavailableError(f"worker {worker.worker_id} closed the stream without an event")
+        if first.type == "error" and first.code in RETRYABLE_ERROR_CODES:
+            raise WorkerUnavailableError(f"worker {worker.worker_id} is {first.code}: {first.message}")
+        return WorkerStream(worker.worker_id, first, response, lines)
+
+    async def _refusal(self, worker: WorkerRecord, response: httpx.Response) -> WorkerStream:
+        """A non-200 answer: 5xx (draining, overloaded, broken) is retryable; 4xx is a terminal error event."""
+        body = (await response.aread()).decode(errors="replace")
+        await response.aclose()
+        if response.status_code >= 500:
+            raise WorkerUnavailableError(f"worker {worker.worker_id} answered {response.status_code}: {body[:300]}")
+        code, message = _error_fields(body, response.status_code)
+        if response.status_code == 401:
+            log.error("worker %s refused the internal token: check LORAHOST_INTERNAL_TOKEN", worker.worker_id)
+        event = GenerateEvent(type="error", code=code, message=message)
+        return WorkerStream(worker.worker_id, event, response, _no_lines(), is_closed=True)
+
+    async def start(
+        self, route: RouteRequest, records: Sequence[WorkerRecord], request: GenerateRequest
+    ) -> WorkerStream:
+        """Route and start the request, retrying on another worker once; WorkerUnavailableError otherwise."""
+        tried: set[str] = set()
+        reasons: list[str] = []
+        for _ in range(MAX_ATTEMPTS):
+            worker = choose_worker(self.router, route, records, frozenset(tried))
+            if worker is None:
+                break
+            tried.add(worker.worker_id)
+            try:
+                return await self.open(worker, request)
+            except WorkerUnavailableError as exc:
+                log.warning("request %s: %s", request.request_id, exc)
+                reasons.append(str(exc))
+        if not tried:
+            raise WorkerUnavailableError(f"no live worker serves base model {route.base_model!r}")
+        raise WorkerUnavailableError("; ".join(reasons))
