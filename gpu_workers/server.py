@@ -171,7 +171,9 @@ class WorkerRuntime:
         if self._is_draining:
             raise DrainingError("worker is draining; send the request to another worker")
         if self.service is None:
-            reason = f"failed to load: {self.load_error}" if self.load_error else "still loading the base model"
+            reason = (
+                f"failed to load: {self.load_error}" if self.load_error else "still loading the base model"
+            )
             raise OverloadedError(f"worker is not ready ({reason}); retry or route elsewhere")
         return self.service
 
@@ -229,11 +231,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_: Request, __: _Unauthorized) -> JSONResponse:
-        return error_response(401, "unauthorized", "missing or invalid internal token (Authorization: Bearer)")
+        return error_response(
+            401, "unauthorized", "missing or invalid internal token (Authorization: Bearer)"
+        )
 
 
 def _router(runtime: WorkerRuntime) -> APIRouter:
-    router = APIRouter(prefix=INTERNAL_PREFIX, dependencies=[Depends(_auth_dependency(runtime.internal_token))])
+    router = APIRouter(
+        prefix=INTERNAL_PREFIX, dependencies=[Depends(_auth_dependency(runtime.internal_token))]
+    )
 
     @router.post("/generate")
     async def generate(body: GenerateRequest) -> StreamingResponse:
@@ -437,8 +443,9 @@ class EmbeddedWorker:
             self.runtime._shutdown_engine = False
         config = uvicorn.Config(create_worker_app(self.runtime), log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="lorahost-worker", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="lorahost-worker", daemon=True
+        )
 
     def start(self) -> EmbeddedWorker:
         """Start serving (returns immediately)."""
@@ -466,4 +473,3 @@ class EmbeddedWorker:
         self._server.should_exit = True
         self._thread.join(timeout=30)
         self._sock.close()
-

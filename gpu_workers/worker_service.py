@@ -186,11 +186,13 @@ class AdapterManager:
     def host_adapters(self) -> list[str]:
         """Adapter keys whose files are in the host cache but which are not loaded in the engine."""
         return sorted(
-            k for k, ref in self._refs.items() if k not in self._loaded and self._host_cache.contains(ref.sha256)
+            k
+            for k, ref in self._refs.items()
+            if k not in self._loaded and self._host_cache.contains(ref.sha256)
         )
 
     def residency(self, key: str) -> str:
-        """"device", "host" or "none"."""
+        """ "device", "host" or "none"."""
         if key in self._loaded:
             return "device"
         return "host" if key in self.host_adapters() else "none"
@@ -276,7 +278,9 @@ class WorkerService:
                 async for out in stream:
                     last = out
                     if out.new_token_ids or out.new_text:
-                        yield GenerateEvent(type="delta", text=out.new_text, token_ids=list(out.new_token_ids))
+                        yield GenerateEvent(
+                            type="delta", text=out.new_text, token_ids=list(out.new_token_ids)
+                        )
             yield final_event(last, prepared.received_at) if last else error_event("internal", "no output")
         except (PromptTooLongError, ValueError) as exc:
             yield error_event("bad_request", str(exc))

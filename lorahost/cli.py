@@ -67,11 +67,16 @@ def serve(
         Path | None, typer.Option(help="Base model directory (default: a generated tiny demo model)")
     ] = None,
 ) -> None:
-    """Run the API (embedded mode by default: SQLite, local blobs, inline jobs). Migrates on start."""
+    """Run the API with an in-process worker (embedded mode: SQLite, local blobs, inline jobs). Migrates on start."""
+    import secrets
+
     import uvicorn
 
     from api.main import create_app
+    from api.services import build_services
+    from gpu_workers.server import EmbeddedWorker
     from migrations.runner import upgrade
+    from registry.membership import InMemoryWorkerDirectory
     from registry.settings import Settings
 
     overrides = {"host": host, "port": port, "data_dir": data_dir, "base_model_path": base_model}
@@ -79,14 +84,67 @@ def serve(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if settings.base_model_path is None:
         settings = settings.model_copy(update={"base_model_path": _ensure_demo_model(settings.data_dir)})
+    if not settings.internal_token:  # embedded: API and worker share a per-run secret
+        settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
     url = settings.resolved_database_url()
     _ensure_sqlite_dir(url)
     upgrade(url)
     _announce_admin_key(settings)
+    directory = InMemoryWorkerDirectory()
+    worker = EmbeddedWorker(settings, directory).start()
+    services = build_services(settings)
+    services.extras["worker_directory"] = directory
+    services.extras["internal_token"] = worker.internal_token
     typer.echo(
-        f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port}"
+        f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port} "
+        f"(in-process worker at {worker.url})"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    try:
+        uvicorn.run(create_app(settings, services=services), host=settings.host, port=settings.port)
+    finally:
+        worker.stop()
+        services.close()
+
+
+@app.command("api")
+def api_server(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000)")] = None,
+) -> None:
+    """Run one stateless API server of a cluster: workers are found in Redis (no worker in-process).
+
+    Needs LORAHOST_REDIS_URL, LORAHOST_INTERNAL_TOKEN and LORAHOST_DATABASE_URL (run `lorahost db upgrade`
+    first); workers run with `lorahost worker` and the same Redis URL and token.
+    """
+    import redis
+    import uvicorn
+
+    from api.main import create_app
+    from api.services import build_services
+    from registry.membership import RedisWorkerDirectory
+    from registry.settings import Settings
+
+    overrides = {"host": host, "port": port}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    if not settings.redis_url:
+        raise typer.BadParameter("set LORAHOST_REDIS_URL (workers register there); or use `lorahost serve`")
+    if not settings.internal_token:
+        raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the secret the workers expect)")
+    services = build_services(settings)
+    services.extras["worker_directory"] = RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url))
+    services.extras["internal_token"] = settings.internal_token
+    typer.echo(f"lorahost: API on http://{settings.host}:{settings.port}; workers from {_redact_redis(settings)}")
+    try:
+        uvicorn.run(create_app(settings, services=services), host=settings.host, port=settings.port)
+    finally:
+        services.close()
+
+
+def _redact_redis(settings: Settings) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(settings.redis_url or "")
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
 
 
 @app.command("worker")
