@@ -362,7 +362,7 @@ def make_directory(settings: Settings) -> WorkerDirectory:
 
     from registry.membership import RedisWorkerDirectory
 
-    return RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url))
+    return RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix)
 
 
 def make_runtime(

@@ -179,9 +179,11 @@ def worker_process(
 ) -> Iterator[RunningWorker]:
     """`python -m lorahost.cli worker` on a free port; yields once /ready; SIGTERM + wait on exit.
 
-    With redis_url the worker registers in Redis and `directory` is a RedisWorkerDirectory on it
-    (pass key_prefix-free URLs; the default key prefix is used). Logs go to <data_dir>/worker.log.
+    With redis_url the worker registers in Redis and `directory` is a RedisWorkerDirectory on it (pass
+    worker_key_prefix=... to isolate tests). Logs go to <data_dir>/worker.log.
     """
+    from gpu_workers.server import make_directory
+
     token = internal_token or secrets.token_urlsafe(16)
     port = free_port()
     data_dir = Path(data_dir or Path(blob_dir).parent / f"worker-{port}")
@@ -204,7 +206,7 @@ def worker_process(
             url=url,
             internal_token=token,
             settings=settings,
-            directory=_redis_directory(redis_url) if redis_url else None,
+            directory=make_directory(settings) if redis_url else None,
             worker_id=worker_id,
             process=process,
             log_path=log_path,
@@ -235,10 +237,3 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env[f"LORAHOST_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
     return env
 
-
-def _redis_directory(redis_url: str) -> WorkerDirectory:
-    import redis
-
-    from registry.membership import RedisWorkerDirectory
-
-    return RedisWorkerDirectory(redis.Redis.from_url(redis_url))

@@ -131,7 +131,9 @@ def api_server(
     if not settings.internal_token:
         raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the secret the workers expect)")
     services = build_services(settings)
-    services.extras["worker_directory"] = RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url))
+    services.extras["worker_directory"] = RedisWorkerDirectory(
+        redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix
+    )
     services.extras["internal_token"] = settings.internal_token
     typer.echo(f"lorahost: API on http://{settings.host}:{settings.port}; workers from {_redact_redis(settings)}")
     try:

@@ -54,6 +54,7 @@ class Settings(BaseSettings):
         default=None, description="URL API servers reach this worker at; default http://worker_host:worker_port"
     )
     worker_id: str | None = Field(default=None, description="Stable worker id; default <hostname>-<port>")
+    worker_key_prefix: str = Field(default="lorahost:workers:", description="Redis key prefix of worker membership")
     heartbeat_interval_s: float = Field(default=2.0, gt=0, description="Seconds between worker heartbeats")
     heartbeat_ttl_s: float | None = Field(default=None, description="Membership TTL; default 3x the interval")
     drain_timeout_s: float = Field(default=30.0, ge=0, description="Max wait for running requests on shutdown")
