@@ -119,6 +119,7 @@ async def serve(
         prepared = await _prepare(request, tenant, session, services, meter, kind, path_model)
         upstream = await _start(services, prepared, meter)
     except (ApiError, RegistryError, PromptError) as exc:
+        session.rollback()  # end the request's read transaction before metering on a session of our own
         await ledger.record(meter, "rejected", _message(exc))
         raise _as_api_error(exc) from exc
     except Exception as exc:
