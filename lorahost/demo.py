@@ -1,0 +1,185 @@
+"""`lorahost demo`: the platform end to end on embedded defaults, scripted.
+
+Starts `lorahost serve` (SQLite, local blobs, inline jobs, in-process worker, tiny demo model), then as an
+operator creates a price plan and a tenant, as the tenant uploads two demo adapters, streams completions
+through the official `openai` client, and finally prints the tenant's usage, the bill and the SLO report.
+Everything goes over HTTP, exactly as a real client would use it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(data_dir: Path, port: int, admin_key: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """Launch `lorahost serve` in a child process with the given admin key."""
+    env = {**os.environ, "LORAHOST_ADMIN_KEY": admin_key}
+    cmd = [sys.executable, "-m", "lorahost.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    log = log_path.open("ab")
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
+    """Poll the health route until the API answers (the first start generates the demo model)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"lorahost serve exited with code {proc.returncode}; see the log")
+        try:
+            if httpx.get(f"{base_url}/v1/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"lorahost serve did not become ready within {timeout_s:.0f} s")
+
+
+def wait_worker(base_url: str, key: str, timeout_s: float = 120.0) -> None:
+    """Wait until a completion on the base model succeeds (the in-process worker has registered)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = httpx.post(f"{base_url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                       json={"model": "lorahost-base", "prompt": "hello", "max_tokens": 1})
+        if r.status_code == 200:
+            return
+        time.sleep(1)
+    raise TimeoutError("no worker answered within the timeout")
+
+
+def _check(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise RuntimeError(f"{response.request.method} {response.request.url} -> {response.status_code}: {response.text}")
+    return response.json()
+
+
+def setup_tenant(base_url: str, admin_key: str) -> tuple[str, str]:
+    """Create a plan and a tenant on it, and a key for the tenant; returns (tenant_id, key)."""
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    suffix = secrets.token_hex(3)
+    plan = _check(httpx.post(f"{base_url}/v1/admin/plans", headers=admin, json={
+        "name": f"demo-{suffix}", "price_per_1m_prompt_tokens": "0.50", "price_per_1m_completion_tokens": "1.50",
+        "price_storage_per_adapter_day": "0.01", "requests_per_min": 600, "tokens_per_min": 200000,
+        "slo_ttft_ms": 2000, "slo_tpot_ms": 200}))
+    tenant = _check(httpx.post(f"{base_url}/v1/admin/tenants", headers=admin, json={"name": f"acme-{suffix}"}))
+    _check(httpx.patch(f"{base_url}/v1/admin/tenants/{tenant['id']}", headers=admin, json={"plan_id": plan["id"]}))
+    key = _check(httpx.post(f"{base_url}/v1/admin/tenants/{tenant['id']}/keys", headers=admin))["key"]
+    console.print(f"[bold]tenant[/] {tenant['name']} on plan {plan['name']}")
+    return tenant["id"], key
+
+
+def upload_adapter(base_url: str, key: str, name: str, adapter_dir: Path) -> dict[str, Any]:
+    """Upload a PEFT adapter folder's two files; returns the created version."""
+    files = [("files", (p.name, p.read_bytes())) for p in
+             (adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors")]
+    body = _check(httpx.post(f"{base_url}/v1/adapters", headers={"Authorization": f"Bearer {key}"},
+                             data={"name": name}, files=files, timeout=120))
+    version = body["version"]
+    console.print(f"[bold]uploaded[/] {name}: version {version['number']} status={version['status']} "
+                  f"rank={version.get('rank')}")
+    return version
+
+
+def run_completions(base_url: str, key: str, names: list[str]) -> None:
+    """Plain and streaming completions and a chat through the official openai client."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+    for name in names:
+        out = client.completions.create(model=name, prompt="the adapter serves a request", max_tokens=16,
+                                        temperature=0)
+        console.print(f"[bold]{name}[/] completion: {out.choices[0].text!r} usage={out.usage.model_dump()}")
+    console.print(f"[bold]{names[0]}[/] streaming chat: ", end="")
+    stream = client.chat.completions.create(
+        model=names[0], messages=[{"role": "user", "content": "hello, who are you?"}], max_tokens=24,
+        temperature=0.7, seed=7, stream=True, stream_options={"include_usage": True})
+    usage = None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            console.print(chunk.choices[0].delta.content, end="")
+        usage = chunk.usage or usage
+    console.print(f"\n  usage={usage.model_dump() if usage else None}")
+
+
+def print_reports(base_url: str, admin_key: str, key: str) -> None:
+    """The tenant's own usage, the operator's bill and SLO table."""
+    usage = _check(httpx.get(f"{base_url}/v1/usage", headers={"Authorization": f"Bearer {key}"}))
+    console.print("[bold]tenant usage:[/]", usage)
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    bill = _check(httpx.get(f"{base_url}/v1/admin/billing", headers=admin))
+    lines = bill.get("data", bill) if isinstance(bill, dict) else bill
+    table = Table(title="Billing (last 30 days)")
+    for col in ("tenant", "plan", "requests", "prompt tok", "completion tok", "total"):
+        table.add_column(col)
+    for line in lines:
+        table.add_row(line["tenant_name"], line["plan_name"], str(line["num_requests"]), str(line["prompt_tokens"]),
+                      str(line["completion_tokens"]), str(line["total"]))
+    console.print(table)
+    slo = _check(httpx.get(f"{base_url}/v1/admin/slo", headers=admin, params={"group_by": "adapter"}))
+    groups = slo.get("data", slo) if isinstance(slo, dict) else slo
+    table = Table(title="SLO by adapter")
+    for col in ("model", "requests", "ok", "attainment", "TTFT p50 ms", "TPOT p50 ms", "E2E p99 ms"):
+        table.add_column(col)
+    fmt = lambda v: "-" if v is None else f"{float(v):.1f}"  # noqa: E731
+    for g in groups:
+        att = g.get("attainment")
+        table.add_row(str(g["key"]), str(g["num_requests"]), str(g["num_ok"]),
+                      "-" if att is None else f"{100 * att:.0f}%", fmt(g.get("ttft_p50")), fmt(g.get("tpot_p50")),
+                      fmt(g.get("e2e_p99")))
+    console.print(table)
+
+
+def run_demo(data_dir: Path, port: int | None, keep_serving: bool) -> int:
+    """Run the scripted demo; returns a process exit code."""
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    admin_key = os.environ.get("LORAHOST_ADMIN_KEY") or f"lhadmin_demo_{secrets.token_urlsafe(16)}"
+    base_url = f"http://127.0.0.1:{port}"
+    log_path = data_dir / "demo-server.log"
+    console.print(f"[bold]lorahost demo[/]: starting the platform on {base_url} (data dir {data_dir}, log {log_path})")
+    proc = start_server(data_dir, port, admin_key, log_path)
+    try:
+        wait_ready(base_url, proc)
+        _, key = setup_tenant(base_url, admin_key)
+        wait_worker(base_url, key)
+        adapters = sorted((data_dir / "demo" / "adapters").iterdir())[:2]
+        names = []
+        for i, adapter_dir in enumerate(adapters):
+            name = f"demo-{chr(ord('a') + i)}"
+            upload_adapter(base_url, key, name, adapter_dir)
+            names.append(name)
+        run_completions(base_url, key, names)
+        print_reports(base_url, admin_key, key)
+        if keep_serving:
+            console.print(f"[bold green]serving[/] on {base_url}  admin key: {admin_key}  tenant key: {key}  (Ctrl-C stops)")
+            proc.wait()
+        console.print("[bold green]demo finished[/]")
+        return 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
