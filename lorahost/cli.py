@@ -225,6 +225,19 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+
+@app.command("demo")
+def demo(
+    data_dir: Annotated[Path, typer.Option(help="Embedded state directory")] = Path(".lorahost"),
+    port: Annotated[int | None, typer.Option(help="API port (default: a free port)")] = None,
+    keep_serving: Annotated[bool, typer.Option(help="Keep the platform running after the demo")] = False,
+) -> None:
+    """Run the platform end to end: tenant, two adapter uploads, streamed completions, bill and SLO report."""
+    from lorahost.demo import run_demo
+
+    raise typer.Exit(run_demo(data_dir, port, keep_serving))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
