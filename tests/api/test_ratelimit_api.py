@@ -1,0 +1,98 @@
+"""Per-plan rate limits on the inference routes: 429 with Retry-After and the limiter's reason, metered as
+rejected; in-memory limiter by default, Redis-backed (shared by replicas) when redis_url is set."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from api.services import make_rate_limiter
+from registry.ratelimit import InMemoryRateLimiter, RedisRateLimiter
+from registry.settings import Settings
+from tests.api.conftest import ADMIN, TenantHandle
+from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
+
+
+def _tenant_on_plan(client: TestClient, new_tenant: Callable[[str], TenantHandle], **limits: int) -> TenantHandle:
+    plan = client.post("/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **limits}, headers=ADMIN)
+    assert plan.status_code == 201, plan.text
+    tenant = new_tenant(f"limited-{uuid.uuid4().hex[:6]}")
+    patched = client.patch(f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=ADMIN)
+    assert patched.status_code == 200, patched.text
+    return tenant
+
+
+def _complete(client: TestClient, tenant: TenantHandle, max_tokens: int = 4):  # type: ignore[no-untyped-def]
+    return client.post("/v1/completions", json={"model": BASE_MODEL, "prompt": "hello", "max_tokens": max_tokens},
+                       headers=tenant.headers)
+
+
+def test_requests_per_minute_limit_is_a_429_with_retry_after(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    workers = ScriptedWorkers()
+    workers.install(client)
+    workers.add("w1", events=tokens_events(2))
+    tenant = _tenant_on_plan(client, new_tenant, requests_per_min=2)
+    unlimited = new_tenant("unlimited")
+    assert [_complete(client, tenant).status_code for _ in range(2)] == [200, 200]
+    refused = _complete(client, tenant)
+    assert refused.status_code == 429
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.json()["error"] == {"type": "rate_limited", "message": refused.json()["error"]["message"]}
+    assert "rate limit of 2 requests per minute" in refused.json()["error"]["message"]
+    assert _complete(client, unlimited).status_code == 200  # budgets are per tenant
+    rows = usage_rows(db_session, tenant.id)
+    assert [(r.status, r.completion_tokens) for r in rows] == [("ok", 2), ("ok", 2), ("rejected", 0)]
+
+
+def test_tokens_per_minute_counts_prompt_plus_max_tokens_at_admission(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    workers = ScriptedWorkers()
+    workers.install(client)
+    workers.add("w1", events=tokens_events(1))
+    tenant = _tenant_on_plan(client, new_tenant, tokens_per_min=60)
+    assert _complete(client, tenant, max_tokens=40).status_code == 200  # ~1-2 prompt tokens + 40
+    refused = _complete(client, tenant, max_tokens=40)
+    assert refused.status_code == 429 and "tokens per minute" in refused.json()["error"]["message"]
+    assert _complete(client, tenant, max_tokens=5).status_code == 200  # a smaller request still fits
+    assert [r.status for r in usage_rows(db_session, tenant.id)] == ["ok", "rejected", "ok"]
+
+
+def test_openai_client_raises_rate_limit_error(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle]
+) -> None:
+    ScriptedWorkers().install(client)
+    tenant = _tenant_on_plan(client, new_tenant, requests_per_min=1)
+    oai = openai.OpenAI(api_key=tenant.key, base_url="http://testserver/v1", http_client=client, max_retries=0)
+    with pytest.raises(openai.InternalServerError):  # admitted, but no worker: 503
+        oai.completions.create(model=BASE_MODEL, prompt="hi")
+    with pytest.raises(openai.RateLimitError) as info:
+        oai.completions.create(model=BASE_MODEL, prompt="hi")
+    assert info.value.response.headers["retry-after"]
+
+
+def test_rate_limiter_is_redis_backed_when_redis_is_configured(redis_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert isinstance(make_rate_limiter(Settings(data_dir=tmp_path, redis_url=None)), InMemoryRateLimiter)
+    prefix = f"test-{uuid.uuid4().hex[:8]}:"
+    limiter = make_rate_limiter(Settings(data_dir=tmp_path, redis_url=redis_url, celery_key_prefix=prefix))
+    assert isinstance(limiter, RedisRateLimiter)
+
+
+def test_limits_are_shared_through_redis_across_api_replicas(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], redis_url: str
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}:"
+    first = make_client(redis_url=redis_url, celery_key_prefix=prefix, is_inline_jobs=True)
+    second = make_client(redis_url=redis_url, celery_key_prefix=prefix, is_inline_jobs=True)
+    for replica in (first, second):
+        ScriptedWorkers().install(replica)
+    tenant = _tenant_on_plan(first, new_tenant, requests_per_min=1)
+    assert _complete(first, tenant).status_code == 503  # admitted (no worker)
+    assert _complete(second, tenant).status_code == 429  # the other replica sees the same budget
