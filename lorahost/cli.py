@@ -10,12 +10,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from lorahost.reports_cli import app as reports_app
+
 if TYPE_CHECKING:
     from registry.settings import Settings
 
 app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(reports_app, name="report")
 
 
 @app.command("demo-model")
