@@ -78,6 +78,7 @@ class WorkerRuntime:
         self._tasks: list[asyncio.Task[Any]] = []
         self._is_draining = False
         self._is_deregistered = False
+        self._directory_lock = asyncio.Lock()  # a heartbeat in flight never lands after deregistration
 
     @property
     def is_draining(self) -> bool:
@@ -92,26 +93,32 @@ class WorkerRuntime:
         self._tasks.append(asyncio.create_task(self._load_then_heartbeat()))
 
     async def _load_then_heartbeat(self) -> None:
-        if self.service is None:
+        service = self.service
+        if service is None:
             try:
-                self.service = await asyncio.to_thread(self._build_service)
+                service = await asyncio.to_thread(self._build_service)
             except Exception as exc:  # reported by /ready; the process stays up to say why
                 self.load_error = f"{type(exc).__name__}: {exc}"
                 logger.exception("worker failed to load its engine")
                 return
-        self.service.is_draining = self._is_draining
-        logger.info("worker %s ready at %s", self.service.worker_id, self.url)
+        service.is_draining = self._is_draining
+        await self.heartbeat(service)  # registered before /ready says 200
+        self.service = service
+        logger.info("worker %s ready at %s", service.worker_id, self.url)
         while True:
-            await self.heartbeat()
             await asyncio.sleep(self.heartbeat_interval_s)
+            await self.heartbeat()
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self, service: WorkerService | None = None) -> None:
         """Advertise the current record (no-op without a directory, before load or after deregistering)."""
-        if self.directory is None or self.service is None or self._is_deregistered:
+        service = service or self.service
+        if self.directory is None or service is None:
             return
-        record = self.service.record(self.url)
+        record = service.record(self.url, await service.engine_stats())
         try:
-            await asyncio.to_thread(self.directory.heartbeat, record, self.heartbeat_ttl_s)
+            async with self._directory_lock:
+                if not self._is_deregistered:
+                    await asyncio.to_thread(self.directory.heartbeat, record, self.heartbeat_ttl_s)
         except Exception:  # a directory outage must not kill the worker; the next beat retries
             logger.exception("heartbeat failed")
 
@@ -146,9 +153,10 @@ class WorkerRuntime:
 
     async def deregister(self) -> None:
         """Remove this worker from the directory (idempotent)."""
-        if self._is_deregistered:
-            return
-        self._is_deregistered = True
+        async with self._directory_lock:
+            if self._is_deregistered:
+                return
+            self._is_deregistered = True
         if self.directory is not None and self.service is not None:
             try:
                 await asyncio.to_thread(self.directory.remove, self.service.worker_id)
@@ -156,11 +164,11 @@ class WorkerRuntime:
                 logger.exception("deregistration failed")
 
     async def stop(self) -> None:
-        """Stop heartbeats, deregister and shut the engine down."""
+        """Deregister, stop heartbeats and shut the engine down."""
+        await self.deregister()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.deregister()
         if self.service is not None and self._shutdown_engine:
             await asyncio.to_thread(self.service.engine.shutdown)
 
@@ -266,7 +274,8 @@ def _router(runtime: WorkerRuntime) -> APIRouter:
 
     @router.get("/stats")
     async def stats() -> WorkerStats:
-        return runtime.require_service().stats()
+        service = runtime.require_service()
+        return service.stats(await service.engine_stats())
 
     @router.get("/health")
     async def health() -> dict[str, str]:
@@ -362,7 +371,9 @@ def make_directory(settings: Settings) -> WorkerDirectory:
 
     from registry.membership import RedisWorkerDirectory
 
-    return RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix)
+    return RedisWorkerDirectory(
+        redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix
+    )
 
 
 def make_runtime(

@@ -227,6 +227,7 @@ class WorkerService:
         self.worker_id = worker_id
         self.base_model = base_model
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = int(engine.stats()["max_model_len"])
         self.adapters = AdapterManager(engine, host_cache, max_loaded_adapters)
         self.is_ready = True
         self.is_draining = False
@@ -259,7 +260,7 @@ class WorkerService:
             token_ids = [int(t) for t in request.prompt_token_ids or ()]
         if not token_ids:
             raise BadRequestError("the prompt is empty; send at least one token")
-        max_model_len = int(self.engine.stats()["max_model_len"])
+        max_model_len = self.max_model_len
         if len(token_ids) >= max_model_len:
             raise BadRequestError(
                 f"prompt has {len(token_ids)} tokens but this worker's max_model_len is {max_model_len}; "
@@ -319,9 +320,13 @@ class WorkerService:
 
     # ---- introspection ------------------------------------------------------------------------------
 
-    def stats(self) -> WorkerStats:
-        """Load and residency as WorkerStats."""
-        engine_stats = self.engine.stats()
+    async def engine_stats(self) -> dict[str, Any]:
+        """The engine's stats, read off the event loop (it waits for the current step)."""
+        return await asyncio.to_thread(self.engine.stats)
+
+    def stats(self, engine_stats: dict[str, Any] | None = None) -> WorkerStats:
+        """Load and residency as WorkerStats (pass `await engine_stats()` to avoid blocking the loop)."""
+        engine_stats = self.engine.stats() if engine_stats is None else engine_stats
         counters = self.adapters.counters
         return WorkerStats(
             worker_id=self.worker_id,
@@ -340,9 +345,9 @@ class WorkerService:
             is_draining=self.is_draining,
         )
 
-    def record(self, url: str) -> WorkerRecord:
+    def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
         """The membership record advertised in heartbeats (counters in `extra`)."""
-        stats = self.stats()
+        stats = self.stats(engine_stats)
         counters = self.adapters.counters
         return WorkerRecord(
             worker_id=self.worker_id,
