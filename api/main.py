@@ -31,8 +31,14 @@ def metrics(request: Request) -> Response:
 
 
 DEFAULT_ROUTERS: tuple[APIRouter, ...] = (
-    health.router, admin.router, adapters.router, models.router, completions.router, usage.router,
-    reports.router, metrics_router,
+    health.router,
+    admin.router,
+    adapters.router,
+    models.router,
+    completions.router,
+    usage.router,
+    reports.router,
+    metrics_router,
 )
 
 
@@ -72,6 +78,8 @@ def _open_worker_client(services: Services) -> WorkerClient | None:
     ensure_inference_services(services)
     if "worker_client" in services.extras:
         return None
-    client = WorkerClient.create(lambda: services.extras.get("internal_token") or services.settings.internal_token)
+    client = WorkerClient.create(
+        lambda: services.extras.get("internal_token") or services.settings.internal_token
+    )
     services.extras["worker_client"] = client
     return client

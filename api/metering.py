@@ -126,8 +126,12 @@ class UsageLedger:
         await anyio.to_thread.run_sync(self._write, values)
         if self.metrics is not None:
             self.metrics.observe_request(
-                status, values["prompt_tokens"], values["completion_tokens"],
-                values["ttft_ms"], values["tpot_ms"], values["e2e_ms"],
+                status,
+                values["prompt_tokens"],
+                values["completion_tokens"],
+                values["ttft_ms"],
+                values["tpot_ms"],
+                values["e2e_ms"],
             )
 
     def _write(self, values: dict[str, Any]) -> None:

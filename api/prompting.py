@@ -41,7 +41,13 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKEN_NAMES = (
-    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
 )
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -50,8 +56,13 @@ class PromptError(ValueError):
     """A prompt that cannot be rendered or tokenized; the message says what to change."""
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -66,7 +77,9 @@ def _strftime_now(fmt: str) -> str:
 @lru_cache(maxsize=8)
 def compile_chat_template(source: str) -> jinja2.Template:
     """Compile a chat template the way transformers does (sandboxed; same helpers and whitespace rules)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -112,7 +125,11 @@ def message_text(content: Any, index: int) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise PromptError(f"messages[{index}].content: only text parts are supported, got {kind!r}")
             texts.append(part["text"])

@@ -88,7 +88,9 @@ def make_rate_limiter(settings: Settings) -> RateLimiter:
     if settings.redis_url:
         import redis
 
-        return RedisRateLimiter(redis.Redis.from_url(settings.redis_url), key_prefix=f"{settings.celery_key_prefix}lorahost:rl:")
+        return RedisRateLimiter(
+            redis.Redis.from_url(settings.redis_url), key_prefix=f"{settings.celery_key_prefix}lorahost:rl:"
+        )
     return InMemoryRateLimiter()
 
 

@@ -50,7 +50,10 @@ def worker_view(record: WorkerRecord) -> WorkerView:
 
 
 def choose_worker(
-    router: Router, request: RouteRequest, records: Iterable[WorkerRecord], exclude: frozenset[str] = frozenset()
+    router: Router,
+    request: RouteRequest,
+    records: Iterable[WorkerRecord],
+    exclude: frozenset[str] = frozenset(),
 ) -> WorkerRecord | None:
     """The router's choice among live records not in `exclude`, or None."""
     by_id = {r.worker_id: r for r in records if r.worker_id not in exclude}
@@ -80,7 +83,9 @@ class WorkerStream:
                 yield GenerateEvent(type="error", code="internal", message=f"worker stream broke: {exc!r}")
                 return
             if event is None:
-                yield GenerateEvent(type="error", code="internal", message="worker stream ended without a final event")
+                yield GenerateEvent(
+                    type="error", code="internal", message="worker stream ended without a final event"
+                )
                 return
             yield event
             if event.type != "delta":
@@ -118,13 +123,17 @@ async def _no_lines() -> AsyncIterator[str]:
 class WorkerClient:
     """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy."""
 
-    def __init__(self, http: httpx.AsyncClient, internal_token: TokenSource, router: Router | None = None) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, internal_token: TokenSource, router: Router | None = None
+    ) -> None:
         self.http = http
         self.internal_token = internal_token
         self.router = router or ResidencyThenLeastLoaded()
 
     @classmethod
-    def create(cls, internal_token: TokenSource, transport: httpx.AsyncBaseTransport | None = None) -> WorkerClient:
+    def create(
+        cls, internal_token: TokenSource, transport: httpx.AsyncBaseTransport | None = None
+    ) -> WorkerClient:
         """A client with the default timeouts (pass a transport to reach fake workers in tests)."""
         return cls(httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport), internal_token)
 
@@ -140,12 +149,17 @@ class WorkerClient:
         """Start a generation on one worker and read its first event; WorkerUnavailableError if it cannot."""
         url = f"{worker.url.rstrip('/')}{INTERNAL_PREFIX}/generate"
         http_request = self.http.build_request(
-            "POST", url, content=request.model_dump_json(), headers={**self._headers(), "Content-Type": "application/json"}
+            "POST",
+            url,
+            content=request.model_dump_json(),
+            headers={**self._headers(), "Content-Type": "application/json"},
         )
         try:
             response = await self.http.send(http_request, stream=True)
         except httpx.HTTPError as exc:
-            raise WorkerUnavailableError(f"worker {worker.worker_id} unreachable: {type(exc).__name__}") from exc
+            raise WorkerUnavailableError(
+                f"worker {worker.worker_id} unreachable: {type(exc).__name__}"
+            ) from exc
         try:
             return await self._first_event(worker, response)
         except BaseException:
@@ -159,7 +173,9 @@ class WorkerClient:
         try:
             first = await _next_event(lines)
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
-            raise WorkerUnavailableError(f"worker {worker.worker_id} broke before the first event: {exc!r}") from exc
+            raise WorkerUnavailableError(
+                f"worker {worker.worker_id} broke before the first event: {exc!r}"
+            ) from exc
         if first is None:
             raise WorkerUnavailableError(f"worker {worker.worker_id} closed the stream without an event")
         if first.type == "error" and first.code in RETRYABLE_ERROR_CODES:
@@ -171,7 +187,9 @@ class WorkerClient:
         body = (await response.aread()).decode(errors="replace")
         await response.aclose()
         if response.status_code >= 500:
-            raise WorkerUnavailableError(f"worker {worker.worker_id} answered {response.status_code}: {body[:300]}")
+            raise WorkerUnavailableError(
+                f"worker {worker.worker_id} answered {response.status_code}: {body[:300]}"
+            )
         code, message = _error_fields(body, response.status_code)
         if response.status_code == 401:
             log.error("worker %s refused the internal token: check LORAHOST_INTERNAL_TOKEN", worker.worker_id)

@@ -66,7 +66,12 @@ WORKER_ERROR_STATUS = {"bad_request": 400, "adapter_unavailable": 503, "overload
 
 
 def _body_schema(model: type[InferenceRequestBase]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
 
 
 @router.post("/completions", openapi_extra=_body_schema(CompletionRequest))
@@ -110,7 +115,12 @@ class Prepared:
 
 
 async def serve(
-    request: Request, tenant: Tenant, session: Session, services: Services, kind: Kind, path_model: str | None = None
+    request: Request,
+    tenant: Tenant,
+    session: Session,
+    services: Services,
+    kind: Kind,
+    path_model: str | None = None,
 ) -> Any:
     """Run one inference request end to end, metering it exactly once."""
     ledger: UsageLedger = services.extras["usage_ledger"]
@@ -126,8 +136,11 @@ async def serve(
         await _record_quietly(ledger, meter, "error", f"internal error: {exc!r}")
         raise
     if prepared.is_stream:
-        return MeteredStreamingResponse(_stream(prepared, upstream, meter, ledger), media_type="text/event-stream",
-                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return MeteredStreamingResponse(
+            _stream(prepared, upstream, meter, ledger),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     return await _collect(prepared, upstream, meter, ledger)
 
 
@@ -142,8 +155,13 @@ def _as_api_error(exc: Exception) -> Exception:
 
 
 async def _prepare(
-    request: Request, tenant: Tenant, session: Session, services: Services, meter: RequestMeter,
-    kind: Kind, path_model: str | None,
+    request: Request,
+    tenant: Tenant,
+    session: Session,
+    services: Services,
+    meter: RequestMeter,
+    kind: Kind,
+    path_model: str | None,
 ) -> Prepared:
     body = await _parse_body(request, kind)
     _refuse_unsupported(body)
@@ -158,14 +176,29 @@ async def _prepare(
     session.commit()  # end the auth/lookup transaction: nothing is held open while the request runs
     _admit(services, tenant.id, len(prompt_ids) + max_tokens, limits)
     response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
-    sampling = SamplingSpec(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            seed=body.seed, stop=body.stop_list())
+    sampling = SamplingSpec(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+    )
     return Prepared(
-        kind=kind, response_id=response_id, model=model, is_stream=body.stream,
+        kind=kind,
+        response_id=response_id,
+        model=model,
+        is_stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        route=RouteRequest(base_model, adapter_ref.adapter_key if adapter_ref else None, len(prompt_ids), max_tokens),
-        generate=GenerateRequest(request_id=meter.request_id, prompt_token_ids=prompt_ids, adapter=adapter_ref,
-                                 sampling=sampling, tenant_id=tenant.id),
+        route=RouteRequest(
+            base_model, adapter_ref.adapter_key if adapter_ref else None, len(prompt_ids), max_tokens
+        ),
+        generate=GenerateRequest(
+            request_id=meter.request_id,
+            prompt_token_ids=prompt_ids,
+            adapter=adapter_ref,
+            sampling=sampling,
+            tenant_id=tenant.id,
+        ),
     )
 
 
@@ -195,21 +228,33 @@ def _refuse_unsupported(body: InferenceRequestBase) -> None:
     if response_format and response_format.get("type", "text") != "text":
         problems.append(f"response_format={response_format!r}")
     if problems:
-        raise ApiError(400, "invalid_request", f"unsupported field(s): {', '.join(problems)}; remove them "
-                       "(this server supports n=1 without logprobs, echo, suffix, logit_bias, penalties, tools or "
-                       "structured output)")
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"unsupported field(s): {', '.join(problems)}; remove them "
+            "(this server supports n=1 without logprobs, echo, suffix, logit_bias, penalties, tools or "
+            "structured output)",
+        )
     if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
-        raise ApiError(400, "invalid_request", f"stop must be a non-empty string or up to {MAX_STOP_STRINGS} of them")
+        raise ApiError(
+            400, "invalid_request", f"stop must be a non-empty string or up to {MAX_STOP_STRINGS} of them"
+        )
 
 
 def _model_ref(body_model: str | None, path_model: str | None) -> str:
     if path_model is None:
         if not body_model:
-            raise ApiError(400, "invalid_request", "model is required: an adapter name, name@N or the base model")
+            raise ApiError(
+                400, "invalid_request", "model is required: an adapter name, name@N or the base model"
+            )
         return body_model
     if body_model and repository.parse_model_ref(body_model).name != path_model:
-        raise ApiError(400, "invalid_request", f"model {body_model!r} does not match the adapter {path_model!r} "
-                       "in the path; omit model or use name@N of the same adapter")
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"model {body_model!r} does not match the adapter {path_model!r} "
+            "in the path; omit model or use name@N of the same adapter",
+        )
     return body_model or path_model
 
 
@@ -222,16 +267,25 @@ def _resolve(
         return None, base_name
     adapter, version = repository.resolve_model(session, tenant_id, model)
     meter.adapter_id, meter.adapter_version_id = adapter.id, version.id
-    ref = AdapterRef(adapter_key=version.id, sha256=version.sha256 or "", config_blob_key=version.config_blob_key or "",
-                     weights_blob_key=version.weights_blob_key or "", rank=version.rank or 0)
+    ref = AdapterRef(
+        adapter_key=version.id,
+        sha256=version.sha256 or "",
+        config_blob_key=version.config_blob_key or "",
+        weights_blob_key=version.weights_blob_key or "",
+        rank=version.rank or 0,
+    )
     return ref, adapter.base_model_name
 
 
 def _tokenizer(services: Services) -> BaseModelTokenizer:
     tokenizer = services.extras.get("tokenizer")
     if tokenizer is None:
-        raise ApiError(503, "unavailable", "no base model tokenizer is configured on this API server "
-                       "(set LORAHOST_BASE_MODEL_PATH to the base model directory)")
+        raise ApiError(
+            503,
+            "unavailable",
+            "no base model tokenizer is configured on this API server "
+            "(set LORAHOST_BASE_MODEL_PATH to the base model directory)",
+        )
     return tokenizer
 
 
@@ -242,13 +296,19 @@ def _prompt_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> li
     prompt = body.prompt
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
-    if prompt and all(isinstance(p, int) for p in prompt):
+    if not prompt:
+        raise PromptError("the prompt is empty")
+    if all(isinstance(p, int) for p in prompt):
         return tokenizer.check_token_ids(prompt)
-    if len(prompt) == 1:
-        only = prompt[0]
-        return tokenizer.encode(only) if isinstance(only, str) else tokenizer.check_token_ids(only)
-    raise PromptError("prompt must be a string, a list of one string, or one list of token ids (batches of "
-                      f"prompts are not supported: got {len(prompt)}); send one request per prompt")
+    only = prompt[0]
+    if len(prompt) == 1 and isinstance(only, str):
+        return tokenizer.encode(only)
+    if len(prompt) == 1 and isinstance(only, list):
+        return tokenizer.check_token_ids(only)
+    raise PromptError(
+        "prompt must be a string, a list of one string, or one list of token ids (batches of "
+        f"prompts are not supported: got {len(prompt)}); send one request per prompt"
+    )
 
 
 def _check_sizes(services: Services, body: InferenceRequestBase, num_prompt: int) -> int:
@@ -257,23 +317,33 @@ def _check_sizes(services: Services, body: InferenceRequestBase, num_prompt: int
     if num_prompt == 0:
         raise PromptError("the prompt is empty")
     if num_prompt > settings.max_prompt_tokens:
-        raise PromptError(f"the prompt has {num_prompt} tokens; the limit is {settings.max_prompt_tokens} tokens")
+        raise PromptError(
+            f"the prompt has {num_prompt} tokens; the limit is {settings.max_prompt_tokens} tokens"
+        )
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if requested is not None and requested > settings.max_completion_tokens:
         raise PromptError(f"max_tokens={requested} is above the limit of {settings.max_completion_tokens}")
     if requested is None:
-        default = DEFAULT_COMPLETION_MAX_TOKENS if isinstance(body, CompletionRequest) else settings.max_completion_tokens
+        default = (
+            DEFAULT_COMPLETION_MAX_TOKENS
+            if isinstance(body, CompletionRequest)
+            else settings.max_completion_tokens
+        )
         requested = min(default, (context or num_prompt + default) - num_prompt)
     if context is not None and num_prompt + requested > context:
-        raise PromptError(f"prompt ({num_prompt} tokens) + max_tokens ({requested}) exceeds the model's context of "
-                          f"{context} tokens; shorten the prompt or lower max_tokens")
+        raise PromptError(
+            f"prompt ({num_prompt} tokens) + max_tokens ({requested}) exceeds the model's context of "
+            f"{context} tokens; shorten the prompt or lower max_tokens"
+        )
     return requested
 
 
 def _admit(services: Services, tenant_id: str, num_tokens: int, limits: RateLimits) -> None:
     decision = services.extras["rate_limiter"].acquire(tenant_id, num_tokens, limits)
     if not decision.is_allowed:
-        raise ApiError(429, "rate_limited", decision.reason, headers={"Retry-After": str(decision.retry_after_s)})
+        raise ApiError(
+            429, "rate_limited", decision.reason, headers={"Retry-After": str(decision.retry_after_s)}
+        )
 
 
 async def _start(services: Services, prepared: Prepared, meter: RequestMeter) -> WorkerStream:
@@ -283,17 +353,24 @@ async def _start(services: Services, prepared: Prepared, meter: RequestMeter) ->
     try:
         upstream = await services.extras["worker_client"].start(prepared.route, records, prepared.generate)
     except WorkerUnavailableError as exc:
-        raise ApiError(503, "unavailable", f"no worker can serve this request right now ({exc}); retry shortly",
-                       headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)}) from exc
+        raise ApiError(
+            503,
+            "unavailable",
+            f"no worker can serve this request right now ({exc}); retry shortly",
+            headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)},
+        ) from exc
     meter.worker_id = upstream.worker_id
     first = upstream.first
     if first.type == "error":
         await upstream.aclose()
         await _record_worker_error(services.extras["usage_ledger"], meter, first)
         status = WORKER_ERROR_STATUS.get(first.code or "", 502)
-        raise ApiError(status, "worker_error" if status >= 500 else "invalid_request",
-                       f"the worker refused the request ({first.code}): {first.message}",
-                       headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)} if status == 503 else None)
+        raise ApiError(
+            status,
+            "worker_error" if status >= 500 else "invalid_request",
+            f"the worker refused the request ({first.code}): {first.message}",
+            headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)} if status == 503 else None,
+        )
     return upstream
 
 
@@ -309,17 +386,28 @@ async def _record_worker_error(ledger: UsageLedger, meter: RequestMeter, event: 
 def usage_dict(meter: RequestMeter, status: str) -> dict[str, int]:
     """OpenAI `usage` for what this request is billed."""
     prompt = meter.billed_prompt_tokens(status)
-    return {"prompt_tokens": prompt, "completion_tokens": meter.num_delivered_tokens,
-            "total_tokens": prompt + meter.num_delivered_tokens}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": meter.num_delivered_tokens,
+        "total_tokens": prompt + meter.num_delivered_tokens,
+    }
 
 
-def _choice(kind: Kind, text: str, finish_reason: str | None, *, is_chunk: bool, is_first: bool = False) -> dict[str, Any]:
+def _choice(
+    kind: Kind, text: str, finish_reason: str | None, *, is_chunk: bool, is_first: bool = False
+) -> dict[str, Any]:
     if kind == "text":
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     if not is_chunk:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish_reason}
-    delta: dict[str, Any] = {"role": "assistant", "content": text} if is_first else ({"content": text} if text else {})
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+    delta: dict[str, Any] = (
+        {"role": "assistant", "content": text} if is_first else ({"content": text} if text else {})
+    )
     return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
@@ -328,15 +416,22 @@ def _envelope(prepared: Prepared, choices: list[dict[str, Any]], *, is_chunk: bo
         obj = "text_completion"
     else:
         obj = "chat.completion.chunk" if is_chunk else "chat.completion"
-    return {"id": prepared.response_id, "object": obj, "created": int(time.time()), "model": prepared.model,
-            "choices": choices}
+    return {
+        "id": prepared.response_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": prepared.model,
+        "choices": choices,
+    }
 
 
 def _finish_reason(event: GenerateEvent) -> str:
     return "length" if event.finish_reason == "length" else "stop"
 
 
-async def _collect(prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger) -> JSONResponse:
+async def _collect(
+    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+) -> JSONResponse:
     """A non-streamed response: the whole generation, metered before it is returned."""
     texts: list[str] = []
     num_tokens = 0
@@ -348,13 +443,18 @@ async def _collect(prepared: Prepared, upstream: WorkerStream, meter: RequestMet
             elif event.type == "final":
                 meter.on_delivered(num_tokens)
                 await ledger.record(meter, "ok")
-                body = _envelope(prepared, [_choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)],
-                                 is_chunk=False)
+                body = _envelope(
+                    prepared,
+                    [_choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)],
+                    is_chunk=False,
+                )
                 return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
             else:
                 meter.is_prefilled = meter.is_prefilled or num_tokens > 0 or event.num_prompt_tokens > 0
                 await ledger.record(meter, "error", f"{event.code}: {event.message}")
-                raise ApiError(502, "worker_error", f"the worker failed while generating ({event.code}): {event.message}")
+                raise ApiError(
+                    502, "worker_error", f"the worker failed while generating ({event.code}): {event.message}"
+                )
     finally:
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
@@ -405,7 +505,9 @@ async def _stream_body(
             meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
     await ledger.record(meter, status, error)
     if error is not None:
-        yield _sse_line({"error": {"type": "worker_error", "message": f"the worker failed while generating ({error})"}})
+        yield _sse_line(
+            {"error": {"type": "worker_error", "message": f"the worker failed while generating ({error})"}}
+        )
     if prepared.include_usage:
         yield _sse_line(_envelope(prepared, [], is_chunk=True) | {"usage": usage_dict(meter, status)})
     yield _sse_line("[DONE]")

@@ -24,7 +24,9 @@ def parse_moment(value: str | None, name: str) -> datetime | None:
     try:
         return as_utc(datetime.fromisoformat(value.replace("Z", "+00:00").replace(" ", "+")))
     except ValueError as exc:
-        raise ApiError(400, "invalid_request", f"{name}={value!r} is not a date: use {DATE_FORMAT_HINT}") from exc
+        raise ApiError(
+            400, "invalid_request", f"{name}={value!r} is not a date: use {DATE_FORMAT_HINT}"
+        ) from exc
 
 
 def parse_period(start: str | None, end: str | None) -> tuple[datetime, datetime]:
@@ -33,7 +35,9 @@ def parse_period(start: str | None, end: str | None) -> tuple[datetime, datetime
     lo = parse_moment(start, "start") or default_start
     hi = parse_moment(end, "end") or default_end
     if lo >= hi:
-        raise ApiError(400, "invalid_request", f"start ({lo.isoformat()}) must be before end ({hi.isoformat()})")
+        raise ApiError(
+            400, "invalid_request", f"start ({lo.isoformat()}) must be before end ({hi.isoformat()})"
+        )
     return lo, hi
 
 

@@ -40,12 +40,19 @@ def tokenizer(base_model_dir: Path) -> BaseModelTokenizer:
     return BaseModelTokenizer.load(base_model_dir)
 
 
-def complete(client: TestClient, tenant: TenantHandle, path: str = "/v1/completions", **body: object) -> httpx.Response:
-    return client.post(path, json={"model": BASE_MODEL, "prompt": "hello world", **body}, headers=tenant.headers)
+def complete(
+    client: TestClient, tenant: TenantHandle, path: str = "/v1/completions", **body: object
+) -> httpx.Response:
+    return client.post(
+        path, json={"model": BASE_MODEL, "prompt": "hello world", **body}, headers=tenant.headers
+    )
 
 
 def test_completion_returns_worker_text_with_usage_and_meters_one_ok_row(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
     tokenizer: BaseModelTokenizer,
 ) -> None:
     worker = workers.add("w1", events=tokens_events(3))
@@ -55,25 +62,40 @@ def test_completion_returns_worker_text_with_usage_and_meters_one_ok_row(
     num_prompt = len(tokenizer.encode("hello world"))
     assert body["object"] == "text_completion" and body["model"] == BASE_MODEL
     assert body["choices"][0]["text"] == "t0 t1 t2 " and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": num_prompt, "completion_tokens": 3, "total_tokens": num_prompt + 3}
+    assert body["usage"] == {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": 3,
+        "total_tokens": num_prompt + 3,
+    }
     sent = worker.requests[0]
     assert sent.prompt_token_ids == tokenizer.encode("hello world") and sent.adapter is None
     assert (sent.sampling.max_tokens, sent.sampling.temperature, sent.sampling.seed) == (3, 0, 7)
     assert sent.sampling.stop == ["zz"] and sent.tenant_id == tenant.id
     assert worker.auth_headers == ["Bearer test-internal-token"]
     [row] = usage_rows(db_session, tenant.id)
-    assert (row.status, row.prompt_tokens, row.completion_tokens, row.worker_id) == ("ok", num_prompt, 3, "w1")
+    assert (row.status, row.prompt_tokens, row.completion_tokens, row.worker_id) == (
+        "ok",
+        num_prompt,
+        3,
+        "w1",
+    )
     assert row.request_id == sent.request_id and row.model_name == BASE_MODEL
     assert row.ttft_ms is not None and row.tpot_ms is not None and row.e2e_ms >= row.ttft_ms
 
 
 def test_chat_renders_the_base_model_template_and_sends_its_token_ids(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, tokenizer: BaseModelTokenizer,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    tokenizer: BaseModelTokenizer,
 ) -> None:
     worker = workers.add("w1")
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
-    response = client.post("/v1/chat/completions", json={"model": BASE_MODEL, "messages": messages,
-                                                          "max_completion_tokens": 5}, headers=tenant.headers)
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": BASE_MODEL, "messages": messages, "max_completion_tokens": 5},
+        headers=tenant.headers,
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["object"] == "chat.completion"
@@ -84,11 +106,18 @@ def test_chat_renders_the_base_model_template_and_sends_its_token_ids(
 
 
 def test_stream_sends_sse_chunks_then_usage_then_done_with_the_row_written(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     workers.add("w1", events=tokens_events(4, finish_reason="stop"))
-    body = {"model": BASE_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": BASE_MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with client.stream("POST", "/v1/chat/completions", json=body, headers=tenant.headers) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -96,7 +125,9 @@ def test_stream_sends_sse_chunks_then_usage_then_done_with_the_row_written(
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "t0 t1 t2 t3 "
+    assert (
+        "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "t0 t1 t2 t3 "
+    )
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
     [row] = usage_rows(db_session, tenant.id)
@@ -105,16 +136,26 @@ def test_stream_sends_sse_chunks_then_usage_then_done_with_the_row_written(
 
 
 def test_openai_client_plain_streaming_and_typed_errors(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
 ) -> None:
     workers.add("w1", events=tokens_events(2))
-    oai = openai.OpenAI(api_key=tenant.key, base_url="http://testserver/v1", http_client=client, max_retries=0)
+    oai = openai.OpenAI(
+        api_key=tenant.key, base_url="http://testserver/v1", http_client=client, max_retries=0
+    )
     completion = oai.completions.create(model=BASE_MODEL, prompt="hello", max_tokens=2)
     assert completion.choices[0].text == "t0 t1 " and completion.usage.completion_tokens == 2
-    chat = oai.chat.completions.create(model=BASE_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    chat = oai.chat.completions.create(
+        model=BASE_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
     assert chat.choices[0].message.content == "t0 t1 " and chat.usage.total_tokens > 2
-    stream = oai.chat.completions.create(model=BASE_MODEL, messages=[{"role": "user", "content": "hi"}],
-                                         stream=True, stream_options={"include_usage": True})
+    stream = oai.chat.completions.create(
+        model=BASE_MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "t0 t1 "
     assert chunks[-1].usage.completion_tokens == 2
@@ -122,31 +163,58 @@ def test_openai_client_plain_streaming_and_typed_errors(
         oai.completions.create(model="no-such-adapter", prompt="hello")
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         oai.completions.create(model=BASE_MODEL, prompt="hello", logit_bias={"5": 1.0})
-    bad_key = openai.OpenAI(api_key="lh_wrong", base_url="http://testserver/v1", http_client=client, max_retries=0)
+    bad_key = openai.OpenAI(
+        api_key="lh_wrong", base_url="http://testserver/v1", http_client=client, max_retries=0
+    )
     with pytest.raises(openai.AuthenticationError):
         bad_key.completions.create(model=BASE_MODEL, prompt="hello")
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("best_of", 3), ("logprobs", 2), ("echo", True), ("suffix", "x"), ("logit_bias", {"1": 2}),
-     ("presence_penalty", 0.5), ("tools", [{"type": "function"}]), ("not_a_field", 1)],
+    [
+        ("n", 2),
+        ("best_of", 3),
+        ("logprobs", 2),
+        ("echo", True),
+        ("suffix", "x"),
+        ("logit_bias", {"1": 2}),
+        ("presence_penalty", 0.5),
+        ("tools", [{"type": "function"}]),
+        ("not_a_field", 1),
+    ],
 )
 def test_unsupported_field_is_a_400_naming_it_and_metered_rejected(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session, field: str, value: object,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
+    field: str,
+    value: object,
 ) -> None:
     worker = workers.add("w1")
     response = complete(client, tenant, **{field: value})
     assert response.status_code == 400
-    assert response.json()["error"]["type"] == "invalid_request" and field in response.json()["error"]["message"]
+    assert (
+        response.json()["error"]["type"] == "invalid_request" and field in response.json()["error"]["message"]
+    )
     assert worker.requests == []
     [row] = usage_rows(db_session, tenant.id)
     assert (row.status, row.prompt_tokens, row.completion_tokens) == ("rejected", 0, 0)
 
 
-def test_chat_response_format_json_is_refused(client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle) -> None:
-    response = client.post("/v1/chat/completions", headers=tenant.headers, json={
-        "model": BASE_MODEL, "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})
+def test_chat_response_format_json_is_refused(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
+) -> None:
+    response = client.post(
+        "/v1/chat/completions",
+        headers=tenant.headers,
+        json={
+            "model": BASE_MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"},
+        },
+    )
     assert response.status_code == 400 and "response_format" in response.json()["error"]["message"]
 
 
@@ -162,8 +230,12 @@ def test_chat_response_format_json_is_refused(client: TestClient, workers: Scrip
     ],
 )
 def test_size_and_value_limits_are_400s_that_say_the_limit(
-    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session,
-    overrides: dict[str, int], body: dict[str, object], expected: str,
+    make_client: Callable[..., TestClient],
+    new_tenant: Callable[[str], TenantHandle],
+    db_session: Session,
+    overrides: dict[str, int],
+    body: dict[str, object],
+    expected: str,
 ) -> None:
     client = make_client(**overrides)
     ScriptedWorkers().install(client)
@@ -173,7 +245,9 @@ def test_size_and_value_limits_are_400s_that_say_the_limit(
     assert [r.status for r in usage_rows(db_session, tenant.id)] == ["rejected"]
 
 
-def test_token_id_prompts_are_accepted(client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle) -> None:
+def test_token_id_prompts_are_accepted(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
+) -> None:
     worker = workers.add("w1")
     assert complete(client, tenant, prompt=[5, 6, 7]).status_code == 200
     assert complete(client, tenant, prompt=[[8, 9]]).status_code == 200
@@ -181,7 +255,10 @@ def test_token_id_prompts_are_accepted(client: TestClient, workers: ScriptedWork
 
 
 def test_no_live_worker_is_a_503_with_retry_after_and_metered_rejected(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     response = complete(client, tenant)
     assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
@@ -191,7 +268,10 @@ def test_no_live_worker_is_a_503_with_retry_after_and_metered_rejected(
 
 
 def test_unreachable_worker_is_retried_once_on_another(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     down = workers.add("a-down", is_down=True)  # least loaded: chosen first
     draining = workers.add("b-draining", status_code=503, error_type="draining", num_running=1)
@@ -208,7 +288,10 @@ def test_unreachable_worker_is_retried_once_on_another(
 
 
 def test_worker_bad_request_before_streaming_maps_to_400_metered_error(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     workers.add("w1", status_code=400, error_type="bad_request")
     response = complete(client, tenant)
@@ -218,12 +301,19 @@ def test_worker_bad_request_before_streaming_maps_to_400_metered_error(
 
 
 def test_worker_error_mid_stream_bills_what_was_delivered_once(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     events = [delta("a", 1), delta("b", 2), {"type": "error", "code": "internal", "message": "engine died"}]
     workers.add("w1", events=events)
-    with client.stream("POST", "/v1/completions", headers=tenant.headers,
-                       json={"model": BASE_MODEL, "prompt": "hi", "stream": True}) as response:
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        headers=tenant.headers,
+        json={"model": BASE_MODEL, "prompt": "hi", "stream": True},
+    ) as response:
         chunks = sse_events(response.read().decode())
     assert [c["choices"][0]["text"] for c in chunks[:2]] == ["a", "b"]
     assert "engine died" in chunks[2]["error"]["message"] and chunks[-1] == "[DONE]"
@@ -235,7 +325,10 @@ def test_worker_error_mid_stream_bills_what_was_delivered_once(
 
 
 def test_stream_without_final_event_is_an_error(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     workers.add("w1", events=[delta("a", 1)])
     assert complete(client, tenant).status_code == 502
@@ -243,7 +336,10 @@ def test_stream_without_final_event_is_an_error(
 
 
 def test_version_pinning_sends_that_versions_key_and_meters_it(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     worker = workers.add("w1")
     v1 = add_ready_version(db_session, tenant.id, "summarize")
@@ -259,7 +355,10 @@ def test_version_pinning_sends_that_versions_key_and_meters_it(
 
 
 def test_routes_to_the_worker_holding_the_adapter(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     version = add_ready_version(db_session, tenant.id, "tuned")
     idle = workers.add("idle")
@@ -271,7 +370,10 @@ def test_routes_to_the_worker_holding_the_adapter(
 
 
 def test_other_tenants_private_adapter_is_404_and_public_ones_are_usable(
-    client: TestClient, workers: ScriptedWorkers, new_tenant: Callable[[str], TenantHandle], db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    new_tenant: Callable[[str], TenantHandle],
+    db_session: Session,
 ) -> None:
     worker = workers.add("w1")
     owner, other = new_tenant("owner"), new_tenant("other")
@@ -287,22 +389,30 @@ def test_other_tenants_private_adapter_is_404_and_public_ones_are_usable(
 
 
 def test_adapter_path_alias(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     worker = workers.add("w1")
     v1 = add_ready_version(db_session, tenant.id, "alias")
     add_ready_version(db_session, tenant.id, "alias")
-    response = client.post("/v1/adapters/alias/completions", json={"prompt": "hi", "model": "alias@1"},
-                           headers=tenant.headers)
+    response = client.post(
+        "/v1/adapters/alias/completions", json={"prompt": "hi", "model": "alias@1"}, headers=tenant.headers
+    )
     assert response.status_code == 200, response.text
     assert worker.requests[-1].adapter.adapter_key == v1.id
-    mismatch = client.post("/v1/adapters/alias/completions", json={"prompt": "hi", "model": "other"},
-                           headers=tenant.headers)
+    mismatch = client.post(
+        "/v1/adapters/alias/completions", json={"prompt": "hi", "model": "other"}, headers=tenant.headers
+    )
     assert mismatch.status_code == 400
 
 
 def test_unauthenticated_requests_are_not_metered(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     response = client.post("/v1/completions", json={"model": BASE_MODEL, "prompt": "x"})
     assert response.status_code == 401
@@ -310,7 +420,10 @@ def test_unauthenticated_requests_are_not_metered(
 
 
 def test_final_event_without_tokens_is_ok_with_zero_completion(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session,
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
 ) -> None:
     workers.add("w1", events=[final(finish_reason="stop")])
     body = complete(client, tenant).json()

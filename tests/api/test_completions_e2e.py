@@ -42,13 +42,20 @@ class PolledDirectory:
     extra_records: list[WorkerRecord] = field(default_factory=list)
 
     def list_live(self) -> list[WorkerRecord]:
-        stats = httpx.get(f"{self.url}{INTERNAL_PREFIX}/stats", headers={"Authorization": f"Bearer {self.token}"},
-                          timeout=5).json()
+        stats = httpx.get(
+            f"{self.url}{INTERNAL_PREFIX}/stats", headers={"Authorization": f"Bearer {self.token}"}, timeout=5
+        ).json()
         record = WorkerRecord(
-            stats["worker_id"], self.url, stats["base_model"], num_running=stats["num_running"],
-            num_waiting=stats["num_waiting"], max_num_seqs=stats["max_num_seqs"],
-            device_adapters=tuple(stats["device_adapters"]), host_adapters=tuple(stats["host_adapters"]),
-            is_ready=stats["is_ready"], is_draining=stats["is_draining"],
+            stats["worker_id"],
+            self.url,
+            stats["base_model"],
+            num_running=stats["num_running"],
+            num_waiting=stats["num_waiting"],
+            max_num_seqs=stats["max_num_seqs"],
+            device_adapters=tuple(stats["device_adapters"]),
+            host_adapters=tuple(stats["host_adapters"]),
+            is_ready=stats["is_ready"],
+            is_draining=stats["is_draining"],
         )
         return sorted([record, *self.extra_records], key=lambda r: r.worker_id)
 
@@ -69,9 +76,16 @@ class Stack:
             return c.post(f"/v1/admin/tenants/{tenant['id']}/keys").json()["key"]
 
     def upload(self, key: str, name: str, adapter_dir: Path, visibility: str = "private") -> dict:
-        files = [("files", (f, (adapter_dir / f).read_bytes(), "application/octet-stream")) for f in ADAPTER_FILES]
-        response = httpx.post(f"{self.url}/v1/adapters", data={"name": name, "visibility": visibility}, files=files,
-                              headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        files = [
+            ("files", (f, (adapter_dir / f).read_bytes(), "application/octet-stream")) for f in ADAPTER_FILES
+        ]
+        response = httpx.post(
+            f"{self.url}/v1/adapters",
+            data={"name": name, "visibility": visibility},
+            files=files,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
         assert response.status_code == 202, response.text
         assert response.json()["version"]["status"] == "ready", response.text
         return response.json()
@@ -98,14 +112,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -> Ite
     upgrade(database_url)
     with worker_process(base_model_dir, blob_dir) as worker:
         port = free_port()
-        settings = Settings(data_dir=root, database_url=database_url, blob_store=str(blob_dir), admin_key=ADMIN_KEY,
-                            base_model_path=base_model_dir, redis_url=None, is_inline_jobs=True)
+        settings = Settings(
+            data_dir=root,
+            database_url=database_url,
+            blob_store=str(blob_dir),
+            admin_key=ADMIN_KEY,
+            base_model_path=base_model_dir,
+            redis_url=None,
+            is_inline_jobs=True,
+        )
         services = build_services(settings)
         directory = PolledDirectory(worker.url, worker.internal_token)
         services.extras["worker_directory"] = directory
         services.extras["internal_token"] = worker.internal_token
-        server = uvicorn.Server(uvicorn.Config(create_app(settings, services=services), host="127.0.0.1", port=port,
-                                               log_level="warning"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(settings, services=services), host="127.0.0.1", port=port, log_level="warning"
+            )
+        )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         deadline = time.monotonic() + 30
@@ -126,24 +150,39 @@ def rows_of(stack: Stack, key: str) -> list[UsageRecord]:
         return list(session.scalars(query))
 
 
-def test_openai_client_completions_and_chat_plain_and_streaming(stack: Stack, adapter_dirs: dict[str, Path]) -> None:
+def test_openai_client_completions_and_chat_plain_and_streaming(
+    stack: Stack, adapter_dirs: dict[str, Path]
+) -> None:
     key = stack.tenant("e2e-openai")
     stack.upload(key, "writer", adapter_dirs["adapter-00"])
     client = stack.openai(key)
     for model in ("lorahost-base", "writer"):
         plain = client.completions.create(model=model, prompt="hello world", max_tokens=6, temperature=0)
         assert plain.usage.completion_tokens == 6 and plain.choices[0].finish_reason == "length"
-        streamed = client.completions.create(model=model, prompt="hello world", max_tokens=6, temperature=0,
-                                             stream=True)
+        streamed = client.completions.create(
+            model=model, prompt="hello world", max_tokens=6, temperature=0, stream=True
+        )
         assert "".join(c.choices[0].text for c in streamed if c.choices) == plain.choices[0].text
-    chat = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                                          temperature=0)
+    chat = client.chat.completions.create(
+        model="writer", messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0
+    )
     assert chat.usage.completion_tokens == 5 and chat.choices[0].message.role == "assistant"
-    stream = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="writer",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
-    assert chunks[-1].usage.completion_tokens == 5 and chunks[-1].usage.prompt_tokens == chat.usage.prompt_tokens
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == chat.choices[0].message.content
+    )
+    assert (
+        chunks[-1].usage.completion_tokens == 5 and chunks[-1].usage.prompt_tokens == chat.usage.prompt_tokens
+    )
     rows = rows_of(stack, key)
     assert len(rows) == 6 and {r.status for r in rows} == {"ok"}
     assert all(r.completion_tokens in (5, 6) and r.worker_id == stack.worker.worker_id for r in rows)
@@ -158,8 +197,11 @@ def test_version_pinning_changes_outputs_and_is_metered_per_version(
     client = stack.openai(key)
 
     def greedy(model: str) -> str:
-        return client.completions.create(model=model, prompt="the model serve", max_tokens=12, temperature=0)\
-            .choices[0].text
+        return (
+            client.completions.create(model=model, prompt="the model serve", max_tokens=12, temperature=0)
+            .choices[0]
+            .text
+        )
 
     first, second, latest = greedy("pinned@1"), greedy("pinned@2"), greedy("pinned")
     assert first != second and latest == second and greedy("pinned@1") == first
@@ -173,19 +215,31 @@ def test_tenant_isolation_on_inference(stack: Stack, adapter_dirs: dict[str, Pat
     client = stack.openai(other)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="private-one", prompt="hello", max_tokens=2)
-    assert client.completions.create(model="public-one", prompt="hello", max_tokens=2).usage.completion_tokens == 2
+    assert (
+        client.completions.create(model="public-one", prompt="hello", max_tokens=2).usage.completion_tokens
+        == 2
+    )
     assert [r.status for r in rows_of(stack, other)] == ["rejected", "ok"]
     assert rows_of(stack, owner) == []
 
 
 def test_client_disconnect_mid_stream_aborts_and_meters_delivered_tokens_once(stack: Stack) -> None:
     key = stack.tenant("e2e-disconnect")
-    body = {"model": "lorahost-base", "prompt": "hello world", "max_tokens": 900, "temperature": 1.0, "seed": 3,
-            "stream": True}
+    body = {
+        "model": "lorahost-base",
+        "prompt": "hello world",
+        "max_tokens": 900,
+        "temperature": 1.0,
+        "seed": 3,
+        "stream": True,
+    }
     num_read = 0
-    with httpx.Client(timeout=60) as http, http.stream(
-        "POST", f"{stack.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-    ) as response:
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream(
+            "POST", f"{stack.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response,
+    ):
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: {"):
@@ -195,7 +249,9 @@ def test_client_disconnect_mid_stream_aborts_and_meters_delivered_tokens_once(st
     row = _wait_for_row(stack, key)
     assert row.status == "aborted", row.error_message
     assert 3 <= row.completion_tokens < 900 and row.prompt_tokens > 0
-    assert _wait(lambda: stack.directory.list_live()[0].num_running == 0), "the engine request was not aborted"
+    assert _wait(lambda: stack.directory.list_live()[0].num_running == 0), (
+        "the engine request was not aborted"
+    )
     assert len(rows_of(stack, key)) == 1
 
 
@@ -204,11 +260,20 @@ def test_every_authenticated_request_is_metered_exactly_once(stack: Stack) -> No
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=stack.url, headers=headers, timeout=60) as http:
         statuses = [
-            http.post("/v1/completions", json={"model": "lorahost-base", "prompt": "a b", "max_tokens": 3}).status_code,
+            http.post(
+                "/v1/completions", json={"model": "lorahost-base", "prompt": "a b", "max_tokens": 3}
+            ).status_code,
             http.post("/v1/completions", json={"model": "lorahost-base", "prompt": "a", "n": 2}).status_code,
             http.post("/v1/completions", json={"model": "missing", "prompt": "a"}).status_code,
-            http.post("/v1/chat/completions", json={"model": "lorahost-base", "stream": True, "max_tokens": 3,
-                                                    "messages": [{"role": "user", "content": "x"}]}).status_code,
+            http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "lorahost-base",
+                    "stream": True,
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "x"}],
+                },
+            ).status_code,
         ]
     assert statuses == [200, 400, 404, 200]
     rows = rows_of(stack, key)
@@ -222,27 +287,40 @@ def test_dead_worker_is_retried_then_503_when_none_is_left(stack: Stack) -> None
     dead = WorkerRecord("0-dead", f"http://127.0.0.1:{free_port()}", "lorahost-base", max_num_seqs=16)
     stack.directory.extra_records.append(dead)  # sorts first and is idle: chosen first
     try:
-        response = httpx.post(f"{stack.url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": "lorahost-base", "prompt": "hi", "max_tokens": 2}, timeout=60)
+        response = httpx.post(
+            f"{stack.url}/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "lorahost-base", "prompt": "hi", "max_tokens": 2},
+            timeout=60,
+        )
         assert response.status_code == 200  # retried on the real worker
         stack.directory.list_live = lambda: [dead]  # type: ignore[method-assign]
-        response = httpx.post(f"{stack.url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": "lorahost-base", "prompt": "hi", "max_tokens": 2}, timeout=60)
+        response = httpx.post(
+            f"{stack.url}/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "lorahost-base", "prompt": "hi", "max_tokens": 2},
+            timeout=60,
+        )
         assert response.status_code == 503 and int(response.headers["retry-after"]) > 0
         assert "unreachable" in response.json()["error"]["message"]
     finally:
         del stack.directory.list_live
         stack.directory.extra_records.clear()
-    assert [(r.status, r.worker_id) for r in rows_of(stack, key)] == [("ok", stack.worker.worker_id),
-                                                                      ("rejected", None)]
+    assert [(r.status, r.worker_id) for r in rows_of(stack, key)] == [
+        ("ok", stack.worker.worker_id),
+        ("rejected", None),
+    ]
 
 
 def test_metrics_expose_requests_and_worker_gauges(stack: Stack) -> None:
     key = stack.tenant("e2e-metrics")
     stack.openai(key).completions.create(model="lorahost-base", prompt="hi", max_tokens=2)
     text = httpx.get(f"{stack.url}/metrics").text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     assert samples[("lorahost_requests_total", (("status", "ok"),))] >= 1
     assert samples[("lorahost_tokens_total", (("kind", "completion"),))] >= 2
     assert ("lorahost_worker_queue_depth", (("worker", stack.worker.worker_id),)) in samples

@@ -32,8 +32,12 @@ def delta(text: str, token_id: int) -> dict[str, Any]:
 
 def final(num_prompt: int = 0, num_output: int = 0, finish_reason: str = "length") -> dict[str, Any]:
     """A final event."""
-    return {"type": "final", "finish_reason": finish_reason, "num_prompt_tokens": num_prompt,
-            "num_output_tokens": num_output}
+    return {
+        "type": "final",
+        "finish_reason": finish_reason,
+        "num_prompt_tokens": num_prompt,
+        "num_output_tokens": num_output,
+    }
 
 
 def tokens_events(num_tokens: int, finish_reason: str = "length") -> list[dict[str, Any]]:
@@ -65,12 +69,25 @@ class ScriptedWorkers:
         self.directory = InMemoryWorkerDirectory()
         self.workers: dict[str, ScriptedWorker] = {}
 
-    def add(self, worker_id: str, *, base_model: str = BASE_MODEL, num_running: int = 0,
-            device_adapters: tuple[str, ...] = (), **script: Any) -> ScriptedWorker:
+    def add(
+        self,
+        worker_id: str,
+        *,
+        base_model: str = BASE_MODEL,
+        num_running: int = 0,
+        device_adapters: tuple[str, ...] = (),
+        **script: Any,
+    ) -> ScriptedWorker:
         worker = ScriptedWorker(worker_id, **script)
         self.workers[f"{worker_id}.workers.test"] = worker
-        record = WorkerRecord(worker_id, worker.url, base_model, num_running=num_running, max_num_seqs=8,
-                              device_adapters=device_adapters)
+        record = WorkerRecord(
+            worker_id,
+            worker.url,
+            base_model,
+            num_running=num_running,
+            max_num_seqs=8,
+            device_adapters=device_adapters,
+        )
         self.directory.heartbeat(record, ttl_s=3600)
         return worker
 
@@ -93,7 +110,9 @@ class ScriptedWorkers:
         extras = client.app.state.services.extras  # type: ignore[attr-defined]
         extras["worker_directory"] = self.directory
         extras["internal_token"] = internal_token
-        extras["worker_client"] = WorkerClient.create(lambda: extras["internal_token"], transport=self.transport())
+        extras["worker_client"] = WorkerClient.create(
+            lambda: extras["internal_token"], transport=self.transport()
+        )
 
 
 async def _ndjson(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -101,15 +120,23 @@ async def _ndjson(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         yield (json.dumps(event) + "\n").encode()
 
 
-def add_ready_version(session: Session, tenant_id: str, name: str, *, visibility: str = "private",
-                      rank: int = 4) -> AdapterVersion:
+def add_ready_version(
+    session: Session, tenant_id: str, name: str, *, visibility: str = "private", rank: int = 4
+) -> AdapterVersion:
     """A ready adapter version row (no files: scripted workers never read them)."""
-    adapter = repository.get_or_create_adapter(session, tenant_id, name, base_model_name=BASE_MODEL,
-                                               visibility=visibility)
+    adapter = repository.get_or_create_adapter(
+        session, tenant_id, name, base_model_name=BASE_MODEL, visibility=visibility
+    )
     number = len(adapter.versions) + 1
     version = repository.add_adapter_version(
-        session, tenant_id, adapter, status="ready", sha256=f"{number:064d}", rank=rank,
-        config_blob_key=f"k/{name}/{number}/c", weights_blob_key=f"k/{name}/{number}/w",
+        session,
+        tenant_id,
+        adapter,
+        status="ready",
+        sha256=f"{number:064d}",
+        rank=rank,
+        config_blob_key=f"k/{name}/{number}/c",
+        weights_blob_key=f"k/{name}/{number}/w",
     )
     session.commit()
     session.refresh(adapter)
@@ -128,6 +155,6 @@ def sse_events(text: str) -> list[Any]:
     out: list[Any] = []
     for block in text.split("\n\n"):
         if block.startswith("data: "):
-            payload = block[len("data: "):]
+            payload = block[len("data: ") :]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out

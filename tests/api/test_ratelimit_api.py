@@ -18,18 +18,27 @@ from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
 
 
-def _tenant_on_plan(client: TestClient, new_tenant: Callable[[str], TenantHandle], **limits: int) -> TenantHandle:
-    plan = client.post("/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **limits}, headers=ADMIN)
+def _tenant_on_plan(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle], **limits: int
+) -> TenantHandle:
+    plan = client.post(
+        "/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **limits}, headers=ADMIN
+    )
     assert plan.status_code == 201, plan.text
     tenant = new_tenant(f"limited-{uuid.uuid4().hex[:6]}")
-    patched = client.patch(f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=ADMIN)
+    patched = client.patch(
+        f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=ADMIN
+    )
     assert patched.status_code == 200, patched.text
     return tenant
 
 
 def _complete(client: TestClient, tenant: TenantHandle, max_tokens: int = 4):  # type: ignore[no-untyped-def]
-    return client.post("/v1/completions", json={"model": BASE_MODEL, "prompt": "hello", "max_tokens": max_tokens},
-                       headers=tenant.headers)
+    return client.post(
+        "/v1/completions",
+        json={"model": BASE_MODEL, "prompt": "hello", "max_tokens": max_tokens},
+        headers=tenant.headers,
+    )
 
 
 def test_requests_per_minute_limit_is_a_429_with_retry_after(
@@ -70,7 +79,9 @@ def test_openai_client_raises_rate_limit_error(
 ) -> None:
     ScriptedWorkers().install(client)
     tenant = _tenant_on_plan(client, new_tenant, requests_per_min=1)
-    oai = openai.OpenAI(api_key=tenant.key, base_url="http://testserver/v1", http_client=client, max_retries=0)
+    oai = openai.OpenAI(
+        api_key=tenant.key, base_url="http://testserver/v1", http_client=client, max_retries=0
+    )
     with pytest.raises(openai.InternalServerError):  # admitted, but no worker: 503
         oai.completions.create(model=BASE_MODEL, prompt="hi")
     with pytest.raises(openai.RateLimitError) as info:

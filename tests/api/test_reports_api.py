@@ -31,7 +31,11 @@ def test_billing_json_has_exact_invoice_lines(client: TestClient, db_session: Se
     gold = next(line for line in body["data"] if line["tenant_id"] == seeded.gold_tenant_id)
     assert (gold["prompt_tokens"], gold["completion_tokens"], gold["num_requests"]) == (1600, 570, 5)
     assert (gold["prompt_cost"], gold["completion_cost"], gold["storage_cost"], gold["total"]) == (
-        "0.003200", "0.002280", "1.000000", "1.005480")
+        "0.003200",
+        "0.002280",
+        "1.000000",
+        "1.005480",
+    )
 
 
 def test_billing_csv_is_text_csv_with_the_same_lines(client: TestClient, db_session: Session) -> None:
@@ -40,7 +44,10 @@ def test_billing_csv_is_text_csv_with_the_same_lines(client: TestClient, db_sess
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
     assert "attachment" in response.headers["content-disposition"]
     rows = list(csv.DictReader(io.StringIO(response.text)))
-    assert [(r["tenant_name"], r["total"]) for r in rows] == [("free-corp", "0.000000"), ("gold-corp", "1.005480")]
+    assert [(r["tenant_name"], r["total"]) for r in rows] == [
+        ("free-corp", "0.000000"),
+        ("gold-corp", "1.005480"),
+    ]
 
 
 def test_slo_groups_by_tenant_adapter_and_hour(client: TestClient, db_session: Session) -> None:
@@ -80,8 +87,14 @@ def test_reports_need_the_admin_key(client: TestClient, tenant: TenantHandle) ->
 
 
 def test_plans_are_created_and_listed_with_limits_and_slo_targets(client: TestClient) -> None:
-    plan = {"name": "pro", "price_per_1m_prompt_tokens": "1.5", "requests_per_min": 60, "tokens_per_min": 10000,
-            "slo_ttft_ms": 500, "slo_tpot_ms": 50}
+    plan = {
+        "name": "pro",
+        "price_per_1m_prompt_tokens": "1.5",
+        "requests_per_min": 60,
+        "tokens_per_min": 10000,
+        "slo_ttft_ms": 500,
+        "slo_tpot_ms": 50,
+    }
     created = client.post("/v1/admin/plans", json=plan, headers=ADMIN)
     assert created.status_code == 201, created.text
     listed = client.get("/v1/admin/plans", headers=ADMIN).json()["data"]
@@ -114,7 +127,16 @@ def seeded_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_cli_report_billing_prints_json_and_csv(seeded_data_dir: Path) -> None:
     runner = CliRunner()
-    args = ["report", "billing", "--start", "2026-01-01", "--end", "2026-01-03", "--data-dir", str(seeded_data_dir)]
+    args = [
+        "report",
+        "billing",
+        "--start",
+        "2026-01-01",
+        "--end",
+        "2026-01-03",
+        "--data-dir",
+        str(seeded_data_dir),
+    ]
     as_json = runner.invoke(cli_app, [*args, "--format", "json"])
     assert as_json.exit_code == 0, as_json.output
     assert [line["total"] for line in json.loads(as_json.output)] == ["0.000000", "1.005480"]
@@ -126,8 +148,21 @@ def test_cli_report_billing_prints_json_and_csv(seeded_data_dir: Path) -> None:
 
 def test_cli_report_slo_writes_tables_and_valid_pngs(seeded_data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "slo-out"
-    result = CliRunner().invoke(cli_app, ["report", "slo", "--out", str(out), "--start", "2026-01-01",
-                                          "--end", "2026-01-03", "--data-dir", str(seeded_data_dir)])
+    result = CliRunner().invoke(
+        cli_app,
+        [
+            "report",
+            "slo",
+            "--out",
+            str(out),
+            "--start",
+            "2026-01-01",
+            "--end",
+            "2026-01-03",
+            "--data-dir",
+            str(seeded_data_dir),
+        ],
+    )
     assert result.exit_code == 0, result.output
     for group_by in ("tenant", "adapter", "hour"):
         assert (out / f"slo_{group_by}.csv").is_file()

@@ -35,7 +35,9 @@ def test_usage_never_shows_other_tenants(client: TestClient, db_session: Session
     assert [(d["model"], d["prompt_tokens"]) for d in body["data"]] == [("lorahost-base", 10)]
 
 
-def test_usage_defaults_to_the_last_30_days_and_refuses_bad_dates(client: TestClient, db_session: Session) -> None:
+def test_usage_defaults_to_the_last_30_days_and_refuses_bad_dates(
+    client: TestClient, db_session: Session
+) -> None:
     seeded = seed_ledger(db_session)
     headers = _key(db_session, seeded.gold_tenant_id)
     assert client.get("/v1/usage", headers=headers).json()["data"] == []  # the seeded ledger is in 2026-01

@@ -29,12 +29,33 @@ class SeededLedger:
     adapter_id: str
 
 
-def _usage(session: Session, tenant_id: str, at: datetime, status: str, prompt: int, completion: int,
-           ttft: float | None = None, tpot: float | None = None, model: str = "writer",
-           adapter_id: str | None = None) -> None:
-    record_usage(session, request_id=f"req-{new_id()}", tenant_id=tenant_id, adapter_id=adapter_id,
-                 model_name=model, prompt_tokens=prompt, completion_tokens=completion, ttft_ms=ttft, tpot_ms=tpot,
-                 e2e_ms=(ttft or 0) + 100, status=status, started_at=at, finished_at=at + timedelta(seconds=1))
+def _usage(
+    session: Session,
+    tenant_id: str,
+    at: datetime,
+    status: str,
+    prompt: int,
+    completion: int,
+    ttft: float | None = None,
+    tpot: float | None = None,
+    model: str = "writer",
+    adapter_id: str | None = None,
+) -> None:
+    record_usage(
+        session,
+        request_id=f"req-{new_id()}",
+        tenant_id=tenant_id,
+        adapter_id=adapter_id,
+        model_name=model,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        e2e_ms=(ttft or 0) + 100,
+        status=status,
+        started_at=at,
+        finished_at=at + timedelta(seconds=1),
+    )
 
 
 def seed_ledger(session: Session) -> SeededLedger:
@@ -48,30 +69,67 @@ def seed_ledger(session: Session) -> SeededLedger:
       -> 0.0032 + 0.00228 + 1.0 = 1.00548
     """
     plan = repository.create_price_plan(
-        session, "gold", price_per_1m_prompt_tokens=Decimal(2), price_per_1m_completion_tokens=Decimal(4),
-        price_storage_per_adapter_day=Decimal("0.5"), slo_ttft_ms=100.0, slo_tpot_ms=20.0,
+        session,
+        "gold",
+        price_per_1m_prompt_tokens=Decimal(2),
+        price_per_1m_completion_tokens=Decimal(4),
+        price_storage_per_adapter_day=Decimal("0.5"),
+        slo_ttft_ms=100.0,
+        slo_tpot_ms=20.0,
     )
     gold = repository.create_tenant(session, "gold-corp", plan_id=plan.id)
     free = repository.create_tenant(session, "free-corp")
-    adapter = Adapter(tenant_id=gold.id, name="writer", base_model_name="lorahost-base",
-                      created_at=START - timedelta(days=5))
+    adapter = Adapter(
+        tenant_id=gold.id,
+        name="writer",
+        base_model_name="lorahost-base",
+        created_at=START - timedelta(days=5),
+    )
     session.add(adapter)
     session.commit()
     at = START + timedelta(hours=10)
     _usage(session, gold.id, at, "ok", 1000, 500, ttft=50, tpot=10, adapter_id=adapter.id)
-    _usage(session, gold.id, at + timedelta(minutes=1), "ok", 200, 50, ttft=150, tpot=10, adapter_id=adapter.id)
+    _usage(
+        session, gold.id, at + timedelta(minutes=1), "ok", 200, 50, ttft=150, tpot=10, adapter_id=adapter.id
+    )
     _usage(session, gold.id, at + timedelta(minutes=2), "error", 300, 0, adapter_id=adapter.id)
-    _usage(session, gold.id, at + timedelta(minutes=3), "aborted", 100, 20, ttft=40, tpot=5, adapter_id=adapter.id)
+    _usage(
+        session,
+        gold.id,
+        at + timedelta(minutes=3),
+        "aborted",
+        100,
+        20,
+        ttft=40,
+        tpot=5,
+        adapter_id=adapter.id,
+    )
     _usage(session, gold.id, at + timedelta(minutes=4), "rejected", 0, 0, adapter_id=adapter.id)
     _usage(session, gold.id, END, "ok", 9999, 9999, ttft=1, tpot=1)  # end is exclusive
-    _usage(session, free.id, START + timedelta(days=1, hours=1), "ok", 10, 5, ttft=30, tpot=3, model="lorahost-base")
+    _usage(
+        session,
+        free.id,
+        START + timedelta(days=1, hours=1),
+        "ok",
+        10,
+        5,
+        ttft=30,
+        tpot=3,
+        model="lorahost-base",
+    )
     return SeededLedger(gold.id, free.id, adapter.id)
 
 
 def test_a_request_is_metered_at_most_once(db_session: Session) -> None:
     tenant = repository.create_tenant(db_session, "once")
     db_session.commit()
-    values = dict(request_id="req-dup", tenant_id=tenant.id, model_name="m", status="ok", started_at=START)
+    values = {
+        "request_id": "req-dup",
+        "tenant_id": tenant.id,
+        "model_name": "m",
+        "status": "ok",
+        "started_at": START,
+    }
     record_usage(db_session, **values)
     with pytest.raises(DuplicateUsageError, match="req-dup"):
         record_usage(db_session, **values)
@@ -89,19 +147,38 @@ def test_billing_report_bills_every_recorded_token_and_adapter_days(db_session: 
     seeded = seed_ledger(db_session)
     free, gold = billing_report(db_session, START, END)  # sorted by tenant name
     assert (gold.tenant_id, free.tenant_id) == (seeded.gold_tenant_id, seeded.free_tenant_id)
-    assert (gold.plan_name, gold.num_requests, gold.prompt_tokens, gold.completion_tokens) == ("gold", 5, 1600, 570)
+    assert (gold.plan_name, gold.num_requests, gold.prompt_tokens, gold.completion_tokens) == (
+        "gold",
+        5,
+        1600,
+        570,
+    )
     assert gold.adapter_days == Decimal("2.000000")
     assert (gold.prompt_cost, gold.completion_cost, gold.storage_cost) == (
-        Decimal("0.003200"), Decimal("0.002280"), Decimal("1.000000"))
+        Decimal("0.003200"),
+        Decimal("0.002280"),
+        Decimal("1.000000"),
+    )
     assert gold.total == Decimal("1.005480")
-    assert (free.plan_name, free.prompt_tokens, free.completion_tokens, free.total) == ("none", 10, 5, Decimal(0))
+    assert (free.plan_name, free.prompt_tokens, free.completion_tokens, free.total) == (
+        "none",
+        10,
+        5,
+        Decimal(0),
+    )
 
 
 def test_slo_report_by_tenant_judges_ok_and_error_against_the_plan(db_session: Session) -> None:
     seeded = seed_ledger(db_session)
     groups = {g.key: g for g in slo_report(db_session, START, END, "tenant")}
     gold = groups[seeded.gold_tenant_id]
-    assert (gold.num_requests, gold.num_ok, gold.num_error, gold.num_aborted, gold.num_rejected) == (5, 2, 1, 1, 1)
+    assert (gold.num_requests, gold.num_ok, gold.num_error, gold.num_aborted, gold.num_rejected) == (
+        5,
+        2,
+        1,
+        1,
+        1,
+    )
     assert gold.attainment == pytest.approx(1 / 3) and gold.error_rate == pytest.approx(1 / 3)
     assert (gold.ttft_p50, gold.ttft_p90, gold.ttft_p99) == pytest.approx((100.0, 140.0, 149.0))
     assert groups[seeded.free_tenant_id].attainment == 1.0
