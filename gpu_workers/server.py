@@ -255,7 +255,9 @@ def _router(runtime: WorkerRuntime) -> APIRouter:
         service = runtime.require_service()
         prepared = await service.prepare(body, received_at)
         return StreamingResponse(
-            _ndjson(service, prepared), media_type=NDJSON, background=BackgroundTask(service.finish, prepared)
+            _ndjson(service, prepared),
+            media_type=NDJSON,
+            background=BackgroundTask(_release, service, prepared),
         )
 
     @router.post("/adapters/prefetch")
@@ -289,6 +291,11 @@ def _router(runtime: WorkerRuntime) -> APIRouter:
         return JSONResponse({"status": status, "detail": runtime.load_error}, status_code=503)
 
     return router
+
+
+async def _release(service: WorkerService, prepared: PreparedRequest) -> None:
+    """Release the request's lease even if the stream never started (async: stays on the event loop)."""
+    service.finish(prepared)
 
 
 async def _ndjson(service: WorkerService, prepared: PreparedRequest) -> AsyncIterator[bytes]:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, PromptTooLongError
@@ -271,11 +271,14 @@ class WorkerService:
     async def stream(self, prepared: PreparedRequest) -> AsyncIterator[GenerateEvent]:
         """Deltas, then one final or error event. Closing the iterator early aborts the engine request."""
         last: RequestOutput | None = None
-        stream = self.engine.generate_stream(
-            prepared.request_id, prepared.token_ids, prepared.sampling_params, prepared.adapter_key
+        stream = cast(  # backends return async generators: aclose() aborts the engine request
+            AsyncGenerator[RequestOutput, None],
+            self.engine.generate_stream(
+                prepared.request_id, prepared.token_ids, prepared.sampling_params, prepared.adapter_key
+            ),
         )
         try:
-            async with aclosing(stream):  # closing this iterator early closes (aborts) the engine stream
+            async with aclosing(stream):  # closing this iterator early closes the engine stream
                 async for out in stream:
                     last = out
                     if out.new_token_ids or out.new_text:
