@@ -63,6 +63,11 @@ class RequestMeter:
         self.num_delivered_tokens += num_tokens
         self.is_prefilled = True
 
+    def withdraw_undelivered(self) -> None:
+        """Un-count tokens that were received but will never reach the client (a non-streamed response that
+        is not sent); the request stays prefilled."""
+        self.num_delivered_tokens = 0
+
     def latencies_ms(self, finished_s: float) -> tuple[float | None, float | None, float]:
         """(TTFT, mean TPOT, E2E) in ms; TTFT is None without a token, TPOT without a second one."""
         e2e = (finished_s - self.started_s) * 1000

@@ -432,25 +432,25 @@ def _finish_reason(event: GenerateEvent) -> str:
 async def _collect(
     prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
 ) -> JSONResponse:
-    """A non-streamed response: the whole generation, metered before it is returned."""
+    """A non-streamed response: the whole generation, metered before it is returned.
+
+    Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering)
+    and withdrawn if the response is never sent (error, cancellation): only what the client gets is billed.
+    """
     texts: list[str] = []
-    num_tokens = 0
     try:
         async for event in upstream.events():
             if event.type == "delta":
                 texts.append(event.text)
-                num_tokens += len(event.token_ids)
+                meter.on_delivered(len(event.token_ids))
             elif event.type == "final":
-                meter.on_delivered(num_tokens)
                 await ledger.record(meter, "ok")
-                body = _envelope(
-                    prepared,
-                    [_choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)],
-                    is_chunk=False,
-                )
+                choice = _choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)
+                body = _envelope(prepared, [choice], is_chunk=False)
                 return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
             else:
-                meter.is_prefilled = meter.is_prefilled or num_tokens > 0 or event.num_prompt_tokens > 0
+                meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
+                meter.withdraw_undelivered()
                 await ledger.record(meter, "error", f"{event.code}: {event.message}")
                 raise ApiError(
                     502, "worker_error", f"the worker failed while generating ({event.code}): {event.message}"
@@ -458,7 +458,11 @@ async def _collect(
     finally:
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
-            await _record_quietly(ledger, meter, "aborted", "the request was cancelled before it finished")
+            if not meter.is_recorded:
+                meter.withdraw_undelivered()
+                await _record_quietly(
+                    ledger, meter, "aborted", "the request was cancelled before it finished"
+                )
     raise AssertionError("unreachable: a worker stream always ends with final or error")
 
 
