@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from api.deps import CurrentTenant, ServicesDep, SessionDep
@@ -129,7 +130,8 @@ async def serve(
         prepared = await _prepare(request, tenant, session, services, meter, kind, path_model)
         upstream = await _start(services, prepared, meter)
     except (ApiError, RegistryError, PromptError) as exc:
-        session.rollback()  # end the request's read transaction before metering on a session of our own
+        # end the request's read transaction before metering on a session of our own
+        await run_in_threadpool(session.rollback)
         await ledger.record(meter, "rejected", _message(exc))
         raise _as_api_error(exc) from exc
     except Exception as exc:
@@ -164,6 +166,20 @@ async def _prepare(
     path_model: str | None,
 ) -> Prepared:
     body = await _parse_body(request, kind)
+    # DB lookups, tokenization and the (possibly Redis) rate limiter block: run them off the event loop.
+    return await run_in_threadpool(_admit_request, body, tenant, session, services, meter, kind, path_model)
+
+
+def _admit_request(
+    body: InferenceRequestBase,
+    tenant: Tenant,
+    session: Session,
+    services: Services,
+    meter: RequestMeter,
+    kind: Kind,
+    path_model: str | None,
+) -> Prepared:
+    """Validate, resolve, size-check and rate-limit a parsed request (blocking; runs in a thread)."""
     _refuse_unsupported(body)
     model = _model_ref(body.model, path_model)
     meter.model_name = repository.parse_model_ref(model).name
