@@ -294,6 +294,7 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
 
 def summary(results: list[dict], args: argparse.Namespace) -> dict:
     tps = {r["label"]: r["out_tok_s"] for r in results if "out_tok_s" in r}
+    best = {r["label"]: r["out_tok_s_best"] for r in results if "out_tok_s_best" in r}
     rss = {r["label"]: r["peak_rss_mb"] for r in results if "peak_rss_mb" in r}
     foreign = {r["label"]: r["other_cores_busy_during"] for r in results if "other_cores_busy_during" in r}
     ratios = {}
@@ -306,6 +307,7 @@ def summary(results: list[dict], args: argparse.Namespace) -> dict:
     return {
         "system": "summary",
         "out_tok_s": tps,
+        "out_tok_s_best": best,
         "peak_rss_mb": rss,
         "ratios": ratios,
         "other_cores_busy_during": foreign,
@@ -318,7 +320,21 @@ def summary(results: list[dict], args: argparse.Namespace) -> dict:
             "repeats": args.repeats,
         },
         "host": {"cpus": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version()},
+        "git": _git_state(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _git_state() -> dict:
+    """Commit of the tree being measured, and whether the engine sources differ from it."""
+
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", *a], cwd=str(REPO), capture_output=True, text=True, check=False)
+        return r.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "gpu_workers_dirty": bool(git("status", "--porcelain", "--", "gpu_workers")),
     }
 
 
