@@ -105,6 +105,7 @@ def run_completions(base_url: str, key: str, names: list[str]) -> None:
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+    console.print("(the demo model has seeded random weights: its text is gibberish by design)")
     for name in names:
         out = client.completions.create(model=name, prompt="the adapter serves a request", max_tokens=16,
                                         temperature=0)
@@ -124,7 +125,13 @@ def run_completions(base_url: str, key: str, names: list[str]) -> None:
 def print_reports(base_url: str, admin_key: str, key: str) -> None:
     """The tenant's own usage, the operator's bill and SLO table."""
     usage = _check(httpx.get(f"{base_url}/v1/usage", headers={"Authorization": f"Bearer {key}"}))
-    console.print("[bold]tenant usage:[/]", usage)
+    table = Table(title="Tenant usage (GET /v1/usage)")
+    for col in ("day", "model", "requests", "prompt tok", "completion tok", "by status"):
+        table.add_column(col)
+    for row in usage["data"]:
+        table.add_row(row["day"], row["model"], str(row["num_requests"]), str(row["prompt_tokens"]),
+                      str(row["completion_tokens"]), ", ".join(f"{k}={v}" for k, v in row["by_status"].items()))
+    console.print(table)
     admin = {"Authorization": f"Bearer {admin_key}"}
     bill = _check(httpx.get(f"{base_url}/v1/admin/billing", headers=admin))
     lines = bill.get("data", bill) if isinstance(bill, dict) else bill
