@@ -55,16 +55,15 @@ def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
     raise TimeoutError(f"lorahost serve did not become ready within {timeout_s:.0f} s")
 
 
-def wait_worker(base_url: str, key: str, timeout_s: float = 120.0) -> None:
-    """Wait until a completion on the base model succeeds (the in-process worker has registered)."""
+def wait_worker(base_url: str, timeout_s: float = 120.0) -> None:
+    """Wait until a worker has registered (it appears in the Prometheus worker gauges)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = httpx.post(f"{base_url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                       json={"model": "lorahost-base", "prompt": "hello", "max_tokens": 1})
-        if r.status_code == 200:
+        r = httpx.get(f"{base_url}/metrics", timeout=10)
+        if r.status_code == 200 and "lorahost_worker_queue_depth{" in r.text:
             return
-        time.sleep(1)
-    raise TimeoutError("no worker answered within the timeout")
+        time.sleep(0.5)
+    raise TimeoutError("no worker registered within the timeout")
 
 
 def _check(response: httpx.Response) -> Any:
@@ -169,7 +168,7 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool) -> int:
     try:
         wait_ready(base_url, proc)
         _, key = setup_tenant(base_url, admin_key)
-        wait_worker(base_url, key)
+        wait_worker(base_url)
         adapters = sorted((data_dir / "demo" / "adapters").iterdir())[:2]
         names = []
         for i, adapter_dir in enumerate(adapters):
