@@ -1,0 +1,16 @@
+# Image for the API, worker and job runner (see docker-compose.yml). Provide the torch wheel that fits the
+# host (CPU or CUDA) in ./wheels before building; pip prefers it over downloading one.
+FROM python:3.11-slim
+WORKDIR /app
+COPY wheels wheels
+RUN pip install --no-cache-dir --find-links wheels torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY api api
+COPY registry registry
+COPY scheduler scheduler
+COPY gpu_workers gpu_workers
+COPY jobs jobs
+COPY migrations migrations
+COPY lorahost lorahost
+RUN pip install --no-cache-dir --find-links wheels .
+ENTRYPOINT []
