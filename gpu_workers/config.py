@@ -17,6 +17,8 @@ class EngineConfig:
     KV memory: `num_kv_blocks` wins when set, else `kv_cache_bytes` is divided into blocks.
     `max_num_batched_tokens` is the per-step token budget (prefill chunks + decodes).
     `max_model_len` None means the model's max_position_embeddings (capped by the KV capacity).
+    `lora_stack_cache_size`: how many stacked adapter sets (one per batch composition, used by decode-sized
+    steps) are cached; 0 disables the stacked LoRA form.
     """
 
     model_path: Path | str
@@ -31,6 +33,7 @@ class EngineConfig:
     max_lora_rank: int = 256
     max_loaded_adapters: int = 1024
     num_threads: int | None = None
+    lora_stack_cache_size: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -42,6 +45,8 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_lora_rank", "kv_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lora_stack_cache_size < 0:
+            raise ValueError(f"lora_stack_cache_size must be >= 0, got {self.lora_stack_cache_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

@@ -242,6 +242,7 @@ class LLMEngine:
                 f"adapter {adapter.adapter_id!r} is used by running or waiting requests; "
                 "reload it after they finish"
             )
+        self.runner.forget_adapter(adapter.adapter_id)
         self.runner.adapters[adapter.adapter_id] = adapter
 
     def unload_adapter(self, adapter_id: str) -> None:
@@ -253,6 +254,7 @@ class LLMEngine:
                 f"adapter {adapter_id!r} is used by running or waiting requests; unload it after they finish"
             )
         del self.runner.adapters[adapter_id]
+        self.runner.forget_adapter(adapter_id)
 
     def loaded_adapters(self) -> list[str]:
         """Ids of the loaded adapters."""
@@ -280,6 +282,8 @@ class LLMEngine:
             "num_free_kv_blocks": self.block_manager.num_free_blocks,
             "num_loaded_adapters": len(self.runner.adapters),
             "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
+            "num_lora_stack_builds": self.runner.num_lora_stack_builds,
+            "lora_stack_bytes": self.runner.lora_stack_bytes(),
             "max_model_len": self.max_model_len,
             "dtype": str(self.runner.dtype).replace("torch.", ""),
             "device": str(self.runner.device),

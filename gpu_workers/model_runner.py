@@ -3,6 +3,7 @@ batch into tensors, runs the model and samples."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,13 +12,25 @@ import torch
 from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
 from gpu_workers.config import EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
-from gpu_workers.layers.lora import LoraAdapter, LoraBatch, LoraSegment
+from gpu_workers.layers.lora import (
+    LoraAdapter,
+    LoraBatch,
+    LoraSegment,
+    StackedLora,
+    build_stacked_lora,
+    stacked_masks,
+)
 from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.models.llama import LlamaForCausalLM, ModelArgs
 from gpu_workers.sequence import Sequence
 from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits
+
+# Cost model for choosing the LoRA form of a step (CPU-tuned, rough): a matmul-sized op costs ~20 us of
+# fixed overhead; the stacked form multiplies every token by every adapter of the batch (wasted flops).
+_OP_SECONDS = 20e-6
+_FLOPS_PER_SECOND = 2.5e11
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,11 @@ class ModelRunner:
         )
         self.kv_caches = self._allocate_kv_cache()
         self.adapters: dict[str, LoraAdapter] = {}
+        # Stacked adapter sets for decode-sized steps, LRU, keyed by the ordered adapter objects' ids
+        # (an entry holds its adapters, so a reloaded adapter gets a new key).
+        self.lora_stacks: OrderedDict[tuple[int, ...], StackedLora] = OrderedDict()
+        self.num_lora_stack_builds = 0
+        self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
         self.generators: dict[str, torch.Generator] = {}
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
@@ -220,8 +238,62 @@ class ModelRunner:
             is_all_decode=len(decode_rows) == num_tokens,
         )
 
+    def forget_adapter(self, adapter_id: str) -> None:
+        """Drop cached stacked sets that include an adapter (call when it is unloaded or replaced)."""
+        for key in [k for k, v in self.lora_stacks.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
+            del self.lora_stacks[key]
+
+    def lora_stack_bytes(self) -> int:
+        """Bytes held by the cached stacked adapter sets."""
+        return sum(v.num_bytes for v in self.lora_stacks.values())
+
+    def _cost_of(self, adapter: LoraAdapter) -> tuple[int, int]:
+        """(matmul ops per step in the segment form, weight elements) of one adapter."""
+        cost = self._adapter_cost.get(id(adapter))
+        if cost is None:
+            ops = sum(1 + len(p.parts) for layer in adapter.layers for p in layer.values())
+            elems = sum(
+                p.a_t.numel() + sum(b.numel() for *_, b in p.parts) for layer in adapter.layers for p in layer.values()
+            )
+            cost = (ops, elems)
+            if len(self._adapter_cost) > 4 * max(len(self.adapters), 64):
+                self._adapter_cost.clear()
+            self._adapter_cost[id(adapter)] = cost
+        return cost
+
+    def _use_stacked(self, segments: list[LoraSegment], num_tokens: int) -> bool:
+        """Stacked when its wasted flops cost less than the segment loop's per-op overhead."""
+        if len(segments) < 2 or self.config.lora_stack_cache_size <= 0:
+            return False
+        seg_ops = seg_elems = total_elems = max_ops = 0
+        for seg in segments:
+            ops, elems = self._cost_of(seg.adapter)
+            seg_ops += ops
+            seg_elems += elems * (seg.end - seg.start)
+            total_elems += elems
+            max_ops = max(max_ops, ops)
+        segment_cost = seg_ops * _OP_SECONDS + 2 * seg_elems / _FLOPS_PER_SECOND
+        # stacked: about the ops of the largest adapter + one mask multiply per (layer, projection)
+        stacked_ops = max_ops + sum(len(layer) for layer in segments[0].adapter.layers)
+        stacked_cost = stacked_ops * _OP_SECONDS + 2 * num_tokens * total_elems / _FLOPS_PER_SECOND
+        return stacked_cost < segment_cost
+
+    def _stacked_lora(self, adapters: tuple[LoraAdapter, ...]) -> StackedLora:
+        key = tuple(id(a) for a in adapters)
+        stacked = self.lora_stacks.get(key)
+        if stacked is not None:
+            self.lora_stacks.move_to_end(key)
+            return stacked
+        stacked = build_stacked_lora(adapters)
+        self.num_lora_stack_builds += 1
+        self.lora_stacks[key] = stacked
+        while len(self.lora_stacks) > self.config.lora_stack_cache_size:
+            self.lora_stacks.popitem(last=False)
+        return stacked
+
     def _lora_batch(self, entries: list[BatchEntry]) -> LoraBatch:
-        """Contiguous token ranges per adapter (entries are already sorted by adapter)."""
+        """Contiguous token ranges per adapter (entries are already sorted by adapter); stacked form for
+        decode-sized steps."""
         segments: list[LoraSegment] = []
         row = 0
         for entry in entries:
@@ -234,4 +306,11 @@ class ModelRunner:
                 else:
                     segments.append(LoraSegment(row, end, self.adapters[adapter_id]))
             row = end
-        return LoraBatch(tuple(segments))
+        if not self._use_stacked(segments, row):
+            return LoraBatch(tuple(segments))
+        stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
+        token_owner = torch.full((row,), -1, dtype=torch.long)
+        for pos, seg in enumerate(segments):
+            token_owner[seg.start:seg.end] = pos
+        masks = stacked_masks(stacked, token_owner.to(self.device), self.dtype)
+        return LoraBatch(tuple(segments), stacked, masks)

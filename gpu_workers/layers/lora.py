@@ -4,6 +4,13 @@ Tokens of a batch are sorted so each adapter's tokens are contiguous (a segment)
 projection (qkv, o, gate_up, down) and every segment we do one x_seg @ A_cat and one addmm per target
 sub-module into its output column slice. No per-token weight gather, no padding to a max rank: each
 adapter costs its own rank. The LoRA scale is folded into B at load time.
+
+Decode-sized steps (many segments of a token or two) would pay hundreds of tiny matmuls per step, each
+dominated by per-call overhead. For those the runner uses a stacked form instead: per layer and projection,
+the batch's adapters' A (columns) and B (rows) concatenated once per adapter set (cached, see
+`StackedLora`), so a projection costs one x @ A_cat, one multiply by a [num_tokens, sum_ranks] 0/1 mask
+(each token keeps only its own adapter's columns; built once per step, shared by all layers) and one addmm
+per target sub-module. Its cost is proportional to the sum of the batch's ranks, still with no padding.
 """
 
 from __future__ import annotations
@@ -56,10 +63,43 @@ class LoraSegment:
 
 
 @dataclass(frozen=True)
+class StackedProjection:
+    """The batch's adapters on one merged projection of one layer, concatenated along the rank dim.
+
+    a_t: [in_features, S] (columns grouped by target sub-module, then by adapter in batch order).
+    parts: (s_start, s_end, col_start, col_end, b_t) with b_t: [s_end - s_start, out_cols] (scale folded).
+    layout: index of the column-owner layout (StackedLora.owners) that masks xa = x @ a_t.
+    """
+
+    a_t: torch.Tensor
+    parts: tuple[tuple[int, int, int, int, torch.Tensor], ...]
+    layout: int
+
+
+@dataclass(frozen=True)
+class StackedLora:
+    """Stacked weights of an ordered set of adapters (one batch composition), for every layer.
+
+    owners[layout]: [S] long, position (in `adapters`) of the adapter owning each stacked column.
+    """
+
+    adapters: tuple[LoraAdapter, ...]
+    layers: tuple[dict[str, StackedProjection], ...]
+    owners: tuple[torch.Tensor, ...]
+    num_bytes: int
+
+
+@dataclass(frozen=True)
 class LoraBatch:
-    """Per-step segment metadata, built once per step and reused by every layer."""
+    """Per-step segment metadata, built once per step and reused by every layer.
+
+    When `stacked` is set, the step uses the stacked form: masks[layout] is [num_tokens, S] in the compute
+    dtype, 1 where the token's adapter owns the column, else 0 (tokens without adapter: all 0).
+    """
 
     segments: tuple[LoraSegment, ...]
+    stacked: StackedLora | None = None
+    masks: tuple[torch.Tensor, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -74,6 +114,17 @@ def add_lora_delta(
 
     out: [num_tokens, out_features] (merged projection output, updated in place); x: [num_tokens, in].
     """
+    if lora.stacked is not None:
+        stacked = lora.stacked.layers[layer_idx].get(projection)
+        if stacked is None:
+            return
+        xa = torch.mm(x, stacked.a_t).mul_(lora.masks[stacked.layout])  # [num_tokens, S]
+        if len(stacked.parts) == 1 and stacked.parts[0][3] - stacked.parts[0][2] == out.shape[1]:
+            out.addmm_(xa, stacked.parts[0][4])
+            return
+        for s0, s1, c0, c1, b_t in stacked.parts:
+            out[:, c0:c1].addmm_(xa[:, s0:s1], b_t)
+        return
     for seg in lora.segments:
         proj = seg.adapter.layers[layer_idx].get(projection)
         if proj is None:
@@ -109,3 +160,53 @@ def build_lora_projection(
         return None
     a_t = torch.cat(a_parts, dim=1).to(dtype=dtype, device=device).contiguous()  # [in, sum_ranks]
     return LoraProjection(a_t=a_t, parts=tuple(parts))
+
+
+def build_stacked_lora(adapters: tuple[LoraAdapter, ...]) -> StackedLora:
+    """Concatenate the adapters' per-layer A columns and B rows (grouped by target sub-module)."""
+    num_layers = len(adapters[0].layers)
+    layouts: dict[tuple[tuple[int, int], ...], int] = {}
+    owners: list[torch.Tensor] = []
+    layers: list[dict[str, StackedProjection]] = []
+    num_bytes = 0
+    for layer_idx in range(num_layers):
+        packed: dict[str, StackedProjection] = {}
+        for projection in PROJECTIONS:
+            # (col_start, col_end) of a sub-module -> [(adapter position, a columns, b_t)]
+            groups: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+            for pos, adapter in enumerate(adapters):
+                proj = adapter.layers[layer_idx].get(projection)
+                if proj is None:
+                    continue
+                for r0, r1, c0, c1, b_t in proj.parts:
+                    groups.setdefault((c0, c1), []).append((pos, proj.a_t[:, r0:r1], b_t))
+            if not groups:
+                continue
+            a_cols: list[torch.Tensor] = []
+            parts: list[tuple[int, int, int, int, torch.Tensor]] = []
+            runs: list[tuple[int, int]] = []
+            offset = 0
+            for (c0, c1), members in sorted(groups.items()):
+                start = offset
+                for pos, a_cols_m, _ in members:
+                    a_cols.append(a_cols_m)
+                    runs.append((pos, a_cols_m.shape[1]))
+                    offset += a_cols_m.shape[1]
+                b_cat = torch.cat([b for *_, b in members], dim=0)  # [group ranks, out_cols]
+                parts.append((start, offset, c0, c1, b_cat))
+            a_t = torch.cat(a_cols, dim=1)  # [in, S]
+            key = tuple(runs)
+            if key not in layouts:
+                layouts[key] = len(owners)
+                owners.append(
+                    torch.cat([torch.full((n,), pos, dtype=torch.long) for pos, n in runs]).to(a_t.device)
+                )
+            packed[projection] = StackedProjection(a_t=a_t, parts=tuple(parts), layout=layouts[key])
+            num_bytes += a_t.numel() * a_t.element_size() + sum(b.numel() * b.element_size() for *_, b in parts)
+        layers.append(packed)
+    return StackedLora(adapters=adapters, layers=tuple(layers), owners=tuple(owners), num_bytes=num_bytes)
+
+
+def stacked_masks(stacked: StackedLora, token_owner: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """token_owner: [num_tokens] adapter position per token (-1: none) -> one [num_tokens, S] 0/1 mask per layout."""
+    return tuple((token_owner.unsqueeze(1) == owner.unsqueeze(0)).to(dtype) for owner in stacked.owners)

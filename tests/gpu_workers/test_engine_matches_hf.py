@@ -77,3 +77,32 @@ def test_bf16_logits_match_peft_loosely(
     for i, (prompt, adapter) in enumerate(zip(prompts, adapters)):
         expected = hf_oracle.logits(prompt, adapter)
         assert (logits[i] - expected).abs().max() < 0.05 * expected.abs().max() + 0.05
+
+
+def test_stacked_decode_lora_matches_segment_loop_and_peft(
+    make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict
+) -> None:
+    """Decode steps of a mixed batch use the stacked LoRA form (cached per adapter set); disabling it
+    (lora_stack_cache_size=0) gives the same tokens, and both equal peft."""
+    adapters: list[str | None] = [*adapter_dirs, None, *adapter_dirs]
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
+    stacked = make_engine()
+    outs = stacked.generate(prompts, GREEDY, adapter_ids=adapters)
+    builds = stacked.stats()["num_lora_stack_builds"]
+    assert builds >= 1
+    assert builds < NUM_TOKENS  # reused across decode steps of the same batch composition
+    assert stacked.stats()["lora_stack_bytes"] > 0
+    looped = make_engine(lora_stack_cache_size=0)
+    outs_loop = looped.generate(prompts, GREEDY, adapter_ids=adapters)
+    assert looped.stats()["num_lora_stack_builds"] == 0
+    for prompt, adapter, out, out_loop in zip(prompts, adapters, outs, outs_loop):
+        assert out.token_ids == out_loop.token_ids == hf_oracle.greedy(prompt, adapter, NUM_TOKENS), adapter
+
+
+def test_stacked_lora_cache_drops_unloaded_adapters(make_engine: Any, prompt_ids: list[list[int]]) -> None:
+    engine = make_engine()
+    names = engine.loaded_adapters()[:3]
+    engine.generate([prompt_ids[0]] * 3, GREEDY, adapter_ids=names)
+    assert engine.runner.lora_stacks
+    engine.unload_adapter(names[0])
+    assert not any(a.adapter_id == names[0] for s in engine.runner.lora_stacks.values() for a in s.adapters)
