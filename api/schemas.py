@@ -209,6 +209,11 @@ class InferenceRequestBase(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM extensions (not in OpenAI's API): ignore_eos keeps generating past the end-of-sequence token;
+    # min_tokens is honoured only when trivially true (0, or ignore_eos without stop strings: the completion
+    # then always has max_tokens tokens) because the engine has no min_tokens of its own.
+    ignore_eos: bool = False
+    min_tokens: int | None = Field(default=None, ge=0)
     # Accepted only at their no-op values (the route refuses anything else, naming the field).
     n: int | None = None
     logprobs: Any = None

@@ -6,6 +6,9 @@ auth -> parse + refuse unsupported fields -> resolve the model -> tokenize and s
 rate limit -> route to a worker and read its first event (one retry on another worker) -> stream back.
 Every refusal after authentication is metered as `rejected` with zero tokens.
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`); the usage row is written before [DONE].
+A stream sends one chunk per worker delta that carries tokens, even when its text is empty (as vLLM does).
+vLLM extension fields: `ignore_eos` (bool, forwarded to the engine) and `min_tokens` (only 0, or with
+ignore_eos=true and no stop strings, when every completion has max_tokens tokens; else a 400).
 """
 
 from __future__ import annotations
@@ -187,6 +190,7 @@ def _admit_request(
     prompt_ids = _prompt_ids(_tokenizer(services), body)
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = _check_sizes(services, body, len(prompt_ids))
+    _check_min_tokens(body, max_tokens)
     plan = tenant.plan
     limits = RateLimits(plan.requests_per_min, plan.tokens_per_min) if plan else RateLimits()
     session.commit()  # end the auth/lookup transaction: nothing is held open while the request runs
@@ -198,6 +202,7 @@ def _admit_request(
         top_p=body.top_p,
         seed=body.seed,
         stop=body.stop_list(),
+        ignore_eos=body.ignore_eos,
     )
     return Prepared(
         kind=kind,
@@ -354,6 +359,18 @@ def _check_sizes(services: Services, body: InferenceRequestBase, num_prompt: int
     return requested
 
 
+def _check_min_tokens(body: InferenceRequestBase, max_tokens: int) -> None:
+    """Refuse a min_tokens the engine cannot guarantee (it has no min_tokens; see InferenceRequestBase)."""
+    min_tokens = body.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise PromptError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; lower min_tokens")
+    if min_tokens > 0 and (not body.ignore_eos or body.stop_list()):
+        raise PromptError(
+            f"min_tokens={min_tokens} is only supported with ignore_eos=true and no stop strings (the "
+            "completion then always has max_tokens tokens); send min_tokens=0 or set ignore_eos=true"
+        )
+
+
 def _admit(services: Services, tenant_id: str, num_tokens: int, limits: RateLimits) -> None:
     decision = services.extras["rate_limiter"].acquire(tenant_id, num_tokens, limits)
     if not decision.is_allowed:
@@ -410,8 +427,15 @@ def usage_dict(meter: RequestMeter, status: str) -> dict[str, int]:
 
 
 def _choice(
-    kind: Kind, text: str, finish_reason: str | None, *, is_chunk: bool, is_first: bool = False
+    kind: Kind,
+    text: str,
+    finish_reason: str | None,
+    *,
+    is_chunk: bool,
+    is_first: bool = False,
+    has_content: bool = False,
 ) -> dict[str, Any]:
+    """One choice; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks)."""
     if kind == "text":
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     if not is_chunk:
@@ -421,9 +445,9 @@ def _choice(
             "logprobs": None,
             "finish_reason": finish_reason,
         }
-    delta: dict[str, Any] = (
-        {"role": "assistant", "content": text} if is_first else ({"content": text} if text else {})
-    )
+    delta: dict[str, Any] = {"content": text} if (text or has_content or is_first) else {}
+    if is_first:
+        delta = {"role": "assistant", **delta}
     return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
@@ -511,8 +535,12 @@ async def _stream_body(
     is_first = prepared.kind == "chat"
     status, error = "ok", None
     async for event in upstream.events():
-        if event.type == "delta" and (event.text or is_first):
-            choice = _choice(prepared.kind, event.text, None, is_chunk=True, is_first=is_first)
+        if event.type == "delta" and (event.token_ids or event.text or is_first):
+            # one chunk per worker delta, even when its text is still empty (a special token, a partial
+            # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
+            choice = _choice(
+                prepared.kind, event.text, None, is_chunk=True, is_first=is_first, has_content=True
+            )
             is_first = False
             yield _sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
         if event.type == "delta":

@@ -430,3 +430,74 @@ def test_final_event_without_tokens_is_ok_with_zero_completion(
     assert body["choices"][0]["text"] == "" and body["choices"][0]["finish_reason"] == "stop"
     [row] = usage_rows(db_session, tenant.id)
     assert (row.status, row.completion_tokens, row.ttft_ms) == ("ok", 0, None)
+
+
+def test_stream_sends_a_chunk_for_every_token_delta_even_with_empty_text(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
+) -> None:
+    events = [delta("", 2), delta("", 3), delta("ok", 4), final(0, 3)]
+    workers.add("w1", events=events)
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        headers=tenant.headers,
+        json={"model": BASE_MODEL, "prompt": "hi", "max_tokens": 3, "stream": True},
+    ) as response:
+        chunks = sse_events(response.read().decode())[:-1]
+    assert [c["choices"][0]["text"] for c in chunks] == ["", "", "ok", ""]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
+
+
+def test_chat_stream_sends_a_content_chunk_for_every_token_delta_even_with_empty_text(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
+) -> None:
+    workers.add("w1", events=[delta("", 2), delta("", 3), delta("ok", 4), final(0, 3)])
+    body = {"model": BASE_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body, headers=tenant.headers) as response:
+        chunks = sse_events(response.read().decode())[:-1]
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""},
+        {"content": ""},
+        {"content": "ok"},
+        {},
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_vllm_ignore_eos_and_min_tokens_are_forwarded(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, path: str
+) -> None:
+    worker = workers.add("w1")
+    prompt = (
+        {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    body = {"model": BASE_MODEL, **prompt, "max_tokens": 3}
+    assert client.post(
+        path, json=body | {"ignore_eos": True, "min_tokens": 3}, headers=tenant.headers
+    ).is_success
+    assert client.post(path, json=body | {"min_tokens": 0}, headers=tenant.headers).is_success
+    assert [r.sampling.ignore_eos for r in worker.requests] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"min_tokens": 2}, "only supported with ignore_eos=true"),
+        ({"min_tokens": 2, "ignore_eos": True, "stop": ["x"]}, "no stop strings"),
+        ({"min_tokens": 5, "ignore_eos": True}, "above max_tokens=3"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"ignore_eos": "sometimes"}, "ignore_eos"),
+    ],
+)
+def test_min_tokens_the_engine_cannot_guarantee_is_a_400_saying_why(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    extra: dict[str, object],
+    expected: str,
+) -> None:
+    worker = workers.add("w1")
+    response = complete(client, tenant, max_tokens=3, **extra)
+    assert response.status_code == 400 and expected in response.json()["error"]["message"], response.text
+    assert worker.requests == []
