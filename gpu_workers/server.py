@@ -424,7 +424,7 @@ def run_worker(settings: Settings) -> None:
     """Serve a worker until SIGTERM/SIGINT, then drain, deregister and return (blocking)."""
     if not settings.internal_token:
         raise ValueError("a worker needs LORAHOST_INTERNAL_TOKEN (the API servers send the same token)")
-    sock = bind_socket(settings.worker_host, settings.worker_port)
+    sock = bind_socket(settings.worker_host, settings.resolved_worker_port())
     runtime = make_runtime(settings, sock, make_directory(settings), settings.internal_token)
     config = uvicorn.Config(create_worker_app(runtime), log_level="info", timeout_graceful_shutdown=5)
     _DrainingServer(config, runtime).run(sockets=[sock])
@@ -434,7 +434,8 @@ class EmbeddedWorker:
     """An in-process worker for `lorahost serve` and tests: uvicorn on 127.0.0.1 in a daemon thread.
 
     `start()` returns once the port listens; the model loads in the background (/ready says when).
-    The token is settings.internal_token, or a generated one.
+    The token is settings.internal_token, or a generated one. The port is settings.worker_port when it was
+    set (LORAHOST_WORKER_PORT), else a free one.
     """
 
     def __init__(
@@ -447,7 +448,7 @@ class EmbeddedWorker:
     ) -> None:
         self.internal_token = settings.internal_token or secrets.token_urlsafe(32)
         self.directory = directory if directory is not None else InMemoryWorkerDirectory()
-        self._sock = bind_socket(host, 0)
+        self._sock = bind_socket(host, settings.resolved_worker_port(default=0))
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.runtime = make_runtime(

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+DEFAULT_WORKER_PORT = 8100
+
 
 class Settings(BaseSettings):
     """All platform configuration. Construct once in an entry point (CLI, app factory, worker)."""
@@ -49,7 +51,11 @@ class Settings(BaseSettings):
 
     # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
     worker_host: str = Field(default="127.0.0.1", description="Worker bind address")
-    worker_port: int = Field(default=8100, description="Worker port (0 = pick a free port)")
+    worker_port: int | None = Field(
+        default=None,
+        description="Worker port; 0 = a free port; unset = 8100 for `lorahost worker`, a free port for the "
+        "in-process worker of `lorahost serve`",
+    )
     worker_advertise_url: str | None = Field(
         default=None, description="URL API servers reach this worker at; default http://worker_host:worker_port"
     )
@@ -85,6 +91,10 @@ class Settings(BaseSettings):
     def resolved_broker_url(self) -> str | None:
         """The Celery broker URL (falls back to the Redis URL)."""
         return self.celery_broker_url or self.redis_url
+
+    def resolved_worker_port(self, default: int = DEFAULT_WORKER_PORT) -> int:
+        """The worker port: worker_port when set, else `default` (0 = pick a free port)."""
+        return self.worker_port if self.worker_port is not None else default
 
     def resolved_heartbeat_ttl_s(self) -> float:
         """How long a worker's membership lives without a heartbeat (default 3x the interval)."""

@@ -1,0 +1,41 @@
+"""LORAHOST_WORKER_PORT: honoured by the in-process worker of `lorahost serve` when set, else a free port."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from gpu_workers.server import EmbeddedWorker
+from gpu_workers.testing import free_port
+from registry.settings import DEFAULT_WORKER_PORT, Settings
+
+
+def _serve_health(worker: EmbeddedWorker) -> int:
+    worker.start()
+    try:
+        return httpx.get(
+            f"{worker.url}/internal/v1/health", headers={"Authorization": "Bearer t"}
+        ).status_code
+    finally:
+        worker.stop(drain=False)
+
+
+def test_embedded_worker_binds_the_configured_worker_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    monkeypatch.setenv("LORAHOST_WORKER_PORT", str(port))
+    worker = EmbeddedWorker(Settings(internal_token="t"))
+    assert worker.port == port and worker.url == f"http://127.0.0.1:{port}"
+    assert _serve_health(worker) == 200
+
+
+def test_embedded_worker_picks_a_free_port_when_none_is_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LORAHOST_WORKER_PORT", raising=False)
+    worker = EmbeddedWorker(Settings(internal_token="t"))
+    assert worker.port not in (0, DEFAULT_WORKER_PORT)
+    assert _serve_health(worker) == 200
+
+
+def test_standalone_worker_port_defaults_to_8100_and_zero_means_free() -> None:
+    assert Settings().resolved_worker_port() == DEFAULT_WORKER_PORT == 8100
+    assert Settings(worker_port=0).resolved_worker_port() == 0
+    assert Settings(worker_port=9001).resolved_worker_port(default=0) == 9001
