@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.caches import TtlCache
 from api.metering import UsageLedger
 from api.metrics import ApiMetrics
 from api.prompting import load_base_tokenizer
@@ -15,7 +16,7 @@ from jobs.dispatch import JobDispatcher, make_job_dispatcher
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
-from registry.membership import WorkerRecord
+from registry.membership import InMemoryWorkerDirectory, WorkerRecord
 from registry.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from registry.settings import Settings
 from registry.storage import BlobStore, make_blob_store
@@ -81,6 +82,8 @@ def build_services(
 #   "worker_client"    api.worker_client.WorkerClient (created in the app lifespan: it owns an AsyncClient)
 #   "worker_directory" registry.membership.WorkerDirectory, published by whoever runs/knows the workers
 #   "internal_token"   the workers' bearer token (defaults to settings.internal_token)
+#   "auth_cache"       api.caches.TtlCache[str, TenantAuth] (verified keys, settings.auth_cache_ttl_s)
+#   "model_cache"      api.caches.TtlCache[(tenant id, model), ResolvedModel] (settings.model_cache_ttl_s)
 
 
 def make_rate_limiter(settings: Settings) -> RateLimiter:
@@ -100,6 +103,11 @@ def live_workers(services: Services) -> list[WorkerRecord]:
     return directory.list_live() if directory is not None else []
 
 
+def is_in_memory_directory(services: Services) -> bool:
+    """True when the worker directory is process-local (cheap enough to read on the event loop)."""
+    return isinstance(services.extras.get("worker_directory"), InMemoryWorkerDirectory | None)
+
+
 def ensure_inference_services(services: Services) -> None:
     """Fill in the inference extras that are missing (idempotent; pass your own to replace any)."""
     extras = services.extras
@@ -109,5 +117,9 @@ def ensure_inference_services(services: Services) -> None:
         extras["rate_limiter"] = make_rate_limiter(services.settings)
     if "metrics" not in extras:
         extras["metrics"] = ApiMetrics(list_workers=lambda: live_workers(services))
+    if "auth_cache" not in extras:
+        extras["auth_cache"] = TtlCache(services.settings.auth_cache_ttl_s)
+    if "model_cache" not in extras:
+        extras["model_cache"] = TtlCache(services.settings.model_cache_ttl_s)
     if "usage_ledger" not in extras:
         extras["usage_ledger"] = UsageLedger(services.session_factory, extras["metrics"])

@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     max_archive_members: int = 8
     max_prompt_tokens: int = 4096
     max_completion_tokens: int = 2048
+    auth_cache_ttl_s: float = Field(
+        default=5.0, ge=0, description="API: verified keys cached per process; the revocation delay across replicas"
+    )
+    model_cache_ttl_s: float = Field(
+        default=2.0, ge=0, description="API: resolved adapter versions cached per process (0 = off)"
+    )
 
     # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
     worker_host: str = Field(default="127.0.0.1", description="Worker bind address")

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.caches import forget_model_name
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
@@ -133,10 +134,14 @@ def get_adapter(ref: str, tenant: CurrentTenant, session: SessionDep) -> Adapter
 
 
 @router.delete("/{name}", response_model=AdapterDeleted)
-def delete_adapter(name: str, tenant: CurrentTenant, session: SessionDep) -> AdapterDeleted:
-    """Soft-delete one of the tenant's adapters (all its versions stop being served)."""
+def delete_adapter(
+    name: str, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> AdapterDeleted:
+    """Soft-delete one of the tenant's adapters (all its versions stop being served: at once through this
+    API process, within settings.model_cache_ttl_s through the others)."""
     if "@" in name:
         raise ApiError(400, "invalid_request", "delete removes a whole adapter: use its name without @N")
     adapter = repository.soft_delete_adapter(session, tenant.id, name)
     session.commit()
+    forget_model_name(services.extras["model_cache"], name)
     return AdapterDeleted(id=adapter.id, name=adapter.name)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import AdminDep, SessionDep
+from api.caches import forget_key, forget_tenant
+from api.deps import AdminDep, ServicesDep, SessionDep
 from api.schemas import (
     ApiKeyCreated,
     ApiKeyRevoked,
@@ -36,11 +37,16 @@ def list_tenants(_: AdminDep, session: SessionDep) -> ListResponse:
 
 
 @router.patch("/tenants/{tenant_id}", response_model=TenantPublic)
-def update_tenant(tenant_id: str, body: TenantUpdate, _: AdminDep, session: SessionDep) -> TenantPublic:
-    """Disable/enable a tenant or change its plan (only the fields sent change)."""
+def update_tenant(
+    tenant_id: str, body: TenantUpdate, _: AdminDep, session: SessionDep, services: ServicesDep
+) -> TenantPublic:
+    """Disable/enable a tenant or change its plan (only the fields sent change).
+
+    Applies at once on this API process; other replicas see it within settings.auth_cache_ttl_s."""
     changes = body.model_dump(include=body.model_fields_set)
     tenant = repository.update_tenant(session, tenant_id, **changes)
     session.commit()
+    forget_tenant(services.extras["auth_cache"], tenant_id)
     return TenantPublic.model_validate(tenant)
 
 
@@ -53,10 +59,12 @@ def create_key(tenant_id: str, _: AdminDep, session: SessionDep) -> ApiKeyCreate
 
 
 @router.delete("/keys/{key_id}", response_model=ApiKeyRevoked)
-def revoke_key(key_id: str, _: AdminDep, session: SessionDep) -> ApiKeyRevoked:
-    """Revoke an API key (it stops authenticating immediately)."""
+def revoke_key(key_id: str, _: AdminDep, session: SessionDep, services: ServicesDep) -> ApiKeyRevoked:
+    """Revoke an API key: it stops authenticating at once on this API process and within
+    settings.auth_cache_ttl_s on the other replicas (their in-process auth caches)."""
     row = repository.revoke_api_key(session, key_id)
     session.commit()
+    forget_key(services.extras["auth_cache"], key_id)
     return ApiKeyRevoked(id=row.id, tenant_id=row.tenant_id, revoked_at=row.revoked_at)
 
 

@@ -24,21 +24,20 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from api.deps import CurrentTenant, ServicesDep, SessionDep
+from api.caches import ResolvedModel, TenantAuth, TtlCache
+from api.deps import InferenceTenant, ServicesDep
 from api.errors import ApiError
 from api.metering import RequestMeter, UsageLedger
 from api.prompting import BaseModelTokenizer, PromptError
 from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
-from api.services import Services
+from api.services import Services, is_in_memory_directory, live_workers
 from api.worker_client import WorkerStream, WorkerUnavailableError
 from registry import repository
 from registry.errors import RegistryError
-from registry.models import Tenant
-from registry.ratelimit import RateLimits
+from registry.ratelimit import InMemoryRateLimiter, RateLimits
 from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec
 from scheduler.router import RouteRequest
 
@@ -49,6 +48,7 @@ Kind = Literal["text", "chat"]
 RETRY_AFTER_NO_WORKER_S = 2
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
+MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool, off the event loop
 # Fields the route knows but cannot honour, with the only value(s) it accepts for each.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
@@ -79,27 +79,23 @@ def _body_schema(model: type[InferenceRequestBase]) -> dict[str, Any]:
 
 
 @router.post("/completions", openapi_extra=_body_schema(CompletionRequest))
-async def create_completion(
-    request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
-) -> Any:
+async def create_completion(request: Request, tenant: InferenceTenant, services: ServicesDep) -> Any:
     """Text completion (OpenAI `POST /v1/completions`), plain or streamed."""
-    return await serve(request, tenant, session, services, "text")
+    return await serve(request, tenant, services, "text")
 
 
 @router.post("/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
-async def create_chat_completion(
-    request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
-) -> Any:
+async def create_chat_completion(request: Request, tenant: InferenceTenant, services: ServicesDep) -> Any:
     """Chat completion (OpenAI `POST /v1/chat/completions`), plain or streamed."""
-    return await serve(request, tenant, session, services, "chat")
+    return await serve(request, tenant, services, "chat")
 
 
 @router.post("/adapters/{name}/completions", openapi_extra=_body_schema(CompletionRequest))
 async def create_adapter_completion(
-    name: str, request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+    name: str, request: Request, tenant: InferenceTenant, services: ServicesDep
 ) -> Any:
     """Text completion with the adapter in the path (`model` may be omitted, or `name@N` to pin)."""
-    return await serve(request, tenant, session, services, "text", path_model=name)
+    return await serve(request, tenant, services, "text", path_model=name)
 
 
 # ---- preparing a request -------------------------------------------------------------------------------
@@ -120,21 +116,18 @@ class Prepared:
 
 async def serve(
     request: Request,
-    tenant: Tenant,
-    session: Session,
+    tenant: TenantAuth,
     services: Services,
     kind: Kind,
     path_model: str | None = None,
 ) -> Any:
     """Run one inference request end to end, metering it exactly once."""
     ledger: UsageLedger = services.extras["usage_ledger"]
-    meter = ledger.start(tenant.id)
+    meter = ledger.start(tenant.tenant_id)
     try:
-        prepared = await _prepare(request, tenant, session, services, meter, kind, path_model)
+        prepared = await _prepare(request, tenant, services, meter, kind, path_model)
         upstream = await _start(services, prepared, meter)
     except (ApiError, RegistryError, PromptError) as exc:
-        # end the request's read transaction before metering on a session of our own
-        await run_in_threadpool(session.rollback)
         await ledger.record(meter, "rejected", _message(exc))
         raise _as_api_error(exc) from exc
     except Exception as exc:
@@ -161,40 +154,51 @@ def _as_api_error(exc: Exception) -> Exception:
 
 async def _prepare(
     request: Request,
-    tenant: Tenant,
-    session: Session,
+    tenant: TenantAuth,
     services: Services,
     meter: RequestMeter,
     kind: Kind,
     path_model: str | None,
 ) -> Prepared:
+    """Validate, resolve, size-check and rate-limit a request.
+
+    The hot path stays on the event loop (no threadpool hop, no DB query): the model comes from the model
+    cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long
+    prompts and the Redis limiter run in the threadpool.
+    """
     body = await _parse_body(request, kind)
-    # DB lookups, tokenization and the (possibly Redis) rate limiter block: run them off the event loop.
-    return await run_in_threadpool(_admit_request, body, tenant, session, services, meter, kind, path_model)
-
-
-def _admit_request(
-    body: InferenceRequestBase,
-    tenant: Tenant,
-    session: Session,
-    services: Services,
-    meter: RequestMeter,
-    kind: Kind,
-    path_model: str | None,
-) -> Prepared:
-    """Validate, resolve, size-check and rate-limit a parsed request (blocking; runs in a thread)."""
     _refuse_unsupported(body)
     model = _model_ref(body.model, path_model)
     meter.model_name = repository.parse_model_ref(model).name
-    adapter_ref, base_model = _resolve(session, tenant.id, model, services, meter)
-    prompt_ids = _prompt_ids(_tokenizer(services), body)
+    resolved = await _resolve(services, tenant.tenant_id, model)
+    meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
+    tokenizer = _tokenizer(services)
+    if _prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
+        prompt_ids = _prompt_ids(tokenizer, body)
+    else:
+        prompt_ids = await run_in_threadpool(_prompt_ids, tokenizer, body)
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = _check_sizes(services, body, len(prompt_ids))
     _check_min_tokens(body, max_tokens)
-    plan = tenant.plan
-    limits = RateLimits(plan.requests_per_min, plan.tokens_per_min) if plan else RateLimits()
-    session.commit()  # end the auth/lookup transaction: nothing is held open while the request runs
-    _admit(services, tenant.id, len(prompt_ids) + max_tokens, limits)
+    if isinstance(services.extras["rate_limiter"], InMemoryRateLimiter):
+        _admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
+    else:
+        await run_in_threadpool(
+            _admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits
+        )
+    return _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant.tenant_id, meter)
+
+
+def _prepared(
+    body: InferenceRequestBase,
+    kind: Kind,
+    model: str,
+    resolved: ResolvedModel,
+    prompt_ids: list[int],
+    max_tokens: int,
+    tenant_id: str,
+    meter: RequestMeter,
+) -> Prepared:
     response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
     sampling = SamplingSpec(
         max_tokens=max_tokens,
@@ -204,21 +208,20 @@ def _admit_request(
         stop=body.stop_list(),
         ignore_eos=body.ignore_eos,
     )
+    adapter_key = resolved.adapter.adapter_key if resolved.adapter else None
     return Prepared(
         kind=kind,
         response_id=response_id,
         model=model,
         is_stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        route=RouteRequest(
-            base_model, adapter_ref.adapter_key if adapter_ref else None, len(prompt_ids), max_tokens
-        ),
+        route=RouteRequest(resolved.base_model, adapter_key, len(prompt_ids), max_tokens),
         generate=GenerateRequest(
             request_id=meter.request_id,
             prompt_token_ids=prompt_ids,
-            adapter=adapter_ref,
+            adapter=resolved.adapter,
             sampling=sampling,
-            tenant_id=tenant.id,
+            tenant_id=tenant_id,
         ),
     )
 
@@ -279,23 +282,30 @@ def _model_ref(body_model: str | None, path_model: str | None) -> str:
     return body_model or path_model
 
 
-def _resolve(
-    session: Session, tenant_id: str, model: str, services: Services, meter: RequestMeter
-) -> tuple[AdapterRef | None, str]:
-    """The adapter version to apply (None for the base model) and the base model to route to."""
+async def _resolve(services: Services, tenant_id: str, model: str) -> ResolvedModel:
+    """The adapter version to apply and the base model to route to (model cache, else the DB in a thread)."""
     base_name = services.settings.base_model_name
     if model == base_name:
-        return None, base_name
-    adapter, version = repository.resolve_model(session, tenant_id, model)
-    meter.adapter_id, meter.adapter_version_id = adapter.id, version.id
-    ref = AdapterRef(
-        adapter_key=version.id,
-        sha256=version.sha256 or "",
-        config_blob_key=version.config_blob_key or "",
-        weights_blob_key=version.weights_blob_key or "",
-        rank=version.rank or 0,
-    )
-    return ref, adapter.base_model_name
+        return ResolvedModel(base_model=base_name)
+    cache: TtlCache[tuple[str, str], ResolvedModel] = services.extras["model_cache"]
+    resolved = cache.get((tenant_id, model))
+    if resolved is None:
+        resolved = await run_in_threadpool(_resolve_in_db, services, tenant_id, model)
+        cache.put((tenant_id, model), resolved)
+    return resolved
+
+
+def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedModel:
+    with services.session_factory() as session:
+        adapter, version = repository.resolve_model(session, tenant_id, model)
+        ref = AdapterRef(
+            adapter_key=version.id,
+            sha256=version.sha256 or "",
+            config_blob_key=version.config_blob_key or "",
+            weights_blob_key=version.weights_blob_key or "",
+            rank=version.rank or 0,
+        )
+        return ResolvedModel(adapter.base_model_name, ref, adapter.id, version.id)
 
 
 def _tokenizer(services: Services) -> BaseModelTokenizer:
@@ -308,6 +318,16 @@ def _tokenizer(services: Services) -> BaseModelTokenizer:
             "(set LORAHOST_BASE_MODEL_PATH to the base model directory)",
         )
     return tokenizer
+
+
+def _prompt_chars(body: InferenceRequestBase) -> int:
+    """A cheap size estimate of the prompt text (decides inline vs threadpool tokenization)."""
+    if isinstance(body, ChatCompletionRequest):
+        return sum(len(str(m.get("content") or "")) for m in body.messages if isinstance(m, dict))
+    prompt = body.prompt if isinstance(body, CompletionRequest) else ""
+    return (
+        len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str | list))
+    )
 
 
 def _prompt_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:
@@ -381,8 +401,10 @@ def _admit(services: Services, tenant_id: str, num_tokens: int, limits: RateLimi
 
 async def _start(services: Services, prepared: Prepared, meter: RequestMeter) -> WorkerStream:
     """Route and open the worker stream; worker refusals before any token become HTTP errors."""
-    directory = services.extras.get("worker_directory")
-    records = await anyio.to_thread.run_sync(directory.list_live) if directory is not None else []
+    if is_in_memory_directory(services):
+        records = live_workers(services)
+    else:  # Redis: a network call
+        records = await anyio.to_thread.run_sync(live_workers, services)
     try:
         upstream = await services.extras["worker_client"].start(prepared.route, records, prepared.generate)
     except WorkerUnavailableError as exc:
