@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import anyio
 import httpx
 from pydantic import ValidationError
 
@@ -28,6 +29,7 @@ RETRYABLE_ERROR_CODES = frozenset({"overloaded", "draining"})
 MAX_ATTEMPTS = 2  # the first worker, then one other
 # The internal token, or a callable reading it when a request is sent (it may be published after startup).
 TokenSource = str | None | Callable[[], str | None]
+DRAIN_TIMEOUT_S = 1.0  # reading what follows a terminal event (normally just the end of the body)
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
 
 
@@ -70,6 +72,10 @@ class WorkerStream:
     response: httpx.Response
     lines: AsyncIterator[str]
     is_closed: bool = field(default=False)
+    has_ended: bool = field(default=False)  # the worker sent its terminal event: the body is (nearly) over
+
+    def __post_init__(self) -> None:
+        self.has_ended = self.first.type != "delta"
 
     async def events(self) -> AsyncIterator[GenerateEvent]:
         """The first event, then the rest; a broken or truncated stream ends with a synthetic error event."""
@@ -87,14 +93,30 @@ class WorkerStream:
                     type="error", code="internal", message="worker stream ended without a final event"
                 )
                 return
+            if event.type != "delta":
+                self.has_ended = True
             yield event
             if event.type != "delta":
                 return
 
     async def aclose(self) -> None:
-        """Close the HTTP stream (aborts the engine request if it is still running). Idempotent."""
-        if not self.is_closed:
-            self.is_closed = True
+        """Close the HTTP stream (aborts the engine request if it is still running). Idempotent.
+
+        After the terminal event the rest of the body (the end of the chunked encoding) is read first, so
+        httpx returns the connection to its keep-alive pool instead of closing it: the next request then
+        skips a TCP connect and the worker's connection setup. Mid-stream, closing aborts the request.
+        """
+        if self.is_closed:
+            return
+        self.is_closed = True
+        try:
+            if self.has_ended:
+                with anyio.move_on_after(DRAIN_TIMEOUT_S):
+                    async for _ in self.lines:
+                        pass
+        except httpx.HTTPError:
+            pass
+        finally:
             await self.response.aclose()
 
 
