@@ -463,7 +463,7 @@ async def worker_generate(client: httpx.AsyncClient, worker_url: str, token: str
                 if not line.strip():
                     continue
                 ev = json.loads(line)
-                if ev.get("type") == "delta" and ev.get("token_ids") and ev.get("text") and t_first is None:
+                if ev.get("type") == "delta" and ev.get("token_ids") and t_first is None:
                     t_first = time.perf_counter()
                 elif ev.get("type") == "final":
                     final = ev
