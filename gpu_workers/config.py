@@ -19,6 +19,7 @@ class EngineConfig:
     `max_model_len` None means the model's max_position_embeddings (capped by the KV capacity).
     `lora_stack_cache_size`: how many stacked adapter sets (one per batch composition, used by decode-sized
     steps) are cached; 0 disables the stacked LoRA form.
+    `packed_linears`: run projections on oneDNN-packed weights (CPU); None = auto (bf16 with native support).
     """
 
     model_path: Path | str
@@ -34,6 +35,7 @@ class EngineConfig:
     max_loaded_adapters: int = 1024
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
+    packed_linears: bool | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:

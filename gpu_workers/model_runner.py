@@ -20,6 +20,7 @@ from gpu_workers.layers.lora import (
     build_stacked_lora,
     stacked_masks,
 )
+from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
@@ -70,6 +71,8 @@ class ModelRunner:
         self.args = ModelArgs.from_hf_config(hf_config)
         self.model_spec = BaseModelSpec.from_hf_config(hf_config)
         self.validation_limits = ValidationLimits(max_rank=config.max_lora_rank)
+        auto_pack = self.dtype == torch.bfloat16 and config.packed_linears is None
+        self.use_packed_linears = bool(config.packed_linears or auto_pack) and can_pack_linear(self.dtype, self.device)
         self.model = self._load_model()
         self.block_size = config.block_size
         self.num_kv_blocks = self._num_kv_blocks()
@@ -94,6 +97,8 @@ class ModelRunner:
     def _load_model(self) -> LlamaForCausalLM:
         model = LlamaForCausalLM(self.args, self.dtype, self.device)
         model.load_weights(iter_safetensors(safetensors_files(self.config.model_path)))
+        if self.use_packed_linears:
+            model.pack_linears()
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:
@@ -190,6 +195,7 @@ class ModelRunner:
                 prefills.append(self._prefill_chunk(row, start, end, context_slots))
             if entry.is_sampling:
                 sample_rows.append(row + entry.num_new_tokens - 1)
+        prefills = _batch_equal_prefills(prefills)
         attention = self._attention_metadata(torch.cat(slots), prefills, decode_rows, decode_tables, decode_lens, len(ids))
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
@@ -225,15 +231,14 @@ class ModelRunner:
         for i, table in enumerate(decode_tables):
             n = min(len(table), max_blocks)
             tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
-        pos = torch.arange(max_len)
-        decode_slots = tables[:, pos // bs] * bs + pos % bs  # [num_decodes, max_len]
-        is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_len]
+        pos = torch.arange(max_blocks * bs)
+        is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_blocks * bs]
         decode_bias = torch.zeros(is_real.shape).masked_fill_(~is_real, float("-inf"))[:, None, None, :]
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),
             decode_token_idx=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
-            decode_slots=decode_slots.to(self.device),
+            decode_blocks=tables.to(self.device),
             decode_bias=decode_bias.to(self.device),
             is_all_decode=len(decode_rows) == num_tokens,
         )
@@ -284,7 +289,7 @@ class ModelRunner:
         if stacked is not None:
             self.lora_stacks.move_to_end(key)
             return stacked
-        stacked = build_stacked_lora(adapters)
+        stacked = build_stacked_lora(adapters, pack=self.use_packed_linears)
         self.num_lora_stack_builds += 1
         self.lora_stacks[key] = stacked
         while len(self.lora_stacks) > self.config.lora_stack_cache_size:
@@ -314,3 +319,21 @@ class ModelRunner:
             token_owner[seg.start:seg.end] = pos
         masks = stacked_masks(stacked, token_owner.to(self.device), self.dtype)
         return LoraBatch(tuple(segments), stacked, masks)
+
+
+def _batch_equal_prefills(chunks: list[PrefillChunk]) -> list[PrefillChunk]:
+    """Merge adjacent whole-prompt chunks of equal length into one batched chunk (one SDPA call)."""
+    merged: list[PrefillChunk] = []
+    for chunk in chunks:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and chunk.context_slots is None
+            and last.context_slots is None
+            and last.end == chunk.start
+            and (last.end - last.start) // last.num_seqs == chunk.end - chunk.start
+        ):
+            merged[-1] = PrefillChunk(last.start, chunk.end, None, None, last.num_seqs + 1)
+        else:
+            merged.append(chunk)
+    return merged

@@ -1,8 +1,10 @@
-"""Paged-KV attention: write new K/V into the page pool, causal SDPA for prefill chunks, one batched
-SDPA over gathered pages for all decode tokens.
+"""Paged-KV attention: write new K/V into the page pool, causal SDPA for prefill chunks (adjacent
+whole-prompt chunks of equal length in one batched call), batched matmuls over gathered pages for all
+decode tokens.
 
 KV cache per layer: k_cache, v_cache [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of
-[num_blocks, block_size, num_kv_heads, head_dim]); slot = block_id * block_size + offset.
+[num_blocks, block_size, num_kv_heads, head_dim]); slot = block_id * block_size + offset. Decode gathers
+whole pages (one contiguous block_size * num_kv_heads * head_dim run per page).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ class PrefillChunk:
 
     context_slots: [context_len] cache slots of the whole context, None when the chunk is the whole context
     (then K/V come straight from this step). mask: [q_len, context_len] bool (True = attend), None = causal.
+    num_seqs > 1: [start, end) holds that many adjacent whole-context prompts of equal length (batched).
     """
 
     start: int
     end: int
     context_slots: torch.Tensor | None
     mask: torch.Tensor | None
+    num_seqs: int = 1
 
 
 @dataclass(frozen=True)
@@ -33,14 +37,14 @@ class AttentionMetadata:
 
     slot_mapping: [num_tokens] cache slot of each new token.
     decode_token_idx: [num_decodes] batch rows of single-token (decode) queries, or None.
-    decode_slots: [num_decodes, max_context] slots to gather (padding repeats a valid slot).
-    decode_bias: [num_decodes, 1, 1, max_context] fp32, 0 for real context positions and -inf for padding.
+    decode_blocks: [num_decodes, max_blocks] KV pages to gather (padding repeats a valid page).
+    decode_bias: [num_decodes, 1, 1, max_blocks * block_size] fp32, 0 for real context positions, -inf else.
     """
 
     slot_mapping: torch.Tensor
     prefills: tuple[PrefillChunk, ...]
     decode_token_idx: torch.Tensor | None
-    decode_slots: torch.Tensor | None
+    decode_blocks: torch.Tensor | None
     decode_bias: torch.Tensor | None
     is_all_decode: bool
 
@@ -80,19 +84,21 @@ def _prefill_attention(
     chunk: PrefillChunk,
     scale: float,
 ) -> torch.Tensor:
-    """Causal attention of one prompt chunk over its whole context -> [q_len, Hq, D]."""
-    q_c = q[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+    """Causal attention of one prompt chunk (or num_seqs equal whole prompts) -> [q_len, Hq, D]."""
+    n = chunk.num_seqs
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    q_c = q[chunk.start:chunk.end].view(n, -1, num_heads, head_dim).transpose(1, 2)  # [n, Hq, q_len, D]
     if chunk.context_slots is None:
-        k_c, v_c = k[chunk.start:chunk.end], v[chunk.start:chunk.end]
+        k_c = k[chunk.start:chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # [n, Hkv, L, D]
+        v_c = v[chunk.start:chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
     else:
-        k_c = k_cache.index_select(0, chunk.context_slots)
-        v_c = v_cache.index_select(0, chunk.context_slots)
-    k_c = k_c.transpose(0, 1).unsqueeze(0)  # [1, Hkv, context_len, D]
-    v_c = v_c.transpose(0, 1).unsqueeze(0)
+        k_c = k_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, ctx, D]
+        v_c = v_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)
     o = F.scaled_dot_product_attention(
         q_c, k_c, v_c, attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=True
     )
-    return o.squeeze(0).transpose(0, 1)
+    return o.transpose(1, 2).reshape(chunk.end - chunk.start, num_heads, head_dim)
 
 
 def _decode_attention(
@@ -102,16 +108,20 @@ def _decode_attention(
 
     Plain batched matmuls (GQA by grouping query heads per KV head) beat the CPU flash kernel for q_len 1.
     """
-    assert meta.decode_slots is not None and meta.decode_token_idx is not None and meta.decode_bias is not None
-    num_decodes, max_context = meta.decode_slots.shape
+    assert meta.decode_blocks is not None and meta.decode_token_idx is not None and meta.decode_bias is not None
+    num_decodes, max_blocks = meta.decode_blocks.shape
     _, num_kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
-    flat = meta.decode_slots.view(-1)
+    max_context = meta.decode_bias.shape[-1]
+    block_size = max_context // max_blocks
+    flat = meta.decode_blocks.view(-1)
+    pages_k = k_cache.view(-1, block_size * num_kv_heads * head_dim)
+    pages_v = v_cache.view(-1, block_size * num_kv_heads * head_dim)
     # [num_decodes, Hkv, max_context, D]
-    k_d = k_cache.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
-    v_d = v_cache.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
+    k_d = pages_k.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
+    v_d = pages_v.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
     q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)
-    q_d = q_d.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, group, D]
-    scores = torch.matmul(q_d, k_d.transpose(-1, -2)).float() * scale  # [B, Hkv, group, max_context]
-    probs = torch.softmax(scores + meta.decode_bias, dim=-1).to(q.dtype)
+    q_d = q_d.reshape(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, group, D]
+    scores = torch.matmul(q_d, k_d.transpose(-1, -2)).float()  # [B, Hkv, group, max_context]
+    probs = torch.softmax(scores.mul_(scale).add_(meta.decode_bias), dim=-1).to(q.dtype)
     return torch.matmul(probs, v_d).view(num_decodes, num_heads, head_dim)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_workers.layers.linear import pack_linear_weight, packed_linear
+
 # Merged projections of a decoder layer and the HF modules stacked in each (in output-column order).
 PROJECTIONS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
@@ -69,11 +71,13 @@ class StackedProjection:
     a_t: [in_features, S] (columns grouped by target sub-module, then by adapter in batch order).
     parts: (s_start, s_end, col_start, col_end, b_t) with b_t: [s_end - s_start, out_cols] (scale folded).
     layout: index of the column-owner layout (StackedLora.owners) that masks xa = x @ a_t.
+    is_packed: a_t and every b_t are oneDNN-packed linear weights (of a_t^T and b_t^T) instead.
     """
 
     a_t: torch.Tensor
     parts: tuple[tuple[int, int, int, int, torch.Tensor], ...]
     layout: int
+    is_packed: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,11 @@ def add_lora_delta(
     if lora.stacked is not None:
         stacked = lora.stacked.layers[layer_idx].get(projection)
         if stacked is None:
+            return
+        if stacked.is_packed:
+            xa = packed_linear(x, stacked.a_t).mul_(lora.masks[stacked.layout])  # [num_tokens, S]
+            for s0, s1, c0, c1, b_packed in stacked.parts:
+                out[:, c0:c1] += packed_linear(xa[:, s0:s1], b_packed)
             return
         xa = torch.mm(x, stacked.a_t).mul_(lora.masks[stacked.layout])  # [num_tokens, S]
         if len(stacked.parts) == 1 and stacked.parts[0][3] - stacked.parts[0][2] == out.shape[1]:
@@ -162,8 +171,9 @@ def build_lora_projection(
     return LoraProjection(a_t=a_t, parts=tuple(parts))
 
 
-def build_stacked_lora(adapters: tuple[LoraAdapter, ...]) -> StackedLora:
-    """Concatenate the adapters' per-layer A columns and B rows (grouped by target sub-module)."""
+def build_stacked_lora(adapters: tuple[LoraAdapter, ...], pack: bool = False) -> StackedLora:
+    """Concatenate the adapters' per-layer A columns and B rows (grouped by target sub-module); `pack`
+    stores them as oneDNN-packed linear weights (see layers/linear.can_pack_linear)."""
     num_layers = len(adapters[0].layers)
     layouts: dict[tuple[tuple[int, int], ...], int] = {}
     owners: list[torch.Tensor] = []
@@ -201,8 +211,11 @@ def build_stacked_lora(adapters: tuple[LoraAdapter, ...]) -> StackedLora:
                 owners.append(
                     torch.cat([torch.full((n,), pos, dtype=torch.long) for pos, n in runs]).to(a_t.device)
                 )
-            packed[projection] = StackedProjection(a_t=a_t, parts=tuple(parts), layout=layouts[key])
             num_bytes += a_t.numel() * a_t.element_size() + sum(b.numel() * b.element_size() for *_, b in parts)
+            if pack:
+                a_t = pack_linear_weight(a_t.t())
+                parts = [(s0, s1, c0, c1, pack_linear_weight(b.t())) for s0, s1, c0, c1, b in parts]
+            packed[projection] = StackedProjection(a_t, tuple(parts), layouts[key], pack)
         layers.append(packed)
     return StackedLora(adapters=adapters, layers=tuple(layers), owners=tuple(owners), num_bytes=num_bytes)
 

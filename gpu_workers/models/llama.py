@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.layers.attention import AttentionMetadata, paged_attention
-from gpu_workers.layers.linear import MergedLinear
+from gpu_workers.layers.linear import MergedLinear, pack_linear_weight, packed_linear
 from gpu_workers.layers.lora import LoraBatch, add_lora_delta
 from gpu_workers.layers.norm import RMSNorm
 from gpu_workers.layers.rotary import apply_rotary, rope_parameters
@@ -121,17 +121,17 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self._project("qkv", x, lora)  # [T, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *cos_sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *cos_sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        # q and k rotated in one pass over their adjacent columns: [T, Hq + Hkv, D]
+        qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), *cos_sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, Hq, D]
         return self._project("o", o.reshape(num_tokens, self.q_size), lora)
 
     def _mlp(self, x: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         gate_up = self._project("gate_up", x, lora)  # [T, 2 * intermediate]
         gate, up = gate_up.chunk(2, dim=-1)
-        return self._project("down", F.silu(gate) * up, lora)
+        return self._project("down", F.silu(gate).mul_(up), lora)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -144,6 +144,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(args, i, dtype, device) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+        self.lm_head_packed: torch.Tensor | None = None
         if args.is_tied_embeddings:
             self.lm_head_weight = self.embed_tokens.weight
         else:
@@ -167,7 +168,18 @@ class LlamaForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden] (un-normed rows to sample from) -> fp32 logits [n, vocab]."""
+        if self.lm_head_packed is not None:
+            return packed_linear(self.norm(hidden), self.lm_head_packed).float()
         return F.linear(self.norm(hidden), self.lm_head_weight).float()
+
+    def pack_linears(self) -> None:
+        """Switch every projection and the LM head to oneDNN-packed weights (after load_weights)."""
+        for layer in self.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                getattr(layer, name).pack()
+        self.lm_head_packed = pack_linear_weight(self.lm_head_weight.data)
+        if not self.args.is_tied_embeddings:
+            self.lm_head_weight.data = torch.empty(0, dtype=self.lm_head_weight.dtype)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the merged parameters; raises on unknown or missing names."""

@@ -106,3 +106,30 @@ def test_stacked_lora_cache_drops_unloaded_adapters(make_engine: Any, prompt_ids
     assert engine.runner.lora_stacks
     engine.unload_adapter(names[0])
     assert not any(a.adapter_id == names[0] for s in engine.runner.lora_stacks.values() for a in s.adapters)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_packed_linears_match_peft(
+    make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, dtype: str
+) -> None:
+    """oneDNN-packed weights (projections, LM head, stacked decode LoRA) give the same results."""
+    from gpu_workers.layers.linear import can_pack_linear
+
+    if not can_pack_linear(getattr(torch, dtype), torch.device("cpu")):
+        pytest.skip("oneDNN packed linear is not available for this dtype here")
+    engine = make_engine(dtype=dtype, packed_linears=True)
+    assert engine.runner.use_packed_linears
+    adapters: list[str | None] = [None, *adapter_dirs, None, *adapter_dirs]
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
+    logits = engine_prefill_logits(engine, prompts[: len(adapter_dirs) + 1], adapters[: len(adapter_dirs) + 1])
+    for i, (prompt, adapter) in enumerate(zip(prompts, adapters[: len(adapter_dirs) + 1])):
+        expected = hf_oracle.logits(prompt, adapter)
+        if dtype == "float32":
+            torch.testing.assert_close(logits[i], expected, atol=1e-4, rtol=1e-4)
+        else:
+            assert (logits[i] - expected).abs().max() < 0.05 * expected.abs().max() + 0.05
+    if dtype == "float32":
+        outs = engine.generate(prompts, GREEDY, adapter_ids=adapters)
+        assert engine.stats()["num_lora_stack_builds"] >= 1
+        for prompt, adapter, out in zip(prompts, adapters, outs):
+            assert out.token_ids == hf_oracle.greedy(prompt, adapter, NUM_TOKENS), adapter
