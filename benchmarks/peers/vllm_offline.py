@@ -50,6 +50,9 @@ def main() -> None:
         "max_model_len": args.prompt_len + args.max_tokens + 16,
         "max_num_seqs": max(args.num_requests, 16),
         "max_num_batched_tokens": max_batched,
+        # The timed runs repeat the warm-up prompts: with vLLM's default prefix caching they would skip
+        # prefill entirely. lorahost has no prefix cache yet, so both systems compute every prompt.
+        "enable_prefix_caching": False,
     }
     if lora_on:
         kw.update(
