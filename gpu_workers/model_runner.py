@@ -233,7 +233,11 @@ class ModelRunner:
             tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
         pos = torch.arange(max_blocks * bs)
         is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_blocks * bs]
-        decode_bias = torch.zeros(is_real.shape).masked_fill_(~is_real, float("-inf"))[:, None, None, :]
+        # [num_decodes, Hkv, 1, max_context, Hkv]: real position and matching kv head (see _decode_attention)
+        hkv = self.args.num_kv_heads
+        same_head = torch.eye(hkv, dtype=torch.bool)
+        keep = is_real[:, None, None, :, None] & same_head[None, :, None, None, :]
+        decode_bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),

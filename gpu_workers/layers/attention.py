@@ -38,7 +38,8 @@ class AttentionMetadata:
     slot_mapping: [num_tokens] cache slot of each new token.
     decode_token_idx: [num_decodes] batch rows of single-token (decode) queries, or None.
     decode_blocks: [num_decodes, max_blocks] KV pages to gather (padding repeats a valid page).
-    decode_bias: [num_decodes, 1, 1, max_blocks * block_size] fp32, 0 for real context positions, -inf else.
+    decode_bias: [num_decodes, num_kv_heads, 1, max_blocks * block_size, num_kv_heads] fp32: 0 where the
+        context position is real and the last-dim kv head is the one serving the query head group, -inf else.
     """
 
     slot_mapping: torch.Tensor
@@ -101,27 +102,41 @@ def _prefill_attention(
     return o.transpose(1, 2).reshape(chunk.end - chunk.start, num_heads, head_dim)
 
 
+_MAX_KV_HEADS_UNTRANSPOSED = 8
+
+
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """All single-token queries at once over their gathered pages -> [num_decodes, Hq, D].
 
-    Plain batched matmuls (GQA by grouping query heads per KV head) beat the CPU flash kernel for q_len 1.
+    Plain batched matmuls beat the CPU flash kernel for q_len 1. The gathered pages are used as
+    [B, max_context * Hkv, D] without a transpose: each query head scores every (position, kv head) pair and
+    decode_bias masks the pairs of other kv heads to -inf (probability exactly 0), so GQA needs no K/V copy.
     """
     assert meta.decode_blocks is not None and meta.decode_token_idx is not None and meta.decode_bias is not None
     num_decodes, max_blocks = meta.decode_blocks.shape
     _, num_kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
-    max_context = meta.decode_bias.shape[-1]
+    max_context = meta.decode_bias.shape[-2]
     block_size = max_context // max_blocks
     flat = meta.decode_blocks.view(-1)
     pages_k = k_cache.view(-1, block_size * num_kv_heads * head_dim)
     pages_v = v_cache.view(-1, block_size * num_kv_heads * head_dim)
-    # [num_decodes, Hkv, max_context, D]
-    k_d = pages_k.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
-    v_d = pages_v.index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
-    q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)
-    q_d = q_d.reshape(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, group, D]
-    scores = torch.matmul(q_d, k_d.transpose(-1, -2)).float()  # [B, Hkv, group, max_context]
-    probs = torch.softmax(scores.mul_(scale).add_(meta.decode_bias), dim=-1).to(q.dtype)
-    return torch.matmul(probs, v_d).view(num_decodes, num_heads, head_dim)
+    # [num_decodes, max_context * Hkv, D] (position-major, kv head minor: the cache layout)
+    k_d = pages_k.index_select(0, flat).view(num_decodes, max_context * num_kv_heads, head_dim)
+    v_d = pages_v.index_select(0, flat).view(num_decodes, max_context * num_kv_heads, head_dim)
+    q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)  # [B, Hq, D]
+    if num_kv_heads > _MAX_KV_HEADS_UNTRANSPOSED:  # Hkv-fold score/PV work would outweigh the copies
+        group = num_heads // num_kv_heads
+        k_t = k_d.view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
+        v_t = v_d.view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
+        bias = meta.decode_bias[:, :1, :, :, 0].unsqueeze(1)  # [B, 1, 1, 1, ctx] -> position bias only
+        scores = torch.matmul(q_d.view(num_decodes, num_kv_heads, group, head_dim), k_t.transpose(-1, -2)).float()
+        probs = torch.softmax(scores.mul_(scale).add_(bias.view(num_decodes, 1, 1, max_context)), dim=-1)
+        return torch.matmul(probs.to(q.dtype), v_t).view(num_decodes, num_heads, head_dim)
+    scores = torch.bmm(q_d, k_d.transpose(1, 2)).float()  # [B, Hq, max_context * Hkv]
+    scores = scores.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, max_context, num_kv_heads)
+    scores.mul_(scale).add_(meta.decode_bias)
+    probs = torch.softmax(scores.view(num_decodes, num_heads, max_context * num_kv_heads), dim=-1).to(q.dtype)
+    return torch.bmm(probs, v_d)  # [B, Hq, D]
