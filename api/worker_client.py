@@ -30,6 +30,7 @@ MAX_ATTEMPTS = 2  # the first worker, then one other
 # The internal token, or a callable reading it when a request is sent (it may be published after startup).
 TokenSource = str | None | Callable[[], str | None]
 DRAIN_TIMEOUT_S = 1.0  # reading what follows a terminal event (normally just the end of the body)
+MAX_CACHED_URLS = 1024  # parsed worker URLs kept (cleared when full: workers come and go)
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
 
 
@@ -70,7 +71,7 @@ class WorkerStream:
     worker_id: str
     first: GenerateEvent
     response: httpx.Response
-    lines: AsyncIterator[str]
+    lines: AsyncIterator[bytes]
     is_closed: bool = field(default=False)
     has_ended: bool = field(default=False)  # the worker sent its terminal event: the body is (nearly) over
 
@@ -120,12 +121,30 @@ class WorkerStream:
             await self.response.aclose()
 
 
-async def _next_event(lines: AsyncIterator[str]) -> GenerateEvent | None:
+async def _next_event(lines: AsyncIterator[bytes]) -> GenerateEvent | None:
     """The next NDJSON event, skipping blank lines; None at the end of the stream."""
     async for line in lines:
         if line.strip():
             return GenerateEvent.model_validate_json(line)
     return None
+
+
+async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body's lines as bytes, split as the chunks arrive (a line is yielded as soon as it is complete).
+
+    Cheaper than `aiter_lines` (no text decoding and line-decoder layers): the JSON parser reads bytes.
+    """
+    rest = b""
+    async for chunk in response.aiter_bytes():
+        if b"\n" not in chunk:
+            rest += chunk
+            continue
+        *lines, tail = (rest + chunk if rest else chunk).split(b"\n")
+        rest = tail
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
 
 
 def _error_fields(body: str, status_code: int) -> tuple[str, str]:
@@ -137,7 +156,7 @@ def _error_fields(body: str, status_code: int) -> tuple[str, str]:
         return f"http_{status_code}", body[:300]
 
 
-async def _no_lines() -> AsyncIterator[str]:
+async def _no_lines() -> AsyncIterator[bytes]:
     return
     yield
 
@@ -151,6 +170,7 @@ class WorkerClient:
         self.http = http
         self.internal_token = internal_token
         self.router = router or ResidencyThenLeastLoaded()
+        self._generate_urls: dict[str, httpx.URL] = {}
 
     @classmethod
     def create(
@@ -163,16 +183,26 @@ class WorkerClient:
         """Close the connection pool."""
         await self.http.aclose()
 
+    def _generate_url(self, worker_url: str) -> httpx.URL:
+        """The worker's parsed generate URL (parsed once per worker: parsing costs more than the lookup)."""
+        url = self._generate_urls.get(worker_url)
+        if url is None:
+            if len(self._generate_urls) >= MAX_CACHED_URLS:
+                self._generate_urls.clear()
+            url = self._generate_urls[worker_url] = httpx.URL(
+                f"{worker_url.rstrip('/')}{INTERNAL_PREFIX}/generate"
+            )
+        return url
+
     def _headers(self) -> dict[str, str]:
         token = self.internal_token() if callable(self.internal_token) else self.internal_token
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def open(self, worker: WorkerRecord, request: GenerateRequest) -> WorkerStream:
         """Start a generation on one worker and read its first event; WorkerUnavailableError if it cannot."""
-        url = f"{worker.url.rstrip('/')}{INTERNAL_PREFIX}/generate"
         http_request = self.http.build_request(
             "POST",
-            url,
+            self._generate_url(worker.url),
             content=request.model_dump_json(),
             headers={**self._headers(), "Content-Type": "application/json"},
         )
@@ -191,7 +221,7 @@ class WorkerClient:
     async def _first_event(self, worker: WorkerRecord, response: httpx.Response) -> WorkerStream:
         if response.status_code != 200:
             return await self._refusal(worker, response)
-        lines = response.aiter_lines()
+        lines = _ndjson_lines(response)
         try:
             first = await _next_event(lines)
         except (httpx.HTTPError, ValidationError, ValueError) as exc:

@@ -593,11 +593,38 @@ async def _record_quietly(ledger: UsageLedger, meter: RequestMeter, status: str,
 
 class MeteredStreamingResponse(StreamingResponse):
     """A StreamingResponse that always closes its body generator, so its finaliser (abort the worker request,
-    record the usage) runs even when the client disconnects while the generator waits at a `yield`."""
+    record the usage) runs even when the client disconnects while the generator waits at a `yield`.
+
+    The headers and the first chunk (built from the worker's first event, already read) are sent from the
+    request's own task, before the streaming task and the disconnect listener are spawned: the first token
+    does not wait for an event-loop turn (or, under GIL contention, for another thread's time slice).
+    """
+
+    is_started: bool = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
+            if scope["type"] == "http":
+                await self._send_start(send)
+                first = await anext(self.body_iterator, None)  # type: ignore[call-overload]
+                if first is not None:
+                    await send({"type": "http.response.body", "body": _as_bytes(first), "more_body": True})
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+    async def _send_start(self, send: Send) -> None:
+        if not self.is_started:
+            self.is_started = True
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+
+    async def stream_response(self, send: Send) -> None:
+        await self._send_start(send)
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": _as_bytes(chunk), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _as_bytes(chunk: str | bytes | memoryview) -> bytes | memoryview:
+    return chunk.encode() if isinstance(chunk, str) else chunk
