@@ -14,8 +14,10 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
+import httpcore
 import httpx
 from pydantic import ValidationError
 
@@ -161,6 +163,71 @@ async def _no_lines() -> AsyncIterator[bytes]:
     yield
 
 
+class _CoalescingStream(httpcore.AsyncNetworkStream):
+    """A connection whose writes are held until the next read (or TLS start): httpcore writes a request's
+    headers, body and end separately, which is two or three TCP segments and as many wake-ups of the
+    worker's event loop (in embedded mode a thread switch each). Joined, the request is one send."""
+
+    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
+        self._stream = stream
+        self._pending: list[bytes] = []
+        self._write_timeout: float | None = None
+
+    async def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            await self._stream.write(data, timeout=self._write_timeout)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        await self._flush()
+        return await self._stream.read(max_bytes, timeout=timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if buffer:
+            self._pending.append(buffer)
+            self._write_timeout = timeout
+
+    async def aclose(self) -> None:
+        self._pending.clear()  # an unsent request is abandoned with its connection
+        await self._stream.aclose()
+
+    async def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        await self._flush()
+        return _CoalescingStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _CoalescingBackend(httpcore.AsyncNetworkBackend):
+    """The default network backend, with each connection's writes coalesced (see _CoalescingStream)."""
+
+    def __init__(self, backend: httpcore.AsyncNetworkBackend) -> None:
+        self._backend = backend
+
+    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        return _CoalescingStream(await self._backend.connect_tcp(*args, **kwargs))
+
+    async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        return _CoalescingStream(await self._backend.connect_unix_socket(*args, **kwargs))
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+def _coalescing_transport() -> httpx.AsyncHTTPTransport:
+    """httpx's default transport, writing each request in one send (no-op if httpcore's layout changed)."""
+    transport = httpx.AsyncHTTPTransport()
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(pool, httpcore.AsyncConnectionPool) and backend is not None:
+        pool._network_backend = _CoalescingBackend(backend)
+    return transport
+
+
 class WorkerClient:
     """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy."""
 
@@ -177,6 +244,7 @@ class WorkerClient:
         cls, internal_token: TokenSource, transport: httpx.AsyncBaseTransport | None = None
     ) -> WorkerClient:
         """A client with the default timeouts (pass a transport to reach fake workers in tests)."""
+        transport = transport or _coalescing_transport()
         return cls(httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport), internal_token)
 
     async def aclose(self) -> None:
