@@ -142,11 +142,13 @@ class ModelRunner:
         """Run one batch (entries sorted by adapter) -> sampled token per sampling entry (+ their logits)."""
         inputs = self.prepare(entries)
         cos_sin = self.rotary.lookup(inputs.positions)
-        hidden = self.model(inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora)
+        hidden = self.model(
+            inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora, output_rows=inputs.sample_rows
+        )  # [num_sampling, hidden]
         sampling = [e for e in entries if e.is_sampling]
         if not sampling:
             return [], None
-        logits = self.model.logits(hidden.index_select(0, inputs.sample_rows))  # [num_sampling, vocab]
+        logits = self.model.logits(hidden)  # [num_sampling, vocab]
         params = [e.seq.sampling_params for e in sampling]
         generators = [self._generator_for(e.seq) for e in sampling]
         tokens = sample_tokens(logits, params, generators)

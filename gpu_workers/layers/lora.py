@@ -223,3 +223,23 @@ def build_stacked_lora(adapters: tuple[LoraAdapter, ...], pack: bool = False) ->
 def stacked_masks(stacked: StackedLora, token_owner: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """token_owner: [num_tokens] adapter position per token (-1: none) -> one [num_tokens, S] 0/1 mask per layout."""
     return tuple((token_owner.unsqueeze(1) == owner.unsqueeze(0)).to(dtype) for owner in stacked.owners)
+
+
+def select_lora_rows(lora: LoraBatch, rows: torch.Tensor) -> LoraBatch:
+    """The LoraBatch of batch rows `rows` (ascending) as a batch of their own (row i = rows[i])."""
+    if lora.is_empty:
+        return lora
+    row_list = rows.tolist()
+    segments: list[LoraSegment] = []
+    i = 0
+    for seg in lora.segments:
+        while i < len(row_list) and row_list[i] < seg.start:
+            i += 1
+        start = i
+        while i < len(row_list) and row_list[i] < seg.end:
+            i += 1
+        if i > start:
+            segments.append(LoraSegment(start, i, seg.adapter))
+    if lora.stacked is None:
+        return LoraBatch(tuple(segments))
+    return LoraBatch(tuple(segments), lora.stacked, tuple(m.index_select(0, rows) for m in lora.masks))

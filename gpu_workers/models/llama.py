@@ -15,7 +15,7 @@ from torch import nn
 
 from gpu_workers.layers.attention import AttentionMetadata, paged_attention
 from gpu_workers.layers.linear import MergedLinear, pack_linear_weight, packed_linear
-from gpu_workers.layers.lora import LoraBatch, add_lora_delta
+from gpu_workers.layers.lora import LoraBatch, add_lora_delta, select_lora_rows
 from gpu_workers.layers.norm import RMSNorm
 from gpu_workers.layers.rotary import apply_rotary, rope_parameters
 
@@ -100,10 +100,23 @@ class DecoderLayer(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         lora: LoraBatch,
+        keep: tuple[torch.Tensor, LoraBatch] | None = None,
     ) -> torch.Tensor:
-        """h: [num_tokens, hidden] -> [num_tokens, hidden]."""
-        h = h + self._attention(self.input_layernorm(h), cos_sin, kv_cache, meta, lora)
-        return h + self._mlp(self.post_attention_layernorm(h), lora)
+        """h: [num_tokens, hidden] -> [num_tokens, hidden].
+
+        keep = (rows, lora of those rows): K/V are still computed and cached for every token, but the output
+        projection and MLP run only on `rows` -> [len(rows), hidden] (the last layer, when only some rows'
+        outputs are read).
+        """
+        if keep is None:
+            h = h + self._attention(self.input_layernorm(h), cos_sin, kv_cache, meta, lora)
+            return h + self._mlp(self.post_attention_layernorm(h), lora)
+        rows, kept_lora = keep
+        o = self._attention_heads(self.input_layernorm(h), cos_sin, kv_cache, meta, lora)
+        if rows.shape[0] == 0:
+            return h[:0]
+        h = h.index_select(0, rows) + self._project("o", o.index_select(0, rows), kept_lora)
+        return h + self._mlp(self.post_attention_layernorm(h), kept_lora)
 
     def _project(self, name: str, x: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         out = getattr(self, name)(x)
@@ -119,6 +132,18 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
         lora: LoraBatch,
     ) -> torch.Tensor:
+        o = self._attention_heads(x, cos_sin, kv_cache, meta, lora)
+        return self._project("o", o, lora)
+
+    def _attention_heads(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        lora: LoraBatch,
+    ) -> torch.Tensor:
+        """Attention up to (not including) the output projection -> [num_tokens, q_size]."""
         num_tokens = x.shape[0]
         qkv = self._project("qkv", x, lora)  # [T, q_size + 2 * kv_size]
         # q and k rotated in one pass over their adjacent columns: [T, Hq + Hkv, D]
@@ -126,7 +151,7 @@ class DecoderLayer(nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, Hq, D]
-        return self._project("o", o.reshape(num_tokens, self.q_size), lora)
+        return o.reshape(num_tokens, self.q_size)
 
     def _mlp(self, x: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         gate_up = self._project("gate_up", x, lora)  # [T, 2 * intermediate]
@@ -159,11 +184,21 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         lora: LoraBatch,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids: [num_tokens] -> final hidden states [num_tokens, hidden]."""
+        """input_ids: [num_tokens] -> final hidden states [num_tokens, hidden], or only those of
+        `output_rows` ([len(output_rows), hidden]; ascending rows): then the last layer's output projection
+        and MLP skip the other rows (prompt tokens whose outputs nobody reads)."""
         h = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer(h, cos_sin, kv_cache, meta, lora)
+        num_tokens = input_ids.shape[0]
+        keep = None
+        if output_rows is not None and output_rows.shape[0] < num_tokens:
+            keep = (output_rows, select_lora_rows(lora, output_rows))
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            h = layer(h, cos_sin, kv_cache, meta, lora, keep if i == last else None)
+        if keep is None and output_rows is not None:
+            h = h.index_select(0, output_rows)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
