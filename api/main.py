@@ -79,7 +79,8 @@ def _open_worker_client(services: Services) -> WorkerClient | None:
     if "worker_client" in services.extras:
         return None
     client = WorkerClient.create(
-        lambda: services.extras.get("internal_token") or services.settings.internal_token
+        lambda: services.extras.get("internal_token") or services.settings.internal_token,
+        local=services.extras.get("worker_transport"),
     )
     services.extras["worker_client"] = client
     return client

@@ -82,6 +82,8 @@ def build_services(
 #   "worker_client"    api.worker_client.WorkerClient (created in the app lifespan: it owns an AsyncClient)
 #   "worker_directory" registry.membership.WorkerDirectory, published by whoever runs/knows the workers
 #   "internal_token"   the workers' bearer token (defaults to settings.internal_token)
+#   "worker_transport" api.worker_client.LocalWorkerTransport | None: the in-process worker of embedded mode
+#                      (published by `lorahost serve`); requests routed to it skip the loopback HTTP hop
 #   "auth_cache"       api.caches.TtlCache[str, TenantAuth] (verified keys, settings.auth_cache_ttl_s)
 #   "model_cache"      api.caches.TtlCache[(tenant id, model), ResolvedModel] (settings.model_cache_ttl_s)
 

@@ -1,8 +1,13 @@
-"""Talking to workers: pick one (scheduler.router) and stream a generation from it (NDJSON over HTTP).
+"""Talking to workers: pick one (scheduler.router) and stream a generation from it.
 
 The contract is `registry.worker_protocol`: POST {url}/internal/v1/generate with the bearer internal token
 returns zero or more `delta` events then exactly one `final` or `error` event. Closing the HTTP stream
 aborts the engine request, so `WorkerStream.aclose()` is how a client disconnect reaches the engine.
+
+Transports: workers are reached over HTTP (NDJSON), except a worker running in this process (embedded
+mode, `lorahost serve`): whoever runs it publishes a `LocalWorkerTransport` (services.extras
+"worker_transport") and requests to that worker skip the loopback HTTP hop. Both transports give the same
+`WorkerStream`: same first-event semantics, same refusal mapping, aclose() aborts the engine request.
 
 A worker that cannot start the request (connection refused/reset, a non-200 answer, or an `overloaded` /
 `draining` error before any token) is retried on another worker once; then the request gets a 503.
@@ -14,7 +19,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import httpcore
@@ -22,7 +27,7 @@ import httpx
 from pydantic import ValidationError
 
 from registry.membership import WorkerRecord
-from registry.worker_protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest
+from registry.worker_protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
 from scheduler.router import ResidencyThenLeastLoaded, Router, RouteRequest, WorkerView
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,34 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
 
 class WorkerUnavailableError(Exception):
     """No worker could start the request (none live, or every attempt failed before the first event)."""
+
+
+class EventSource(Protocol):
+    """The events of one open generate stream after the first (one transport's side of a WorkerStream)."""
+
+    async def next_event(self) -> GenerateEvent | None:
+        """The next event; None at the end of the stream; raises if the stream broke."""
+        ...
+
+    async def aclose(self, has_ended: bool) -> None:
+        """Release the stream; before the terminal event (`has_ended` False) this aborts the request."""
+        ...
+
+
+class LocalWorkerTransport(Protocol):
+    """A worker in this process, reached without HTTP (implemented by gpu_workers.server for embedded mode).
+
+    `open_stream` runs the worker's checks and returns the stream, or raises
+    `registry.worker_protocol.WorkerRefusedError` (what HTTP answers with a non-200 status).
+    """
+
+    def serves(self, worker: WorkerRecord) -> bool:
+        """True if `worker` is this in-process worker."""
+        ...
+
+    async def open_stream(self, request: GenerateRequest) -> EventSource:
+        """Start the generation (no event read yet)."""
+        ...
 
 
 def worker_view(record: WorkerRecord) -> WorkerView:
@@ -72,8 +105,7 @@ class WorkerStream:
 
     worker_id: str
     first: GenerateEvent
-    response: httpx.Response
-    lines: AsyncIterator[bytes]
+    source: EventSource
     is_closed: bool = field(default=False)
     has_ended: bool = field(default=False)  # the worker sent its terminal event: the body is (nearly) over
 
@@ -87,7 +119,7 @@ class WorkerStream:
             return
         while True:
             try:
-                event = await _next_event(self.lines)
+                event = await self.source.next_event()
             except (httpx.HTTPError, ValidationError, ValueError) as exc:
                 yield GenerateEvent(type="error", code="internal", message=f"worker stream broke: {exc!r}")
                 return
@@ -103,17 +135,32 @@ class WorkerStream:
                 return
 
     async def aclose(self) -> None:
-        """Close the HTTP stream (aborts the engine request if it is still running). Idempotent.
+        """Close the stream (aborts the engine request if it is still running). Idempotent."""
+        if self.is_closed:
+            return
+        self.is_closed = True
+        await self.source.aclose(self.has_ended)
+
+
+@dataclass
+class _HttpEventSource:
+    """The NDJSON body of a worker's HTTP generate response."""
+
+    response: httpx.Response
+    lines: AsyncIterator[bytes]
+
+    async def next_event(self) -> GenerateEvent | None:
+        return await _next_event(self.lines)
+
+    async def aclose(self, has_ended: bool) -> None:
+        """Close the HTTP stream.
 
         After the terminal event the rest of the body (the end of the chunked encoding) is read first, so
         httpx returns the connection to its keep-alive pool instead of closing it: the next request then
         skips a TCP connect and the worker's connection setup. Mid-stream, closing aborts the request.
         """
-        if self.is_closed:
-            return
-        self.is_closed = True
         try:
-            if self.has_ended:
+            if has_ended:
                 with anyio.move_on_after(DRAIN_TIMEOUT_S):
                     async for _ in self.lines:
                         pass
@@ -158,9 +205,14 @@ def _error_fields(body: str, status_code: int) -> tuple[str, str]:
         return f"http_{status_code}", body[:300]
 
 
-async def _no_lines() -> AsyncIterator[bytes]:
-    return
-    yield
+class _NoEvents:
+    """The source of a stream that ended with its first event (a refusal)."""
+
+    async def next_event(self) -> GenerateEvent | None:
+        return None
+
+    async def aclose(self, has_ended: bool) -> None:
+        return None
 
 
 class _CoalescingStream(httpcore.AsyncNetworkStream):
@@ -232,20 +284,29 @@ class WorkerClient:
     """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy."""
 
     def __init__(
-        self, http: httpx.AsyncClient, internal_token: TokenSource, router: Router | None = None
+        self,
+        http: httpx.AsyncClient,
+        internal_token: TokenSource,
+        router: Router | None = None,
+        local: LocalWorkerTransport | None = None,
     ) -> None:
         self.http = http
         self.internal_token = internal_token
         self.router = router or ResidencyThenLeastLoaded()
+        self.local = local  # the in-process worker (embedded mode), reached without HTTP
         self._generate_urls: dict[str, httpx.URL] = {}
 
     @classmethod
     def create(
-        cls, internal_token: TokenSource, transport: httpx.AsyncBaseTransport | None = None
+        cls,
+        internal_token: TokenSource,
+        transport: httpx.AsyncBaseTransport | None = None,
+        local: LocalWorkerTransport | None = None,
     ) -> WorkerClient:
-        """A client with the default timeouts (pass a transport to reach fake workers in tests)."""
+        """A client with the default timeouts (pass a transport to reach fake workers in tests, `local` for
+        an in-process worker)."""
         transport = transport or _coalescing_transport()
-        return cls(httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport), internal_token)
+        return cls(httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport), internal_token, local=local)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -268,6 +329,8 @@ class WorkerClient:
 
     async def open(self, worker: WorkerRecord, request: GenerateRequest) -> WorkerStream:
         """Start a generation on one worker and read its first event; WorkerUnavailableError if it cannot."""
+        if self.local is not None and self.local.serves(worker):
+            return await self._open_local(self.local, worker, request)
         http_request = self.http.build_request(
             "POST",
             self._generate_url(worker.url),
@@ -286,21 +349,54 @@ class WorkerClient:
             await response.aclose()
             raise
 
+    async def _open_local(
+        self, local: LocalWorkerTransport, worker: WorkerRecord, request: GenerateRequest
+    ) -> WorkerStream:
+        """The in-process path: the same checks and mapping as HTTP, without the loopback hop.
+
+        A refusal (WorkerRefusedError, from open_stream or in place of the first event) maps as a non-200
+        HTTP answer does: 5xx is retryable (WorkerUnavailableError), 4xx is a terminal error event.
+        """
+        source: EventSource | None = None
+        try:
+            source = await local.open_stream(request)
+            first = await source.next_event()
+            stream = self._started(worker, source, first)
+        except WorkerRefusedError as exc:
+            if source is not None:
+                await source.aclose(True)
+            if exc.status_code >= 500:
+                raise WorkerUnavailableError(
+                    f"worker {worker.worker_id} answered {exc.status_code}: {exc.code}: {exc.message}"
+                ) from exc
+            event = GenerateEvent(type="error", code=exc.code, message=exc.message)
+            return WorkerStream(worker.worker_id, event, _NoEvents(), is_closed=True)
+        except BaseException:
+            if source is not None:
+                await source.aclose(False)
+            raise
+        return stream
+
     async def _first_event(self, worker: WorkerRecord, response: httpx.Response) -> WorkerStream:
         if response.status_code != 200:
             return await self._refusal(worker, response)
-        lines = _ndjson_lines(response)
+        source = _HttpEventSource(response, _ndjson_lines(response))
         try:
-            first = await _next_event(lines)
+            first = await source.next_event()
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise WorkerUnavailableError(
                 f"worker {worker.worker_id} broke before the first event: {exc!r}"
             ) from exc
+        return self._started(worker, source, first)
+
+    @staticmethod
+    def _started(worker: WorkerRecord, source: EventSource, first: GenerateEvent | None) -> WorkerStream:
+        """The stream, given its first event; WorkerUnavailableError if it is none or a retryable refusal."""
         if first is None:
             raise WorkerUnavailableError(f"worker {worker.worker_id} closed the stream without an event")
         if first.type == "error" and first.code in RETRYABLE_ERROR_CODES:
             raise WorkerUnavailableError(f"worker {worker.worker_id} is {first.code}: {first.message}")
-        return WorkerStream(worker.worker_id, first, response, lines)
+        return WorkerStream(worker.worker_id, first, source)
 
     async def _refusal(self, worker: WorkerRecord, response: httpx.Response) -> WorkerStream:
         """A non-200 answer: 5xx (draining, overloaded, broken) is retryable; 4xx is a terminal error event."""
@@ -314,7 +410,7 @@ class WorkerClient:
         if response.status_code == 401:
             log.error("worker %s refused the internal token: check LORAHOST_INTERNAL_TOKEN", worker.worker_id)
         event = GenerateEvent(type="error", code=code, message=message)
-        return WorkerStream(worker.worker_id, event, response, _no_lines(), is_closed=True)
+        return WorkerStream(worker.worker_id, event, _NoEvents(), is_closed=True)
 
     async def start(
         self, route: RouteRequest, records: Sequence[WorkerRecord], request: GenerateRequest

@@ -9,11 +9,15 @@ The only engine-side module that touches the blob store: `build_worker_service` 
   finish (bounded), deregister.
 - `run_worker(settings)`: `lorahost worker`; SIGTERM/SIGINT drain then exit 0 (a second signal forces).
 - `EmbeddedWorker`: the in-process worker of `lorahost serve` (uvicorn in a thread, its own event loop).
+- `InProcessWorkerTransport`: the embedded worker's generate call without HTTP (the API's
+  `api.worker_client.LocalWorkerTransport`): the worker side runs on the worker's own event loop and the
+  events cross to the caller's loop through a thread-safe queue bridge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import logging
 import secrets
@@ -21,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import uvicorn
@@ -37,9 +41,16 @@ from gpu_workers.worker_service import (
     WorkerError,
     WorkerService,
 )
-from registry.membership import InMemoryWorkerDirectory, WorkerDirectory
+from registry.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
 from registry.settings import Settings
-from registry.worker_protocol import INTERNAL_PREFIX, AdapterRef, GenerateRequest, WorkerStats
+from registry.worker_protocol import (
+    INTERNAL_PREFIX,
+    AdapterRef,
+    GenerateEvent,
+    GenerateRequest,
+    WorkerRefusedError,
+    WorkerStats,
+)
 
 logger = logging.getLogger("lorahost.worker")
 
@@ -303,6 +314,109 @@ async def _ndjson(service: WorkerService, prepared: PreparedRequest) -> AsyncIte
         yield (event.model_dump_json(exclude_defaults=True) + "\n").encode()
 
 
+# ---- in process ---------------------------------------------------------------------------------------
+
+_END = object()  # the pump finished (after the terminal event, or after a refusal)
+
+
+class _InProcessStream:
+    """One generate stream bridged from the worker's loop (producer) to the caller's loop (consumer).
+
+    The worker side puts events, a WorkerRefusedError (refused before streaming) and then _END; the caller
+    reads them with next_event(). aclose() before the terminal event cancels the worker-side task, which
+    closes the service stream and so aborts the engine request (what closing the HTTP stream does).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self.future: concurrent.futures.Future[None] | asyncio.Future[None] | None = None
+
+    def put(self, item: object) -> None:
+        """Hand an item to the caller's loop (called on the worker's loop)."""
+        try:
+            if _running_loop() is self._loop:
+                self._queue.put_nowait(item)
+            else:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody reads this stream any more
+            pass
+
+    async def next_event(self) -> GenerateEvent | None:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # stays ended
+            return None
+        if isinstance(item, WorkerRefusedError):
+            raise item
+        return item  # type: ignore[return-value]
+
+    async def aclose(self, has_ended: bool) -> None:
+        if self.future is not None and not has_ended and not self.future.done():
+            self.future.cancel()  # thread-safe: cancels the pump task on the worker's loop
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class InProcessWorkerTransport:
+    """The embedded worker's generate call for an API in the same process (no HTTP, no token).
+
+    Implements `api.worker_client.LocalWorkerTransport`. The worker-side logic (require_service, prepare,
+    stream, finish) is exactly the HTTP route's and runs on the worker's event loop, where the service's
+    locks, events and engine streams live; refusals carry the HTTP route's code and status.
+    """
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self.runtime = runtime
+
+    def serves(self, worker: WorkerRecord) -> bool:
+        """True for this worker's own record (it advertises the runtime's URL)."""
+        return worker.url == self.runtime.url
+
+    async def open_stream(self, request: GenerateRequest) -> _InProcessStream:
+        """Start the request on the worker's loop; events (or a refusal) arrive through next_event()."""
+        worker_loop = self.runtime._loop
+        if worker_loop is None or worker_loop.is_closed():
+            raise WorkerRefusedError("overloaded", "the in-process worker is not running", 503)
+        caller_loop = asyncio.get_running_loop()
+        stream = _InProcessStream(caller_loop)
+        pump = _pump(self.runtime, request, stream)
+        if worker_loop is caller_loop:
+            stream.future = asyncio.ensure_future(pump)
+        else:
+            stream.future = asyncio.run_coroutine_threadsafe(pump, worker_loop)
+        return stream
+
+
+async def _pump(runtime: WorkerRuntime, request: GenerateRequest, sink: _InProcessStream) -> None:
+    """The worker side of one in-process generate call (the HTTP route's logic, events to `sink`)."""
+    received_at = time.time()
+    try:
+        try:
+            service = runtime.require_service()
+            prepared = await service.prepare(request, received_at)
+        except WorkerError as exc:
+            sink.put(WorkerRefusedError(exc.code, str(exc), exc.status_code))
+            return
+        except Exception as exc:  # noqa: BLE001 (HTTP answers 500 here)
+            logger.exception("in-process generate failed before streaming")
+            sink.put(WorkerRefusedError("internal", f"{type(exc).__name__}: {exc}", 500))
+            return
+        try:
+            async with aclosing(service.stream(prepared)) as events:  # type: ignore[type-var]
+                async for event in events:
+                    sink.put(event)
+        finally:
+            service.finish(prepared)
+    finally:
+        sink.put(_END)
+
+
 # ---- building a worker from settings ------------------------------------------------------------------
 
 
@@ -460,6 +574,7 @@ class EmbeddedWorker:
         if service is not None:  # a prebuilt service (tests): not shut down with the worker
             self.runtime.service = service
             self.runtime._shutdown_engine = False
+        self.transport = InProcessWorkerTransport(self.runtime)  # the API's path to this worker (no HTTP)
         config = uvicorn.Config(create_worker_app(self.runtime), log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

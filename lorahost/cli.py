@@ -98,6 +98,7 @@ def serve(
     services = build_services(settings)
     services.extras["worker_directory"] = directory
     services.extras["internal_token"] = worker.internal_token
+    services.extras["worker_transport"] = worker.transport  # in-process: no HTTP hop to the worker
     typer.echo(
         f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port} "
         f"(in-process worker at {worker.url})"

@@ -94,6 +94,17 @@ class GenerateEvent(BaseModel):
     message: str | None = None
 
 
+class WorkerRefusedError(Exception):
+    """A worker refused a generate request before streaming (what HTTP answers with a non-200 status and
+    the error body); raised by in-process transports, which have no status line."""
+
+    def __init__(self, code: str, message: str, status_code: int) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status_code = status_code
+
+
 class WorkerStats(BaseModel):
     """A worker's load and residency, as reported by /stats and in heartbeats."""
 

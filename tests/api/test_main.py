@@ -39,3 +39,25 @@ def test_app_builds_its_own_services_from_settings(tmp_path) -> None:
     with TestClient(create_app(settings)) as client:
         assert client.get("/v1/health").json() == {"status": "ok"}
         assert client.get("/v1/admin/tenants", headers={"Authorization": "Bearer x"}).json()["data"] == []
+
+
+def test_a_published_worker_transport_is_handed_to_the_worker_client(
+    tmp_path, db_session_factory, blob_store
+) -> None:
+    """Embedded mode: `lorahost serve` publishes the in-process worker's transport in services.extras."""
+    from registry.settings import Settings
+
+    class FakeLocalTransport:
+        def serves(self, worker) -> bool:
+            return False
+
+        async def open_stream(self, request):
+            raise AssertionError("not called")
+
+    settings = Settings(data_dir=tmp_path, admin_key="x")
+    services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
+    transport = FakeLocalTransport()
+    services.extras["worker_transport"] = transport
+    with TestClient(create_app(settings, services=services)):
+        assert services.extras["worker_client"].local is transport
+    assert "worker_client" not in services.extras
