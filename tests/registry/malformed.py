@@ -234,22 +234,15 @@ def _valid_members(folder: str = "", **kwargs: Any) -> list[tuple[str, bytes]]:
     return [(folder + name, content) for name, content in valid_files(**kwargs).items()]
 
 
-def _zip_bomb(path: Path, num_mib: int) -> Files:
-    """A hand-written zip whose weights member inflates to num_mib MiB of zeros from ~1 KiB per MiB.
+def write_raw_zip(path: Path, members: list[tuple[bytes, bytes, int, int | None]]) -> None:
+    """A hand-built zip of (name, payload, method 0=stored/8=deflated, declared size or None = honest).
 
-    Deflate output after a full flush is byte-identical for identical input, so one compressed MiB is
-    repeated. Sizes in the headers are honest; the CRC is not computed (the archive is refused before).
+    Lets tests write headers that lie about sizes (zip bombs), which zipfile refuses to produce.
     """
-    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
-    block = compressor.compress(b"\0" * (1 << 20)) + compressor.flush(zlib.Z_FULL_FLUSH)
-    data = block * num_mib + compressor.flush()
-    members = [
-        (CONFIG.encode(), 0, json.dumps(lora_config()).encode(), 0),
-        (WEIGHTS.encode(), 8, data, num_mib << 20),
-    ]
     local, central = b"", b""
-    for name, method, payload, size in members:
-        size, crc = size or len(payload), zlib.crc32(payload) if method == 0 else 0
+    for name, payload, method, declared in members:
+        size = len(payload) if declared is None else declared
+        crc = zlib.crc32(payload) if method == 0 else 0
         fields = struct.pack("<HHHHHIIIHH", 20, 0, method, 0, 0x21, crc, len(payload), size, len(name), 0)
         central += (
             b"PK\x01\x02"
@@ -263,6 +256,22 @@ def _zip_bomb(path: Path, num_mib: int) -> Files:
         "<HHHHIIH", 0, 0, len(members), len(members), len(central), len(local), 0
     )
     path.write_bytes(local + central + end)
+
+
+def _zip_bomb(path: Path, num_mib: int) -> Files:
+    """A hand-written zip whose weights member inflates to num_mib MiB of zeros from ~1 KiB per MiB.
+
+    Deflate output after a full flush is byte-identical for identical input, so one compressed MiB is
+    repeated. Sizes in the headers are honest; the CRC is not computed (the archive is refused before).
+    """
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = compressor.compress(b"\0" * (1 << 20)) + compressor.flush(zlib.Z_FULL_FLUSH)
+    data = block * num_mib + compressor.flush()
+    members = [
+        (CONFIG.encode(), 0, json.dumps(lora_config()).encode(), 0),
+        (WEIGHTS.encode(), 8, data, num_mib << 20),
+    ]
+    write_raw_zip(path, [(name, payload, method, size or None) for name, method, payload, size in members])
     return [path]
 
 

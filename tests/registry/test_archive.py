@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import struct
 import tarfile
 import zipfile
 import zlib
@@ -22,6 +21,7 @@ from tests.registry.malformed import (
     MalformedCase,
     lora_config,
     valid_files,
+    write_raw_zip,
     write_tar,
     write_zip,
 )
@@ -113,7 +113,7 @@ def test_zip_bomb_with_a_lying_size_header_never_writes_past_the_declared_size(t
     data = compressor.compress(b"\0" * (64 << 20)) + compressor.flush()
     config = lora_config()
     path = tmp_path / "bomb.zip"
-    _write_raw_zip(
+    write_raw_zip(
         path, [(CONFIG.encode(), str(config).encode(), 0, None), (WEIGHTS.encode(), data, 8, 1024)]
     )
     dest = tmp_path / "out"
@@ -122,25 +122,6 @@ def test_zip_bomb_with_a_lying_size_header_never_writes_past_the_declared_size(t
     assert excinfo.value.code in {"corrupt_archive", "archive_too_large"}
     assert _leftovers(dest) == []
 
-
-def _write_raw_zip(path: Path, members: list[tuple[bytes, bytes, int, int | None]]) -> None:
-    local, central = b"", b""
-    for name, payload, method, declared in members:
-        size = len(payload) if declared is None else declared
-        crc = zlib.crc32(payload) if method == 0 else 0
-        fields = struct.pack("<HHHHHIIIHH", 20, 0, method, 0, 0x21, crc, len(payload), size, len(name), 0)
-        central += (
-            b"PK\x01\x02"
-            + struct.pack("<H", 20)
-            + fields
-            + struct.pack("<HHHII", 0, 0, 0, 0, len(local))
-            + name
-        )
-        local += b"PK\x03\x04" + fields + name + payload
-    end = b"PK\x05\x06" + struct.pack(
-        "<HHHHIIH", 0, 0, len(members), len(members), len(central), len(local), 0
-    )
-    path.write_bytes(local + central + end)
 
 
 def test_tar_member_sizes_accumulate_against_the_limit(tmp_path: Path) -> None:
