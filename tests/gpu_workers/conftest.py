@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ import torch
 
 from gpu_workers.config import EngineConfig
 from gpu_workers.engine import LLMEngine
+from gpu_workers.testing import RunningWorker, worker_in_thread
 
 PROMPTS = [
     "hello world the river",
@@ -89,3 +90,16 @@ class HfOracle:
 def hf_oracle(base_model_dir: Path, adapter_dirs: dict[str, Path]) -> HfOracle:
     """fp32 transformers + peft oracle with every demo adapter."""
     return HfOracle(base_model_dir, adapter_dirs, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def blob_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local blob-store directory for one test module's worker."""
+    return tmp_path_factory.mktemp("worker-blobs")
+
+
+@pytest.fixture(scope="module")
+def worker(base_model_dir: Path, blob_dir: Path) -> Iterator[RunningWorker]:
+    """A real worker (tiny model) running in a thread, one per test module."""
+    with worker_in_thread(base_model_dir, blob_dir) as running:
+        yield running

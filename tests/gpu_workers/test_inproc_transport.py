@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +16,11 @@ import pytest
 
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from gpu_workers.server import EmbeddedWorker, InProcessWorkerTransport
-from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
+from gpu_workers.testing import RunningWorker, put_adapter
 from registry.membership import WorkerRecord
 from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest
 
 PROMPT = "hello world the river"
-
-
-@pytest.fixture(scope="module")
-def blob_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("inproc-blobs")
-
-
-@pytest.fixture(scope="module")
-def worker(base_model_dir: Path, blob_dir: Path) -> Iterator[RunningWorker]:
-    with worker_in_thread(base_model_dir, blob_dir) as running:
-        yield running
 
 
 def _embedded(worker: RunningWorker) -> EmbeddedWorker:

@@ -21,17 +21,6 @@ from registry.worker_protocol import INTERNAL_PREFIX, AdapterRef, GenerateEvent,
 PROMPT = "hello world the river"
 
 
-@pytest.fixture(scope="module")
-def blob_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("worker-blobs")
-
-
-@pytest.fixture(scope="module")
-def worker(base_model_dir: Path, blob_dir: Path) -> Iterator[RunningWorker]:
-    with worker_in_thread(base_model_dir, blob_dir) as running:
-        yield running
-
-
 @pytest.fixture
 def client(worker: RunningWorker) -> Iterator[httpx.Client]:
     with worker.client(timeout=60) as c:
