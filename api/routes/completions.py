@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import reprlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,13 +32,16 @@ from api.caches import ResolvedModel, TenantAuth, TtlCache
 from api.deps import InferenceTenant, ServicesDep
 from api.errors import ApiError
 from api.metering import RequestMeter, UsageLedger
+from api.openapi import json_request_body
 from api.prompting import BaseModelTokenizer, PromptError
+from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.services import Services, is_in_memory_directory, live_workers
 from api.worker_client import WorkerStream, WorkerUnavailableError
 from registry import repository
 from registry.errors import RegistryError
 from registry.ratelimit import InMemoryRateLimiter, RateLimits
+from registry.settings import Settings
 from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec
 from scheduler.router import RouteRequest
 
@@ -69,28 +73,19 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
 WORKER_ERROR_STATUS = {"bad_request": 400, "adapter_unavailable": 503, "overloaded": 503, "draining": 503}
 
 
-def _body_schema(model: type[InferenceRequestBase]) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
-    }
-
-
-@router.post("/completions", openapi_extra=_body_schema(CompletionRequest))
+@router.post("/completions", openapi_extra=json_request_body(CompletionRequest))
 async def create_completion(request: Request, tenant: InferenceTenant, services: ServicesDep) -> Any:
     """Text completion (OpenAI `POST /v1/completions`), plain or streamed."""
     return await serve(request, tenant, services, "text")
 
 
-@router.post("/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+@router.post("/chat/completions", openapi_extra=json_request_body(ChatCompletionRequest))
 async def create_chat_completion(request: Request, tenant: InferenceTenant, services: ServicesDep) -> Any:
     """Chat completion (OpenAI `POST /v1/chat/completions`), plain or streamed."""
     return await serve(request, tenant, services, "chat")
 
 
-@router.post("/adapters/{name}/completions", openapi_extra=_body_schema(CompletionRequest))
+@router.post("/adapters/{name}/completions", openapi_extra=json_request_body(CompletionRequest))
 async def create_adapter_completion(
     name: str, request: Request, tenant: InferenceTenant, services: ServicesDep
 ) -> Any:
@@ -166,14 +161,15 @@ async def _prepare(
     cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long
     prompts and the Redis limiter run in the threadpool.
     """
-    body = await _parse_body(request, kind)
+    body = await _parse_body(request, services.settings, kind)
     _refuse_unsupported(body)
     model = _model_ref(body.model, path_model)
     meter.model_name = repository.parse_model_ref(model).name
     resolved = await _resolve(services, tenant.tenant_id, model)
     meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
+    check_prompt_bounds(body, services.settings)
     tokenizer = _tokenizer(services)
-    if _prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
+    if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
         prompt_ids = _prompt_ids(tokenizer, body)
     else:
         prompt_ids = await run_in_threadpool(_prompt_ids, tokenizer, body)
@@ -226,13 +222,9 @@ def _prepared(
     )
 
 
-async def _parse_body(request: Request, kind: Kind) -> InferenceRequestBase:
-    try:
-        raw = await request.json()
-    except ValueError as exc:
-        raise ApiError(400, "invalid_request", f"the body must be a JSON object: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+async def _parse_body(request: Request, settings: Settings, kind: Kind) -> InferenceRequestBase:
+    """The validated body, read within settings.max_request_body_bytes (see api/request_limits.py)."""
+    raw = await parse_json_object(await read_body(request, settings.max_request_body_bytes))
     schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
     try:
         return schema.model_validate(raw)
@@ -243,14 +235,15 @@ async def _parse_body(request: Request, kind: Kind) -> InferenceRequestBase:
 
 def _refuse_unsupported(body: InferenceRequestBase) -> None:
     """400 naming every field this server cannot honour (unknown fields included)."""
-    problems = [f"{name}={value!r}" for name, value in (body.model_extra or {}).items()]
+    # reprlib: a short repr however large or deep the value (the message quotes the tenant's input)
+    problems = [f"{name}={reprlib.repr(value)}" for name, value in (body.model_extra or {}).items()]
     for name, allowed in NO_OP_VALUES.items():
         value = getattr(body, name, None)
         if value not in allowed:
-            problems.append(f"{name}={value!r}")
+            problems.append(f"{name}={reprlib.repr(value)}")
     response_format = getattr(body, "response_format", None)
     if response_format and response_format.get("type", "text") != "text":
-        problems.append(f"response_format={response_format!r}")
+        problems.append(f"response_format={reprlib.repr(response_format)}")
     if problems:
         raise ApiError(
             400,
@@ -318,16 +311,6 @@ def _tokenizer(services: Services) -> BaseModelTokenizer:
             "(set LORAHOST_BASE_MODEL_PATH to the base model directory)",
         )
     return tokenizer
-
-
-def _prompt_chars(body: InferenceRequestBase) -> int:
-    """A cheap size estimate of the prompt text (decides inline vs threadpool tokenization)."""
-    if isinstance(body, ChatCompletionRequest):
-        return sum(len(str(m.get("content") or "")) for m in body.messages if isinstance(m, dict))
-    prompt = body.prompt if isinstance(body, CompletionRequest) else ""
-    return (
-        len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str | list))
-    )
 
 
 def _prompt_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:
