@@ -23,13 +23,14 @@ from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from api.caches import ResolvedModel, TenantAuth, TtlCache
 from api.deps import InferenceTenant, ServicesDep
+from api.disconnect import ClientDisconnected, run_until_disconnect
 from api.errors import ApiError
 from api.metering import RequestMeter, UsageLedger
 from api.openapi import json_request_body
@@ -50,6 +51,7 @@ router = APIRouter(prefix="/v1", tags=["completions"])
 
 Kind = Literal["text", "chat"]
 RETRY_AFTER_NO_WORKER_S = 2
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the response (never received)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
 MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool, off the event loop
@@ -134,7 +136,10 @@ async def serve(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return await _collect(prepared, upstream, meter, ledger)
+    try:
+        return await run_until_disconnect(request.receive, lambda: _collect(prepared, upstream, meter, ledger))
+    except ClientDisconnected:  # _collect aborted the worker request and metered it `aborted`
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: for the access log
 
 
 def _message(exc: Exception) -> str:
@@ -479,8 +484,10 @@ async def _collect(
 ) -> JSONResponse:
     """A non-streamed response: the whole generation, metered before it is returned.
 
-    Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering)
-    and withdrawn if the response is never sent (error, cancellation): only what the client gets is billed.
+    Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering).
+    A worker error withdraws them (the client gets no text). Cancellation (the client disconnected: see
+    run_until_disconnect in serve) closes the worker stream, which aborts the engine request, and meters it
+    `aborted` with the tokens produced until then, as a streamed request that loses its client is.
     """
     texts: list[str] = []
     try:
@@ -504,9 +511,8 @@ async def _collect(
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
             if not meter.is_recorded:
-                meter.withdraw_undelivered()
                 await _record_quietly(
-                    ledger, meter, "aborted", "the request was cancelled before it finished"
+                    ledger, meter, "aborted", "the client disconnected before the response was ready"
                 )
     raise AssertionError("unreachable: a worker stream always ends with final or error")
 
