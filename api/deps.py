@@ -121,20 +121,23 @@ def require_admin(services: ServicesDep, credentials: BearerDep) -> None:
 def require_metrics_access(services: ServicesDep, credentials: BearerDep) -> None:
     """/metrics names workers: it needs the admin key or settings.metrics_token, unless the operator made it
     public (settings.is_metrics_public)."""
-    settings = services.settings
-    if settings.is_metrics_public:
+    if services.settings.is_metrics_public:
         return
-    presented = credentials.credentials if credentials is not None else None
-    if presented is not None and settings.metrics_token:
-        if hmac.compare_digest(presented.encode(), settings.metrics_token.encode()):
-            return
-    if presented is not None and keys.verify_admin_key(
-        presented, admin_key=settings.admin_key, admin_key_hash=services.admin_key_hash
-    ):
+    if credentials is not None and _is_metrics_credential(services, credentials.credentials):
         return
     raise _unauthorized(
         "/metrics needs 'Authorization: Bearer <metrics token or admin key>' (the operator sets "
         "LORAHOST_METRICS_TOKEN for scrapers, or LORAHOST_IS_METRICS_PUBLIC=true)"
+    )
+
+
+def _is_metrics_credential(services: Services, presented: str) -> bool:
+    """The metrics token (when set) or the admin key, compared in constant time."""
+    token = services.settings.metrics_token
+    if token and hmac.compare_digest(presented.encode(), token.encode()):
+        return True
+    return keys.verify_admin_key(
+        presented, admin_key=services.settings.admin_key, admin_key_hash=services.admin_key_hash
     )
 
 

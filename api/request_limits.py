@@ -75,14 +75,18 @@ def exceeds_depth(value: Any, max_depth: int) -> bool:
 
 def _too_deep() -> ApiError:
     return ApiError(
-        400, "invalid_request", f"the body is nested too deeply; keep JSON nesting within {MAX_JSON_DEPTH} levels"
+        400,
+        "invalid_request",
+        f"the body is nested too deeply; keep JSON nesting within {MAX_JSON_DEPTH} levels",
     )
 
 
 async def parse_json_object(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; 400 for invalid JSON, another top-level type or too deep a nesting."""
     try:
-        value = json.loads(raw) if len(raw) <= MAX_INLINE_JSON_BYTES else await run_in_threadpool(json.loads, raw)
+        value = (
+            json.loads(raw) if len(raw) <= MAX_INLINE_JSON_BYTES else await run_in_threadpool(json.loads, raw)
+        )
     except RecursionError as exc:
         raise _too_deep() from exc
     except ValueError as exc:

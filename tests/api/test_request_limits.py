@@ -108,10 +108,15 @@ def test_prompt_beyond_the_character_bound_is_a_400_without_tokenizing(
     )
     chat = limited.post(
         "/v1/chat/completions",
-        json={"model": BASE_MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "w" * 65}]}]},
+        json={
+            "model": BASE_MODEL,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "w" * 65}]}],
+        },
         headers=tenant.headers,
     )
-    ids = limited.post("/v1/completions", json={"model": BASE_MODEL, "prompt": [5] * 17}, headers=tenant.headers)
+    ids = limited.post(
+        "/v1/completions", json={"model": BASE_MODEL, "prompt": [5] * 17}, headers=tenant.headers
+    )
     for response in (text, chat):
         assert response.status_code == 400
         message = response.json()["error"]["message"]
@@ -124,7 +129,9 @@ def test_prompt_within_the_character_bound_is_tokenized_and_served(
     limited: TestClient, tenant: TenantHandle, spy: SpyTokenizer
 ) -> None:
     response = limited.post(
-        "/v1/completions", json={"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 2}, headers=tenant.headers
+        "/v1/completions",
+        json={"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 2},
+        headers=tenant.headers,
     )
     assert response.status_code == 200, response.text
     assert spy.calls == ["encode"]
@@ -151,7 +158,10 @@ def test_seed_outside_what_the_engine_accepts_is_a_400_naming_the_range(
         "/v1/completions", json={"model": BASE_MODEL, "prompt": "hi", "seed": seed}, headers=tenant.headers
     )
     assert response.status_code == 400
-    assert "seed" in response.json()["error"]["message"] and str(2**64 - 1) in response.json()["error"]["message"]
+    assert (
+        "seed" in response.json()["error"]["message"]
+        and str(2**64 - 1) in response.json()["error"]["message"]
+    )
     assert worker.requests == []
 
 
@@ -160,7 +170,9 @@ def test_largest_seed_is_forwarded(client: TestClient, tenant: TenantHandle) -> 
     workers.install(client)
     worker = workers.add("w1")
     response = client.post(
-        "/v1/completions", json={"model": BASE_MODEL, "prompt": "hi", "seed": 2**64 - 1}, headers=tenant.headers
+        "/v1/completions",
+        json={"model": BASE_MODEL, "prompt": "hi", "seed": 2**64 - 1},
+        headers=tenant.headers,
     )
     assert response.status_code == 200, response.text
     assert worker.requests[0].sampling.seed == 2**64 - 1
