@@ -6,6 +6,9 @@ auth -> parse + refuse unsupported fields -> resolve the model -> tokenize and s
 rate limit -> route to a worker and read its first event (one retry on another worker) -> stream back.
 Every refusal after authentication is metered as `rejected` with zero tokens.
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`); the usage row is written before [DONE].
+A client that disconnects aborts the worker request, streamed or not (api/disconnect.py for non-streamed
+responses), and is metered `aborted`. Bodies and prompts are bounded before parsing/tokenizing
+(api/request_limits.py).
 A stream sends one chunk per worker delta that carries tokens, even when its text is empty (as vLLM does).
 vLLM extension fields: `ignore_eos` (bool, forwarded to the engine) and `min_tokens` (only 0, or with
 ignore_eos=true and no stop strings, when every completion has max_tokens tokens; else a 400).

@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
 from api.prompting import BaseModelTokenizer
+from api.request_limits import exceeds_depth
 from tests.api.asgi_support import run
 from tests.api.conftest import TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, usage_rows
@@ -176,3 +179,25 @@ def test_largest_seed_is_forwarded(client: TestClient, tenant: TenantHandle) -> 
     )
     assert response.status_code == 200, response.text
     assert worker.requests[0].sampling.seed == 2**64 - 1
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=2), children, max_size=3)
+    ),
+    max_leaves=40,
+)
+
+
+@given(value=JSON_VALUES, max_depth=st.integers(min_value=0, max_value=8))
+def test_exceeds_depth_matches_the_recursive_definition(value: Any, max_depth: int) -> None:
+    assert exceeds_depth(value, max_depth) == (_depth(value) > max_depth)
