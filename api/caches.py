@@ -7,8 +7,8 @@ Both caches are per API process, hold only successful lookups and expire entries
                process is dropped at once; on other API replicas the change takes effect within the TTL
                (that TTL is the revocation delay across replicas).
   model cache  (tenant id, model ref) -> the resolved adapter version, for settings.model_cache_ttl_s.
-               An adapter deleted through this process is dropped at once; a new ready version, or a
-               change made elsewhere, is seen within the TTL. Misses (unknown / not ready) are not cached,
+               An adapter deleted, or whose owner tenant is disabled, through this process is dropped at
+               once; a new ready version, or a change made elsewhere, is seen within the TTL. Misses (unknown / not ready) are not cached,
                so a brand-new adapter is usable as soon as it is ready.
 A TTL of 0 disables a cache (every request reads the database).
 """
@@ -118,3 +118,8 @@ def forget_tenant(auth_cache: TtlCache[str, TenantAuth], tenant_id: str) -> None
 def forget_model_name(model_cache: TtlCache[tuple[str, str], ResolvedModel], name: str) -> None:
     """Drop every cached resolution of an adapter name (any tenant: public adapters are shared)."""
     model_cache.discard_if(lambda key, _: key[1].partition("@")[0] == name)
+
+
+def forget_adapters(model_cache: TtlCache[tuple[str, str], ResolvedModel], adapter_ids: set[str]) -> None:
+    """Drop every cached resolution to one of these adapters (e.g. all of a tenant just disabled)."""
+    model_cache.discard_if(lambda _, resolved: resolved.adapter_id in adapter_ids)

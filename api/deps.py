@@ -1,11 +1,12 @@
 """Request dependencies as Annotated aliases: SessionDep, CurrentTenant, InferenceTenant, AdminDep,
-BlobStoreDep, ServicesDep.
+MetricsAccessDep, BlobStoreDep, ServicesDep.
 
 Trivial dependencies are `async def` so they run on the event loop (a sync one costs a threadpool hop).
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -117,6 +118,30 @@ def require_admin(services: ServicesDep, credentials: BearerDep) -> None:
         raise _unauthorized("this route needs the admin key (tenant keys are not accepted)")
 
 
+def require_metrics_access(services: ServicesDep, credentials: BearerDep) -> None:
+    """/metrics names workers: it needs the admin key or settings.metrics_token, unless the operator made it
+    public (settings.is_metrics_public)."""
+    if services.settings.is_metrics_public:
+        return
+    if credentials is not None and _is_metrics_credential(services, credentials.credentials):
+        return
+    raise _unauthorized(
+        "/metrics needs 'Authorization: Bearer <metrics token or admin key>' (the operator sets "
+        "LORAHOST_METRICS_TOKEN for scrapers, or LORAHOST_IS_METRICS_PUBLIC=true)"
+    )
+
+
+def _is_metrics_credential(services: Services, presented: str) -> bool:
+    """The metrics token (when set) or the admin key, compared in constant time."""
+    token = services.settings.metrics_token
+    if token and hmac.compare_digest(presented.encode(), token.encode()):
+        return True
+    return keys.verify_admin_key(
+        presented, admin_key=services.settings.admin_key, admin_key_hash=services.admin_key_hash
+    )
+
+
 CurrentTenant = Annotated[Tenant, Depends(get_current_tenant)]
 InferenceTenant = Annotated[TenantAuth, Depends(get_inference_tenant)]
 AdminDep = Annotated[None, Depends(require_admin)]
+MetricsAccessDep = Annotated[None, Depends(require_metrics_access)]

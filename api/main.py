@@ -12,19 +12,21 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.routes import adapters, admin, completions, health, models, reports, usage
 from api.services import Services, build_services, ensure_inference_services
 from api.worker_client import WorkerClient
 from registry.settings import Settings
 
-# /metrics is unauthenticated, as Prometheus scrapers expect: it holds aggregate counters and worker ids
-# only (no tenant, adapter or key data). Keep it off the public listener (network policy) in production.
+# /metrics holds aggregate counters and worker ids (no tenant, adapter or key data). Worker ids describe the
+# deployment, so by default it needs the admin key or settings.metrics_token (a Prometheus scrape config's
+# `authorization: {credentials: ...}`); settings.is_metrics_public opens it for private-network setups.
 metrics_router = APIRouter(tags=["metrics"])
 
 
 @metrics_router.get("/metrics", include_in_schema=False)
-def metrics(request: Request) -> Response:
+def metrics(request: Request, _: MetricsAccessDep) -> Response:
     """Prometheus text exposition of the API's metrics and the live workers' gauges."""
     body = request.app.state.services.extras["metrics"].render()
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -10,7 +10,8 @@ worker thread, so the request's own session and the event loop are never involve
   ok        the worker finished; prompt + delivered tokens
   error     the worker failed; prompt tokens once prefill happened (a token was delivered or the worker
             reported its prompt count) + delivered tokens
-  aborted   the client went away; prompt tokens once a token was delivered + delivered tokens
+  aborted   the client went away (the worker request is aborted); prompt tokens once a token was delivered
+            + the tokens delivered until then (streamed: sent; non-streamed: received for the response)
   rejected  refused before any work (bad request, unknown model, rate limit, no worker): zero tokens
 """
 

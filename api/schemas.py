@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from registry.models import Adapter, AdapterVersion
 
@@ -194,6 +194,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+MAX_SEED = 2**64 - 1  # the engine seeds torch.Generator.manual_seed, which takes 64-bit seeds
+
+
 class InferenceRequestBase(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions. Unknown fields are kept (extra="allow")
     so the route can name them in its 400 instead of silently ignoring them."""
@@ -220,6 +223,13 @@ class InferenceRequestBase(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, seed: int | None) -> int | None:
+        if seed is not None and not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"seed must be an integer from 0 to {MAX_SEED} (2^64 - 1), got {seed}")
+        return seed
 
     def stop_list(self) -> list[str]:
         """`stop` as a list (OpenAI allows one string or up to 4)."""

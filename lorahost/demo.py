@@ -55,11 +55,11 @@ def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
     raise TimeoutError(f"lorahost serve did not become ready within {timeout_s:.0f} s")
 
 
-def wait_worker(base_url: str, timeout_s: float = 120.0) -> None:
+def wait_worker(base_url: str, admin_key: str, timeout_s: float = 120.0) -> None:
     """Wait until a worker has registered (it appears in the Prometheus worker gauges)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = httpx.get(f"{base_url}/metrics", timeout=10)
+        r = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {admin_key}"}, timeout=10)
         if r.status_code == 200 and "lorahost_worker_queue_depth{" in r.text:
             return
         time.sleep(0.5)
@@ -168,7 +168,7 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool) -> int:
     try:
         wait_ready(base_url, proc)
         _, key = setup_tenant(base_url, admin_key)
-        wait_worker(base_url)
+        wait_worker(base_url, admin_key)
         adapters = sorted((data_dir / "demo" / "adapters").iterdir())[:2]
         names = []
         for i, adapter_dir in enumerate(adapters):

@@ -1,8 +1,8 @@
 """Queries over the registry tables. Every tenant-scoped function takes `tenant_id`.
 
 Functions flush but never commit: the caller (route, job) owns the transaction.
-A tenant sees its own adapters and everyone's public adapters; another tenant's private adapter is
-reported as not found, never as forbidden.
+A tenant sees its own adapters and the public adapters of active tenants; another tenant's private adapter
+(or a disabled tenant's public one) is reported as not found, never as forbidden.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from registry import keys
@@ -187,14 +187,21 @@ def get_own_adapter(session: Session, tenant_id: str, name: str) -> Adapter | No
     return session.scalars(stmt).first()
 
 
+def _is_public_of_active_owner() -> Any:
+    """Public adapters whose owner is active: a disabled tenant's adapters are hidden from everyone else."""
+    is_active_owner = Adapter.tenant_id.in_(select(Tenant.id).where(Tenant.is_active))
+    return and_(Adapter.visibility == "public", is_active_owner)
+
+
 def find_visible_adapter(session: Session, tenant_id: str, name: str) -> Adapter:
-    """The tenant's own adapter with this name, else the oldest public one; NotFoundError otherwise."""
+    """The tenant's own adapter with this name, else the oldest public one of an active tenant;
+    NotFoundError otherwise."""
     own = get_own_adapter(session, tenant_id, name)
     if own is not None:
         return own
     stmt = (
         _live_adapters()
-        .where(Adapter.name == name, Adapter.visibility == "public")
+        .where(Adapter.name == name, _is_public_of_active_owner())
         .order_by(Adapter.created_at, Adapter.id)
     )
     public = session.scalars(stmt).first()
@@ -210,10 +217,10 @@ def list_own_adapters(session: Session, tenant_id: str) -> list[Adapter]:
 
 
 def list_visible_adapters(session: Session, tenant_id: str) -> list[Adapter]:
-    """The tenant's own live adapters plus every public live adapter, by name."""
+    """The tenant's own live adapters plus every public live adapter of an active tenant, by name."""
     stmt = (
         _live_adapters()
-        .where(or_(Adapter.tenant_id == tenant_id, Adapter.visibility == "public"))
+        .where(or_(Adapter.tenant_id == tenant_id, _is_public_of_active_owner()))
         .order_by(Adapter.name, Adapter.created_at)
     )
     return list(session.scalars(stmt))

@@ -33,6 +33,15 @@ class Settings(BaseSettings):
     celery_queue: str = Field(default="lorahost", description="Celery queue the API sends jobs to")
 
     admin_key: str | None = None
+    metrics_token: str | None = Field(
+        default=None,
+        description="API: bearer token that opens /metrics to a Prometheus scraper (besides the admin key). "
+        "By default /metrics needs `Authorization: Bearer <admin key or metrics_token>`: it names workers",
+    )
+    is_metrics_public: bool = Field(
+        default=False,
+        description="API: serve /metrics without authentication (only behind a network that keeps it private)",
+    )
     internal_token: str | None = Field(default=None, description="Shared secret for the worker's internal API")
 
     base_model_path: Path | None = None
@@ -47,7 +56,19 @@ class Settings(BaseSettings):
     max_adapter_bytes: int = 512 * 1024 * 1024
     max_archive_members: int = 8
     max_prompt_tokens: int = 4096
+    max_prompt_chars_per_token: int = Field(
+        default=32,
+        gt=0,
+        description="API: a prompt (or chat messages' text) longer than max_prompt_tokens x this many characters "
+        "is refused (400) before it is tokenized; no common tokenizer averages more characters per token",
+    )
     max_completion_tokens: int = 2048
+    max_request_body_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        gt=0,
+        description="API: largest inference request body (413 beyond it, checked while the body is read); keep "
+        "it above the largest allowed prompt as JSON (max_prompt_tokens x max_prompt_chars_per_token x ~4)",
+    )
     auth_cache_ttl_s: float = Field(
         default=5.0, ge=0, description="API: verified keys cached per process; the revocation delay across replicas"
     )

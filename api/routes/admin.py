@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.caches import forget_key, forget_tenant
+from api.caches import forget_adapters, forget_key, forget_tenant
 from api.deps import AdminDep, ServicesDep, SessionDep
 from api.schemas import (
     ApiKeyCreated,
@@ -42,11 +42,16 @@ def update_tenant(
 ) -> TenantPublic:
     """Disable/enable a tenant or change its plan (only the fields sent change).
 
-    Applies at once on this API process; other replicas see it within settings.auth_cache_ttl_s."""
+    A disabled tenant's keys stop working and its public adapters are hidden from other tenants. Applies at
+    once on this API process; other replicas see it within settings.auth_cache_ttl_s (keys) and
+    settings.model_cache_ttl_s (adapters)."""
     changes = body.model_dump(include=body.model_fields_set)
     tenant = repository.update_tenant(session, tenant_id, **changes)
     session.commit()
     forget_tenant(services.extras["auth_cache"], tenant_id)
+    if "is_active" in changes:
+        owned = {adapter.id for adapter in repository.list_own_adapters(session, tenant_id)}
+        forget_adapters(services.extras["model_cache"], owned)
     return TenantPublic.model_validate(tenant)
 
 

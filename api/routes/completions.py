@@ -6,6 +6,9 @@ auth -> parse + refuse unsupported fields -> resolve the model -> tokenize and s
 rate limit -> route to a worker and read its first event (one retry on another worker) -> stream back.
 Every refusal after authentication is metered as `rejected` with zero tokens.
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`); the usage row is written before [DONE].
+A client that disconnects aborts the worker request, streamed or not (api/disconnect.py for non-streamed
+responses), and is metered `aborted`. Bodies and prompts are bounded before parsing/tokenizing
+(api/request_limits.py).
 A stream sends one chunk per worker delta that carries tokens, even when its text is empty (as vLLM does).
 vLLM extension fields: `ignore_eos` (bool, forwarded to the engine) and `min_tokens` (only 0, or with
 ignore_eos=true and no stop strings, when every completion has max_tokens tokens; else a 400).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import reprlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,22 +26,26 @@ from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from api.caches import ResolvedModel, TenantAuth, TtlCache
 from api.deps import InferenceTenant, ServicesDep
+from api.disconnect import ClientDisconnected, run_until_disconnect
 from api.errors import ApiError
 from api.metering import RequestMeter, UsageLedger
+from api.openapi import json_request_body
 from api.prompting import BaseModelTokenizer, PromptError
+from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.services import Services, is_in_memory_directory, live_workers
 from api.worker_client import WorkerStream, WorkerUnavailableError
 from registry import repository
 from registry.errors import RegistryError
 from registry.ratelimit import InMemoryRateLimiter, RateLimits
+from registry.settings import Settings
 from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec
 from scheduler.router import RouteRequest
 
@@ -46,6 +54,7 @@ router = APIRouter(prefix="/v1", tags=["completions"])
 
 Kind = Literal["text", "chat"]
 RETRY_AFTER_NO_WORKER_S = 2
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the response (never received)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
 MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool, off the event loop
@@ -69,28 +78,19 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
 WORKER_ERROR_STATUS = {"bad_request": 400, "adapter_unavailable": 503, "overloaded": 503, "draining": 503}
 
 
-def _body_schema(model: type[InferenceRequestBase]) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
-    }
-
-
-@router.post("/completions", openapi_extra=_body_schema(CompletionRequest))
+@router.post("/completions", openapi_extra=json_request_body(CompletionRequest))
 async def create_completion(request: Request, tenant: InferenceTenant, services: ServicesDep) -> Any:
     """Text completion (OpenAI `POST /v1/completions`), plain or streamed."""
     return await serve(request, tenant, services, "text")
 
 
-@router.post("/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+@router.post("/chat/completions", openapi_extra=json_request_body(ChatCompletionRequest))
 async def create_chat_completion(request: Request, tenant: InferenceTenant, services: ServicesDep) -> Any:
     """Chat completion (OpenAI `POST /v1/chat/completions`), plain or streamed."""
     return await serve(request, tenant, services, "chat")
 
 
-@router.post("/adapters/{name}/completions", openapi_extra=_body_schema(CompletionRequest))
+@router.post("/adapters/{name}/completions", openapi_extra=json_request_body(CompletionRequest))
 async def create_adapter_completion(
     name: str, request: Request, tenant: InferenceTenant, services: ServicesDep
 ) -> Any:
@@ -139,7 +139,10 @@ async def serve(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return await _collect(prepared, upstream, meter, ledger)
+    try:
+        return await run_until_disconnect(request.receive, lambda: _collect(prepared, upstream, meter, ledger))
+    except ClientDisconnected:  # _collect aborted the worker request and metered it `aborted`
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: for the access log
 
 
 def _message(exc: Exception) -> str:
@@ -166,14 +169,15 @@ async def _prepare(
     cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long
     prompts and the Redis limiter run in the threadpool.
     """
-    body = await _parse_body(request, kind)
+    body = await _parse_body(request, services.settings, kind)
     _refuse_unsupported(body)
     model = _model_ref(body.model, path_model)
     meter.model_name = repository.parse_model_ref(model).name
     resolved = await _resolve(services, tenant.tenant_id, model)
     meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
+    check_prompt_bounds(body, services.settings)
     tokenizer = _tokenizer(services)
-    if _prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
+    if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
         prompt_ids = _prompt_ids(tokenizer, body)
     else:
         prompt_ids = await run_in_threadpool(_prompt_ids, tokenizer, body)
@@ -226,13 +230,9 @@ def _prepared(
     )
 
 
-async def _parse_body(request: Request, kind: Kind) -> InferenceRequestBase:
-    try:
-        raw = await request.json()
-    except ValueError as exc:
-        raise ApiError(400, "invalid_request", f"the body must be a JSON object: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+async def _parse_body(request: Request, settings: Settings, kind: Kind) -> InferenceRequestBase:
+    """The validated body, read within settings.max_request_body_bytes (see api/request_limits.py)."""
+    raw = await parse_json_object(await read_body(request, settings.max_request_body_bytes))
     schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
     try:
         return schema.model_validate(raw)
@@ -243,14 +243,15 @@ async def _parse_body(request: Request, kind: Kind) -> InferenceRequestBase:
 
 def _refuse_unsupported(body: InferenceRequestBase) -> None:
     """400 naming every field this server cannot honour (unknown fields included)."""
-    problems = [f"{name}={value!r}" for name, value in (body.model_extra or {}).items()]
+    # reprlib: a short repr however large or deep the value (the message quotes the tenant's input)
+    problems = [f"{name}={reprlib.repr(value)}" for name, value in (body.model_extra or {}).items()]
     for name, allowed in NO_OP_VALUES.items():
         value = getattr(body, name, None)
         if value not in allowed:
-            problems.append(f"{name}={value!r}")
+            problems.append(f"{name}={reprlib.repr(value)}")
     response_format = getattr(body, "response_format", None)
     if response_format and response_format.get("type", "text") != "text":
-        problems.append(f"response_format={response_format!r}")
+        problems.append(f"response_format={reprlib.repr(response_format)}")
     if problems:
         raise ApiError(
             400,
@@ -318,16 +319,6 @@ def _tokenizer(services: Services) -> BaseModelTokenizer:
             "(set LORAHOST_BASE_MODEL_PATH to the base model directory)",
         )
     return tokenizer
-
-
-def _prompt_chars(body: InferenceRequestBase) -> int:
-    """A cheap size estimate of the prompt text (decides inline vs threadpool tokenization)."""
-    if isinstance(body, ChatCompletionRequest):
-        return sum(len(str(m.get("content") or "")) for m in body.messages if isinstance(m, dict))
-    prompt = body.prompt if isinstance(body, CompletionRequest) else ""
-    return (
-        len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str | list))
-    )
 
 
 def _prompt_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:
@@ -496,8 +487,10 @@ async def _collect(
 ) -> JSONResponse:
     """A non-streamed response: the whole generation, metered before it is returned.
 
-    Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering)
-    and withdrawn if the response is never sent (error, cancellation): only what the client gets is billed.
+    Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering).
+    A worker error withdraws them (the client gets no text). Cancellation (the client disconnected: see
+    run_until_disconnect in serve) closes the worker stream, which aborts the engine request, and meters it
+    `aborted` with the tokens produced until then, as a streamed request that loses its client is.
     """
     texts: list[str] = []
     try:
@@ -521,9 +514,8 @@ async def _collect(
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
             if not meter.is_recorded:
-                meter.withdraw_undelivered()
                 await _record_quietly(
-                    ledger, meter, "aborted", "the request was cancelled before it finished"
+                    ledger, meter, "aborted", "the client disconnected before the response was ready"
                 )
     raise AssertionError("unreachable: a worker stream always ends with final or error")
 

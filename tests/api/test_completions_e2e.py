@@ -315,7 +315,7 @@ def test_dead_worker_is_retried_then_503_when_none_is_left(stack: Stack) -> None
 def test_metrics_expose_requests_and_worker_gauges(stack: Stack) -> None:
     key = stack.tenant("e2e-metrics")
     stack.openai(key).completions.create(model="lorahost-base", prompt="hi", max_tokens=2)
-    text = httpx.get(f"{stack.url}/metrics").text
+    text = httpx.get(f"{stack.url}/metrics", headers=ADMIN).text
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)

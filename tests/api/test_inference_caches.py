@@ -100,3 +100,23 @@ def test_deleted_adapter_is_refused_at_once_and_unknown_names_are_not_cached(
     assert _complete(client, tenant, "later") == 200
     assert client.delete("/v1/adapters/later", headers=tenant.headers).status_code == 200
     assert _complete(client, tenant, "later") == 404
+
+
+def test_disabled_tenants_public_adapters_are_hidden_from_others_at_once(
+    client: TestClient, workers: ScriptedWorkers, new_tenant, db_session: Session
+) -> None:
+    _fake_clock_cache(client, "model_cache", 3600.0)
+    owner, other = new_tenant("owner"), new_tenant("other")
+    add_ready_version(db_session, owner.id, "shared", visibility="public")
+
+    def listed() -> list[str]:
+        return [m["id"] for m in client.get("/v1/models", headers=other.headers).json()["data"]]
+
+    assert _complete(client, other, "shared") == 200 and "shared" in listed()  # now cached for `other`
+    disable = client.patch(f"/v1/admin/tenants/{owner.id}", json={"is_active": False}, headers=ADMIN)
+    assert disable.status_code == 200
+    assert _complete(client, other, "shared") == 404 and "shared" not in listed()
+    assert client.get("/v1/models/shared", headers=other.headers).status_code == 404
+    enable = client.patch(f"/v1/admin/tenants/{owner.id}", json={"is_active": True}, headers=ADMIN)
+    assert enable.status_code == 200
+    assert _complete(client, other, "shared") == 200 and "shared" in listed()

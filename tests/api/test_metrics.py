@@ -32,3 +32,32 @@ def test_worker_gauges_come_from_live_worker_records() -> None:
     assert samples[("lorahost_worker_resident_adapters", (("tier", "device"), ("worker", "w1")))] == 2
     assert samples[("lorahost_worker_resident_adapters", (("tier", "host"), ("worker", "w1")))] == 1
     assert samples[("lorahost_worker_adapter_cache_hits_total", (("worker", "w1"),))] == 7
+
+
+# ---- /metrics access (settings.metrics_token, settings.is_metrics_public) --------------------------------
+
+
+def test_metrics_need_the_admin_key_by_default(client, tenant) -> None:
+    from tests.api.conftest import ADMIN
+
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=tenant.headers).status_code == 401
+    refused = client.get("/metrics", headers={"Authorization": "Bearer wrong"})
+    assert refused.status_code == 401 and "metrics" in refused.json()["error"]["message"]
+    assert client.get("/metrics", headers=ADMIN).status_code == 200
+
+
+def test_metrics_token_opens_metrics_and_nothing_else(make_client) -> None:
+    from tests.api.conftest import ADMIN
+
+    client = make_client(metrics_token="scrape-me")
+    scraper = {"Authorization": "Bearer scrape-me"}
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=scraper).status_code == 200
+    assert client.get("/metrics", headers=ADMIN).status_code == 200
+    assert client.get("/v1/admin/tenants", headers=scraper).status_code == 401
+
+
+def test_public_metrics_when_the_operator_opts_in(make_client) -> None:
+    client = make_client(is_metrics_public=True)
+    assert client.get("/metrics").status_code == 200

@@ -102,8 +102,8 @@ def test_plans_are_created_and_listed_with_limits_and_slo_targets(client: TestCl
     assert (pro["requests_per_min"], pro["tokens_per_min"], pro["slo_ttft_ms"]) == (60, 10000, 500)
 
 
-def test_metrics_are_prometheus_text_without_auth(client: TestClient) -> None:
-    response = client.get("/metrics")
+def test_metrics_are_prometheus_text(client: TestClient) -> None:
+    response = client.get("/metrics", headers=ADMIN)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     names = {family.name for family in text_string_to_metric_families(response.text)}
     assert {"lorahost_requests", "lorahost_tokens", "lorahost_ttft_ms"} <= names

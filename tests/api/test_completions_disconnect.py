@@ -1,0 +1,119 @@
+"""A client that leaves a NON-streamed request: the generation is aborted on the worker and billed once as
+`aborted` with the tokens produced until then (the in-process worker with the tiny model; the app is driven
+through ASGI so the test decides when the client disconnects)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.deps import get_session
+from api.main import create_app
+from api.services import build_services
+from gpu_workers.testing import RunningWorker, worker_in_thread
+from registry.settings import Settings
+from registry.storage import LocalBlobStore
+from tests.api.asgi_support import run
+from tests.api.conftest import ADMIN_KEY, TenantHandle
+from tests.api.test_completions_support import BASE_MODEL, usage_rows
+
+MAX_TOKENS = 1000
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def worker(base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningWorker]:
+    blob_dir = tmp_path_factory.mktemp("disconnect-blobs")
+    with worker_in_thread(base_model_dir, blob_dir) as running:
+        yield running
+
+
+@pytest.fixture
+def api(
+    worker: RunningWorker,
+    base_model_dir: Path,
+    tmp_path: Path,
+    db_session: Session,
+    db_session_factory: sessionmaker[Session],
+) -> Iterator[TestClient]:
+    """The API with the in-process worker published, as `lorahost serve` does."""
+    settings = Settings(data_dir=tmp_path, admin_key=ADMIN_KEY, base_model_path=base_model_dir)
+    services = build_services(
+        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(worker.settings.blob_store)
+    )
+    services.extras["worker_transport"] = worker.extra["embedded"].transport
+    services.extras["worker_directory"] = worker.directory
+    services.extras["internal_token"] = worker.internal_token
+    app = create_app(settings, services=services)
+    app.dependency_overrides[get_session] = lambda: db_session
+    with TestClient(app) as client:
+        yield client
+
+
+def _engine_stats(worker: RunningWorker) -> dict[str, Any]:
+    return worker.extra["embedded"].runtime.service.engine.stats()
+
+
+def _leave_once_generating(worker: RunningWorker, linger_s: float = 0.3) -> Callable[[], Any]:
+    async def leave() -> None:
+        deadline = time.monotonic() + 30
+        while (await anyio.to_thread.run_sync(_engine_stats, worker))["num_running"] == 0:
+            assert time.monotonic() < deadline, "the request never started on the worker"
+            await anyio.sleep(0.01)
+        await anyio.sleep(linger_s)
+
+    return leave
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_client_leaving_a_plain_request_aborts_it_and_bills_the_tokens_produced_as_aborted(
+    api: TestClient,
+    worker: RunningWorker,
+    new_tenant: Callable[[str], TenantHandle],
+    db_session: Session,
+) -> None:
+    tenant = new_tenant("leaver")
+    body = {"model": BASE_MODEL, "prompt": "hello world", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    aborted_before = _engine_stats(worker)["num_aborted"]
+    run(
+        api,
+        "/v1/completions",
+        tenant.headers | {"content-type": "application/json"},
+        [json.dumps(body).encode()],
+        leave=_leave_once_generating(worker),
+    )
+    [row] = usage_rows(db_session, tenant.id)
+    assert row.status == "aborted", (row.status, row.error_message)
+    assert 0 < row.completion_tokens < MAX_TOKENS and row.prompt_tokens > 0
+    assert _wait_until(lambda: _engine_stats(worker)["num_running"] == 0), "the engine request still runs"
+    assert _engine_stats(worker)["num_aborted"] == aborted_before + 1
+
+
+def test_a_client_that_stays_gets_the_whole_completion(
+    api: TestClient, new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    tenant = new_tenant("stayer")
+    response = api.post(
+        "/v1/completions",
+        json={"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 5, "ignore_eos": True},
+        headers=tenant.headers,
+    )
+    assert response.status_code == 200, response.text
+    [row] = usage_rows(db_session, tenant.id)
+    assert (row.status, row.completion_tokens) == ("ok", 5)
