@@ -43,6 +43,29 @@ def demo_model(
     typer.echo(f"wrote {out_dir}/base and {num_adapters} adapters under {out_dir}/adapters")
 
 
+@app.command("import-model")
+def import_model_command(
+    src: Annotated[Path, typer.Argument(help="A GGUF file (Llama-family) or a Hugging Face model directory")],
+    out_dir: Annotated[Path, typer.Argument(help="New directory for the HF safetensors model")],
+    dtype: Annotated[
+        str, typer.Option(help="auto (float32 for GGUF, the checkpoint's dtype for HF), float32, bfloat16, float16")
+    ] = "auto",
+) -> None:
+    """Convert a model into the HF safetensors directory that `serve --base-model` and `worker` take."""
+    from gpu_workers.model_import import ModelImportError, import_model
+
+    try:
+        result = import_model(src, out_dir, dtype=dtype)
+    except ModelImportError as exc:
+        typer.echo(f"lorahost import-model: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(
+        f"imported {result.source_format} {result.model_type} ({result.num_parameters / 1e6:.1f}M parameters, "
+        f"{result.num_layers} layers, hidden {result.hidden_size}, {result.dtype}) into {result.out_dir}; "
+        f"serve it with: lorahost serve --base-model {result.out_dir}"
+    )
+
+
 @db_app.command("upgrade")
 def db_upgrade(
     revision: Annotated[str, typer.Argument(help="Target revision")] = "head",
