@@ -134,7 +134,7 @@ def _read_gguf(path: Path) -> Any:
 
     try:
         reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt or truncated file
+    except Exception as exc:  # any parse failure means a corrupt or truncated file
         raise ModelImportError(
             "corrupt_file", f"{path.name} could not be read as GGUF ({type(exc).__name__}: {exc}); "
             "the file is truncated or corrupt: download it again"
@@ -166,9 +166,10 @@ def supported_gguf_tensor_types() -> frozenset[str]:
         _, type_size = GGML_QUANT_SIZES[qtype]
         try:
             dequantize(np.zeros(type_size, dtype=np.uint8), qtype)
-        except Exception:  # noqa: BLE001 - NotImplementedError for types without a dequantizer
-            continue
-        supported.add(qtype.name)
+        except Exception as exc:  # noqa: BLE001 - NotImplementedError, or any error of a type it cannot read
+            logger.debug("GGUF tensor type %s cannot be dequantized: %s", qtype.name, exc)
+        else:
+            supported.add(qtype.name)
     return frozenset(supported)
 
 
@@ -219,7 +220,6 @@ def _check_architecture(config: dict[str, Any], where: str) -> None:
 
 def _convert(src: Path, source_format: str, dtype: str, tmp: Path) -> Any:
     """Load with transformers and save safetensors + tokenizer into tmp; returns the loaded model."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _torch_dtype(dtype, source_format)
@@ -228,7 +228,7 @@ def _convert(src: Path, source_format: str, dtype: str, tmp: Path) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **kwargs)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types for bad files
+    except Exception as exc:  # transformers raises many types for bad files
         raise ModelImportError(
             "corrupt_file", f"{src.name} could not be loaded ({type(exc).__name__}: {exc})"
         ) from exc
