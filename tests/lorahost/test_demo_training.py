@@ -8,7 +8,7 @@ import pytest
 
 from lorahost import demo_training
 from lorahost.demo_training import TrainingRecipe, demo_adapter_names, ensure_demo_adapters
-from registry.validation import BaseModelSpec, ValidationLimits, validate_adapter_dir
+from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits, validate_adapter_dir
 
 QUICK = TrainingRecipe(rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj"), max_steps=2, batch_size=2)
 
@@ -38,7 +38,7 @@ def test_changed_recipe_retrains(base_model_dir: Path, tmp_path: Path, monkeypat
     assert retrained == ["pirate", "french"]
 
 
-def validate_adapter_dir_without_stamp(path: Path, spec: BaseModelSpec):  # noqa: ANN201
+def validate_adapter_dir_without_stamp(path: Path, spec: BaseModelSpec) -> AdapterInfo:
     """The two files a tenant would upload (the training stamp is the demo's own bookkeeping)."""
     upload = path.parent / f"{path.name}-upload"
     upload.mkdir()
