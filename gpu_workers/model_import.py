@@ -10,11 +10,13 @@ weights file), and only then renamed to OUT_DIR: a failed import leaves nothing 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,16 +228,32 @@ def _convert(src: Path, source_format: str, dtype: str, tmp: Path) -> Any:
     kwargs: dict[str, Any] = {"gguf_file": src.name} if source_format == "gguf" else {}
     model_dir = src.parent if source_format == "gguf" else src
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, **kwargs)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, **kwargs)
     except Exception as exc:  # transformers raises many types for bad files
         raise ModelImportError(
             "corrupt_file", f"{src.name} could not be loaded ({type(exc).__name__}: {exc})"
         ) from exc
     _drop_quantization_config(model)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
+    with quiet_transformers():
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
     return model
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No transformers progress bars inside the block (CLI output stays readable); restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _torch_dtype(dtype: str, source_format: str) -> Any:

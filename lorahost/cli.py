@@ -13,6 +13,7 @@ import typer
 from lorahost.reports_cli import app as reports_app
 
 if TYPE_CHECKING:
+    from gpu_workers.server import EmbeddedWorker
     from registry.settings import Settings
 
 app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting.", no_args_is_help=True)
@@ -122,6 +123,7 @@ def serve(
     _announce_admin_key(settings)
     directory = InMemoryWorkerDirectory()
     worker = EmbeddedWorker(settings, directory).start()
+    _announce_when_ready(worker)
     services = build_services(settings)
     services.extras["worker_directory"] = directory
     services.extras["internal_token"] = worker.internal_token
@@ -215,6 +217,24 @@ def worker(
         typer.echo("lorahost worker: no LORAHOST_REDIS_URL; registered in memory only (direct calls only)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_worker(settings)
+
+
+def _announce_when_ready(worker: EmbeddedWorker) -> None:
+    """Log once the in-process worker has loaded its model (requests sent before then wait for it)."""
+    import threading
+    import time
+
+    started = time.monotonic()
+
+    def wait() -> None:
+        try:
+            worker.wait_ready(timeout_s=3600)
+        except RuntimeError as exc:
+            typer.echo(f"lorahost: the in-process worker failed: {exc}", err=True)
+            return
+        typer.echo(f"lorahost: worker ready (base model loaded in {time.monotonic() - started:.1f} s)")
+
+    threading.Thread(target=wait, name="lorahost-ready-log", daemon=True).start()
 
 
 def _announce_admin_key(settings: Settings) -> None:

@@ -126,9 +126,12 @@ def train_adapter(base_dir: Path, name: str, out_dir: Path, recipe: TrainingReci
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from gpu_workers.model_import import quiet_transformers
+
     torch.manual_seed(recipe.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     config = LoraConfig(
         r=recipe.rank, lora_alpha=recipe.lora_alpha, target_modules=list(recipe.target_modules),
         lora_dropout=0.0, task_type="CAUSAL_LM",
