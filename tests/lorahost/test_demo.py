@@ -8,7 +8,7 @@ from pathlib import Path
 
 def test_demo_runs_platform_end_to_end_and_bills_what_it_served(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "lorahost.cli", "demo", "--data-dir", str(tmp_path / "data")],
+        [sys.executable, "-m", "lorahost.cli", "demo", "--model", "tiny", "--data-dir", str(tmp_path / "data")],
         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
     )
     out = result.stdout
@@ -16,6 +16,7 @@ def test_demo_runs_platform_end_to_end_and_bills_what_it_served(tmp_path: Path) 
     assert "uploaded demo-a: version 1 status=ready" in out
     assert "uploaded demo-b: version 1 status=ready" in out
     assert "demo-b completion:" in out and "streaming chat:" in out
+    assert "base model vs adapters" in out and "What is the capital of Italy?" in out
     usage_rows = [line for line in out.splitlines() if "│ demo-" in line and "ok=" in line]
     assert len(usage_rows) == 2, out  # one usage row per adapter, all ok
     assert "demo finished" in out
