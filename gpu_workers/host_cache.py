@@ -82,7 +82,8 @@ def _check_sha256(path: Path, expected: str) -> str:
     actual = sha256_file(path)
     if actual != expected.lower():
         raise ChecksumMismatchError(
-            f"checksum mismatch: {path.name} has sha256 {actual}, expected {expected} (corrupt or tampered blob)"
+            f"checksum mismatch: {path.name} has sha256 {actual}, expected {expected} "
+            "(corrupt or tampered blob)"
         )
     return actual
 
@@ -103,7 +104,9 @@ def _is_valid_entry(entry: Path) -> bool:
         if manifest.get("cache_key") != entry.name or not (files / WEIGHTS_NAME).is_file():
             return False
         if entry.name.startswith(CONTENT_PREFIX):
-            expected = CONTENT_PREFIX + adapter_content_digest(manifest["weights_sha256"], manifest["config_sha256"])
+            expected = CONTENT_PREFIX + adapter_content_digest(
+                manifest["weights_sha256"], manifest["config_sha256"]
+            )
             if entry.name != expected:
                 return False
         elif not entry.name.startswith(VERSION_PREFIX):
@@ -114,7 +117,7 @@ def _is_valid_entry(entry: Path) -> bool:
 
 
 class HostAdapterCache:
-    """Adapter directories under cache_dir/<cache key>/adapter/, LRU-bounded by max_bytes (pinned entries stay)."""
+    """Adapter directories under cache_dir/<cache key>/adapter/, LRU-bounded by max_bytes (pins stay)."""
 
     def __init__(self, cache_dir: Path, fetch: FetchFn, max_bytes: int = 8 << 30) -> None:
         self._dir = Path(cache_dir)

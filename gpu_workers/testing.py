@@ -14,8 +14,9 @@ For API end-to-end tests (API inference engineer), e.g.:
             w.settings       # the worker's Settings (blob_store = str(blob_dir))
 
 Upload adapters through the API into the same blob directory and the worker fetches them from there by
-AdapterRef (config_blob_key / weights_blob_key / sha256 / config_sha256). `put_adapter(blob_dir, name, adapter_dir)` stores
-a PEFT directory directly and returns its AdapterRef, for tests that skip the upload path.
+AdapterRef (config_blob_key / weights_blob_key / sha256 / config_sha256). `put_adapter(blob_dir, name,
+adapter_dir)` stores a PEFT directory directly and returns its AdapterRef (both digests filled in), for
+tests that skip the upload path.
 
 Both helpers wait for /ready (model loaded) before yielding and drain + stop on exit. `worker_process`
 runs `python -m lorahost.cli worker` with LORAHOST_* environment variables: use it for signal/drain tests

@@ -323,7 +323,8 @@ def _check_staged_digests(version: AdapterVersion, adapter_dir: Path) -> None:
         actual = sha256_file(adapter_dir / filename)
         if actual != digest:
             raise AdapterValidationError(
-                "checksum_mismatch", f"stored {filename} has sha256 {actual}, expected {digest}; upload it again"
+                "checksum_mismatch",
+                f"stored {filename} has sha256 {actual}, expected {digest}; upload it again",
             )
 
 

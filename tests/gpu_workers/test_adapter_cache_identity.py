@@ -91,11 +91,12 @@ def test_restarted_worker_does_not_serve_a_cached_config_of_another_version(
 
 
 def test_tampered_config_blob_is_adapter_unavailable(
-    worker: RunningWorker, blob_dir: Path, adapter_dirs: dict[str, Path], variant_dirs: dict[str, Path], tmp_path: Path
+    worker: RunningWorker, blob_dir: Path, adapter_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     uploaded = _with_alpha(adapter_dirs["adapter-01"], tmp_path / "alpha-2", 2)  # a config no other test uses
     ref = put_adapter(blob_dir, "tenant-tampered", uploaded)
-    shutil.copyfile(variant_dirs["alpha-high"] / "adapter_config.json", blob_dir / ref.config_blob_key)
+    swapped = _with_alpha(adapter_dirs["adapter-01"], tmp_path / "alpha-64", 64)
+    shutil.copyfile(swapped / "adapter_config.json", blob_dir / ref.config_blob_key)  # same weights
     body = GenerateRequest(request_id="tampered", prompt=PROMPTS[0], adapter=ref).model_dump(mode="json")
     response = httpx.post(f"{worker.url}/internal/v1/generate", json=body, headers=worker.headers, timeout=60)
     assert response.status_code == 424

@@ -59,7 +59,10 @@ def test_concurrent_gets_of_one_adapter_download_once(tmp_path: Path) -> None:
         t.join()
     assert fetch.calls == ["a/config", "a/weights"]
     assert len(set(results)) == 1
-    assert sorted(p.name for p in results[0].iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in results[0].iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     assert _served(results[0]) == (CONFIG_A, b"w" * 1000)
     stats = cache.stats()
     assert stats.num_fetches == 1 and stats.num_misses == 1 and stats.num_hits == 7
@@ -168,7 +171,9 @@ def test_restart_discards_an_entry_whose_config_was_changed_on_disk(tmp_path: Pa
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     versions=st.lists(
-        st.tuples(st.sampled_from([b"w1", b"w2" * 300]), st.sampled_from([CONFIG_A, CONFIG_B]), st.booleans()),
+        st.tuples(
+            st.sampled_from([b"w1", b"w2" * 300]), st.sampled_from([CONFIG_A, CONFIG_B]), st.booleans()
+        ),
         min_size=1,
         max_size=6,
     ),

@@ -101,7 +101,8 @@ def test_job_fails_when_the_staged_config_was_swapped(db_session, ctx, tenant_id
     assert pipeline.run_validation_job(ctx, version.id) == "failed"
     db_session.expire_all()
     version = repository.get_version(db_session, version.id)
-    assert version.failure_reason.startswith("checksum_mismatch") and pipeline.CONFIG_FILENAME in version.failure_reason
+    assert version.failure_reason.startswith("checksum_mismatch")
+    assert pipeline.CONFIG_FILENAME in version.failure_reason
     assert ctx.blob_store.list_keys() == []
 
 
