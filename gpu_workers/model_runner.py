@@ -253,6 +253,8 @@ class ModelRunner:
         """Drop cached stacked sets that include an adapter (call when it is unloaded or replaced)."""
         for key in [k for k, v in self.lora_stacks.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
             del self.lora_stacks[key]
+        # Costs are keyed by id(adapter), which a later adapter object may reuse once this one is freed.
+        self._adapter_cost.clear()
 
     def lora_stack_bytes(self) -> int:
         """Bytes held by the cached stacked adapter sets."""

@@ -14,8 +14,9 @@ For API end-to-end tests (API inference engineer), e.g.:
             w.settings       # the worker's Settings (blob_store = str(blob_dir))
 
 Upload adapters through the API into the same blob directory and the worker fetches them from there by
-AdapterRef (config_blob_key / weights_blob_key / sha256). `put_adapter(blob_dir, name, adapter_dir)` stores
-a PEFT directory directly and returns its AdapterRef, for tests that skip the upload path.
+AdapterRef (config_blob_key / weights_blob_key / sha256 / config_sha256). `put_adapter(blob_dir, name,
+adapter_dir)` stores a PEFT directory directly and returns its AdapterRef (both digests filled in), for
+tests that skip the upload path.
 
 Both helpers wait for /ready (model loaded) before yielding and drain + stop on exit. `worker_process`
 runs `python -m lorahost.cli worker` with LORAHOST_* environment variables: use it for signal/drain tests
@@ -86,7 +87,8 @@ def free_port() -> int:
 
 def put_adapter(blob_dir: Path, name: str, adapter_dir: Path) -> AdapterRef:
     """Store a PEFT adapter directory in a local blob store under adapters/<name>/ and return its ref."""
-    from gpu_workers.host_cache import CONFIG_NAME, WEIGHTS_NAME, sha256_file
+    from gpu_workers.host_cache import CONFIG_NAME, WEIGHTS_NAME
+    from registry.digests import sha256_file
     from registry.storage import LocalBlobStore
 
     store = LocalBlobStore(blob_dir)
@@ -96,6 +98,7 @@ def put_adapter(blob_dir: Path, name: str, adapter_dir: Path) -> AdapterRef:
     return AdapterRef(
         adapter_key=name,
         sha256=sha256_file(adapter_dir / WEIGHTS_NAME),
+        config_sha256=sha256_file(adapter_dir / CONFIG_NAME),
         config_blob_key=config_key,
         weights_blob_key=weights_key,
     )

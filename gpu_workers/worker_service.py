@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, PromptTooLongError
-from gpu_workers.host_cache import HostAdapterCache
+from gpu_workers.host_cache import AdapterFiles, HostAdapterCache
 from gpu_workers.outputs import RequestOutput
 from gpu_workers.sampling import SamplingParams
 from registry.membership import WorkerRecord
@@ -79,7 +79,8 @@ class AdapterManager:
         self._engine = engine
         self._host_cache = host_cache
         self._max_loaded = max_loaded
-        self._loaded: OrderedDict[str, str] = OrderedDict()  # adapter_key -> sha256; LRU order, oldest first
+        # adapter_key (unique per version) -> host cache key; LRU order, oldest first
+        self._loaded: OrderedDict[str, str] = OrderedDict()
         self._leases: dict[str, int] = {}
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, AdapterRef] = {}  # every adapter seen (for host residency)
@@ -133,14 +134,12 @@ class AdapterManager:
                 raise AdapterUnavailableError(
                     f"adapter {ref.adapter_key} could not be loaded by this worker: {exc}"
                 ) from exc
-            self._loaded[ref.adapter_key] = ref.sha256
+            self._loaded[ref.adapter_key] = adapter_files(ref).cache_key
             self.counters.num_adapter_loads += 1
 
     async def _fetch(self, ref: AdapterRef) -> Any:
         try:
-            return await asyncio.to_thread(
-                self._host_cache.get, ref.sha256, ref.config_blob_key, ref.weights_blob_key
-            )
+            return await asyncio.to_thread(self._host_cache.get, adapter_files(ref))
         except Exception as exc:  # missing blob, checksum mismatch, I/O: all unavailable
             self.counters.num_load_failures += 1
             raise AdapterUnavailableError(
@@ -188,7 +187,7 @@ class AdapterManager:
         return sorted(
             k
             for k, ref in self._refs.items()
-            if k not in self._loaded and self._host_cache.contains(ref.sha256)
+            if k not in self._loaded and self._host_cache.contains(adapter_files(ref).cache_key)
         )
 
     def residency(self, key: str) -> str:
@@ -374,6 +373,17 @@ class WorkerService:
                 "num_load_failures": counters.num_load_failures,
             },
         )
+
+
+def adapter_files(ref: AdapterRef) -> AdapterFiles:
+    """The host cache's view of an adapter version: its blobs and the digests both files must have."""
+    return AdapterFiles(
+        version_key=ref.adapter_key,
+        weights_sha256=ref.sha256,
+        config_sha256=ref.config_sha256,
+        config_blob_key=ref.config_blob_key,
+        weights_blob_key=ref.weights_blob_key,
+    )
 
 
 def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:

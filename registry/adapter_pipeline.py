@@ -6,14 +6,13 @@ Flow (the API calls the first three; a job runner, inline or Celery, calls `run_
      AdapterValidationError; nothing has been stored yet).
   3. `stage_upload`: blobs under `uploads/<version id>/`, then the row `status=validating`.
      Any failure removes the blobs again; the DB transaction rolls back.
-  4. `run_validation_job`: download, verify sha256, re-validate, move blobs to
+  4. `run_validation_job`: download, verify both files' sha256, re-validate, move blobs to
      `adapters/<tenant>/<adapter>/<version>/`, mark `ready`; or mark `failed` with the reason and delete
      every blob of that version. s3:// imports (`stage_import`) start at this step.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry import repository
 from registry.archive import extract_archive, is_archive_name
+from registry.digests import sha256_file
 from registry.errors import ConflictError, InvalidRequestError
 from registry.models import AdapterVersion, new_id, utcnow
 from registry.settings import Settings
@@ -46,7 +46,6 @@ from registry.validation import (
 log = logging.getLogger(__name__)
 
 STORED_FILENAMES = (CONFIG_FILENAME, WEIGHTS_FILENAME)
-HASH_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def limits_from_settings(settings: Settings) -> ValidationLimits:
@@ -125,13 +124,15 @@ def validate_adapter_files(adapter_dir: Path, ctx: AdapterJobContext) -> Adapter
     return validate_adapter_dir(adapter_dir, ctx.base_model_spec, ctx.limits)
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+def file_digests(adapter_dir: Path) -> dict[str, str]:
+    """A version row's digest fields: `sha256` of the weights and `config_sha256` of adapter_config.json.
+
+    Workers key their caches by both (two versions may share weights and differ in lora_alpha).
+    """
+    return {
+        "sha256": sha256_file(adapter_dir / WEIGHTS_FILENAME),
+        "config_sha256": sha256_file(adapter_dir / CONFIG_FILENAME),
+    }
 
 
 # ---- step 3: staging ---------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def stage_upload(
             status="validating",
             config_blob_key=keys[CONFIG_FILENAME],
             weights_blob_key=keys[WEIGHTS_FILENAME],
-            sha256=file_sha256(adapter_dir / WEIGHTS_FILENAME),
+            **file_digests(adapter_dir),
             **_info_fields(info),
         )
     except BaseException:
@@ -271,16 +272,15 @@ def run_validation_job(ctx: AdapterJobContext, version_id: str) -> str:
         adapter = version.adapter
         dest = final_keys(adapter.tenant_id, adapter.id, version.number)
         try:
-            info, sha256 = _fetch_and_validate(ctx, version, dest)
+            info, digests = _fetch_and_validate(ctx, version, dest)
         except Exception as exc:  # noqa: BLE001 - any failure becomes the version's failure reason
             return _mark_failed(session, ctx, version, dest, exc)
         version.status = "ready"
         version.config_blob_key = dest[CONFIG_FILENAME]
         version.weights_blob_key = dest[WEIGHTS_FILENAME]
-        version.sha256 = sha256
         version.failure_reason = None
         version.finished_at = utcnow()
-        for key, value in _info_fields(info).items():
+        for key, value in {**digests, **_info_fields(info)}.items():
             setattr(version, key, value)
         session.commit()
         return "ready"
@@ -288,7 +288,7 @@ def run_validation_job(ctx: AdapterJobContext, version_id: str) -> str:
 
 def _fetch_and_validate(
     ctx: AdapterJobContext, version: AdapterVersion, dest: dict[str, str]
-) -> tuple[AdapterInfo, str]:
+) -> tuple[AdapterInfo, dict[str, str]]:
     """Bring the files to a temp dir, verify and re-validate them, then put them at their final keys."""
     with tempfile.TemporaryDirectory(prefix="lorahost-job-") as tmp:
         work = Path(tmp)
@@ -297,12 +297,12 @@ def _fetch_and_validate(
         else:
             adapter_dir = _fetch_staged(ctx, version, work)
         info = validate_adapter_files(adapter_dir, ctx)
-        sha256 = file_sha256(adapter_dir / WEIGHTS_FILENAME)
+        digests = file_digests(adapter_dir)
         for filename, key in dest.items():
             ctx.blob_store.put_file(key, adapter_dir / filename)
     if version.config_blob_key and version.weights_blob_key:
         _delete_keys(ctx.blob_store, [version.config_blob_key, version.weights_blob_key])
-    return info, sha256
+    return info, digests
 
 
 def _fetch_staged(ctx: AdapterJobContext, version: AdapterVersion, work: Path) -> Path:
@@ -310,13 +310,22 @@ def _fetch_staged(ctx: AdapterJobContext, version: AdapterVersion, work: Path) -
     adapter_dir.mkdir()
     ctx.blob_store.download_to(version.config_blob_key or "", adapter_dir / CONFIG_FILENAME)
     ctx.blob_store.download_to(version.weights_blob_key or "", adapter_dir / WEIGHTS_FILENAME)
-    actual = file_sha256(adapter_dir / WEIGHTS_FILENAME)
-    if actual != version.sha256:
-        raise AdapterValidationError(
-            "checksum_mismatch",
-            f"stored {WEIGHTS_FILENAME} has sha256 {actual}, expected {version.sha256}; upload it again",
-        )
+    _check_staged_digests(version, adapter_dir)
     return adapter_dir
+
+
+def _check_staged_digests(version: AdapterVersion, adapter_dir: Path) -> None:
+    """checksum_mismatch unless both staged files still have the digests recorded when they were staged."""
+    expected = {WEIGHTS_FILENAME: version.sha256, CONFIG_FILENAME: version.config_sha256}
+    for filename, digest in expected.items():
+        if filename == CONFIG_FILENAME and digest is None:
+            continue  # staged before config digests were recorded (migration 0002)
+        actual = sha256_file(adapter_dir / filename)
+        if actual != digest:
+            raise AdapterValidationError(
+                "checksum_mismatch",
+                f"stored {filename} has sha256 {actual}, expected {digest}; upload it again",
+            )
 
 
 def _fetch_import(ctx: AdapterJobContext, source: str, work: Path) -> Path:

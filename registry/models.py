@@ -172,7 +172,8 @@ class AdapterVersion(Base):
     source_uri: Mapped[str | None] = mapped_column(Text)
     config_blob_key: Mapped[str | None] = mapped_column(String(500))
     weights_blob_key: Mapped[str | None] = mapped_column(String(500))
-    sha256: Mapped[str | None] = mapped_column(String(64))
+    sha256: Mapped[str | None] = mapped_column(String(64))  # of adapter_model.safetensors
+    config_sha256: Mapped[str | None] = mapped_column(String(64))  # of adapter_config.json (None before 0002)
     rank: Mapped[int | None] = mapped_column(Integer)
     alpha: Mapped[float | None] = mapped_column(Float)
     target_modules: Mapped[list[str] | None] = mapped_column(JSON)

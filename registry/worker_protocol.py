@@ -41,10 +41,20 @@ INTERNAL_PREFIX = "/internal/v1"
 
 
 class AdapterRef(BaseModel):
-    """Where a worker finds an adapter version's files. `adapter_key` is unique per version."""
+    """Where a worker finds an adapter version's files. `adapter_key` is unique per version.
+
+    The worker verifies both files against their digests and caches them under a key derived from both
+    (versions with identical weights and different configs never share an entry); a version without
+    `config_sha256` (validated before it was recorded) is cached under its `adapter_key` alone.
+    """
 
     adapter_key: str = Field(description="Stable key of one adapter version (its version id)")
-    sha256: str = Field(description="sha256 of adapter_model.safetensors; the host cache is keyed by it")
+    sha256: str = Field(description="sha256 of adapter_model.safetensors")
+    config_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of adapter_config.json (None for versions validated before it was recorded)",
+    )
     config_blob_key: str
     weights_blob_key: str
     rank: int = 0

@@ -302,6 +302,7 @@ def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedMo
         ref = AdapterRef(
             adapter_key=version.id,
             sha256=version.sha256 or "",
+            config_sha256=version.config_sha256,  # None for pre-0002 rows: workers key those by version id
             config_blob_key=version.config_blob_key or "",
             weights_blob_key=version.weights_blob_key or "",
             rank=version.rank or 0,

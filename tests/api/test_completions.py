@@ -354,6 +354,24 @@ def test_version_pinning_sends_that_versions_key_and_meters_it(
     assert complete(client, tenant, model="summarize@3").status_code == 404
 
 
+def test_adapter_ref_carries_both_file_digests_of_the_version(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
+) -> None:
+    worker = workers.add("w1")
+    version = add_ready_version(db_session, tenant.id, "digests")
+    version.config_sha256 = "c" * 64
+    db_session.commit()
+    add_ready_version(db_session, tenant.id, "legacy")  # a row from before migration 0002: no config digest
+    assert complete(client, tenant, model="digests").status_code == 200
+    assert complete(client, tenant, model="legacy").status_code == 200
+    sent, legacy = (r.adapter for r in worker.requests)
+    assert (sent.sha256, sent.config_sha256) == (version.sha256, "c" * 64)
+    assert legacy.config_sha256 is None  # the worker caches it under its version id alone
+
+
 def test_routes_to_the_worker_holding_the_adapter(
     client: TestClient,
     workers: ScriptedWorkers,

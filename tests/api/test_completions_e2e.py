@@ -6,6 +6,8 @@ One worker process and one API server per module (SQLite file database); each te
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -206,6 +208,25 @@ def test_version_pinning_changes_outputs_and_is_metered_per_version(
     first, second, latest = greedy("pinned@1"), greedy("pinned@2"), greedy("pinned")
     assert first != second and latest == second and greedy("pinned@1") == first
     assert [r.adapter_version_id for r in rows_of(stack, key)] == [v1["id"], v2["id"], v2["id"], v1["id"]]
+
+
+def test_same_weights_with_another_lora_alpha_is_served_with_its_own_config(
+    stack: Stack, adapter_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 13: tenant C's adapter (tenant B's weights, another lora_alpha) was served with B's alpha."""
+    outputs = {}
+    for tenant, alpha in (("e2e-alpha-b", 8), ("e2e-alpha-c", 32)):
+        adapter_dir = tmp_path / tenant
+        shutil.copytree(adapter_dirs["adapter-01"], adapter_dir)
+        config = json.loads((adapter_dir / "adapter_config.json").read_text())
+        (adapter_dir / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": alpha}))
+        key = stack.tenant(tenant)
+        stack.upload(key, "same-weights", adapter_dir)
+        completion = stack.openai(key).completions.create(
+            model="same-weights", prompt="the model serve", max_tokens=12, temperature=0
+        )
+        outputs[alpha] = completion.choices[0].text
+    assert outputs[8] != outputs[32]
 
 
 def test_tenant_isolation_on_inference(stack: Stack, adapter_dirs: dict[str, Path]) -> None:

@@ -4,13 +4,31 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from gpu_workers.host_cache import ChecksumMismatchError, HostAdapterCache
+from gpu_workers.host_cache import AdapterFiles, ChecksumMismatchError, HostAdapterCache
+
+CONFIG_A, CONFIG_B = b'{"r": 4, "lora_alpha": 32}', b'{"r": 4, "lora_alpha": 4000}'
 
 
-def _blobs(tmp_path: Path, name: str, payload: bytes) -> tuple[dict[str, bytes], str]:
-    blobs = {f"{name}/config": b'{"r": 4}', f"{name}/weights": payload}
-    return blobs, hashlib.sha256(payload).hexdigest()
+def _sha(payload: bytes) -> str:
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _adapter(
+    name: str, weights: bytes, config: bytes = CONFIG_A, *, has_config_digest: bool = True
+) -> tuple[dict[str, bytes], AdapterFiles]:
+    """The blobs of one adapter version and its AdapterFiles (config digest omitted like a pre-0002 row)."""
+    blobs = {f"{name}/config": config, f"{name}/weights": weights}
+    files = AdapterFiles(
+        version_key=name,
+        weights_sha256=_sha(weights),
+        config_sha256=_sha(config) if has_config_digest else None,
+        config_blob_key=f"{name}/config",
+        weights_blob_key=f"{name}/weights",
+    )
+    return blobs, files
 
 
 class CountingFetch:
@@ -25,50 +43,158 @@ class CountingFetch:
         dest.write_bytes(self.blobs[key])
 
 
+def _served(path: Path) -> tuple[bytes, bytes]:
+    return (path / "adapter_config.json").read_bytes(), (path / "adapter_model.safetensors").read_bytes()
+
+
 def test_concurrent_gets_of_one_adapter_download_once(tmp_path: Path) -> None:
-    blobs, sha = _blobs(tmp_path, "a", b"w" * 1000)
+    blobs, files = _adapter("a", b"w" * 1000)
     fetch = CountingFetch(blobs, delay_s=0.05)
     cache = HostAdapterCache(tmp_path / "cache", fetch)
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(cache.get(sha, "a/config", "a/weights")))
-               for _ in range(8)]
+    threads = [threading.Thread(target=lambda: results.append(cache.get(files))) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert fetch.calls == ["a/config", "a/weights"]
     assert len(set(results)) == 1
-    assert (results[0] / "adapter_model.safetensors").read_bytes() == b"w" * 1000
+    assert sorted(p.name for p in results[0].iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert _served(results[0]) == (CONFIG_A, b"w" * 1000)
     stats = cache.stats()
     assert stats.num_fetches == 1 and stats.num_misses == 1 and stats.num_hits == 7
 
 
-def test_checksum_mismatch_leaves_nothing_cached(tmp_path: Path) -> None:
-    blobs, _ = _blobs(tmp_path, "a", b"payload")
+def test_weights_checksum_mismatch_leaves_nothing_cached(tmp_path: Path) -> None:
+    blobs, files = _adapter("a", b"payload")
+    wrong = AdapterFiles("a", "0" * 64, files.config_sha256, files.config_blob_key, files.weights_blob_key)
     cache = HostAdapterCache(tmp_path / "cache", CountingFetch(blobs))
-    with pytest.raises(ChecksumMismatchError):
-        cache.get("0" * 64, "a/config", "a/weights")
-    assert not cache.contains("0" * 64)
+    with pytest.raises(ChecksumMismatchError, match="adapter_model.safetensors"):
+        cache.get(wrong)
+    assert not cache.contains(wrong.cache_key)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []
 
 
+def test_tampered_config_blob_raises_checksum_mismatch_and_leaves_nothing_cached(tmp_path: Path) -> None:
+    blobs, files = _adapter("a", b"payload", CONFIG_A)
+    blobs["a/config"] = CONFIG_B  # same weights, the config swapped in the blob store
+    cache = HostAdapterCache(tmp_path / "cache", CountingFetch(blobs))
+    with pytest.raises(ChecksumMismatchError, match="adapter_config.json"):
+        cache.get(files)
+    assert not cache.contains(files.cache_key)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+
+
+def test_same_weights_with_another_config_get_their_own_entry(tmp_path: Path) -> None:
+    blobs_b, tenant_b = _adapter("tenant-b", b"same weights", CONFIG_A)
+    blobs_c, tenant_c = _adapter("tenant-c", b"same weights", CONFIG_B)
+    cache = HostAdapterCache(tmp_path / "cache", CountingFetch({**blobs_b, **blobs_c}))
+    path_b, path_c = cache.get(tenant_b), cache.get(tenant_c)
+    assert path_b != path_c
+    assert _served(path_b) == (CONFIG_A, b"same weights")
+    assert _served(path_c) == (CONFIG_B, b"same weights")
+
+
+def test_identical_files_of_two_versions_share_one_entry(tmp_path: Path) -> None:
+    blobs_1, first = _adapter("v1", b"same weights", CONFIG_A)
+    blobs_2, second = _adapter("v2", b"same weights", CONFIG_A)
+    fetch = CountingFetch({**blobs_1, **blobs_2})
+    cache = HostAdapterCache(tmp_path / "cache", fetch)
+    assert cache.get(first) == cache.get(second)
+    assert fetch.calls == ["v1/config", "v1/weights"]
+
+
+def test_versions_without_a_config_digest_never_share_an_entry(tmp_path: Path) -> None:
+    blobs_b, tenant_b = _adapter("tenant-b", b"same weights", CONFIG_A, has_config_digest=False)
+    blobs_c, tenant_c = _adapter("tenant-c", b"same weights", CONFIG_B, has_config_digest=False)
+    cache = HostAdapterCache(tmp_path / "cache", CountingFetch({**blobs_b, **blobs_c}))
+    assert _served(cache.get(tenant_b)) == (CONFIG_A, b"same weights")
+    assert _served(cache.get(tenant_c)) == (CONFIG_B, b"same weights")
+    assert tenant_b.cache_key != tenant_c.cache_key
+
+
 def test_lru_eviction_skips_pinned_entries(tmp_path: Path) -> None:
-    blobs_a, sha_a = _blobs(tmp_path, "a", b"a" * 600)
-    blobs_b, sha_b = _blobs(tmp_path, "b", b"b" * 600)
+    blobs_a, files_a = _adapter("a", b"a" * 600)
+    blobs_b, files_b = _adapter("b", b"b" * 600)
+    a, b = files_a.cache_key, files_b.cache_key
     cache = HostAdapterCache(tmp_path / "cache", CountingFetch({**blobs_a, **blobs_b}), max_bytes=1000)
-    cache.get(sha_a, "a/config", "a/weights")
-    cache.pin(sha_a)
-    cache.get(sha_b, "b/config", "b/weights")
-    assert cache.contains(sha_a) and cache.contains(sha_b)  # a pinned, b just fetched: both kept
-    cache.unpin(sha_a)  # a is now the least recently used unpinned entry: evicted
-    assert cache.cached() == [sha_b]
-    assert (cache.path_for(sha_b) / "adapter_model.safetensors").exists()
+    cache.get(files_a)
+    cache.pin(a)
+    cache.get(files_b)
+    assert cache.contains(a) and cache.contains(b)  # a pinned, b just fetched: both kept
+    cache.unpin(a)  # a is now the least recently used unpinned entry: evicted
+    assert cache.cached() == [b]
+    assert (cache.path_for(b) / "adapter_model.safetensors").exists()
+    assert not (tmp_path / "cache" / a).exists()
 
 
 def test_cache_survives_restart(tmp_path: Path) -> None:
-    blobs, sha = _blobs(tmp_path, "a", b"x" * 10)
-    HostAdapterCache(tmp_path / "cache", CountingFetch(blobs)).get(sha, "a/config", "a/weights")
+    blobs, files = _adapter("a", b"x" * 10)
+    HostAdapterCache(tmp_path / "cache", CountingFetch(blobs)).get(files)
     fetch = CountingFetch(blobs)
     again = HostAdapterCache(tmp_path / "cache", fetch)
-    again.get(sha, "a/config", "a/weights")
+    assert _served(again.get(files)) == (CONFIG_A, b"x" * 10)
     assert fetch.calls == []
+
+
+def test_restart_discards_an_entry_keyed_by_the_weights_alone(tmp_path: Path) -> None:
+    """An older cache stored <weights sha256>/ with tenant B's config; tenant C (same weights) gets C's."""
+    weights = b"same weights"
+    old_entry = tmp_path / "cache" / _sha(weights)
+    old_entry.mkdir(parents=True)
+    (old_entry / "adapter_config.json").write_bytes(CONFIG_A)
+    (old_entry / "adapter_model.safetensors").write_bytes(weights)
+    blobs, tenant_c = _adapter("tenant-c", weights, CONFIG_B)
+    fetch = CountingFetch(blobs)
+
+    cache = HostAdapterCache(tmp_path / "cache", fetch)
+
+    assert not old_entry.exists() and cache.cached() == []
+    assert _served(cache.get(tenant_c)) == (CONFIG_B, weights)
+    assert fetch.calls == ["tenant-c/config", "tenant-c/weights"]
+
+
+def test_restart_discards_an_entry_whose_config_was_changed_on_disk(tmp_path: Path) -> None:
+    blobs, files = _adapter("a", b"weights", CONFIG_A)
+    path = HostAdapterCache(tmp_path / "cache", CountingFetch(blobs)).get(files)
+    (path / "adapter_config.json").write_bytes(CONFIG_B)
+    fetch = CountingFetch(blobs)
+    again = HostAdapterCache(tmp_path / "cache", fetch)
+    assert again.cached() == []
+    assert _served(again.get(files)) == (CONFIG_A, b"weights")
+    assert fetch.calls == ["a/config", "a/weights"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    versions=st.lists(
+        st.tuples(
+            st.sampled_from([b"w1", b"w2" * 300]), st.sampled_from([CONFIG_A, CONFIG_B]), st.booleans()
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    gets=st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=20),
+)
+def test_every_get_serves_exactly_the_files_of_the_requested_version(
+    tmp_path_factory: pytest.TempPathFactory,
+    versions: list[tuple[bytes, bytes, bool]],
+    gets: list[tuple[int, bool]],
+) -> None:
+    """Versions sharing weights and/or configs, small LRU budget, random restarts: never another's files."""
+    cache_dir = tmp_path_factory.mktemp("cache")
+    blobs: dict[str, bytes] = {}
+    refs = []
+    for i, (weights, config, has_digest) in enumerate(versions):
+        version_blobs, files = _adapter(f"v{i}", weights, config, has_config_digest=has_digest)
+        blobs.update(version_blobs)
+        refs.append((files, config, weights))
+    cache = HostAdapterCache(cache_dir, CountingFetch(blobs), max_bytes=700)
+    for index, restart in gets:
+        if restart:
+            cache = HostAdapterCache(cache_dir, CountingFetch(blobs), max_bytes=700)
+        files, config, weights = refs[index % len(refs)]
+        assert _served(cache.get(files)) == (config, weights)

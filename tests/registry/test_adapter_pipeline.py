@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import tarfile
 from pathlib import Path
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry import adapter_pipeline as pipeline
 from registry import repository
+from registry.digests import sha256_file
 from registry.errors import InvalidRequestError
 from registry.models import Adapter, AdapterVersion
 from registry.settings import Settings
@@ -74,7 +76,8 @@ def test_job_marks_ready_and_moves_blobs_to_final_keys(db_session, ctx, tenant_i
     assert version.status == "ready" and version.failure_reason is None
     assert (version.config_blob_key, version.weights_blob_key) == tuple(final.values())
     assert ctx.blob_store.list_keys() == sorted(final.values())
-    assert version.sha256 == pipeline.file_sha256(adapter_dir / pipeline.WEIGHTS_FILENAME)
+    assert version.sha256 == sha256_file(adapter_dir / pipeline.WEIGHTS_FILENAME)
+    assert version.config_sha256 == sha256_file(adapter_dir / pipeline.CONFIG_FILENAME)
     assert version.rank and version.target_modules and version.finished_at is not None
 
 
@@ -87,6 +90,20 @@ def test_job_fails_on_checksum_mismatch_and_deletes_blobs(db_session, ctx, tenan
     assert version.status == "failed" and version.failure_reason.startswith("checksum_mismatch")
     assert ctx.blob_store.list_keys() == []
     assert repository.list_ready_models(db_session, tenant_id) == []
+
+
+def test_job_fails_when_the_staged_config_was_swapped(db_session, ctx, tenant_id, adapter_dirs, tmp_path):
+    adapter_dir = _adapter_dir(adapter_dirs, tmp_path)
+    version = _stage(db_session, ctx, tenant_id, adapter_dir)
+    config = json.loads((adapter_dir / pipeline.CONFIG_FILENAME).read_text())
+    swapped = {**config, "lora_alpha": config["lora_alpha"] * 2}  # still a valid config, another scale
+    ctx.blob_store.put_stream(version.config_blob_key, io.BytesIO(json.dumps(swapped).encode()))
+    assert pipeline.run_validation_job(ctx, version.id) == "failed"
+    db_session.expire_all()
+    version = repository.get_version(db_session, version.id)
+    assert version.failure_reason.startswith("checksum_mismatch")
+    assert pipeline.CONFIG_FILENAME in version.failure_reason
+    assert ctx.blob_store.list_keys() == []
 
 
 def test_job_is_idempotent_for_finished_versions(db_session, ctx, tenant_id, adapter_dirs, tmp_path):

@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0001"
+    assert current_revision(empty_db_url) == "0002"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -64,6 +64,23 @@ def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
     finally:
         engine.dispose()
     assert diff == []
+
+
+def _version_columns(url: str) -> dict[str, bool]:
+    engine = make_engine(url)
+    try:
+        return {c["name"]: c["nullable"] for c in inspect(engine).get_columns("adapter_versions")}
+    finally:
+        engine.dispose()
+
+
+def test_0002_adds_a_nullable_config_sha256_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0001")
+    assert "config_sha256" not in _version_columns(empty_db_url)
+    upgrade(empty_db_url)
+    assert _version_columns(empty_db_url)["config_sha256"] is True  # rows from before 0002 have none
+    downgrade(empty_db_url, "0001")
+    assert "config_sha256" not in _version_columns(empty_db_url)
 
 
 def test_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
