@@ -7,8 +7,9 @@ The [Cluster] issue replaces this with the rank-aware router behind the same `Ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 
 @dataclass(frozen=True)
