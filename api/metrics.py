@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from registry.membership import WorkerRecord
 
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+COLD_START_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 TPOT_BUCKETS_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000)
 
 
@@ -62,6 +63,19 @@ class ApiMetrics:
         )
         self.e2e_ms = Histogram(
             "lorahost_e2e_ms", "End-to-end latency (ms)", buckets=LATENCY_BUCKETS_MS, registry=self.registry
+        )
+        self.cold_start_wait_s = Histogram(
+            "lorahost_cold_start_wait_seconds",
+            "How long requests waited for a ready worker of their base model (only requests that waited)",
+            ["base_model"],
+            buckets=COLD_START_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.cold_start_waiting = Gauge(
+            "lorahost_cold_start_waiting_requests",
+            "Requests waiting now for a ready worker of their base model (demand for a scale-up from zero)",
+            ["base_model"],
+            registry=self.registry,
         )
         if list_workers is not None:
             self.registry.register(WorkerCollector(list_workers))

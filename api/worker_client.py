@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from registry.membership import WorkerRecord
 from registry.worker_protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
-from scheduler.router import ResidencyThenLeastLoaded, Router, RouteRequest, WorkerView
+from scheduler.router import ResidencyThenLeastLoaded, Router, RouteRequest, WorkerView, ready_workers
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ def worker_view(record: WorkerRecord) -> WorkerView:
         host_adapters=frozenset(record.host_adapters),
         is_ready=record.is_ready and not record.is_draining,
     )
+
+
+def num_ready_workers(base_model: str, records: Iterable[WorkerRecord]) -> int:
+    """How many live records can take a request for `base_model` now (0 = cold start)."""
+    return len(ready_workers(base_model, [worker_view(r) for r in records]))
 
 
 def choose_worker(

@@ -69,6 +69,15 @@ class Settings(BaseSettings):
         description="API: largest inference request body (413 beyond it, checked while the body is read); keep "
         "it above the largest allowed prompt as JSON (max_prompt_tokens x max_prompt_chars_per_token x ~4)",
     )
+    cold_start_timeout_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="API: how long an inference request waits for a ready worker of its base model (cold start, "
+        "model still loading, scale from zero) before it is refused with 503 + Retry-After",
+    )
+    cold_start_poll_interval_s: float = Field(
+        default=0.1, gt=0, description="API: how often a request waiting through a cold start re-reads the workers"
+    )
     auth_cache_ttl_s: float = Field(
         default=5.0, ge=0, description="API: verified keys cached per process; the revocation delay across replicas"
     )

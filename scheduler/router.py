@@ -7,8 +7,9 @@ The [Cluster] issue replaces this with the rank-aware router behind the same `Ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,20 @@ def residency_tier(request: RouteRequest, worker: WorkerView) -> int:
     return 2
 
 
+def ready_workers(base_model: str, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    """The workers that can take a request for `base_model` now (ready, not draining, that base model).
+
+    None of them means a cold start: the request waits for one (see api/cold_start.py).
+    """
+    return [w for w in workers if w.is_ready and w.base_model == base_model]
+
+
 class ResidencyThenLeastLoaded:
     """Router v1: prefer adapter residency, then the least loaded worker."""
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
         """Pick the best ready worker serving the request's base model, or None."""
-        candidates = [w for w in workers if w.is_ready and w.base_model == request.base_model]
+        candidates = ready_workers(request.base_model, workers)
         if not candidates:
             return None
         best = min(candidates, key=lambda w: (residency_tier(request, w), w.load, w.worker_id))

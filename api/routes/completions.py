@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from api.caches import ResolvedModel, TenantAuth, TtlCache
+from api.cold_start import ColdStartTimeout, ColdStartWait
 from api.deps import InferenceTenant, ServicesDep
 from api.disconnect import ClientDisconnected, run_until_disconnect
 from api.errors import ApiError
@@ -44,6 +45,7 @@ from api.services import Services, is_in_memory_directory, live_workers
 from api.worker_client import WorkerStream, WorkerUnavailableError
 from registry import repository
 from registry.errors import RegistryError
+from registry.membership import WorkerRecord
 from registry.ratelimit import InMemoryRateLimiter, RateLimits
 from registry.settings import Settings
 from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec
@@ -126,7 +128,10 @@ async def serve(
     meter = ledger.start(tenant.tenant_id)
     try:
         prepared = await _prepare(request, tenant, services, meter, kind, path_model)
-        upstream = await _start(services, prepared, meter)
+        upstream = await _start(services, prepared, meter, request.receive)
+    except ClientDisconnected:  # left while waiting for a worker: nothing was generated
+        await ledger.record(meter, "aborted", "the client disconnected while waiting for a worker")
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except (ApiError, RegistryError, PromptError) as exc:
         await ledger.record(meter, "rejected", _message(exc))
         raise _as_api_error(exc) from exc
@@ -391,21 +396,29 @@ def _admit(services: Services, tenant_id: str, num_tokens: int, limits: RateLimi
         )
 
 
-async def _start(services: Services, prepared: Prepared, meter: RequestMeter) -> WorkerStream:
-    """Route and open the worker stream; worker refusals before any token become HTTP errors."""
-    if is_in_memory_directory(services):
-        records = live_workers(services)
-    else:  # Redis: a network call
-        records = await anyio.to_thread.run_sync(live_workers, services)
+async def _start(services: Services, prepared: Prepared, meter: RequestMeter, receive: Receive) -> WorkerStream:
+    """Route and open the worker stream, waiting through a cold start (api/cold_start.py); worker refusals
+    before any token become HTTP errors."""
+    wait = ColdStartWait(services.settings, prepared.route.base_model, receive, services.extras.get("metrics"))
+    client = services.extras["worker_client"]
     try:
-        upstream = await services.extras["worker_client"].start(prepared.route, records, prepared.generate)
-    except WorkerUnavailableError as exc:
+        while True:
+            records = await wait.ready_records(lambda: _live_records(services))
+            try:
+                upstream = await client.start(prepared.route, records, prepared.generate)
+                break
+            except WorkerUnavailableError as exc:
+                log.info("request %s waits for a worker: %s", prepared.generate.request_id, exc)
+                await wait.pause(str(exc))
+    except ColdStartTimeout as exc:
         raise ApiError(
             503,
             "unavailable",
-            f"no worker can serve this request right now ({exc}); retry shortly",
+            f"{exc}; retry shortly (workers are starting or busy)",
             headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)},
         ) from exc
+    finally:
+        wait.observe()
     meter.worker_id = upstream.worker_id
     first = upstream.first
     if first.type == "error":
@@ -419,6 +432,12 @@ async def _start(services: Services, prepared: Prepared, meter: RequestMeter) ->
             headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)} if status == 503 else None,
         )
     return upstream
+
+
+async def _live_records(services: Services) -> list[WorkerRecord]:
+    if is_in_memory_directory(services):
+        return live_workers(services)
+    return await anyio.to_thread.run_sync(live_workers, services)  # Redis: a network call
 
 
 async def _record_worker_error(ledger: UsageLedger, meter: RequestMeter, event: GenerateEvent) -> None:

@@ -1,11 +1,22 @@
-"""/v1/health: liveness plus a database round trip."""
+"""/v1/health: liveness plus a database round trip. /v1/ready: whether a worker serves each base model.
+
+/v1/ready is for operators, the demo and smoke tests ("can this platform answer inference now?"); it is not
+a Kubernetes readinessProbe for the API itself: requests that arrive with no ready worker wait for one
+(api/cold_start.py), and an API taken out of rotation would stop the traffic that scales workers up.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from sqlalchemy import text
+from typing import Any
 
-from api.deps import SessionDep
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import ServicesDep, SessionDep
+from api.services import live_workers
+from api.worker_client import num_ready_workers
 
 router = APIRouter(prefix="/v1", tags=["health"])
 
@@ -15,3 +26,17 @@ def health(session: SessionDep) -> dict[str, str]:
     """`{"status": "ok"}` when the API can reach its database."""
     session.execute(text("SELECT 1"))
     return {"status": "ok"}
+
+
+@router.get("/ready", responses={503: {"description": "a base model has no ready worker yet"}})
+async def ready(services: ServicesDep) -> Any:
+    """200 when at least one ready worker serves each base model this API serves, else 503 (same body)."""
+    records = await run_in_threadpool(live_workers, services)
+    base_models = [services.settings.base_model_name]
+    counts = {name: num_ready_workers(name, records) for name in base_models}
+    is_ready = all(counts.values())
+    body = {
+        "status": "ready" if is_ready else "waiting_for_workers",
+        "base_models": {name: {"num_ready_workers": n} for name, n in counts.items()},
+    }
+    return JSONResponse(body, status_code=200 if is_ready else 503)

@@ -59,7 +59,12 @@ def make_client(
     clients: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
-        values = {"data_dir": tmp_path, "admin_key": ADMIN_KEY, "base_model_path": base_model_dir} | overrides
+        values = {
+            "data_dir": tmp_path,
+            "admin_key": ADMIN_KEY,
+            "base_model_path": base_model_dir,
+            "cold_start_timeout_s": 0.0,  # no worker = an immediate 503 (tests of the wait set their own)
+        } | overrides
         settings = Settings(**values)
         services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
         app = create_app(settings, services=services)

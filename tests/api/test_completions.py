@@ -262,7 +262,7 @@ def test_no_live_worker_is_a_503_with_retry_after_and_metered_rejected(
 ) -> None:
     response = complete(client, tenant)
     assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
-    assert "no live worker" in response.json()["error"]["message"]
+    assert "no live worker serves it" in response.json()["error"]["message"]
     [row] = usage_rows(db_session, tenant.id)
     assert (row.status, row.prompt_tokens, row.completion_tokens) == ("rejected", 0, 0)
 

@@ -122,6 +122,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -> Ite
             base_model_path=base_model_dir,
             redis_url=None,
             is_inline_jobs=True,
+            cold_start_timeout_s=1.0,  # the dead-worker test waits this long for a worker, then gets its 503
         )
         services = build_services(settings)
         directory = PolledDirectory(worker.url, worker.internal_token)

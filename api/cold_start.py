@@ -1,0 +1,91 @@
+"""Holding requests through a cold start: no ready worker for the base model yet (the worker is still
+loading its model, none is registered, or the cluster is scaling up from zero).
+
+A request whose base model has no ready worker waits, re-reading the worker directory every
+settings.cold_start_poll_interval_s, until one is ready or settings.cold_start_timeout_s has passed since it
+began waiting; then it runs, or is refused with 503 + Retry-After (`ColdStartTimeout`). A worker that refuses
+the request as unavailable (draining, overloaded, gone) puts it back to waiting within the same deadline.
+A client that disconnects while waiting ends the wait with `ClientDisconnected` (metered `aborted`, 0 tokens).
+Requests that had to wait are observed in the `lorahost_cold_start_wait_seconds` histogram; the ones waiting
+now are the `lorahost_cold_start_waiting_requests` gauge (the demand signal a scale-from-zero acts on).
+Which workers count as ready is the scheduler's decision (`scheduler.router.ready_workers`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+from starlette.types import Receive
+
+from api.disconnect import run_until_disconnect
+from api.metrics import ApiMetrics
+from api.worker_client import num_ready_workers
+from registry.membership import WorkerRecord
+from registry.settings import Settings
+
+ListRecords = Callable[[], Awaitable[list[WorkerRecord]]]
+
+
+class ColdStartTimeout(Exception):
+    """No worker of the base model became ready within cold_start_timeout_s."""
+
+
+class ColdStartWait:
+    """One request's wait for a ready worker of its base model (bounded; cancelled by a disconnect)."""
+
+    def __init__(
+        self, settings: Settings, base_model: str, receive: Receive, metrics: ApiMetrics | None = None
+    ) -> None:
+        self.base_model = base_model
+        self.timeout_s = settings.cold_start_timeout_s
+        self.poll_interval_s = settings.cold_start_poll_interval_s
+        self._receive = receive
+        self._metrics = metrics
+        self._started_s: float | None = None  # set when the request first has to wait
+
+    @property
+    def has_waited(self) -> bool:
+        """True once the request found no ready worker."""
+        return self._started_s is not None
+
+    def waited_s(self) -> float:
+        """Seconds spent waiting so far (0 if it never waited)."""
+        return 0.0 if self._started_s is None else time.monotonic() - self._started_s
+
+    async def ready_records(self, list_records: ListRecords) -> list[WorkerRecord]:
+        """The live records, once at least one ready worker serves the base model (waits until then)."""
+        records = await list_records()
+        while num_ready_workers(self.base_model, records) == 0:
+            await self.pause()
+            records = await list_records()
+        return records
+
+    async def pause(self, reason: str | None = None) -> None:
+        """Wait one poll interval (the clock starts at the first pause); ColdStartTimeout past the deadline
+        (its message ends with `reason`, why the last attempt failed), ClientDisconnected if the client leaves
+        meanwhile."""
+        if self._started_s is None:
+            self._started_s = time.monotonic()
+            if self._metrics is not None:
+                self._metrics.cold_start_waiting.labels(base_model=self.base_model).inc()
+        remaining = self.timeout_s - self.waited_s()
+        if remaining <= 0:
+            self.observe()
+            why = f" (last attempt: {reason})" if reason else " (no live worker serves it)"
+            raise ColdStartTimeout(
+                f"no worker serving base model {self.base_model!r} became ready within {self.timeout_s:g} s{why}"
+            )
+        try:
+            await run_until_disconnect(self._receive, lambda: anyio.sleep(min(self.poll_interval_s, remaining)))
+        except BaseException:
+            self.observe()
+            raise
+
+    def observe(self) -> None:
+        """End the wait: record it in the histogram and leave the waiting gauge (once; only if it waited)."""
+        if self._started_s is not None and self._metrics is not None:
+            self._metrics.cold_start_wait_s.labels(base_model=self.base_model).observe(self.waited_s())
+            self._metrics.cold_start_waiting.labels(base_model=self.base_model).dec()
+            self._metrics = None

@@ -1,0 +1,178 @@
+"""Cold starts are held, not refused: a request with no ready worker for its base model waits for one
+(bounded by cold_start_timeout_s), a client that leaves while waiting is metered aborted once, and
+/v1/ready says whether each base model has a ready worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session
+
+from api.cold_start import ColdStartTimeout, ColdStartWait
+from registry.membership import WorkerRecord
+from registry.settings import Settings
+from tests.api import asgi_support
+from tests.api.conftest import ADMIN_KEY, TenantHandle
+from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, usage_rows
+
+
+def _scripted(client: TestClient) -> ScriptedWorkers:
+    workers = ScriptedWorkers()
+    workers.install(client)
+    return workers
+
+
+def _later(delay_s: float, action: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(delay_s), action()), daemon=True)
+    thread.start()
+    return thread
+
+
+def _complete(client: TestClient, tenant: TenantHandle) -> object:
+    body = {"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 3}
+    return client.post("/v1/completions", json=body, headers=tenant.headers)
+
+
+def _cold_start_waits(client: TestClient) -> float:
+    text = client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "lorahost_cold_start_wait_seconds":
+            return sum(s.value for s in family.samples if s.name.endswith("_count"))
+    return 0.0
+
+
+def test_request_before_any_worker_waits_for_one_and_succeeds(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    client = make_client(cold_start_timeout_s=60)
+    tenant = new_tenant("early")
+    workers = _scripted(client)
+    arrival = _later(0.5, lambda: workers.add("w-late"))
+    response = _complete(client, tenant)
+    arrival.join()
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 3
+    assert len(workers.workers["w-late.workers.test"].requests) == 1
+    [row] = usage_rows(db_session, tenant.id)
+    assert (row.status, row.completion_tokens, row.worker_id) == ("ok", 3, "w-late")
+    assert _cold_start_waits(client) == 1
+
+
+def test_worker_still_loading_holds_the_request_until_it_is_ready(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    client = make_client(cold_start_timeout_s=60)
+    tenant = new_tenant("loading")
+    workers = _scripted(client)
+    worker = workers.add("w-loading")
+    loading = WorkerRecord("w-loading", worker.url, BASE_MODEL, max_num_seqs=8, is_ready=False)
+    workers.directory.heartbeat(loading, ttl_s=3600)
+    assert client.get("/v1/ready").status_code == 503
+    ready = WorkerRecord("w-loading", worker.url, BASE_MODEL, max_num_seqs=8, is_ready=True)
+    arrival = _later(0.5, lambda: workers.directory.heartbeat(ready, ttl_s=3600))
+    response = _complete(client, tenant)
+    arrival.join()
+    assert response.status_code == 200, response.text
+    assert len(worker.requests) == 1  # not sent to the worker before it was ready
+    assert [r.status for r in usage_rows(db_session, tenant.id)] == ["ok"]
+
+
+def test_wait_past_the_timeout_is_a_503_with_retry_after_metered_once(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    client = make_client(cold_start_timeout_s=0.4)
+    tenant = new_tenant("late")
+    _scripted(client)
+    started = time.monotonic()
+    response = _complete(client, tenant)
+    assert time.monotonic() - started >= 0.4  # it waited before refusing
+    assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+    assert "became ready within 0.4 s" in response.json()["error"]["message"]
+    [row] = usage_rows(db_session, tenant.id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == ("rejected", 0, 0)
+    assert _cold_start_waits(client) == 1
+
+
+def test_refusing_workers_put_the_request_back_to_waiting_within_the_deadline(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    client = make_client(cold_start_timeout_s=60)
+    tenant = new_tenant("draining")
+    workers = _scripted(client)
+    draining = workers.add("w-draining", status_code=503, error_type="draining")
+    arrival = _later(0.5, lambda: workers.add("w-new", num_running=1))  # more loaded: chosen only after
+    response = _complete(client, tenant)
+    arrival.join()
+    assert response.status_code == 200, response.text
+    assert draining.requests and len(workers.workers["w-new.workers.test"].requests) == 1
+    [row] = usage_rows(db_session, tenant.id)
+    assert (row.status, row.worker_id) == ("ok", "w-new")
+
+
+def test_client_that_leaves_while_waiting_is_metered_aborted_once_with_zero_tokens(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    client = make_client(cold_start_timeout_s=60)
+    tenant = new_tenant("leaver")
+    _scripted(client)
+    body = json.dumps({"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 3}).encode()
+    headers = {**tenant.headers, "content-type": "application/json"}
+    leave_at = time.monotonic() + 0.3
+
+    async def leave() -> None:  # called again after each poll: the client leaves at one fixed time
+        await anyio.sleep(max(0.0, leave_at - time.monotonic()))
+
+    exchange = asgi_support.run(client, "/v1/completions", headers, [body], leave=leave)
+    assert exchange.status == 499
+    [row] = usage_rows(db_session, tenant.id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == ("aborted", 0, 0)
+    assert _cold_start_waits(client) == 1
+
+
+def test_ready_route_reports_each_base_model(make_client: Callable[..., TestClient]) -> None:
+    client = make_client()
+    workers = _scripted(client)
+    response = client.get("/v1/ready")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "waiting_for_workers",
+        "base_models": {BASE_MODEL: {"num_ready_workers": 0}},
+    }
+    workers.add("w1")
+    workers.add("w-other", base_model="some-other-model")
+    response = client.get("/v1/ready")
+    assert response.status_code == 200
+    assert response.json()["base_models"] == {BASE_MODEL: {"num_ready_workers": 1}}
+
+
+def test_wait_object_times_out_without_polling_forever(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, cold_start_timeout_s=0.2, cold_start_poll_interval_s=0.05)
+
+    async def never_disconnect() -> dict[str, str]:
+        await anyio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    calls: list[int] = []
+
+    async def no_workers() -> list[WorkerRecord]:
+        calls.append(1)
+        return []
+
+    async def run() -> None:
+        wait = ColdStartWait(settings, BASE_MODEL, never_disconnect)
+        try:
+            await wait.ready_records(no_workers)
+        except ColdStartTimeout:
+            assert wait.has_waited and wait.waited_s() >= 0.2
+            return
+        raise AssertionError("the wait did not time out")
+
+    anyio.run(run)
+    assert 2 <= len(calls) <= 20  # polled at the interval, bounded by the timeout
