@@ -37,13 +37,15 @@ def overflowing_copy(adapter: LoraAdapter, adapter_id: str, value: float = HUGE)
         {
             name: LoraProjection(
                 a_t=torch.full_like(proj.a_t, value),
-                parts=tuple((r0, r1, c0, c1, torch.full_like(b_t, value)) for r0, r1, c0, c1, b_t in proj.parts),
+                parts=tuple((*part[:4], torch.full_like(part[4], value)) for part in proj.parts),
             )
             for name, proj in layer.items()
         }
         for layer in adapter.layers
     )
-    return LoraAdapter(adapter_id, adapter.rank, adapter.scale, adapter.target_modules, layers, adapter.num_bytes)
+    return LoraAdapter(
+        adapter_id, adapter.rank, adapter.scale, adapter.target_modules, layers, adapter.num_bytes
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,10 @@ def _params(temperature: float, max_tokens: int = 8) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=7, ignore_eos=True)
 
 
-def _run(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams, str | None]]) -> dict[str, Any]:
+Request = tuple[str, list[int], SamplingParams, str | None]  # (id, prompt, params, adapter)
+
+
+def _run(engine: LLMEngine, requests: list[Request]) -> dict[str, Any]:
     """Add the requests in order, step to completion; request id -> (tokens, finish_reason, error)."""
     for request_id, prompt, params, adapter in requests:
         engine.add_request(request_id, prompt, params, adapter)
@@ -165,7 +170,9 @@ def test_async_stream_of_an_overflowing_request_raises_and_neighbours_finish(
 
 
 @pytest.mark.parametrize("value", [HUGE, float("inf"), float("nan")])
-def test_stacked_delta_of_a_normal_row_ignores_an_overflowing_neighbour(engine: LLMEngine, value: float) -> None:
+def test_stacked_delta_of_a_normal_row_ignores_an_overflowing_neighbour(
+    engine: LLMEngine, value: float
+) -> None:
     good = engine.runner.adapters[GOOD_ADAPTER]
     bad = overflowing_copy(good, "bad", value)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
