@@ -336,9 +336,9 @@ def _fill(value: float, side: str = "") -> Callable[[dict[str, np.ndarray]], Non
     """Set every value of every tensor (of one side "A"/"B", or all) to `value`."""
 
     def mutate(tensors: dict[str, np.ndarray]) -> None:
-        for name in tensors:
+        for name, array in tensors.items():
             if f"lora_{side}" in name:
-                tensors[name][...] = value
+                array[...] = value
 
     return mutate
 
