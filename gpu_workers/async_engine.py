@@ -15,6 +15,7 @@ from typing import Any
 
 from gpu_workers.config import EngineConfig
 from gpu_workers.engine import LLMEngine
+from gpu_workers.errors import NumericOverflowError
 from gpu_workers.outputs import RequestOutput
 from gpu_workers.sampling import SamplingParams
 
@@ -56,7 +57,8 @@ class AsyncLLMEngine:
                     self._fail_all(exc)
                     continue
             for output in outputs:
-                self._deliver(output.request_id, output, is_last=output.is_finished)
+                item = NumericOverflowError(output.error) if output.error is not None else output
+                self._deliver(output.request_id, item, is_last=output.is_finished)
 
     def _has_pending_work(self) -> bool:
         return self.engine.has_unfinished_requests() or bool(self.engine._pending_outputs)
@@ -81,7 +83,11 @@ class AsyncLLMEngine:
         sampling_params: SamplingParams,
         adapter_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield deltas for one request until it finishes; cancellation or early exit aborts it."""
+        """Yield deltas for one request until it finishes; cancellation or early exit aborts it.
+
+        Raises NumericOverflowError (a ValueError) when the engine stops this request because its logits
+        went non-finite; other requests keep running.
+        """
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._has_work:
             self.engine.add_request(request_id, prompt, sampling_params, adapter_id)

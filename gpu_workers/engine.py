@@ -121,10 +121,11 @@ class LLMEngine:
         started = time.perf_counter()
         tokens, _ = self.runner.execute(entries)
         outputs.extend(self._process(entries, tokens))
-        self._record_step(entries, len(tokens), time.perf_counter() - started)
+        num_sampled = sum(t is not None for t in tokens)
+        self._record_step(entries, num_sampled, time.perf_counter() - started)
         return outputs
 
-    def _process(self, entries: list[BatchEntry], tokens: list[int]) -> list[RequestOutput]:
+    def _process(self, entries: list[BatchEntry], tokens: list[int | None]) -> list[RequestOutput]:
         sampling = [e for e in entries if e.is_sampling]
         for entry in entries:
             entry.seq.num_computed_tokens += entry.num_new_tokens
@@ -132,6 +133,10 @@ class LLMEngine:
         outputs = []
         for entry, token in zip(sampling, tokens):
             seq = entry.seq
+            if token is None:
+                self._fail(seq, _overflow_message(seq))
+                outputs.append(self._delta(seq, []))
+                continue
             seq.token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
@@ -152,6 +157,11 @@ class LLMEngine:
             self._finish(seq, "stop")
         elif seq.num_output_tokens >= seq.max_tokens:
             self._finish(seq, "length")
+
+    def _fail(self, seq: Sequence, error: str) -> None:
+        """Finish one request with reason "error" (its batch neighbours are not affected)."""
+        seq.error = error
+        self._finish(seq, "error")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_time = time.time()
@@ -178,6 +188,7 @@ class LLMEngine:
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
             adapter_id=seq.adapter_id,
+            error=seq.error,
         )
 
     def _record_step(self, entries: list[BatchEntry], num_sampled: int, seconds: float) -> None:
@@ -288,3 +299,17 @@ class LLMEngine:
             "dtype": str(self.runner.dtype).replace("torch.", ""),
             "device": str(self.runner.device),
         }
+
+
+def _overflow_message(seq: Sequence) -> str:
+    """What a tenant reads when its request's logits went non-finite."""
+    if seq.adapter_id is None:
+        return (
+            f"request {seq.request_id!r} was stopped: the base model produced non-finite logits (numeric "
+            "overflow) for this prompt; shorten or change the prompt"
+        )
+    return (
+        f"request {seq.request_id!r} was stopped: adapter {seq.adapter_id!r} produced non-finite logits "
+        "(numeric overflow in its weights); retrain or rescale it with smaller lora_B/lora_A values or a "
+        "smaller lora_alpha, upload it again, and retry"
+    )

@@ -28,3 +28,7 @@ class AdapterLoadError(ValueError, EngineError):
 
 class DuplicateRequestError(ValueError, EngineError):
     """A request id is already in the engine."""
+
+
+class NumericOverflowError(ValueError, EngineError):
+    """A request's logits went non-finite (its adapter's weights overflow); only that request is stopped."""

@@ -138,8 +138,14 @@ class ModelRunner:
     # ---- one step ----------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, entries: list[BatchEntry], return_logits: bool = False) -> tuple[list[int], torch.Tensor | None]:
-        """Run one batch (entries sorted by adapter) -> sampled token per sampling entry (+ their logits)."""
+    def execute(
+        self, entries: list[BatchEntry], return_logits: bool = False
+    ) -> tuple[list[int | None], torch.Tensor | None]:
+        """Run one batch (entries sorted by adapter) -> sampled token per sampling entry (+ their logits).
+
+        A row whose logits are not all finite (an adapter whose weights overflow) gets None instead of a
+        token and is not sampled, so it cannot fail its batch neighbours' sampling.
+        """
         inputs = self.prepare(entries)
         cos_sin = self.rotary.lookup(inputs.positions)
         hidden = self.model(
@@ -149,10 +155,19 @@ class ModelRunner:
         if not sampling:
             return [], None
         logits = self.model.logits(hidden)  # [num_sampling, vocab]
-        params = [e.seq.sampling_params for e in sampling]
-        generators = [self._generator_for(e.seq) for e in sampling]
-        tokens = sample_tokens(logits, params, generators)
+        is_finite = torch.isfinite(logits).all(dim=-1).tolist()  # one check for all sampled rows
+        tokens = self._sample(logits, sampling, is_finite)
         return tokens, (logits if return_logits else None)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[BatchEntry], is_finite: list[bool]) -> list[int | None]:
+        """Sample the rows with finite logits; None for the others."""
+        rows = [i for i, ok in enumerate(is_finite) if ok]
+        if len(rows) < len(sampling):
+            logits = logits[rows]
+        params = [sampling[i].seq.sampling_params for i in rows]
+        generators = [self._generator_for(sampling[i].seq) for i in rows]
+        sampled = iter(sample_tokens(logits, params, generators) if rows else [])
+        return [next(sampled) if ok else None for ok in is_finite]
 
     def _generator_for(self, seq: Sequence) -> torch.Generator | None:
         if seq.sampling_params.is_greedy:
@@ -239,13 +254,13 @@ class ModelRunner:
         hkv = self.args.num_kv_heads
         same_head = torch.eye(hkv, dtype=torch.bool)
         keep = is_real[:, None, None, :, None] & same_head[None, :, None, None, :]
-        decode_bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
+
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),
             decode_token_idx=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
             decode_blocks=tables.to(self.device),
-            decode_bias=decode_bias.to(self.device),
+            decode_drop=(~keep).to(self.device),
             is_all_decode=len(decode_rows) == num_tokens,
         )
 
@@ -286,7 +301,7 @@ class ModelRunner:
             total_elems += elems
             max_ops = max(max_ops, ops)
         segment_cost = seg_ops * _OP_SECONDS + 2 * seg_elems / _FLOPS_PER_SECOND
-        # stacked: about the ops of the largest adapter + one mask multiply per (layer, projection)
+        # stacked: about the ops of the largest adapter + one masked fill per (layer, projection)
         stacked_ops = max_ops + sum(len(layer) for layer in segments[0].adapter.layers)
         stacked_cost = stacked_ops * _OP_SECONDS + 2 * num_tokens * total_elems / _FLOPS_PER_SECOND
         return stacked_cost < segment_cost
@@ -325,7 +340,7 @@ class ModelRunner:
         token_owner = torch.full((row,), -1, dtype=torch.long)
         for pos, seg in enumerate(segments):
             token_owner[seg.start:seg.end] = pos
-        masks = stacked_masks(stacked, token_owner.to(self.device), self.dtype)
+        masks = stacked_masks(stacked, token_owner.to(self.device))
         return LoraBatch(tuple(segments), stacked, masks)
 
 

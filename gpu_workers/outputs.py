@@ -23,6 +23,7 @@ class RequestOutput:
     first_token_time: float | None
     finish_time: float | None
     adapter_id: str | None = None
+    error: str | None = None  # set with finish_reason "error": why the engine stopped this request
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
+    error: str | None = None  # why the engine stopped it (finish_reason "error")
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0

@@ -8,6 +8,32 @@ safetensors layout (parsed here by hand, never with torch):
     [8 bytes: little-endian u64 N][N bytes: JSON header][data buffer]
     header = {tensor_name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}}
     offsets are relative to the start of the data buffer; tensors tile the buffer with no gap or overlap.
+
+Numeric bounds (an adapter must not be able to make inference overflow). With scale s = lora_alpha / r
+(lora_alpha / sqrt(r) with use_rslora), a module's update is s * B @ A, and the engine holds A and s * B
+in the serving dtype (bf16 / fp16 / fp32). `ValidationLimits` refuses, each with what to change:
+  1. lora_alpha > max_lora_alpha (16384) or s > max_lora_scale (1024). Real adapters: peft's default
+     alpha 8 / r 8 gives s = 1, the common alpha = 2r gives 2, rsLoRA at r = 256 with alpha in the
+     thousands gives s <= 256 (4x margin to the limit).
+  2. a value with |lora_A| > max_abs_weight (256) or |s * lora_B| > max_abs_weight. Trained LoRA weights
+     are O(0.01-0.1), SVD-initialised ones (PiSSA, extracted LoRAs) at most ~10 (sqrt of a base singular
+     value times a unit-vector entry); the limit is >= 25x that. It keeps every weight the engine holds
+     (A and the folded s * B) 256x below the fp16 maximum (65504), so loading can never make inf, and with
+     r <= 256 each LoRA product (x @ A, then @ s * B) is a sum of at most in_features (resp. r) terms of
+     bounded size: |delta| <= in_features * r * 256^2 * max|x| < 1.2e12 * max|x|, finite in bf16 for any
+     input below 1e26 (a base model's own activations are below ~1e5).
+  3. when the base weights can be read (registry.base_norms, cached per base model), per layer and
+     module: s * ||B||_F * ||A||_F > max_delta_ratio (1024) * ||W||_F. The left side is an upper bound on
+     ||s * B @ A||_2 (and _F), so the adapted layer's gain is at most (1 + 1024) times the base weight's
+     norm: the rest of the forward pass (attention scores, SwiGLU, the residual stream, RMSNorm) stays
+     within ~3 orders of magnitude of what the base model itself computes, far from bf16's range. Real
+     adapters: ||delta||_F / ||W||_F is ~0.01-1, and the Frobenius product over-estimates it by up to
+     sqrt(r) (16x at r = 256), so even aggressive high-rank adapters stay below ~100; the tiny seeded demo
+     adapters reach ~20.
+fp16 has a far smaller range (65504) than bf16, and a base model's own activations may already be close to
+it; there no weight bound that real adapters pass can rule out every overflow. The engine is the second
+line: a request whose logits go non-finite fails alone, never its batch neighbours (gpu_workers/).
+The checks stream in the same bounded-memory pass that hashes the file.
 """
 
 from __future__ import annotations
@@ -16,14 +42,18 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from registry.base_norms import BaseWeightNorms, base_weight_norms
+
 SUPPORTED_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TASK_TYPES = (None, "CAUSAL_LM")
+DECODER_LAYERS_PATTERN = "layers"  # the ModuleList holding the decoder layers (model.layers.N) in peft's keys
 CONFIG_FILENAME = "adapter_config.json"
 WEIGHTS_FILENAME = "adapter_model.safetensors"
 IGNORED_FILENAMES = frozenset({"README.md"})  # written by peft's save_pretrained; accepted and ignored
@@ -98,6 +128,7 @@ class BaseModelSpec:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
+    model_dir: Path | None = field(default=None, compare=False, repr=False)  # for the base weight norms
 
     @classmethod
     def from_hf_config(cls, config: dict) -> BaseModelSpec:
@@ -126,8 +157,15 @@ class BaseModelSpec:
 
     @classmethod
     def from_model_dir(cls, path: Path) -> BaseModelSpec:
-        """Build from a Hugging Face model directory holding config.json."""
-        return cls.from_hf_config(json.loads((Path(path) / "config.json").read_text()))
+        """Build from a Hugging Face model directory holding config.json (and its safetensors, whose weight
+        norms bound adapters' updates; see the module docstring)."""
+        spec = cls.from_hf_config(json.loads((Path(path) / "config.json").read_text()))
+        return replace(spec, model_dir=Path(path))
+
+    @property
+    def weight_norms(self) -> BaseWeightNorms | None:
+        """(layer, module) -> Frobenius norm of the base weight; None without readable base weights."""
+        return base_weight_norms(self.model_dir) if self.model_dir is not None else None
 
     def module_shape(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of one supported linear module of a decoder layer."""
@@ -156,6 +194,11 @@ class ValidationLimits:
     max_uncompressed_bytes: int = 1024 * 1024 * 1024
     max_archive_members: int = 8
     max_header_bytes: int = 8 * 1024 * 1024  # safetensors JSON header
+    # numeric bounds (see the module docstring for the reasoning)
+    max_lora_alpha: float = 16384.0
+    max_lora_scale: float = 1024.0
+    max_abs_weight: float = 256.0  # on |lora_A| and on |scale * lora_B| (the weights the engine holds)
+    max_delta_ratio: float = 1024.0  # scale * ||B||_F * ||A||_F <= this * ||W_base||_F
 
 
 @dataclass(frozen=True)
@@ -168,6 +211,17 @@ class LoraConfigInfo:
     scale: float
     target_modules: tuple[str, ...]  # short names, in SUPPORTED_TARGET_MODULES order
     base_model_name_or_path: str | None
+    layers_to_transform: frozenset[int] | None = None  # None: every layer may carry weights
+    exclude_modules: tuple[str, ...] = ()  # peft list form: a module name or a suffix of its path
+
+    def is_targeted(self, layer: int, module: str) -> bool:
+        """True when peft would put LoRA on `module` of decoder `layer` under this config."""
+        if module not in self.target_modules:
+            return False
+        if self.layers_to_transform is not None and layer not in self.layers_to_transform:
+            return False
+        key = f"model.layers.{layer}.{_MODULE_PARENT[module]}.{module}"
+        return not any(key == name or key.endswith("." + name) for name in self.exclude_modules)
 
 
 @dataclass(frozen=True)
@@ -240,20 +294,27 @@ def validate_adapter_config(raw: bytes, spec: BaseModelSpec, limits: ValidationL
     """Parse and check adapter_config.json bytes: a plain PEFT LoRA config this platform can serve."""
     config = _parse_config_json(raw)
     _check_peft_type(config)
+    _check_task_type(config.get("task_type"))
     _check_unsupported_features(config)
     rank = _check_rank(config.get("r"), limits)
-    alpha = _check_alpha(config.get("lora_alpha"))
+    alpha = _check_alpha(config.get("lora_alpha"), limits)
     use_rslora = config.get("use_rslora", False)
     if not isinstance(use_rslora, bool):
         raise _fail("invalid_config_value", f"use_rslora must be true or false, got {use_rslora!r}")
+    scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
+    _check_scale(scale, rank, alpha, use_rslora, limits)
     base = config.get("base_model_name_or_path")
     return LoraConfigInfo(
         rank=rank,
         alpha=alpha,
         use_rslora=use_rslora,
-        scale=alpha / math.sqrt(rank) if use_rslora else alpha / rank,
+        scale=scale,
         target_modules=_normalize_target_modules(config.get("target_modules")),
         base_model_name_or_path=base if isinstance(base, str) else None,
+        layers_to_transform=_layers_to_transform(
+            config.get("layers_to_transform"), config.get("layers_pattern")
+        ),
+        exclude_modules=_exclude_modules(config.get("exclude_modules")),
     )
 
 
@@ -336,7 +397,17 @@ def _check_rank(rank: Any, limits: ValidationLimits) -> int:
     return rank
 
 
-def _check_alpha(alpha: Any) -> float:
+def _check_task_type(task_type: Any) -> None:
+    if task_type not in SUPPORTED_TASK_TYPES:
+        raise _fail(
+            "unsupported_task_type",
+            f"task_type {task_type!r} is not served: this platform generates text with a causal language "
+            "model, so only task_type CAUSAL_LM (or none) is accepted. Retrain with "
+            "LoraConfig(task_type='CAUSAL_LM')",
+        )
+
+
+def _check_alpha(alpha: Any, limits: ValidationLimits) -> float:
     if (
         isinstance(alpha, bool)
         or not isinstance(alpha, int | float)
@@ -344,7 +415,74 @@ def _check_alpha(alpha: Any) -> float:
         or alpha <= 0
     ):
         raise _fail("invalid_alpha", f"lora_alpha must be a positive number, got {alpha!r}")
+    if alpha > limits.max_lora_alpha:
+        raise _fail(
+            "alpha_too_large",
+            f"lora_alpha={alpha} is above the limit of {limits.max_lora_alpha:g}; retrain with a smaller "
+            "lora_alpha (e.g. 2 * r)",
+        )
     return float(alpha)
+
+
+def _check_scale(scale: float, rank: int, alpha: float, use_rslora: bool, limits: ValidationLimits) -> None:
+    if scale <= limits.max_lora_scale:
+        return
+    divisor = f"sqrt({rank})" if use_rslora else str(rank)
+    formula = f"lora_alpha / {'sqrt(r)' if use_rslora else 'r'} = {alpha:g} / {divisor}"
+    raise _fail(
+        "scale_too_large",
+        f"the LoRA scale {formula} = {scale:g} is above the limit of {limits.max_lora_scale:g}; lower "
+        "lora_alpha or raise r and retrain",
+    )
+
+
+def _layers_to_transform(layers: Any, pattern: Any) -> frozenset[int] | None:
+    """peft's layers_to_transform (an int or a list of layer indices) checked with its layers_pattern."""
+    _check_layers_pattern(pattern, layers)
+    if layers is None:
+        return None
+    items = [layers] if isinstance(layers, int) and not isinstance(layers, bool) else layers
+    if not isinstance(items, list) or not items or not all(type(i) is int and i >= 0 for i in items):
+        raise _fail(
+            "invalid_config_value",
+            f"layers_to_transform must be a layer index or a non-empty list of layer indices, got {layers!r}",
+        )
+    return frozenset(items)
+
+
+def _check_layers_pattern(pattern: Any, layers: Any) -> None:
+    if pattern in (None, [], ""):
+        return
+    if layers is None:
+        raise _fail(
+            "invalid_config_value",
+            f"layers_pattern={pattern!r} is set without layers_to_transform (peft refuses this too); "
+            "remove layers_pattern or set layers_to_transform",
+        )
+    patterns = [pattern] if isinstance(pattern, str) else pattern
+    if not isinstance(patterns, list) or DECODER_LAYERS_PATTERN not in patterns:
+        raise _fail(
+            "unsupported_layers_pattern",
+            f"layers_pattern={pattern!r} does not name this model's decoder layers, so peft would adapt no "
+            f"layer; set layers_pattern={DECODER_LAYERS_PATTERN!r} (or remove it) and retrain",
+        )
+
+
+def _exclude_modules(exclude: Any) -> tuple[str, ...]:
+    """peft's exclude_modules as a list of module names or path suffixes; the regex form is refused."""
+    if exclude in (None, [], ""):
+        return ()
+    if isinstance(exclude, str):
+        raise _fail(
+            "unsupported_config_option",
+            f"exclude_modules={exclude!r} is a regular expression, which is not evaluated here; list the "
+            "excluded module names or paths instead (e.g. ['model.layers.0.self_attn.q_proj'])",
+        )
+    if not isinstance(exclude, list) or not all(isinstance(m, str) and m for m in exclude):
+        raise _fail(
+            "invalid_config_value", f"exclude_modules must be a list of module names, got {exclude!r}"
+        )
+    return tuple(exclude)
 
 
 def _normalize_target_modules(target_modules: Any) -> tuple[str, ...]:
@@ -633,6 +771,8 @@ def _check_tensors(
                 f"tensor {tensor.name!r} is for {module}, which is not in "
                 f"target_modules {list(config.target_modules)}; upload the matching adapter_config.json",
             )
+        if not config.is_targeted(layer, module):
+            raise _not_targeted_error(tensor.name, config)
         if layer >= spec.num_layers:
             raise _fail(
                 "layer_out_of_range",
@@ -645,8 +785,19 @@ def _check_tensors(
         _check_tensor_shape(tensor, module, side, config.rank, spec)
         sides.setdefault((layer, module), set()).add(side)
     _check_pairs(sides)
-    _check_modules_present(sides, config)
+    _check_modules_present(sides, config, spec)
     return _single_dtype(header), tuple(sorted({layer for layer, _ in sides}))
+
+
+def _not_targeted_error(name: str, config: LoraConfigInfo) -> AdapterValidationError:
+    """A tensor peft would not load: its layer is outside layers_to_transform or its module is excluded."""
+    return _fail(
+        "module_not_targeted",
+        f"tensor {name!r} is for a module this config does not adapt (layers_to_transform="
+        f"{sorted(config.layers_to_transform) if config.layers_to_transform is not None else None}, "
+        f"exclude_modules={list(config.exclude_modules)}), so peft would ignore it; upload the "
+        "adapter_config.json saved with these weights",
+    )
 
 
 def _check_pairs(sides: dict[tuple[int, str], set[str]]) -> None:
@@ -660,9 +811,13 @@ def _check_pairs(sides: dict[tuple[int, str], set[str]]) -> None:
             )
 
 
-def _check_modules_present(sides: dict[tuple[int, str], set[str]], config: LoraConfigInfo) -> None:
+def _check_modules_present(
+    sides: dict[tuple[int, str], set[str]], config: LoraConfigInfo, spec: BaseModelSpec
+) -> None:
     found = {module for _, module in sides}
-    missing = [m for m in config.target_modules if m not in found]
+    layers = range(spec.num_layers)
+    adapted = [m for m in config.target_modules if any(config.is_targeted(i, m) for i in layers)]
+    missing = [m for m in adapted if m not in found]
     if missing:
         raise _fail(
             "missing_lora_weights",
@@ -681,7 +836,20 @@ def _single_dtype(header: SafetensorsHeader) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Values: one bounded-memory pass that hashes the file and checks finiteness
+# Values: one bounded-memory pass that hashes the file and checks finiteness and magnitudes
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Per-tensor value statistics gathered in the hashing pass."""
+
+    max_abs: float
+    sum_squares: float  # float64 accumulation
+
+    @property
+    def norm(self) -> float:
+        """Frobenius norm."""
+        return math.sqrt(self.sum_squares)
 
 
 def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
@@ -703,20 +871,46 @@ def read_tensor(path: Path, tensor: TensorEntry) -> np.ndarray:
     return _to_float32(buffer, tensor.dtype).reshape(tensor.shape)
 
 
-def _hash_and_check_finite(path: Path, header: SafetensorsHeader) -> str:
-    """sha256 of the whole file; refuses NaN/Inf. Reads tensors in file order, READ_CHUNK_BYTES at a time."""
+def _hash_and_check_finite(
+    path: Path, header: SafetensorsHeader, config: LoraConfigInfo, limits: ValidationLimits
+) -> tuple[str, dict[str, TensorStats]]:
+    """sha256 of the whole file and per-tensor stats; refuses NaN/Inf and values over the bounds.
+
+    Reads tensors in file order, READ_CHUNK_BYTES at a time.
+    """
     digest = hashlib.sha256(header.header_bytes)
+    stats: dict[str, TensorStats] = {}
     with open(path, "rb") as f:
         f.seek(len(header.header_bytes))
         for tensor in header.tensors:  # sorted and contiguous, so this reads the file sequentially
-            _check_tensor_values(f, tensor, digest)
-    return digest.hexdigest()
+            stats[tensor.name] = _check_tensor_values(f, tensor, digest)
+            _check_magnitude(tensor, stats[tensor.name].max_abs, config, limits)
+    return digest.hexdigest(), stats
 
 
-def _check_tensor_values(f: BinaryIO, tensor: TensorEntry, digest: Any) -> None:
+def _check_magnitude(
+    tensor: TensorEntry, max_abs: float, config: LoraConfigInfo, limits: ValidationLimits
+) -> None:
+    """|lora_A| and |scale * lora_B| (the engine folds the scale into B) must be <= max_abs_weight."""
+    is_b = parse_lora_tensor_name(tensor.name)[2] == "B"
+    factor = config.scale if is_b else 1.0
+    if max_abs * factor <= limits.max_abs_weight:
+        return
+    what = f"|scale * lora_B| (scale {factor:g})" if is_b else "|lora_A|"
+    raise _fail(
+        "weights_too_large",
+        f"tensor {tensor.name!r} has a value of magnitude {max_abs:.3g}, so {what} reaches "
+        f"{max_abs * factor:.3g}, above the limit of {limits.max_abs_weight:g}; such weights overflow "
+        "inference. Retrain (lower learning rate or lora_alpha) or rescale the adapter so its values are "
+        "smaller",
+    )
+
+
+def _check_tensor_values(f: BinaryIO, tensor: TensorEntry, digest: Any) -> TensorStats:
     itemsize = _DTYPE_SIZES[tensor.dtype]
     chunk = READ_CHUNK_BYTES - READ_CHUNK_BYTES % itemsize
     remaining = tensor.end - tensor.begin
+    max_abs = sum_squares = 0.0
     while remaining > 0:
         buffer = f.read(min(chunk, remaining))
         if not buffer:
@@ -731,6 +925,44 @@ def _check_tensor_values(f: BinaryIO, tensor: TensorEntry, digest: Any) -> None:
                 f"tensor {tensor.name!r} contains {kind} values; the training run "
                 "diverged. Retrain (e.g. lower learning rate) and upload finite weights",
             )
+        if values.size:
+            max_abs = max(max_abs, float(np.abs(values).max()))
+            sum_squares += float(np.square(values, dtype=np.float64).sum())
+    return TensorStats(max_abs, sum_squares)
+
+
+def _check_update_norms(
+    stats: dict[str, TensorStats],
+    config: LoraConfigInfo,
+    norms: BaseWeightNorms | None,
+    limits: ValidationLimits,
+) -> None:
+    """Per (layer, module): scale * ||B||_F * ||A||_F <= max_delta_ratio * ||W_base||_F (when W is known)."""
+    if not norms:
+        return
+    pairs: dict[tuple[int, str], dict[str, TensorStats]] = {}
+    for name, tensor_stats in stats.items():
+        layer, module, side = parse_lora_tensor_name(name)
+        pairs.setdefault((layer, module), {})[side] = tensor_stats
+    for (layer, module), sides in sorted(pairs.items()):
+        base_norm = norms.get((layer, module))
+        if base_norm is None or base_norm <= 0:
+            continue
+        bound = config.scale * sides["A"].norm * sides["B"].norm
+        if bound > limits.max_delta_ratio * base_norm:
+            raise _update_too_large_error(layer, module, bound, base_norm, limits)
+
+
+def _update_too_large_error(
+    layer: int, module: str, bound: float, base_norm: float, limits: ValidationLimits
+) -> AdapterValidationError:
+    return _fail(
+        "update_too_large",
+        f"layer {layer} {module}: the adapter's update can be up to scale * ||B|| * ||A|| = {bound:.3g}, "
+        f"{bound / base_norm:.3g} times the base weight's norm {base_norm:.3g} (limit "
+        f"{limits.max_delta_ratio:g}x); it is implausibly large for this base model (trained for another "
+        "model, or diverged). Lower lora_alpha or retrain with smaller weights",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -743,7 +975,8 @@ def validate_adapter_weights(
     """Check adapter_model.safetensors; returns (header, safetensors dtype, layers, sha256)."""
     header = read_safetensors_header(path, limits)
     dtype, layers = _check_tensors(header, config, spec)
-    sha256 = _hash_and_check_finite(path, header)
+    sha256, stats = _hash_and_check_finite(path, header, config, limits)
+    _check_update_norms(stats, config, spec.weight_norms, limits)
     return header, dtype, layers, sha256
 
 

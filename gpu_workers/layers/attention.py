@@ -37,16 +37,21 @@ class AttentionMetadata:
 
     slot_mapping: [num_tokens] cache slot of each new token.
     decode_token_idx: [num_decodes] batch rows of single-token (decode) queries, or None.
-    decode_blocks: [num_decodes, max_blocks] KV pages to gather (padding repeats a valid page).
-    decode_bias: [num_decodes, num_kv_heads, 1, max_blocks * block_size, num_kv_heads] fp32: 0 where the
-        context position is real and the last-dim kv head is the one serving the query head group, -inf else.
+    decode_blocks: [num_decodes, max_blocks] KV pages to gather (padding uses page 0, which may be another
+        sequence's: masked out).
+    decode_drop: [num_decodes, num_kv_heads, 1, max_blocks * block_size, num_kv_heads] bool: False where the
+        context position is real and the last-dim kv head is the one serving the query head group, True else.
+
+    Isolation: dropped scores are *replaced* by -inf (never added to: inf + -inf = NaN), and every value
+    written to the cache is finite, so a page of another sequence (padding, stale slots of a freed page)
+    contributes exactly 0 even when that sequence overflowed.
     """
 
     slot_mapping: torch.Tensor
     prefills: tuple[PrefillChunk, ...]
     decode_token_idx: torch.Tensor | None
     decode_blocks: torch.Tensor | None
-    decode_bias: torch.Tensor | None
+    decode_drop: torch.Tensor | None
     is_all_decode: bool
 
 
@@ -60,8 +65,9 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; k, v: [T, Hkv, D] for the new tokens -> output [T, Hq, D]."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    # finite in the cache (NaN -> 0, +-inf -> +-max): a masked slot times probability 0 is exactly 0
+    k_cache.index_copy_(0, meta.slot_mapping, torch.nan_to_num(k))
+    v_cache.index_copy_(0, meta.slot_mapping, torch.nan_to_num(v))
     out = torch.empty_like(q) if not meta.is_all_decode else None
     for chunk in meta.prefills:
         assert out is not None
@@ -112,13 +118,13 @@ def _decode_attention(
 
     Plain batched matmuls beat the CPU flash kernel for q_len 1. The gathered pages are used as
     [B, max_context * Hkv, D] without a transpose: each query head scores every (position, kv head) pair and
-    decode_bias masks the pairs of other kv heads to -inf (probability exactly 0), so GQA needs no K/V copy.
+    decode_drop sets the pairs of other kv heads to -inf (probability exactly 0), so GQA needs no K/V copy.
     """
-    assert meta.decode_blocks is not None and meta.decode_token_idx is not None and meta.decode_bias is not None
+    assert meta.decode_blocks is not None and meta.decode_token_idx is not None and meta.decode_drop is not None
     num_decodes, max_blocks = meta.decode_blocks.shape
     _, num_kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
-    max_context = meta.decode_bias.shape[-2]
+    max_context = meta.decode_drop.shape[-2]
     block_size = max_context // max_blocks
     flat = meta.decode_blocks.view(-1)
     pages_k = k_cache.view(-1, block_size * num_kv_heads * head_dim)
@@ -131,12 +137,12 @@ def _decode_attention(
         group = num_heads // num_kv_heads
         k_t = k_d.view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
         v_t = v_d.view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
-        bias = meta.decode_bias[:, :1, :, :, 0].unsqueeze(1)  # [B, 1, 1, 1, ctx] -> position bias only
+        drop = meta.decode_drop[:, 0, 0, :, 0].view(num_decodes, 1, 1, max_context)  # position mask only
         scores = torch.matmul(q_d.view(num_decodes, num_kv_heads, group, head_dim), k_t.transpose(-1, -2)).float()
-        probs = torch.softmax(scores.mul_(scale).add_(bias.view(num_decodes, 1, 1, max_context)), dim=-1)
+        probs = torch.softmax(scores.mul_(scale).masked_fill_(drop, float("-inf")), dim=-1)
         return torch.matmul(probs.to(q.dtype), v_t).view(num_decodes, num_heads, head_dim)
     scores = torch.bmm(q_d, k_d.transpose(1, 2)).float()  # [B, Hq, max_context * Hkv]
     scores = scores.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, max_context, num_kv_heads)
-    scores.mul_(scale).add_(meta.decode_bias)
+    scores.mul_(scale).masked_fill_(meta.decode_drop, float("-inf"))
     probs = torch.softmax(scores.view(num_decodes, num_heads, max_context * num_kv_heads), dim=-1).to(q.dtype)
     return torch.bmm(probs, v_d)  # [B, Hq, D]

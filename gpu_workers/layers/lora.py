@@ -8,9 +8,14 @@ adapter costs its own rank. The LoRA scale is folded into B at load time.
 Decode-sized steps (many segments of a token or two) would pay hundreds of tiny matmuls per step, each
 dominated by per-call overhead. For those the runner uses a stacked form instead: per layer and projection,
 the batch's adapters' A (columns) and B (rows) concatenated once per adapter set (cached, see
-`StackedLora`), so a projection costs one x @ A_cat, one multiply by a [num_tokens, sum_ranks] 0/1 mask
+`StackedLora`), so a projection costs one x @ A_cat, one masked fill by a [num_tokens, sum_ranks] bool mask
 (each token keeps only its own adapter's columns; built once per step, shared by all layers) and one addmm
 per target sub-module. Its cost is proportional to the sum of the batch's ranks, still with no padding.
+
+Isolation in the stacked form: x @ A_cat computes every token against every adapter, so a token's columns of
+another adapter may hold inf/NaN when that adapter overflows. They are *set* to exactly 0 (masked_fill, never
+a multiply: inf * 0 = NaN), and the stacked B rows are made finite at build time (0 * inf = NaN too), so a
+token's delta depends only on its own adapter's weights.
 """
 
 from __future__ import annotations
@@ -97,8 +102,8 @@ class StackedLora:
 class LoraBatch:
     """Per-step segment metadata, built once per step and reused by every layer.
 
-    When `stacked` is set, the step uses the stacked form: masks[layout] is [num_tokens, S] in the compute
-    dtype, 1 where the token's adapter owns the column, else 0 (tokens without adapter: all 0).
+    When `stacked` is set, the step uses the stacked form: masks[layout] is [num_tokens, S] bool, True where
+    the column belongs to another adapter than the token's (dropped; tokens without adapter: all True).
     """
 
     segments: tuple[LoraSegment, ...]
@@ -123,11 +128,11 @@ def add_lora_delta(
         if stacked is None:
             return
         if stacked.is_packed:
-            xa = packed_linear(x, stacked.a_t).mul_(lora.masks[stacked.layout])  # [num_tokens, S]
+            xa = packed_linear(x, stacked.a_t).masked_fill_(lora.masks[stacked.layout], 0.0)  # [num_tokens, S]
             for s0, s1, c0, c1, b_packed in stacked.parts:
                 out[:, c0:c1] += packed_linear(xa[:, s0:s1], b_packed)
             return
-        xa = torch.mm(x, stacked.a_t).mul_(lora.masks[stacked.layout])  # [num_tokens, S]
+        xa = torch.mm(x, stacked.a_t).masked_fill_(lora.masks[stacked.layout], 0.0)  # [num_tokens, S]
         if len(stacked.parts) == 1 and stacked.parts[0][3] - stacked.parts[0][2] == out.shape[1]:
             out.addmm_(xa, stacked.parts[0][4])
             return
@@ -202,7 +207,8 @@ def build_stacked_lora(adapters: tuple[LoraAdapter, ...], pack: bool = False) ->
                     a_cols.append(a_cols_m)
                     runs.append((pos, a_cols_m.shape[1]))
                     offset += a_cols_m.shape[1]
-                b_cat = torch.cat([b for *_, b in members], dim=0)  # [group ranks, out_cols]
+                # [group ranks, out_cols]; finite, so a token's zeroed columns of another adapter add exactly 0
+                b_cat = torch.nan_to_num(torch.cat([b for *_, b in members], dim=0))
                 parts.append((start, offset, c0, c1, b_cat))
             a_t = torch.cat(a_cols, dim=1)  # [in, S]
             key = tuple(runs)
@@ -220,9 +226,10 @@ def build_stacked_lora(adapters: tuple[LoraAdapter, ...], pack: bool = False) ->
     return StackedLora(adapters=adapters, layers=tuple(layers), owners=tuple(owners), num_bytes=num_bytes)
 
 
-def stacked_masks(stacked: StackedLora, token_owner: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """token_owner: [num_tokens] adapter position per token (-1: none) -> one [num_tokens, S] 0/1 mask per layout."""
-    return tuple((token_owner.unsqueeze(1) == owner.unsqueeze(0)).to(dtype) for owner in stacked.owners)
+def stacked_masks(stacked: StackedLora, token_owner: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """token_owner: [num_tokens] adapter position per token (-1: none) -> one [num_tokens, S] bool mask per
+    layout, True where the column is another adapter's (dropped)."""
+    return tuple(token_owner.unsqueeze(1) != owner.unsqueeze(0) for owner in stacked.owners)
 
 
 def select_lora_rows(lora: LoraBatch, rows: torch.Tensor) -> LoraBatch:

@@ -12,7 +12,7 @@ def sample_tokens(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> list[int]:
-    """logits: [num_seqs, vocab] fp32 -> one token id per row."""
+    """logits: [num_seqs, vocab] fp32, finite (the runner leaves out non-finite rows) -> one token id per row."""
     greedy = logits.argmax(dim=-1).tolist()
     if all(p.is_greedy for p in params):
         return greedy
@@ -24,8 +24,8 @@ def sample_tokens(
 
 
 def _sample_one(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits: [vocab] fp32."""
-    logits = logits / p.temperature
+    """logits: [vocab] fp32, finite."""
+    logits = (logits - logits.max()) / p.temperature  # max 0: a tiny temperature cannot make +inf or NaN
     if p.top_k > 0 and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -332,6 +332,24 @@ def _poison(value: float) -> Callable[[dict[str, np.ndarray]], None]:
     return mutate
 
 
+def _fill(value: float, side: str = "") -> Callable[[dict[str, np.ndarray]], None]:
+    """Set every value of every tensor (of one side "A"/"B", or all) to `value`."""
+
+    def mutate(tensors: dict[str, np.ndarray]) -> None:
+        for name, array in tensors.items():
+            if f"lora_{side}" in name:
+                array[...] = value
+
+    return mutate
+
+
+def _poison_a(value: float) -> Callable[[dict[str, np.ndarray]], None]:
+    def mutate(tensors: dict[str, np.ndarray]) -> None:
+        tensors[tensor_name(0, "q_proj", "A")][1, 7] = -value
+
+    return mutate
+
+
 def _overlapping() -> bytes:
     a, b = tensor_name(0, "q_proj", "A"), tensor_name(0, "q_proj", "B")
     header = {
@@ -434,6 +452,38 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase("alpha_zero", _with_config(lora_alpha=0), "invalid_alpha"),
     MalformedCase("alpha_negative", _with_config(lora_alpha=-8), "invalid_alpha"),
     MalformedCase("rslora_not_bool", _with_config(use_rslora="yes"), "invalid_config_value"),
+    MalformedCase("alpha_over_max", _with_config(lora_alpha=20000), "alpha_too_large"),
+    MalformedCase("scale_over_max", _with_config(lora_alpha=8192), "scale_too_large"),  # 8192 / r=4
+    MalformedCase("rslora_scale_over_max", _with_config(lora_alpha=4096, use_rslora=True), "scale_too_large"),
+    MalformedCase("task_type_seq_cls", _with_config(task_type="SEQ_CLS"), "unsupported_task_type"),
+    MalformedCase("task_type_seq2seq", _with_config(task_type="SEQ_2_SEQ_LM"), "unsupported_task_type"),
+    MalformedCase(
+        "layers_to_transform_excludes_a_layer_with_weights",
+        _with_config(layers_to_transform=[0]),
+        "module_not_targeted",
+    ),
+    MalformedCase(
+        "layers_to_transform_not_ints", _with_config(layers_to_transform="0"), "invalid_config_value"
+    ),
+    MalformedCase("layers_to_transform_empty", _with_config(layers_to_transform=[]), "invalid_config_value"),
+    MalformedCase(
+        "layers_pattern_of_another_model",
+        _with_config(layers_to_transform=[0, 1], layers_pattern="h"),
+        "unsupported_layers_pattern",
+    ),
+    MalformedCase(
+        "layers_pattern_without_layers_to_transform",
+        _with_config(layers_pattern="layers"),
+        "invalid_config_value",
+    ),
+    MalformedCase(
+        "exclude_modules_regex", _with_config(exclude_modules=".*q_proj"), "unsupported_config_option"
+    ),
+    MalformedCase(
+        "excluded_module_has_weights",
+        _with_config(exclude_modules=["model.layers.1.self_attn.v_proj"]),
+        "module_not_targeted",
+    ),
     # tensor names and shapes
     MalformedCase(
         "lm_head_tensors",
@@ -492,6 +542,12 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase("inf_value", _with_tensors(_poison(float("inf"))), "non_finite_values"),
     MalformedCase("bf16_inf_value", _with_tensors(_poison(float("-inf")), dtype="BF16"), "non_finite_values"),
     MalformedCase("f16_overflow_inf", _with_tensors(_poison(1e6), dtype="F16"), "non_finite_values"),
+    MalformedCase("every_value_3e38", _with_tensors(_fill(3e38)), "weights_too_large"),
+    MalformedCase("bf16_every_value_3e38", _with_tensors(_fill(3e38), dtype="BF16"), "weights_too_large"),
+    MalformedCase("one_huge_lora_A_value", _with_tensors(_poison_a(300.0)), "weights_too_large"),
+    MalformedCase(  # 200 is a plausible stored value, but times the scale 2 the engine would hold 400
+        "scaled_lora_B_over_max", _with_tensors(_fill(200.0, "B"), dtype="F16"), "weights_too_large"
+    ),
     # the safetensors container
     MalformedCase("empty_weights", _with_weights(lambda: b""), "empty_weights"),
     MalformedCase(
