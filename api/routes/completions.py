@@ -4,7 +4,9 @@
 (no adapter). One request = one worker generation = exactly one usage row (see api/metering.py):
 auth -> parse + refuse unsupported fields -> resolve the model -> tokenize and size-check the prompt ->
 rate limit -> route to a worker and read its first event (one retry on another worker) -> stream back.
-Every refusal after authentication is metered as `rejected` with zero tokens.
+Every refusal after authentication is metered as `rejected` with zero tokens. An admitted request's row is
+written `in_progress` while it is routed and prefilled (no token is sent before it is durable) and streams
+are checkpointed as they go, so a crash of this process bills what was delivered (api/metering.py).
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`); the usage row is written before [DONE].
 A client that disconnects aborts the worker request, streamed or not (api/disconnect.py for non-streamed
 responses), and is metered `aborted`. Bodies and prompts are bounded before parsing/tokenizing
@@ -126,7 +128,9 @@ async def serve(
     meter = ledger.start(tenant.tenant_id)
     try:
         prepared = await _prepare(request, tenant, services, meter, kind, path_model)
+        ledger.open(meter, is_checkpointed=prepared.is_stream)  # in_progress row, written during routing+prefill
         upstream = await _start(services, prepared, meter)
+        await ledger.wait_opened(meter)  # durable before the first token is sent (api/metering.py)
     except (ApiError, RegistryError, PromptError) as exc:
         await ledger.record(meter, "rejected", _message(exc))
         raise _as_api_error(exc) from exc
