@@ -74,13 +74,9 @@ def record_usage(session: Session, **values: object) -> UsageRecord:
 
 
 def open_usage(session: Session, rows: Sequence[dict[str, object]]) -> None:
-    """Insert `in_progress` rows (one transaction); DuplicateUsageError if a request_id was metered."""
+    """Insert `in_progress` rows, all in one transaction (none is written if one fails)."""
     session.add_all(UsageRecord(**values) for values in rows)
-    try:
-        session.commit()
-    except IntegrityError as exc:
-        session.rollback()
-        raise DuplicateUsageError(f"one of {[r.get('request_id') for r in rows]} is already metered") from exc
+    session.commit()
 
 
 CHECKPOINT_FIELDS = ("prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "worker_id",
