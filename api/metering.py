@@ -39,13 +39,15 @@ involved. Statuses:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import anyio.to_thread
 from sqlalchemy.orm import Session, sessionmaker
@@ -225,8 +227,11 @@ class UsageWriter:
             outcomes: list[BaseException | None] = [None] * len(pending)
         except Exception:  # noqa: BLE001 - retried row by row below
             outcomes = [self._insert_one(values) for values, _ in pending]
-        for (_, future), error in zip(pending, outcomes):
-            future.set_exception(error) if error is not None else future.set_result(None)
+        for (_, future), error in zip(pending, outcomes, strict=True):
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
     def checkpoint(self) -> int:
         """Write the delivered tokens of every watched, opened stream that changed since its last checkpoint;
@@ -332,10 +337,8 @@ class UsageLedger:
         opened = meter.opened
         if opened is None or opened.done():
             return
-        try:
+        with contextlib.suppress(Exception):  # the writer logged it; record() falls back to an insert
             await asyncio.wrap_future(opened)
-        except Exception:  # noqa: BLE001 - the writer logged it; record() falls back to an insert
-            pass
 
     async def record(self, meter: RequestMeter, status: str, error_message: str | None = None) -> None:
         """Give the request's row its final values (first call only) off the event loop, then observe its

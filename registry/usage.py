@@ -29,10 +29,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence, cast
 
 import numpy as np
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import CursorResult, Table, Update, bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -82,7 +82,7 @@ def open_usage(session: Session, rows: Sequence[dict[str, object]]) -> None:
 CHECKPOINT_FIELDS = ("prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "worker_id",
                      "checkpointed_at")
 _CHECKPOINT = (
-    update(UsageRecord.__table__)
+    update(cast(Table, UsageRecord.__table__))
     .where(UsageRecord.request_id == bindparam("b_request_id"), UsageRecord.status == OPEN_USAGE_STATUS)
     .values({name: bindparam(f"b_{name}") for name in CHECKPOINT_FIELDS})
 )
@@ -103,7 +103,8 @@ def checkpoint_usage(session: Session, checkpoints: Sequence[dict[str, object]])
 def finish_usage(session: Session, values: dict[str, object]) -> bool:
     """Give an open (or swept) row its final values; False, changing nothing, when no such row exists."""
     request_id = values["request_id"]
-    result = session.execute(
+    result = _execute_dml(
+        session,
         update(UsageRecord)
         .where(UsageRecord.request_id == request_id, UsageRecord.status.in_(CLOSABLE_STATUSES))
         .values({k: v for k, v in values.items() if k != "request_id"})
@@ -113,8 +114,13 @@ def finish_usage(session: Session, values: dict[str, object]) -> bool:
     return bool(result.rowcount)
 
 
+def _execute_dml(session: Session, statement: Update) -> CursorResult[Any]:
+    return cast(CursorResult[Any], session.execute(statement))
+
+
 def _interrupt(session: Session, condition: object, message: str) -> int:
-    result = session.execute(
+    result = _execute_dml(
+        session,
         update(UsageRecord)
         .where(UsageRecord.status == OPEN_USAGE_STATUS, condition)  # type: ignore[arg-type]
         .values(
@@ -399,7 +405,7 @@ def group_key(row: UsageRow, group_by: str) -> str:
 
 def summarize_group(key: str, rows: Sequence[UsageRow], targets_by_tenant: dict[str, SloTargets]) -> SloGroup:
     """Aggregate one group's rows."""
-    counts = defaultdict(int)
+    counts: defaultdict[str, int] = defaultdict(int)
     for r in rows:
         counts[r.status] += 1
     ok = [r for r in rows if r.status == "ok"]

@@ -126,6 +126,7 @@ async def serve(
     """Run one inference request end to end, metering it exactly once."""
     ledger: UsageLedger = services.extras["usage_ledger"]
     meter = ledger.start(tenant.tenant_id)
+    upstream: WorkerStream | None = None
     try:
         prepared = await _prepare(request, tenant, services, meter, kind, path_model)
         ledger.open(meter, is_checkpointed=prepared.is_stream)  # in_progress row, written during routing+prefill
@@ -136,6 +137,12 @@ async def serve(
         raise _as_api_error(exc) from exc
     except Exception as exc:
         await _record_quietly(ledger, meter, "error", f"internal error: {exc!r}")
+        raise
+    except anyio.get_cancelled_exc_class():  # the client went away: its open row must not stay open
+        with anyio.CancelScope(shield=True):
+            if upstream is not None:
+                await upstream.aclose()
+            await _record_quietly(ledger, meter, "aborted", "the client disconnected before the response started")
         raise
     if prepared.is_stream:
         return MeteredStreamingResponse(
