@@ -17,6 +17,7 @@ from api.errors import install_error_handlers
 from api.routes import adapters, admin, completions, health, models, reports, usage
 from api.services import Services, build_services, ensure_inference_services
 from api.worker_client import WorkerClient
+from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage
 from registry.settings import Settings
 
 # /metrics holds aggregate counters and worker ids (no tenant, adapter or key data). Worker ids describe the
@@ -58,12 +59,16 @@ def create_app(
         owned = services is None
         app.state.services = services or build_services(settings)
         worker_client = _open_worker_client(app.state.services)
+        usage_sweep = _start_usage_sweep(app.state.services)
         try:
             yield
         finally:
+            if usage_sweep is not None:
+                usage_sweep.stop()
             if worker_client is not None:
                 await worker_client.aclose()
                 app.state.services.extras.pop("worker_client", None)
+            app.state.services.extras["usage_ledger"].close()  # queued usage rows are written
             if owned:
                 app.state.services.close()
 
@@ -73,6 +78,24 @@ def create_app(
     for router in (*routers, *extra_routers):
         app.include_router(router)
     return app
+
+
+def _start_usage_sweep(services: Services) -> PeriodicJob | None:
+    """With inline jobs, close dead workers' open usage rows on a timer (Celery beat does it otherwise)."""
+    settings = services.settings
+    if not settings.is_inline_jobs or settings.usage_sweep_interval_s <= 0:
+        return None
+    return PeriodicJob(
+        "usage-sweep",
+        settings.usage_sweep_interval_s,
+        lambda: _sweep_usage(services),
+    ).start()
+
+
+def _sweep_usage(services: Services) -> None:
+    directory = services.extras.get("worker_directory")
+    if directory is not None:  # read at each run: whoever runs the workers publishes it after startup
+        sweep_orphaned_usage(services.session_factory, directory, sweep_grace_s(services.settings))
 
 
 def _open_worker_client(services: Services) -> WorkerClient | None:

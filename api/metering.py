@@ -5,20 +5,46 @@ prompt size as the request is prepared, counts the tokens actually handed to the
 latency at the API (what the client sees): TTFT = request arrival -> first delivered token, TPOT = mean gap
 between delivered tokens, E2E = arrival -> finish.
 
-`UsageLedger.record(meter, status)` writes the row once (later calls are no-ops) on a fresh DB session in a
-worker thread, so the request's own session and the event loop are never involved. Statuses:
-  ok        the worker finished; prompt + delivered tokens
-  error     the worker failed; prompt tokens once prefill happened (a token was delivered or the worker
-            reported its prompt count) + delivered tokens
-  aborted   the client went away (the worker request is aborted); prompt tokens once a token was delivered
-            + the tokens delivered until then (streamed: sent; non-streamed: received for the response)
-  rejected  refused before any work (bad request, unknown model, rate limit, no worker): zero tokens
+Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
+- `UsageLedger.open(meter, ...)`, called once the request is admitted, hands its `in_progress` row (owner:
+  this process's api_instance_id, zero tokens) to the ledger's writer thread, which inserts it at once,
+  together with the other requests opened meanwhile, in one transaction. The insert runs while the request is
+  routed and prefilled, so it costs the hot path nothing unless it is slower than the prefill:
+  `wait_opened(meter)` is awaited before the first token is sent, so no token reaches a client before its
+  request's row is durable (a crash before then bills nothing, and nothing was delivered).
+- Streamed requests are checkpointed by the same thread every `usage_checkpoint_interval_s`: one UPDATE per
+  open stream whose tokens changed, all in one transaction. A crash bills the last checkpoint: at most one
+  interval (plus one write) behind what was delivered, never more than was delivered.
+- Non-streamed requests are not checkpointed: their tokens reach the client only with the response, so a
+  crash before it bills nothing (0 prompt and 0 completion tokens), which is what was delivered.
+- `UsageLedger.record(meter, status)` then gives the row its final values once (later calls are no-ops): an
+  UPDATE of the open row, never a second row (an INSERT when the row was never opened: a request rejected
+  before admission, or an open insert that failed).
+- A restarted process closes what its predecessor left open (registry.usage.close_interrupted_usage), and
+  a periodic sweep closes the rows of dead workers (close_orphaned_usage), both as `interrupted`.
+Writes run on fresh DB sessions in threads, so the request's own session and the event loop are never
+involved. Statuses:
+  in_progress  the request is running; prompt tokens once prefilled + delivered tokens, as of the last
+               checkpoint (streams) or zero (non-streamed)
+  ok           the worker finished; prompt + delivered tokens
+  error        the worker failed; prompt tokens once prefill happened (a token was delivered or the worker
+               reported its prompt count) + delivered tokens
+  aborted      the client went away (the worker request is aborted); prompt tokens once a token was
+               delivered + the tokens delivered until then (streamed: sent; non-streamed: received for the
+               response)
+  rejected     refused before any work (bad request, unknown model, rate limit, no worker): zero tokens
+  interrupted  the API process or the worker died first: the row as of its last checkpoint
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,8 +53,8 @@ import anyio.to_thread
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.metrics import ApiMetrics
-from registry.models import new_id, utcnow
-from registry.usage import DuplicateUsageError, record_usage
+from registry.models import OPEN_USAGE_STATUS, new_id, utcnow
+from registry.usage import DuplicateUsageError, checkpoint_usage, finish_usage, open_usage, record_usage
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 1000
@@ -52,6 +78,7 @@ class RequestMeter:
     first_token_s: float | None = None
     last_token_s: float | None = None
     is_recorded: bool = False
+    opened: Future[None] | None = None  # the in_progress row's insert (None: never opened)
 
     def on_delivered(self, num_tokens: int) -> None:
         """Count tokens handed to the client (timestamps the first and the latest delivery)."""
@@ -81,10 +108,51 @@ class RequestMeter:
         return ttft, tpot, e2e
 
     def billed_prompt_tokens(self, status: str) -> int:
-        """Prompt tokens billed for a final status (see the module docstring)."""
-        if status == "ok" or (status in ("error", "aborted") and self.is_prefilled):
+        """Prompt tokens billed for a status (see the module docstring)."""
+        if status == "ok" or (status in ("error", "aborted", OPEN_USAGE_STATUS) and self.is_prefilled):
             return self.num_prompt_tokens
         return 0
+
+    def is_open(self) -> bool:
+        """True when the in_progress row was written (and not yet given its final values)."""
+        opened = self.opened
+        return opened is not None and opened.done() and opened.exception() is None and not self.is_recorded
+
+    def open_values(self, api_instance_id: str) -> dict[str, Any]:
+        """The `in_progress` row written when the request starts (no tokens billed yet)."""
+        return {
+            "request_id": self.request_id,
+            "tenant_id": self.tenant_id,
+            "adapter_id": self.adapter_id,
+            "adapter_version_id": self.adapter_version_id,
+            "model_name": self.model_name or "unknown",
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "status": OPEN_USAGE_STATUS,
+            "worker_id": self.worker_id,
+            "api_instance_id": api_instance_id,
+            "started_at": self.started_at,
+        }
+
+    def checkpoint_key(self) -> tuple[int, int, str | None]:
+        """What a checkpoint records that can change: (billed prompt tokens, delivered tokens, worker)."""
+        return self.billed_prompt_tokens(OPEN_USAGE_STATUS), self.num_delivered_tokens, self.worker_id
+
+    def checkpoint_values(self) -> dict[str, Any]:
+        """The open row's columns as of now (registry.usage.CHECKPOINT_FIELDS)."""
+        checkpointed_at = utcnow()  # before the counts are read: every token counted by then is in the checkpoint
+        prompt, delivered, worker_id = self.checkpoint_key()
+        ttft, tpot, e2e = self.latencies_ms(time.perf_counter())
+        return {
+            "request_id": self.request_id,
+            "prompt_tokens": prompt,
+            "completion_tokens": delivered,
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2e_ms": e2e,
+            "worker_id": worker_id,
+            "checkpointed_at": checkpointed_at,
+        }
 
     def usage_values(self, status: str, error_message: str | None) -> dict[str, Any]:
         """The UsageRecord columns for this request ending with `status`."""
@@ -109,12 +177,147 @@ class RequestMeter:
         }
 
 
-class UsageLedger:
-    """Writes each request's usage row exactly once and observes it in the API metrics."""
+class UsageWriter:
+    """A daemon thread that inserts opened rows at once (batched) and checkpoints watched streams every
+    `interval_s` (one UPDATE per changed stream, all in one transaction). `flush_opens` and `checkpoint` are
+    the thread's two jobs, callable directly (tests)."""
 
-    def __init__(self, session_factory: sessionmaker[Session], metrics: ApiMetrics | None = None) -> None:
+    def __init__(
+        self, session_factory: sessionmaker[Session], interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.session_factory = session_factory
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pending: list[tuple[dict[str, Any], Future[None]]] = []
+        self._watched: dict[str, tuple[RequestMeter, tuple[int, int, str | None] | None]] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def open(self, values: dict[str, Any], watch: RequestMeter | None = None) -> Future[None]:
+        """Queue an in_progress row for insertion (done when the future is); `watch` it for checkpoints."""
+        future: Future[None] = Future()
+        with self._lock:
+            self._pending.append((values, future))
+            if watch is not None:
+                self._watched[watch.request_id] = (watch, None)
+            self._ensure_thread()
+        self._wake.set()
+        return future
+
+    def unwatch(self, meter: RequestMeter) -> None:
+        """Stop checkpointing a request (it is being given its final values)."""
+        with self._lock:
+            self._watched.pop(meter.request_id, None)
+
+    def num_watched(self) -> int:
+        """How many streams are being checkpointed."""
+        with self._lock:
+            return len(self._watched)
+
+    def flush_opens(self) -> None:
+        """Insert every queued row, in one transaction (one by one if that fails, so one bad row fails alone)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            self._insert([values for values, _ in pending])
+            outcomes: list[BaseException | None] = [None] * len(pending)
+        except Exception:  # noqa: BLE001 - retried row by row below
+            outcomes = [self._insert_one(values) for values, _ in pending]
+        for (_, future), error in zip(pending, outcomes, strict=True):
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def checkpoint(self) -> int:
+        """Write the delivered tokens of every watched, opened stream that changed since its last checkpoint;
+        returns how many rows were written."""
+        with self._lock:
+            due = [(m, last) for m, last in self._watched.values() if m.is_open() and m.checkpoint_key() != last]
+        if not due:
+            return 0
+        values = [meter.checkpoint_values() for meter, _ in due]
+        with self.session_factory() as session:
+            checkpoint_usage(session, values)
+        with self._lock:
+            for meter, _ in due:
+                if meter.request_id in self._watched:
+                    self._watched[meter.request_id] = (meter, meter_key(values, meter))
+        return len(due)
+
+    def close(self) -> None:
+        """Stop the thread, then write the rows still queued (a later `open` starts a new thread)."""
+        with self._lock:
+            thread, stop, self._thread, self._stop = self._thread, self._stop, None, threading.Event()
+        stop.set()
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        self.flush_opens()
+
+    def _insert(self, rows: list[dict[str, Any]]) -> None:
+        with self.session_factory() as session:
+            open_usage(session, rows)
+
+    def _insert_one(self, values: dict[str, Any]) -> BaseException | None:
+        try:
+            self._insert([values])
+            return None
+        except Exception as exc:  # noqa: BLE001 - handed to the request through its future
+            log.exception("could not open the usage row of request %s", values["request_id"])
+            return exc
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop,), name="lorahost-usage-writer", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self, stop: threading.Event) -> None:
+        next_checkpoint_s = self._clock() + self.interval_s
+        while not stop.is_set():
+            self._wake.wait(timeout=max(0.0, next_checkpoint_s - self._clock()))
+            self._wake.clear()
+            self._run_once(next_checkpoint_s)
+            if self._clock() >= next_checkpoint_s:
+                next_checkpoint_s = self._clock() + self.interval_s
+
+    def _run_once(self, next_checkpoint_s: float) -> None:
+        try:
+            self.flush_opens()
+            if self._clock() >= next_checkpoint_s:
+                self.checkpoint()
+        except Exception:  # noqa: BLE001 - the thread must survive a DB outage; the next round retries
+            log.exception("usage writer: a write failed; retrying at the next checkpoint")
+
+
+def meter_key(values: list[dict[str, Any]], meter: RequestMeter) -> tuple[int, int, str | None]:
+    """The checkpoint key of what was just written for `meter` (from the written values, not the live meter)."""
+    row = next(v for v in values if v["request_id"] == meter.request_id)
+    return row["prompt_tokens"], row["completion_tokens"], row["worker_id"]
+
+
+class UsageLedger:
+    """Writes each request's usage row (opened when it starts, checkpointed, finished exactly once) and
+    observes it in the API metrics."""
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        metrics: ApiMetrics | None = None,
+        *,
+        api_instance_id: str = "unknown",
+        checkpoint_interval_s: float = 1.0,
+    ) -> None:
         self.session_factory = session_factory
         self.metrics = metrics
+        self.api_instance_id = api_instance_id
+        self.writer = UsageWriter(session_factory, checkpoint_interval_s)
 
     def start(self, tenant_id: str, request_id: str | None = None) -> RequestMeter:
         """A meter for a request that just passed authentication."""
@@ -123,13 +326,31 @@ class UsageLedger:
             meter.request_id = request_id
         return meter
 
+    def open(self, meter: RequestMeter, is_checkpointed: bool) -> None:
+        """Start writing the request's `in_progress` row in the background (an admitted request; call once).
+        `is_checkpointed`: checkpoint its delivered tokens while it runs (streams)."""
+        if meter.opened is None and not meter.is_recorded:
+            meter.opened = self.writer.open(meter.open_values(self.api_instance_id), meter if is_checkpointed else None)
+
+    async def wait_opened(self, meter: RequestMeter) -> None:
+        """Return once the request's row is durable (or its insert failed: logged; the final write inserts)."""
+        opened = meter.opened
+        if opened is None or opened.done():
+            return
+        with contextlib.suppress(Exception):  # the writer logged it; record() falls back to an insert
+            await asyncio.wrap_future(opened)
+
     async def record(self, meter: RequestMeter, status: str, error_message: str | None = None) -> None:
-        """Write the request's row (first call only) off the event loop, then observe its metrics."""
+        """Give the request's row its final values (first call only) off the event loop, then observe its
+        metrics."""
         if meter.is_recorded:
             return
         meter.is_recorded = True  # before any await: a concurrent finaliser must not write a second row
+        self.writer.unwatch(meter)
+        await self.wait_opened(meter)
         values = meter.usage_values(status, error_message)
-        await anyio.to_thread.run_sync(self._write, values)
+        is_opened = meter.opened is not None and meter.opened.exception() is None
+        await anyio.to_thread.run_sync(self._write, values, is_opened)
         if self.metrics is not None:
             self.metrics.observe_request(
                 status,
@@ -140,10 +361,15 @@ class UsageLedger:
                 values["e2e_ms"],
             )
 
-    def _write(self, values: dict[str, Any]) -> None:
+    def close(self) -> None:
+        """Stop the writer thread (queued rows are written first)."""
+        self.writer.close()
+
+    def _write(self, values: dict[str, Any], is_opened: bool) -> None:
         try:
             with self.session_factory() as session:
-                record_usage(session, **values)
+                if not (is_opened and finish_usage(session, values)):
+                    record_usage(session, **values)
         except DuplicateUsageError:
             log.error("BUG: request %s metered twice; the second row was not written", values["request_id"])
         except Exception:

@@ -36,7 +36,11 @@ class Services:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
-        """Release connections (engine owned by these services only)."""
+        """Stop the usage writer (its queued rows are written) and release connections (engine owned by these
+        services only)."""
+        ledger = self.extras.get("usage_ledger")
+        if ledger is not None:
+            ledger.close()
         if self.engine is not None:
             self.engine.dispose()
 
@@ -124,4 +128,9 @@ def ensure_inference_services(services: Services) -> None:
     if "model_cache" not in extras:
         extras["model_cache"] = TtlCache(services.settings.model_cache_ttl_s)
     if "usage_ledger" not in extras:
-        extras["usage_ledger"] = UsageLedger(services.session_factory, extras["metrics"])
+        extras["usage_ledger"] = UsageLedger(
+            services.session_factory,
+            extras["metrics"],
+            api_instance_id=services.settings.resolved_api_instance_id(),
+            checkpoint_interval_s=services.settings.usage_checkpoint_interval_s,
+        )

@@ -11,11 +11,14 @@ from functools import cache
 
 from celery import Celery
 
-from jobs.dispatch import FAIL_STALE_VERSIONS_TASK, VALIDATE_ADAPTER_TASK
+from jobs.dispatch import CLOSE_ORPHANED_USAGE_TASK, FAIL_STALE_VERSIONS_TASK, VALIDATE_ADAPTER_TASK
+from jobs.usage_sweep import sweep_grace_s, sweep_orphaned_usage
 from registry import adapter_pipeline as pipeline
+from registry.membership import RedisWorkerDirectory
 from registry.settings import Settings
 
 STALE_VERSION_AGE_S = 3600.0
+DEFAULT_USAGE_SWEEP_S = 60.0
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -36,6 +39,10 @@ def make_celery(settings: Settings) -> Celery:
     )
     app.conf.beat_schedule = {
         "fail-stale-adapter-versions": {"task": FAIL_STALE_VERSIONS_TASK, "schedule": 600.0},
+        "close-orphaned-usage": {
+            "task": CLOSE_ORPHANED_USAGE_TASK,
+            "schedule": settings.usage_sweep_interval_s or DEFAULT_USAGE_SWEEP_S,
+        },
     }
     _register_tasks(app, settings)
     return app
@@ -55,3 +62,13 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
     def fail_stale_versions(max_age_s: float = STALE_VERSION_AGE_S) -> list[str]:
         """Fail versions whose validation job was lost (periodic housekeeping)."""
         return pipeline.fail_stale_versions(context(), max_age_s)
+
+    @app.task(name=CLOSE_ORPHANED_USAGE_TASK, shared=False)
+    def close_orphaned_usage() -> list[str]:
+        """Close the open usage rows of workers that left the Redis worker directory (periodic)."""
+        import redis
+
+        if not settings.redis_url:
+            return []  # no shared directory to consult: nothing can be known dead
+        directory = RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url), settings.worker_key_prefix)
+        return sweep_orphaned_usage(context().session_factory, directory, sweep_grace_s(settings))

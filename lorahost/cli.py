@@ -13,6 +13,7 @@ import typer
 from lorahost.reports_cli import app as reports_app
 
 if TYPE_CHECKING:
+    from api.services import Services
     from gpu_workers.server import EmbeddedWorker
     from registry.settings import Settings
 
@@ -97,6 +98,7 @@ def serve(
 ) -> None:
     """Run the API with an in-process worker (embedded mode: SQLite, local blobs, inline jobs). Migrates on start."""
     import secrets
+    import socket
 
     import uvicorn
 
@@ -117,6 +119,10 @@ def serve(
         settings = settings.model_copy(update={"base_model_path": model_dir})
     if not settings.internal_token:  # embedded: API and worker share a per-run secret
         settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
+    # One embedded API per data dir: its usage rows keep one owner id across restarts, whatever the port.
+    settings = settings.model_copy(
+        update={"api_instance_id": settings.resolved_api_instance_id(f"{socket.gethostname()}-embedded")}
+    )
     url = settings.resolved_database_url()
     _ensure_sqlite_dir(url)
     upgrade(url)
@@ -128,6 +134,7 @@ def serve(
     services.extras["worker_directory"] = directory
     services.extras["internal_token"] = worker.internal_token
     services.extras["worker_transport"] = worker.transport  # in-process: no HTTP hop to the worker
+    _close_interrupted_usage(services)
     typer.echo(
         f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port} "
         f"(in-process worker at {worker.url})"
@@ -168,6 +175,7 @@ def api_server(
         redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix
     )
     services.extras["internal_token"] = settings.internal_token
+    _close_interrupted_usage(services)
     typer.echo(f"lorahost: API on http://{settings.host}:{settings.port}; workers from {_redact_redis(settings)}")
     try:
         uvicorn.run(create_app(settings, services=services), host=settings.host, port=settings.port)
@@ -217,6 +225,20 @@ def worker(
         typer.echo("lorahost worker: no LORAHOST_REDIS_URL; registered in memory only (direct calls only)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_worker(settings)
+
+
+def _close_interrupted_usage(services: Services) -> None:
+    """Before serving: close the usage rows this API's previous run left open (crash, kill -9) as interrupted."""
+    from registry.usage import close_interrupted_usage
+
+    owner = services.settings.resolved_api_instance_id()
+    with services.session_factory() as session:
+        num_closed = close_interrupted_usage(session, owner)
+    if num_closed:
+        typer.echo(
+            f"lorahost: closed {num_closed} request(s) left in progress by the previous run of {owner} as "
+            "interrupted (billed to their last checkpoint)"
+        )
 
 
 def _announce_when_ready(worker: EmbeddedWorker) -> None:

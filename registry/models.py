@@ -41,7 +41,11 @@ NAMING_CONVENTION = {
 
 VISIBILITIES = ("private", "public")
 VERSION_STATUSES = ("uploading", "validating", "ready", "failed")
-USAGE_STATUSES = ("ok", "error", "aborted", "rejected")
+# in_progress: the request is running (its row is written when it starts and checkpointed as it streams);
+# interrupted: the API process (or the request's worker) died first; closed with its last checkpoint.
+USAGE_STATUSES = ("ok", "error", "aborted", "rejected", "in_progress", "interrupted")
+OPEN_USAGE_STATUS = "in_progress"
+INTERRUPTED_USAGE_STATUS = "interrupted"
 
 
 def new_id() -> str:
@@ -185,12 +189,20 @@ class AdapterVersion(Base):
 
 
 class UsageRecord(Base):
-    """One inference request's metering row (written before the response stream closes)."""
+    """One inference request's metering row: written `in_progress` when the request starts, checkpointed
+    while it streams and updated to its final status before the response stream closes (api/metering.py)."""
 
     __tablename__ = "usage_records"
     __table_args__ = (
         CheckConstraint(_in_check("status", USAGE_STATUSES), name="status"),
         Index("ix_usage_records_tenant_started", "tenant_id", "started_at"),
+        # The restart and dead-worker sweeps look only at the few open rows.
+        Index(
+            "ix_usage_records_open_owner",
+            "api_instance_id",
+            postgresql_where=text(f"status = '{OPEN_USAGE_STATUS}'"),
+            sqlite_where=text(f"status = '{OPEN_USAGE_STATUS}'"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -208,6 +220,9 @@ class UsageRecord(Base):
     e2e_ms: Mapped[float | None] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(16))
     worker_id: Mapped[str | None] = mapped_column(String(200))
+    # The API process that opened the row (settings.api_instance_id): only it closes the row after a restart.
+    api_instance_id: Mapped[str | None] = mapped_column(String(200))
     error_message: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    checkpointed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -6,6 +6,7 @@ Nothing here connects to anything; building a `Settings` is pure.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pydantic import Field
@@ -84,6 +85,26 @@ class Settings(BaseSettings):
     model_cache_ttl_s: float = Field(
         default=2.0, ge=0, description="API: resolved adapter versions cached per process (0 = off)"
     )
+    api_instance_id: str | None = Field(
+        default=None,
+        max_length=200,
+        description="API: owner id of the usage rows this process opens; on start a process closes the rows its "
+        "predecessor with the same id left open (crash, kill -9) as `interrupted`. Default <hostname>-<port> "
+        "(`lorahost api`; give each replica a stable id, e.g. its StatefulSet pod name) or <hostname>-embedded "
+        "(`lorahost serve`)",
+    )
+    usage_checkpoint_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="API: seconds between checkpoints of a stream's delivered tokens into its usage row (at most one "
+        "UPDATE per stream per interval, all streams in one transaction); a crash loses at most this much billing",
+    )
+    usage_sweep_interval_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds between sweeps that close the open usage rows of workers that left the worker directory "
+        "as `interrupted` (Celery beat, or an inline timer in the API with inline jobs; 0 = no inline timer)",
+    )
 
     # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
     worker_host: str = Field(default="127.0.0.1", description="Worker bind address")
@@ -135,6 +156,10 @@ class Settings(BaseSettings):
     def resolved_heartbeat_ttl_s(self) -> float:
         """How long a worker's membership lives without a heartbeat (default 3x the interval)."""
         return self.heartbeat_ttl_s if self.heartbeat_ttl_s is not None else 3 * self.heartbeat_interval_s
+
+    def resolved_api_instance_id(self, default: str | None = None) -> str:
+        """The owner id of this API process's usage rows: api_instance_id, else `default`, else <hostname>-<port>."""
+        return self.api_instance_id or default or f"{socket.gethostname()}-{self.port}"
 
     def resolved_host_cache_dir(self) -> Path:
         """The worker's adapter file cache directory (default data_dir/host_cache)."""

@@ -1,12 +1,24 @@
 """The usage ledger: one UsageRecord per request, billing invoices and SLO aggregation.
 
+Row lifecycle (crash-safe metering, see api/metering.py): a request's row is inserted `in_progress` when it
+starts, checkpointed (tokens delivered so far) while it streams and updated once to its final status. A
+row left `in_progress` by a dead API process is closed `interrupted` with its last checkpoint when that
+process (same api_instance_id) starts again; one whose worker left the worker directory is closed the same
+way by a periodic sweep. A final update may still overwrite an `interrupted` row (the API outlived its
+worker's heartbeat and knows better); it never creates a second row.
+
 Billing rule: every token recorded is billed once — prompt tokens of every request that was prefilled and
-completion tokens that were delivered, whatever the final status (an aborted stream pays for what it got;
-a rejected request has zero tokens). Storage is billed per adapter-day a live adapter existed in the period.
+completion tokens that were delivered, whatever the status (an aborted stream pays for what it got; a
+rejected request has zero tokens; an interrupted one pays for its last checkpoint, within one checkpoint
+interval of what reached the client; an `in_progress` row counts what it has checkpointed so far, so a
+report never shows less than was delivered, and grows as the request goes on). Storage is billed per
+adapter-day a live adapter existed in the period.
 
 SLO rule: a request attains its SLO when it finished `ok` with TTFT <= the plan's TTFT target and mean
-TPOT <= the plan's TPOT target (a missing target always holds). Attainment = attained / (ok + error);
-aborted (client went away) and rejected (never admitted) requests are counted but not judged.
+TPOT <= the plan's TPOT target (a missing target always holds). Attainment = attained / judged, judged =
+ok + error + interrupted (a crash is the platform's failure: it counts in the error rate too); aborted
+(client went away), rejected (never admitted) and in-progress (not finished) requests are counted but not
+judged.
 """
 
 from __future__ import annotations
@@ -17,18 +29,31 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence, cast
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import CursorResult, Table, Update, bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from registry.models import Adapter, PricePlan, Tenant, UsageRecord
+from registry.models import (
+    INTERRUPTED_USAGE_STATUS,
+    OPEN_USAGE_STATUS,
+    Adapter,
+    PricePlan,
+    Tenant,
+    UsageRecord,
+    utcnow,
+)
 
 GroupBy = Literal["tenant", "adapter", "hour"]
 GROUP_BYS: tuple[str, ...] = ("tenant", "adapter", "hour")
-JUDGED_STATUSES = ("ok", "error")
+JUDGED_STATUSES = ("ok", "error", INTERRUPTED_USAGE_STATUS)
+FAILED_STATUSES = ("error", INTERRUPTED_USAGE_STATUS)
+# Rows a final update may still close: open ones, and ones a sweep closed while the API still served them.
+CLOSABLE_STATUSES = (OPEN_USAGE_STATUS, INTERRUPTED_USAGE_STATUS)
+INTERRUPTED_BY_RESTART = "the API process stopped (crash or kill) before the request ended; billed to its last checkpoint"
+INTERRUPTED_BY_WORKER = "the worker left the worker directory before the request ended; billed to its last checkpoint"
 CENT = Decimal("0.000001")
 
 
@@ -46,6 +71,115 @@ def record_usage(session: Session, **values: object) -> UsageRecord:
         session.rollback()
         raise DuplicateUsageError(f"request {values.get('request_id')!r} is already metered") from exc
     return record
+
+
+def open_usage(session: Session, rows: Sequence[dict[str, object]]) -> None:
+    """Insert `in_progress` rows, all in one transaction (none is written if one fails)."""
+    session.add_all(UsageRecord(**values) for values in rows)
+    session.commit()
+
+
+CHECKPOINT_FIELDS = ("prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "worker_id",
+                     "checkpointed_at")
+_CHECKPOINT = (
+    update(cast(Table, UsageRecord.__table__))
+    .where(UsageRecord.request_id == bindparam("b_request_id"), UsageRecord.status == OPEN_USAGE_STATUS)
+    .values({name: bindparam(f"b_{name}") for name in CHECKPOINT_FIELDS})
+)
+
+
+def checkpoint_usage(session: Session, checkpoints: Sequence[dict[str, object]]) -> None:
+    """Update the tokens and latencies of still-open rows, all in one transaction (closed rows are left alone).
+
+    Each checkpoint has `request_id` and every CHECKPOINT_FIELDS key.
+    """
+    if not checkpoints:
+        return
+    params = [{f"b_{name}": value for name, value in c.items()} for c in checkpoints]
+    session.connection().execute(_CHECKPOINT, params)
+    session.commit()
+
+
+def finish_usage(session: Session, values: dict[str, object]) -> bool:
+    """Give an open (or swept) row its final values; False, changing nothing, when no such row exists."""
+    request_id = values["request_id"]
+    result = _execute_dml(
+        session,
+        update(UsageRecord)
+        .where(UsageRecord.request_id == request_id, UsageRecord.status.in_(CLOSABLE_STATUSES))
+        .values({k: v for k, v in values.items() if k != "request_id"})
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return bool(result.rowcount)
+
+
+def _execute_dml(session: Session, statement: Update) -> CursorResult[Any]:
+    return cast(CursorResult[Any], session.execute(statement))
+
+
+def _interrupt(session: Session, condition: object, message: str) -> int:
+    result = _execute_dml(
+        session,
+        update(UsageRecord)
+        .where(UsageRecord.status == OPEN_USAGE_STATUS, condition)  # type: ignore[arg-type]
+        .values(
+            status=INTERRUPTED_USAGE_STATUS,
+            error_message=message,
+            finished_at=func.coalesce(UsageRecord.checkpointed_at, UsageRecord.started_at),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return int(result.rowcount or 0)
+
+
+def close_interrupted_usage(session: Session, api_instance_id: str) -> int:
+    """Close the rows a previous API process with this owner id left open as `interrupted`, keeping their last
+    checkpoint; returns how many. Call it when that API process starts, before it serves."""
+    return _interrupt(session, UsageRecord.api_instance_id == api_instance_id, INTERRUPTED_BY_RESTART)
+
+
+@dataclass(frozen=True)
+class OpenUsage:
+    """An open usage row as the dead-worker sweep sees it (plain data)."""
+
+    request_id: str
+    worker_id: str | None
+    last_seen_at: datetime
+
+
+def orphaned_request_ids(
+    rows: Iterable[OpenUsage], live_worker_ids: set[str], now: datetime, grace_s: float
+) -> list[str]:
+    """Open rows routed to a worker that is not live and not checkpointed for grace_s: their worker died.
+
+    Rows not yet routed (worker_id None) belong to their API process alone (it closes them on restart).
+    """
+    return sorted(
+        r.request_id
+        for r in rows
+        if r.worker_id is not None
+        and r.worker_id not in live_worker_ids
+        and (as_utc(now) - as_utc(r.last_seen_at)).total_seconds() >= grace_s
+    )
+
+
+def load_open_usage(session: Session) -> list[OpenUsage]:
+    """Every open row that was routed to a worker."""
+    query = select(UsageRecord.request_id, UsageRecord.worker_id, UsageRecord.checkpointed_at, UsageRecord.started_at)
+    query = query.where(UsageRecord.status == OPEN_USAGE_STATUS, UsageRecord.worker_id.is_not(None))
+    return [OpenUsage(rid, wid, as_utc(seen or started)) for rid, wid, seen, started in session.execute(query)]
+
+
+def close_orphaned_usage(
+    session: Session, live_worker_ids: set[str], grace_s: float, now: datetime | None = None
+) -> list[str]:
+    """Close the open rows of workers that left the directory as `interrupted`; returns their request ids."""
+    request_ids = orphaned_request_ids(load_open_usage(session), live_worker_ids, now or utcnow(), grace_s)
+    if request_ids:
+        _interrupt(session, UsageRecord.request_id.in_(request_ids), INTERRUPTED_BY_WORKER)
+    return request_ids
 
 
 @dataclass(frozen=True)
@@ -243,6 +377,8 @@ class SloGroup:
     num_error: int
     num_aborted: int
     num_rejected: int
+    num_interrupted: int
+    num_in_progress: int
     error_rate: float
     attainment: float | None
     ttft_p50: float | None
@@ -269,11 +405,12 @@ def group_key(row: UsageRow, group_by: str) -> str:
 
 def summarize_group(key: str, rows: Sequence[UsageRow], targets_by_tenant: dict[str, SloTargets]) -> SloGroup:
     """Aggregate one group's rows."""
-    counts = defaultdict(int)
+    counts: defaultdict[str, int] = defaultdict(int)
     for r in rows:
         counts[r.status] += 1
     ok = [r for r in rows if r.status == "ok"]
-    judged = counts["ok"] + counts["error"]
+    judged = sum(counts[status] for status in JUDGED_STATUSES)
+    failed = sum(counts[status] for status in FAILED_STATUSES)
     attained = sum(is_attained(r, targets_by_tenant.get(r.tenant_id, SloTargets())) for r in ok)
 
     def pcts(attr: str) -> list[float | None]:
@@ -283,7 +420,8 @@ def summarize_group(key: str, rows: Sequence[UsageRow], targets_by_tenant: dict[
     ttft, tpot, e2e = pcts("ttft_ms"), pcts("tpot_ms"), pcts("e2e_ms")
     return SloGroup(
         key, len(rows), counts["ok"], counts["error"], counts["aborted"], counts["rejected"],
-        counts["error"] / judged if judged else 0.0, attained / judged if judged else None,
+        counts[INTERRUPTED_USAGE_STATUS], counts[OPEN_USAGE_STATUS],
+        failed / judged if judged else 0.0, attained / judged if judged else None,
         *ttft, *tpot, *e2e,
     )
 

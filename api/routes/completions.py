@@ -4,7 +4,9 @@
 (no adapter). One request = one worker generation = exactly one usage row (see api/metering.py):
 auth -> parse + refuse unsupported fields -> resolve the model -> tokenize and size-check the prompt ->
 rate limit -> route to a worker and read its first event (one retry on another worker) -> stream back.
-Every refusal after authentication is metered as `rejected` with zero tokens.
+Every refusal after authentication is metered as `rejected` with zero tokens. An admitted request's row is
+written `in_progress` while it is routed and prefilled (no token is sent before it is durable) and streams
+are checkpointed as they go, so a crash of this process bills what was delivered (api/metering.py).
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`); the usage row is written before [DONE].
 A client that disconnects aborts the worker request, streamed or not (api/disconnect.py for non-streamed
 responses), and is metered `aborted`. Bodies and prompts are bounded before parsing/tokenizing
@@ -126,9 +128,12 @@ async def serve(
     """Run one inference request end to end, metering it exactly once."""
     ledger: UsageLedger = services.extras["usage_ledger"]
     meter = ledger.start(tenant.tenant_id)
+    upstream: WorkerStream | None = None
     try:
         prepared = await _prepare(request, tenant, services, meter, kind, path_model)
+        ledger.open(meter, is_checkpointed=prepared.is_stream)  # in_progress row, written during routing+prefill
         upstream = await _start(services, prepared, meter, request.receive)
+        await ledger.wait_opened(meter)  # durable before the first token is sent (api/metering.py)
     except ClientDisconnected:  # left while waiting for a worker: nothing was generated
         await ledger.record(meter, "aborted", "the client disconnected while waiting for a worker")
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -137,6 +142,12 @@ async def serve(
         raise _as_api_error(exc) from exc
     except Exception as exc:
         await _record_quietly(ledger, meter, "error", f"internal error: {exc!r}")
+        raise
+    except anyio.get_cancelled_exc_class():  # the client went away: its open row must not stay open
+        with anyio.CancelScope(shield=True):
+            if upstream is not None:
+                await upstream.aclose()
+            await _record_quietly(ledger, meter, "aborted", "the client disconnected before the response started")
         raise
     if prepared.is_stream:
         return MeteredStreamingResponse(

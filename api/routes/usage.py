@@ -45,7 +45,12 @@ def parse_period(start: str | None, end: str | None) -> tuple[datetime, datetime
 async def get_usage(
     tenant: CurrentTenant, session: SessionDep, start: str | None = None, end: str | None = None
 ) -> dict[str, Any]:
-    """The tenant's requests and tokens per (day, model) in [start, end) (default: the last 30 days)."""
+    """The tenant's requests and tokens per (day, model) in [start, end) (default: the last 30 days).
+
+    Tokens are what is billed (registry/usage.py): `interrupted` requests (the server crashed) count to their last
+    checkpoint; requests still running count what they have delivered so far and show as `in_progress` in
+    `by_status`.
+    """
     lo, hi = parse_period(start, end)
     rows = await run_in_threadpool(load_rows, session, lo, hi, tenant.id)
     data = usage_by_adapter_day(rows)

@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0002"
+    assert current_revision(empty_db_url) == "0004"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -98,3 +98,42 @@ def test_cli_db_upgrade_migrates_the_configured_database(tmp_path: Path) -> None
     result = CliRunner().invoke(app, ["db", "upgrade", "--database-url", url])
     assert result.exit_code == 0, result.output
     assert _tables(url) == TABLES
+
+
+def _insert_usage(url: str, request_id: str, status: str) -> None:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t', 't', true, "
+                                 "CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING")
+            conn.exec_driver_sql(
+                "INSERT INTO usage_records (id, request_id, tenant_id, model_name, prompt_tokens, completion_tokens, "
+                f"status, started_at) VALUES ('{request_id}', '{request_id}', 't', 'm', 0, 0, '{status}', "
+                "CURRENT_TIMESTAMP)"
+            )
+    finally:
+        engine.dispose()
+
+
+def test_0004_allows_in_progress_and_interrupted_rows_and_downgrades(empty_db_url: str) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    upgrade(empty_db_url, "0001")
+    with pytest.raises(IntegrityError):
+        _insert_usage(empty_db_url, "r0", "in_progress")
+    _insert_usage(empty_db_url, "r1", "ok")
+    upgrade(empty_db_url, "0004")
+    _insert_usage(empty_db_url, "r2", "in_progress")
+    _insert_usage(empty_db_url, "r3", "interrupted")
+    with pytest.raises(IntegrityError):
+        _insert_usage(empty_db_url, "r4", "bogus")
+    downgrade(empty_db_url, "0001")
+    with pytest.raises(IntegrityError):
+        _insert_usage(empty_db_url, "r5", "in_progress")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            statuses = dict(conn.exec_driver_sql("SELECT request_id, status FROM usage_records").all())
+    finally:
+        engine.dispose()
+    assert statuses == {"r1": "ok", "r2": "aborted", "r3": "aborted"}  # the old CHECK holds again

@@ -1,0 +1,68 @@
+"""The dead-worker usage sweep: close the open usage rows of workers that left the worker directory.
+
+The decision is registry.usage.orphaned_request_ids (pure); this module only wires it to a session and a
+directory. Cluster mode runs it from Celery beat (jobs/celery_app.py); with inline jobs the API runs it on a
+`PeriodicJob` timer (api/main.py), every settings.usage_sweep_interval_s. Running it in several places at
+once is harmless: closing a row is one conditional UPDATE.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from registry.membership import WorkerDirectory
+from registry.settings import Settings
+from registry.usage import close_orphaned_usage
+
+log = logging.getLogger(__name__)
+
+
+def sweep_grace_s(settings: Settings) -> float:
+    """How long an open row of a vanished worker is left alone: two checkpoints and one heartbeat TTL, so a
+    worker that only missed a heartbeat, or a stream about to checkpoint, is not closed early."""
+    return 2 * settings.usage_checkpoint_interval_s + settings.resolved_heartbeat_ttl_s()
+
+
+def sweep_orphaned_usage(
+    session_factory: sessionmaker[Session], directory: WorkerDirectory, grace_s: float
+) -> list[str]:
+    """Close (as interrupted) the open rows whose worker is not live; returns their request ids."""
+    live_worker_ids = {record.worker_id for record in directory.list_live()}
+    with session_factory() as session:
+        closed = close_orphaned_usage(session, live_worker_ids, grace_s)
+    if closed:
+        log.warning("closed %d usage row(s) of dead workers as interrupted: %s", len(closed), ", ".join(closed))
+    return closed
+
+
+class PeriodicJob:
+    """Runs `job` every `interval_s` seconds on a daemon thread until stopped (inline jobs' timer)."""
+
+    def __init__(self, name: str, interval_s: float, job: Callable[[], object]) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.job = job
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lorahost-{name}", daemon=True)
+
+    def start(self) -> PeriodicJob:
+        """Start the timer (the first run is one interval from now)."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the timer (a run in progress finishes first)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.job()
+            except Exception:  # noqa: BLE001 - a failed run is logged; the next one retries
+                log.exception("periodic job %s failed", self.name)

@@ -1,0 +1,163 @@
+"""Crash-safe metering in the API process: the in_progress row, stream checkpoints at a bounded rate, and
+the final update of the same row (api/metering.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, event, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.metering import RequestMeter, UsageLedger, UsageWriter
+from registry import repository
+from registry.db import make_engine, make_session_factory
+from registry.models import UsageRecord
+
+FAR_S = 3600.0  # an interval that never elapses in a test: checkpoints are called explicitly
+
+
+def _meter(tenant_id: str, num_prompt: int = 5) -> RequestMeter:
+    meter = RequestMeter(tenant_id=tenant_id, model_name="lorahost-base", num_prompt_tokens=num_prompt)
+    meter.worker_id = "w-1"
+    return meter
+
+
+def _rows(factory: sessionmaker[Session], tenant_id: str) -> list[UsageRecord]:
+    with factory() as session:
+        return list(session.scalars(select(UsageRecord).where(UsageRecord.tenant_id == tenant_id)))
+
+
+@pytest.fixture
+def tenant_id(db_session: Session) -> str:
+    return repository.create_tenant(db_session, "metered").id
+
+
+@pytest.mark.anyio
+async def test_a_streamed_request_has_one_row_from_start_to_finish(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    ledger = UsageLedger(db_session_factory, api_instance_id="api-test", checkpoint_interval_s=FAR_S)
+    meter = _meter(tenant_id)
+    ledger.open(meter, is_checkpointed=True)
+    await ledger.wait_opened(meter)
+    [row] = _rows(db_session_factory, tenant_id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens, row.api_instance_id) == (
+        "in_progress", 0, 0, "api-test"
+    )
+
+    meter.on_delivered(1)
+    meter.on_delivered(1)
+    assert ledger.writer.checkpoint() == 1
+    [row] = _rows(db_session_factory, tenant_id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens, row.worker_id) == ("in_progress", 5, 2, "w-1")
+    assert row.ttft_ms is not None and row.checkpointed_at is not None
+    assert ledger.writer.checkpoint() == 0  # nothing new delivered: no write
+
+    meter.on_delivered(1)
+    await ledger.record(meter, "ok")
+    assert ledger.writer.checkpoint() == 0  # finished requests are no longer checkpointed
+    [row] = _rows(db_session_factory, tenant_id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == ("ok", 5, 3)
+    assert row.finished_at is not None and row.api_instance_id == "api-test"
+    ledger.close()
+
+
+@pytest.mark.anyio
+async def test_a_non_streamed_request_is_not_billed_before_its_response_is_sent(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    ledger = UsageLedger(db_session_factory, api_instance_id="api-test", checkpoint_interval_s=FAR_S)
+    meter = _meter(tenant_id)
+    ledger.open(meter, is_checkpointed=False)
+    await ledger.wait_opened(meter)
+    meter.on_delivered(4)  # received from the worker for the response, not yet sent
+    assert ledger.writer.checkpoint() == 0
+    [row] = _rows(db_session_factory, tenant_id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == ("in_progress", 0, 0)
+    await ledger.record(meter, "ok")
+    [row] = _rows(db_session_factory, tenant_id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == ("ok", 5, 4)
+    ledger.close()
+
+
+@pytest.mark.anyio
+async def test_a_request_whose_open_failed_is_still_recorded_once(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    ledger = UsageLedger(db_session_factory, api_instance_id="api-test", checkpoint_interval_s=FAR_S)
+    meter = _meter(tenant_id)
+    ledger.open(meter, is_checkpointed=True)
+    await ledger.wait_opened(meter)
+    with db_session_factory() as session:  # as if the insert had been lost
+        session.query(UsageRecord).filter_by(request_id=meter.request_id).delete()
+        session.commit()
+    await ledger.record(meter, "rejected", "no worker")
+    [row] = _rows(db_session_factory, tenant_id)
+    assert row.status == "rejected"
+    ledger.close()
+
+
+def test_opens_queued_together_are_inserted_in_one_transaction(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    writer = UsageWriter(db_session_factory, FAR_S)
+    writer._ensure_thread = lambda: None  # type: ignore[method-assign]  # flushed by hand below
+    meters = [_meter(tenant_id) for _ in range(3)]
+    futures = [writer.open(m.open_values("api-test"), m) for m in meters]
+    commits: list[int] = []
+    original = writer._insert
+    writer._insert = lambda rows: (commits.append(len(rows)), original(rows))[1]  # type: ignore[method-assign]
+    writer.flush_opens()
+    assert commits == [3]
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert len(_rows(db_session_factory, tenant_id)) == 3
+
+
+@pytest.fixture
+def file_engine(sqlite_url: str) -> Iterator[Engine]:
+    """Its own engine on the migrated file SQLite: the writer thread gets connections of its own."""
+    engine = make_engine(sqlite_url)
+    yield engine
+    engine.dispose()
+
+
+def test_streams_are_checkpointed_at_most_once_per_interval(file_engine: Engine) -> None:
+    factory = make_session_factory(file_engine)
+    with factory() as session:
+        tenant_id = repository.create_tenant(session, "rate").id
+        session.commit()
+    statements: list[int] = []  # rows per checkpoint UPDATE
+    lock = threading.Lock()
+
+    @event.listens_for(file_engine, "before_cursor_execute")
+    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.startswith("UPDATE usage_records") and "checkpointed_at" in statement:
+            with lock:
+                statements.append(len(parameters) if executemany else 1)
+
+    interval_s = 0.2
+    ledger = UsageLedger(factory, api_instance_id="api-rate", checkpoint_interval_s=interval_s)
+    meters = [_meter(tenant_id) for _ in range(3)]
+    for meter in meters:
+        ledger.open(meter, is_checkpointed=True)
+        meter.opened.result(timeout=30)  # type: ignore[union-attr]
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        for meter in meters:
+            meter.on_delivered(1)  # a token every few ms on every stream
+        time.sleep(0.005)
+    elapsed_s = time.monotonic() - started
+    delivered = meters[0].num_delivered_tokens
+    deadline = time.monotonic() + 30  # liveness, bounded: the last count reaches the DB
+    while {r.completion_tokens for r in _rows(factory, tenant_id)} != {delivered} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    elapsed_s = time.monotonic() - started
+    ledger.close()
+    assert {r.completion_tokens for r in _rows(factory, tenant_id)} == {delivered}
+    max_rounds = int(elapsed_s / interval_s) + 1
+    assert 1 <= len(statements) <= max_rounds  # one UPDATE statement per interval at most ...
+    assert set(statements) == {3}  # ... carrying every stream that changed, in one transaction
+    event.remove(file_engine, "before_cursor_execute", count)

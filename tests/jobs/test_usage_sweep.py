@@ -1,0 +1,85 @@
+"""The dead-worker usage sweep: the job wiring (directory + DB), its inline timer and its Celery task."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.celery_app import make_celery
+from jobs.dispatch import CLOSE_ORPHANED_USAGE_TASK
+from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage
+from registry import repository
+from registry.db import make_engine, make_session_factory
+from registry.membership import InMemoryWorkerDirectory, RedisWorkerDirectory, WorkerRecord
+from registry.models import UsageRecord, new_id, utcnow
+from registry.settings import Settings
+from registry.usage import open_usage
+
+
+def _open_rows(factory: sessionmaker[Session], worker_ids: list[str]) -> tuple[str, list[str]]:
+    with factory() as session:
+        tenant_id = repository.create_tenant(session, f"sweep-{new_id()[:8]}").id
+        session.commit()
+        long_ago = utcnow() - timedelta(hours=1)
+        request_ids = [f"req-{new_id()}" for _ in worker_ids]
+        open_usage(session, [
+            {"request_id": rid, "tenant_id": tenant_id, "model_name": "m", "status": "in_progress",
+             "worker_id": wid, "api_instance_id": "api-1", "started_at": long_ago}
+            for rid, wid in zip(request_ids, worker_ids)
+        ])
+    return tenant_id, request_ids
+
+
+def _statuses(factory: sessionmaker[Session], tenant_id: str) -> dict[str, str]:
+    with factory() as session:
+        rows = session.scalars(select(UsageRecord).where(UsageRecord.tenant_id == tenant_id))
+        return {r.request_id: r.status for r in rows}
+
+
+def test_sweep_closes_the_rows_of_workers_missing_from_the_directory(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    tenant_id, (live_row, dead_row) = _open_rows(db_session_factory, ["w-live", "w-dead"])
+    directory = InMemoryWorkerDirectory()
+    directory.heartbeat(WorkerRecord("w-live", "http://w", "base"), ttl_s=60)
+    assert sweep_orphaned_usage(db_session_factory, directory, grace_s=5) == [dead_row]
+    assert _statuses(db_session_factory, tenant_id) == {live_row: "in_progress", dead_row: "interrupted"}
+
+
+def test_grace_covers_a_missed_heartbeat_and_two_checkpoints(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, heartbeat_interval_s=2.0, usage_checkpoint_interval_s=1.0)
+    assert sweep_grace_s(settings) == 2 * 1.0 + 3 * 2.0
+
+
+def test_periodic_job_runs_every_interval_until_stopped() -> None:
+    ran = threading.Semaphore(0)
+    job = PeriodicJob("test", 0.01, ran.release).start()
+    assert all(ran.acquire(timeout=30) for _ in range(3))
+    job.stop()
+    assert not job._thread.is_alive()
+
+
+def test_celery_beat_task_sweeps_with_the_redis_directory(tmp_path: Path, sqlite_url: str, redis_url: str) -> None:
+    import redis
+
+    prefix = f"lorahost-test:{uuid.uuid4().hex[:8]}:"
+    settings = Settings(data_dir=tmp_path, database_url=sqlite_url, redis_url=redis_url, worker_key_prefix=prefix)
+    app = make_celery(settings)
+    assert any(e["task"] == CLOSE_ORPHANED_USAGE_TASK for e in app.conf.beat_schedule.values())
+    engine = make_engine(sqlite_url)
+    factory = make_session_factory(engine)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        RedisWorkerDirectory(client, prefix).heartbeat(WorkerRecord("w-live", "http://w", "base"), ttl_s=60)
+        tenant_id, (live_row, dead_row) = _open_rows(factory, ["w-live", "w-dead"])
+        assert app.tasks[CLOSE_ORPHANED_USAGE_TASK]() == [dead_row]
+        assert _statuses(factory, tenant_id) == {live_row: "in_progress", dead_row: "interrupted"}
+    finally:
+        RedisWorkerDirectory(client, prefix).remove("w-live")
+        client.close()
+        engine.dispose()
