@@ -245,15 +245,21 @@ def _convert(src: Path, source_format: str, dtype: str, tmp: Path) -> Any:
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
     """No transformers progress bars inside the block (CLI output stays readable); restored afterwards."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)  # the GGUF dequantizer calls tqdm directly
     hf_logging.disable_progress_bar()
+    if gguf_tqdm is not None:
+        gguf_utils.tqdm = lambda iterable, **_kwargs: iterable
     try:
         yield
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = gguf_tqdm
 
 
 def _torch_dtype(dtype: str, source_format: str) -> Any:
