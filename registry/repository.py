@@ -239,9 +239,15 @@ def get_or_create_adapter(
 
 
 def add_adapter_version(session: Session, tenant_id: str, adapter: Adapter, **fields: Any) -> AdapterVersion:
-    """Insert version N+1 of the tenant's adapter (status and blob keys in `fields`)."""
+    """Insert version N+1 of the tenant's adapter (status and blob keys in `fields`).
+
+    The adapter row is locked first (PostgreSQL: SELECT ... FOR UPDATE; SQLite's write transaction already
+    excludes other writers), so concurrent uploads of one name take numbers one after another; the unique
+    constraint uq_adapter_versions_adapter_number still guards the number.
+    """
     if adapter.tenant_id != tenant_id:
         raise NotFoundError(f"adapter {adapter.name!r} not found", code="adapter_not_found")
+    lock_adapter(session, adapter.id)
     current = session.scalar(
         select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id)
     )
@@ -249,6 +255,11 @@ def add_adapter_version(session: Session, tenant_id: str, adapter: Adapter, **fi
     session.add(version)
     session.flush()
     return version
+
+
+def lock_adapter(session: Session, adapter_id: str) -> None:
+    """Lock the adapter's row until the transaction ends (a no-op on SQLite, which has one writer)."""
+    session.execute(select(Adapter.id).where(Adapter.id == adapter_id).with_for_update())
 
 
 def soft_delete_adapter(session: Session, tenant_id: str, name: str) -> Adapter:
