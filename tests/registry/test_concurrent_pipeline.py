@@ -120,9 +120,7 @@ def _fail_flush_marking_ready(session: Session, _context: object, _instances: ob
         raise RuntimeError("injected: disk I/O error while marking the version ready")
 
 
-def test_job_that_cannot_mark_ready_fails_the_version_and_deletes_every_blob(
-    real_ctx, tenant_id, upload_dir
-):
+def test_job_that_cannot_mark_ready_fails_the_version_and_deletes_every_blob(real_ctx, tenant_id, upload_dir):
     event.listen(real_ctx.session_factory, "before_flush", _fail_flush_marking_ready)
     try:
         status = _upload_and_validate(real_ctx, tenant_id, "doomed", upload_dir)
