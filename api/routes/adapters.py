@@ -10,13 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from api.caches import forget_model_name
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
 from api.services import Services
-from api.uploads import receive_upload
+from api.uploads import client_disconnected, receive_upload
 from registry import adapter_pipeline, repository
 from registry.models import AdapterVersion
 
@@ -82,7 +83,10 @@ async def _accept_multipart(
 async def _accept_import(
     request: Request, tenant_id: str, session: Session, services: Services
 ) -> AdapterVersion:
-    body = await request.body()
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        raise client_disconnected("import request") from None
     if len(body) > MAX_JSON_BYTES:
         raise ApiError(413, "payload_too_large", f"JSON body larger than {MAX_JSON_BYTES} bytes")
     try:
