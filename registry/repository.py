@@ -247,7 +247,11 @@ def add_adapter_version(session: Session, tenant_id: str, adapter: Adapter, **fi
     """
     if adapter.tenant_id != tenant_id:
         raise NotFoundError(f"adapter {adapter.name!r} not found", code="adapter_not_found")
-    lock_adapter(session, adapter.id)
+    if not lock_live_adapter(session, adapter.id):
+        raise NotFoundError(
+            f"adapter {adapter.name!r} was deleted while this upload was stored; upload it again",
+            code="adapter_not_found",
+        )
     current = session.scalar(
         select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id)
     )
@@ -257,9 +261,13 @@ def add_adapter_version(session: Session, tenant_id: str, adapter: Adapter, **fi
     return version
 
 
-def lock_adapter(session: Session, adapter_id: str) -> None:
-    """Lock the adapter's row until the transaction ends (a no-op on SQLite, which has one writer)."""
-    session.execute(select(Adapter.id).where(Adapter.id == adapter_id).with_for_update())
+def lock_live_adapter(session: Session, adapter_id: str) -> bool:
+    """Lock the adapter's row until the transaction ends; False when it is gone or soft-deleted.
+
+    PostgreSQL: SELECT ... FOR UPDATE. SQLite has no row locks: its write transaction excludes other writers.
+    """
+    stmt = select(Adapter.id).where(Adapter.id == adapter_id, Adapter.deleted_at.is_(None)).with_for_update()
+    return session.scalar(stmt) is not None
 
 
 def soft_delete_adapter(session: Session, tenant_id: str, name: str) -> Adapter:

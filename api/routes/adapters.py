@@ -19,6 +19,7 @@ from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListRespon
 from api.services import Services
 from api.uploads import client_disconnected, receive_upload
 from registry import adapter_pipeline, repository
+from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
@@ -145,7 +146,7 @@ def delete_adapter(
     API process, within settings.model_cache_ttl_s through the others)."""
     if "@" in name:
         raise ApiError(400, "invalid_request", "delete removes a whole adapter: use its name without @N")
-    adapter = repository.soft_delete_adapter(session, tenant.id, name)
-    session.commit()
+    session.commit()  # end the auth read: the delete runs in a write transaction of its own
+    adapter = run_in_write_transaction(session, lambda s: repository.soft_delete_adapter(s, tenant.id, name))
     forget_model_name(services.extras["model_cache"], name)
     return AdapterDeleted(id=adapter.id, name=adapter.name)

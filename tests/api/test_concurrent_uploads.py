@@ -3,8 +3,10 @@ PostgreSQL): every upload is accepted, versions are numbered 1..N per name, and 
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -84,3 +86,26 @@ def test_concurrent_uploads_are_all_accepted_numbered_and_leave_no_orphans(
     finally:
         engine.dispose()
     assert list(upload_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("fresh_db_url", ["sqlite"], indirect=True)
+def test_delete_waits_for_a_concurrent_sqlite_writer_instead_of_failing(
+    real_client: tuple[TestClient, Settings], demo_adapter: Path
+) -> None:
+    client, settings = real_client
+    tenant = _new_tenant(client, "acme")
+    assert upload(client, tenant, "doomed", adapter_paths(demo_adapter)).status_code == 202
+    writer = sqlite3.connect(
+        settings.resolved_database_url().removeprefix("sqlite:///"), isolation_level=None
+    )
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute(
+        "INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t-other', 'other', 1, '2026-01-01')"
+    )
+    with ThreadPoolExecutor(1) as pool:
+        deleted = pool.submit(client.delete, "/v1/adapters/doomed", headers=tenant.headers)
+        time.sleep(0.5)  # the delete has read (auth) and now needs the write lock this connection holds
+        writer.execute("COMMIT")
+        response = deleted.result()
+    writer.close()
+    assert response.status_code == 200, response.text
