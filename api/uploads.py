@@ -1,11 +1,13 @@
 """Receive a multipart adapter upload into a temp directory, bounded by max_upload_bytes.
 
 The request body is streamed; the byte count is enforced while reading (413 as soon as it is exceeded),
-and file names are checked before any adapter file is written.
+and file names are checked before any adapter file is written. A client that disconnects mid-body drops
+its upload: nothing is stored, and one info line is logged (no traceback).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,9 +17,12 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from api.errors import ApiError
 from registry.adapter_pipeline import check_incoming_names, safe_basename
+
+log = logging.getLogger(__name__)
 
 MAX_FILES = 8
 MAX_FIELDS = 8
@@ -37,6 +42,14 @@ class UploadTooLargeError(MultiPartException):
     """The body exceeded max_upload_bytes (a MultiPartException so the parser closes its spooled files)."""
 
 
+class UploadAbandonedError(MultiPartException):
+    """The client disconnected before the body ended (a MultiPartException, as above)."""
+
+    def __init__(self, num_bytes: int) -> None:
+        super().__init__(f"client disconnected after {num_bytes} bytes")
+        self.num_bytes = num_bytes
+
+
 def _too_large(max_bytes: int) -> ApiError:
     return ApiError(
         413,
@@ -46,13 +59,26 @@ def _too_large(max_bytes: int) -> ApiError:
     )
 
 
+def client_disconnected(what: str, num_bytes: int | None = None) -> ApiError:
+    """Log (one info line, no traceback) that the client left mid-body; the error to raise (its response
+    goes nowhere, the client is gone)."""
+    received = "" if num_bytes is None else f" after {num_bytes} bytes"
+    log.info("%s dropped: the client disconnected%s", what, received)
+    return ApiError(
+        400, "client_disconnected", "the client disconnected before the body ended; send it again"
+    )
+
+
 async def _bounded(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
     num_bytes = 0
-    async for chunk in request.stream():
-        num_bytes += len(chunk)
-        if num_bytes > max_bytes:
-            raise UploadTooLargeError(f"body larger than {max_bytes} bytes")
-        yield chunk
+    try:
+        async for chunk in request.stream():
+            num_bytes += len(chunk)
+            if num_bytes > max_bytes:
+                raise UploadTooLargeError(f"body larger than {max_bytes} bytes")
+            yield chunk
+    except ClientDisconnect:
+        raise UploadAbandonedError(num_bytes) from None
 
 
 async def receive_upload(request: Request, upload_dir: Path, max_bytes: int) -> ReceivedUpload:
@@ -67,6 +93,8 @@ async def receive_upload(request: Request, upload_dir: Path, max_bytes: int) -> 
         form = await parser.parse()
     except UploadTooLargeError:
         raise _too_large(max_bytes) from None
+    except UploadAbandonedError as exc:
+        raise client_disconnected("upload", exc.num_bytes) from None
     except MultiPartException as exc:
         raise ApiError(
             400, "invalid_multipart", f"could not read the multipart body: {exc.message}"

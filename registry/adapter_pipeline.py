@@ -4,11 +4,16 @@ Flow (the API calls the first three; a job runner, inline or Celery, calls `run_
   1. `prepare_adapter_dir`: filenames checked, an archive extracted -> a directory of adapter files.
   2. `validate_adapter_files`: the full pure validation against the base model (raises
      AdapterValidationError; nothing has been stored yet).
-  3. `stage_upload`: blobs under `uploads/<version id>/`, then the row `status=validating`.
-     Any failure removes the blobs again; the DB transaction rolls back.
-  4. `run_validation_job`: download, verify both files' sha256, re-validate, move blobs to
-     `adapters/<tenant>/<adapter>/<version>/`, mark `ready`; or mark `failed` with the reason and delete
-     every blob of that version. s3:// imports (`stage_import`) start at this step.
+  3. `stage_upload`: blobs under `uploads/<version id>/`, then the row `status=validating` in one short
+     write transaction (retried when a concurrent upload of the same name wins the adapter row or the
+     version number). Any failure removes the blobs again; the DB transaction rolls back.
+  4. `run_validation_job`: download, verify both files' sha256, re-validate, copy blobs to
+     `adapters/<tenant>/<adapter>/<version>/`, mark `ready`, then delete the staging blobs; or mark
+     `failed` with the reason and delete every blob of that version. s3:// imports (`stage_import`) start
+     at this step.
+
+Invariant after every step, whatever fails or runs concurrently: each version row's blobs exist, and each
+blob belongs to a row. No transaction is held open across file or network I/O (SQLite has one writer).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry import repository
 from registry.archive import extract_archive, is_archive_name
+from registry.db import is_transient_error, make_engine, make_session_factory, run_in_write_transaction
 from registry.digests import sha256_file
 from registry.errors import ConflictError, InvalidRequestError
 from registry.models import AdapterVersion, new_id, utcnow
@@ -46,6 +52,8 @@ from registry.validation import (
 log = logging.getLogger(__name__)
 
 STORED_FILENAMES = (CONFIG_FILENAME, WEIGHTS_FILENAME)
+FINAL_STATUSES = ("ready", "failed")
+IN_FLIGHT_STATUSES = ("uploading", "validating")
 
 
 def limits_from_settings(settings: Settings) -> ValidationLimits:
@@ -225,19 +233,30 @@ def _insert_version(
     visibility: str | None,
     **fields: object,
 ) -> AdapterVersion:
+    """Get or create the adapter and add its next version in one short write transaction.
+
+    Concurrent uploads of one name can collide on the adapter row (uq_adapters_tenant_name_live) or the
+    version number (uq_adapter_versions_adapter_number); the loser's transaction is rolled back and run
+    again, when it finds the winner's rows.
+    """
     repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
-    try:
+
+    def insert(session: Session) -> AdapterVersion:
         adapter = repository.get_or_create_adapter(
             session, tenant_id, name, base_model_name=ctx.base_model_name, visibility=visibility
         )
-        version = repository.add_adapter_version(session, tenant_id, adapter, **fields)
-        session.commit()
+        return repository.add_adapter_version(session, tenant_id, adapter, **fields)
+
+    try:
+        return run_in_write_transaction(session, insert, is_retryable=_is_insert_conflict)
     except IntegrityError:
-        session.rollback()
         raise ConflictError(
-            f"another upload of adapter {name!r} was committed at the same time; retry"
+            f"too many uploads of adapter {name!r} were committed at the same time; retry"
         ) from None
-    return version
+
+
+def _is_insert_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, IntegrityError) or is_transient_error(exc)
 
 
 def _info_fields(info: AdapterInfo) -> dict[str, object]:
@@ -260,21 +279,77 @@ def _delete_keys(store: BlobStore, keys: object) -> None:
 # ---- step 4: the validation job ----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class StagedVersion:
+    """What the validation job needs to know of a version, read in a short transaction of its own."""
+
+    id: str
+    status: str
+    tenant_id: str
+    adapter_id: str
+    number: int
+    source_uri: str | None
+    config_blob_key: str | None
+    weights_blob_key: str | None
+    sha256: str | None
+    config_sha256: str | None  # None for versions staged before config digests were recorded (0002)
+
+    @property
+    def blob_keys(self) -> list[str]:
+        """The blob keys the row points at (staging keys while validating; none for a pending import)."""
+        return [k for k in (self.config_blob_key, self.weights_blob_key) if k]
+
+
 def run_validation_job(ctx: AdapterJobContext, version_id: str) -> str:
     """Validate a staged or imported version and mark it ready or failed; returns the final status.
 
+    No transaction is open while files move: the version is read, the files are fetched, validated and
+    put at their final keys, then one short write transaction marks it ready, and only then are the
+    staging blobs deleted. Any failure marks the version failed and deletes every blob of it, so no row
+    points at a missing blob and no blob is left without a row.
     Idempotent: a version already ready or failed is left as it is (safe under job re-delivery).
     """
+    staged = _load_staged(ctx, version_id)
+    if staged.status in FINAL_STATUSES:
+        return staged.status
+    dest = final_keys(staged.tenant_id, staged.adapter_id, staged.number)
+    try:
+        info, digests = _fetch_and_validate(ctx, staged, dest)
+        status = _mark_ready(ctx, staged.id, dest, info, digests)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the version's failure reason
+        return _mark_failed(ctx, staged, dest, exc)
+    if status == "failed":  # failed meanwhile (fail_stale_versions): the row points at no blob
+        _delete_keys(ctx.blob_store, dest.values())
+    _delete_keys(ctx.blob_store, staged.blob_keys)
+    return status
+
+
+def _load_staged(ctx: AdapterJobContext, version_id: str) -> StagedVersion:
     with ctx.session_factory() as session:
         version = repository.get_version(session, version_id)
-        if version.status in ("ready", "failed"):
+        return StagedVersion(
+            id=version.id,
+            status=version.status,
+            tenant_id=version.adapter.tenant_id,
+            adapter_id=version.adapter_id,
+            number=version.number,
+            source_uri=version.source_uri,
+            config_blob_key=version.config_blob_key,
+            weights_blob_key=version.weights_blob_key,
+            sha256=version.sha256,
+            config_sha256=version.config_sha256,
+        )
+
+
+def _mark_ready(
+    ctx: AdapterJobContext, version_id: str, dest: dict[str, str], info: AdapterInfo, digests: dict[str, str]
+) -> str:
+    """Point a still in-flight version at its final blobs and mark it ready; returns its status after."""
+
+    def update(session: Session) -> str:
+        version = repository.get_version(session, version_id)
+        if version.status in FINAL_STATUSES:
             return version.status
-        adapter = version.adapter
-        dest = final_keys(adapter.tenant_id, adapter.id, version.number)
-        try:
-            info, digests = _fetch_and_validate(ctx, version, dest)
-        except Exception as exc:  # noqa: BLE001 - any failure becomes the version's failure reason
-            return _mark_failed(session, ctx, version, dest, exc)
         version.status = "ready"
         version.config_blob_key = dest[CONFIG_FILENAME]
         version.weights_blob_key = dest[WEIGHTS_FILENAME]
@@ -282,30 +357,30 @@ def run_validation_job(ctx: AdapterJobContext, version_id: str) -> str:
         version.finished_at = utcnow()
         for key, value in {**digests, **_info_fields(info)}.items():
             setattr(version, key, value)
-        session.commit()
         return "ready"
+
+    with ctx.session_factory() as session:
+        return run_in_write_transaction(session, update)
 
 
 def _fetch_and_validate(
-    ctx: AdapterJobContext, version: AdapterVersion, dest: dict[str, str]
+    ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, str]
 ) -> tuple[AdapterInfo, dict[str, str]]:
     """Bring the files to a temp dir, verify and re-validate them, then put them at their final keys."""
     with tempfile.TemporaryDirectory(prefix="lorahost-job-") as tmp:
         work = Path(tmp)
-        if version.source_uri and not version.weights_blob_key:
-            adapter_dir = _fetch_import(ctx, version.source_uri, work)
+        if staged.source_uri and not staged.weights_blob_key:
+            adapter_dir = _fetch_import(ctx, staged.source_uri, work)
         else:
-            adapter_dir = _fetch_staged(ctx, version, work)
+            adapter_dir = _fetch_staged(ctx, staged, work)
         info = validate_adapter_files(adapter_dir, ctx)
         digests = file_digests(adapter_dir)
         for filename, key in dest.items():
             ctx.blob_store.put_file(key, adapter_dir / filename)
-    if version.config_blob_key and version.weights_blob_key:
-        _delete_keys(ctx.blob_store, [version.config_blob_key, version.weights_blob_key])
     return info, digests
 
 
-def _fetch_staged(ctx: AdapterJobContext, version: AdapterVersion, work: Path) -> Path:
+def _fetch_staged(ctx: AdapterJobContext, version: StagedVersion, work: Path) -> Path:
     adapter_dir = work / "adapter"
     adapter_dir.mkdir()
     ctx.blob_store.download_to(version.config_blob_key or "", adapter_dir / CONFIG_FILENAME)
@@ -314,7 +389,7 @@ def _fetch_staged(ctx: AdapterJobContext, version: AdapterVersion, work: Path) -
     return adapter_dir
 
 
-def _check_staged_digests(version: AdapterVersion, adapter_dir: Path) -> None:
+def _check_staged_digests(version: StagedVersion, adapter_dir: Path) -> None:
     """checksum_mismatch unless both staged files still have the digests recorded when they were staged."""
     expected = {WEIGHTS_FILENAME: version.sha256, CONFIG_FILENAME: version.config_sha256}
     for filename, digest in expected.items():
@@ -350,33 +425,50 @@ def _fetch_import(ctx: AdapterJobContext, source: str, work: Path) -> Path:
     return prepare_adapter_dir(incoming, names, ctx.limits)
 
 
-def _mark_failed(
-    session: Session, ctx: AdapterJobContext, version: AdapterVersion, dest: dict[str, str], exc: Exception
-) -> str:
+def _mark_failed(ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, str], exc: Exception) -> str:
+    """Mark a still in-flight version failed with the reason, then delete its staging and final blobs.
+
+    If even that write fails, the final blobs are deleted and the error raised: the row stays in flight
+    pointing at its staging blobs, and fail_stale_versions fails it later.
+    """
+    reason = _failure_reason(staged.id, exc)
+
+    def update(session: Session) -> str:
+        version = repository.get_version(session, staged.id)
+        if version.status in FINAL_STATUSES:
+            return version.status
+        _set_failed(version, reason)
+        return "failed"
+
+    try:
+        with ctx.session_factory() as session:
+            status = run_in_write_transaction(session, update)
+    except BaseException:
+        _delete_keys(ctx.blob_store, dest.values())
+        raise
+    if status != "ready":  # a concurrent run of this job that succeeded owns the final blobs
+        _delete_keys(ctx.blob_store, dest.values())
+    _delete_keys(ctx.blob_store, staged.blob_keys)
+    return status
+
+
+def _failure_reason(version_id: str, exc: Exception) -> str:
     if isinstance(exc, AdapterValidationError):
-        reason = f"{exc.code}: {exc.message}"
-    else:
-        log.exception("validation job for version %s failed", version.id)
-        reason = (
-            f"internal error while validating ({type(exc).__name__}: {exc}); upload again or contact support"
-        )
-    keys = [k for k in (version.config_blob_key, version.weights_blob_key) if k] + list(dest.values())
-    _delete_keys(ctx.blob_store, keys)
-    session.rollback()
-    version = repository.get_version(session, version.id)
+        return f"{exc.code}: {exc.message}"
+    log.error("validation job for version %s failed", version_id, exc_info=exc)
+    return f"internal error while validating ({type(exc).__name__}: {exc}); upload again or contact support"
+
+
+def _set_failed(version: AdapterVersion, reason: str) -> None:
     version.status = "failed"
     version.failure_reason = reason
     version.config_blob_key = None
     version.weights_blob_key = None
     version.finished_at = utcnow()
-    session.commit()
-    return "failed"
 
 
 def make_job_context(settings: Settings) -> AdapterJobContext:
     """A context with its own engine and blob store, built from settings (Celery workers, CLI)."""
-    from registry.db import make_engine, make_session_factory
-
     engine = make_engine(settings.resolved_database_url())
     return AdapterJobContext(
         settings=settings,
@@ -416,22 +508,26 @@ def accept_upload(
 
 def fail_stale_versions(ctx: AdapterJobContext, max_age_s: float) -> list[str]:
     """Mark versions stuck in uploading/validating for longer than `max_age_s` failed (their job was lost,
-    e.g. the process died mid-job) and delete their blobs. Returns the ids it failed."""
+    e.g. the process died mid-job) and delete their blobs. Returns the ids it failed.
+
+    The rows are committed first and the blobs deleted after, so no row ever points at a deleted blob.
+    """
     cutoff = utcnow() - timedelta(seconds=max_age_s)
-    with ctx.session_factory() as session:
+    reason = f"validation did not finish within {int(max_age_s)} s; upload the adapter again"
+
+    def update(session: Session) -> list[tuple[str, list[str]]]:
         stale = session.scalars(
             select(AdapterVersion).where(
-                AdapterVersion.status.in_(("uploading", "validating")), AdapterVersion.created_at < cutoff
+                AdapterVersion.status.in_(IN_FLIGHT_STATUSES), AdapterVersion.created_at < cutoff
             )
         ).all()
+        failed = [(v.id, [k for k in (v.config_blob_key, v.weights_blob_key) if k]) for v in stale]
         for version in stale:
-            keys = [k for k in (version.config_blob_key, version.weights_blob_key) if k]
-            _delete_keys(ctx.blob_store, keys)
-            version.status = "failed"
-            version.failure_reason = (
-                f"validation did not finish within {int(max_age_s)} s; upload the adapter again"
-            )
-            version.config_blob_key = version.weights_blob_key = None
-            version.finished_at = utcnow()
-        session.commit()
-        return [v.id for v in stale]
+            _set_failed(version, reason)
+        return failed
+
+    with ctx.session_factory() as session:
+        failed = run_in_write_transaction(session, update)
+    for _, keys in failed:
+        _delete_keys(ctx.blob_store, keys)
+    return [version_id for version_id, _ in failed]

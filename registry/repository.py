@@ -246,9 +246,19 @@ def get_or_create_adapter(
 
 
 def add_adapter_version(session: Session, tenant_id: str, adapter: Adapter, **fields: Any) -> AdapterVersion:
-    """Insert version N+1 of the tenant's adapter (status and blob keys in `fields`)."""
+    """Insert version N+1 of the tenant's adapter (status and blob keys in `fields`).
+
+    The adapter row is locked first (PostgreSQL: SELECT ... FOR UPDATE; SQLite's write transaction already
+    excludes other writers), so concurrent uploads of one name take numbers one after another; the unique
+    constraint uq_adapter_versions_adapter_number still guards the number.
+    """
     if adapter.tenant_id != tenant_id:
         raise NotFoundError(f"adapter {adapter.name!r} not found", code="adapter_not_found")
+    if not lock_live_adapter(session, adapter.id):
+        raise NotFoundError(
+            f"adapter {adapter.name!r} was deleted while this upload was stored; upload it again",
+            code="adapter_not_found",
+        )
     current = session.scalar(
         select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id)
     )
@@ -256,6 +266,15 @@ def add_adapter_version(session: Session, tenant_id: str, adapter: Adapter, **fi
     session.add(version)
     session.flush()
     return version
+
+
+def lock_live_adapter(session: Session, adapter_id: str) -> bool:
+    """Lock the adapter's row until the transaction ends; False when it is gone or soft-deleted.
+
+    PostgreSQL: SELECT ... FOR UPDATE. SQLite has no row locks: its write transaction excludes other writers.
+    """
+    stmt = select(Adapter.id).where(Adapter.id == adapter_id, Adapter.deleted_at.is_(None)).with_for_update()
+    return session.scalar(stmt) is not None
 
 
 def soft_delete_adapter(session: Session, tenant_id: str, name: str) -> Adapter:

@@ -10,14 +10,16 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from api.caches import forget_model_name
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
 from api.services import Services
-from api.uploads import receive_upload
+from api.uploads import client_disconnected, receive_upload
 from registry import adapter_pipeline, repository
+from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
@@ -82,7 +84,10 @@ async def _accept_multipart(
 async def _accept_import(
     request: Request, tenant_id: str, session: Session, services: Services
 ) -> AdapterVersion:
-    body = await request.body()
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        raise client_disconnected("import request") from None
     if len(body) > MAX_JSON_BYTES:
         raise ApiError(413, "payload_too_large", f"JSON body larger than {MAX_JSON_BYTES} bytes")
     try:
@@ -141,7 +146,7 @@ def delete_adapter(
     API process, within settings.model_cache_ttl_s through the others)."""
     if "@" in name:
         raise ApiError(400, "invalid_request", "delete removes a whole adapter: use its name without @N")
-    adapter = repository.soft_delete_adapter(session, tenant.id, name)
-    session.commit()
+    session.commit()  # end the auth read: the delete runs in a write transaction of its own
+    adapter = run_in_write_transaction(session, lambda s: repository.soft_delete_adapter(s, tenant.id, name))
     forget_model_name(services.extras["model_cache"], name)
     return AdapterDeleted(id=adapter.id, name=adapter.name)

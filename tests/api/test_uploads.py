@@ -3,8 +3,12 @@ and message, and leaves nothing stored (no blob, no row)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy.orm import Session
 
@@ -12,7 +16,7 @@ from registry import repository
 from registry.models import Adapter, AdapterVersion
 from registry.storage import LocalBlobStore
 from registry.validation import AdapterValidationError, BaseModelSpec, ValidationLimits
-from tests.api.conftest import TenantHandle, upload
+from tests.api.conftest import TenantHandle, adapter_paths, multipart_files, upload
 from tests.registry.malformed import (
     MALFORMED_CASES,
     TIGHT_LIMIT_CASES,
@@ -94,3 +98,100 @@ def test_valid_upload_variants_become_ready(
     response = upload(client, tenant, "good", case.build(tmp_path))
     assert response.status_code == 202, response.text
     assert response.json()["version"]["status"] == "ready"
+
+
+# ---- a client that disconnects in the middle of the body ---------------------------------------------
+
+
+def _multipart_request(tenant: TenantHandle, paths: list[Path]) -> httpx.Request:
+    request = httpx.Request(
+        "POST",
+        "http://testserver/v1/adapters",
+        data={"name": "abandoned"},
+        files=multipart_files(paths),
+        headers=tenant.headers,
+    )
+    request.read()
+    return request
+
+
+def _asgi_scope(request: httpx.Request) -> dict[str, object]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 50000),
+        "path": "/v1/adapters",
+        "raw_path": b"/v1/adapters",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
+    }
+
+
+async def _call_disconnecting_after(app, request: httpx.Request, num_bytes: int) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Send the first `num_bytes` of the body, then http.disconnect (what a dropped client looks like)."""
+    messages = iter(
+        [
+            {"type": "http.request", "body": request.content[:num_bytes], "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(_asgi_scope(request), receive, send)
+    return sent
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 0.99])
+def test_client_disconnect_mid_upload_is_logged_once_and_stores_nothing(
+    fraction: float,
+    client,
+    tenant: TenantHandle,
+    demo_adapter: Path,
+    db_session: Session,
+    blob_store: LocalBlobStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    upload_tmp = tmp_path / "upload-tmp"
+    upload_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(upload_tmp))
+    request = _multipart_request(tenant, adapter_paths(demo_adapter))
+    with caplog.at_level(logging.INFO):
+        asyncio.run(_call_disconnecting_after(client.app, request, int(len(request.content) * fraction)))
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+    assert len([r for r in caplog.records if "disconnected" in r.getMessage()]) == 1
+    db_session.expire_all()
+    assert blob_store.list_keys() == []
+    assert repository.count_rows(db_session, AdapterVersion) == 0
+    assert repository.count_rows(db_session, Adapter) == 0
+    assert list(upload_tmp.iterdir()) == []
+
+
+def test_client_disconnect_mid_import_request_is_logged_once_and_stores_nothing(
+    client, tenant: TenantHandle, db_session: Session, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = httpx.Request(
+        "POST",
+        "http://testserver/v1/adapters",
+        json={"name": "abandoned", "source": "s3://bucket/lora"},
+        headers=tenant.headers,
+    )
+    request.read()
+    with caplog.at_level(logging.INFO):
+        asyncio.run(_call_disconnecting_after(client.app, request, 10))
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+    assert len([r for r in caplog.records if "disconnected" in r.getMessage()]) == 1
+    db_session.expire_all()
+    assert repository.count_rows(db_session, AdapterVersion) == 0

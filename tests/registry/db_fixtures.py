@@ -34,6 +34,7 @@ __all__ = [
     "db_session",
     "db_session_factory",
     "db_url",
+    "fresh_db_url",
     "postgres_url",
     "redis_url",
     "s3_bucket",
@@ -128,6 +129,28 @@ def postgres_url() -> Iterator[str]:
 def db_url(request: pytest.FixtureRequest) -> str:
     """The URL of a migrated database, once per backend."""
     return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new migrated database for one test whose work really commits (concurrency tests): a SQLite
+    file, as embedded mode uses, or a PostgreSQL database of its own, dropped afterwards."""
+    from migrations.runner import upgrade
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'fresh.db'}"
+        upgrade(url)
+        yield url
+        return
+    reason = postgres_reachable()
+    if reason:
+        require_service(reason)
+    url = create_postgres_database()
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        drop_postgres_database(url)
 
 
 @pytest.fixture(scope="session")
