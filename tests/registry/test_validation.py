@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from registry import validation
+from registry.validation import values as validation_values
 from registry.validation import (
     SUPPORTED_TARGET_MODULES,
     AdapterValidationError,
@@ -322,7 +323,7 @@ def test_bf16_to_float32_shifts_into_the_high_half() -> None:
 def test_nan_in_the_last_chunk_is_found_with_tiny_chunks(
     dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(validation, "READ_CHUNK_BYTES", 6)  # not a multiple of 4: exercises alignment
+    monkeypatch.setattr(validation_values, "READ_CHUNK_BYTES", 6)  # not a multiple of 4: exercises alignment
     tensors = lora_tensors()
     tensors[tensor_name(1, "v_proj", "B")][-1, -1] = np.nan
     files = write_upload(tmp_path, lora_config(), safetensors_bytes(tensors, dtype))
@@ -333,7 +334,7 @@ def test_nan_in_the_last_chunk_is_found_with_tiny_chunks(
 def test_sha256_is_unchanged_by_chunk_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = write_upload(tmp_path, lora_config(), safetensors_bytes(lora_tensors(), "BF16"))
     expected = hashlib.sha256(files[1].read_bytes()).hexdigest()
-    monkeypatch.setattr(validation, "READ_CHUNK_BYTES", 10)
+    monkeypatch.setattr(validation_values, "READ_CHUNK_BYTES", 10)
     assert validate_upload_files(files, tmp_path / "work").sha256 == expected
 
 

@@ -1,0 +1,176 @@
+"""Tensor names, shapes, dtypes and A/B pairing of adapter_model.safetensors against the config and base model."""
+
+from __future__ import annotations
+
+import re
+
+from registry.validation.safetensors_header import SafetensorsHeader, TensorEntry, _dtype_message
+from registry.validation.specs import (
+    _MODULE_PARENT,
+    _TENSOR_NAME,
+    SUPPORTED_DTYPES,
+    SUPPORTED_TARGET_MODULES,
+    WEIGHTS_FILENAME,
+    AdapterValidationError,
+    BaseModelSpec,
+    LoraConfigInfo,
+    _fail,
+    _unsupported_module_message,
+)
+
+# ---------------------------------------------------------------------------------------------------------
+# Tensor names
+
+
+def parse_lora_tensor_name(name: str) -> tuple[int, str, str]:
+    """PEFT tensor name -> (layer, module, "A" | "B").
+
+    "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" -> (3, "q_proj", "A").
+    """
+    match = _TENSOR_NAME.match(name)
+    if match is None:
+        raise _unparsable_tensor_error(name)
+    layer, parent, module, side = match.groups()
+    if module not in SUPPORTED_TARGET_MODULES:
+        raise _fail("unsupported_target_module", f"tensor {name!r}: " + _unsupported_module_message(module))
+    if _MODULE_PARENT[module] != parent:
+        raise _fail(
+            "unexpected_tensor",
+            f"tensor {name!r}: {module} belongs to {_MODULE_PARENT[module]}, not {parent}",
+        )
+    return int(layer), module, side
+
+
+def _unparsable_tensor_error(name: str) -> AdapterValidationError:
+    lora_module = re.search(r"([A-Za-z0-9_]+)\.lora_(?:embedding_)?[AB]\b", name)
+    if lora_module and lora_module.group(1) not in SUPPORTED_TARGET_MODULES:
+        module = lora_module.group(1)
+        return _fail("unsupported_target_module", f"tensor {name!r}: " + _unsupported_module_message(module))
+    if re.search(r"\.lora_[AB]\.bias$", name) or name.endswith(".bias"):
+        return _fail(
+            "lora_bias_not_supported",
+            f"tensor {name!r} is a bias; retrain with bias='none' and lora_bias=False",
+        )
+    return _fail(
+        "unexpected_tensor",
+        f"tensor {name!r} is not a PEFT LoRA weight; expected names like "
+        "'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' (save with peft's save_pretrained)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tensor checks against the config and base model
+
+
+def _check_tensor_shape(tensor: TensorEntry, module: str, side: str, rank: int, spec: BaseModelSpec) -> None:
+    """lora_A is [r, in_features]; lora_B is [out_features, r]."""
+    in_features, out_features = spec.module_shape(module)
+    expected = (rank, in_features) if side == "A" else (out_features, rank)
+    shape = tensor.shape
+    if shape == expected:
+        return
+    if len(shape) != 2:
+        raise _fail(
+            "invalid_tensor_shape",
+            f"tensor {tensor.name!r} has shape {list(shape)}; expected a "
+            f"2-D [{expected[0]}, {expected[1]}] matrix",
+        )
+    if shape == expected[::-1]:
+        raise _fail(
+            "invalid_tensor_shape",
+            f"tensor {tensor.name!r} has shape {list(shape)}, the transpose "
+            f"of the expected {list(expected)}; save lora_{side} as [{expected[0]}, {expected[1]}]",
+        )
+    features_axis, rank_axis = (1, 0) if side == "A" else (0, 1)
+    if shape[features_axis] != expected[features_axis]:
+        kind = "in_features" if side == "A" else "out_features"
+        raise _fail(
+            "wrong_base_model",
+            f"tensor {tensor.name!r} has {kind}={shape[features_axis]} but this "
+            f"base model's {module} has {kind}={expected[features_axis]} (hidden_size "
+            f"{spec.hidden_size}); the adapter was trained for a different base model",
+        )
+    raise _fail(
+        "rank_mismatch",
+        f"tensor {tensor.name!r} has rank {shape[rank_axis]} but adapter_config.json "
+        f"says r={rank}; upload the config saved with these weights",
+    )
+
+
+def _check_tensors(
+    header: SafetensorsHeader, config: LoraConfigInfo, spec: BaseModelSpec
+) -> tuple[str, tuple[int, ...]]:
+    """Check names, shapes, dtypes and A/B pairing. Returns (safetensors dtype, sorted layers)."""
+    sides: dict[tuple[int, str], set[str]] = {}
+    for tensor in header.tensors:
+        layer, module, side = parse_lora_tensor_name(tensor.name)
+        if module not in config.target_modules:
+            raise _fail(
+                "module_not_targeted",
+                f"tensor {tensor.name!r} is for {module}, which is not in "
+                f"target_modules {list(config.target_modules)}; upload the matching adapter_config.json",
+            )
+        if not config.is_targeted(layer, module):
+            raise _not_targeted_error(tensor.name, config)
+        if layer >= spec.num_layers:
+            raise _fail(
+                "layer_out_of_range",
+                f"tensor {tensor.name!r} is for layer {layer} but the base model "
+                f"has {spec.num_layers} layers (0..{spec.num_layers - 1}); the adapter was trained for "
+                "a different base model",
+            )
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise _fail("unsupported_dtype", _dtype_message(tensor.name, tensor.dtype))
+        _check_tensor_shape(tensor, module, side, config.rank, spec)
+        sides.setdefault((layer, module), set()).add(side)
+    _check_pairs(sides)
+    _check_modules_present(sides, config, spec)
+    return _single_dtype(header), tuple(sorted({layer for layer, _ in sides}))
+
+
+def _not_targeted_error(name: str, config: LoraConfigInfo) -> AdapterValidationError:
+    """A tensor peft would not load: its layer is outside layers_to_transform or its module is excluded."""
+    return _fail(
+        "module_not_targeted",
+        f"tensor {name!r} is for a module this config does not adapt (layers_to_transform="
+        f"{sorted(config.layers_to_transform) if config.layers_to_transform is not None else None}, "
+        f"exclude_modules={list(config.exclude_modules)}), so peft would ignore it; upload the "
+        "adapter_config.json saved with these weights",
+    )
+
+
+def _check_pairs(sides: dict[tuple[int, str], set[str]]) -> None:
+    for (layer, module), present in sorted(sides.items()):
+        if present != {"A", "B"}:
+            missing = "B" if "A" in present else "A"
+            raise _fail(
+                "missing_lora_pair",
+                f"layer {layer} {module} has lora_{present.pop()} but no "
+                f"lora_{missing}; every adapted module needs both matrices",
+            )
+
+
+def _check_modules_present(
+    sides: dict[tuple[int, str], set[str]], config: LoraConfigInfo, spec: BaseModelSpec
+) -> None:
+    found = {module for _, module in sides}
+    layers = range(spec.num_layers)
+    adapted = [m for m in config.target_modules if any(config.is_targeted(i, m) for i in layers)]
+    missing = [m for m in adapted if m not in found]
+    if missing:
+        raise _fail(
+            "missing_lora_weights",
+            f"target_modules lists {missing} but {WEIGHTS_FILENAME} has no "
+            "weights for them; upload the config saved with these weights",
+        )
+
+
+def _single_dtype(header: SafetensorsHeader) -> str:
+    dtypes = sorted({t.dtype for t in header.tensors})
+    if len(dtypes) != 1:
+        raise _fail(
+            "mixed_dtypes", f"{WEIGHTS_FILENAME} mixes dtypes {dtypes}; cast all tensors to one dtype"
+        )
+    return dtypes[0]
+
+
