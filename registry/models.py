@@ -196,7 +196,7 @@ class UsageRecord(Base):
     __table_args__ = (
         CheckConstraint(_in_check("status", USAGE_STATUSES), name="status"),
         Index("ix_usage_records_tenant_started", "tenant_id", "started_at"),
-        # The restart and dead-worker sweeps look only at the few open rows.
+        # The restart, the lease renewals and the usage sweep look only at the few open rows.
         Index(
             "ix_usage_records_open_owner",
             "api_instance_id",

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
+import anyio
 import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -178,7 +179,7 @@ async def test_the_writer_renews_the_leases_of_every_open_row_streamed_or_not_un
     opened_at = {r.request_id: r.lease_renewed_at for r in _rows(db_session_factory, tenant_id)}
     assert all(at is not None for at in opened_at.values())  # a row carries a lease from the start
 
-    time.sleep(0.01)
+    await anyio.sleep(0.01)
     assert ledger.writer.renew_leases() == 2
     renewed = {r.request_id: r.lease_renewed_at for r in _rows(db_session_factory, tenant_id)}
     assert all(renewed[rid] > opened_at[rid] for rid in renewed)  # type: ignore[operator]
@@ -235,7 +236,7 @@ async def test_a_live_apis_long_non_streamed_request_is_never_closed_by_the_leas
         num_sweeps += 1
         [row] = _rows(factory, tenant_id)
         assert row.status == "in_progress", row.error_message
-        time.sleep(interval_s / 2)
+        await anyio.sleep(interval_s / 2)
     elapsed_s = time.monotonic() - started
     meter.on_delivered(25)  # the response arrives
     await ledger.record(meter, "ok")

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.main import _sweep_usage
 from jobs.celery_app import make_celery
 from jobs.dispatch import CLOSE_ORPHANED_USAGE_TASK
-from api.main import _sweep_usage
 from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage, sweep_usage
 from registry import repository
 from registry.db import make_engine, make_session_factory
