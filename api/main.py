@@ -17,7 +17,7 @@ from api.errors import install_error_handlers
 from api.routes import adapters, admin, completions, health, models, reports, usage
 from api.services import Services, build_services, ensure_inference_services
 from api.worker_client import WorkerClient
-from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage
+from jobs.usage_sweep import PeriodicJob, sweep_usage
 from registry.settings import Settings
 
 # /metrics holds aggregate counters and worker ids (no tenant, adapter or key data). Worker ids describe the
@@ -81,7 +81,8 @@ def create_app(
 
 
 def _start_usage_sweep(services: Services) -> PeriodicJob | None:
-    """With inline jobs, close dead workers' open usage rows on a timer (Celery beat does it otherwise)."""
+    """With inline jobs, close the open usage rows of dead workers and expired leases on a timer (Celery beat
+    does it otherwise)."""
     settings = services.settings
     if not settings.is_inline_jobs or settings.usage_sweep_interval_s <= 0:
         return None
@@ -93,9 +94,8 @@ def _start_usage_sweep(services: Services) -> PeriodicJob | None:
 
 
 def _sweep_usage(services: Services) -> None:
-    directory = services.extras.get("worker_directory")
-    if directory is not None:  # read at each run: whoever runs the workers publishes it after startup
-        sweep_orphaned_usage(services.session_factory, directory, sweep_grace_s(services.settings))
+    # The directory is read at each run: whoever runs the workers publishes it after startup.
+    sweep_usage(services.session_factory, services.extras.get("worker_directory"), services.settings)
 
 
 def _open_worker_client(services: Services) -> WorkerClient | None:

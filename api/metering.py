@@ -17,11 +17,19 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
   interval (plus one write) behind what was delivered, never more than was delivered.
 - Non-streamed requests are not checkpointed: their tokens reach the client only with the response, so a
   crash before it bills nothing (0 prompt and 0 completion tokens), which is what was delivered.
+- Every open row, streamed or not, carries a lease (`lease_renewed_at`, set when the row is opened). The same
+  thread renews the leases of all the rows this process holds open every `usage_checkpoint_interval_s`, with
+  one UPDATE (registry.usage.renew_usage_leases; none while it holds no open row). The usage sweep closes a
+  row whose lease is older than `usage_lease_timeout_s` (its owner is gone: killed and restarted under another
+  api_instance_id, or scaled down). Lease renewals never touch `checkpointed_at`: that stays the moment the
+  billed tokens were counted.
 - `UsageLedger.record(meter, status)` then gives the row its final values once (later calls are no-ops): an
   UPDATE of the open row, never a second row (an INSERT when the row was never opened: a request rejected
   before admission, or an open insert that failed).
 - A restarted process closes what its predecessor left open (registry.usage.close_interrupted_usage), and
-  a periodic sweep closes the rows of dead workers (close_orphaned_usage), both as `interrupted`.
+  a periodic sweep closes the rows of dead workers (close_orphaned_usage) and of expired leases
+  (close_expired_usage), all as `interrupted`. A row closed while its API still served it (a late renewal)
+  is given its true final values by `record` all the same.
 Writes run on fresh DB sessions in threads, so the request's own session and the event loop are never
 involved. Statuses:
   in_progress  the request is running; prompt tokens once prefilled + delivered tokens, as of the last
@@ -54,7 +62,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.metrics import ApiMetrics
 from registry.models import OPEN_USAGE_STATUS, new_id, utcnow
-from registry.usage import DuplicateUsageError, checkpoint_usage, finish_usage, open_usage, record_usage
+from registry.usage import (
+    DuplicateUsageError,
+    checkpoint_usage,
+    finish_usage,
+    open_usage,
+    record_usage,
+    renew_usage_leases,
+)
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 1000
@@ -132,6 +147,7 @@ class RequestMeter:
             "worker_id": self.worker_id,
             "api_instance_id": api_instance_id,
             "started_at": self.started_at,
+            "lease_renewed_at": utcnow(),  # not started_at: a request held through a cold start is not overdue
         }
 
     def checkpoint_key(self) -> tuple[int, int, str | None]:
@@ -178,28 +194,38 @@ class RequestMeter:
 
 
 class UsageWriter:
-    """A daemon thread that inserts opened rows at once (batched) and checkpoints watched streams every
-    `interval_s` (one UPDATE per changed stream, all in one transaction). `flush_opens` and `checkpoint` are
-    the thread's two jobs, callable directly (tests)."""
+    """A daemon thread that inserts opened rows at once (batched) and, every `interval_s`, checkpoints watched
+    streams (one UPDATE per changed stream, all in one transaction) and renews the lease of every row this
+    process holds open (one UPDATE for all, owner `api_instance_id`; None: no renewals). `flush_opens`,
+    `checkpoint` and `renew_leases` are the thread's jobs, callable directly (tests)."""
 
     def __init__(
-        self, session_factory: sessionmaker[Session], interval_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        session_factory: sessionmaker[Session],
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        api_instance_id: str | None = None,
     ) -> None:
         self.session_factory = session_factory
         self.interval_s = interval_s
+        self.api_instance_id = api_instance_id
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pending: list[tuple[dict[str, Any], Future[None]]] = []
         self._watched: dict[str, tuple[RequestMeter, tuple[int, int, str | None] | None]] = {}
+        self._held: set[str] = set()  # request ids opened and not yet being finished: their leases are renewed
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def open(self, values: dict[str, Any], watch: RequestMeter | None = None) -> Future[None]:
-        """Queue an in_progress row for insertion (done when the future is); `watch` it for checkpoints."""
+        """Queue an in_progress row for insertion (done when the future is) and hold its lease until `unwatch`;
+        `watch` it for checkpoints."""
         future: Future[None] = Future()
         with self._lock:
             self._pending.append((values, future))
+            self._held.add(values["request_id"])
             if watch is not None:
                 self._watched[watch.request_id] = (watch, None)
             self._ensure_thread()
@@ -207,9 +233,10 @@ class UsageWriter:
         return future
 
     def unwatch(self, meter: RequestMeter) -> None:
-        """Stop checkpointing a request (it is being given its final values)."""
+        """Stop checkpointing a request and renewing its lease (it is being given its final values)."""
         with self._lock:
             self._watched.pop(meter.request_id, None)
+            self._held.discard(meter.request_id)
 
     def num_watched(self) -> int:
         """How many streams are being checkpointed."""
@@ -248,6 +275,16 @@ class UsageWriter:
                 if meter.request_id in self._watched:
                     self._watched[meter.request_id] = (meter, meter_key(values, meter))
         return len(due)
+
+    def renew_leases(self) -> int:
+        """Renew the lease of every row this process holds open, with one UPDATE (none while it holds none);
+        returns how many rows it renewed."""
+        with self._lock:
+            is_holding = bool(self._held)
+        if self.api_instance_id is None or not is_holding:
+            return 0
+        with self.session_factory() as session:
+            return renew_usage_leases(session, self.api_instance_id)
 
     def close(self) -> None:
         """Stop the thread, then write the rows still queued (a later `open` starts a new thread)."""
@@ -288,12 +325,14 @@ class UsageWriter:
                 next_checkpoint_s = self._clock() + self.interval_s
 
     def _run_once(self, next_checkpoint_s: float) -> None:
-        try:
-            self.flush_opens()
-            if self._clock() >= next_checkpoint_s:
-                self.checkpoint()
-        except Exception:  # noqa: BLE001 - the thread must survive a DB outage; the next round retries
-            log.exception("usage writer: a write failed; retrying at the next checkpoint")
+        jobs: list[Callable[[], object]] = [self.flush_opens]
+        if self._clock() >= next_checkpoint_s:
+            jobs += [self.checkpoint, self.renew_leases]
+        for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewal
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - the thread must survive a DB outage; the next round retries
+                log.exception("usage writer: a write failed; retrying at the next checkpoint")
 
 
 def meter_key(values: list[dict[str, Any]], meter: RequestMeter) -> tuple[int, int, str | None]:
@@ -317,7 +356,7 @@ class UsageLedger:
         self.session_factory = session_factory
         self.metrics = metrics
         self.api_instance_id = api_instance_id
-        self.writer = UsageWriter(session_factory, checkpoint_interval_s)
+        self.writer = UsageWriter(session_factory, checkpoint_interval_s, api_instance_id=api_instance_id)
 
     def start(self, tenant_id: str, request_id: str | None = None) -> RequestMeter:
         """A meter for a request that just passed authentication."""

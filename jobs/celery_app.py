@@ -12,7 +12,7 @@ from functools import cache
 from celery import Celery
 
 from jobs.dispatch import CLOSE_ORPHANED_USAGE_TASK, FAIL_STALE_VERSIONS_TASK, VALIDATE_ADAPTER_TASK
-from jobs.usage_sweep import sweep_grace_s, sweep_orphaned_usage
+from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
 from registry.membership import RedisWorkerDirectory
 from registry.settings import Settings
@@ -64,11 +64,12 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         return pipeline.fail_stale_versions(context(), max_age_s)
 
     @app.task(name=CLOSE_ORPHANED_USAGE_TASK, shared=False)
-    def close_orphaned_usage() -> list[str]:
-        """Close the open usage rows of workers that left the Redis worker directory (periodic)."""
+    def close_orphaned_usage() -> int:
+        """Close the open usage rows of workers that left the Redis worker directory and of expired leases
+        (periodic); returns how many."""
         import redis
 
-        if not settings.redis_url:
-            return []  # no shared directory to consult: nothing can be known dead
-        directory = RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url), settings.worker_key_prefix)
-        return sweep_orphaned_usage(context().session_factory, directory, sweep_grace_s(settings))
+        directory = None  # without a shared directory no worker can be known dead; leases still expire
+        if settings.redis_url:
+            directory = RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url), settings.worker_key_prefix)
+        return sweep_usage(context().session_factory, directory, settings)

@@ -1,9 +1,11 @@
-"""The dead-worker usage sweep: close the open usage rows of workers that left the worker directory.
+"""The usage sweep: close as `interrupted` the open usage rows of workers that left the worker directory,
+and those whose owner (an API process) stopped renewing their lease.
 
-The decision is registry.usage.orphaned_request_ids (pure); this module only wires it to a session and a
-directory. Cluster mode runs it from Celery beat (jobs/celery_app.py); with inline jobs the API runs it on a
-`PeriodicJob` timer (api/main.py), every settings.usage_sweep_interval_s. Running it in several places at
-once is harmless: closing a row is one conditional UPDATE.
+The decisions are registry.usage.orphaned_request_ids and expired_lease_request_ids (pure); this module only
+wires them to a session and a directory. Cluster mode runs `sweep_usage` from Celery beat
+(jobs/celery_app.py); with inline jobs the API runs it on a `PeriodicJob` timer (api/main.py), every
+settings.usage_sweep_interval_s. Running it in several places at once is harmless: closing a row is one
+conditional UPDATE.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry.membership import WorkerDirectory
 from registry.settings import Settings
-from registry.usage import close_orphaned_usage
+from registry.usage import close_expired_usage, close_orphaned_usage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,29 @@ def sweep_orphaned_usage(
     if closed:
         log.warning("closed %d usage row(s) of dead workers as interrupted: %s", len(closed), ", ".join(closed))
     return closed
+
+
+def sweep_expired_usage(session_factory: sessionmaker[Session], lease_timeout_s: float) -> int:
+    """Close (as interrupted) the open rows whose lease is older than lease_timeout_s; returns how many."""
+    with session_factory() as session:
+        num_closed = close_expired_usage(session, lease_timeout_s)
+    if num_closed:
+        log.warning(
+            "closed %d usage row(s) as interrupted: their API process has not renewed their lease for %.0f s",
+            num_closed, lease_timeout_s,
+        )
+    return num_closed
+
+
+def sweep_usage(
+    session_factory: sessionmaker[Session], directory: WorkerDirectory | None, settings: Settings
+) -> int:
+    """One run of the periodic usage sweep: the rows of dead workers (when a worker directory is known), then
+    the rows of expired leases; returns how many rows it closed."""
+    num_closed = 0
+    if directory is not None:
+        num_closed += len(sweep_orphaned_usage(session_factory, directory, sweep_grace_s(settings)))
+    return num_closed + sweep_expired_usage(session_factory, settings.usage_lease_timeout_s)
 
 
 class PeriodicJob:

@@ -196,7 +196,7 @@ class UsageRecord(Base):
     __table_args__ = (
         CheckConstraint(_in_check("status", USAGE_STATUSES), name="status"),
         Index("ix_usage_records_tenant_started", "tenant_id", "started_at"),
-        # The restart and dead-worker sweeps look only at the few open rows.
+        # The restart, the lease renewals and the usage sweep look only at the few open rows.
         Index(
             "ix_usage_records_open_owner",
             "api_instance_id",
@@ -224,5 +224,10 @@ class UsageRecord(Base):
     api_instance_id: Mapped[str | None] = mapped_column(String(200))
     error_message: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # When the row's tokens were last checkpointed (streams): an `interrupted` row is billed as of this moment.
     checkpointed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # The owner's lease: set when the row is opened and renewed every checkpoint interval while the owner
+    # process lives (streamed or not); a row whose lease is older than settings.usage_lease_timeout_s is closed
+    # `interrupted` by the usage sweep (its owner died, or came back under another api_instance_id).
+    lease_renewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

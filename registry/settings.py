@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_WORKER_PORT = 8100
@@ -97,13 +97,23 @@ class Settings(BaseSettings):
         default=1.0,
         gt=0,
         description="API: seconds between checkpoints of a stream's delivered tokens into its usage row (at most one "
-        "UPDATE per stream per interval, all streams in one transaction); a crash loses at most this much billing",
+        "UPDATE per stream per interval, all streams in one transaction); a crash loses at most this much billing. "
+        "The lease of all the process's open rows is renewed at the same rate (one UPDATE per interval)",
+    )
+    usage_lease_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds after its last lease renewal (or checkpoint, or start) at which the usage sweep closes an "
+        "open usage row as `interrupted`: its API process died and came back under another api_instance_id, or "
+        "never came back (scale-down). Must exceed twice usage_checkpoint_interval_s; a live API that renews late "
+        "still gives the row its final values",
     )
     usage_sweep_interval_s: float = Field(
         default=60.0,
         ge=0,
-        description="Seconds between sweeps that close the open usage rows of workers that left the worker directory "
-        "as `interrupted` (Celery beat, or an inline timer in the API with inline jobs; 0 = no inline timer)",
+        description="Seconds between sweeps that close open usage rows as `interrupted` when their worker left the "
+        "worker directory or their lease expired (Celery beat, or an inline timer in the API with inline jobs; "
+        "0 = no inline timer)",
     )
 
     # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
@@ -132,6 +142,17 @@ class Settings(BaseSettings):
     engine_max_num_batched_tokens: int = Field(default=4096, gt=0, description="Per-step token budget")
     engine_max_model_len: int | None = Field(default=None, description="Default: the model's context length")
     engine_num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
+
+    @model_validator(mode="after")
+    def _check_usage_lease(self) -> Settings:
+        if self.usage_lease_timeout_s <= 2 * self.usage_checkpoint_interval_s:
+            raise ValueError(
+                f"usage_lease_timeout_s ({self.usage_lease_timeout_s}) must be more than twice "
+                f"usage_checkpoint_interval_s ({self.usage_checkpoint_interval_s}), or the usage sweep closes the rows "
+                "of live API processes between two lease renewals: raise LORAHOST_USAGE_LEASE_TIMEOUT_S or lower "
+                "LORAHOST_USAGE_CHECKPOINT_INTERVAL_S"
+            )
+        return self
 
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to a SQLite file inside data_dir."""

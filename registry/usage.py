@@ -1,11 +1,18 @@
 """The usage ledger: one UsageRecord per request, billing invoices and SLO aggregation.
 
 Row lifecycle (crash-safe metering, see api/metering.py): a request's row is inserted `in_progress` when it
-starts, checkpointed (tokens delivered so far) while it streams and updated once to its final status. A
-row left `in_progress` by a dead API process is closed `interrupted` with its last checkpoint when that
-process (same api_instance_id) starts again; one whose worker left the worker directory is closed the same
-way by a periodic sweep. A final update may still overwrite an `interrupted` row (the API outlived its
-worker's heartbeat and knows better); it never creates a second row.
+starts, checkpointed (tokens delivered so far) while it streams and updated once to its final status. While it is
+open its owner (the API process, api_instance_id) renews its lease (`lease_renewed_at`) every checkpoint
+interval, streamed or not, with one UPDATE for all its open rows. A row left `in_progress` is closed
+`interrupted` with its last checkpoint by whichever comes first:
+- its owner starting again under the same api_instance_id (close_interrupted_usage, before it serves);
+- the periodic usage sweep, when its worker left the worker directory (close_orphaned_usage);
+- the same sweep, when its lease is older than settings.usage_lease_timeout_s (close_expired_usage): the
+  owner died and came back under another id (a Kubernetes pod's random name) or never came back (scaled
+  down). Lease ages compare the owner's clock with the sweeper's: hosts' clocks must agree to well within
+  the timeout (NTP).
+A final update may still overwrite an `interrupted` row (the API outlived its worker's heartbeat, or only
+renewed late, and knows better); it never creates a second row.
 
 Billing rule: every token recorded is billed once — prompt tokens of every request that was prefilled and
 completion tokens that were delivered, whatever the status (an aborted stream pays for what it got; a
@@ -32,7 +39,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Iterable, Literal, Sequence, cast
 
 import numpy as np
-from sqlalchemy import CursorResult, Table, Update, bindparam, func, select, update
+from sqlalchemy import CursorResult, Table, Update, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,6 +61,10 @@ FAILED_STATUSES = ("error", INTERRUPTED_USAGE_STATUS)
 CLOSABLE_STATUSES = (OPEN_USAGE_STATUS, INTERRUPTED_USAGE_STATUS)
 INTERRUPTED_BY_RESTART = "the API process stopped (crash or kill) before the request ended; billed to its last checkpoint"
 INTERRUPTED_BY_WORKER = "the worker left the worker directory before the request ended; billed to its last checkpoint"
+INTERRUPTED_BY_LEASE = (
+    "the API process serving the request stopped renewing its usage lease (crash or kill, scale-down, or a restart "
+    "under another api_instance_id) before the request ended; billed to its last checkpoint"
+)
 CENT = Decimal("0.000001")
 
 
@@ -180,6 +191,67 @@ def close_orphaned_usage(
     if request_ids:
         _interrupt(session, UsageRecord.request_id.in_(request_ids), INTERRUPTED_BY_WORKER)
     return request_ids
+
+
+def renew_usage_leases(session: Session, api_instance_id: str, now: datetime | None = None) -> int:
+    """Renew the lease of every row this owner holds open, with one UPDATE, and commit; returns how many.
+
+    Call it once per checkpoint interval while the owner process has requests running (api/metering.py).
+    """
+    result = _execute_dml(
+        session,
+        update(UsageRecord)
+        .where(UsageRecord.api_instance_id == api_instance_id, UsageRecord.status == OPEN_USAGE_STATUS)
+        .values(lease_renewed_at=now or utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return int(result.rowcount or 0)
+
+
+@dataclass(frozen=True)
+class UsageLease:
+    """An open usage row as the lease sweep sees it (plain data)."""
+
+    request_id: str
+    renewed_at: datetime  # the latest sign of its owner's life: lease renewal, checkpoint or start
+
+
+def expired_lease_request_ids(leases: Iterable[UsageLease], now: datetime, timeout_s: float) -> list[str]:
+    """Open rows whose owner has not renewed their lease (nor checkpointed them) for timeout_s: it is gone."""
+    return sorted(
+        lease.request_id for lease in leases if (as_utc(now) - as_utc(lease.renewed_at)).total_seconds() >= timeout_s
+    )
+
+
+def latest_sign_of_life(started_at: datetime, *moments: datetime | None) -> datetime:
+    """The latest of a row's start and its lease or checkpoint times that are set (UTC)."""
+    return max(as_utc(m) for m in (started_at, *moments) if m is not None)
+
+
+def load_usage_leases(session: Session) -> list[UsageLease]:
+    """Every open row's lease."""
+    query = select(
+        UsageRecord.request_id, UsageRecord.started_at, UsageRecord.checkpointed_at, UsageRecord.lease_renewed_at
+    ).where(UsageRecord.status == OPEN_USAGE_STATUS)
+    return [
+        UsageLease(rid, latest_sign_of_life(started, checkpointed, renewed))
+        for rid, started, checkpointed, renewed in session.execute(query)
+    ]
+
+
+def close_expired_usage(session: Session, lease_timeout_s: float, now: datetime | None = None) -> int:
+    """Close the open rows whose lease expired as `interrupted`, keeping their last checkpoint; returns how many.
+
+    A row renewed between the read and the close is left open (the UPDATE re-checks its lease).
+    """
+    now = as_utc(now or utcnow())
+    request_ids = expired_lease_request_ids(load_usage_leases(session), now, lease_timeout_s)
+    if not request_ids:
+        return 0
+    cutoff = now - timedelta(seconds=lease_timeout_s)
+    is_still_expired = or_(UsageRecord.lease_renewed_at.is_(None), UsageRecord.lease_renewed_at <= cutoff)
+    return _interrupt(session, UsageRecord.request_id.in_(request_ids) & is_still_expired, INTERRUPTED_BY_LEASE)
 
 
 @dataclass(frozen=True)

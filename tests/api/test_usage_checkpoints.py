@@ -1,12 +1,14 @@
-"""Crash-safe metering in the API process: the in_progress row, stream checkpoints at a bounded rate, and
-the final update of the same row (api/metering.py)."""
+"""Crash-safe metering in the API process: the in_progress row, stream checkpoints at a bounded rate, lease
+renewals of every open row, and the final update of the same row (api/metering.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
+import anyio
 import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.metering import RequestMeter, UsageLedger, UsageWriter
 from registry import repository
 from registry.db import make_engine, make_session_factory
-from registry.models import UsageRecord
+from registry.models import UsageRecord, utcnow
+from registry.usage import close_expired_usage
 
 FAR_S = 3600.0  # an interval that never elapses in a test: checkpoints are called explicitly
 
@@ -161,3 +164,89 @@ def test_streams_are_checkpointed_at_most_once_per_interval(file_engine: Engine)
     assert 1 <= len(statements) <= max_rounds  # one UPDATE statement per interval at most ...
     assert set(statements) == {3}  # ... carrying every stream that changed, in one transaction
     event.remove(file_engine, "before_cursor_execute", count)
+
+
+@pytest.mark.anyio
+async def test_the_writer_renews_the_leases_of_every_open_row_streamed_or_not_until_it_is_finished(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    ledger = UsageLedger(db_session_factory, api_instance_id="api-lease", checkpoint_interval_s=FAR_S)
+    streamed, non_streamed = _meter(tenant_id), _meter(tenant_id)
+    ledger.open(streamed, is_checkpointed=True)
+    ledger.open(non_streamed, is_checkpointed=False)
+    for meter in (streamed, non_streamed):
+        await ledger.wait_opened(meter)
+    opened_at = {r.request_id: r.lease_renewed_at for r in _rows(db_session_factory, tenant_id)}
+    assert all(at is not None for at in opened_at.values())  # a row carries a lease from the start
+
+    await anyio.sleep(0.01)
+    assert ledger.writer.renew_leases() == 2
+    renewed = {r.request_id: r.lease_renewed_at for r in _rows(db_session_factory, tenant_id)}
+    assert all(renewed[rid] > opened_at[rid] for rid in renewed)  # type: ignore[operator]
+
+    await ledger.record(streamed, "ok")
+    await ledger.record(non_streamed, "ok")
+    assert ledger.writer.renew_leases() == 0  # nothing held open: no statement at all
+    assert {r.status for r in _rows(db_session_factory, tenant_id)} == {"ok"}
+    ledger.close()
+
+
+@pytest.mark.anyio
+async def test_a_request_held_through_a_long_cold_start_is_not_overdue_when_its_row_opens(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    ledger = UsageLedger(db_session_factory, api_instance_id="api-cold", checkpoint_interval_s=FAR_S)
+    meter = _meter(tenant_id)
+    meter.started_at = utcnow() - timedelta(minutes=2)  # arrived two minutes ago, admitted only now
+    ledger.open(meter, is_checkpointed=False)
+    await ledger.wait_opened(meter)
+    with db_session_factory() as session:
+        close_expired_usage(session, 30.0)
+    [row] = _rows(db_session_factory, tenant_id)
+    assert row.status == "in_progress"
+    await ledger.record(meter, "ok")
+    ledger.close()
+
+
+@pytest.mark.anyio
+async def test_a_live_apis_long_non_streamed_request_is_never_closed_by_the_lease_sweep(file_engine: Engine) -> None:
+    factory = make_session_factory(file_engine)
+    with factory() as session:
+        tenant_id = repository.create_tenant(session, "lease").id
+        session.commit()
+    renewals: list[int] = []  # rows per lease-renewal UPDATE
+    lock = threading.Lock()
+
+    @event.listens_for(file_engine, "before_cursor_execute")
+    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.startswith("UPDATE usage_records") and "lease_renewed_at" in statement:
+            with lock:
+                renewals.append(len(parameters) if executemany else 1)
+
+    interval_s, lease_timeout_s = 0.1, 1.5
+    ledger = UsageLedger(factory, api_instance_id="api-live", checkpoint_interval_s=interval_s)
+    meter = _meter(tenant_id)
+    ledger.open(meter, is_checkpointed=False)  # non-streamed: never checkpointed, only renewed
+    meter.opened.result(timeout=30)  # type: ignore[union-attr]
+    started = time.monotonic()
+    num_sweeps = 0
+    while time.monotonic() - started < 2 * lease_timeout_s:  # runs past the timeout from its start
+        with factory() as session:  # the sweep sees the whole (shared) database; only our row matters here
+            close_expired_usage(session, lease_timeout_s)
+        num_sweeps += 1
+        [row] = _rows(factory, tenant_id)
+        assert row.status == "in_progress", row.error_message
+        await anyio.sleep(interval_s / 2)
+    elapsed_s = time.monotonic() - started
+    meter.on_delivered(25)  # the response arrives
+    await ledger.record(meter, "ok")
+    ledger.close()
+    event.remove(file_engine, "before_cursor_execute", count)
+
+    [row] = _rows(factory, tenant_id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == ("ok", 5, 25)
+    assert row.checkpointed_at is None  # renewals are not token checkpoints
+    assert num_sweeps > 10
+    assert 1 <= len(renewals) <= int(elapsed_s / interval_s) + 2  # one UPDATE per interval at most ...
+    assert set(renewals) == {1}  # ... each a single statement
+

@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0004"
+    assert current_revision(empty_db_url) == "0005"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -137,3 +137,29 @@ def test_0004_allows_in_progress_and_interrupted_rows_and_downgrades(empty_db_ur
     finally:
         engine.dispose()
     assert statuses == {"r1": "ok", "r2": "aborted", "r3": "aborted"}  # the old CHECK holds again
+
+
+def _usage_columns(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("usage_records")}
+    finally:
+        engine.dispose()
+
+
+def test_0005_adds_the_usage_lease_column_keeping_open_rows_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0004")
+    _insert_usage(empty_db_url, "r1", "in_progress")
+    assert "lease_renewed_at" not in _usage_columns(empty_db_url)
+    upgrade(empty_db_url, "0005")
+    assert "lease_renewed_at" in _usage_columns(empty_db_url)
+    _insert_usage(empty_db_url, "r2", "in_progress")
+    downgrade(empty_db_url, "0004")
+    assert "lease_renewed_at" not in _usage_columns(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            statuses = dict(conn.exec_driver_sql("SELECT request_id, status FROM usage_records").all())
+    finally:
+        engine.dispose()
+    assert statuses == {"r1": "in_progress", "r2": "in_progress"}
