@@ -12,6 +12,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -71,6 +72,19 @@ class BlobStore(ABC):
     @abstractmethod
     def list_keys(self, prefix: str = "") -> list[str]:
         """All keys that start with `prefix`, sorted."""
+
+    @abstractmethod
+    def list_keys_with_mtime(self, prefix: str = "") -> list[tuple[str, datetime]]:
+        """(key, last-modified time, timezone-aware UTC) of every key that starts with `prefix`, sorted by key.
+
+        The orphan sweeper (registry/upload_sweeper.py) leaves a blob younger than its minimum age alone: it may be
+        being written right now, before the version row that will reference it commits.
+        """
+
+    @abstractmethod
+    def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
+        """Discard writes under `prefix` that a killed process began before `older_than` and never finished
+        (local: `.tmp-*.part` files; S3: incomplete multipart uploads). Returns what it removed."""
 
     def get_stream(self, key: str) -> Any:
         """Alias of `open` (a readable binary stream as a context manager)."""
@@ -164,6 +178,27 @@ class LocalBlobStore(BlobStore):
             if p.is_file() and not p.name.startswith(".tmp-")
         )
         return sorted(k for k in keys if k.startswith(prefix))
+
+    def list_keys_with_mtime(self, prefix: str = "") -> list[tuple[str, datetime]]:
+        entries = []
+        for key in self.list_keys(prefix):
+            try:
+                entries.append((key, _utc_from_timestamp(self._path(key).stat().st_mtime)))
+            except FileNotFoundError:  # deleted or moved since it was listed
+                continue
+        return entries
+
+    def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
+        if not self.root.exists():
+            return []
+        removed = []
+        for path in self.root.rglob(".tmp-*.part"):
+            name = path.relative_to(self.root).as_posix()
+            if name.startswith(prefix) and _is_older(path, older_than):
+                path.unlink(missing_ok=True)
+                self._prune_empty_dirs(path.parent)
+                removed.append(name)
+        return sorted(removed)
 
     def _prune_empty_dirs(self, directory: Path) -> None:
         root = self.root.resolve()
@@ -272,6 +307,29 @@ class S3BlobStore(BlobStore):
             keys.extend(item["Key"][strip:] for item in page.get("Contents", []))
         return sorted(keys)
 
+    def list_keys_with_mtime(self, prefix: str = "") -> list[tuple[str, datetime]]:
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        entries = []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+            entries.extend((item["Key"][strip:], item["LastModified"]) for item in page.get("Contents", []))
+        return sorted(entries)
+
+    def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        removed = []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+            for upload in page.get("Uploads", []):
+                if upload["Initiated"] < older_than:
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    removed.append(upload["Key"][strip:])
+        return sorted(removed)
+
 
 class _CountingReader:
     """Wraps a binary stream: counts bytes and fills each read (boto3 treats a short read as the end of a
@@ -298,6 +356,17 @@ def _is_missing(exc: Exception) -> bool:
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
     return code in {"404", "NoSuchKey", "NotFound"}
+
+
+def _utc_from_timestamp(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+def _is_older(path: Path, moment: datetime) -> bool:
+    try:
+        return _utc_from_timestamp(path.stat().st_mtime) < moment
+    except FileNotFoundError:
+        return False
 
 
 def _atomic_write(path: Path, src: IO[bytes]) -> None:
