@@ -173,9 +173,7 @@ class LocalBlobStore(BlobStore):
         if not self.root.exists():
             return []
         keys = (
-            p.relative_to(self.root).as_posix()
-            for p in self.root.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")
+            p.relative_to(self.root).as_posix() for p in self._walk_files() if not p.name.startswith(".tmp-")
         )
         return sorted(k for k in keys if k.startswith(prefix))
 
@@ -192,13 +190,23 @@ class LocalBlobStore(BlobStore):
         if not self.root.exists():
             return []
         removed = []
-        for path in self.root.rglob(".tmp-*.part"):
+        for path in list(self._walk_files()):
             name = path.relative_to(self.root).as_posix()
-            if name.startswith(prefix) and _is_older(path, older_than):
+            is_partial = path.name.startswith(".tmp-") and path.name.endswith(".part")
+            if is_partial and name.startswith(prefix) and _is_older(path, older_than):
                 path.unlink(missing_ok=True)
                 self._prune_empty_dirs(path.parent)
                 removed.append(name)
         return sorted(removed)
+
+    def _walk_files(self) -> Iterator[Path]:
+        """Every file under the root. Tolerates folders removed while it walks (a concurrent delete or move
+        prunes empty folders; os.walk skips what vanished, where Path.rglob raises)."""
+        for folder, _, filenames in os.walk(self.root):
+            for filename in filenames:
+                path = Path(folder) / filename
+                if path.is_file():
+                    yield path
 
     def _prune_empty_dirs(self, directory: Path) -> None:
         root = self.root.resolve()

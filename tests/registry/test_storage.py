@@ -134,28 +134,40 @@ def test_local_mtime_is_the_files_modification_time(tmp_path: Path) -> None:
 def test_local_partial_writes_older_than_the_cutoff_are_deleted(tmp_path: Path) -> None:
     store = LocalBlobStore(tmp_path)
     store.put_stream("uploads/v/kept", io.BytesIO(b"."))
-    old, young = tmp_path / "uploads/v/.tmp-old.part", tmp_path / "uploads/w/.tmp-young.part"
-    for path in (old, young):
+    old, alone = tmp_path / "uploads/v/.tmp-old.part", tmp_path / "uploads/a/b/.tmp-alone.part"
+    young = tmp_path / "uploads/w/.tmp-young.part"
+    for path in (old, alone, young):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"half")  # what a writer killed mid-put_stream leaves
     os.utime(old, (0, 0))
+    os.utime(alone, (0, 0))  # its folders are pruned while the walk goes on
     cutoff = datetime.now(UTC) - timedelta(minutes=1)
     assert store.delete_partial_writes("adapters/", cutoff) == []
-    assert store.delete_partial_writes("uploads/", cutoff) == ["uploads/v/.tmp-old.part"]
+    assert store.delete_partial_writes("uploads/", cutoff) == [
+        "uploads/a/b/.tmp-alone.part",
+        "uploads/v/.tmp-old.part",
+    ]
     assert not old.exists() and young.exists() and store.list_keys() == ["uploads/v/kept"]
+    assert not (tmp_path / "uploads/a").exists()
 
 
 def test_s3_incomplete_multipart_uploads_are_aborted(s3_endpoint: str, s3_bucket: str) -> None:
     store = S3BlobStore(s3_bucket, "prefix", endpoint_url=s3_endpoint)
     started = store.client.create_multipart_upload(Bucket=s3_bucket, Key="prefix/uploads/v/weights")
     store.client.upload_part(  # a writer killed mid-upload_fileobj: parts sent, never completed
-        Bucket=s3_bucket, Key="prefix/uploads/v/weights", UploadId=started["UploadId"], PartNumber=1, Body=b"x"
+        Bucket=s3_bucket,
+        Key="prefix/uploads/v/weights",
+        UploadId=started["UploadId"],
+        PartNumber=1,
+        Body=b"x",
     )
     initiated = store.client.list_multipart_uploads(Bucket=s3_bucket)["Uploads"][0]["Initiated"]
     # moto reports a fixed Initiated time (2010), so "younger than the cutoff" is checked against that time.
     assert store.delete_partial_writes("uploads/", initiated - timedelta(seconds=1)) == []
     assert store.delete_partial_writes("adapters/", datetime.now(UTC) + timedelta(hours=1)) == []
-    assert store.delete_partial_writes("uploads/", datetime.now(UTC) + timedelta(hours=1)) == ["uploads/v/weights"]
+    assert store.delete_partial_writes("uploads/", datetime.now(UTC) + timedelta(hours=1)) == [
+        "uploads/v/weights"
+    ]
     assert store.client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
 
 
