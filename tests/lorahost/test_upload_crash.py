@@ -92,16 +92,21 @@ def server(tmp_path: Path, base_model_dir: Path) -> Iterator[Server]:
 def _slow_body(adapter_dir: Path, release: threading.Event) -> Iterator[bytes]:
     """A multipart body that sends its first bytes, then stalls until `release` (the kill) is set."""
     weights = (adapter_dir / pipeline.WEIGHTS_FILENAME).read_bytes()
-    yield (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\ninterrupted\r\n"
-           f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"files\"; "
-           f"filename=\"{pipeline.WEIGHTS_FILENAME}\"\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
+    yield (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="name"\r\n\r\ninterrupted\r\n'
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="files"; '
+        f'filename="{pipeline.WEIGHTS_FILENAME}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+    ).encode()
     yield weights[: len(weights) // 2]
     release.wait(timeout=WAIT_S)  # never completes the body: the server is killed while receiving it
 
 
 def _send_slowly(url: str, key: str, adapter_dir: Path, release: threading.Event) -> threading.Thread:
     def send() -> None:
-        headers = {"Authorization": f"Bearer {key}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+        headers = {
+            "Authorization": f"Bearer {key}",
+            "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+        }
         try:
             httpx.post(f"{url}/v1/adapters", content=_slow_body(adapter_dir, release), headers=headers,
                        timeout=WAIT_S)  # fmt: skip
@@ -214,7 +219,7 @@ def test_kill_9_mid_upload_then_restart_leaves_no_scratch_folder_or_staging_blob
     server: Server, adapter_dirs: dict[str, Path]
 ) -> None:
     adapter_dir = next(iter(adapter_dirs.values()))
-    tenant_id, key = setup_tenant(server.url, ADMIN_KEY)
+    _, key = setup_tenant(server.url, ADMIN_KEY)
     ready = upload_adapter(server.url, key, "kept", adapter_dir)
     kept_files = _all_blob_files(server)
     _kill_mid_body(server, key, adapter_dir)
@@ -250,6 +255,6 @@ def test_kill_9_while_a_version_validates_then_restart_fails_it_and_deletes_its_
     assert "validating" not in _statuses(server) and _scratch_folders(server.data_dir) == []
 
     # While it serves, the inline timer sweeps: the same state written now is failed once it is stale.
-    live_id, live_copy = _validating_row(server, tenant_id, adapter_dir, tmp_path)
+    live_id, _ = _validating_row(server, tenant_id, adapter_dir, tmp_path)
     assert _wait_until(lambda: _status(server, live_id)[0] == "failed"), "the inline upload sweep never ran"
     assert _wait_until(lambda: _all_blob_files(server) == kept_files), _all_blob_files(server)

@@ -131,7 +131,9 @@ def test_never_deletes_a_live_or_young_blob(
 
 
 @pytest.fixture
-def ctx(tmp_path: Path, base_model_dir: Path, db_session_factory: sessionmaker[Session]) -> pipeline.AdapterJobContext:
+def ctx(
+    tmp_path: Path, base_model_dir: Path, db_session_factory: sessionmaker[Session]
+) -> pipeline.AdapterJobContext:
     settings = Settings(data_dir=tmp_path, base_model_path=base_model_dir, admin_key="x",
                         stale_version_age_s=60, orphan_blob_min_age_s=60)  # fmt: skip
     return pipeline.AdapterJobContext(
@@ -142,7 +144,9 @@ def ctx(tmp_path: Path, base_model_dir: Path, db_session_factory: sessionmaker[S
     )
 
 
-def _stage(session: Session, ctx: pipeline.AdapterJobContext, adapter_dirs: dict[str, Path], tmp: Path) -> str:
+def _stage(
+    session: Session, ctx: pipeline.AdapterJobContext, adapter_dirs: dict[str, Path], tmp: Path
+) -> str:
     src = next(iter(adapter_dirs.values()))
     upload = tmp / "upload"
     upload.mkdir(exist_ok=True)
@@ -184,7 +188,9 @@ def test_run_upload_sweeps_fails_a_stale_version_then_removes_every_blob_it_left
     row.created_at = datetime.now(UTC) - timedelta(hours=1)
     db_session.commit()
     store = ctx.blob_store
-    stray = f"adapters/{row.adapter.tenant_id}/{row.adapter_id}/1/adapter_config.json"  # job copied, then died
+    stray = (
+        f"adapters/{row.adapter.tenant_id}/{row.adapter_id}/1/adapter_config.json"  # job copied, then died
+    )
     store.put_file(stray, tmp_path / "upload" / FILES[0])
     _age(store, 3600)  # type: ignore[arg-type]
     result = run_upload_sweeps(ctx)
