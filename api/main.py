@@ -19,6 +19,7 @@ from api.services import Services, build_services, ensure_inference_services
 from api.worker_client import WorkerClient
 from jobs.usage_sweep import PeriodicJob, sweep_usage
 from registry.settings import Settings
+from registry.upload_sweeper import run_upload_sweeps
 
 # /metrics holds aggregate counters and worker ids (no tenant, adapter or key data). Worker ids describe the
 # deployment, so by default it needs the admin key or settings.metrics_token (a Prometheus scrape config's
@@ -59,12 +60,13 @@ def create_app(
         owned = services is None
         app.state.services = services or build_services(settings)
         worker_client = _open_worker_client(app.state.services)
-        usage_sweep = _start_usage_sweep(app.state.services)
+        started = (_start_usage_sweep(app.state.services), _start_upload_sweep(app.state.services))
+        timers = [timer for timer in started if timer is not None]
         try:
             yield
         finally:
-            if usage_sweep is not None:
-                usage_sweep.stop()
+            for timer in timers:
+                timer.stop()
             if worker_client is not None:
                 await worker_client.aclose()
                 app.state.services.extras.pop("worker_client", None)
@@ -90,6 +92,17 @@ def _start_usage_sweep(services: Services) -> PeriodicJob | None:
         "usage-sweep",
         settings.usage_sweep_interval_s,
         lambda: _sweep_usage(services),
+    ).start()
+
+
+def _start_upload_sweep(services: Services) -> PeriodicJob | None:
+    """With inline jobs, fail stale versions and delete orphaned upload blobs on a timer (registry/upload_sweeper.py;
+    Celery beat does it otherwise)."""
+    settings = services.settings
+    if not settings.is_inline_jobs or settings.upload_sweep_interval_s <= 0:
+        return None
+    return PeriodicJob(
+        "upload-sweep", settings.upload_sweep_interval_s, lambda: run_upload_sweeps(services.job_context)
     ).start()
 
 

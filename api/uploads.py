@@ -3,11 +3,18 @@
 The request body is streamed; the byte count is enforced while reading (413 as soon as it is exceeded),
 and file names are checked before any adapter file is written. A client that disconnects mid-body drops
 its upload: nothing is stored, and one info line is logged (no traceback).
+
+Scratch space: each upload gets a folder under `upload_scratch_dir(settings)`, one parent per API instance
+(settings.api_instance_id), removed when the request ends. A process killed mid-upload leaves its folder
+behind; `remove_abandoned_upload_dirs` empties the instance's parent when the instance starts again (nothing
+of the new process is in it yet). The multipart parser's own spool files are anonymous (unlinked on
+creation), so a kill leaves nothing of them.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +28,7 @@ from starlette.requests import ClientDisconnect
 
 from api.errors import ApiError
 from registry.adapter_pipeline import check_incoming_names, safe_basename
+from registry.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,26 @@ class ReceivedUpload:
     name: str
     visibility: str | None
     filenames: list[str]
+
+
+def upload_scratch_dir(settings: Settings) -> Path:
+    """This API instance's parent folder of upload scratch folders (created if missing)."""
+    instance = re.sub(r"[^A-Za-z0-9._-]", "_", settings.resolved_api_instance_id())
+    path = settings.resolved_upload_tmp_dir() / instance
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def remove_abandoned_upload_dirs(settings: Settings) -> list[Path]:
+    """At start, before serving: remove the scratch folders this instance's previous run left (kill -9)."""
+    parent = upload_scratch_dir(settings)
+    abandoned = sorted(parent.iterdir())
+    for path in abandoned:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return abandoned
 
 
 class UploadTooLargeError(MultiPartException):

@@ -11,14 +11,20 @@ from functools import cache
 
 from celery import Celery
 
-from jobs.dispatch import CLOSE_ORPHANED_USAGE_TASK, FAIL_STALE_VERSIONS_TASK, VALIDATE_ADAPTER_TASK
+from jobs.dispatch import (
+    CLOSE_ORPHANED_USAGE_TASK,
+    FAIL_STALE_VERSIONS_TASK,
+    SWEEP_ORPHANED_BLOBS_TASK,
+    VALIDATE_ADAPTER_TASK,
+)
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
 from registry.membership import RedisWorkerDirectory
 from registry.settings import Settings
+from registry.upload_sweeper import sweep_orphaned_blobs
 
-STALE_VERSION_AGE_S = 3600.0
 DEFAULT_USAGE_SWEEP_S = 60.0
+DEFAULT_UPLOAD_SWEEP_S = 600.0
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -37,8 +43,10 @@ def make_celery(settings: Settings) -> Celery:
         task_ignore_result=True,
         broker_connection_retry_on_startup=True,
     )
+    upload_sweep_s = settings.upload_sweep_interval_s or DEFAULT_UPLOAD_SWEEP_S
     app.conf.beat_schedule = {
-        "fail-stale-adapter-versions": {"task": FAIL_STALE_VERSIONS_TASK, "schedule": 600.0},
+        "fail-stale-adapter-versions": {"task": FAIL_STALE_VERSIONS_TASK, "schedule": upload_sweep_s},
+        "sweep-orphaned-upload-blobs": {"task": SWEEP_ORPHANED_BLOBS_TASK, "schedule": upload_sweep_s},
         "close-orphaned-usage": {
             "task": CLOSE_ORPHANED_USAGE_TASK,
             "schedule": settings.usage_sweep_interval_s or DEFAULT_USAGE_SWEEP_S,
@@ -59,9 +67,17 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         return pipeline.run_validation_job(context(), version_id)
 
     @app.task(name=FAIL_STALE_VERSIONS_TASK, shared=False)
-    def fail_stale_versions(max_age_s: float = STALE_VERSION_AGE_S) -> list[str]:
-        """Fail versions whose validation job was lost (periodic housekeeping)."""
-        return pipeline.fail_stale_versions(context(), max_age_s)
+    def fail_stale_versions(max_age_s: float | None = None) -> list[str]:
+        """Fail versions whose validation job was lost (periodic; default age settings.stale_version_age_s)."""
+        return pipeline.fail_stale_versions(context(), max_age_s or settings.stale_version_age_s)
+
+    @app.task(name=SWEEP_ORPHANED_BLOBS_TASK, shared=False)
+    def sweep_orphaned_upload_blobs(min_age_s: float | None = None) -> list[str]:
+        """Delete upload blobs no live version needs (periodic; default age settings.orphan_blob_min_age_s)."""
+        ctx = context()
+        return sweep_orphaned_blobs(
+            ctx.session_factory, ctx.blob_store, min_age_s or settings.orphan_blob_min_age_s
+        )
 
     @app.task(name=CLOSE_ORPHANED_USAGE_TASK, shared=False)
     def close_orphaned_usage() -> int:

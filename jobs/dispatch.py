@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 VALIDATE_ADAPTER_TASK = "lorahost.validate_adapter_version"
 FAIL_STALE_VERSIONS_TASK = "lorahost.fail_stale_versions"
+SWEEP_ORPHANED_BLOBS_TASK = "lorahost.sweep_orphaned_blobs"
 CLOSE_ORPHANED_USAGE_TASK = "lorahost.close_orphaned_usage"
 
 

@@ -135,6 +135,8 @@ def serve(
     services.extras["internal_token"] = worker.internal_token
     services.extras["worker_transport"] = worker.transport  # in-process: no HTTP hop to the worker
     _close_interrupted_usage(services)
+    _remove_abandoned_upload_dirs(services)
+    _sweep_uploads(services)
     typer.echo(
         f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port} "
         f"(in-process worker at {worker.url})"
@@ -176,6 +178,7 @@ def api_server(
     )
     services.extras["internal_token"] = settings.internal_token
     _close_interrupted_usage(services)
+    _remove_abandoned_upload_dirs(services)
     typer.echo(f"lorahost: API on http://{settings.host}:{settings.port}; workers from {_redact_redis(settings)}")
     try:
         uvicorn.run(create_app(settings, services=services), host=settings.host, port=settings.port)
@@ -238,6 +241,28 @@ def _close_interrupted_usage(services: Services) -> None:
         typer.echo(
             f"lorahost: closed {num_closed} request(s) left in progress by the previous run of {owner} as "
             "interrupted (billed to their last checkpoint)"
+        )
+
+
+def _remove_abandoned_upload_dirs(services: Services) -> None:
+    """Before serving: remove the upload scratch folders this API's previous run left (crash, kill -9)."""
+    from api.uploads import remove_abandoned_upload_dirs
+
+    removed = remove_abandoned_upload_dirs(services.settings)
+    if removed:
+        typer.echo(f"lorahost: removed {len(removed)} upload scratch folder(s) left by the previous run")
+
+
+def _sweep_uploads(services: Services) -> None:
+    """Before serving (embedded mode): fail versions whose job died with a previous run and delete orphaned
+    upload blobs, with the configured ages (the inline timer repeats it every upload_sweep_interval_s)."""
+    from registry.upload_sweeper import run_upload_sweeps
+
+    result = run_upload_sweeps(services.job_context)
+    if result.failed_version_ids or result.deleted_blob_keys:
+        typer.echo(
+            f"lorahost: upload sweep failed {len(result.failed_version_ids)} stale adapter version(s) and "
+            f"deleted {len(result.deleted_blob_keys)} orphaned blob(s)"
         )
 
 

@@ -116,6 +116,31 @@ class Settings(BaseSettings):
         "0 = no inline timer)",
     )
 
+    stale_version_age_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Upload sweep: an adapter version still uploading/validating this long after it was created "
+        "lost its validation job (the process died); it is marked failed and its blobs deleted",
+    )
+    orphan_blob_min_age_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Upload sweep: staging blobs (uploads/) of no in-flight version and final blobs (adapters/) no "
+        "version references are deleted once older than this; keep it above the longest upload's staging or "
+        "validation time (a younger blob may be being written before its row commits)",
+    )
+    upload_sweep_interval_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="Seconds between upload sweeps (stale versions, then orphaned blobs): Celery beat in cluster "
+        "mode, an inline timer with inline jobs; `lorahost serve` also sweeps once at start (0 = no inline timer)",
+    )
+    upload_tmp_dir: Path | None = Field(
+        default=None,
+        description="API: where multipart upload bodies are written before validation, one subfolder per API "
+        "instance (api_instance_id), emptied when that instance starts; default data_dir/upload-tmp",
+    )
+
     # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
     worker_host: str = Field(default="127.0.0.1", description="Worker bind address")
     worker_port: int | None = Field(
@@ -181,6 +206,10 @@ class Settings(BaseSettings):
     def resolved_api_instance_id(self, default: str | None = None) -> str:
         """The owner id of this API process's usage rows: api_instance_id, else `default`, else <hostname>-<port>."""
         return self.api_instance_id or default or f"{socket.gethostname()}-{self.port}"
+
+    def resolved_upload_tmp_dir(self) -> Path:
+        """The root of the API's upload scratch folders (default data_dir/upload-tmp)."""
+        return self.upload_tmp_dir or (self.data_dir / "upload-tmp")
 
     def resolved_host_cache_dir(self) -> Path:
         """The worker's adapter file cache directory (default data_dir/host_cache)."""

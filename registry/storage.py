@@ -12,6 +12,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -71,6 +72,19 @@ class BlobStore(ABC):
     @abstractmethod
     def list_keys(self, prefix: str = "") -> list[str]:
         """All keys that start with `prefix`, sorted."""
+
+    @abstractmethod
+    def list_keys_with_mtime(self, prefix: str = "") -> list[tuple[str, datetime]]:
+        """(key, last-modified time, timezone-aware UTC) of every key that starts with `prefix`, sorted by key.
+
+        The orphan sweeper (registry/upload_sweeper.py) leaves a blob younger than its minimum age alone: it may be
+        being written right now, before the version row that will reference it commits.
+        """
+
+    @abstractmethod
+    def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
+        """Discard writes under `prefix` that a killed process began before `older_than` and never finished
+        (local: `.tmp-*.part` files; S3: incomplete multipart uploads). Returns what it removed."""
 
     def get_stream(self, key: str) -> Any:
         """Alias of `open` (a readable binary stream as a context manager)."""
@@ -159,11 +173,40 @@ class LocalBlobStore(BlobStore):
         if not self.root.exists():
             return []
         keys = (
-            p.relative_to(self.root).as_posix()
-            for p in self.root.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")
+            p.relative_to(self.root).as_posix() for p in self._walk_files() if not p.name.startswith(".tmp-")
         )
         return sorted(k for k in keys if k.startswith(prefix))
+
+    def list_keys_with_mtime(self, prefix: str = "") -> list[tuple[str, datetime]]:
+        entries = []
+        for key in self.list_keys(prefix):
+            try:
+                entries.append((key, _utc_from_timestamp(self._path(key).stat().st_mtime)))
+            except FileNotFoundError:  # deleted or moved since it was listed
+                continue
+        return entries
+
+    def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
+        if not self.root.exists():
+            return []
+        removed = []
+        for path in list(self._walk_files()):
+            name = path.relative_to(self.root).as_posix()
+            is_partial = path.name.startswith(".tmp-") and path.name.endswith(".part")
+            if is_partial and name.startswith(prefix) and _is_older(path, older_than):
+                path.unlink(missing_ok=True)
+                self._prune_empty_dirs(path.parent)
+                removed.append(name)
+        return sorted(removed)
+
+    def _walk_files(self) -> Iterator[Path]:
+        """Every file under the root. Tolerates folders removed while it walks (a concurrent delete or move
+        prunes empty folders; os.walk skips what vanished, where Path.rglob raises)."""
+        for folder, _, filenames in os.walk(self.root):
+            for filename in filenames:
+                path = Path(folder) / filename
+                if path.is_file():
+                    yield path
 
     def _prune_empty_dirs(self, directory: Path) -> None:
         root = self.root.resolve()
@@ -272,6 +315,29 @@ class S3BlobStore(BlobStore):
             keys.extend(item["Key"][strip:] for item in page.get("Contents", []))
         return sorted(keys)
 
+    def list_keys_with_mtime(self, prefix: str = "") -> list[tuple[str, datetime]]:
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        entries = []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+            entries.extend((item["Key"][strip:], item["LastModified"]) for item in page.get("Contents", []))
+        return sorted(entries)
+
+    def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        removed = []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+            for upload in page.get("Uploads", []):
+                if upload["Initiated"] < older_than:
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    removed.append(upload["Key"][strip:])
+        return sorted(removed)
+
 
 class _CountingReader:
     """Wraps a binary stream: counts bytes and fills each read (boto3 treats a short read as the end of a
@@ -298,6 +364,17 @@ def _is_missing(exc: Exception) -> bool:
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
     return code in {"404", "NoSuchKey", "NotFound"}
+
+
+def _utc_from_timestamp(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+def _is_older(path: Path, moment: datetime) -> bool:
+    try:
+        return _utc_from_timestamp(path.stat().st_mtime) < moment
+    except FileNotFoundError:
+        return False
 
 
 def _atomic_write(path: Path, src: IO[bytes]) -> None:

@@ -17,7 +17,7 @@ from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
 from api.services import Services
-from api.uploads import client_disconnected, receive_upload
+from api.uploads import client_disconnected, receive_upload, upload_scratch_dir
 from registry import adapter_pipeline, repository
 from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion
@@ -67,7 +67,8 @@ async def upload_adapter(
 async def _accept_multipart(
     request: Request, tenant_id: str, session: Session, services: Services
 ) -> AdapterVersion:
-    with tempfile.TemporaryDirectory(prefix="lorahost-upload-") as tmp:
+    scratch = upload_scratch_dir(services.settings)
+    with tempfile.TemporaryDirectory(prefix="lorahost-upload-", dir=scratch) as tmp:
         received = await receive_upload(request, Path(tmp), services.settings.max_upload_bytes)
         return await run_in_threadpool(
             adapter_pipeline.accept_upload,

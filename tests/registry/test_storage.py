@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,65 @@ def test_lists_and_deletes_by_prefix(store: BlobStore) -> None:
     assert store.list_keys("uploads/") == ["uploads/1/a", "uploads/1/b"]
     store.delete_prefix("uploads/")
     assert store.list_keys() == ["adapters/t/a"]
+
+
+def test_lists_keys_with_their_last_modified_time(store: BlobStore) -> None:
+    before = datetime.now(UTC) - timedelta(seconds=5)  # S3 keeps whole seconds; allow clock skew to moto
+    for key in ("uploads/1/a", "uploads/1/b", "adapters/t/a"):
+        store.put_stream(key, io.BytesIO(b"."))
+    after = datetime.now(UTC) + timedelta(seconds=5)
+    listed = store.list_keys_with_mtime("uploads/")
+    assert [key for key, _ in listed] == ["uploads/1/a", "uploads/1/b"]
+    assert all(before <= modified_at <= after and modified_at.tzinfo is not None for _, modified_at in listed)
+    assert [key for key, _ in store.list_keys_with_mtime()] == store.list_keys()
+
+
+def test_local_mtime_is_the_files_modification_time(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+    store.put_stream("uploads/v/f", io.BytesIO(b"."))
+    long_ago = datetime(2020, 1, 2, 3, 4, 5, tzinfo=UTC)
+    os.utime(tmp_path / "uploads/v/f", (long_ago.timestamp(), long_ago.timestamp()))
+    assert store.list_keys_with_mtime() == [("uploads/v/f", long_ago)]
+
+
+def test_local_partial_writes_older_than_the_cutoff_are_deleted(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+    store.put_stream("uploads/v/kept", io.BytesIO(b"."))
+    old, alone = tmp_path / "uploads/v/.tmp-old.part", tmp_path / "uploads/a/b/.tmp-alone.part"
+    young = tmp_path / "uploads/w/.tmp-young.part"
+    for path in (old, alone, young):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")  # what a writer killed mid-put_stream leaves
+    os.utime(old, (0, 0))
+    os.utime(alone, (0, 0))  # its folders are pruned while the walk goes on
+    cutoff = datetime.now(UTC) - timedelta(minutes=1)
+    assert store.delete_partial_writes("adapters/", cutoff) == []
+    assert store.delete_partial_writes("uploads/", cutoff) == [
+        "uploads/a/b/.tmp-alone.part",
+        "uploads/v/.tmp-old.part",
+    ]
+    assert not old.exists() and young.exists() and store.list_keys() == ["uploads/v/kept"]
+    assert not (tmp_path / "uploads/a").exists()
+
+
+def test_s3_incomplete_multipart_uploads_are_aborted(s3_endpoint: str, s3_bucket: str) -> None:
+    store = S3BlobStore(s3_bucket, "prefix", endpoint_url=s3_endpoint)
+    started = store.client.create_multipart_upload(Bucket=s3_bucket, Key="prefix/uploads/v/weights")
+    store.client.upload_part(  # a writer killed mid-upload_fileobj: parts sent, never completed
+        Bucket=s3_bucket,
+        Key="prefix/uploads/v/weights",
+        UploadId=started["UploadId"],
+        PartNumber=1,
+        Body=b"x",
+    )
+    initiated = store.client.list_multipart_uploads(Bucket=s3_bucket)["Uploads"][0]["Initiated"]
+    # moto reports a fixed Initiated time (2010), so "younger than the cutoff" is checked against that time.
+    assert store.delete_partial_writes("uploads/", initiated - timedelta(seconds=1)) == []
+    assert store.delete_partial_writes("adapters/", datetime.now(UTC) + timedelta(hours=1)) == []
+    assert store.delete_partial_writes("uploads/", datetime.now(UTC) + timedelta(hours=1)) == [
+        "uploads/v/weights"
+    ]
+    assert store.client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "../escape", "a/../b", "a//b"])
