@@ -51,8 +51,8 @@ def make_engine(database_url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     # An API process runs sync work on up to 40 threadpool threads, and an upload with an inline validation
-    # job can use two sessions at once: SQLAlchemy's default 5 + 10 connections queue them under a burst.
-    kwargs.setdefault("pool_size", 10)
+    # job can use two sessions at once: the default 10 overflow connections queue them under a burst.
+    # Overflow connections close when returned, so idle processes still keep at most pool_size (5) open.
     kwargs.setdefault("max_overflow", 40)
     return create_engine(database_url, **kwargs)
 
