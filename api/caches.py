@@ -22,8 +22,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from registry.ratelimit import RateLimits
-from registry.worker_protocol import AdapterRef
+from api.ratelimit import RateLimits
+from cluster.protocol import AdapterRef
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -22,7 +22,7 @@ from starlette.types import Receive
 from api.disconnect import run_until_disconnect
 from api.metrics import ApiMetrics
 from api.worker_client import num_ready_workers
-from registry.membership import WorkerRecord
+from cluster.membership import WorkerRecord
 from registry.settings import Settings
 
 ListRecords = Callable[[], Awaitable[list[WorkerRecord]]]

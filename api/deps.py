@@ -20,7 +20,7 @@ from api.errors import ApiError
 from api.services import Services
 from registry import keys, repository
 from registry.models import Tenant
-from registry.ratelimit import RateLimits
+from api.ratelimit import RateLimits
 from registry.settings import Settings
 from registry.storage import BlobStore
 

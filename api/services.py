@@ -16,8 +16,8 @@ from jobs.dispatch import JobDispatcher, make_job_dispatcher
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
-from registry.membership import InMemoryWorkerDirectory, WorkerRecord
-from registry.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
+from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
+from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from registry.settings import Settings
 from registry.storage import BlobStore, make_blob_store
 
@@ -80,11 +80,11 @@ def build_services(
 # ---- inference services (extras) ----------------------------------------------------------------------
 # services.extras keys used by the inference path:
 #   "tokenizer"        api.prompting.BaseModelTokenizer | None (None: no base model configured)
-#   "rate_limiter"     registry.ratelimit.RateLimiter (Redis when settings.redis_url, else in memory)
+#   "rate_limiter"     api.ratelimit.RateLimiter (Redis when settings.redis_url, else in memory)
 #   "metrics"          api.metrics.ApiMetrics (worker gauges read from "worker_directory" at scrape time)
 #   "usage_ledger"     api.metering.UsageLedger
 #   "worker_client"    api.worker_client.WorkerClient (created in the app lifespan: it owns an AsyncClient)
-#   "worker_directory" registry.membership.WorkerDirectory, published by whoever runs/knows the workers
+#   "worker_directory" cluster.membership.WorkerDirectory, published by whoever runs/knows the workers
 #   "internal_token"   the workers' bearer token (defaults to settings.internal_token)
 #   "worker_transport" api.worker_client.LocalWorkerTransport | None: the in-process worker of embedded mode
 #                      (published by `lorahost serve`); requests routed to it skip the loopback HTTP hop

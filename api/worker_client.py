@@ -1,6 +1,6 @@
 """Talking to workers: pick one (scheduler.router) and stream a generation from it.
 
-The contract is `registry.worker_protocol`: POST {url}/internal/v1/generate with the bearer internal token
+The contract is `cluster.protocol`: POST {url}/internal/v1/generate with the bearer internal token
 returns zero or more `delta` events then exactly one `final` or `error` event. Closing the HTTP stream
 aborts the engine request, so `WorkerStream.aclose()` is how a client disconnect reaches the engine.
 
@@ -26,8 +26,8 @@ import httpcore
 import httpx
 from pydantic import ValidationError
 
-from registry.membership import WorkerRecord
-from registry.worker_protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
+from cluster.membership import WorkerRecord
+from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
 from scheduler.router import ResidencyThenLeastLoaded, Router, RouteRequest, WorkerView, ready_workers
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class LocalWorkerTransport(Protocol):
     """A worker in this process, reached without HTTP (implemented by gpu_workers.server for embedded mode).
 
     `open_stream` runs the worker's checks and returns the stream, or raises
-    `registry.worker_protocol.WorkerRefusedError` (what HTTP answers with a non-200 status).
+    `cluster.protocol.WorkerRefusedError` (what HTTP answers with a non-200 status).
     """
 
     def serves(self, worker: WorkerRecord) -> bool:

@@ -1,4 +1,4 @@
-"""The worker HTTP process: the internal API of registry/worker_protocol.py over one engine.
+"""The worker HTTP process: the internal API of cluster/protocol.py over one engine.
 
 The only engine-side module that touches the blob store: `build_worker_service` injects the blob store's
 `download_to` into the host adapter cache. Per-call behaviour lives in worker_service.py.
@@ -41,9 +41,9 @@ from gpu_workers.worker_service import (
     WorkerError,
     WorkerService,
 )
-from registry.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
+from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
 from registry.settings import Settings
-from registry.worker_protocol import (
+from cluster.protocol import (
     INTERNAL_PREFIX,
     AdapterRef,
     GenerateEvent,
@@ -222,7 +222,7 @@ class _Unauthorized(Exception):
 
 
 def create_worker_app(runtime: WorkerRuntime) -> FastAPI:
-    """The worker's FastAPI app (internal API; see registry/worker_protocol.py)."""
+    """The worker's FastAPI app (internal API; see cluster/protocol.py)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -490,7 +490,7 @@ def make_directory(settings: Settings) -> WorkerDirectory:
         return InMemoryWorkerDirectory()
     import redis
 
-    from registry.membership import RedisWorkerDirectory
+    from cluster.membership import RedisWorkerDirectory
 
     return RedisWorkerDirectory(
         redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix

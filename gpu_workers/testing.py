@@ -40,9 +40,9 @@ from typing import Any
 
 import httpx
 
-from registry.membership import InMemoryWorkerDirectory, WorkerDirectory
+from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
 from registry.settings import Settings
-from registry.worker_protocol import INTERNAL_PREFIX, AdapterRef
+from cluster.protocol import INTERNAL_PREFIX, AdapterRef
 
 # Small engine defaults so test workers start fast and use little memory.
 TEST_ENGINE_SETTINGS: dict[str, Any] = {

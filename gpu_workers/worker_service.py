@@ -22,8 +22,8 @@ from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, PromptT
 from gpu_workers.host_cache import AdapterFiles, HostAdapterCache
 from gpu_workers.outputs import RequestOutput
 from gpu_workers.sampling import SamplingParams
-from registry.membership import WorkerRecord
-from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats
+from cluster.membership import WorkerRecord
+from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats
 
 
 class WorkerError(Exception):

@@ -19,7 +19,7 @@ from jobs.dispatch import (
 )
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
-from registry.membership import RedisWorkerDirectory
+from cluster.membership import RedisWorkerDirectory
 from registry.settings import Settings
 from registry.upload_sweeper import sweep_orphaned_blobs
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from registry.membership import WorkerDirectory
+from cluster.membership import WorkerDirectory
 from registry.settings import Settings
 from registry.usage import close_expired_usage, close_orphaned_usage
 

@@ -106,7 +106,7 @@ def serve(
     from api.services import build_services
     from gpu_workers.server import EmbeddedWorker
     from migrations.runner import upgrade
-    from registry.membership import InMemoryWorkerDirectory
+    from cluster.membership import InMemoryWorkerDirectory
     from registry.settings import Settings
 
     overrides = {"host": host, "port": port, "data_dir": data_dir, "base_model_path": base_model}
@@ -163,7 +163,7 @@ def api_server(
 
     from api.main import create_app
     from api.services import build_services
-    from registry.membership import RedisWorkerDirectory
+    from cluster.membership import RedisWorkerDirectory
     from registry.settings import Settings
 
     overrides = {"host": host, "port": port}

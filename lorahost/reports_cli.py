@@ -77,7 +77,7 @@ def slo(
     from rich.table import Table
 
     from registry.models import Tenant
-    from registry.slo_plots import plot_attainment_by_tenant, plot_latency_over_time
+    from lorahost.slo_plots import plot_attainment_by_tenant, plot_latency_over_time
     from registry.usage import GROUP_BYS, SloGroup, slo_report
 
     lo, hi = _period(start, end)

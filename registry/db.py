@@ -50,6 +50,10 @@ def make_engine(database_url: str, **kwargs: Any) -> Engine:
         _configure_sqlite(engine, is_file=":memory:" not in database_url and database_url != "sqlite://")
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    # An API process runs sync work on up to 40 threadpool threads, and an upload with an inline validation
+    # job can use two sessions at once: the default 10 overflow connections queue them under a burst.
+    # Overflow connections close when returned, so idle processes still keep at most pool_size (5) open.
+    kwargs.setdefault("max_overflow", 40)
     return create_engine(database_url, **kwargs)
 
 

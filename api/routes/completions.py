@@ -47,10 +47,10 @@ from api.services import Services, is_in_memory_directory, live_workers
 from api.worker_client import WorkerStream, WorkerUnavailableError
 from registry import repository
 from registry.errors import RegistryError
-from registry.membership import WorkerRecord
-from registry.ratelimit import InMemoryRateLimiter, RateLimits
+from cluster.membership import WorkerRecord
+from api.ratelimit import InMemoryRateLimiter, RateLimits
 from registry.settings import Settings
-from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec
+from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec
 from scheduler.router import RouteRequest
 
 log = logging.getLogger(__name__)

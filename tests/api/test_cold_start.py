@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
 from api.cold_start import ColdStartTimeout, ColdStartWait
-from registry.membership import WorkerRecord
+from cluster.membership import WorkerRecord
 from registry.settings import Settings
 from tests.api import asgi_support
 from tests.api.conftest import ADMIN_KEY, TenantHandle

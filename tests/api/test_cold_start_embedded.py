@@ -19,7 +19,7 @@ from api.main import create_app
 from api.services import build_services
 from gpu_workers.server import EmbeddedWorker
 from gpu_workers.testing import TEST_ENGINE_SETTINGS
-from registry.membership import InMemoryWorkerDirectory
+from cluster.membership import InMemoryWorkerDirectory
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from tests.api.conftest import ADMIN_KEY, TenantHandle

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 
 from api.worker_client import WorkerClient
 from registry import repository
-from registry.membership import InMemoryWorkerDirectory, WorkerRecord
+from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from registry.models import AdapterVersion, UsageRecord
-from registry.worker_protocol import GenerateRequest
+from cluster.protocol import GenerateRequest
 
 BASE_MODEL = "lorahost-base"
 

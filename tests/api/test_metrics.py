@@ -1,7 +1,7 @@
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import ApiMetrics
-from registry.membership import WorkerRecord
+from cluster.membership import WorkerRecord
 
 
 def _samples(text: bytes) -> dict[tuple[str, tuple], float]:

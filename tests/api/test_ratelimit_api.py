@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.services import make_rate_limiter
-from registry.ratelimit import InMemoryRateLimiter, RedisRateLimiter
+from api.ratelimit import InMemoryRateLimiter, RedisRateLimiter
 from registry.settings import Settings
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows

@@ -17,8 +17,8 @@ from starlette.routing import Route
 
 from api.worker_client import WorkerClient
 from gpu_workers.testing import free_port
-from registry.membership import WorkerRecord
-from registry.worker_protocol import GenerateRequest
+from cluster.membership import WorkerRecord
+from cluster.protocol import GenerateRequest
 from scheduler.router import RouteRequest
 
 

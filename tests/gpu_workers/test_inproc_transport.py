@@ -18,8 +18,8 @@ from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from gpu_workers.server import EmbeddedWorker, InProcessWorkerTransport
 from gpu_workers.testing import RunningWorker, put_adapter
 from gpu_workers.worker_service import WorkerService
-from registry.membership import WorkerRecord
-from registry.worker_protocol import AdapterRef, GenerateEvent, GenerateRequest
+from cluster.membership import WorkerRecord
+from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
 
 PROMPT = "hello world the river"
 

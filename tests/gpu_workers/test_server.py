@@ -16,7 +16,7 @@ import pytest
 from gpu_workers.sampling import SamplingParams
 from gpu_workers.server import EmbeddedWorker
 from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
-from registry.worker_protocol import INTERNAL_PREFIX, AdapterRef, GenerateEvent, GenerateRequest, WorkerStats
+from cluster.protocol import INTERNAL_PREFIX, AdapterRef, GenerateEvent, GenerateRequest, WorkerStats
 
 PROMPT = "hello world the river"
 

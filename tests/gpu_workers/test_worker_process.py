@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpu_workers.testing import RunningWorker, worker_process
-from registry.worker_protocol import GenerateEvent, GenerateRequest
+from cluster.protocol import GenerateEvent, GenerateRequest
 from tests.services import REDIS_URL, redis_with_prefix
 
 

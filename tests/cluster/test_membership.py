@@ -2,7 +2,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from registry.membership import InMemoryWorkerDirectory, RedisWorkerDirectory, WorkerDirectory, WorkerRecord
+from cluster.membership import InMemoryWorkerDirectory, RedisWorkerDirectory, WorkerDirectory, WorkerRecord
 from tests.services import redis_with_prefix
 
 

@@ -2,7 +2,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from registry.ratelimit import InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
+from api.ratelimit import InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
 from tests.services import redis_with_prefix
 
 
