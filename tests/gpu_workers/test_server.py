@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import time
 from collections.abc import Coroutine, Iterator
@@ -208,8 +209,9 @@ def test_health_ready_stats_and_heartbeat_record(worker: RunningWorker, client: 
     assert stats.num_total_kv_blocks == 256
     [record] = worker.directory.list_live()
     assert record.worker_id == worker.worker_id and record.url == worker.url and record.is_ready
-    # the record is the worker's stats plus its URL (one typed model: WorkerRecord.from_stats)
-    assert record == WorkerRecord.from_stats(_stats(client), worker.url)
+    # the record is the worker's stats plus its URL, typed (one model: WorkerRecord.from_stats)
+    assert {f.name for f in dataclasses.fields(WorkerRecord)} == set(WorkerStats.model_fields) | {"url"}
+    assert record.num_total_kv_blocks == 256 and record.max_num_seqs == stats.max_num_seqs
 
 
 def test_lru_unload_skips_adapters_in_use(
