@@ -15,7 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.caches import TenantAuth, TtlCache, key_digest
+from api.caches import TenantAuth, key_digest
 from api.errors import ApiError
 from api.services import Services
 from registry import keys, repository
@@ -82,7 +82,7 @@ async def get_inference_tenant(services: ServicesDep, credentials: BearerDep) ->
     a thread only on a miss. Same 401/403 answers as get_current_tenant."""
     if credentials is None:
         raise _unauthorized("missing API key: send 'Authorization: Bearer <your lh_... key>'")
-    cache: TtlCache[str, TenantAuth] = services.extras["auth_cache"]
+    cache = services.auth_cache
     digest = key_digest(credentials.credentials)
     auth = cache.get(digest)
     if auth is None:

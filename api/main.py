@@ -1,6 +1,7 @@
 """The FastAPI app factory. `create_app(settings)` builds everything from settings in the lifespan.
 
-Extensible: later features add routers (`routers=`) and services (`services.extras`, `app.state`).
+Extensible: later features add routers (`routers=`/`extra_routers=`), services as typed fields of
+`api.services.Services`, and anything else on `app.state`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.routes import adapters, admin, completions, health, models, reports, usage
-from api.services import Services, build_services, ensure_inference_services
+from api.services import Services, build_services
 from api.worker_client import WorkerClient
 from jobs.usage_sweep import PeriodicJob, sweep_usage
 from registry.settings import Settings
@@ -30,7 +31,7 @@ metrics_router = APIRouter(tags=["metrics"])
 @metrics_router.get("/metrics", include_in_schema=False)
 def metrics(request: Request, _: MetricsAccessDep) -> Response:
     """Prometheus text exposition of the API's metrics and the live workers' gauges."""
-    body = request.app.state.services.extras["metrics"].render()
+    body = request.app.state.services.metrics.render()
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
@@ -69,8 +70,8 @@ def create_app(
                 timer.stop()
             if worker_client is not None:
                 await worker_client.aclose()
-                app.state.services.extras.pop("worker_client", None)
-            app.state.services.extras["usage_ledger"].close()  # queued usage rows are written
+                app.state.services.worker_client = None
+            app.state.services.usage_ledger.close()  # queued usage rows are written
             if owned:
                 app.state.services.close()
 
@@ -108,17 +109,15 @@ def _start_upload_sweep(services: Services) -> PeriodicJob | None:
 
 def _sweep_usage(services: Services) -> None:
     # The directory is read at each run: whoever runs the workers publishes it after startup.
-    sweep_usage(services.session_factory, services.extras.get("worker_directory"), services.settings)
+    sweep_usage(services.session_factory, services.worker_directory, services.settings)
 
 
 def _open_worker_client(services: Services) -> WorkerClient | None:
     """Give the services a worker client for this app's lifetime (None if one was passed in)."""
-    ensure_inference_services(services)
-    if "worker_client" in services.extras:
+    if services.worker_client is not None:
         return None
     client = WorkerClient.create(
-        lambda: services.extras.get("internal_token") or services.settings.internal_token,
-        local=services.extras.get("worker_transport"),
+        services.resolved_internal_token, local=services.worker_transport, router=services.router
     )
-    services.extras["worker_client"] = client
+    services.worker_client = client
     return client

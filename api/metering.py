@@ -86,6 +86,7 @@ class RequestMeter:
     adapter_version_id: str | None = None
     worker_id: str | None = None
     num_prompt_tokens: int = 0
+    predicted_output_tokens: int | None = None  # api/inference/predict.py; None: refused before the prediction
     num_delivered_tokens: int = 0
     is_prefilled: bool = False
     started_at: datetime = field(default_factory=utcnow)
@@ -143,6 +144,7 @@ class RequestMeter:
             "model_name": self.model_name or "unknown",
             "prompt_tokens": 0,
             "completion_tokens": 0,
+            "predicted_output_tokens": self.predicted_output_tokens,
             "status": OPEN_USAGE_STATUS,
             "worker_id": self.worker_id,
             "api_instance_id": api_instance_id,
@@ -182,6 +184,7 @@ class RequestMeter:
             "model_name": self.model_name or "unknown",
             "prompt_tokens": self.billed_prompt_tokens(status),
             "completion_tokens": delivered,
+            "predicted_output_tokens": self.predicted_output_tokens,
             "ttft_ms": ttft if status != "rejected" else None,
             "tpot_ms": tpot if status != "rejected" else None,
             "e2e_ms": e2e,
@@ -414,3 +417,11 @@ class UsageLedger:
         except Exception:
             log.exception("could not write the usage row of request %s", values["request_id"])
             raise
+
+
+async def record_quietly(ledger: UsageLedger, meter: RequestMeter, status: str, message: str) -> None:
+    """Record from a finaliser: log failures instead of masking the original exit."""
+    try:
+        await ledger.record(meter, status, message)
+    except Exception:  # noqa: BLE001 - a finaliser must not raise; the ledger logged the cause
+        log.warning("request %s: usage not recorded from the finaliser", meter.request_id)

@@ -40,9 +40,9 @@ class WorkerCollector(Collector):
             waiting.add_metric([w.worker_id], w.num_waiting)
             resident.add_metric([w.worker_id, "device"], len(w.device_adapters))
             resident.add_metric([w.worker_id, "host"], len(w.host_adapters))
-            hits.add_metric([w.worker_id], float(w.extra.get("num_cache_hits", 0)))
-            misses.add_metric([w.worker_id], float(w.extra.get("num_cache_misses", 0)))
-            loads.add_metric([w.worker_id], float(w.extra.get("num_adapter_loads", 0)))
+            hits.add_metric([w.worker_id], float(w.num_cache_hits))
+            misses.add_metric([w.worker_id], float(w.num_cache_misses))
+            loads.add_metric([w.worker_id], float(w.num_adapter_loads))
         yield from (running, waiting, resident, hits, misses, loads)
 
 

@@ -1,46 +1,74 @@
-"""The long-lived services an API process holds (on `app.state.services`), built once from settings."""
+"""The long-lived services an API process holds (on `app.state.services`), built once from settings.
+
+One typed field per component. `build_services` fills every field it can from settings; whoever runs or
+knows the workers publishes the rest after building (`lorahost serve` / `lorahost api`, tests):
+  worker_directory  cluster.membership.WorkerDirectory the live workers are read from (None: no worker yet)
+  internal_token    the workers' bearer token (None: settings.internal_token)
+  worker_transport  the in-process worker of embedded mode (`lorahost serve`): requests routed to it skip
+                    the loopback HTTP hop
+  worker_client     created in the app lifespan (it owns an AsyncClient) unless one is set beforehand
+Assign a field to replace a component (a fake tokenizer, a clock-driven rate limiter or cache).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.caches import TtlCache
+from api.caches import ResolvedModel, TenantAuth, TtlCache
+from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor
 from api.metering import UsageLedger
 from api.metrics import ApiMetrics
-from api.prompting import load_base_tokenizer
+from api.prompting import BaseModelTokenizer, load_base_tokenizer
+from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
+from api.worker_client import LocalWorkerTransport, WorkerClient
+from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
 from jobs.dispatch import JobDispatcher, make_job_dispatcher
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
-from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
-from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from registry.settings import Settings
 from registry.storage import BlobStore, make_blob_store
+from scheduler.router import Router, make_router
 
 
 @dataclass
 class Services:
-    """Everything routes use besides the request. `extras` is for services added by later features."""
+    """Everything routes use besides the request."""
 
     settings: Settings
     session_factory: sessionmaker[Session]
     blob_store: BlobStore
     job_context: AdapterJobContext
     jobs: JobDispatcher
+    # the inference path (api/inference/)
+    tokenizer: BaseModelTokenizer | None  # None: no base model configured (inference answers 503)
+    rate_limiter: RateLimiter  # Redis when settings.redis_url, else in memory
+    metrics: ApiMetrics  # worker gauges read from worker_directory at scrape time
+    usage_ledger: UsageLedger
+    auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.auth_cache_ttl_s)
+    model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.model_cache_ttl_s)
+    router: Router  # the routing policy (settings.router_policy)
+    # the output-length prediction (api/inference/predict.py): max_tokens until [Scheduler] sets a predictor
+    predictor: OutputLengthPredictor = field(default_factory=MaxTokensPredictor)
     admin_key_hash: str | None = None
     engine: Engine | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    # published by whoever runs or knows the workers (see the module docstring)
+    worker_directory: WorkerDirectory | None = None
+    internal_token: str | None = None
+    worker_transport: LocalWorkerTransport | None = None
+    worker_client: WorkerClient | None = None
+
+    def resolved_internal_token(self) -> str | None:
+        """The token sent to workers: the published one, else settings.internal_token (read at send time)."""
+        return self.internal_token or self.settings.internal_token
 
     def close(self) -> None:
         """Stop the usage writer (its queued rows are written) and release connections (engine owned by these
         services only)."""
-        ledger = self.extras.get("usage_ledger")
-        if ledger is not None:
-            ledger.close()
+        self.usage_ledger.close()
         if self.engine is not None:
             self.engine.dispose()
 
@@ -64,32 +92,30 @@ def build_services(
         blob_store=blob_store,
         limits=limits_from_settings(settings),
     )
+    services: Services  # read by the metrics collector at scrape time, once assigned below
+    metrics = ApiMetrics(list_workers=lambda: live_workers(services))
     services = Services(
         settings=settings,
         session_factory=session_factory,
         blob_store=blob_store,
         job_context=ctx,
         jobs=jobs or make_job_dispatcher(settings, ctx),
+        tokenizer=load_base_tokenizer(settings.base_model_path),
+        rate_limiter=make_rate_limiter(settings),
+        metrics=metrics,
+        usage_ledger=UsageLedger(
+            session_factory,
+            metrics,
+            api_instance_id=settings.resolved_api_instance_id(),
+            checkpoint_interval_s=settings.usage_checkpoint_interval_s,
+        ),
+        auth_cache=TtlCache(settings.auth_cache_ttl_s),
+        model_cache=TtlCache(settings.model_cache_ttl_s),
+        router=make_router(settings.router_policy),
         admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
     )
-    ensure_inference_services(services)
     return services
-
-
-# ---- inference services (extras) ----------------------------------------------------------------------
-# services.extras keys used by the inference path:
-#   "tokenizer"        api.prompting.BaseModelTokenizer | None (None: no base model configured)
-#   "rate_limiter"     api.ratelimit.RateLimiter (Redis when settings.redis_url, else in memory)
-#   "metrics"          api.metrics.ApiMetrics (worker gauges read from "worker_directory" at scrape time)
-#   "usage_ledger"     api.metering.UsageLedger
-#   "worker_client"    api.worker_client.WorkerClient (created in the app lifespan: it owns an AsyncClient)
-#   "worker_directory" cluster.membership.WorkerDirectory, published by whoever runs/knows the workers
-#   "internal_token"   the workers' bearer token (defaults to settings.internal_token)
-#   "worker_transport" api.worker_client.LocalWorkerTransport | None: the in-process worker of embedded mode
-#                      (published by `lorahost serve`); requests routed to it skip the loopback HTTP hop
-#   "auth_cache"       api.caches.TtlCache[str, TenantAuth] (verified keys, settings.auth_cache_ttl_s)
-#   "model_cache"      api.caches.TtlCache[(tenant id, model), ResolvedModel] (settings.model_cache_ttl_s)
 
 
 def make_rate_limiter(settings: Settings) -> RateLimiter:
@@ -105,32 +131,10 @@ def make_rate_limiter(settings: Settings) -> RateLimiter:
 
 def live_workers(services: Services) -> list[WorkerRecord]:
     """The live worker records from the published directory (none when no directory is published)."""
-    directory = services.extras.get("worker_directory")
+    directory = services.worker_directory
     return directory.list_live() if directory is not None else []
 
 
 def is_in_memory_directory(services: Services) -> bool:
     """True when the worker directory is process-local (cheap enough to read on the event loop)."""
-    return isinstance(services.extras.get("worker_directory"), InMemoryWorkerDirectory | None)
-
-
-def ensure_inference_services(services: Services) -> None:
-    """Fill in the inference extras that are missing (idempotent; pass your own to replace any)."""
-    extras = services.extras
-    if "tokenizer" not in extras:
-        extras["tokenizer"] = load_base_tokenizer(services.settings.base_model_path)
-    if "rate_limiter" not in extras:
-        extras["rate_limiter"] = make_rate_limiter(services.settings)
-    if "metrics" not in extras:
-        extras["metrics"] = ApiMetrics(list_workers=lambda: live_workers(services))
-    if "auth_cache" not in extras:
-        extras["auth_cache"] = TtlCache(services.settings.auth_cache_ttl_s)
-    if "model_cache" not in extras:
-        extras["model_cache"] = TtlCache(services.settings.model_cache_ttl_s)
-    if "usage_ledger" not in extras:
-        extras["usage_ledger"] = UsageLedger(
-            services.session_factory,
-            extras["metrics"],
-            api_instance_id=services.settings.resolved_api_instance_id(),
-            checkpoint_interval_s=services.settings.usage_checkpoint_interval_s,
-        )
+    return isinstance(services.worker_directory, InMemoryWorkerDirectory | None)

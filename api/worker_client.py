@@ -5,8 +5,8 @@ returns zero or more `delta` events then exactly one `final` or `error` event. C
 aborts the engine request, so `WorkerStream.aclose()` is how a client disconnect reaches the engine.
 
 Transports: workers are reached over HTTP (NDJSON), except a worker running in this process (embedded
-mode, `lorahost serve`): whoever runs it publishes a `LocalWorkerTransport` (services.extras
-"worker_transport") and requests to that worker skip the loopback HTTP hop. Both transports give the same
+mode, `lorahost serve`): whoever runs it publishes a `LocalWorkerTransport` (services.worker_transport)
+and requests to that worker skip the loopback HTTP hop. Both transports give the same
 `WorkerStream`: same first-event semantics, same refusal mapping, aclose() aborts the engine request.
 
 A worker that cannot start the request (connection refused/reset, a non-200 answer, or an `overloaded` /
@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
-from scheduler.router import ResidencyThenLeastLoaded, Router, RouteRequest, WorkerView, ready_workers
+from scheduler.router import Router, RouteRequest, WorkerView, make_router, ready_workers
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,8 @@ def _coalescing_transport() -> httpx.AsyncHTTPTransport:
 
 
 class WorkerClient:
-    """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy."""
+    """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy
+    (settings.router_policy via services.router; the default policy when none is given)."""
 
     def __init__(
         self,
@@ -297,7 +298,7 @@ class WorkerClient:
     ) -> None:
         self.http = http
         self.internal_token = internal_token
-        self.router = router or ResidencyThenLeastLoaded()
+        self.router = router or make_router()
         self.local = local  # the in-process worker (embedded mode), reached without HTTP
         self._generate_urls: dict[str, httpx.URL] = {}
 
@@ -307,11 +308,13 @@ class WorkerClient:
         internal_token: TokenSource,
         transport: httpx.AsyncBaseTransport | None = None,
         local: LocalWorkerTransport | None = None,
+        router: Router | None = None,
     ) -> WorkerClient:
         """A client with the default timeouts (pass a transport to reach fake workers in tests, `local` for
-        an in-process worker)."""
+        an in-process worker, `router` for the routing policy)."""
         transport = transport or _coalescing_transport()
-        return cls(httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport), internal_token, local=local)
+        http = httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport)
+        return cls(http, internal_token, router=router, local=local)
 
     async def aclose(self) -> None:
         """Close the connection pool."""

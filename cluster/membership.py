@@ -9,13 +9,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Protocol
+
+from cluster.protocol import WorkerStats
 
 
 @dataclass(frozen=True)
 class WorkerRecord:
-    """A worker's advertised state (refreshed on every heartbeat)."""
+    """A worker's advertised state (refreshed on every heartbeat): its WorkerStats plus the URL it is reached at.
+
+    Built on the worker with `from_stats` (the one conversion). Stored as JSON; `from_json` ignores keys it
+    does not know (a newer worker's fields) and reads the counters an older worker kept in an `extra` dict.
+    """
 
     worker_id: str
     url: str
@@ -27,19 +33,40 @@ class WorkerRecord:
     host_adapters: tuple[str, ...] = ()
     is_ready: bool = True
     is_draining: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    num_active: int = 0
+    num_free_kv_blocks: int = 0
+    num_total_kv_blocks: int = 0
+    num_cache_hits: int = 0
+    num_cache_misses: int = 0
+    num_adapter_loads: int = 0
+    num_adapter_unloads: int = 0
+    num_load_failures: int = 0
+
+    @classmethod
+    def from_stats(cls, stats: WorkerStats, url: str) -> WorkerRecord:
+        """The heartbeat record of a worker reached at `url` whose state is `stats`."""
+        values = stats.model_dump()
+        values["device_adapters"] = tuple(stats.device_adapters)
+        values["host_adapters"] = tuple(stats.host_adapters)
+        return cls(url=url, **{name: values[name] for name in _FIELD_NAMES if name in values})
 
     def to_json(self) -> str:
         """Serialise for storage."""
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> "WorkerRecord":
-        """Parse a stored record."""
-        data = json.loads(raw)
+    def from_json(cls, raw: str | bytes) -> WorkerRecord:
+        """Parse a stored record (unknown keys are ignored; a legacy `extra` dict fills the counters)."""
+        data: dict[str, Any] = json.loads(raw)
+        legacy = data.pop("extra", None)
+        if isinstance(legacy, dict):
+            data = {**legacy, **data}
         data["device_adapters"] = tuple(data.get("device_adapters", ()))
         data["host_adapters"] = tuple(data.get("host_adapters", ()))
-        return cls(**data)
+        return cls(**{name: value for name, value in data.items() if name in _FIELD_NAMES})
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(WorkerRecord))
 
 
 class WorkerDirectory(Protocol):

@@ -15,12 +15,20 @@ Closing the HTTP stream early aborts the engine request (its blocks are freed).
 NDJSON lines omit fields at their default values; parse each with `GenerateEvent.model_validate_json`.
 
 Errors: everything detectable before generation starts is an HTTP error with the JSON body
-`{"error": {"type": <code>, "message": <what to change>}}` and no stream:
-  401 unauthorized (missing or wrong token), 400 bad_request (invalid body or sampling, empty prompt or
-  both/neither of prompt and prompt_token_ids, prompt >= max_model_len, duplicate request_id),
-  424 adapter_unavailable (the adapter's blobs are missing, fail the sha256 check or do not load),
+`{"error": {"type": <code>, "message": <what to change>}}` and no stream. Each code has one HTTP status,
+`WORKER_ERROR_STATUS` below: the worker answers with it, and the API answers a tenant with the same status
+for the codes in `TENANT_VISIBLE_CODES` (the others are the deployment's failures: the API answers 502):
+  400 bad_request (invalid body or sampling, empty prompt or both/neither of prompt and prompt_token_ids,
+      prompt >= max_model_len, duplicate request_id)
+  401 unauthorized (missing or wrong internal token; a tenant sees 502: the deployment is misconfigured)
+  424 adapter_unavailable (the adapter's blobs are missing, fail the sha256 check or do not load). Not the
+      tenant's request's fault, but not worth a blind retry either: the same files fail the same way on
+      every worker until the version is re-uploaded or the operator repairs the blob store, so it is
+      neither a 400 (the request is valid) nor a 503 with Retry-After (OpenAI clients retry those). 424
+      Failed Dependency says the request depended on something that failed; clients do not auto-retry it.
   503 draining (worker shutting down: route elsewhere), 503 overloaded (model still loading, or every
-  loaded adapter is in use).
+      loaded adapter is in use): both retried on another worker, then held as a cold start
+  500 internal (an engine failure; a tenant sees 502)
 Once the 200 stream has started, failures arrive as one terminal `error` event (code internal for an
 engine failure; bad_request / adapter_unavailable only in races the up-front checks cannot see).
 The adapter is fetched and loaded before the response starts, so a cold adapter delays the headers.
@@ -38,6 +46,27 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 INTERNAL_PREFIX = "/internal/v1"
+
+# One HTTP status per worker error code, used by the worker to answer and by the API to answer the tenant.
+WORKER_ERROR_STATUS: dict[str, int] = {
+    "bad_request": 400,
+    "unauthorized": 401,
+    "adapter_unavailable": 424,
+    "internal": 500,
+    "overloaded": 503,
+    "draining": 503,
+}
+# Codes about the request or worker capacity, passed on to the tenant with their status; any other code (or
+# an unknown one) is the worker's or the deployment's failure, which the API answers with 502 Bad Gateway.
+TENANT_VISIBLE_CODES = frozenset({"bad_request", "adapter_unavailable", "overloaded", "draining"})
+UPSTREAM_FAILURE_STATUS = 502
+
+
+def tenant_status(code: str | None) -> int:
+    """The HTTP status the API answers a tenant with when a worker refuses with `code` before any token."""
+    if code in TENANT_VISIBLE_CODES:
+        return WORKER_ERROR_STATUS[code]
+    return UPSTREAM_FAILURE_STATUS
 
 
 class AdapterRef(BaseModel):
@@ -99,7 +128,7 @@ class GenerateEvent(BaseModel):
     tpot_ms: float | None = None
     e2e_ms: float | None = None
     queue_ms: float | None = None
-    # error only: code is one of bad_request, adapter_unavailable, overloaded, draining, internal
+    # error only: code is a key of WORKER_ERROR_STATUS
     code: str | None = None
     message: str | None = None
 
@@ -116,7 +145,12 @@ class WorkerRefusedError(Exception):
 
 
 class WorkerStats(BaseModel):
-    """A worker's load and residency, as reported by /stats and in heartbeats."""
+    """A worker's load, residency and counters: what /stats answers and what every heartbeat carries.
+
+    The one typed model of worker state: the worker builds it from its engine's stats, the heartbeat record
+    is this plus the worker's URL (`cluster.membership.WorkerRecord.from_stats`), and the router's view is
+    read from that record (`api.worker_client.worker_view`).
+    """
 
     worker_id: str
     base_model: str
@@ -125,10 +159,13 @@ class WorkerStats(BaseModel):
     max_num_seqs: int
     device_adapters: list[str]
     host_adapters: list[str]
+    num_active: int = 0  # generate requests in flight at the worker (fetching/loading their adapter included)
     num_free_kv_blocks: int = 0
     num_total_kv_blocks: int = 0
-    num_cache_hits: int = 0
+    num_cache_hits: int = 0  # host adapter cache
     num_cache_misses: int = 0
-    num_adapter_loads: int = 0
+    num_adapter_loads: int = 0  # loads into the engine that succeeded
+    num_adapter_unloads: int = 0
+    num_load_failures: int = 0
     is_ready: bool = True
     is_draining: bool = False

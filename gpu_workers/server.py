@@ -45,6 +45,7 @@ from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerR
 from registry.settings import Settings
 from cluster.protocol import (
     INTERNAL_PREFIX,
+    WORKER_ERROR_STATUS,
     AdapterRef,
     GenerateEvent,
     GenerateRequest,
@@ -246,12 +247,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, "bad_request", f"invalid request body: {exc.errors()}")
+        message = f"invalid request body: {exc.errors()}"
+        return error_response(WORKER_ERROR_STATUS["bad_request"], "bad_request", message)
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_: Request, __: _Unauthorized) -> JSONResponse:
         return error_response(
-            401, "unauthorized", "missing or invalid internal token (Authorization: Bearer)"
+            WORKER_ERROR_STATUS["unauthorized"],
+            "unauthorized",
+            "missing or invalid internal token (Authorization: Bearer)",
         )
 
 
@@ -281,7 +285,8 @@ def _router(runtime: WorkerRuntime) -> APIRouter:
     @router.post("/adapters/drop")
     async def drop(body: dict[str, str]) -> dict[str, bool]:
         if not isinstance(body.get("adapter_key"), str):
-            return error_response(400, "bad_request", 'send {"adapter_key": "<key>"}')  # type: ignore[return-value]
+            status = WORKER_ERROR_STATUS["bad_request"]
+            return error_response(status, "bad_request", 'send {"adapter_key": "<key>"}')  # type: ignore[return-value]
         service = runtime.require_service()
         return {"dropped": await service.adapters.drop(body["adapter_key"])}
 
@@ -382,7 +387,8 @@ class InProcessWorkerTransport:
         """Start the request on the worker's loop; events (or a refusal) arrive through next_event()."""
         worker_loop = self.runtime._loop
         if worker_loop is None or worker_loop.is_closed():
-            raise WorkerRefusedError("overloaded", "the in-process worker is not running", 503)
+            message = "the in-process worker is not running"
+            raise WorkerRefusedError("overloaded", message, WORKER_ERROR_STATUS["overloaded"])
         caller_loop = asyncio.get_running_loop()
         stream = _InProcessStream(caller_loop)
         pump = _pump(self.runtime, request, stream)
@@ -405,7 +411,8 @@ async def _pump(runtime: WorkerRuntime, request: GenerateRequest, sink: _InProce
             return
         except Exception as exc:
             logger.exception("in-process generate failed before streaming")
-            sink.put(WorkerRefusedError("internal", f"{type(exc).__name__}: {exc}", 500))
+            message = f"{type(exc).__name__}: {exc}"
+            sink.put(WorkerRefusedError("internal", message, WORKER_ERROR_STATUS["internal"]))
             return
         try:
             async with aclosing(service.stream(prepared)) as events:  # type: ignore[type-var]

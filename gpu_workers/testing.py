@@ -8,7 +8,7 @@ For API end-to-end tests (API inference engineer), e.g.:
         blob_dir = tmp_path / "blobs"                       # the API's blob store (settings.blob_store)
         with worker_in_thread(base_model_dir, blob_dir) as w:  # or worker_process(...) for a real process
             w.url            # "http://127.0.0.1:<port>" (already /ready)
-            w.internal_token # send `Authorization: Bearer <token>`; put it in services.extras["internal_token"]
+            w.internal_token # send `Authorization: Bearer <token>`; put it in services.internal_token
             w.directory      # a WorkerDirectory with this worker registered (InMemory for in-thread; for a
                              # process pass redis_url=... to share a RedisWorkerDirectory, else it is None)
             w.settings       # the worker's Settings (blob_store = str(blob_dir))

@@ -23,42 +23,49 @@ from gpu_workers.host_cache import AdapterFiles, HostAdapterCache
 from gpu_workers.outputs import RequestOutput
 from gpu_workers.sampling import SamplingParams
 from cluster.membership import WorkerRecord
-from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats
+from cluster.protocol import (
+    WORKER_ERROR_STATUS,
+    AdapterRef,
+    GenerateEvent,
+    GenerateRequest,
+    SamplingSpec,
+    WorkerStats,
+)
 
 
 class WorkerError(Exception):
     """An error a worker call reports as {"error": {"type": code, "message"}} or an `error` event."""
 
     code = "internal"
-    status_code = 500
+    status_code = WORKER_ERROR_STATUS[code]
 
 
 class BadRequestError(WorkerError):
     """The request cannot run as sent (sampling, prompt, duplicate id)."""
 
     code = "bad_request"
-    status_code = 400
+    status_code = WORKER_ERROR_STATUS[code]
 
 
 class AdapterUnavailableError(WorkerError):
     """The adapter's files could not be fetched, verified or loaded."""
 
     code = "adapter_unavailable"
-    status_code = 424
+    status_code = WORKER_ERROR_STATUS[code]
 
 
 class OverloadedError(WorkerError):
     """No room right now (every loaded adapter is in use); retry or route elsewhere."""
 
     code = "overloaded"
-    status_code = 503
+    status_code = WORKER_ERROR_STATUS[code]
 
 
 class DrainingError(WorkerError):
     """The worker is shutting down and accepts no new requests; route elsewhere."""
 
     code = "draining"
-    status_code = 503
+    status_code = WORKER_ERROR_STATUS[code]
 
 
 @dataclass
@@ -327,7 +334,7 @@ class WorkerService:
         return await asyncio.to_thread(self.engine.stats)
 
     def stats(self, engine_stats: dict[str, Any] | None = None) -> WorkerStats:
-        """Load and residency as WorkerStats (pass `await engine_stats()` to avoid blocking the loop)."""
+        """Load, residency and counters as WorkerStats (pass `await engine_stats()` to avoid blocking the loop)."""
         engine_stats = self.engine.stats() if engine_stats is None else engine_stats
         counters = self.adapters.counters
         return WorkerStats(
@@ -338,41 +345,21 @@ class WorkerService:
             max_num_seqs=self.max_num_seqs,
             device_adapters=self.adapters.device_adapters(),
             host_adapters=self.adapters.host_adapters(),
+            num_active=self.num_active,
             num_free_kv_blocks=int(engine_stats.get("num_free_kv_blocks", 0)),
             num_total_kv_blocks=int(engine_stats.get("num_kv_blocks", 0)),
             num_cache_hits=counters.num_cache_hits,
             num_cache_misses=counters.num_cache_misses,
             num_adapter_loads=counters.num_adapter_loads,
+            num_adapter_unloads=counters.num_adapter_unloads,
+            num_load_failures=counters.num_load_failures,
             is_ready=self.is_ready and not self.is_draining,
             is_draining=self.is_draining,
         )
 
     def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
-        """The membership record advertised in heartbeats (counters in `extra`)."""
-        stats = self.stats(engine_stats)
-        counters = self.adapters.counters
-        return WorkerRecord(
-            worker_id=self.worker_id,
-            url=url,
-            base_model=self.base_model,
-            num_running=stats.num_running,
-            num_waiting=stats.num_waiting,
-            max_num_seqs=stats.max_num_seqs,
-            device_adapters=tuple(stats.device_adapters),
-            host_adapters=tuple(stats.host_adapters),
-            is_ready=stats.is_ready,
-            is_draining=stats.is_draining,
-            extra={
-                "num_active": self.num_active,
-                "num_free_kv_blocks": stats.num_free_kv_blocks,
-                "num_total_kv_blocks": stats.num_total_kv_blocks,
-                "num_cache_hits": counters.num_cache_hits,
-                "num_cache_misses": counters.num_cache_misses,
-                "num_adapter_loads": counters.num_adapter_loads,
-                "num_adapter_unloads": counters.num_adapter_unloads,
-                "num_load_failures": counters.num_load_failures,
-            },
-        )
+        """The membership record advertised in heartbeats: these stats plus the worker's URL."""
+        return WorkerRecord.from_stats(self.stats(engine_stats), url)
 
 
 def adapter_files(ref: AdapterRef) -> AdapterFiles:

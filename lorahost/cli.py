@@ -131,9 +131,9 @@ def serve(
     worker = EmbeddedWorker(settings, directory).start()
     _announce_when_ready(worker)
     services = build_services(settings)
-    services.extras["worker_directory"] = directory
-    services.extras["internal_token"] = worker.internal_token
-    services.extras["worker_transport"] = worker.transport  # in-process: no HTTP hop to the worker
+    services.worker_directory = directory
+    services.internal_token = worker.internal_token
+    services.worker_transport = worker.transport  # in-process: no HTTP hop to the worker
     _close_interrupted_usage(services)
     _remove_abandoned_upload_dirs(services)
     _sweep_uploads(services)
@@ -173,10 +173,10 @@ def api_server(
     if not settings.internal_token:
         raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the secret the workers expect)")
     services = build_services(settings)
-    services.extras["worker_directory"] = RedisWorkerDirectory(
+    services.worker_directory = RedisWorkerDirectory(
         redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix
     )
-    services.extras["internal_token"] = settings.internal_token
+    services.internal_token = settings.internal_token
     _close_interrupted_usage(services)
     _remove_abandoned_upload_dirs(services)
     typer.echo(f"lorahost: API on http://{settings.host}:{settings.port}; workers from {_redact_redis(settings)}")

@@ -215,6 +215,9 @@ class UsageRecord(Base):
     model_name: Mapped[str] = mapped_column(String(200))
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # The output length the API predicted when it admitted the request (api/inference/predict.py; max_tokens
+    # until a predictor is plugged in), next to the true count, completion_tokens. NULL: refused before it.
+    predicted_output_tokens: Mapped[int | None] = mapped_column(Integer)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     tpot_ms: Mapped[float | None] = mapped_column(Float)
     e2e_ms: Mapped[float | None] = mapped_column(Float)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
 
@@ -141,6 +143,11 @@ class Settings(BaseSettings):
         "instance (api_instance_id), emptied when that instance starts; default data_dir/upload-tmp",
     )
 
+    router_policy: str = Field(
+        default=DEFAULT_ROUTER_POLICY,
+        description=f"API: how a request picks its worker, one of {sorted(ROUTER_POLICIES)} (scheduler/router.py)",
+    )
+
     # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
     worker_host: str = Field(default="127.0.0.1", description="Worker bind address")
     worker_port: int | None = Field(
@@ -167,6 +174,13 @@ class Settings(BaseSettings):
     engine_max_num_batched_tokens: int = Field(default=4096, gt=0, description="Per-step token budget")
     engine_max_model_len: int | None = Field(default=None, description="Default: the model's context length")
     engine_num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
+
+    @field_validator("router_policy")
+    @classmethod
+    def _check_router_policy(cls, value: str) -> str:
+        if value not in ROUTER_POLICIES:
+            raise ValueError(f"unknown router policy {value!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}")
+        return value
 
     @model_validator(mode="after")
     def _check_usage_lease(self) -> Settings:

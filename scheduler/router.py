@@ -3,6 +3,8 @@
 Preference order: a worker with the adapter on the device, then one with it in host memory, then any
 worker; within a tier the least loaded wins (ties broken by worker id so the choice is deterministic).
 The [Cluster] issue replaces this with the rank-aware router behind the same `Router` protocol.
+Policies are chosen by name (settings.router_policy) from `ROUTER_POLICIES`, resolved by `make_router`:
+a new policy is a class with `choose` plus one entry there.
 """
 
 from __future__ import annotations
@@ -76,3 +78,19 @@ class ResidencyThenLeastLoaded:
             return None
         best = min(candidates, key=lambda w: (residency_tier(request, w), w.load, w.worker_id))
         return best.worker_id
+
+
+ROUTER_POLICIES: dict[str, type[Router]] = {
+    "residency_least_loaded": ResidencyThenLeastLoaded,
+}
+DEFAULT_ROUTER_POLICY = "residency_least_loaded"
+
+
+def make_router(policy: str = DEFAULT_ROUTER_POLICY) -> Router:
+    """The routing policy named `policy` (a key of ROUTER_POLICIES); ValueError naming the choices otherwise."""
+    try:
+        return ROUTER_POLICIES[policy]()
+    except KeyError:
+        raise ValueError(
+            f"unknown router policy {policy!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}"
+        ) from None

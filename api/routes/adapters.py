@@ -149,5 +149,5 @@ def delete_adapter(
         raise ApiError(400, "invalid_request", "delete removes a whole adapter: use its name without @N")
     session.commit()  # end the auth read: the delete runs in a write transaction of its own
     adapter = run_in_write_transaction(session, lambda s: repository.soft_delete_adapter(s, tenant.id, name))
-    forget_model_name(services.extras["model_cache"], name)
+    forget_model_name(services.model_cache, name)
     return AdapterDeleted(id=adapter.id, name=adapter.name)

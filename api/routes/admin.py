@@ -48,10 +48,10 @@ def update_tenant(
     changes = body.model_dump(include=body.model_fields_set)
     tenant = repository.update_tenant(session, tenant_id, **changes)
     session.commit()
-    forget_tenant(services.extras["auth_cache"], tenant_id)
+    forget_tenant(services.auth_cache, tenant_id)
     if "is_active" in changes:
         owned = {adapter.id for adapter in repository.list_own_adapters(session, tenant_id)}
-        forget_adapters(services.extras["model_cache"], owned)
+        forget_adapters(services.model_cache, owned)
     return TenantPublic.model_validate(tenant)
 
 
@@ -69,7 +69,7 @@ def revoke_key(key_id: str, _: AdminDep, session: SessionDep, services: Services
     settings.auth_cache_ttl_s on the other replicas (their in-process auth caches)."""
     row = repository.revoke_api_key(session, key_id)
     session.commit()
-    forget_key(services.extras["auth_cache"], key_id)
+    forget_key(services.auth_cache, key_id)
     return ApiKeyRevoked(id=row.id, tenant_id=row.tenant_id, revoked_at=row.revoked_at)
 
 

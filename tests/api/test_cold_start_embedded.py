@@ -58,9 +58,9 @@ def api(
     services = build_services(
         settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.blob_store)
     )
-    services.extras["worker_transport"] = unstarted_worker.transport
-    services.extras["worker_directory"] = unstarted_worker.directory
-    services.extras["internal_token"] = unstarted_worker.internal_token
+    services.worker_transport = unstarted_worker.transport
+    services.worker_directory = unstarted_worker.directory
+    services.internal_token = unstarted_worker.internal_token
     app = create_app(settings, services=services)
     app.dependency_overrides[get_session] = lambda: db_session
     with TestClient(app) as client:

@@ -49,9 +49,9 @@ def api(
     services = build_services(
         settings, session_factory=db_session_factory, blob_store=LocalBlobStore(worker.settings.blob_store)
     )
-    services.extras["worker_transport"] = worker.extra["embedded"].transport
-    services.extras["worker_directory"] = worker.directory
-    services.extras["internal_token"] = worker.internal_token
+    services.worker_transport = worker.extra["embedded"].transport
+    services.worker_directory = worker.directory
+    services.internal_token = worker.internal_token
     app = create_app(settings, services=services)
     app.dependency_overrides[get_session] = lambda: db_session
     with TestClient(app) as client:

@@ -126,8 +126,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -> Ite
         )
         services = build_services(settings)
         directory = PolledDirectory(worker.url, worker.internal_token)
-        services.extras["worker_directory"] = directory
-        services.extras["internal_token"] = worker.internal_token
+        services.worker_directory = directory
+        services.internal_token = worker.internal_token
         server = uvicorn.Server(
             uvicorn.Config(
                 create_app(settings, services=services), host="127.0.0.1", port=port, log_level="warning"

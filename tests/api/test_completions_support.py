@@ -107,11 +107,11 @@ class ScriptedWorkers:
 
     def install(self, client: TestClient, internal_token: str = "test-internal-token") -> None:
         """Publish the directory and a worker client on the app's services."""
-        extras = client.app.state.services.extras  # type: ignore[attr-defined]
-        extras["worker_directory"] = self.directory
-        extras["internal_token"] = internal_token
-        extras["worker_client"] = WorkerClient.create(
-            lambda: extras["internal_token"], transport=self.transport()
+        services = client.app.state.services  # type: ignore[attr-defined]
+        services.worker_directory = self.directory
+        services.internal_token = internal_token
+        services.worker_client = WorkerClient.create(
+            services.resolved_internal_token, transport=self.transport(), router=services.router
         )
 
 

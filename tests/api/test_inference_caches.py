@@ -35,7 +35,7 @@ def _complete(client: TestClient, tenant: TenantHandle, model: str = BASE_MODEL)
 
 def _fake_clock_cache(client: TestClient, name: str, ttl_s: float) -> FakeClock:
     clock = FakeClock()
-    client.app.state.services.extras[name] = TtlCache(ttl_s, clock=clock)  # type: ignore[attr-defined]
+    setattr(client.app.state.services, name, TtlCache(ttl_s, clock=clock))  # type: ignore[attr-defined]
     return clock
 
 

@@ -14,19 +14,20 @@ def test_openapi_lists_the_v1_routes(client) -> None:
     assert {"/v1/adapters", "/v1/models", "/v1/admin/tenants", "/v1/admin/keys/{key_id}"} <= set(paths)
 
 
-def test_extra_routers_and_services_extras_are_available(tmp_path, db_session_factory, blob_store) -> None:
+def test_extra_routers_and_app_state_are_available(tmp_path, db_session_factory, blob_store) -> None:
     from registry.settings import Settings
 
     router = APIRouter()
 
     @router.get("/v1/ping")
     def ping(request: Request) -> dict[str, str]:
-        return {"pong": request.app.state.services.extras["greeting"]}
+        return {"pong": request.app.state.greeting}
 
     settings = Settings(data_dir=tmp_path, admin_key="x")
     services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
-    services.extras["greeting"] = "hi"
-    with TestClient(create_app(settings, services=services, extra_routers=[router])) as client:
+    app = create_app(settings, services=services, extra_routers=[router])
+    app.state.greeting = "hi"
+    with TestClient(app) as client:
         assert client.get("/v1/ping").json() == {"pong": "hi"}
 
 
@@ -44,7 +45,7 @@ def test_app_builds_its_own_services_from_settings(tmp_path) -> None:
 def test_a_published_worker_transport_is_handed_to_the_worker_client(
     tmp_path, db_session_factory, blob_store
 ) -> None:
-    """Embedded mode: `lorahost serve` publishes the in-process worker's transport in services.extras."""
+    """Embedded mode: `lorahost serve` publishes the in-process worker's transport in services.worker_transport."""
     from registry.settings import Settings
 
     class FakeLocalTransport:
@@ -57,7 +58,7 @@ def test_a_published_worker_transport_is_handed_to_the_worker_client(
     settings = Settings(data_dir=tmp_path, admin_key="x")
     services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
     transport = FakeLocalTransport()
-    services.extras["worker_transport"] = transport
+    services.worker_transport = transport
     with TestClient(create_app(settings, services=services)):
-        assert services.extras["worker_client"].local is transport
-    assert "worker_client" not in services.extras
+        assert services.worker_client is not None and services.worker_client.local is transport
+    assert services.worker_client is None

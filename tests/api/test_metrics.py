@@ -26,7 +26,7 @@ def test_metrics_count_requests_tokens_and_latencies() -> None:
 
 def test_worker_gauges_come_from_live_worker_records() -> None:
     record = WorkerRecord("w1", "http://x", "base", num_running=2, num_waiting=3,
-                          device_adapters=("a", "b"), host_adapters=("c",), extra={"num_cache_hits": 7})
+                          device_adapters=("a", "b"), host_adapters=("c",), num_cache_hits=7)
     samples = _samples(ApiMetrics(lambda: [record]).render())
     assert samples[("lorahost_worker_queue_depth", (("worker", "w1"),))] == 3
     assert samples[("lorahost_worker_resident_adapters", (("tier", "device"), ("worker", "w1")))] == 2

@@ -21,7 +21,7 @@ from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, toke
 @pytest.fixture(autouse=True)
 def frozen_window(client: TestClient) -> None:
     """One fixed rate-limit window for the whole test (a real clock can cross a minute boundary mid-test)."""
-    client.app.state.services.extras["rate_limiter"] = InMemoryRateLimiter(clock=lambda: 1_000_000.0)  # type: ignore[attr-defined]
+    client.app.state.services.rate_limiter = InMemoryRateLimiter(clock=lambda: 1_000_000.0)  # type: ignore[attr-defined]
 
 
 def _tenant_on_plan(

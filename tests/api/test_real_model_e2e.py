@@ -83,8 +83,8 @@ def real_stack(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             base_model_path=smollm2_dir, redis_url=None, is_inline_jobs=True,
         )
         services = build_services(settings)
-        services.extras["worker_directory"] = worker.directory
-        services.extras["internal_token"] = worker.internal_token
+        services.worker_directory = worker.directory
+        services.internal_token = worker.internal_token
         server = uvicorn.Server(
             uvicorn.Config(create_app(settings, services=services), host="127.0.0.1", port=0, log_level="warning")
         )

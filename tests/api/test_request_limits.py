@@ -61,9 +61,9 @@ def tenant(limited: TestClient, new_tenant: Callable[[str], TenantHandle]) -> Te
 
 @pytest.fixture
 def spy(limited: TestClient) -> SpyTokenizer:
-    extras = limited.app.state.services.extras  # type: ignore[attr-defined]
-    extras["tokenizer"] = SpyTokenizer(extras["tokenizer"])
-    return extras["tokenizer"]
+    services = limited.app.state.services  # type: ignore[attr-defined]
+    services.tokenizer = SpyTokenizer(services.tokenizer)
+    return services.tokenizer
 
 
 def _oversized_chunks(num_chunks: int = 100) -> list[bytes]:

@@ -64,3 +64,28 @@ def test_worker_expires_after_ttl_in_redis() -> None:
     time.sleep(0.4)
     assert directory.list_live() == []
     gen.close()
+
+
+def test_record_is_the_workers_stats_plus_its_url() -> None:
+    from cluster.protocol import WorkerStats
+
+    stats = WorkerStats(worker_id="w1", base_model="base", num_running=2, num_waiting=1, max_num_seqs=8,
+                        device_adapters=["a"], host_adapters=["b"], num_active=3, num_free_kv_blocks=10,
+                        num_total_kv_blocks=20, num_cache_hits=4, num_cache_misses=5, num_adapter_loads=6,
+                        num_adapter_unloads=7, num_load_failures=8, is_ready=False, is_draining=True)
+    record = WorkerRecord.from_stats(stats, "http://w1")
+    assert record.url == "http://w1" and record.device_adapters == ("a",) and record.host_adapters == ("b",)
+    as_stats = {k: v for k, v in record.__dict__.items() if k != "url"}
+    assert as_stats == stats.model_dump() | {"device_adapters": ("a",), "host_adapters": ("b",)}
+    assert WorkerRecord.from_json(record.to_json()) == record
+
+
+def test_stored_records_of_other_versions_parse() -> None:
+    """Rolling upgrades: a newer worker's unknown keys are ignored; an older one's `extra` counters are read."""
+    newer = '{"worker_id": "w1", "url": "http://w1", "base_model": "base", "num_gpus": 2, "num_cache_hits": 3}'
+    assert WorkerRecord.from_json(newer) == WorkerRecord("w1", "http://w1", "base", num_cache_hits=3)
+    older = ('{"worker_id": "w1", "url": "http://w1", "base_model": "base", "device_adapters": ["a"], '
+             '"extra": {"num_active": 2, "num_free_kv_blocks": 9, "num_load_failures": 1, "gone": 0}}')
+    parsed = WorkerRecord.from_json(older)
+    assert (parsed.num_active, parsed.num_free_kv_blocks, parsed.num_load_failures) == (2, 9, 1)
+    assert parsed.device_adapters == ("a",)

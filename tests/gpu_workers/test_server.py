@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import time
 from collections.abc import Coroutine, Iterator
@@ -16,6 +17,7 @@ import pytest
 from gpu_workers.sampling import SamplingParams
 from gpu_workers.server import EmbeddedWorker
 from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
+from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, AdapterRef, GenerateEvent, GenerateRequest, WorkerStats
 
 PROMPT = "hello world the river"
@@ -207,7 +209,9 @@ def test_health_ready_stats_and_heartbeat_record(worker: RunningWorker, client: 
     assert stats.num_total_kv_blocks == 256
     [record] = worker.directory.list_live()
     assert record.worker_id == worker.worker_id and record.url == worker.url and record.is_ready
-    assert {"num_cache_hits", "num_cache_misses", "num_adapter_loads"} <= set(record.extra)
+    # the record is the worker's stats plus its URL, typed (one model: WorkerRecord.from_stats)
+    assert {f.name for f in dataclasses.fields(WorkerRecord)} == set(WorkerStats.model_fields) | {"url"}
+    assert record.num_total_kv_blocks == 256 and record.max_num_seqs == stats.max_num_seqs
 
 
 def test_lru_unload_skips_adapters_in_use(

@@ -80,7 +80,7 @@ def test_the_inline_timer_sweeps_leases_before_any_worker_directory_exists(
     db_session_factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
     tenant_id, (expired,) = _open_rows(db_session_factory, [None], lease_age_s=120)
-    services = SimpleNamespace(session_factory=db_session_factory, extras={}, settings=Settings(data_dir=tmp_path))
+    services = SimpleNamespace(session_factory=db_session_factory, worker_directory=None, settings=Settings(data_dir=tmp_path))
     _sweep_usage(services)  # type: ignore[arg-type]
     assert _statuses(db_session_factory, tenant_id) == {expired: "interrupted"}
 

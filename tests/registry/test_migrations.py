@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0005"
+    assert current_revision(empty_db_url) == "0006"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -163,3 +163,22 @@ def test_0005_adds_the_usage_lease_column_keeping_open_rows_and_downgrades(empty
     finally:
         engine.dispose()
     assert statuses == {"r1": "in_progress", "r2": "in_progress"}
+
+
+def test_0006_adds_the_predicted_output_tokens_column_keeping_rows_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0005")
+    _insert_usage(empty_db_url, "r1", "ok")
+    assert "predicted_output_tokens" not in _usage_columns(empty_db_url)
+    upgrade(empty_db_url, "0006")
+    assert "predicted_output_tokens" in _usage_columns(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT request_id, predicted_output_tokens FROM usage_records").all()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in rows] == [("r1", None)]  # rows from before the upgrade had no prediction
+    downgrade(empty_db_url, "0005")
+    assert "predicted_output_tokens" not in _usage_columns(empty_db_url)
+    assert current_revision(empty_db_url) == "0005"
+

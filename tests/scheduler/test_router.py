@@ -31,3 +31,19 @@ def test_ties_break_by_worker_id() -> None:
 def test_no_ready_worker_for_base_model_returns_none() -> None:
     workers = [_w("a", ready=False), _w("b", base="other")]
     assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, "x"), workers) is None
+
+
+def test_router_policies_are_chosen_by_name() -> None:
+    from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES, make_router
+
+    assert isinstance(make_router(), ROUTER_POLICIES[DEFAULT_ROUTER_POLICY])
+    assert isinstance(make_router("residency_least_loaded"), ResidencyThenLeastLoaded)
+
+
+def test_an_unknown_router_policy_names_the_choices() -> None:
+    import pytest
+
+    from scheduler.router import make_router
+
+    with pytest.raises(ValueError, match="residency_least_loaded"):
+        make_router("round_robin")

@@ -1,0 +1,311 @@
+"""Preparing an inference request: everything between authentication and routing.
+
+parse the body (bounded: api/request_limits.py) -> refuse fields this server cannot honour -> resolve the
+model (`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt ->
+rate limit (prompt + max_tokens). The result is a `Prepared` request (its output-length prediction is
+filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
+
+The hot path stays on the event loop (no threadpool hop, no DB query): the model comes from the model
+cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long prompts
+and the Redis limiter run in the threadpool.
+vLLM extension fields: `ignore_eos` (bool, forwarded to the engine) and `min_tokens` (only 0, or with
+ignore_eos=true and no stop strings, when every completion has max_tokens tokens; else a 400).
+"""
+
+from __future__ import annotations
+
+import reprlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import Request
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from api.caches import ResolvedModel, TenantAuth
+from api.errors import ApiError
+from api.metering import RequestMeter
+from api.prompting import BaseModelTokenizer, PromptError
+from api.ratelimit import InMemoryRateLimiter, RateLimits
+from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
+from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
+from api.services import Services
+from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
+from registry import repository
+from registry.settings import Settings
+from scheduler.router import RouteRequest
+
+Kind = Literal["text", "chat"]
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_STOP_STRINGS = 4
+MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool, off the event loop
+# Fields the route knows but cannot honour, with the only value(s) it accepts for each.
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False, True),
+}
+
+
+@dataclass
+class Prepared:
+    """An admitted request, ready to send to a worker (once predict.py has set its predicted length)."""
+
+    kind: Kind
+    response_id: str
+    model: str
+    is_stream: bool
+    include_usage: bool
+    route: RouteRequest
+    generate: GenerateRequest
+
+    @property
+    def max_tokens(self) -> int:
+        """The effective max_tokens (the request's, or the default), after the size checks."""
+        return self.generate.sampling.max_tokens
+
+
+async def prepare(
+    request: Request,
+    tenant: TenantAuth,
+    services: Services,
+    meter: RequestMeter,
+    kind: Kind,
+    path_model: str | None,
+) -> Prepared:
+    """Validate, resolve, size-check and rate-limit a request (the meter learns the model and prompt size)."""
+    body = await parse_body(request, services.settings, kind)
+    refuse_unsupported(body)
+    model = model_ref(body.model, path_model)
+    meter.model_name = repository.parse_model_ref(model).name
+    resolved = await resolve(services, tenant.tenant_id, model)
+    meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
+    check_prompt_bounds(body, services.settings)
+    tokenizer = base_tokenizer(services)
+    if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
+        prompt_ids = prompt_token_ids(tokenizer, body)
+    else:
+        prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body)
+    meter.num_prompt_tokens = len(prompt_ids)
+    max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
+    check_min_tokens(body, max_tokens)
+    if isinstance(services.rate_limiter, InMemoryRateLimiter):
+        admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
+    else:
+        await run_in_threadpool(admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
+    return _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant.tenant_id, meter)
+
+
+def _prepared(
+    body: InferenceRequestBase,
+    kind: Kind,
+    model: str,
+    resolved: ResolvedModel,
+    prompt_ids: list[int],
+    max_tokens: int,
+    tenant_id: str,
+    meter: RequestMeter,
+) -> Prepared:
+    response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
+    sampling = SamplingSpec(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        ignore_eos=body.ignore_eos,
+    )
+    adapter_key = resolved.adapter.adapter_key if resolved.adapter else None
+    return Prepared(
+        kind=kind,
+        response_id=response_id,
+        model=model,
+        is_stream=body.stream,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        route=RouteRequest(resolved.base_model, adapter_key, len(prompt_ids)),
+        generate=GenerateRequest(
+            request_id=meter.request_id,
+            prompt_token_ids=prompt_ids,
+            adapter=resolved.adapter,
+            sampling=sampling,
+            tenant_id=tenant_id,
+        ),
+    )
+
+
+async def parse_body(request: Request, settings: Settings, kind: Kind) -> InferenceRequestBase:
+    """The validated body, read within settings.max_request_body_bytes (see api/request_limits.py)."""
+    raw = await parse_json_object(await read_body(request, settings.max_request_body_bytes))
+    schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()]
+        raise ApiError(400, "invalid_request", "; ".join(parts)) from exc
+
+
+def refuse_unsupported(body: InferenceRequestBase) -> None:
+    """400 naming every field this server cannot honour (unknown fields included)."""
+    # reprlib: a short repr however large or deep the value (the message quotes the tenant's input)
+    problems = [f"{name}={reprlib.repr(value)}" for name, value in (body.model_extra or {}).items()]
+    for name, allowed in NO_OP_VALUES.items():
+        value = getattr(body, name, None)
+        if value not in allowed:
+            problems.append(f"{name}={reprlib.repr(value)}")
+    response_format = getattr(body, "response_format", None)
+    if response_format and response_format.get("type", "text") != "text":
+        problems.append(f"response_format={reprlib.repr(response_format)}")
+    if problems:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"unsupported field(s): {', '.join(problems)}; remove them "
+            "(this server supports n=1 without logprobs, echo, suffix, logit_bias, penalties, tools or "
+            "structured output)",
+        )
+    if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
+        raise ApiError(
+            400, "invalid_request", f"stop must be a non-empty string or up to {MAX_STOP_STRINGS} of them"
+        )
+
+
+def model_ref(body_model: str | None, path_model: str | None) -> str:
+    """The model the request names: the body's `model`, or the adapter in the path (they must agree)."""
+    if path_model is None:
+        if not body_model:
+            raise ApiError(
+                400, "invalid_request", "model is required: an adapter name, name@N or the base model"
+            )
+        return body_model
+    if body_model and repository.parse_model_ref(body_model).name != path_model:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"model {body_model!r} does not match the adapter {path_model!r} "
+            "in the path; omit model or use name@N of the same adapter",
+        )
+    return body_model or path_model
+
+
+async def resolve(services: Services, tenant_id: str, model: str) -> ResolvedModel:
+    """The adapter version to apply and the base model to route to (model cache, else the DB in a thread)."""
+    base_name = services.settings.base_model_name
+    if model == base_name:
+        return ResolvedModel(base_model=base_name)
+    cache = services.model_cache
+    resolved = cache.get((tenant_id, model))
+    if resolved is None:
+        resolved = await run_in_threadpool(_resolve_in_db, services, tenant_id, model)
+        cache.put((tenant_id, model), resolved)
+    return resolved
+
+
+def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedModel:
+    with services.session_factory() as session:
+        adapter, version = repository.resolve_model(session, tenant_id, model)
+        ref = AdapterRef(
+            adapter_key=version.id,
+            sha256=version.sha256 or "",
+            config_sha256=version.config_sha256,  # None for pre-0002 rows: workers key those by version id
+            config_blob_key=version.config_blob_key or "",
+            weights_blob_key=version.weights_blob_key or "",
+            rank=version.rank or 0,
+        )
+        return ResolvedModel(adapter.base_model_name, ref, adapter.id, version.id)
+
+
+def base_tokenizer(services: Services) -> BaseModelTokenizer:
+    """The base model's tokenizer; 503 when this API server has none configured."""
+    tokenizer = services.tokenizer
+    if tokenizer is None:
+        raise ApiError(
+            503,
+            "unavailable",
+            "no base model tokenizer is configured on this API server "
+            "(set LORAHOST_BASE_MODEL_PATH to the base model directory)",
+        )
+    return tokenizer
+
+
+def prompt_token_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:
+    """The prompt's token ids (a chat is rendered with the model's template first)."""
+    if isinstance(body, ChatCompletionRequest):
+        return tokenizer.encode_chat(body.messages)[1]
+    assert isinstance(body, CompletionRequest)
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if not prompt:
+        raise PromptError("the prompt is empty")
+    if all(isinstance(p, int) for p in prompt):
+        return tokenizer.check_token_ids(prompt)
+    only = prompt[0]
+    if len(prompt) == 1 and isinstance(only, str):
+        return tokenizer.encode(only)
+    if len(prompt) == 1 and isinstance(only, list):
+        return tokenizer.check_token_ids(only)
+    raise PromptError(
+        "prompt must be a string, a list of one string, or one list of token ids (batches of "
+        f"prompts are not supported: got {len(prompt)}); send one request per prompt"
+    )
+
+
+def check_sizes(
+    settings: Settings, tokenizer: BaseModelTokenizer, body: InferenceRequestBase, num_prompt: int
+) -> int:
+    """The effective max_tokens, after refusing prompts and completions beyond the limits."""
+    context = tokenizer.max_context_tokens
+    if num_prompt == 0:
+        raise PromptError("the prompt is empty")
+    if num_prompt > settings.max_prompt_tokens:
+        raise PromptError(
+            f"the prompt has {num_prompt} tokens; the limit is {settings.max_prompt_tokens} tokens"
+        )
+    requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if requested is not None and requested > settings.max_completion_tokens:
+        raise PromptError(f"max_tokens={requested} is above the limit of {settings.max_completion_tokens}")
+    if requested is None:
+        default = (
+            DEFAULT_COMPLETION_MAX_TOKENS
+            if isinstance(body, CompletionRequest)
+            else settings.max_completion_tokens
+        )
+        requested = min(default, (context or num_prompt + default) - num_prompt)
+    if context is not None and num_prompt + requested > context:
+        raise PromptError(
+            f"prompt ({num_prompt} tokens) + max_tokens ({requested}) exceeds the model's context of "
+            f"{context} tokens; shorten the prompt or lower max_tokens"
+        )
+    return requested
+
+
+def check_min_tokens(body: InferenceRequestBase, max_tokens: int) -> None:
+    """Refuse a min_tokens the engine cannot guarantee (it has no min_tokens; see InferenceRequestBase)."""
+    min_tokens = body.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise PromptError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; lower min_tokens")
+    if min_tokens > 0 and (not body.ignore_eos or body.stop_list()):
+        raise PromptError(
+            f"min_tokens={min_tokens} is only supported with ignore_eos=true and no stop strings (the "
+            "completion then always has max_tokens tokens); send min_tokens=0 or set ignore_eos=true"
+        )
+
+
+def admit(services: Services, tenant_id: str, num_tokens: int, limits: RateLimits) -> None:
+    """Charge the tenant's rate limits for `num_tokens`; 429 with Retry-After when over them."""
+    decision = services.rate_limiter.acquire(tenant_id, num_tokens, limits)
+    if not decision.is_allowed:
+        raise ApiError(
+            429, "rate_limited", decision.reason, headers={"Retry-After": str(decision.retry_after_s)}
+        )

@@ -1,0 +1,229 @@
+"""Responses to an inference request, from its worker stream: SSE for streams, one JSON body otherwise.
+
+Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`), one chunk per worker delta that carries
+tokens, even when its text is empty (as vLLM does); the usage row is written before the usage chunk and
+[DONE]. A non-streamed response collects the whole generation and is metered before it is returned.
+A client that disconnects closes the worker stream (which aborts the engine request) and is metered
+`aborted` with the tokens delivered until then, streamed or not.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from api.errors import ApiError
+from api.inference.prepare import Kind, Prepared
+from api.metering import RequestMeter, UsageLedger, record_quietly
+from api.worker_client import WorkerStream
+from cluster.protocol import GenerateEvent
+
+
+def usage_dict(meter: RequestMeter, status: str) -> dict[str, int]:
+    """OpenAI `usage` for what this request is billed."""
+    prompt = meter.billed_prompt_tokens(status)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": meter.num_delivered_tokens,
+        "total_tokens": prompt + meter.num_delivered_tokens,
+    }
+
+
+def _choice(
+    kind: Kind,
+    text: str,
+    finish_reason: str | None,
+    *,
+    is_chunk: bool,
+    is_first: bool = False,
+    has_content: bool = False,
+) -> dict[str, Any]:
+    """One choice; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks)."""
+    if kind == "text":
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if not is_chunk:
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+    delta: dict[str, Any] = {"content": text} if (text or has_content or is_first) else {}
+    if is_first:
+        delta = {"role": "assistant", **delta}
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _envelope(prepared: Prepared, choices: list[dict[str, Any]], *, is_chunk: bool) -> dict[str, Any]:
+    if prepared.kind == "text":
+        obj = "text_completion"
+    else:
+        obj = "chat.completion.chunk" if is_chunk else "chat.completion"
+    return {
+        "id": prepared.response_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": prepared.model,
+        "choices": choices,
+    }
+
+
+def _finish_reason(event: GenerateEvent) -> str:
+    return "length" if event.finish_reason == "length" else "stop"
+
+
+# ---- non-streamed --------------------------------------------------------------------------------------
+
+
+async def collect(
+    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+) -> JSONResponse:
+    """A non-streamed response: the whole generation, metered before it is returned.
+
+    Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering).
+    A worker error withdraws them (the client gets no text). Cancellation (the client disconnected: see
+    run_until_disconnect in api/routes/completions.py) closes the worker stream, which aborts the engine
+    request, and meters it `aborted` with the tokens produced until then, as a streamed request that loses
+    its client is.
+    """
+    texts: list[str] = []
+    try:
+        async for event in upstream.events():
+            if event.type == "delta":
+                texts.append(event.text)
+                meter.on_delivered(len(event.token_ids))
+            elif event.type == "final":
+                await ledger.record(meter, "ok")
+                choice = _choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)
+                body = _envelope(prepared, [choice], is_chunk=False)
+                return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
+            else:
+                meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
+                meter.withdraw_undelivered()
+                await ledger.record(meter, "error", f"{event.code}: {event.message}")
+                raise ApiError(
+                    502, "worker_error", f"the worker failed while generating ({event.code}): {event.message}"
+                )
+    finally:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+            if not meter.is_recorded:
+                await record_quietly(
+                    ledger, meter, "aborted", "the client disconnected before the response was ready"
+                )
+    raise AssertionError("unreachable: a worker stream always ends with final or error")
+
+
+# ---- streamed (SSE) ------------------------------------------------------------------------------------
+
+
+def sse_line(data: dict[str, Any] | str) -> bytes:
+    """One SSE event: `data: <json or literal>` and a blank line."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+def streaming_response(
+    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+) -> MeteredStreamingResponse:
+    """The SSE response of a streamed request."""
+    return MeteredStreamingResponse(
+        stream(prepared, upstream, meter, ledger),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def stream(
+    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+) -> AsyncIterator[bytes]:
+    """SSE chunks of a streamed response; the usage row is written before the usage chunk and [DONE].
+
+    A client disconnect (cancellation, or aclose at a yield) closes the worker stream, which aborts the
+    engine request, and records `aborted` with the tokens delivered so far.
+    """
+    try:
+        async for chunk in _stream_body(prepared, upstream, meter, ledger):
+            yield chunk
+    finally:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+            await record_quietly(ledger, meter, "aborted", "the client disconnected before the stream ended")
+
+
+async def _stream_body(
+    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+) -> AsyncIterator[bytes]:
+    usage_field = {"usage": None} if prepared.include_usage else {}
+    is_first = prepared.kind == "chat"
+    status, error = "ok", None
+    async for event in upstream.events():
+        if event.type == "delta" and (event.token_ids or event.text or is_first):
+            # one chunk per worker delta, even when its text is still empty (a special token, a partial
+            # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
+            choice = _choice(
+                prepared.kind, event.text, None, is_chunk=True, is_first=is_first, has_content=True
+            )
+            is_first = False
+            yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+        if event.type == "delta":
+            meter.on_delivered(len(event.token_ids))  # counted once handed to the server for sending
+        elif event.type == "final":
+            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True)
+            yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+        else:
+            status, error = "error", f"{event.code}: {event.message}"
+            meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
+    await ledger.record(meter, status, error)
+    if error is not None:
+        yield sse_line(
+            {"error": {"type": "worker_error", "message": f"the worker failed while generating ({error})"}}
+        )
+    if prepared.include_usage:
+        yield sse_line(_envelope(prepared, [], is_chunk=True) | {"usage": usage_dict(meter, status)})
+    yield sse_line("[DONE]")
+
+
+class MeteredStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always closes its body generator, so its finaliser (abort the worker request,
+    record the usage) runs even when the client disconnects while the generator waits at a `yield`.
+
+    The headers and the first chunk (built from the worker's first event, already read) are sent from the
+    request's own task, before the streaming task and the disconnect listener are spawned: the first token
+    does not wait for an event-loop turn (or, under GIL contention, for another thread's time slice).
+    """
+
+    is_started: bool = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if scope["type"] == "http":
+                await self._send_start(send)
+                first = await anext(self.body_iterator, None)  # type: ignore[call-overload]
+                if first is not None:
+                    await send({"type": "http.response.body", "body": _as_bytes(first), "more_body": True})
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+    async def _send_start(self, send: Send) -> None:
+        if not self.is_started:
+            self.is_started = True
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+
+    async def stream_response(self, send: Send) -> None:
+        await self._send_start(send)
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": _as_bytes(chunk), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _as_bytes(chunk: str | bytes | memoryview) -> bytes | memoryview:
+    return chunk.encode() if isinstance(chunk, str) else chunk

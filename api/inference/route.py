@@ -1,0 +1,106 @@
+"""Routing a prepared request: wait through a cold start, pick a worker, open its stream, read the first event.
+
+The routing policy is services.router (settings.router_policy, scheduler/router.py), applied by the worker
+client (api/worker_client.py), which retries once on another worker. While no worker of the base model is
+ready, or every worker refuses as unavailable, the request waits (api/cold_start.py) and is then refused
+with 503 + Retry-After. A worker that refuses the request before its first token becomes an HTTP error with
+the status of its code (cluster.protocol.tenant_status: one status per code, on both sides).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+from starlette.types import Receive
+
+from api.cold_start import ColdStartTimeout, ColdStartWait
+from api.errors import ApiError
+from api.inference.prepare import Prepared
+from api.metering import RequestMeter, UsageLedger
+from api.services import Services, is_in_memory_directory, live_workers
+from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
+from cluster.membership import WorkerRecord
+from cluster.protocol import GenerateEvent, tenant_status
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_NO_WORKER_S = 2
+# The tenant-facing error type per status of a worker refusal (cluster.protocol.WORKER_ERROR_STATUS).
+REFUSAL_ERROR_TYPE = {400: "invalid_request", 424: "adapter_unavailable"}
+ADAPTER_UNAVAILABLE_ADVICE = (
+    "; retrying will not help until the adapter version is fixed: upload a new version of the adapter, "
+    "or ask the operator to check its stored files"
+)
+
+
+async def start(services: Services, prepared: Prepared, meter: RequestMeter, receive: Receive) -> WorkerStream:
+    """Route and open the worker stream, waiting through a cold start (api/cold_start.py); worker refusals
+    before any token become HTTP errors (metered `error`)."""
+    upstream = await _open_when_ready(services, _worker_client(services), prepared, receive)
+    meter.worker_id = upstream.worker_id
+    first = upstream.first
+    if first.type == "error":
+        await upstream.aclose()
+        await record_worker_error(services.usage_ledger, meter, first)
+        raise refusal_error(first)
+    return upstream
+
+
+async def _open_when_ready(
+    services: Services, client: WorkerClient, prepared: Prepared, receive: Receive
+) -> WorkerStream:
+    """The first worker stream that starts, waiting while none is ready; 503 past the cold-start deadline."""
+    wait = ColdStartWait(services.settings, prepared.route.base_model, receive, services.metrics)
+    try:
+        while True:
+            records = await wait.ready_records(lambda: live_records(services))
+            try:
+                return await client.start(prepared.route, records, prepared.generate)
+            except WorkerUnavailableError as exc:
+                log.info("request %s waits for a worker: %s", prepared.generate.request_id, exc)
+                await wait.pause(str(exc))
+    except ColdStartTimeout as exc:
+        raise ApiError(
+            503,
+            "unavailable",
+            f"{exc}; retry shortly (workers are starting or busy)",
+            headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)},
+        ) from exc
+    finally:
+        wait.observe()
+
+
+def _worker_client(services: Services) -> WorkerClient:
+    client = services.worker_client
+    if client is None:  # set by the app lifespan (api/main.py) or by whoever built the services
+        raise RuntimeError("services.worker_client is not set: serve the API through api.main.create_app")
+    return client
+
+
+def refusal_error(event: GenerateEvent) -> ApiError:
+    """The tenant's error for a worker's `error` event before any token (status: cluster.protocol)."""
+    status = tenant_status(event.code)
+    message = f"the worker refused the request ({event.code}): {event.message}"
+    if event.code == "adapter_unavailable":
+        message += ADAPTER_UNAVAILABLE_ADVICE
+    return ApiError(
+        status,
+        REFUSAL_ERROR_TYPE.get(status, "worker_error"),
+        message,
+        headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)} if status == 503 else None,
+    )
+
+
+async def live_records(services: Services) -> list[WorkerRecord]:
+    """The live worker records (a Redis directory is read in a thread: a network call)."""
+    if is_in_memory_directory(services):
+        return live_workers(services)
+    return await anyio.to_thread.run_sync(live_workers, services)
+
+
+async def record_worker_error(ledger: UsageLedger, meter: RequestMeter, event: GenerateEvent) -> None:
+    """Meter a worker refusal as `error` (prompt tokens billed only if the worker reports a prefill)."""
+    if event.num_prompt_tokens:
+        meter.is_prefilled = True
+    await ledger.record(meter, "error", f"{event.code}: {event.message}")
