@@ -58,7 +58,7 @@ class EventSource(Protocol):
 
 
 class LocalWorkerTransport(Protocol):
-    """A worker in this process, reached without HTTP (implemented by gpu_workers.server for embedded mode).
+    """A worker in this process, reached without HTTP (embedded mode; gpu_workers.inproc_transport implements it).
 
     `open_stream` runs the worker's checks and returns the stream, or raises
     `cluster.protocol.WorkerRefusedError` (what HTTP answers with a non-200 status).

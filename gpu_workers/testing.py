@@ -145,7 +145,7 @@ def worker_in_thread(
     **settings_overrides: Any,
 ) -> Iterator[RunningWorker]:
     """A real worker (uvicorn + engine) in a thread of this process; yields once it is ready."""
-    from gpu_workers.server import EmbeddedWorker
+    from gpu_workers.embedded import EmbeddedWorker
 
     token = internal_token or secrets.token_urlsafe(16)
     data_dir = data_dir or Path(blob_dir).parent / f"worker-{secrets.token_hex(4)}"
@@ -185,7 +185,7 @@ def worker_process(
     With redis_url the worker registers in Redis and `directory` is a RedisWorkerDirectory on it (pass
     worker_key_prefix=... to isolate tests). Logs go to <data_dir>/worker.log.
     """
-    from gpu_workers.server import make_directory
+    from gpu_workers.builder import make_directory
 
     token = internal_token or secrets.token_urlsafe(16)
     port = free_port()

@@ -14,7 +14,7 @@ from lorahost.reports_cli import app as reports_app
 
 if TYPE_CHECKING:
     from api.services import Services
-    from gpu_workers.server import EmbeddedWorker
+    from gpu_workers.embedded import EmbeddedWorker
     from registry.settings import Settings
 
 app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting.", no_args_is_help=True)
@@ -104,7 +104,7 @@ def serve(
 
     from api.main import create_app
     from api.services import build_services
-    from gpu_workers.server import EmbeddedWorker
+    from gpu_workers.embedded import EmbeddedWorker
     from migrations.runner import upgrade
     from cluster.membership import InMemoryWorkerDirectory
     from registry.settings import Settings

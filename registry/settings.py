@@ -148,7 +148,11 @@ class Settings(BaseSettings):
         description=f"API: how a request picks its worker, one of {sorted(ROUTER_POLICIES)} (scheduler/router.py)",
     )
 
-    # Worker process (gpu_workers.server; `lorahost worker`, or in-process under `lorahost serve`).
+    # Worker process (gpu_workers.server, built by gpu_workers.builder; `lorahost worker`, or in-process under
+    # `lorahost serve`).
+    worker_backend: str = Field(
+        default="native", description="Worker inference backend (a name in gpu_workers.builder.BACKENDS)"
+    )
     worker_host: str = Field(default="127.0.0.1", description="Worker bind address")
     worker_port: int | None = Field(
         default=None,

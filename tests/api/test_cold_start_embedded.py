@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import get_session
 from api.main import create_app
 from api.services import build_services
-from gpu_workers.server import EmbeddedWorker
+from gpu_workers.embedded import EmbeddedWorker
 from gpu_workers.testing import TEST_ENGINE_SETTINGS
 from cluster.membership import InMemoryWorkerDirectory
 from registry.settings import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gpu_workers.server import EmbeddedWorker
+from gpu_workers.embedded import EmbeddedWorker
 from gpu_workers.testing import free_port
 from registry.settings import DEFAULT_WORKER_PORT, Settings
 

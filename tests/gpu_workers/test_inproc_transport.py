@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
-from gpu_workers.server import EmbeddedWorker, InProcessWorkerTransport
+from gpu_workers.embedded import EmbeddedWorker
+from gpu_workers.inproc_transport import InProcessWorkerTransport
 from gpu_workers.testing import RunningWorker, put_adapter
 from gpu_workers.worker_service import WorkerService
 from cluster.membership import WorkerRecord

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gpu_workers.sampling import SamplingParams
-from gpu_workers.server import EmbeddedWorker
+from gpu_workers.embedded import EmbeddedWorker
 from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, AdapterRef, GenerateEvent, GenerateRequest, WorkerStats

@@ -1,0 +1,135 @@
+"""Building a worker from Settings: the backend, the service, the membership directory and the runtime.
+
+The only place that picks the inference backend: `BACKENDS` maps a name (`settings.worker_backend`,
+LORAHOST_WORKER_BACKEND; default "native") to a factory returning an `InferenceBackend`
+(gpu_workers/backend.py). A new backend (e.g. vLLM) is one module implementing that protocol plus one entry
+here; the runtime, the HTTP app and the server do not change.
+
+The only engine-side module that touches the blob store: `build_worker_service` injects the blob store's
+`download_to` into the host adapter cache (import-linter exception in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
+from gpu_workers.backend import InferenceBackend
+from gpu_workers.runtime import WorkerRuntime
+from gpu_workers.worker_service import WorkerService
+from registry.settings import Settings
+
+if TYPE_CHECKING:
+    from gpu_workers.config import EngineConfig
+
+BackendFactory = Callable[[Settings], InferenceBackend]
+"""Builds a loaded backend from the worker's settings (blocking: it loads the base model)."""
+
+
+def _native_backend(settings: Settings) -> InferenceBackend:
+    """The native engine (engine.py) behind its loop thread (async_engine.py)."""
+    from gpu_workers.async_engine import AsyncLLMEngine
+
+    return AsyncLLMEngine.from_config(engine_config_from_settings(settings))
+
+
+BACKENDS: Mapping[str, BackendFactory] = MappingProxyType({"native": _native_backend})
+
+
+def backend_factory(settings: Settings) -> BackendFactory:
+    """The factory named by settings.worker_backend; ValueError naming the choices when it is unknown."""
+    factory = BACKENDS.get(settings.worker_backend)
+    if factory is None:
+        raise ValueError(
+            f"unknown worker backend {settings.worker_backend!r}: set LORAHOST_WORKER_BACKEND to one of "
+            f"{', '.join(sorted(BACKENDS))}"
+        )
+    return factory
+
+
+def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService:
+    """Load the base model into the configured backend and wire the host cache to the blob store (blocking)."""
+    from gpu_workers.host_cache import HostAdapterCache
+    from registry.storage import make_blob_store
+
+    build_backend = backend_factory(settings)
+    if settings.base_model_path is None:
+        raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
+    blob_store = make_blob_store(settings)
+    host_cache = HostAdapterCache(
+        settings.resolved_host_cache_dir(), blob_store.download_to, max_bytes=settings.host_cache_max_bytes
+    )
+    return WorkerService(
+        build_backend(settings),
+        host_cache,
+        worker_id=worker_id,
+        base_model=settings.base_model_name,
+        max_loaded_adapters=settings.max_loaded_adapters,
+        max_num_seqs=settings.engine_max_num_seqs,
+    )
+
+
+def engine_config_from_settings(settings: Settings) -> EngineConfig:
+    """The frozen EngineConfig of the native engine."""
+    from gpu_workers.config import EngineConfig
+
+    return EngineConfig(
+        model_path=settings.base_model_path,  # type: ignore[arg-type]
+        dtype=settings.engine_dtype,
+        device=settings.engine_device,
+        kv_cache_bytes=settings.engine_kv_cache_bytes,
+        num_kv_blocks=settings.engine_num_kv_blocks,
+        max_num_seqs=settings.engine_max_num_seqs,
+        max_num_batched_tokens=settings.engine_max_num_batched_tokens,
+        max_model_len=settings.engine_max_model_len,
+        max_lora_rank=settings.max_rank,
+        max_loaded_adapters=max(settings.max_loaded_adapters, 1),
+        num_threads=settings.engine_num_threads,
+    )
+
+
+def advertise_url(settings: Settings, port: int) -> str:
+    """The URL API servers use: settings.worker_advertise_url, else http://<host>:<port>."""
+    if settings.worker_advertise_url:
+        return settings.worker_advertise_url.rstrip("/")
+    host = settings.worker_host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"http://{host}:{port}"
+
+
+def make_directory(settings: Settings) -> WorkerDirectory:
+    """RedisWorkerDirectory when settings.redis_url is set, else a process-local in-memory one."""
+    if not settings.redis_url:
+        return InMemoryWorkerDirectory()
+    import redis
+
+    from cluster.membership import RedisWorkerDirectory
+
+    return RedisWorkerDirectory(
+        redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix
+    )
+
+
+def make_runtime(
+    settings: Settings, sock: socket.socket, directory: WorkerDirectory | None, internal_token: str
+) -> WorkerRuntime:
+    """A runtime for a worker listening on `sock` (its id defaults to <hostname>-<port>).
+
+    An unknown settings.worker_backend fails here, before the server starts, not later in /ready.
+    """
+    backend_factory(settings)
+    port = sock.getsockname()[1]
+    worker_id = settings.worker_id or f"{socket.gethostname()}-{port}"
+    return WorkerRuntime(
+        lambda: build_worker_service(settings, worker_id=worker_id),
+        internal_token=internal_token,
+        url=advertise_url(settings, port),
+        directory=directory,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        heartbeat_ttl_s=settings.resolved_heartbeat_ttl_s(),
+        drain_timeout_s=settings.drain_timeout_s,
+    )

@@ -1,0 +1,87 @@
+"""gpu_workers/builder.py: the worker is built from Settings, and the backend is picked by name only there."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_workers import builder
+from gpu_workers.backend import InferenceBackend
+from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
+from gpu_workers.outputs import RequestOutput
+from gpu_workers.sampling import SamplingParams
+from registry.settings import Settings
+
+
+class _FakeBackend:
+    """A backend that is not the native engine (stands in for a later vLLM backend)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def generate_stream(
+        self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams, adapter_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        raise NotImplementedError
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def load_adapter(self, adapter_id: str, path: Path) -> None:
+        return None
+
+    async def unload_adapter(self, adapter_id: str) -> None:
+        return None
+
+    def loaded_adapters(self) -> list[str]:
+        return []
+
+    def stats(self) -> dict[str, Any]:
+        return {"max_model_len": 128}
+
+    def shutdown(self) -> None:
+        return None
+
+
+@pytest.fixture
+def sock() -> Iterator[socket.socket]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s
+
+
+def _settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return Settings(
+        data_dir=tmp_path,
+        blob_store=str(tmp_path / "blobs"),
+        base_model_path=tmp_path / "model",
+        internal_token="t",
+        **overrides,
+    )
+
+
+def test_the_native_engine_is_the_default_backend() -> None:
+    assert Settings().worker_backend == "native"
+    assert "native" in BACKENDS
+
+
+def test_an_unknown_backend_is_refused_before_the_worker_starts_naming_the_setting_and_choices(
+    tmp_path: Path, sock: socket.socket
+) -> None:
+    with pytest.raises(ValueError, match=r"unknown worker backend 'nope'.*LORAHOST_WORKER_BACKEND.*native"):
+        make_runtime(_settings(tmp_path, worker_backend="nope"), sock, None, "t")
+
+
+def test_a_backend_registered_by_name_is_what_the_service_serves_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(builder, "BACKENDS", {**BACKENDS, "fake": _FakeBackend})
+    settings = _settings(tmp_path, worker_backend="fake", engine_max_num_seqs=7)
+    service = build_worker_service(settings, worker_id="w1")
+    assert isinstance(service.engine, _FakeBackend) and isinstance(service.engine, InferenceBackend)
+    assert service.engine.settings is settings
+    assert service.worker_id == "w1" and service.max_model_len == 128 and service.max_num_seqs == 7
