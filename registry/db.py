@@ -66,6 +66,10 @@ def _configure_sqlite(engine: Engine, is_file: bool) -> None:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         if is_file:
             cursor.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a commit is durable once written to the WAL file (survives a kill -9 of the process;
+            # only an OS crash or power loss can drop the last commits); FULL would fsync on every commit, and
+            # each inference request commits its usage row before its first token.
+            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
     @event.listens_for(engine, "begin")
