@@ -1,4 +1,4 @@
-"""Block manager invariants under random allocate/free/append (hypothesis)."""
+"""Page pool (KV view) invariants under random allocate/free/append (hypothesis)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_workers.block_manager import BlockManager
+from scheduler.core.page_pool import PagePool
 
 
 def test_allocate_returns_none_when_full_and_takes_nothing() -> None:
-    bm = BlockManager(num_blocks=4, block_size=16)
+    bm = PagePool(num_pages=4, block_size=16)
     assert bm.allocate(3) is not None
     assert bm.allocate(2) is None
     assert bm.num_free_blocks == 1
 
 
 def test_double_free_raises() -> None:
-    bm = BlockManager(num_blocks=2, block_size=16)
+    bm = PagePool(num_pages=2, block_size=16)
     ids = bm.allocate(1)
     assert ids is not None
     bm.free(ids)
@@ -26,7 +26,7 @@ def test_double_free_raises() -> None:
 
 
 def test_append_slots_grows_only_at_block_boundaries() -> None:
-    bm = BlockManager(num_blocks=4, block_size=4)
+    bm = PagePool(num_pages=4, block_size=4)
     table: list[int] = []
     assert bm.append_slots(table, 4) is not None and len(table) == 1
     assert bm.append_slots(table, 4) == [] and len(table) == 1
@@ -34,7 +34,7 @@ def test_append_slots_grows_only_at_block_boundaries() -> None:
 
 
 def test_reserved_pages_are_not_allocatable() -> None:
-    bm = BlockManager(num_blocks=4, block_size=16)
+    bm = PagePool(num_pages=4, block_size=16)
     reserved = bm.reserve(3)
     assert reserved is not None and bm.allocate(2) is None
     bm.release(reserved)
@@ -49,7 +49,7 @@ operations = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(num_blocks=st.integers(1, 16), block_size=st.integers(1, 8), ops=operations)
 def test_pages_are_never_shared_lost_or_overallocated(num_blocks: int, block_size: int, ops: list) -> None:
-    bm = BlockManager(num_blocks, block_size)
+    bm = PagePool(num_blocks, block_size)
     owners: list[list[int]] = []
     for op, n, tokens in ops:
         if op == "alloc":
