@@ -176,13 +176,14 @@ class AdapterResidency:
         waiting = [s.adapter_id for s in has_host] if may_evict_waiting else []
         return idle + waiting
 
-    def evict_for_kv(self, num_blocks: int) -> list[str]:
-        """Evict idle adapters holding KV-addressable pages until `num_blocks` KV pages are free."""
+    def evict_for_kv(self, num_blocks: int, keep: str | None = None) -> list[str]:
+        """Evict adapters holding KV-addressable pages (idle first, then waiting-only; never `keep`) until
+        `num_blocks` KV pages are free; returns the evicted ids (possibly without reaching the goal)."""
         victims: list[str] = []
-        for adapter_id in self.eviction_order(may_evict_waiting=False):
+        for adapter_id in self.eviction_order(may_evict_waiting=True):
             if self.pool.num_free_blocks >= num_blocks:
                 break
-            if self.pool.num_kv_addressable(self._states[adapter_id].page_ids):
+            if adapter_id != keep and self.pool.num_kv_addressable(self._states[adapter_id].page_ids):
                 self.evict(adapter_id)
                 victims.append(adapter_id)
         return victims

@@ -1,8 +1,8 @@
 """Continuous batching: every step mixes decodes and (chunked) prefills under a token budget.
 
 Running sequences go first (oldest first): each takes its next token or its next prompt chunk. When a
-running sequence needs a KV page and none is free, idle adapters holding KV-addressable pages are evicted,
-then the youngest running sequence is preempted (pages freed, recomputed later). Then waiting requests are
+running sequence needs a KV page and none is free, adapters holding KV-addressable pages that no running
+request uses are evicted, then the youngest running sequence is preempted (pages freed, recomputed later). Then waiting requests are
 admitted in the order a `BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and
 pages last; a request whose adapter is only on the host gets an adapter load planned before its first step
 (evicting idle adapters, then adapters only waiting requests use). A request that does not fit waits.
@@ -116,7 +116,7 @@ class BatchScheduler:
         if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
             return True
         num_missing = self.pool.num_blocks_for_tokens(num_tokens_after) - len(seq.block_table)
-        evicted = self.residency.evict_for_kv(num_missing)
+        evicted = self.residency.evict_for_kv(num_missing, keep=seq.adapter_id)
         if not evicted:
             return False
         plan.adapter_evictions.extend(evicted)
@@ -217,7 +217,9 @@ class BatchScheduler:
             max_tokens=seq.max_tokens,
             adapter_id=seq.adapter_id,
             adapter_rank=state.rank if state is not None else 0,
-            predicted_output_tokens=seq.predicted_output_tokens or seq.max_tokens,
+            predicted_output_tokens=(
+                seq.max_tokens if seq.predicted_output_tokens is None else seq.predicted_output_tokens
+            ),
             adapter_num_bytes=state.num_bytes if state is not None else 0,
             adapter_residency=state.residency.value if state is not None else Residency.NONE.value,
         )
