@@ -183,10 +183,27 @@ class AdapterResidency:
         for adapter_id in self.eviction_order(may_evict_waiting=True):
             if self.pool.num_free_blocks >= num_blocks:
                 break
-            if adapter_id != keep and self.pool.num_kv_addressable(self._states[adapter_id].page_ids):
+            # Evicting an adapter frees KV pages directly, or makes room for spilled adapter pages to move.
+            if adapter_id != keep and (self.pool.num_spilled_adapter_pages or self._num_in_kv(adapter_id)):
                 self.evict(adapter_id)
                 victims.append(adapter_id)
         return victims
+
+    def _num_in_kv(self, adapter_id: str) -> int:
+        return self.pool.num_kv_addressable(self._states[adapter_id].page_ids)
+
+    def _move_spilled_pages(self) -> None:
+        """Move adapter pages that spilled into KV-addressable pages to free adapter-only pages."""
+        if not self.pool.num_spilled_adapter_pages:
+            return
+        for adapter_id in self._on_device:
+            page_ids = self._states[adapter_id].page_ids
+            for i, page in enumerate(page_ids):
+                if page < self.pool.max_kv_pages:
+                    new_page = self.pool.move_out_of_kv(page)
+                    if new_page is None:
+                        return
+                    page_ids[i] = new_page
 
     # ---- carrying out ---------------------------------------------------------------------------------
 
@@ -210,6 +227,7 @@ class AdapterResidency:
             state.page_ids = []
         self._on_device.pop(state.adapter_id, None)
         state.residency = Residency.HOST if state.host_path is not None else Residency.NONE
+        self._move_spilled_pages()
 
     def forget(self, adapter_id: str) -> None:
         """Evict (if resident) and drop the adapter from the registry."""

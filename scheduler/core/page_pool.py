@@ -52,6 +52,7 @@ class PagePool:
         self._owner: list[int] = [_FREE] * num_pages
         self.num_kv_pages = 0
         self.num_adapter_pages = 0
+        self.num_spilled_adapter_pages = 0  # adapter pages on KV-addressable ids
 
     # ---- counts -------------------------------------------------------------------------------------
 
@@ -117,11 +118,24 @@ class PagePool:
         ids = [self._free_adapter_only.pop() for _ in range(num_other)]
         ids += [self._free_kv.pop() for _ in range(num_pages - num_other)]
         self._take(ids, _ADAPTER)
+        self.num_spilled_adapter_pages += num_pages - num_other
         return ids
 
     def release(self, page_ids: list[int]) -> None:
         """Give back adapter pages; releasing a page that is not a reserved adapter page raises."""
         self._give_back(page_ids, _ADAPTER)
+
+    def move_out_of_kv(self, page: int) -> int | None:
+        """Move an adapter page from a KV-addressable id to a free adapter-only id; the new id, or None
+        when no adapter-only page is free (today adapter pages are accounting only, so a move copies
+        nothing; once adapter rows live in the pages it is a device copy)."""
+        if self._owner[page] != _ADAPTER or page >= self.max_kv_pages or not self._free_adapter_only:
+            return None
+        new_page = self._free_adapter_only.pop()
+        self._owner[new_page], self._owner[page] = _ADAPTER, _FREE
+        self._free_kv.append(page)
+        self.num_spilled_adapter_pages -= 1
+        return new_page
 
     def num_kv_addressable(self, page_ids: list[int]) -> int:
         """How many of these pages a KV allocation could use once they are free."""
@@ -150,3 +164,4 @@ class PagePool:
             self.num_kv_pages -= len(ids)
         else:
             self.num_adapter_pages -= len(ids)
+            self.num_spilled_adapter_pages -= self.num_kv_addressable(ids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.batch_policy import FifoPolicy
@@ -98,6 +98,11 @@ adapter_sizes = st.lists(st.tuples(st.integers(1, 16), st.integers(1, 1200)), mi
 
 @settings(max_examples=200, deadline=None)
 @given(setup=setups, reqs=requests, adapters=adapter_sizes)
+@example(  # an idle adapter on adapter-only pages while another spilled into KV pages once livelocked
+    setup=Setup(num_kv_pages=6, num_adapter_pages=4, max_num_seqs=1, max_num_batched_tokens=1, max_device_adapters=2),
+    reqs=[(1, 1, 0, 0), (1, 5, 2, 0)],
+    adapters=[(1, 301), (1, 1), (1, 401), (1, 1), (1, 1), (1, 1)],
+)
 def test_plans_keep_budgets_and_pins_and_every_request_finishes(
     setup: Setup, reqs: list[tuple[int, int, int | None, int]], adapters: list[tuple[int, int]]
 ) -> None:

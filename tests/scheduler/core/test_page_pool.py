@@ -106,7 +106,7 @@ def test_adapter_pages_are_cut_along_the_rank_dimension(rank: int, num_bytes: in
 
 
 pool_ops = st.lists(
-    st.tuples(st.sampled_from(["alloc", "free", "reserve", "release", "append"]), st.integers(0, 7), st.integers(0, 40)),
+    st.tuples(st.sampled_from(["alloc", "free", "reserve", "release", "append", "move"]), st.integers(0, 7), st.integers(0, 40)),
     max_size=80,
 )
 
@@ -142,6 +142,12 @@ def test_kv_and_adapter_pages_share_one_budget_exactly(
             free_before = pool.num_free_pages
             pool.release(ids)
             assert pool.num_free_pages == free_before + len(ids)
+        elif op == "move" and reservations:
+            ids = reservations[n % len(reservations)]
+            for i, page in enumerate(ids):
+                new_page = pool.move_out_of_kv(page)
+                if new_page is not None:
+                    ids[i] = new_page
         elif op == "append" and kv_tables:
             table = kv_tables[n % len(kv_tables)]
             before = list(table)
@@ -153,6 +159,7 @@ def test_kv_and_adapter_pages_share_one_budget_exactly(
         assert len(held) == len(set(held)) and all(0 <= p < pool.num_pages for p in held)
         assert all(p < num_kv for p in kv_held)
         assert pool.num_kv_pages == len(kv_held) and pool.num_adapter_pages == len(adapter_held)
+        assert pool.num_spilled_adapter_pages == sum(1 for p in adapter_held if p < num_kv)
         assert pool.num_used_pages + pool.num_free_pages == pool.num_pages
         assert pool.num_used_pages <= pool.num_pages
     for table in kv_tables:
