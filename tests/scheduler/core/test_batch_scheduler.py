@@ -57,14 +57,18 @@ def carry_out(scheduler: BatchScheduler, plan: StepPlan) -> None:
                 scheduler.finish(seq, "length")
 
 
-def check_plan(scheduler: BatchScheduler, plan: StepPlan, running_before: set[str], setup: Setup) -> None:
+def check_plan(scheduler: BatchScheduler, plan: StepPlan, running_before: dict[str, str], setup: Setup) -> None:
     """Invariants every plan keeps."""
     assert plan.num_batched_tokens <= setup.max_num_batched_tokens
     assert len(scheduler.running) <= setup.max_num_seqs
     assert len({id(e.seq) for e in plan.entries}) == len(plan.entries)
     assert all(e.num_new_tokens > 0 for e in plan.entries)
-    assert not set(plan.adapter_evictions) & running_before  # a running request's adapter is never evicted
+    # A running request's adapter is never evicted (a request preempted in this step no longer runs).
+    still_running = {rid: a for rid, a in running_before.items() if rid not in plan.preemptions}
+    assert not set(plan.adapter_evictions) & set(still_running.values())
     loads = {load.adapter_id for load in plan.adapter_loads}
+    in_use = {s.adapter_id for s in scheduler.running}
+    assert not (set(plan.adapter_evictions) - loads) & in_use
     residency = scheduler.residency
     for entry in plan.entries:
         seq = entry.seq
@@ -123,7 +127,7 @@ def test_plans_keep_budgets_and_pins_and_every_request_finishes(
             seqs.append(seq)
         if not pending and not scheduler.has_unfinished():
             break
-        running_before = {s.adapter_id for s in scheduler.running if s.adapter_id is not None}
+        running_before = {s.request_id: s.adapter_id for s in scheduler.running if s.adapter_id is not None}
         plan = scheduler.schedule()
         check_plan(scheduler, plan, running_before, setup)
         carry_out(scheduler, plan)
