@@ -19,7 +19,7 @@ def test_request_with_host_only_adapter_runs_after_the_planned_load(
     make_engine: Any, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
 ) -> None:
     engine = make_engine(max_loaded_adapters=1)  # loading every adapter evicted all but the last
-    first, last = sorted(adapter_dirs)[0], sorted(adapter_dirs)[-1]
+    first, last = min(adapter_dirs), max(adapter_dirs)
     assert engine.device_adapters() == [last] and engine.adapter_residency(first) == "host"
     [cold] = engine.generate([prompt_ids[1]], GREEDY, adapter_ids=[first])
     [warm] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=[first])
