@@ -48,8 +48,11 @@ class PagePool:
         self.max_kv_pages = max_kv_pages
         self.block_size = block_size
         self._free_kv: list[int] = list(range(max_kv_pages - 1, -1, -1))  # popped from the end: 0 first
-        self._free_adapter_only: list[int] = list(range(num_pages - 1, max_kv_pages - 1, -1))
-        self._owner: list[int] = [_FREE] * num_pages
+        # Adapter-only ids are handed out lazily (the pool may have ~1e6 of them): returned ids first, then
+        # fresh ids [_next_fresh, num_pages).
+        self._free_adapter_only: list[int] = []
+        self._next_fresh = max_kv_pages
+        self._owner = bytearray(num_pages)  # _FREE / _KV / _ADAPTER per page
         self.num_kv_pages = 0
         self.num_adapter_pages = 0
         self.num_spilled_adapter_pages = 0  # adapter pages on KV-addressable ids
@@ -69,7 +72,16 @@ class PagePool:
     @property
     def num_free_pages(self) -> int:
         """Pages an adapter reservation can take now."""
-        return len(self._free_kv) + len(self._free_adapter_only)
+        return len(self._free_kv) + self._num_free_adapter_only()
+
+    def _num_free_adapter_only(self) -> int:
+        return len(self._free_adapter_only) + self.num_pages - self._next_fresh
+
+    def _pop_adapter_only(self) -> int:
+        if self._free_adapter_only:
+            return self._free_adapter_only.pop()
+        self._next_fresh += 1
+        return self._next_fresh - 1
 
     @property
     def num_used_pages(self) -> int:
@@ -114,8 +126,8 @@ class PagePool:
         """Take pages for adapter weights (adapter-only pages first); None (nothing taken) when full."""
         if not 0 <= num_pages <= self.num_free_pages:
             return None
-        num_other = min(num_pages, len(self._free_adapter_only))
-        ids = [self._free_adapter_only.pop() for _ in range(num_other)]
+        num_other = min(num_pages, self._num_free_adapter_only())
+        ids = [self._pop_adapter_only() for _ in range(num_other)]
         ids += [self._free_kv.pop() for _ in range(num_pages - num_other)]
         self._take(ids, _ADAPTER)
         self.num_spilled_adapter_pages += num_pages - num_other
@@ -129,9 +141,9 @@ class PagePool:
         """Move an adapter page from a KV-addressable id to a free adapter-only id; the new id, or None
         when no adapter-only page is free (today adapter pages are accounting only, so a move copies
         nothing; once adapter rows live in the pages it is a device copy)."""
-        if self._owner[page] != _ADAPTER or page >= self.max_kv_pages or not self._free_adapter_only:
+        if self._owner[page] != _ADAPTER or page >= self.max_kv_pages or not self._num_free_adapter_only():
             return None
-        new_page = self._free_adapter_only.pop()
+        new_page = self._pop_adapter_only()
         self._owner[new_page], self._owner[page] = _ADAPTER, _FREE
         self._free_kv.append(page)
         self.num_spilled_adapter_pages -= 1
