@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from gpu_workers.config import EngineConfig
 from gpu_workers.engine import LLMEngine
 from gpu_workers.errors import NumericOverflowError
 from gpu_workers.outputs import RequestOutput
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 
 class AsyncLLMEngine:
@@ -29,6 +30,7 @@ class AsyncLLMEngine:
         self._has_work = threading.Condition(self._lock)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._is_stopped = False
+        self._pending_pins: deque[tuple[str, bool]] = deque()  # (adapter_id, is_pin), appended from any thread
         self._thread = threading.Thread(target=self._run, name="lorahost-engine", daemon=True)
         self._thread.start()
 
@@ -52,6 +54,7 @@ class AsyncLLMEngine:
                 if self._is_stopped:
                     return
                 try:
+                    self._apply_pins()
                     outputs = self.engine.step()
                 except Exception as exc:  # noqa: BLE001 (an engine bug must not hang every stream)
                     self._fail_all(exc)
@@ -82,15 +85,28 @@ class AsyncLLMEngine:
         prompt: str | list[int],
         sampling_params: SamplingParams,
         adapter_id: str | None = None,
+        *,
+        adapter_path: Path | None = None,
+        predicted_output_tokens: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield deltas for one request until it finishes; cancellation or early exit aborts it.
+
+        The adapter may be host-only (registered, or `adapter_path` given): the engine loads it first.
 
         Raises NumericOverflowError (a ValueError) when the engine stops this request because its logits
         went non-finite; other requests keep running.
         """
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._has_work:
-            self.engine.add_request(request_id, prompt, sampling_params, adapter_id)
+            self._apply_pins()
+            self.engine.add_request(
+                request_id,
+                prompt,
+                sampling_params,
+                adapter_id,
+                adapter_path=adapter_path,
+                predicted_output_tokens=predicted_output_tokens,
+            )
             self._streams[request_id] = (asyncio.get_running_loop(), queue)
             self._has_work.notify()
         is_finished = False
@@ -122,9 +138,39 @@ class AsyncLLMEngine:
             self._has_work.notify()
 
     async def load_adapter(self, adapter_id: str, path: Path) -> None:
-        """Load an adapter without blocking the event loop."""
+        """Load an adapter now without blocking the event loop (the files are read off the engine lock;
+        the core then decides what to evict); AdapterCapacityError when no idle adapter can make room."""
         adapter = await asyncio.to_thread(self.engine.prepare_adapter, adapter_id, path)
-        await asyncio.to_thread(self._locked, self.engine.install_adapter, adapter)
+        await asyncio.to_thread(self._locked, self.engine.install_adapter, adapter, path)
+
+    async def register_adapter(self, adapter_id: str, path: Path) -> None:
+        """Make a host copy known to the engine (validated; loaded when a request needs it)."""
+        await asyncio.to_thread(self._locked, self.engine.register_adapter, adapter_id, path)
+
+    def pin_adapter(self, adapter_id: str) -> None:
+        """Lease an adapter (see LLMEngine.pin_adapter); never blocks: applied before the next engine call."""
+        self._pending_pins.append((adapter_id, True))
+
+    def unpin_adapter(self, adapter_id: str) -> None:
+        """End a lease (applied before the next engine call)."""
+        self._pending_pins.append((adapter_id, False))
+
+    def _apply_pins(self) -> None:
+        """Apply queued leases (call with the lock held)."""
+        while self._pending_pins:
+            adapter_id, is_pin = self._pending_pins.popleft()
+            if not is_pin:
+                self.engine.unpin_adapter(adapter_id)
+            elif self.engine.residency.get(adapter_id) is not None:
+                self.engine.pin_adapter(adapter_id)
+
+    def adapter_residency(self, adapter_id: str) -> str:
+        """ "none", "host", "copying" or "device" (a snapshot read without waiting for the current step)."""
+        return self.engine.adapter_residency(adapter_id)
+
+    def device_adapters(self) -> list[str]:
+        """Adapters on the device, least recently used first."""
+        return self._locked(self.engine.device_adapters)
 
     async def unload_adapter(self, adapter_id: str) -> None:
         """Unload an adapter (AdapterInUseError while requests use it)."""
@@ -132,6 +178,7 @@ class AsyncLLMEngine:
 
     def _locked(self, fn: Any, *args: Any) -> Any:
         with self._lock:
+            self._apply_pins()
             return fn(*args)
 
     def loaded_adapters(self) -> list[str]:

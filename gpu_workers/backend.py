@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpu_workers.outputs import RequestOutput
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 
 @runtime_checkable
@@ -24,6 +24,9 @@ class InferenceBackend(Protocol):
         prompt: str | list[int],
         sampling_params: SamplingParams,
         adapter_id: str | None = None,
+        *,
+        adapter_path: Path | None = None,
+        predicted_output_tokens: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield token deltas until the request finishes; cancelling the iteration aborts the request."""
         ...
@@ -33,7 +36,28 @@ class InferenceBackend(Protocol):
         ...
 
     async def load_adapter(self, adapter_id: str, path: Path) -> None:
-        """Load or reload an adapter from a local PEFT directory."""
+        """Load or reload an adapter from a local PEFT directory onto the device now (the backend decides
+        what to evict; AdapterCapacityError when every resident adapter is in use)."""
+        ...
+
+    async def register_adapter(self, adapter_id: str, path: Path) -> None:
+        """Make a verified host copy known (requests may then name the adapter; it is loaded on demand)."""
+        ...
+
+    def pin_adapter(self, adapter_id: str) -> None:
+        """Lease an adapter so idle-adapter eviction skips it."""
+        ...
+
+    def unpin_adapter(self, adapter_id: str) -> None:
+        """End a lease."""
+        ...
+
+    def adapter_residency(self, adapter_id: str) -> str:
+        """ "none", "host", "copying" or "device"."""
+        ...
+
+    def device_adapters(self) -> list[str]:
+        """Adapters on the device, least recently used first."""
         ...
 
     async def unload_adapter(self, adapter_id: str) -> None:

@@ -87,6 +87,8 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         max_model_len=settings.engine_max_model_len,
         max_lora_rank=settings.max_rank,
         max_loaded_adapters=max(settings.max_loaded_adapters, 1),
+        adapter_cache_bytes=settings.engine_adapter_cache_bytes,
+        batch_policy=settings.engine_batch_policy,
         num_threads=settings.engine_num_threads,
     )
 

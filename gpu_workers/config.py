@@ -20,6 +20,13 @@ class EngineConfig:
     `lora_stack_cache_size`: how many stacked adapter sets (one per batch composition, used by decode-sized
     steps) are cached; 0 disables the stacked LoRA form.
     `packed_linears`: run projections on oneDNN-packed weights (CPU); None = auto (bf16 with native support).
+
+    Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block: the KV pages
+    above plus `adapter_cache_bytes` worth of pages for adapter weights (None = room for
+    `max_loaded_adapters` adapters of `max_lora_rank` on every projection, so every adapter that fitted
+    before the pool owned adapter memory still fits; the count cap `max_loaded_adapters` stays a policy
+    limit until the [Adapter memory] issue). Adapters spill into free KV pages when their share is used up.
+    `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES).
     """
 
     model_path: Path | str
@@ -33,6 +40,8 @@ class EngineConfig:
     max_model_len: int | None = None
     max_lora_rank: int = 256
     max_loaded_adapters: int = 1024
+    adapter_cache_bytes: int | None = None
+    batch_policy: str = "fifo"
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
@@ -49,6 +58,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.lora_stack_cache_size < 0:
             raise ValueError(f"lora_stack_cache_size must be >= 0, got {self.lora_stack_cache_size}")
+        if self.adapter_cache_bytes is not None and self.adapter_cache_bytes <= 0:
+            raise ValueError(f"adapter_cache_bytes must be positive, got {self.adapter_cache_bytes}")
+        if self.max_loaded_adapters <= 0:
+            raise ValueError(f"max_loaded_adapters must be positive, got {self.max_loaded_adapters}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

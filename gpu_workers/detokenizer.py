@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_workers.sequence import Sequence
+from scheduler.core.sequence import Sequence
 
 
 def append_text(tokenizer: Any, seq: Sequence) -> None:

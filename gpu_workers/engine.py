@@ -1,5 +1,10 @@
-"""LLMEngine: add_request / step / abort over the batch scheduler and the model runner (single-threaded;
-see async_engine.py for the thread-safe streaming wrapper)."""
+"""LLMEngine: add_request / step / abort over the torch-free engine core (scheduler/core/) and the model
+runner (single-threaded; see async_engine.py for the thread-safe streaming wrapper).
+
+Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: drop the
+evicted adapters' device copies, copy in the planned adapters (synchronously for now), run the entries.
+The page pool is the one owner of device memory: KV blocks and adapter pages come from it.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +14,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_workers.batch_scheduler import BatchScheduler
-from gpu_workers.block_manager import BlockManager
 from gpu_workers.config import EngineConfig
 from gpu_workers.detokenizer import append_text, find_stop_string, num_held_back_chars
 from gpu_workers.errors import (
+    AdapterCapacityError,
     AdapterInUseError,
+    AdapterLoadError,
     AdapterNotLoadedError,
     DuplicateRequestError,
     PromptTooLongError,
 )
 from gpu_workers.layers.lora import LoraAdapter
-from gpu_workers.model_runner import BatchEntry, ModelRunner
+from gpu_workers.model_runner import ModelRunner
 from gpu_workers.outputs import CompletionOutput, RequestOutput
-from gpu_workers.sampling import SamplingParams
-from gpu_workers.sequence import Sequence
-from scheduler.batch_policy import BatchPolicy, FifoPolicy
+from scheduler.batch_policy import BatchPolicy, make_batch_policy
+from scheduler.core.adapter_residency import AdapterResidency, Residency
+from scheduler.core.batch_scheduler import BatchScheduler
+from scheduler.core.page_pool import PagePool
+from scheduler.core.sampling import SamplingParams
+from scheduler.core.sequence import BatchEntry, Sequence
+from scheduler.core.step_plan import StepPlan
 
 
 @dataclass
@@ -51,13 +60,16 @@ class LLMEngine:
         self.runner = ModelRunner(config)
         self.tokenizer = AutoTokenizer.from_pretrained(str(config.model_path))
         self.max_model_len = self.runner.max_model_len
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
+        num_kv_pages = self.runner.num_kv_blocks
+        self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
+        self.block_manager = self.pool  # the KV view of the pool (num_blocks, num_free_blocks, allocate, free)
+        self.residency = AdapterResidency(self.pool, self.runner.kv_bytes_per_block(), config.max_loaded_adapters)
         self.scheduler = BatchScheduler(
-            self.block_manager,
-            policy or FifoPolicy(),
+            self.pool,
+            self.residency,
+            policy or make_batch_policy(config.batch_policy),
             config.max_num_seqs,
             config.max_num_batched_tokens,
-            adapter_rank=lambda a: self.runner.adapters[a].rank if a in self.runner.adapters else 0,
         )
         self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -75,12 +87,23 @@ class LLMEngine:
         sampling_params: SamplingParams,
         adapter_id: str | None = None,
         arrival_time: float | None = None,
+        adapter_path: Path | str | None = None,
+        predicted_output_tokens: int | None = None,
     ) -> None:
-        """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError."""
+        """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError.
+
+        The adapter may be only on the host: pass `adapter_path` (or register it first); the core plans
+        its copy to the device before the request's first step. `predicted_output_tokens` (default
+        max_tokens) is what the batch policy sees as the expected output length.
+        """
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
-        if adapter_id is not None and adapter_id not in self.runner.adapters:
-            raise AdapterNotLoadedError(f"adapter {adapter_id!r} is not loaded; call load_adapter first")
+        if adapter_id is not None and adapter_path is not None and self.residency.get(adapter_id) is None:
+            self.register_adapter(adapter_id, adapter_path)
+        if adapter_id is not None and self.residency.residency(adapter_id) is Residency.NONE:
+            raise AdapterNotLoadedError(
+                f"adapter {adapter_id!r} is not loaded; call load_adapter or register_adapter first"
+            )
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not token_ids:
             raise ValueError("prompt is empty; send at least one token")
@@ -90,7 +113,7 @@ class LLMEngine:
                 f"shorten it to at most {self.max_model_len - 1} tokens"
             )
         max_tokens = min(sampling_params.max_tokens, self.max_model_len - len(token_ids))
-        seq = Sequence(request_id, token_ids, sampling_params, adapter_id, max_tokens)
+        seq = Sequence(request_id, token_ids, sampling_params, adapter_id, max_tokens, predicted_output_tokens)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         self.scheduler.add(seq)
@@ -114,8 +137,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
+        plan = self.scheduler.schedule()
+        self._carry_out_adapters(plan)
         outputs, self._pending_outputs = self._pending_outputs, []
-        entries = self.scheduler.schedule()
+        entries = [e for e in plan.entries if not e.seq.is_finished]  # a failed adapter load ends its requests
         if not entries:
             return outputs
         started = time.perf_counter()
@@ -237,24 +262,61 @@ class LLMEngine:
 
     # ---- adapters -----------------------------------------------------------------------------------
 
+    def register_adapter(self, adapter_id: str, path: Path | str) -> None:
+        """Validate an adapter's host copy and make it known to the core (host tier; nothing on the device).
+
+        Raises AdapterLoadError when the files are invalid or the adapter can never fit the page pool.
+        """
+        info = self.runner.validate_adapter(Path(path))
+        num_bytes = self.runner.adapter_device_bytes(info)
+        self._register(adapter_id, str(path), info.rank, num_bytes)
+
+    def _register(self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int) -> None:
+        num_pages = self.residency.num_pages_for(self.residency.register(adapter_id, host_path, rank, num_bytes))
+        if num_pages > self.pool.num_pages:
+            self.residency.forget(adapter_id)
+            raise AdapterLoadError(
+                f"adapter {adapter_id!r} needs {num_pages} device pages but the whole pool has "
+                f"{self.pool.num_pages}; raise engine_adapter_cache_bytes or use a smaller rank"
+            )
+
     def load_adapter(self, adapter_id: str, path: Path | str) -> None:
-        """Validate and load (or reload) an adapter; reloading one that requests use raises AdapterInUseError."""
-        self.install_adapter(self.prepare_adapter(adapter_id, path))
+        """Validate and load (or reload) an adapter now; raises AdapterInUseError when reloading one that
+        requests use and AdapterCapacityError when no idle adapter can make room."""
+        self.install_adapter(self.prepare_adapter(adapter_id, path), path)
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
         """Validate and pack an adapter without touching engine state (safe to run beside step())."""
         info = self.runner.validate_adapter(Path(path))
         return self.runner.load_adapter(adapter_id, Path(path), info)
 
-    def install_adapter(self, adapter: LoraAdapter) -> None:
-        """Make a prepared adapter visible to new requests; refuses to replace one that requests use."""
-        if adapter.adapter_id in self.runner.adapters and self.scheduler.is_adapter_in_use(adapter.adapter_id):
-            raise AdapterInUseError(
-                f"adapter {adapter.adapter_id!r} is used by running or waiting requests; "
-                "reload it after they finish"
+    def install_adapter(self, adapter: LoraAdapter, path: Path | str | None = None) -> None:
+        """Put a prepared adapter on the device through the core's plan (idle adapters may be evicted).
+
+        Refuses to replace one that requests use (AdapterInUseError) and raises AdapterCapacityError when
+        every adapter on the device is in use and the new one does not fit.
+        """
+        adapter_id = adapter.adapter_id
+        if adapter_id in self.runner.adapters:
+            if self.scheduler.is_adapter_in_use(adapter_id):
+                raise AdapterInUseError(
+                    f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
+                )
+            self.residency.evict(adapter_id)
+            self._drop_device_copy(adapter_id)
+        host_path = str(path) if path is not None else None
+        self._register(adapter_id, host_path, adapter.rank, adapter.num_bytes)
+        plan = StepPlan()
+        if not self.scheduler.plan_adapter_load(adapter_id, may_evict_waiting=False, plan=plan):
+            raise AdapterCapacityError(
+                f"no room for adapter {adapter_id!r}: all {len(self.residency.device_adapters())} adapters on "
+                f"the device are in use (max_loaded_adapters={self.config.max_loaded_adapters}, "
+                f"{self.pool.num_free_pages} free pages); retry later or raise LORAHOST_MAX_LOADED_ADAPTERS"
             )
-        self.runner.forget_adapter(adapter.adapter_id)
-        self.runner.adapters[adapter.adapter_id] = adapter
+        for victim in plan.adapter_evictions:
+            self._drop_device_copy(victim)
+        self.runner.adapters[adapter_id] = adapter
+        self.scheduler.on_adapter_loaded(adapter_id)
 
     def unload_adapter(self, adapter_id: str) -> None:
         """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""
@@ -264,12 +326,54 @@ class LLMEngine:
             raise AdapterInUseError(
                 f"adapter {adapter_id!r} is used by running or waiting requests; unload it after they finish"
             )
-        del self.runner.adapters[adapter_id]
-        self.runner.forget_adapter(adapter_id)
+        self.residency.forget(adapter_id)
+        self._drop_device_copy(adapter_id)
+
+    def pin_adapter(self, adapter_id: str) -> None:
+        """Lease a registered adapter (e.g. a worker request not yet in the engine): kept on the device
+        unless a request ahead needs the room; AdapterNotLoadedError when unknown."""
+        if self.residency.get(adapter_id) is None:
+            raise AdapterNotLoadedError(f"adapter {adapter_id!r} is not loaded")
+        self.residency.pin(adapter_id)
+
+    def unpin_adapter(self, adapter_id: str) -> None:
+        """End a lease taken with pin_adapter."""
+        self.residency.unpin(adapter_id)
+
+    def adapter_residency(self, adapter_id: str) -> str:
+        """ "none", "host", "copying" or "device"."""
+        return self.residency.residency(adapter_id).value
 
     def loaded_adapters(self) -> list[str]:
-        """Ids of the loaded adapters."""
+        """Ids of the adapters on the device."""
         return sorted(self.runner.adapters)
+
+    def device_adapters(self) -> list[str]:
+        """Ids of the adapters on the device (or being copied), least recently used first."""
+        return self.residency.device_adapters()
+
+    def _carry_out_adapters(self, plan: StepPlan) -> None:
+        """Drop evicted device copies, then copy in the planned adapters (synchronously for now).
+
+        CPU-assisted prefill plugs in here: start the copy on a stream/thread instead and let the plan's
+        entries of that adapter run on the host copy until `on_adapter_loaded`.
+        """
+        for adapter_id in plan.adapter_evictions:
+            self._drop_device_copy(adapter_id)
+        for load in plan.adapter_loads:
+            try:
+                adapter = self.prepare_adapter(load.adapter_id, load.host_path or "")
+            except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
+                for seq in self.scheduler.on_adapter_load_failed(load.adapter_id):
+                    self._fail(seq, f"adapter {load.adapter_id!r} could not be loaded: {exc}")
+                    self._pending_outputs.append(self._delta(seq, []))
+                continue
+            self.runner.adapters[load.adapter_id] = adapter
+            self.scheduler.on_adapter_loaded(load.adapter_id)
+
+    def _drop_device_copy(self, adapter_id: str) -> None:
+        self.runner.adapters.pop(adapter_id, None)
+        self.runner.forget_adapter(adapter_id)
 
     # ---- introspection ------------------------------------------------------------------------------
 
@@ -289,10 +393,16 @@ class LLMEngine:
             "step_seconds_total": c.step_seconds,
             "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
             "step_seconds_max": c.max_step_seconds,
-            "num_kv_blocks": self.block_manager.num_blocks,
-            "num_free_kv_blocks": self.block_manager.num_free_blocks,
+            "num_kv_blocks": self.pool.num_blocks,
+            "num_free_kv_blocks": self.pool.num_free_blocks,
+            "num_pool_pages": self.pool.num_pages,
+            "num_free_pool_pages": self.pool.num_free_pages,
+            "num_adapter_pages": self.pool.num_adapter_pages,
             "num_loaded_adapters": len(self.runner.adapters),
             "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
+            "device_adapters": self.residency.device_adapters(),
+            "num_adapter_loads": self.residency.num_loads,
+            "num_adapter_evictions": self.residency.num_evictions,
             "num_lora_stack_builds": self.runner.num_lora_stack_builds,
             "lora_stack_bytes": self.runner.lora_stack_bytes(),
             "max_model_len": self.max_model_len,

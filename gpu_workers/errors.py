@@ -22,6 +22,10 @@ class AdapterInUseError(RuntimeError, EngineError):
     """An adapter cannot be unloaded while running or waiting requests use it."""
 
 
+class AdapterCapacityError(RuntimeError, EngineError):
+    """No room on the device for an adapter right now: every resident adapter is in use."""
+
+
 class AdapterLoadError(ValueError, EngineError):
     """An adapter directory is invalid for this base model or engine limits."""
 

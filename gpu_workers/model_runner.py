@@ -1,5 +1,6 @@
-"""The model runner owns every tensor: weights, paged KV cache, loaded adapters; it turns a scheduled
-batch into tensors, runs the model and samples."""
+"""The model runner owns every tensor: weights, paged KV cache, device copies of adapters; it turns a
+scheduled batch into tensors, runs the model and samples. Which adapters are on the device is decided by
+the engine core (scheduler/core/); the engine changes `adapters` only when it carries out a step plan."""
 
 from __future__ import annotations
 
@@ -25,26 +26,14 @@ from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.models.llama import LlamaForCausalLM, ModelArgs
-from gpu_workers.sequence import Sequence
 from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits
+from scheduler.core.page_pool import num_pages_for_adapter
+from scheduler.core.sequence import BatchEntry, Sequence
 
 # Cost model for choosing the LoRA form of a step (CPU-tuned, rough): a matmul-sized op costs ~20 us of
 # fixed overhead; the stacked form multiplies every token by every adapter of the batch (wasted flops).
 _OP_SECONDS = 20e-6
 _FLOPS_PER_SECOND = 2.5e11
-
-
-@dataclass(frozen=True)
-class BatchEntry:
-    """One sequence's share of a step: compute tokens [num_computed_tokens, + num_new_tokens)."""
-
-    seq: Sequence
-    num_new_tokens: int
-
-    @property
-    def is_sampling(self) -> bool:
-        """True when this step computes the sequence's last uncomputed token (so a new token is sampled)."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
 
 @dataclass(frozen=True)
@@ -103,7 +92,7 @@ class ModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         """Bytes of K and V for one block across all layers."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = self._element_size()
         return 2 * self.args.num_layers * self.config.block_size * self.args.num_kv_heads * self.args.head_dim * elem
 
     def _num_kv_blocks(self) -> int:
@@ -113,6 +102,31 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError("kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks")
         return int(num_blocks)
+
+    def adapter_row_bytes(self) -> int:
+        """Device bytes of one rank row of an adapter that targets every projection of every layer."""
+        a = self.args
+        q_out, kv_out = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        h, i = a.hidden_size, a.intermediate_size
+        per_layer = (h + q_out) + 2 * (h + kv_out) + (q_out + h) + 2 * (h + i) + (i + h)  # q, k, v, o, gate, up, down
+        return a.num_layers * per_layer * self._element_size()
+
+    def num_adapter_pages(self) -> int:
+        """Pool pages for adapter weights: adapter_cache_bytes, or room for max_loaded_adapters at max rank."""
+        page_bytes = self.kv_bytes_per_block()
+        if self.config.adapter_cache_bytes is not None:
+            return -(-self.config.adapter_cache_bytes // page_bytes)
+        max_rank = self.config.max_lora_rank
+        pages_per_adapter = num_pages_for_adapter(max_rank, max_rank * self.adapter_row_bytes(), page_bytes)
+        return self.config.max_loaded_adapters * pages_per_adapter
+
+    def adapter_device_bytes(self, info: AdapterInfo) -> int:
+        """Device bytes an adapter will take (its weight file's bytes rescaled to the engine dtype)."""
+        file_element = {"float16": 2, "bfloat16": 2, "float32": 4}.get(info.dtype, 4)
+        return -(-info.num_bytes * self._element_size() // file_element)
+
+    def _element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # Per layer: [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of the page pool).

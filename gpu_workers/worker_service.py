@@ -1,27 +1,23 @@
-"""What a worker does per call, without HTTP or the blob store: adapter residency and request streams.
+"""What a worker does per call, without HTTP or the blob store: adapter files and request streams.
 
 `WorkerService` wraps one `InferenceBackend` and one `HostAdapterCache` (whose fetch function the server
-injects). `AdapterManager` keeps the engine's loaded adapters LRU-bounded: an adapter is leased by every
-request that uses it (from before its load until its stream ends) and a leased adapter is never unloaded;
-the engine's own AdapterInUseError is a second guard. Concurrent first requests for one adapter share one
-load task. Everything here runs on the worker's event loop; blocking work goes to threads.
+injects). `AdapterManager` is the host tier: it fetches and verifies files and asks the engine to load
+them; the engine core (scheduler/core/) owns device memory and decides what is resident and what is evicted
+(idle adapters LRU-first; `max_loaded_adapters` is its count cap). A request leases its adapter from
+admission until its stream ends, so the engine does not evict it for a prefetch. Concurrent first requests
+for one adapter share one load task. Everything here runs on the worker's event loop; blocking work goes
+to threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, cast
 
-from gpu_workers.backend import InferenceBackend
-from gpu_workers.errors import AdapterInUseError, AdapterNotLoadedError, PromptTooLongError
-from gpu_workers.host_cache import AdapterFiles, HostAdapterCache
-from gpu_workers.outputs import RequestOutput
-from gpu_workers.sampling import SamplingParams
 from cluster.membership import WorkerRecord
 from cluster.protocol import (
     WORKER_ERROR_STATUS,
@@ -31,6 +27,16 @@ from cluster.protocol import (
     SamplingSpec,
     WorkerStats,
 )
+from gpu_workers.backend import InferenceBackend
+from gpu_workers.errors import (
+    AdapterCapacityError,
+    AdapterInUseError,
+    AdapterNotLoadedError,
+    PromptTooLongError,
+)
+from gpu_workers.host_cache import AdapterFiles, HostAdapterCache
+from gpu_workers.outputs import RequestOutput
+from scheduler.core.sampling import SamplingParams
 
 
 class WorkerError(Exception):
@@ -80,47 +86,44 @@ class AdapterCounters:
 
 
 class AdapterManager:
-    """Loaded-adapter LRU over an engine: leases, single-flight loads, bounded by max_loaded."""
+    """The worker's host tier: fetches and verifies adapter files (single-flight), hands them to the engine
+    and leases them for requests. What is on the device is the engine core's decision (its page pool and
+    residency); this class keeps no device state of its own."""
 
-    def __init__(self, engine: InferenceBackend, host_cache: HostAdapterCache, max_loaded: int) -> None:
+    def __init__(self, engine: InferenceBackend, host_cache: HostAdapterCache) -> None:
         self._engine = engine
         self._host_cache = host_cache
-        self._max_loaded = max_loaded
-        # adapter_key (unique per version) -> host cache key; LRU order, oldest first
-        self._loaded: OrderedDict[str, str] = OrderedDict()
         self._leases: dict[str, int] = {}
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, AdapterRef] = {}  # every adapter seen (for host residency)
-        self._install_lock = asyncio.Lock()  # make-room + load is one step, so the bound holds
         self.counters = AdapterCounters()
 
     async def acquire(self, ref: AdapterRef) -> str:
-        """Lease the adapter and make sure it is loaded; returns the engine adapter id (= adapter_key)."""
+        """Lease the adapter and have the engine load it; returns the engine adapter id (= adapter_key)."""
         key = ref.adapter_key
+        await self._ensure_loaded(ref)
         self._leases[key] = self._leases.get(key, 0) + 1
-        try:
-            await self._ensure_loaded(ref)
-        except BaseException:
-            self.release(key)
-            raise
+        self._engine.pin_adapter(key)
         return key
 
     def release(self, key: str) -> None:
-        """End one lease (the adapter becomes evictable when no lease is left)."""
+        """End one lease (the engine may evict the adapter when nothing else uses it)."""
         count = self._leases.get(key, 0) - 1
+        if count < 0:
+            return
         if count > 0:
             self._leases[key] = count
         else:
             self._leases.pop(key, None)
+        self._engine.unpin_adapter(key)
 
     async def _ensure_loaded(self, ref: AdapterRef) -> None:
         key = ref.adapter_key
         self._refs[key] = ref
-        if key in self._loaded:
-            self._loaded.move_to_end(key)
+        task = self._loading.get(key)
+        if task is None and self._engine.adapter_residency(key) in ("device", "copying"):
             self.counters.num_cache_hits += 1
             return
-        task = self._loading.get(key)
         if task is None:
             self.counters.num_cache_misses += 1
             task = asyncio.ensure_future(self._load(ref))
@@ -132,17 +135,16 @@ class AdapterManager:
 
     async def _load(self, ref: AdapterRef) -> None:
         path = await self._fetch(ref)
-        async with self._install_lock:
-            await self._make_room()
-            try:
-                await self._engine.load_adapter(ref.adapter_key, path)
-            except Exception as exc:  # invalid files: report them, keep serving
-                self.counters.num_load_failures += 1
-                raise AdapterUnavailableError(
-                    f"adapter {ref.adapter_key} could not be loaded by this worker: {exc}"
-                ) from exc
-            self._loaded[ref.adapter_key] = adapter_files(ref).cache_key
-            self.counters.num_adapter_loads += 1
+        try:
+            await self._engine.load_adapter(ref.adapter_key, path)
+        except AdapterCapacityError as exc:
+            raise OverloadedError(str(exc)) from exc
+        except Exception as exc:  # invalid files: report them, keep serving
+            self.counters.num_load_failures += 1
+            raise AdapterUnavailableError(
+                f"adapter {ref.adapter_key} could not be loaded by this worker: {exc}"
+            ) from exc
+        self.counters.num_adapter_loads += 1
 
     async def _fetch(self, ref: AdapterRef) -> Any:
         try:
@@ -153,54 +155,37 @@ class AdapterManager:
                 f"adapter {ref.adapter_key} files could not be fetched or verified: {exc}"
             ) from exc
 
-    async def _make_room(self) -> None:
-        """Unload least-recently-used idle adapters until one more fits; OverloadedError if none can go."""
-        while len(self._loaded) >= self._max_loaded:
-            for key in list(self._loaded):
-                if await self._try_unload(key):
-                    break
-            else:
-                raise OverloadedError(
-                    f"all {len(self._loaded)} loaded adapters are in use (max_loaded_adapters="
-                    f"{self._max_loaded}); retry later or raise LORAHOST_MAX_LOADED_ADAPTERS"
-                )
-
-    async def _try_unload(self, key: str) -> bool:
+    async def drop(self, key: str) -> bool:
+        """Unload an adapter now unless requests use it; True if it was unloaded."""
         if self._leases.get(key):
             return False
         try:
             await self._engine.unload_adapter(key)
-        except AdapterInUseError:
+        except (AdapterInUseError, AdapterNotLoadedError):
             return False
-        except AdapterNotLoadedError:
-            pass
-        self._loaded.pop(key, None)
         self.counters.num_adapter_unloads += 1
         return True
 
-    async def drop(self, key: str) -> bool:
-        """Unload an adapter now unless requests use it; True if it was unloaded."""
-        if key not in self._loaded:
-            return False
-        async with self._install_lock:
-            return key in self._loaded and await self._try_unload(key)
+    def device_adapters(self, engine_stats: dict[str, Any] | None = None) -> list[str]:
+        """Adapter keys on the engine's device, least recently used first (from `engine_stats` if given)."""
+        if engine_stats is not None and "device_adapters" in engine_stats:
+            return list(engine_stats["device_adapters"])
+        return self._engine.device_adapters()
 
-    def device_adapters(self) -> list[str]:
-        """Adapter keys loaded in the engine, least recently used first."""
-        return list(self._loaded)
-
-    def host_adapters(self) -> list[str]:
-        """Adapter keys whose files are in the host cache but which are not loaded in the engine."""
+    def host_adapters(self, device: list[str] | None = None) -> list[str]:
+        """Adapter keys whose files are in the host cache but which are not on the device."""
+        on_device = set(self.device_adapters() if device is None else device)
         return sorted(
             k
             for k, ref in self._refs.items()
-            if k not in self._loaded and self._host_cache.contains(adapter_files(ref).cache_key)
+            if k not in on_device and self._host_cache.contains(adapter_files(ref).cache_key)
         )
 
     def residency(self, key: str) -> str:
-        """ "device", "host" or "none"."""
-        if key in self._loaded:
-            return "device"
+        """ "device", "copying", "host" or "none"."""
+        residency = self._engine.adapter_residency(key)
+        if residency != "none":
+            return residency
         return "host" if key in self.host_adapters() else "none"
 
 
@@ -213,6 +198,7 @@ class PreparedRequest:
     sampling_params: SamplingParams
     adapter_key: str | None
     received_at: float  # time.time() when the worker received the request
+    predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
 
 
 class WorkerService:
@@ -234,7 +220,8 @@ class WorkerService:
         self.base_model = base_model
         self.max_num_seqs = max_num_seqs
         self.max_model_len = int(engine.stats()["max_model_len"])
-        self.adapters = AdapterManager(engine, host_cache, max_loaded_adapters)
+        self.adapters = AdapterManager(engine, host_cache)
+        self.max_loaded_adapters = max_loaded_adapters  # enforced by the engine core (EngineConfig)
         self.is_ready = True
         self.is_draining = False
         self._active: set[str] = set()
@@ -255,7 +242,9 @@ class WorkerService:
         adapter_key = await self.adapters.acquire(request.adapter) if request.adapter else None
         self._active.add(request.request_id)
         self._idle.clear()
-        return PreparedRequest(request.request_id, token_ids, params, adapter_key, received_at)
+        return PreparedRequest(
+            request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens
+        )
 
     def _prompt_token_ids(self, request: GenerateRequest) -> list[int]:
         if (request.prompt is None) == (request.prompt_token_ids is None):
@@ -280,7 +269,11 @@ class WorkerService:
         stream = cast(  # backends return async generators: aclose() aborts the engine request
             AsyncGenerator[RequestOutput, None],
             self.engine.generate_stream(
-                prepared.request_id, prepared.token_ids, prepared.sampling_params, prepared.adapter_key
+                prepared.request_id,
+                prepared.token_ids,
+                prepared.sampling_params,
+                prepared.adapter_key,
+                predicted_output_tokens=prepared.predicted_output_tokens,
             ),
         )
         try:
@@ -337,14 +330,15 @@ class WorkerService:
         """Load, residency and counters as WorkerStats (pass `await engine_stats()` to avoid blocking the loop)."""
         engine_stats = self.engine.stats() if engine_stats is None else engine_stats
         counters = self.adapters.counters
+        device = self.adapters.device_adapters(engine_stats)
         return WorkerStats(
             worker_id=self.worker_id,
             base_model=self.base_model,
             num_running=int(engine_stats.get("num_running", 0)),
             num_waiting=int(engine_stats.get("num_waiting", 0)),
             max_num_seqs=self.max_num_seqs,
-            device_adapters=self.adapters.device_adapters(),
-            host_adapters=self.adapters.host_adapters(),
+            device_adapters=device,
+            host_adapters=self.adapters.host_adapters(device),
             num_active=self.num_active,
             num_free_kv_blocks=int(engine_stats.get("num_free_kv_blocks", 0)),
             num_total_kv_blocks=int(engine_stats.get("num_kv_blocks", 0)),

@@ -178,6 +178,13 @@ class Settings(BaseSettings):
     engine_max_num_batched_tokens: int = Field(default=4096, gt=0, description="Per-step token budget")
     engine_max_model_len: int | None = Field(default=None, description="Default: the model's context length")
     engine_num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
+    engine_adapter_cache_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Device bytes for adapters in the page pool, on top of the KV cache; default: room for "
+        "max_loaded_adapters adapters of max_rank",
+    )
+    engine_batch_policy: str = Field(default="fifo", description="Admission order of waiting requests: fifo")
 
     @field_validator("router_policy")
     @classmethod

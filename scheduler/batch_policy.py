@@ -14,7 +14,12 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class WaitingRequest:
-    """What a policy may know about one waiting request."""
+    """What a policy may know about one waiting request.
+
+    `predicted_output_tokens`: the predicted output length (max_tokens until a predictor fills it);
+    `adapter_num_bytes`: device bytes of its adapter (0 without one); `adapter_residency`: where the
+    adapter is now, "none" | "host" | "copying" | "device".
+    """
 
     request_id: str
     arrival_time: float
@@ -22,6 +27,14 @@ class WaitingRequest:
     max_tokens: int
     adapter_id: str | None = None
     adapter_rank: int = 0
+    predicted_output_tokens: int | None = None
+    adapter_num_bytes: int = 0
+    adapter_residency: str = "none"
+
+    @property
+    def num_predicted_output_tokens(self) -> int:
+        """The prediction, or max_tokens when there is none."""
+        return self.max_tokens if self.predicted_output_tokens is None else self.predicted_output_tokens
 
 
 @dataclass(frozen=True)
@@ -71,3 +84,14 @@ class FifoPolicy:
     def on_finished(self, request_id: str) -> None:
         """FIFO keeps no per-request state."""
         return
+
+
+BATCH_POLICIES: dict[str, type] = {"fifo": FifoPolicy}
+
+
+def make_batch_policy(name: str) -> BatchPolicy:
+    """The batch policy a setting names (e.g. engine_batch_policy="fifo"); ValueError lists the choices."""
+    policy_class = BATCH_POLICIES.get(name)
+    if policy_class is None:
+        raise ValueError(f"unknown batch policy {name!r}; choose one of {sorted(BATCH_POLICIES)}")
+    return policy_class()

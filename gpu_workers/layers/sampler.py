@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 
 def sample_tokens(

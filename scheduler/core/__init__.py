@@ -1,0 +1,14 @@
+"""The torch-free engine core: the engine (gpu_workers/engine.py) and the digital twin (scheduler/twin/)
+run this same code; only the executor differs (the model runner vs a cost model).
+
+Modules:
+- sampling.py: `SamplingParams` (per-request sampling, plain data).
+- sequence.py: `Sequence` and `SequenceStatus` (one request's state), `BatchEntry` (its share of a step).
+- page_pool.py: `PagePool`, one integer-only pool of device pages for KV blocks and adapter weights.
+- adapter_residency.py: `AdapterResidency` (none/host/copying/device, pins, LRU) over the pool.
+- step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
+- batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
+  (scheduler/batch_policy.py).
+
+Imports: nothing of ours outside `scheduler`, and no torch/numpy/safetensors/DB/HTTP (import-linter).
+"""

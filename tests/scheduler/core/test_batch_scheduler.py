@@ -1,0 +1,186 @@
+"""Batch scheduler of the engine core: step plans under random workloads (hypothesis), no torch.
+
+A tiny executor stands in for the model runner (the digital twin's role): it carries out the plan's
+adapter loads and advances every entry, sampling one token per sampling entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from scheduler.batch_policy import FifoPolicy
+from scheduler.core.adapter_residency import AdapterResidency, Residency
+from scheduler.core.batch_scheduler import BatchScheduler
+from scheduler.core.page_pool import PagePool
+from scheduler.core.sampling import SamplingParams
+from scheduler.core.sequence import Sequence, SequenceStatus
+from scheduler.core.step_plan import StepPlan
+
+PAGE_BYTES = 100
+BLOCK_SIZE = 4
+
+
+@dataclass(frozen=True)
+class Setup:
+    num_kv_pages: int
+    num_adapter_pages: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_device_adapters: int
+
+
+def make_scheduler(setup: Setup) -> BatchScheduler:
+    pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
+    residency = AdapterResidency(pool, PAGE_BYTES, setup.max_device_adapters)
+    return BatchScheduler(pool, residency, FifoPolicy(), setup.max_num_seqs, setup.max_num_batched_tokens)
+
+
+def make_seq(request_id: str, num_prompt: int, max_tokens: int, adapter_id: str | None, arrival: float) -> Sequence:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return Sequence(request_id, list(range(1, num_prompt + 1)), params, adapter_id, max_tokens, arrival_time=arrival)
+
+
+def carry_out(scheduler: BatchScheduler, plan: StepPlan) -> None:
+    """What the engine does with a plan, minus the tensors."""
+    for load in plan.adapter_loads:
+        scheduler.on_adapter_loaded(load.adapter_id)
+    for entry in plan.entries:
+        seq = entry.seq
+        is_sampling = entry.is_sampling
+        seq.num_computed_tokens += entry.num_new_tokens
+        if is_sampling:
+            seq.token_ids.append(7)
+            if seq.num_output_tokens >= seq.max_tokens:
+                scheduler.finish(seq, "length")
+
+
+def check_plan(scheduler: BatchScheduler, plan: StepPlan, running_before: dict[str, str], setup: Setup) -> None:
+    """Invariants every plan keeps."""
+    assert plan.num_batched_tokens <= setup.max_num_batched_tokens
+    assert len(scheduler.running) <= setup.max_num_seqs
+    assert len({id(e.seq) for e in plan.entries}) == len(plan.entries)
+    assert all(e.num_new_tokens > 0 for e in plan.entries)
+    # A running request's adapter is never evicted (a request preempted in this step no longer runs).
+    still_running = {rid: a for rid, a in running_before.items() if rid not in plan.preemptions}
+    assert not set(plan.adapter_evictions) & set(still_running.values())
+    loads = {load.adapter_id for load in plan.adapter_loads}
+    in_use = {s.adapter_id for s in scheduler.running}
+    assert not (set(plan.adapter_evictions) - loads) & in_use
+    residency = scheduler.residency
+    for entry in plan.entries:
+        seq = entry.seq
+        assert seq.status is SequenceStatus.RUNNING
+        assert len(seq.block_table) * BLOCK_SIZE >= seq.num_computed_tokens + entry.num_new_tokens
+        if seq.adapter_id is not None:
+            state = residency.residency(seq.adapter_id)
+            assert state is Residency.DEVICE or (state is Residency.COPYING and seq.adapter_id in loads)
+    pool = scheduler.pool
+    device_pages = sum(len(residency.get(a).page_ids) for a in residency.device_adapters())  # type: ignore[union-attr]
+    assert pool.num_adapter_pages == device_pages
+    assert pool.num_used_pages + pool.num_free_pages == pool.num_pages
+    assert len(residency.device_adapters()) <= setup.max_device_adapters
+
+
+setups = st.builds(
+    Setup,
+    num_kv_pages=st.integers(6, 24),
+    num_adapter_pages=st.integers(0, 12),
+    max_num_seqs=st.integers(1, 6),
+    max_num_batched_tokens=st.integers(1, 40),
+    max_device_adapters=st.integers(1, 4),
+)
+requests = st.lists(
+    st.tuples(st.integers(1, 12), st.integers(1, 6), st.one_of(st.none(), st.integers(0, 5)), st.integers(0, 3)),
+    min_size=1,
+    max_size=14,
+)
+adapter_sizes = st.lists(st.tuples(st.integers(1, 16), st.integers(1, 1200)), min_size=6, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(setup=setups, reqs=requests, adapters=adapter_sizes)
+@example(  # an idle adapter on adapter-only pages while another spilled into KV pages once livelocked
+    setup=Setup(num_kv_pages=6, num_adapter_pages=4, max_num_seqs=1, max_num_batched_tokens=1, max_device_adapters=2),
+    reqs=[(1, 1, 0, 0), (1, 5, 2, 0)],
+    adapters=[(1, 301), (1, 1), (1, 401), (1, 1), (1, 1), (1, 1)],
+)
+def test_plans_keep_budgets_and_pins_and_every_request_finishes(
+    setup: Setup, reqs: list[tuple[int, int, int | None, int]], adapters: list[tuple[int, int]]
+) -> None:
+    scheduler = make_scheduler(setup)
+    residency = scheduler.residency
+    for i, (rank, num_bytes) in enumerate(adapters):
+        state = residency.register(f"a{i}", f"/host/a{i}", rank, num_bytes)
+        # an adapter plus the longest request must fit the pool, or nothing could ever run it
+        while residency.num_pages_for(state) + 5 > setup.num_adapter_pages + setup.num_kv_pages:
+            state.num_bytes = max(1, state.num_bytes // 2)
+    seqs: list[Sequence] = []
+    pending = list(enumerate(reqs))
+    for step in range(3000):
+        while pending and pending[0][1][3] <= step:  # arrivals spread over the first steps
+            i, (num_prompt, max_tokens, adapter, _) = pending.pop(0)
+            seq = make_seq(f"r{i}", num_prompt, max_tokens, None if adapter is None else f"a{adapter}", float(i))
+            scheduler.add(seq)
+            seqs.append(seq)
+        if not pending and not scheduler.has_unfinished():
+            break
+        running_before = {s.request_id: s.adapter_id for s in scheduler.running if s.adapter_id is not None}
+        plan = scheduler.schedule()
+        check_plan(scheduler, plan, running_before, setup)
+        carry_out(scheduler, plan)
+    assert all(s.is_finished and s.finish_reason == "length" for s in seqs)  # every request was scheduled
+    assert scheduler.pool.num_kv_pages == 0
+    assert all(not residency.get(f"a{i}").is_pinned for i in range(len(adapters)))  # type: ignore[union-attr]
+
+
+def test_request_with_host_only_adapter_gets_a_load_before_its_first_step() -> None:
+    scheduler = make_scheduler(Setup(8, 4, 4, 64, 2))
+    scheduler.residency.register("cold", "/host/cold", rank=8, num_bytes=300)
+    scheduler.add(make_seq("r", 5, 2, "cold", 0.0))
+    plan = scheduler.schedule()
+    assert [load.adapter_id for load in plan.adapter_loads] == ["cold"]
+    assert [e.seq.request_id for e in plan.entries] == ["r"]
+    assert scheduler.residency.residency("cold") is Residency.COPYING
+    assert scheduler.describe(make_seq("w", 3, 9, "cold", 1.0)).adapter_residency == "copying"
+
+
+def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:
+    scheduler = make_scheduler(Setup(8, 4, 4, 64, 2))
+    residency = scheduler.residency
+    for name in ("idle", "queued", "new"):
+        residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+    for name in ("idle", "queued"):
+        assert residency.plan_load(name, may_evict_waiting=False) == []
+        residency.mark_loaded(name)
+    residency.touch("idle")  # "queued" is now the least recently used
+    residency.pin("queued")  # a waiting request uses it
+    assert residency.plan_load("new", may_evict_waiting=True) == ["idle"]
+
+
+def test_adapter_of_running_request_blocks_a_load_that_needs_its_room() -> None:
+    scheduler = make_scheduler(Setup(8, 4, 4, 64, 1))
+    scheduler.residency.register("busy", "/host/busy", rank=4, num_bytes=100)
+    scheduler.residency.register("other", "/host/other", rank=4, num_bytes=100)
+    scheduler.add(make_seq("r1", 4, 8, "busy", 0.0))
+    scheduler.add(make_seq("r2", 4, 1, "other", 1.0))
+    carry_out(scheduler, first := scheduler.schedule())
+    assert [e.seq.request_id for e in first.entries] == ["r1"]  # r2 waits: the one slot is pinned by r1
+    second = scheduler.schedule()
+    assert "busy" not in second.adapter_evictions and all(e.seq.request_id == "r1" for e in second.entries)
+
+
+def test_policy_sees_predicted_output_tokens_and_adapter_bytes() -> None:
+    scheduler = make_scheduler(Setup(8, 4, 4, 64, 2))
+    scheduler.residency.register("a", "/host/a", rank=4, num_bytes=250)
+    seq = make_seq("r", 3, 20, "a", 0.0)
+    seq.predicted_output_tokens = 5
+    described = scheduler.describe(seq)
+    assert (described.predicted_output_tokens, described.adapter_num_bytes, described.adapter_residency) == (
+        5,
+        250,
+        "host",
+    )
+    assert scheduler.describe(make_seq("q", 3, 20, None, 0.0)).predicted_output_tokens == 20
