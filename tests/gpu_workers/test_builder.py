@@ -24,9 +24,31 @@ class _FakeBackend:
         self.settings = settings
 
     def generate_stream(
-        self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams, adapter_id: str | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        adapter_id: str | None = None,
+        *,
+        adapter_path: Path | None = None,
+        predicted_output_tokens: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
         raise NotImplementedError
+
+    async def register_adapter(self, adapter_id: str, path: Path) -> None:
+        return None
+
+    def pin_adapter(self, adapter_id: str) -> None:
+        return None
+
+    def unpin_adapter(self, adapter_id: str) -> None:
+        return None
+
+    def adapter_residency(self, adapter_id: str) -> str:
+        return "none"
+
+    def device_adapters(self) -> list[str]:
+        return []
 
     async def abort(self, request_id: str) -> None:
         return None
