@@ -15,7 +15,8 @@ app = typer.Typer(help="Billing and SLO reports.", no_args_is_help=True)
 
 
 def _period(start: Optional[str], end: Optional[str]) -> tuple[datetime, datetime]:
-    from registry.usage import as_utc, default_period
+    from registry.usage import as_utc
+    from registry.usage_reports import default_period
 
     lo, hi = default_period()
     try:
@@ -44,7 +45,7 @@ def billing(
     from rich.console import Console
     from rich.table import Table
 
-    from registry.usage import billing_report, invoice_to_json, invoices_to_csv
+    from registry.usage_reports import billing_report, invoice_to_json, invoices_to_csv
 
     lo, hi = _period(start, end)
     with _session(data_dir) as session:
@@ -76,9 +77,10 @@ def slo(
     from rich.console import Console
     from rich.table import Table
 
-    from registry.models import Tenant
     from lorahost.slo_plots import plot_attainment_by_tenant, plot_latency_over_time
-    from registry.usage import GROUP_BYS, SloGroup, slo_report
+    from registry.models import Tenant
+    from registry.usage import GROUP_BYS
+    from registry.usage_reports import SloGroup, slo_report
 
     lo, hi = _period(start, end)
     out.mkdir(parents=True, exist_ok=True)

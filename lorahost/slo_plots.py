@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from registry.usage import SloGroup
+from registry.usage_reports import SloGroup
 
 
 def _pyplot():  # type: ignore[no-untyped-def]

@@ -10,7 +10,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentTenant, SessionDep
 from api.errors import ApiError
-from registry.usage import as_utc, default_period, load_rows, usage_by_adapter_day
+from registry.usage import as_utc
+from registry.usage_reports import default_period, load_rows, usage_by_adapter_day
 
 router = APIRouter(prefix="/v1", tags=["usage"])
 
@@ -47,7 +48,7 @@ async def get_usage(
 ) -> dict[str, Any]:
     """The tenant's requests and tokens per (day, model) in [start, end) (default: the last 30 days).
 
-    Tokens are what is billed (registry/usage.py): `interrupted` requests (the server crashed) count to their last
+    Tokens are what is billed (registry/usage_reports.py): `interrupted` requests (the server crashed) count to their last
     checkpoint; requests still running count what they have delivered so far and show as `in_progress` in
     `by_status`.
     """

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from registry import repository
 from registry.models import Adapter, new_id
-from registry.usage import DuplicateUsageError, billing_report, load_rows, record_usage, slo_report
+from registry.usage import DuplicateUsageError, record_usage
+from registry.usage_reports import billing_report, load_rows, slo_report
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 END = datetime(2026, 1, 3, tzinfo=UTC)

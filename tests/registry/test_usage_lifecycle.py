@@ -14,20 +14,17 @@ from registry.models import UsageRecord, new_id
 from registry.usage import (
     OpenUsage,
     UsageLease,
-    billing_report,
     checkpoint_usage,
     close_expired_usage,
     close_interrupted_usage,
     close_orphaned_usage,
     expired_lease_request_ids,
     finish_usage,
-    load_rows,
     open_usage,
     orphaned_request_ids,
     renew_usage_leases,
-    slo_report,
-    usage_by_adapter_day,
 )
+from registry.usage_reports import billing_report, load_rows, slo_report, usage_by_adapter_day
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -3,7 +3,7 @@ from decimal import Decimal
 
 import pytest
 
-from registry.usage import (
+from registry.usage_reports import (
     Prices,
     SloTargets,
     UsageRow,

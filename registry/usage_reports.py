@@ -1,0 +1,316 @@
+"""Reports over the usage ledger (registry/usage.py): billing invoices, a tenant's own usage, SLO aggregation.
+
+Billing rule: every token recorded is billed once — prompt tokens of every request that was prefilled and
+completion tokens that were delivered, whatever the status (an aborted stream pays for what it got; a
+rejected request has zero tokens; an interrupted one pays for its last checkpoint, within one checkpoint
+interval of what reached the client; an `in_progress` row counts what it has checkpointed so far, so a
+report never shows less than was delivered, and grows as the request goes on). Storage is billed per
+adapter-day a live adapter existed in the period.
+
+SLO rule: a request attains its SLO when it finished `ok` with TTFT <= the plan's TTFT target and mean
+TPOT <= the plan's TPOT target (a missing target always holds). Attainment = attained / judged, judged =
+ok + error + interrupted (a crash is the platform's failure: it counts in the error rate too); aborted
+(client went away), rejected (never admitted) and in-progress (not finished) requests are counted but not
+judged.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timedelta, timezone
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Iterable, Sequence
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from registry.models import (
+    INTERRUPTED_USAGE_STATUS,
+    OPEN_USAGE_STATUS,
+    Adapter,
+    PricePlan,
+    Tenant,
+    UsageRecord,
+)
+from registry.usage import CENT, FAILED_STATUSES, GROUP_BYS, JUDGED_STATUSES, as_utc
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """The fields of a usage record that billing and SLO math need (plain data)."""
+
+    tenant_id: str
+    adapter_id: str | None
+    model_name: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    status: str
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """A plan's latency targets in ms (None = no target)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+
+
+def load_rows(session: Session, start: datetime, end: datetime, tenant_id: str | None = None) -> list[UsageRow]:
+    """Usage rows with start <= started_at < end, optionally for one tenant."""
+    query = select(UsageRecord).where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
+    if tenant_id is not None:
+        query = query.where(UsageRecord.tenant_id == tenant_id)
+    return [
+        UsageRow(r.tenant_id, r.adapter_id, r.model_name, r.prompt_tokens, r.completion_tokens, r.ttft_ms,
+                 r.tpot_ms, r.e2e_ms, r.status, as_utc(r.started_at))
+        for r in session.scalars(query)
+    ]
+
+
+# ---- billing -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prices:
+    """A plan's prices (Decimal currency units)."""
+
+    plan_name: str = "none"
+    per_1m_prompt: Decimal = Decimal(0)
+    per_1m_completion: Decimal = Decimal(0)
+    per_adapter_day: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class InvoiceLine:
+    """One tenant's bill for a period."""
+
+    tenant_id: str
+    tenant_name: str
+    plan_name: str
+    num_requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    adapter_days: Decimal
+    prompt_cost: Decimal
+    completion_cost: Decimal
+    storage_cost: Decimal
+    total: Decimal
+
+
+def adapter_days(created_at: datetime, deleted_at: datetime | None, start: datetime, end: datetime) -> Decimal:
+    """How many days (fractional) an adapter existed inside [start, end)."""
+    lo = max(as_utc(created_at), start)
+    hi = min(as_utc(deleted_at), end) if deleted_at is not None else end
+    if hi <= lo:
+        return Decimal(0)
+    return Decimal((hi - lo).total_seconds()) / Decimal(86400)
+
+
+def price_tokens(num_tokens: int, per_1m: Decimal) -> Decimal:
+    """Cost of num_tokens at a per-million price, rounded to 1e-6."""
+    return (Decimal(num_tokens) * per_1m / Decimal(1_000_000)).quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def compute_invoice(
+    tenant_id: str, tenant_name: str, prices: Prices, rows: Iterable[UsageRow], num_adapter_days: Decimal
+) -> InvoiceLine:
+    """One tenant's invoice line from its usage rows and adapter-days."""
+    rows = list(rows)
+    prompt = sum(r.prompt_tokens for r in rows)
+    completion = sum(r.completion_tokens for r in rows)
+    prompt_cost = price_tokens(prompt, prices.per_1m_prompt)
+    completion_cost = price_tokens(completion, prices.per_1m_completion)
+    storage_cost = (num_adapter_days * prices.per_adapter_day).quantize(CENT, rounding=ROUND_HALF_UP)
+    return InvoiceLine(
+        tenant_id, tenant_name, prices.plan_name, len(rows), prompt, completion,
+        num_adapter_days.quantize(CENT, rounding=ROUND_HALF_UP), prompt_cost, completion_cost, storage_cost,
+        prompt_cost + completion_cost + storage_cost,
+    )
+
+
+def _prices(plan: PricePlan | None) -> Prices:
+    if plan is None:
+        return Prices()
+    return Prices(plan.name, Decimal(plan.price_per_1m_prompt_tokens), Decimal(plan.price_per_1m_completion_tokens),
+                  Decimal(plan.price_storage_per_adapter_day))
+
+
+def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:
+    """Invoice lines for every tenant with usage or stored adapters in [start, end), by tenant name."""
+    start, end = as_utc(start), as_utc(end)
+    rows_by_tenant: dict[str, list[UsageRow]] = defaultdict(list)
+    for row in load_rows(session, start, end):
+        rows_by_tenant[row.tenant_id].append(row)
+    days_by_tenant: dict[str, Decimal] = defaultdict(Decimal)
+    for adapter in session.scalars(select(Adapter).where(Adapter.created_at < end)):
+        days_by_tenant[adapter.tenant_id] += adapter_days(adapter.created_at, adapter.deleted_at, start, end)
+    lines = []
+    for tenant in session.scalars(select(Tenant)):
+        rows, days = rows_by_tenant.get(tenant.id, []), days_by_tenant.get(tenant.id, Decimal(0))
+        if rows or days > 0:
+            lines.append(compute_invoice(tenant.id, tenant.name, _prices(tenant.plan), rows, days))
+    return sorted(lines, key=lambda line: (line.tenant_name, line.tenant_id))
+
+
+def invoice_to_json(line: InvoiceLine) -> dict[str, object]:
+    """JSON-ready dict (Decimals as strings, exact)."""
+    return {k: (str(v) if isinstance(v, Decimal) else v) for k, v in asdict(line).items()}
+
+
+def invoices_to_csv(lines: Sequence[InvoiceLine]) -> str:
+    """CSV text with a header row."""
+    out = io.StringIO()
+    names = [f.name for f in fields(InvoiceLine)]
+    writer = csv.DictWriter(out, fieldnames=names)
+    writer.writeheader()
+    for line in lines:
+        writer.writerow(invoice_to_json(line))
+    return out.getvalue()
+
+
+# ---- own usage -----------------------------------------------------------------------------------------
+
+
+def usage_by_adapter_day(rows: Iterable[UsageRow]) -> list[dict[str, object]]:
+    """Totals per (day, model_name): requests, prompt and completion tokens, by status."""
+    groups: dict[tuple[str, str], dict[str, object]] = {}
+    for r in rows:
+        key = (r.started_at.date().isoformat(), r.model_name)
+        g = groups.setdefault(key, {"day": key[0], "model": key[1], "num_requests": 0, "prompt_tokens": 0,
+                                     "completion_tokens": 0, "by_status": defaultdict(int)})
+        g["num_requests"] += 1  # type: ignore[operator]
+        g["prompt_tokens"] += r.prompt_tokens  # type: ignore[operator]
+        g["completion_tokens"] += r.completion_tokens  # type: ignore[operator]
+        g["by_status"][r.status] += 1  # type: ignore[index]
+    result = []
+    for key in sorted(groups):
+        g = groups[key]
+        g["by_status"] = dict(g["by_status"])  # type: ignore[call-overload]
+        result.append(g)
+    return result
+
+
+# ---- SLO -----------------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=np.float64), pct))
+
+
+def is_attained(row: UsageRow, targets: SloTargets) -> bool:
+    """True when an ok request met both latency targets."""
+    if row.status != "ok":
+        return False
+    if targets.ttft_ms is not None and (row.ttft_ms is None or row.ttft_ms > targets.ttft_ms):
+        return False
+    if targets.tpot_ms is not None and row.tpot_ms is not None and row.tpot_ms > targets.tpot_ms:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class SloGroup:
+    """Latency percentiles, attainment and counts for one group of requests."""
+
+    key: str
+    num_requests: int
+    num_ok: int
+    num_error: int
+    num_aborted: int
+    num_rejected: int
+    num_interrupted: int
+    num_in_progress: int
+    error_rate: float
+    attainment: float | None
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p90: float | None
+    tpot_p99: float | None
+    e2e_p50: float | None
+    e2e_p90: float | None
+    e2e_p99: float | None
+
+
+def group_key(row: UsageRow, group_by: str) -> str:
+    """The group a row belongs to."""
+    if group_by == "tenant":
+        return row.tenant_id
+    if group_by == "adapter":
+        return row.model_name
+    if group_by == "hour":
+        return row.started_at.replace(minute=0, second=0, microsecond=0).isoformat()
+    raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, not {group_by!r}")
+
+
+def summarize_group(key: str, rows: Sequence[UsageRow], targets_by_tenant: dict[str, SloTargets]) -> SloGroup:
+    """Aggregate one group's rows."""
+    counts: defaultdict[str, int] = defaultdict(int)
+    for r in rows:
+        counts[r.status] += 1
+    ok = [r for r in rows if r.status == "ok"]
+    judged = sum(counts[status] for status in JUDGED_STATUSES)
+    failed = sum(counts[status] for status in FAILED_STATUSES)
+    attained = sum(is_attained(r, targets_by_tenant.get(r.tenant_id, SloTargets())) for r in ok)
+
+    def pcts(attr: str) -> list[float | None]:
+        values = [getattr(r, attr) for r in ok if getattr(r, attr) is not None]
+        return [percentile(values, p) for p in (50, 90, 99)]
+
+    ttft, tpot, e2e = pcts("ttft_ms"), pcts("tpot_ms"), pcts("e2e_ms")
+    return SloGroup(
+        key, len(rows), counts["ok"], counts["error"], counts["aborted"], counts["rejected"],
+        counts[INTERRUPTED_USAGE_STATUS], counts[OPEN_USAGE_STATUS],
+        failed / judged if judged else 0.0, attained / judged if judged else None,
+        *ttft, *tpot, *e2e,
+    )
+
+
+def compute_slo(rows: Iterable[UsageRow], group_by: str, targets_by_tenant: dict[str, SloTargets]) -> list[SloGroup]:
+    """SLO groups sorted by key."""
+    groups: dict[str, list[UsageRow]] = defaultdict(list)
+    for row in rows:
+        groups[group_key(row, group_by)].append(row)
+    return [summarize_group(k, groups[k], targets_by_tenant) for k in sorted(groups)]
+
+
+def slo_targets_by_tenant(session: Session) -> dict[str, SloTargets]:
+    """Each tenant's SLO targets from its plan."""
+    result = {}
+    for tenant in session.scalars(select(Tenant)):
+        plan = tenant.plan
+        result[tenant.id] = SloTargets(plan.slo_ttft_ms, plan.slo_tpot_ms) if plan else SloTargets()
+    return result
+
+
+def slo_report(session: Session, start: datetime, end: datetime, group_by: str) -> list[SloGroup]:
+    """SLO table for [start, end) grouped by tenant, adapter (model name) or hour."""
+    if group_by not in GROUP_BYS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, not {group_by!r}")
+    return compute_slo(load_rows(session, as_utc(start), as_utc(end)), group_by, slo_targets_by_tenant(session))
+
+
+def hour_floor(moment: datetime) -> datetime:
+    """The start of the hour containing moment (UTC)."""
+    moment = as_utc(moment)
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def default_period(now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The default report period: the last 30 days up to now."""
+    now = as_utc(now or datetime.now(timezone.utc))
+    return now - timedelta(days=30), now
