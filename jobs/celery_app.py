@@ -11,6 +11,7 @@ from functools import cache
 
 from celery import Celery
 
+from cluster.membership import RedisWorkerDirectory
 from jobs.dispatch import (
     CLOSE_ORPHANED_USAGE_TASK,
     FAIL_STALE_VERSIONS_TASK,
@@ -19,7 +20,7 @@ from jobs.dispatch import (
 )
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
-from cluster.membership import RedisWorkerDirectory
+from registry import validation_job
 from registry.settings import Settings
 from registry.upload_sweeper import sweep_orphaned_blobs
 
@@ -64,12 +65,12 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
     @app.task(name=VALIDATE_ADAPTER_TASK, shared=False)  # per-app: the task closes over these settings
     def validate_adapter_version(version_id: str) -> str:
         """Validate an uploaded adapter version; marks it ready or failed."""
-        return pipeline.run_validation_job(context(), version_id)
+        return validation_job.run_validation_job(context(), version_id)
 
     @app.task(name=FAIL_STALE_VERSIONS_TASK, shared=False)
     def fail_stale_versions(max_age_s: float | None = None) -> list[str]:
         """Fail versions whose validation job was lost (periodic; default age settings.stale_version_age_s)."""
-        return pipeline.fail_stale_versions(context(), max_age_s or settings.stale_version_age_s)
+        return validation_job.fail_stale_versions(context(), max_age_s or settings.stale_version_age_s)
 
     @app.task(name=SWEEP_ORPHANED_BLOBS_TASK, shared=False)
     def sweep_orphaned_upload_blobs(min_age_s: float | None = None) -> list[str]:

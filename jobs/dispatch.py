@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from registry.adapter_pipeline import AdapterJobContext, run_validation_job
+from registry.adapter_pipeline import AdapterJobContext
+from registry.validation_job import run_validation_job
 
 if TYPE_CHECKING:
     from celery import Celery

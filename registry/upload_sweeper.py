@@ -30,9 +30,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from registry.adapter_pipeline import AdapterJobContext, fail_stale_versions
+from registry.adapter_pipeline import AdapterJobContext
 from registry.models import Adapter, AdapterVersion
 from registry.storage import BlobStore
+from registry.validation_job import fail_stale_versions
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry import adapter_pipeline as pipeline
-from registry import repository
+from registry import repository, validation_job
 from registry.digests import sha256_file
 from registry.errors import InvalidRequestError
 from registry.models import Adapter, AdapterVersion
@@ -69,7 +69,7 @@ def test_staged_upload_is_validating_under_temporary_keys(db_session, ctx, tenan
 def test_job_marks_ready_and_moves_blobs_to_final_keys(db_session, ctx, tenant_id, adapter_dirs, tmp_path):
     adapter_dir = _adapter_dir(adapter_dirs, tmp_path)
     version = _stage(db_session, ctx, tenant_id, adapter_dir)
-    assert pipeline.run_validation_job(ctx, version.id) == "ready"
+    assert validation_job.run_validation_job(ctx, version.id) == "ready"
     db_session.expire_all()
     version = repository.get_version(db_session, version.id)
     final = pipeline.final_keys(tenant_id, version.adapter_id, 1)
@@ -84,7 +84,7 @@ def test_job_marks_ready_and_moves_blobs_to_final_keys(db_session, ctx, tenant_i
 def test_job_fails_on_checksum_mismatch_and_deletes_blobs(db_session, ctx, tenant_id, adapter_dirs, tmp_path):
     version = _stage(db_session, ctx, tenant_id, _adapter_dir(adapter_dirs, tmp_path))
     ctx.blob_store.put_stream(version.weights_blob_key, io.BytesIO(b"tampered"))
-    assert pipeline.run_validation_job(ctx, version.id) == "failed"
+    assert validation_job.run_validation_job(ctx, version.id) == "failed"
     db_session.expire_all()
     version = repository.get_version(db_session, version.id)
     assert version.status == "failed" and version.failure_reason.startswith("checksum_mismatch")
@@ -98,7 +98,7 @@ def test_job_fails_when_the_staged_config_was_swapped(db_session, ctx, tenant_id
     config = json.loads((adapter_dir / pipeline.CONFIG_FILENAME).read_text())
     swapped = {**config, "lora_alpha": config["lora_alpha"] * 2}  # still a valid config, another scale
     ctx.blob_store.put_stream(version.config_blob_key, io.BytesIO(json.dumps(swapped).encode()))
-    assert pipeline.run_validation_job(ctx, version.id) == "failed"
+    assert validation_job.run_validation_job(ctx, version.id) == "failed"
     db_session.expire_all()
     version = repository.get_version(db_session, version.id)
     assert version.failure_reason.startswith("checksum_mismatch")
@@ -108,9 +108,9 @@ def test_job_fails_when_the_staged_config_was_swapped(db_session, ctx, tenant_id
 
 def test_job_is_idempotent_for_finished_versions(db_session, ctx, tenant_id, adapter_dirs, tmp_path):
     version = _stage(db_session, ctx, tenant_id, _adapter_dir(adapter_dirs, tmp_path))
-    pipeline.run_validation_job(ctx, version.id)
+    validation_job.run_validation_job(ctx, version.id)
     keys = ctx.blob_store.list_keys()
-    assert pipeline.run_validation_job(ctx, version.id) == "ready"
+    assert validation_job.run_validation_job(ctx, version.id) == "ready"
     assert ctx.blob_store.list_keys() == keys
 
 
@@ -181,7 +181,7 @@ def _import(db_session, ctx, tenant_id: str, source: str) -> AdapterVersion:
         db_session, ctx, tenant_id=tenant_id, name="imported", visibility=None, source=source
     )
     assert version.status == "uploading"
-    pipeline.run_validation_job(ctx, version.id)
+    validation_job.run_validation_job(ctx, version.id)
     db_session.expire_all()
     return repository.get_version(db_session, version.id)
 
@@ -220,8 +220,8 @@ def test_versions_stuck_in_validation_are_failed_and_their_blobs_deleted(
     db_session, ctx, tenant_id, adapter_dirs, tmp_path
 ):
     version = _stage(db_session, ctx, tenant_id, _adapter_dir(adapter_dirs, tmp_path))
-    assert pipeline.fail_stale_versions(ctx, max_age_s=3600) == []
-    assert pipeline.fail_stale_versions(ctx, max_age_s=-1) == [version.id]
+    assert validation_job.fail_stale_versions(ctx, max_age_s=3600) == []
+    assert validation_job.fail_stale_versions(ctx, max_age_s=-1) == [version.id]
     db_session.expire_all()
     version = repository.get_version(db_session, version.id)
     assert version.status == "failed" and "did not finish" in version.failure_reason

@@ -15,7 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from registry import adapter_pipeline as pipeline
-from registry import repository
+from registry import repository, validation_job
 from registry.db import make_engine, make_session_factory
 from registry.models import AdapterVersion
 from registry.settings import Settings
@@ -66,7 +66,7 @@ def _upload_and_validate(ctx: pipeline.AdapterJobContext, tenant_id: str, name: 
             session, ctx, tenant_id=tenant_id, name=name, visibility=None, upload_dir=upload_dir,
             names=list(pipeline.STORED_FILENAMES),
         )  # fmt: skip
-    return pipeline.run_validation_job(ctx, version.id)
+    return validation_job.run_validation_job(ctx, version.id)
 
 
 def _names() -> list[str]:
@@ -107,7 +107,7 @@ def test_concurrent_uploads_whose_validation_fails_leave_no_orphans(
             raise AdapterValidationError("injected", "injected failure in the validation job")
         return validate(adapter_dir, ctx)
 
-    monkeypatch.setattr(pipeline, "validate_adapter_files", flaky_in_job)
+    monkeypatch.setattr(validation_job, "validate_adapter_files", flaky_in_job)
     statuses = _run_concurrently(lambda n: _upload_and_validate(real_ctx, tenant_id, n, upload_dir), _names())
     assert sorted(set(statuses)) == ["failed", "ready"]
     with real_ctx.session_factory() as session:
