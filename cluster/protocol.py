@@ -26,17 +26,24 @@ for the codes in `TENANT_VISIBLE_CODES` (the others are the deployment's failure
       every worker until the version is re-uploaded or the operator repairs the blob store, so it is
       neither a 400 (the request is valid) nor a 503 with Retry-After (OpenAI clients retry those). 424
       Failed Dependency says the request depended on something that failed; clients do not auto-retry it.
-  503 draining (worker shutting down: route elsewhere), 503 overloaded (model still loading, or every
-      loaded adapter is in use): both retried on another worker, then held as a cold start
+  503 draining (worker shutting down: route elsewhere), 503 overloaded (model still loading): both
+      retried on another worker, then held as a cold start. Adapter room is never a refusal: a request
+      whose adapter does not fit the worker's page pool right now waits in the engine's queue
   500 internal (an engine failure; a tenant sees 502)
 Once the 200 stream has started, failures arrive as one terminal `error` event (code internal for an
-engine failure; bad_request / adapter_unavailable only in races the up-front checks cannot see).
-The adapter is fetched and loaded before the response starts, so a cold adapter delays the headers.
+engine failure; bad_request for a request whose logits went non-finite (its adapter's weights overflow);
+adapter_unavailable when the engine's copy of the adapter to the device failed, i.e. its verified host
+files vanished or changed after registration).
+The adapter's files are fetched, verified and registered with the engine (validated, host only) before the
+response starts, so a cold adapter's download delays the headers; its copy to the device happens in the
+engine before the request's first step (it counts in ttft_ms, not queue_ms).
 
 Timings in `final` (milliseconds, from the worker's receipt of the request): queue_ms = until the engine
-queued the request (adapter fetch + load), ttft_ms = until the first token, tpot_ms = mean time per output
+queued the request (adapter fetch + registration), ttft_ms = until the first token, tpot_ms = mean time per output
 token after the first (None with fewer than 2 tokens), e2e_ms = until the last token.
-Prefetch returns residency "device" (loaded in the engine); /ready is 503 while loading or draining.
+Prefetch fetches, registers and puts the adapter on the device when the page pool has room now; it returns
+residency "device", or "host" when the adapters that would have to go are in use (a hint, never a refusal).
+/ready is 503 while loading or draining.
 """
 
 from __future__ import annotations
@@ -162,9 +169,9 @@ class WorkerStats(BaseModel):
     num_active: int = 0  # generate requests in flight at the worker (fetching/loading their adapter included)
     num_free_kv_blocks: int = 0
     num_total_kv_blocks: int = 0
-    num_cache_hits: int = 0  # host adapter cache
-    num_cache_misses: int = 0
-    num_adapter_loads: int = 0  # loads into the engine that succeeded
+    num_cache_hits: int = 0  # requests whose adapter was on the device (or being copied) at admission
+    num_cache_misses: int = 0  # requests whose adapter was not (it is copied before their first step)
+    num_adapter_loads: int = 0  # copies to the device the engine made (planned or prefetched)
     num_adapter_unloads: int = 0
     num_load_failures: int = 0
     is_ready: bool = True

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpu_workers.config import EngineConfig
 from gpu_workers.engine import LLMEngine
-from gpu_workers.errors import NumericOverflowError
+from gpu_workers.errors import request_error
 from gpu_workers.outputs import RequestOutput
 from scheduler.core.sampling import SamplingParams
 
@@ -60,7 +60,7 @@ class AsyncLLMEngine:
                     self._fail_all(exc)
                     continue
             for output in outputs:
-                item = NumericOverflowError(output.error) if output.error is not None else output
+                item = request_error(output.error_code, output.error) if output.error is not None else output
                 self._deliver(output.request_id, item, is_last=output.is_finished)
 
     def _has_pending_work(self) -> bool:
@@ -91,10 +91,12 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Yield deltas for one request until it finishes; cancellation or early exit aborts it.
 
-        The adapter may be host-only (registered, or `adapter_path` given): the engine loads it first.
+        The adapter may be host-only (registered, or `adapter_path` given): the engine loads it first,
+        and the request waits in the engine's queue until its adapter fits.
 
-        Raises NumericOverflowError (a ValueError) when the engine stops this request because its logits
-        went non-finite; other requests keep running.
+        When the engine stops this request (other requests keep running) the stream raises the
+        `errors.RequestFailedError` of its RequestOutput.error_code: NumericOverflowError (a ValueError)
+        when its logits went non-finite, AdapterLoadFailedError when the planned copy of its adapter failed.
         """
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._has_work:
@@ -138,14 +140,20 @@ class AsyncLLMEngine:
             self._has_work.notify()
 
     async def load_adapter(self, adapter_id: str, path: Path) -> None:
-        """Load an adapter now without blocking the event loop (the files are read off the engine lock;
-        the core then decides what to evict); AdapterCapacityError when no idle adapter can make room."""
-        adapter = await asyncio.to_thread(self.engine.prepare_adapter, adapter_id, path)
-        await asyncio.to_thread(self._locked, self.engine.install_adapter, adapter, path)
+        """Put an adapter on the device now without blocking the event loop; AdapterCapacityError when the
+        adapters that would have to go are in use.
+
+        The files are validated off the engine lock; the pool's approval and the tensor build happen under
+        it, between steps, like a planned load (an adapter marked COPYING must have its tensors before any
+        step runs its requests)."""
+        info = await asyncio.to_thread(self.engine.inspect_adapter, path)
+        await asyncio.to_thread(self._locked, self.engine.load_adapter, adapter_id, path, info)
 
     async def register_adapter(self, adapter_id: str, path: Path) -> None:
-        """Make a host copy known to the engine (validated; loaded when a request needs it)."""
-        await asyncio.to_thread(self._locked, self.engine.register_adapter, adapter_id, path)
+        """Make a verified host copy known to the engine without blocking the event loop (validated off the
+        engine lock; nothing goes to the device: the core plans the copy when a request needs it)."""
+        info = await asyncio.to_thread(self.engine.inspect_adapter, path)
+        await asyncio.to_thread(self._locked, self.engine.register_adapter, adapter_id, path, info)
 
     def pin_adapter(self, adapter_id: str) -> None:
         """Lease an adapter (see LLMEngine.pin_adapter); never blocks: applied before the next engine call."""

@@ -28,7 +28,10 @@ class InferenceBackend(Protocol):
         adapter_path: Path | None = None,
         predicted_output_tokens: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield token deltas until the request finishes; cancelling the iteration aborts the request."""
+        """Yield token deltas until the request finishes; cancelling the iteration aborts the request.
+
+        A request the engine stops raises an `errors.RequestFailedError` whose `code` says why
+        ("adapter_unavailable": the adapter's planned copy failed; "numeric_overflow")."""
         ...
 
     async def abort(self, request_id: str) -> None:
@@ -37,11 +40,14 @@ class InferenceBackend(Protocol):
 
     async def load_adapter(self, adapter_id: str, path: Path) -> None:
         """Load or reload an adapter from a local PEFT directory onto the device now (the backend decides
-        what to evict; AdapterCapacityError when every resident adapter is in use)."""
+        what to evict; AdapterCapacityError when the adapters that would have to go are in use). An explicit
+        call (a prefetch); requests do not need it: they name a registered adapter and wait for room."""
         ...
 
     async def register_adapter(self, adapter_id: str, path: Path) -> None:
-        """Make a verified host copy known (requests may then name the adapter; it is loaded on demand)."""
+        """Make a verified host copy known, validated, without touching the device (requests may then name
+        the adapter; the backend copies it to the device when their turn comes). AdapterLoadError (a
+        ValueError) when the files are invalid for this engine."""
         ...
 
     def pin_adapter(self, adapter_id: str) -> None:

@@ -67,7 +67,6 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
         host_cache,
         worker_id=worker_id,
         base_model=settings.base_model_name,
-        max_loaded_adapters=settings.max_loaded_adapters,
         max_num_seqs=settings.engine_max_num_seqs,
     )
 
@@ -86,7 +85,6 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         max_num_batched_tokens=settings.engine_max_num_batched_tokens,
         max_model_len=settings.engine_max_model_len,
         max_lora_rank=settings.max_rank,
-        max_loaded_adapters=max(settings.max_loaded_adapters, 1),
         adapter_cache_bytes=settings.engine_adapter_cache_bytes,
         batch_policy=settings.engine_batch_policy,
         num_threads=settings.engine_num_threads,

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.
+DEFAULT_NUM_ADAPTERS_ROOM = 64
 
 
 @dataclass(frozen=True)
@@ -23,9 +25,10 @@ class EngineConfig:
 
     Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block: the KV pages
     above plus `adapter_cache_bytes` worth of pages for adapter weights (None = room for
-    `max_loaded_adapters` adapters of `max_lora_rank` on every projection, so every adapter that fitted
-    before the pool owned adapter memory still fits; the count cap `max_loaded_adapters` stays a policy
-    limit until the [Adapter memory] issue). Adapters spill into free KV pages when their share is used up.
+    `DEFAULT_NUM_ADAPTERS_ROOM` (64) adapters of `max_lora_rank` on every projection; smaller ranks take
+    fewer pages, so more fit). Adapters spill into free KV pages when their share is used up. The pool is
+    the only limit on how many adapters are on the device: a request whose adapter does not fit right now
+    waits in the engine's queue.
     `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES).
     """
 
@@ -39,7 +42,6 @@ class EngineConfig:
     max_num_batched_tokens: int = 4096
     max_model_len: int | None = None
     max_lora_rank: int = 256
-    max_loaded_adapters: int = 1024
     adapter_cache_bytes: int | None = None
     batch_policy: str = "fifo"
     num_threads: int | None = None
@@ -60,8 +62,6 @@ class EngineConfig:
             raise ValueError(f"lora_stack_cache_size must be >= 0, got {self.lora_stack_cache_size}")
         if self.adapter_cache_bytes is not None and self.adapter_cache_bytes <= 0:
             raise ValueError(f"adapter_cache_bytes must be positive, got {self.adapter_cache_bytes}")
-        if self.max_loaded_adapters <= 0:
-            raise ValueError(f"max_loaded_adapters must be positive, got {self.max_loaded_adapters}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

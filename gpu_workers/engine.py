@@ -3,13 +3,17 @@ runner (single-threaded; see async_engine.py for the thread-safe streaming wrapp
 
 Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: drop the
 evicted adapters' device copies, copy in the planned adapters (synchronously for now), run the entries.
-The page pool is the one owner of device memory: KV blocks and adapter pages come from it.
+The page pool is the one owner of device memory: KV blocks and adapter pages come from it, and it alone
+decides how many adapters are on the device (there is no count cap). A request whose adapter does not fit
+right now waits in the queue; a planned copy that fails ends that adapter's requests with error_code
+"adapter_unavailable".
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from gpu_workers.errors import (
 from gpu_workers.layers.lora import LoraAdapter
 from gpu_workers.model_runner import ModelRunner
 from gpu_workers.outputs import CompletionOutput, RequestOutput
+from registry.validation import AdapterInfo
 from scheduler.batch_policy import BatchPolicy, make_batch_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
@@ -48,6 +53,7 @@ class EngineCounters:
     num_batched_tokens: int = 0
     step_seconds: float = 0.0
     max_step_seconds: float = 0.0
+    num_adapter_load_failures: int = 0  # planned or explicit copies to the device that failed
 
 
 class LLMEngine:
@@ -63,7 +69,7 @@ class LLMEngine:
         num_kv_pages = self.runner.num_kv_blocks
         self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
         self.block_manager = self.pool  # the KV view of the pool (num_blocks, num_free_blocks, allocate, free)
-        self.residency = AdapterResidency(self.pool, self.runner.kv_bytes_per_block(), config.max_loaded_adapters)
+        self.residency = AdapterResidency(self.pool, self.runner.kv_bytes_per_block())
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
@@ -159,7 +165,7 @@ class LLMEngine:
         for entry, token in zip(sampling, tokens):
             seq = entry.seq
             if token is None:
-                self._fail(seq, _overflow_message(seq))
+                self._fail(seq, _overflow_message(seq), "numeric_overflow")
                 outputs.append(self._delta(seq, []))
                 continue
             seq.token_ids.append(token)
@@ -183,9 +189,9 @@ class LLMEngine:
         elif seq.num_output_tokens >= seq.max_tokens:
             self._finish(seq, "length")
 
-    def _fail(self, seq: Sequence, error: str) -> None:
-        """Finish one request with reason "error" (its batch neighbours are not affected)."""
-        seq.error = error
+    def _fail(self, seq: Sequence, error: str, code: str) -> None:
+        """Finish one request with reason "error" and an error code (its batch neighbours are not affected)."""
+        seq.error, seq.error_code = error, code
         self._finish(seq, "error")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
@@ -214,6 +220,7 @@ class LLMEngine:
             finish_time=seq.finish_time,
             adapter_id=seq.adapter_id,
             error=seq.error,
+            error_code=seq.error_code,
         )
 
     def _record_step(self, entries: list[BatchEntry], num_sampled: int, seconds: float) -> None:
@@ -262,12 +269,17 @@ class LLMEngine:
 
     # ---- adapters -----------------------------------------------------------------------------------
 
-    def register_adapter(self, adapter_id: str, path: Path | str) -> None:
+    def inspect_adapter(self, path: Path | str) -> AdapterInfo:
+        """Validate an adapter directory against this engine (reads files only; safe beside step())."""
+        return self.runner.validate_adapter(Path(path))
+
+    def register_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
         """Validate an adapter's host copy and make it known to the core (host tier; nothing on the device).
 
+        `info` is the result of `inspect_adapter(path)` when the caller validated off the engine lock.
         Raises AdapterLoadError when the files are invalid or the adapter can never fit the page pool.
         """
-        info = self.runner.validate_adapter(Path(path))
+        info = self.inspect_adapter(path) if info is None else info
         num_bytes = self.runner.adapter_device_bytes(info)
         self._register(adapter_id, str(path), info.rank, num_bytes)
 
@@ -280,23 +292,36 @@ class LLMEngine:
                 f"{self.pool.num_pages}; raise engine_adapter_cache_bytes or use a smaller rank"
             )
 
-    def load_adapter(self, adapter_id: str, path: Path | str) -> None:
-        """Validate and load (or reload) an adapter now; raises AdapterInUseError when reloading one that
-        requests use and AdapterCapacityError when no idle adapter can make room."""
-        self.install_adapter(self.prepare_adapter(adapter_id, path), path)
+    def load_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
+        """Validate and put (or reload) an adapter on the device now, through the core's plan (`info` as
+        in register_adapter).
+
+        The pool approves first (idle adapters may be evicted), then the device tensors are built; a build
+        that fails cancels the load (AdapterLoadError, the adapter stays on the host). Raises
+        AdapterInUseError when reloading one that requests use and AdapterCapacityError when the adapters
+        that would have to go are in use.
+        """
+        info = self.inspect_adapter(path) if info is None else info
+        self._make_room_and_place(
+            adapter_id, str(path), info.rank, self.runner.adapter_device_bytes(info),
+            lambda: self.runner.load_adapter(adapter_id, Path(path), info),
+        )
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
-        """Validate and pack an adapter without touching engine state (safe to run beside step())."""
+        """Validate and pack an adapter's device tensors without touching engine state."""
         info = self.runner.validate_adapter(Path(path))
         return self.runner.load_adapter(adapter_id, Path(path), info)
 
     def install_adapter(self, adapter: LoraAdapter, path: Path | str | None = None) -> None:
-        """Put a prepared adapter on the device through the core's plan (idle adapters may be evicted).
+        """Put an adapter whose tensors the caller built on the device, through the core's plan (idle
+        adapters may be evicted); same errors as load_adapter."""
+        host_path = str(path) if path is not None else None
+        self._make_room_and_place(adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, lambda: adapter)
 
-        Refuses to replace one that requests use (AdapterInUseError) and raises AdapterCapacityError when
-        every adapter on the device is in use and the new one does not fit.
-        """
-        adapter_id = adapter.adapter_id
+    def _make_room_and_place(
+        self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int, build: Callable[[], LoraAdapter]
+    ) -> None:
+        """Register, plan the load (pool first), drop the victims' copies, then build and place the tensors."""
         if adapter_id in self.runner.adapters:
             if self.scheduler.is_adapter_in_use(adapter_id):
                 raise AdapterInUseError(
@@ -304,17 +329,23 @@ class LLMEngine:
                 )
             self.residency.evict(adapter_id)
             self._drop_device_copy(adapter_id)
-        host_path = str(path) if path is not None else None
-        self._register(adapter_id, host_path, adapter.rank, adapter.num_bytes)
+        self._register(adapter_id, host_path, rank, num_bytes)
         plan = StepPlan()
         if not self.scheduler.plan_adapter_load(adapter_id, may_evict_waiting=False, plan=plan):
             raise AdapterCapacityError(
-                f"no room for adapter {adapter_id!r}: all {len(self.residency.device_adapters())} adapters on "
-                f"the device are in use (max_loaded_adapters={self.config.max_loaded_adapters}, "
-                f"{self.pool.num_free_pages} free pages); retry later or raise LORAHOST_MAX_LOADED_ADAPTERS"
+                f"no room for adapter {adapter_id!r}: the adapters on the device that would have to go are in "
+                f"use ({len(self.residency.device_adapters())} on the device, {self.pool.num_free_pages} free "
+                "pages); retry later (a request naming it waits for room instead) or raise "
+                "engine_adapter_cache_bytes"
             )
         for victim in plan.adapter_evictions:
             self._drop_device_copy(victim)
+        try:
+            adapter = build()
+        except Exception as exc:
+            self.scheduler.on_adapter_load_failed(adapter_id)
+            self.counters.num_adapter_load_failures += 1
+            raise AdapterLoadError(f"adapter {adapter_id!r} could not be put on the device: {exc}") from exc
         self.runner.adapters[adapter_id] = adapter
         self.scheduler.on_adapter_loaded(adapter_id)
 
@@ -364,8 +395,13 @@ class LLMEngine:
             try:
                 adapter = self.prepare_adapter(load.adapter_id, load.host_path or "")
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
+                self.counters.num_adapter_load_failures += 1
+                message = (
+                    f"adapter {load.adapter_id!r} could not be loaded from its host copy: {exc} (its files "
+                    "vanished or changed after they were verified)"
+                )
                 for seq in self.scheduler.on_adapter_load_failed(load.adapter_id):
-                    self._fail(seq, f"adapter {load.adapter_id!r} could not be loaded: {exc}")
+                    self._fail(seq, message, "adapter_unavailable")
                     self._pending_outputs.append(self._delta(seq, []))
                 continue
             self.runner.adapters[load.adapter_id] = adapter
@@ -403,6 +439,7 @@ class LLMEngine:
             "device_adapters": self.residency.device_adapters(),
             "num_adapter_loads": self.residency.num_loads,
             "num_adapter_evictions": self.residency.num_evictions,
+            "num_adapter_load_failures": self.counters.num_adapter_load_failures,
             "num_lora_stack_builds": self.runner.num_lora_stack_builds,
             "lora_stack_bytes": self.runner.lora_stack_bytes(),
             "max_model_len": self.max_model_len,

@@ -102,9 +102,7 @@ def _router(runtime: WorkerRuntime) -> APIRouter:
     @router.post("/adapters/prefetch")
     async def prefetch(ref: AdapterRef) -> dict[str, str]:
         service = runtime.require_service()
-        key = await service.adapters.acquire(ref)
-        service.adapters.release(key)
-        return {"adapter_key": key, "residency": service.adapters.residency(key)}
+        return {"adapter_key": ref.adapter_key, "residency": await service.adapters.prefetch(ref)}
 
     @router.post("/adapters/drop")
     async def drop(body: dict[str, str]) -> dict[str, bool]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
-from gpu_workers.config import EngineConfig
+from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.lora import (
     LoraAdapter,
@@ -112,13 +112,14 @@ class ModelRunner:
         return a.num_layers * per_layer * self._element_size()
 
     def num_adapter_pages(self) -> int:
-        """Pool pages for adapter weights: adapter_cache_bytes, or room for max_loaded_adapters at max rank."""
+        """Pool pages for adapter weights: adapter_cache_bytes, or room for DEFAULT_NUM_ADAPTERS_ROOM adapters
+        of max_lora_rank."""
         page_bytes = self.kv_bytes_per_block()
         if self.config.adapter_cache_bytes is not None:
             return -(-self.config.adapter_cache_bytes // page_bytes)
         max_rank = self.config.max_lora_rank
         pages_per_adapter = num_pages_for_adapter(max_rank, max_rank * self.adapter_row_bytes(), page_bytes)
-        return self.config.max_loaded_adapters * pages_per_adapter
+        return DEFAULT_NUM_ADAPTERS_ROOM * pages_per_adapter
 
     def adapter_device_bytes(self, info: AdapterInfo) -> int:
         """Device bytes an adapter will take (its weight file's bytes rescaled to the engine dtype)."""

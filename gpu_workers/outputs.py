@@ -24,6 +24,9 @@ class RequestOutput:
     finish_time: float | None
     adapter_id: str | None = None
     error: str | None = None  # set with finish_reason "error": why the engine stopped this request
+    # With error: "adapter_unavailable" (a planned adapter copy failed: its host files vanished or became
+    # invalid) or "numeric_overflow" (the request's logits went non-finite); see errors.REQUEST_ERRORS.
+    error_code: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """What a worker does per call, without HTTP or the blob store: adapter files and request streams.
 
 `WorkerService` wraps one `InferenceBackend` and one `HostAdapterCache` (whose fetch function the server
-injects). `AdapterManager` is the host tier: it fetches and verifies files and asks the engine to load
-them; the engine core (scheduler/core/) owns device memory and decides what is resident and what is evicted
-(idle adapters LRU-first; `max_loaded_adapters` is its count cap). A request leases its adapter from
-admission until its stream ends, so the engine does not evict it for a prefetch. Concurrent first requests
-for one adapter share one load task. Everything here runs on the worker's event loop; blocking work goes
-to threads.
+injects). `AdapterManager` is the host tier: it fetches and verifies files and registers them with the
+engine (validated, nothing on the device); the engine core (scheduler/core/) owns device memory, plans each
+adapter's copy to the device before its request's first step and decides what is evicted (idle adapters
+LRU-first). A request whose adapter does not fit right now waits in the engine's queue: no count cap, no
+`overloaded` refusal for adapter room. A request leases its adapter (and its host-cache entry) from
+admission until its stream ends, so neither is evicted under it. Concurrent first requests for one
+adapter share one fetch + registration task. Everything here runs on the worker's event loop; blocking work
+goes to threads.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gpu_workers.backend import InferenceBackend
 from gpu_workers.errors import (
     AdapterCapacityError,
     AdapterInUseError,
+    AdapterLoadFailedError,
     AdapterNotLoadedError,
     PromptTooLongError,
 )
@@ -61,7 +64,7 @@ class AdapterUnavailableError(WorkerError):
 
 
 class OverloadedError(WorkerError):
-    """No room right now (every loaded adapter is in use); retry or route elsewhere."""
+    """The worker cannot take requests right now (its model is still loading); retry or route elsewhere."""
 
     code = "overloaded"
     status_code = WORKER_ERROR_STATUS[code]
@@ -78,36 +81,45 @@ class DrainingError(WorkerError):
 class AdapterCounters:
     """Cumulative adapter residency counters (reported in stats and heartbeats)."""
 
-    num_cache_hits: int = 0  # the adapter was loaded (or being loaded) when a request asked for it
-    num_cache_misses: int = 0  # a request started a load
-    num_adapter_loads: int = 0  # loads into the engine that succeeded
+    num_cache_hits: int = 0  # the adapter was on the device (or being copied there) when a request asked for it
+    num_cache_misses: int = 0  # it was not: the request waits for the engine's planned copy
     num_adapter_unloads: int = 0
-    num_load_failures: int = 0
+    num_load_failures: int = 0  # fetch, verification or registration failures (the engine counts its copies')
 
 
 class AdapterManager:
-    """The worker's host tier: fetches and verifies adapter files (single-flight), hands them to the engine
-    and leases them for requests. What is on the device is the engine core's decision (its page pool and
-    residency); this class keeps no device state of its own."""
+    """The worker's host tier: fetches and verifies adapter files (single-flight), registers them with the
+    engine and leases them for requests. What is on the device is the engine core's decision (its page pool
+    and residency); this class keeps no device state of its own."""
 
     def __init__(self, engine: InferenceBackend, host_cache: HostAdapterCache) -> None:
         self._engine = engine
         self._host_cache = host_cache
         self._leases: dict[str, int] = {}
-        self._loading: dict[str, asyncio.Task[None]] = {}
+        self._registering: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, AdapterRef] = {}  # every adapter seen (for host residency)
         self.counters = AdapterCounters()
 
     async def acquire(self, ref: AdapterRef) -> str:
-        """Lease the adapter and have the engine load it; returns the engine adapter id (= adapter_key)."""
+        """Have the adapter's verified files on the host and registered with the engine, then lease it;
+        returns the engine adapter id (= adapter_key). Nothing is copied to the device here: the engine
+        plans that before the request's first step. AdapterUnavailableError when the files cannot be
+        fetched, verified or validated."""
         key = ref.adapter_key
-        await self._ensure_loaded(ref)
+        cache_key = adapter_files(ref).cache_key
+        self._host_cache.pin(cache_key)  # the engine reads the files when it copies them to the device
+        try:
+            await self._ensure_registered(ref)
+        except BaseException:
+            self._host_cache.unpin(cache_key)
+            raise
         self._leases[key] = self._leases.get(key, 0) + 1
         self._engine.pin_adapter(key)
         return key
 
     def release(self, key: str) -> None:
-        """End one lease (the engine may evict the adapter when nothing else uses it)."""
+        """End one lease (the engine may evict the adapter, the host cache its files, when nothing else
+        uses them)."""
         count = self._leases.get(key, 0) - 1
         if count < 0:
             return
@@ -116,35 +128,55 @@ class AdapterManager:
         else:
             self._leases.pop(key, None)
         self._engine.unpin_adapter(key)
+        self._host_cache.unpin(adapter_files(self._refs[key]).cache_key)
 
-    async def _ensure_loaded(self, ref: AdapterRef) -> None:
+    async def prefetch(self, ref: AdapterRef) -> str:
+        """Put the adapter on the device now if the pool has room (a hint: when the adapters that would
+        have to go are in use, it stays registered on the host and a request copies it later); returns
+        its residency afterwards."""
+        key = await self.acquire(ref)
+        try:
+            if self._engine.adapter_residency(key) not in ("device", "copying"):
+                path = self._host_cache.path_for(adapter_files(ref).cache_key)
+                try:
+                    await self._engine.load_adapter(key, path)
+                except AdapterCapacityError:
+                    pass
+                except Exception as exc:  # the host copy changed under us: the same answer as a request's
+                    self.counters.num_load_failures += 1
+                    raise AdapterUnavailableError(
+                        f"adapter {key} could not be loaded by this worker: {exc}"
+                    ) from exc
+        finally:
+            self.release(key)
+        return self.residency(key)
+
+    async def _ensure_registered(self, ref: AdapterRef) -> None:
         key = ref.adapter_key
         self._refs[key] = ref
-        task = self._loading.get(key)
-        if task is None and self._engine.adapter_residency(key) in ("device", "copying"):
+        task = self._registering.get(key)
+        is_on_device = self._engine.adapter_residency(key) in ("device", "copying")
+        if is_on_device:
             self.counters.num_cache_hits += 1
+        else:
+            self.counters.num_cache_misses += 1
+        if task is None and is_on_device and self._host_cache.contains(adapter_files(ref).cache_key):
             return
         if task is None:
-            self.counters.num_cache_misses += 1
-            task = asyncio.ensure_future(self._load(ref))
-            self._loading[key] = task
-            task.add_done_callback(lambda _: self._loading.pop(key, None))
-        else:
-            self.counters.num_cache_hits += 1
-        await asyncio.shield(task)  # one waiter's cancellation must not cancel the shared load
+            task = asyncio.ensure_future(self._register(ref))
+            self._registering[key] = task
+            task.add_done_callback(lambda _: self._registering.pop(key, None))
+        await asyncio.shield(task)  # one waiter's cancellation must not cancel the shared registration
 
-    async def _load(self, ref: AdapterRef) -> None:
+    async def _register(self, ref: AdapterRef) -> None:
         path = await self._fetch(ref)
         try:
-            await self._engine.load_adapter(ref.adapter_key, path)
-        except AdapterCapacityError as exc:
-            raise OverloadedError(str(exc)) from exc
+            await self._engine.register_adapter(ref.adapter_key, path)
         except Exception as exc:  # invalid files: report them, keep serving
             self.counters.num_load_failures += 1
             raise AdapterUnavailableError(
                 f"adapter {ref.adapter_key} could not be loaded by this worker: {exc}"
             ) from exc
-        self.counters.num_adapter_loads += 1
 
     async def _fetch(self, ref: AdapterRef) -> Any:
         try:
@@ -211,7 +243,6 @@ class WorkerService:
         *,
         worker_id: str,
         base_model: str,
-        max_loaded_adapters: int,
         max_num_seqs: int,
     ) -> None:
         self.engine = engine
@@ -221,7 +252,6 @@ class WorkerService:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = int(engine.stats()["max_model_len"])
         self.adapters = AdapterManager(engine, host_cache)
-        self.max_loaded_adapters = max_loaded_adapters  # enforced by the engine core (EngineConfig)
         self.is_ready = True
         self.is_draining = False
         self._active: set[str] = set()
@@ -285,10 +315,10 @@ class WorkerService:
                             type="delta", text=out.new_text, token_ids=list(out.new_token_ids)
                         )
             yield final_event(last, prepared.received_at) if last else error_event("internal", "no output")
-        except (PromptTooLongError, ValueError) as exc:
-            yield error_event("bad_request", str(exc))
-        except AdapterNotLoadedError as exc:
+        except (AdapterNotLoadedError, AdapterLoadFailedError) as exc:  # its planned copy failed
             yield error_event("adapter_unavailable", str(exc))
+        except (PromptTooLongError, ValueError) as exc:  # NumericOverflowError too: the tenant's adapter
+            yield error_event("bad_request", str(exc))
         except Exception as exc:  # noqa: BLE001 (an engine failure ends this stream, not the worker)
             yield error_event("internal", f"engine error: {type(exc).__name__}: {exc}")
         finally:
@@ -344,9 +374,9 @@ class WorkerService:
             num_total_kv_blocks=int(engine_stats.get("num_kv_blocks", 0)),
             num_cache_hits=counters.num_cache_hits,
             num_cache_misses=counters.num_cache_misses,
-            num_adapter_loads=counters.num_adapter_loads,
+            num_adapter_loads=int(engine_stats.get("num_adapter_loads", 0)),  # copies the engine made
             num_adapter_unloads=counters.num_adapter_unloads,
-            num_load_failures=counters.num_load_failures,
+            num_load_failures=counters.num_load_failures + int(engine_stats.get("num_adapter_load_failures", 0)),
             is_ready=self.is_ready and not self.is_draining,
             is_draining=self.is_draining,
         )

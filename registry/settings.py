@@ -167,7 +167,6 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=2.0, gt=0, description="Seconds between worker heartbeats")
     heartbeat_ttl_s: float | None = Field(default=None, description="Membership TTL; default 3x the interval")
     drain_timeout_s: float = Field(default=30.0, ge=0, description="Max wait for running requests on shutdown")
-    max_loaded_adapters: int = Field(default=64, gt=0, description="Adapters loaded in one engine at once (LRU)")
     host_cache_dir: Path | None = Field(default=None, description="Worker adapter file cache; default data_dir/host_cache")
     host_cache_max_bytes: int = Field(default=8 << 30, gt=0, description="Host adapter cache budget")
     engine_dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
@@ -181,8 +180,8 @@ class Settings(BaseSettings):
     engine_adapter_cache_bytes: int | None = Field(
         default=None,
         gt=0,
-        description="Device bytes for adapters in the page pool, on top of the KV cache; default: room for "
-        "max_loaded_adapters adapters of max_rank",
+        description="Device bytes for adapters in the page pool, on top of the KV cache (the only limit on how "
+        "many adapters are on the device; requests wait for room); default: room for 64 adapters of max_rank",
     )
     engine_batch_policy: str = Field(default="fifo", description="Admission order of waiting requests: fifo")
 

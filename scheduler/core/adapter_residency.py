@@ -8,9 +8,9 @@ has a host copy (`host_path`, fetched and verified by the worker) and a state:
 Pins: `num_running` counts running sequences (never evicted), `num_waiting` counts waiting sequences and
 external leases (a worker request between admission and entering the engine, a prefetch): evicted only when
 a request ahead of them needs the room. Idle adapters (no pin) are evicted least recently used first.
-Device bytes come from the one page pool (`PagePool.reserve`); `max_device_adapters` is a policy cap on the
-count kept from before the pool owned adapter memory (the [Adapter memory] issue replaces it and the LRU
-order with a cost-aware `EvictionPolicy`; `eviction_order` is where that plugs in).
+Device bytes come from the one page pool (`PagePool.reserve`), which alone decides how many adapters fit
+(no count cap). The LRU order is where a cost-aware `EvictionPolicy` plugs in ([Adapter memory] issue):
+`eviction_order`.
 """
 
 from __future__ import annotations
@@ -53,12 +53,11 @@ class AdapterState:
 class AdapterResidency:
     """Registry of adapters with their residency, pages and pins; plans loads and evictions."""
 
-    def __init__(self, pool: PagePool, page_bytes: int, max_device_adapters: int) -> None:
-        if page_bytes <= 0 or max_device_adapters <= 0:
-            raise ValueError("page_bytes and max_device_adapters must be positive")
+    def __init__(self, pool: PagePool, page_bytes: int) -> None:
+        if page_bytes <= 0:
+            raise ValueError("page_bytes must be positive")
         self.pool = pool
         self.page_bytes = page_bytes
-        self.max_device_adapters = max_device_adapters
         self._states: dict[str, AdapterState] = {}
         # Device-side adapters (COPYING or DEVICE), least recently used first.
         self._on_device: OrderedDict[str, None] = OrderedDict()
@@ -150,17 +149,15 @@ class AdapterResidency:
         return victims
 
     def _victims_for(self, num_pages: int, may_evict_waiting: bool) -> list[str] | None:
-        """Fewest evictions (in eviction order) after which `num_pages` and one more adapter fit."""
+        """Fewest evictions (in eviction order) after which `num_pages` fit in the pool."""
         num_free = self.pool.num_free_pages
-        num_slots = self.max_device_adapters - len(self._on_device)
         victims: list[str] = []
         for adapter_id in self.eviction_order(may_evict_waiting):
-            if num_free >= num_pages and num_slots > 0:
+            if num_free >= num_pages:
                 break
             victims.append(adapter_id)
             num_free += len(self._states[adapter_id].page_ids)
-            num_slots += 1
-        return victims if num_free >= num_pages and num_slots > 0 else None
+        return victims if num_free >= num_pages else None
 
     def eviction_order(self, may_evict_waiting: bool) -> list[str]:
         """Evictable device adapters, first to go first: idle by LRU, then waiting-only by LRU.

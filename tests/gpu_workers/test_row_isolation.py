@@ -74,7 +74,7 @@ Request = tuple[str, list[int], SamplingParams, str | None]  # (id, prompt, para
 
 
 def _run(engine: LLMEngine, requests: list[Request]) -> dict[str, Any]:
-    """Add the requests in order, step to completion; request id -> (tokens, finish_reason, error)."""
+    """Add the requests in order, step to completion; request id -> (tokens, finish_reason, error, code)."""
     for request_id, prompt, params, adapter in requests:
         engine.add_request(request_id, prompt, params, adapter)
     tokens: dict[str, list[int]] = {r[0]: [] for r in requests}
@@ -83,7 +83,7 @@ def _run(engine: LLMEngine, requests: list[Request]) -> dict[str, Any]:
         for out in engine.step():
             tokens[out.request_id].extend(out.new_token_ids)
             if out.is_finished:
-                result[out.request_id] = (tokens[out.request_id], out.finish_reason, out.error)
+                result[out.request_id] = (tokens[out.request_id], out.finish_reason, out.error, out.error_code)
     return result
 
 
@@ -106,8 +106,8 @@ def test_overflowing_adapter_fails_only_its_own_request(
 
     assert got["good"] == alone
     assert got["base"][1] == "length" and len(got["base"][0]) == 8
-    tokens, reason, error = got["bad"]
-    assert reason == "error" and tokens == []
+    tokens, reason, error, code = got["bad"]
+    assert reason == "error" and tokens == [] and code == "numeric_overflow"
     assert "huge" in error and "overflow" in error
 
 
@@ -160,7 +160,7 @@ def test_async_stream_of_an_overflowing_request_raises_and_neighbours_finish(
         bad, good = asyncio.run(main())
     finally:
         async_engine.shutdown()
-    assert isinstance(bad, NumericOverflowError) and "huge" in str(bad)
+    assert isinstance(bad, NumericOverflowError) and "huge" in str(bad) and bad.code == "numeric_overflow"
     assert isinstance(bad, ValueError)  # the worker reports it as bad_request, naming the adapter
     assert good == (_run(engine, [("solo", prompt_ids[2], _params(1.0), GOOD_ADAPTER)])["solo"][0], "length")
 

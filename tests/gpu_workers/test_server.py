@@ -157,7 +157,7 @@ def test_concurrent_first_requests_fetch_and_load_the_adapter_once(
 ) -> None:
     ref = put_adapter(blob_dir, "v-concurrent", adapter_dirs["adapter-02"])
     service = _service(worker)
-    fetches, loads = service.host_cache.stats().num_fetches, service.adapters.counters.num_adapter_loads
+    fetches, loads = service.host_cache.stats().num_fetches, service.engine.stats()["num_adapter_loads"]
 
     def run(i: int) -> list[GenerateEvent]:
         with worker.client(timeout=60) as c:
@@ -169,7 +169,8 @@ def test_concurrent_first_requests_fetch_and_load_the_adapter_once(
     assert all(r[-1].type == "final" and r[-1].num_output_tokens == 4 for r in results)
     assert len({tuple(t for e in r for t in e.token_ids) for r in results}) == 1
     assert service.host_cache.stats().num_fetches == fetches + 1
-    assert service.adapters.counters.num_adapter_loads == loads + 1
+    assert service.engine.stats()["num_adapter_loads"] == loads + 1  # one copy to the device
+    assert _stats(worker.client(timeout=30)).num_adapter_loads == loads + 1
     assert "v-concurrent" in service.adapters.device_adapters()
 
 
@@ -214,25 +215,37 @@ def test_health_ready_stats_and_heartbeat_record(worker: RunningWorker, client: 
     assert record.num_total_kv_blocks == 256 and record.max_num_seqs == stats.max_num_seqs
 
 
-def test_lru_unload_skips_adapters_in_use(
-    base_model_dir: Path, tmp_path: Path, adapter_dirs: dict[str, Path]
+def test_prefetch_evicts_idle_adapters_first_and_never_refuses_for_room(
+    base_model_dir: Path, tmp_path: Path, adapter_dirs: dict[str, Path], fp32_engine: Any
 ) -> None:
+    big = ("adapter-02", "adapter-03")  # the two largest demo adapters (same page count)
+    residency = fp32_engine.residency
+    num_pages = max(residency.num_pages_for(residency.get(n)) for n in big)
+    assert num_pages > 24  # free KV pages cannot hold a third one either
     blobs = tmp_path / "blobs"
-    refs = {n: put_adapter(blobs, n, adapter_dirs[f"adapter-0{i}"]) for i, n in enumerate("abcd")}
-    with worker_in_thread(base_model_dir, blobs, max_loaded_adapters=2) as w, w.client(timeout=60) as c:
+    refs = {n: put_adapter(blobs, n, adapter_dirs[big[i % 2]]) for i, n in enumerate("abcd")}
+    with worker_in_thread(
+        base_model_dir,
+        blobs,
+        engine_num_kv_blocks=24,
+        engine_adapter_cache_bytes=2 * num_pages * fp32_engine.runner.kv_bytes_per_block(),  # room for 2
+    ) as w, w.client(timeout=60) as c:
         service = _service(w)
         request = GenerateRequest(request_id="holds-a", prompt=PROMPT, adapter=refs["a"])
         prepared = _on_worker_loop(w, service.prepare(request))  # admitted: leases "a" until finished
+        assert service.adapters.residency("a") == "host"  # the engine copies it before its first step
+        assert c.post("/adapters/prefetch", json=refs["a"].model_dump()).json()["residency"] == "device"
         c.post("/adapters/prefetch", json=refs["b"].model_dump())
         assert service.adapters.device_adapters() == ["a", "b"]  # "a" is least recently used, but in use
 
         c.post("/adapters/prefetch", json=refs["c"].model_dump())
-        assert service.adapters.device_adapters() == ["a", "c"]  # "b" (idle) was unloaded instead
+        assert service.adapters.device_adapters() == ["a", "c"]  # "b" (idle) was evicted instead
 
         request_c = GenerateRequest(request_id="holds-c", prompt=PROMPT, adapter=refs["c"])
         prepared_c = _on_worker_loop(w, service.prepare(request_c))
         response = c.post("/adapters/prefetch", json=refs["d"].model_dump())
-        assert response.status_code == 503 and response.json()["error"]["type"] == "overloaded"
+        assert response.status_code == 200 and response.json() == {"adapter_key": "d", "residency": "host"}
+        assert service.adapters.device_adapters() == ["a", "c"]  # no room now: a hint, not a refusal
 
         for p in (prepared, prepared_c):
             _on_worker_loop(w, _finish(service, p))

@@ -29,12 +29,11 @@ class Setup:
     num_adapter_pages: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    max_device_adapters: int
 
 
 def make_scheduler(setup: Setup) -> BatchScheduler:
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
-    residency = AdapterResidency(pool, PAGE_BYTES, setup.max_device_adapters)
+    residency = AdapterResidency(pool, PAGE_BYTES)
     return BatchScheduler(pool, residency, FifoPolicy(), setup.max_num_seqs, setup.max_num_batched_tokens)
 
 
@@ -81,7 +80,6 @@ def check_plan(scheduler: BatchScheduler, plan: StepPlan, running_before: dict[s
     device_pages = sum(len(residency.get(a).page_ids) for a in residency.device_adapters())  # type: ignore[union-attr]
     assert pool.num_adapter_pages == device_pages
     assert pool.num_used_pages + pool.num_free_pages == pool.num_pages
-    assert len(residency.device_adapters()) <= setup.max_device_adapters
 
 
 setups = st.builds(
@@ -90,7 +88,6 @@ setups = st.builds(
     num_adapter_pages=st.integers(0, 12),
     max_num_seqs=st.integers(1, 6),
     max_num_batched_tokens=st.integers(1, 40),
-    max_device_adapters=st.integers(1, 4),
 )
 requests = st.lists(
     st.tuples(st.integers(1, 12), st.integers(1, 6), st.one_of(st.none(), st.integers(0, 5)), st.integers(0, 3)),
@@ -103,7 +100,7 @@ adapter_sizes = st.lists(st.tuples(st.integers(1, 16), st.integers(1, 1200)), mi
 @settings(max_examples=200, deadline=None)
 @given(setup=setups, reqs=requests, adapters=adapter_sizes)
 @example(  # an idle adapter on adapter-only pages while another spilled into KV pages once livelocked
-    setup=Setup(num_kv_pages=6, num_adapter_pages=4, max_num_seqs=1, max_num_batched_tokens=1, max_device_adapters=2),
+    setup=Setup(num_kv_pages=6, num_adapter_pages=4, max_num_seqs=1, max_num_batched_tokens=1),
     reqs=[(1, 1, 0, 0), (1, 5, 2, 0)],
     adapters=[(1, 301), (1, 1), (1, 401), (1, 1), (1, 1), (1, 1)],
 )
@@ -137,7 +134,7 @@ def test_plans_keep_budgets_and_pins_and_every_request_finishes(
 
 
 def test_request_with_host_only_adapter_gets_a_load_before_its_first_step() -> None:
-    scheduler = make_scheduler(Setup(8, 4, 4, 64, 2))
+    scheduler = make_scheduler(Setup(8, 4, 4, 64))
     scheduler.residency.register("cold", "/host/cold", rank=8, num_bytes=300)
     scheduler.add(make_seq("r", 5, 2, "cold", 0.0))
     plan = scheduler.schedule()
@@ -148,10 +145,10 @@ def test_request_with_host_only_adapter_gets_a_load_before_its_first_step() -> N
 
 
 def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:
-    scheduler = make_scheduler(Setup(8, 4, 4, 64, 2))
+    scheduler = make_scheduler(Setup(8, 4, 4, 64))  # 12 pages: two adapters of 5 pages fit, not three
     residency = scheduler.residency
     for name in ("idle", "queued", "new"):
-        residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+        residency.register(name, f"/host/{name}", rank=5, num_bytes=5 * PAGE_BYTES)
     for name in ("idle", "queued"):
         assert residency.plan_load(name, may_evict_waiting=False) == []
         residency.mark_loaded(name)
@@ -161,19 +158,19 @@ def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:
 
 
 def test_adapter_of_running_request_blocks_a_load_that_needs_its_room() -> None:
-    scheduler = make_scheduler(Setup(8, 4, 4, 64, 1))
-    scheduler.residency.register("busy", "/host/busy", rank=4, num_bytes=100)
-    scheduler.residency.register("other", "/host/other", rank=4, num_bytes=100)
+    scheduler = make_scheduler(Setup(8, 4, 4, 64))  # 12 pages: one adapter of 8 pages and r1's KV
+    scheduler.residency.register("busy", "/host/busy", rank=8, num_bytes=8 * PAGE_BYTES)
+    scheduler.residency.register("other", "/host/other", rank=8, num_bytes=8 * PAGE_BYTES)
     scheduler.add(make_seq("r1", 4, 8, "busy", 0.0))
     scheduler.add(make_seq("r2", 4, 1, "other", 1.0))
     carry_out(scheduler, first := scheduler.schedule())
-    assert [e.seq.request_id for e in first.entries] == ["r1"]  # r2 waits: the one slot is pinned by r1
+    assert [e.seq.request_id for e in first.entries] == ["r1"]  # r2 waits: r1's adapter holds the room
     second = scheduler.schedule()
     assert "busy" not in second.adapter_evictions and all(e.seq.request_id == "r1" for e in second.entries)
 
 
 def test_policy_sees_predicted_output_tokens_and_adapter_bytes() -> None:
-    scheduler = make_scheduler(Setup(8, 4, 4, 64, 2))
+    scheduler = make_scheduler(Setup(8, 4, 4, 64))
     scheduler.residency.register("a", "/host/a", rank=4, num_bytes=250)
     seq = make_seq("r", 3, 20, "a", 0.0)
     seq.predicted_output_tokens = 5
