@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -140,8 +141,10 @@ class AsyncLLMEngine:
     async def load_adapter(self, adapter_id: str, path: Path) -> None:
         """Load an adapter now without blocking the event loop (the files are read off the engine lock;
         the core then decides what to evict); AdapterCapacityError when no idle adapter can make room."""
+        started = time.perf_counter()
         adapter = await asyncio.to_thread(self.engine.prepare_adapter, adapter_id, path)
-        await asyncio.to_thread(self._locked, self.engine.install_adapter, adapter, path)
+        load_seconds = time.perf_counter() - started
+        await asyncio.to_thread(self._locked, self.engine.install_adapter, adapter, path, load_seconds)
 
     async def register_adapter(self, adapter_id: str, path: Path) -> None:
         """Make a host copy known to the engine (validated; loaded when a request needs it)."""

@@ -34,6 +34,7 @@ from scheduler.core.page_pool import PagePool
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
+from scheduler.eviction import make_eviction_policy
 
 
 @dataclass
@@ -63,7 +64,12 @@ class LLMEngine:
         num_kv_pages = self.runner.num_kv_blocks
         self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
         self.block_manager = self.pool  # the KV view of the pool (num_blocks, num_free_blocks, allocate, free)
-        self.residency = AdapterResidency(self.pool, self.runner.kv_bytes_per_block(), config.max_loaded_adapters)
+        self.residency = AdapterResidency(
+            self.pool,
+            self.runner.kv_bytes_per_block(),
+            config.max_loaded_adapters,
+            policy=make_eviction_policy(config.adapter_eviction_policy),
+        )
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
@@ -283,15 +289,20 @@ class LLMEngine:
     def load_adapter(self, adapter_id: str, path: Path | str) -> None:
         """Validate and load (or reload) an adapter now; raises AdapterInUseError when reloading one that
         requests use and AdapterCapacityError when no idle adapter can make room."""
-        self.install_adapter(self.prepare_adapter(adapter_id, path), path)
+        started = time.perf_counter()
+        adapter = self.prepare_adapter(adapter_id, path)
+        self.install_adapter(adapter, path, time.perf_counter() - started)
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
         """Validate and pack an adapter without touching engine state (safe to run beside step())."""
         info = self.runner.validate_adapter(Path(path))
         return self.runner.load_adapter(adapter_id, Path(path), info)
 
-    def install_adapter(self, adapter: LoraAdapter, path: Path | str | None = None) -> None:
+    def install_adapter(
+        self, adapter: LoraAdapter, path: Path | str | None = None, load_seconds: float | None = None
+    ) -> None:
         """Put a prepared adapter on the device through the core's plan (idle adapters may be evicted).
+        `load_seconds`: how long preparing it took (the reload cost the eviction policy weighs).
 
         Refuses to replace one that requests use (AdapterInUseError) and raises AdapterCapacityError when
         every adapter on the device is in use and the new one does not fit.
@@ -316,7 +327,7 @@ class LLMEngine:
         for victim in plan.adapter_evictions:
             self._drop_device_copy(victim)
         self.runner.adapters[adapter_id] = adapter
-        self.scheduler.on_adapter_loaded(adapter_id)
+        self.scheduler.on_adapter_loaded(adapter_id, load_seconds)
 
     def unload_adapter(self, adapter_id: str) -> None:
         """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""
@@ -361,6 +372,7 @@ class LLMEngine:
         for adapter_id in plan.adapter_evictions:
             self._drop_device_copy(adapter_id)
         for load in plan.adapter_loads:
+            started = time.perf_counter()
             try:
                 adapter = self.prepare_adapter(load.adapter_id, load.host_path or "")
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
@@ -369,7 +381,7 @@ class LLMEngine:
                     self._pending_outputs.append(self._delta(seq, []))
                 continue
             self.runner.adapters[load.adapter_id] = adapter
-            self.scheduler.on_adapter_loaded(load.adapter_id)
+            self.scheduler.on_adapter_loaded(load.adapter_id, time.perf_counter() - started)
 
     def _drop_device_copy(self, adapter_id: str) -> None:
         self.runner.adapters.pop(adapter_id, None)
@@ -377,10 +389,33 @@ class LLMEngine:
 
     # ---- introspection ------------------------------------------------------------------------------
 
+    def _adapter_cache_stats(self) -> dict[str, Any]:
+        """Adapter cache counters: hits/misses at admission, loads (timed: copies planned by the core),
+        evictions, prefetches, and how the page pool is split between KV, adapters and free pages."""
+        residency, scheduler = self.residency, self.scheduler
+        num_timed = residency.num_timed_loads
+        return {
+            "adapter_eviction_policy": residency.policy.name,
+            "num_adapter_hits": scheduler.num_adapter_hits,
+            "num_adapter_misses": scheduler.num_adapter_misses,
+            "num_adapter_loads": residency.num_loads,
+            "num_adapter_evictions": residency.num_evictions,
+            "num_adapter_prefetches": scheduler.num_adapter_prefetches,
+            "num_timed_adapter_loads": num_timed,
+            "adapter_load_seconds_total": residency.load_seconds_total,
+            "adapter_load_seconds_mean": residency.load_seconds_total / num_timed if num_timed else 0.0,
+            "num_kv_pages_used": self.pool.num_kv_pages,
+            "num_adapter_pages": self.pool.num_adapter_pages,
+            "num_free_pool_pages": self.pool.num_free_pages,
+            "num_device_adapters": len(residency.device_adapters()),
+            "num_host_adapters": residency.num_host_adapters(),
+        }
+
     def stats(self) -> dict[str, Any]:
-        """Counts, KV usage and step timings (plain JSON-able values)."""
+        """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values)."""
         c = self.counters
         return {
+            **self._adapter_cache_stats(),
             "num_waiting": len(self.scheduler.waiting),
             "num_running": len(self.scheduler.running),
             "num_finished": c.num_finished,
@@ -396,13 +431,9 @@ class LLMEngine:
             "num_kv_blocks": self.pool.num_blocks,
             "num_free_kv_blocks": self.pool.num_free_blocks,
             "num_pool_pages": self.pool.num_pages,
-            "num_free_pool_pages": self.pool.num_free_pages,
-            "num_adapter_pages": self.pool.num_adapter_pages,
             "num_loaded_adapters": len(self.runner.adapters),
             "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
             "device_adapters": self.residency.device_adapters(),
-            "num_adapter_loads": self.residency.num_loads,
-            "num_adapter_evictions": self.residency.num_evictions,
             "num_lora_stack_builds": self.runner.num_lora_stack_builds,
             "lora_stack_bytes": self.runner.lora_stack_bytes(),
             "max_model_len": self.max_model_len,
