@@ -76,3 +76,29 @@ def test_loading_when_every_device_adapter_is_in_use_is_refused(
     engine.abort("holds")
     engine.load_adapter(other, adapter_dirs[other])
     assert engine.device_adapters() == [other]
+
+
+@pytest.mark.parametrize("policy", ["lru", "chameleon", "fastlibra"])
+def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_do_not_change(
+    policy: str, make_engine: Any, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
+) -> None:
+    engine = make_engine(max_loaded_adapters=2, max_num_seqs=1, adapter_eviction_policy=policy)
+    resident = engine.device_adapters()
+    cold = next(n for n in sorted(adapter_dirs) if n not in resident)
+    engine.add_request("warm", prompt_ids[0], GREEDY, resident[-1])
+    engine.add_request("cold", prompt_ids[1], GREEDY, cold)
+    engine.step()  # "warm" runs; "cold" waits and its adapter is prefetched (evicting the idle adapter)
+    assert engine.adapter_residency(cold) == "device" and engine.adapter_residency(resident[0]) == "host"
+    tokens: dict[str, list[int]] = {"warm": [], "cold": []}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    [want] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=[cold])
+    assert tokens["cold"] == want.token_ids
+    stats = engine.stats()
+    assert stats["adapter_eviction_policy"] == policy
+    assert (stats["num_adapter_hits"], stats["num_adapter_misses"], stats["num_adapter_prefetches"]) == (2, 0, 1)
+    assert stats["num_timed_adapter_loads"] == stats["num_adapter_loads"] > 0 and stats["adapter_load_seconds_total"] > 0
+    assert stats["num_device_adapters"] == 2 and stats["num_host_adapters"] == len(adapter_dirs) - 2
+    assert stats["num_kv_pages_used"] == 0
+    assert stats["num_adapter_pages"] + stats["num_free_pool_pages"] == stats["num_pool_pages"]
