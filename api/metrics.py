@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.membership import WorkerRecord
@@ -26,7 +26,8 @@ class WorkerCollector(Collector):
         self._list_workers = list_workers
 
     def collect(self):  # type: ignore[no-untyped-def]
-        """Yield queue depth, running requests, residency and cache counters per worker."""
+        """Yield queue depth, running requests, residency, host and device adapter cache counters, adapter load
+        time and the page pool split per worker."""
         running = GaugeMetricFamily("lorahost_worker_running_requests", "Requests running", labels=["worker"])
         waiting = GaugeMetricFamily("lorahost_worker_queue_depth", "Requests waiting", labels=["worker"])
         resident = GaugeMetricFamily(
@@ -35,6 +36,21 @@ class WorkerCollector(Collector):
         hits = CounterMetricFamily("lorahost_worker_adapter_cache_hits", "Adapter cache hits", labels=["worker"])
         misses = CounterMetricFamily("lorahost_worker_adapter_cache_misses", "Adapter cache misses", labels=["worker"])
         loads = CounterMetricFamily("lorahost_worker_adapter_loads", "Adapter loads", labels=["worker"])
+        device_cache = {
+            name: CounterMetricFamily(f"lorahost_worker_adapter_device_{name}", text, labels=["worker"])
+            for name, text in (
+                ("hits", "Admissions whose adapter was already on the device"),
+                ("misses", "Admissions that had to load their adapter to the device"),
+                ("evictions", "Adapters evicted from the device"),
+                ("prefetches", "Adapter loads planned for queued requests before admission"),
+            )
+        }
+        load_seconds = SummaryMetricFamily(
+            "lorahost_worker_adapter_load_seconds", "Host-to-device adapter load time", labels=["worker"]
+        )
+        pool_pages = GaugeMetricFamily(
+            "lorahost_worker_pool_pages", "Device page pool pages by use (kv, adapter, free)", labels=["worker", "use"]
+        )
         for w in self._list_workers():
             running.add_metric([w.worker_id], w.num_running)
             waiting.add_metric([w.worker_id], w.num_waiting)
@@ -43,7 +59,15 @@ class WorkerCollector(Collector):
             hits.add_metric([w.worker_id], float(w.num_cache_hits))
             misses.add_metric([w.worker_id], float(w.num_cache_misses))
             loads.add_metric([w.worker_id], float(w.num_adapter_loads))
-        yield from (running, waiting, resident, hits, misses, loads)
+            device_cache["hits"].add_metric([w.worker_id], float(w.num_adapter_hits))
+            device_cache["misses"].add_metric([w.worker_id], float(w.num_adapter_misses))
+            device_cache["evictions"].add_metric([w.worker_id], float(w.num_adapter_evictions))
+            device_cache["prefetches"].add_metric([w.worker_id], float(w.num_adapter_prefetches))
+            load_seconds.add_metric([w.worker_id], w.num_timed_adapter_loads, w.adapter_load_seconds_total)
+            pool_pages.add_metric([w.worker_id, "kv"], w.num_kv_pages_used)
+            pool_pages.add_metric([w.worker_id, "adapter"], w.num_adapter_pages)
+            pool_pages.add_metric([w.worker_id, "free"], w.num_free_pool_pages)
+        yield from (running, waiting, resident, hits, misses, loads, *device_cache.values(), load_seconds, pool_pages)
 
 
 class ApiMetrics:

@@ -174,5 +174,16 @@ class WorkerStats(BaseModel):
     num_adapter_loads: int = 0  # copies to the device the engine made (planned or prefetched)
     num_adapter_unloads: int = 0
     num_load_failures: int = 0
+    # engine adapter cache (device tier): hits/misses at admission, evictions, prefetches, timed loads
+    num_adapter_hits: int = 0
+    num_adapter_misses: int = 0
+    num_adapter_evictions: int = 0
+    num_adapter_prefetches: int = 0
+    num_timed_adapter_loads: int = 0
+    adapter_load_seconds_total: float = 0.0
+    # page pool split (KV blocks, adapter pages, free pages)
+    num_kv_pages_used: int = 0
+    num_adapter_pages: int = 0
+    num_free_pool_pages: int = 0
     is_ready: bool = True
     is_draining: bool = False

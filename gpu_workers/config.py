@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.
 DEFAULT_NUM_ADAPTERS_ROOM = 64
@@ -29,7 +31,9 @@ class EngineConfig:
     fewer pages, so more fit). Adapters spill into free KV pages when their share is used up. The pool is
     the only limit on how many adapters are on the device: a request whose adapter does not fit right now
     waits in the engine's queue.
-    `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES).
+    `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES);
+    `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
+    (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
     """
 
     model_path: Path | str
@@ -44,6 +48,7 @@ class EngineConfig:
     max_lora_rank: int = 256
     adapter_cache_bytes: int | None = None
     batch_policy: str = "fifo"
+    adapter_eviction_policy: str = DEFAULT_EVICTION_POLICY
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
@@ -62,6 +67,11 @@ class EngineConfig:
             raise ValueError(f"lora_stack_cache_size must be >= 0, got {self.lora_stack_cache_size}")
         if self.adapter_cache_bytes is not None and self.adapter_cache_bytes <= 0:
             raise ValueError(f"adapter_cache_bytes must be positive, got {self.adapter_cache_bytes}")
+        if self.adapter_eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"adapter_eviction_policy must be one of {sorted(EVICTION_POLICIES)}, "
+                f"got {self.adapter_eviction_policy!r}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

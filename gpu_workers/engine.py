@@ -39,6 +39,7 @@ from scheduler.core.page_pool import PagePool
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
+from scheduler.eviction import make_eviction_policy
 
 
 @dataclass
@@ -69,7 +70,11 @@ class LLMEngine:
         num_kv_pages = self.runner.num_kv_blocks
         self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
         self.block_manager = self.pool  # the KV view of the pool (num_blocks, num_free_blocks, allocate, free)
-        self.residency = AdapterResidency(self.pool, self.runner.kv_bytes_per_block())
+        self.residency = AdapterResidency(
+            self.pool,
+            self.runner.kv_bytes_per_block(),
+            policy=make_eviction_policy(config.adapter_eviction_policy),
+        )
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
@@ -312,14 +317,25 @@ class LLMEngine:
         info = self.runner.validate_adapter(Path(path))
         return self.runner.load_adapter(adapter_id, Path(path), info)
 
-    def install_adapter(self, adapter: LoraAdapter, path: Path | str | None = None) -> None:
+    def install_adapter(
+        self, adapter: LoraAdapter, path: Path | str | None = None, load_seconds: float | None = None
+    ) -> None:
         """Put an adapter whose tensors the caller built on the device, through the core's plan (idle
-        adapters may be evicted); same errors as load_adapter."""
+        adapters may be evicted); same errors as load_adapter. `load_seconds`: how long building it took
+        (the reload cost the eviction policy weighs)."""
         host_path = str(path) if path is not None else None
-        self._make_room_and_place(adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, lambda: adapter)
+        self._make_room_and_place(
+            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, lambda: adapter, load_seconds
+        )
 
     def _make_room_and_place(
-        self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int, build: Callable[[], LoraAdapter]
+        self,
+        adapter_id: str,
+        host_path: str | None,
+        rank: int,
+        num_bytes: int,
+        build: Callable[[], LoraAdapter],
+        load_seconds: float | None = None,
     ) -> None:
         """Register, plan the load (pool first), drop the victims' copies, then build and place the tensors."""
         if adapter_id in self.runner.adapters:
@@ -340,14 +356,17 @@ class LLMEngine:
             )
         for victim in plan.adapter_evictions:
             self._drop_device_copy(victim)
+        started = time.perf_counter()
         try:
             adapter = build()
         except Exception as exc:
             self.scheduler.on_adapter_load_failed(adapter_id)
             self.counters.num_adapter_load_failures += 1
             raise AdapterLoadError(f"adapter {adapter_id!r} could not be put on the device: {exc}") from exc
+        if load_seconds is None:
+            load_seconds = time.perf_counter() - started
         self.runner.adapters[adapter_id] = adapter
-        self.scheduler.on_adapter_loaded(adapter_id)
+        self.scheduler.on_adapter_loaded(adapter_id, load_seconds)
 
     def unload_adapter(self, adapter_id: str) -> None:
         """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""
@@ -392,6 +411,7 @@ class LLMEngine:
         for adapter_id in plan.adapter_evictions:
             self._drop_device_copy(adapter_id)
         for load in plan.adapter_loads:
+            started = time.perf_counter()
             try:
                 adapter = self.prepare_adapter(load.adapter_id, load.host_path or "")
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
@@ -405,7 +425,7 @@ class LLMEngine:
                     self._pending_outputs.append(self._delta(seq, []))
                 continue
             self.runner.adapters[load.adapter_id] = adapter
-            self.scheduler.on_adapter_loaded(load.adapter_id)
+            self.scheduler.on_adapter_loaded(load.adapter_id, time.perf_counter() - started)
 
     def _drop_device_copy(self, adapter_id: str) -> None:
         self.runner.adapters.pop(adapter_id, None)
@@ -413,10 +433,33 @@ class LLMEngine:
 
     # ---- introspection ------------------------------------------------------------------------------
 
+    def _adapter_cache_stats(self) -> dict[str, Any]:
+        """Adapter cache counters: hits/misses at admission, loads (timed: copies planned by the core),
+        evictions, prefetches, and how the page pool is split between KV, adapters and free pages."""
+        residency, scheduler = self.residency, self.scheduler
+        num_timed = residency.num_timed_loads
+        return {
+            "adapter_eviction_policy": residency.policy.name,
+            "num_adapter_hits": scheduler.num_adapter_hits,
+            "num_adapter_misses": scheduler.num_adapter_misses,
+            "num_adapter_loads": residency.num_loads,
+            "num_adapter_evictions": residency.num_evictions,
+            "num_adapter_prefetches": scheduler.num_adapter_prefetches,
+            "num_timed_adapter_loads": num_timed,
+            "adapter_load_seconds_total": residency.load_seconds_total,
+            "adapter_load_seconds_mean": residency.load_seconds_total / num_timed if num_timed else 0.0,
+            "num_kv_pages_used": self.pool.num_kv_pages,
+            "num_adapter_pages": self.pool.num_adapter_pages,
+            "num_free_pool_pages": self.pool.num_free_pages,
+            "num_device_adapters": len(residency.device_adapters()),
+            "num_host_adapters": residency.num_host_adapters(),
+        }
+
     def stats(self) -> dict[str, Any]:
-        """Counts, KV usage and step timings (plain JSON-able values)."""
+        """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values)."""
         c = self.counters
         return {
+            **self._adapter_cache_stats(),
             "num_waiting": len(self.scheduler.waiting),
             "num_running": len(self.scheduler.running),
             "num_finished": c.num_finished,
@@ -432,13 +475,9 @@ class LLMEngine:
             "num_kv_blocks": self.pool.num_blocks,
             "num_free_kv_blocks": self.pool.num_free_blocks,
             "num_pool_pages": self.pool.num_pages,
-            "num_free_pool_pages": self.pool.num_free_pages,
-            "num_adapter_pages": self.pool.num_adapter_pages,
             "num_loaded_adapters": len(self.runner.adapters),
             "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
             "device_adapters": self.residency.device_adapters(),
-            "num_adapter_loads": self.residency.num_loads,
-            "num_adapter_evictions": self.residency.num_evictions,
             "num_adapter_load_failures": self.counters.num_adapter_load_failures,
             "num_lora_stack_builds": self.runner.num_lora_stack_builds,
             "lora_stack_bytes": self.runner.lora_stack_bytes(),

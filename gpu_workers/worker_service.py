@@ -377,6 +377,7 @@ class WorkerService:
             num_adapter_loads=int(engine_stats.get("num_adapter_loads", 0)),  # copies the engine made
             num_adapter_unloads=counters.num_adapter_unloads,
             num_load_failures=counters.num_load_failures + int(engine_stats.get("num_adapter_load_failures", 0)),
+            **engine_adapter_cache_stats(engine_stats),
             is_ready=self.is_ready and not self.is_draining,
             is_draining=self.is_draining,
         )
@@ -384,6 +385,25 @@ class WorkerService:
     def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
         """The membership record advertised in heartbeats: these stats plus the worker's URL."""
         return WorkerRecord.from_stats(self.stats(engine_stats), url)
+
+
+_ENGINE_CACHE_COUNTERS = (
+    "num_adapter_hits",
+    "num_adapter_misses",
+    "num_adapter_evictions",
+    "num_adapter_prefetches",
+    "num_timed_adapter_loads",
+    "num_kv_pages_used",
+    "num_adapter_pages",
+    "num_free_pool_pages",
+)
+
+
+def engine_adapter_cache_stats(engine_stats: dict[str, Any]) -> dict[str, Any]:
+    """The engine's adapter cache counters and page split, as WorkerStats fields (0 when a backend lacks one)."""
+    values: dict[str, Any] = {name: int(engine_stats.get(name, 0)) for name in _ENGINE_CACHE_COUNTERS}
+    values["adapter_load_seconds_total"] = float(engine_stats.get("adapter_load_seconds_total", 0.0))
+    return values
 
 
 def adapter_files(ref: AdapterRef) -> AdapterFiles:

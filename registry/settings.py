@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
@@ -184,12 +185,28 @@ class Settings(BaseSettings):
         "many adapters are on the device; requests wait for room); default: room for 64 adapters of max_rank",
     )
     engine_batch_policy: str = Field(default="fifo", description="Admission order of waiting requests: fifo")
+    adapter_eviction_policy: str = Field(
+        default=DEFAULT_EVICTION_POLICY,
+        description="Worker: which idle device adapter is evicted first when a step needs pages, one of "
+        f"{sorted(EVICTION_POLICIES)} (scheduler/eviction.py: least recently used; Chameleon's "
+        "frequency/recency/size score; FastLibra's reload cost x reuse probability x recency decay)",
+    )
 
     @field_validator("router_policy")
     @classmethod
     def _check_router_policy(cls, value: str) -> str:
         if value not in ROUTER_POLICIES:
             raise ValueError(f"unknown router policy {value!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}")
+        return value
+
+    @field_validator("adapter_eviction_policy")
+    @classmethod
+    def _check_adapter_eviction_policy(cls, value: str) -> str:
+        if value not in EVICTION_POLICIES:
+            raise ValueError(
+                f"unknown adapter eviction policy {value!r}: set LORAHOST_ADAPTER_EVICTION_POLICY to one of "
+                f"{', '.join(sorted(EVICTION_POLICIES))}"
+            )
         return value
 
     @model_validator(mode="after")

@@ -5,10 +5,11 @@ Modules:
 - sampling.py: `SamplingParams` (per-request sampling, plain data).
 - sequence.py: `Sequence` and `SequenceStatus` (one request's state), `BatchEntry` (its share of a step).
 - page_pool.py: `PagePool`, one integer-only pool of device pages for KV blocks and adapter weights.
-- adapter_residency.py: `AdapterResidency` (none/host/copying/device, pins, LRU) over the pool.
+- adapter_residency.py: `AdapterResidency` (none/host/copying/device, pins, access statistics) over the pool;
+  eviction order from an `EvictionPolicy` (scheduler/eviction.py: lru, chameleon, fastlibra).
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
-  (scheduler/batch_policy.py).
+  (scheduler/batch_policy.py), then prefetch of waiting requests' adapters.
 
 Imports: nothing of ours outside `scheduler`, and no torch/numpy/safetensors/DB/HTTP (import-linter).
 """

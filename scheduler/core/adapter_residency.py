@@ -7,19 +7,37 @@ has a host copy (`host_path`, fetched and verified by the worker) and a state:
 
 Pins: `num_running` counts running sequences (never evicted), `num_waiting` counts waiting sequences and
 external leases (a worker request between admission and entering the engine, a prefetch): evicted only when
-a request ahead of them needs the room. Idle adapters (no pin) are evicted least recently used first.
+memory forces it. Idle adapters (no pin) are the adapter cache: they stay on the device while pages are
+free and go first when pages are needed, in the order of an `EvictionPolicy` (scheduler/eviction.py: lru,
+chameleon, fastlibra); the waiting-only class comes after them, in the same policy's order.
 Device bytes come from the one page pool (`PagePool.reserve`), which alone decides how many adapters fit
-(no count cap). The LRU order is where a cost-aware `EvictionPolicy` plugs in ([Adapter memory] issue):
-`eviction_order`.
+(no count cap).
+
+Access statistics for the policies, on an injected clock (`time.monotonic` by default; tests and the
+digital twin drive their own): an access is a request for the adapter arriving (`record_access`); the last
+use is the latest access, pin or load; load seconds are measured by the engine (`mark_loaded`) or
+estimated from bytes over the link bandwidth.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from scheduler.core.page_pool import PagePool, num_pages_for_adapter
+from scheduler.eviction import (
+    ACCESS_WINDOW_S,
+    BATCH_SIZE_WINDOW_S,
+    DEFAULT_LINK_BYTES_PER_S,
+    CacheView,
+    EvictionCandidate,
+    EvictionPolicy,
+    LruPolicy,
+    estimated_load_seconds,
+)
 
 
 class Residency(Enum):
@@ -43,6 +61,8 @@ class AdapterState:
     page_ids: list[int] = field(default_factory=list)
     num_running: int = 0
     num_waiting: int = 0
+    last_use: float = 0.0  # clock seconds of the last access, pin or load
+    load_seconds: float | None = None  # measured host-to-device load time (None until one is measured)
 
     @property
     def is_pinned(self) -> bool:
@@ -53,16 +73,39 @@ class AdapterState:
 class AdapterResidency:
     """Registry of adapters with their residency, pages and pins; plans loads and evictions."""
 
-    def __init__(self, pool: PagePool, page_bytes: int) -> None:
+    def __init__(
+        self,
+        pool: PagePool,
+        page_bytes: int,
+        *,
+        policy: EvictionPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S,
+        access_window_s: float = ACCESS_WINDOW_S,
+    ) -> None:
         if page_bytes <= 0:
             raise ValueError("page_bytes must be positive")
+        if link_bytes_per_s <= 0 or access_window_s <= 0:
+            raise ValueError("link_bytes_per_s and access_window_s must be positive")
         self.pool = pool
         self.page_bytes = page_bytes
+        self.policy: EvictionPolicy = policy if policy is not None else LruPolicy()
+        self.clock = clock
+        self.link_bytes_per_s = link_bytes_per_s
+        self.access_window_s = access_window_s
         self._states: dict[str, AdapterState] = {}
         # Device-side adapters (COPYING or DEVICE), least recently used first.
         self._on_device: OrderedDict[str, None] = OrderedDict()
+        # Accesses within the window, oldest first, and their count per adapter.
+        self._accesses: deque[tuple[float, str]] = deque()
+        self._num_accesses: Counter[str] = Counter()
+        # Sequences per step over the last BATCH_SIZE_WINDOW_S: (time, count), oldest first, and their sum.
+        self._batch_sizes: deque[tuple[float, int]] = deque()
+        self._batch_size_sum = 0
         self.num_loads = 0
         self.num_evictions = 0
+        self.num_timed_loads = 0
+        self.load_seconds_total = 0.0
 
     # ---- registry -----------------------------------------------------------------------------------
 
@@ -70,9 +113,11 @@ class AdapterResidency:
         """Record (or update) an adapter's host copy; a device-resident adapter keeps its residency."""
         state = self._states.get(adapter_id)
         if state is None:
-            state = AdapterState(adapter_id, host_path, rank, num_bytes)
+            state = AdapterState(adapter_id, host_path, rank, num_bytes, last_use=self.clock())
             self._states[adapter_id] = state
         elif state.residency is Residency.NONE or state.residency is Residency.HOST:
+            if (rank, num_bytes) != (state.rank, state.num_bytes):
+                state.load_seconds = None  # new weights: the measured load time no longer applies
             state.host_path, state.rank, state.num_bytes = host_path, rank, num_bytes
             state.residency = Residency.HOST
         return state
@@ -94,10 +139,74 @@ class AdapterResidency:
         """Bytes of the adapters on the device (or being copied)."""
         return sum(self._states[a].num_bytes for a in self._on_device)
 
+    def num_host_adapters(self) -> int:
+        """Registered adapters whose only copy is on the host."""
+        return sum(1 for s in self._states.values() if s.residency is Residency.HOST)
+
     def touch(self, adapter_id: str) -> None:
         """Mark as most recently used."""
+        state = self._states.get(adapter_id)
+        if state is not None:
+            state.last_use = self.clock()
         if adapter_id in self._on_device:
             self._on_device.move_to_end(adapter_id)
+
+    # ---- access statistics --------------------------------------------------------------------------
+
+    def record_access(self, adapter_id: str) -> None:
+        """A request for the adapter arrived: counts toward its frequency and marks it used."""
+        now = self.clock()
+        self._accesses.append((now, adapter_id))
+        self._num_accesses[adapter_id] += 1
+        self.touch(adapter_id)
+
+    def num_recent_accesses(self, adapter_id: str) -> int:
+        """Accesses to the adapter within the access window."""
+        self._forget_old_accesses(self.clock())
+        return self._num_accesses[adapter_id]
+
+    def record_batch_size(self, num_seqs: int) -> None:
+        """One step ran `num_seqs` sequences (FastLibra's recent batch size)."""
+        now = self.clock()
+        self._batch_sizes.append((now, num_seqs))
+        self._batch_size_sum += num_seqs
+        while self._batch_sizes and self._batch_sizes[0][0] < now - BATCH_SIZE_WINDOW_S:
+            self._batch_size_sum -= self._batch_sizes.popleft()[1]
+
+    def _forget_old_accesses(self, now: float) -> None:
+        while self._accesses and self._accesses[0][0] < now - self.access_window_s:
+            _, adapter_id = self._accesses.popleft()
+            self._num_accesses[adapter_id] -= 1
+            if not self._num_accesses[adapter_id]:
+                del self._num_accesses[adapter_id]
+
+    def cache_view(self) -> CacheView:
+        """What the eviction policy sees of the whole cache now."""
+        now = self.clock()
+        self._forget_old_accesses(now)
+        num_accesses = len(self._accesses)
+        shares = tuple(n / num_accesses for n in self._num_accesses.values()) if num_accesses else ()
+        batch_size = self._batch_size_sum / len(self._batch_sizes) if self._batch_sizes else 1.0
+        return CacheView(now, len(self._on_device), num_accesses, shares, batch_size)
+
+    def load_seconds_of(self, state: AdapterState) -> float:
+        """The adapter's reload cost: measured when it was loaded before, else bytes / link bandwidth."""
+        if state.load_seconds is not None:
+            return state.load_seconds
+        return estimated_load_seconds(state.num_bytes, self.link_bytes_per_s)
+
+    def candidate(self, state: AdapterState) -> EvictionCandidate:
+        """The policy's view of one adapter."""
+        return EvictionCandidate(
+            adapter_id=state.adapter_id,
+            num_bytes=state.num_bytes,
+            num_pages=len(state.page_ids) or self.num_pages_for(state),
+            rank=state.rank,
+            num_recent_accesses=self._num_accesses[state.adapter_id],
+            last_use=state.last_use,
+            load_seconds=self.load_seconds_of(state),
+            is_waiting=state.num_waiting > 0,
+        )
 
     # ---- pins ---------------------------------------------------------------------------------------
 
@@ -126,18 +235,20 @@ class AdapterResidency:
         """Pages the adapter takes on the device."""
         return num_pages_for_adapter(state.rank, state.num_bytes, self.page_bytes)
 
-    def plan_load(self, adapter_id: str, may_evict_waiting: bool) -> list[str] | None:
+    def plan_load(self, adapter_id: str, may_evict_waiting: bool, min_free_kv_blocks: int = 0) -> list[str] | None:
         """Reserve room for a host adapter and mark it COPYING; returns the adapters evicted to make room.
 
-        Idle adapters go first (LRU), then, when `may_evict_waiting`, adapters only waiting requests use.
-        None (and nothing changed) when it cannot fit; an adapter already on the device returns [].
+        Idle adapters go first (in the policy's order), then, when `may_evict_waiting`, adapters only
+        waiting requests use. `min_free_kv_blocks`: KV pages that must stay free afterwards (a prefetch
+        leaves room for the running sequences). None (and nothing changed) when it cannot fit; an adapter
+        already on the device returns [].
         """
         state = self._states[adapter_id]
         if state.residency in (Residency.COPYING, Residency.DEVICE):
             self.touch(adapter_id)
             return []
         num_pages = self.num_pages_for(state)
-        victims = self._victims_for(num_pages, may_evict_waiting)
+        victims = self._victims_for(num_pages, may_evict_waiting, min_free_kv_blocks)
         if victims is None:
             return None
         for victim in victims:
@@ -146,32 +257,55 @@ class AdapterResidency:
         assert page_ids is not None, "victims were chosen so that the pages fit"
         state.page_ids, state.residency = page_ids, Residency.COPYING
         self._on_device[adapter_id] = None
+        self.touch(adapter_id)
         return victims
 
-    def _victims_for(self, num_pages: int, may_evict_waiting: bool) -> list[str] | None:
-        """Fewest evictions (in eviction order) after which `num_pages` fit in the pool."""
-        num_free = self.pool.num_free_pages
+    def _victims_for(self, num_pages: int, may_evict_waiting: bool, min_free_kv_blocks: int) -> list[str] | None:
+        """Fewest evictions (in eviction order) after which `num_pages` fit while
+        `min_free_kv_blocks` KV pages stay free."""
+        num_free_kv = self.pool.num_free_blocks
+        num_free_other = self.pool.num_free_pages - num_free_kv  # adapter-only pages
+
+        def fits() -> bool:
+            # reserve() takes adapter-only pages first and spills the rest into KV-addressable pages.
+            num_spilled = max(0, num_pages - num_free_other)
+            return num_free_other + num_free_kv >= num_pages and (
+                num_free_kv - num_spilled >= min_free_kv_blocks
+            )
+
+        if fits():
+            return []
         victims: list[str] = []
         for adapter_id in self.eviction_order(may_evict_waiting):
-            if num_free >= num_pages:
-                break
+            page_ids = self._states[adapter_id].page_ids
             victims.append(adapter_id)
-            num_free += len(self._states[adapter_id].page_ids)
-        return victims if num_free >= num_pages else None
+            num_in_kv = self.pool.num_kv_addressable(page_ids)
+            num_free_kv += num_in_kv
+            num_free_other += len(page_ids) - num_in_kv
+            if fits():
+                return victims
+        return None
 
     def eviction_order(self, may_evict_waiting: bool) -> list[str]:
-        """Evictable device adapters, first to go first: idle by LRU, then waiting-only by LRU.
+        """Evictable device adapters, first to go first: idle ones in the policy's order, then (when
+        `may_evict_waiting`) waiting-only ones in the policy's order.
 
-        Never an adapter of a running request, nor one still COPYING. A cost-aware policy (Chameleon's
-        frequency/recency/size score, FastLibra's Eval) replaces this order in the [Adapter memory] issue.
+        Never an adapter of a running request, nor one still COPYING.
         """
-        device = [self._states[a] for a in self._on_device]
+        device = [self._states[a] for a in self._on_device]  # least recently used first
         done = [s for s in device if s.residency is Residency.DEVICE and s.num_running == 0]
-        idle = [s.adapter_id for s in done if s.num_waiting == 0]
+        idle = [s for s in done if s.num_waiting == 0]
         # Without a host copy an evicted adapter could not come back for the requests waiting on it.
-        has_host = [s for s in done if s.num_waiting > 0 and s.host_path is not None]
-        waiting = [s.adapter_id for s in has_host] if may_evict_waiting else []
-        return idle + waiting
+        waiting = [s for s in done if s.num_waiting > 0 and s.host_path is not None] if may_evict_waiting else []
+        if not idle and not waiting:
+            return []
+        view = self.cache_view()
+        return self._ordered(idle, view) + self._ordered(waiting, view)
+
+    def _ordered(self, states: list[AdapterState], view: CacheView) -> list[str]:
+        if len(states) <= 1:
+            return [s.adapter_id for s in states]
+        return self.policy.order([self.candidate(s) for s in states], view)
 
     def evict_for_kv(self, num_blocks: int, keep: str | None = None) -> list[str]:
         """Evict adapters holding KV-addressable pages (idle first, then waiting-only; never `keep`) until
@@ -204,10 +338,15 @@ class AdapterResidency:
 
     # ---- carrying out ---------------------------------------------------------------------------------
 
-    def mark_loaded(self, adapter_id: str) -> None:
-        """The engine finished copying the adapter to the device."""
-        self._states[adapter_id].residency = Residency.DEVICE
+    def mark_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
+        """The engine finished copying the adapter to the device (in `load_seconds`, when it measured)."""
+        state = self._states[adapter_id]
+        state.residency = Residency.DEVICE
         self.num_loads += 1
+        if load_seconds is not None:
+            state.load_seconds = load_seconds
+            self.num_timed_loads += 1
+            self.load_seconds_total += load_seconds
 
     def cancel_load(self, adapter_id: str) -> None:
         """A planned copy failed: release its pages; the adapter stays on the host."""

@@ -5,8 +5,9 @@ running sequence needs a KV page and none is free, adapters holding KV-addressab
 request uses are evicted, then the youngest running sequence is preempted (pages freed, recomputed later). Then waiting requests are
 admitted in the order a `BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and
 pages last; a request whose adapter is only on the host gets an adapter load planned before its first step
-(evicting idle adapters, then adapters only waiting requests use). A request that does not fit waits.
-`schedule()` returns a plain `StepPlan`; the engine carries it out.
+(evicting idle adapters, then adapters only waiting requests use, each class in the residency's eviction
+policy order). A request that does not fit waits. Then adapters of waiting requests are prefetched (see
+`_prefetch`). `schedule()` returns a plain `StepPlan`; the engine carries it out.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class BatchScheduler:
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
+        self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or already copying)
+        self.num_adapter_misses = 0  # admissions that planned their adapter's load
+        self.num_adapter_prefetches = 0  # loads planned for waiting requests before their admission
 
     # ---- queue management ---------------------------------------------------------------------------
 
@@ -44,6 +49,7 @@ class BatchScheduler:
         """Queue a new sequence; its adapter (if any) must be registered with the residency."""
         if seq.adapter_id is not None:
             self.residency.pin(seq.adapter_id)
+            self.residency.record_access(seq.adapter_id)
         self.waiting[seq.request_id] = seq
 
     def has_unfinished(self) -> bool:
@@ -95,8 +101,11 @@ class BatchScheduler:
                 continue
             plan.entries.append(BatchEntry(seq, num_new))
             budget -= num_new
-        if not is_preempted:
-            self._admit_waiting(plan, budget)
+        is_memory_short = is_preempted or self._admit_waiting(plan, budget)
+        if not is_memory_short:
+            self._prefetch(plan)
+        if plan.entries:
+            self.residency.record_batch_size(len(plan.entries))
         plan.entries.sort(key=lambda e: e.seq.adapter_id or "")
         return plan
 
@@ -135,10 +144,12 @@ class BatchScheduler:
             self.residency.pin(seq.adapter_id)
         self.waiting = {seq.request_id: seq, **self.waiting}
 
-    def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
-        """Admit waiting sequences in policy order while sequences, tokens, adapter room and pages last."""
+    def _admit_waiting(self, plan: StepPlan, budget: int) -> bool:
+        """Admit waiting sequences in policy order while sequences, tokens, adapter room and pages last;
+        True when a request was left waiting for lack of pages (adapter or KV)."""
+        self._admission_order = []
         if not self.waiting or budget == 0 or len(self.running) >= self.max_num_seqs:
-            return
+            return False
         admission = self.policy.plan(
             [self.describe(s) for s in self.waiting.values()],
             BatchBudget(
@@ -148,18 +159,59 @@ class BatchScheduler:
                 block_size=self.pool.block_size,
             ),
         )
+        self._admission_order = list(admission.request_ids)
+        is_memory_short = False
         for request_id in admission.request_ids:
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
             seq = self.waiting[request_id]
             num_new = min(seq.num_uncomputed_tokens, budget)
+            is_hit = self._is_adapter_resident(seq)
             if not self._plan_adapter(seq, plan) or not self._append_slots(seq, num_new, plan):
+                is_memory_short = True
                 if admission.is_head_of_line_blocking:
                     break
                 continue
             self._admit(seq)
+            self._count_adapter_access(seq, is_hit)
             plan.entries.append(BatchEntry(seq, num_new))
             budget -= num_new
+        return is_memory_short
+
+    def _is_adapter_resident(self, seq: Sequence) -> bool:
+        """True when seq's adapter needs no new load (on the device, or its copy already planned)."""
+        residency = self.residency.residency(seq.adapter_id) if seq.adapter_id is not None else None
+        return residency in (Residency.DEVICE, Residency.COPYING)
+
+    def _count_adapter_access(self, seq: Sequence, is_hit: bool) -> None:
+        if seq.adapter_id is None:
+            return
+        if is_hit:
+            self.num_adapter_hits += 1
+        else:
+            self.num_adapter_misses += 1
+
+    def _prefetch(self, plan: StepPlan) -> None:
+        """Plan loads for the adapters of waiting requests, in the batch policy's order, before admission.
+
+        The order is this step's admission order (the queue order when the policy was not asked). Looks at the first `max_num_seqs` waiting requests (those the next steps can admit). A prefetch
+        evicts idle adapters only (in the eviction policy's order: a queued request's known next use
+        outranks an idle adapter's possible reuse), never one that a running or waiting request uses, and
+        leaves one free KV page per running sequence (its next decode block). Skipped in a step that was
+        short of pages (a preemption, or a request left waiting for pages): the cache grows only while
+        memory is idle, so a prefetch is not evicted again right away.
+        """
+        waiting_ids = [rid for rid in self._admission_order if rid in self.waiting]
+        if not waiting_ids:  # the policy was not asked this step (no free sequence or token): queue order
+            waiting_ids = list(self.waiting)
+        for request_id in waiting_ids[: self.max_num_seqs]:
+            adapter_id = self.waiting[request_id].adapter_id
+            if adapter_id is None or self.residency.residency(adapter_id) is not Residency.HOST:
+                continue
+            if self.plan_adapter_load(
+                adapter_id, may_evict_waiting=False, plan=plan, min_free_kv_blocks=len(self.running)
+            ):
+                self.num_adapter_prefetches += 1
 
     def _admit(self, seq: Sequence) -> None:
         del self.waiting[seq.request_id]
@@ -180,17 +232,20 @@ class BatchScheduler:
             return True
         return self.plan_adapter_load(seq.adapter_id, may_evict_waiting=True, plan=plan)
 
-    def plan_adapter_load(self, adapter_id: str, may_evict_waiting: bool, plan: StepPlan) -> bool:
+    def plan_adapter_load(
+        self, adapter_id: str, may_evict_waiting: bool, plan: StepPlan, min_free_kv_blocks: int = 0
+    ) -> bool:
         """Add the evictions and the load that put a registered adapter on the device to `plan`.
 
         True when it is (or will be) on the device; False when there is no room (nothing changes). Also
         used outside `schedule()` for an explicit load (a worker's prefetch), with may_evict_waiting False.
+        `min_free_kv_blocks`: KV pages that must stay free after the load.
         """
         residency = self.residency.residency(adapter_id)
         if residency is Residency.NONE:
             return False
         state = self.residency.get(adapter_id)
-        victims = self.residency.plan_load(adapter_id, may_evict_waiting)
+        victims = self.residency.plan_load(adapter_id, may_evict_waiting, min_free_kv_blocks)
         if victims is None:
             return False
         plan.adapter_evictions.extend(victims)
@@ -198,9 +253,9 @@ class BatchScheduler:
             plan.adapter_loads.append(AdapterLoad(adapter_id, state.host_path if state else None))
         return True
 
-    def on_adapter_loaded(self, adapter_id: str) -> None:
-        """The engine finished a planned load."""
-        self.residency.mark_loaded(adapter_id)
+    def on_adapter_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
+        """The engine finished a planned load (in `load_seconds`, when it measured)."""
+        self.residency.mark_loaded(adapter_id, load_seconds)
 
     def on_adapter_load_failed(self, adapter_id: str) -> list[Sequence]:
         """A planned load failed: release its pages; returns the unfinished sequences using it."""

@@ -34,6 +34,22 @@ def test_worker_gauges_come_from_live_worker_records() -> None:
     assert samples[("lorahost_worker_adapter_cache_hits_total", (("worker", "w1"),))] == 7
 
 
+def test_worker_device_adapter_cache_counters_load_time_and_page_split_are_exported() -> None:
+    record = WorkerRecord("w1", "http://x", "base", num_adapter_hits=9, num_adapter_misses=2, num_adapter_evictions=4,
+                          num_adapter_prefetches=3, num_timed_adapter_loads=5, adapter_load_seconds_total=0.5,
+                          num_kv_pages_used=10, num_adapter_pages=6, num_free_pool_pages=20)
+    samples = _samples(ApiMetrics(lambda: [record]).render())
+    worker = (("worker", "w1"),)
+    assert samples[("lorahost_worker_adapter_device_hits_total", worker)] == 9
+    assert samples[("lorahost_worker_adapter_device_misses_total", worker)] == 2
+    assert samples[("lorahost_worker_adapter_device_evictions_total", worker)] == 4
+    assert samples[("lorahost_worker_adapter_device_prefetches_total", worker)] == 3
+    assert samples[("lorahost_worker_adapter_load_seconds_count", worker)] == 5
+    assert samples[("lorahost_worker_adapter_load_seconds_sum", worker)] == 0.5
+    for use, value in (("kv", 10), ("adapter", 6), ("free", 20)):
+        assert samples[("lorahost_worker_pool_pages", (("use", use), ("worker", "w1")))] == value
+
+
 # ---- /metrics access (settings.metrics_token, settings.is_metrics_public) --------------------------------
 
 

@@ -107,3 +107,21 @@ def test_a_backend_registered_by_name_is_what_the_service_serves_with(
     assert isinstance(service.engine, _FakeBackend) and isinstance(service.engine, InferenceBackend)
     assert service.engine.settings is settings
     assert service.worker_id == "w1" and service.max_model_len == 128 and service.max_num_seqs == 7
+
+
+def test_the_adapter_eviction_policy_setting_reaches_the_engine_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert builder.engine_config_from_settings(_settings(tmp_path)).adapter_eviction_policy == "lru"
+    monkeypatch.setenv("LORAHOST_ADAPTER_EVICTION_POLICY", "fastlibra")
+    settings = Settings(base_model_path=tmp_path)
+    assert builder.engine_config_from_settings(settings).adapter_eviction_policy == "fastlibra"
+
+
+def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_choices(tmp_path: Path) -> None:
+    from gpu_workers.config import EngineConfig
+
+    with pytest.raises(ValueError, match=r"'mru'.*LORAHOST_ADAPTER_EVICTION_POLICY.*chameleon, fastlibra, lru"):
+        Settings(data_dir=tmp_path, adapter_eviction_policy="mru")
+    with pytest.raises(ValueError, match=r"adapter_eviction_policy must be one of .*'mru'"):
+        EngineConfig(model_path=tmp_path, adapter_eviction_policy="mru")

@@ -153,3 +153,35 @@ def test_planned_load_failure_ends_its_requests_with_adapter_unavailable(
     [want] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=["adapter-00"])
     assert [t for o in neighbour for t in o.new_token_ids] == want.token_ids
     assert engine.stats()["num_adapter_load_failures"] == 1
+    assert engine.device_adapters() == [other]
+
+
+@pytest.mark.parametrize("policy", ["lru", "chameleon", "fastlibra"])
+def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_do_not_change(
+    policy: str, make_engine: Any, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
+) -> None:
+    num_pages = max(_pages(fp32_engine, name) for name in BIG)
+    page_bytes = fp32_engine.runner.kv_bytes_per_block()
+    engine = make_engine(  # room for one of the two big adapters, as in one_big_adapter_engine
+        num_kv_blocks=NUM_KV_BLOCKS, adapter_cache_bytes=num_pages * page_bytes, max_num_seqs=1,
+        adapter_eviction_policy=policy,
+    )
+    cold, idle = "adapter-02", "adapter-03"
+    assert engine.adapter_residency(idle) == "device" and engine.adapter_residency(cold) == "host"
+    engine.add_request("warm", prompt_ids[0], GREEDY, "adapter-00")
+    engine.add_request("cold", prompt_ids[1], GREEDY, cold)
+    engine.step()  # "warm" runs; "cold" waits and its adapter is prefetched (evicting the idle big one)
+    assert engine.adapter_residency(cold) == "device" and engine.adapter_residency(idle) == "host"
+    tokens: dict[str, list[int]] = {"warm": [], "cold": []}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    [want] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=[cold])
+    assert tokens["cold"] == want.token_ids
+    stats = engine.stats()
+    assert stats["adapter_eviction_policy"] == policy
+    assert (stats["num_adapter_hits"], stats["num_adapter_misses"], stats["num_adapter_prefetches"]) == (2, 0, 1)
+    assert stats["num_timed_adapter_loads"] == stats["num_adapter_loads"] > 0 and stats["adapter_load_seconds_total"] > 0
+    assert stats["num_device_adapters"] + stats["num_host_adapters"] == len(adapter_dirs)
+    assert stats["num_kv_pages_used"] == 0
+    assert stats["num_adapter_pages"] + stats["num_free_pool_pages"] == stats["num_pool_pages"]

@@ -195,10 +195,15 @@ def test_prefetch_drop_and_residency(
     ref = put_adapter(blob_dir, "v-prefetch", adapter_dirs["adapter-04"])
     response = client.post("/adapters/prefetch", json=ref.model_dump())
     assert response.json() == {"adapter_key": "v-prefetch", "residency": "device"}
-    assert "v-prefetch" in _stats(client).device_adapters
+    loaded = _stats(client)
+    assert "v-prefetch" in loaded.device_adapters
+    # the engine's adapter cache counters and page split reach /stats
+    assert loaded.num_timed_adapter_loads >= 1 and loaded.adapter_load_seconds_total > 0
+    assert loaded.num_adapter_pages > 0 and loaded.num_free_pool_pages > 0
     assert client.post("/adapters/drop", json={"adapter_key": "v-prefetch"}).json() == {"dropped": True}
     stats = _stats(client)
     assert "v-prefetch" not in stats.device_adapters and "v-prefetch" in stats.host_adapters
+    assert stats.num_adapter_evictions > loaded.num_adapter_evictions
     assert client.post("/adapters/drop", json={"adapter_key": "v-prefetch"}).json() == {"dropped": False}
 
 

@@ -6,7 +6,9 @@ adapter loads and advances every entry, sampling one token per sampling entry.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from functools import partial
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from scheduler.core.page_pool import PagePool
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import Sequence, SequenceStatus
 from scheduler.core.step_plan import StepPlan
+from scheduler.eviction import EVICTION_POLICIES, make_eviction_policy
 
 PAGE_BYTES = 100
 BLOCK_SIZE = 4
@@ -29,11 +32,15 @@ class Setup:
     num_adapter_pages: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    eviction_policy: str = "lru"
 
 
 def make_scheduler(setup: Setup) -> BatchScheduler:
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
-    residency = AdapterResidency(pool, PAGE_BYTES)
+    clock = partial(next, itertools.count())  # deterministic: every reading is one tick later
+    residency = AdapterResidency(
+        pool, PAGE_BYTES, policy=make_eviction_policy(setup.eviction_policy), clock=clock
+    )
     return BatchScheduler(pool, residency, FifoPolicy(), setup.max_num_seqs, setup.max_num_batched_tokens)
 
 
@@ -88,6 +95,7 @@ setups = st.builds(
     num_adapter_pages=st.integers(0, 12),
     max_num_seqs=st.integers(1, 6),
     max_num_batched_tokens=st.integers(1, 40),
+    eviction_policy=st.sampled_from(sorted(EVICTION_POLICIES)),
 )
 requests = st.lists(
     st.tuples(st.integers(1, 12), st.integers(1, 6), st.one_of(st.none(), st.integers(0, 5)), st.integers(0, 3)),
@@ -181,3 +189,50 @@ def test_policy_sees_predicted_output_tokens_and_adapter_bytes() -> None:
         "host",
     )
     assert scheduler.describe(make_seq("q", 3, 20, None, 0.0)).predicted_output_tokens == 20
+
+
+def test_a_queued_requests_adapter_is_prefetched_and_its_admission_is_a_hit() -> None:
+    scheduler = make_scheduler(Setup(8, 8, 1, 64))  # one sequence at a time
+    for name in ("first", "second"):
+        scheduler.residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+    scheduler.add(make_seq("r1", 4, 2, "first", 0.0))
+    scheduler.add(make_seq("r2", 4, 2, "second", 1.0))
+    plan = scheduler.schedule()
+    assert [e.seq.request_id for e in plan.entries] == ["r1"]
+    assert [load.adapter_id for load in plan.adapter_loads] == ["first", "second"]  # r2 waits, its adapter loads
+    assert (scheduler.num_adapter_misses, scheduler.num_adapter_prefetches) == (1, 1)
+    carry_out(scheduler, plan)
+    while "r2" in scheduler.waiting:
+        carry_out(scheduler, later := scheduler.schedule())
+        assert not later.adapter_loads
+    assert (scheduler.num_adapter_hits, scheduler.num_adapter_misses, scheduler.num_adapter_prefetches) == (1, 1, 1)
+
+
+def test_a_prefetch_evicts_idle_adapters_but_never_a_running_or_queued_requests_adapter() -> None:
+    scheduler = make_scheduler(Setup(8, 2, 1, 64))  # room for two adapters of one page each
+    residency = scheduler.residency
+    for name in ("idle", "busy", "queued", "later"):
+        residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+    assert residency.plan_load("idle", may_evict_waiting=False) == []
+    residency.mark_loaded("idle")
+    scheduler.add(make_seq("r1", 4, 4, "busy", 0.0))
+    scheduler.add(make_seq("r2", 4, 2, "queued", 1.0))
+    scheduler.add(make_seq("r3", 4, 2, "later", 2.0))
+    plan = scheduler.schedule()
+    assert [e.seq.request_id for e in plan.entries] == ["r1"]
+    assert plan.adapter_evictions == ["idle"]  # made room for r2's prefetch
+    assert [load.adapter_id for load in plan.adapter_loads] == ["busy", "queued"]
+    # r3's prefetch would have to evict "busy" (running) or "queued" (waiting): it is not planned.
+    assert residency.residency("later") is Residency.HOST and scheduler.num_adapter_prefetches == 1
+
+
+def test_no_prefetch_in_a_step_that_is_short_of_pages() -> None:
+    scheduler = make_scheduler(Setup(2, 2, 4, 64))  # two KV pages: r1 takes both
+    for name in ("a", "b"):
+        scheduler.residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+    scheduler.add(make_seq("r1", 8, 1, "a", 0.0))
+    scheduler.add(make_seq("r2", 4, 1, "b", 1.0))
+    plan = scheduler.schedule()
+    assert [e.seq.request_id for e in plan.entries] == ["r1"]
+    assert [load.adapter_id for load in plan.adapter_loads] == ["a", "b"]  # r2's adapter loaded on admission try
+    assert "r2" in scheduler.waiting and scheduler.num_adapter_prefetches == 0
