@@ -269,15 +269,20 @@ class LLMEngine:
         """
         info = self.runner.validate_adapter(Path(path))
         num_bytes = self.runner.adapter_device_bytes(info)
-        self._register(adapter_id, str(path), info.rank, num_bytes)
+        self._register(adapter_id, str(path), info.rank, num_bytes, self.runner.adapter_num_pages(info))
 
-    def _register(self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int) -> None:
-        num_pages = self.residency.num_pages_for(self.residency.register(adapter_id, host_path, rank, num_bytes))
-        if num_pages > self.pool.num_pages:
+    def _register(
+        self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int, num_pages: int | None
+    ) -> None:
+        state = self.residency.register(adapter_id, host_path, rank, num_bytes, num_pages)
+        num_pages = self.residency.num_pages_for(state)
+        if num_pages > self.pool.max_adapter_pages:
             self.residency.forget(adapter_id)
+            where = "the whole pool has" if self.pool.is_unified else "the adapter share of the pool has"
             raise AdapterLoadError(
-                f"adapter {adapter_id!r} needs {num_pages} device pages but the whole pool has "
-                f"{self.pool.num_pages}; raise engine_adapter_cache_bytes or use a smaller rank"
+                f"adapter {adapter_id!r} needs {num_pages} device pages but {where} "
+                f"{self.pool.max_adapter_pages}; raise engine_kv_cache_bytes / engine_adapter_cache_bytes or use "
+                "a smaller rank"
             )
 
     def load_adapter(self, adapter_id: str, path: Path | str) -> None:
@@ -305,7 +310,7 @@ class LLMEngine:
             self.residency.evict(adapter_id)
             self._drop_device_copy(adapter_id)
         host_path = str(path) if path is not None else None
-        self._register(adapter_id, host_path, adapter.rank, adapter.num_bytes)
+        self._register(adapter_id, host_path, adapter.rank, adapter.num_bytes, self.runner.num_pages_of(adapter))
         plan = StepPlan()
         if not self.scheduler.plan_adapter_load(adapter_id, may_evict_waiting=False, plan=plan):
             raise AdapterCapacityError(
@@ -315,7 +320,12 @@ class LLMEngine:
             )
         for victim in plan.adapter_evictions:
             self._drop_device_copy(victim)
-        self.runner.adapters[adapter_id] = adapter
+        self._put_on_device(adapter_id, adapter)
+
+    def _put_on_device(self, adapter_id: str, adapter: LoraAdapter) -> None:
+        """Place a loaded adapter in the pages the core reserved for it and make it visible to batches."""
+        state = self.residency.get(adapter_id)
+        self.runner.adapters[adapter_id] = self.runner.place_adapter(adapter, state.page_ids if state else [])
         self.scheduler.on_adapter_loaded(adapter_id)
 
     def unload_adapter(self, adapter_id: str) -> None:
@@ -368,8 +378,7 @@ class LLMEngine:
                     self._fail(seq, f"adapter {load.adapter_id!r} could not be loaded: {exc}")
                     self._pending_outputs.append(self._delta(seq, []))
                 continue
-            self.runner.adapters[load.adapter_id] = adapter
-            self.scheduler.on_adapter_loaded(load.adapter_id)
+            self._put_on_device(load.adapter_id, adapter)
 
     def _drop_device_copy(self, adapter_id: str) -> None:
         self.runner.adapters.pop(adapter_id, None)
@@ -398,6 +407,8 @@ class LLMEngine:
             "num_pool_pages": self.pool.num_pages,
             "num_free_pool_pages": self.pool.num_free_pages,
             "num_adapter_pages": self.pool.num_adapter_pages,
+            "num_kv_pages_used": self.pool.num_kv_pages,
+            "memory_mode": self.config.memory_mode,
             "num_loaded_adapters": len(self.runner.adapters),
             "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
             "device_adapters": self.residency.device_adapters(),

@@ -144,7 +144,7 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(
         time.sleep(0.05)
     stats = engine_stats()
     assert stats["num_running"] == stats["num_waiting"] == 0
-    assert stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
+    assert stats["num_kv_pages_used"] == 0  # no KV page held (idle adapters may stay cached)
     assert stats["num_aborted"] == num_aborted + 1
     deadline = time.monotonic() + 10
     while _service(worker).num_active and time.monotonic() < deadline:  # bookkeeping after the engine's abort
