@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path

@@ -86,6 +86,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         max_model_len=settings.engine_max_model_len,
         max_lora_rank=settings.max_rank,
         adapter_cache_bytes=settings.engine_adapter_cache_bytes,
+        memory_mode=settings.engine_memory_mode,
         batch_policy=settings.engine_batch_policy,
         adapter_eviction_policy=settings.adapter_eviction_policy,
         num_threads=settings.engine_num_threads,

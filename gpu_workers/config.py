@@ -12,6 +12,7 @@ from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.
 DEFAULT_NUM_ADAPTERS_ROOM = 64
+MEMORY_MODES = ("unified", "static")  # see EngineConfig
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,17 @@ class EngineConfig:
     steps) are cached; 0 disables the stacked LoRA form.
     `packed_linears`: run projections on oneDNN-packed weights (CPU); None = auto (bf16 with native support).
 
-    Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block: the KV pages
-    above plus `adapter_cache_bytes` worth of pages for adapter weights (None = room for
-    `DEFAULT_NUM_ADAPTERS_ROOM` (64) adapters of `max_lora_rank` on every projection; smaller ranks take
-    fewer pages, so more fit). Adapters spill into free KV pages when their share is used up. The pool is
-    the only limit on how many adapters are on the device: a request whose adapter does not fit right now
-    waits in the engine's queue.
+    Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block; `memory_mode`:
+    - "unified" (default; S-LoRA / FastLibra): one budget of KV pages (`num_kv_blocks`, else
+      `kv_cache_bytes`) plus `adapter_cache_bytes` (default 0) worth of pages, all in the KV tensor; KV blocks
+      and adapter weights share every page, no fixed adapter share: a resident adapter's tensors live in a
+      contiguous run of pages (gpu_workers/adapter_layout.py), so KV + adapters never exceed the budget.
+    - "static" (vLLM-style baseline): the KV pages above, and a fixed adapter share of `adapter_cache_bytes`
+      (None = room for `DEFAULT_NUM_ADAPTERS_ROOM` (64) adapters of `max_lora_rank` on every projection;
+      smaller ranks take fewer pages, so more fit) holding adapters as tensors of their own; neither side
+      borrows from the other.
+    Either way the pool is the only limit on how many adapters are on the device: a request whose adapter
+    does not fit right now waits in the engine's queue.
     `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES);
     `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
     (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
@@ -47,6 +53,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_lora_rank: int = 256
     adapter_cache_bytes: int | None = None
+    memory_mode: str = "unified"
     batch_policy: str = "fifo"
     adapter_eviction_policy: str = DEFAULT_EVICTION_POLICY
     num_threads: int | None = None
@@ -63,6 +70,8 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_lora_rank", "kv_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {list(MEMORY_MODES)}, got {self.memory_mode!r}")
         if self.lora_stack_cache_size < 0:
             raise ValueError(f"lora_stack_cache_size must be >= 0, got {self.lora_stack_cache_size}")
         if self.adapter_cache_bytes is not None and self.adapter_cache_bytes <= 0:

@@ -286,15 +286,20 @@ class LLMEngine:
         """
         info = self.inspect_adapter(path) if info is None else info
         num_bytes = self.runner.adapter_device_bytes(info)
-        self._register(adapter_id, str(path), info.rank, num_bytes)
+        self._register(adapter_id, str(path), info.rank, num_bytes, self.runner.adapter_num_pages(info))
 
-    def _register(self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int) -> None:
-        num_pages = self.residency.num_pages_for(self.residency.register(adapter_id, host_path, rank, num_bytes))
-        if num_pages > self.pool.num_pages:
+    def _register(
+        self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int, num_pages: int | None
+    ) -> None:
+        state = self.residency.register(adapter_id, host_path, rank, num_bytes, num_pages)
+        num_pages = self.residency.num_pages_for(state)
+        if num_pages > self.pool.max_adapter_pages:
             self.residency.forget(adapter_id)
+            where = "the whole pool has" if self.pool.is_unified else "the adapter share of the pool has"
             raise AdapterLoadError(
-                f"adapter {adapter_id!r} needs {num_pages} device pages but the whole pool has "
-                f"{self.pool.num_pages}; raise engine_adapter_cache_bytes or use a smaller rank"
+                f"adapter {adapter_id!r} needs {num_pages} device pages but {where} "
+                f"{self.pool.max_adapter_pages}; raise engine_kv_cache_bytes / engine_adapter_cache_bytes or use "
+                "a smaller rank"
             )
 
     def load_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
@@ -309,7 +314,7 @@ class LLMEngine:
         info = self.inspect_adapter(path) if info is None else info
         self._make_room_and_place(
             adapter_id, str(path), info.rank, self.runner.adapter_device_bytes(info),
-            lambda: self.runner.load_adapter(adapter_id, Path(path), info),
+            self.runner.adapter_num_pages(info), lambda: self.runner.load_adapter(adapter_id, Path(path), info),
         )
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
@@ -325,7 +330,8 @@ class LLMEngine:
         (the reload cost the eviction policy weighs)."""
         host_path = str(path) if path is not None else None
         self._make_room_and_place(
-            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, lambda: adapter, load_seconds
+            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, self.runner.num_pages_of(adapter),
+            lambda: adapter, load_seconds,
         )
 
     def _make_room_and_place(
@@ -334,6 +340,7 @@ class LLMEngine:
         host_path: str | None,
         rank: int,
         num_bytes: int,
+        num_pages: int | None,
         build: Callable[[], LoraAdapter],
         load_seconds: float | None = None,
     ) -> None:
@@ -345,7 +352,7 @@ class LLMEngine:
                 )
             self.residency.evict(adapter_id)
             self._drop_device_copy(adapter_id)
-        self._register(adapter_id, host_path, rank, num_bytes)
+        self._register(adapter_id, host_path, rank, num_bytes, num_pages)
         plan = StepPlan()
         if not self.scheduler.plan_adapter_load(adapter_id, may_evict_waiting=False, plan=plan):
             raise AdapterCapacityError(
@@ -358,7 +365,7 @@ class LLMEngine:
             self._drop_device_copy(victim)
         started = time.perf_counter()
         try:
-            adapter = build()
+            adapter = self._placed(adapter_id, build())
         except Exception as exc:
             self.scheduler.on_adapter_load_failed(adapter_id)
             self.counters.num_adapter_load_failures += 1
@@ -367,6 +374,11 @@ class LLMEngine:
             load_seconds = time.perf_counter() - started
         self.runner.adapters[adapter_id] = adapter
         self.scheduler.on_adapter_loaded(adapter_id, load_seconds)
+
+    def _placed(self, adapter_id: str, adapter: LoraAdapter) -> LoraAdapter:
+        """The adapter in the pages the core reserved for it (views of the KV cache in a unified pool)."""
+        state = self.residency.get(adapter_id)
+        return self.runner.place_adapter(adapter, state.page_ids if state is not None else [])
 
     def unload_adapter(self, adapter_id: str) -> None:
         """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""
@@ -413,7 +425,7 @@ class LLMEngine:
         for load in plan.adapter_loads:
             started = time.perf_counter()
             try:
-                adapter = self.prepare_adapter(load.adapter_id, load.host_path or "")
+                adapter = self._placed(load.adapter_id, self.prepare_adapter(load.adapter_id, load.host_path or ""))
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
                 self.counters.num_adapter_load_failures += 1
                 message = (
@@ -475,6 +487,7 @@ class LLMEngine:
             "num_kv_blocks": self.pool.num_blocks,
             "num_free_kv_blocks": self.pool.num_free_blocks,
             "num_pool_pages": self.pool.num_pages,
+            "memory_mode": self.config.memory_mode,
             "num_loaded_adapters": len(self.runner.adapters),
             "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
             "device_adapters": self.residency.device_adapters(),

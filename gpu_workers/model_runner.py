@@ -10,10 +10,18 @@ from pathlib import Path
 
 import torch
 
+from gpu_workers.adapter_layout import (
+    adapter_layer_numels,
+    layer_numels_for,
+    num_pages_for_layout,
+    place_adapter,
+)
 from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
+from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.lora import (
+    PROJECTIONS,
     LoraAdapter,
     LoraBatch,
     LoraSegment,
@@ -21,7 +29,6 @@ from gpu_workers.layers.lora import (
     build_stacked_lora,
     stacked_masks,
 )
-from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
@@ -95,12 +102,26 @@ class ModelRunner:
         elem = self._element_size()
         return 2 * self.args.num_layers * self.config.block_size * self.args.num_kv_heads * self.args.head_dim * elem
 
+    @property
+    def is_unified(self) -> bool:
+        """True when adapters live in the KV cache's pages (memory_mode "unified")."""
+        return self.config.memory_mode == "unified"
+
+    @property
+    def page_numel(self) -> int:
+        """Elements of K (or of V) one page holds in one layer."""
+        return self.config.block_size * self.args.num_kv_heads * self.args.head_dim
+
     def _num_kv_blocks(self) -> int:
+        """Pages of the KV tensor: the KV budget, plus the adapter budget in a unified pool."""
         if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        num_blocks = self.config.kv_cache_bytes // self.kv_bytes_per_block()
-        if num_blocks < 1:
-            raise ValueError("kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks")
+            num_blocks = self.config.num_kv_blocks
+        else:
+            num_blocks = self.config.kv_cache_bytes // self.kv_bytes_per_block()
+            if num_blocks < 1:
+                raise ValueError("kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks")
+        if self.is_unified and self.config.adapter_cache_bytes is not None:
+            num_blocks += -(-self.config.adapter_cache_bytes // self.kv_bytes_per_block())
         return int(num_blocks)
 
     def adapter_row_bytes(self) -> int:
@@ -112,8 +133,10 @@ class ModelRunner:
         return a.num_layers * per_layer * self._element_size()
 
     def num_adapter_pages(self) -> int:
-        """Pool pages for adapter weights: adapter_cache_bytes, or room for DEFAULT_NUM_ADAPTERS_ROOM adapters
-        of max_lora_rank."""
+        """Pool pages only adapters use (static split): adapter_cache_bytes, or room for
+        DEFAULT_NUM_ADAPTERS_ROOM adapters of max_lora_rank; 0 in a unified pool (adapters take KV pages)."""
+        if self.is_unified:
+            return 0
         page_bytes = self.kv_bytes_per_block()
         if self.config.adapter_cache_bytes is not None:
             return -(-self.config.adapter_cache_bytes // page_bytes)
@@ -144,11 +167,42 @@ class ModelRunner:
         """Check an adapter directory against this base model and the engine's limits."""
         return validate_adapter(path, self.model_spec, self.validation_limits)
 
-    def load_adapter(self, adapter_id: str, path: Path, info: AdapterInfo) -> LoraAdapter:
-        """Pack a validated adapter's weights on the device (not yet visible to batches)."""
+    def _output_slices(self) -> dict[str, dict[str, tuple[int, int]]]:
         layer0 = self.model.layers[0]
-        slices = {name: getattr(layer0, name).output_slices for name in ("qkv", "o", "gate_up", "down")}
-        return load_lora_adapter(adapter_id, path, info, slices, self.args.num_layers, self.dtype, self.device)
+        return {name: getattr(layer0, name).output_slices for name in PROJECTIONS}
+
+    def load_adapter(self, adapter_id: str, path: Path, info: AdapterInfo) -> LoraAdapter:
+        """Pack a validated adapter's weights (not yet visible to batches): on the device in a static split;
+        in host memory in a unified pool, where `place_adapter` copies them into the adapter's pages."""
+        device = torch.device("cpu") if self.is_unified else self.device
+        return load_lora_adapter(adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, device)
+
+    def adapter_num_pages(self, info: AdapterInfo) -> int | None:
+        """Exact pages an adapter's tensor layout takes in a unified pool; None in a static split (the pool
+        cuts its bytes by rank rows)."""
+        if not self.is_unified:
+            return None
+        a = self.args
+        in_features = {
+            "qkv": a.hidden_size, "o": a.num_heads * a.head_dim, "gate_up": a.hidden_size, "down": a.intermediate_size,
+        }
+        numels = layer_numels_for(
+            info.rank, info.target_modules, info.layers, a.num_layers, in_features, self._output_slices()
+        )
+        return num_pages_for_layout(numels, self.page_numel)
+
+    def num_pages_of(self, adapter: LoraAdapter) -> int | None:
+        """`adapter_num_pages` of an adapter already loaded (from its tensors)."""
+        if not self.is_unified:
+            return None
+        return num_pages_for_layout(adapter_layer_numels(adapter), self.page_numel)
+
+    def place_adapter(self, adapter: LoraAdapter, page_ids: list[int]) -> LoraAdapter:
+        """Put a loaded adapter in its reserved pages: views of the KV cache in a unified pool (its host
+        tensors are copied there); unchanged in a static split."""
+        if not self.is_unified:
+            return adapter
+        return place_adapter(adapter, self.kv_caches, page_ids, self.page_numel)
 
     # ---- one step ----------------------------------------------------------------------------------
 

@@ -41,8 +41,8 @@ from typing import Any
 import httpx
 
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
-from registry.settings import Settings
 from cluster.protocol import INTERNAL_PREFIX, AdapterRef
+from registry.settings import Settings
 
 # Small engine defaults so test workers start fast and use little memory.
 TEST_ENGINE_SETTINGS: dict[str, Any] = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -172,7 +173,9 @@ class Settings(BaseSettings):
     host_cache_max_bytes: int = Field(default=8 << 30, gt=0, description="Host adapter cache budget")
     engine_dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
     engine_device: str = Field(default="auto", description="cpu, cuda or auto")
-    engine_kv_cache_bytes: int = Field(default=1 << 30, gt=0, description="KV cache budget (bytes)")
+    engine_kv_cache_bytes: int = Field(
+        default=1 << 30, gt=0, description="KV cache budget (bytes); in a unified pool KV and adapters share it"
+    )
     engine_num_kv_blocks: int | None = Field(default=None, description="KV blocks; overrides the byte budget")
     engine_max_num_seqs: int = Field(default=64, gt=0, description="Max requests running in one batch")
     engine_max_num_batched_tokens: int = Field(default=4096, gt=0, description="Per-step token budget")
@@ -182,7 +185,14 @@ class Settings(BaseSettings):
         default=None,
         gt=0,
         description="Device bytes for adapters in the page pool, on top of the KV cache (the only limit on how "
-        "many adapters are on the device; requests wait for room); default: room for 64 adapters of max_rank",
+        "many adapters are on the device; requests wait for room). unified: added to the shared pool (default "
+        "0); static: the fixed adapter share (default: room for 64 adapters of max_rank)",
+    )
+    engine_memory_mode: Literal["unified", "static"] = Field(
+        default="unified",
+        description="Device memory layout: unified = KV blocks and adapter weights share every page of one "
+        "budget (adapters stored in the KV cache's pages); static = fixed adapter share beside the KV cache "
+        "(the vLLM-style baseline)",
     )
     engine_batch_policy: str = Field(default="fifo", description="Admission order of waiting requests: fifo")
     adapter_eviction_policy: str = Field(

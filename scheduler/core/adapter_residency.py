@@ -57,6 +57,7 @@ class AdapterState:
     host_path: str | None
     rank: int
     num_bytes: int  # device bytes (used for its pages)
+    num_pages: int | None = None  # exact pages from the engine's tensor layout; None: cut by rank rows
     residency: Residency = Residency.HOST
     page_ids: list[int] = field(default_factory=list)
     num_running: int = 0
@@ -109,16 +110,19 @@ class AdapterResidency:
 
     # ---- registry -----------------------------------------------------------------------------------
 
-    def register(self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int) -> AdapterState:
-        """Record (or update) an adapter's host copy; a device-resident adapter keeps its residency."""
+    def register(
+        self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int, num_pages: int | None = None
+    ) -> AdapterState:
+        """Record (or update) an adapter's host copy; a device-resident adapter keeps its residency.
+        `num_pages`: the exact device pages the engine's layout needs (default: cut by rank rows)."""
         state = self._states.get(adapter_id)
         if state is None:
-            state = AdapterState(adapter_id, host_path, rank, num_bytes, last_use=self.clock())
+            state = AdapterState(adapter_id, host_path, rank, num_bytes, num_pages, last_use=self.clock())
             self._states[adapter_id] = state
         elif state.residency is Residency.NONE or state.residency is Residency.HOST:
             if (rank, num_bytes) != (state.rank, state.num_bytes):
                 state.load_seconds = None  # new weights: the measured load time no longer applies
-            state.host_path, state.rank, state.num_bytes = host_path, rank, num_bytes
+            state.host_path, state.rank, state.num_bytes, state.num_pages = host_path, rank, num_bytes, num_pages
             state.residency = Residency.HOST
         return state
 
@@ -233,6 +237,8 @@ class AdapterResidency:
 
     def num_pages_for(self, state: AdapterState) -> int:
         """Pages the adapter takes on the device."""
+        if state.num_pages is not None:
+            return state.num_pages
         return num_pages_for_adapter(state.rank, state.num_bytes, self.page_bytes)
 
     def plan_load(self, adapter_id: str, may_evict_waiting: bool, min_free_kv_blocks: int = 0) -> list[str] | None:
@@ -261,28 +267,23 @@ class AdapterResidency:
         return victims
 
     def _victims_for(self, num_pages: int, may_evict_waiting: bool, min_free_kv_blocks: int) -> list[str] | None:
-        """Fewest evictions (in eviction order) after which `num_pages` fit while
-        `min_free_kv_blocks` KV pages stay free."""
-        num_free_kv = self.pool.num_free_blocks
-        num_free_other = self.pool.num_free_pages - num_free_kv  # adapter-only pages
+        """Fewest evictions (in eviction order) after which `num_pages` fit (a contiguous run, in a unified
+        pool) while `min_free_kv_blocks` KV pages stay free."""
+        pool = self.pool
 
-        def fits() -> bool:
-            # reserve() takes adapter-only pages first and spills the rest into KV-addressable pages.
-            num_spilled = max(0, num_pages - num_free_other)
-            return num_free_other + num_free_kv >= num_pages and (
-                num_free_kv - num_spilled >= min_free_kv_blocks
-            )
+        def fits(freed: list[int]) -> bool:
+            # Unified: the adapter's pages come out of KV-addressable pages; static: out of its own share.
+            num_free_kv = pool.num_free_blocks + (len(freed) - num_pages if pool.is_unified else 0)
+            return num_free_kv >= min_free_kv_blocks and pool.can_reserve(num_pages, freed)
 
-        if fits():
+        freed: list[int] = []
+        if fits(freed):
             return []
         victims: list[str] = []
         for adapter_id in self.eviction_order(may_evict_waiting):
-            page_ids = self._states[adapter_id].page_ids
             victims.append(adapter_id)
-            num_in_kv = self.pool.num_kv_addressable(page_ids)
-            num_free_kv += num_in_kv
-            num_free_other += len(page_ids) - num_in_kv
-            if fits():
+            freed += self._states[adapter_id].page_ids
+            if fits(freed):
                 return victims
         return None
 
@@ -308,33 +309,16 @@ class AdapterResidency:
         return self.policy.order([self.candidate(s) for s in states], view)
 
     def evict_for_kv(self, num_blocks: int, keep: str | None = None) -> list[str]:
-        """Evict adapters holding KV-addressable pages (idle first, then waiting-only; never `keep`) until
-        `num_blocks` KV pages are free; returns the evicted ids (possibly without reaching the goal)."""
+        """Evict adapters holding KV-addressable pages (unified pool; idle first, then waiting-only; never
+        `keep`) until `num_blocks` KV pages are free; returns the evicted ids (possibly short of the goal)."""
         victims: list[str] = []
         for adapter_id in self.eviction_order(may_evict_waiting=True):
             if self.pool.num_free_blocks >= num_blocks:
                 break
-            # Evicting an adapter frees KV pages directly, or makes room for spilled adapter pages to move.
-            if adapter_id != keep and (self.pool.num_spilled_adapter_pages or self._num_in_kv(adapter_id)):
+            if adapter_id != keep and self.pool.num_kv_addressable(self._states[adapter_id].page_ids):
                 self.evict(adapter_id)
                 victims.append(adapter_id)
         return victims
-
-    def _num_in_kv(self, adapter_id: str) -> int:
-        return self.pool.num_kv_addressable(self._states[adapter_id].page_ids)
-
-    def _move_spilled_pages(self) -> None:
-        """Move adapter pages that spilled into KV-addressable pages to free adapter-only pages."""
-        if not self.pool.num_spilled_adapter_pages:
-            return
-        for adapter_id in self._on_device:
-            page_ids = self._states[adapter_id].page_ids
-            for i, page in enumerate(page_ids):
-                if page < self.pool.max_kv_pages:
-                    new_page = self.pool.move_out_of_kv(page)
-                    if new_page is None:
-                        return
-                    page_ids[i] = new_page
 
     # ---- carrying out ---------------------------------------------------------------------------------
 
@@ -363,7 +347,6 @@ class AdapterResidency:
             state.page_ids = []
         self._on_device.pop(state.adapter_id, None)
         state.residency = Residency.HOST if state.host_path is not None else Residency.NONE
-        self._move_spilled_pages()
 
     def forget(self, adapter_id: str) -> None:
         """Evict (if resident) and drop the adapter from the registry."""

@@ -1,20 +1,27 @@
 """One integer-only pool of device-memory pages shared by KV blocks and adapter weights.
 
 A page is one KV block (`block_size` token slots of K and V over all layers; `page_bytes` in the engine).
-KV blocks and adapter weights (cut along the rank dimension, S-LoRA / FastLibra style: an adapter of rank r
-takes the pages that hold its r rank rows, see `num_pages_for_adapter`) come out of the same free pages.
-The pool never touches tensors; allocation returns None when it cannot be satisfied and the caller decides
-(wait, preempt, evict).
+An adapter costs its own size in pages (cut along the rank dimension, S-LoRA / FastLibra style, see
+`num_pages_for_adapter`; the engine may pass an exact count from its tensor layout). The pool never touches
+tensors; allocation returns None when it cannot be satisfied and the caller decides (wait, preempt, evict).
 
-Page ids [0, max_kv_pages) are KV-addressable (the engine's KV tensor covers exactly them); ids
-[max_kv_pages, num_pages) can hold adapter weights only. Adapters take those first and spill into
-KV-addressable pages only when they are used up, so KV capacity stays what it was until adapter rows are
-stored inside the KV tensor itself (then max_kv_pages == num_pages; the [Adapter memory] issue).
+Two layouts (EngineConfig.memory_mode):
+- unified (max_kv_pages == num_pages): one budget, no fixed share. Every page can hold a KV block or a
+  piece of an adapter; the engine stores an adapter's weights *inside* the KV tensor's pages, so an
+  adapter needs a contiguous run of page ids (its tensors are views of that run). KV blocks are taken
+  lowest id first and adapter runs highest first, so the two grow towards each other and runs stay
+  contiguous; a load for which free pages exist but no run does waits (or evicts idle adapters) like any
+  other load that does not fit.
+- static (max_kv_pages < num_pages, the vLLM-style baseline): ids [0, max_kv_pages) are KV blocks only,
+  ids [max_kv_pages, num_pages) adapter pages only (a fixed adapter share, handed out lazily: the pool
+  may have ~1e6 of them); neither side borrows from the other.
 
 Invariant: free pages, KV pages and adapter pages partition range(num_pages).
 """
 
 from __future__ import annotations
+
+import heapq
 
 _FREE, _KV, _ADAPTER = 0, 1, 2
 
@@ -36,7 +43,7 @@ def num_pages_for_adapter(rank: int, num_bytes: int, page_bytes: int) -> int:
 
 
 class PagePool:
-    """Free-list allocator over page ids [0, num_pages): KV blocks and adapter pages from one budget."""
+    """Allocator over page ids [0, num_pages): KV blocks and adapter pages from one budget."""
 
     def __init__(self, num_pages: int, block_size: int, max_kv_pages: int | None = None) -> None:
         if num_pages <= 0 or block_size <= 0:
@@ -47,15 +54,22 @@ class PagePool:
         self.num_pages = num_pages
         self.max_kv_pages = max_kv_pages
         self.block_size = block_size
-        self._free_kv: list[int] = list(range(max_kv_pages - 1, -1, -1))  # popped from the end: 0 first
-        # Adapter-only ids are handed out lazily (the pool may have ~1e6 of them): returned ids first, then
-        # fresh ids [_next_fresh, num_pages).
+        # Free KV-addressable ids as a min-heap with lazy deletion: an id taken by an adapter run stays in
+        # the heap until popped, and a pop skips ids that are not free (`_owner` is the truth).
+        self._free_kv_heap: list[int] = list(range(max_kv_pages))
+        self._num_free_kv = max_kv_pages
+        # Static layout: adapter-only ids are handed out lazily: returned ids first, then fresh ids
+        # [_next_fresh, num_pages).
         self._free_adapter_only: list[int] = []
         self._next_fresh = max_kv_pages
         self._owner = bytearray(num_pages)  # _FREE / _KV / _ADAPTER per page
         self.num_kv_pages = 0
         self.num_adapter_pages = 0
-        self.num_spilled_adapter_pages = 0  # adapter pages on KV-addressable ids
+
+    @property
+    def is_unified(self) -> bool:
+        """True when every page can hold KV or adapter weights (no fixed adapter share)."""
+        return self.max_kv_pages == self.num_pages
 
     # ---- counts -------------------------------------------------------------------------------------
 
@@ -67,12 +81,22 @@ class PagePool:
     @property
     def num_free_blocks(self) -> int:
         """Pages a KV allocation can take now."""
-        return len(self._free_kv)
+        return self._num_free_kv
 
     @property
     def num_free_pages(self) -> int:
-        """Pages an adapter reservation can take now."""
-        return len(self._free_kv) + self._num_free_adapter_only()
+        """Free pages of either kind."""
+        return self._num_free_kv + self._num_free_adapter_only()
+
+    @property
+    def max_adapter_pages(self) -> int:
+        """The most pages adapters could ever hold (unified: the whole pool; static: the adapter share)."""
+        return self.num_pages if self.is_unified else self.num_pages - self.max_kv_pages
+
+    @property
+    def num_free_adapter_pages(self) -> int:
+        """Free pages an adapter may use (unified: any free page, though a load also needs a run)."""
+        return self._num_free_kv if self.is_unified else self._num_free_adapter_only()
 
     def _num_free_adapter_only(self) -> int:
         return len(self._free_adapter_only) + self.num_pages - self._next_fresh
@@ -96,14 +120,20 @@ class PagePool:
 
     def can_allocate(self, num_blocks: int) -> bool:
         """True when `num_blocks` KV pages are free."""
-        return 0 <= num_blocks <= len(self._free_kv)
+        return 0 <= num_blocks <= self._num_free_kv
 
     def allocate(self, num_blocks: int) -> list[int] | None:
-        """Take `num_blocks` KV pages; None (and nothing taken) when not enough are free."""
+        """Take `num_blocks` KV pages (lowest free ids first); None (and nothing taken) when not enough."""
         if not self.can_allocate(num_blocks):
             return None
-        ids = [self._free_kv.pop() for _ in range(num_blocks)]
-        self._take(ids, _KV)
+        ids: list[int] = []
+        while len(ids) < num_blocks:
+            page = heapq.heappop(self._free_kv_heap)
+            if self._owner[page] == _FREE:
+                self._owner[page] = _KV  # claim now: a duplicate heap entry of it must be skipped
+                ids.append(page)
+        self._num_free_kv -= num_blocks
+        self.num_kv_pages += num_blocks
         return ids
 
     def free(self, block_ids: list[int]) -> None:
@@ -122,32 +152,45 @@ class PagePool:
 
     # ---- adapter pages ------------------------------------------------------------------------------
 
+    def can_reserve(self, num_pages: int, also_free: list[int] | tuple[int, ...] = ()) -> bool:
+        """True when `reserve(num_pages)` would succeed once the adapter pages `also_free` were released."""
+        if num_pages <= 0:
+            return num_pages == 0
+        if not self.is_unified:
+            return num_pages <= self._num_free_adapter_only() + len(also_free)
+        if num_pages > self._num_free_kv + len(also_free):
+            return False
+        owner = self._owner
+        if also_free:
+            owner = bytearray(owner)
+            for page in also_free:
+                owner[page] = _FREE
+        return owner.rfind(bytes(num_pages)) >= 0
+
     def reserve(self, num_pages: int) -> list[int] | None:
-        """Take pages for adapter weights (adapter-only pages first); None (nothing taken) when full."""
-        if not 0 <= num_pages <= self.num_free_pages:
+        """Take pages for adapter weights; None (nothing taken) when they do not fit.
+
+        Unified: one contiguous run of ids, the highest free run (the adapter's tensors are views of it).
+        Static: adapter-only ids (not contiguous: the adapter has tensors of its own).
+        """
+        if num_pages < 0 or not self.can_reserve(num_pages):
             return None
-        num_other = min(num_pages, self._num_free_adapter_only())
-        ids = [self._pop_adapter_only() for _ in range(num_other)]
-        ids += [self._free_kv.pop() for _ in range(num_pages - num_other)]
-        self._take(ids, _ADAPTER)
-        self.num_spilled_adapter_pages += num_pages - num_other
+        if num_pages == 0:
+            return []
+        if self.is_unified:
+            start = self._owner.rfind(bytes(num_pages))
+            ids = list(range(start, start + num_pages))
+            self._num_free_kv -= num_pages  # the ids stay in the heap; pops skip them while taken
+        else:
+            ids = [self._pop_adapter_only() for _ in range(num_pages)]
+        for page in ids:
+            self._owner[page] = _ADAPTER
+        self.num_adapter_pages += num_pages
         return ids
 
     def release(self, page_ids: list[int]) -> None:
         """Give back adapter pages; releasing a page that is not a reserved adapter page raises."""
         self._give_back(page_ids, _ADAPTER)
-
-    def move_out_of_kv(self, page: int) -> int | None:
-        """Move an adapter page from a KV-addressable id to a free adapter-only id; the new id, or None
-        when no adapter-only page is free (today adapter pages are accounting only, so a move copies
-        nothing; once adapter rows live in the pages it is a device copy)."""
-        if self._owner[page] != _ADAPTER or page >= self.max_kv_pages or not self._num_free_adapter_only():
-            return None
-        new_page = self._pop_adapter_only()
-        self._owner[new_page], self._owner[page] = _ADAPTER, _FREE
-        self._free_kv.append(page)
-        self.num_spilled_adapter_pages -= 1
-        return new_page
 
     def num_kv_addressable(self, page_ids: list[int]) -> int:
         """How many of these pages a KV allocation could use once they are free."""
@@ -155,25 +198,26 @@ class PagePool:
 
     # ---- bookkeeping --------------------------------------------------------------------------------
 
-    def _take(self, ids: list[int], owner: int) -> None:
-        for page in ids:
-            self._owner[page] = owner
-        if owner == _KV:
-            self.num_kv_pages += len(ids)
-        else:
-            self.num_adapter_pages += len(ids)
-
     def _give_back(self, ids: list[int], owner: int) -> None:
         is_repeated = len(set(ids)) != len(ids)
         for page in ids:  # check everything first: a bad call changes nothing
-            if self._owner[page] != owner or is_repeated:
+            if not 0 <= page < self.num_pages or self._owner[page] != owner or is_repeated:
                 kind = "KV block" if owner == _KV else "reserved adapter page"
                 raise ValueError(f"page {page} is not an allocated {kind}")
         for page in ids:
             self._owner[page] = _FREE
-            (self._free_kv if page < self.max_kv_pages else self._free_adapter_only).append(page)
+            if page < self.max_kv_pages:
+                heapq.heappush(self._free_kv_heap, page)
+                self._num_free_kv += 1
+            else:
+                self._free_adapter_only.append(page)
         if owner == _KV:
             self.num_kv_pages -= len(ids)
         else:
             self.num_adapter_pages -= len(ids)
-            self.num_spilled_adapter_pages -= self.num_kv_addressable(ids)
+        if len(self._free_kv_heap) > 4 * self.max_kv_pages:  # bound the stale entries
+            self._free_kv_heap = [p for p in range(self.max_kv_pages) if self._owner[p] == _FREE]
+
+    def owner_counts(self) -> tuple[int, int, int]:
+        """(free, KV, adapter) page counts recomputed from the owner map (tests check the invariant)."""
+        return self._owner.count(_FREE), self._owner.count(_KV), self._owner.count(_ADAPTER)

@@ -59,7 +59,8 @@ def test_chunked_prefill_gives_the_same_tokens_as_unchunked(
 def test_full_kv_budget_queues_requests_and_preempts_without_failing(
     make_engine: Any, fp32_engine: LLMEngine, prompt_ids: list[list[int]]
 ) -> None:
-    small = make_engine(num_kv_blocks=6, block_size=4)  # 24 slots for four ~20-token sequences
+    # 24 KV slots for four ~20-token sequences; the adapters in their own share (static split)
+    small = make_engine(num_kv_blocks=6, block_size=4, memory_mode="static")
     prompts = [prompt_ids[i % 3] for i in range(4)]
     expected = fp32_engine.generate(prompts, GREEDY, adapter_ids=ADAPTERS)
     got = small.generate(prompts, GREEDY, adapter_ids=ADAPTERS)

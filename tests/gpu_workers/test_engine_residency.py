@@ -73,23 +73,84 @@ def test_requests_of_more_adapters_than_fit_all_finish_with_the_same_tokens(
     assert engine.stats()["num_adapter_evictions"] - evictions >= 2
 
 
-def test_adapter_pages_come_from_the_pool_and_kv_capacity_is_unchanged(make_engine: Any) -> None:
-    engine = make_engine()
-    residency, pool = engine.residency, engine.pool
+def test_static_split_adapter_pages_come_from_their_own_share(make_engine: Any) -> None:
+    engine = make_engine(memory_mode="static")
+    residency, pool, runner = engine.residency, engine.pool, engine.runner
     pages = sum(len(residency.get(a).page_ids) for a in residency.device_adapters())
     assert pages > 0 and pool.num_adapter_pages == pages
     assert pool.num_blocks == 256 and pool.num_free_blocks == 256  # KV capacity as configured
-    assert pool.num_pages > pool.num_blocks  # plus room for the adapters
+    assert pool.num_pages > pool.num_blocks  # plus the fixed adapter share
+    adapter_bytes = sum(_tensor_bytes(a) for a in runner.adapters.values())
+    assert adapter_bytes <= pages * runner.kv_bytes_per_block()  # never more than the pages it was given
 
 
-def test_default_adapter_room_holds_64_adapters_of_max_rank(fp32_engine: LLMEngine) -> None:
-    runner = fp32_engine.runner
-    max_rank = fp32_engine.config.max_lora_rank
+def test_unified_pool_stores_adapters_inside_the_kv_pages(make_engine: Any) -> None:
+    engine = make_engine(memory_mode="unified")
+    residency, pool = engine.residency, engine.pool
+    pages = sum(len(residency.get(a).page_ids) for a in residency.device_adapters())
+    assert pages > 0 and pool.num_adapter_pages == pages
+    assert pool.num_pages == pool.num_blocks == 256 and pool.num_free_blocks == 256 - pages  # one budget
+    _assert_exact_device_memory(engine)
+
+
+def _tensor_bytes(adapter: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _adapter_tensors(adapter))
+
+
+def _adapter_tensors(adapter: Any) -> list[Any]:
+    return [t for layer in adapter.layers for p in layer.values() for t in (p.a_t, *(b for *_, b in p.parts))]
+
+
+def _assert_exact_device_memory(engine: LLMEngine) -> None:
+    """Unified pool: the KV tensors are the whole budget and every resident adapter tensor is a view of its
+    own pages there, which no sequence's block table holds."""
+    runner, pool, residency = engine.runner, engine.pool, engine.residency
+    kv = [t for pair in runner.kv_caches for t in pair]
+    assert sum(t.numel() * t.element_size() for t in kv) == pool.num_pages * runner.kv_bytes_per_block()
+    kv_ptrs = {t.untyped_storage().data_ptr() for t in kv}
+    block_pages = {p for seq in [*engine.scheduler.waiting.values(), *engine.scheduler.running] for p in seq.block_table}
+    for adapter_id, adapter in runner.adapters.items():
+        page_ids = residency.get(adapter_id).page_ids
+        assert not block_pages & set(page_ids)
+        lo, hi = page_ids[0] * runner.page_numel, (page_ids[-1] + 1) * runner.page_numel
+        for tensor in _adapter_tensors(adapter):
+            assert tensor.untyped_storage().data_ptr() in kv_ptrs
+            offset = tensor.storage_offset()
+            assert lo <= offset and offset + tensor.numel() <= hi
+
+
+def test_unified_pool_under_load_with_more_adapters_than_fit_keeps_tokens_and_the_budget(
+    make_engine: Any, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
+) -> None:
+    probe = make_engine(memory_mode="unified")
+    largest = max(len(probe.residency.get(a).page_ids) for a in probe.device_adapters())
+    # room for the largest adapter plus the requests' KV, not for every adapter at once
+    engine = make_engine(memory_mode="unified", num_kv_blocks=largest + 24)
+    names = sorted(adapter_dirs)
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(8)]
+    adapters = [names[i % len(names)] for i in range(8)]
+    for i, (prompt, adapter) in enumerate(zip(prompts, adapters)):
+        engine.add_request(f"r{i}", prompt, GREEDY, adapter)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(8)}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+        _assert_exact_device_memory(engine)
+    want = fp32_engine.generate(prompts, GREEDY, adapter_ids=adapters)
+    assert [tokens[f"r{i}"] for i in range(8)] == [o.token_ids for o in want]
+    assert engine.stats()["num_adapter_evictions"] > 0
+
+
+def test_default_static_adapter_share_holds_64_adapters_of_max_rank(make_engine: Any, fp32_engine: LLMEngine) -> None:
+    engine = make_engine(memory_mode="static")
+    runner = engine.runner
+    max_rank = engine.config.max_lora_rank
     page_bytes = runner.kv_bytes_per_block()
     per_adapter = num_pages_for_adapter(max_rank, max_rank * runner.adapter_row_bytes(), page_bytes)
-    assert fp32_engine.config.adapter_cache_bytes is None
+    assert engine.config.adapter_cache_bytes is None
     assert runner.num_adapter_pages() == 64 * per_adapter
-    assert not hasattr(fp32_engine.config, "max_loaded_adapters")
+    assert fp32_engine.runner.num_adapter_pages() == 0  # unified (default): no share, adapters take KV pages
+    assert not hasattr(engine.config, "max_loaded_adapters")
 
 
 def test_explicit_load_when_every_device_adapter_is_in_use_is_refused_before_building(
@@ -153,7 +214,6 @@ def test_planned_load_failure_ends_its_requests_with_adapter_unavailable(
     [want] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=["adapter-00"])
     assert [t for o in neighbour for t in o.new_token_ids] == want.token_ids
     assert engine.stats()["num_adapter_load_failures"] == 1
-    assert engine.device_adapters() == [other]
 
 
 @pytest.mark.parametrize("policy", ["lru", "chameleon", "fastlibra"])
@@ -168,7 +228,8 @@ def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_d
     )
     cold, idle = "adapter-02", "adapter-03"
     assert engine.adapter_residency(idle) == "device" and engine.adapter_residency(cold) == "host"
-    engine.add_request("warm", prompt_ids[0], GREEDY, "adapter-00")
+    warm = next(a for a in engine.device_adapters() if a != idle)  # a small adapter that stayed resident
+    engine.add_request("warm", prompt_ids[0], GREEDY, warm)
     engine.add_request("cold", prompt_ids[1], GREEDY, cold)
     engine.step()  # "warm" runs; "cold" waits and its adapter is prefetched (evicting the idle big one)
     assert engine.adapter_residency(cold) == "device" and engine.adapter_residency(idle) == "host"

@@ -140,7 +140,7 @@ def test_close_mid_stream_aborts_the_engine_request_and_frees_everything(
     assert stream.is_closed and not stream.has_ended
     stats = _wait_idle(worker)
     assert stats["num_running"] == stats["num_waiting"] == 0
-    assert stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
+    assert stats["num_kv_pages_used"] == 0  # no KV page held (idle adapters may stay cached)
     assert stats["num_aborted"] == num_aborted + 1
     _wait_no_active(service)
     assert service.num_active == 0
@@ -171,7 +171,7 @@ def test_cancelling_the_caller_aborts_too(worker: RunningWorker) -> None:
     _with_client(worker, True, run)
     stats = _wait_idle(worker)
     assert stats["num_aborted"] == num_aborted + 1
-    assert stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
+    assert stats["num_kv_pages_used"] == 0  # no KV page held (idle adapters may stay cached)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from gpu_workers.host_cache import CONFIG_NAME, WEIGHTS_NAME
 from gpu_workers.sampling import SamplingParams
 from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
 from gpu_workers.worker_service import adapter_files
+from scheduler.core.page_pool import num_pages_for_adapter
 
 PROMPT = "hello world the river"
 BIG_ADAPTERS = ("adapter-02", "adapter-03")  # the two largest demo adapters (same page count)
@@ -32,16 +33,18 @@ MAX_TOKENS = 6
 
 
 def _pages(engine: LLMEngine, name: str) -> int:
-    return engine.residency.num_pages_for(engine.residency.get(name))  # type: ignore[arg-type]
+    """The adapter's pages in a static split (cut by rank rows; the unified layout counts differently)."""
+    state = engine.residency.get(name)
+    assert state is not None
+    return num_pages_for_adapter(state.rank, state.num_bytes, engine.runner.kv_bytes_per_block())
 
 
 @pytest.fixture(scope="module")
 def two_slot_worker(
     base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fp32_engine: LLMEngine
 ) -> Iterator[RunningWorker]:
-    """A worker whose page pool holds exactly 2 of the big adapters (spilling into KV pages cannot fit a 3rd)."""
+    """A worker whose static adapter share holds exactly 2 of the big adapters (the KV pages never take one)."""
     num_pages = max(_pages(fp32_engine, name) for name in BIG_ADAPTERS)
-    assert min(_pages(fp32_engine, name) for name in BIG_ADAPTERS) > NUM_KV_BLOCKS  # no spill room for a 3rd
     page_bytes = fp32_engine.runner.kv_bytes_per_block()
     blobs = tmp_path_factory.mktemp("two-slot-blobs")
     with worker_in_thread(
@@ -49,6 +52,7 @@ def two_slot_worker(
         blobs,
         engine_num_kv_blocks=NUM_KV_BLOCKS,
         engine_adapter_cache_bytes=2 * num_pages * page_bytes,
+        engine_memory_mode="static",
     ) as running:
         running.extra["blobs"] = blobs
         yield running

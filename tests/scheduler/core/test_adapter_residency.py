@@ -88,12 +88,19 @@ def test_running_adapters_are_never_candidates(policy: str) -> None:
     assert residency.residency("new") is Residency.HOST
 
 
-def test_min_free_kv_blocks_refuses_a_load_that_would_spill_into_the_last_kv_pages() -> None:
-    residency, _ = make_residency("lru", num_kv_pages=4, num_adapter_pages=2)
-    residency.register("a", "/host/a", rank=3, num_bytes=300)  # 3 pages: 2 adapter-only + 1 KV
+def test_min_free_kv_blocks_refuses_a_load_into_the_last_kv_pages_of_a_unified_pool() -> None:
+    residency, _ = make_residency("lru", num_kv_pages=6, num_adapter_pages=0)  # unified: 6 pages in all
+    residency.register("a", "/host/a", rank=3, num_bytes=300)  # 3 pages
     assert residency.plan_load("a", may_evict_waiting=False, min_free_kv_blocks=4) is None
     assert residency.plan_load("a", may_evict_waiting=False, min_free_kv_blocks=3) == []
     assert residency.pool.num_free_blocks == 3
+
+
+def test_a_static_adapter_share_never_takes_kv_pages() -> None:
+    residency, _ = make_residency("lru", num_kv_pages=4, num_adapter_pages=2)
+    residency.register("a", "/host/a", rank=3, num_bytes=300)  # 3 pages > the 2-page adapter share
+    assert residency.plan_load("a", may_evict_waiting=False) is None
+    assert residency.pool.num_free_blocks == 4
 
 
 def test_accesses_leave_the_window_and_the_measured_load_time_replaces_the_estimate() -> None:

@@ -36,6 +36,7 @@ class Setup:
 
 
 def make_scheduler(setup: Setup) -> BatchScheduler:
+    """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split."""
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
     clock = partial(next, itertools.count())  # deterministic: every reading is one tick later
     residency = AdapterResidency(
@@ -92,7 +93,7 @@ def check_plan(scheduler: BatchScheduler, plan: StepPlan, running_before: dict[s
 setups = st.builds(
     Setup,
     num_kv_pages=st.integers(6, 24),
-    num_adapter_pages=st.integers(0, 12),
+    num_adapter_pages=st.one_of(st.just(0), st.integers(1, 12)),  # 0: unified pool
     max_num_seqs=st.integers(1, 6),
     max_num_batched_tokens=st.integers(1, 40),
     eviction_policy=st.sampled_from(sorted(EVICTION_POLICIES)),
@@ -107,7 +108,7 @@ adapter_sizes = st.lists(st.tuples(st.integers(1, 16), st.integers(1, 1200)), mi
 
 @settings(max_examples=200, deadline=None)
 @given(setup=setups, reqs=requests, adapters=adapter_sizes)
-@example(  # an idle adapter on adapter-only pages while another spilled into KV pages once livelocked
+@example(  # static split: an idle adapter on adapter-only pages while another waits for room
     setup=Setup(num_kv_pages=6, num_adapter_pages=4, max_num_seqs=1, max_num_batched_tokens=1),
     reqs=[(1, 1, 0, 0), (1, 5, 2, 0)],
     adapters=[(1, 301), (1, 1), (1, 401), (1, 1), (1, 1), (1, 1)],
@@ -119,8 +120,10 @@ def test_plans_keep_budgets_and_pins_and_every_request_finishes(
     residency = scheduler.residency
     for i, (rank, num_bytes) in enumerate(adapters):
         state = residency.register(f"a{i}", f"/host/a{i}", rank, num_bytes)
-        # an adapter plus the longest request must fit the pool, or nothing could ever run it
-        while residency.num_pages_for(state) + 5 > setup.num_adapter_pages + setup.num_kv_pages:
+        # an adapter (static: in the adapter share; unified: beside the longest request) must fit, or nothing
+        # could ever run it
+        limit = setup.num_adapter_pages if setup.num_adapter_pages else setup.num_kv_pages - 5
+        while residency.num_pages_for(state) > limit:
             state.num_bytes = max(1, state.num_bytes // 2)
     seqs: list[Sequence] = []
     pending = list(enumerate(reqs))
@@ -153,7 +156,7 @@ def test_request_with_host_only_adapter_gets_a_load_before_its_first_step() -> N
 
 
 def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:
-    scheduler = make_scheduler(Setup(8, 4, 4, 64))  # 12 pages: two adapters of 5 pages fit, not three
+    scheduler = make_scheduler(Setup(12, 0, 4, 64))  # unified, 12 pages: two adapters of 5 pages fit, not three
     residency = scheduler.residency
     for name in ("idle", "queued", "new"):
         residency.register(name, f"/host/{name}", rank=5, num_bytes=5 * PAGE_BYTES)
@@ -166,7 +169,7 @@ def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:
 
 
 def test_adapter_of_running_request_blocks_a_load_that_needs_its_room() -> None:
-    scheduler = make_scheduler(Setup(8, 4, 4, 64))  # 12 pages: one adapter of 8 pages and r1's KV
+    scheduler = make_scheduler(Setup(12, 0, 4, 64))  # unified, 12 pages: one adapter of 8 pages and r1's KV
     scheduler.residency.register("busy", "/host/busy", rank=8, num_bytes=8 * PAGE_BYTES)
     scheduler.residency.register("other", "/host/other", rank=8, num_bytes=8 * PAGE_BYTES)
     scheduler.add(make_seq("r1", 4, 8, "busy", 0.0))

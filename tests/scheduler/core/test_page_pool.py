@@ -77,15 +77,43 @@ def test_pages_are_never_shared_lost_or_overallocated(num_blocks: int, block_siz
     assert bm.num_free_blocks == num_blocks
 
 
-def test_adapter_pages_fill_adapter_only_pages_before_kv_pages() -> None:
+def test_static_split_keeps_adapter_and_kv_pages_apart() -> None:
     pool = PagePool(num_pages=6, block_size=4, max_kv_pages=4)
     first = pool.reserve(2)
     assert first is not None and all(p >= 4 for p in first) and pool.num_free_blocks == 4
-    spill = pool.reserve(1)
-    assert spill is not None and spill[0] < 4 and pool.num_free_blocks == 3  # spilled into a KV page
-    assert pool.allocate(4) is None
-    pool.release(spill)
-    assert pool.allocate(4) is not None
+    assert pool.reserve(1) is None  # the adapter share is used up; KV pages are never borrowed
+    assert pool.allocate(4) is not None and pool.allocate(1) is None
+
+
+def test_unified_pool_gives_adapters_a_contiguous_run_from_the_top_and_kv_the_lowest_ids() -> None:
+    pool = PagePool(num_pages=10, block_size=4)
+    assert pool.is_unified
+    run = pool.reserve(3)
+    assert run == [7, 8, 9]
+    assert pool.allocate(2) == [0, 1]
+    assert pool.num_free_blocks == 5 and pool.num_free_pages == 5
+    pool.release(run)
+    assert pool.allocate(1) == [2]  # still the lowest free id
+
+
+def test_unified_reserve_needs_a_run_not_just_free_pages() -> None:
+    pool = PagePool(num_pages=6, block_size=1)
+    kv = pool.allocate(6)
+    assert kv is not None
+    pool.free([kv[1], kv[3], kv[5]])  # 3 free pages, no 2 of them adjacent
+    assert pool.num_free_pages == 3 and not pool.can_reserve(2) and pool.reserve(2) is None
+    assert pool.can_reserve(1) and pool.reserve(1) == [5]
+
+
+def test_can_reserve_counts_pages_an_eviction_would_free() -> None:
+    pool = PagePool(num_pages=6, block_size=1)
+    a = pool.reserve(2)
+    b = pool.reserve(2)
+    assert a == [4, 5] and b == [2, 3]
+    assert pool.allocate(2) == [0, 1]
+    assert not pool.can_reserve(3)
+    assert pool.can_reserve(3, also_free=a) is False  # [4, 5] alone is a run of 2
+    assert pool.can_reserve(4, also_free=a + b)
 
 
 def test_kv_pages_cannot_be_released_as_adapter_pages() -> None:
@@ -106,7 +134,7 @@ def test_adapter_pages_are_cut_along_the_rank_dimension(rank: int, num_bytes: in
 
 
 pool_ops = st.lists(
-    st.tuples(st.sampled_from(["alloc", "free", "reserve", "release", "append", "move"]), st.integers(0, 7), st.integers(0, 40)),
+    st.tuples(st.sampled_from(["alloc", "free", "reserve", "release", "append"]), st.integers(0, 7), st.integers(0, 40)),
     max_size=80,
 )
 
@@ -116,8 +144,9 @@ pool_ops = st.lists(
 def test_kv_and_adapter_pages_share_one_budget_exactly(
     num_kv: int, num_extra: int, block_size: int, ops: list
 ) -> None:
-    """Never over budget; free + used == total; KV and adapter pages counted exactly; release returns
-    exactly what was reserved; KV pages always address the KV tensor."""
+    """Both layouts (num_extra 0: unified): never over budget; free + used == total; KV and adapter pages
+    counted exactly; release returns exactly what was reserved; KV pages always address the KV tensor;
+    unified adapter reservations are contiguous runs."""
     pool = PagePool(num_kv + num_extra, block_size, max_kv_pages=num_kv)
     kv_tables: list[list[int]] = []
     reservations: list[list[int]] = []
@@ -129,11 +158,17 @@ def test_kv_and_adapter_pages_share_one_budget_exactly(
             if ids is not None:
                 kv_tables.append(ids)
         elif op == "reserve":
-            free_before = pool.num_free_pages
+            is_possible = pool.can_reserve(n)
             ids = pool.reserve(n)
-            assert (ids is None) == (n > free_before)
+            assert (ids is None) == (not is_possible)
+            if n > pool.num_free_adapter_pages + (len(ids) if ids else 0):
+                assert ids is None
             if ids is not None:
                 assert len(ids) == n
+                if pool.is_unified:
+                    assert ids == list(range(ids[0], ids[0] + n)) if n else ids == []
+                else:
+                    assert all(p >= num_kv for p in ids)
                 reservations.append(ids)
         elif op == "free" and kv_tables:
             pool.free(kv_tables.pop(n % len(kv_tables)))
@@ -142,12 +177,6 @@ def test_kv_and_adapter_pages_share_one_budget_exactly(
             free_before = pool.num_free_pages
             pool.release(ids)
             assert pool.num_free_pages == free_before + len(ids)
-        elif op == "move" and reservations:
-            ids = reservations[n % len(reservations)]
-            for i, page in enumerate(ids):
-                new_page = pool.move_out_of_kv(page)
-                if new_page is not None:
-                    ids[i] = new_page
         elif op == "append" and kv_tables:
             table = kv_tables[n % len(kv_tables)]
             before = list(table)
@@ -159,9 +188,8 @@ def test_kv_and_adapter_pages_share_one_budget_exactly(
         assert len(held) == len(set(held)) and all(0 <= p < pool.num_pages for p in held)
         assert all(p < num_kv for p in kv_held)
         assert pool.num_kv_pages == len(kv_held) and pool.num_adapter_pages == len(adapter_held)
-        assert pool.num_spilled_adapter_pages == sum(1 for p in adapter_held if p < num_kv)
+        assert pool.owner_counts() == (pool.num_free_pages, len(kv_held), len(adapter_held))
         assert pool.num_used_pages + pool.num_free_pages == pool.num_pages
-        assert pool.num_used_pages <= pool.num_pages
     for table in kv_tables:
         pool.free(table)
     for ids in reservations:
