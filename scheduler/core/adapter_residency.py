@@ -16,6 +16,7 @@ order with a cost-aware `EvictionPolicy`; `eviction_order` is where that plugs i
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -64,6 +65,9 @@ class AdapterResidency:
         self._on_device: OrderedDict[str, None] = OrderedDict()
         self.num_loads = 0
         self.num_evictions = 0
+        # Called with an adapter id whenever it leaves the device (evict, forget, failed copy), before its
+        # pages go back: the prefix cache drops the adapter's KV blocks there (no KV outlives its adapter).
+        self.on_leave_device: list[Callable[[str], None]] = []
 
     # ---- registry -----------------------------------------------------------------------------------
 
@@ -222,6 +226,8 @@ class AdapterResidency:
         self.num_evictions += 1
 
     def _drop_from_device(self, state: AdapterState) -> None:
+        for callback in self.on_leave_device:
+            callback(state.adapter_id)
         if state.page_ids:
             self.pool.release(state.page_ids)
             state.page_ids = []

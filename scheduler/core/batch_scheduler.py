@@ -1,11 +1,17 @@
 """Continuous batching: every step mixes decodes and (chunked) prefills under a token budget.
 
 Running sequences go first (oldest first): each takes its next token or its next prompt chunk. When a
-running sequence needs a KV page and none is free, adapters holding KV-addressable pages that no running
-request uses are evicted, then the youngest running sequence is preempted (pages freed, recomputed later). Then waiting requests are
-admitted in the order a `BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and
-pages last; a request whose adapter is only on the host gets an adapter load planned before its first step
-(evicting idle adapters, then adapters only waiting requests use). A request that does not fit waits.
+running sequence needs a KV page and none is free, unreferenced cached prefix blocks are evicted (leaves,
+LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
+sequence is preempted (pages freed, recomputed later). Then waiting requests are admitted in the order a
+`BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last; a request whose
+adapter is only on the host gets an adapter load planned before its first step (evicting idle adapters,
+then adapters only waiting requests use). A request that does not fit waits.
+
+With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
+adapter that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
+join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
+An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
 `schedule()` returns a plain `StepPlan`; the engine carries it out.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 from scheduler.batch_policy import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.page_pool import PagePool
+from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sequence import BatchEntry, Sequence, SequenceStatus
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 
@@ -28,6 +35,7 @@ class BatchScheduler:
         policy: BatchPolicy,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.pool = pool
         self.residency = residency
@@ -37,6 +45,9 @@ class BatchScheduler:
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.prefix_cache = prefix_cache
+        if prefix_cache is not None:
+            residency.on_leave_device.append(prefix_cache.drop_adapter)
 
     # ---- queue management ---------------------------------------------------------------------------
 
@@ -62,8 +73,16 @@ class BatchScheduler:
         state = self.residency.get(adapter_id)
         return state is not None and state.is_pinned
 
+    def num_reclaimable_blocks(self) -> int:
+        """KV pages a new sequence could get: free ones plus unreferenced cached blocks."""
+        cache = self.prefix_cache
+        return self.pool.num_free_blocks + (cache.num_evictable_blocks if cache is not None else 0)
+
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Mark finished, free its pages, unpin its adapter and drop it from the queues."""
+        """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop
+        it from the queues."""
+        if reason != "error":
+            self._cache_computed(seq)
         if seq.adapter_id is not None and not seq.is_finished:
             self.residency.unpin(seq.adapter_id, is_running=seq.status is SequenceStatus.RUNNING)
         seq.status = SequenceStatus.FINISHED
@@ -75,9 +94,35 @@ class BatchScheduler:
         self.policy.on_finished(seq.request_id)
 
     def _free_blocks(self, seq: Sequence) -> None:
+        """Release seq's cached blocks and free its own pages."""
+        if seq.num_cached_blocks:
+            assert self.prefix_cache is not None
+            self.prefix_cache.release(seq.block_table[:seq.num_cached_blocks])
         if seq.block_table:
-            self.pool.free(seq.block_table)
+            self.pool.free(seq.block_table[seq.num_cached_blocks:])
             seq.block_table = []
+        seq.num_cached_blocks = 0
+
+    def _cache_computed(self, seq: Sequence) -> None:
+        """Hand seq's computed full prompt blocks to the prefix cache (seq keeps a reference to each)."""
+        cache = self.prefix_cache
+        if cache is None or seq.is_finished:
+            return
+        num_full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pool.block_size
+        if num_full > seq.num_cached_blocks:
+            seq.num_cached_blocks = cache.insert(
+                seq.adapter_id, seq.token_ids, seq.block_table, seq.num_cached_blocks, num_full
+            )
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        """Start a waiting seq from the longest cached prefix of its adapter (at least one token stays)."""
+        if self.prefix_cache is None:
+            return
+        pages = self.prefix_cache.match(seq.adapter_id, seq.token_ids)
+        self.prefix_cache.acquire(pages)
+        seq.block_table = list(pages)
+        seq.num_cached_blocks = len(pages)
+        seq.num_computed_tokens = len(pages) * self.pool.block_size
 
     # ---- one step -----------------------------------------------------------------------------------
 
@@ -86,6 +131,8 @@ class BatchScheduler:
         plan = StepPlan()
         budget = self.max_num_batched_tokens
         is_preempted = False
+        for seq in self.running:
+            self._cache_computed(seq)
         for seq in list(self.running):
             if seq not in self.running or budget == 0:
                 continue
@@ -111,11 +158,16 @@ class BatchScheduler:
         return True
 
     def _append_slots(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
-        """Grow seq's block table (evicting idle adapters from KV-addressable pages if needed)."""
+        """Grow seq's block table (evicting unreferenced cached blocks, then idle adapters from
+        KV-addressable pages, if needed)."""
         num_tokens_after = seq.num_computed_tokens + num_new
         if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
             return True
         num_missing = self.pool.num_blocks_for_tokens(num_tokens_after) - len(seq.block_table)
+        if self.prefix_cache is not None and self.prefix_cache.num_evictable_blocks:
+            self.prefix_cache.evict_leaves(num_missing - self.pool.num_free_blocks)
+            if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
+                return True
         evicted = self.residency.evict_for_kv(num_missing, keep=seq.adapter_id)
         if not evicted:
             return False
@@ -123,7 +175,9 @@ class BatchScheduler:
         return self.pool.append_slots(seq.block_table, num_tokens_after) is not None
 
     def _preempt(self, seq: Sequence) -> None:
-        """Free a running sequence's pages and put it back to waiting (its KV is recomputed later)."""
+        """Free a running sequence's pages and put it back to waiting (its KV is recomputed later, but its
+        computed full prompt blocks stay cached while nothing needs their room)."""
+        self._cache_computed(seq)
         self.running.remove(seq)
         self._free_blocks(seq)
         seq.num_computed_tokens = 0
@@ -144,7 +198,7 @@ class BatchScheduler:
             BatchBudget(
                 num_free_seqs=self.max_num_seqs - len(self.running),
                 num_free_tokens=budget,
-                num_free_blocks=self.pool.num_free_blocks,
+                num_free_blocks=self.num_reclaimable_blocks(),
                 block_size=self.pool.block_size,
             ),
         )
@@ -152,11 +206,20 @@ class BatchScheduler:
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
             seq = self.waiting[request_id]
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._plan_adapter(seq, plan) or not self._append_slots(seq, num_new, plan):
+            if not self._plan_adapter(seq, plan):
                 if admission.is_head_of_line_blocking:
                     break
                 continue
+            self._reuse_cached_prefix(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._append_slots(seq, num_new, plan):
+                self._free_blocks(seq)
+                seq.num_computed_tokens = 0
+                if admission.is_head_of_line_blocking:
+                    break
+                continue
+            if self.prefix_cache is not None:
+                self.prefix_cache.record_query(seq.num_tokens, seq.num_computed_tokens)
             self._admit(seq)
             plan.entries.append(BatchEntry(seq, num_new))
             budget -= num_new
