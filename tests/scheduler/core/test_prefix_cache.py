@@ -115,13 +115,14 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         for i, page in enumerate(matched):  # every hit holds this adapter's (current epoch) KV of this prefix
             assert self.content[page] == (adapter, self.epoch[adapter], tuple(tokens[:(i + 1) * BS]))
         assert len(matched) * BS < len(tokens)
+        self.cache.acquire(matched)  # before evicting: a referenced block is never evicted
         num_own = self.pool.num_blocks_for_tokens(len(tokens)) - len(matched)
         if num_own > self.pool.num_free_blocks:
             self.cache.evict_leaves(num_own - self.pool.num_free_blocks)
         own = self.pool.allocate(num_own)
         if own is None:
+            self.cache.release(matched)
             return
-        self.cache.acquire(matched)
         table = matched + own
         for i in range(len(matched), len(table)):  # compute the rest
             self.content[table[i]] = (adapter, self.epoch[adapter], tuple(tokens[:(i + 1) * BS]))

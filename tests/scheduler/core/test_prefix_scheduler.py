@@ -110,7 +110,7 @@ workloads = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(
-    num_kv_pages=st.integers(5, 24),
+    num_kv_pages=st.integers(7, 24),  # a spilled adapter (2 pages) + the longest request (5 pages) fit
     num_adapter_pages=st.integers(0, 6),
     max_num_seqs=st.integers(1, 5),
     max_tokens=st.integers(1, 24),
