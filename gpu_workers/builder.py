@@ -89,6 +89,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         max_loaded_adapters=max(settings.max_loaded_adapters, 1),
         adapter_cache_bytes=settings.engine_adapter_cache_bytes,
         batch_policy=settings.engine_batch_policy,
+        enable_prefix_caching=settings.engine_enable_prefix_caching,
         num_threads=settings.engine_num_threads,
     )
 

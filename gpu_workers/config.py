@@ -27,6 +27,8 @@ class EngineConfig:
     before the pool owned adapter memory still fits; the count cap `max_loaded_adapters` stays a policy
     limit until the [Adapter memory] issue). Adapters spill into free KV pages when their share is used up.
     `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES).
+    `enable_prefix_caching`: reuse the KV of full prompt blocks shared with an earlier request of the same
+    adapter id (scheduler/core/prefix_cache.py); cached blocks are dropped when their adapter leaves the device.
     """
 
     model_path: Path | str
@@ -42,6 +44,7 @@ class EngineConfig:
     max_loaded_adapters: int = 1024
     adapter_cache_bytes: int | None = None
     batch_policy: str = "fifo"
+    enable_prefix_caching: bool = True
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None

@@ -3,7 +3,9 @@ runner (single-threaded; see async_engine.py for the thread-safe streaming wrapp
 
 Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: drop the
 evicted adapters' device copies, copy in the planned adapters (synchronously for now), run the entries.
-The page pool is the one owner of device memory: KV blocks and adapter pages come from it.
+The page pool is the one owner of device memory: KV blocks and adapter pages come from it. With prefix
+caching, the core's `PrefixCache` owns the pages of cached prompt blocks; a request starting from cached
+blocks only computes the rest of its prompt (the model runner reads the block table as usual).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from scheduler.batch_policy import BatchPolicy, make_batch_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
+from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
@@ -64,12 +67,14 @@ class LLMEngine:
         self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
         self.block_manager = self.pool  # the KV view of the pool (num_blocks, num_free_blocks, allocate, free)
         self.residency = AdapterResidency(self.pool, self.runner.kv_bytes_per_block(), config.max_loaded_adapters)
+        self.prefix_cache = PrefixCache(self.pool) if config.enable_prefix_caching else None
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
             policy or make_batch_policy(config.batch_policy),
             config.max_num_seqs,
             config.max_num_batched_tokens,
+            prefix_cache=self.prefix_cache,
         )
         self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -380,6 +385,7 @@ class LLMEngine:
     def stats(self) -> dict[str, Any]:
         """Counts, KV usage and step timings (plain JSON-able values)."""
         c = self.counters
+        cache = self.prefix_cache
         return {
             "num_waiting": len(self.scheduler.waiting),
             "num_running": len(self.scheduler.running),
@@ -394,7 +400,10 @@ class LLMEngine:
             "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
             "step_seconds_max": c.max_step_seconds,
             "num_kv_blocks": self.pool.num_blocks,
-            "num_free_kv_blocks": self.pool.num_free_blocks,
+            "num_free_kv_blocks": self.scheduler.num_reclaimable_blocks(),  # free + unreferenced cached
+            "num_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
+            "num_prefix_cache_hit_tokens": cache.num_hit_tokens if cache is not None else 0,
+            "num_prefix_cache_query_tokens": cache.num_query_tokens if cache is not None else 0,
             "num_pool_pages": self.pool.num_pages,
             "num_free_pool_pages": self.pool.num_free_pages,
             "num_adapter_pages": self.pool.num_adapter_pages,

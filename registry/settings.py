@@ -185,6 +185,9 @@ class Settings(BaseSettings):
         "max_loaded_adapters adapters of max_rank",
     )
     engine_batch_policy: str = Field(default="fifo", description="Admission order of waiting requests: fifo")
+    engine_enable_prefix_caching: bool = Field(
+        default=True, description="Reuse the KV of prompt prefixes shared by requests of the same adapter version"
+    )
 
     @field_validator("router_policy")
     @classmethod
