@@ -6,6 +6,8 @@ Modules:
 - sequence.py: `Sequence` and `SequenceStatus` (one request's state), `BatchEntry` (its share of a step).
 - page_pool.py: `PagePool`, one integer-only pool of device pages for KV blocks and adapter weights.
 - adapter_residency.py: `AdapterResidency` (none/host/copying/device, pins, LRU) over the pool.
+- prefix_cache.py: `PrefixCache`, prefix KV blocks per adapter (root -> adapter -> blocks), ref-counted, LRU
+  leaf eviction, dropped with their adapter.
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
   (scheduler/batch_policy.py).
