@@ -55,6 +55,9 @@ class PrefixCache:
         self._by_page: dict[int, CachedBlock] = {}
         self._num_adapter_blocks: dict[str | None, int] = {}
         self._num_unreferenced = 0
+        # Candidates for eviction, (last_use, page): pushed when a block becomes an unreferenced leaf; an entry
+        # whose block changed since (referenced, got a child, used again, freed) is skipped when popped.
+        self._leaf_heap: list[tuple[int, int]] = []
         self._clock = 0
         self.num_query_tokens = 0
         self.num_hit_tokens = 0
@@ -125,6 +128,7 @@ class PrefixCache:
             block.last_use = now
             if block.ref_count == 0:
                 self._num_unreferenced += 1
+                self._push_if_evictable(block)
 
     def record_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Count one admitted sequence's lookup (for the hit-rate stats)."""
@@ -168,18 +172,18 @@ class PrefixCache:
         candidate once its last child is gone); returns how many pages went back to the pool."""
         if num_blocks <= 0 or not self._num_unreferenced:
             return 0
-        # O(cached blocks) per call: it only runs when a KV allocation failed.
-        heap = [(b.last_use, b.page) for b in self._by_page.values() if b.ref_count == 0 and b.is_leaf]
-        heapq.heapify(heap)
+        heap = self._leaf_heap
         freed: list[int] = []
         while heap and len(freed) < num_blocks:
-            _, page = heapq.heappop(heap)
-            block = self._by_page[page]
+            last_use, page = heapq.heappop(heap)
+            block = self._by_page.get(page)
+            if block is None or block.last_use != last_use or block.ref_count or not block.is_leaf:
+                continue  # stale entry
             parent = block.parent
             self._unlink(block)
             freed.append(page)
-            if parent is not None and parent.ref_count == 0 and parent.is_leaf:
-                heapq.heappush(heap, (parent.last_use, parent.page))
+            if parent is not None:
+                self._push_if_evictable(parent)
         self.pool.free(freed)
         self.num_evicted_blocks += len(freed)
         return len(freed)
@@ -220,6 +224,15 @@ class PrefixCache:
         del self._by_page[block.page]
         self._num_unreferenced -= 1
         self._num_adapter_blocks[block.adapter_id] -= 1
+
+    def _push_if_evictable(self, block: CachedBlock) -> None:
+        if block.ref_count == 0 and block.is_leaf:
+            heapq.heappush(self._leaf_heap, (block.last_use, block.page))
+            if len(self._leaf_heap) > 2 * len(self._by_page) + 64:  # drop stale entries
+                self._leaf_heap = [
+                    (b.last_use, b.page) for b in self._by_page.values() if b.ref_count == 0 and b.is_leaf
+                ]
+                heapq.heapify(self._leaf_heap)
 
     def _tick(self) -> int:
         self._clock += 1
