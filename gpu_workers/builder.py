@@ -89,6 +89,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         memory_mode=settings.engine_memory_mode,
         batch_policy=settings.engine_batch_policy,
         adapter_eviction_policy=settings.adapter_eviction_policy,
+        enable_prefix_caching=settings.engine_enable_prefix_caching,
         num_threads=settings.engine_num_threads,
     )
 

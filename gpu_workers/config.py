@@ -40,6 +40,8 @@ class EngineConfig:
     `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES);
     `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
     (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
+    `enable_prefix_caching`: reuse the KV of full prompt blocks shared with an earlier request of the same
+    adapter id (scheduler/core/prefix_cache.py); cached blocks are dropped when their adapter leaves the device.
     """
 
     model_path: Path | str
@@ -56,6 +58,7 @@ class EngineConfig:
     memory_mode: str = "unified"
     batch_policy: str = "fifo"
     adapter_eviction_policy: str = DEFAULT_EVICTION_POLICY
+    enable_prefix_caching: bool = True
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None

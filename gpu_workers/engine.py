@@ -6,7 +6,9 @@ evicted adapters' device copies, copy in the planned adapters (synchronously for
 The page pool is the one owner of device memory: KV blocks and adapter pages come from it, and it alone
 decides how many adapters are on the device (there is no count cap). A request whose adapter does not fit
 right now waits in the queue; a planned copy that fails ends that adapter's requests with error_code
-"adapter_unavailable".
+"adapter_unavailable". With prefix caching, the core's `PrefixCache` owns the pages of cached prompt blocks;
+a request starting from cached blocks only computes the rest of its prompt (the model runner reads the block
+table as usual).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from scheduler.batch_policy import BatchPolicy, make_batch_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
+from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
@@ -75,12 +78,14 @@ class LLMEngine:
             self.runner.kv_bytes_per_block(),
             policy=make_eviction_policy(config.adapter_eviction_policy),
         )
+        self.prefix_cache = PrefixCache(self.pool) if config.enable_prefix_caching else None
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
             policy or make_batch_policy(config.batch_policy),
             config.max_num_seqs,
             config.max_num_batched_tokens,
+            prefix_cache=self.prefix_cache,
         )
         self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -470,6 +475,7 @@ class LLMEngine:
     def stats(self) -> dict[str, Any]:
         """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values)."""
         c = self.counters
+        cache = self.prefix_cache
         return {
             **self._adapter_cache_stats(),
             "num_waiting": len(self.scheduler.waiting),
@@ -485,7 +491,10 @@ class LLMEngine:
             "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
             "step_seconds_max": c.max_step_seconds,
             "num_kv_blocks": self.pool.num_blocks,
-            "num_free_kv_blocks": self.pool.num_free_blocks,
+            "num_free_kv_blocks": self.scheduler.num_reclaimable_blocks(),  # free + unreferenced cached
+            "num_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
+            "num_prefix_cache_hit_tokens": cache.num_hit_tokens if cache is not None else 0,
+            "num_prefix_cache_query_tokens": cache.num_query_tokens if cache is not None else 0,
             "num_pool_pages": self.pool.num_pages,
             "memory_mode": self.config.memory_mode,
             "num_loaded_adapters": len(self.runner.adapters),

@@ -201,6 +201,9 @@ class Settings(BaseSettings):
         f"{sorted(EVICTION_POLICIES)} (scheduler/eviction.py: least recently used; Chameleon's "
         "frequency/recency/size score; FastLibra's reload cost x reuse probability x recency decay)",
     )
+    engine_enable_prefix_caching: bool = Field(
+        default=True, description="Reuse the KV of prompt prefixes shared by requests of the same adapter version"
+    )
 
     @field_validator("router_policy")
     @classmethod

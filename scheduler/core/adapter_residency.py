@@ -107,6 +107,9 @@ class AdapterResidency:
         self.num_evictions = 0
         self.num_timed_loads = 0
         self.load_seconds_total = 0.0
+        # Called with an adapter id whenever it leaves the device (evict, forget, failed copy), before its
+        # pages go back: the prefix cache drops the adapter's KV blocks there (no KV outlives its adapter).
+        self.on_leave_device: list[Callable[[str], None]] = []
 
     # ---- registry -----------------------------------------------------------------------------------
 
@@ -342,6 +345,8 @@ class AdapterResidency:
         self.num_evictions += 1
 
     def _drop_from_device(self, state: AdapterState) -> None:
+        for callback in self.on_leave_device:
+            callback(state.adapter_id)
         if state.page_ids:
             self.pool.release(state.page_ids)
             state.page_ids = []

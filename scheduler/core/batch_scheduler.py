@@ -1,13 +1,19 @@
 """Continuous batching: every step mixes decodes and (chunked) prefills under a token budget.
 
 Running sequences go first (oldest first): each takes its next token or its next prompt chunk. When a
-running sequence needs a KV page and none is free, adapters holding KV-addressable pages that no running
-request uses are evicted, then the youngest running sequence is preempted (pages freed, recomputed later). Then waiting requests are
-admitted in the order a `BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and
-pages last; a request whose adapter is only on the host gets an adapter load planned before its first step
-(evicting idle adapters, then adapters only waiting requests use, each class in the residency's eviction
-policy order). A request that does not fit waits. Then adapters of waiting requests are prefetched (see
-`_prefetch`). `schedule()` returns a plain `StepPlan`; the engine carries it out.
+running sequence needs a KV page and none is free, unreferenced cached prefix blocks are evicted (leaves,
+LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
+sequence is preempted (pages freed, recomputed later). Then waiting requests are admitted in the order a
+`BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last; a request whose
+adapter is only on the host gets an adapter load planned before its first step (evicting idle adapters,
+then adapters only waiting requests use, each class in the residency's eviction policy order). A request
+that does not fit waits. Then adapters of waiting requests are prefetched (see `_prefetch`).
+
+With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
+adapter that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
+join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
+An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
+`schedule()` returns a plain `StepPlan`; the engine carries it out.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 from scheduler.batch_policy import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.page_pool import PagePool
+from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sequence import BatchEntry, Sequence, SequenceStatus
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 
@@ -29,6 +36,7 @@ class BatchScheduler:
         policy: BatchPolicy,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.pool = pool
         self.residency = residency
@@ -42,6 +50,9 @@ class BatchScheduler:
         self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or already copying)
         self.num_adapter_misses = 0  # admissions that planned their adapter's load
         self.num_adapter_prefetches = 0  # loads planned for waiting requests before their admission
+        self.prefix_cache = prefix_cache
+        if prefix_cache is not None:
+            residency.on_leave_device.append(prefix_cache.drop_adapter)
 
     # ---- queue management ---------------------------------------------------------------------------
 
@@ -68,8 +79,16 @@ class BatchScheduler:
         state = self.residency.get(adapter_id)
         return state is not None and state.is_pinned
 
+    def num_reclaimable_blocks(self) -> int:
+        """KV pages a new sequence could get: free ones plus unreferenced cached blocks."""
+        cache = self.prefix_cache
+        return self.pool.num_free_blocks + (cache.num_evictable_blocks if cache is not None else 0)
+
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Mark finished, free its pages, unpin its adapter and drop it from the queues."""
+        """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop
+        it from the queues."""
+        if reason != "error":
+            self._cache_computed(seq)
         if seq.adapter_id is not None and not seq.is_finished:
             self.residency.unpin(seq.adapter_id, is_running=seq.status is SequenceStatus.RUNNING)
         seq.status = SequenceStatus.FINISHED
@@ -81,9 +100,35 @@ class BatchScheduler:
         self.policy.on_finished(seq.request_id)
 
     def _free_blocks(self, seq: Sequence) -> None:
+        """Release seq's cached blocks and free its own pages."""
+        if seq.num_cached_blocks:
+            assert self.prefix_cache is not None
+            self.prefix_cache.release(seq.block_table[:seq.num_cached_blocks])
         if seq.block_table:
-            self.pool.free(seq.block_table)
+            self.pool.free(seq.block_table[seq.num_cached_blocks:])
             seq.block_table = []
+        seq.num_cached_blocks = 0
+
+    def _cache_computed(self, seq: Sequence) -> None:
+        """Hand seq's computed full prompt blocks to the prefix cache (seq keeps a reference to each)."""
+        cache = self.prefix_cache
+        if cache is None or seq.is_finished:
+            return
+        num_full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pool.block_size
+        if num_full > seq.num_cached_blocks:
+            seq.num_cached_blocks = cache.insert(
+                seq.adapter_id, seq.token_ids, seq.block_table, seq.num_cached_blocks, num_full
+            )
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        """Start a waiting seq from the longest cached prefix of its adapter (at least one token stays)."""
+        if self.prefix_cache is None:
+            return
+        pages = self.prefix_cache.match(seq.adapter_id, seq.token_ids)
+        self.prefix_cache.acquire(pages)
+        seq.block_table = list(pages)
+        seq.num_cached_blocks = len(pages)
+        seq.num_computed_tokens = len(pages) * self.pool.block_size
 
     # ---- one step -----------------------------------------------------------------------------------
 
@@ -92,6 +137,8 @@ class BatchScheduler:
         plan = StepPlan()
         budget = self.max_num_batched_tokens
         is_preempted = False
+        for seq in self.running:
+            self._cache_computed(seq)
         for seq in list(self.running):
             if seq not in self.running or budget == 0:
                 continue
@@ -120,11 +167,16 @@ class BatchScheduler:
         return True
 
     def _append_slots(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
-        """Grow seq's block table (evicting idle adapters from KV-addressable pages if needed)."""
+        """Grow seq's block table (evicting unreferenced cached blocks, then idle adapters from
+        KV-addressable pages, if needed)."""
         num_tokens_after = seq.num_computed_tokens + num_new
         if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
             return True
         num_missing = self.pool.num_blocks_for_tokens(num_tokens_after) - len(seq.block_table)
+        if self.prefix_cache is not None and self.prefix_cache.num_evictable_blocks:
+            self.prefix_cache.evict_leaves(num_missing - self.pool.num_free_blocks)
+            if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
+                return True
         evicted = self.residency.evict_for_kv(num_missing, keep=seq.adapter_id)
         if not evicted:
             return False
@@ -132,7 +184,9 @@ class BatchScheduler:
         return self.pool.append_slots(seq.block_table, num_tokens_after) is not None
 
     def _preempt(self, seq: Sequence) -> None:
-        """Free a running sequence's pages and put it back to waiting (its KV is recomputed later)."""
+        """Free a running sequence's pages and put it back to waiting (its KV is recomputed later, but its
+        computed full prompt blocks stay cached while nothing needs their room)."""
+        self._cache_computed(seq)
         self.running.remove(seq)
         self._free_blocks(seq)
         seq.num_computed_tokens = 0
@@ -155,7 +209,7 @@ class BatchScheduler:
             BatchBudget(
                 num_free_seqs=self.max_num_seqs - len(self.running),
                 num_free_tokens=budget,
-                num_free_blocks=self.pool.num_free_blocks,
+                num_free_blocks=self.num_reclaimable_blocks(),
                 block_size=self.pool.block_size,
             ),
         )
@@ -165,13 +219,23 @@ class BatchScheduler:
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
             seq = self.waiting[request_id]
-            num_new = min(seq.num_uncomputed_tokens, budget)
             is_hit = self._is_adapter_resident(seq)
-            if not self._plan_adapter(seq, plan) or not self._append_slots(seq, num_new, plan):
+            if not self._plan_adapter(seq, plan):
                 is_memory_short = True
                 if admission.is_head_of_line_blocking:
                     break
                 continue
+            self._reuse_cached_prefix(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._append_slots(seq, num_new, plan):
+                self._free_blocks(seq)
+                seq.num_computed_tokens = 0
+                is_memory_short = True
+                if admission.is_head_of_line_blocking:
+                    break
+                continue
+            if self.prefix_cache is not None:
+                self.prefix_cache.record_query(seq.num_tokens, seq.num_computed_tokens)
             self._admit(seq)
             self._count_adapter_access(seq, is_hit)
             plan.entries.append(BatchEntry(seq, num_new))
@@ -246,12 +310,22 @@ class BatchScheduler:
             return False
         state = self.residency.get(adapter_id)
         victims = self.residency.plan_load(adapter_id, may_evict_waiting, min_free_kv_blocks)
+        if victims is None and may_evict_waiting and self._drop_cached_blocks_for_adapters():
+            victims = self.residency.plan_load(adapter_id, may_evict_waiting, min_free_kv_blocks)
         if victims is None:
             return False
         plan.adapter_evictions.extend(victims)
         if residency is Residency.HOST:
             plan.adapter_loads.append(AdapterLoad(adapter_id, state.host_path if state else None))
         return True
+
+    def _drop_cached_blocks_for_adapters(self) -> bool:
+        """In a unified pool, unreferenced cached prefix blocks may hold the pages (or break up the run) an
+        adapter load needs: a request's load outranks cached KV, so evict them all; True if any went."""
+        cache = self.prefix_cache
+        if cache is None or not self.pool.is_unified or not cache.num_evictable_blocks:
+            return False
+        return cache.evict_leaves(cache.num_evictable_blocks) > 0
 
     def on_adapter_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
         """The engine finished a planned load (in `load_seconds`, when it measured)."""

@@ -22,7 +22,8 @@ class Sequence:
     """Mutable per-request state owned by the engine thread.
 
     Invariants: `token_ids = prompt + outputs`; tokens [0, num_computed_tokens) have KV in `block_table`;
-    len(block_table) * block_size >= num_computed_tokens.
+    len(block_table) * block_size >= num_computed_tokens; `block_table[:num_cached_blocks]` are prefix-cache
+    blocks the sequence references (owned by `PrefixCache`), the rest are its own pages.
     """
 
     request_id: str
@@ -35,6 +36,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     error: str | None = None  # why the engine stopped it (finish_reason "error")

@@ -14,8 +14,8 @@ import httpx
 import pytest
 import torch
 
-from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
+from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
 from tests.gpu_workers.conftest import PROMPTS, HfOracle
 
 NUM_TOKENS = 8

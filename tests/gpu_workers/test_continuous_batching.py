@@ -65,7 +65,7 @@ def test_full_kv_budget_queues_requests_and_preempts_without_failing(
     expected = fp32_engine.generate(prompts, GREEDY, adapter_ids=ADAPTERS)
     got = small.generate(prompts, GREEDY, adapter_ids=ADAPTERS)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
-    assert small.block_manager.num_free_blocks == 6
+    assert small.stats()["num_free_kv_blocks"] == 6  # free or cached and unreferenced: nothing leaked
     assert small.stats()["num_preemptions"] > 0
 
 

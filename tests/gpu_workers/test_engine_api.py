@@ -15,12 +15,12 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
 
 def test_abort_frees_blocks_and_reports_abort(fp32_engine: LLMEngine, prompt_ids: list[list[int]]) -> None:
-    num_free = fp32_engine.block_manager.num_free_blocks
+    num_free = fp32_engine.stats()["num_free_kv_blocks"]
     fp32_engine.add_request("abort-me", prompt_ids[3], GREEDY, "adapter-01")
     fp32_engine.step()
-    assert fp32_engine.block_manager.num_free_blocks < num_free
+    assert fp32_engine.stats()["num_free_kv_blocks"] < num_free
     assert fp32_engine.abort("abort-me")
-    assert fp32_engine.block_manager.num_free_blocks == num_free
+    assert fp32_engine.stats()["num_free_kv_blocks"] == num_free
     [out] = fp32_engine.step()
     assert out.is_finished and out.finish_reason == "abort"
     assert not fp32_engine.has_unfinished_requests()

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpu_workers.testing import RunningWorker, worker_process
 from cluster.protocol import GenerateEvent, GenerateRequest
+from gpu_workers.testing import RunningWorker, worker_process
 from tests.services import REDIS_URL, redis_with_prefix
 
 
