@@ -90,6 +90,8 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         adapter_cache_bytes=settings.engine_adapter_cache_bytes,
         batch_policy=settings.engine_batch_policy,
         num_threads=settings.engine_num_threads,
+        adapter_link_gbps=settings.engine_adapter_link_gbps,
+        cpu_prefill_workers=settings.engine_cpu_prefill_workers,
     )
 
 

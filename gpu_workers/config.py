@@ -27,6 +27,14 @@ class EngineConfig:
     before the pool owned adapter memory still fits; the count cap `max_loaded_adapters` stays a policy
     limit until the [Adapter memory] issue). Adapters spill into free KV pages when their share is used up.
     `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES).
+
+    Adapter copies host -> device are asynchronous (gpu_workers/adapter_copier.py). `adapter_link_gbps`
+    emulates the link's bandwidth in GB/s (10^9 bytes/s; a copy of n bytes takes at least n / bandwidth
+    seconds; None = as fast as the machine copies). `cpu_prefill_workers` CPU threads compute the LoRA delta
+    of prefills whose adapter is still copying from its host copy (CPU-assisted prefill, one worker per
+    prefill entry); 0 disables it: such requests wait for the copy. Default 2: two cores of the host are
+    enough for a few concurrent cold prompts of a small rank (CaraServe), and take little from the CPU
+    device's own threads otherwise.
     """
 
     model_path: Path | str
@@ -45,6 +53,8 @@ class EngineConfig:
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
+    adapter_link_gbps: float | None = None
+    cpu_prefill_workers: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -62,6 +72,10 @@ class EngineConfig:
             raise ValueError(f"adapter_cache_bytes must be positive, got {self.adapter_cache_bytes}")
         if self.max_loaded_adapters <= 0:
             raise ValueError(f"max_loaded_adapters must be positive, got {self.max_loaded_adapters}")
+        if self.adapter_link_gbps is not None and not self.adapter_link_gbps > 0:
+            raise ValueError(f"adapter_link_gbps must be positive or None, got {self.adapter_link_gbps}")
+        if self.cpu_prefill_workers < 0:
+            raise ValueError(f"cpu_prefill_workers must be >= 0 (0 disables CPU-assisted prefill), got {self.cpu_prefill_workers}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

@@ -2,8 +2,10 @@
 runner (single-threaded; see async_engine.py for the thread-safe streaming wrapper).
 
 Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: drop the
-evicted adapters' device copies, copy in the planned adapters (synchronously for now), run the entries.
-The page pool is the one owner of device memory: KV blocks and adapter pages come from it.
+evicted adapters' device copies, start the planned adapter copies (asynchronous, gpu_workers/adapter_copier.py),
+run the entries (those of a still-copying adapter as CPU-assisted prefills, layers/host_lora.py).
+Finished copies are polled at step start, between layers (the runner switches to a landed device copy) and
+after the forward. The page pool is the one owner of device memory: KV blocks and adapter pages come from it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class EngineCounters:
     num_batched_tokens: int = 0
     step_seconds: float = 0.0
     max_step_seconds: float = 0.0
+    num_adapter_copy_failures: int = 0
 
 
 class LLMEngine:
@@ -70,6 +73,7 @@ class LLMEngine:
             policy or make_batch_policy(config.batch_policy),
             config.max_num_seqs,
             config.max_num_batched_tokens,
+            config.cpu_prefill_workers,
         )
         self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -137,17 +141,28 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
+        self._poll_copies()
         plan = self.scheduler.schedule()
         self._carry_out_adapters(plan)
-        outputs, self._pending_outputs = self._pending_outputs, []
         entries = [e for e in plan.entries if not e.seq.is_finished]  # a failed adapter load ends its requests
         if not entries:
+            if plan.copy_waits and self.runner.copier.has_in_flight():
+                self.runner.copier.wait_any(_COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
+                self._poll_copies()
+            outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
         started = time.perf_counter()
-        tokens, _ = self.runner.execute(entries)
+        host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
+        if host_assisted:
+            tokens, _ = self.runner.execute(entries, host_assisted=host_assisted)
+        else:
+            tokens, _ = self.runner.execute(entries)
+        outputs, self._pending_outputs = self._pending_outputs, []
         outputs.extend(self._process(entries, tokens))
         num_sampled = sum(t is not None for t in tokens)
         self._record_step(entries, num_sampled, time.perf_counter() - started)
+        self._poll_copies()
+        outputs, self._pending_outputs = outputs + self._pending_outputs, []
         return outputs
 
     def _process(self, entries: list[BatchEntry], tokens: list[int | None]) -> list[RequestOutput]:
@@ -297,11 +312,12 @@ class LLMEngine:
         every adapter on the device is in use and the new one does not fit.
         """
         adapter_id = adapter.adapter_id
-        if adapter_id in self.runner.adapters:
+        if adapter_id in self.runner.adapters or adapter_id in self.runner.host_copies:
             if self.scheduler.is_adapter_in_use(adapter_id):
                 raise AdapterInUseError(
                     f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
                 )
+            self.runner.cancel_adapter_copy(adapter_id)
             self.residency.evict(adapter_id)
             self._drop_device_copy(adapter_id)
         host_path = str(path) if path is not None else None
@@ -353,23 +369,33 @@ class LLMEngine:
         return self.residency.device_adapters()
 
     def _carry_out_adapters(self, plan: StepPlan) -> None:
-        """Drop evicted device copies, then copy in the planned adapters (synchronously for now).
+        """Drop evicted device copies, then start the planned copies (they land in `_poll_copies`).
 
-        CPU-assisted prefill plugs in here: start the copy on a stream/thread instead and let the plan's
-        entries of that adapter run on the host copy until `on_adapter_loaded`.
+        A copy that cannot start (files changed or vanished) fails that adapter's requests only.
         """
         for adapter_id in plan.adapter_evictions:
             self._drop_device_copy(adapter_id)
         for load in plan.adapter_loads:
             try:
-                adapter = self.prepare_adapter(load.adapter_id, load.host_path or "")
+                self.runner.start_adapter_copy(load.adapter_id, Path(load.host_path or ""))
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
-                for seq in self.scheduler.on_adapter_load_failed(load.adapter_id):
-                    self._fail(seq, f"adapter {load.adapter_id!r} could not be loaded: {exc}")
-                    self._pending_outputs.append(self._delta(seq, []))
-                continue
-            self.runner.adapters[load.adapter_id] = adapter
-            self.scheduler.on_adapter_loaded(load.adapter_id)
+                self._fail_adapter(load.adapter_id, str(exc))
+
+    def _poll_copies(self) -> None:
+        """Report the copies that landed (their sequences use the device copy from now on) or failed."""
+        for job in self.runner.take_finished_copies():
+            if self.residency.residency(job.adapter_id) is not Residency.COPYING:
+                continue  # replaced meanwhile (install_adapter)
+            if job.error is None:
+                self.scheduler.on_adapter_loaded(job.adapter_id)
+            else:
+                self._fail_adapter(job.adapter_id, f"copy to the device failed: {job.error}")
+
+    def _fail_adapter(self, adapter_id: str, reason: str) -> None:
+        self.counters.num_adapter_copy_failures += 1
+        for seq in self.scheduler.on_adapter_load_failed(adapter_id):
+            self._fail(seq, f"adapter {adapter_id!r} could not be loaded: {reason}")
+            self._pending_outputs.append(self._delta(seq, []))
 
     def _drop_device_copy(self, adapter_id: str) -> None:
         self.runner.adapters.pop(adapter_id, None)
@@ -403,12 +429,21 @@ class LLMEngine:
             "device_adapters": self.residency.device_adapters(),
             "num_adapter_loads": self.residency.num_loads,
             "num_adapter_evictions": self.residency.num_evictions,
+            "num_cpu_assisted_prefills": self.scheduler.num_cpu_assisted_prefills,
+            "num_copy_waits": self.scheduler.num_copy_waits,
+            "num_adapter_copies": self.runner.copier.num_copies,
+            "num_adapter_copy_failures": c.num_adapter_copy_failures,
+            "adapter_copy_seconds_total": self.runner.copier.copy_seconds,
+            "adapter_copy_seconds_max": self.runner.copier.max_copy_seconds,
             "num_lora_stack_builds": self.runner.num_lora_stack_builds,
             "lora_stack_bytes": self.runner.lora_stack_bytes(),
             "max_model_len": self.max_model_len,
             "dtype": str(self.runner.dtype).replace("torch.", ""),
             "device": str(self.runner.device),
         }
+
+
+_COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
 
 
 def _overflow_message(seq: Sequence) -> str:
