@@ -53,9 +53,14 @@ def main() -> None:
     adapter_dir = args.model_dir / "adapters" / args.adapter
 
     def engine_for(workers: int, link_gbps: float | None) -> LLMEngine:
-        config = EngineConfig(model_path=args.model_dir / "base", dtype=args.dtype, kv_cache_bytes=1 << 28,
-                              cpu_prefill_workers=workers, adapter_link_gbps=link_gbps,
-                              num_threads=args.num_threads)
+        config = EngineConfig(
+            model_path=args.model_dir / "base",
+            dtype=args.dtype,
+            kv_cache_bytes=1 << 28,
+            cpu_prefill_workers=workers,
+            adapter_link_gbps=link_gbps,
+            num_threads=args.num_threads,
+        )
         engine = LLMEngine(config)
         engine.load_adapter("warm", adapter_dir)
         return engine
@@ -81,16 +86,34 @@ def main() -> None:
             results[mode].append(ttft(engine, f"r{i}", prompt, adapter_id))
     for mode, engine in engines.items():
         stats = engine.stats()
-        print(json.dumps({"mode": mode, "num_cpu_assisted_prefills": stats["num_cpu_assisted_prefills"],
-                          "num_copy_waits": stats["num_copy_waits"], "num_adapter_copies": stats["num_adapter_copies"],
-                          "adapter_copy_seconds_total": round(stats["adapter_copy_seconds_total"], 3)}))
+        print(
+            json.dumps(
+                {
+                    "mode": mode,
+                    "num_cpu_assisted_prefills": stats["num_cpu_assisted_prefills"],
+                    "num_copy_waits": stats["num_copy_waits"],
+                    "num_adapter_copies": stats["num_adapter_copies"],
+                    "adapter_copy_seconds_total": round(stats["adapter_copy_seconds_total"], 3),
+                }
+            )
+        )
     summary = {m: round(statistics.median(t) * 1000, 1) for m, t in results.items()}
     for mode, times in results.items():
-        print(json.dumps({"mode": mode, "ttft_ms_median": summary[mode], "ttft_ms": [round(t * 1000, 1) for t in times]}))
-    print(json.dumps({"system": "summary", "adapter_bytes": num_bytes, "adapter_link_gbps": link_gbps,
-                      "prompt_tokens": args.prompt_tokens, "ttft_ms_median": summary,
-                      "assisted_overhead_vs_warm": round(summary["assisted"] / summary["warm"] - 1, 3),
-                      "waiting_overhead_vs_warm": round(summary["waiting"] / summary["warm"] - 1, 3)}))
+        ms = [round(t * 1000, 1) for t in times]
+        print(json.dumps({"mode": mode, "ttft_ms_median": summary[mode], "ttft_ms": ms}))
+    print(
+        json.dumps(
+            {
+                "system": "summary",
+                "adapter_bytes": num_bytes,
+                "adapter_link_gbps": link_gbps,
+                "prompt_tokens": args.prompt_tokens,
+                "ttft_ms_median": summary,
+                "assisted_overhead_vs_warm": round(summary["assisted"] / summary["warm"] - 1, 3),
+                "waiting_overhead_vs_warm": round(summary["waiting"] / summary["warm"] - 1, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

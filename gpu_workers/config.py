@@ -75,7 +75,9 @@ class EngineConfig:
         if self.adapter_link_gbps is not None and not self.adapter_link_gbps > 0:
             raise ValueError(f"adapter_link_gbps must be positive or None, got {self.adapter_link_gbps}")
         if self.cpu_prefill_workers < 0:
-            raise ValueError(f"cpu_prefill_workers must be >= 0 (0 disables CPU-assisted prefill), got {self.cpu_prefill_workers}")
+            raise ValueError(
+                f"cpu_prefill_workers must be >= 0 (0 disables CPU-assisted prefill), got {self.cpu_prefill_workers}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

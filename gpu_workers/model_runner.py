@@ -16,6 +16,7 @@ from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
 from gpu_workers.config import EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
+from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.lora import (
     LoraAdapter,
     LoraBatch,
@@ -24,7 +25,6 @@ from gpu_workers.layers.lora import (
     build_stacked_lora,
     stacked_masks,
 )
-from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files

@@ -37,7 +37,9 @@ class LayerSwitch:
     lands; k = run layers [0, k) on the host copy whatever the copy does, then wait for it at layer k.
     """
 
-    def __init__(self, find_device_copy: FindDeviceCopy, adapter_ids: frozenset[str], switch_layer: int | None) -> None:
+    def __init__(
+        self, find_device_copy: FindDeviceCopy, adapter_ids: frozenset[str], switch_layer: int | None
+    ) -> None:
         self._find = find_device_copy
         self._adapter_ids = adapter_ids
         self._switch_layer = switch_layer
@@ -89,15 +91,15 @@ class HostLora:
             if proj is None:
                 continue
             if device_copy is not None:
-                add_segment_delta(out[seg.start:seg.end], x[seg.start:seg.end], proj)
+                add_segment_delta(out[seg.start : seg.end], x[seg.start : seg.end], proj)
                 continue
             # On a CPU device .cpu() returns the rows themselves: the worker adds in place.
-            out_rows, x_rows = out[seg.start:seg.end].cpu(), x[seg.start:seg.end].cpu()
+            out_rows, x_rows = out[seg.start : seg.end].cpu(), x[seg.start : seg.end].cpu()
             pending.append((seg, out_rows, self.pool.submit(_add_on_worker, out_rows, x_rows, proj)))
         for seg, out_rows, future in pending:
             future.result()
             if out_rows.device != out.device:
-                out[seg.start:seg.end].copy_(out_rows)
+                out[seg.start : seg.end].copy_(out_rows)
 
 
 def _add_on_worker(out_rows: torch.Tensor, x_rows: torch.Tensor, proj: LoraProjection) -> None:

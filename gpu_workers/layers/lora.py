@@ -179,7 +179,8 @@ def map_lora_tensors(adapter: LoraAdapter, fn: Callable[[torch.Tensor], torch.Te
         }
         for layer in adapter.layers
     )
-    return LoraAdapter(adapter.adapter_id, adapter.rank, adapter.scale, adapter.target_modules, layers, adapter.num_bytes)
+    a = adapter
+    return LoraAdapter(a.adapter_id, a.rank, a.scale, a.target_modules, layers, a.num_bytes)
 
 
 def build_lora_projection(

@@ -27,10 +27,14 @@ def record_steps(engine: LLMEngine) -> list[tuple[list[tuple[str, int, int, int]
     execute = engine.runner.execute
 
     def recording(entries: list[BatchEntry], return_logits: bool = False, **kwargs: Any) -> Any:
-        rows = [(e.seq.request_id, e.seq.num_computed_tokens, e.num_new_tokens, e.seq.num_prompt_tokens)
-                for e in entries]
+        rows = [
+            (e.seq.request_id, e.seq.num_computed_tokens, e.num_new_tokens, e.seq.num_prompt_tokens)
+            for e in entries
+        ]
         tokens, logits = execute(entries, True, **kwargs)
-        steps.append((rows, frozenset(kwargs.get("host_assisted", ())), logits.clone() if logits is not None else None))
+        steps.append(
+            (rows, frozenset(kwargs.get("host_assisted", ())), logits.clone() if logits is not None else None)
+        )
         return tokens, (logits if return_logits else None)
 
     engine.runner.execute = recording  # type: ignore[method-assign]
@@ -47,16 +51,21 @@ def run(engine: LLMEngine, requests: list[tuple[str, list[int], str | None]]) ->
     while engine.has_unfinished_requests():
         for out in engine.step():
             got = result[out.request_id]
-            if out.new_token_ids and not got["tokens"] and adapters[out.request_id] is not None:
-                got["residency_at_first_token"] = engine.adapter_residency(adapters[out.request_id])  # type: ignore[arg-type]
+            adapter = adapters[out.request_id]
+            if out.new_token_ids and not got["tokens"] and adapter is not None:
+                got["residency_at_first_token"] = engine.adapter_residency(adapter)
             got["tokens"] += out.new_token_ids
             if out.is_finished:
                 got["finish_reason"], got["error"] = out.finish_reason, out.error
     return result
 
 
-def cold_engine(make_engine: Callable[..., LLMEngine], adapter_dirs: dict[str, Path], copy_seconds: float | None,
-                **kwargs: Any) -> LLMEngine:
+def cold_engine(
+    make_engine: Callable[..., LLMEngine],
+    adapter_dirs: dict[str, Path],
+    copy_seconds: float | None,
+    **kwargs: Any,
+) -> LLMEngine:
     """An engine where "cold" (ADAPTER's files) is only on the host; its copy takes about copy_seconds."""
     probe = make_engine(**kwargs)
     if copy_seconds is None:
@@ -81,7 +90,10 @@ def warm_steps(fp32_engine: LLMEngine, prompt_ids: list[list[int]]) -> tuple[lis
 
 @pytest.mark.parametrize("switch_layer", [0, 1, 2])
 def test_switching_to_the_device_copy_at_any_layer_gives_the_resident_run(
-    make_engine: Any, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]], warm_steps: Any,
+    make_engine: Any,
+    adapter_dirs: dict[str, Path],
+    prompt_ids: list[list[int]],
+    warm_steps: Any,
     switch_layer: int,
 ) -> None:
     engine = cold_engine(make_engine, adapter_dirs, None)
@@ -144,7 +156,9 @@ def test_busy_cpu_pool_falls_back_to_waiting_for_the_copy(
     steps = record_steps(engine)
     got = run(engine, [("first", prompt_ids[3], "cold"), ("second", prompt_ids[3], "cold")])
     rows, host, _ = steps[0]
-    assert [r for r, *_ in rows] == ["first"] and host == {"cold"}  # the one worker was taken: "second" waited
+    assert [r for r, *_ in rows] == ["first"] and host == {
+        "cold"
+    }  # the one worker was taken: "second" waited
     assert got["first"]["residency_at_first_token"] == "copying"
     assert got["first"]["tokens"] == got["second"]["tokens"] == warm_steps[0]
     assert engine.stats()["num_copy_waits"] == 2  # "second" for the worker, "first" before its first decode

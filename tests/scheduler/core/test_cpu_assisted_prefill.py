@@ -95,8 +95,11 @@ def test_no_workers_means_every_request_of_a_copying_adapter_waits() -> None:
 @given(
     num_workers=st.integers(0, 3),
     budget=st.integers(1, 24),
-    reqs=st.lists(st.tuples(st.integers(1, 10), st.integers(1, 4), st.sampled_from(["cold", "other", None])),
-                  min_size=1, max_size=8),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 10), st.integers(1, 4), st.sampled_from(["cold", "other", None])),
+        min_size=1,
+        max_size=8,
+    ),
     copy_steps=st.integers(0, 6),
 )
 def test_host_copy_runs_only_prefills_within_the_workers_and_everything_finishes(
