@@ -116,7 +116,7 @@ def place_adapter(
                 if region > 1 or numel > capacity:
                     raise ValueError("the adapter's layout does not fit its pages")
             view = regions[region][cursor[region] : cursor[region] + numel].view(tensor.shape)
-            view.copy_(tensor)
+            view.copy_(tensor, non_blocking=True)  # from pinned host memory on CUDA (a side stream)
             cursor[region] += numel
             return view
 

@@ -91,6 +91,8 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         adapter_eviction_policy=settings.adapter_eviction_policy,
         enable_prefix_caching=settings.engine_enable_prefix_caching,
         num_threads=settings.engine_num_threads,
+        adapter_link_gbps=settings.engine_adapter_link_gbps,
+        cpu_prefill_workers=settings.engine_cpu_prefill_workers,
     )
 
 

@@ -42,6 +42,14 @@ class EngineConfig:
     (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
     `enable_prefix_caching`: reuse the KV of full prompt blocks shared with an earlier request of the same
     adapter id (scheduler/core/prefix_cache.py); cached blocks are dropped when their adapter leaves the device.
+
+    Adapter copies host -> device are asynchronous (gpu_workers/adapter_copier.py). `adapter_link_gbps`
+    emulates the link's bandwidth in GB/s (10^9 bytes/s; a copy of n bytes takes at least n / bandwidth
+    seconds; None = as fast as the machine copies). `cpu_prefill_workers` CPU threads compute the LoRA delta
+    of prefills whose adapter is still copying from its host copy (CPU-assisted prefill, one worker per
+    prefill entry); 0 disables it: such requests wait for the copy. Default 2: two cores of the host are
+    enough for a few concurrent cold prompts of a small rank (CaraServe), and take little from the CPU
+    device's own threads otherwise.
     """
 
     model_path: Path | str
@@ -62,6 +70,8 @@ class EngineConfig:
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
+    adapter_link_gbps: float | None = None
+    cpu_prefill_workers: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -83,6 +93,12 @@ class EngineConfig:
             raise ValueError(
                 f"adapter_eviction_policy must be one of {sorted(EVICTION_POLICIES)}, "
                 f"got {self.adapter_eviction_policy!r}"
+            )
+        if self.adapter_link_gbps is not None and not self.adapter_link_gbps > 0:
+            raise ValueError(f"adapter_link_gbps must be positive or None, got {self.adapter_link_gbps}")
+        if self.cpu_prefill_workers < 0:
+            raise ValueError(
+                f"cpu_prefill_workers must be >= 0 (0 disables CPU-assisted prefill), got {self.cpu_prefill_workers}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

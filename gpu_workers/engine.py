@@ -2,13 +2,15 @@
 runner (single-threaded; see async_engine.py for the thread-safe streaming wrapper).
 
 Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: drop the
-evicted adapters' device copies, copy in the planned adapters (synchronously for now), run the entries.
-The page pool is the one owner of device memory: KV blocks and adapter pages come from it, and it alone
-decides how many adapters are on the device (there is no count cap). A request whose adapter does not fit
-right now waits in the queue; a planned copy that fails ends that adapter's requests with error_code
-"adapter_unavailable". With prefix caching, the core's `PrefixCache` owns the pages of cached prompt blocks;
-a request starting from cached blocks only computes the rest of its prompt (the model runner reads the block
-table as usual).
+evicted adapters' device copies, start the planned adapter copies (asynchronous, gpu_workers/adapter_copier.py),
+run the entries (those of a still-copying adapter as CPU-assisted prefills, layers/host_lora.py).
+Finished copies are polled at step start, between layers (the runner switches to a landed device copy) and
+after the forward. The page pool is the one owner of device memory: KV blocks and adapter pages come from
+it, and it alone decides how many adapters are on the device (there is no count cap). A request whose
+adapter does not fit right now waits in the queue; a copy that fails ends that adapter's requests with
+error_code "adapter_unavailable". With prefix caching, the core's `PrefixCache` owns the pages of cached
+prompt blocks; a request starting from cached blocks only computes the rest of its prompt (the model runner
+reads the block table as usual).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class EngineCounters:
     step_seconds: float = 0.0
     max_step_seconds: float = 0.0
     num_adapter_load_failures: int = 0  # planned or explicit copies to the device that failed
+    num_adapter_copy_failures: int = 0  # planned (asynchronous) copies that failed
 
 
 class LLMEngine:
@@ -86,6 +89,7 @@ class LLMEngine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
+            num_cpu_prefill_workers=config.cpu_prefill_workers,
         )
         self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -153,17 +157,28 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
+        self._poll_copies()
         plan = self.scheduler.schedule()
         self._carry_out_adapters(plan)
-        outputs, self._pending_outputs = self._pending_outputs, []
         entries = [e for e in plan.entries if not e.seq.is_finished]  # a failed adapter load ends its requests
         if not entries:
+            if plan.copy_waits and self.runner.copier.has_in_flight():
+                self.runner.copier.wait_any(_COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
+                self._poll_copies()
+            outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
         started = time.perf_counter()
-        tokens, _ = self.runner.execute(entries)
+        host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
+        if host_assisted:
+            tokens, _ = self.runner.execute(entries, host_assisted=host_assisted)
+        else:
+            tokens, _ = self.runner.execute(entries)
+        outputs, self._pending_outputs = self._pending_outputs, []
         outputs.extend(self._process(entries, tokens))
         num_sampled = sum(t is not None for t in tokens)
         self._record_step(entries, num_sampled, time.perf_counter() - started)
+        self._poll_copies()
+        outputs, self._pending_outputs = outputs + self._pending_outputs, []
         return outputs
 
     def _process(self, entries: list[BatchEntry], tokens: list[int | None]) -> list[RequestOutput]:
@@ -350,11 +365,12 @@ class LLMEngine:
         load_seconds: float | None = None,
     ) -> None:
         """Register, plan the load (pool first), drop the victims' copies, then build and place the tensors."""
-        if adapter_id in self.runner.adapters:
+        if adapter_id in self.runner.adapters or adapter_id in self.runner.host_copies:
             if self.scheduler.is_adapter_in_use(adapter_id):
                 raise AdapterInUseError(
                     f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
                 )
+            self.runner.cancel_adapter_copy(adapter_id)
             self.residency.evict(adapter_id)
             self._drop_device_copy(adapter_id)
         self._register(adapter_id, host_path, rank, num_bytes, num_pages)
@@ -382,8 +398,11 @@ class LLMEngine:
 
     def _placed(self, adapter_id: str, adapter: LoraAdapter) -> LoraAdapter:
         """The adapter in the pages the core reserved for it (views of the KV cache in a unified pool)."""
+        return self.runner.place_adapter(adapter, self._page_ids(adapter_id))
+
+    def _page_ids(self, adapter_id: str) -> list[int]:
         state = self.residency.get(adapter_id)
-        return self.runner.place_adapter(adapter, state.page_ids if state is not None else [])
+        return list(state.page_ids) if state is not None else []
 
     def unload_adapter(self, adapter_id: str) -> None:
         """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""
@@ -420,31 +439,40 @@ class LLMEngine:
         return self.residency.device_adapters()
 
     def _carry_out_adapters(self, plan: StepPlan) -> None:
-        """Drop evicted device copies, then copy in the planned adapters (synchronously for now).
+        """Drop evicted device copies, then start the planned copies (they land in `_poll_copies`).
 
-        CPU-assisted prefill plugs in here: start the copy on a stream/thread instead and let the plan's
-        entries of that adapter run on the host copy until `on_adapter_loaded`.
+        A copy that cannot start (files changed or vanished) fails that adapter's requests only.
         """
         for adapter_id in plan.adapter_evictions:
             self._drop_device_copy(adapter_id)
         for load in plan.adapter_loads:
-            started = time.perf_counter()
             try:
-                adapter = self._placed(load.adapter_id, self.prepare_adapter(load.adapter_id, load.host_path or ""))
+                page_ids = self._page_ids(load.adapter_id)
+                self.runner.start_adapter_copy(load.adapter_id, Path(load.host_path or ""), page_ids)
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
-                self.counters.num_adapter_load_failures += 1
-                message = (
-                    f"adapter {load.adapter_id!r} could not be loaded from its host copy: {exc} (its files "
-                    "vanished or changed after they were verified)"
-                )
-                for seq in self.scheduler.on_adapter_load_failed(load.adapter_id):
-                    self._fail(seq, message, "adapter_unavailable")
-                    self._pending_outputs.append(self._delta(seq, []))
-                continue
-            self.runner.adapters[load.adapter_id] = adapter
-            self.scheduler.on_adapter_loaded(load.adapter_id, time.perf_counter() - started)
+                self._fail_adapter(load.adapter_id, str(exc))
+
+    def _poll_copies(self) -> None:
+        """Report the copies that landed (their sequences use the device copy from now on) or failed."""
+        for job in self.runner.take_finished_copies():
+            if self.residency.residency(job.adapter_id) is not Residency.COPYING:
+                continue  # replaced meanwhile (install_adapter)
+            if job.error is None:
+                self.scheduler.on_adapter_loaded(job.adapter_id, job.seconds)
+            else:
+                self._fail_adapter(job.adapter_id, f"copy to the device failed: {job.error}")
+
+    def _fail_adapter(self, adapter_id: str, reason: str) -> None:
+        """A planned copy failed (files changed or vanished after they were verified, or the link failed):
+        end that adapter's requests only, with error_code "adapter_unavailable"."""
+        self.counters.num_adapter_copy_failures += 1
+        self.counters.num_adapter_load_failures += 1
+        for seq in self.scheduler.on_adapter_load_failed(adapter_id):
+            self._fail(seq, f"adapter {adapter_id!r} could not be loaded from its host copy: {reason}", "adapter_unavailable")
+            self._pending_outputs.append(self._delta(seq, []))
 
     def _drop_device_copy(self, adapter_id: str) -> None:
+        self.runner.cancel_adapter_copy(adapter_id)
         self.runner.adapters.pop(adapter_id, None)
         self.runner.forget_adapter(adapter_id)
 
@@ -501,12 +529,21 @@ class LLMEngine:
             "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
             "device_adapters": self.residency.device_adapters(),
             "num_adapter_load_failures": self.counters.num_adapter_load_failures,
+            "num_cpu_assisted_prefills": self.scheduler.num_cpu_assisted_prefills,
+            "num_copy_waits": self.scheduler.num_copy_waits,
+            "num_adapter_copies": self.runner.copier.num_copies,
+            "num_adapter_copy_failures": c.num_adapter_copy_failures,
+            "adapter_copy_seconds_total": self.runner.copier.copy_seconds,
+            "adapter_copy_seconds_max": self.runner.copier.max_copy_seconds,
             "num_lora_stack_builds": self.runner.num_lora_stack_builds,
             "lora_stack_bytes": self.runner.lora_stack_bytes(),
             "max_model_len": self.max_model_len,
             "dtype": str(self.runner.dtype).replace("torch.", ""),
             "device": str(self.runner.device),
         }
+
+
+_COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
 
 
 def _overflow_message(seq: Sequence) -> str:

@@ -5,11 +5,13 @@ the engine core (scheduler/core/); the engine changes `adapters` only when it ca
 from __future__ import annotations
 
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from gpu_workers.adapter_copier import AdapterCopier, CopyJob, pin_host_copy
 from gpu_workers.adapter_layout import (
     adapter_layer_numels,
     layer_numels_for,
@@ -19,6 +21,7 @@ from gpu_workers.adapter_layout import (
 from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
+from gpu_workers.layers.host_lora import HostLora, LayerSwitch
 from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.lora import (
     PROJECTIONS,
@@ -85,6 +88,12 @@ class ModelRunner:
         self.lora_stacks: OrderedDict[tuple[int, ...], StackedLora] = OrderedDict()
         self.num_lora_stack_builds = 0
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
+        # CPU-assisted prefill: host copies of the adapters being copied, the copy link and the CPU pool.
+        self.copier = AdapterCopier(self.device, config.adapter_link_gbps)
+        self.host_copies: dict[str, LoraAdapter] = {}
+        self._cpu_pool: ThreadPoolExecutor | None = None
+        self.host_switch_layer: int | None = None  # test hook, see layers/host_lora.LayerSwitch
+        self.last_switched_at: dict[str, int] = {}  # last host-assisted step: adapter -> first device layer
         self.generators: dict[str, torch.Generator] = {}
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
@@ -204,22 +213,70 @@ class ModelRunner:
             return adapter
         return place_adapter(adapter, self.kv_caches, page_ids, self.page_numel)
 
+    def start_adapter_copy(self, adapter_id: str, path: Path, page_ids: list[int] | None = None) -> None:
+        """Pack an adapter's host copy (pinned on CUDA) and start its asynchronous copy to the device: into
+        its reserved `page_ids` of the KV cache in a unified pool, as tensors of its own in a static split.
+
+        Raises AdapterLoadError when its files are invalid or gone (nothing started).
+        """
+        info = self.validate_adapter(path)
+        host_device = torch.device("cpu")
+        host_copy = load_lora_adapter(
+            adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, host_device
+        )
+        host_copy = pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
+        self.host_copies[adapter_id] = host_copy
+        pages = list(page_ids or [])
+        place = (lambda adapter: self.place_adapter(adapter, pages)) if self.is_unified else None
+        self.copier.start(host_copy, place)
+
+    def cancel_adapter_copy(self, adapter_id: str) -> None:
+        """Drop an unfinished copy and its host copy."""
+        self.copier.cancel(adapter_id)
+        self.host_copies.pop(adapter_id, None)
+
+    def take_finished_copies(self) -> list[CopyJob]:
+        """Copies that landed (now in `adapters`) or failed since the last call; their host copies go."""
+        finished = self.copier.take_finished()
+        for job in finished:
+            self.host_copies.pop(job.adapter_id, None)
+            if job.device_copy is not None:
+                self.adapters[job.adapter_id] = job.device_copy
+        return finished
+
+    def _find_device_copy(self, adapter_id: str, wait: bool) -> LoraAdapter | None:
+        return self.copier.landed(adapter_id, wait)
+
+    def _cpu_workers(self) -> ThreadPoolExecutor:
+        if self._cpu_pool is None:
+            num_workers = max(self.config.cpu_prefill_workers, 1)
+            self._cpu_pool = ThreadPoolExecutor(num_workers, thread_name_prefix="cpu-prefill")
+        return self._cpu_pool
+
     # ---- one step ----------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(
-        self, entries: list[BatchEntry], return_logits: bool = False
+        self,
+        entries: list[BatchEntry],
+        return_logits: bool = False,
+        host_assisted: frozenset[str] | set[str] = frozenset(),
     ) -> tuple[list[int | None], torch.Tensor | None]:
         """Run one batch (entries sorted by adapter) -> sampled token per sampling entry (+ their logits).
 
+        Entries of a `host_assisted` adapter (still being copied; prefills only) get their LoRA delta from
+        the adapter's host copy on the CPU pool until its device copy lands (then from the next layer on).
         A row whose logits are not all finite (an adapter whose weights overflow) gets None instead of a
         token and is not sampled, so it cannot fail its batch neighbours' sampling.
         """
-        inputs = self.prepare(entries)
+        inputs = self.prepare(entries, frozenset(host_assisted))
         cos_sin = self.rotary.lookup(inputs.positions)
         hidden = self.model(
             inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora, output_rows=inputs.sample_rows
         )  # [num_sampling, hidden]
+        if inputs.lora.host is not None:
+            switched_at = inputs.lora.host.switch.switched_at
+            self.last_switched_at = {a: switched_at.get(a, self.args.num_layers) for a in host_assisted}
         sampling = [e for e in entries if e.is_sampling]
         if not sampling:
             return [], None
@@ -253,7 +310,7 @@ class ModelRunner:
         """Drop per-request sampler state."""
         self.generators.pop(request_id, None)
 
-    def prepare(self, entries: list[BatchEntry]) -> StepInputs:
+    def prepare(self, entries: list[BatchEntry], host_assisted: frozenset[str] = frozenset()) -> StepInputs:
         """Build token ids, positions, slot mappings, attention and LoRA segment metadata for one step."""
         bs = self.block_size
         ids: list[int] = []
@@ -287,7 +344,7 @@ class ModelRunner:
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
             positions=torch.cat(positions).to(self.device),
             attention=attention,
-            lora=self._lora_batch(entries),
+            lora=self._lora_batch(entries, host_assisted),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=self.device),
         )
 
@@ -388,29 +445,36 @@ class ModelRunner:
             self.lora_stacks.popitem(last=False)
         return stacked
 
-    def _lora_batch(self, entries: list[BatchEntry]) -> LoraBatch:
+    def _lora_batch(self, entries: list[BatchEntry], host_assisted: frozenset[str] = frozenset()) -> LoraBatch:
         """Contiguous token ranges per adapter (entries are already sorted by adapter); stacked form for
-        decode-sized steps."""
+        decode-sized steps; one host segment per entry of a host-assisted adapter."""
         segments: list[LoraSegment] = []
+        host_segments: list[LoraSegment] = []
         row = 0
         for entry in entries:
             end = row + entry.num_new_tokens
             adapter_id = entry.seq.adapter_id
-            if adapter_id is not None:
+            if adapter_id is not None and adapter_id in host_assisted:
+                host_segments.append(LoraSegment(row, end, self.host_copies[adapter_id]))
+            elif adapter_id is not None:
                 last = segments[-1] if segments else None
                 if last is not None and last.adapter.adapter_id == adapter_id and last.end == row:
                     segments[-1] = LoraSegment(last.start, end, last.adapter)
                 else:
                     segments.append(LoraSegment(row, end, self.adapters[adapter_id]))
             row = end
+        host = None
+        if host_segments:
+            switch = LayerSwitch(self._find_device_copy, host_assisted, self.host_switch_layer)
+            host = HostLora(tuple(host_segments), switch, self._cpu_workers())
         if not self._use_stacked(segments, row):
-            return LoraBatch(tuple(segments))
+            return LoraBatch(tuple(segments), host=host)
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
         token_owner = torch.full((row,), -1, dtype=torch.long)
         for pos, seg in enumerate(segments):
             token_owner[seg.start:seg.end] = pos
         masks = stacked_masks(stacked, token_owner.to(self.device))
-        return LoraBatch(tuple(segments), stacked, masks)
+        return LoraBatch(tuple(segments), stacked, masks, host)
 
 
 def _batch_equal_prefills(chunks: list[PrefillChunk]) -> list[PrefillChunk]:

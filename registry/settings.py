@@ -204,6 +204,18 @@ class Settings(BaseSettings):
     engine_enable_prefix_caching: bool = Field(
         default=True, description="Reuse the KV of prompt prefixes shared by requests of the same adapter version"
     )
+    engine_adapter_link_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Emulated host->device adapter link bandwidth in GB/s (a copy of n bytes takes at least "
+        "n / bandwidth seconds); default: no emulation",
+    )
+    engine_cpu_prefill_workers: int = Field(
+        default=2,
+        ge=0,
+        description="CPU threads computing the LoRA delta of prefills whose adapter is still being copied "
+        "(CPU-assisted prefill); 0: such requests wait for the copy",
+    )
 
     @field_validator("router_policy")
     @classmethod

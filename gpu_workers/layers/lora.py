@@ -20,11 +20,16 @@ token's delta depends only on its own adapter's weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from gpu_workers.layers.linear import pack_linear_weight, packed_linear
+
+if TYPE_CHECKING:
+    from gpu_workers.layers.host_lora import HostLora
 
 # Merged projections of a decoder layer and the HF modules stacked in each (in output-column order).
 PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -104,16 +109,19 @@ class LoraBatch:
 
     When `stacked` is set, the step uses the stacked form: masks[layout] is [num_tokens, S] bool, True where
     the column belongs to another adapter than the token's (dropped; tokens without adapter: all True).
+    `host`: segments whose adapter is still being copied (CPU-assisted prefill, layers/host_lora.py); their
+    tokens are in no device segment and the stacked form adds exactly 0 to them.
     """
 
     segments: tuple[LoraSegment, ...]
     stacked: StackedLora | None = None
     masks: tuple[torch.Tensor, ...] = ()
+    host: HostLora | None = None
 
     @property
     def is_empty(self) -> bool:
         """True when no token uses an adapter."""
-        return not self.segments
+        return not self.segments and self.host is None
 
 
 def add_lora_delta(
@@ -122,7 +130,14 @@ def add_lora_delta(
     """out[seg] += scale * (x[seg] @ A) @ B for every segment whose adapter targets `projection`.
 
     out: [num_tokens, out_features] (merged projection output, updated in place); x: [num_tokens, in].
+    Host-assisted segments go last (their CPU workers write rows no device op touches any more).
     """
+    _add_device_delta(out, x, lora, layer_idx, projection)
+    if lora.host is not None:
+        lora.host.add_delta(out, x, layer_idx, projection)
+
+
+def _add_device_delta(out: torch.Tensor, x: torch.Tensor, lora: LoraBatch, layer_idx: int, projection: str) -> None:
     if lora.stacked is not None:
         stacked = lora.stacked.layers[layer_idx].get(projection)
         if stacked is None:
@@ -141,11 +156,31 @@ def add_lora_delta(
         return
     for seg in lora.segments:
         proj = seg.adapter.layers[layer_idx].get(projection)
-        if proj is None:
-            continue
-        xa = x[seg.start:seg.end] @ proj.a_t  # [seg_tokens, sum_ranks]
-        for r0, r1, c0, c1, b_t in proj.parts:
-            out[seg.start:seg.end, c0:c1].addmm_(xa[:, r0:r1], b_t)
+        if proj is not None:
+            add_segment_delta(out[seg.start:seg.end], x[seg.start:seg.end], proj)
+
+
+def add_segment_delta(out_rows: torch.Tensor, x_rows: torch.Tensor, proj: LoraProjection) -> None:
+    """out_rows += (x_rows @ A) @ B of one adapter's projection (the same ops on the device or a host copy).
+
+    out_rows: [seg_tokens, out_features] (updated in place); x_rows: [seg_tokens, in_features].
+    """
+    xa = x_rows @ proj.a_t  # [seg_tokens, sum_ranks]
+    for r0, r1, c0, c1, b_t in proj.parts:
+        out_rows[:, c0:c1].addmm_(xa[:, r0:r1], b_t)
+
+
+def map_lora_tensors(adapter: LoraAdapter, fn: Callable[[torch.Tensor], torch.Tensor]) -> LoraAdapter:
+    """The same adapter with every weight tensor replaced by fn(tensor) (a copy to another device, pinning)."""
+    layers = tuple(
+        {
+            name: LoraProjection(fn(p.a_t), tuple((r0, r1, c0, c1, fn(b)) for r0, r1, c0, c1, b in p.parts))
+            for name, p in layer.items()
+        }
+        for layer in adapter.layers
+    )
+    a = adapter
+    return LoraAdapter(a.adapter_id, a.rank, a.scale, a.target_modules, layers, a.num_bytes)
 
 
 def build_lora_projection(
@@ -237,16 +272,23 @@ def select_lora_rows(lora: LoraBatch, rows: torch.Tensor) -> LoraBatch:
     if lora.is_empty:
         return lora
     row_list = rows.tolist()
-    segments: list[LoraSegment] = []
+    segments = select_segment_rows(lora.segments, row_list)
+    host = lora.host.select_rows(row_list) if lora.host is not None else None
+    if lora.stacked is None:
+        return LoraBatch(segments, host=host)
+    return LoraBatch(segments, lora.stacked, tuple(m.index_select(0, rows) for m in lora.masks), host)
+
+
+def select_segment_rows(segments: tuple[LoraSegment, ...], row_list: list[int]) -> tuple[LoraSegment, ...]:
+    """Segments over the batch rows `row_list` (ascending), renumbered (row i = row_list[i])."""
+    selected: list[LoraSegment] = []
     i = 0
-    for seg in lora.segments:
+    for seg in segments:
         while i < len(row_list) and row_list[i] < seg.start:
             i += 1
         start = i
         while i < len(row_list) and row_list[i] < seg.end:
             i += 1
         if i > start:
-            segments.append(LoraSegment(start, i, seg.adapter))
-    if lora.stacked is None:
-        return LoraBatch(tuple(segments))
-    return LoraBatch(tuple(segments), lora.stacked, tuple(m.index_select(0, rows) for m in lora.masks))
+            selected.append(LoraSegment(start, i, seg.adapter))
+    return tuple(selected)

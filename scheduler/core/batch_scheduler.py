@@ -5,15 +5,21 @@ running sequence needs a KV page and none is free, unreferenced cached prefix bl
 LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
 sequence is preempted (pages freed, recomputed later). Then waiting requests are admitted in the order a
 `BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last; a request whose
-adapter is only on the host gets an adapter load planned before its first step (evicting idle adapters,
+adapter is only on the host gets an adapter copy planned (evicting idle adapters,
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
-that does not fit waits. Then adapters of waiting requests are prefetched (see `_prefetch`).
+that does not fit waits. While its adapter is COPYING, a sequence runs only as a CPU-assisted
+prefill (`_may_run`, at most `num_cpu_prefill_workers` entries; decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
 adapter that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
 join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
 An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
 `schedule()` returns a plain `StepPlan`; the engine carries it out.
+
+Copies are asynchronous (the adapter is COPYING until `on_adapter_loaded`). While it copies, a sequence
+of that adapter runs only as a CPU-assisted prefill (CaraServe): a prefill chunk whose LoRA delta is
+computed from the host copy by one of `num_cpu_prefill_workers` CPU workers. Decodes, and prefills beyond
+the free workers (0 workers: every one), skip the step and wait for the copy (`StepPlan.copy_waits`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ class BatchScheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         prefix_cache: PrefixCache | None = None,
+        num_cpu_prefill_workers: int = 0,
     ) -> None:
+        if num_cpu_prefill_workers < 0:
+            raise ValueError(f"num_cpu_prefill_workers must be >= 0, got {num_cpu_prefill_workers}")
         self.pool = pool
         self.residency = residency
         self.policy = policy
@@ -45,6 +54,7 @@ class BatchScheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
+        self.num_cpu_prefill_workers = num_cpu_prefill_workers
         self.num_preemptions = 0
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
         self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or already copying)
@@ -53,6 +63,10 @@ class BatchScheduler:
         self.prefix_cache = prefix_cache
         if prefix_cache is not None:
             residency.on_leave_device.append(prefix_cache.drop_adapter)
+        self.num_cpu_assisted_prefills = 0  # requests whose prefill ran (at least partly) on a host copy
+        self.num_copy_waits = 0  # requests that waited at least one step for their adapter's copy
+        self._host_assisted: set[str] = set()  # request ids counted in num_cpu_assisted_prefills
+        self._copy_waiters: set[str] = set()  # request ids counted in num_copy_waits
 
     # ---- queue management ---------------------------------------------------------------------------
 
@@ -94,6 +108,8 @@ class BatchScheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.waiting.pop(seq.request_id, None)
+        self._host_assisted.discard(seq.request_id)
+        self._copy_waiters.discard(seq.request_id)
         if seq in self.running:
             self.running.remove(seq)
         self._free_blocks(seq)
@@ -142,11 +158,13 @@ class BatchScheduler:
         for seq in list(self.running):
             if seq not in self.running or budget == 0:
                 continue
+            if not self._may_run(seq, plan):
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self._grow_or_preempt(seq, num_new, plan):
                 is_preempted = True
                 continue
-            plan.entries.append(BatchEntry(seq, num_new))
+            self._add_entry(plan, seq, num_new)
             budget -= num_new
         is_memory_short = is_preempted or self._admit_waiting(plan, budget)
         if not is_memory_short:
@@ -225,6 +243,8 @@ class BatchScheduler:
                 if admission.is_head_of_line_blocking:
                     break
                 continue
+            if not self._may_run(seq, plan):
+                continue  # its adapter's copy is under way: not a shortage, so it blocks nobody behind it
             self._reuse_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self._append_slots(seq, num_new, plan):
@@ -238,7 +258,7 @@ class BatchScheduler:
                 self.prefix_cache.record_query(seq.num_tokens, seq.num_computed_tokens)
             self._admit(seq)
             self._count_adapter_access(seq, is_hit)
-            plan.entries.append(BatchEntry(seq, num_new))
+            self._add_entry(plan, seq, num_new)
             budget -= num_new
         return is_memory_short
 
@@ -277,6 +297,33 @@ class BatchScheduler:
             ):
                 self.num_adapter_prefetches += 1
 
+    def _may_run(self, seq: Sequence, plan: StepPlan) -> bool:
+        """False (and seq recorded in plan.copy_waits) when seq must wait for its adapter's copy this step.
+
+        A sequence of a COPYING adapter runs only as a CPU-assisted prefill, one CPU worker per entry.
+        """
+        if seq.adapter_id is None or self.residency.residency(seq.adapter_id) is not Residency.COPYING:
+            return True
+        is_prefill = seq.num_computed_tokens < seq.num_prompt_tokens
+        if is_prefill and self._num_host_entries(plan) < self.num_cpu_prefill_workers:
+            return True
+        plan.copy_waits.append(seq.request_id)
+        if seq.request_id not in self._copy_waiters:
+            self._copy_waiters.add(seq.request_id)
+            self.num_copy_waits += 1
+        return False
+
+    def _num_host_entries(self, plan: StepPlan) -> int:
+        return sum(e.seq.adapter_id in plan.host_assisted_adapters for e in plan.entries)
+
+    def _add_entry(self, plan: StepPlan, seq: Sequence, num_new: int) -> None:
+        plan.entries.append(BatchEntry(seq, num_new))
+        if seq.adapter_id is not None and self.residency.residency(seq.adapter_id) is Residency.COPYING:
+            plan.host_assisted_adapters.add(seq.adapter_id)
+            if seq.request_id not in self._host_assisted:
+                self._host_assisted.add(seq.request_id)
+                self.num_cpu_assisted_prefills += 1
+
     def _admit(self, seq: Sequence) -> None:
         del self.waiting[seq.request_id]
         seq.status = SequenceStatus.RUNNING
@@ -286,11 +333,9 @@ class BatchScheduler:
             self.residency.pin(seq.adapter_id, is_running=True)
 
     def _plan_adapter(self, seq: Sequence, plan: StepPlan) -> bool:
-        """Make sure seq's adapter is (or will be, before this step runs) on the device; False if no room.
+        """Make sure seq's adapter is on the device or being copied there; False if no room.
 
-        CPU-assisted prefill plugs in here: a request could run while its adapter is COPYING, with the
-        LoRA delta computed from the host copy until the copy lands (the engine then needs the plan to say
-        which entries use a host copy).
+        Whether seq may run while the adapter is COPYING is `_may_run`'s decision.
         """
         if seq.adapter_id is None:
             return True
@@ -328,7 +373,8 @@ class BatchScheduler:
         return cache.evict_leaves(cache.num_evictable_blocks) > 0
 
     def on_adapter_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
-        """The engine finished a planned load (in `load_seconds`, when it measured)."""
+        """A planned copy landed on the device (in `load_seconds`, when measured); from then on its sequences
+        use the device copy."""
         self.residency.mark_loaded(adapter_id, load_seconds)
 
     def on_adapter_load_failed(self, adapter_id: str) -> list[Sequence]:

@@ -1,5 +1,6 @@
 """The plain result of one `BatchScheduler.schedule()` call, which the engine carries out in order:
-evict adapters, load adapters, then run the entries (preemptions are already reflected in the queues)."""
+evict adapters, start the adapter copies, then run the entries (preemptions are already reflected in the
+queues)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from scheduler.core.sequence import BatchEntry
 
 @dataclass(frozen=True)
 class AdapterLoad:
-    """Copy an adapter from its host copy to the device before this step's entries run."""
+    """Start copying an adapter from its host copy to the device (asynchronously; it lands in a later step or
+    between two layers of this one)."""
 
     adapter_id: str
     host_path: str | None
@@ -21,15 +23,22 @@ class StepPlan:
     """One step's work.
 
     `adapter_evictions`: adapters whose device copy the engine drops first (their pages are already free
-    in the pool); `adapter_loads`: adapters to copy in next (pages already reserved; the engine reports
-    each with `BatchScheduler.on_adapter_loaded` or `on_adapter_load_failed`); `entries`: sorted by adapter
+    in the pool); `adapter_loads`: copies to start (pages already reserved; the engine reports each with
+    `BatchScheduler.on_adapter_loaded` when it lands or `on_adapter_load_failed`); `entries`: sorted by adapter
     (tokens of one adapter contiguous); `preemptions`: request ids sent back to waiting this step.
+
+    CPU-assisted prefill: `host_assisted_adapters` are adapters still COPYING whose entries (prefill chunks
+    only, one CPU worker each) run this step with their LoRA delta computed from the host copy until the
+    device copy lands; `copy_waits` are request ids skipped this step because their adapter is still COPYING
+    and they cannot run on the host copy (a decode, no CPU assistance, or every CPU worker taken).
     """
 
     entries: list[BatchEntry] = field(default_factory=list)
     adapter_loads: list[AdapterLoad] = field(default_factory=list)
     adapter_evictions: list[str] = field(default_factory=list)
     preemptions: list[str] = field(default_factory=list)
+    host_assisted_adapters: set[str] = field(default_factory=set)
+    copy_waits: list[str] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import get_session
 from api.main import create_app
 from api.services import build_services
+from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.embedded import EmbeddedWorker
 from gpu_workers.testing import TEST_ENGINE_SETTINGS
-from cluster.membership import InMemoryWorkerDirectory
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from tests.api.conftest import ADMIN_KEY, TenantHandle

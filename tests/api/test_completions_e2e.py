@@ -23,11 +23,11 @@ from sqlalchemy import select
 
 from api.main import create_app
 from api.services import Services, build_services
-from gpu_workers.testing import RunningWorker, free_port, worker_process
 from cluster.membership import WorkerRecord
+from cluster.protocol import INTERNAL_PREFIX
+from gpu_workers.testing import RunningWorker, free_port, worker_process
 from registry.models import UsageRecord
 from registry.settings import Settings
-from cluster.protocol import INTERNAL_PREFIX
 
 ADMIN_KEY = "e2e-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

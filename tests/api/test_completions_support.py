@@ -17,10 +17,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.worker_client import WorkerClient
-from registry import repository
 from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
-from registry.models import AdapterVersion, UsageRecord
 from cluster.protocol import GenerateRequest
+from registry import repository
+from registry.models import AdapterVersion, UsageRecord
 
 BASE_MODEL = "lorahost-base"
 

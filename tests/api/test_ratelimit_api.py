@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.services import make_rate_limiter
 from api.ratelimit import InMemoryRateLimiter, RedisRateLimiter
+from api.services import make_rate_limiter
 from registry.settings import Settings
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows

@@ -16,9 +16,9 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from api.worker_client import WorkerClient
-from gpu_workers.testing import free_port
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateRequest
+from gpu_workers.testing import free_port
 from scheduler.router import RouteRequest
 
 

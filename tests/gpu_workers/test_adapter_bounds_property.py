@@ -48,8 +48,8 @@ def engine(make_engine: Any) -> Iterator[LLMEngine]:
     eng.recorded = {}
     execute = eng.runner.execute
 
-    def recording_execute(entries: list[BatchEntry], return_logits: bool = False) -> Any:
-        tokens, logits = execute(entries, True)
+    def recording_execute(entries: list[BatchEntry], return_logits: bool = False, **kwargs: Any) -> Any:
+        tokens, logits = execute(entries, True, **kwargs)
         sampled = [e.seq.request_id for e in entries if e.is_sampling]
         for request_id, row in zip(sampled, logits if logits is not None else []):
             eng.recorded.setdefault(request_id, []).append(row.clone())

@@ -13,12 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.main import _sweep_usage
+from cluster.membership import InMemoryWorkerDirectory, RedisWorkerDirectory, WorkerRecord
 from jobs.celery_app import make_celery
 from jobs.dispatch import CLOSE_ORPHANED_USAGE_TASK
 from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage, sweep_usage
 from registry import repository
 from registry.db import make_engine, make_session_factory
-from cluster.membership import InMemoryWorkerDirectory, RedisWorkerDirectory, WorkerRecord
 from registry.models import UsageRecord, new_id, utcnow
 from registry.settings import Settings
 from registry.usage import open_usage

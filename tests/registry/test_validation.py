@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from registry import validation
-from registry.validation import values as validation_values
 from registry.validation import (
     SUPPORTED_TARGET_MODULES,
     AdapterValidationError,
@@ -30,6 +29,7 @@ from registry.validation import (
     validate_adapter_config,
     validate_adapter_dir,
 )
+from registry.validation import values as validation_values
 from tests.registry.malformed import (
     DEMO_SPEC,
     MALFORMED_CASES,

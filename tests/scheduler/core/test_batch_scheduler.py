@@ -35,14 +35,17 @@ class Setup:
     eviction_policy: str = "lru"
 
 
-def make_scheduler(setup: Setup) -> BatchScheduler:
+def make_scheduler(setup: Setup, num_cpu_prefill_workers: int = 1) -> BatchScheduler:
     """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split."""
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
     clock = partial(next, itertools.count())  # deterministic: every reading is one tick later
     residency = AdapterResidency(
         pool, PAGE_BYTES, policy=make_eviction_policy(setup.eviction_policy), clock=clock
     )
-    return BatchScheduler(pool, residency, FifoPolicy(), setup.max_num_seqs, setup.max_num_batched_tokens)
+    return BatchScheduler(
+        pool, residency, FifoPolicy(), setup.max_num_seqs, setup.max_num_batched_tokens,
+        num_cpu_prefill_workers=num_cpu_prefill_workers,
+    )
 
 
 def make_seq(request_id: str, num_prompt: int, max_tokens: int, adapter_id: str | None, arrival: float) -> Sequence:
@@ -144,15 +147,18 @@ def test_plans_keep_budgets_and_pins_and_every_request_finishes(
     assert all(not residency.get(f"a{i}").is_pinned for i in range(len(adapters)))  # type: ignore[union-attr]
 
 
-def test_request_with_host_only_adapter_gets_a_load_before_its_first_step() -> None:
-    scheduler = make_scheduler(Setup(8, 4, 4, 64))
+def test_request_with_host_only_adapter_gets_a_load_and_runs_once_it_lands() -> None:
+    scheduler = make_scheduler(Setup(8, 4, 4, 64), num_cpu_prefill_workers=0)  # wait for the copy
     scheduler.residency.register("cold", "/host/cold", rank=8, num_bytes=300)
     scheduler.add(make_seq("r", 5, 2, "cold", 0.0))
     plan = scheduler.schedule()
     assert [load.adapter_id for load in plan.adapter_loads] == ["cold"]
-    assert [e.seq.request_id for e in plan.entries] == ["r"]
+    assert plan.entries == [] and plan.copy_waits == ["r"]
     assert scheduler.residency.residency("cold") is Residency.COPYING
     assert scheduler.describe(make_seq("w", 3, 9, "cold", 1.0)).adapter_residency == "copying"
+    scheduler.on_adapter_loaded("cold")
+    plan = scheduler.schedule()
+    assert [e.seq.request_id for e in plan.entries] == ["r"] and not plan.host_assisted_adapters
 
 
 def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:

@@ -26,10 +26,13 @@ BS = 4
 
 
 def make_scheduler(num_kv_pages: int, num_adapter_pages: int, max_num_seqs: int, max_tokens: int) -> BatchScheduler:
-    """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split."""
+    """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split. One CPU prefill worker: a
+    cold adapter's first prefill runs in the step that plans its copy (CPU-assisted)."""
     pool = PagePool(num_kv_pages + num_adapter_pages, BS, num_kv_pages)
     residency = AdapterResidency(pool, PAGE_BYTES)
-    return BatchScheduler(pool, residency, FifoPolicy(), max_num_seqs, max_tokens, prefix_cache=PrefixCache(pool))
+    return BatchScheduler(
+        pool, residency, FifoPolicy(), max_num_seqs, max_tokens, prefix_cache=PrefixCache(pool), num_cpu_prefill_workers=1
+    )
 
 
 def make_seq(request_id: str, prompt: list[int], max_tokens: int, adapter_id: str | None) -> Sequence:
