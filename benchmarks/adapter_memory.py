@@ -204,6 +204,7 @@ class Bench:
         )
         self.engine_base = {
             "dtype": a.dtype,
+            **({"num_threads": a.threads} if a.threads else {}),
             "adapter_cache_bytes": self.budget["adapter_budget_bytes"],
             "kv_cache_bytes": self.budget["kv_budget_bytes"],
             **json.loads(a.engine_args or "{}"),
@@ -330,23 +331,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-adapters", type=int, default=100)
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--rps", type=float, default=1.0, help="offered load of the policy/cpu_prefill runs")
-    p.add_argument("--rates", default="", help="split sweep rates, comma list (default 0.5,1,1.5,2 x --rps)")
+    p.add_argument("--rates", default="", help="split sweep rates, comma list (default 1,1.5,2 x --rps)")
     p.add_argument("--comparisons", default=",".join(COMPARISONS))
     p.add_argument("--adapter-budget-fraction", type=float, default=0.2, help="of all adapters' device bytes")
     p.add_argument("--kv-concurrency", type=int, default=8, help="KV budget = this many max-length requests")
     p.add_argument(
         "--kv-tokens", type=int, default=0, help="KV budget in tokens (overrides --kv-concurrency)"
     )
-    p.add_argument("--link-gbps", type=float, default=8.0, help="emulated host->device link (cpu_prefill)")
+    p.add_argument("--link-gbps", type=float, default=2.0, help="emulated host->device link (cpu_prefill)")
     p.add_argument("--ttft-target-ms", type=float, default=0.0, help="default: 5x the unloaded mean TTFT")
-    p.add_argument("--max-prompt-tokens", type=int, default=256)
-    p.add_argument("--max-output-tokens", type=int, default=32)
-    p.add_argument("--length-scale", type=float, default=0.25)
+    p.add_argument("--max-prompt-tokens", type=int, default=128)
+    p.add_argument("--max-output-tokens", type=int, default=16)
+    p.add_argument("--length-scale", type=float, default=0.125)
     p.add_argument("--zipf-alpha", type=float, default=1.0)
     p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--trace-offset", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--threads", type=int, default=1, help="engine num_threads (0: torch default; 1 resists foreign load)"
+    )
     p.add_argument("--engine-args", default="", help="extra EngineConfig kwargs for every config, as JSON")
     p.add_argument(
         "--drain-s", type=float, default=60.0, help="abort what still runs this long after the last arrival"

@@ -115,12 +115,8 @@ def at_rate(requests: list[dict], base_rps: float, rps: float) -> list[dict]:
 
 
 def sweep_rates(rps: float, rates: str) -> list[float]:
-    """Rates of the split sweep: --rates (comma list) or 0.5/1/1.5/2 x rps; --rps is always included."""
-    out = (
-        [float(x) for x in rates.split(",") if x.strip()]
-        if rates
-        else [rps * f for f in (0.5, 1.0, 1.5, 2.0)]
-    )
+    """Rates of the split sweep: --rates (comma list) or 1/1.5/2 x rps; --rps is always included."""
+    out = [float(x) for x in rates.split(",") if x.strip()] if rates else [rps * f for f in (1.0, 1.5, 2.0)]
     if not any(abs(r - rps) < 1e-9 for r in out):
         out.append(rps)
     return sorted({round(r, 6) for r in out})

@@ -175,7 +175,7 @@ def test_at_rate_scales_arrivals_only() -> None:
 
 
 def test_sweep_rates_include_the_main_rate() -> None:
-    assert sweep_rates(1.0, "") == [0.5, 1.0, 1.5, 2.0]
+    assert sweep_rates(1.0, "") == [1.0, 1.5, 2.0]
     assert sweep_rates(1.0, "2,0.5") == [0.5, 1.0, 2.0]
 
 
