@@ -356,12 +356,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--drain-s", type=float, default=60.0, help="abort what still runs this long after the last arrival"
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per config process")
-    p.add_argument("--quick", action="store_true", help="~2 min smoke run: fewer requests and rates")
+    p.add_argument("--quick", action="store_true", help="smoke run: 16 requests, one split rate")
     p.add_argument("--out", type=Path, default=HERE / "results" / "adapter_memory.jsonl")
     args = p.parse_args(argv)
     if args.quick:
         args.num_requests = min(args.num_requests, 16)
-        args.rates = args.rates or f"{args.rps:g},{2 * args.rps:g}"
+        args.rates = args.rates or f"{args.rps:g}"
         args.drain_s = min(args.drain_s, 30.0)
     for c in args.comparisons.split(","):
         if c.strip() and c.strip() not in COMPARISONS:
