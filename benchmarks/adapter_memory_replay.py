@@ -1,0 +1,240 @@
+"""One adapter-memory benchmark run inside its own process: an open-loop replay against the native engine.
+
+`adapter_memory.py --run-one SPEC.json` lands here (`run_one`). The spec names the base model, the adapters
+(name -> host path), the workload file (requests with token ids and arrival offsets), the full
+`EngineConfig` keyword arguments and the drain limit. The replay registers every adapter (host copies only),
+warms the engine up with one base-model request, then adds each request when its arrival time (relative to
+the replay start) has passed, steps the engine while it has work and otherwise sleeps until the next
+arrival. TTFT and E2E count from the scheduled arrival, so time a request waited for a running step counts.
+
+A request is *cold* when its adapter is not on the device (`adapter_residency != "device"`) when it
+arrives; the rest are warm. The pure metric helpers (`pct`, `summarize_records`) are imported by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+STAT_KEYS = (
+    "num_adapter_hits",
+    "num_adapter_misses",
+    "num_adapter_evictions",
+    "num_adapter_loads",
+    "num_adapter_prefetches",
+    "num_cpu_assisted_prefills",
+    "num_preemptions",
+    "num_steps",
+    "num_adapter_pages",
+    "num_pool_pages",
+    "num_kv_blocks",
+    "step_seconds_mean",
+    "step_seconds_max",
+)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """Percentile with linear interpolation (numpy's default); None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 2)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else round(num / den, 3)
+
+
+def summarize_records(records: list[dict], stats: dict[str, Any]) -> dict[str, Any]:
+    """Latency, throughput and residency metrics of one replay.
+
+    records: one dict per request with `arrival`, `first_token`, `finish` (seconds since the replay start;
+    None when it never happened), `token_times` (one per output token), `num_output_tokens`, `cold` (adapter
+    not on the device at arrival), `first_of_adapter`, `finish_reason`.
+    """
+    done = [r for r in records if r["finish"] is not None and r["finish_reason"] in ("length", "stop")]
+    ttft = [r["first_token"] - r["arrival"] for r in records if r["first_token"] is not None]
+    e2e = [r["finish"] - r["arrival"] for r in done]
+    gaps = [b - a for r in records for a, b in zip(r["token_times"], r["token_times"][1:])]
+    cold = [r["first_token"] - r["arrival"] for r in records if r["cold"] and r["first_token"] is not None]
+    warm = [
+        r["first_token"] - r["arrival"] for r in records if not r["cold"] and r["first_token"] is not None
+    ]
+    started = [r for r in records if r["first_token"] is not None]
+    first = [r["first_token"] - r["arrival"] for r in started if r["first_of_adapter"]]
+    later = [r["first_token"] - r["arrival"] for r in started if not r["first_of_adapter"]]
+    makespan = max((r["finish"] for r in done), default=0.0)
+    out_tokens = sum(r["num_output_tokens"] for r in done)
+    hits, misses = stats.get("num_adapter_hits"), stats.get("num_adapter_misses")
+    engine_hit_rate = None
+    if hits is not None and misses is not None and hits + misses > 0:
+        engine_hit_rate = round(hits / (hits + misses), 4)
+    cold_p50, warm_p50 = pct(cold, 50), pct(warm, 50)
+    return {
+        "num_requests": len(records),
+        "completed": len(done),
+        "num_errors": sum(r["finish_reason"] == "error" for r in records),
+        "num_incomplete": sum(r["finish"] is None or r["finish_reason"] == "abort" for r in records),
+        "ttft_ms_p50": _ms(pct(ttft, 50)),
+        "ttft_ms_p99": _ms(pct(ttft, 99)),
+        "ttft_ms_mean": _ms(sum(ttft) / len(ttft)) if ttft else None,
+        "tbt_ms_p99": _ms(pct(gaps, 99)),
+        "e2e_ms_p50": _ms(pct(e2e, 50)),
+        "e2e_ms_p99": _ms(pct(e2e, 99)),
+        "throughput_rps": round(len(done) / makespan, 4) if makespan > 0 else None,
+        "out_tok_s": round(out_tokens / makespan, 2) if makespan > 0 else None,
+        "makespan_s": round(makespan, 3),
+        "hit_rate": engine_hit_rate,  # engine counters (None when this build lacks them)
+        "request_hit_rate": round(len(warm) / (len(warm) + len(cold)), 4) if warm or cold else None,
+        "num_cold": len(cold),
+        "num_warm": len(warm),
+        "cold_ttft_ms_p50": _ms(cold_p50),
+        "cold_ttft_ms_mean": _ms(sum(cold) / len(cold)) if cold else None,
+        "warm_ttft_ms_p50": _ms(warm_p50),
+        "warm_ttft_ms_mean": _ms(sum(warm) / len(warm)) if warm else None,
+        "cold_vs_warm_ttft_p50": _ratio(cold_p50, warm_p50),
+        "cold_vs_warm_ttft_mean": _ratio(
+            sum(cold) / len(cold) if cold else None, sum(warm) / len(warm) if warm else None
+        ),
+        "first_of_adapter_vs_later_ttft_p50": _ratio(pct(first, 50), pct(later, 50)),
+        "stats": {k: stats[k] for k in STAT_KEYS if k in stats},
+    }
+
+
+def _load_spec(path: Path) -> dict:
+    spec = json.loads(Path(path).read_text())
+    spec["requests"] = json.loads(Path(spec["workload_path"]).read_text())
+    return spec
+
+
+def _make_engine(spec: dict):
+    from gpu_workers.config import EngineConfig
+    from gpu_workers.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model_path=spec["model_base"], **spec["engine"]))
+    for name, path in spec["adapters"].items():
+        engine.register_adapter(name, path)
+    return engine
+
+
+def _warm_up(engine, sampling_cls) -> None:
+    engine.add_request(
+        "warmup", list(range(10, 42)), sampling_cls(max_tokens=2, ignore_eos=True, temperature=0)
+    )
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def replay(spec: dict) -> dict[str, Any]:
+    """Open-loop replay of spec["requests"]; returns the per-run metrics."""
+    from scheduler.core.sampling import SamplingParams
+
+    engine = _make_engine(spec)
+    _warm_up(engine, SamplingParams)
+    reqs = sorted(spec["requests"], key=lambda r: r["arrival_s"])
+    records: dict[str, dict] = {}
+    seen: set[str] = set()
+    drain_s = float(spec.get("drain_s", 120.0))
+    t0 = time.time()
+    i = 0
+    while i < len(reqs) or engine.has_unfinished_requests():
+        now = time.time() - t0
+        while i < len(reqs) and reqs[i]["arrival_s"] <= now:
+            r = reqs[i]
+            rid = f"r{r['index']}"
+            adapter = r["adapter"]
+            records[rid] = {
+                "adapter": adapter,
+                "arrival": r["arrival_s"],
+                "first_token": None,
+                "finish": None,
+                "finish_reason": None,
+                "token_times": [],
+                "num_output_tokens": 0,
+                "cold": engine.adapter_residency(adapter) != "device",
+                "first_of_adapter": adapter not in seen,
+            }
+            seen.add(adapter)
+            params = SamplingParams(max_tokens=r["output_tokens"], ignore_eos=True, temperature=0)
+            engine.add_request(
+                rid, r["prompt_token_ids"], params, adapter_id=adapter, arrival_time=t0 + r["arrival_s"]
+            )
+            i += 1
+        if engine.has_unfinished_requests():
+            if i >= len(reqs) and now > reqs[-1]["arrival_s"] + drain_s:
+                for rid, rec in records.items():
+                    if rec["finish"] is None:
+                        engine.abort(rid)
+                break
+            for out in engine.step():
+                rec = records.get(out.request_id)
+                if rec is None:
+                    continue
+                t = time.time() - t0
+                if out.new_token_ids:
+                    rec["token_times"].extend([t] * len(out.new_token_ids))
+                    if rec["first_token"] is None:
+                        rec["first_token"] = t
+                rec["num_output_tokens"] = out.num_output_tokens
+                if out.is_finished:
+                    rec["finish"], rec["finish_reason"] = t, out.finish_reason
+        elif i < len(reqs):
+            time.sleep(max(0.0, min(reqs[i]["arrival_s"] - (time.time() - t0), 0.5)))
+    stats = engine.stats()
+    result = summarize_records(list(records.values()), stats)
+    result["replay_wall_s"] = round(time.time() - t0, 2)
+    return result
+
+
+def calibrate(spec: dict) -> dict[str, Any]:
+    """Unloaded TTFT: the first requests one at a time (one output token each), after the warm-up."""
+    from scheduler.core.sampling import SamplingParams
+
+    engine = _make_engine(spec)
+    _warm_up(engine, SamplingParams)
+    ttfts = []
+    for r in spec["requests"][: int(spec.get("num_calibration", 8))]:
+        t = time.time()
+        engine.add_request(
+            f"c{r['index']}",
+            r["prompt_token_ids"],
+            SamplingParams(max_tokens=1, ignore_eos=True, temperature=0),
+            adapter_id=r["adapter"],
+            arrival_time=t,
+        )
+        first = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.new_token_ids and first is None:
+                    first = time.time()
+        if first is not None:
+            ttfts.append(first - t)
+    return {
+        "unloaded_ttft_ms_mean": _ms(sum(ttfts) / len(ttfts)) if ttfts else None,
+        "unloaded_ttft_ms_p50": _ms(pct(ttfts, 50)),
+        "num_calibration": len(ttfts),
+    }
+
+
+def run_one(spec_path: str) -> int:
+    """Entry of the child process: print one JSON line (the metrics, or an error)."""
+    spec = _load_spec(Path(spec_path))
+    try:
+        result = calibrate(spec) if spec.get("mode") == "calibrate" else replay(spec)
+    except TypeError as exc:  # an EngineConfig keyword this build lacks (the parent normally catches it)
+        result = {"skipped": f"EngineConfig rejected the overrides: {exc}"}
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_one(sys.argv[1]))
