@@ -87,6 +87,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         max_lora_rank=settings.max_rank,
         adapter_cache_bytes=settings.engine_adapter_cache_bytes,
         memory_mode=settings.engine_memory_mode,
+        host_adapter_cache_bytes=settings.engine_host_adapter_cache_bytes,
         batch_policy=settings.engine_batch_policy,
         adapter_eviction_policy=settings.adapter_eviction_policy,
         enable_prefix_caching=settings.engine_enable_prefix_caching,

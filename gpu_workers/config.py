@@ -43,6 +43,9 @@ class EngineConfig:
     `enable_prefix_caching`: reuse the KV of full prompt blocks shared with an earlier request of the same
     adapter id (scheduler/core/prefix_cache.py); cached blocks are dropped when their adapter leaves the device.
 
+    `host_adapter_cache_bytes`: the host tier below the device (scheduler/core/host_tier.py): packed host
+    copies of recently copied adapters, so a later copy skips reading, validating and packing the files
+    (0 disables it; the worker's disk cache is the tier below).
     Adapter copies host -> device are asynchronous (gpu_workers/adapter_copier.py). `adapter_link_gbps`
     emulates the link's bandwidth in GB/s (10^9 bytes/s; a copy of n bytes takes at least n / bandwidth
     seconds; None = as fast as the machine copies). `cpu_prefill_workers` CPU threads compute the LoRA delta
@@ -70,6 +73,7 @@ class EngineConfig:
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
+    host_adapter_cache_bytes: int = 2 << 30
     adapter_link_gbps: float | None = None
     cpu_prefill_workers: int = 2
     seed: int = 0
@@ -94,6 +98,8 @@ class EngineConfig:
                 f"adapter_eviction_policy must be one of {sorted(EVICTION_POLICIES)}, "
                 f"got {self.adapter_eviction_policy!r}"
             )
+        if self.host_adapter_cache_bytes < 0:
+            raise ValueError(f"host_adapter_cache_bytes must be >= 0, got {self.host_adapter_cache_bytes}")
         if self.adapter_link_gbps is not None and not self.adapter_link_gbps > 0:
             raise ValueError(f"adapter_link_gbps must be positive or None, got {self.adapter_link_gbps}")
         if self.cpu_prefill_workers < 0:

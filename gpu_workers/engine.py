@@ -18,12 +18,12 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpu_workers.config import EngineConfig
 from gpu_workers.detokenizer import append_text, find_stop_string, num_held_back_chars
+from gpu_workers.engine_stats import EngineCounters, engine_stats
 from gpu_workers.errors import (
     AdapterCapacityError,
     AdapterInUseError,
@@ -45,22 +45,6 @@ from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
 from scheduler.eviction import make_eviction_policy
-
-
-@dataclass
-class EngineCounters:
-    """Cumulative counters reported by `stats()`."""
-
-    num_steps: int = 0
-    num_finished: int = 0
-    num_aborted: int = 0
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    num_batched_tokens: int = 0
-    step_seconds: float = 0.0
-    max_step_seconds: float = 0.0
-    num_adapter_load_failures: int = 0  # planned or explicit copies to the device that failed
-    num_adapter_copy_failures: int = 0  # planned (asynchronous) copies that failed
 
 
 class LLMEngine:
@@ -414,6 +398,7 @@ class LLMEngine:
             )
         self.residency.forget(adapter_id)
         self._drop_device_copy(adapter_id)
+        self.runner.forget_host_copies(adapter_id)
 
     def pin_adapter(self, adapter_id: str) -> None:
         """Lease a registered adapter (e.g. a worker request not yet in the engine): kept on the device
@@ -478,69 +463,10 @@ class LLMEngine:
 
     # ---- introspection ------------------------------------------------------------------------------
 
-    def _adapter_cache_stats(self) -> dict[str, Any]:
-        """Adapter cache counters: hits/misses at admission, loads (timed: copies planned by the core),
-        evictions, prefetches, and how the page pool is split between KV, adapters and free pages."""
-        residency, scheduler = self.residency, self.scheduler
-        num_timed = residency.num_timed_loads
-        return {
-            "adapter_eviction_policy": residency.policy.name,
-            "num_adapter_hits": scheduler.num_adapter_hits,
-            "num_adapter_misses": scheduler.num_adapter_misses,
-            "num_adapter_loads": residency.num_loads,
-            "num_adapter_evictions": residency.num_evictions,
-            "num_adapter_prefetches": scheduler.num_adapter_prefetches,
-            "num_timed_adapter_loads": num_timed,
-            "adapter_load_seconds_total": residency.load_seconds_total,
-            "adapter_load_seconds_mean": residency.load_seconds_total / num_timed if num_timed else 0.0,
-            "num_kv_pages_used": self.pool.num_kv_pages,
-            "num_adapter_pages": self.pool.num_adapter_pages,
-            "num_free_pool_pages": self.pool.num_free_pages,
-            "num_device_adapters": len(residency.device_adapters()),
-            "num_host_adapters": residency.num_host_adapters(),
-        }
-
     def stats(self) -> dict[str, Any]:
-        """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values)."""
-        c = self.counters
-        cache = self.prefix_cache
-        return {
-            **self._adapter_cache_stats(),
-            "num_waiting": len(self.scheduler.waiting),
-            "num_running": len(self.scheduler.running),
-            "num_finished": c.num_finished,
-            "num_aborted": c.num_aborted,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "num_steps": c.num_steps,
-            "num_prompt_tokens": c.num_prompt_tokens,
-            "num_output_tokens": c.num_output_tokens,
-            "num_batched_tokens": c.num_batched_tokens,
-            "step_seconds_total": c.step_seconds,
-            "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
-            "step_seconds_max": c.max_step_seconds,
-            "num_kv_blocks": self.pool.num_blocks,
-            "num_free_kv_blocks": self.scheduler.num_reclaimable_blocks(),  # free + unreferenced cached
-            "num_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
-            "num_prefix_cache_hit_tokens": cache.num_hit_tokens if cache is not None else 0,
-            "num_prefix_cache_query_tokens": cache.num_query_tokens if cache is not None else 0,
-            "num_pool_pages": self.pool.num_pages,
-            "memory_mode": self.config.memory_mode,
-            "num_loaded_adapters": len(self.runner.adapters),
-            "adapter_bytes": sum(a.num_bytes for a in self.runner.adapters.values()),
-            "device_adapters": self.residency.device_adapters(),
-            "num_adapter_load_failures": self.counters.num_adapter_load_failures,
-            "num_cpu_assisted_prefills": self.scheduler.num_cpu_assisted_prefills,
-            "num_copy_waits": self.scheduler.num_copy_waits,
-            "num_adapter_copies": self.runner.copier.num_copies,
-            "num_adapter_copy_failures": c.num_adapter_copy_failures,
-            "adapter_copy_seconds_total": self.runner.copier.copy_seconds,
-            "adapter_copy_seconds_max": self.runner.copier.max_copy_seconds,
-            "num_lora_stack_builds": self.runner.num_lora_stack_builds,
-            "lora_stack_bytes": self.runner.lora_stack_bytes(),
-            "max_model_len": self.max_model_len,
-            "dtype": str(self.runner.dtype).replace("torch.", ""),
-            "device": str(self.runner.device),
-        }
+        """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values; see
+        gpu_workers/engine_stats.py)."""
+        return engine_stats(self)
 
 
 _COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)

@@ -22,6 +22,7 @@ from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
+from scheduler.core.host_tier import HostTier
 from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.lora import (
     PROJECTIONS,
@@ -90,7 +91,9 @@ class ModelRunner:
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
         # CPU-assisted prefill: host copies of the adapters being copied, the copy link and the CPU pool.
         self.copier = AdapterCopier(self.device, config.adapter_link_gbps)
-        self.host_copies: dict[str, LoraAdapter] = {}
+        self.host_copies: dict[str, LoraAdapter] = {}  # adapters whose copy to the device is in flight
+        self.host_tier = HostTier(config.host_adapter_cache_bytes)  # packed host copies kept for later copies
+        self._host_tier_copies: dict[str, LoraAdapter] = {}
         self._cpu_pool: ThreadPoolExecutor | None = None
         self.host_switch_layer: int | None = None  # test hook, see layers/host_lora.LayerSwitch
         self.last_switched_at: dict[str, int] = {}  # last host-assisted step: adapter -> first device layer
@@ -219,16 +222,35 @@ class ModelRunner:
 
         Raises AdapterLoadError when its files are invalid or gone (nothing started).
         """
-        info = self.validate_adapter(path)
-        host_device = torch.device("cpu")
-        host_copy = load_lora_adapter(
-            adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, host_device
-        )
-        host_copy = pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
+        host_copy = self._host_copy(adapter_id, path)
         self.host_copies[adapter_id] = host_copy
         pages = list(page_ids or [])
         place = (lambda adapter: self.place_adapter(adapter, pages)) if self.is_unified else None
         self.copier.start(host_copy, place)
+
+    def _host_copy(self, adapter_id: str, path: Path) -> LoraAdapter:
+        """The adapter's packed host copy: from the host tier, else read, validated and packed from its files
+        (and kept in the tier when it fits its byte budget)."""
+        key = f"{adapter_id}\0{path}"
+        if self.host_tier.lookup(key):
+            return self._host_tier_copies[key]
+        info = self.validate_adapter(path)
+        host_copy = load_lora_adapter(
+            adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, torch.device("cpu")
+        )
+        host_copy = pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
+        victims = self.host_tier.add(key, host_copy.num_bytes)
+        if victims is not None:
+            for victim in victims:
+                self._host_tier_copies.pop(victim, None)
+            self._host_tier_copies[key] = host_copy
+        return host_copy
+
+    def forget_host_copies(self, adapter_id: str) -> None:
+        """Drop an adapter's host-tier entries (it was unloaded or replaced)."""
+        for key in [k for k in self._host_tier_copies if k.split("\0", 1)[0] == adapter_id]:
+            self.host_tier.remove(key)
+            del self._host_tier_copies[key]
 
     def cancel_adapter_copy(self, adapter_id: str) -> None:
         """Drop an unfinished copy and its host copy."""

@@ -204,6 +204,12 @@ class Settings(BaseSettings):
     engine_enable_prefix_caching: bool = Field(
         default=True, description="Reuse the KV of prompt prefixes shared by requests of the same adapter version"
     )
+    engine_host_adapter_cache_bytes: int = Field(
+        default=2 << 30,
+        ge=0,
+        description="Host memory for packed adapter copies (the tier between the device and the disk cache; "
+        "a copy to the device from it skips reading and validating files); 0: off",
+    )
     engine_adapter_link_gbps: float | None = Field(
         default=None,
         gt=0,

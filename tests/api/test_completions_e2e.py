@@ -211,6 +211,31 @@ def test_version_pinning_changes_outputs_and_is_metered_per_version(
     assert [r.adapter_version_id for r in rows_of(stack, key)] == [v1["id"], v2["id"], v2["id"], v1["id"]]
 
 
+def test_a_deleted_then_reuploaded_adapter_is_never_served_from_a_stale_cache(
+    stack: Stack, adapter_dirs: dict[str, Path]
+) -> None:
+    """Every cache the first upload warmed (the API's model cache, the worker's host files, the engine's
+    device copy and its prefix KV blocks) must give way to the tenant's delete and new upload."""
+    key = stack.tenant("e2e-stale")
+    client = stack.openai(key)
+
+    def greedy(model: str) -> str:
+        completion = client.completions.create(model=model, prompt="the model serve", max_tokens=12, temperature=0)
+        return completion.choices[0].text
+
+    stack.upload(key, "reused", adapter_dirs["adapter-01"])
+    old = greedy("reused")
+    assert greedy("reused") == old  # served warm: device copy and cached prefix blocks
+    deleted = httpx.delete(f"{stack.url}/v1/adapters/reused", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert deleted.status_code == 200, deleted.text
+    with pytest.raises(openai.NotFoundError):
+        greedy("reused")
+    stack.upload(key, "reused", adapter_dirs["adapter-02"])
+    stack.upload(key, "reference", adapter_dirs["adapter-02"])
+    new = greedy("reused")
+    assert new == greedy("reference") and new != old
+
+
 def test_same_weights_with_another_lora_alpha_is_served_with_its_own_config(
     stack: Stack, adapter_dirs: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -246,3 +246,26 @@ def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_d
     assert stats["num_device_adapters"] + stats["num_host_adapters"] == len(adapter_dirs)
     assert stats["num_kv_pages_used"] == 0
     assert stats["num_adapter_pages"] + stats["num_free_pool_pages"] == stats["num_pool_pages"]
+
+
+@pytest.mark.parametrize("host_bytes", [2 << 30, 0])
+def test_an_adapter_copied_back_to_the_device_comes_from_the_host_tier(
+    host_bytes: int, make_engine: Any, fp32_engine: LLMEngine, prompt_ids: list[list[int]]
+) -> None:
+    num_pages = max(_pages(fp32_engine, name) for name in BIG)
+    page_bytes = fp32_engine.runner.kv_bytes_per_block()
+    engine = make_engine(  # one big adapter at a time: each request evicts the other one
+        num_kv_blocks=NUM_KV_BLOCKS, adapter_cache_bytes=num_pages * page_bytes, host_adapter_cache_bytes=host_bytes
+    )
+    order = ["adapter-02", "adapter-03", "adapter-02", "adapter-03"]
+    got = [engine.generate([prompt_ids[0]], GREEDY, adapter_ids=[name])[0].token_ids for name in order]
+    want = {n: fp32_engine.generate([prompt_ids[0]], GREEDY, adapter_ids=[n])[0].token_ids for n in BIG}
+    assert got == [want[n] for n in order]
+    stats = engine.stats()
+    assert stats["num_adapter_copies"] == 4  # every request copied its adapter back
+    if host_bytes:  # the first copy of each read the files; the second came from host memory
+        assert (stats["num_host_tier_hits"], stats["num_host_tier_misses"]) == (2, 2)
+        assert stats["num_host_tier_adapters"] == 2 and stats["host_tier_bytes"] > 0
+    else:
+        assert (stats["num_host_tier_hits"], stats["num_host_tier_misses"]) == (0, 4)
+        assert stats["num_host_tier_adapters"] == 0

@@ -1,0 +1,96 @@
+"""The engine's statistics: cumulative counters and the plain JSON-able dict `LLMEngine.stats()` returns
+(what the worker's /stats, heartbeats, the router and the benchmarks read)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpu_workers.engine import LLMEngine
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counters reported by `stats()`."""
+
+    num_steps: int = 0
+    num_finished: int = 0
+    num_aborted: int = 0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_batched_tokens: int = 0
+    step_seconds: float = 0.0
+    max_step_seconds: float = 0.0
+    num_adapter_load_failures: int = 0  # planned or explicit copies to the device that failed
+    num_adapter_copy_failures: int = 0  # planned (asynchronous) copies that failed
+
+
+def _adapter_cache_stats(engine: LLMEngine) -> dict[str, Any]:
+    """Adapter cache counters: hits/misses at admission, loads (timed: copies planned by the core),
+    evictions, prefetches, and how the page pool is split between KV, adapters and free pages."""
+    residency, scheduler = engine.residency, engine.scheduler
+    num_timed = residency.num_timed_loads
+    return {
+        "adapter_eviction_policy": residency.policy.name,
+        "num_adapter_hits": scheduler.num_adapter_hits,
+        "num_adapter_misses": scheduler.num_adapter_misses,
+        "num_adapter_loads": residency.num_loads,
+        "num_adapter_evictions": residency.num_evictions,
+        "num_adapter_prefetches": scheduler.num_adapter_prefetches,
+        "num_timed_adapter_loads": num_timed,
+        "adapter_load_seconds_total": residency.load_seconds_total,
+        "adapter_load_seconds_mean": residency.load_seconds_total / num_timed if num_timed else 0.0,
+        "num_kv_pages_used": engine.pool.num_kv_pages,
+        "num_adapter_pages": engine.pool.num_adapter_pages,
+        "num_free_pool_pages": engine.pool.num_free_pages,
+        "num_device_adapters": len(residency.device_adapters()),
+        "num_host_adapters": residency.num_host_adapters(),
+    }
+
+
+def engine_stats(engine: LLMEngine) -> dict[str, Any]:
+    """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values)."""
+    c = engine.counters
+    cache = engine.prefix_cache
+    return {
+        **_adapter_cache_stats(engine),
+        "num_waiting": len(engine.scheduler.waiting),
+        "num_running": len(engine.scheduler.running),
+        "num_finished": c.num_finished,
+        "num_aborted": c.num_aborted,
+        "num_preemptions": engine.scheduler.num_preemptions,
+        "num_steps": c.num_steps,
+        "num_prompt_tokens": c.num_prompt_tokens,
+        "num_output_tokens": c.num_output_tokens,
+        "num_batched_tokens": c.num_batched_tokens,
+        "step_seconds_total": c.step_seconds,
+        "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
+        "step_seconds_max": c.max_step_seconds,
+        "num_kv_blocks": engine.pool.num_blocks,
+        "num_free_kv_blocks": engine.scheduler.num_reclaimable_blocks(),  # free + unreferenced cached
+        "num_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
+        "num_prefix_cache_hit_tokens": cache.num_hit_tokens if cache is not None else 0,
+        "num_prefix_cache_query_tokens": cache.num_query_tokens if cache is not None else 0,
+        "num_pool_pages": engine.pool.num_pages,
+        "memory_mode": engine.config.memory_mode,
+        "num_loaded_adapters": len(engine.runner.adapters),
+        "adapter_bytes": sum(a.num_bytes for a in engine.runner.adapters.values()),
+        "device_adapters": engine.residency.device_adapters(),
+        "num_adapter_load_failures": engine.counters.num_adapter_load_failures,
+        "num_cpu_assisted_prefills": engine.scheduler.num_cpu_assisted_prefills,
+        "num_copy_waits": engine.scheduler.num_copy_waits,
+        "num_adapter_copies": engine.runner.copier.num_copies,
+        "num_adapter_copy_failures": c.num_adapter_copy_failures,
+        "num_host_tier_adapters": len(engine.runner.host_tier),
+        "host_tier_bytes": engine.runner.host_tier.num_bytes,
+        "num_host_tier_hits": engine.runner.host_tier.num_hits,
+        "num_host_tier_misses": engine.runner.host_tier.num_misses,
+        "adapter_copy_seconds_total": engine.runner.copier.copy_seconds,
+        "adapter_copy_seconds_max": engine.runner.copier.max_copy_seconds,
+        "num_lora_stack_builds": engine.runner.num_lora_stack_builds,
+        "lora_stack_bytes": engine.runner.lora_stack_bytes(),
+        "max_model_len": engine.max_model_len,
+        "dtype": str(engine.runner.dtype).replace("torch.", ""),
+        "device": str(engine.runner.device),
+    }
