@@ -45,6 +45,13 @@ class WorkerCollector(Collector):
                 ("prefetches", "Adapter loads planned for queued requests before admission"),
             )
         }
+        cold = {
+            name: CounterMetricFamily(f"lorahost_worker_{name}", text, labels=["worker"])
+            for name, text in (
+                ("cpu_assisted_prefills", "Prefills that ran on an adapter's host copy while it was copied"),
+                ("adapter_copy_waits", "Requests that waited for their adapter's copy to the device"),
+            )
+        }
         load_seconds = SummaryMetricFamily(
             "lorahost_worker_adapter_load_seconds", "Host-to-device adapter load time", labels=["worker"]
         )
@@ -63,11 +70,13 @@ class WorkerCollector(Collector):
             device_cache["misses"].add_metric([w.worker_id], float(w.num_adapter_misses))
             device_cache["evictions"].add_metric([w.worker_id], float(w.num_adapter_evictions))
             device_cache["prefetches"].add_metric([w.worker_id], float(w.num_adapter_prefetches))
+            cold["cpu_assisted_prefills"].add_metric([w.worker_id], float(w.num_cpu_assisted_prefills))
+            cold["adapter_copy_waits"].add_metric([w.worker_id], float(w.num_copy_waits))
             load_seconds.add_metric([w.worker_id], w.num_timed_adapter_loads, w.adapter_load_seconds_total)
             pool_pages.add_metric([w.worker_id, "kv"], w.num_kv_pages_used)
             pool_pages.add_metric([w.worker_id, "adapter"], w.num_adapter_pages)
             pool_pages.add_metric([w.worker_id, "free"], w.num_free_pool_pages)
-        yield from (running, waiting, resident, hits, misses, loads, *device_cache.values(), load_seconds, pool_pages)
+        yield from (running, waiting, resident, hits, misses, loads, *device_cache.values(), *cold.values(), load_seconds, pool_pages)
 
 
 class ApiMetrics:

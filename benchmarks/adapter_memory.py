@@ -338,7 +338,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kv-tokens", type=int, default=0, help="KV budget in tokens (overrides --kv-concurrency)"
     )
-    p.add_argument("--link-gbps", type=float, default=2.0, help="emulated host->device link (cpu_prefill)")
+    p.add_argument("--link-gbps", type=float, default=2.0, help="emulated host->device link in GB/s (adapter_link_gbps; cpu_prefill comparison)")
     p.add_argument("--ttft-target-ms", type=float, default=0.0, help="default: 5x the unloaded mean TTFT")
     p.add_argument("--max-prompt-tokens", type=int, default=128)
     p.add_argument("--max-output-tokens", type=int, default=16)

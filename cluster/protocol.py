@@ -181,6 +181,9 @@ class WorkerStats(BaseModel):
     num_adapter_prefetches: int = 0
     num_timed_adapter_loads: int = 0
     adapter_load_seconds_total: float = 0.0
+    # cold adapters: prefills run on the host copy while the copy lands (CPU-assisted), requests that waited
+    num_cpu_assisted_prefills: int = 0
+    num_copy_waits: int = 0
     # page pool split (KV blocks, adapter pages, free pages)
     num_kv_pages_used: int = 0
     num_adapter_pages: int = 0

@@ -393,6 +393,8 @@ _ENGINE_CACHE_COUNTERS = (
     "num_adapter_evictions",
     "num_adapter_prefetches",
     "num_timed_adapter_loads",
+    "num_cpu_assisted_prefills",
+    "num_copy_waits",
     "num_kv_pages_used",
     "num_adapter_pages",
     "num_free_pool_pages",

@@ -12,6 +12,7 @@ engine.generate as a whole. engine.stats() is attached when present. Prints one 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,8 +53,13 @@ def main() -> None:
     from gpu_workers.sampling import SamplingParams
 
     common.set_threads(args.threads)
-    cfg_kw = {"model_path": args.model_dir / "base", "dtype": "bfloat16"}
+    # LORAHOST_BENCH_DTYPE: float32 where the CPU has no fast bf16 (bf16 is then emulated, ~20x slower)
+    cfg_kw = {"model_path": args.model_dir / "base", "dtype": os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16")}
     fields = getattr(EngineConfig, "__dataclass_fields__", {})
+    if "enable_prefix_caching" in fields:
+        # Warm-up and timed runs replay the same prompts: with the prefix cache on, the timed prefill would be a
+        # cache hit and measure the cache, not the engine (LORAHOST_BENCH_PREFIX_CACHING=1 to measure that).
+        cfg_kw["enable_prefix_caching"] = os.environ.get("LORAHOST_BENCH_PREFIX_CACHING", "0") == "1"
     if "max_num_seqs" in fields:
         cfg_kw["max_num_seqs"] = max(64, args.num_requests)
     if "max_num_batched_tokens" in fields:
