@@ -4,6 +4,7 @@ the memory budget, the rate sweep, the per-run metrics and the summary ratios. N
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -73,15 +74,24 @@ def test_comparison_configs_name_the_engine_fields() -> None:
 
 @pytest.fixture
 def bench(demo_dir: Path, tmp_path: Path) -> adapter_memory.Bench:
-    if not TRACE.exists():
-        pytest.skip(f"trace {TRACE} not present")
+    trace = TRACE if TRACE.exists() else _synthetic_trace(tmp_path / "trace.csv")  # a clean clone has no ../shared
     args = adapter_memory.parse_args(
-        ["--quick", "--model-dir", str(demo_dir), "--out", str(tmp_path / "out.jsonl"), "--trace", str(TRACE)]
+        ["--quick", "--model-dir", str(demo_dir), "--out", str(tmp_path / "out.jsonl"), "--trace", str(trace)]
     )
     lines: list[dict] = []
     b = adapter_memory.Bench(args, demo_dir, lines.append)
     b.emitted = lines  # type: ignore[attr-defined]
     return b
+
+
+def _synthetic_trace(path: Path) -> Path:
+    """A trace file in the Azure trace's format (TIMESTAMP, ContextTokens, GeneratedTokens), seeded."""
+    rng = random.Random(0)
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(64):
+        rows.append(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.0000000,{rng.randint(20, 900)},{rng.randint(1, 200)}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
 
 
 def test_prepare_sizes_the_budget_and_writes_one_budget_line(bench: adapter_memory.Bench) -> None:
