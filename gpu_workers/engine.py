@@ -297,13 +297,15 @@ class LLMEngine:
     ) -> None:
         state = self.residency.register(adapter_id, host_path, rank, num_bytes, num_pages)
         num_pages = self.residency.num_pages_for(state)
-        if num_pages > self.pool.max_adapter_pages:
+        # Unified: its requests need at least one KV page beside it, or they could never run (and would wait
+        # forever instead of being refused).
+        room = self.pool.max_adapter_pages - (1 if self.pool.is_unified else 0)
+        if num_pages > room:
             self.residency.forget(adapter_id)
-            where = "the whole pool has" if self.pool.is_unified else "the adapter share of the pool has"
+            where = "the pool leaves room for" if self.pool.is_unified else "the adapter share of the pool has"
             raise AdapterLoadError(
-                f"adapter {adapter_id!r} needs {num_pages} device pages but {where} "
-                f"{self.pool.max_adapter_pages}; raise engine_kv_cache_bytes / engine_adapter_cache_bytes or use "
-                "a smaller rank"
+                f"adapter {adapter_id!r} needs {num_pages} device pages but {where} {room}; raise "
+                "engine_kv_cache_bytes / engine_adapter_cache_bytes or use a smaller rank"
             )
 
     def load_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpu_workers.config import EngineConfig
 from gpu_workers.engine import LLMEngine
 from gpu_workers.errors import AdapterCapacityError, AdapterLoadError
 from gpu_workers.host_cache import WEIGHTS_NAME
@@ -269,3 +270,17 @@ def test_an_adapter_copied_back_to_the_device_comes_from_the_host_tier(
     else:
         assert (stats["num_host_tier_hits"], stats["num_host_tier_misses"]) == (0, 4)
         assert stats["num_host_tier_adapters"] == 0
+
+
+def test_an_adapter_that_would_leave_no_kv_page_in_a_unified_pool_is_refused_not_queued_forever(
+    base_model_dir: Path, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path]
+) -> None:
+    name = max(BIG, key=lambda n: _pages(fp32_engine, n))
+    num_pages = _pages(fp32_engine, name)
+    exact = LLMEngine(EngineConfig(model_path=base_model_dir, dtype="float32", num_kv_blocks=num_pages))
+    with pytest.raises(AdapterLoadError, match="leaves room for"):
+        exact.register_adapter(name, adapter_dirs[name])
+    assert exact.adapter_residency(name) == "none"
+    roomy = LLMEngine(EngineConfig(model_path=base_model_dir, dtype="float32", num_kv_blocks=num_pages + 1))
+    roomy.register_adapter(name, adapter_dirs[name])
+    assert roomy.adapter_residency(name) == "host"
