@@ -22,7 +22,6 @@ from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
-from scheduler.core.host_tier import HostTier
 from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.lora import (
     PROJECTIONS,
@@ -38,6 +37,7 @@ from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.models.llama import LlamaForCausalLM, ModelArgs
 from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits
+from scheduler.core.host_tier import HostTier
 from scheduler.core.page_pool import num_pages_for_adapter
 from scheduler.core.sequence import BatchEntry, Sequence
 
