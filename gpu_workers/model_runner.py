@@ -7,24 +7,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from gpu_workers.adapter_copier import AdapterCopier, CopyJob, pin_host_copy
-from gpu_workers.adapter_layout import (
-    adapter_layer_numels,
-    layer_numels_for,
-    num_pages_for_layout,
-    place_adapter,
-)
-from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
+from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
 from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.lora import (
-    PROJECTIONS,
     LoraAdapter,
     LoraBatch,
     LoraSegment,
@@ -36,6 +27,7 @@ from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.models.llama import LlamaForCausalLM, ModelArgs
+from gpu_workers.runner_adapters import AdapterTransfers
 from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits
 from scheduler.core.host_tier import HostTier
 from scheduler.core.page_pool import num_pages_for_adapter
@@ -58,8 +50,9 @@ class StepInputs:
     sample_rows: torch.Tensor  # [num_sampling] batch rows whose logits are sampled
 
 
-class ModelRunner:
-    """Weights + KV cache + adapters on one device; `execute` runs one scheduled batch."""
+class ModelRunner(AdapterTransfers):
+    """Weights + KV cache + adapters on one device; `execute` runs one scheduled batch. Adapter loading,
+    placement and host -> device copies are in `AdapterTransfers` (gpu_workers/runner_adapters.py)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -172,108 +165,6 @@ class ModelRunner:
              torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(self.args.num_layers)
         ]
-
-    # ---- adapters ----------------------------------------------------------------------------------
-
-    def validate_adapter(self, path: Path) -> AdapterInfo:
-        """Check an adapter directory against this base model and the engine's limits."""
-        return validate_adapter(path, self.model_spec, self.validation_limits)
-
-    def _output_slices(self) -> dict[str, dict[str, tuple[int, int]]]:
-        layer0 = self.model.layers[0]
-        return {name: getattr(layer0, name).output_slices for name in PROJECTIONS}
-
-    def load_adapter(self, adapter_id: str, path: Path, info: AdapterInfo) -> LoraAdapter:
-        """Pack a validated adapter's weights (not yet visible to batches): on the device in a static split;
-        in host memory in a unified pool, where `place_adapter` copies them into the adapter's pages."""
-        device = torch.device("cpu") if self.is_unified else self.device
-        return load_lora_adapter(adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, device)
-
-    def adapter_num_pages(self, info: AdapterInfo) -> int | None:
-        """Exact pages an adapter's tensor layout takes in a unified pool; None in a static split (the pool
-        cuts its bytes by rank rows)."""
-        if not self.is_unified:
-            return None
-        a = self.args
-        in_features = {
-            "qkv": a.hidden_size, "o": a.num_heads * a.head_dim, "gate_up": a.hidden_size, "down": a.intermediate_size,
-        }
-        numels = layer_numels_for(
-            info.rank, info.target_modules, info.layers, a.num_layers, in_features, self._output_slices()
-        )
-        return num_pages_for_layout(numels, self.page_numel)
-
-    def num_pages_of(self, adapter: LoraAdapter) -> int | None:
-        """`adapter_num_pages` of an adapter already loaded (from its tensors)."""
-        if not self.is_unified:
-            return None
-        return num_pages_for_layout(adapter_layer_numels(adapter), self.page_numel)
-
-    def place_adapter(self, adapter: LoraAdapter, page_ids: list[int]) -> LoraAdapter:
-        """Put a loaded adapter in its reserved pages: views of the KV cache in a unified pool (its host
-        tensors are copied there); unchanged in a static split."""
-        if not self.is_unified:
-            return adapter
-        return place_adapter(adapter, self.kv_caches, page_ids, self.page_numel)
-
-    def start_adapter_copy(self, adapter_id: str, path: Path, page_ids: list[int] | None = None) -> None:
-        """Pack an adapter's host copy (pinned on CUDA) and start its asynchronous copy to the device: into
-        its reserved `page_ids` of the KV cache in a unified pool, as tensors of its own in a static split.
-
-        Raises AdapterLoadError when its files are invalid or gone (nothing started).
-        """
-        host_copy = self._host_copy(adapter_id, path)
-        self.host_copies[adapter_id] = host_copy
-        pages = list(page_ids or [])
-        place = (lambda adapter: self.place_adapter(adapter, pages)) if self.is_unified else None
-        self.copier.start(host_copy, place)
-
-    def _host_copy(self, adapter_id: str, path: Path) -> LoraAdapter:
-        """The adapter's packed host copy: from the host tier, else read, validated and packed from its files
-        (and kept in the tier when it fits its byte budget)."""
-        key = f"{adapter_id}\0{path}"
-        if self.host_tier.lookup(key):
-            return self._host_tier_copies[key]
-        info = self.validate_adapter(path)
-        host_copy = load_lora_adapter(
-            adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, torch.device("cpu")
-        )
-        host_copy = pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
-        victims = self.host_tier.add(key, host_copy.num_bytes)
-        if victims is not None:
-            for victim in victims:
-                self._host_tier_copies.pop(victim, None)
-            self._host_tier_copies[key] = host_copy
-        return host_copy
-
-    def forget_host_copies(self, adapter_id: str) -> None:
-        """Drop an adapter's host-tier entries (it was unloaded or replaced)."""
-        for key in [k for k in self._host_tier_copies if k.split("\0", 1)[0] == adapter_id]:
-            self.host_tier.remove(key)
-            del self._host_tier_copies[key]
-
-    def cancel_adapter_copy(self, adapter_id: str) -> None:
-        """Drop an unfinished copy and its host copy."""
-        self.copier.cancel(adapter_id)
-        self.host_copies.pop(adapter_id, None)
-
-    def take_finished_copies(self) -> list[CopyJob]:
-        """Copies that landed (now in `adapters`) or failed since the last call; their host copies go."""
-        finished = self.copier.take_finished()
-        for job in finished:
-            self.host_copies.pop(job.adapter_id, None)
-            if job.device_copy is not None:
-                self.adapters[job.adapter_id] = job.device_copy
-        return finished
-
-    def _find_device_copy(self, adapter_id: str, wait: bool) -> LoraAdapter | None:
-        return self.copier.landed(adapter_id, wait)
-
-    def _cpu_workers(self) -> ThreadPoolExecutor:
-        if self._cpu_pool is None:
-            num_workers = max(self.config.cpu_prefill_workers, 1)
-            self._cpu_pool = ThreadPoolExecutor(num_workers, thread_name_prefix="cpu-prefill")
-        return self._cpu_pool
 
     # ---- one step ----------------------------------------------------------------------------------
 
