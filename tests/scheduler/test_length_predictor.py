@@ -1,0 +1,247 @@
+"""Per-adapter output-length predictor: learns per-adapter distributions, falls back to the prior, round-trips."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.length_predictor import (
+    ARTIFACT_MAGIC,
+    BUCKET_EDGES,
+    LengthPredictor,
+    LengthSample,
+    PerAdapterHistory,
+    PredictorArtifactError,
+    RequestFeatures,
+    evaluate,
+    feature_row,
+    hashed_ngram_features,
+    length_bucket,
+    prior_predict,
+)
+
+MAX_TOKENS = 512
+
+
+def synthetic_samples(num_samples: int, seed: int) -> list[LengthSample]:
+    """A ~ 20 tokens, B ~ 200 tokens, C ~ half the prompt length; arrivals interleaved at random."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(num_samples):
+        adapter = rng.choice(["A", "B", "C"])
+        num_prompt = int(rng.integers(20, 800))
+        if adapter == "A":
+            true = 20 * rng.lognormal(0, 0.2)
+        elif adapter == "B":
+            true = 200 * rng.lognormal(0, 0.2)
+        else:
+            true = 0.5 * num_prompt * rng.lognormal(0, 0.1)
+        features = RequestFeatures(str(adapter), num_prompt, MAX_TOKENS, is_chat=bool(rng.integers(2)))
+        samples.append(LengthSample(features, int(min(MAX_TOKENS, max(1, round(true))))))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def split() -> tuple[list[LengthSample], list[LengthSample]]:
+    samples = synthetic_samples(3000, seed=1)
+    return samples[:2400], samples[2400:]
+
+
+@pytest.fixture(scope="module")
+def fitted(split: tuple[list[LengthSample], list[LengthSample]]) -> LengthPredictor:
+    return LengthPredictor(seed=0).fit(split[0], model_version="test-1")
+
+
+class ConstantPredictor(LengthPredictor):
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self.value = value
+
+    def predict(self, features: RequestFeatures) -> int:
+        return self.value
+
+
+def test_trained_predictor_beats_the_global_prior_and_the_per_adapter_median(
+    fitted: LengthPredictor, split: tuple[list[LengthSample], list[LengthSample]]
+) -> None:
+    train, held_out = split
+    global_median = int(np.median([s.num_output_tokens for s in train]))
+    trained = evaluate(fitted, held_out)
+    by_global_median = evaluate(ConstantPredictor(global_median), held_out)
+    by_max_tokens = evaluate(LengthPredictor(), held_out)  # no model, no history: max_tokens
+    per_adapter_median = LengthPredictor()
+    per_adapter_median.histories = fitted.histories  # no model: the adapter's history median
+    by_adapter_median = evaluate(per_adapter_median, held_out)
+
+    assert trained["overall"]["mae"] < 0.3 * by_global_median["overall"]["mae"]
+    assert trained["overall"]["mae"] < by_max_tokens["overall"]["mae"]
+    assert trained["overall"]["mae"] < by_adapter_median["overall"]["mae"]
+    # C's length follows its prompt: only the request features can tell
+    assert trained["per_adapter"]["C"]["mae"] < 0.5 * by_adapter_median["per_adapter"]["C"]["mae"]
+    assert trained["overall"]["bucket_accuracy"] > 0.7
+    assert set(trained["per_adapter"]) == {"A", "B", "C"}
+
+
+def test_learns_per_adapter_differences_for_the_same_request(fitted: LengthPredictor) -> None:
+    a = fitted.predict(RequestFeatures("A", 300, MAX_TOKENS))
+    b = fitted.predict(RequestFeatures("B", 300, MAX_TOKENS))
+    short_c = fitted.predict(RequestFeatures("C", 100, MAX_TOKENS))
+    long_c = fitted.predict(RequestFeatures("C", 700, MAX_TOKENS))
+    assert 12 <= a <= 30
+    assert 140 <= b <= 280
+    assert 30 <= short_c <= 80
+    assert 250 <= long_c <= 450
+
+
+def test_unseen_adapter_gets_the_global_prior(fitted: LengthPredictor) -> None:
+    features = RequestFeatures("never-seen", 300, MAX_TOKENS)
+    unseen = fitted.predict(features)
+    assert unseen == fitted.predict(RequestFeatures("another-new-one", 300, MAX_TOKENS))
+    assert fitted.history("never-seen") is None
+    assert fitted.predict(RequestFeatures("A", 300, MAX_TOKENS)) < unseen < fitted.predict(
+        RequestFeatures("B", 300, MAX_TOKENS)
+    )
+
+
+def test_new_adapter_history_moves_its_prediction() -> None:
+    predictor = LengthPredictor(seed=0).fit(synthetic_samples(1500, seed=2))
+    features = RequestFeatures("newcomer", 300, MAX_TOKENS)
+    before = predictor.predict(features)
+    for _ in range(10):
+        predictor.observe("newcomer", 20)
+    after = predictor.predict(features)
+    assert after < before
+    assert after <= 40
+
+
+def test_round_trip_predicts_the_same(fitted: LengthPredictor) -> None:
+    loaded = LengthPredictor.from_bytes(fitted.to_bytes())
+    assert loaded.model_version == "test-1"
+    assert loaded.num_training_samples == 2400
+    for adapter in ("A", "B", "C", "new", None):
+        for num_prompt in (10, 200, 700):
+            features = RequestFeatures(adapter, num_prompt, MAX_TOKENS, text_features=hashed_ngram_features("hi"))
+            assert loaded.predict(features) == fitted.predict(features)
+    assert loaded.history("A").to_state() == fitted.history("A").to_state()
+
+
+def test_fast_tree_walk_matches_sklearn_predict(
+    fitted: LengthPredictor, split: tuple[list[LengthSample], list[LengthSample]]
+) -> None:
+    rows = [feature_row(s.features, fitted.history(s.features.adapter_id), 3) for s in split[1][:200]]
+    expected = fitted._model.predict(np.asarray(rows))
+    walked = [fitted._fast.predict_one(row) for row in rows]
+    np.testing.assert_allclose(walked, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_linear_model_kind_fits_and_round_trips(split: tuple[list[LengthSample], list[LengthSample]]) -> None:
+    predictor = LengthPredictor(model_kind="linear").fit(split[0][:600])
+    features = RequestFeatures("B", 300, MAX_TOKENS)
+    assert 1 <= predictor.predict(features) <= MAX_TOKENS
+    assert LengthPredictor.from_bytes(predictor.to_bytes()).predict(features) == predictor.predict(features)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty"),
+        (b"not an artifact at all", "bad header"),
+        (ARTIFACT_MAGIC + b"\x80\x05garbage", "corrupt"),
+        (ARTIFACT_MAGIC + pickle.dumps([1, 2]), "not a state dict"),
+        (ARTIFACT_MAGIC + pickle.dumps({"format_version": 99}), "format version 99"),
+        (ARTIFACT_MAGIC + pickle.dumps({"format_version": 1, "sklearn_version": "0.1"}), "scikit-learn"),
+    ],
+)
+def test_unusable_artifact_raises_a_clear_error(data: bytes, message: str) -> None:
+    with pytest.raises(PredictorArtifactError, match=message):
+        LengthPredictor.from_bytes(data)
+
+
+def test_truncated_artifact_raises_a_clear_error(fitted: LengthPredictor) -> None:
+    data = fitted.to_bytes()
+    with pytest.raises(PredictorArtifactError, match="corrupt"):
+        LengthPredictor.from_bytes(data[: len(data) // 2])
+
+
+def test_unfitted_artifact_round_trips_to_the_prior() -> None:
+    predictor = LengthPredictor()
+    predictor.observe("A", 7)
+    loaded = LengthPredictor.from_bytes(predictor.to_bytes())
+    assert not loaded.is_fitted
+    assert loaded.predict(RequestFeatures("A", 10, 100)) == 7
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    adapter=st.sampled_from(["A", "B", "C", "new", None]),
+    num_prompt=st.integers(0, 100_000),
+    max_tokens=st.integers(0, 4096),
+    is_chat=st.booleans(),
+    has_stop=st.booleans(),
+)
+def test_predictions_are_clipped_to_one_and_max_tokens(
+    fitted: LengthPredictor, adapter: str | None, num_prompt: int, max_tokens: int, is_chat: bool, has_stop: bool
+) -> None:
+    features = RequestFeatures(adapter, num_prompt, max_tokens, is_chat=is_chat, has_stop=has_stop)
+    assert 1 <= fitted.predict(features) <= max(1, max_tokens)
+    assert 1 <= prior_predict(features, fitted.history(adapter)) <= max(1, max_tokens)
+
+
+def test_b_requests_with_a_small_cap_are_clipped(fitted: LengthPredictor) -> None:
+    assert fitted.predict(RequestFeatures("B", 300, 5)) == 5
+
+
+def test_prior_is_history_median_else_max_tokens() -> None:
+    assert prior_predict(RequestFeatures("x", 10, 300), None) == 300
+    history = PerAdapterHistory()
+    for n in (10, 20, 1000):
+        history.observe(n)
+    assert prior_predict(RequestFeatures("x", 10, 300), history) == 20
+    assert prior_predict(RequestFeatures("x", 10, 15), history) == 15
+
+
+def test_history_is_bounded_with_quantiles_and_ewma() -> None:
+    history = PerAdapterHistory(max_samples=4, ewma_alpha=0.5)
+    for n in (100, 1, 2, 3, 4):
+        history.observe(n)
+    assert history.num_samples == 4
+    assert history.median == 2.5  # 100 left the window
+    assert history.ewma == pytest.approx(9.3125)  # 100, 50.5, 26.25, 14.625, 9.3125
+    assert PerAdapterHistory().median is None
+
+
+def test_evaluate_reports_mae_and_bucket_accuracy_per_adapter() -> None:
+    predictor = LengthPredictor()  # no model: history medians
+    predictor.observe("A", 40)
+    predictor.observe("B", 300)
+    samples = [
+        LengthSample(RequestFeatures("A", 10, 1000), 40),
+        LengthSample(RequestFeatures("A", 10, 1000), 70),  # predicted 40: other bucket
+        LengthSample(RequestFeatures("B", 10, 1000), 260),
+    ]
+    report = evaluate(predictor, samples)
+    assert report["per_adapter"]["A"] == {"num_samples": 2, "mae": 15.0, "bucket_accuracy": 0.5}
+    assert report["per_adapter"]["B"] == {"num_samples": 1, "mae": 40.0, "bucket_accuracy": 1.0}
+    assert report["overall"]["mae"] == pytest.approx(70 / 3)
+    assert report["overall"]["bucket_accuracy"] == pytest.approx(2 / 3)
+
+
+def test_length_buckets_follow_the_documented_edges() -> None:
+    assert [length_bucket(n) for n in (1, 31, 32, 63, 64, 1023, 1024, 10**6)] == [0, 0, 1, 1, 2, 5, 6, 6]
+    assert len(BUCKET_EDGES) == 6
+
+
+def test_hashed_ngram_features_are_stable_frequencies() -> None:
+    features = hashed_ngram_features("Summarise the following text please")
+    assert features == hashed_ngram_features("summarise  the following TEXT please")
+    assert sum(features) == pytest.approx(1.0)
+    assert hashed_ngram_features("") == (0.0,) * len(features)
+
+
+def test_fit_refuses_no_samples() -> None:
+    with pytest.raises(ValueError, match="zero samples"):
+        LengthPredictor().fit([])
