@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler.batch_policy import BATCH_POLICIES
 from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
@@ -194,7 +195,12 @@ class Settings(BaseSettings):
         "budget (adapters stored in the KV cache's pages); static = fixed adapter share beside the KV cache "
         "(the vLLM-style baseline)",
     )
-    engine_batch_policy: str = Field(default="fifo", description="Admission order of waiting requests: fifo")
+    engine_batch_policy: str = Field(
+        default="fifo",
+        description="Admission order of waiting requests, one of "
+        f"{sorted(BATCH_POLICIES)} (scheduler/batch_policy.py: fifo = arrival order with head-of-line blocking; "
+        "sjf = fewest predicted output tokens first)",
+    )
     adapter_eviction_policy: str = Field(
         default=DEFAULT_EVICTION_POLICY,
         description="Worker: which idle device adapter is evicted first when a step needs pages, one of "
@@ -228,6 +234,16 @@ class Settings(BaseSettings):
     def _check_router_policy(cls, value: str) -> str:
         if value not in ROUTER_POLICIES:
             raise ValueError(f"unknown router policy {value!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}")
+        return value
+
+    @field_validator("engine_batch_policy")
+    @classmethod
+    def _check_engine_batch_policy(cls, value: str) -> str:
+        if value not in BATCH_POLICIES:
+            raise ValueError(
+                f"unknown batch policy {value!r}: set LORAHOST_ENGINE_BATCH_POLICY to one of "
+                f"{', '.join(sorted(BATCH_POLICIES))}"
+            )
         return value
 
     @field_validator("adapter_eviction_policy")

@@ -1,8 +1,8 @@
 """Admission policies for the engine's batch scheduler: plain data in, decision out (no torch).
 
 The engine's batch scheduler asks a `BatchPolicy` which waiting requests to try to admit, in what order.
-The scheduler then admits them while KV blocks and the token/sequence budget allow. `FifoPolicy` is the
-baseline; a multi-queue policy (Chameleon-style) implements the same interface later.
+The scheduler then admits them while KV blocks and the token/sequence budget allow. `FifoPolicy` and
+`SjfPolicy` are the baselines; a multi-queue policy (Chameleon-style) implements the same interface later.
 """
 
 from __future__ import annotations
@@ -86,7 +86,28 @@ class FifoPolicy:
         return
 
 
-BATCH_POLICIES: dict[str, type] = {"fifo": FifoPolicy}
+class SjfPolicy:
+    """Shortest predicted job first: the fewest predicted output tokens go first (ties: arrival order), and a
+    request that does not fit is skipped, not waited on (no head-of-line blocking).
+
+    The baseline Chameleon compares against. Non-preemptive, and with no aging: under sustained load a long
+    request can wait behind a stream of shorter ones (that starvation is what the multi-queue policy's
+    quotas address).
+    """
+
+    def plan(self, waiting: Sequence[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
+        """Admit by predicted output length, then arrival."""
+        if budget.num_free_seqs <= 0 or budget.num_free_tokens <= 0:
+            return AdmissionPlan(request_ids=())
+        ordered = sorted(waiting, key=lambda r: (r.num_predicted_output_tokens, r.arrival_time))
+        return AdmissionPlan(request_ids=tuple(r.request_id for r in ordered), is_head_of_line_blocking=False)
+
+    def on_finished(self, request_id: str) -> None:
+        """SJF keeps no per-request state."""
+        return
+
+
+BATCH_POLICIES: dict[str, type] = {"fifo": FifoPolicy, "sjf": SjfPolicy}
 
 
 def make_batch_policy(name: str) -> BatchPolicy:

@@ -76,3 +76,22 @@ def test_max_num_seqs_limits_the_batch(make_engine: Any, prompt_ids: list[list[i
     engine.step()
     assert engine.stats()["num_running"] == 2 and engine.stats()["num_waiting"] == 2
     assert len(drain(engine)) == 4
+
+
+def test_sjf_admits_the_shortest_predicted_request_first_with_unchanged_tokens(
+    make_engine: Any, fp32_engine: LLMEngine, prompt_ids: list[list[int]]
+) -> None:
+    engine = make_engine(batch_policy="sjf", max_num_seqs=1)
+    predictions = {"long": 12, "short": 2, "mid": 6}
+    for i, (request_id, predicted) in enumerate(predictions.items()):
+        engine.add_request(request_id, prompt_ids[i], GREEDY, predicted_output_tokens=predicted)
+    first_tokens: list[str] = []
+    tokens: dict[str, list[int]] = {r: [] for r in predictions}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.new_token_ids and not tokens[out.request_id]:
+                first_tokens.append(out.request_id)
+            tokens[out.request_id] += out.new_token_ids
+    assert first_tokens == ["short", "mid", "long"]  # one sequence at a time, by predicted output
+    want = fp32_engine.generate([prompt_ids[i] for i in range(3)], GREEDY)
+    assert [tokens[r] for r in predictions] == [o.token_ids for o in want]
