@@ -53,7 +53,7 @@ from adapter_memory_plan import (
     sweep_rates,
 )
 from adapter_memory_replay import run_one
-from engine_throughput import _cpu_busy_s, _git_state, busy_cores
+from engine_throughput import _cpu_busy_s, _git_state, busy_cores, wait_with_timeout
 from serving_workload import WorkloadSpec, build_workload, summarize
 
 TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
@@ -115,17 +115,7 @@ def run_child(spec: dict, log_path: Path, timeout_s: float) -> dict:
     cpu0, t0 = _cpu_busy_s(), time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline, timed_out = time.monotonic() + timeout_s, False
-        while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                proc.kill()
-                pid, status, ru = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.2)
+        status, ru, timed_out = wait_with_timeout(proc, timeout_s)
     wall = time.perf_counter() - t0
     os.unlink(f.name)
     foreign = (_cpu_busy_s() - cpu0 - (ru.ru_utime + ru.ru_stime)) / max(wall, 1e-9)

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from serving import pct  # one percentile definition for every benchmark
+
 STAT_KEYS = (
     "num_adapter_hits",
     "num_adapter_misses",
@@ -34,16 +36,6 @@ STAT_KEYS = (
     "step_seconds_mean",
     "step_seconds_max",
 )
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """Percentile with linear interpolation (numpy's default); None for no values."""
-    if not values:
-        return None
-    v = sorted(values)
-    k = (len(v) - 1) * q / 100.0
-    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def _ms(x: float | None) -> float | None:

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -169,6 +170,20 @@ def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> 
     )
 
 
+def wait_with_timeout(proc: subprocess.Popen, timeout_s: float) -> tuple[int, Any, bool]:
+    """Wait for a child (killed after timeout_s): (wait status, its rusage, whether it timed out)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            return status, ru, False
+        if time.monotonic() > deadline:
+            proc.kill()
+            _, status, ru = os.wait4(proc.pid, 0)
+            return status, ru, True
+        time.sleep(0.2)
+
+
 def _cpu_busy_s() -> float:
     """Busy CPU seconds of the whole machine since boot (all cores), from /proc/stat."""
     with open("/proc/stat") as f:
@@ -247,18 +262,7 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = False
-        deadline = time.monotonic() + args.timeout
-        while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                proc.kill()
-                pid, status, ru = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.2)
+        status, ru, timed_out = wait_with_timeout(proc, args.timeout)
         proc.returncode = os.waitstatus_to_exitcode(status)
         reader.join(timeout=10)
         sampler.stop()

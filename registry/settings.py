@@ -7,6 +7,7 @@ Nothing here connects to anything; building a `Settings` is pure.
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
@@ -239,22 +240,12 @@ class Settings(BaseSettings):
     @field_validator("engine_batch_policy")
     @classmethod
     def _check_engine_batch_policy(cls, value: str) -> str:
-        if value not in BATCH_POLICIES:
-            raise ValueError(
-                f"unknown batch policy {value!r}: set LORAHOST_ENGINE_BATCH_POLICY to one of "
-                f"{', '.join(sorted(BATCH_POLICIES))}"
-            )
-        return value
+        return _named_choice(value, BATCH_POLICIES, "batch policy", "LORAHOST_ENGINE_BATCH_POLICY")
 
     @field_validator("adapter_eviction_policy")
     @classmethod
     def _check_adapter_eviction_policy(cls, value: str) -> str:
-        if value not in EVICTION_POLICIES:
-            raise ValueError(
-                f"unknown adapter eviction policy {value!r}: set LORAHOST_ADAPTER_EVICTION_POLICY to one of "
-                f"{', '.join(sorted(EVICTION_POLICIES))}"
-            )
-        return value
+        return _named_choice(value, EVICTION_POLICIES, "adapter eviction policy", "LORAHOST_ADAPTER_EVICTION_POLICY")
 
     @model_validator(mode="after")
     def _check_usage_lease(self) -> Settings:
@@ -302,3 +293,10 @@ class Settings(BaseSettings):
     def resolved_host_cache_dir(self) -> Path:
         """The worker's adapter file cache directory (default data_dir/host_cache)."""
         return self.host_cache_dir or (self.data_dir / "host_cache")
+
+
+def _named_choice(value: str, choices: Collection[str], what: str, env: str) -> str:
+    """`value` when it names one of `choices`; else a ValueError that says which variable to set to what."""
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}: set {env} to one of {', '.join(sorted(choices))}")
+    return value
