@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
+from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.
@@ -37,7 +39,9 @@ class EngineConfig:
       borrows from the other.
     Either way the pool is the only limit on how many adapters are on the device: a request whose adapter
     does not fit right now waits in the engine's queue.
-    `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES);
+    `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES); the
+    `multiqueue_*` knobs configure "multiqueue" (scheduler/multiqueue.py): the TTFT SLO of its M/M/1 quota
+    rule, how often its size classes and quotas are refreshed, and its most queues (Kmax);
     `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
     (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
     `enable_prefix_caching`: reuse the KV of full prompt blocks shared with an earlier request of the same
@@ -68,6 +72,9 @@ class EngineConfig:
     adapter_cache_bytes: int | None = None
     memory_mode: str = "unified"
     batch_policy: str = "fifo"
+    multiqueue_slo_s: float = DEFAULT_SLO_S
+    multiqueue_refresh_s: float = DEFAULT_REFRESH_S
+    multiqueue_max_queues: int = DEFAULT_MAX_QUEUES
     adapter_eviction_policy: str = DEFAULT_EVICTION_POLICY
     enable_prefix_caching: bool = True
     num_threads: int | None = None
@@ -108,6 +115,19 @@ class EngineConfig:
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        for name in ("multiqueue_slo_s", "multiqueue_refresh_s", "multiqueue_max_queues"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def batch_policy_options(self) -> dict[str, Any]:
+        """Constructor knobs of the named batch policy (none for fifo and sjf)."""
+        if self.batch_policy != "multiqueue":
+            return {}
+        return {
+            "slo_s": self.multiqueue_slo_s,
+            "refresh_s": self.multiqueue_refresh_s,
+            "max_queues": self.multiqueue_max_queues,
+        }
 
     def resolved_device(self) -> torch.device:
         """cuda when requested or available (auto), else cpu."""

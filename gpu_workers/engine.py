@@ -69,7 +69,7 @@ class LLMEngine:
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
-            policy or make_batch_policy(config.batch_policy),
+            policy or make_batch_policy(config.batch_policy, **config.batch_policy_options()),
             config.max_num_seqs,
             config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler.batch_policy import BATCH_POLICIES
 from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
+from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
 from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
@@ -200,7 +201,24 @@ class Settings(BaseSettings):
         default="fifo",
         description="Admission order of waiting requests, one of "
         f"{sorted(BATCH_POLICIES)} (scheduler/batch_policy.py: fifo = arrival order with head-of-line blocking; "
-        "sjf = fewest predicted output tokens first)",
+        "sjf = fewest predicted output tokens first; multiqueue = Chameleon's size-class queues with token "
+        "quotas, scheduler/multiqueue.py)",
+    )
+    engine_multiqueue_slo_s: float = Field(
+        default=DEFAULT_SLO_S,
+        gt=0,
+        description="multiqueue: the TTFT SLO (seconds) its M/M/1 rule sizes each queue's minimum token quota for",
+    )
+    engine_multiqueue_refresh_s: float = Field(
+        default=DEFAULT_REFRESH_S,
+        gt=0,
+        description="multiqueue: seconds between recomputing its size classes (K-means) and quotas",
+    )
+    engine_multiqueue_max_queues: int = Field(
+        default=DEFAULT_MAX_QUEUES,
+        ge=1,
+        le=16,
+        description="multiqueue: the most size classes (Kmax); its K selection may choose fewer",
     )
     adapter_eviction_policy: str = Field(
         default=DEFAULT_EVICTION_POLICY,

@@ -12,6 +12,8 @@ Modules:
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
   (scheduler/batch_policy.py), then prefetch of waiting requests' adapters.
+- admission_gate.py: `AdmissionGate`, which planned requests a memory shortfall blocks (all, the group's, or
+  the group's except its bypass ids).
 
 Imports: nothing of ours outside `scheduler`, and no torch/numpy/safetensors/DB/HTTP (import-linter).
 """

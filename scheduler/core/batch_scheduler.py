@@ -7,7 +7,9 @@ sequence is preempted (pages freed, recomputed later). Then waiting requests are
 `BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last; a request whose
 adapter is only on the host gets an adapter copy planned (evicting idle adapters,
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
-that does not fit waits. While its adapter is COPYING, a sequence runs only as a CPU-assisted
+that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
+or only those of its group when the plan has groups; `core/admission_gate.py`). The policy hears of each
+actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`. While its adapter is COPYING, a sequence runs only as a CPU-assisted
 prefill (`_may_run`, at most `num_cpu_prefill_workers` entries; decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
@@ -24,8 +26,12 @@ the free workers (0 workers: every one), skip the step and wait for the copy (`S
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from scheduler.batch_policy import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.adapter_residency import AdapterResidency, Residency
+from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sequence import BatchEntry, Sequence, SequenceStatus
@@ -44,7 +50,10 @@ class BatchScheduler:
         max_num_batched_tokens: int,
         prefix_cache: PrefixCache | None = None,
         num_cpu_prefill_workers: int = 0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """`clock`: the clock of `Sequence.arrival_time` (wall time by default); the policy sees its reading
+        as `BatchBudget.now` and as the admission and finish times of requests."""
         if num_cpu_prefill_workers < 0:
             raise ValueError(f"num_cpu_prefill_workers must be >= 0, got {num_cpu_prefill_workers}")
         self.pool = pool
@@ -55,6 +64,7 @@ class BatchScheduler:
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
         self.num_cpu_prefill_workers = num_cpu_prefill_workers
+        self.clock = clock
         self.num_preemptions = 0
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
         self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or already copying)
@@ -113,7 +123,7 @@ class BatchScheduler:
         if seq in self.running:
             self.running.remove(seq)
         self._free_blocks(seq)
-        self.policy.on_finished(seq.request_id)
+        self.policy.on_finished(seq.request_id, now=self.clock())
 
     def _free_blocks(self, seq: Sequence) -> None:
         """Release seq's cached blocks and free its own pages."""
@@ -229,19 +239,24 @@ class BatchScheduler:
                 num_free_tokens=budget,
                 num_free_blocks=self.num_reclaimable_blocks(),
                 block_size=self.pool.block_size,
+                now=self.clock(),
+                num_total_blocks=self.pool.num_blocks,
+                num_bytes_per_block=self.residency.page_bytes,
             ),
         )
         self._admission_order = list(admission.request_ids)
+        gate = AdmissionGate(admission)
         is_memory_short = False
         for request_id in admission.request_ids:
-            if budget == 0 or len(self.running) >= self.max_num_seqs:
+            if budget == 0 or len(self.running) >= self.max_num_seqs or gate.is_closed:
                 break
+            if not gate.may_try(request_id):
+                continue
             seq = self.waiting[request_id]
             is_hit = self._is_adapter_resident(seq)
             if not self._plan_adapter(seq, plan):
                 is_memory_short = True
-                if admission.is_head_of_line_blocking:
-                    break
+                gate.on_short(request_id, is_adapter_short=True)
                 continue
             if not self._may_run(seq, plan):
                 continue  # its adapter's copy is under way: not a shortage, so it blocks nobody behind it
@@ -251,8 +266,7 @@ class BatchScheduler:
                 self._free_blocks(seq)
                 seq.num_computed_tokens = 0
                 is_memory_short = True
-                if admission.is_head_of_line_blocking:
-                    break
+                gate.on_short(request_id, is_adapter_short=False)
                 continue
             if self.prefix_cache is not None:
                 self.prefix_cache.record_query(seq.num_tokens, seq.num_computed_tokens)
@@ -328,6 +342,7 @@ class BatchScheduler:
         del self.waiting[seq.request_id]
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        self.policy.on_admitted(seq.request_id, now=self.clock())
         if seq.adapter_id is not None:
             self.residency.unpin(seq.adapter_id)
             self.residency.pin(seq.adapter_id, is_running=True)

@@ -125,3 +125,28 @@ def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_ch
         Settings(data_dir=tmp_path, adapter_eviction_policy="mru")
     with pytest.raises(ValueError, match=r"adapter_eviction_policy must be one of .*'mru'"):
         EngineConfig(model_path=tmp_path, adapter_eviction_policy="mru")
+
+
+def test_the_multiqueue_settings_reach_the_engine_config_and_its_policy(tmp_path: Path) -> None:
+    from gpu_workers.config import EngineConfig
+    from scheduler.batch_policy import MultiQueuePolicy, make_batch_policy
+
+    settings = _settings(
+        tmp_path,
+        engine_batch_policy="multiqueue",
+        engine_multiqueue_slo_s=2.5,
+        engine_multiqueue_refresh_s=60.0,
+        engine_multiqueue_max_queues=3,
+    )
+    config = builder.engine_config_from_settings(settings)
+    assert (config.batch_policy, config.multiqueue_slo_s, config.multiqueue_refresh_s, config.multiqueue_max_queues) == (
+        "multiqueue", 2.5, 60.0, 3
+    )
+    policy = make_batch_policy(config.batch_policy, **config.batch_policy_options())
+    assert isinstance(policy, MultiQueuePolicy) and (policy.slo_s, policy.refresh_s, policy.max_queues) == (2.5, 60.0, 3)
+    assert EngineConfig(model_path=tmp_path, batch_policy="sjf").batch_policy_options() == {}
+    for name, value in (("engine_multiqueue_slo_s", 0), ("engine_multiqueue_refresh_s", -1), ("engine_multiqueue_max_queues", 0)):
+        with pytest.raises(ValueError, match=name):
+            Settings(data_dir=tmp_path, **{name: value})
+    with pytest.raises(ValueError, match="multiqueue_max_queues must be positive"):
+        EngineConfig(model_path=tmp_path, multiqueue_max_queues=0)

@@ -6,6 +6,7 @@ from typing import Any
 
 from gpu_workers.engine import LLMEngine
 from gpu_workers.sampling import SamplingParams
+from scheduler.batch_policy import MultiQueuePolicy
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 ADAPTERS = [None, "adapter-00", "adapter-02", "adapter-03"]
@@ -95,3 +96,17 @@ def test_sjf_admits_the_shortest_predicted_request_first_with_unchanged_tokens(
     assert first_tokens == ["short", "mid", "long"]  # one sequence at a time, by predicted output
     want = fp32_engine.generate([prompt_ids[i] for i in range(3)], GREEDY)
     assert [tokens[r] for r in predictions] == [o.token_ids for o in want]
+
+
+def test_multiqueue_gives_the_same_tokens_as_fifo(make_engine: Any, prompt_ids: list[list[int]]) -> None:
+    prompts = [prompt_ids[i % 4] for i in range(6)]
+    adapters = [ADAPTERS[i % 4] for i in range(6)]
+    fifo = make_engine(num_kv_blocks=16, block_size=4, max_num_seqs=3, memory_mode="static")
+    multiqueue = make_engine(
+        num_kv_blocks=16, block_size=4, max_num_seqs=3, memory_mode="static", batch_policy="multiqueue"
+    )
+    assert isinstance(multiqueue.scheduler.policy, MultiQueuePolicy)
+    want = fifo.generate(prompts, GREEDY, adapter_ids=adapters)
+    got = multiqueue.generate(prompts, GREEDY, adapter_ids=adapters)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert sum(multiqueue.scheduler.policy.charged_tokens()) == 0  # every charge was returned

@@ -48,6 +48,7 @@ def test_sjf_orders_by_predicted_output_then_arrival_and_skips_what_does_not_fit
 
 
 def test_unknown_batch_policy_is_refused_with_the_choices() -> None:
-    with pytest.raises(ValueError, match="fifo, sjf"):
+    with pytest.raises(ValueError, match="fifo, multiqueue, sjf"):
         Settings(engine_batch_policy="lifo")
     assert Settings(engine_batch_policy="sjf").engine_batch_policy == "sjf"
+    assert Settings(engine_batch_policy="multiqueue").engine_batch_policy == "multiqueue"

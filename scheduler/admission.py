@@ -1,0 +1,99 @@
+"""What a batch policy sees and returns: the waiting requests, this step's budget, and the admission plan.
+
+Plain data only (no imports of ours), so that every policy module (scheduler/batch_policy.py,
+scheduler/multiqueue.py) and the engine's core (scheduler/core/batch_scheduler.py) share one vocabulary.
+scheduler/batch_policy.py re-exports these names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class WaitingRequest:
+    """What a policy may know about one waiting request.
+
+    `predicted_output_tokens`: the predicted output length (max_tokens until a predictor fills it);
+    `adapter_num_bytes`: device bytes of its adapter (0 without one); `adapter_residency`: where the
+    adapter is now, "none" | "host" | "copying" | "device".
+    """
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int
+    adapter_id: str | None = None
+    adapter_rank: int = 0
+    predicted_output_tokens: int | None = None
+    adapter_num_bytes: int = 0
+    adapter_residency: str = "none"
+
+    @property
+    def num_predicted_output_tokens(self) -> int:
+        """The prediction, or max_tokens when there is none."""
+        return self.max_tokens if self.predicted_output_tokens is None else self.predicted_output_tokens
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """What is left for new requests in this engine step, and the size of the whole pool.
+
+    `now`: the scheduler's clock, the same clock as `WaitingRequest.arrival_time` (None: not given);
+    `num_total_blocks`: the KV pool's capacity in blocks (pages the KV cache can address; 0: not given);
+    `num_bytes_per_block`: device bytes of one block, so adapter bytes can be expressed in blocks
+    (0: not given).
+    """
+
+    num_free_seqs: int
+    num_free_tokens: int
+    num_free_blocks: int
+    block_size: int
+    now: float | None = None
+    num_total_blocks: int = 0
+    num_bytes_per_block: int = 0
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """Request ids in the order the scheduler should try to admit them.
+
+    `is_head_of_line_blocking`: stop at the first request that does not fit for lack of memory (FIFO,
+    non-preemptive); when False the scheduler skips it and tries the next.
+    `group_ids` (empty, or one per request id): with head-of-line blocking, a request that does not fit
+    blocks only the later requests of its own group (a multi-queue policy's queues); empty = one group.
+    `bypass_ids`: requests that may still be tried after an earlier request of their group failed because
+    its adapter could not get device memory (not for lack of KV blocks); every other later request of a
+    group so blocked is skipped.
+    """
+
+    request_ids: tuple[str, ...]
+    is_head_of_line_blocking: bool = True
+    group_ids: tuple[int, ...] = ()
+    bypass_ids: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.group_ids and len(self.group_ids) != len(self.request_ids):
+            raise ValueError(
+                f"group_ids must be empty or have one id per request ({len(self.request_ids)}), "
+                f"got {len(self.group_ids)}"
+            )
+
+
+class BatchPolicy(Protocol):
+    """Decides the admission order of waiting requests; called once per engine step."""
+
+    def plan(self, waiting: Sequence[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
+        """Return the admission order for this step."""
+        ...
+
+    def on_admitted(self, request_id: str, now: float | None = None) -> None:
+        """Called when the scheduler actually admits a planned request (again after each preemption);
+        `now`: the scheduler's clock (the clock of `BatchBudget.now`)."""
+        ...
+
+    def on_finished(self, request_id: str, now: float | None = None) -> None:
+        """Called when a request finishes or is aborted, admitted or not (quota bookkeeping); `now` as above."""
+        ...
