@@ -15,10 +15,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
-from api.routes import adapters, admin, completions, health, models, reports, usage
+from api.inference.learned_predictor import LearnedLengthPredictor
+from api.routes import adapters, admin, completions, health, models, predictor, reports, usage
 from api.services import Services, build_services
 from api.worker_client import WorkerClient
 from jobs.usage_sweep import PeriodicJob, sweep_usage
+from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
 from registry.upload_sweeper import run_upload_sweeps
 
@@ -43,6 +45,7 @@ DEFAULT_ROUTERS: tuple[APIRouter, ...] = (
     completions.router,
     usage.router,
     reports.router,
+    predictor.router,
     metrics_router,
 )
 
@@ -61,7 +64,12 @@ def create_app(
         owned = services is None
         app.state.services = services or build_services(settings)
         worker_client = _open_worker_client(app.state.services)
-        started = (_start_usage_sweep(app.state.services), _start_upload_sweep(app.state.services))
+        started = (
+            _start_usage_sweep(app.state.services),
+            _start_upload_sweep(app.state.services),
+            _start_predictor_reload(app.state.services),
+            _start_predictor_training(app.state.services),
+        )
         timers = [timer for timer in started if timer is not None]
         try:
             yield
@@ -105,6 +113,34 @@ def _start_upload_sweep(services: Services) -> PeriodicJob | None:
     return PeriodicJob(
         "upload-sweep", settings.upload_sweep_interval_s, lambda: run_upload_sweeps(services.job_context)
     ).start()
+
+
+def _start_predictor_reload(services: Services) -> PeriodicJob | None:
+    """Load the newest length predictor artifact now and then every settings.predictor_reload_interval_s, on a
+    timer thread (never on the request path); none for another predictor or an interval of 0."""
+    interval_s = services.settings.predictor_reload_interval_s
+    if not isinstance(services.predictor, LearnedLengthPredictor) or interval_s <= 0:
+        return None
+    return PeriodicJob("predictor-reload", interval_s, services.predictor.reload, is_run_at_start=True).start()
+
+
+def _start_predictor_training(services: Services) -> PeriodicJob | None:
+    """With inline jobs, train the length predictor on recent usage on a timer (Celery beat does it otherwise)."""
+    settings = services.settings
+    if not settings.is_inline_jobs or settings.predictor_training_interval_s <= 0:
+        return None
+    return PeriodicJob(
+        "predictor-training", settings.predictor_training_interval_s, lambda: _train_predictor(services)
+    ).start()
+
+
+def _train_predictor(services: Services) -> None:
+    """One inline training; this process then serves the new model at once (when it reloads models at all)."""
+    run = run_predictor_training(services.session_factory, services.blob_store, services.settings)
+    predictor = services.predictor
+    is_reloading = services.settings.predictor_reload_interval_s > 0
+    if run is not None and is_reloading and isinstance(predictor, LearnedLengthPredictor):
+        predictor.reload()
 
 
 def _sweep_usage(services: Services) -> None:

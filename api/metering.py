@@ -30,6 +30,10 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
   a periodic sweep closes the rows of dead workers (close_orphaned_usage) and of expired leases
   (close_expired_usage), all as `interrupted`. A row closed while its API still served it (a late renewal)
   is given its true final values by `record` all the same.
+The open row also carries the output-length prediction and its inputs (max_tokens, is_chat, has_stop, the
+prompt's n-gram features; ADMISSION_FIELDS, never updated after), the training data of the length predictor
+(registry/predictor_training.py); an `ok` request's true output length is handed to `observe_output` (the
+predictor's per-adapter history) as it is recorded.
 Writes run on fresh DB sessions in threads, so the request's own session and the event loop are never
 involved. Statuses:
   in_progress  the request is running; prompt tokens once prefilled + delivered tokens, as of the last
@@ -73,6 +77,11 @@ from registry.usage import (
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 1000
+# Columns written with the open row that the final update leaves alone (RequestMeter.admission_values).
+ADMISSION_FIELDS = frozenset({"max_tokens", "is_chat", "has_stop", "prompt_features"})
+# Told each `ok` request's adapter key (the adapter version id; None: the base model) and its true output
+# tokens, on the event loop (the learned length predictor's history: api/inference/learned_predictor.py).
+OutputObserver = Callable[[str | None, int], None]
 
 
 @dataclass
@@ -87,6 +96,11 @@ class RequestMeter:
     worker_id: str | None = None
     num_prompt_tokens: int = 0
     predicted_output_tokens: int | None = None  # api/inference/predict.py; None: refused before the prediction
+    # what the prediction saw (api/inference/predict.py), recorded for the predictor's training job
+    max_tokens: int | None = None
+    is_chat: bool | None = None
+    has_stop: bool | None = None
+    prompt_features: str | None = None  # registry.usage.encode_prompt_features
     num_delivered_tokens: int = 0
     is_prefilled: bool = False
     started_at: datetime = field(default_factory=utcnow)
@@ -145,11 +159,21 @@ class RequestMeter:
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "predicted_output_tokens": self.predicted_output_tokens,
+            **self.admission_values(),
             "status": OPEN_USAGE_STATUS,
             "worker_id": self.worker_id,
             "api_instance_id": api_instance_id,
             "started_at": self.started_at,
             "lease_renewed_at": utcnow(),  # not started_at: a request held through a cold start is not overdue
+        }
+
+    def admission_values(self) -> dict[str, Any]:
+        """The prediction's inputs (ADMISSION_FIELDS): written when the row opens, never changed after."""
+        return {
+            "max_tokens": self.max_tokens,
+            "is_chat": self.is_chat,
+            "has_stop": self.has_stop,
+            "prompt_features": self.prompt_features,
         }
 
     def checkpoint_key(self) -> tuple[int, int, str | None]:
@@ -185,6 +209,7 @@ class RequestMeter:
             "prompt_tokens": self.billed_prompt_tokens(status),
             "completion_tokens": delivered,
             "predicted_output_tokens": self.predicted_output_tokens,
+            **self.admission_values(),
             "ttft_ms": ttft if status != "rejected" else None,
             "tpot_ms": tpot if status != "rejected" else None,
             "e2e_ms": e2e,
@@ -355,10 +380,12 @@ class UsageLedger:
         *,
         api_instance_id: str = "unknown",
         checkpoint_interval_s: float = 1.0,
+        observe_output: OutputObserver | None = None,
     ) -> None:
         self.session_factory = session_factory
         self.metrics = metrics
         self.api_instance_id = api_instance_id
+        self.observe_output = observe_output
         self.writer = UsageWriter(session_factory, checkpoint_interval_s, api_instance_id=api_instance_id)
 
     def start(self, tenant_id: str, request_id: str | None = None) -> RequestMeter:
@@ -392,6 +419,7 @@ class UsageLedger:
         await self.wait_opened(meter)
         values = meter.usage_values(status, error_message)
         is_opened = meter.opened is not None and meter.opened.exception() is None
+        self._observe_output(meter, status)
         await anyio.to_thread.run_sync(self._write, values, is_opened)
         if self.metrics is not None:
             self.metrics.observe_request(
@@ -407,10 +435,19 @@ class UsageLedger:
         """Stop the writer thread (queued rows are written first)."""
         self.writer.close()
 
+    def _observe_output(self, meter: RequestMeter, status: str) -> None:
+        if status != "ok" or self.observe_output is None or meter.predicted_output_tokens is None:
+            return
+        try:
+            self.observe_output(meter.adapter_version_id, meter.num_delivered_tokens)
+        except Exception:  # noqa: BLE001 - a predictor's bookkeeping must never fail a request
+            log.exception("could not observe the output length of request %s", meter.request_id)
+
     def _write(self, values: dict[str, Any], is_opened: bool) -> None:
         try:
             with self.session_factory() as session:
-                if not (is_opened and finish_usage(session, values)):
+                finished = {k: v for k, v in values.items() if k not in ADMISSION_FIELDS}  # written at open
+                if not (is_opened and finish_usage(session, finished)):
                     record_usage(session, **values)
         except DuplicateUsageError:
             log.error("BUG: request %s metered twice; the second row was not written", values["request_id"])

@@ -274,3 +274,52 @@ class PeriodQuery(BaseModel):
 
     start: datetime
     end: datetime
+
+
+class PredictionAccuracyPublic(BaseModel):
+    """How close output-length predictions came: MAE in tokens and bucket accuracy (prediction and truth in
+    the same `bucket_edges` class); both null without samples."""
+
+    num_samples: int
+    mae: float | None
+    bucket_accuracy: float | None
+
+
+class AdapterPredictionAccuracy(PredictionAccuracyPublic):
+    """One adapter version's served predictions (the predictor's key; null ids: the base model)."""
+
+    adapter_version_id: str | None
+    adapter_id: str | None
+    adapter_name: str | None  # the usage rows' model name: the adapter's name, or the base model's
+
+
+class HeldoutAccuracy(PredictionAccuracyPublic):
+    """The served model's accuracy on its training's held-out split, for one adapter key."""
+
+    adapter_key: str | None
+
+
+class PredictorModelPublic(BaseModel):
+    """The length predictor this API process serves."""
+
+    kind: str  # settings.length_predictor: learned or max_tokens
+    version: str  # the model version; "prior" before a trained model is loaded
+    trained_at: datetime | None = None
+    num_samples: int | None = None
+    num_training_samples: int | None = None
+    num_heldout_samples: int | None = None
+    heldout: PredictionAccuracyPublic | None = None
+    heldout_per_adapter: list[HeldoutAccuracy] = Field(default_factory=list)
+
+
+class PredictorReport(BaseModel):
+    """GET /v1/admin/predictor: the served model and the accuracy of the predictions recorded in usage rows
+    (finished `ok` requests that started in [start, end)), overall and per adapter version."""
+
+    object: Literal["predictor"] = "predictor"
+    model: PredictorModelPublic
+    start: datetime
+    end: datetime
+    bucket_edges: list[int]
+    overall: PredictionAccuracyPublic
+    data: list[AdapterPredictionAccuracy]

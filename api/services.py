@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.caches import ResolvedModel, TenantAuth, TtlCache
+from api.inference.learned_predictor import make_length_predictor
 from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor
 from api.metering import UsageLedger
 from api.metrics import ApiMetrics
@@ -51,7 +52,8 @@ class Services:
     auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.auth_cache_ttl_s)
     model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.model_cache_ttl_s)
     router: Router  # the routing policy (settings.router_policy)
-    # the output-length prediction (api/inference/predict.py): max_tokens until [Scheduler] sets a predictor
+    # the output-length prediction (api/inference/predict.py): settings.length_predictor (build_services); the
+    # usage ledger tells it each finished request's true length (observe_output)
     predictor: OutputLengthPredictor = field(default_factory=MaxTokensPredictor)
     admin_key_hash: str | None = None
     engine: Engine | None = None
@@ -108,14 +110,24 @@ def build_services(
             metrics,
             api_instance_id=settings.resolved_api_instance_id(),
             checkpoint_interval_s=settings.usage_checkpoint_interval_s,
+            observe_output=lambda key, num_tokens: observe_output(services.predictor, key, num_tokens),
         ),
         auth_cache=TtlCache(settings.auth_cache_ttl_s),
         model_cache=TtlCache(settings.model_cache_ttl_s),
         router=make_router(settings.router_policy),
+        predictor=make_length_predictor(settings, blob_store),
         admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
     )
     return services
+
+
+def observe_output(predictor: OutputLengthPredictor, adapter_key: str | None, num_output_tokens: int) -> None:
+    """Tell the predictor served now (read at each call: a test or an operator may replace it) a finished
+    request's true output length, when it keeps histories."""
+    observe = getattr(predictor, "observe", None)
+    if observe is not None:
+        observe(adapter_key, num_output_tokens)
 
 
 def make_rate_limiter(settings: Settings) -> RateLimiter:

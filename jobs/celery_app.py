@@ -16,16 +16,19 @@ from jobs.dispatch import (
     CLOSE_ORPHANED_USAGE_TASK,
     FAIL_STALE_VERSIONS_TASK,
     SWEEP_ORPHANED_BLOBS_TASK,
+    TRAIN_LENGTH_PREDICTOR_TASK,
     VALIDATE_ADAPTER_TASK,
 )
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
 from registry import validation_job
+from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
 from registry.upload_sweeper import sweep_orphaned_blobs
 
 DEFAULT_USAGE_SWEEP_S = 60.0
 DEFAULT_UPLOAD_SWEEP_S = 600.0
+DEFAULT_PREDICTOR_TRAINING_S = 3600.0
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -51,6 +54,10 @@ def make_celery(settings: Settings) -> Celery:
         "close-orphaned-usage": {
             "task": CLOSE_ORPHANED_USAGE_TASK,
             "schedule": settings.usage_sweep_interval_s or DEFAULT_USAGE_SWEEP_S,
+        },
+        "train-length-predictor": {
+            "task": TRAIN_LENGTH_PREDICTOR_TASK,
+            "schedule": settings.predictor_training_interval_s or DEFAULT_PREDICTOR_TRAINING_S,
         },
     }
     _register_tasks(app, settings)
@@ -79,6 +86,14 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         return sweep_orphaned_blobs(
             ctx.session_factory, ctx.blob_store, min_age_s or settings.orphan_blob_min_age_s
         )
+
+    @app.task(name=TRAIN_LENGTH_PREDICTOR_TASK, shared=False)
+    def train_length_predictor() -> str | None:
+        """Train the output-length predictor on recent usage and publish it to the blob store (periodic);
+        returns the new version, None when there were too few finished requests."""
+        ctx = context()
+        run = run_predictor_training(ctx.session_factory, ctx.blob_store, settings)
+        return None if run is None else run.pointer.version
 
     @app.task(name=CLOSE_ORPHANED_USAGE_TASK, shared=False)
     def close_orphaned_usage() -> int:

@@ -65,17 +65,20 @@ def sweep_usage(
 
 
 class PeriodicJob:
-    """Runs `job` every `interval_s` seconds on a daemon thread until stopped (inline jobs' timer)."""
+    """Runs `job` every `interval_s` seconds on a daemon thread until stopped (inline jobs' timer);
+    `is_run_at_start`: also once as soon as it starts."""
 
-    def __init__(self, name: str, interval_s: float, job: Callable[[], object]) -> None:
+    def __init__(self, name: str, interval_s: float, job: Callable[[], object], *, is_run_at_start: bool = False
+                 ) -> None:
         self.name = name
         self.interval_s = interval_s
         self.job = job
+        self.is_run_at_start = is_run_at_start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lorahost-{name}", daemon=True)
 
     def start(self) -> PeriodicJob:
-        """Start the timer (the first run is one interval from now)."""
+        """Start the timer (the first run is one interval from now, or now with is_run_at_start)."""
         self._thread.start()
         return self
 
@@ -86,8 +89,13 @@ class PeriodicJob:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        if self.is_run_at_start:
+            self._run_once()
         while not self._stop.wait(self.interval_s):
-            try:
-                self.job()
-            except Exception:  # noqa: BLE001 - a failed run is logged; the next one retries
-                log.exception("periodic job %s failed", self.name)
+            self._run_once()
+
+    def _run_once(self) -> None:
+        try:
+            self.job()
+        except Exception:  # noqa: BLE001 - a failed run is logged; the next one retries
+            log.exception("periodic job %s failed", self.name)

@@ -218,6 +218,14 @@ class UsageRecord(Base):
     # The output length the API predicted when it admitted the request (api/inference/predict.py; max_tokens
     # until a predictor is plugged in), next to the true count, completion_tokens. NULL: refused before it.
     predicted_output_tokens: Mapped[int | None] = mapped_column(Integer)
+    # What the predictor knew at admission, for its training job (registry/predictor_training.py); NULL:
+    # refused before the prediction, or written before migration 0007. `prompt_features` holds the prompt's
+    # hashed word n-gram frequencies (scheduler.length_predictor.hashed_ngram_features) as a JSON list of
+    # floats (registry.usage.encode_prompt_features), never the prompt itself.
+    max_tokens: Mapped[int | None] = mapped_column(Integer)
+    is_chat: Mapped[bool | None] = mapped_column(Boolean)
+    has_stop: Mapped[bool | None] = mapped_column(Boolean)
+    prompt_features: Mapped[str | None] = mapped_column(Text)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     tpot_ms: Mapped[float | None] = mapped_column(Float)
     e2e_ms: Mapped[float | None] = mapped_column(Float)

@@ -20,6 +20,7 @@ from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_
 from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
+LENGTH_PREDICTORS = ("learned", "max_tokens")  # api/inference/learned_predictor.py, api/inference/predict.py
 
 
 class Settings(BaseSettings):
@@ -153,6 +154,39 @@ class Settings(BaseSettings):
         description=f"API: how a request picks its worker, one of {sorted(ROUTER_POLICIES)} (scheduler/router.py)",
     )
 
+    length_predictor: str = Field(
+        default="learned",
+        description=f"API: how a request's output length is predicted, one of {sorted(LENGTH_PREDICTORS)}: learned = "
+        "the model trained on usage (hot-reloaded from the blob store; its prior until one is trained), "
+        "max_tokens = every request uses all of its max_tokens",
+    )
+    predictor_reload_interval_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="API: seconds between checks for a newer length predictor artifact in the blob store (the first "
+        "at startup); 0 = never load one (the prior, fed with this process's finished requests)",
+    )
+    predictor_training_interval_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Seconds between trainings of the length predictor on recent usage (Celery beat, or an inline "
+        "timer in the API with inline jobs; 0 = no inline timer)",
+    )
+    predictor_min_training_samples: int = Field(
+        default=200,
+        ge=10,
+        description="Training is skipped (and logged) with fewer finished requests than this in the training window",
+    )
+    predictor_max_training_samples: int = Field(
+        default=20_000,
+        gt=0,
+        description="Training reads at most this many of the most recent finished requests (a fit of 20k takes a few "
+        "CPU seconds)",
+    )
+    predictor_training_window_s: float = Field(
+        default=7 * 86400.0, gt=0, description="Training reads finished requests that started this recently"
+    )
+
     # Worker process (gpu_workers.server, built by gpu_workers.builder; `lorahost worker`, or in-process under
     # `lorahost serve`).
     worker_backend: str = Field(
@@ -264,6 +298,21 @@ class Settings(BaseSettings):
     @classmethod
     def _check_adapter_eviction_policy(cls, value: str) -> str:
         return _named_choice(value, EVICTION_POLICIES, "adapter eviction policy", "LORAHOST_ADAPTER_EVICTION_POLICY")
+
+    @field_validator("length_predictor")
+    @classmethod
+    def _check_length_predictor(cls, value: str) -> str:
+        return _named_choice(value, LENGTH_PREDICTORS, "length predictor", "LORAHOST_LENGTH_PREDICTOR")
+
+    @model_validator(mode="after")
+    def _check_predictor_samples(self) -> Settings:
+        if self.predictor_max_training_samples < self.predictor_min_training_samples:
+            raise ValueError(
+                f"predictor_max_training_samples ({self.predictor_max_training_samples}) is below "
+                f"predictor_min_training_samples ({self.predictor_min_training_samples}): training would never run; "
+                "raise LORAHOST_PREDICTOR_MAX_TRAINING_SAMPLES or lower LORAHOST_PREDICTOR_MIN_TRAINING_SAMPLES"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_usage_lease(self) -> Settings:

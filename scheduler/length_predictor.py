@@ -37,12 +37,12 @@ import zlib
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import sklearn  # type: ignore[import-untyped]
-from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
-from sklearn.linear_model import QuantileRegressor  # type: ignore[import-untyped]
+
+if TYPE_CHECKING:  # scikit-learn is imported when a model is fitted or loaded (~1 s), not with this module
+    from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
 
 ARTIFACT_MAGIC = b"LHLENPRED"
 ARTIFACT_FORMAT_VERSION = 1
@@ -87,7 +87,8 @@ class LengthSample:
 def hashed_ngram_features(text: str, num_buckets: int = NUM_TEXT_BUCKETS) -> tuple[float, ...]:
     """Word unigrams and bigrams of the first MAX_TEXT_WORDS words hashed (crc32, stable across processes)
     into `num_buckets` frequencies that sum to 1 (all zeros for an empty text)."""
-    words = text.lower().split()[:MAX_TEXT_WORDS]
+    # split(None, n) stops after n words: the cost is bounded by the first words, not the prompt's length
+    words = [word.lower() for word in text.split(None, MAX_TEXT_WORDS)[:MAX_TEXT_WORDS]]
     grams = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
     counts = [0.0] * num_buckets
     for gram in grams:
@@ -228,6 +229,9 @@ class _FastTrees:
 
 
 def _make_model(model_kind: str, seed: int) -> Any:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.linear_model import QuantileRegressor  # type: ignore[import-untyped]
+
     if model_kind == "hgb":
         return HistGradientBoostingRegressor(
             loss="absolute_error", max_iter=150, learning_rate=0.1, max_leaf_nodes=15, random_state=seed,
@@ -301,6 +305,8 @@ class LengthPredictor:
         return self
 
     def _set_model(self, model: Any) -> None:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
         self._model = model
         self._fast = _FastTrees(model) if isinstance(model, HistGradientBoostingRegressor) else None
 
@@ -320,7 +326,7 @@ class LengthPredictor:
         """A versioned artifact: the model, its version, the config and the histories."""
         state = {
             "format_version": ARTIFACT_FORMAT_VERSION,
-            "sklearn_version": sklearn.__version__,
+            "sklearn_version": _sklearn_version(),
             "model_version": self.model_version,
             "model_kind": self.model_kind,
             "num_training_samples": self.num_training_samples,
@@ -353,6 +359,12 @@ class LengthPredictor:
         return predictor
 
 
+def _sklearn_version() -> str:
+    import sklearn  # type: ignore[import-untyped]
+
+    return str(sklearn.__version__)
+
+
 def _read_artifact(data: bytes) -> dict[str, Any]:
     if not data:
         raise PredictorArtifactError("length predictor artifact is empty")
@@ -369,10 +381,10 @@ def _read_artifact(data: bytes) -> dict[str, Any]:
             f"length predictor artifact has format version {state.get('format_version')!r}; "
             f"this build reads {ARTIFACT_FORMAT_VERSION} (retrain to replace it)"
         )
-    if state.get("sklearn_version") != sklearn.__version__:
+    if state.get("sklearn_version") != _sklearn_version():
         raise PredictorArtifactError(
             f"length predictor artifact was written with scikit-learn {state.get('sklearn_version')!r}, "
-            f"this build has {sklearn.__version__} (retrain to replace it)"
+            f"this build has {_sklearn_version()} (retrain to replace it)"
         )
     return state
 

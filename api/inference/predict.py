@@ -2,10 +2,14 @@
 
 The prediction is a policy input, carried end to end: the router sees it (RouteRequest), the worker gets it
 (GenerateRequest.predicted_output_tokens, for its batch policy) and the usage row records it next to the
-true count (UsageRecord.predicted_output_tokens), so a predictor's error can be measured from usage.
-Until [Scheduler] plugs a learned predictor in (an `OutputLengthPredictor` on services.predictor), the
-prediction is the request's max_tokens (`MaxTokensPredictor`). A prediction is clamped to [1, max_tokens]:
-a request never generates more than max_tokens, and never fewer than one token.
+true count (UsageRecord.predicted_output_tokens), so a predictor's error can be measured from usage
+(GET /v1/admin/predictor). The usage row also records what the prediction saw (max_tokens, is_chat, has_stop,
+the prompt's hashed n-gram features): the training data of the learned predictor.
+
+services.predictor is an `OutputLengthPredictor` chosen by settings.length_predictor: `learned`
+(api/inference/learned_predictor.py, the default) or `max_tokens` (`MaxTokensPredictor`: every request is
+expected to use all of its max_tokens). A prediction is clamped to [1, max_tokens]: a request never
+generates more than max_tokens, and never fewer than one token.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from api.metering import RequestMeter
+from registry.usage import encode_prompt_features
 
 if TYPE_CHECKING:
     from api.inference.prepare import Prepared
@@ -21,12 +26,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PredictionInput:
-    """What a predictor may use: the tenant, the adapter version (None: the base model) and the sizes."""
+    """What a predictor may use: the tenant, the adapter version (None: the base model), the sizes, chat or
+    completion, whether stop strings are set and the prompt's `hashed_ngram_features` (empty: no text, e.g.
+    a prompt of token ids)."""
 
     tenant_id: str | None
     adapter_key: str | None
     num_prompt_tokens: int
     max_tokens: int
+    is_chat: bool = False
+    has_stop: bool = False
+    text_features: tuple[float, ...] = ()
 
 
 class OutputLengthPredictor(Protocol):
@@ -52,13 +62,20 @@ def prediction_input(prepared: Prepared) -> PredictionInput:
         adapter_key=prepared.route.adapter_key,
         num_prompt_tokens=prepared.route.num_prompt_tokens,
         max_tokens=prepared.max_tokens,
+        is_chat=prepared.kind == "chat",
+        has_stop=bool(prepared.generate.sampling.stop),
+        text_features=prepared.text_features,
     )
 
 
 def predict(prepared: Prepared, predictor: OutputLengthPredictor, meter: RequestMeter) -> int:
-    """Predict the output length and carry it on the route, the worker request and the meter (returned)."""
-    predicted = min(max(1, predictor.predict(prediction_input(prepared))), prepared.max_tokens)
+    """Predict the output length and carry it on the route, the worker request and the meter (returned); the
+    meter also records the prediction's inputs (the training data of the learned predictor)."""
+    request = prediction_input(prepared)
+    predicted = min(max(1, predictor.predict(request)), prepared.max_tokens)
     prepared.route = replace(prepared.route, predicted_output_tokens=predicted)
     prepared.generate.predicted_output_tokens = predicted
     meter.predicted_output_tokens = predicted
+    meter.max_tokens, meter.is_chat, meter.has_stop = request.max_tokens, request.is_chat, request.has_stop
+    meter.prompt_features = encode_prompt_features(request.text_features)
     return predicted

@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0006"
+    assert current_revision(empty_db_url) == "0007"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -182,3 +182,33 @@ def test_0006_adds_the_predicted_output_tokens_column_keeping_rows_and_downgrade
     assert "predicted_output_tokens" not in _usage_columns(empty_db_url)
     assert current_revision(empty_db_url) == "0005"
 
+
+
+FEATURE_COLUMNS = {"max_tokens", "is_chat", "has_stop", "prompt_features"}
+
+
+def test_0007_adds_the_prediction_feature_columns_keeping_rows_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0006")
+    _insert_usage(empty_db_url, "r1", "ok")
+    assert not FEATURE_COLUMNS & _usage_columns(empty_db_url)
+    upgrade(empty_db_url, "0007")
+    assert FEATURE_COLUMNS <= _usage_columns(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO usage_records (id, request_id, tenant_id, model_name, prompt_tokens, completion_tokens, "
+                "status, started_at, max_tokens, is_chat, has_stop, prompt_features) VALUES ('r2', 'r2', 't', 'm', 3, "
+                "4, 'ok', CURRENT_TIMESTAMP, 16, true, false, '[0.5,0.5]')"
+            )
+            rows = conn.exec_driver_sql(
+                "SELECT request_id, max_tokens, is_chat, has_stop, prompt_features FROM usage_records "
+                "ORDER BY request_id"
+            ).all()
+    finally:
+        engine.dispose()
+    # rows from before the upgrade recorded no features (the training job skips them)
+    assert [tuple(r) for r in rows] == [("r1", None, None, None, None), ("r2", 16, True, False, "[0.5,0.5]")]
+    downgrade(empty_db_url, "0006")
+    assert not FEATURE_COLUMNS & _usage_columns(empty_db_url)
+    assert current_revision(empty_db_url) == "0006"
