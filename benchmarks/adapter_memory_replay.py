@@ -9,6 +9,12 @@ arrival. TTFT and E2E count from the scheduled arrival, so time a request waited
 
 A request is *cold* when its adapter is not on the device (`adapter_residency != "device"`) when it
 arrives; the rest are warm. The pure metric helpers (`pct`, `summarize_records`) are imported by the tests.
+
+Optional request keys (benchmarks/scheduling.py): `predicted_output_tokens` (what the batch policy sees),
+`max_tokens` (the API cap; default `output_tokens`): a request whose cap is above its true `output_tokens` is
+stopped by the replay once it has that many tokens (finish reason "length"), so the engine never sees the
+true length. `first_scheduled` is the engine's first step that ran any of its tokens. With
+`spec["return_records"]` the result holds the per-request records (`records`, without token times).
 """
 
 from __future__ import annotations
@@ -145,20 +151,29 @@ def replay(spec: dict) -> dict[str, Any]:
             rid = f"r{r['index']}"
             adapter = r["adapter"]
             records[rid] = {
+                "index": r["index"],
                 "adapter": adapter,
                 "arrival": r["arrival_s"],
                 "first_token": None,
                 "finish": None,
                 "finish_reason": None,
+                "first_scheduled": None,
+                "output_tokens": r["output_tokens"],
                 "token_times": [],
                 "num_output_tokens": 0,
                 "cold": engine.adapter_residency(adapter) != "device",
                 "first_of_adapter": adapter not in seen,
             }
             seen.add(adapter)
-            params = SamplingParams(max_tokens=r["output_tokens"], ignore_eos=True, temperature=0)
+            max_tokens = r.get("max_tokens", r["output_tokens"])
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
             engine.add_request(
-                rid, r["prompt_token_ids"], params, adapter_id=adapter, arrival_time=t0 + r["arrival_s"]
+                rid,
+                r["prompt_token_ids"],
+                params,
+                adapter_id=adapter,
+                arrival_time=t0 + r["arrival_s"],
+                predicted_output_tokens=r.get("predicted_output_tokens"),
             )
             i += 1
         if engine.has_unfinished_requests():
@@ -169,22 +184,38 @@ def replay(spec: dict) -> dict[str, Any]:
                 break
             for out in engine.step():
                 rec = records.get(out.request_id)
-                if rec is None:
-                    continue
-                t = time.time() - t0
-                if out.new_token_ids:
-                    rec["token_times"].extend([t] * len(out.new_token_ids))
-                    if rec["first_token"] is None:
-                        rec["first_token"] = t
-                rec["num_output_tokens"] = out.num_output_tokens
-                if out.is_finished:
-                    rec["finish"], rec["finish_reason"] = t, out.finish_reason
+                if rec is not None and rec["finish"] is None:
+                    _record_output(engine, rec, out, time.time() - t0, t0)
         elif i < len(reqs):
             time.sleep(max(0.0, min(reqs[i]["arrival_s"] - (time.time() - t0), 0.5)))
     stats = engine.stats()
     result = summarize_records(list(records.values()), stats)
     result["replay_wall_s"] = round(time.time() - t0, 2)
+    if spec.get("return_records"):
+        result["records"] = [
+            {k: _rounded(v) for k, v in rec.items() if k != "token_times"} for rec in records.values()
+        ]
     return result
+
+
+def _record_output(engine, rec: dict, out, t: float, t0: float) -> None:
+    """Fold one engine output into its request's record; stop the request at its true length."""
+    if rec["first_scheduled"] is None and getattr(out, "first_scheduled_time", None) is not None:
+        rec["first_scheduled"] = out.first_scheduled_time - t0
+    if out.new_token_ids:
+        rec["token_times"].extend([t] * len(out.new_token_ids))
+        if rec["first_token"] is None:
+            rec["first_token"] = t
+    rec["num_output_tokens"] = out.num_output_tokens
+    if out.is_finished:
+        rec["finish"], rec["finish_reason"] = t, out.finish_reason
+    elif out.num_output_tokens >= rec["output_tokens"]:  # its cap is above its true length: stop it here
+        engine.abort(out.request_id)
+        rec["finish"], rec["finish_reason"] = t, "length"
+
+
+def _rounded(value: Any) -> Any:
+    return round(value, 6) if isinstance(value, float) else value
 
 
 def calibrate(spec: dict) -> dict[str, Any]:
