@@ -20,7 +20,7 @@ TTFT SLO of 5x the unloaded mean; and a summary against Chameleon's targets
 (benchmarks/scheduling_metrics.py).
 
     /work/main/.venv/bin/python benchmarks/scheduling.py --quick          # smoke, ~2 min
-    /work/main/.venv/bin/python benchmarks/scheduling.py                  # full sweep, ~26 min on 2 cores
+    /work/main/.venv/bin/python benchmarks/scheduling.py                  # full sweep, ~25 min on 2 cores
     /work/main/.venv/bin/python benchmarks/scheduling.py --policies fifo,sjf --loads 0.5,1,1.5
 
 Tables on stdout, progress on stderr, everything in one JSON file (--out). See benchmarks/README.md.
@@ -333,8 +333,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--num-requests",
         type=int,
-        default=40,
-        help="requests per load point (40: the default run takes ~26 min on 2 cores)",
+        default=48,
+        help="requests per load point (48: the default run takes ~25 min on 2 cores)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
