@@ -15,6 +15,8 @@ Optional request keys (benchmarks/scheduling.py): `predicted_output_tokens` (wha
 stopped by the replay once it has that many tokens (finish reason "length"), so the engine never sees the
 true length. `first_scheduled` is the engine's first step that ran any of its tokens. With
 `spec["return_records"]` the result holds the per-request records (`records`, without token times).
+`spec["policy_history"]` (requests with negative `arrival_s`, `prompt_tokens`, `max_tokens`, `adapter`,
+`predicted_output_tokens`) is shown to the batch policy before the replay starts (`prime_policy`).
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ def replay(spec: dict) -> dict[str, Any]:
     seen: set[str] = set()
     drain_s = float(spec.get("drain_s", 120.0))
     t0 = time.time()
+    prime_policy(engine, spec.get("policy_history", []), t0)
     i = 0
     while i < len(reqs) or engine.has_unfinished_requests():
         now = time.time() - t0
@@ -191,11 +194,61 @@ def replay(spec: dict) -> dict[str, Any]:
     stats = engine.stats()
     result = summarize_records(list(records.values()), stats)
     result["replay_wall_s"] = round(time.time() - t0, 2)
+    result["policy_state"] = _policy_state(engine.scheduler.policy)
     if spec.get("return_records"):
         result["records"] = [
             {k: _rounded(v) for k, v in rec.items() if k != "token_times"} for rec in records.values()
         ]
     return result
+
+
+def prime_policy(engine, history: list[dict], t0: float) -> None:
+    """Show the engine's batch policy the recent past without running it: one `plan` call with the history
+    as waiting requests and no free sequence (nothing is admitted), then `on_finished` for each.
+
+    A server's policy has seen its traffic before any measured request; a policy in a fresh process would
+    start cold (the multi-queue policy keeps one queue until its window holds `min_samples` requests).
+    Stateless policies (fifo, sjf) are unaffected.
+    """
+    if not history:
+        return
+    from scheduler.batch_policy import BatchBudget, WaitingRequest
+
+    scheduler = engine.scheduler
+    waiting = []
+    for r in history:
+        state = engine.residency.get(r["adapter"])
+        waiting.append(
+            WaitingRequest(
+                request_id=r["request_id"],
+                arrival_time=t0 + r["arrival_s"],
+                num_prompt_tokens=r["prompt_tokens"],
+                max_tokens=r["max_tokens"],
+                adapter_id=r["adapter"],
+                adapter_rank=state.rank if state is not None else 0,
+                predicted_output_tokens=r["predicted_output_tokens"],
+                adapter_num_bytes=state.num_bytes if state is not None else 0,
+                adapter_residency="host",
+            )
+        )
+    budget = BatchBudget(
+        num_free_seqs=0,
+        num_free_tokens=0,
+        num_free_blocks=scheduler.num_reclaimable_blocks(),
+        block_size=scheduler.pool.block_size,
+        now=t0,
+        num_total_blocks=scheduler.pool.num_blocks,
+        num_bytes_per_block=scheduler.residency.page_bytes,
+    )
+    scheduler.policy.plan(waiting, budget)
+    for request in waiting:
+        scheduler.policy.on_finished(request.request_id, now=t0)
+
+
+def _policy_state(policy) -> dict[str, Any]:
+    """What a stateful policy reports about itself (e.g. multiqueue's queues), for the result line."""
+    keys = ("num_queues", "num_refreshes", "quota_tokens")
+    return {k: getattr(policy, k) for k in keys if hasattr(policy, k)}
 
 
 def _record_output(engine, rec: dict, out, t: float, t0: float) -> None:

@@ -42,7 +42,13 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))  # this tree's scheduler/, not an installed copy
 
 from adapter_memory import ensure_model, find_adapters, run_child
-from adapter_memory_plan import adapter_device_bytes, at_rate, kv_bytes_per_token, memory_budget
+from adapter_memory_plan import (
+    adapter_device_bytes,
+    at_rate,
+    engine_config_fields,
+    kv_bytes_per_token,
+    memory_budget,
+)
 from engine_throughput import _git_state
 from scheduling_metrics import (
     drain_limit_s,
@@ -56,6 +62,7 @@ from scheduling_workload import (
     history_samples,
     output_length_models,
     prediction_report,
+    prime_requests,
     size_class,
     size_cutoffs,
     synthetic_trace_rows,
@@ -93,6 +100,14 @@ def parse_loads(text: str) -> list[float]:
     if not loads or loads[0] <= 0:
         raise ValueError(f"--loads needs positive multiples of the capacity, got {text!r}")
     return loads
+
+
+def policy_overrides(policy: str, slo_s: float, common: dict[str, Any]) -> dict[str, Any]:
+    """EngineConfig knobs a policy takes from the benchmark: multiqueue's quota rule gets the benchmark's TTFT
+    SLO (unless --engine-args sets it, or this build's EngineConfig has no such field)."""
+    if policy != "multiqueue" or "multiqueue_slo_s" in common:
+        return {}
+    return {"multiqueue_slo_s": round(slo_s, 4)} if "multiqueue_slo_s" in engine_config_fields() else {}
 
 
 class SchedulingBench:
@@ -137,6 +152,7 @@ class SchedulingBench:
             a.seed,
         )
         predictor, held_out = train_predictor(history, a.seed)
+        self.prime = prime_requests(history, predictor, a.num_prime, a.seed)
         self.requests = attach_lengths(
             self._base_requests(trace), models, predictor, a.max_output_tokens, a.seed
         )
@@ -232,7 +248,7 @@ class SchedulingBench:
         return path
 
     def child(
-        self, tag: str, engine: dict[str, Any], workload: Path, mode: str, drain_s: float
+        self, tag: str, engine: dict[str, Any], workload: Path, mode: str, drain_s: float, **extra: Any
     ) -> dict[str, Any]:
         """Run one replay (or calibration) in a fresh process; its result dict."""
         spec = {
@@ -244,6 +260,7 @@ class SchedulingBench:
             "drain_s": drain_s,
             "num_calibration": self.args.num_calibration,
             "return_records": mode == "replay",
+            **extra,
         }
         return run_child(spec, self.log_dir / f"scheduling-{tag}.log", self.args.timeout)
 
@@ -288,20 +305,32 @@ class SchedulingBench:
             workload = self.write_requests(f"load-{load:g}", requests)
             span = max(r["arrival_s"] for r in requests)
             drain = a.drain_s or drain_limit_s(span, a.drain_factor, a.min_drain_s)
+            prime = at_rate(self.prime, 1.0, rate)
             for is_caching in caches:
                 for policy in policies:
-                    engine = {**common, "batch_policy": policy, "is_caching_idle_adapters": is_caching}
-                    points.append(self.run_point(engine, workload, load, rate, drain))
+                    engine = {
+                        **common,
+                        **policy_overrides(policy, self.slo_ms / 1000.0, common),
+                        "batch_policy": policy,
+                        "is_caching_idle_adapters": is_caching,
+                    }
+                    points.append(self.run_point(engine, workload, prime, load, rate, drain))
         return points
 
     def run_point(
-        self, engine: dict[str, Any], workload: Path, load: float, rate: float, drain: float
+        self,
+        engine: dict[str, Any],
+        workload: Path,
+        prime: list[dict],
+        load: float,
+        rate: float,
+        drain: float,
     ) -> dict[str, Any]:
         """One system at one load, in its own process: the point's metrics."""
         policy, is_caching = engine["batch_policy"], engine["is_caching_idle_adapters"]
         label = system_label(policy, is_caching)
         tag = f"{policy}-{'cache' if is_caching else 'nocache'}-{load:g}"
-        res = self.child(tag, engine, workload, "replay", drain)
+        res = self.child(tag, engine, workload, "replay", drain, policy_history=prime)
         point = {
             "system": label,
             "policy": policy,
@@ -312,6 +341,7 @@ class SchedulingBench:
             **run_metrics(res, self.class_of),
             "wall_s": res.get("wall_s"),
             "foreign_busy_cores_during": res.get("foreign_busy_cores_during"),
+            "policy_state": res.get("policy_state"),
         }
         done = f"{point.get('completed')}/{point.get('num_requests')}"
         log(f"load {load:g} ({rate:g} req/s) {label}: ttft p99 {point.get('ttft_ms_p99')} ms, done {done}")
@@ -352,6 +382,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=3000,
         help="past requests the length predictor trains on (80%%) and is tested on (20%%)",
+    )
+    p.add_argument(
+        "--num-prime",
+        type=int,
+        default=200,
+        help="recent history requests shown to the batch policy before each replay (0: start cold)",
     )
     p.add_argument("--max-prompt-tokens", type=int, default=128)
     p.add_argument(

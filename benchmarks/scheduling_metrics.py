@@ -291,6 +291,7 @@ def runs_table(points: Sequence[dict[str, Any]]) -> str:
         "q_small",
         "q_med",
         "q_large",
+        "K",
         "foreign",
     )
     rows = [
@@ -308,6 +309,7 @@ def runs_table(points: Sequence[dict[str, Any]]) -> str:
             _share(p, "small"),
             _share(p, "medium"),
             _share(p, "large"),
+            (p.get("policy_state") or {}).get("num_queues"),
             p.get("foreign_busy_cores_during"),
         )
         for p in sorted(points, key=lambda x: (x["load"], x["system"]))
@@ -371,7 +373,8 @@ def report_text(report: dict[str, Any]) -> str:
     lines += [
         "",
         "per load point (ms; thr = completed req/s; hit = share of requests whose adapter was on the device "
-        + "at arrival; q_* = queueing share of E2E per size class; foreign = other processes' busy cores):",
+        + "at arrival; q_* = queueing share of E2E per size class; K = the policy's queues (multiqueue); "
+        + "foreign = other processes' busy cores):",
         runs_table(report["points"]),
         "",
         "summary vs FIFO with the same cache setting (targets: P99 TTFT reduction >= "

@@ -11,6 +11,9 @@ predictions, and the size classes.
 - History: `num_history` earlier requests of the same adapters (same popularity), prompt lengths from trace
   rows after the workload's, true lengths from the same per-adapter distributions; a `LengthPredictor` is
   trained on its first 80% (chronological) and evaluated on the rest (held-out MAE, bucket accuracy).
+- Policy history: the last `num_prime` history requests, with predictions, arriving before the replay at
+  the point's rate, are shown to the batch policy before it starts (`prime_requests`; a long-running
+  server's policy has seen its recent traffic).
 - Requests carry the prediction (`predicted_output_tokens`, what the batch policy sees) and the API's cap
   (`max_tokens` = max_output_tokens); the replay stops each one at its true `output_tokens`.
 - Size classes: small / medium / large by the true total tokens (prompt + output), cut at the workload's
@@ -172,6 +175,28 @@ def attach_lengths(
             }
         )
     return out
+
+
+def prime_requests(
+    history: Sequence[LengthSample], predictor: LengthPredictor, num_prime: int, seed: int
+) -> list[dict[str, Any]]:
+    """The last `num_prime` history requests as the batch policy sees them, arriving before the replay
+    (negative `arrival_s`: Poisson gaps at 1 req/s, ending at 0; rescale them with the replay's rate)."""
+    recent = list(history)[-num_prime:] if num_prime > 0 else []
+    rng = random.Random(seed + 15)
+    gaps = [rng.expovariate(1.0) for _ in recent]
+    offsets = [-sum(gaps[i:]) for i in range(len(recent))]  # the last one arrives one gap before 0
+    return [
+        {
+            "request_id": f"prime-{i}",
+            "arrival_s": round(offset, 6),
+            "adapter": s.features.adapter_id,
+            "prompt_tokens": s.features.num_prompt_tokens,
+            "max_tokens": s.features.max_tokens,
+            "predicted_output_tokens": predictor.predict(s.features),
+        }
+        for i, (s, offset) in enumerate(zip(recent, offsets, strict=True))
+    ]
 
 
 # ------------------------------------------------------------------------------------------ size classes

@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import scheduling
-from adapter_memory_replay import _record_output
+from adapter_memory_replay import _record_output, prime_policy
 from scheduling_metrics import (
     compare_with,
     drain_limit_s,
@@ -32,6 +32,7 @@ from scheduling_workload import (
     attach_lengths,
     history_samples,
     output_length_models,
+    prime_requests,
     scaled_bucket_accuracy,
     size_class,
     size_cutoffs,
@@ -350,3 +351,65 @@ def test_the_replay_stops_a_request_at_its_true_length_under_a_larger_cap() -> N
     engine2, rec2 = FakeEngine(), {**rec, "finish": None, "finish_reason": None, "output_tokens": 2}
     _record_output(engine2, rec2, output(2, is_finished=True, reason="length"), t=2.0, t0=100.0)
     assert engine2.aborted == [] and rec2["finish_reason"] == "length"  # the engine ended it itself
+
+
+# ---- priming the batch policy -----------------------------------------------------------------------
+
+
+def test_prime_requests_are_the_most_recent_history_arriving_before_the_replay() -> None:
+    samples = history()
+    predictor, _ = train_predictor(samples, seed=0)
+    prime = prime_requests(samples, predictor, 50, seed=0)
+    assert len(prime) == 50 and prime == prime_requests(samples, predictor, 50, seed=0)
+    assert [r["adapter"] for r in prime] == [s.features.adapter_id for s in samples[-50:]]
+    arrivals = [r["arrival_s"] for r in prime]
+    assert arrivals == sorted(arrivals) and arrivals[-1] < 0
+    assert all(1 <= r["predicted_output_tokens"] <= 64 and r["max_tokens"] == 64 for r in prime)
+    assert prime_requests(samples, predictor, 0, seed=0) == []
+
+
+class RecordingPolicy:
+    def __init__(self) -> None:
+        self.planned: list = []
+        self.finished: list[str] = []
+
+    def plan(self, waiting, budget):
+        self.planned.append((list(waiting), budget))
+
+    def on_finished(self, request_id: str, now: float | None = None) -> None:
+        self.finished.append(request_id)
+
+
+def test_priming_shows_the_history_to_the_policy_and_admits_nothing() -> None:
+    policy = RecordingPolicy()
+    pool = SimpleNamespace(block_size=16, num_blocks=100)
+    residency = SimpleNamespace(page_bytes=4096, get=lambda name: SimpleNamespace(rank=8, num_bytes=1000))
+    scheduler = SimpleNamespace(
+        policy=policy, pool=pool, residency=residency, num_reclaimable_blocks=lambda: 90
+    )
+    engine = SimpleNamespace(scheduler=scheduler, residency=residency)
+    history_ = [
+        {
+            "request_id": f"prime-{i}",
+            "arrival_s": -2.0 + i,
+            "prompt_tokens": 10,
+            "max_tokens": 64,
+            "adapter": "a",
+            "predicted_output_tokens": 5,
+        }
+        for i in range(2)
+    ]
+    prime_policy(engine, history_, t0=1000.0)
+    [(waiting, budget)] = policy.planned
+    assert [w.arrival_time for w in waiting] == [998.0, 999.0]
+    assert waiting[0].predicted_output_tokens == 5 and waiting[0].adapter_num_bytes == 1000
+    assert budget.num_free_seqs == 0 and budget.now == 1000.0 and budget.num_total_blocks == 100
+    assert policy.finished == ["prime-0", "prime-1"]
+    prime_policy(engine, [], t0=1000.0)
+    assert len(policy.planned) == 1
+
+
+def test_multiqueue_gets_the_benchmarks_slo_unless_given() -> None:
+    assert scheduling.policy_overrides("multiqueue", 0.9, {}) == {"multiqueue_slo_s": 0.9}
+    assert scheduling.policy_overrides("multiqueue", 0.9, {"multiqueue_slo_s": 3.0}) == {}
+    assert scheduling.policy_overrides("fifo", 0.9, {}) == {}
