@@ -9,6 +9,14 @@ arrival. TTFT and E2E count from the scheduled arrival, so time a request waited
 
 A request is *cold* when its adapter is not on the device (`adapter_residency != "device"`) when it
 arrives; the rest are warm. The pure metric helpers (`pct`, `summarize_records`) are imported by the tests.
+
+Optional request keys (benchmarks/scheduling.py): `predicted_output_tokens` (what the batch policy sees),
+`max_tokens` (the API cap; default `output_tokens`): a request whose cap is above its true `output_tokens` is
+stopped by the replay once it has that many tokens (finish reason "length"), so the engine never sees the
+true length. `first_scheduled` is the engine's first step that ran any of its tokens. With
+`spec["return_records"]` the result holds the per-request records (`records`, without token times).
+`spec["policy_history"]` (requests with negative `arrival_s`, `prompt_tokens`, `max_tokens`, `adapter`,
+`predicted_output_tokens`) is shown to the batch policy before the replay starts (`prime_policy`).
 """
 
 from __future__ import annotations
@@ -137,6 +145,7 @@ def replay(spec: dict) -> dict[str, Any]:
     seen: set[str] = set()
     drain_s = float(spec.get("drain_s", 120.0))
     t0 = time.time()
+    prime_policy(engine, spec.get("policy_history", []), t0)
     i = 0
     while i < len(reqs) or engine.has_unfinished_requests():
         now = time.time() - t0
@@ -145,20 +154,29 @@ def replay(spec: dict) -> dict[str, Any]:
             rid = f"r{r['index']}"
             adapter = r["adapter"]
             records[rid] = {
+                "index": r["index"],
                 "adapter": adapter,
                 "arrival": r["arrival_s"],
                 "first_token": None,
                 "finish": None,
                 "finish_reason": None,
+                "first_scheduled": None,
+                "output_tokens": r["output_tokens"],
                 "token_times": [],
                 "num_output_tokens": 0,
                 "cold": engine.adapter_residency(adapter) != "device",
                 "first_of_adapter": adapter not in seen,
             }
             seen.add(adapter)
-            params = SamplingParams(max_tokens=r["output_tokens"], ignore_eos=True, temperature=0)
+            max_tokens = r.get("max_tokens", r["output_tokens"])
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
             engine.add_request(
-                rid, r["prompt_token_ids"], params, adapter_id=adapter, arrival_time=t0 + r["arrival_s"]
+                rid,
+                r["prompt_token_ids"],
+                params,
+                adapter_id=adapter,
+                arrival_time=t0 + r["arrival_s"],
+                predicted_output_tokens=r.get("predicted_output_tokens"),
             )
             i += 1
         if engine.has_unfinished_requests():
@@ -169,22 +187,88 @@ def replay(spec: dict) -> dict[str, Any]:
                 break
             for out in engine.step():
                 rec = records.get(out.request_id)
-                if rec is None:
-                    continue
-                t = time.time() - t0
-                if out.new_token_ids:
-                    rec["token_times"].extend([t] * len(out.new_token_ids))
-                    if rec["first_token"] is None:
-                        rec["first_token"] = t
-                rec["num_output_tokens"] = out.num_output_tokens
-                if out.is_finished:
-                    rec["finish"], rec["finish_reason"] = t, out.finish_reason
+                if rec is not None and rec["finish"] is None:
+                    _record_output(engine, rec, out, time.time() - t0, t0)
         elif i < len(reqs):
             time.sleep(max(0.0, min(reqs[i]["arrival_s"] - (time.time() - t0), 0.5)))
     stats = engine.stats()
     result = summarize_records(list(records.values()), stats)
     result["replay_wall_s"] = round(time.time() - t0, 2)
+    result["policy_state"] = _policy_state(engine.scheduler.policy)
+    if spec.get("return_records"):
+        result["records"] = [
+            {k: _rounded(v) for k, v in rec.items() if k != "token_times"} for rec in records.values()
+        ]
     return result
+
+
+def prime_policy(engine, history: list[dict], t0: float) -> None:
+    """Show the engine's batch policy the recent past without running it: one `plan` call with the history
+    as waiting requests and no free sequence (nothing is admitted), then `on_finished` for each.
+
+    A server's policy has seen its traffic before any measured request; a policy in a fresh process would
+    start cold (the multi-queue policy keeps one queue until its window holds `min_samples` requests).
+    Stateless policies (fifo, sjf) are unaffected.
+    """
+    if not history:
+        return
+    from scheduler.batch_policy import BatchBudget, WaitingRequest
+
+    scheduler = engine.scheduler
+    waiting = []
+    for r in history:
+        state = engine.residency.get(r["adapter"])
+        waiting.append(
+            WaitingRequest(
+                request_id=r["request_id"],
+                arrival_time=t0 + r["arrival_s"],
+                num_prompt_tokens=r["prompt_tokens"],
+                max_tokens=r["max_tokens"],
+                adapter_id=r["adapter"],
+                adapter_rank=state.rank if state is not None else 0,
+                predicted_output_tokens=r["predicted_output_tokens"],
+                adapter_num_bytes=state.num_bytes if state is not None else 0,
+                adapter_residency="host",
+            )
+        )
+    budget = BatchBudget(
+        num_free_seqs=0,
+        num_free_tokens=0,
+        num_free_blocks=scheduler.num_reclaimable_blocks(),
+        block_size=scheduler.pool.block_size,
+        now=t0,
+        num_total_blocks=scheduler.pool.num_blocks,
+        num_bytes_per_block=scheduler.residency.page_bytes,
+    )
+    scheduler.policy.plan(waiting, budget)
+    for request in waiting:
+        scheduler.policy.on_finished(request.request_id, now=t0)
+
+
+def _policy_state(policy) -> dict[str, Any]:
+    """What a stateful policy reports about itself (e.g. multiqueue's queues), for the result line."""
+    keys = ("num_queues", "num_refreshes", "quota_tokens")
+    return {k: getattr(policy, k) for k in keys if hasattr(policy, k)}
+
+
+def _record_output(engine, rec: dict, out, t: float, t0: float) -> None:
+    """Fold one engine output into its request's record; stop the request at its true length."""
+    if rec["first_scheduled"] is None and getattr(out, "first_scheduled_time", None) is not None:
+        rec["first_scheduled"] = out.first_scheduled_time - t0
+    if out.new_token_ids:
+        rec["token_times"].extend([t] * len(out.new_token_ids))
+        if rec["first_token"] is None:
+            rec["first_token"] = t
+    rec["num_output_tokens"] = out.num_output_tokens
+    if out.is_finished:
+        rec["finish"], rec["finish_reason"] = t, out.finish_reason
+    elif out.num_output_tokens >= rec["output_tokens"]:  # its cap is above its true length: stop it here
+        engine.abort(out.request_id)
+        rec["finish"], rec["finish_reason"] = t, "length"
+
+
+def _rounded(value: Any) -> Any:
+    return round(value, 6) if isinstance(value, float) else value
 
 
 def calibrate(spec: dict) -> dict[str, Any]:

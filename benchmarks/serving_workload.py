@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import itertools
 import json
 import random
 from dataclasses import asdict, dataclass, field
@@ -92,6 +93,14 @@ def zipf_weights(n: int, alpha: float) -> list[float]:
     return [x / s for x in w]
 
 
+def popularity_order(adapters: tuple[str, ...] | list[str], seed: int) -> list[str]:
+    """Adapters by popularity rank (most popular first): a seeded shuffle, so popularity is not tied to the
+    order of the names."""
+    order = list(adapters)
+    random.Random(seed + 2).shuffle(order)
+    return order
+
+
 def _arrivals(spec: WorkloadSpec, window: list[tuple[float, int, int]], rng: random.Random) -> list[float]:
     if spec.arrival == "poisson":
         out, t = [], 0.0
@@ -150,12 +159,8 @@ def build_workload(spec: WorkloadSpec) -> list[WorkloadRequest]:
     if context is None:
         cfg = json.loads((Path(spec.tokenizer_dir) / "config.json").read_text())
         context = int(cfg.get("max_position_embeddings", 2048))
-    order = list(spec.adapters)
-    random.Random(spec.seed + 2).shuffle(order)  # popularity rank k -> adapter order[k]
-    cum, acc = [], 0.0
-    for w in zipf_weights(len(order), spec.zipf_alpha):
-        acc += w
-        cum.append(acc)
+    order = popularity_order(spec.adapters, spec.seed)
+    cum = list(itertools.accumulate(zipf_weights(len(order), spec.zipf_alpha)))
     tok = _load_tokenizer(spec.tokenizer_dir)
     num_special = len(tok.encode("", add_special_tokens=True).ids)  # e.g. a BOS post-processor
     pick_rng, prompt_rng = random.Random(spec.seed + 3), random.Random(spec.seed + 4)

@@ -93,6 +93,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         multiqueue_refresh_s=settings.engine_multiqueue_refresh_s,
         multiqueue_max_queues=settings.engine_multiqueue_max_queues,
         adapter_eviction_policy=settings.adapter_eviction_policy,
+        is_caching_idle_adapters=settings.engine_adapter_cache,
         enable_prefix_caching=settings.engine_enable_prefix_caching,
         num_threads=settings.engine_num_threads,
         adapter_link_gbps=settings.engine_adapter_link_gbps,

@@ -44,6 +44,10 @@ class EngineConfig:
     rule, how often its size classes and quotas are refreshed, and its most queues (Kmax);
     `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
     (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
+    `is_caching_idle_adapters`: keep adapters no request uses on the device while pages are free (the
+    adapter cache, default); False evicts an adapter as soon as no running or waiting request (or lease)
+    uses it, so every later request for it copies it again (the S-LoRA / no-cache baseline of
+    benchmarks/scheduling.py; explicit loads and prefetch hints then last only until the next step).
     `enable_prefix_caching`: reuse the KV of full prompt blocks shared with an earlier request of the same
     adapter id (scheduler/core/prefix_cache.py); cached blocks are dropped when their adapter leaves the device.
 
@@ -76,6 +80,7 @@ class EngineConfig:
     multiqueue_refresh_s: float = DEFAULT_REFRESH_S
     multiqueue_max_queues: int = DEFAULT_MAX_QUEUES
     adapter_eviction_policy: str = DEFAULT_EVICTION_POLICY
+    is_caching_idle_adapters: bool = True
     enable_prefix_caching: bool = True
     num_threads: int | None = None
     lora_stack_cache_size: int = 2

@@ -64,6 +64,7 @@ class LLMEngine:
             self.pool,
             self.runner.kv_bytes_per_block(),
             policy=make_eviction_policy(config.adapter_eviction_policy),
+            is_caching_idle_adapters=config.is_caching_idle_adapters,
         )
         self.prefix_cache = PrefixCache(self.pool) if config.enable_prefix_caching else None
         self.scheduler = BatchScheduler(
@@ -151,6 +152,7 @@ class LLMEngine:
                 self._poll_copies()
             outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
+        _stamp_first_scheduled(entries, time.time())
         started = time.perf_counter()
         host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
         if host_assisted:
@@ -228,6 +230,7 @@ class LLMEngine:
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
             adapter_id=seq.adapter_id,
+            first_scheduled_time=seq.first_scheduled_time,
             error=seq.error,
             error_code=seq.error_code,
         )
@@ -472,6 +475,13 @@ class LLMEngine:
 
 
 _COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
+
+
+def _stamp_first_scheduled(entries: list[BatchEntry], now: float) -> None:
+    """Record when each sequence's tokens first run (its queueing ends there: arrival -> first scheduled)."""
+    for entry in entries:
+        if entry.seq.first_scheduled_time is None:
+            entry.seq.first_scheduled_time = now
 
 
 def _overflow_message(seq: Sequence) -> str:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class RequestOutput:
     """A delta for one request from one engine step (or a whole completion from `generate`).
 
-    Timestamps are `time.time()` seconds; first_token_time / finish_time are None until they happen.
+    Timestamps are `time.time()` seconds; first_scheduled_time (the first step that ran any of the request's
+    tokens: its queueing ends there), first_token_time and finish_time are None until they happen.
     """
 
     request_id: str
@@ -23,6 +24,7 @@ class RequestOutput:
     first_token_time: float | None
     finish_time: float | None
     adapter_id: str | None = None
+    first_scheduled_time: float | None = None
     error: str | None = None  # set with finish_reason "error": why the engine stopped this request
     # With error: "adapter_unavailable" (a planned adapter copy failed: its host files vanished or became
     # invalid) or "numeric_overflow" (the request's logits went non-finite); see errors.REQUEST_ERRORS.

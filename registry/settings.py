@@ -260,6 +260,12 @@ class Settings(BaseSettings):
         f"{sorted(EVICTION_POLICIES)} (scheduler/eviction.py: least recently used; Chameleon's "
         "frequency/recency/size score; FastLibra's reload cost x reuse probability x recency decay)",
     )
+    engine_adapter_cache: bool = Field(
+        default=True,
+        description="Keep adapters no request uses on the device while memory is free (the adapter cache); "
+        "false evicts an adapter as soon as no running or waiting request uses it (the S-LoRA / no-cache "
+        "baseline: every later request for it copies it again, and prefetch hints last one step)",
+    )
     engine_enable_prefix_caching: bool = Field(
         default=True, description="Reuse the KV of prompt prefixes shared by requests of the same adapter version"
     )

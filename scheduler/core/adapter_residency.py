@@ -10,6 +10,9 @@ external leases (a worker request between admission and entering the engine, a p
 memory forces it. Idle adapters (no pin) are the adapter cache: they stay on the device while pages are
 free and go first when pages are needed, in the order of an `EvictionPolicy` (scheduler/eviction.py: lru,
 chameleon, fastlibra); the waiting-only class comes after them, in the same policy's order.
+With `is_caching_idle_adapters` False there is no adapter cache (the S-LoRA / no-cache baseline):
+`drop_idle_adapters` evicts every device adapter as soon as nothing pins it (the batch scheduler calls it
+at the start of each step).
 Device bytes come from the one page pool (`PagePool.reserve`), which alone decides how many adapters fit
 (no count cap).
 
@@ -83,6 +86,7 @@ class AdapterResidency:
         clock: Callable[[], float] = time.monotonic,
         link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S,
         access_window_s: float = ACCESS_WINDOW_S,
+        is_caching_idle_adapters: bool = True,
     ) -> None:
         if page_bytes <= 0:
             raise ValueError("page_bytes must be positive")
@@ -94,6 +98,7 @@ class AdapterResidency:
         self.clock = clock
         self.link_bytes_per_s = link_bytes_per_s
         self.access_window_s = access_window_s
+        self.is_caching_idle_adapters = is_caching_idle_adapters
         self._states: dict[str, AdapterState] = {}
         # Device-side adapters (COPYING or DEVICE), least recently used first.
         self._on_device: OrderedDict[str, None] = OrderedDict()
@@ -310,6 +315,20 @@ class AdapterResidency:
         if len(states) <= 1:
             return [s.adapter_id for s in states]
         return self.policy.order([self.candidate(s) for s in states], view)
+
+    def drop_idle_adapters(self) -> list[str]:
+        """Without the adapter cache: evict every device adapter that no request or lease pins; returns their
+        ids (always [] when caching idle adapters). A COPYING adapter stays until its copy lands."""
+        if self.is_caching_idle_adapters:
+            return []
+        idle = [
+            adapter_id
+            for adapter_id in self._on_device
+            if self._states[adapter_id].residency is Residency.DEVICE and not self._states[adapter_id].is_pinned
+        ]
+        for adapter_id in idle:
+            self.evict(adapter_id)
+        return idle
 
     def evict_for_kv(self, num_blocks: int, keep: str | None = None) -> list[str]:
         """Evict adapters holding KV-addressable pages (unified pool; idle first, then waiting-only; never

@@ -9,7 +9,9 @@ adapter is only on the host gets an adapter copy planned (evicting idle adapters
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
 that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
 or only those of its group when the plan has groups; `core/admission_gate.py`). The policy hears of each
-actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`. While its adapter is COPYING, a sequence runs only as a CPU-assisted
+actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`. Without the
+adapter cache (`AdapterResidency.is_caching_idle_adapters` False) each step starts by evicting the adapters
+no request uses any more. While its adapter is COPYING, a sequence runs only as a CPU-assisted
 prefill (`_may_run`, at most `num_cpu_prefill_workers` entries; decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
@@ -161,6 +163,7 @@ class BatchScheduler:
     def schedule(self) -> StepPlan:
         """Pick this step's work: entries (sorted by adapter), adapter loads/evictions and preemptions."""
         plan = StepPlan()
+        plan.adapter_evictions.extend(self.residency.drop_idle_adapters())  # no-op with the adapter cache
         budget = self.max_num_batched_tokens
         is_preempted = False
         for seq in self.running:

@@ -41,6 +41,7 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None  # why the engine stopped it (finish_reason "error")
     error_code: str | None = None  # with error: "adapter_unavailable", "numeric_overflow"
+    first_scheduled_time: float | None = None  # the first step that ran any of its tokens (engine clock)
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0

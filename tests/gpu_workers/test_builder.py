@@ -150,3 +150,14 @@ def test_the_multiqueue_settings_reach_the_engine_config_and_its_policy(tmp_path
             Settings(data_dir=tmp_path, **{name: value})
     with pytest.raises(ValueError, match="multiqueue_max_queues must be positive"):
         EngineConfig(model_path=tmp_path, multiqueue_max_queues=0)
+
+
+def test_the_adapter_cache_setting_reaches_the_engine_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert builder.engine_config_from_settings(_settings(tmp_path)).is_caching_idle_adapters is True
+    monkeypatch.setenv("LORAHOST_ENGINE_ADAPTER_CACHE", "false")
+    settings = Settings(base_model_path=tmp_path)
+    assert builder.engine_config_from_settings(settings).is_caching_idle_adapters is False
+    with pytest.raises(ValueError, match="engine_adapter_cache"):
+        Settings(data_dir=tmp_path, engine_adapter_cache="sometimes")

@@ -134,3 +134,19 @@ def test_stats_report_counts_and_timings(fp32_engine: LLMEngine) -> None:
     stats = fp32_engine.stats()
     assert stats["num_steps"] > 0 and stats["step_seconds_total"] > 0
     assert stats["num_loaded_adapters"] >= 4 and stats["num_running"] == 0
+
+
+def test_first_scheduled_time_ends_the_queueing_of_a_request_that_waited(
+    make_engine: Any, prompt_ids: list[list[int]]
+) -> None:
+    engine = make_engine(max_num_seqs=1)  # the second request waits for the first to finish
+    engine.add_request("first", prompt_ids[0], GREEDY, "adapter-01")
+    engine.add_request("second", prompt_ids[1], GREEDY, "adapter-02")
+    last: dict[str, Any] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            last[out.request_id] = out
+    first, second = last["first"], last["second"]
+    for out in (first, second):
+        assert out.arrival_time <= out.first_scheduled_time <= out.first_token_time <= out.finish_time
+    assert second.first_scheduled_time >= first.finish_time

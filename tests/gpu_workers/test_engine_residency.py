@@ -284,3 +284,17 @@ def test_an_adapter_that_would_leave_no_kv_page_in_a_unified_pool_is_refused_not
     roomy = LLMEngine(EngineConfig(model_path=base_model_dir, dtype="float32", num_kv_blocks=num_pages + 1))
     roomy.register_adapter(name, adapter_dirs[name])
     assert roomy.adapter_residency(name) == "host"
+
+
+def test_without_the_adapter_cache_an_adapter_leaves_the_device_once_its_requests_finish(
+    make_engine: Any, fp32_engine: LLMEngine, prompt_ids: list[list[int]]
+) -> None:
+    engine = make_engine(is_caching_idle_adapters=False)
+    engine.step()  # nothing runs: the explicitly loaded, idle demo adapters leave the device
+    assert engine.loaded_adapters() == [] and engine.device_adapters() == []
+    got = engine.generate(prompt_ids[:2], GREEDY, adapter_ids=["adapter-01", "adapter-01"])
+    want = fp32_engine.generate(prompt_ids[:2], GREEDY, adapter_ids=["adapter-01", "adapter-01"])
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    engine.step()
+    assert engine.adapter_residency("adapter-01") == "host" and engine.loaded_adapters() == []
+    assert fp32_engine.adapter_residency("adapter-01") == "device"  # the adapter cache keeps it

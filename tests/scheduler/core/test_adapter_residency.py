@@ -103,6 +103,34 @@ def test_a_static_adapter_share_never_takes_kv_pages() -> None:
     assert residency.pool.num_free_blocks == 4
 
 
+def test_without_the_adapter_cache_idle_adapters_leave_the_device_and_used_ones_stay() -> None:
+    pool = PagePool(16, 4, 8)
+    residency = AdapterResidency(pool, PAGE_BYTES, is_caching_idle_adapters=False)
+    for name in ("idle", "running", "queued"):
+        load(residency, name, 200)
+    residency.pin("running", is_running=True)
+    residency.pin("queued")
+    residency.register("copying", "/host/copying", rank=2, num_bytes=200)
+    assert residency.plan_load("copying", may_evict_waiting=False) == []  # its copy has not landed
+    num_free = pool.num_free_pages
+    assert residency.drop_idle_adapters() == ["idle"]
+    assert residency.residency("idle") is Residency.HOST and pool.num_free_pages == num_free + 2
+    assert [residency.residency(a) for a in ("running", "queued", "copying")] == [
+        Residency.DEVICE, Residency.DEVICE, Residency.COPYING,
+    ]
+    residency.unpin("running", is_running=True)
+    residency.mark_loaded("copying")
+    assert sorted(residency.drop_idle_adapters()) == ["copying", "running"]
+    assert residency.device_adapters() == ["queued"] and residency.num_evictions == 3
+
+
+def test_with_the_adapter_cache_idle_adapters_stay_on_the_device() -> None:
+    residency, _ = make_residency("lru")
+    load(residency, "idle", 200)
+    assert residency.is_caching_idle_adapters and residency.drop_idle_adapters() == []
+    assert residency.residency("idle") is Residency.DEVICE and residency.num_evictions == 0
+
+
 def test_accesses_leave_the_window_and_the_measured_load_time_replaces_the_estimate() -> None:
     residency, clock = make_residency("fastlibra")
     load(residency, "a", 200)

@@ -10,6 +10,7 @@ import itertools
 from dataclasses import dataclass
 from functools import partial
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -35,12 +36,15 @@ class Setup:
     eviction_policy: str = "lru"
 
 
-def make_scheduler(setup: Setup, num_cpu_prefill_workers: int = 1) -> BatchScheduler:
+def make_scheduler(
+    setup: Setup, num_cpu_prefill_workers: int = 1, is_caching_idle_adapters: bool = True
+) -> BatchScheduler:
     """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split."""
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
     clock = partial(next, itertools.count())  # deterministic: every reading is one tick later
     residency = AdapterResidency(
-        pool, PAGE_BYTES, policy=make_eviction_policy(setup.eviction_policy), clock=clock
+        pool, PAGE_BYTES, policy=make_eviction_policy(setup.eviction_policy), clock=clock,
+        is_caching_idle_adapters=is_caching_idle_adapters,
     )
     return BatchScheduler(
         pool, residency, FifoPolicy(), setup.max_num_seqs, setup.max_num_batched_tokens,
@@ -159,6 +163,34 @@ def test_request_with_host_only_adapter_gets_a_load_and_runs_once_it_lands() -> 
     scheduler.on_adapter_loaded("cold")
     plan = scheduler.schedule()
     assert [e.seq.request_id for e in plan.entries] == ["r"] and not plan.host_assisted_adapters
+
+
+@pytest.mark.parametrize("is_caching", [True, False])
+def test_without_the_adapter_cache_a_finished_requests_adapter_leaves_at_the_next_step(is_caching: bool) -> None:
+    scheduler = make_scheduler(Setup(8, 4, 4, 64), is_caching_idle_adapters=is_caching)
+    scheduler.residency.register("a", "/host/a", rank=4, num_bytes=100)
+    scheduler.add(make_seq("r1", 4, 1, "a", 0.0))
+    carry_out(scheduler, scheduler.schedule())  # loads "a", prefills r1 and samples its only token
+    assert scheduler.residency.residency("a") is Residency.DEVICE and not scheduler.has_unfinished()
+    idle_step = scheduler.schedule()  # nothing to run; "a" is idle now
+    assert idle_step.adapter_evictions == ([] if is_caching else ["a"])
+    scheduler.add(make_seq("r2", 4, 1, "a", 1.0))
+    plan = scheduler.schedule()
+    if is_caching:  # kept while idle: r2's admission is a hit
+        assert not plan.adapter_loads and (scheduler.num_adapter_hits, scheduler.num_adapter_misses) == (1, 1)
+    else:  # copied again for r2
+        assert [load.adapter_id for load in plan.adapter_loads] == ["a"]
+        assert (scheduler.num_adapter_hits, scheduler.num_adapter_misses) == (0, 2)
+
+
+def test_without_the_adapter_cache_an_adapter_a_waiting_request_uses_stays() -> None:
+    scheduler = make_scheduler(Setup(8, 4, 4, 64), is_caching_idle_adapters=False)
+    scheduler.residency.register("a", "/host/a", rank=4, num_bytes=100)
+    scheduler.add(make_seq("r1", 4, 1, "a", 0.0))
+    carry_out(scheduler, scheduler.schedule())
+    scheduler.add(make_seq("r2", 4, 1, "a", 1.0))  # arrives before the next step
+    plan = scheduler.schedule()
+    assert not plan.adapter_evictions and not plan.adapter_loads and scheduler.num_adapter_hits == 1
 
 
 def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:
