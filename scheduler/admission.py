@@ -44,7 +44,7 @@ class BatchBudget:
     `now`: the scheduler's clock, the same clock as `WaitingRequest.arrival_time` (None: not given);
     `num_total_blocks`: the KV pool's capacity in blocks (pages the KV cache can address; 0: not given);
     `num_bytes_per_block`: device bytes of one block, so adapter bytes can be expressed in blocks
-    (0: not given).
+    (0: not given); `max_num_seqs`: how many sequences a step may run at all (0: not given).
     """
 
     num_free_seqs: int
@@ -54,6 +54,7 @@ class BatchBudget:
     now: float | None = None
     num_total_blocks: int = 0
     num_bytes_per_block: int = 0
+    max_num_seqs: int = 0
 
 
 @dataclass(frozen=True)

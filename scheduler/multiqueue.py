@@ -19,7 +19,8 @@ State kept here:
   scheduler admits it (`on_admitted`), exactly once even if it is preempted and admitted again, and
   returned when it finishes or is aborted (`on_finished`).
 
-Capacity: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`). A request's need counts its
+Capacity: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`), or `max_num_seqs` requests
+of the window's mean need when sequence slots are the scarcer resource. A request's need counts its
 adapter's bytes as KV tokens (`num_bytes_per_block`); with a static adapter share (engine_memory_mode
 "static") that memory is not taken from the KV pool, so the quotas are then conservative.
 Time estimates for the bypass: a request's run time is its predicted output tokens times the measured
@@ -217,10 +218,17 @@ class MultiQueuePolicy:
         return self._layout.queue_of(size)
 
     def _capacity_tokens(self, budget: BatchBudget, charged: list[float]) -> float:
-        """The KV pool in tokens; without `num_total_blocks`: free blocks plus what is charged."""
+        """What the running batch can hold, in tokens: the KV pool (without `num_total_blocks`: free blocks
+        plus what is charged), or, when sequence slots run out first, `max_num_seqs` requests of the window's
+        mean need (the binding resource is whichever is scarcer; quotas must bind where the queue forms)."""
         if budget.num_total_blocks > 0:
-            return float(budget.num_total_blocks * budget.block_size)
-        return budget.num_free_blocks * budget.block_size + sum(charged)
+            pool_tokens = float(budget.num_total_blocks * budget.block_size)
+        else:
+            pool_tokens = budget.num_free_blocks * budget.block_size + sum(charged)
+        if budget.max_num_seqs <= 0 or not self._window:
+            return pool_tokens
+        mean_need = sum(s.need_tokens for s in self._window) / len(self._window)
+        return min(pool_tokens, budget.max_num_seqs * mean_need)
 
     def _maybe_refresh(self) -> None:
         if len(self._window) < self.min_samples:

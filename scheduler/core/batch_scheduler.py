@@ -245,6 +245,7 @@ class BatchScheduler:
                 now=self.clock(),
                 num_total_blocks=self.pool.num_blocks,
                 num_bytes_per_block=self.residency.page_bytes,
+                max_num_seqs=self.max_num_seqs,
             ),
         )
         self._admission_order = list(admission.request_ids)

@@ -56,6 +56,23 @@ def test_quota_stops_a_busy_queue_in_fifo_order() -> None:
     assert policy.plan([wr("r2", 1.0, 400, 400), wr("r3", 2.0, 50, 50)], budget(now=3.0)).request_ids == ("r2", "r3")
 
 
+def test_when_sequence_slots_are_scarcer_than_the_pool_the_capacity_is_slots_times_mean_need() -> None:
+    policy = MultiQueuePolicy(min_samples=100)
+    waiting = [wr("a", 0.0, 30, 10), wr("b", 1.0, 50, 30)]  # needs 40 and 80: mean 60 tokens
+    slot_bound = BatchBudget(
+        num_free_seqs=2, num_free_tokens=4096, num_free_blocks=100, block_size=BLOCK_SIZE, now=1.0,
+        num_total_blocks=100, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=2,
+    )
+    policy.plan(waiting, slot_bound)
+    assert policy.quota_tokens == (2 * 60.0,)  # not the pool's 1600 tokens
+    roomy = BatchBudget(
+        num_free_seqs=2, num_free_tokens=4096, num_free_blocks=100, block_size=BLOCK_SIZE, now=1.0,
+        num_total_blocks=100, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=64,
+    )
+    policy.plan(waiting, roomy)
+    assert policy.quota_tokens == (100.0 * BLOCK_SIZE,)  # 64 x 60 > 1600: the pool binds
+
+
 def test_need_counts_prompt_predicted_output_and_adapter_blocks() -> None:
     policy = MultiQueuePolicy()
     policy.plan([wr("r", 0.0, 30, 20, adapter_bytes=2500)], budget(now=0.0))
