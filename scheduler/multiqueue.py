@@ -19,8 +19,11 @@ State kept here:
   scheduler admits it (`on_admitted`), exactly once even if it is preempted and admitted again, and
   returned when it finishes or is aborted (`on_finished`).
 
-Capacity: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`), or `max_num_seqs` requests
-of the window's mean need when sequence slots are the scarcer resource. A request's need counts its
+Capacity, in the binding resource: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`), or,
+when sequence slots run out first (`max_num_seqs` requests of the window's mean need fit in the pool), the
+`max_num_seqs` slots: then every request is charged one slot and the M/M/1 rule runs with S = 1 slot.
+Quotas are in the unit that forms the queue, so they add up to what the engine can actually run (quotas in
+tokens against a slot-bound engine would either never bind or leave slots idle). A request's need counts its
 adapter's bytes as KV tokens (`num_bytes_per_block`); with a static adapter share (engine_memory_mode
 "static") that memory is not taken from the KV pool, so the quotas are then conservative.
 Time estimates for the bypass: a request's run time is its predicted output tokens times the measured
@@ -127,6 +130,7 @@ class MultiQueuePolicy:
         self._last_refresh: float | None = None
         self._now = 0.0
         self._quotas: tuple[float, ...] = ()
+        self._is_slot_bound = False
         self.num_refreshes = 0
 
     # ---- what tests, benchmarks and stats may read ---------------------------------------------------
@@ -146,12 +150,18 @@ class MultiQueuePolicy:
         """Each queue's quota at the last `plan` (empty before the first)."""
         return self._quotas
 
+    @property
+    def is_slot_bound(self) -> bool:
+        """True when the last `plan` found sequence slots scarcer than KV tokens: quotas count slots."""
+        return self._is_slot_bound
+
     def charged_tokens(self) -> list[float]:
-        """Tokens charged to each queue now (admitted requests not yet finished)."""
+        """Quota units charged to each queue now (admitted requests not yet finished): tokens, or slots when
+        `is_slot_bound`."""
         charged = [0.0] * self.num_queues
         for tracked in self._tracked.values():
             if tracked.is_charged:
-                charged[tracked.queue] += tracked.sample.need_tokens
+                charged[tracked.queue] += self._need(tracked.sample)
         return charged
 
     def queue_of(self, request_id: str) -> int | None:
@@ -177,8 +187,11 @@ class MultiQueuePolicy:
             self._tracked[request.request_id] = _Tracked(sample, self._classify(sample.shape), next(self._seen))
         for request in waiting:
             self._tracked[request.request_id].is_running = False  # a preempted request is back here
+        pool_tokens = self._pool_tokens(budget)
+        self._is_slot_bound = self._slots_bind(budget, pool_tokens)
         charged = self.charged_tokens()
-        self._quotas = tuple(split_quotas(self._loads, self._capacity_tokens(budget, charged), self.slo_s))
+        capacity = float(budget.max_num_seqs) if self._is_slot_bound else pool_tokens
+        self._quotas = tuple(split_quotas(self._unit_loads(), capacity, self.slo_s))
         if budget.num_free_seqs <= 0 or budget.num_free_tokens <= 0:
             return AdmissionPlan(request_ids=())
         seconds_per_token = self._seconds_per_token()
@@ -217,18 +230,30 @@ class MultiQueuePolicy:
         size = weighted_request_size(shape, self._scale, self.input_weight, self.output_weight)
         return self._layout.queue_of(size)
 
-    def _capacity_tokens(self, budget: BatchBudget, charged: list[float]) -> float:
-        """What the running batch can hold, in tokens: the KV pool (without `num_total_blocks`: free blocks
-        plus what is charged), or, when sequence slots run out first, `max_num_seqs` requests of the window's
-        mean need (the binding resource is whichever is scarcer; quotas must bind where the queue forms)."""
+    def _pool_tokens(self, budget: BatchBudget) -> float:
+        """The KV pool in tokens; without `num_total_blocks`: free blocks plus what is charged."""
         if budget.num_total_blocks > 0:
-            pool_tokens = float(budget.num_total_blocks * budget.block_size)
-        else:
-            pool_tokens = budget.num_free_blocks * budget.block_size + sum(charged)
+            return float(budget.num_total_blocks * budget.block_size)
+        charged = sum(t.sample.need_tokens for t in self._tracked.values() if t.is_charged)
+        return budget.num_free_blocks * budget.block_size + charged
+
+    def _slots_bind(self, budget: BatchBudget, pool_tokens: float) -> bool:
+        """Sequence slots run out before KV tokens: `max_num_seqs` requests of the window's mean need fit."""
         if budget.max_num_seqs <= 0 or not self._window:
-            return pool_tokens
+            return False
         mean_need = sum(s.need_tokens for s in self._window) / len(self._window)
-        return min(pool_tokens, budget.max_num_seqs * mean_need)
+        return budget.max_num_seqs * mean_need < pool_tokens
+
+    def _need(self, sample: _Sample) -> int:
+        """A request's quota charge in the binding resource's units: one slot, or its need in tokens."""
+        return 1 if self._is_slot_bound else sample.need_tokens
+
+    def _unit_loads(self) -> list[QueueLoad]:
+        """The queues' loads in the binding resource's units (S = one slot per request when slot-bound)."""
+        if not self._is_slot_bound:
+            return self._loads
+        return [QueueLoad(1.0 if load.arrival_rate > 0 else 0.0, load.mean_service_s, load.arrival_rate)
+                for load in self._loads]
 
     def _maybe_refresh(self) -> None:
         if len(self._window) < self.min_samples:
@@ -277,7 +302,7 @@ class MultiQueuePolicy:
             queued = QueuedRequest(
                 request_id=request.request_id,
                 arrival_time=request.arrival_time,
-                charge_tokens=0 if tracked.is_charged else tracked.sample.need_tokens,
+                charge_tokens=0 if tracked.is_charged else self._need(tracked.sample),
                 adapter_tokens=tracked.sample.adapter_tokens,
                 is_adapter_ready=request.adapter_id is None or request.adapter_residency in READY_RESIDENCIES,
                 predicted_run_s=seconds_per_token * request.num_predicted_output_tokens,

@@ -56,21 +56,25 @@ def test_quota_stops_a_busy_queue_in_fifo_order() -> None:
     assert policy.plan([wr("r2", 1.0, 400, 400), wr("r3", 2.0, 50, 50)], budget(now=3.0)).request_ids == ("r2", "r3")
 
 
-def test_when_sequence_slots_are_scarcer_than_the_pool_the_capacity_is_slots_times_mean_need() -> None:
+def test_when_sequence_slots_are_scarcer_than_the_pool_quotas_count_slots() -> None:
     policy = MultiQueuePolicy(min_samples=100)
     waiting = [wr("a", 0.0, 30, 10), wr("b", 1.0, 50, 30)]  # needs 40 and 80: mean 60 tokens
     slot_bound = BatchBudget(
         num_free_seqs=2, num_free_tokens=4096, num_free_blocks=100, block_size=BLOCK_SIZE, now=1.0,
         num_total_blocks=100, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=2,
     )
-    policy.plan(waiting, slot_bound)
-    assert policy.quota_tokens == (2 * 60.0,)  # not the pool's 1600 tokens
+    plan = policy.plan(waiting, slot_bound)
+    assert policy.is_slot_bound and policy.quota_tokens == (2.0,)  # 2 x 60 tokens < the pool's 1600
+    assert plan.request_ids == ("a", "b")
+    policy.on_admitted("a", now=1.0)
+    assert policy.charged_tokens() == [1.0]  # one slot, not a's 40 tokens
     roomy = BatchBudget(
         num_free_seqs=2, num_free_tokens=4096, num_free_blocks=100, block_size=BLOCK_SIZE, now=1.0,
         num_total_blocks=100, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=64,
     )
-    policy.plan(waiting, roomy)
-    assert policy.quota_tokens == (100.0 * BLOCK_SIZE,)  # 64 x 60 > 1600: the pool binds
+    policy.plan(waiting[1:], roomy)
+    assert not policy.is_slot_bound and policy.quota_tokens == (100.0 * BLOCK_SIZE,)  # 64 x 60 > 1600
+    assert policy.charged_tokens() == [40.0]  # the same admission, now counted in tokens
 
 
 def test_need_counts_prompt_predicted_output_and_adapter_blocks() -> None:
