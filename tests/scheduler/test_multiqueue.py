@@ -31,10 +31,10 @@ def wr(request_id: str, arrival: float, prompt: int, output: int, adapter_bytes:
     )
 
 
-def budget(now: float, num_total_blocks: int = 100) -> BatchBudget:
+def budget(now: float, num_total_blocks: int = 100, max_num_seqs: int = 0) -> BatchBudget:
     return BatchBudget(
         num_free_seqs=64, num_free_tokens=4096, num_free_blocks=num_total_blocks, block_size=BLOCK_SIZE,
-        now=now, num_total_blocks=num_total_blocks, num_bytes_per_block=BYTES_PER_BLOCK,
+        now=now, num_total_blocks=num_total_blocks, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=max_num_seqs,
     )
 
 
@@ -191,6 +191,7 @@ class Simulation:
     policy: MultiQueuePolicy
     num_total_blocks: int
     rng: random.Random
+    max_num_seqs: int = 0  # > 0: quotas may count sequence slots (when they bind before KV tokens)
     waiting: dict[str, WaitingRequest] = field(default_factory=dict)
     finish_step: dict[str, int] = field(default_factory=dict)
     gap: dict[int, int] = field(default_factory=dict)  # queue -> consecutive non-empty steps without admission
@@ -206,7 +207,9 @@ class Simulation:
             request_id = f"r{step}-{i}"
             self.waiting[request_id] = wr(request_id, float(step), prompt, output, adapter_bytes)
         num_queues_before = self.policy.num_queues
-        plan = self.policy.plan(list(self.waiting.values()), budget(float(step), self.num_total_blocks))
+        plan = self.policy.plan(
+            list(self.waiting.values()), budget(float(step), self.num_total_blocks, self.max_num_seqs)
+        )
         is_shrunk = self.policy.num_queues < num_queues_before
         non_empty = {self.policy.queue_of(r) for r in self.waiting}
         for request_id in plan.request_ids:
@@ -242,13 +245,15 @@ request_shapes = st.tuples(
     arrivals=st.lists(st.lists(request_shapes, max_size=4), min_size=20, max_size=80),
     num_total_blocks=st.integers(4, 120),
     max_queues=st.integers(1, 4),
+    max_num_seqs=st.sampled_from([0, 1, 2, 4, 8]),
     seed=st.integers(0, 2**16),
 )
 def test_every_non_empty_queue_admits_within_a_bounded_number_of_steps(
-    arrivals: list[list[tuple[int, int, int]]], num_total_blocks: int, max_queues: int, seed: int
+    arrivals: list[list[tuple[int, int, int]]], num_total_blocks: int, max_queues: int, max_num_seqs: int,
+    seed: int,
 ) -> None:
     policy = MultiQueuePolicy(max_queues=max_queues, min_samples=8, window_size=40, refresh_s=7.0, slo_s=2.0)
-    sim = Simulation(policy, num_total_blocks, random.Random(seed))
+    sim = Simulation(policy, num_total_blocks, random.Random(seed), max_num_seqs)
     num_arrived = sum(len(a) for a in arrivals)
     for step, step_arrivals in enumerate(arrivals):
         sim.step(step, step_arrivals)
