@@ -14,7 +14,7 @@ from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
-from gpu_workers.layers.linear import can_pack_linear
+from gpu_workers.layers.linear import can_pack_linear, is_fp32_gemm_faster
 from gpu_workers.layers.lora import (
     LoraAdapter,
     LoraBatch,
@@ -66,6 +66,7 @@ class ModelRunner(AdapterTransfers):
         self.validation_limits = ValidationLimits(max_rank=config.max_lora_rank)
         auto_pack = self.dtype == torch.bfloat16 and config.packed_linears is None
         self.use_packed_linears = bool(config.packed_linears or auto_pack) and can_pack_linear(self.dtype, self.device)
+        self.wide_gemm_dtype = self._wide_gemm_dtype()
         self.model = self._load_model()
         self.block_size = config.block_size
         self.num_kv_blocks = self._num_kv_blocks()
@@ -95,11 +96,19 @@ class ModelRunner(AdapterTransfers):
 
     # ---- setup -------------------------------------------------------------------------------------
 
+    def _wide_gemm_dtype(self) -> torch.dtype | None:
+        """float32 when prefill-sized projections of a bf16 model run in fp32 (EngineConfig.fp32_prefill_gemms)."""
+        if not self.use_packed_linears or self.dtype == torch.float32 or self.config.fp32_prefill_gemms is False:
+            return None
+        if self.config.fp32_prefill_gemms or is_fp32_gemm_faster(self.dtype, self.device.type, torch.get_num_threads()):
+            return torch.float32
+        return None
+
     def _load_model(self) -> LlamaForCausalLM:
         model = LlamaForCausalLM(self.args, self.dtype, self.device)
         model.load_weights(iter_safetensors(safetensors_files(self.config.model_path)))
         if self.use_packed_linears:
-            model.pack_linears()
+            model.pack_linears(self.wide_gemm_dtype)
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:
