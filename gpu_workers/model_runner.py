@@ -203,7 +203,8 @@ class ModelRunner(AdapterTransfers):
         if not sampling:
             return [], None
         logits = self.model.logits(hidden)  # [num_sampling, vocab]
-        is_finite = torch.isfinite(logits).all(dim=-1).tolist()  # one check for all sampled rows
+        # one check for all sampled rows: x * 0 is 0 for finite x and NaN for inf / NaN (a sum cannot overflow)
+        is_finite = torch.isfinite(logits.mul(0.0).sum(dim=-1)).tolist()
         tokens = self._sample(logits, sampling, is_finite)
         return tokens, (logits if return_logits else None)
 
@@ -288,7 +289,9 @@ class ModelRunner(AdapterTransfers):
         num_tokens: int,
     ) -> AttentionMetadata:
         if not decode_rows:
-            return AttentionMetadata(slot_mapping.to(self.device), tuple(prefills), None, None, None, False)
+            return AttentionMetadata(
+                slot_mapping.to(self.device), tuple(prefills), None, None, None, None, False, self.block_size
+            )
         bs = self.block_size
         max_len = max(decode_lens)
         max_blocks = -(-max_len // bs)
@@ -298,18 +301,17 @@ class ModelRunner(AdapterTransfers):
             tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
         pos = torch.arange(max_blocks * bs)
         is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_blocks * bs]
-        # [num_decodes, Hkv, 1, max_context, Hkv]: real position and matching kv head (see _decode_attention)
-        hkv = self.args.num_kv_heads
-        same_head = torch.eye(hkv, dtype=torch.bool)
-        keep = is_real[:, None, None, :, None] & same_head[None, :, None, None, :]
-
+        is_pad = ~is_real
+        pad_rows = is_pad.view(-1).nonzero().squeeze(1)  # rows of the gathered [num_decodes * max_context] K
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),
             decode_token_idx=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
             decode_blocks=tables.to(self.device),
-            decode_drop=(~keep).to(self.device),
+            decode_mask=is_real[:, None, None, :].to(self.device) if pad_rows.numel() else None,
+            decode_pad_rows=pad_rows.to(self.device) if pad_rows.numel() else None,
             is_all_decode=len(decode_rows) == num_tokens,
+            block_size=bs,
         )
 
     def forget_adapter(self, adapter_id: str) -> None:
