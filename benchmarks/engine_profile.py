@@ -52,11 +52,10 @@ def _wrap(owner: Any, name: str, label: str) -> None:
 
 def instrument() -> None:
     """Wrap the engine's parts in profiler ranges (names "part:<label>")."""
-    import gpu_workers.layers.lora as lora
-    import gpu_workers.models.llama as llama
     from gpu_workers.layers.linear import MergedLinear
     from gpu_workers.layers.norm import RMSNorm
     from gpu_workers.model_runner import ModelRunner
+    from gpu_workers.models import llama
 
     _wrap(MergedLinear, "forward", "part:linear")
     _wrap(RMSNorm, "forward", "part:norm")
@@ -66,7 +65,6 @@ def instrument() -> None:
     _wrap(llama.LlamaForCausalLM, "logits", "part:logits")
     _wrap(ModelRunner, "_sample", "part:sampling")
     _wrap(ModelRunner, "prepare", "part:prepare")
-    _ = lora
 
 
 def _is_op(name: str) -> bool:
@@ -128,10 +126,10 @@ def _part_of(ev: Any) -> str:
 
 
 def profile_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
+    import common
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    import common
     from gpu_workers.config import EngineConfig
     from gpu_workers.engine import LLMEngine
     from gpu_workers.sampling import SamplingParams

@@ -27,6 +27,9 @@ class EngineConfig:
     `lora_stack_cache_size`: how many stacked adapter sets (one per batch composition, used by decode-sized
     steps) are cached; 0 disables the stacked LoRA form.
     `packed_linears`: run projections on oneDNN-packed weights (CPU); None = auto (bf16 with native support).
+    `lora_kernel`: LoRA deltas of decode-sized segments (<= 16 tokens per adapter) through the C/OpenMP CPU
+    kernel (layers/lora_kernel.py, compiled at start with the system C compiler and cached); None = auto (on
+    CPU, bf16 or fp32, when it builds), False = the torch forms (stacked / per segment).
     `fp32_prefill_gemms`: with packed linears in bf16, products of >= 128 rows (prefill) multiply fp32 upcasts
     of the activations and weights and round the output to bf16 (the dense bf16 weights are kept beside the
     packed ones: 2x their memory); None = auto: where oneDNN's fp32 GEMM is clearly faster than its bf16 one
@@ -90,6 +93,7 @@ class EngineConfig:
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
     fp32_prefill_gemms: bool | None = None
+    lora_kernel: bool | None = None
     host_adapter_cache_bytes: int = 2 << 30
     adapter_link_gbps: float | None = None
     cpu_prefill_workers: int = 2

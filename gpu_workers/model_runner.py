@@ -12,6 +12,7 @@ import torch
 
 from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
+from gpu_workers.layers import lora_kernel
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
 from gpu_workers.layers.linear import can_pack_linear, is_fp32_gemm_faster
@@ -22,6 +23,14 @@ from gpu_workers.layers.lora import (
     StackedLora,
     build_stacked_lora,
     stacked_masks,
+)
+from gpu_workers.layers.lora_kernel import (
+    MAX_KERNEL_SEGMENT_TOKENS,
+    KernelLora,
+    KernelStep,
+    adapter_descriptors,
+    build_kernel_lora,
+    is_kernel_usable,
 )
 from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
@@ -82,6 +91,12 @@ class ModelRunner(AdapterTransfers):
         # (an entry holds its adapters, so a reloaded adapter gets a new key).
         self.lora_stacks: OrderedDict[tuple[int, ...], StackedLora] = OrderedDict()
         self.num_lora_stack_builds = 0
+        # CPU kernel for decode-sized LoRA segments (layers/lora_kernel.py): compiled (or loaded) and warmed
+        # up here, so no request waits for it; descriptor sets cached per ordered adapter set.
+        self.use_lora_kernel = config.lora_kernel is not False and is_kernel_usable(self.device, self.dtype)
+        self.lora_kernel_compile_s = lora_kernel.compile_seconds if self.use_lora_kernel else None
+        self.kernel_sets: OrderedDict[tuple[int, ...], KernelLora] = OrderedDict()
+        self._kernel_descriptors: dict[int, tuple[LoraAdapter, torch.Tensor | None]] = {}
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
         # CPU-assisted prefill: host copies of the adapters being copied, the copy link and the CPU pool.
         self.copier = AdapterCopier(self.device, config.adapter_link_gbps)
@@ -318,6 +333,10 @@ class ModelRunner(AdapterTransfers):
         """Drop cached stacked sets that include an adapter (call when it is unloaded or replaced)."""
         for key in [k for k, v in self.lora_stacks.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
             del self.lora_stacks[key]
+        for key in [k for k, v in self.kernel_sets.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
+            del self.kernel_sets[key]
+        for key in [k for k, (a, _) in self._kernel_descriptors.items() if a.adapter_id == adapter_id]:
+            del self._kernel_descriptors[key]
         # Costs are keyed by id(adapter), which a later adapter object may reuse once this one is freed.
         self._adapter_cost.clear()
 
@@ -391,6 +410,8 @@ class ModelRunner(AdapterTransfers):
         if host_segments:
             switch = LayerSwitch(self._find_device_copy, host_assisted, self.host_switch_layer)
             host = HostLora(tuple(host_segments), switch, self._cpu_workers())
+        if self.use_lora_kernel:
+            return self._kernel_lora_batch(segments, host)
         if not self._use_stacked(segments, row):
             return LoraBatch(tuple(segments), host=host)
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
@@ -399,6 +420,43 @@ class ModelRunner(AdapterTransfers):
             token_owner[seg.start:seg.end] = pos
         masks = stacked_masks(stacked, token_owner.to(self.device))
         return LoraBatch(tuple(segments), stacked, masks, host)
+
+
+    def _kernel_lora_batch(self, segments: list[LoraSegment], host: HostLora | None) -> LoraBatch:
+        """Decode-sized segments through the CPU kernel (one call per projection for all of them), longer
+        ones (prefill) through per-segment GEMMs."""
+        short = tuple(seg for seg in segments if seg.end - seg.start <= MAX_KERNEL_SEGMENT_TOKENS)
+        kernel = self._kernel_lora(tuple(seg.adapter for seg in short)) if short else None
+        if kernel is None:
+            return LoraBatch(tuple(segments), host=host)
+        long = tuple(seg for seg in segments if seg.end - seg.start > MAX_KERNEL_SEGMENT_TOKENS)
+        return LoraBatch(long, host=host, kernel=KernelStep.of(kernel, short))
+
+    def _kernel_lora(self, adapters: tuple[LoraAdapter, ...]) -> KernelLora | None:
+        """Kernel descriptors of an ordered adapter set (LRU-cached), or None when an adapter's tensors do not
+        fit the kernel."""
+        key = tuple(id(a) for a in adapters)
+        kernel = self.kernel_sets.get(key)
+        if kernel is not None:
+            self.kernel_sets.move_to_end(key)
+            return kernel
+        descriptors = []
+        for adapter in adapters:
+            cached = self._kernel_descriptors.get(id(adapter))
+            if cached is None or cached[0] is not adapter:
+                cached = (adapter, adapter_descriptors(adapter))
+                self._kernel_descriptors[id(adapter)] = cached
+            if cached[1] is None:
+                return None
+            descriptors.append(cached[1])
+        kernel = build_kernel_lora(adapters, descriptors)
+        self.kernel_sets[key] = kernel
+        while len(self.kernel_sets) > _KERNEL_SET_CACHE_SIZE:
+            self.kernel_sets.popitem(last=False)
+        return kernel
+
+
+_KERNEL_SET_CACHE_SIZE = 64  # adapter sets whose kernel descriptors are kept (a few KiB each)
 
 
 def _batch_equal_prefills(chunks: list[PrefillChunk]) -> list[PrefillChunk]:
