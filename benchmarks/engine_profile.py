@@ -31,7 +31,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE / "peers"))
 
-PARTS = ("linear", "lora_shrink", "lora_mask", "lora_expand", "lora_other", "attention", "rotary", "norm",
+PARTS = ("linear", "lora_shrink", "lora_mask", "lora_expand", "lora_other", "lora_kernel_and_python", "attention", "rotary", "norm",
          "logits", "sampling", "prepare", "other_ops", "python_overhead")
 _SHRINK_OPS = ("aten::mm", "aten::matmul", "aten::bmm")
 _EXPAND_OPS = ("aten::addmm", "aten::addmm_", "aten::add_", "aten::baddbmm", "mkldnn::_linear_pointwise")
@@ -107,6 +107,12 @@ def breakdown(events: list[Any], step_us: float) -> dict[str, float]:
             else:
                 ms["lora_other"] += dur
     ms.pop("lora", None)
+    # the C kernel (layers/lora_kernel.py) is no torch op: its time is the lora ranges' wall minus their ops
+    lora_wall = sum(ev.time_range.elapsed_us() for ev in events if ev.name == "part:lora") / 1000
+    lora_ops = sum(ms.get(k, 0.0) for k in ("lora_shrink", "lora_mask", "lora_expand", "lora_other"))
+    if lora_wall > 0:
+        ms["lora_kernel_and_python"] = lora_wall - lora_ops
+        op_us += 1000 * ms["lora_kernel_and_python"]  # not interpreter time of the step
     ms["python_overhead"] = (step_us - op_us) / 1000
     ms["total"] = step_us / 1000
     return {k: round(v, 3) for k, v in ms.items()}

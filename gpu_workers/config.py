@@ -30,6 +30,8 @@ class EngineConfig:
     `lora_kernel`: LoRA deltas of decode-sized segments (<= 16 tokens per adapter) through the C/OpenMP CPU
     kernel (layers/lora_kernel.py, compiled at start with the system C compiler and cached); None = auto (on
     CPU, bf16 or fp32, when it builds), False = the torch forms (stacked / per segment).
+    `tune_host_malloc`: on CPU, keep large temporaries on glibc's heap instead of fresh mmaps (process-wide,
+    gpu_workers/host_malloc.py), so per-step GEMM outputs are not page-faulted in again on every call.
     `fp32_prefill_gemms`: with packed linears in bf16, products of >= 128 rows (prefill) multiply fp32 upcasts
     of the activations and weights and round the output to bf16 (the dense bf16 weights are kept beside the
     packed ones: 2x their memory); None = auto: where oneDNN's fp32 GEMM is clearly faster than its bf16 one
@@ -94,6 +96,7 @@ class EngineConfig:
     packed_linears: bool | None = None
     fp32_prefill_gemms: bool | None = None
     lora_kernel: bool | None = None
+    tune_host_malloc: bool = True
     host_adapter_cache_bytes: int = 2 << 30
     adapter_link_gbps: float | None = None
     cpu_prefill_workers: int = 2

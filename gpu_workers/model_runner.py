@@ -12,6 +12,7 @@ import torch
 
 from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
+from gpu_workers.host_malloc import keep_large_allocations_on_heap
 from gpu_workers.layers import lora_kernel
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
@@ -69,6 +70,8 @@ class ModelRunner(AdapterTransfers):
         self.dtype = config.resolved_dtype()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu" and config.tune_host_malloc:
+            keep_large_allocations_on_heap()
         hf_config = read_hf_config(config.model_path)
         self.args = ModelArgs.from_hf_config(hf_config)
         self.model_spec = BaseModelSpec.from_hf_config(hf_config)

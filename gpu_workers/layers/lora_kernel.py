@@ -88,7 +88,7 @@ def _build_and_load() -> ctypes.CDLL | None:
         return None
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
     key = hashlib.sha256(source + version.encode() + _cpu_key().encode() + " ".join(flags).encode()).hexdigest()[:20]
     path = kernel_dir() / f"lora_kernel-{key}.so"
     if not path.exists():

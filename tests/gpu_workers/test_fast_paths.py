@@ -173,3 +173,14 @@ def test_kernel_sets_drop_unloaded_adapters(make_engine: Any, prompt_ids: list[l
     assert engine.runner.kernel_sets
     engine.unload_adapter(names[0])
     assert not any(a.adapter_id == names[0] for s in engine.runner.kernel_sets.values() for a in s.adapters)
+
+
+def test_host_malloc_tuning_applies_once_on_glibc() -> None:
+    import platform
+
+    from gpu_workers.host_malloc import keep_large_allocations_on_heap
+
+    first = keep_large_allocations_on_heap()
+    assert keep_large_allocations_on_heap() is first
+    if platform.libc_ver()[0] == "glibc":
+        assert first
