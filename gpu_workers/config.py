@@ -28,7 +28,7 @@ class EngineConfig:
     steps) are cached; 0 disables the stacked LoRA form.
     `packed_linears`: run projections on oneDNN-packed weights (CPU); None = auto (bf16 with native support).
     `lora_kernel`: LoRA deltas of decode-sized segments (<= 16 tokens per adapter) through the C/OpenMP CPU
-    kernel (layers/lora_kernel.py, compiled at start with the system C compiler and cached); None = auto (on
+    kernel (layers/lora_kernel.py; layers/cpu_kernels.py compiles it at start and caches it); None = auto (on
     CPU, bf16 or fp32, when it builds), False = the torch forms (stacked / per segment).
     `tune_host_malloc`: on CPU, keep large temporaries on glibc's heap instead of fresh mmaps (process-wide,
     gpu_workers/host_malloc.py), so per-step GEMM outputs are not page-faulted in again on every call.

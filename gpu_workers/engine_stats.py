@@ -91,7 +91,7 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
         "num_lora_stack_builds": engine.runner.num_lora_stack_builds,
         "lora_stack_bytes": engine.runner.lora_stack_bytes(),
         "lora_kernel": engine.runner.use_lora_kernel,
-        "lora_kernel_compile_s": engine.runner.lora_kernel_compile_s,  # None: loaded from its cache
+        "cpu_kernels_compile_s": engine.runner.cpu_kernels_compile_s,  # None: loaded from the cache
         "fp32_prefill_gemms": engine.runner.wide_gemm_dtype is not None,
         "max_model_len": engine.max_model_len,
         "dtype": str(engine.runner.dtype).replace("torch.", ""),

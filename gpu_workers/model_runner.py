@@ -13,7 +13,7 @@ import torch
 from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.host_malloc import keep_large_allocations_on_heap
-from gpu_workers.layers import lora_kernel
+from gpu_workers.layers import cpu_kernels
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
 from gpu_workers.layers.linear import can_pack_linear, is_fp32_gemm_faster
@@ -94,10 +94,10 @@ class ModelRunner(AdapterTransfers):
         # (an entry holds its adapters, so a reloaded adapter gets a new key).
         self.lora_stacks: OrderedDict[tuple[int, ...], StackedLora] = OrderedDict()
         self.num_lora_stack_builds = 0
-        # CPU kernel for decode-sized LoRA segments (layers/lora_kernel.py): compiled (or loaded) and warmed
-        # up here, so no request waits for it; descriptor sets cached per ordered adapter set.
+        # CPU kernel for decode-sized LoRA segments (layers/lora_kernel.py): built (or loaded from the cache,
+        # layers/cpu_kernels.py) here, so no request waits for it; descriptor sets cached per adapter set.
         self.use_lora_kernel = config.lora_kernel is not False and is_kernel_usable(self.device, self.dtype)
-        self.lora_kernel_compile_s = lora_kernel.compile_seconds if self.use_lora_kernel else None
+        self.cpu_kernels_compile_s = cpu_kernels.compile_seconds  # None: loaded from the cache (or none)
         self.kernel_sets: OrderedDict[tuple[int, ...], KernelLora] = OrderedDict()
         self._kernel_descriptors: dict[int, tuple[LoraAdapter, torch.Tensor | None]] = {}
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
@@ -319,8 +319,7 @@ class ModelRunner(AdapterTransfers):
             tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
         pos = torch.arange(max_blocks * bs)
         is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_blocks * bs]
-        is_pad = ~is_real
-        pad_rows = is_pad.view(-1).nonzero().squeeze(1)  # rows of the gathered [num_decodes * max_context] K
+        pad_rows = (~is_real).view(-1).nonzero().squeeze(1)  # rows of the gathered [num_decodes * max_context] K
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),
