@@ -66,6 +66,11 @@ class KernelLora:
     desc: torch.Tensor
     order: torch.Tensor
 
+    def desc_address(self, layer_idx: int, projection: str) -> int:
+        """Address of adapter 0's descriptor for (layer, projection); adapter p's is p * desc.stride(0) further."""
+        offset = (layer_idx * len(PROJECTIONS) + PROJECTION_INDEX[projection]) * DESC_STRIDE
+        return self.desc.data_ptr() + offset * self.desc.element_size()
+
 
 def build_kernel_lora(adapters: tuple[LoraAdapter, ...], descriptors: list[torch.Tensor]) -> KernelLora:
     """KernelLora of `adapters` from their `adapter_descriptors`."""
@@ -103,9 +108,8 @@ class KernelStep:
         if x.stride(1) != 1:
             x = x.contiguous()
         kernel = self.kernel
-        desc = kernel.desc[:, layer_idx, PROJECTION_INDEX[projection]]
         getattr(lib, _KERNEL_DTYPES[out.dtype])(
             x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), x.shape[1], kernel.desc.shape[0],
-            desc.data_ptr(), kernel.desc.stride(0), self.seg_table.data_ptr(), kernel.order.data_ptr(),
-            torch.get_num_threads(),
+            kernel.desc_address(layer_idx, projection), kernel.desc.stride(0), self.seg_table.data_ptr(),
+            kernel.order.data_ptr(), torch.get_num_threads(),
         )
