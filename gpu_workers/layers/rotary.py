@@ -49,7 +49,11 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Te
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables [max_positions, head_dim] in the compute dtype."""
+    """Precomputed cos and "rotated sin" tables [max_positions, head_dim] in the compute dtype.
+
+    sin_rotated is sin with its first half negated, so that rotate_half(x) * sin == x.roll(half) * sin_rotated
+    elementwise (negating a factor commutes exactly with the product): one roll instead of slice-negate-cat.
+    """
 
     def __init__(
         self, head_dim: int, max_positions: int, params: dict[str, Any], dtype: torch.dtype, device: torch.device
@@ -58,16 +62,20 @@ class RotaryEmbedding:
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [max_positions, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]
+        half = head_dim // 2
+        sin = emb.sin()
         self.cos = emb.cos().to(dtype=dtype, device=device)
-        self.sin = emb.sin().to(dtype=dtype, device=device)
+        self.sin_rotated = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(dtype=dtype, device=device)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for positions [num_tokens] -> each [num_tokens, 1, head_dim] (broadcast over heads)."""
-        return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(0, positions).unsqueeze(1)
+        """cos, sin_rotated for positions [num_tokens] -> each [num_tokens, 1, head_dim] (broadcast over heads)."""
+        return (
+            self.cos.index_select(0, positions).unsqueeze(1),
+            self.sin_rotated.index_select(0, positions).unsqueeze(1),
+        )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, num_heads, head_dim]; rotate_half convention."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_rotated: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, num_heads, head_dim] -> x * cos + rotate_half(x) * sin (HF rotate_half convention, the
+    same products and sums), with rotate_half(x) * sin computed as x.roll(half) * sin_rotated."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_rotated

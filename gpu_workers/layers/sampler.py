@@ -13,7 +13,7 @@ def sample_tokens(
     generators: list[torch.Generator | None],
 ) -> list[int]:
     """logits: [num_seqs, vocab] fp32, finite (the runner leaves out non-finite rows) -> one token id per row."""
-    greedy = logits.argmax(dim=-1).tolist()
+    greedy = logits.max(dim=-1).indices.tolist()  # = argmax (first maximum), in one faster pass on CPU
     if all(p.is_greedy for p in params):
         return greedy
     tokens = list(greedy)

@@ -209,11 +209,12 @@ class LlamaForCausalLM(nn.Module):
             return packed_linear(self.norm(hidden), self.lm_head_packed).float()
         return F.linear(self.norm(hidden), self.lm_head_weight).float()
 
-    def pack_linears(self) -> None:
-        """Switch every projection and the LM head to oneDNN-packed weights (after load_weights)."""
+    def pack_linears(self, wide_dtype: torch.dtype | None = None) -> None:
+        """Switch every projection and the LM head to oneDNN-packed weights (after load_weights); wide_dtype:
+        prefill-sized projections in that dtype (see MergedLinear.pack)."""
         for layer in self.layers:
             for name in ("qkv", "o", "gate_up", "down"):
-                getattr(layer, name).pack()
+                getattr(layer, name).pack(wide_dtype)
         self.lm_head_packed = pack_linear_weight(self.lm_head_weight.data)
         if not self.args.is_tied_embeddings:
             self.lm_head_weight.data = torch.empty(0, dtype=self.lm_head_weight.dtype)

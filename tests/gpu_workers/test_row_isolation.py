@@ -56,14 +56,23 @@ def engine(make_engine: Any) -> Iterator[LLMEngine]:
     yield eng
 
 
-@pytest.fixture(params=["stacked", "segments"])
+@pytest.fixture(params=["stacked", "segments", "kernel"])
 def lora_form(request: pytest.FixtureRequest, engine: LLMEngine) -> Iterator[str]:
-    """Force the stacked (owner-masked) or the per-segment multi-LoRA form for every multi-adapter step."""
-    engine.runner._use_stacked = (lambda segments, n: len(segments) >= 2) if request.param == "stacked" else (
-        lambda segments, n: False
-    )
+    """Force the stacked (owner-masked), the per-segment or the CPU-kernel multi-LoRA form for every
+    multi-adapter step."""
+    runner = engine.runner
+    uses_kernel = runner.use_lora_kernel
+    if request.param == "kernel":
+        if not uses_kernel:
+            pytest.skip("the LoRA CPU kernel is not available here")
+    else:
+        runner.use_lora_kernel = False
+        runner._use_stacked = (lambda segments, n: len(segments) >= 2) if request.param == "stacked" else (
+            lambda segments, n: False
+        )
     yield request.param
-    del engine.runner._use_stacked
+    runner.use_lora_kernel = uses_kernel
+    runner.__dict__.pop("_use_stacked", None)
 
 
 def _params(temperature: float, max_tokens: int = 8) -> SamplingParams:
