@@ -35,12 +35,19 @@ class WorkerView:
 
 @dataclass(frozen=True)
 class RouteRequest:
-    """A request to place: its base model and adapter key (None for the base model itself)."""
+    """A request to place: its base model and adapter key (None for the base model itself).
+
+    adapter_rank: the adapter's LoRA rank (0 for the base model); the rank-aware router's cost term.
+    assigned_workers: the placement's routing-table row for the adapter, ((worker_id, weight), ...) with
+    weights summing to 1; empty means no placement is published and every ready worker is eligible.
+    """
 
     base_model: str
     adapter_key: str | None = None
     num_prompt_tokens: int = 0
     predicted_output_tokens: int = 0
+    adapter_rank: int = 0
+    assigned_workers: tuple[tuple[str, float], ...] = ()
 
 
 class Router(Protocol):
