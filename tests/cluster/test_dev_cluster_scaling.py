@@ -99,3 +99,16 @@ def test_a_worker_killed_before_the_first_token_is_retried_on_another(cluster: D
     assert len(rows) == 4 and {(r.status, r.worker_id) for r in rows} == {("ok", second.worker_id)}
     api_log = (cluster.data_dir / "logs" / "api-0.log").read_text()
     assert f"worker {first.worker_id} unreachable" in api_log  # the router tried the dead worker first
+
+
+def test_the_scaler_reads_the_real_api_and_keeps_the_workers_without_an_answer(cluster: DevCluster) -> None:
+    from lorahost.scaler import fetch_scaling
+
+    target = fetch_scaling(cluster.api_url, cluster.admin_key, BASE_MODEL)
+    # None until the API serves GET /v1/admin/scaling (404 is tolerated); then the answer for the base model
+    assert target is None or (target.base_model == BASE_MODEL and target.desired_workers >= 0)
+    before = cluster.worker_ids()
+    if target is None:
+        assert ProcessScaler(lambda: fetch_scaling(cluster.api_url, cluster.admin_key, BASE_MODEL), cluster,
+                             max_workers=2).step().is_noop  # fmt: skip
+        assert cluster.worker_ids() == before
