@@ -23,6 +23,14 @@ import httpx
 log = logging.getLogger("lorahost.scaler")
 
 DEFAULT_INTERVAL_S = 2.0
+_last_warning: list[str] = [""]  # the previous poll's warning: a repeated one is logged at debug level
+
+
+def _warn(message: str) -> None:
+    """Log a scaler warning once in a row (a 404 every poll would flood the log)."""
+    level = logging.DEBUG if message == _last_warning[0] else logging.WARNING
+    _last_warning[0] = message
+    log.log(level, "scaler: %s; keeping the current workers", message)
 
 
 @dataclass(frozen=True)
@@ -104,23 +112,21 @@ def fetch_scaling(
             headers={"Authorization": f"Bearer {admin_key}"},
         )
     except httpx.HTTPError as exc:
-        log.warning("scaler: %s unreachable (%s); keeping the current workers", api_url, type(exc).__name__)
+        _warn(f"{api_url} unreachable ({type(exc).__name__})")
         return None
     finally:
         if client is None:
             http.close()
     if response.status_code != 200:
-        log.warning(
-            "scaler: GET /v1/admin/scaling answered %d (%s); keeping the current workers",
-            response.status_code,
-            response.text[:200],
-        )
+        _warn(f"GET /v1/admin/scaling answered {response.status_code} ({response.text[:200]})")
         return None
     try:
-        return parse_target(response.json())
+        target = parse_target(response.json())
     except ValueError as exc:
-        log.warning("scaler: %s; keeping the current workers", exc)
+        _warn(str(exc))
         return None
+    _last_warning[0] = ""
+    return target
 
 
 class ProcessScaler:

@@ -95,6 +95,7 @@ def test_a_worker_killed_before_the_first_token_is_retried_on_another(cluster: D
         load.start(cluster, key, BASE_MODEL, is_stream=seed % 2 == 0, max_tokens=6, seed=seed)
     outcomes = load.join()
     assert all(o.is_ok for o in outcomes), outcomes
+    assert first.worker_id in cluster.live_worker_ids()  # served while the dead worker was still routable
     rows = usage_rows(cluster.database_url or "", tenant_id)
     assert len(rows) == 4 and {(r.status, r.worker_id) for r in rows} == {("ok", second.worker_id)}
     api_log = (cluster.data_dir / "logs" / "api-0.log").read_text()
