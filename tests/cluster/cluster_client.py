@@ -39,6 +39,8 @@ def cluster_config(data_dir: Path, base_model_dir: Path, redis_url: str, **overr
     reason = postgres_reachable()
     if reason:
         require_service(reason)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        os.environ.setdefault(name, value)  # moto (the test run's, or the cluster's own) takes any credentials
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "base_model": base_model_dir,
@@ -123,9 +125,12 @@ class Outcome:
         )
 
 
-def send(api_url: str, key: str, model: str, *, is_stream: bool, max_tokens: int, seed: int = 0) -> Outcome:
-    """One completion request; every way it can end is recorded, none raises."""
-    out = Outcome(model=model, is_stream=is_stream)
+def send(
+    api_url: str, key: str, model: str, *, is_stream: bool, max_tokens: int, seed: int = 0, out: Outcome | None = None
+) -> Outcome:
+    """One completion request, recorded into `out` as it is received; every way it can end is recorded, none
+    raises."""
+    out = out or Outcome(model=model, is_stream=is_stream)
     body = {"model": model, "prompt": f"request {seed} counts tokens", "max_tokens": max_tokens,
             "ignore_eos": True, "temperature": 1.0, "seed": seed, "stream": is_stream}  # fmt: skip
     if is_stream:
@@ -195,20 +200,23 @@ class Load:
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []
         self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
 
     def start(self, cluster: DevCluster, key: str, model: str, *, is_stream: bool, max_tokens: int, seed: int) -> None:
         """Send one request in a new thread (API replicas in turn)."""
         api_url = cluster.next_api_url()
+        outcome = Outcome(model=model, is_stream=is_stream)
+        self.outcomes.append(outcome)  # visible while in flight (num_token_chunks grows as chunks arrive)
 
         def run() -> None:
-            outcome = send(api_url, key, model, is_stream=is_stream, max_tokens=max_tokens, seed=seed)
-            with self._lock:
-                self.outcomes.append(outcome)
+            send(api_url, key, model, is_stream=is_stream, max_tokens=max_tokens, seed=seed, out=outcome)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def num_streamed_tokens(self) -> int:
+        """Token chunks received so far by all streams."""
+        return sum(o.num_token_chunks for o in self.outcomes)
 
     def join(self, timeout_s: float = REQUEST_TIMEOUT_S + 30) -> list[Outcome]:
         """Wait for every request; AssertionError naming how many hung."""

@@ -35,7 +35,7 @@ from tests.registry.db_fixtures import redis_url  # noqa: F401 - fixture
 
 NUM_ADAPTERS = 3
 NUM_LOAD_REQUESTS = 12
-LOAD_MAX_TOKENS = 240
+LOAD_MAX_TOKENS = 400  # long enough that the kill lands mid-stream on a fast machine
 NUM_AFTER_KILL_REQUESTS = 6
 MAX_JOIN_ROUNDS = 8
 
@@ -69,6 +69,15 @@ def _busiest_worker(cluster) -> str:  # type: ignore[no-untyped-def]
     finally:
         client.close()
     raise AssertionError("no worker reported a running request")
+
+
+def _wait_for(predicate, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
 
 
 def _as_utc(moment: datetime) -> datetime:
@@ -126,9 +135,12 @@ def test_kill_9_a_worker_under_load_no_request_lost_usage_once_and_the_restarted
         assert all(o.is_ok for o in outcomes), outcomes
 
         load = _start_load(cluster, key, models, NUM_LOAD_REQUESTS, LOAD_MAX_TOKENS, seed0=0)
+        load_started = time.monotonic()
+        assert _wait_for(lambda: load.num_streamed_tokens() > 0), "no stream got a token"
         victim = _busiest_worker(cluster)
-        time.sleep(0.5)  # let the streams on it get past their first token
+        num_tokens_at_kill = load.num_streamed_tokens()
         cluster.kill_worker(victim)
+        killed_after_s = time.monotonic() - load_started
         after_kill = _start_load(cluster, key, models, NUM_AFTER_KILL_REQUESTS, max_tokens=16, seed0=100)
         killed_outcomes = load.join()
         after_outcomes = after_kill.join()
@@ -159,5 +171,5 @@ def test_kill_9_a_worker_under_load_no_request_lost_usage_once_and_the_restarted
         _check_billing(all_outcomes, rows)
         assert any(o.worker_id == victim and o.is_ok for o in join_outcomes)
         retries = sum(p.read_text().count(f"worker {victim} unreachable") for p in (cluster.data_dir / "logs").glob("api-*"))
-        print(f"killed {victim}: {sum(not o.is_ok for o in killed_outcomes)}/{len(killed_outcomes)} requests ended "
+        print(f"killed {victim} {killed_after_s:.1f} s into the load ({num_tokens_at_kill} tokens streamed): {sum(not o.is_ok for o in killed_outcomes)}/{len(killed_outcomes)} requests ended "
               f"with an error, {retries} request(s) retried off the dead worker, rejoined after {round_index + 1} round(s)")
