@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from lorahost import dev_services
 from lorahost.processes import (
@@ -155,13 +155,13 @@ class DevCluster:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
-    def __enter__(self) -> DevCluster:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> DevCluster:
+    def start(self) -> Self:
         """Services, migrations, then every process in parallel; returns once all are healthy (else stops
         what started and raises ChildFailedError / RuntimeError with the reason)."""
         try:
@@ -373,11 +373,13 @@ class DevCluster:
     def _wait_healthy(self) -> None:
         timeout_s = self.config.start_timeout_s
         for api in self.apis:
-            wait_until(api, lambda api=api: http_ok(f"{api.url}/v1/health"), timeout_s, "healthy")
+            health_url = f"{api.url}/v1/health"
+            wait_until(api, lambda url=health_url: http_ok(url), timeout_s, "healthy")  # type: ignore[misc]
         for worker in self.workers:
             self.wait_worker_ready(worker)
-        if self.jobs is not None:
-            wait_until(self.jobs, lambda: log_contains(self.jobs, " ready."), timeout_s, "ready")  # type: ignore[arg-type]
+        jobs = self.jobs
+        if jobs is not None:
+            wait_until(jobs, lambda: log_contains(jobs, " ready."), timeout_s, "ready")
 
     def _env(self) -> dict[str, str]:
         """The environment of every child: the parent's, config.env, then what this cluster owns."""

@@ -86,7 +86,7 @@ class WorkerPool(Protocol):
 def parse_target(body: object) -> ScalingTarget:
     """A ScalingTarget from the endpoint's JSON; ValueError when a field is missing or of the wrong type."""
     if not isinstance(body, dict):
-        raise ValueError(f"expected a JSON object, got {type(body).__name__}")
+        raise ValueError(f"expected a JSON object, got {type(body).__name__}")  # noqa: TRY004 - bad input, one type
     try:
         return ScalingTarget(
             base_model=str(body["base_model"]),
