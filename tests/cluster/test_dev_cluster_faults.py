@@ -16,6 +16,7 @@ Asserted:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from tests.registry.db_fixtures import redis_url  # noqa: F401 - fixture
 
 NUM_ADAPTERS = 3
 NUM_LOAD_REQUESTS = 12
-LOAD_MAX_TOKENS = 400  # long enough that the kill lands mid-stream on a fast machine
+LOAD_MAX_TOKENS = 800  # long enough that the kill lands mid-stream on a fast machine
 NUM_AFTER_KILL_REQUESTS = 6
 MAX_JOIN_ROUNDS = 5
 
@@ -52,24 +53,19 @@ def _start_load(  # type: ignore[no-untyped-def]
     return load
 
 
-def _busiest_worker(cluster) -> str:  # type: ignore[no-untyped-def]
-    """The live worker with the most requests (from its heartbeat), once one has any."""
-    import redis
-
-    from cluster.membership import RedisWorkerDirectory
-
-    client = redis.Redis.from_url(cluster.config.redis_url)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            records = RedisWorkerDirectory(client, cluster.worker_key_prefix).list_live()
-            busiest = max(records, key=lambda r: r.num_running + r.num_waiting, default=None)
-            if busiest is not None and busiest.num_running + busiest.num_waiting > 0:
-                return busiest.worker_id
-            time.sleep(0.05)
-    finally:
-        client.close()
-    raise AssertionError("no worker reported a running request")
+def _worker_streaming_now(database_url: str, tenant_id: str) -> str:
+    """The worker with the most requests that have delivered tokens and are still running (their usage rows
+    are checkpointed with the worker and the tokens delivered), once there is one."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        flowing = Counter(
+            r.worker_id for r in usage_rows(database_url, tenant_id)
+            if r.status == "in_progress" and r.completion_tokens > 0 and r.worker_id
+        )  # fmt: skip
+        if flowing:
+            return flowing.most_common(1)[0][0]
+        time.sleep(0.05)
+    raise AssertionError("no request was seen delivering tokens")
 
 
 def _wait_for(predicate, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
@@ -138,7 +134,7 @@ def test_kill_9_a_worker_under_load_no_request_lost_usage_once_and_the_restarted
         load = _start_load(cluster, key, models, NUM_LOAD_REQUESTS, LOAD_MAX_TOKENS, seed0=0)
         load_started = time.monotonic()
         assert _wait_for(lambda: load.num_streamed_tokens() > 0), "no stream got a token"
-        victim = _busiest_worker(cluster)
+        victim = _worker_streaming_now(cluster.database_url or "", tenant_id)
         num_tokens_at_kill = load.num_streamed_tokens()
         cluster.kill_worker(victim)
         killed_after_s = time.monotonic() - load_started
@@ -158,7 +154,7 @@ def test_kill_9_a_worker_under_load_no_request_lost_usage_once_and_the_restarted
         for round_index in range(MAX_JOIN_ROUNDS):
             # sustained base-model load (no adapter residency pulls it elsewhere): once the old workers' beats
             # show their load, a load-aware router sends the next requests to the idle joiner
-            join_load = _start_load(cluster, key, [BASE_MODEL], 12, max_tokens=LOAD_MAX_TOKENS,
+            join_load = _start_load(cluster, key, [BASE_MODEL], 12, max_tokens=400,
                                     seed0=200 + 20 * round_index, gap_s=0.15)  # fmt: skip
             join_outcomes += join_load.join()
             served = {r.worker_id for r in usage_rows(cluster.database_url or "", tenant_id)
