@@ -170,6 +170,11 @@ def test_kill_9_a_worker_under_load_no_request_lost_usage_once_and_the_restarted
         assert not [r for r in rows if r.status == "in_progress"]
         _check_billing(all_outcomes, rows)
         assert any(o.worker_id == victim and o.is_ok for o in join_outcomes)
-        retries = sum(p.read_text().count(f"worker {victim} unreachable") for p in (cluster.data_dir / "logs").glob("api-*"))
-        print(f"killed {victim} {killed_after_s:.1f} s into the load ({num_tokens_at_kill} tokens streamed): {sum(not o.is_ok for o in killed_outcomes)}/{len(killed_outcomes)} requests ended "
-              f"with an error, {retries} request(s) retried off the dead worker, rejoined after {round_index + 1} round(s)")
+        api_logs = (cluster.data_dir / "logs").glob("api-*")
+        retries = sum(p.read_text().count(f"worker {victim} unreachable") for p in api_logs)
+        num_broken = sum(not o.is_ok for o in killed_outcomes)
+        print(  # shown with -s: what the kill did this run
+            f"killed {victim} {killed_after_s:.1f} s into the load ({num_tokens_at_kill} tokens streamed): "
+            f"{num_broken}/{len(killed_outcomes)} requests ended with an error, {retries} request(s) retried off "
+            f"the dead worker, rejoined after {round_index + 1} round(s)"
+        )
