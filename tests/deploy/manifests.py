@@ -81,7 +81,9 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     """The one object of `kind` called `name`."""
     matches = [obj for obj in by_kind(objects, kind) if obj["metadata"]["name"] == name]
-    assert len(matches) == 1, f"expected one {kind} {name}, found {[o['metadata']['name'] for o in by_kind(objects, kind)]}"
+    assert len(matches) == 1, (
+        f"expected one {kind} {name}, found {[o['metadata']['name'] for o in by_kind(objects, kind)]}"
+    )
     return matches[0]
 
 

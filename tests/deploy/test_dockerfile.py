@@ -10,7 +10,9 @@ from tests.deploy.manifests import REPO_ROOT
 
 def test_image_copies_every_installed_package() -> None:
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = {
+        pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    }
     copied = set(re.findall(r"^COPY (\w+) \1$", (REPO_ROOT / "Dockerfile").read_text(), flags=re.MULTILINE))
     assert packages <= copied, f"Dockerfile misses COPY for {sorted(packages - copied)}"
 

@@ -56,7 +56,10 @@ def custom_values() -> dict[str, Any]:
                 "maxReplicas": 2,
             },
         ],
-        "api": {"replicas": 3, "ingress": {"enabled": True, "className": "nginx", "tls": [{"secretName": "t"}]}},
+        "api": {
+            "replicas": 3,
+            "ingress": {"enabled": True, "className": "nginx", "tls": [{"secretName": "t"}]},
+        },
     }
 
 
@@ -80,7 +83,9 @@ def test_helm_lint_reports_no_errors() -> None:
     helm = require("helm_python")
     for values in (None, custom_values()):
         report = helm.lint(CHART_DIR, values, strict=True, namespace=NAMESPACE)
-        errors = [m for m in report["messages"] if m["severity"] >= 2 and "icon is recommended" not in m["error"]]
+        errors = [
+            m for m in report["messages"] if m["severity"] >= 2 and "icon is recommended" not in m["error"]
+        ]
         assert not report["errors"] and not errors, report
 
 
@@ -110,13 +115,21 @@ def test_one_gpu_worker_deployment_and_service_per_base_model() -> None:
         env = env_of(worker)
         assert env["LORAHOST_BASE_MODEL_NAME"]["value"] == model
         assert env["LORAHOST_BASE_MODEL_PATH"]["value"] == f"/models/{model}"
-        assert "LORAHOST_DATABASE_URL" not in env and "LORAHOST_ADMIN_KEY" not in env  # workers hold no DB/admin
+        assert (
+            "LORAHOST_DATABASE_URL" not in env and "LORAHOST_ADMIN_KEY" not in env
+        )  # workers hold no DB/admin
         assert "replicas" not in deployment["spec"]  # KEDA owns the count; an upgrade must not reset it
         service = named(objects, "Service", worker_name(model))
-        assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    assert env_of(containers(named(objects, "Deployment", worker_name("llama-8b")))[0])[
-        "LORAHOST_ENGINE_DTYPE"
-    ]["value"] == "bfloat16"
+        assert (
+            service["spec"]["selector"].items()
+            <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        )
+    assert (
+        env_of(containers(named(objects, "Deployment", worker_name("llama-8b")))[0])["LORAHOST_ENGINE_DTYPE"][
+            "value"
+        ]
+        == "bfloat16"
+    )
 
 
 def test_default_worker_requests_a_gpu() -> None:
@@ -190,7 +203,12 @@ def test_secrets_are_referenced_never_inlined() -> None:
         assert not leaked, f"{obj['kind']} {obj['metadata']['name']} inlines {leaked}"
     api = containers(named(objects, "Deployment", "lorahost-api"))[0]
     env = env_of(api)
-    for var in ("LORAHOST_ADMIN_KEY", "LORAHOST_INTERNAL_TOKEN", "LORAHOST_DATABASE_URL", "LORAHOST_REDIS_URL"):
+    for var in (
+        "LORAHOST_ADMIN_KEY",
+        "LORAHOST_INTERNAL_TOKEN",
+        "LORAHOST_DATABASE_URL",
+        "LORAHOST_REDIS_URL",
+    ):
         assert env[var]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
         assert env[var]["valueFrom"]["secretKeyRef"]["key"] in secret["stringData"]
 
@@ -201,7 +219,9 @@ def test_existing_secret_is_used_and_no_secret_is_rendered() -> None:
     job = named(objects, "Job", "lorahost-db-upgrade")
     ref = env_of(containers(job)[0])["LORAHOST_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "platform-keys", "key": "database-url"}
-    assert by_kind(objects, "TriggerAuthentication")[0]["spec"]["secretTargetRef"][0]["name"] == "platform-keys"
+    assert (
+        by_kind(objects, "TriggerAuthentication")[0]["spec"]["secretTargetRef"][0]["name"] == "platform-keys"
+    )
 
 
 def test_migrations_run_as_a_hook_before_install_and_upgrade() -> None:
@@ -238,8 +258,20 @@ def test_cli_commands_in_the_chart_exist() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"baseModels": [{"name": "Llama_8B", "volume": {"emptyDir": {}}, "resources": {}, "minReplicas": 0,
-                          "maxReplicas": 1}]}, "name"),
+        (
+            {
+                "baseModels": [
+                    {
+                        "name": "Llama_8B",
+                        "volume": {"emptyDir": {}},
+                        "resources": {},
+                        "minReplicas": 0,
+                        "maxReplicas": 1,
+                    }
+                ]
+            },
+            "name",
+        ),
         ({"secrets": {"existingSecret": ""}}, "adminKey"),
         ({"api": {"replicas": 0}}, "replicas"),
     ],
