@@ -98,6 +98,8 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         num_threads=settings.engine_num_threads,
         adapter_link_gbps=settings.engine_adapter_link_gbps,
         cpu_prefill_workers=settings.engine_cpu_prefill_workers,
+        fp32_prefill_gemms=settings.engine_fp32_prefill_gemms,
+        lora_kernel=settings.engine_lora_kernel,
     )
 
 

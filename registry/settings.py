@@ -287,6 +287,16 @@ class Settings(BaseSettings):
         description="CPU threads computing the LoRA delta of prefills whose adapter is still being copied "
         "(CPU-assisted prefill); 0: such requests wait for the copy",
     )
+    engine_fp32_prefill_gemms: bool | None = Field(
+        default=None,
+        description="bf16 model on CPU: prefill-sized products (>= 128 rows) in fp32 upcasts; default: where the "
+        "CPU has no bf16 matrix unit (AMX); costs a dense copy of the weights",
+    )
+    engine_lora_kernel: bool | None = Field(
+        default=None,
+        description="C/OpenMP CPU kernel for decode-sized LoRA segments (built at start with the system C "
+        "compiler, cached); default: on where it builds; false: the torch forms",
+    )
 
     @field_validator("router_policy")
     @classmethod
