@@ -26,7 +26,9 @@ from api.prompting import BaseModelTokenizer, load_base_tokenizer
 from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from api.worker_client import LocalWorkerTransport, WorkerClient
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
+from cluster.routing_table import CachedRoutingTable
 from jobs.dispatch import JobDispatcher, make_job_dispatcher
+from jobs.placement import make_routing_table_store
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
@@ -52,6 +54,9 @@ class Services:
     auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.auth_cache_ttl_s)
     model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.model_cache_ttl_s)
     router: Router  # the routing policy (settings.router_policy)
+    # the published placement (cluster/routing_table.py), refreshed every settings.routing_table_refresh_s by
+    # the app lifespan; prepare.py reads RouteRequest.assigned_workers from this in-memory copy
+    routing_table: CachedRoutingTable
     # the output-length prediction (api/inference/predict.py): settings.length_predictor (build_services); the
     # usage ledger tells it each finished request's true length (observe_output)
     predictor: OutputLengthPredictor = field(default_factory=MaxTokensPredictor)
@@ -115,11 +120,20 @@ def build_services(
         auth_cache=TtlCache(settings.auth_cache_ttl_s),
         model_cache=TtlCache(settings.model_cache_ttl_s),
         router=make_router(settings.router_policy),
+        routing_table=CachedRoutingTable(make_routing_table_store(settings)),
         predictor=make_length_predictor(settings, blob_store),
         admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
     )
+    metrics.register_desired_workers(lambda: desired_workers(services))
     return services
+
+
+def desired_workers(services: Services) -> list[tuple[str, int]]:
+    """(base model, desired workers) pairs of the autoscaling decisions (api/scaling_view.py)."""
+    from api.scaling_view import scaling_decisions
+
+    return [(d.base_model, d.desired_workers) for d in scaling_decisions(services)]
 
 
 def observe_output(predictor: OutputLengthPredictor, adapter_key: str | None, num_output_tokens: int) -> None:
