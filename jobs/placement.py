@@ -28,12 +28,16 @@ def make_routing_table_store(settings: Settings, client: Any = None) -> RoutingT
     return RedisRoutingTableStore(client, f"{settings.celery_key_prefix}{settings.placement_key_prefix}")
 
 
-def http_dropper(internal_token: str | None, timeout_s: float = DROP_TIMEOUT_S) -> DropAdapter:
-    """A DropAdapter that POSTs {"adapter_key"} to the worker's /internal/v1/adapters/drop; True if dropped."""
+def http_dropper(
+    internal_token: str | None, timeout_s: float = DROP_TIMEOUT_S, client: httpx.Client | None = None
+) -> DropAdapter:
+    """A DropAdapter that POSTs {"adapter_key"} to the worker's /internal/v1/adapters/drop; True if dropped
+    (False: the worker refused, requests use it). `client`: a client to send with (tests), else one call each."""
+    post = client.post if client is not None else httpx.post
 
     def drop(record: WorkerRecord, adapter_key: str) -> bool:
         headers = {"Authorization": f"Bearer {internal_token}"} if internal_token else {}
-        response = httpx.post(
+        response = post(
             f"{record.url.rstrip('/')}{INTERNAL_PREFIX}/adapters/drop",
             json={"adapter_key": adapter_key},
             headers=headers,

@@ -122,3 +122,23 @@ def test_idle_model_scales_to_zero_and_unknown_model_reports_zero(make_client) -
     assert item["desired_workers"] == 1  # serving now: not idle, whatever the last published demand says
     unknown = client.get("/v1/admin/scaling", params={"base_model": "nobody"}, headers=ADMIN).json()
     assert unknown["desired_workers"] == 0 and unknown["live_workers"] == 0
+
+
+def test_inline_placement_places_served_adapters_and_the_next_request_carries_it(
+    client: TestClient, router: RecordingRouter, tenant: TenantHandle, db_session: Session
+) -> None:
+    from api.main import place
+
+    workers = ScriptedWorkers()
+    workers.install(client)
+    workers.add("w1")
+    version = add_ready_version(db_session, tenant.id, "served")
+    body = {"model": "served", "prompt": "hi", "max_tokens": 3}
+    assert client.post("/v1/completions", json=body, headers=tenant.headers).status_code == 200
+    services = client.app.state.services  # type: ignore[attr-defined]
+    place(services)
+    assert services.routing_table.row(version.id) == (("w1", 1.0),)
+    assert client.post("/v1/completions", json=body, headers=tenant.headers).status_code == 200
+    assert router.requests[0].assigned_workers == () and router.requests[-1].assigned_workers == (("w1", 1.0),)
+    placement = client.get("/v1/admin/placement", headers=ADMIN).json()
+    assert placement["version"] == 1 and placement["workers"][0]["worker_id"] == "w1"
