@@ -17,6 +17,7 @@ from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.inference.learned_predictor import LearnedLengthPredictor
 from api.routes import adapters, admin, completions, health, models, placement, predictor, reports, usage
+from api.scaling_view import publish_waiting
 from api.services import Services, build_services
 from api.worker_client import WorkerClient
 from jobs.placement import http_dropper
@@ -141,10 +142,13 @@ def _start_predictor_training(services: Services) -> PeriodicJob | None:
 
 def _start_routing_table_refresh(services: Services) -> PeriodicJob:
     """Read the published routing table into memory now and every settings.routing_table_refresh_s (a failed
-    read keeps the last copy)."""
+    read keeps the last copy), and publish this server's cold-start waiters for the autoscaler."""
+    def refresh() -> None:
+        services.routing_table.refresh()
+        publish_waiting(services)
+
     return PeriodicJob(
-        "routing-table-refresh", services.settings.routing_table_refresh_s, services.routing_table.refresh,
-        is_run_at_start=True,
+        "routing-table-refresh", services.settings.routing_table_refresh_s, refresh, is_run_at_start=True
     ).start()
 
 

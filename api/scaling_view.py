@@ -9,6 +9,7 @@ request is reported (so a request waiting for a model with no worker asks for a 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -21,6 +22,9 @@ from scheduler.scaling import BaseModelLoad, ScalingDecision, ScalingPolicy, dec
 if TYPE_CHECKING:
     from api.metrics import ApiMetrics
     from api.services import Services
+
+log = logging.getLogger(__name__)
+WAITING_TTL_PERIODS = 3  # a replica's published waiters live this many refresh periods
 
 
 def scaling_policy(settings: Settings) -> ScalingPolicy:
@@ -76,15 +80,35 @@ def _load(name: str, demand: ModelDemand | None, workers: list[WorkerRecord], nu
     )
 
 
-def scaling_decisions(services: Services, extra_models: Iterable[str] = (), now_s: float | None = None) -> list[ScalingDecision]:
-    """The decisions from this API server's cached routing table, live workers and cold-start waiters."""
+def publish_waiting(services: Services) -> dict[str, int]:
+    """Publish this API server's cold-start waiters (for the other replicas); returns them."""
+    local = cold_start_waiting(services.metrics)
+    ttl_s = WAITING_TTL_PERIODS * services.settings.routing_table_refresh_s
+    services.waiting_requests.publish(services.settings.resolved_api_instance_id(), local, ttl_s)
+    return local
+
+
+def all_waiting(services: Services) -> dict[str, int]:
+    """Cold-start waiters per base model on every API replica (this one's only, when the store is away)."""
+    try:
+        publish_waiting(services)
+        return services.waiting_requests.totals()
+    except Exception as exc:  # Redis away: decide on what this replica knows
+        log.warning("could not read other API servers' waiting requests: %s", exc)
+        return cold_start_waiting(services.metrics)
+
+
+def scaling_decisions(
+    services: Services, extra_models: Iterable[str] = (), now_s: float | None = None
+) -> list[ScalingDecision]:
+    """The decisions from the cached routing table, the live workers and every replica's cold-start waiters."""
     from api.services import live_workers
 
     policy = scaling_policy(services.settings)
     loads = model_loads(
         services.routing_table.table,
         live_workers(services),
-        cold_start_waiting(services.metrics),
+        all_waiting(services),
         time.time() if now_s is None else now_s,
         extra_models,
     )

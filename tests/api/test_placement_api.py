@@ -142,3 +142,10 @@ def test_inline_placement_places_served_adapters_and_the_next_request_carries_it
     assert router.requests[0].assigned_workers == () and router.requests[-1].assigned_workers == (("w1", 1.0),)
     placement = client.get("/v1/admin/placement", headers=ADMIN).json()
     assert placement["version"] == 1 and placement["workers"][0]["worker_id"] == "w1"
+
+
+def test_a_request_waiting_on_another_api_replica_counts_too(client: TestClient) -> None:
+    services = client.app.state.services  # type: ignore[attr-defined]
+    services.waiting_requests.publish("another-api-replica", {"remote-base": 3}, 30)
+    body = client.get("/v1/admin/scaling", params={"base_model": "remote-base"}, headers=ADMIN).json()
+    assert body["desired_workers"] == 1 and "3 request(s) waiting" in body["reason"]
