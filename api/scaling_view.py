@@ -3,8 +3,8 @@
 Inputs: the demand the placement job published with the routing table (forecast and cooldown-peak tokens/s per
 rank, last request per base model; cluster/routing_table.py), the live workers and their queues (the worker
 directory) and the requests waiting in this API server's cold starts (lorahost_cold_start_waiting_requests).
-The decision itself is scheduler/scaling.py. Every base model with a live worker, published demand or a waiting
-request is reported (so a request waiting for a model with no worker asks for a scale-up from zero).
+The decision itself is scheduler/scaling.py. Every base model with a live worker, published demand or a
+waiting request is reported (so a request waiting for a model with no worker asks for a scale-up from zero).
 """
 
 from __future__ import annotations
@@ -62,10 +62,15 @@ def model_loads(
     demand = {d.base_model: d for d in (table.demand if table else ())}
     live = [r for r in records if r.is_ready and not r.is_draining]
     names = sorted({*demand, *(r.base_model for r in live), *waiting, *extra_models})
-    return [_load(name, demand.get(name), [r for r in live if r.base_model == name], waiting.get(name, 0), now_s) for name in names]
+    return [
+        _load(name, demand.get(name), [r for r in live if r.base_model == name], waiting.get(name, 0), now_s)
+        for name in names
+    ]
 
 
-def _load(name: str, demand: ModelDemand | None, workers: list[WorkerRecord], num_cold: int, now_s: float) -> BaseModelLoad:
+def _load(
+    name: str, demand: ModelDemand | None, workers: list[WorkerRecord], num_cold: int, now_s: float
+) -> BaseModelLoad:
     last = demand.last_request_at if demand else None
     idle_s = None if last is None else max(0.0, now_s - last)
     if any(r.num_running or r.num_waiting or r.num_active for r in workers):
@@ -93,7 +98,7 @@ def all_waiting(services: Services) -> dict[str, int]:
     try:
         publish_waiting(services)
         return services.waiting_requests.totals()
-    except Exception as exc:  # Redis away: decide on what this replica knows
+    except Exception as exc:  # noqa: BLE001 - Redis away: decide on what this replica knows
         log.warning("could not read other API servers' waiting requests: %s", exc)
         return cold_start_waiting(services.metrics)
 
@@ -101,7 +106,7 @@ def all_waiting(services: Services) -> dict[str, int]:
 def scaling_decisions(
     services: Services, extra_models: Iterable[str] = (), now_s: float | None = None
 ) -> list[ScalingDecision]:
-    """The decisions from the cached routing table, the live workers and every replica's cold-start waiters."""
+    """Decisions from the cached routing table, the live workers and every replica's cold-start waiters."""
     from api.services import live_workers
 
     policy = scaling_policy(services.settings)

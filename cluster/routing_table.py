@@ -31,8 +31,8 @@ class WorkerPlacement:
 
 @dataclass(frozen=True)
 class ModelDemand:
-    """One base model's demand as the job saw it: forecast and cooldown-peak tokens/s per adapter rank (keys are
-    ranks, 0 = the base model itself) and when its last request started (unix seconds; None: none on record)."""
+    """One base model's demand as the job saw it: forecast and cooldown-peak tokens/s per adapter rank (keys
+    are ranks, 0 = the base model itself) and when its last request started (unix s; None: none on record)."""
 
     base_model: str
     demand_by_rank: dict[int, float] = field(default_factory=dict)
@@ -152,7 +152,7 @@ class CachedRoutingTable:
         return self._table
 
     def row(self, adapter_key: str | None) -> RoutingRow:
-        """The adapter's ((worker id, weight), ...) row; () for no adapter, no table or an unplaced adapter."""
+        """The adapter's ((worker id, weight), ...) row; () for no adapter, no table or an unplaced one."""
         if adapter_key is None or self._table is None:
             return ()
         return self._table.rows.get(adapter_key, ())

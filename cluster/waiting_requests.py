@@ -54,14 +54,19 @@ class RedisWaitingRequests:
     def publish(self, instance_id: str, counts: Mapping[str, int], ttl_s: float) -> None:
         """Replace this API server's counts; they expire after ttl_s."""
         pipe = self._client.pipeline()
-        pipe.set(self._prefix + instance_id, json.dumps({k: v for k, v in counts.items() if v > 0}),
-                 px=max(1, int(ttl_s * 1000)))
+        pipe.set(
+            self._prefix + instance_id,
+            json.dumps({k: v for k, v in counts.items() if v > 0}),
+            px=max(1, int(ttl_s * 1000)),
+        )
         pipe.sadd(self._prefix + "index", instance_id)
         pipe.execute()
 
     def totals(self) -> dict[str, int]:
         """The sum over API servers whose counts have not expired."""
-        ids = sorted(i.decode() if isinstance(i, bytes) else i for i in self._client.smembers(self._prefix + "index"))
+        ids = sorted(
+            i.decode() if isinstance(i, bytes) else i for i in self._client.smembers(self._prefix + "index")
+        )
         if not ids:
             return {}
         raws = self._client.mget([self._prefix + i for i in ids])

@@ -32,7 +32,7 @@ def http_dropper(
     internal_token: str | None, timeout_s: float = DROP_TIMEOUT_S, client: httpx.Client | None = None
 ) -> DropAdapter:
     """A DropAdapter that POSTs {"adapter_key"} to the worker's /internal/v1/adapters/drop; True if dropped
-    (False: the worker refused, requests use it). `client`: a client to send with (tests), else one call each."""
+    (False: the worker refused, requests use it). `client`: a client to send with (tests), else one each."""
     post = client.post if client is not None else httpx.post
 
     def drop(record: WorkerRecord, adapter_key: str) -> bool:

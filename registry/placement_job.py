@@ -1,7 +1,7 @@
 """The placement job: usage rows -> demand forecast -> LoRAServe placement -> published routing table.
 
-Run every settings.placement_interval_s by Celery beat (`lorahost.compute_placement`, jobs/celery_app.py) or by
-an inline timer in the API with inline jobs (api/main.py). One run:
+Run every settings.placement_interval_s by Celery beat (`lorahost.compute_placement`, jobs/celery_app.py) or
+by an inline timer in the API with inline jobs (api/main.py). One run:
 1. token counts (prompt + completion, by start time) per adapter version and per bucket of
    settings.placement_bucket_s, over the history (forecast) and the scale-down cooldown (peak) windows;
 2. the demand forecast (scheduler/demand_forecast.py) and, per base model, `compute_placement` over its live,
@@ -24,7 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -74,12 +74,19 @@ def run_placement(
     previous = store.read()
     with session_factory() as session:
         history = read_usage_history(session, now, settings.placement_bucket_s, num_history_buckets(settings))
-        versions = ready_versions(session, set(history.adapter_tokens) | set(previous.rows if previous else ()))
+        versions = ready_versions(
+            session, set(history.adapter_tokens) | set(previous.rows if previous else ())
+        )
     records = [r for r in (directory.list_live() if directory else []) if r.is_ready and not r.is_draining]
     table = build_table(history, versions, records, previous, settings, now)
     published = store.publish(table)
-    log.info("placement v%d: %d adapters on %d workers, %d moved", published.version, len(table.rows),
-             len(records), len(table.moved))
+    log.info(
+        "placement v%d: %d adapters on %d workers, %d moved",
+        published.version,
+        len(table.rows),
+        len(records),
+        len(table.moved),
+    )
     if drop is not None:
         drop_unassigned(records, published, previous, drop)
     return published
@@ -106,7 +113,12 @@ def read_usage_history(session: Session, now: datetime, bucket_s: float, num_buc
         end = now - timedelta(seconds=bucket_s * (num_buckets - 1 - index))
         start = end - timedelta(seconds=bucket_s)
         rows = session.execute(
-            select(UsageRecord.adapter_version_id, UsageRecord.model_name, tokens, func.max(UsageRecord.started_at))
+            select(
+                UsageRecord.adapter_version_id,
+                UsageRecord.model_name,
+                tokens,
+                func.max(UsageRecord.started_at),
+            )
             .where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
             .group_by(UsageRecord.adapter_version_id, UsageRecord.model_name)
         ).all()
@@ -142,7 +154,9 @@ def build_table(
 ) -> RoutingTable:
     """The unpublished table (version 0): placement per base model plus the demand the autoscaler reads."""
     config = PlacementConfig(settings.resolved_operating_points(), settings.placement_min_phi)
-    rates = {key: _forecast(tokens, settings) for key, tokens in history.adapter_tokens.items() if key in versions}
+    rates = {
+        key: _forecast(tokens, settings) for key, tokens in history.adapter_tokens.items() if key in versions
+    }
     previous_rows = previous.rows if previous else {}
     base_models = sorted({v.base_model for v in versions.values()} | {r.base_model for r in records})
     rows: dict[str, RoutingRow] = {}
@@ -158,7 +172,9 @@ def build_table(
             config,
         )
         rows.update(placement.table)
-        workers += [WorkerPlacement(w.worker_id, base, w.load, w.max_rank, w.num_adapters) for w in placement.workers]
+        workers += [
+            WorkerPlacement(w.worker_id, base, w.load, w.max_rank, w.num_adapters) for w in placement.workers
+        ]
         moved += placement.moved
     known = {*base_models, settings.base_model_name}
     demand = model_demands(history, versions, settings, known)
@@ -176,7 +192,9 @@ def model_demands(
     for key, tokens in history.adapter_tokens.items():
         info = versions.get(key)
         if info is not None:
-            per_model.setdefault(info.base_model, []).append((info.rank, tokens, history.last_adapter_request[key]))
+            per_model.setdefault(info.base_model, []).append(
+                (info.rank, tokens, history.last_adapter_request[key])
+            )
     for model, tokens in history.base_tokens.items():
         if model not in base_models:
             continue
@@ -202,9 +220,9 @@ def drop_unassigned(
     for record in records:
         for key in sorted(set(record.device_adapters) | set(record.host_adapters)):
             is_unassigned = _is_unassigned(record.worker_id, key, table)
-            if is_unassigned and previous is not None and _is_unassigned(record.worker_id, key, previous):
-                if _try_drop(drop, record, key):
-                    dropped.append((record.worker_id, key))
+            was_unassigned = previous is not None and _is_unassigned(record.worker_id, key, previous)
+            if is_unassigned and was_unassigned and _try_drop(drop, record, key):
+                dropped.append((record.worker_id, key))
     return dropped
 
 
@@ -216,14 +234,18 @@ def _is_unassigned(worker_id: str, key: str, table: RoutingTable) -> bool:
 def _try_drop(drop: DropAdapter, record: WorkerRecord, key: str) -> bool:
     try:
         return drop(record, key)
-    except Exception as exc:  # an unreachable worker: try again on the next run
+    except Exception as exc:  # noqa: BLE001 - an unreachable worker: try again on the next run
         log.warning("could not ask worker %s to drop adapter %s: %s", record.worker_id, key, exc)
         return False
 
 
 def _forecast(tokens: list[float], settings: Settings) -> float:
-    return forecast_rate(tokens[-settings.placement_history_buckets :], settings.placement_bucket_s, settings.placement_ewma_alpha)
+    return forecast_rate(
+        tokens[-settings.placement_history_buckets :],
+        settings.placement_bucket_s,
+        settings.placement_ewma_alpha,
+    )
 
 
 def _unix(moment: datetime) -> float:
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()

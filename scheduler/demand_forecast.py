@@ -1,4 +1,4 @@
-"""Per-adapter demand forecast (tokens/s) from a history of per-bucket token counts. Pure: numbers in, numbers out.
+"""Per-adapter demand forecast (tokens/s) from a history of per-bucket token counts. Pure: numbers in and out.
 
 Method: `max(EWMA, last bucket)`. The EWMA over the buckets (oldest first, smoothing `alpha`) remembers an
 adapter's recent level, so a quiet bucket does not drop a popular adapter's share at once (placement would
@@ -26,8 +26,10 @@ def ewma(values: Sequence[float], alpha: float = DEFAULT_EWMA_ALPHA) -> float:
     return level
 
 
-def forecast_rate(bucket_tokens: Sequence[float], bucket_s: float, alpha: float = DEFAULT_EWMA_ALPHA) -> float:
-    """Forecast tokens/s for the next period from token counts per bucket of `bucket_s` seconds (oldest first)."""
+def forecast_rate(
+    bucket_tokens: Sequence[float], bucket_s: float, alpha: float = DEFAULT_EWMA_ALPHA
+) -> float:
+    """Forecast tokens/s for the next period from token counts per `bucket_s`-second bucket (oldest first)."""
     if bucket_s <= 0:
         raise ValueError(f"bucket_s must be positive, not {bucket_s}")
     if not bucket_tokens:

@@ -12,7 +12,8 @@ Decisions the paper leaves open, taken here:
 - Rank buckets are the keys of the operating points (default 8, 16, 32, 64, 128, 256); a rank belongs to the
   smallest bucket >= it (above the largest: the largest). OP[r] (tokens/s one worker sustains at rank r within
   the SLO) is an input; `default_operating_points` derives it from one rank-0 capacity with LoRAServe's
-  measured slope (rank-128 prefill costs 2.7x rank 8: OP[r] = OP[0] / (1 + 0.016 r)) until a profile is fitted.
+  measured slope (rank-128 prefill costs 2.7x rank 8: OP[r] = OP[0] / (1 + 0.016 r)) until a profile is
+  fitted.
 - Rounding: Hamilton's largest remainder, so sum B_r == N always (ties go to the higher rank: its padding
   costs most when mixed). A bucket with U_r > 0 may get B_r = 0; its adapters become leftovers.
 - Packing: within a bucket, adapters by descending load fill its bins in order, each bin up to u*; an adapter
@@ -45,7 +46,9 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 DEFAULT_RANK_BUCKETS: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
-RANK_COST_PER_UNIT = 0.016  # (1 + 0.016 * 128) / (1 + 0.016 * 8) = 2.7: LoRAServe's rank-128 vs rank-8 prefill
+RANK_COST_PER_UNIT = (
+    0.016  # (1 + 0.016 * 128) / (1 + 0.016 * 8) = 2.7: LoRAServe's rank-128 vs rank-8 prefill
+)
 DEFAULT_MIN_PHI = 0.05
 _EPS = 1e-12
 
@@ -78,7 +81,7 @@ class AdapterDemand:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """operating_points: rank bucket -> tokens/s one worker sustains within the SLO (the buckets are its keys)."""
+    """operating_points: rank bucket -> tokens/s one worker sustains within the SLO (keys = the buckets)."""
 
     operating_points: Mapping[int, float]
     min_phi: float = DEFAULT_MIN_PHI
@@ -96,7 +99,7 @@ class PlacementConfig:
 
 @dataclass(frozen=True)
 class WorkerLoad:
-    """A worker's share of the placement: load in server-equivalents, max rank bucket of its loaded adapters."""
+    """A worker's share: load in server-equivalents, the max rank bucket of its loaded adapters."""
 
     worker_id: str
     load: float
@@ -140,7 +143,7 @@ def compute_placement(
     previous: Mapping[str, RoutingRow],
     config: PlacementConfig,
 ) -> Placement:
-    """Place `adapters` on the live `worker_ids` of one base model, moving as little as possible from `previous`."""
+    """Place `adapters` on the live `worker_ids` of one base model, moving little from `previous`."""
     workers = sorted(set(worker_ids))
     if not workers:
         return Placement(table={}, workers=(), target_load=0.0)
@@ -148,13 +151,20 @@ def compute_placement(
     known = {a.adapter_key for a in adapters}
     adapters = [*adapters, *(AdapterDemand(key, 0, 0.0) for key in sorted(previous) if key not in known)]
     bucket_of = {a.adapter_key: rank_bucket(a.rank, buckets) for a in adapters}
-    loads = {a.adapter_key: config.load(a.rank, a.demand_tokens_per_s) for a in adapters if a.demand_tokens_per_s > 0}
+    loads = {
+        a.adapter_key: config.load(a.rank, a.demand_tokens_per_s)
+        for a in adapters
+        if a.demand_tokens_per_s > 0
+    }
     target_load = sum(loads.values()) / len(workers)
     bins = _pack(loads, bucket_of, len(workers), target_load) if loads else []
     _merge_small_pieces(bins, loads, config.min_phi)
     order = _assign_bins(bins, workers, previous, loads) if bins else list(range(len(workers)))
     table = _rows_from_bins(bins, order, workers, loads)
-    idle = sorted((a for a in adapters if a.adapter_key not in loads), key=lambda a: (-bucket_of[a.adapter_key], a.adapter_key))
+    idle = sorted(
+        (a for a in adapters if a.adapter_key not in loads),
+        key=lambda a: (-bucket_of[a.adapter_key], a.adapter_key),
+    )
     _place_idle(table, [a.adapter_key for a in idle], bucket_of, workers, previous, bins, order)
     return Placement(
         table=table,
@@ -178,7 +188,9 @@ def apportion(units: Mapping[int, float], num_bins: int) -> dict[int, int]:
     return counts
 
 
-def _pack(loads: Mapping[str, float], bucket_of: Mapping[str, int], num_bins: int, capacity: float) -> list[_Bin]:
+def _pack(
+    loads: Mapping[str, float], bucket_of: Mapping[str, int], num_bins: int, capacity: float
+) -> list[_Bin]:
     """Bins per bucket (descending bucket), filled in order with splitting; leftovers by the leftover rule."""
     units: dict[int, float] = {}
     for key, load in loads.items():
@@ -218,12 +230,18 @@ def _max_bucket(b: _Bin, bucket_of: Mapping[str, int]) -> int:
     return max([b.bucket, *(bucket_of[k] for k in b.pieces)])
 
 
-def _place_leftover(bins: list[_Bin], key: str, load: float, bucket_of: Mapping[str, int], capacity: float) -> None:
+def _place_leftover(
+    bins: list[_Bin], key: str, load: float, bucket_of: Mapping[str, int], capacity: float
+) -> None:
     """Leftover rule: the bin with room and the highest max rank (ties: least loaded, lowest index); split."""
     while load > _EPS * max(1.0, capacity):
-        open_bins = [i for i, b in enumerate(bins) if capacity - b.load > _EPS * capacity] or list(range(len(bins)))
+        open_bins = [i for i, b in enumerate(bins) if capacity - b.load > _EPS * capacity] or list(
+            range(len(bins))
+        )
         best = min(open_bins, key=lambda i: (-_max_bucket(bins[i], bucket_of), bins[i].load, i))
-        share = min(load, capacity - bins[best].load) if capacity - bins[best].load > _EPS * capacity else load
+        share = (
+            min(load, capacity - bins[best].load) if capacity - bins[best].load > _EPS * capacity else load
+        )
         bins[best].add(key, share)
         load -= share
 
@@ -253,7 +271,9 @@ def _assign_bins(
     for i, b in enumerate(bins):
         for j, worker in enumerate(workers):
             shared = [k for k in b.pieces if k in held[worker]]
-            overlap[i, j] = len(shared) + sum(min(b.pieces[k] / loads[k], held[worker][k]) for k in shared) / 2
+            overlap[i, j] = (
+                len(shared) + sum(min(b.pieces[k] / loads[k], held[worker][k]) for k in shared) / 2
+            )
     cost = -overlap + 1e-9 * (1 - np.eye(len(bins), len(workers)))  # ties: bin i -> worker i
     rows, cols = linear_sum_assignment(cost)
     order = [0] * len(bins)
@@ -311,7 +331,10 @@ def _place_idle(
 
 
 def _worker_loads(
-    table: Mapping[str, RoutingRow], workers: list[str], loads: Mapping[str, float], bucket_of: Mapping[str, int]
+    table: Mapping[str, RoutingRow],
+    workers: list[str],
+    loads: Mapping[str, float],
+    bucket_of: Mapping[str, int],
 ) -> tuple[WorkerLoad, ...]:
     load = {w: 0.0 for w in workers}
     max_rank = {w: 0 for w in workers}

@@ -8,7 +8,8 @@ Rules, in order:
 2. Idle: no request for `scale_to_zero_idle_s` and nothing waiting -> 0 (min_workers when it is above 0).
    Before that, a model that served recently keeps at least one worker even at a forecast of 0.
 3. Demand: demand_workers of the *peak* demand over the scale-down cooldown window, so a dip shorter than
-   `scale_down_cooldown_s` never scales down (hysteresis) while a rise scales up at once (the peak includes now).
+   `scale_down_cooldown_s` never scales down (hysteresis) while a rise scales up at once (the peak includes
+   now).
 4. Queue growth: more than `max_waiting_per_worker` requests waiting per live worker -> enough workers for
    that many each (always more than the live ones).
 5. Clamped to [min_workers, max_workers].
@@ -44,14 +45,18 @@ class ScalingPolicy:
         if not 0 < self.target_utilisation <= 1:
             raise ValueError(f"target_utilisation must be in (0, 1], not {self.target_utilisation}")
         if not 0 <= self.min_workers <= self.max_workers:
-            raise ValueError(f"need 0 <= min_workers ({self.min_workers}) <= max_workers ({self.max_workers})")
+            raise ValueError(
+                f"need 0 <= min_workers ({self.min_workers}) <= max_workers ({self.max_workers})"
+            )
         if self.max_waiting_per_worker < 1:
             raise ValueError(f"max_waiting_per_worker must be >= 1, not {self.max_waiting_per_worker}")
 
     def workers_for(self, demand_by_rank: Mapping[int, float]) -> int:
         """Workers the capacity model needs for tokens/s per adapter rank, at the target utilisation."""
         buckets = list(self.operating_points)
-        units = sum(d / self.operating_points[rank_bucket(r, buckets)] for r, d in demand_by_rank.items() if d > 0)
+        units = sum(
+            d / self.operating_points[rank_bucket(r, buckets)] for r, d in demand_by_rank.items() if d > 0
+        )
         return math.ceil(units / self.target_utilisation - 1e-9) if units > 0 else 0
 
 
@@ -101,7 +106,9 @@ def decide_scaling(load: BaseModelLoad, policy: ScalingPolicy) -> ScalingDecisio
 
 def _unclamped(load: BaseModelLoad, policy: ScalingPolicy) -> tuple[int, str]:
     if load.num_waiting > 0 and load.num_live_workers == 0:
-        return max(1, _demand_workers(load, policy)), f"scale from zero: {load.num_waiting} request(s) waiting"
+        return max(
+            1, _demand_workers(load, policy)
+        ), f"scale from zero: {load.num_waiting} request(s) waiting"
     is_idle = load.idle_s is None or load.idle_s >= policy.scale_to_zero_idle_s
     if is_idle and load.num_waiting == 0:
         since = "no request on record" if load.idle_s is None else f"no request for {load.idle_s:.0f} s"
@@ -113,7 +120,9 @@ def _unclamped(load: BaseModelLoad, policy: ScalingPolicy) -> tuple[int, str]:
         by_queue = max(load.num_live_workers + 1, math.ceil(load.num_waiting / policy.max_waiting_per_worker))
         if by_queue > desired:
             desired = by_queue
-            reason = f"queue growth: {load.num_waiting} waiting on {load.num_live_workers} worker(s) needs {desired}"
+            reason = (
+                f"queue growth: {load.num_waiting} waiting on {load.num_live_workers} worker(s) needs {desired}"
+            )
     return desired, reason
 
 

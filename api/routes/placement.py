@@ -1,9 +1,10 @@
 """/v1/admin/placement and /v1/admin/scaling: the published routing table and the autoscaling decisions
-(admin key only). Both re-read the published table first (admin calls are rare; requests read the cached copy)."""
+(admin key only). Both re-read the published table first (admin calls are rare; requests read the cached
+copy)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
@@ -33,8 +34,11 @@ async def get_placement(_: AdminDep, services: ServicesDep) -> PlacementReport:
         return PlacementReport(version=0, computed_at=None, table={}, workers=[], moved=[])
     return PlacementReport(
         version=table.version,
-        computed_at=datetime.fromtimestamp(table.computed_at, tz=timezone.utc),
-        table={k: [RoutingWeightPublic(worker_id=w, weight=p) for w, p in row] for k, row in sorted(table.rows.items())},
+        computed_at=datetime.fromtimestamp(table.computed_at, tz=UTC),
+        table={
+            k: [RoutingWeightPublic(worker_id=w, weight=p) for w, p in row]
+            for k, row in sorted(table.rows.items())
+        },
         workers=[WorkerPlacementPublic(**vars(w)) for w in table.workers],
         moved=list(table.moved),
     )
@@ -55,7 +59,7 @@ async def get_scaling(
 def _refreshed_table(services: Services) -> RoutingTable | None:
     try:
         return services.routing_table.refresh()
-    except Exception:  # the store is away: report the last copy
+    except Exception:  # noqa: BLE001 - the store is away: report the last copy
         return services.routing_table.table
 
 

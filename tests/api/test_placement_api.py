@@ -64,16 +64,30 @@ def test_placement_endpoint_needs_the_admin_key_and_shows_the_table(client: Test
     assert client.get("/v1/admin/placement").status_code == 401
     empty = client.get("/v1/admin/placement", headers=ADMIN)
     assert empty.status_code == 200
-    assert empty.json() == {"object": "placement", "version": 0, "computed_at": None, "table": {}, "workers": [],
-                            "moved": []}
-    publish(client, RoutingTable(
-        0, 1_900_000_000.0, {"v1": (("w1", 1.0),)}, (WorkerPlacement("w1", BASE_MODEL, 0.4, 16, 1),), ("v1",)
-    ))
+    assert empty.json() == {
+        "object": "placement",
+        "version": 0,
+        "computed_at": None,
+        "table": {},
+        "workers": [],
+        "moved": [],
+    }
+    publish(
+        client,
+        RoutingTable(
+            0,
+            1_900_000_000.0,
+            {"v1": (("w1", 1.0),)},
+            (WorkerPlacement("w1", BASE_MODEL, 0.4, 16, 1),),
+            ("v1",),
+        ),
+    )
     body = client.get("/v1/admin/placement", headers=ADMIN).json()
     assert body["version"] == 1 and body["computed_at"].startswith("2030-03-17")
     assert body["table"] == {"v1": [{"worker_id": "w1", "weight": 1.0}]}
-    assert body["workers"] == [{"worker_id": "w1", "base_model": BASE_MODEL, "load": 0.4, "max_rank": 16,
-                                "num_adapters": 1}]
+    assert body["workers"] == [
+        {"worker_id": "w1", "base_model": BASE_MODEL, "load": 0.4, "max_rank": 16, "num_adapters": 1}
+    ]
     assert body["moved"] == ["v1"]
 
 
@@ -139,7 +153,9 @@ def test_inline_placement_places_served_adapters_and_the_next_request_carries_it
     place(services)
     assert services.routing_table.row(version.id) == (("w1", 1.0),)
     assert client.post("/v1/completions", json=body, headers=tenant.headers).status_code == 200
-    assert router.requests[0].assigned_workers == () and router.requests[-1].assigned_workers == (("w1", 1.0),)
+    assert router.requests[0].assigned_workers == () and router.requests[-1].assigned_workers == (
+        ("w1", 1.0),
+    )
     placement = client.get("/v1/admin/placement", headers=ADMIN).json()
     assert placement["version"] == 1 and placement["workers"][0]["worker_id"] == "w1"
 

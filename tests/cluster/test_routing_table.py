@@ -79,7 +79,9 @@ def test_cached_copy_serves_rows_from_memory_and_keeps_the_last_view_when_the_st
     store.publish(TABLE)
     assert cache.row("v1") == ()  # not refreshed yet: no network call on the request path
     cache.refresh()
-    assert cache.row("v1") == (("w1", 0.25), ("w2", 0.75)) and cache.row(None) == () and cache.row("nope") == ()
+    assert (
+        cache.row("v1") == (("w1", 0.25), ("w2", 0.75)) and cache.row(None) == () and cache.row("nope") == ()
+    )
     store.is_down = True
     with pytest.raises(ConnectionError):
         cache.refresh()

@@ -35,7 +35,9 @@ def test_the_task_publishes_a_table_for_the_live_workers_in_redis(tmp_path: Path
     upgrade(settings.resolved_database_url())
     client = redis.Redis.from_url(redis_url)
     directory = RedisWorkerDirectory(client, settings.worker_key_prefix)
-    directory.heartbeat(WorkerRecord(f"w-{uuid.uuid4().hex[:6]}", "http://127.0.0.1:9", settings.base_model_name), 30)
+    directory.heartbeat(
+        WorkerRecord(f"w-{uuid.uuid4().hex[:6]}", "http://127.0.0.1:9", settings.base_model_name), 30
+    )
     store = make_routing_table_store(settings, client)
     assert isinstance(store, RedisRoutingTableStore)
     try:

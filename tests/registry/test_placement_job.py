@@ -19,7 +19,10 @@ from registry.usage import open_usage
 BASE = "lorahost-base"
 NOW = datetime(2033, 6, 1, 12, 0, tzinfo=UTC)  # far from every other test's rows
 SETTINGS = Settings(
-    _env_file=None, placement_bucket_s=60, placement_history_buckets=5, scale_down_cooldown_s=120,
+    _env_file=None,
+    placement_bucket_s=60,
+    placement_history_buckets=5,
+    scale_down_cooldown_s=120,
     worker_tokens_per_s=100.0,
 )
 
@@ -30,22 +33,38 @@ def make_versions(session: Session, ranks: dict[str, int]) -> tuple[str, dict[st
     for name, rank in ranks.items():
         adapter = repository.get_or_create_adapter(session, tenant_id, name, base_model_name=BASE)
         versions[name] = repository.add_adapter_version(
-            session, tenant_id, adapter, status="ready", sha256="0" * 64, rank=rank,
-            config_blob_key=f"k/{name}/c", weights_blob_key=f"k/{name}/w",
+            session,
+            tenant_id,
+            adapter,
+            status="ready",
+            sha256="0" * 64,
+            rank=rank,
+            config_blob_key=f"k/{name}/c",
+            weights_blob_key=f"k/{name}/w",
         )
     session.commit()
     return tenant_id, versions
 
 
-def add_usage(session: Session, tenant_id: str, version: AdapterVersion | None, tokens: int, seconds_ago: float) -> None:
-    open_usage(session, [{
-        "request_id": f"req-{new_id()}", "tenant_id": tenant_id,
-        "adapter_version_id": version.id if version else None,
-        "adapter_id": version.adapter_id if version else None,
-        "model_name": BASE if version is None else "named", "prompt_tokens": tokens // 2,
-        "completion_tokens": tokens - tokens // 2, "status": "ok",
-        "started_at": NOW - timedelta(seconds=seconds_ago),
-    }])
+def add_usage(
+    session: Session, tenant_id: str, version: AdapterVersion | None, tokens: int, seconds_ago: float
+) -> None:
+    open_usage(
+        session,
+        [
+            {
+                "request_id": f"req-{new_id()}",
+                "tenant_id": tenant_id,
+                "adapter_version_id": version.id if version else None,
+                "adapter_id": version.adapter_id if version else None,
+                "model_name": BASE if version is None else "named",
+                "prompt_tokens": tokens // 2,
+                "completion_tokens": tokens - tokens // 2,
+                "status": "ok",
+                "started_at": NOW - timedelta(seconds=seconds_ago),
+            }
+        ],
+    )
     session.commit()
 
 
@@ -92,17 +111,25 @@ def test_job_places_forecast_demand_and_publishes(db_session_factory: sessionmak
     assert again.version == 2 and again.rows == table.rows and again.moved == ()
 
 
-def test_previous_adapters_keep_one_holder_and_unready_versions_leave(db_session_factory: sessionmaker[Session]) -> None:
+def test_previous_adapters_keep_one_holder_and_unready_versions_leave(
+    db_session_factory: sessionmaker[Session],
+) -> None:
     versions = seeded(db_session_factory)
     store = InMemoryRoutingTableStore()
-    store.publish(RoutingTable(0, 0.0, {versions["idle"].id: (("w1", 1.0),), "deleted-version": (("w0", 1.0),)}))
-    table = run_placement(db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW)
+    store.publish(
+        RoutingTable(0, 0.0, {versions["idle"].id: (("w1", 1.0),), "deleted-version": (("w0", 1.0),)})
+    )
+    table = run_placement(
+        db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW
+    )
     assert table.rows[versions["idle"].id] == (("w1", 1.0),)
     assert "deleted-version" not in table.rows
     with db_session_factory() as session:
         session.get_one(AdapterVersion, versions["idle"].id).status = "failed"
         session.commit()
-    table = run_placement(db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW)
+    table = run_placement(
+        db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW
+    )
     assert versions["idle"].id not in table.rows
 
 
@@ -114,16 +141,25 @@ def test_job_publishes_to_redis(db_session_factory: sessionmaker[Session], redis
     prefix = f"test-{uuid.uuid4().hex[:8]}:placement:"
     store = RedisRoutingTableStore(client, prefix)
     try:
-        table = run_placement(db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW)
+        table = run_placement(
+            db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW
+        )
         read = RedisRoutingTableStore(redis.Redis.from_url(redis_url), prefix).read()
         assert read == table and read.version == 1
         check_table(read, {"w0", "w1"}, {versions["hot"].id, versions["warm"].id})
-        assert run_placement(db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW).version == 2
+        assert (
+            run_placement(
+                db_session_factory, directory_with(("w0", ()), ("w1", ())), store, SETTINGS, now=NOW
+            ).version
+            == 2
+        )
     finally:
         client.delete(prefix + "table", prefix + "version")
 
 
-def test_old_holder_is_asked_to_drop_only_after_a_full_period(db_session_factory: sessionmaker[Session]) -> None:
+def test_old_holder_is_asked_to_drop_only_after_a_full_period(
+    db_session_factory: sessionmaker[Session],
+) -> None:
     versions = seeded(db_session_factory)
     hot, warm = versions["hot"].id, versions["warm"].id
     store = InMemoryRoutingTableStore()

@@ -25,7 +25,9 @@ adapter_lists = st.lists(
 worker_lists = st.lists(st.sampled_from([f"w{i}" for i in range(8)]), min_size=1, max_size=8, unique=True)
 
 
-def check_invariants(placement: Placement, adapters: list[AdapterDemand], workers: list[str], previous: dict) -> None:
+def check_invariants(
+    placement: Placement, adapters: list[AdapterDemand], workers: list[str], previous: dict
+) -> None:
     expected = {a.adapter_key for a in adapters} | set(previous)
     assert set(placement.table) == expected  # every adapter with demand or previously placed has a row
     for key, row in placement.table.items():
@@ -34,14 +36,20 @@ def check_invariants(placement: Placement, adapters: list[AdapterDemand], worker
         assert all(0 < w <= 1 + 1e-12 for _, w in row)
         assert {w for w, _ in row} <= set(workers)
         assert len({w for w, _ in row}) == len(row)
-    idle = {a.adapter_key for a in adapters if a.demand_tokens_per_s <= 0} | (set(previous) - {a.adapter_key for a in adapters})
+    idle = {a.adapter_key for a in adapters if a.demand_tokens_per_s <= 0} | (
+        set(previous) - {a.adapter_key for a in adapters}
+    )
     for key in idle:
         assert len(placement.table[key]) == 1
 
 
 def mixing(placement: Placement, adapters: list[AdapterDemand]) -> int:
     """Sum over workers of (rank buckets of its loaded adapters - 1)."""
-    buckets = {a.adapter_key: rank_bucket(a.rank, list(CONFIG.operating_points)) for a in adapters if a.demand_tokens_per_s > 0}
+    buckets = {
+        a.adapter_key: rank_bucket(a.rank, list(CONFIG.operating_points))
+        for a in adapters
+        if a.demand_tokens_per_s > 0
+    }
     per_worker: dict[str, set[int]] = {}
     for key, row in placement.table.items():
         if key in buckets:
@@ -82,7 +90,9 @@ def test_invariants_hold_after_demand_and_membership_change(adapters, workers, n
 @given(adapter_lists, worker_lists)
 def test_rank_buckets_mix_on_few_workers(adapters, workers):
     placement = compute_placement(adapters, workers, {}, CONFIG)
-    num_buckets = len({rank_bucket(a.rank, list(CONFIG.operating_points)) for a in adapters if a.demand_tokens_per_s > 0})
+    num_buckets = len(
+        {rank_bucket(a.rank, list(CONFIG.operating_points)) for a in adapters if a.demand_tokens_per_s > 0}
+    )
     assert mixing(placement, adapters) <= max(0, 2 * num_buckets - 1)
 
 
@@ -138,7 +148,9 @@ def test_new_worker_takes_load_with_few_moves_and_reports_drops():
     after = compute_placement(adapters, ["w0", "w1", "w2", "w3"], before.table, CONFIG)
     assert any(key for key, row in after.table.items() if "w3" in {w for w, _ in row})
     assert len(after.moved) <= 4
-    kept = sum(1 for key, row in after.table.items() for w, _ in row if w in {x for x, _ in before.table[key]})
+    kept = sum(
+        1 for key, row in after.table.items() for w, _ in row if w in {x for x, _ in before.table[key]}
+    )
     assert kept >= len(adapters) - 1
 
 

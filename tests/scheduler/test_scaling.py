@@ -8,8 +8,14 @@ from scheduler.placement import default_operating_points
 from scheduler.scaling import BaseModelLoad, ScalingPolicy, decide_scaling
 
 OP = default_operating_points(1000.0)
-POLICY = ScalingPolicy(OP, target_utilisation=0.5, min_workers=0, max_workers=6, scale_to_zero_idle_s=600,
-                       max_waiting_per_worker=4)
+POLICY = ScalingPolicy(
+    OP,
+    target_utilisation=0.5,
+    min_workers=0,
+    max_workers=6,
+    scale_to_zero_idle_s=600,
+    max_waiting_per_worker=4,
+)
 
 
 def test_idle_scales_to_zero_only_after_the_idle_period():
@@ -44,7 +50,9 @@ def test_higher_rank_needs_more_workers_for_the_same_tokens():
 
 
 def test_burst_in_the_queue_adds_workers():
-    decision = decide_scaling(BaseModelLoad("m", 2, demand_by_rank={8: 10.0}, idle_s=0.0, num_waiting=20), POLICY)
+    decision = decide_scaling(
+        BaseModelLoad("m", 2, demand_by_rank={8: 10.0}, idle_s=0.0, num_waiting=20), POLICY
+    )
     assert decision.desired_workers == 5 and decision.reason.startswith("queue growth")
 
 
