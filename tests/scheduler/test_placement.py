@@ -98,14 +98,14 @@ def test_rank_buckets_mix_on_few_workers(adapters, workers):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.floats(0.01, 5000.0), min_size=1, max_size=20), worker_lists, st.sampled_from(RANKS))
-def test_one_rank_bucket_never_mixes(demands, workers, rank):
+def test_one_rank_bucket_never_mixes_and_without_min_phi_loads_are_equal(demands, workers, rank):
     adapters = [AdapterDemand(f"a{i}", rank, d) for i, d in enumerate(demands)]
     placement = compute_placement(adapters, workers, {}, CONFIG)
     assert mixing(placement, adapters) == 0
-    loads = [w.load for w in placement.workers]
-    assert max(loads) - min(loads) < 1e-6 * max(1.0, max(loads)) or any(
-        len(row) == 1 for row in placement.table.values()
-    )
+    exact = compute_placement(adapters, workers, {}, PlacementConfig(CONFIG.operating_points, min_phi=0.0))
+    loads = [w.load for w in exact.workers]
+    assert max(loads) - min(loads) <= 1e-9 * max(1.0, max(loads))
+    assert all(abs(load - exact.target_load) <= 1e-9 * max(1.0, load) for load in loads)
 
 
 @settings(max_examples=100, deadline=None)
