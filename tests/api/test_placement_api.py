@@ -57,6 +57,7 @@ def test_requests_carry_the_adapters_routing_table_row(
         assert client.post("/v1/completions", json=body, headers=tenant.headers).status_code == 200
     placed, unplaced, base = router.requests
     assert placed.adapter_key == version.id and placed.assigned_workers == (("w1", 0.25), ("w2", 0.75))
+    assert (placed.adapter_rank, unplaced.adapter_rank, base.adapter_rank) == (16, 4, 0)
     assert unplaced.assigned_workers == () and base.assigned_workers == ()
 
 
