@@ -26,7 +26,10 @@ from api.prompting import BaseModelTokenizer, load_base_tokenizer
 from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from api.worker_client import LocalWorkerTransport, WorkerClient
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
+from cluster.routing_table import CachedRoutingTable
+from cluster.waiting_requests import LocalWaitingRequests, RedisWaitingRequests, WaitingRequests
 from jobs.dispatch import JobDispatcher, make_job_dispatcher
+from jobs.placement import make_routing_table_store
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
@@ -52,6 +55,11 @@ class Services:
     auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.auth_cache_ttl_s)
     model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.model_cache_ttl_s)
     router: Router  # the routing policy (settings.router_policy)
+    # the published placement (cluster/routing_table.py), refreshed every settings.routing_table_refresh_s by
+    # the app lifespan; prepare.py reads RouteRequest.assigned_workers from this in-memory copy
+    routing_table: CachedRoutingTable
+    # requests waiting in cold starts on every API replica (the scale-from-zero signal, api/scaling_view.py)
+    waiting_requests: WaitingRequests
     # the output-length prediction (api/inference/predict.py): settings.length_predictor (build_services); the
     # usage ledger tells it each finished request's true length (observe_output)
     predictor: OutputLengthPredictor = field(default_factory=MaxTokensPredictor)
@@ -115,11 +123,21 @@ def build_services(
         auth_cache=TtlCache(settings.auth_cache_ttl_s),
         model_cache=TtlCache(settings.model_cache_ttl_s),
         router=make_router(settings.router_policy),
+        routing_table=CachedRoutingTable(make_routing_table_store(settings)),
+        waiting_requests=make_waiting_requests(settings),
         predictor=make_length_predictor(settings, blob_store),
         admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
     )
+    metrics.register_desired_workers(lambda: desired_workers(services))
     return services
+
+
+def desired_workers(services: Services) -> list[tuple[str, int]]:
+    """(base model, desired workers) pairs of the autoscaling decisions (api/scaling_view.py)."""
+    from api.scaling_view import scaling_decisions
+
+    return [(d.base_model, d.desired_workers) for d in scaling_decisions(services)]
 
 
 def observe_output(predictor: OutputLengthPredictor, adapter_key: str | None, num_output_tokens: int) -> None:
@@ -139,6 +157,16 @@ def make_rate_limiter(settings: Settings) -> RateLimiter:
             redis.Redis.from_url(settings.redis_url), key_prefix=f"{settings.celery_key_prefix}lorahost:rl:"
         )
     return InMemoryRateLimiter()
+
+
+def make_waiting_requests(settings: Settings) -> WaitingRequests:
+    """Shared across API replicas in Redis when configured, else this process's counts."""
+    if settings.redis_url:
+        import redis
+
+        prefix = f"{settings.celery_key_prefix}{settings.placement_key_prefix}waiting:"
+        return RedisWaitingRequests(redis.Redis.from_url(settings.redis_url), prefix)
+    return LocalWaitingRequests()
 
 
 def live_workers(services: Services) -> list[WorkerRecord]:

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scheduler.batch_policy import BATCH_POLICIES
 from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
+from scheduler.placement import default_operating_points
 from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
@@ -187,6 +188,53 @@ class Settings(BaseSettings):
         default=7 * 86400.0, gt=0, description="Training reads finished requests that started this recently"
     )
 
+    # Placement (LoRAServe, scheduler/placement.py) and autoscaling (scheduler/scaling.py): one capacity model.
+    placement_interval_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds between placement runs (Celery beat `lorahost.compute_placement`, or an inline timer "
+        "in the API with inline jobs; 0 = no inline timer)",
+    )
+    placement_bucket_s: float = Field(default=60.0, gt=0, description="Demand history bucket length (seconds)")
+    placement_history_buckets: int = Field(
+        default=10, ge=1, description="Buckets of usage history the demand forecast (max of EWMA, last bucket) reads"
+    )
+    placement_ewma_alpha: float = Field(default=0.5, gt=0, le=1, description="EWMA smoothing of the demand forecast")
+    placement_min_phi: float = Field(
+        default=0.05, ge=0, lt=0.5, description="Smallest routing weight of an adapter on a worker (smaller merge)"
+    )
+    worker_tokens_per_s: float = Field(
+        default=1000.0,
+        gt=0,
+        description="Capacity model: tokens/s (prompt + completion) one worker sustains within the SLO without LoRA; "
+        "OP[rank] = this / (1 + 0.016 rank) unless worker_operating_points is set",
+    )
+    worker_operating_points: dict[int, float] | None = Field(
+        default=None,
+        description='Capacity model from a profile: JSON {"<rank bucket>": tokens/s, ...} (its keys are the rank '
+        "buckets); overrides worker_tokens_per_s",
+    )
+    placement_key_prefix: str = Field(default="lorahost:placement:", description="Redis key prefix of the routing table")
+    routing_table_refresh_s: float = Field(
+        default=5.0, gt=0, description="API: seconds between reads of the published routing table into memory"
+    )
+    scaling_target_utilisation: float = Field(
+        default=0.8, gt=0, le=1, description="Autoscaling: workers are sized to run at this share of capacity"
+    )
+    scaling_min_workers: int = Field(default=0, ge=0, description="Autoscaling: fewest workers per base model")
+    scaling_max_workers: int = Field(default=8, ge=0, description="Autoscaling: most workers per base model")
+    scale_to_zero_idle_s: float = Field(
+        default=600.0, ge=0, description="Autoscaling: a base model with no request for this long goes to 0 workers"
+    )
+    scale_down_cooldown_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Autoscaling: workers are sized for the peak demand of this window (no scale-down on shorter dips)",
+    )
+    scaling_max_waiting_per_worker: int = Field(
+        default=8, ge=1, description="Autoscaling: more waiting requests per live worker than this adds workers"
+    )
+
     # Worker process (gpu_workers.server, built by gpu_workers.builder; `lorahost worker`, or in-process under
     # `lorahost serve`).
     worker_backend: str = Field(
@@ -341,6 +389,21 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_scaling(self) -> Settings:
+        if self.scaling_min_workers > self.scaling_max_workers:
+            raise ValueError(
+                f"scaling_min_workers ({self.scaling_min_workers}) is above scaling_max_workers "
+                f"({self.scaling_max_workers}): lower LORAHOST_SCALING_MIN_WORKERS or raise LORAHOST_SCALING_MAX_WORKERS"
+            )
+        if self.worker_operating_points is not None and (
+            not self.worker_operating_points or min(self.worker_operating_points.values()) <= 0
+        ):
+            raise ValueError(
+                'LORAHOST_WORKER_OPERATING_POINTS must map rank buckets to positive tokens/s, e.g. {"8": 900, "64": 600}'
+            )
+        return self
+
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to a SQLite file inside data_dir."""
         if self.database_url:
@@ -368,6 +431,11 @@ class Settings(BaseSettings):
     def resolved_api_instance_id(self, default: str | None = None) -> str:
         """The owner id of this API process's usage rows: api_instance_id, else `default`, else <hostname>-<port>."""
         return self.api_instance_id or default or f"{socket.gethostname()}-{self.port}"
+
+    def resolved_operating_points(self) -> dict[int, float]:
+        """The capacity model: rank bucket -> tokens/s per worker (worker_operating_points, else the default
+        derivation from worker_tokens_per_s, scheduler.placement.default_operating_points)."""
+        return dict(self.worker_operating_points or default_operating_points(self.worker_tokens_per_s))
 
     def resolved_upload_tmp_dir(self) -> Path:
         """The root of the API's upload scratch folders (default data_dir/upload-tmp)."""
