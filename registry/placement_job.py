@@ -34,7 +34,8 @@ from cluster.routing_table import ModelDemand, RoutingRow, RoutingTable, Routing
 from registry.models import Adapter, AdapterVersion, UsageRecord, utcnow
 from registry.settings import Settings
 from scheduler.demand_forecast import forecast_rate
-from scheduler.placement import AdapterDemand, PlacementConfig, compute_placement
+from scheduler.placement import AdapterDemand, PlacementConfig
+from scheduler.placement_baselines import PLACEMENT_POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def build_table(
     for base in base_models:
         keys = sorted(k for k, v in versions.items() if v.base_model == base)
         demands = [AdapterDemand(k, versions[k].rank, rates.get(k, 0.0)) for k in keys]
-        placement = compute_placement(
+        placement = PLACEMENT_POLICIES[settings.placement_policy](
             demands,
             [r.worker_id for r in records if r.base_model == base],
             {k: previous_rows[k] for k in keys if k in previous_rows},

@@ -18,6 +18,7 @@ from scheduler.batch_policy import BATCH_POLICIES
 from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
 from scheduler.placement import default_operating_points
+from scheduler.placement_baselines import PLACEMENT_POLICIES
 from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
@@ -200,6 +201,11 @@ class Settings(BaseSettings):
         default=10, ge=1, description="Buckets of usage history the demand forecast (max of EWMA, last bucket) reads"
     )
     placement_ewma_alpha: float = Field(default=0.5, gt=0, le=1, description="EWMA smoothing of the demand forecast")
+    placement_policy: str = Field(
+        default="loraserve",
+        description="loraserve (rank-bucketed fractional placement), or the baselines random | contiguous "
+        "(one holder per adapter, scheduler/placement_baselines.py)",
+    )
     placement_min_phi: float = Field(
         default=0.05, ge=0, lt=0.5, description="Smallest routing weight of an adapter on a worker (smaller merge)"
     )
@@ -345,6 +351,14 @@ class Settings(BaseSettings):
         description="C/OpenMP CPU kernel for decode-sized LoRA segments (built at start with the system C "
         "compiler, cached); default: on where it builds; false: the torch forms",
     )
+
+    @field_validator("placement_policy")
+    @classmethod
+    def _check_placement_policy(cls, value: str) -> str:
+        if value not in PLACEMENT_POLICIES:
+            choices = ", ".join(sorted(PLACEMENT_POLICIES))
+            raise ValueError(f"unknown placement policy {value!r}; choose one of {choices}")
+        return value
 
     @field_validator("router_policy")
     @classmethod
