@@ -135,7 +135,12 @@ def _prepared(
         model=model,
         is_stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        route=RouteRequest(resolved.base_model, adapter_key, len(prompt_ids)),
+        route=RouteRequest(
+            resolved.base_model,
+            adapter_key,
+            len(prompt_ids),
+            adapter_rank=resolved.adapter.rank if resolved.adapter else 0,
+        ),
         generate=GenerateRequest(
             request_id=meter.request_id,
             prompt_token_ids=prompt_ids,
