@@ -75,22 +75,21 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
 
 
 def load_perf_profile(settings: Settings) -> dict[str, Any] | None:
-    """The profile at settings.worker_profile_path, checked (published in heartbeats), or None when unset;
-    ValueError saying what to do when it cannot be read."""
+    """The model of the profile at settings.worker_profile_path (what heartbeats publish: the fit, not the raw
+    samples), or None when unset; ValueError saying what to do when it cannot be read."""
     from scheduler.perf_model import PerfModel
 
     path = settings.worker_profile_path
     if path is None:
         return None
     try:
-        data = json.loads(Path(path).read_text())
-        PerfModel.from_dict(data)
+        model = PerfModel.from_dict(json.loads(Path(path).read_text()))
     except (OSError, ValueError, AttributeError) as exc:
         raise ValueError(
             f"cannot use the worker profile {path}: {exc}; write one with `lorahost profile --output {path}` "
             "or unset LORAHOST_WORKER_PROFILE_PATH"
         ) from exc
-    return dict(data)
+    return model.to_dict()
 
 
 def engine_config_from_settings(settings: Settings) -> EngineConfig:
