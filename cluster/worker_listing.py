@@ -67,7 +67,10 @@ class CachedWorkerListing:
             if not self.is_stale:
                 logger.warning(
                     "worker directory unreadable (%s: %s); routing from the last listing of %d workers until it "
-                    "recovers", type(exc).__name__, exc, len(self._records or []) if has_view else 0,
+                    "recovers",
+                    type(exc).__name__,
+                    exc,
+                    len(self._records or []) if has_view else 0,
                 )
             self.is_stale = True
             self._checked_at = self._clock()

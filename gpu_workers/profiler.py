@@ -5,9 +5,9 @@ seeded PEFT adapters of the grid's ranks (gpu_workers.demo_model.generate_adapte
 times their loads, then for every (batch size, prompt length, rank mix) queues one request per batch slot,
 times the step that prefills them all and the next decode steps, and fits `scheduler.perf_model` on the
 timings; each point is run `num_repeats` times and its best time kept (a shared CPU's scheduling spikes are
-10x a tiny model's step, and only ever add time). Rank mixes per batch size: the base model alone, each grid rank alone, and (batches of 2+) one
-request of the largest rank with the rest at the smallest, and an alternation of both: mixed batches are
-what tells a "sum of ranks" kernel from a "max rank" one.
+10x a tiny model's step, and only ever add time). Rank mixes per batch size: the base model alone, each grid
+rank alone, and (batches of 2+) one request of the largest rank with the rest at the smallest, and an
+alternation of both: mixed batches are what tells a "sum of ranks" kernel from a "max rank" one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,10 @@ class ProfileGrid:
             raise ValueError(
                 f"batch sizes must be between 1 and engine_max_num_seqs={max_num_seqs}; got {list(self.batch_sizes)}"
             )
-        if min(self.prompt_tokens) < 1 or max(self.batch_sizes) * max(self.prompt_tokens) > max_num_batched_tokens:
+        if (
+            min(self.prompt_tokens) < 1
+            or max(self.batch_sizes) * max(self.prompt_tokens) > max_num_batched_tokens
+        ):
             raise ValueError(
                 f"the largest batch x prompt ({max(self.batch_sizes)} x {max(self.prompt_tokens)} tokens) must fit "
                 f"one prefill step (engine_max_num_batched_tokens={max_num_batched_tokens}); lower them"
@@ -125,10 +128,14 @@ def time_engine(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path], e
         for num_tokens in grid.prompt_tokens:
             for ranks in grid.rank_mixes(batch_size):
                 runs = [_run_batch(engine, grid, ranks, num_tokens) for _ in range(grid.num_repeats)]
-                samples.prefill.append(LatencySample(tuple((num_tokens, r) for r in ranks), min(p for p, _ in runs)))
+                samples.prefill.append(
+                    LatencySample(tuple((num_tokens, r) for r in ranks), min(p for p, _ in runs))
+                )
                 decode_ms = min(ms for _, steps in runs for ms in steps)
                 samples.decode.append(LatencySample(tuple((1, r) for r in ranks), decode_ms))
-    echo(f"timed {len(samples.prefill)} grid points x {grid.num_repeats} repeats (best of each), {len(samples.load)} loads")
+    echo(
+        f"timed {len(samples.prefill)} grid points x {grid.num_repeats} repeats (best of each), {len(samples.load)} loads"
+    )
     return samples
 
 
@@ -144,7 +151,9 @@ def _timed_load(engine: Any, adapter_id: str, path: Path, num_repeats: int) -> f
     return best
 
 
-def _run_batch(engine: Any, grid: ProfileGrid, ranks: tuple[int, ...], num_tokens: int) -> tuple[float, list[float]]:
+def _run_batch(
+    engine: Any, grid: ProfileGrid, ranks: tuple[int, ...], num_tokens: int
+) -> tuple[float, list[float]]:
     """Queue one request per rank, time the prefill step and the decode steps (ms), then abort them."""
     from scheduler.core.sampling import SamplingParams
 
@@ -176,7 +185,7 @@ def _meta(settings: Settings, stats: dict[str, Any], grid: ProfileGrid) -> dict[
         "num_threads": str(settings.engine_num_threads or ""),
         "lora_kernel": str(stats.get("lora_kernel", "")),
         "grid": str(asdict(grid)),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -191,8 +200,12 @@ def _samples_json(samples: ProfileSamples) -> dict[str, Any]:
 def describe(model: PerfModel) -> list[str]:
     """Human-readable lines of a fitted model (what `lorahost profile` prints)."""
     lines = []
-    terms = {("prefill", "sum"): "tokens x rank", ("prefill", "max"): "tokens x max rank",
-             ("decode", "sum"): "rank", ("decode", "max"): "batch x max rank"}
+    terms = {
+        ("prefill", "sum"): "tokens x rank",
+        ("prefill", "max"): "tokens x max rank",
+        ("decode", "sum"): "rank",
+        ("decode", "max"): "batch x max rank",
+    }
     for name, fit, unit in (("prefill", model.prefill, "token"), ("decode", model.decode, "sequence")):
         term = terms[name, fit.rank_form]
         other = "max" if fit.rank_form == "sum" else "sum"

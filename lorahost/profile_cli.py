@@ -34,11 +34,14 @@ def profile(
     ] = None,
     ranks: Annotated[str, typer.Option(help="LoRA ranks to time, comma-separated")] = "8,32,64",
     batch_sizes: Annotated[str, typer.Option(help="Requests per batch, comma-separated")] = "1,2,4,8",
-    prompt_tokens: Annotated[str, typer.Option(help="Prompt lengths of the prefills, comma-separated")] = "16,64",
+    prompt_tokens: Annotated[
+        str, typer.Option(help="Prompt lengths of the prefills, comma-separated")
+    ] = "16,64",
     decode_steps: Annotated[int, typer.Option(help="Decode steps timed after each prefill")] = 3,
     repeats: Annotated[int, typer.Option(help="Runs per grid point (the best time is kept)")] = 3,
     work_dir: Annotated[
-        Path | None, typer.Option(help="Where the seeded adapters are written (default: a temporary directory)")
+        Path | None,
+        typer.Option(help="Where the seeded adapters are written (default: a temporary directory)"),
     ] = None,
 ) -> None:
     """Time the engine's prefill and decode steps on a grid of batch sizes x LoRA ranks, fit the latency model
@@ -54,7 +57,7 @@ def profile(
         num_decode_steps=decode_steps,
         num_repeats=repeats,
     )
-    settings = Settings(**({"base_model_path": base_model} if base_model is not None else {}))
+    settings = Settings() if base_model is None else Settings(base_model_path=base_model)
     if settings.base_model_path is None:
         raise typer.BadParameter("pass --base-model or set LORAHOST_BASE_MODEL_PATH")
     with tempfile.TemporaryDirectory(prefix="lorahost-profile-") as tmp:

@@ -132,7 +132,11 @@ class PerfModel:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile file's content (plain JSON)."""
-        load = None if self.load is None else {"intercept_ms": self.load.intercept_ms, "per_rank_ms": self.load.per_rank_ms}
+        load = (
+            None
+            if self.load is None
+            else {"intercept_ms": self.load.intercept_ms, "per_rank_ms": self.load.per_rank_ms}
+        )
         return {
             "version": PROFILE_VERSION,
             "prefill": self.prefill.to_dict(),
@@ -147,12 +151,16 @@ class PerfModel:
         try:
             version = int(data.get("version", PROFILE_VERSION))
             if version != PROFILE_VERSION:
-                raise ValueError(f"unsupported profile version {version} (this build reads {PROFILE_VERSION})")
+                raise ValueError(
+                    f"unsupported profile version {version} (this build reads {PROFILE_VERSION})"
+                )
             load = data.get("load")
             return cls(
                 prefill=LinearLatency.from_dict({**data["prefill"], "per_token": True}),
                 decode=LinearLatency.from_dict({**data["decode"], "per_token": False}),
-                load=None if load is None else LoadLatency(float(load["intercept_ms"]), float(load["per_rank_ms"])),
+                load=None
+                if load is None
+                else LoadLatency(float(load["intercept_ms"]), float(load["per_rank_ms"])),
                 meta={str(k): str(v) for k, v in (data.get("meta") or {}).items()},
             )
         except (KeyError, TypeError, AttributeError) as exc:
@@ -184,7 +192,9 @@ def fit_latency(samples: Sequence[LatencySample], *, per_token: bool) -> LinearL
         raise ValueError(f"fitting a latency model needs at least 3 samples, got {len(samples)}")
     y = np.array([s.latency_ms for s in samples], dtype=float)
     x = np.array([sum(t for t, _ in s.batch) if per_token else len(s.batch) for s in samples], dtype=float)
-    fits = {form: _fit_columns(x, np.array([rank_term(s.batch, form) for s in samples]), y) for form in RANK_FORMS}
+    fits = {
+        form: _fit_columns(x, np.array([rank_term(s.batch, form) for s in samples]), y) for form in RANK_FORMS
+    }
     best: RankForm = "max" if fits["max"][1] < fits["sum"][1] * (1 - 1e-9) else "sum"
     other: RankForm = "sum" if best == "max" else "max"
     coef, _, r2 = fits[best]
@@ -200,7 +210,9 @@ def fit_latency(samples: Sequence[LatencySample], *, per_token: bool) -> LinearL
     )
 
 
-def _fit_columns(x: np.ndarray, rank: np.ndarray, y: np.ndarray) -> tuple[tuple[float, float, float], float, float]:
+def _fit_columns(
+    x: np.ndarray, rank: np.ndarray, y: np.ndarray
+) -> tuple[tuple[float, float, float], float, float]:
     """(intercept, x slope, rank slope), SSE and R^2 of y ~ 1 + x + rank with non-negative slopes."""
     columns = [np.ones_like(y), x, rank]
     active = [0, 1, 2]

@@ -37,7 +37,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
-from scheduler.router import ROUTER_POLICIES, RouteRequest, RouterOptions, WorkerView, ready_workers, residency_tier
+from scheduler.router import (
+    ROUTER_POLICIES,
+    RouteRequest,
+    RouterOptions,
+    WorkerView,
+    ready_workers,
+    residency_tier,
+)
 
 DEFAULT_RESPONSE_TOKENS = 128  # when the request carries no predicted output length
 SLO_FACTOR = 1.5  # default SLO: this x the worker's single-request decode step at the request's rank
@@ -85,7 +92,9 @@ class RankAwareRouter:
         if not eligible:
             return []
         max_weight = max(weight for _, weight in eligible)
-        return [self.score(request, w, weight / max_weight if max_weight > 0 else 1.0) for w, weight in eligible]
+        return [
+            self.score(request, w, weight / max_weight if max_weight > 0 else 1.0) for w, weight in eligible
+        ]
 
     def score(self, request: RouteRequest, worker: WorkerView, relative_weight: float = 1.0) -> WorkerScore:
         """One worker's score for the request (module doc)."""

@@ -132,4 +132,4 @@ def make_router(policy: str = DEFAULT_ROUTER_POLICY, options: RouterOptions | No
 
 # Policies in their own modules register themselves in ROUTER_POLICIES when imported (last: they import
 # this module's names).
-import scheduler.rank_aware_router  # noqa: E402,F401
+import scheduler.rank_aware_router  # noqa: F401

@@ -39,8 +39,9 @@ class RecordingRouter:
 
 
 def _complete(client: TestClient, tenant: TenantHandle, model: str):  # type: ignore[no-untyped-def]
-    return client.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 3},
-                       headers=tenant.headers)
+    return client.post(
+        "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 3}, headers=tenant.headers
+    )
 
 
 def test_the_route_request_carries_the_adapter_versions_rank(
@@ -73,8 +74,16 @@ def test_the_rank_aware_policy_keeps_a_low_rank_request_off_the_high_rank_worker
     high, low = workers.add("a"), workers.add("b")
     for worker_id, worker, ranks in (("a", high, (128, 128)), ("b", low, (8, 8))):
         workers.directory.heartbeat(
-            WorkerRecord(worker_id, worker.url, BASE_MODEL, num_running=2, max_num_seqs=8,
-                         device_adapters=(version.id,), running_ranks=ranks, perf_model=_max_form_profile()),
+            WorkerRecord(
+                worker_id,
+                worker.url,
+                BASE_MODEL,
+                num_running=2,
+                max_num_seqs=8,
+                device_adapters=(version.id,),
+                running_ranks=ranks,
+                perf_model=_max_form_profile(),
+            ),
             ttl_s=3600,
         )
     assert _complete(client, tenant, "small").status_code == 200
@@ -83,9 +92,18 @@ def test_the_rank_aware_policy_keeps_a_low_rank_request_off_the_high_rank_worker
 
 def test_worker_view_carries_the_routing_state_and_parses_the_profile() -> None:
     record = WorkerRecord(
-        "w1", "http://w1", "base", num_running=1, running_ranks=(64,), waiting_ranks=(8, 0),
-        num_waiting_prompt_tokens=30, adapter_ranks={"a": 64}, num_free_pool_pages=5, decode_step_ms=7.0,
-        prefill_step_ms=20.0, perf_model=DEFAULT_PERF_MODEL.to_dict(),
+        "w1",
+        "http://w1",
+        "base",
+        num_running=1,
+        running_ranks=(64,),
+        waiting_ranks=(8, 0),
+        num_waiting_prompt_tokens=30,
+        adapter_ranks={"a": 64},
+        num_free_pool_pages=5,
+        decode_step_ms=7.0,
+        prefill_step_ms=20.0,
+        perf_model=DEFAULT_PERF_MODEL.to_dict(),
     )
     view = worker_view(record)
     assert (view.running_ranks, view.waiting_ranks, view.num_waiting_prompt_tokens) == ((64,), (8, 0), 30)
@@ -141,15 +159,22 @@ def test_the_worker_view_cache_stays_well_under_the_heartbeat_ttl(tmp_path) -> N
 
     assert Settings(data_dir=tmp_path).resolved_worker_view_cache_s() == 0.5  # heartbeat TTL 6 s
     assert Settings(data_dir=tmp_path, worker_view_cache_s=3.0).resolved_worker_view_cache_s() == 1.5
-    assert Settings(data_dir=tmp_path, heartbeat_interval_s=0.2).resolved_worker_view_cache_s() == pytest.approx(0.15)
+    assert Settings(
+        data_dir=tmp_path, heartbeat_interval_s=0.2
+    ).resolved_worker_view_cache_s() == pytest.approx(0.15)
 
 
 def test_the_rank_aware_policy_is_built_from_settings(tmp_path, db_session_factory, blob_store) -> None:  # type: ignore[no-untyped-def]
     from api.services import build_services
     from registry.settings import Settings
 
-    settings = Settings(data_dir=tmp_path, admin_key="x", router_policy="rank_aware", router_slo_tpot_ms=40.0,
-                        router_cold_fetch_ms=9.0)
+    settings = Settings(
+        data_dir=tmp_path,
+        admin_key="x",
+        router_policy="rank_aware",
+        router_slo_tpot_ms=40.0,
+        router_cold_fetch_ms=9.0,
+    )
     services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
     try:
         assert services.router == RankAwareRouter(slo_tpot_ms=40.0, cold_fetch_ms=9.0)

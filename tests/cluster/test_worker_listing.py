@@ -128,8 +128,16 @@ def test_routing_fields_round_trip_through_redis() -> None:
     try:
         directory = RedisWorkerDirectory(client, key_prefix=prefix)
         record = WorkerRecord(
-            "w1", "http://w1", "base", adapter_ranks={"a": 64}, running_ranks=(64, 0), waiting_ranks=(8,),
-            num_waiting_prompt_tokens=12, num_waiting_by_queue=(1,), decode_step_ms=9.5, prefill_step_ms=None,
+            "w1",
+            "http://w1",
+            "base",
+            adapter_ranks={"a": 64},
+            running_ranks=(64, 0),
+            waiting_ranks=(8,),
+            num_waiting_prompt_tokens=12,
+            num_waiting_by_queue=(1,),
+            decode_step_ms=9.5,
+            prefill_step_ms=None,
             perf_model={"version": 1},
         )
         directory.heartbeat(record, ttl_s=30)

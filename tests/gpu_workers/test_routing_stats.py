@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -67,15 +68,26 @@ def _service(tmp_path: Path, stats: dict[str, Any], perf_model: dict[str, Any] |
     cache = HostAdapterCache(tmp_path / "host", lambda key, dest: None)
     return WorkerService(
         _StatsBackend({"max_model_len": 128, **stats}),  # type: ignore[arg-type]
-        cache, worker_id="w1", base_model="base", max_num_seqs=8, perf_model=perf_model,
+        cache,
+        worker_id="w1",
+        base_model="base",
+        max_num_seqs=8,
+        perf_model=perf_model,
     )
 
 
 def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path: Path) -> None:
     engine_stats = {
-        "num_running": 2, "num_waiting": 1, "device_adapters": ["a"], "num_free_pool_pages": 7,
-        "adapter_ranks": {"a": 64, "b": 8}, "running_ranks": [64, 0], "waiting_ranks": [8],
-        "num_waiting_prompt_tokens": 40, "num_waiting_by_queue": [1, 0], "decode_step_ms": 12.5,
+        "num_running": 2,
+        "num_waiting": 1,
+        "device_adapters": ["a"],
+        "num_free_pool_pages": 7,
+        "adapter_ranks": {"a": 64, "b": 8},
+        "running_ranks": [64, 0],
+        "waiting_ranks": [8],
+        "num_waiting_prompt_tokens": 40,
+        "num_waiting_by_queue": [1, 0],
+        "decode_step_ms": 12.5,
         "prefill_step_ms": 30.0,
     }
     service = _service(tmp_path, engine_stats, DEFAULT_PERF_MODEL.to_dict())
@@ -106,20 +118,29 @@ class _Backend:
 
 
 def _settings(tmp_path: Path, **overrides: Any) -> Settings:
-    return Settings(data_dir=tmp_path, blob_store=str(tmp_path / "blobs"), base_model_path=tmp_path / "model",
-                    internal_token="t", **overrides)
+    return Settings(
+        data_dir=tmp_path,
+        blob_store=str(tmp_path / "blobs"),
+        base_model_path=tmp_path / "model",
+        internal_token="t",
+        **overrides,
+    )
 
 
 def test_the_worker_profile_setting_is_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(builder, "BACKENDS", {**BACKENDS, "fake": _Backend})
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(DEFAULT_PERF_MODEL.to_dict()))
-    service = build_worker_service(_settings(tmp_path, worker_backend="fake", worker_profile_path=path), worker_id="w")
+    service = build_worker_service(
+        _settings(tmp_path, worker_backend="fake", worker_profile_path=path), worker_id="w"
+    )
     assert service.perf_model == DEFAULT_PERF_MODEL.to_dict()
 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"prefill": {}}'])
-def test_an_unreadable_profile_is_refused_before_the_worker_starts(tmp_path: Path, content: str | None) -> None:
+def test_an_unreadable_profile_is_refused_before_the_worker_starts(
+    tmp_path: Path, content: str | None
+) -> None:
     path = tmp_path / "profile.json"
     if content is not None:
         path.write_text(content)

@@ -12,7 +12,11 @@ from typer.testing import CliRunner
 from lorahost.cli import app
 from scheduler.perf_model import PerfModel
 
-ENV = {"LORAHOST_ENGINE_NUM_KV_BLOCKS": "256", "LORAHOST_ENGINE_NUM_THREADS": "1", "LORAHOST_ENGINE_DTYPE": "float32"}
+ENV = {
+    "LORAHOST_ENGINE_NUM_KV_BLOCKS": "256",
+    "LORAHOST_ENGINE_NUM_THREADS": "1",
+    "LORAHOST_ENGINE_DTYPE": "float32",
+}
 
 
 def _invoke(tmp_path: Path, *args: str):  # type: ignore[no-untyped-def]
@@ -23,9 +27,23 @@ def _invoke(tmp_path: Path, *args: str):  # type: ignore[no-untyped-def]
 def test_profile_writes_a_fitted_model_the_worker_can_load(base_model_dir: Path, tmp_path: Path) -> None:
     output = tmp_path / "out" / "profile.json"
     result = _invoke(
-        tmp_path, "--base-model", str(base_model_dir), "--output", str(output), "--ranks", "4,16",
-        "--batch-sizes", "1,3", "--prompt-tokens", "8,24", "--decode-steps", "2", "--repeats", "1",
-        "--work-dir", str(tmp_path / "adapters"),
+        tmp_path,
+        "--base-model",
+        str(base_model_dir),
+        "--output",
+        str(output),
+        "--ranks",
+        "4,16",
+        "--batch-sizes",
+        "1,3",
+        "--prompt-tokens",
+        "8,24",
+        "--decode-steps",
+        "2",
+        "--repeats",
+        "1",
+        "--work-dir",
+        str(tmp_path / "adapters"),
     )
     assert result.exit_code == 0, result.output
     content = json.loads(output.read_text())
@@ -59,7 +77,9 @@ def test_profile_writes_a_fitted_model_the_worker_can_load(base_model_dir: Path,
 def test_bad_grids_are_refused_with_what_to_change(
     base_model_dir: Path, tmp_path: Path, args: tuple[str, ...], message: str
 ) -> None:
-    result = _invoke(tmp_path, "--base-model", str(base_model_dir), "--output", str(tmp_path / "p.json"), *args)
+    result = _invoke(
+        tmp_path, "--base-model", str(base_model_dir), "--output", str(tmp_path / "p.json"), *args
+    )
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "p.json").exists()

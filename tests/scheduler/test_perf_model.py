@@ -24,7 +24,8 @@ def _decode_batches(seed: int, count: int = 60) -> list[tuple[tuple[int, int], .
 def _prefill_batches(seed: int, count: int = 60) -> list[tuple[tuple[int, int], ...]]:
     rng = random.Random(seed)
     return [
-        tuple((rng.choice((8, 32, 128)), rng.choice(RANKS)) for _ in range(rng.randint(1, 6))) for _ in range(count)
+        tuple((rng.choice((8, 32, 128)), rng.choice(RANKS)) for _ in range(rng.randint(1, 6)))
+        for _ in range(count)
     ]
 
 
@@ -58,7 +59,9 @@ def test_decode_fit_recovers_coefficients_and_picks_the_rank_form(form: str) -> 
 
 @pytest.mark.parametrize("form", ["sum", "max"])
 def test_prefill_fit_with_noise_picks_the_rank_form(form: str) -> None:
-    truth = LinearLatency(intercept_ms=20.0, per_unit_ms=0.3, per_rank_ms=0.004, rank_form=form, per_token=True)  # type: ignore[arg-type]
+    truth = LinearLatency(
+        intercept_ms=20.0, per_unit_ms=0.3, per_rank_ms=0.004, rank_form=form, per_token=True
+    )  # type: ignore[arg-type]
     fitted = fit_latency(_samples(truth, _prefill_batches(2, 200), noise_ms=1.0), per_token=True)
     assert fitted.rank_form == form
     assert fitted.per_token
@@ -102,7 +105,9 @@ def test_load_fit_recovers_line() -> None:
 def test_profile_round_trips_through_json() -> None:
     truth = LinearLatency(intercept_ms=12.0, per_unit_ms=1.5, per_rank_ms=0.02, rank_form="max")
     model = PerfModel(
-        prefill=fit_latency(_samples(LinearLatency(1.0, 0.1, 0.001, per_token=True), _prefill_batches(3)), per_token=True),
+        prefill=fit_latency(
+            _samples(LinearLatency(1.0, 0.1, 0.001, per_token=True), _prefill_batches(3)), per_token=True
+        ),
         decode=fit_latency(_samples(truth, _decode_batches(4)), per_token=False),
         load=fit_load([(8, 1.0), (64, 2.0)]),
         meta={"device": "cpu"},
@@ -119,4 +124,9 @@ def test_malformed_profile_is_refused_with_a_message() -> None:
     with pytest.raises(ValueError, match="version"):
         PerfModel.from_dict({**DEFAULT_PERF_MODEL.to_dict(), "version": 99})
     with pytest.raises(ValueError, match="rank_form"):
-        PerfModel.from_dict({**DEFAULT_PERF_MODEL.to_dict(), "decode": {**DEFAULT_PERF_MODEL.decode.to_dict(), "rank_form": "avg"}})
+        PerfModel.from_dict(
+            {
+                **DEFAULT_PERF_MODEL.to_dict(),
+                "decode": {**DEFAULT_PERF_MODEL.decode.to_dict(), "rank_form": "avg"},
+            }
+        )

@@ -16,19 +16,42 @@ def _model(form: str = "sum") -> PerfModel:
     )
 
 
-def _w(worker_id: str, running=(), waiting=(), device=(), host=(), ready=True, base=BASE, model=None,
-       prompt_tokens=0) -> WorkerView:
+def _w(
+    worker_id: str,
+    running=(),
+    waiting=(),
+    device=(),
+    host=(),
+    ready=True,
+    base=BASE,
+    model=None,
+    prompt_tokens=0,
+) -> WorkerView:
     return WorkerView(
-        worker_id, base, num_running=len(running), num_waiting=len(waiting), max_num_seqs=16,
-        device_adapters=frozenset(device), host_adapters=frozenset(host), is_ready=ready,
-        running_ranks=tuple(running), waiting_ranks=tuple(waiting), num_waiting_prompt_tokens=prompt_tokens,
+        worker_id,
+        base,
+        num_running=len(running),
+        num_waiting=len(waiting),
+        max_num_seqs=16,
+        device_adapters=frozenset(device),
+        host_adapters=frozenset(host),
+        is_ready=ready,
+        running_ranks=tuple(running),
+        waiting_ranks=tuple(waiting),
+        num_waiting_prompt_tokens=prompt_tokens,
         perf_model=model if model is not None else _model(),
     )
 
 
 def _req(adapter="x", rank=8, assigned=(), prompt=16, output=100) -> RouteRequest:
-    return RouteRequest(BASE, adapter, num_prompt_tokens=prompt, predicted_output_tokens=output,
-                        adapter_rank=rank, assigned_workers=tuple(assigned))
+    return RouteRequest(
+        BASE,
+        adapter,
+        num_prompt_tokens=prompt,
+        predicted_output_tokens=output,
+        adapter_rank=rank,
+        assigned_workers=tuple(assigned),
+    )
 
 
 def test_low_rank_request_avoids_the_worker_running_rank_128_requests_under_a_max_rank_kernel() -> None:
@@ -108,7 +131,9 @@ def test_joining_a_prefill_queue_skips_the_step_intercept() -> None:
     running = _w("b", running=(8,), device={"x"})
     router = RankAwareRouter()
     # dPrefill with a queue is the request's tokens only; on an empty queue it includes the 5 ms step
-    difference = router.score(_req(), running).cost_per_token_ms - router.score(_req(), queued).cost_per_token_ms
+    difference = (
+        router.score(_req(), running).cost_per_token_ms - router.score(_req(), queued).cost_per_token_ms
+    )
     assert abs(difference - 5.0 / 100) < 1e-9
     assert router.choose(_req(), [queued, running]) == "a"
 
