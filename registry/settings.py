@@ -155,6 +155,25 @@ class Settings(BaseSettings):
         default=DEFAULT_ROUTER_POLICY,
         description=f"API: how a request picks its worker, one of {sorted(ROUTER_POLICIES)} (scheduler/router.py)",
     )
+    router_slo_tpot_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="API, rank_aware router: the time-per-output-token SLO (ms) above which a worker's cost is "
+        "penalised; default per worker: 1.5x its single-request decode step at the request's rank (CaraServe)",
+    )
+    router_cold_fetch_ms: float = Field(
+        default=50.0,
+        ge=0,
+        description="API, rank_aware router: the estimated fetch (ms) of an adapter a worker holds nowhere, on top "
+        "of its profiled host -> device load",
+    )
+    worker_view_cache_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="API: seconds the live worker listing (Redis) is reused before it is read again (0 = every "
+        "request), capped at a quarter of the heartbeat TTL (a dead worker leaves routing soon after its record "
+        "expires). While Redis fails, the last listing is used",
+    )
 
     length_predictor: str = Field(
         default="learned",
@@ -260,6 +279,12 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=2.0, gt=0, description="Seconds between worker heartbeats")
     heartbeat_ttl_s: float | None = Field(default=None, description="Membership TTL; default 3x the interval")
     drain_timeout_s: float = Field(default=30.0, ge=0, description="Max wait for running requests on shutdown")
+    worker_profile_path: Path | None = Field(
+        default=None,
+        description="Worker: the performance profile `lorahost profile` wrote for this worker's hardware and base "
+        "model; its coefficients are published in heartbeats for the rank_aware router (unset: the router's "
+        "default model)",
+    )
     host_cache_dir: Path | None = Field(default=None, description="Worker adapter file cache; default data_dir/host_cache")
     host_cache_max_bytes: int = Field(default=8 << 30, gt=0, description="Host adapter cache budget")
     engine_dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
@@ -441,6 +466,10 @@ class Settings(BaseSettings):
     def resolved_heartbeat_ttl_s(self) -> float:
         """How long a worker's membership lives without a heartbeat (default 3x the interval)."""
         return self.heartbeat_ttl_s if self.heartbeat_ttl_s is not None else 3 * self.heartbeat_interval_s
+
+    def resolved_worker_view_cache_s(self) -> float:
+        """How long the API reuses a worker listing: worker_view_cache_s, at most a quarter of the heartbeat TTL."""
+        return min(self.worker_view_cache_s, self.resolved_heartbeat_ttl_s() / 4)
 
     def resolved_api_instance_id(self, default: str | None = None) -> str:
         """The owner id of this API process's usage rows: api_instance_id, else `default`, else <hostname>-<port>."""

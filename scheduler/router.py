@@ -4,14 +4,17 @@ Preference order: a worker with the adapter on the device, then one with it in h
 worker; within a tier the least loaded wins (ties broken by worker id so the choice is deterministic).
 The [Cluster] issue replaces this with the rank-aware router behind the same `Router` protocol.
 Policies are chosen by name (settings.router_policy) from `ROUTER_POLICIES`, resolved by `make_router`:
-a new policy is a class with `choose` plus one entry there.
+a new policy is a class with `choose` plus one entry there; a policy with options (`RouterOptions`, built
+from settings) has a `from_options(options)` classmethod, the others are constructed without arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from scheduler.perf_model import PerfModel
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,15 @@ class WorkerView:
     device_adapters: frozenset[str] = field(default_factory=frozenset)
     host_adapters: frozenset[str] = field(default_factory=frozenset)
     is_ready: bool = True
+    # rank-aware routing (scheduler/rank_aware_router.py); defaults = a worker that publishes none of it
+    adapter_ranks: Mapping[str, int] = field(default_factory=dict)  # resident adapters (device and host)
+    running_ranks: tuple[int, ...] = ()  # one per running request, 0 = base model
+    waiting_ranks: tuple[int, ...] = ()  # one per queued request
+    num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill
+    num_free_pool_pages: int = 0
+    decode_step_ms: float | None = None  # median of recent decode-only steps (None: none yet)
+    prefill_step_ms: float | None = None  # median of recent steps with prefill tokens
+    perf_model: PerfModel | None = None  # the worker's profile (None: the router's default model)
 
     @property
     def load(self) -> float:
@@ -87,17 +99,37 @@ class ResidencyThenLeastLoaded:
         return best.worker_id
 
 
-ROUTER_POLICIES: dict[str, type[Router]] = {
+@dataclass(frozen=True)
+class RouterOptions:
+    """Settings a policy may read (from registry.settings: router_slo_tpot_ms, router_cold_fetch_ms).
+
+    slo_tpot_ms: the time-per-output-token SLO of the rank-aware cost's penalty (None: per worker, 1.5x its
+    single-request decode step at the request's rank, CaraServe's rule). cold_fetch_ms: the estimated fetch
+    of an adapter a worker holds nowhere (blob store -> host), on top of its host -> device load.
+    """
+
+    slo_tpot_ms: float | None = None
+    cold_fetch_ms: float = 50.0
+
+
+ROUTER_POLICIES: dict[str, type[Any]] = {
     "residency_least_loaded": ResidencyThenLeastLoaded,
 }
 DEFAULT_ROUTER_POLICY = "residency_least_loaded"
 
 
-def make_router(policy: str = DEFAULT_ROUTER_POLICY) -> Router:
+def make_router(policy: str = DEFAULT_ROUTER_POLICY, options: RouterOptions | None = None) -> Router:
     """The routing policy named `policy` (a key of ROUTER_POLICIES); ValueError naming the choices otherwise."""
     try:
-        return ROUTER_POLICIES[policy]()
+        cls = ROUTER_POLICIES[policy]
     except KeyError:
         raise ValueError(
             f"unknown router policy {policy!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}"
         ) from None
+    from_options = getattr(cls, "from_options", None)
+    return from_options(options or RouterOptions()) if from_options is not None else cls()
+
+
+# Policies in their own modules register themselves in ROUTER_POLICIES when imported (last: they import
+# this module's names).
+import scheduler.rank_aware_router  # noqa: F401
