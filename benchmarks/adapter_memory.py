@@ -54,7 +54,8 @@ from adapter_memory_plan import (
 )
 from adapter_memory_replay import run_one
 from engine_throughput import _cpu_busy_s, _git_state, busy_cores, wait_with_timeout
-from serving_workload import WorkloadSpec, build_workload, summarize
+from serving_workload import build_workload, summarize
+from workload_args import workload_spec
 
 TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 
@@ -153,19 +154,8 @@ class Bench:
         from gpu_workers.config import EngineConfig
 
         a = self.args
-        spec = WorkloadSpec(
-            trace_path=a.trace,
-            tokenizer_dir=self.base,
-            adapters=tuple(self.adapters),
-            rps=a.rps,
-            num_requests=a.num_requests,
-            duration_s=1e9,
-            trace_offset=a.trace_offset,
-            max_prompt_tokens=a.max_prompt_tokens,
-            max_output_tokens=a.max_output_tokens,
-            length_scale=a.length_scale,
-            zipf_alpha=a.zipf_alpha,
-            seed=a.seed,
+        spec = workload_spec(
+            a, trace_path=a.trace, tokenizer_dir=self.base, adapters=tuple(self.adapters), rps=a.rps
         )
         reqs = build_workload(spec)
         self.workload = [

@@ -72,7 +72,8 @@ from scheduling_workload import (
     write_trace_csv,
 )
 from serving import pct
-from serving_workload import WorkloadSpec, build_workload, popularity_order
+from serving_workload import build_workload, popularity_order
+from workload_args import workload_spec
 
 from scheduler.batch_policy import BATCH_POLICIES
 
@@ -171,20 +172,8 @@ class SchedulingBench:
 
     def _base_requests(self, trace: Path) -> list[dict[str, Any]]:
         """Prompts, adapters and Poisson arrivals at 1 req/s (serving_workload.build_workload)."""
-        a = self.args
-        spec = WorkloadSpec(
-            trace_path=trace,
-            tokenizer_dir=self.base,
-            adapters=tuple(self.adapters),
-            rps=1.0,
-            num_requests=a.num_requests,
-            duration_s=1e9,
-            trace_offset=a.trace_offset,
-            max_prompt_tokens=a.max_prompt_tokens,
-            max_output_tokens=a.max_output_tokens,
-            length_scale=a.length_scale,
-            zipf_alpha=a.zipf_alpha,
-            seed=a.seed,
+        spec = workload_spec(
+            self.args, trace_path=trace, tokenizer_dir=self.base, adapters=tuple(self.adapters), rps=1.0
         )
         keys = ("index", "arrival_s", "adapter", "prompt_tokens", "prompt_token_ids")
         return [{k: getattr(r, k) for k in keys} for r in build_workload(spec)]

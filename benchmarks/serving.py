@@ -52,7 +52,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from engine_throughput import busy_cores, ensure_model
-from serving_workload import WorkloadRequest, WorkloadSpec, build_workload, summarize
+from serving_workload import WorkloadRequest, build_workload, summarize
+from workload_args import workload_spec
 
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 DEFAULT_VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "/work/vllm-venv/bin/python")
@@ -815,24 +816,18 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = (args.model_dir or MODEL_DIRS[args.model_size]).expanduser()
     ensure_model(model_dir, sys.executable, args.num_adapters, args.model_size)
     names = sorted(p.name for p in (model_dir / "adapters").iterdir() if p.is_dir())[: args.num_adapters]
-    spec = WorkloadSpec(
+    spec = workload_spec(
+        args,
         trace_path=args.trace,
         tokenizer_dir=model_dir / "base",
         adapters=tuple(names),
         rps=args.rps,
         arrival=args.arrival,
-        num_requests=args.num_requests,
         duration_s=args.duration_s,
-        trace_offset=args.trace_offset,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        length_scale=args.length_scale,
-        zipf_alpha=args.zipf_alpha,
         context_len=min(
             args.vllm_max_model_len,
             json.loads((model_dir / "base" / "config.json").read_text()).get("max_position_embeddings", 2048),
         ),
-        seed=args.seed,
     )
     reqs = build_workload(spec)
     if args.print_workload:
