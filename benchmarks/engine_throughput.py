@@ -36,13 +36,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from child_process import ChildClock, busy_cores, child_env, wait_with_timeout
+from vllm_peer import add_vllm_args, set_omp_bind
+
 PEERS = HERE / "peers"
 DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/lorahost/bench-small-16"))
-DEFAULT_VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "/work/vllm-venv/bin/python")
 TARGET_MODULES = "q_proj,k_proj,v_proj,o_proj"
 
 # system -> (peer script, modes)
@@ -204,35 +207,6 @@ def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> 
     )
 
 
-def wait_with_timeout(proc: subprocess.Popen, timeout_s: float) -> tuple[int, Any, bool]:
-    """Wait for a child (killed after timeout_s): (wait status, its rusage, whether it timed out)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            return status, ru, False
-        if time.monotonic() > deadline:
-            proc.kill()
-            _, status, ru = os.wait4(proc.pid, 0)
-            return status, ru, True
-        time.sleep(0.2)
-
-
-def _cpu_busy_s() -> float:
-    """Busy CPU seconds of the whole machine since boot (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        vals = [int(v) for v in f.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-    return (sum(vals[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def busy_cores(seconds: float = 2.0) -> float:
-    """Average number of busy cores over `seconds` (call while this benchmark is idle: = other load)."""
-    b0, t0 = _cpu_busy_s(), time.monotonic()
-    time.sleep(seconds)
-    return (_cpu_busy_s() - b0) / (time.monotonic() - t0)
-
-
 def wait_for_quiet(max_wait: float, threshold: float) -> float:
     """Wait (at most max_wait s) until other processes use less than `threshold` cores; returns the last
     measurement. The machine may be shared: numbers taken under foreign load are not comparable."""
@@ -267,20 +241,15 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
     ]
     if args.threads and system != "vllm":
         cmd += ["--threads", str(args.threads)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env = child_env()
     if system == "vllm":
         env.pop("PYTHONPATH", None)  # never mix the project venv into the vLLM venv
-        if args.vllm_omp_bind:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
-            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        set_omp_bind(env, args.vllm_omp_bind)
     log_path = log_dir / f"{system}-{mode}.log"
     busy_before = (
         wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 else busy_cores(1.0)
     )
-    cpu0 = _cpu_busy_s()
-    t0 = time.perf_counter()
+    clock = ChildClock()
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
@@ -300,9 +269,7 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
         proc.returncode = os.waitstatus_to_exitcode(status)
         reader.join(timeout=10)
         sampler.stop()
-    wall = time.perf_counter() - t0
-    # CPU used by everything else on the machine while the peer ran = all busy time - the peer tree's.
-    foreign = (_cpu_busy_s() - cpu0 - (ru.ru_utime + ru.ru_stime)) / max(wall, 1e-9)
+    wall, foreign = clock.stop(ru)
 
     results = []
     for line in lines:
@@ -431,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default="lorahost,hf,vllm", help="comma list of lorahost, hf, vllm")
     p.add_argument("--vllm-modes", default="base,base_lora_enabled,lora")
     p.add_argument("--modes", default="base,lora", help="modes for lorahost and hf")
-    p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
+    add_vllm_args(p)
     p.add_argument("--python", default=sys.executable, help="project venv python for lorahost and hf")
     p.add_argument("--model-dir", type=Path, default=None, help=f"dir with base/ and adapters/ (default {DEFAULT_MODEL_DIR})")
     p.add_argument(
@@ -449,7 +416,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-tokens", type=int, default=4)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads for lorahost/hf (0: default)")
-    p.add_argument("--vllm-omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's auto)")
     p.add_argument(
         "--wait-quiet",
         type=float,

@@ -73,11 +73,10 @@ from scheduling_workload import (
 )
 from serving import pct
 from serving_workload import build_workload, popularity_order
-from workload_args import workload_spec
+from workload_args import add_workload_args, workload_spec
 
 from scheduler.batch_policy import BATCH_POLICIES
 
-TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 DEFAULT_LOADS = "0.3,0.6,0.8,1.0,1.2,1.5"
 DEFAULT_POLICIES = "fifo,sjf,multiqueue"
 
@@ -378,16 +377,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=200,
         help="recent history requests shown to the batch policy before each replay (0: start cold)",
     )
-    p.add_argument("--max-prompt-tokens", type=int, default=128)
-    p.add_argument(
-        "--max-output-tokens", type=int, default=64, help="the API cap (max_tokens) of every request"
+    add_workload_args(
+        p,
+        max_prompt_tokens=128,
+        max_output_tokens=64,
+        length_scale=0.125,
+        helps={
+            "max_output_tokens": "the API cap (max_tokens) of every request",
+            "length_scale": "trace lengths x this (prompts and output medians)",
+        },
     )
-    p.add_argument(
-        "--length-scale", type=float, default=0.125, help="trace lengths x this (prompts and output medians)"
-    )
-    p.add_argument("--zipf-alpha", type=float, default=1.0)
-    p.add_argument("--trace", type=Path, default=TRACE)
-    p.add_argument("--trace-offset", type=int, default=0)
     p.add_argument(
         "--max-num-seqs",
         type=int,

@@ -51,12 +51,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from engine_throughput import busy_cores, ensure_model
+from child_process import busy_cores
+from engine_throughput import ensure_model
 from serving_workload import WorkloadRequest, build_workload, summarize
-from workload_args import workload_spec
+from vllm_peer import add_vllm_args, set_omp_bind
+from workload_args import add_workload_args, workload_spec
 
-DEFAULT_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
-DEFAULT_VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "/work/vllm-venv/bin/python")
 RESULTS = HERE / "results"
 LOGS = RESULTS / "logs"
 MODEL_DIRS = {
@@ -557,9 +557,7 @@ class Vllm:
     def start(self) -> None:
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if self.args.vllm_omp_bind:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = self.args.vllm_omp_bind
-            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        set_omp_bind(env, self.args.vllm_omp_bind)
         ranks = [
             json.loads((self.model_dir / "adapters" / n / "adapter_config.json").read_text())["r"]
             for n in self.names
@@ -765,8 +763,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-size", choices=sorted(MODEL_DIRS), default="small")
     p.add_argument("--model-dir", type=Path, default=None, help="default ~/.cache/lorahost/bench-<size>-16")
     p.add_argument("--num-adapters", type=int, default=16)
-    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    p.add_argument("--trace-offset", type=int, default=0, help="first trace row of the window")
     p.add_argument("--rps", type=float, default=0.3, help="target arrival rate (requests/s)")
     p.add_argument(
         "--arrival",
@@ -776,10 +772,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--num-requests", type=int, default=40, help="at most this many requests")
     p.add_argument("--duration-s", type=float, default=60.0, help="arrivals within this window only")
-    p.add_argument("--max-prompt-tokens", type=int, default=256)
-    p.add_argument("--max-output-tokens", type=int, default=64)
-    p.add_argument("--length-scale", type=float, default=1.0, help="multiply trace lengths before clipping")
-    p.add_argument("--zipf-alpha", type=float, default=1.0)
+    add_workload_args(
+        p,
+        max_prompt_tokens=256,
+        max_output_tokens=64,
+        length_scale=1.0,
+        helps={
+            "length_scale": "multiply trace lengths before clipping",
+            "trace_offset": "first trace row of the window",
+        },
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt-format", choices=["text", "ids"], default="text")
     p.add_argument("--slo-ttft-ms", type=float, default=5000.0)
@@ -797,8 +799,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--lorahost-threads", type=int, default=0, help="LORAHOST_ENGINE_NUM_THREADS (0: torch default)"
     )
-    p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
-    p.add_argument("--vllm-omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's auto)")
+    add_vllm_args(p)
     p.add_argument("--vllm-dtype", default=None, help="default bfloat16 (small), float32 (tiny)")
     p.add_argument("--vllm-max-model-len", type=int, default=1024)
     p.add_argument("--vllm-start-timeout-s", type=float, default=300.0)
