@@ -219,21 +219,42 @@ def wait_for_quiet(max_wait: float, threshold: float) -> float:
     return busy
 
 
-def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_dir: Path) -> dict:
-    script = PEERS / PEER_SCRIPTS[system][0]
-    cmd = [
+def workload_cmd(python: str, script: Path, args: argparse.Namespace) -> list[str]:
+    """`python script` with the workload's flags (--model-dir, --num-requests, --prompt-len, --max-tokens), as
+    the peers and decode_floor.py take them."""
+    return [
         python,
         str(script),
         "--model-dir",
         str(args.model_dir),
-        "--mode",
-        mode,
         "--num-requests",
         str(args.num_requests),
         "--prompt-len",
         str(args.prompt_len),
         "--max-tokens",
         str(args.max_tokens),
+    ]
+
+
+def import_error(python: str, module: str, cwd: Path | None = None) -> str | None:
+    """The last line of the error of `import module` in `python` (run in cwd); None when it imports."""
+    check = subprocess.run(
+        [python, "-c", f"import {module}"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=None if cwd is None else str(cwd),
+    )
+    if check.returncode == 0:
+        return None
+    return (check.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_dir: Path) -> dict:
+    cmd = [
+        *workload_cmd(python, PEERS / PEER_SCRIPTS[system][0], args),
+        "--mode",
+        mode,
         "--repeats",
         str(args.repeats),
         "--warmup-tokens",
@@ -300,16 +321,7 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
 def run_floor(python: str, args: argparse.Namespace) -> dict:
     """The decode step's memory-bandwidth floor line (benchmarks/decode_floor.py), or an error line."""
     cmd = [
-        python,
-        str(HERE / "decode_floor.py"),
-        "--model-dir",
-        str(args.model_dir),
-        "--num-requests",
-        str(args.num_requests),
-        "--prompt-len",
-        str(args.prompt_len),
-        "--max-tokens",
-        str(args.max_tokens),
+        *workload_cmd(python, HERE / "decode_floor.py", args),
         "--dtype",
         os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
         "--threads",
@@ -468,31 +480,14 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 continue
-            check = subprocess.run([python, "-c", "import vllm"], check=False, capture_output=True, text=True)
-            if check.returncode != 0:
-                emit(
-                    {
-                        "system": "vllm",
-                        "skipped": "import vllm failed: " + (check.stderr.strip().splitlines() or ["?"])[-1],
-                    }
-                )
+            error = import_error(python, "vllm")
+            if error is not None:
+                emit({"system": "vllm", "skipped": "import vllm failed: " + error})
                 continue
         if system == "lorahost":
-            check = subprocess.run(
-                [python, "-c", "import gpu_workers.engine"],
-                check=False,
-                capture_output=True,
-                text=True,
-                cwd=str(REPO),
-            )
-            if check.returncode != 0:
-                emit(
-                    {
-                        "system": "lorahost",
-                        "skipped": "native engine not importable: "
-                        + (check.stderr.strip().splitlines() or ["?"])[-1],
-                    }
-                )
+            error = import_error(python, "gpu_workers.engine", cwd=REPO)
+            if error is not None:
+                emit({"system": "lorahost", "skipped": "native engine not importable: " + error})
                 continue
         for mode in modes_list:
             if mode not in PEER_SCRIPTS[system][1]:
