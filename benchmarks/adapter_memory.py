@@ -54,10 +54,9 @@ from adapter_memory_plan import (
 )
 from adapter_memory_replay import run_one
 from child_process import ChildClock, busy_cores, child_env, wait_with_timeout
-from engine_throughput import _git_state
+from run_info import git_state
 from serving_workload import build_workload, summarize
 from workload_args import add_workload_args, workload_spec
-
 
 # ------------------------------------------------------------------------------------------ model
 
@@ -287,7 +286,7 @@ class Bench:
                 "rps": self.args.rps,
                 **summary_ratios(self.lines, self.args.rps),
                 "budget": self.budget,
-                "git": _git_state(),
+                "git": git_state(),
                 "cpus": os.cpu_count(),
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }

@@ -49,7 +49,7 @@ from adapter_memory_plan import (
     kv_bytes_per_token,
     memory_budget,
 )
-from engine_throughput import _git_state
+from run_info import git_state
 from scheduling_metrics import (
     drain_limit_s,
     report_text,
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         "points": points,
         "summary": summary,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "git": _git_state(),
+        "git": git_state(),
         "cpus": os.cpu_count(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "wall_s": round(time.time() - started, 1),

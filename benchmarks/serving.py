@@ -52,7 +52,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from child_process import busy_cores
-from engine_throughput import ensure_model
+from model_dirs import ensure_model
 from serving_workload import WorkloadRequest, build_workload, summarize
 from vllm_peer import add_vllm_args, set_omp_bind
 from workload_args import add_workload_args, workload_spec
