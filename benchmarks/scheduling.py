@@ -71,7 +71,7 @@ from scheduling_workload import (
     train_predictor,
     write_trace_csv,
 )
-from serving import pct
+from serving_metrics import pct
 from serving_workload import build_workload, popularity_order
 from workload_args import add_workload_args, workload_spec
 
