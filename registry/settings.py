@@ -380,10 +380,7 @@ class Settings(BaseSettings):
     @field_validator("placement_policy")
     @classmethod
     def _check_placement_policy(cls, value: str) -> str:
-        if value not in PLACEMENT_POLICIES:
-            choices = ", ".join(sorted(PLACEMENT_POLICIES))
-            raise ValueError(f"unknown placement policy {value!r}; choose one of {choices}")
-        return value
+        return _named_choice(value, PLACEMENT_POLICIES, "placement policy")
 
     @field_validator("router_policy")
     @classmethod
