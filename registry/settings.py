@@ -380,17 +380,12 @@ class Settings(BaseSettings):
     @field_validator("placement_policy")
     @classmethod
     def _check_placement_policy(cls, value: str) -> str:
-        if value not in PLACEMENT_POLICIES:
-            choices = ", ".join(sorted(PLACEMENT_POLICIES))
-            raise ValueError(f"unknown placement policy {value!r}; choose one of {choices}")
-        return value
+        return _named_choice(value, PLACEMENT_POLICIES, "placement policy")
 
     @field_validator("router_policy")
     @classmethod
     def _check_router_policy(cls, value: str) -> str:
-        if value not in ROUTER_POLICIES:
-            raise ValueError(f"unknown router policy {value!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}")
-        return value
+        return _named_choice(value, ROUTER_POLICIES, "router policy")
 
     @field_validator("engine_batch_policy")
     @classmethod
@@ -489,8 +484,11 @@ class Settings(BaseSettings):
         return self.host_cache_dir or (self.data_dir / "host_cache")
 
 
-def _named_choice(value: str, choices: Collection[str], what: str, env: str) -> str:
-    """`value` when it names one of `choices`; else a ValueError that says which variable to set to what."""
+def _named_choice(value: str, choices: Collection[str], what: str, env: str | None = None) -> str:
+    """`value` when it names one of `choices`; else a ValueError that lists the choices (and, given `env`, says
+    which variable to set to one of them)."""
     if value not in choices:
-        raise ValueError(f"unknown {what} {value!r}: set {env} to one of {', '.join(sorted(choices))}")
+        names = ", ".join(sorted(choices))
+        fix = f": set {env} to one of {names}" if env else f"; choose one of {names}"
+        raise ValueError(f"unknown {what} {value!r}{fix}")
     return value

@@ -42,7 +42,7 @@ from scheduler.router import (
     RouteRequest,
     RouterOptions,
     WorkerView,
-    ready_workers,
+    eligible_workers,
     residency_tier,
 )
 
@@ -137,17 +137,6 @@ class RankAwareRouter:
             return 0.0
         load = model.load_ms(request.adapter_rank)
         return load if tier == 1 else load + self.cold_fetch_ms
-
-
-def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> list[tuple[WorkerView, float]]:
-    """(worker, placement weight) of the ready workers of the base model, restricted to the assigned ones
-    among them when any is live; weight 1 each when none is (module doc)."""
-    ready = ready_workers(request.base_model, workers)
-    weights: dict[str, float] = {}
-    for worker_id, weight in request.assigned_workers:
-        weights[worker_id] = weights.get(worker_id, 0.0) + max(0.0, weight)
-    assigned = [(w, weights[w.worker_id]) for w in ready if w.worker_id in weights]
-    return assigned if assigned else [(w, 1.0) for w in ready]
 
 
 def _ranks(published: Sequence[int], count: int) -> list[int]:

@@ -1,8 +1,11 @@
 """Router v1: choose a worker for a request. Pure: plain data in, decision out.
 
-Preference order: a worker with the adapter on the device, then one with it in host memory, then any
-worker; within a tier the least loaded wins (ties broken by worker id so the choice is deterministic).
-The [Cluster] issue replaces this with the rank-aware router behind the same `Router` protocol.
+Every policy picks among the *eligible* workers: the ready workers of the base model, restricted to the
+placement's assigned ones (RouteRequest.assigned_workers) when any of them is live (`eligible_workers`).
+- `residency_least_loaded` (default): a worker with the adapter on the device, then one with it in host
+  memory, then any; within a tier the least loaded wins (ties broken by worker id: deterministic).
+- `placement_weighted`: LoRAServe's routing, a random draw by the placement weights, blind to live load.
+- `rank_aware` (scheduler/rank_aware_router.py): CaraServe's least added per-token cost.
 Policies are chosen by name (settings.router_policy) from `ROUTER_POLICIES`, resolved by `make_router`:
 a new policy is a class with `choose` plus one entry there; a policy with options (`RouterOptions`, built
 from settings) has a `from_options(options)` classmethod, the others are constructed without arguments.
@@ -10,6 +13,7 @@ from settings) has a `from_options(options)` classmethod, the others are constru
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -87,16 +91,52 @@ def ready_workers(base_model: str, workers: Sequence[WorkerView]) -> list[Worker
     return [w for w in workers if w.is_ready and w.base_model == base_model]
 
 
+def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> list[tuple[WorkerView, float]]:
+    """(worker, placement weight) of the ready workers of the base model, restricted to the assigned ones
+    among them when any is live; weight 1 each when none is (no placement published, or every holder gone)."""
+    ready = ready_workers(request.base_model, workers)
+    weights: dict[str, float] = {}
+    for worker_id, weight in request.assigned_workers:
+        weights[worker_id] = weights.get(worker_id, 0.0) + max(0.0, weight)
+    assigned = [(w, weights[w.worker_id]) for w in ready if w.worker_id in weights]
+    return assigned if assigned else [(w, 1.0) for w in ready]
+
+
 class ResidencyThenLeastLoaded:
-    """Router v1: prefer adapter residency, then the least loaded worker."""
+    """Router v1: among the eligible workers (the placement's, see `eligible_workers`), prefer adapter
+    residency, then the least loaded worker."""
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
-        """Pick the best ready worker serving the request's base model, or None."""
-        candidates = ready_workers(request.base_model, workers)
+        """Pick the best eligible worker serving the request's base model, or None."""
+        candidates = [w for w, _ in eligible_workers(request, workers)]
         if not candidates:
             return None
         best = min(candidates, key=lambda w: (residency_tier(request, w), w.load, w.worker_id))
         return best.worker_id
+
+
+class PlacementWeightedRandom:
+    """LoRAServe's own routing: a worker drawn at random by the placement weights (phi), blind to live load
+    and residency (uniform over the ready workers when no assigned worker is live). The "blind" arm of
+    benchmarks/cluster.py. `seed` makes a run reproducible."""
+
+    def __init__(self, seed: int | None = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+        """A weighted draw among the eligible workers, or None when there is none."""
+        candidates = sorted(eligible_workers(request, workers), key=lambda c: c[0].worker_id)
+        if not candidates:
+            return None
+        total = sum(weight for _, weight in candidates)
+        if total <= 0:
+            return self._rng.choice(candidates)[0].worker_id
+        point = self._rng.random() * total
+        for worker, weight in candidates:
+            point -= weight
+            if point < 0:
+                return worker.worker_id
+        return candidates[-1][0].worker_id
 
 
 @dataclass(frozen=True)
@@ -114,6 +154,7 @@ class RouterOptions:
 
 ROUTER_POLICIES: dict[str, type[Any]] = {
     "residency_least_loaded": ResidencyThenLeastLoaded,
+    "placement_weighted": PlacementWeightedRandom,
 }
 DEFAULT_ROUTER_POLICY = "residency_least_loaded"
 
