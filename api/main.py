@@ -16,10 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.inference.learned_predictor import LearnedLengthPredictor
-from api.routes import adapters, admin, completions, health, models, predictor, reports, usage
+from api.routes import adapters, admin, completions, health, models, placement, predictor, reports, usage
+from api.scaling_view import publish_waiting
 from api.services import Services, build_services
 from api.worker_client import WorkerClient
+from jobs.placement import http_dropper
 from jobs.usage_sweep import PeriodicJob, sweep_usage
+from registry.placement_job import run_placement
 from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
 from registry.upload_sweeper import run_upload_sweeps
@@ -46,6 +49,7 @@ DEFAULT_ROUTERS: tuple[APIRouter, ...] = (
     usage.router,
     reports.router,
     predictor.router,
+    placement.router,
     metrics_router,
 )
 
@@ -69,6 +73,8 @@ def create_app(
             _start_upload_sweep(app.state.services),
             _start_predictor_reload(app.state.services),
             _start_predictor_training(app.state.services),
+            _start_routing_table_refresh(app.state.services),
+            _start_placement(app.state.services),
         )
         timers = [timer for timer in started if timer is not None]
         try:
@@ -132,6 +138,35 @@ def _start_predictor_training(services: Services) -> PeriodicJob | None:
     return PeriodicJob(
         "predictor-training", settings.predictor_training_interval_s, lambda: _train_predictor(services)
     ).start()
+
+
+def _start_routing_table_refresh(services: Services) -> PeriodicJob:
+    """Read the published routing table into memory now and every settings.routing_table_refresh_s (a failed
+    read keeps the last copy), and publish this server's cold-start waiters for the autoscaler."""
+    def refresh() -> None:
+        services.routing_table.refresh()
+        publish_waiting(services)
+
+    return PeriodicJob(
+        "routing-table-refresh", services.settings.routing_table_refresh_s, refresh, is_run_at_start=True
+    ).start()
+
+
+def _start_placement(services: Services) -> PeriodicJob | None:
+    """With inline jobs, compute and publish the placement on a timer (Celery beat does it otherwise)."""
+    settings = services.settings
+    if not settings.is_inline_jobs or settings.placement_interval_s <= 0:
+        return None
+    return PeriodicJob("placement", settings.placement_interval_s, lambda: place(services)).start()
+
+
+def place(services: Services) -> None:
+    """One inline placement run; this process's cached copy is refreshed at once."""
+    # The directory and the token are read at each run: whoever runs the workers publishes them after startup.
+    drop = http_dropper(services.resolved_internal_token())
+    store = services.routing_table.store
+    run_placement(services.session_factory, services.worker_directory, store, services.settings, drop=drop)
+    services.routing_table.refresh()
 
 
 def _train_predictor(services: Services) -> None:

@@ -6,7 +6,7 @@ adapter residency are read from the worker directory at scrape time (workers adv
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
@@ -79,6 +79,22 @@ class WorkerCollector(Collector):
         yield from (running, waiting, resident, hits, misses, loads, *device_cache.values(), *cold.values(), load_seconds, pool_pages)
 
 
+class DesiredWorkersCollector(Collector):
+    """lorahost_desired_workers{base_model}: the autoscaling decision (api/scaling_view.py) at scrape time."""
+
+    def __init__(self, desired_workers: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        self._desired_workers = desired_workers
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        """Yield the desired worker count per base model."""
+        gauge = GaugeMetricFamily(
+            "lorahost_desired_workers", "Workers the autoscaler should run per base model", labels=["base_model"]
+        )
+        for base_model, num_workers in self._desired_workers():
+            gauge.add_metric([base_model], num_workers)
+        yield gauge
+
+
 class ApiMetrics:
     """The API's metrics, registered in a registry owned by this object."""
 
@@ -112,6 +128,10 @@ class ApiMetrics:
         )
         if list_workers is not None:
             self.registry.register(WorkerCollector(list_workers))
+
+    def register_desired_workers(self, desired_workers: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """Export lorahost_desired_workers from `desired_workers()` ((base model, workers) pairs) at scrape time."""
+        self.registry.register(DesiredWorkersCollector(desired_workers))
 
     def observe_request(
         self, status: str, prompt_tokens: int, completion_tokens: int,

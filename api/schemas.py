@@ -323,3 +323,50 @@ class PredictorReport(BaseModel):
     bucket_edges: list[int]
     overall: PredictionAccuracyPublic
     data: list[AdapterPredictionAccuracy]
+
+
+class RoutingWeightPublic(BaseModel):
+    """One holder of an adapter in the routing table."""
+
+    worker_id: str
+    weight: float
+
+
+class WorkerPlacementPublic(BaseModel):
+    """A worker's share of the placement: load in server-equivalents (1 = its capacity within the SLO), max
+    rank bucket of its adapters with demand, number of adapters assigned."""
+
+    worker_id: str
+    base_model: str
+    load: float
+    max_rank: int
+    num_adapters: int
+
+
+class PlacementReport(BaseModel):
+    """GET /v1/admin/placement: the published routing table (version 0 and no rows before the first run)."""
+
+    object: Literal["placement"] = "placement"
+    version: int
+    computed_at: datetime | None
+    table: dict[str, list[RoutingWeightPublic]]
+    workers: list[WorkerPlacementPublic]
+    moved: list[str]
+
+
+class ScalingDecisionPublic(BaseModel):
+    """GET /v1/admin/scaling?base_model=NAME (and one item of the list): how many workers the base model
+    should run (a KEDA metrics-api trigger reads `desired_workers`), how many are live, the forecast demand
+    and why."""
+
+    base_model: str
+    desired_workers: int
+    live_workers: int
+    demand_tokens_per_s: float
+    reason: str
+
+
+class ScalingReport(BaseModel):
+    """GET /v1/admin/scaling: one decision per base model with workers, demand or waiting requests."""
+
+    base_models: list[ScalingDecisionPublic]

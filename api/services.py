@@ -26,13 +26,17 @@ from api.prompting import BaseModelTokenizer, load_base_tokenizer
 from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from api.worker_client import LocalWorkerTransport, WorkerClient
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
+from cluster.routing_table import CachedRoutingTable
+from cluster.waiting_requests import LocalWaitingRequests, RedisWaitingRequests, WaitingRequests
+from cluster.worker_listing import CachedWorkerListing
 from jobs.dispatch import JobDispatcher, make_job_dispatcher
+from jobs.placement import make_routing_table_store
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
 from registry.settings import Settings
 from registry.storage import BlobStore, make_blob_store
-from scheduler.router import Router, make_router
+from scheduler.router import Router, RouterOptions, make_router
 
 
 @dataclass
@@ -52,9 +56,16 @@ class Services:
     auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.auth_cache_ttl_s)
     model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.model_cache_ttl_s)
     router: Router  # the routing policy (settings.router_policy)
+    # the published placement (cluster/routing_table.py), refreshed every settings.routing_table_refresh_s by
+    # the app lifespan; prepare.py reads RouteRequest.assigned_workers from this in-memory copy
+    routing_table: CachedRoutingTable
+    # requests waiting in cold starts on every API replica (the scale-from-zero signal, api/scaling_view.py)
+    waiting_requests: WaitingRequests
     # the output-length prediction (api/inference/predict.py): settings.length_predictor (build_services); the
     # usage ledger tells it each finished request's true length (observe_output)
     predictor: OutputLengthPredictor = field(default_factory=MaxTokensPredictor)
+    # the live workers of a shared (Redis) directory, read once per settings.resolved_worker_view_cache_s()
+    worker_listing: CachedWorkerListing = field(default_factory=lambda: CachedWorkerListing(0.5))
     admin_key_hash: str | None = None
     engine: Engine | None = None
     # published by whoever runs or knows the workers (see the module docstring)
@@ -114,12 +125,28 @@ def build_services(
         ),
         auth_cache=TtlCache(settings.auth_cache_ttl_s),
         model_cache=TtlCache(settings.model_cache_ttl_s),
-        router=make_router(settings.router_policy),
+        router=make_router(settings.router_policy, router_options(settings)),
+        routing_table=CachedRoutingTable(make_routing_table_store(settings)),
+        waiting_requests=make_waiting_requests(settings),
         predictor=make_length_predictor(settings, blob_store),
         admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
+        worker_listing=CachedWorkerListing(settings.resolved_worker_view_cache_s()),
     )
+    metrics.register_desired_workers(lambda: desired_workers(services))
     return services
+
+
+def desired_workers(services: Services) -> list[tuple[str, int]]:
+    """(base model, desired workers) pairs of the autoscaling decisions (api/scaling_view.py)."""
+    from api.scaling_view import scaling_decisions
+
+    return [(d.base_model, d.desired_workers) for d in scaling_decisions(services)]
+
+
+def router_options(settings: Settings) -> RouterOptions:
+    """What the routing policies read from settings."""
+    return RouterOptions(slo_tpot_ms=settings.router_slo_tpot_ms, cold_fetch_ms=settings.router_cold_fetch_ms)
 
 
 def observe_output(predictor: OutputLengthPredictor, adapter_key: str | None, num_output_tokens: int) -> None:
@@ -141,10 +168,37 @@ def make_rate_limiter(settings: Settings) -> RateLimiter:
     return InMemoryRateLimiter()
 
 
+def make_waiting_requests(settings: Settings) -> WaitingRequests:
+    """Shared across API replicas in Redis when configured, else this process's counts."""
+    if settings.redis_url:
+        import redis
+
+        prefix = f"{settings.celery_key_prefix}{settings.placement_key_prefix}waiting:"
+        return RedisWaitingRequests(redis.Redis.from_url(settings.redis_url), prefix)
+    return LocalWaitingRequests()
+
+
 def live_workers(services: Services) -> list[WorkerRecord]:
-    """The live worker records from the published directory (none when no directory is published)."""
+    """The live worker records from the published directory (none when no directory is published): an
+    in-process directory is read directly, a shared one through the cached listing (cluster/worker_listing.py:
+    read once per settings.worker_view_cache_s, the last listing while it fails)."""
     directory = services.worker_directory
-    return directory.list_live() if directory is not None else []
+    if directory is None:
+        return []
+    if isinstance(directory, InMemoryWorkerDirectory):
+        return directory.list_live()
+    return services.worker_listing.list_live(directory)
+
+
+def cached_live_workers(services: Services) -> list[WorkerRecord] | None:
+    """The live worker records when they can be had without I/O (in-process directory, or a fresh cached
+    listing); None when the shared directory must be read."""
+    directory = services.worker_directory
+    if directory is None:
+        return []
+    if isinstance(directory, InMemoryWorkerDirectory):
+        return directory.list_live()
+    return services.worker_listing.fresh(directory)
 
 
 def is_in_memory_directory(services: Services) -> bool:

@@ -53,10 +53,10 @@ from adapter_memory_plan import (
     sweep_rates,
 )
 from adapter_memory_replay import run_one
-from engine_throughput import _cpu_busy_s, _git_state, busy_cores, wait_with_timeout
-from serving_workload import WorkloadSpec, build_workload, summarize
-
-TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
+from child_process import ChildClock, busy_cores, child_env, wait_with_timeout
+from run_info import git_state
+from serving_workload import build_workload, summarize
+from workload_args import add_workload_args, workload_spec
 
 # ------------------------------------------------------------------------------------------ model
 
@@ -108,17 +108,13 @@ def run_child(spec: dict, log_path: Path, timeout_s: float) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=log_path.parent) as f:
         json.dump(spec, f)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--run-one", f.name]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     before = busy_cores(1.0)
-    cpu0, t0 = _cpu_busy_s(), time.perf_counter()
+    clock = ChildClock()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=str(REPO), env=child_env(), stdout=log, stderr=subprocess.STDOUT)
         status, ru, timed_out = wait_with_timeout(proc, timeout_s)
-    wall = time.perf_counter() - t0
+    wall, foreign = clock.stop(ru)
     os.unlink(f.name)
-    foreign = (_cpu_busy_s() - cpu0 - (ru.ru_utime + ru.ru_stime)) / max(wall, 1e-9)
     text = log_path.read_text(errors="replace")
     found = [ln[len("RESULT ") :] for ln in text.splitlines() if ln.startswith("RESULT ")]
     res = (
@@ -153,19 +149,8 @@ class Bench:
         from gpu_workers.config import EngineConfig
 
         a = self.args
-        spec = WorkloadSpec(
-            trace_path=a.trace,
-            tokenizer_dir=self.base,
-            adapters=tuple(self.adapters),
-            rps=a.rps,
-            num_requests=a.num_requests,
-            duration_s=1e9,
-            trace_offset=a.trace_offset,
-            max_prompt_tokens=a.max_prompt_tokens,
-            max_output_tokens=a.max_output_tokens,
-            length_scale=a.length_scale,
-            zipf_alpha=a.zipf_alpha,
-            seed=a.seed,
+        spec = workload_spec(
+            a, trace_path=a.trace, tokenizer_dir=self.base, adapters=tuple(self.adapters), rps=a.rps
         )
         reqs = build_workload(spec)
         self.workload = [
@@ -301,7 +286,7 @@ class Bench:
                 "rps": self.args.rps,
                 **summary_ratios(self.lines, self.args.rps),
                 "budget": self.budget,
-                "git": _git_state(),
+                "git": git_state(),
                 "cpus": os.cpu_count(),
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
@@ -330,12 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--link-gbps", type=float, default=2.0, help="emulated host->device link in GB/s (adapter_link_gbps; cpu_prefill comparison)")
     p.add_argument("--ttft-target-ms", type=float, default=0.0, help="default: 5x the unloaded mean TTFT")
-    p.add_argument("--max-prompt-tokens", type=int, default=128)
-    p.add_argument("--max-output-tokens", type=int, default=16)
-    p.add_argument("--length-scale", type=float, default=0.125)
-    p.add_argument("--zipf-alpha", type=float, default=1.0)
-    p.add_argument("--trace", type=Path, default=TRACE)
-    p.add_argument("--trace-offset", type=int, default=0)
+    add_workload_args(p, max_prompt_tokens=128, max_output_tokens=16, length_scale=0.125)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto")
     p.add_argument(

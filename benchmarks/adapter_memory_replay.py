@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving import pct  # one percentile definition for every benchmark
+from serving_metrics import pct  # one percentile definition for every benchmark
 
 STAT_KEYS = (
     "num_adapter_hits",

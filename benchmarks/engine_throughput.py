@@ -29,401 +29,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-PEERS = HERE / "peers"
-DEFAULT_MODEL_DIR = Path(os.path.expanduser("~/.cache/lorahost/bench-small-16"))
-DEFAULT_VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "/work/vllm-venv/bin/python")
-TARGET_MODULES = "q_proj,k_proj,v_proj,o_proj"
+sys.path.insert(0, str(HERE))
 
-# system -> (peer script, modes)
-PEER_SCRIPTS = {
-    "lorahost": ("lorahost_engine.py", ["base", "lora"]),
-    "hf": ("hf_peft.py", ["base", "lora"]),
-    "vllm": ("vllm_offline.py", ["base", "base_lora_enabled", "lora"]),
-}
-LABELS = {
-    ("lorahost", "base"): "lorahost_base",
-    ("lorahost", "lora"): "lorahost_lora",
-    ("hf", "base"): "hf_base",
-    ("hf", "lora"): "hf_peft",
-    ("vllm", "base"): "vllm_base",
-    ("vllm", "base_lora_enabled"): "vllm_base_lora_enabled",
-    ("vllm", "lora"): "vllm_lora",
-}
-# (name, numerator label, denominator label): ratio of out tok/s.
-RATIOS = [
-    ("lorahost_lora_vs_vllm_base", "lorahost_lora", "vllm_base"),
-    ("lorahost_lora_vs_vllm_lora", "lorahost_lora", "vllm_lora"),
-    ("lorahost_lora_vs_hf_peft", "lorahost_lora", "hf_peft"),
-    ("lorahost_lora_vs_hf_base", "lorahost_lora", "hf_base"),
-    ("lorahost_base_vs_vllm_base", "lorahost_base", "vllm_base"),
-    ("lorahost_base_vs_hf_base", "lorahost_base", "hf_base"),
-    ("vllm_lora_vs_vllm_base", "vllm_lora", "vllm_base"),
-    ("hf_peft_vs_hf_base", "hf_peft", "hf_base"),
-]
-OVERHEADS = [  # 1 - lora / base
-    ("lorahost_lora_overhead", "lorahost_lora", "lorahost_base"),
-    ("vllm_lora_overhead", "vllm_lora", "vllm_base"),
-    ("hf_peft_overhead", "hf_peft", "hf_base"),
-]
-
-
-# ---------------------------------------------------------------------------------------------- memory
-
-
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def _tree(pid: int) -> list[int]:
-    kids = _children_map()
-    out, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        out.append(p)
-        stack.extend(kids.get(p, []))
-    return out
-
-
-def _mem_kb(pid: int) -> tuple[int, int]:
-    """(Rss, Pss) in kB of one process; zeros when it is gone."""
-    rss = pss = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Rss:"):
-                    rss = int(line.split()[1])
-                elif line.startswith("Pss:"):
-                    pss = int(line.split()[1])
-    except OSError:
-        pass
-    return rss, pss
-
-
-class TreeMemorySampler(threading.Thread):
-    """Samples the total RSS and PSS of a process and all its descendants (vLLM runs an engine-core and
-    a worker process besides the front end). PSS splits shared pages, so its sum does not double count."""
-
-    def __init__(self, pid: int, interval: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.interval = pid, interval
-        self.peak_rss_kb = self.peak_pss_kb = 0
-        self.max_procs = 0
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            pids = _tree(self.pid)
-            rss = pss = 0
-            for p in pids:
-                r, s = _mem_kb(p)
-                rss += r
-                pss += s
-            self.peak_rss_kb = max(self.peak_rss_kb, rss)
-            self.peak_pss_kb = max(self.peak_pss_kb, pss)
-            self.max_procs = max(self.max_procs, len(pids))
-            self._halt.wait(self.interval)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=5)
-
-
-# ---------------------------------------------------------------------------------------------- peers
-
-
-def real_model_dir(name: str, num_adapters: int) -> Path:
-    """Cache directory of a real-model workload (`--real-model`)."""
-    return Path(os.path.expanduser(f"~/.cache/lorahost/bench-{name}-{num_adapters}"))
-
-
-def ensure_real_model(name: str, model_dir: Path, python: str, num_adapters: int) -> None:
-    """Build a real model's workload once (benchmarks/engine_workload.py) when model_dir lacks it."""
-    marker = model_dir / "adapters" / f"adapter-{num_adapters - 1:02d}" / "adapter_model.safetensors"
-    if (model_dir / "base" / "config.json").exists() and (num_adapters == 0 or marker.exists()):
-        return
-    print(f"[engine_throughput] building the {name} workload into {model_dir}", file=sys.stderr)
-    subprocess.run(
-        [python, str(HERE / "engine_workload.py"), name, str(model_dir), "--num-adapters", str(num_adapters)],
-        check=True,
-        cwd=str(REPO),
-        stdout=sys.stderr,
-    )
-
-
-def ensure_model(model_dir: Path, python: str, num_adapters: int, size: str) -> None:
-    """Generate the demo model + adapters once (seeded) when the dir has no base model; a dir with
-    base/config.json (any HF Llama-family model) is used as it is."""
-    marker = model_dir / "adapters" / f"adapter-{num_adapters - 1:02d}" / "adapter_model.safetensors"
-    if (model_dir / "base" / "config.json").exists():
-        if not (model_dir / "adapters").is_dir():
-            raise SystemExit(f"{model_dir} has base/ but no adapters/ folder of PEFT adapters")
-        return
-    if (model_dir / "base" / "model.safetensors").exists() and marker.exists():
-        return
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[engine_throughput] generating demo model into {model_dir}", file=sys.stderr)
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "lorahost.cli",
-            "demo-model",
-            str(model_dir),
-            "--size",
-            size,
-            "--num-adapters",
-            str(num_adapters),
-            "--target-modules",
-            TARGET_MODULES,
-        ],
-        check=True,
-        cwd=str(REPO),
-        stdout=sys.stderr,
-    )
-
-
-def wait_with_timeout(proc: subprocess.Popen, timeout_s: float) -> tuple[int, Any, bool]:
-    """Wait for a child (killed after timeout_s): (wait status, its rusage, whether it timed out)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            return status, ru, False
-        if time.monotonic() > deadline:
-            proc.kill()
-            _, status, ru = os.wait4(proc.pid, 0)
-            return status, ru, True
-        time.sleep(0.2)
-
-
-def _cpu_busy_s() -> float:
-    """Busy CPU seconds of the whole machine since boot (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        vals = [int(v) for v in f.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-    return (sum(vals[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def busy_cores(seconds: float = 2.0) -> float:
-    """Average number of busy cores over `seconds` (call while this benchmark is idle: = other load)."""
-    b0, t0 = _cpu_busy_s(), time.monotonic()
-    time.sleep(seconds)
-    return (_cpu_busy_s() - b0) / (time.monotonic() - t0)
-
-
-def wait_for_quiet(max_wait: float, threshold: float) -> float:
-    """Wait (at most max_wait s) until other processes use less than `threshold` cores; returns the last
-    measurement. The machine may be shared: numbers taken under foreign load are not comparable."""
-    deadline = time.monotonic() + max_wait
-    busy = busy_cores()
-    while busy >= threshold and time.monotonic() < deadline:
-        print(f"[engine_throughput] waiting for a quiet machine: {busy:.2f} cores busy", file=sys.stderr)
-        time.sleep(10)
-        busy = busy_cores()
-    return busy
-
-
-def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_dir: Path) -> dict:
-    script = PEERS / PEER_SCRIPTS[system][0]
-    cmd = [
-        python,
-        str(script),
-        "--model-dir",
-        str(args.model_dir),
-        "--mode",
-        mode,
-        "--num-requests",
-        str(args.num_requests),
-        "--prompt-len",
-        str(args.prompt_len),
-        "--max-tokens",
-        str(args.max_tokens),
-        "--repeats",
-        str(args.repeats),
-        "--warmup-tokens",
-        str(args.warmup_tokens),
-    ]
-    if args.threads and system != "vllm":
-        cmd += ["--threads", str(args.threads)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if system == "vllm":
-        env.pop("PYTHONPATH", None)  # never mix the project venv into the vLLM venv
-        if args.vllm_omp_bind:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
-            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    log_path = log_dir / f"{system}-{mode}.log"
-    busy_before = (
-        wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 else busy_cores(1.0)
-    )
-    cpu0 = _cpu_busy_s()
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-        sampler = TreeMemorySampler(proc.pid)
-        sampler.start()
-        lines: list[str] = []
-
-        def pump() -> None:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                lines.append(line)
-                log.write(line)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        status, ru, timed_out = wait_with_timeout(proc, args.timeout)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        reader.join(timeout=10)
-        sampler.stop()
-    wall = time.perf_counter() - t0
-    # CPU used by everything else on the machine while the peer ran = all busy time - the peer tree's.
-    foreign = (_cpu_busy_s() - cpu0 - (ru.ru_utime + ru.ru_stime)) / max(wall, 1e-9)
-
-    results = []
-    for line in lines:
-        if line.startswith('{"system"'):
-            try:
-                results.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    base = {"system": system, "mode": mode, "label": LABELS[(system, mode)]}
-    if not results:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-        reason = "timeout" if timed_out else f"exit code {proc.returncode}"
-        return {**base, "error": reason, "log": str(log_path), "log_tail": tail}
-    res = {**base, **results[-1], "label": LABELS[(system, mode)]}
-    peer_rss = float(res.pop("peak_rss_mb", 0.0) or 0.0)
-    maxproc = ru.ru_maxrss / 1024.0  # largest single process of the tree (kernel's high-water mark)
-    res["peak_rss_mb"] = round(max(sampler.peak_rss_kb / 1024.0, maxproc, peer_rss), 1)
-    res["peak_pss_mb"] = round(max(sampler.peak_pss_kb / 1024.0, maxproc if sampler.max_procs <= 1 else 0), 1)
-    res["peak_rss_mb_maxproc"] = round(max(maxproc, peer_rss), 1)
-    res["processes"] = sampler.max_procs
-    res["wall_s"] = round(wall, 2)
-    # Other load on the machine skews every number: record it (busy cores before; foreign cores during).
-    res["other_cores_busy_before"] = round(busy_before, 2)
-    res["other_cores_busy_during"] = round(max(foreign, 0.0), 2)
-    return res
-
-
-def run_floor(python: str, args: argparse.Namespace) -> dict:
-    """The decode step's memory-bandwidth floor line (benchmarks/decode_floor.py), or an error line."""
-    cmd = [
-        python,
-        str(HERE / "decode_floor.py"),
-        "--model-dir",
-        str(args.model_dir),
-        "--num-requests",
-        str(args.num_requests),
-        "--prompt-len",
-        str(args.prompt_len),
-        "--max-tokens",
-        str(args.max_tokens),
-        "--dtype",
-        os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
-        "--threads",
-        str(args.threads),
-    ]
-    r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, check=False)
-    for line in r.stdout.splitlines():
-        if line.startswith('{"system": "floor"'):
-            return json.loads(line)
-    return {"system": "floor", "error": (r.stderr.strip().splitlines() or ["?"])[-1]}
-
-
-LORA_LABELS = frozenset({"lorahost_lora", "hf_peft", "vllm_lora"})
-
-
-def add_floor(result: dict, floor: dict) -> None:
-    """decode_floor_ms and decode_vs_floor (median decode step / floor) on a result with decode steps."""
-    median = result.get("decode_step_ms_median")
-    if median is None or "error" in floor:
-        return
-    floor_ms = floor["lora" if result.get("label") in LORA_LABELS else "base"]["floor_ms"]
-    result["decode_floor_ms"] = floor_ms
-    result["decode_vs_floor"] = round(median / floor_ms, 2)
-
-
-def summary(results: list[dict], args: argparse.Namespace) -> dict:
-    tps = {r["label"]: r["out_tok_s"] for r in results if "out_tok_s" in r}
-    best = {r["label"]: r["out_tok_s_best"] for r in results if "out_tok_s_best" in r}
-    rss = {r["label"]: r["peak_rss_mb"] for r in results if "peak_rss_mb" in r}
-    vs_floor = {r["label"]: r["decode_vs_floor"] for r in results if "decode_vs_floor" in r}
-    foreign = {r["label"]: r["other_cores_busy_during"] for r in results if "other_cores_busy_during" in r}
-    ratios = {}
-    for name, num, den in RATIOS:
-        if num in tps and den in tps and tps[den] > 0:
-            ratios[name] = round(tps[num] / tps[den], 3)
-    for name, lora, base in OVERHEADS:
-        if lora in tps and base in tps and tps[base] > 0:
-            ratios[name] = round(1.0 - tps[lora] / tps[base], 3)
-    return {
-        "system": "summary",
-        "out_tok_s": tps,
-        "out_tok_s_best": best,
-        "peak_rss_mb": rss,
-        "ratios": ratios,
-        "decode_vs_floor": vs_floor,
-        "other_cores_busy_during": foreign,
-        "contended": any(v > args.quiet_threshold for v in foreign.values()),
-        "workload": {
-            "model_dir": str(args.model_dir),
-            "num_requests": args.num_requests,
-            "prompt_len": args.prompt_len,
-            "max_tokens": args.max_tokens,
-            "repeats": args.repeats,
-        },
-        "host": {"cpus": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version()},
-        "git": _git_state(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-
-
-def _git_state() -> dict:
-    """Commit of the tree being measured, and whether the engine sources differ from it."""
-
-    def git(*a: str) -> str:
-        r = subprocess.run(["git", *a], cwd=str(REPO), capture_output=True, text=True, check=False)
-        return r.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "gpu_workers_dirty": bool(git("status", "--porcelain", "--", "gpu_workers")),
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+from engine_throughput_peers import PEER_SCRIPTS, add_floor, import_error, run_floor, run_peer
+from engine_throughput_report import summary
+from model_dirs import DEFAULT_MODEL_DIR, ensure_model, ensure_real_model, real_model_dir
+from vllm_peer import add_vllm_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default="lorahost,hf,vllm", help="comma list of lorahost, hf, vllm")
     p.add_argument("--vllm-modes", default="base,base_lora_enabled,lora")
     p.add_argument("--modes", default="base,lora", help="modes for lorahost and hf")
-    p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
+    add_vllm_args(p)
     p.add_argument("--python", default=sys.executable, help="project venv python for lorahost and hf")
     p.add_argument("--model-dir", type=Path, default=None, help=f"dir with base/ and adapters/ (default {DEFAULT_MODEL_DIR})")
     p.add_argument(
@@ -449,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-tokens", type=int, default=4)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads for lorahost/hf (0: default)")
-    p.add_argument("--vllm-omp-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: vLLM's auto)")
     p.add_argument(
         "--wait-quiet",
         type=float,
@@ -502,31 +117,14 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 continue
-            check = subprocess.run([python, "-c", "import vllm"], check=False, capture_output=True, text=True)
-            if check.returncode != 0:
-                emit(
-                    {
-                        "system": "vllm",
-                        "skipped": "import vllm failed: " + (check.stderr.strip().splitlines() or ["?"])[-1],
-                    }
-                )
+            error = import_error(python, "vllm")
+            if error is not None:
+                emit({"system": "vllm", "skipped": "import vllm failed: " + error})
                 continue
         if system == "lorahost":
-            check = subprocess.run(
-                [python, "-c", "import gpu_workers.engine"],
-                check=False,
-                capture_output=True,
-                text=True,
-                cwd=str(REPO),
-            )
-            if check.returncode != 0:
-                emit(
-                    {
-                        "system": "lorahost",
-                        "skipped": "native engine not importable: "
-                        + (check.stderr.strip().splitlines() or ["?"])[-1],
-                    }
-                )
+            error = import_error(python, "gpu_workers.engine", cwd=REPO)
+            if error is not None:
+                emit({"system": "lorahost", "skipped": "native engine not importable: " + error})
                 continue
         for mode in modes_list:
             if mode not in PEER_SCRIPTS[system][1]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving import pct
+from serving_metrics import pct
 from serving_workload import read_trace, zipf_weights
 
 from scheduler.length_predictor import (

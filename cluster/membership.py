@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Protocol
 
 from cluster.protocol import WorkerStats
@@ -55,13 +55,22 @@ class WorkerRecord:
     num_kv_pages_used: int = 0
     num_adapter_pages: int = 0
     num_free_pool_pages: int = 0
+    # routing state (see WorkerStats)
+    adapter_ranks: dict[str, int] = field(default_factory=dict)
+    running_ranks: tuple[int, ...] = ()
+    waiting_ranks: tuple[int, ...] = ()
+    num_waiting_prompt_tokens: int = 0
+    num_waiting_by_queue: tuple[int, ...] = ()
+    decode_step_ms: float | None = None
+    prefill_step_ms: float | None = None
+    perf_model: dict[str, Any] | None = None
 
     @classmethod
     def from_stats(cls, stats: WorkerStats, url: str) -> WorkerRecord:
         """The heartbeat record of a worker reached at `url` whose state is `stats`."""
         values = stats.model_dump()
-        values["device_adapters"] = tuple(stats.device_adapters)
-        values["host_adapters"] = tuple(stats.host_adapters)
+        for name in _TUPLE_FIELDS:
+            values[name] = tuple(values[name])
         return cls(url=url, **{name: values[name] for name in _FIELD_NAMES if name in values})
 
     def to_json(self) -> str:
@@ -75,12 +84,13 @@ class WorkerRecord:
         legacy = data.pop("extra", None)
         if isinstance(legacy, dict):
             data = {**legacy, **data}
-        data["device_adapters"] = tuple(data.get("device_adapters", ()))
-        data["host_adapters"] = tuple(data.get("host_adapters", ()))
+        for name in _TUPLE_FIELDS:
+            data[name] = tuple(data.get(name) or ())
         return cls(**{name: value for name, value in data.items() if name in _FIELD_NAMES})
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(WorkerRecord))
+_TUPLE_FIELDS = ("device_adapters", "host_adapters", "running_ranks", "waiting_ranks", "num_waiting_by_queue")
 
 
 class WorkerDirectory(Protocol):

@@ -48,7 +48,7 @@ residency "device", or "host" when the adapters that would have to go are in use
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -188,5 +188,14 @@ class WorkerStats(BaseModel):
     num_kv_pages_used: int = 0
     num_adapter_pages: int = 0
     num_free_pool_pages: int = 0
+    # routing state (the rank-aware router, scheduler/rank_aware_router.py); defaults = not published
+    adapter_ranks: dict[str, int] = Field(default_factory=dict)  # registered adapters (device and host) -> rank
+    running_ranks: list[int] = Field(default_factory=list)  # one per running request, 0 = base model
+    waiting_ranks: list[int] = Field(default_factory=list)  # one per queued request
+    num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill
+    num_waiting_by_queue: list[int] = Field(default_factory=list)  # queued requests per size class (multiqueue)
+    decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
+    prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
+    perf_model: dict[str, Any] | None = None  # the worker's profile (scheduler.perf_model.PerfModel.to_dict)
     is_ready: bool = True
     is_draining: bool = False

@@ -11,10 +11,12 @@ The only engine-side module that touches the blob store: `build_worker_service` 
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
 from gpu_workers.backend import InferenceBackend
@@ -68,7 +70,26 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
         worker_id=worker_id,
         base_model=settings.base_model_name,
         max_num_seqs=settings.engine_max_num_seqs,
+        perf_model=load_perf_profile(settings),
     )
+
+
+def load_perf_profile(settings: Settings) -> dict[str, Any] | None:
+    """The model of the profile at settings.worker_profile_path (what heartbeats publish: the fit, not the raw
+    samples), or None when unset; ValueError saying what to do when it cannot be read."""
+    from scheduler.perf_model import PerfModel
+
+    path = settings.worker_profile_path
+    if path is None:
+        return None
+    try:
+        model = PerfModel.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(
+            f"cannot use the worker profile {path}: {exc}; write one with `lorahost profile --output {path}` "
+            "or unset LORAHOST_WORKER_PROFILE_PATH"
+        ) from exc
+    return model.to_dict()
 
 
 def engine_config_from_settings(settings: Settings) -> EngineConfig:
@@ -98,6 +119,8 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         num_threads=settings.engine_num_threads,
         adapter_link_gbps=settings.engine_adapter_link_gbps,
         cpu_prefill_workers=settings.engine_cpu_prefill_workers,
+        fp32_prefill_gemms=settings.engine_fp32_prefill_gemms,
+        lora_kernel=settings.engine_lora_kernel,
     )
 
 
@@ -129,9 +152,11 @@ def make_runtime(
 ) -> WorkerRuntime:
     """A runtime for a worker listening on `sock` (its id defaults to <hostname>-<port>).
 
-    An unknown settings.worker_backend fails here, before the server starts, not later in /ready.
+    An unknown settings.worker_backend or an unreadable worker_profile_path fails here, before the server
+    starts, not later in /ready.
     """
     backend_factory(settings)
+    load_perf_profile(settings)  # a bad profile fails here too, not in /ready
     port = sock.getsockname()[1]
     worker_id = settings.worker_id or f"{socket.gethostname()}-{port}"
     return WorkerRuntime(

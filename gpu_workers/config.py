@@ -35,7 +35,7 @@ class EngineConfig:
     `fp32_prefill_gemms`: with packed linears in bf16, products of >= 128 rows (prefill) multiply fp32 upcasts
     of the activations and weights and round the output to bf16 (the dense bf16 weights are kept beside the
     packed ones: 2x their memory); None = auto: where oneDNN's fp32 GEMM is clearly faster than its bf16 one
-    here (CPUs with avx512_bf16 but no AMX; probed once at start, layers/linear.is_fp32_gemm_faster).
+    here (x86-64 CPUs without AMX, read from the CPU flags; measured once elsewhere: layers/linear.is_fp32_gemm_faster).
 
     Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block; `memory_mode`:
     - "unified" (default; S-LoRA / FastLibra): one budget of KV pages (`num_kv_blocks`, else

@@ -242,6 +242,8 @@ class LLMEngine:
         c.num_output_tokens += num_sampled
         c.step_seconds += seconds
         c.max_step_seconds = max(c.max_step_seconds, seconds)
+        is_decode = all(e.seq.num_computed_tokens - e.num_new_tokens >= e.seq.num_prompt_tokens for e in entries)
+        (c.recent_decode_seconds if is_decode else c.recent_prefill_seconds).append(seconds)
 
     # ---- offline convenience -------------------------------------------------------------------------
 

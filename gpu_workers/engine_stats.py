@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +26,49 @@ class EngineCounters:
     max_step_seconds: float = 0.0
     num_adapter_load_failures: int = 0  # planned or explicit copies to the device that failed
     num_adapter_copy_failures: int = 0  # planned (asynchronous) copies that failed
+    # the last RECENT_STEPS step durations (seconds): decode-only steps, and steps with prefill tokens
+    recent_decode_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    recent_prefill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+
+
+RECENT_STEPS = 32
+
+
+def median_ms(seconds: deque[float]) -> float | None:
+    """Median of recent step durations in milliseconds (None before the first such step)."""
+    return statistics.median(seconds) * 1000 if seconds else None
+
+
+def routing_stats(engine: LLMEngine) -> dict[str, Any]:
+    """What the rank-aware router reads: ranks of the registered, running and waiting requests' adapters (0 =
+    base model), the queue's prompt tokens still to prefill, queued requests per size class (multiqueue
+    policies) and the recent step times."""
+    residency, scheduler, c = engine.residency, engine.scheduler, engine.counters
+    ranks = residency.adapter_ranks()
+    waiting = list(scheduler.waiting.values())
+    return {
+        "adapter_ranks": ranks,
+        "running_ranks": [ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in scheduler.running],
+        "waiting_ranks": [ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in waiting],
+        "num_waiting_prompt_tokens": sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
+        "num_waiting_by_queue": _waiting_by_queue(engine, waiting),
+        "decode_step_ms": median_ms(c.recent_decode_seconds),
+        "prefill_step_ms": median_ms(c.recent_prefill_seconds),
+    }
+
+
+def _waiting_by_queue(engine: LLMEngine, waiting: list[Any]) -> list[int]:
+    """Queued requests per size class when the batch policy has size-class queues (else [])."""
+    policy = engine.scheduler.policy
+    num_queues, queue_of = getattr(policy, "num_queues", None), getattr(policy, "queue_of", None)
+    if not isinstance(num_queues, int) or queue_of is None:
+        return []
+    counts = [0] * num_queues
+    for seq in waiting:
+        index = queue_of(seq.request_id)
+        if index is not None and 0 <= index < num_queues:
+            counts[index] += 1
+    return counts
 
 
 def _adapter_cache_stats(engine: LLMEngine) -> dict[str, Any]:
@@ -55,6 +100,7 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
     cache = engine.prefix_cache
     return {
         **_adapter_cache_stats(engine),
+        **routing_stats(engine),
         "num_waiting": len(engine.scheduler.waiting),
         "num_running": len(engine.scheduler.running),
         "num_finished": c.num_finished,

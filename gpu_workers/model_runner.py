@@ -415,7 +415,7 @@ class ModelRunner(AdapterTransfers):
         if self.use_lora_kernel:
             return self._kernel_lora_batch(segments, host)
         if not self._use_stacked(segments, row):
-            return LoraBatch(tuple(segments), host=host)
+            return LoraBatch(tuple(segments), host=host, wide_dtype=self.wide_gemm_dtype)
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
         token_owner = torch.full((row,), -1, dtype=torch.long)
         for pos, seg in enumerate(segments):
@@ -430,9 +430,9 @@ class ModelRunner(AdapterTransfers):
         short = tuple(seg for seg in segments if seg.end - seg.start <= MAX_KERNEL_SEGMENT_TOKENS)
         kernel = self._kernel_lora(tuple(seg.adapter for seg in short)) if short else None
         if kernel is None:
-            return LoraBatch(tuple(segments), host=host)
+            return LoraBatch(tuple(segments), host=host, wide_dtype=self.wide_gemm_dtype)
         long = tuple(seg for seg in segments if seg.end - seg.start > MAX_KERNEL_SEGMENT_TOKENS)
-        return LoraBatch(long, host=host, kernel=KernelStep.of(kernel, short))
+        return LoraBatch(long, host=host, kernel=KernelStep.of(kernel, short), wide_dtype=self.wide_gemm_dtype)
 
     def _kernel_lora(self, adapters: tuple[LoraAdapter, ...]) -> KernelLora | None:
         """Kernel descriptors of an ordered adapter set (LRU-cached), or None when an adapter's tensors do not

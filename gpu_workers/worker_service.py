@@ -213,6 +213,10 @@ class AdapterManager:
             if k not in on_device and self._host_cache.contains(adapter_files(ref).cache_key)
         )
 
+    def known_ranks(self) -> dict[str, int]:
+        """The rank the API sent for every adapter whose files are in the host cache (AdapterRef.rank)."""
+        return {k: self._refs[k].rank for k in self.host_adapters([]) if self._refs[k].rank > 0}
+
     def residency(self, key: str) -> str:
         """ "device", "copying", "host" or "none"."""
         residency = self._engine.adapter_residency(key)
@@ -244,8 +248,10 @@ class WorkerService:
         worker_id: str,
         base_model: str,
         max_num_seqs: int,
+        perf_model: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
+        self.perf_model = perf_model  # the profile published in heartbeats (scheduler.perf_model.PerfModel.to_dict)
         self.host_cache = host_cache
         self.worker_id = worker_id
         self.base_model = base_model
@@ -378,9 +384,27 @@ class WorkerService:
             num_adapter_unloads=counters.num_adapter_unloads,
             num_load_failures=counters.num_load_failures + int(engine_stats.get("num_adapter_load_failures", 0)),
             **engine_adapter_cache_stats(engine_stats),
+            **self._routing_stats(engine_stats),
             is_ready=self.is_ready and not self.is_draining,
             is_draining=self.is_draining,
         )
+
+    def _routing_stats(self, engine_stats: dict[str, Any]) -> dict[str, Any]:
+        """The rank-aware router's inputs (engine_stats.routing_stats; defaults when a backend lacks them), with
+        the ranks of host-cached adapters the engine does not know and this worker's profile."""
+        ranks = {str(k): int(v) for k, v in (engine_stats.get("adapter_ranks") or {}).items()}
+        for key, rank in self.adapters.known_ranks().items():
+            ranks.setdefault(key, rank)
+        return {
+            "adapter_ranks": ranks,
+            "running_ranks": [int(r) for r in engine_stats.get("running_ranks") or ()],
+            "waiting_ranks": [int(r) for r in engine_stats.get("waiting_ranks") or ()],
+            "num_waiting_prompt_tokens": int(engine_stats.get("num_waiting_prompt_tokens", 0)),
+            "num_waiting_by_queue": [int(n) for n in engine_stats.get("num_waiting_by_queue") or ()],
+            "decode_step_ms": engine_stats.get("decode_step_ms"),
+            "prefill_step_ms": engine_stats.get("prefill_step_ms"),
+            "perf_model": self.perf_model,
+        }
 
     def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
         """The membership record advertised in heartbeats: these stats plus the worker's URL."""

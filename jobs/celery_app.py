@@ -14,14 +14,17 @@ from celery import Celery
 from cluster.membership import RedisWorkerDirectory
 from jobs.dispatch import (
     CLOSE_ORPHANED_USAGE_TASK,
+    COMPUTE_PLACEMENT_TASK,
     FAIL_STALE_VERSIONS_TASK,
     SWEEP_ORPHANED_BLOBS_TASK,
     TRAIN_LENGTH_PREDICTOR_TASK,
     VALIDATE_ADAPTER_TASK,
 )
+from jobs.placement import http_dropper, make_routing_table_store
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
 from registry import validation_job
+from registry.placement_job import run_placement
 from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
 from registry.upload_sweeper import sweep_orphaned_blobs
@@ -29,6 +32,7 @@ from registry.upload_sweeper import sweep_orphaned_blobs
 DEFAULT_USAGE_SWEEP_S = 60.0
 DEFAULT_UPLOAD_SWEEP_S = 600.0
 DEFAULT_PREDICTOR_TRAINING_S = 3600.0
+DEFAULT_PLACEMENT_S = 30.0
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -58,6 +62,10 @@ def make_celery(settings: Settings) -> Celery:
         "train-length-predictor": {
             "task": TRAIN_LENGTH_PREDICTOR_TASK,
             "schedule": settings.predictor_training_interval_s or DEFAULT_PREDICTOR_TRAINING_S,
+        },
+        "compute-placement": {
+            "task": COMPUTE_PLACEMENT_TASK,
+            "schedule": settings.placement_interval_s or DEFAULT_PLACEMENT_S,
         },
     }
     _register_tasks(app, settings)
@@ -94,6 +102,19 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         ctx = context()
         run = run_predictor_training(ctx.session_factory, ctx.blob_store, settings)
         return None if run is None else run.pointer.version
+
+    @app.task(name=COMPUTE_PLACEMENT_TASK, shared=False)
+    def compute_placement() -> int:
+        """Compute and publish the routing table (LoRAServe placement; periodic); returns its version."""
+        import redis
+
+        if not settings.redis_url:
+            raise ValueError("placement in cluster mode needs Redis: set LORAHOST_REDIS_URL")
+        client = redis.Redis.from_url(settings.redis_url)
+        directory = RedisWorkerDirectory(client, settings.worker_key_prefix)
+        store = make_routing_table_store(settings, client)
+        drop = http_dropper(settings.internal_token)
+        return run_placement(context().session_factory, directory, store, settings, drop=drop).version
 
     @app.task(name=CLOSE_ORPHANED_USAGE_TASK, shared=False)
     def close_orphaned_usage() -> int:

@@ -21,6 +21,7 @@ FAIL_STALE_VERSIONS_TASK = "lorahost.fail_stale_versions"
 SWEEP_ORPHANED_BLOBS_TASK = "lorahost.sweep_orphaned_blobs"
 CLOSE_ORPHANED_USAGE_TASK = "lorahost.close_orphaned_usage"
 TRAIN_LENGTH_PREDICTOR_TASK = "lorahost.train_length_predictor"
+COMPUTE_PLACEMENT_TASK = "lorahost.compute_placement"
 
 
 class JobDispatcher(Protocol):

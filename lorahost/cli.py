@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from lorahost.profile_cli import profile as profile_command
 from lorahost.reports_cli import app as reports_app
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting."
 db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(reports_app, name="report")
+app.command("profile")(profile_command)
 
 
 @app.command("demo-model")

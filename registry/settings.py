@@ -17,6 +17,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scheduler.batch_policy import BATCH_POLICIES
 from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
+from scheduler.placement import default_operating_points
+from scheduler.placement_baselines import PLACEMENT_POLICIES
 from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
@@ -153,6 +155,25 @@ class Settings(BaseSettings):
         default=DEFAULT_ROUTER_POLICY,
         description=f"API: how a request picks its worker, one of {sorted(ROUTER_POLICIES)} (scheduler/router.py)",
     )
+    router_slo_tpot_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="API, rank_aware router: the time-per-output-token SLO (ms) above which a worker's cost is "
+        "penalised; default per worker: 1.5x its single-request decode step at the request's rank (CaraServe)",
+    )
+    router_cold_fetch_ms: float = Field(
+        default=50.0,
+        ge=0,
+        description="API, rank_aware router: the estimated fetch (ms) of an adapter a worker holds nowhere, on top "
+        "of its profiled host -> device load",
+    )
+    worker_view_cache_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="API: seconds the live worker listing (Redis) is reused before it is read again (0 = every "
+        "request), capped at a quarter of the heartbeat TTL (a dead worker leaves routing soon after its record "
+        "expires). While Redis fails, the last listing is used",
+    )
 
     length_predictor: str = Field(
         default="learned",
@@ -187,6 +208,58 @@ class Settings(BaseSettings):
         default=7 * 86400.0, gt=0, description="Training reads finished requests that started this recently"
     )
 
+    # Placement (LoRAServe, scheduler/placement.py) and autoscaling (scheduler/scaling.py): one capacity model.
+    placement_interval_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds between placement runs (Celery beat `lorahost.compute_placement`, or an inline timer "
+        "in the API with inline jobs; 0 = no inline timer)",
+    )
+    placement_bucket_s: float = Field(default=60.0, gt=0, description="Demand history bucket length (seconds)")
+    placement_history_buckets: int = Field(
+        default=10, ge=1, description="Buckets of usage history the demand forecast (max of EWMA, last bucket) reads"
+    )
+    placement_ewma_alpha: float = Field(default=0.5, gt=0, le=1, description="EWMA smoothing of the demand forecast")
+    placement_policy: str = Field(
+        default="loraserve",
+        description="loraserve (rank-bucketed fractional placement), or the baselines random | contiguous "
+        "(one holder per adapter, scheduler/placement_baselines.py)",
+    )
+    placement_min_phi: float = Field(
+        default=0.05, ge=0, lt=0.5, description="Smallest routing weight of an adapter on a worker (smaller merge)"
+    )
+    worker_tokens_per_s: float = Field(
+        default=1000.0,
+        gt=0,
+        description="Capacity model: tokens/s (prompt + completion) one worker sustains within the SLO without LoRA; "
+        "OP[rank] = this / (1 + 0.016 rank) unless worker_operating_points is set",
+    )
+    worker_operating_points: dict[int, float] | None = Field(
+        default=None,
+        description='Capacity model from a profile: JSON {"<rank bucket>": tokens/s, ...} (its keys are the rank '
+        "buckets); overrides worker_tokens_per_s",
+    )
+    placement_key_prefix: str = Field(default="lorahost:placement:", description="Redis key prefix of the routing table")
+    routing_table_refresh_s: float = Field(
+        default=5.0, gt=0, description="API: seconds between reads of the published routing table into memory"
+    )
+    scaling_target_utilisation: float = Field(
+        default=0.8, gt=0, le=1, description="Autoscaling: workers are sized to run at this share of capacity"
+    )
+    scaling_min_workers: int = Field(default=0, ge=0, description="Autoscaling: fewest workers per base model")
+    scaling_max_workers: int = Field(default=8, ge=0, description="Autoscaling: most workers per base model")
+    scale_to_zero_idle_s: float = Field(
+        default=600.0, ge=0, description="Autoscaling: a base model with no request for this long goes to 0 workers"
+    )
+    scale_down_cooldown_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Autoscaling: workers are sized for the peak demand of this window (no scale-down on shorter dips)",
+    )
+    scaling_max_waiting_per_worker: int = Field(
+        default=8, ge=1, description="Autoscaling: more waiting requests per live worker than this adds workers"
+    )
+
     # Worker process (gpu_workers.server, built by gpu_workers.builder; `lorahost worker`, or in-process under
     # `lorahost serve`).
     worker_backend: str = Field(
@@ -206,6 +279,12 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=2.0, gt=0, description="Seconds between worker heartbeats")
     heartbeat_ttl_s: float | None = Field(default=None, description="Membership TTL; default 3x the interval")
     drain_timeout_s: float = Field(default=30.0, ge=0, description="Max wait for running requests on shutdown")
+    worker_profile_path: Path | None = Field(
+        default=None,
+        description="Worker: the performance profile `lorahost profile` wrote for this worker's hardware and base "
+        "model; its coefficients are published in heartbeats for the rank_aware router (unset: the router's "
+        "default model)",
+    )
     host_cache_dir: Path | None = Field(default=None, description="Worker adapter file cache; default data_dir/host_cache")
     host_cache_max_bytes: int = Field(default=8 << 30, gt=0, description="Host adapter cache budget")
     engine_dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
@@ -287,13 +366,26 @@ class Settings(BaseSettings):
         description="CPU threads computing the LoRA delta of prefills whose adapter is still being copied "
         "(CPU-assisted prefill); 0: such requests wait for the copy",
     )
+    engine_fp32_prefill_gemms: bool | None = Field(
+        default=None,
+        description="bf16 model on CPU: prefill-sized products (>= 128 rows) in fp32 upcasts; default: where the "
+        "CPU has no bf16 matrix unit (AMX); costs a dense copy of the weights",
+    )
+    engine_lora_kernel: bool | None = Field(
+        default=None,
+        description="C/OpenMP CPU kernel for decode-sized LoRA segments (built at start with the system C "
+        "compiler, cached); default: on where it builds; false: the torch forms",
+    )
+
+    @field_validator("placement_policy")
+    @classmethod
+    def _check_placement_policy(cls, value: str) -> str:
+        return _named_choice(value, PLACEMENT_POLICIES, "placement policy")
 
     @field_validator("router_policy")
     @classmethod
     def _check_router_policy(cls, value: str) -> str:
-        if value not in ROUTER_POLICIES:
-            raise ValueError(f"unknown router policy {value!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}")
-        return value
+        return _named_choice(value, ROUTER_POLICIES, "router policy")
 
     @field_validator("engine_batch_policy")
     @classmethod
@@ -331,6 +423,21 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_scaling(self) -> Settings:
+        if self.scaling_min_workers > self.scaling_max_workers:
+            raise ValueError(
+                f"scaling_min_workers ({self.scaling_min_workers}) is above scaling_max_workers "
+                f"({self.scaling_max_workers}): lower LORAHOST_SCALING_MIN_WORKERS or raise LORAHOST_SCALING_MAX_WORKERS"
+            )
+        if self.worker_operating_points is not None and (
+            not self.worker_operating_points or min(self.worker_operating_points.values()) <= 0
+        ):
+            raise ValueError(
+                'LORAHOST_WORKER_OPERATING_POINTS must map rank buckets to positive tokens/s, e.g. {"8": 900, "64": 600}'
+            )
+        return self
+
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to a SQLite file inside data_dir."""
         if self.database_url:
@@ -355,9 +462,18 @@ class Settings(BaseSettings):
         """How long a worker's membership lives without a heartbeat (default 3x the interval)."""
         return self.heartbeat_ttl_s if self.heartbeat_ttl_s is not None else 3 * self.heartbeat_interval_s
 
+    def resolved_worker_view_cache_s(self) -> float:
+        """How long the API reuses a worker listing: worker_view_cache_s, at most a quarter of the heartbeat TTL."""
+        return min(self.worker_view_cache_s, self.resolved_heartbeat_ttl_s() / 4)
+
     def resolved_api_instance_id(self, default: str | None = None) -> str:
         """The owner id of this API process's usage rows: api_instance_id, else `default`, else <hostname>-<port>."""
         return self.api_instance_id or default or f"{socket.gethostname()}-{self.port}"
+
+    def resolved_operating_points(self) -> dict[int, float]:
+        """The capacity model: rank bucket -> tokens/s per worker (worker_operating_points, else the default
+        derivation from worker_tokens_per_s, scheduler.placement.default_operating_points)."""
+        return dict(self.worker_operating_points or default_operating_points(self.worker_tokens_per_s))
 
     def resolved_upload_tmp_dir(self) -> Path:
         """The root of the API's upload scratch folders (default data_dir/upload-tmp)."""
@@ -368,8 +484,11 @@ class Settings(BaseSettings):
         return self.host_cache_dir or (self.data_dir / "host_cache")
 
 
-def _named_choice(value: str, choices: Collection[str], what: str, env: str) -> str:
-    """`value` when it names one of `choices`; else a ValueError that says which variable to set to what."""
+def _named_choice(value: str, choices: Collection[str], what: str, env: str | None = None) -> str:
+    """`value` when it names one of `choices`; else a ValueError that lists the choices (and, given `env`, says
+    which variable to set to one of them)."""
     if value not in choices:
-        raise ValueError(f"unknown {what} {value!r}: set {env} to one of {', '.join(sorted(choices))}")
+        names = ", ".join(sorted(choices))
+        fix = f": set {env} to one of {names}" if env else f"; choose one of {names}"
+        raise ValueError(f"unknown {what} {value!r}{fix}")
     return value

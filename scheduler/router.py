@@ -1,17 +1,24 @@
 """Router v1: choose a worker for a request. Pure: plain data in, decision out.
 
-Preference order: a worker with the adapter on the device, then one with it in host memory, then any
-worker; within a tier the least loaded wins (ties broken by worker id so the choice is deterministic).
-The [Cluster] issue replaces this with the rank-aware router behind the same `Router` protocol.
+Every policy picks among the *eligible* workers: the ready workers of the base model, restricted to the
+placement's assigned ones (RouteRequest.assigned_workers) when any of them is live (`eligible_workers`).
+- `residency_least_loaded` (default): a worker with the adapter on the device, then one with it in host
+  memory, then any; within a tier the least loaded wins (ties broken by worker id: deterministic).
+- `placement_weighted`: LoRAServe's routing, a random draw by the placement weights, blind to live load.
+- `rank_aware` (scheduler/rank_aware_router.py): CaraServe's least added per-token cost.
 Policies are chosen by name (settings.router_policy) from `ROUTER_POLICIES`, resolved by `make_router`:
-a new policy is a class with `choose` plus one entry there.
+a new policy is a class with `choose` plus one entry there; a policy with options (`RouterOptions`, built
+from settings) has a `from_options(options)` classmethod, the others are constructed without arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from scheduler.perf_model import PerfModel
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,15 @@ class WorkerView:
     device_adapters: frozenset[str] = field(default_factory=frozenset)
     host_adapters: frozenset[str] = field(default_factory=frozenset)
     is_ready: bool = True
+    # rank-aware routing (scheduler/rank_aware_router.py); defaults = a worker that publishes none of it
+    adapter_ranks: Mapping[str, int] = field(default_factory=dict)  # resident adapters (device and host)
+    running_ranks: tuple[int, ...] = ()  # one per running request, 0 = base model
+    waiting_ranks: tuple[int, ...] = ()  # one per queued request
+    num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill
+    num_free_pool_pages: int = 0
+    decode_step_ms: float | None = None  # median of recent decode-only steps (None: none yet)
+    prefill_step_ms: float | None = None  # median of recent steps with prefill tokens
+    perf_model: PerfModel | None = None  # the worker's profile (None: the router's default model)
 
     @property
     def load(self) -> float:
@@ -75,29 +91,86 @@ def ready_workers(base_model: str, workers: Sequence[WorkerView]) -> list[Worker
     return [w for w in workers if w.is_ready and w.base_model == base_model]
 
 
+def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> list[tuple[WorkerView, float]]:
+    """(worker, placement weight) of the ready workers of the base model, restricted to the assigned ones
+    among them when any is live; weight 1 each when none is (no placement published, or every holder gone)."""
+    ready = ready_workers(request.base_model, workers)
+    weights: dict[str, float] = {}
+    for worker_id, weight in request.assigned_workers:
+        weights[worker_id] = weights.get(worker_id, 0.0) + max(0.0, weight)
+    assigned = [(w, weights[w.worker_id]) for w in ready if w.worker_id in weights]
+    return assigned if assigned else [(w, 1.0) for w in ready]
+
+
 class ResidencyThenLeastLoaded:
-    """Router v1: prefer adapter residency, then the least loaded worker."""
+    """Router v1: among the eligible workers (the placement's, see `eligible_workers`), prefer adapter
+    residency, then the least loaded worker."""
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
-        """Pick the best ready worker serving the request's base model, or None."""
-        candidates = ready_workers(request.base_model, workers)
+        """Pick the best eligible worker serving the request's base model, or None."""
+        candidates = [w for w, _ in eligible_workers(request, workers)]
         if not candidates:
             return None
         best = min(candidates, key=lambda w: (residency_tier(request, w), w.load, w.worker_id))
         return best.worker_id
 
 
-ROUTER_POLICIES: dict[str, type[Router]] = {
+class PlacementWeightedRandom:
+    """LoRAServe's own routing: a worker drawn at random by the placement weights (phi), blind to live load
+    and residency (uniform over the ready workers when no assigned worker is live). The "blind" arm of
+    benchmarks/cluster.py. `seed` makes a run reproducible."""
+
+    def __init__(self, seed: int | None = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+        """A weighted draw among the eligible workers, or None when there is none."""
+        candidates = sorted(eligible_workers(request, workers), key=lambda c: c[0].worker_id)
+        if not candidates:
+            return None
+        total = sum(weight for _, weight in candidates)
+        if total <= 0:
+            return self._rng.choice(candidates)[0].worker_id
+        point = self._rng.random() * total
+        for worker, weight in candidates:
+            point -= weight
+            if point < 0:
+                return worker.worker_id
+        return candidates[-1][0].worker_id
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """Settings a policy may read (from registry.settings: router_slo_tpot_ms, router_cold_fetch_ms).
+
+    slo_tpot_ms: the time-per-output-token SLO of the rank-aware cost's penalty (None: per worker, 1.5x its
+    single-request decode step at the request's rank, CaraServe's rule). cold_fetch_ms: the estimated fetch
+    of an adapter a worker holds nowhere (blob store -> host), on top of its host -> device load.
+    """
+
+    slo_tpot_ms: float | None = None
+    cold_fetch_ms: float = 50.0
+
+
+ROUTER_POLICIES: dict[str, type[Any]] = {
     "residency_least_loaded": ResidencyThenLeastLoaded,
+    "placement_weighted": PlacementWeightedRandom,
 }
 DEFAULT_ROUTER_POLICY = "residency_least_loaded"
 
 
-def make_router(policy: str = DEFAULT_ROUTER_POLICY) -> Router:
+def make_router(policy: str = DEFAULT_ROUTER_POLICY, options: RouterOptions | None = None) -> Router:
     """The routing policy named `policy` (a key of ROUTER_POLICIES); ValueError naming the choices otherwise."""
     try:
-        return ROUTER_POLICIES[policy]()
+        cls = ROUTER_POLICIES[policy]
     except KeyError:
         raise ValueError(
             f"unknown router policy {policy!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}"
         ) from None
+    from_options = getattr(cls, "from_options", None)
+    return from_options(options or RouterOptions()) if from_options is not None else cls()
+
+
+# Policies in their own modules register themselves in ROUTER_POLICIES when imported (last: they import
+# this module's names).
+import scheduler.rank_aware_router  # noqa: F401

@@ -15,7 +15,7 @@ ignore_eos=true and no stop strings, when every completion has max_tokens tokens
 from __future__ import annotations
 
 import reprlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fastapi import Request
@@ -106,7 +106,9 @@ async def prepare(
         admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
     else:
         await run_in_threadpool(admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
-    return _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant.tenant_id, meter)
+    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant.tenant_id, meter)
+    prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
+    return prepared
 
 
 def _prepared(
@@ -135,7 +137,12 @@ def _prepared(
         model=model,
         is_stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        route=RouteRequest(resolved.base_model, adapter_key, len(prompt_ids)),
+        route=RouteRequest(
+            resolved.base_model,
+            adapter_key,
+            len(prompt_ids),
+            adapter_rank=resolved.adapter.rank if resolved.adapter else 0,
+        ),
         generate=GenerateRequest(
             request_id=meter.request_id,
             prompt_token_ids=prompt_ids,
@@ -145,6 +152,12 @@ def _prepared(
         ),
         text_features=hashed_ngram_features(prediction_text(body)),
     )
+
+
+def with_placement(route: RouteRequest, row: tuple[tuple[str, float], ...]) -> RouteRequest:
+    """The route with the adapter's rank-aware inputs: its routing-table row (from the API's in-memory copy of
+    the published placement; () when none) as `assigned_workers`."""
+    return replace(route, assigned_workers=row) if row else route
 
 
 def prediction_text(body: InferenceRequestBase) -> str:

@@ -18,7 +18,7 @@ from api.cold_start import ColdStartTimeout, ColdStartWait
 from api.errors import ApiError
 from api.inference.prepare import Prepared
 from api.metering import RequestMeter, UsageLedger
-from api.services import Services, is_in_memory_directory, live_workers
+from api.services import Services, cached_live_workers, live_workers
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, tenant_status
@@ -93,9 +93,11 @@ def refusal_error(event: GenerateEvent) -> ApiError:
 
 
 async def live_records(services: Services) -> list[WorkerRecord]:
-    """The live worker records (a Redis directory is read in a thread: a network call)."""
-    if is_in_memory_directory(services):
-        return live_workers(services)
+    """The live worker records: from the in-process directory or the fresh cached listing inline, else the
+    shared (Redis) directory read in a thread (a network call)."""
+    records = cached_live_workers(services)
+    if records is not None:
+        return records
     return await anyio.to_thread.run_sync(live_workers, services)
 
 

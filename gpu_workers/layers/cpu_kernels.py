@@ -67,6 +67,16 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def x86_cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags on x86-64 Linux (/proc/cpuinfo), None where they cannot be read."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    line = _cpu_flags()
+    if not line.startswith("flags"):
+        return None
+    return frozenset(line.split(":", 1)[1].split())
+
+
 def _build_and_load() -> ctypes.CDLL | None:
     global compile_seconds
     cc = _compiler()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpu_workers.layers.linear import pack_linear_weight, packed_linear
+from gpu_workers.layers.linear import WIDE_GEMM_MIN_ROWS, pack_linear_weight, packed_linear
 
 if TYPE_CHECKING:
     from gpu_workers.layers.host_lora import HostLora
@@ -112,6 +112,8 @@ class LoraBatch:
     the column belongs to another adapter than the token's (dropped; tokens without adapter: all True).
     `host`: segments whose adapter is still being copied (CPU-assisted prefill, layers/host_lora.py); their
     tokens are in no device segment and the stacked form adds exactly 0 to them.
+    `wide_dtype` (float32 for a bf16 model whose prefill GEMMs run wide, see layers/linear.MergedLinear):
+    segments of at least WIDE_GEMM_MIN_ROWS tokens multiply exact upcasts and round once into `out`.
     """
 
     segments: tuple[LoraSegment, ...]
@@ -119,6 +121,7 @@ class LoraBatch:
     masks: tuple[torch.Tensor, ...] = ()
     host: HostLora | None = None
     kernel: KernelStep | None = None
+    wide_dtype: torch.dtype | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -160,7 +163,11 @@ def _add_device_delta(out: torch.Tensor, x: torch.Tensor, lora: LoraBatch, layer
         return
     for seg in lora.segments:
         proj = seg.adapter.layers[layer_idx].get(projection)
-        if proj is not None:
+        if proj is None:
+            continue
+        if lora.wide_dtype is not None and seg.end - seg.start >= WIDE_GEMM_MIN_ROWS:
+            add_wide_segment_delta(out[seg.start:seg.end], x[seg.start:seg.end], proj, lora.wide_dtype)
+        else:
             add_segment_delta(out[seg.start:seg.end], x[seg.start:seg.end], proj)
 
 
@@ -172,6 +179,17 @@ def add_segment_delta(out_rows: torch.Tensor, x_rows: torch.Tensor, proj: LoraPr
     xa = x_rows @ proj.a_t  # [seg_tokens, sum_ranks]
     for r0, r1, c0, c1, b_t in proj.parts:
         out_rows[:, c0:c1].addmm_(xa[:, r0:r1], b_t)
+
+
+def add_wide_segment_delta(
+    out_rows: torch.Tensor, x_rows: torch.Tensor, proj: LoraProjection, wide_dtype: torch.dtype
+) -> None:
+    """add_segment_delta computed on exact `wide_dtype` upcasts, rounded once into out_rows (prefill-sized
+    segments of a bf16 model on a CPU whose bf16 GEMMs are slower than fp32 ones, see is_fp32_gemm_faster)."""
+    xa = x_rows.to(wide_dtype) @ proj.a_t.to(wide_dtype)  # [seg_tokens, sum_ranks]
+    for r0, r1, c0, c1, b_t in proj.parts:
+        cols = out_rows[:, c0:c1]
+        cols.copy_(torch.addmm(cols.to(wide_dtype), xa[:, r0:r1], b_t.to(wide_dtype)))
 
 
 def map_lora_tensors(adapter: LoraAdapter, fn: Callable[[torch.Tensor], torch.Tensor]) -> LoraAdapter:
@@ -280,8 +298,9 @@ def select_lora_rows(lora: LoraBatch, rows: torch.Tensor) -> LoraBatch:
     host = lora.host.select_rows(row_list) if lora.host is not None else None
     kernel = lora.kernel.select_rows(row_list) if lora.kernel is not None else None
     if lora.stacked is None:
-        return LoraBatch(segments, host=host, kernel=kernel)
-    return LoraBatch(segments, lora.stacked, tuple(m.index_select(0, rows) for m in lora.masks), host, kernel)
+        return LoraBatch(segments, host=host, kernel=kernel, wide_dtype=lora.wide_dtype)
+    masks = tuple(m.index_select(0, rows) for m in lora.masks)
+    return LoraBatch(segments, lora.stacked, masks, host, kernel, lora.wide_dtype)
 
 
 def select_segment_rows(segments: tuple[LoraSegment, ...], row_list: list[int]) -> tuple[LoraSegment, ...]:

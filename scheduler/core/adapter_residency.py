@@ -147,6 +147,10 @@ class AdapterResidency:
         """Adapters on the device or being copied there, least recently used first."""
         return list(self._on_device)
 
+    def adapter_ranks(self) -> dict[str, int]:
+        """Rank of every adapter with a copy (device, copying or host)."""
+        return {a: s.rank for a, s in self._states.items() if s.residency is not Residency.NONE}
+
     def num_device_bytes(self) -> int:
         """Bytes of the adapters on the device (or being copied)."""
         return sum(self._states[a].num_bytes for a in self._on_device)

@@ -64,6 +64,9 @@ def make_client(
             "admin_key": ADMIN_KEY,
             "base_model_path": base_model_dir,
             "cold_start_timeout_s": 0.0,  # no worker = an immediate 503 (tests of the wait set their own)
+            # no inline placement timer: its thread would share the test's DB connection (tests call
+            # api.main.place themselves)
+            "placement_interval_s": 0.0,
         } | overrides
         settings = Settings(**values)
         services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)

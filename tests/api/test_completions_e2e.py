@@ -329,10 +329,16 @@ def test_every_authenticated_request_is_metered_exactly_once(stack: Stack) -> No
     assert len({r.request_id for r in rows}) == 4
 
 
+def _let_the_worker_view_refresh(stack: Stack) -> None:
+    """The API reads the directory through a listing cached for worker_view_cache_s: wait it out."""
+    time.sleep(stack.services.worker_listing.ttl_s)
+
+
 def test_dead_worker_is_retried_then_503_when_none_is_left(stack: Stack) -> None:
     key = stack.tenant("e2e-dead-worker")
     dead = WorkerRecord("0-dead", f"http://127.0.0.1:{free_port()}", "lorahost-base", max_num_seqs=16)
     stack.directory.extra_records.append(dead)  # sorts first and is idle: chosen first
+    _let_the_worker_view_refresh(stack)
     try:
         response = httpx.post(
             f"{stack.url}/v1/completions",
@@ -342,6 +348,7 @@ def test_dead_worker_is_retried_then_503_when_none_is_left(stack: Stack) -> None
         )
         assert response.status_code == 200  # retried on the real worker
         stack.directory.list_live = lambda: [dead]  # type: ignore[method-assign]
+        _let_the_worker_view_refresh(stack)
         response = httpx.post(
             f"{stack.url}/v1/completions",
             headers={"Authorization": f"Bearer {key}"},
@@ -353,6 +360,7 @@ def test_dead_worker_is_retried_then_503_when_none_is_left(stack: Stack) -> None
     finally:
         del stack.directory.list_live
         stack.directory.extra_records.clear()
+        _let_the_worker_view_refresh(stack)
     assert [(r.status, r.worker_id) for r in rows_of(stack, key)] == [
         ("ok", stack.worker.worker_id),
         ("rejected", None),

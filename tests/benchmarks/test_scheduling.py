@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCH))
 
 import scheduling
 from adapter_memory_replay import _record_output, prime_policy
+from scheduling_bench import policy_overrides
 from scheduling_metrics import (
     compare_with,
     drain_limit_s,
@@ -410,6 +411,6 @@ def test_priming_shows_the_history_to_the_policy_and_admits_nothing() -> None:
 
 
 def test_multiqueue_gets_the_benchmarks_slo_unless_given() -> None:
-    assert scheduling.policy_overrides("multiqueue", 0.9, {}) == {"multiqueue_slo_s": 0.9}
-    assert scheduling.policy_overrides("multiqueue", 0.9, {"multiqueue_slo_s": 3.0}) == {}
-    assert scheduling.policy_overrides("fifo", 0.9, {}) == {}
+    assert policy_overrides("multiqueue", 0.9, {}) == {"multiqueue_slo_s": 0.9}
+    assert policy_overrides("multiqueue", 0.9, {"multiqueue_slo_s": 3.0}) == {}
+    assert policy_overrides("fifo", 0.9, {}) == {}

@@ -72,11 +72,15 @@ def test_record_is_the_workers_stats_plus_its_url() -> None:
     stats = WorkerStats(worker_id="w1", base_model="base", num_running=2, num_waiting=1, max_num_seqs=8,
                         device_adapters=["a"], host_adapters=["b"], num_active=3, num_free_kv_blocks=10,
                         num_total_kv_blocks=20, num_cache_hits=4, num_cache_misses=5, num_adapter_loads=6,
-                        num_adapter_unloads=7, num_load_failures=8, is_ready=False, is_draining=True)
+                        num_adapter_unloads=7, num_load_failures=8, is_ready=False, is_draining=True,
+                        running_ranks=[8, 0], waiting_ranks=[64], num_waiting_by_queue=[1])
     record = WorkerRecord.from_stats(stats, "http://w1")
     assert record.url == "http://w1" and record.device_adapters == ("a",) and record.host_adapters == ("b",)
     as_stats = {k: v for k, v in record.__dict__.items() if k != "url"}
-    assert as_stats == stats.model_dump() | {"device_adapters": ("a",), "host_adapters": ("b",)}
+    assert as_stats == stats.model_dump() | {
+        "device_adapters": ("a",), "host_adapters": ("b",), "running_ranks": (8, 0), "waiting_ranks": (64,),
+        "num_waiting_by_queue": (1,),
+    }
     assert WorkerRecord.from_json(record.to_json()) == record
 
 

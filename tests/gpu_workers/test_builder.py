@@ -161,3 +161,12 @@ def test_the_adapter_cache_setting_reaches_the_engine_config(
     assert builder.engine_config_from_settings(settings).is_caching_idle_adapters is False
     with pytest.raises(ValueError, match="engine_adapter_cache"):
         Settings(data_dir=tmp_path, engine_adapter_cache="sometimes")
+
+
+def test_the_cpu_fast_path_settings_reach_the_engine_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    default = builder.engine_config_from_settings(_settings(tmp_path))
+    assert default.fp32_prefill_gemms is None and default.lora_kernel is None  # auto
+    monkeypatch.setenv("LORAHOST_ENGINE_FP32_PREFILL_GEMMS", "false")
+    monkeypatch.setenv("LORAHOST_ENGINE_LORA_KERNEL", "false")
+    config = builder.engine_config_from_settings(Settings(base_model_path=tmp_path))
+    assert config.fp32_prefill_gemms is False and config.lora_kernel is False

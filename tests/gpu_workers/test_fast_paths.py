@@ -46,6 +46,28 @@ def test_wide_gemm_rounds_like_the_bf16_gemm(num_rows: int) -> None:
 
 
 @needs_bf16_packing
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [(frozenset({"avx512f", "avx512_bf16"}), True), (frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}), False)],
+)
+def test_fp32_prefill_choice_follows_the_cpu_flags(
+    monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], expected: bool
+) -> None:
+    """On x86-64 the choice is the CPU's (no AMX -> fp32 prefill GEMMs), never a timing that other load can
+    flip; only without readable flags is it measured."""
+    import gpu_workers.layers.linear as linear
+
+    measured: list[torch.dtype] = []
+    monkeypatch.setattr(linear, "_measure_fp32_gemm_faster", lambda dtype: measured.append(dtype) or True)
+    for flag_set, want in ((flags, expected), (None, True)):
+        monkeypatch.setattr(linear, "x86_cpu_flags", lambda: flag_set)
+        linear.is_fp32_gemm_faster.cache_clear()
+        assert linear.is_fp32_gemm_faster(torch.bfloat16, "cpu", 2) is want
+    assert measured == [torch.bfloat16]
+    linear.is_fp32_gemm_faster.cache_clear()
+
+
+@needs_bf16_packing
 def test_fp32_prefill_gemms_match_peft_and_can_be_turned_off(make_engine: Any, hf_oracle: Any) -> None:
     """A prompt longer than WIDE_GEMM_MIN_ROWS (the wide path) gives peft's greedy tokens within bf16 noise,
     with the fast path forced on and off."""
@@ -59,6 +81,36 @@ def test_fp32_prefill_gemms_match_peft_and_can_be_turned_off(make_engine: Any, h
         for engine in (on, off):
             logits = _prefill_logits(engine, prompt, adapter)
             assert (logits - expected).abs().max() < 0.05 * expected.abs().max() + 0.05
+
+
+@pytest.mark.parametrize("num_rows", [WIDE_GEMM_MIN_ROWS - 1, WIDE_GEMM_MIN_ROWS, 300])
+def test_wide_lora_segments_round_once_to_the_exact_delta(num_rows: int) -> None:
+    """A prefill-sized LoRA segment of a bf16 model with wide_dtype set is (x A) B + out computed in fp32 and
+    rounded once into out (within one bf16 ulp of the exact sum); shorter segments keep the bf16 ops."""
+    from gpu_workers.layers.lora import LoraAdapter, LoraBatch, LoraSegment, _add_device_delta, build_lora_projection
+
+    torch.manual_seed(1)
+    modules = {"q_proj": (torch.randn(8, 64), torch.randn(48, 8)), "v_proj": (torch.randn(4, 64), torch.randn(16, 4))}
+    slices = {"q_proj": (0, 48), "k_proj": (48, 64), "v_proj": (64, 80)}
+    proj = build_lora_projection(modules, "qkv", slices, 0.5, torch.bfloat16, torch.device("cpu"))
+    assert proj is not None
+    adapter = LoraAdapter("a", 8, 0.5, ("q_proj", "v_proj"), ({"qkv": proj},), 0)
+    x, base = torch.randn(num_rows, 64).bfloat16(), torch.randn(num_rows, 80).bfloat16()
+    outs = {}
+    for wide in (torch.float32, None):
+        out = base.clone()
+        _add_device_delta(out, x, LoraBatch((LoraSegment(0, num_rows, adapter),), wide_dtype=wide), 0, "qkv")
+        outs[wide] = out
+    exact = base.double().clone()
+    xa = x.double() @ proj.a_t.double()
+    for r0, r1, c0, c1, b_t in proj.parts:
+        exact[:, c0:c1] += xa[:, r0:r1] @ b_t.double()
+    if num_rows >= WIDE_GEMM_MIN_ROWS:
+        ulp = exact.abs() * 2**-8 + 1e-6  # one rounding to bf16 (half an ulp) plus fp32 accumulation
+        assert ((outs[torch.float32].double() - exact).abs() <= ulp).all()
+        assert not torch.equal(outs[torch.float32], outs[None])  # the wide path ran (bf16 rounds x A first)
+    else:
+        assert torch.equal(outs[torch.float32], outs[None])
 
 
 def _prefill_logits(engine: Any, prompt: list[int], adapter: str | None) -> torch.Tensor:

@@ -47,3 +47,26 @@ def test_an_unknown_router_policy_names_the_choices() -> None:
 
     with pytest.raises(ValueError, match="residency_least_loaded"):
         make_router("round_robin")
+
+
+def test_residency_router_keeps_to_the_assigned_workers_while_one_is_live() -> None:
+    workers = [_w("a", device={"x"}), _w("b", running=6), _w("c", running=2)]
+    request = RouteRequest(BASE, "x", assigned_workers=(("b", 0.5), ("c", 0.5)))
+    assert ResidencyThenLeastLoaded().choose(request, workers) == "c"  # "a" holds x but is not assigned
+    gone = RouteRequest(BASE, "x", assigned_workers=(("z", 1.0),))
+    assert ResidencyThenLeastLoaded().choose(gone, workers) == "a"  # no assigned worker live: every ready one
+
+
+def test_placement_weighted_draws_by_weight_among_assigned_workers_only() -> None:
+    from collections import Counter
+
+    from scheduler.router import PlacementWeightedRandom, make_router
+
+    workers = [_w("a"), _w("b", running=7), _w("c")]
+    request = RouteRequest(BASE, "x", assigned_workers=(("a", 0.8), ("b", 0.2)))
+    router = PlacementWeightedRandom(seed=1)
+    counts = Counter(router.choose(request, workers) for _ in range(2000))
+    assert set(counts) == {"a", "b"}  # blind to b's load, never c
+    assert 0.75 < counts["a"] / 2000 < 0.85
+    assert isinstance(make_router("placement_weighted"), PlacementWeightedRandom)
+    assert router.choose(RouteRequest(BASE, "x"), [_w("a", ready=False)]) is None

@@ -4,8 +4,6 @@ policy keeps the page budget, the page partition and the running pins."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,20 +11,11 @@ from hypothesis import strategies as st
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.page_pool import PagePool
 from scheduler.eviction import EVICTION_POLICIES, make_eviction_policy
-
-PAGE_BYTES = 100
-
-
-@dataclass
-class FakeClock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.scheduler.core.scheduler_helpers import PAGE_BYTES, ManualClock
 
 
-def make_residency(policy: str, num_kv_pages: int = 8, num_adapter_pages: int = 8) -> tuple[AdapterResidency, FakeClock]:
-    clock = FakeClock()
+def make_residency(policy: str, num_kv_pages: int = 8, num_adapter_pages: int = 8) -> tuple[AdapterResidency, ManualClock]:
+    clock = ManualClock()
     pool = PagePool(num_kv_pages + num_adapter_pages, 4, num_kv_pages)
     residency = AdapterResidency(
         pool, PAGE_BYTES, policy=make_eviction_policy(policy), clock=clock
@@ -40,7 +29,7 @@ def load(residency: AdapterResidency, name: str, num_bytes: int, load_seconds: f
     residency.mark_loaded(name, load_seconds)
 
 
-def fill_cache(policy: str) -> tuple[AdapterResidency, FakeClock]:
+def fill_cache(policy: str) -> tuple[AdapterResidency, ManualClock]:
     """An 8-page adapter share holding a big popular adapter (LRU) and a small rare one (used last)."""
     residency, clock = make_residency(policy, num_kv_pages=4, num_adapter_pages=8)
     load(residency, "big_hot", 600)

@@ -7,7 +7,6 @@ adapter loads and advances every entry, sampling one token per sampling entry.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from functools import partial
 
 import pytest
@@ -18,22 +17,19 @@ from scheduler.batch_policy import FifoPolicy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
-from scheduler.core.sampling import SamplingParams
-from scheduler.core.sequence import Sequence, SequenceStatus
-from scheduler.core.step_plan import StepPlan
+from scheduler.core.sequence import Sequence
 from scheduler.eviction import EVICTION_POLICIES, make_eviction_policy
-
-PAGE_BYTES = 100
-BLOCK_SIZE = 4
-
-
-@dataclass(frozen=True)
-class Setup:
-    num_kv_pages: int
-    num_adapter_pages: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    eviction_policy: str = "lru"
+from tests.scheduler.core.scheduler_helpers import (
+    BLOCK_SIZE,
+    PAGE_BYTES,
+    Setup,
+    adapter_sizes,
+    carry_out,
+    check_plan,
+    make_seq,
+    register_fitting_adapters,
+    request_lists,
+)
 
 
 def make_scheduler(
@@ -52,51 +48,6 @@ def make_scheduler(
     )
 
 
-def make_seq(request_id: str, num_prompt: int, max_tokens: int, adapter_id: str | None, arrival: float) -> Sequence:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    return Sequence(request_id, list(range(1, num_prompt + 1)), params, adapter_id, max_tokens, arrival_time=arrival)
-
-
-def carry_out(scheduler: BatchScheduler, plan: StepPlan) -> None:
-    """What the engine does with a plan, minus the tensors."""
-    for load in plan.adapter_loads:
-        scheduler.on_adapter_loaded(load.adapter_id)
-    for entry in plan.entries:
-        seq = entry.seq
-        is_sampling = entry.is_sampling
-        seq.num_computed_tokens += entry.num_new_tokens
-        if is_sampling:
-            seq.token_ids.append(7)
-            if seq.num_output_tokens >= seq.max_tokens:
-                scheduler.finish(seq, "length")
-
-
-def check_plan(scheduler: BatchScheduler, plan: StepPlan, running_before: dict[str, str], setup: Setup) -> None:
-    """Invariants every plan keeps."""
-    assert plan.num_batched_tokens <= setup.max_num_batched_tokens
-    assert len(scheduler.running) <= setup.max_num_seqs
-    assert len({id(e.seq) for e in plan.entries}) == len(plan.entries)
-    assert all(e.num_new_tokens > 0 for e in plan.entries)
-    # A running request's adapter is never evicted (a request preempted in this step no longer runs).
-    still_running = {rid: a for rid, a in running_before.items() if rid not in plan.preemptions}
-    assert not set(plan.adapter_evictions) & set(still_running.values())
-    loads = {load.adapter_id for load in plan.adapter_loads}
-    in_use = {s.adapter_id for s in scheduler.running}
-    assert not (set(plan.adapter_evictions) - loads) & in_use
-    residency = scheduler.residency
-    for entry in plan.entries:
-        seq = entry.seq
-        assert seq.status is SequenceStatus.RUNNING
-        assert len(seq.block_table) * BLOCK_SIZE >= seq.num_computed_tokens + entry.num_new_tokens
-        if seq.adapter_id is not None:
-            state = residency.residency(seq.adapter_id)
-            assert state is Residency.DEVICE or (state is Residency.COPYING and seq.adapter_id in loads)
-    pool = scheduler.pool
-    device_pages = sum(len(residency.get(a).page_ids) for a in residency.device_adapters())  # type: ignore[union-attr]
-    assert pool.num_adapter_pages == device_pages
-    assert pool.num_used_pages + pool.num_free_pages == pool.num_pages
-
-
 setups = st.builds(
     Setup,
     num_kv_pages=st.integers(6, 24),
@@ -105,12 +56,7 @@ setups = st.builds(
     max_num_batched_tokens=st.integers(1, 40),
     eviction_policy=st.sampled_from(sorted(EVICTION_POLICIES)),
 )
-requests = st.lists(
-    st.tuples(st.integers(1, 12), st.integers(1, 6), st.one_of(st.none(), st.integers(0, 5)), st.integers(0, 3)),
-    min_size=1,
-    max_size=14,
-)
-adapter_sizes = st.lists(st.tuples(st.integers(1, 16), st.integers(1, 1200)), min_size=6, max_size=6)
+requests = request_lists(max_arrival_step=3, max_size=14)
 
 
 @settings(max_examples=200, deadline=None)
@@ -125,13 +71,7 @@ def test_plans_keep_budgets_and_pins_and_every_request_finishes(
 ) -> None:
     scheduler = make_scheduler(setup)
     residency = scheduler.residency
-    for i, (rank, num_bytes) in enumerate(adapters):
-        state = residency.register(f"a{i}", f"/host/a{i}", rank, num_bytes)
-        # an adapter (static: in the adapter share; unified: beside the longest request) must fit, or nothing
-        # could ever run it
-        limit = setup.num_adapter_pages if setup.num_adapter_pages else setup.num_kv_pages - 5
-        while residency.num_pages_for(state) > limit:
-            state.num_bytes = max(1, state.num_bytes // 2)
+    register_fitting_adapters(residency, adapters, setup)
     seqs: list[Sequence] = []
     pending = list(enumerate(reqs))
     for step in range(3000):

@@ -12,7 +12,7 @@ from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
 from scheduler.core.sequence import Sequence, SequenceStatus
 from scheduler.core.step_plan import StepPlan
-from tests.scheduler.core.test_batch_scheduler import BLOCK_SIZE, PAGE_BYTES, make_seq
+from tests.scheduler.core.scheduler_helpers import BLOCK_SIZE, PAGE_BYTES, make_seq
 
 
 def make(num_workers: int, budget: int = 64, num_kv_pages: int = 32) -> BatchScheduler:

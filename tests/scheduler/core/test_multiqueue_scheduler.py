@@ -12,28 +12,22 @@ from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
 from scheduler.core.sequence import Sequence
-from tests.scheduler.core.test_batch_scheduler import (
+from tests.scheduler.core.scheduler_helpers import (
     BLOCK_SIZE,
     PAGE_BYTES,
+    ManualClock,
     Setup,
+    adapter_sizes,
     carry_out,
     check_plan,
     make_seq,
+    register_fitting_adapters,
+    request_lists,
 )
 
 
-class Clock:
-    """The scheduler's clock, advanced by the test."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make_scheduler(
-    policy: BatchPolicy, num_kv_pages: int, num_adapter_pages: int, clock: Clock, max_num_seqs: int = 8
+    policy: BatchPolicy, num_kv_pages: int, num_adapter_pages: int, clock: ManualClock, max_num_seqs: int = 8
 ) -> BatchScheduler:
     pool = PagePool(num_kv_pages + num_adapter_pages, BLOCK_SIZE, num_kv_pages)
     residency = AdapterResidency(pool, PAGE_BYTES, clock=clock)
@@ -47,7 +41,7 @@ def seq(request_id: str, num_prompt: int, max_tokens: int, adapter: str | None, 
     return s
 
 
-def run_step(scheduler: BatchScheduler, clock: Clock, admitted: list[str]) -> None:
+def run_step(scheduler: BatchScheduler, clock: ManualClock, admitted: list[str]) -> None:
     """One step: schedule, note the admissions, carry out, advance the clock by one second."""
     before = dict(scheduler.waiting)
     carry_out(scheduler, scheduler.schedule())
@@ -56,7 +50,7 @@ def run_step(scheduler: BatchScheduler, clock: Clock, admitted: list[str]) -> No
     clock.now += 1.0
 
 
-def drain(scheduler: BatchScheduler, clock: Clock, admitted: list[str]) -> None:
+def drain(scheduler: BatchScheduler, clock: ManualClock, admitted: list[str]) -> None:
     for _ in range(500):
         if not scheduler.has_unfinished():
             return
@@ -81,7 +75,7 @@ def test_admission_gate_blocks_only_the_group_and_lets_bypass_ids_past_an_adapte
     assert not sjf.is_closed and sjf.may_try("b")
 
 
-def warm_up(scheduler: BatchScheduler, clock: Clock) -> None:
+def warm_up(scheduler: BatchScheduler, clock: ManualClock) -> None:
     """Two short and two long requests: the policy's first refresh finds two size classes."""
     for i, (num_prompt, max_tokens) in enumerate([(2, 2), (40, 60), (2, 2), (40, 60)]):
         scheduler.add(seq(f"warm{i}", num_prompt, max_tokens, None, clock.now))
@@ -91,7 +85,7 @@ def warm_up(scheduler: BatchScheduler, clock: Clock) -> None:
 def test_short_request_goes_ahead_of_an_earlier_long_one_whose_queue_quota_is_used_up() -> None:
     orders = {}
     for name in ("multiqueue", "fifo"):
-        clock = Clock()
+        clock = ManualClock()
         policy = MultiQueuePolicy(min_samples=4, window_size=4, refresh_s=1e9) if name == "multiqueue" else FifoPolicy()
         scheduler = make_scheduler(policy, num_kv_pages=40, num_adapter_pages=0, clock=clock)  # 160 tokens
         warm_up(scheduler, clock)
@@ -115,9 +109,9 @@ def test_short_request_goes_ahead_of_an_earlier_long_one_whose_queue_quota_is_us
     assert orders["fifo"] == ["long1", "long2", "short"]  # memory allowed both long requests at once
 
 
-def bypass_setup(policy: BatchPolicy) -> tuple[BatchScheduler, Clock, list[Sequence]]:
+def bypass_setup(policy: BatchPolicy) -> tuple[BatchScheduler, ManualClock, list[Sequence]]:
     """One page of adapter room, taken by "hot" (running r0); "cold" needs two pages, so it cannot load."""
-    clock = Clock()
+    clock = ManualClock()
     scheduler = make_scheduler(policy, num_kv_pages=30, num_adapter_pages=2, clock=clock)
     scheduler.residency.register("hot", "/host/hot", rank=1, num_bytes=PAGE_BYTES)
     for name in ("cold", "cold2"):
@@ -160,12 +154,7 @@ setups = st.builds(
     max_num_seqs=st.integers(1, 6),
     max_num_batched_tokens=st.integers(1, 40),
 )
-requests = st.lists(
-    st.tuples(st.integers(1, 12), st.integers(1, 6), st.one_of(st.none(), st.integers(0, 5)), st.integers(0, 6)),
-    min_size=1,
-    max_size=16,
-)
-adapter_sizes = st.lists(st.tuples(st.integers(1, 16), st.integers(1, 1200)), min_size=6, max_size=6)
+requests = request_lists(max_arrival_step=6, max_size=16)
 
 
 @settings(max_examples=80, deadline=None)
@@ -173,17 +162,13 @@ adapter_sizes = st.lists(st.tuples(st.integers(1, 16), st.integers(1, 1200)), mi
 def test_multiqueue_plans_keep_the_budgets_and_every_request_finishes(
     setup: Setup, reqs: list[tuple[int, int, int | None, int]], adapters: list[tuple[int, int]], max_queues: int
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     policy = MultiQueuePolicy(max_queues=max_queues, min_samples=4, window_size=12, refresh_s=3.0)
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
     residency = AdapterResidency(pool, PAGE_BYTES, clock=clock)
     scheduler = BatchScheduler(pool, residency, policy, setup.max_num_seqs, setup.max_num_batched_tokens,
                                num_cpu_prefill_workers=1, clock=clock)
-    for i, (rank, num_bytes) in enumerate(adapters):
-        state = residency.register(f"a{i}", f"/host/a{i}", rank, num_bytes)
-        limit = setup.num_adapter_pages if setup.num_adapter_pages else setup.num_kv_pages - 5
-        while residency.num_pages_for(state) > limit:  # as in test_batch_scheduler: every adapter fits alone
-            state.num_bytes = max(1, state.num_bytes // 2)
+    register_fitting_adapters(residency, adapters, setup)
     seqs: list[Sequence] = []
     pending = sorted(enumerate(reqs), key=lambda item: item[1][3])
     for step in range(3000):

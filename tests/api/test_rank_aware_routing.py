@@ -1,0 +1,182 @@
+"""The API side of rank-aware routing: the route request carries the adapter's rank, worker records become
+router views with their routing state and profile, the live listing of a shared directory is cached, and the
+rank_aware policy routes real requests by it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from api.services import cached_live_workers, live_workers
+from api.worker_client import worker_view
+from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
+from scheduler.perf_model import DEFAULT_PERF_MODEL, LinearLatency, PerfModel
+from scheduler.rank_aware_router import RankAwareRouter
+from scheduler.router import RouteRequest, WorkerView
+from tests.api.conftest import TenantHandle
+from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version
+
+
+@pytest.fixture
+def workers(client: TestClient) -> ScriptedWorkers:
+    scripted = ScriptedWorkers()
+    scripted.install(client)
+    return scripted
+
+
+class RecordingRouter:
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.requests: list[RouteRequest] = []
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+        self.requests.append(request)
+        return self.inner.choose(request, workers)  # type: ignore[attr-defined]
+
+
+def _complete(client: TestClient, tenant: TenantHandle, model: str):  # type: ignore[no-untyped-def]
+    return client.post(
+        "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 3}, headers=tenant.headers
+    )
+
+
+def test_the_route_request_carries_the_adapter_versions_rank(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+) -> None:
+    workers.add("w1")
+    add_ready_version(db_session, tenant.id, "tuned", rank=16)
+    services = client.app.state.services  # type: ignore[attr-defined]
+    recorder = RecordingRouter(services.router)
+    services.worker_client.router = recorder
+    assert _complete(client, tenant, "tuned").status_code == 200
+    assert _complete(client, tenant, BASE_MODEL).status_code == 200
+    assert [r.adapter_rank for r in recorder.requests] == [16, 0]
+    assert recorder.requests[0].num_prompt_tokens > 0
+
+
+def _max_form_profile() -> dict:
+    return PerfModel(
+        prefill=LinearLatency(5.0, 0.05, 0.0005, rank_form="max", per_token=True),
+        decode=LinearLatency(10.0, 1.0, 0.05, rank_form="max"),
+    ).to_dict()
+
+
+def test_the_rank_aware_policy_keeps_a_low_rank_request_off_the_high_rank_worker(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+) -> None:
+    version = add_ready_version(db_session, tenant.id, "small", rank=4)
+    services = client.app.state.services  # type: ignore[attr-defined]
+    services.worker_client.router = RankAwareRouter(slo_tpot_ms=1000.0)
+    high, low = workers.add("a"), workers.add("b")
+    for worker_id, worker, ranks in (("a", high, (128, 128)), ("b", low, (8, 8))):
+        workers.directory.heartbeat(
+            WorkerRecord(
+                worker_id,
+                worker.url,
+                BASE_MODEL,
+                num_running=2,
+                max_num_seqs=8,
+                device_adapters=(version.id,),
+                running_ranks=ranks,
+                perf_model=_max_form_profile(),
+            ),
+            ttl_s=3600,
+        )
+    assert _complete(client, tenant, "small").status_code == 200
+    assert len(low.requests) == 1 and high.requests == []
+
+
+def test_worker_view_carries_the_routing_state_and_parses_the_profile() -> None:
+    record = WorkerRecord(
+        "w1",
+        "http://w1",
+        "base",
+        num_running=1,
+        running_ranks=(64,),
+        waiting_ranks=(8, 0),
+        num_waiting_prompt_tokens=30,
+        adapter_ranks={"a": 64},
+        num_free_pool_pages=5,
+        decode_step_ms=7.0,
+        prefill_step_ms=20.0,
+        perf_model=DEFAULT_PERF_MODEL.to_dict(),
+    )
+    view = worker_view(record)
+    assert (view.running_ranks, view.waiting_ranks, view.num_waiting_prompt_tokens) == ((64,), (8, 0), 30)
+    assert view.adapter_ranks == {"a": 64} and view.num_free_pool_pages == 5
+    assert (view.decode_step_ms, view.prefill_step_ms) == (7.0, 20.0)
+    assert view.perf_model == DEFAULT_PERF_MODEL
+    assert worker_view(replace(record, perf_model={"prefill": {}})).perf_model is None  # unreadable: default
+
+
+class SharedDirectory:
+    """A directory that is not process-local (as Redis): reads are counted."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryWorkerDirectory()
+        self.num_reads = 0
+
+    def heartbeat(self, record: WorkerRecord, ttl_s: float) -> None:
+        self.inner.heartbeat(record, ttl_s)
+
+    def remove(self, worker_id: str) -> None:
+        self.inner.remove(worker_id)
+
+    def list_live(self) -> list[WorkerRecord]:
+        self.num_reads += 1
+        return self.inner.list_live()
+
+
+def test_a_shared_directory_is_read_through_the_cached_listing(client: TestClient) -> None:
+    services = client.app.state.services  # type: ignore[attr-defined]
+    assert services.worker_listing.ttl_s == services.settings.resolved_worker_view_cache_s()
+    directory = SharedDirectory()
+    directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL), ttl_s=60)
+    services.worker_directory = directory
+    assert cached_live_workers(services) is None  # nothing cached yet: the caller reads in a thread
+    for _ in range(5):
+        assert [r.worker_id for r in live_workers(services)] == ["w1"]
+    assert [r.worker_id for r in cached_live_workers(services) or []] == ["w1"]
+    assert directory.num_reads == 1
+
+
+def test_an_in_process_directory_is_read_directly(client: TestClient) -> None:
+    services = client.app.state.services  # type: ignore[attr-defined]
+    directory = InMemoryWorkerDirectory()
+    services.worker_directory = directory
+    directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL), ttl_s=60)
+    assert [r.worker_id for r in cached_live_workers(services) or []] == ["w1"]
+    directory.remove("w1")
+    assert live_workers(services) == []  # no cache in embedded mode
+
+
+def test_the_worker_view_cache_stays_well_under_the_heartbeat_ttl(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from registry.settings import Settings
+
+    assert Settings(data_dir=tmp_path).resolved_worker_view_cache_s() == 0.5  # heartbeat TTL 6 s
+    assert Settings(data_dir=tmp_path, worker_view_cache_s=3.0).resolved_worker_view_cache_s() == 1.5
+    assert Settings(
+        data_dir=tmp_path, heartbeat_interval_s=0.2
+    ).resolved_worker_view_cache_s() == pytest.approx(0.15)
+
+
+def test_the_rank_aware_policy_is_built_from_settings(tmp_path, db_session_factory, blob_store) -> None:  # type: ignore[no-untyped-def]
+    from api.services import build_services
+    from registry.settings import Settings
+
+    settings = Settings(
+        data_dir=tmp_path,
+        admin_key="x",
+        router_policy="rank_aware",
+        router_slo_tpot_ms=40.0,
+        router_cold_fetch_ms=9.0,
+    )
+    services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
+    try:
+        assert services.router == RankAwareRouter(slo_tpot_ms=40.0, cold_fetch_ms=9.0)
+    finally:
+        services.close()

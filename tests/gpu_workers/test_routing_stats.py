@@ -1,0 +1,150 @@
+"""What a worker publishes for the rank-aware router: adapter ranks, running/waiting ranks, queued prompt tokens,
+recent step times (engine stats), and the WorkerStats / heartbeat record built from them with the profile."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.membership import WorkerRecord
+from gpu_workers import builder
+from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
+from gpu_workers.engine import LLMEngine
+from gpu_workers.host_cache import HostAdapterCache
+from gpu_workers.sampling import SamplingParams
+from gpu_workers.worker_service import WorkerService
+from registry.settings import Settings
+from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+DEMO_RANKS = {"adapter-00": 4, "adapter-01": 8, "adapter-02": 16, "adapter-03": 32, "adapter-04": 2}
+
+
+def test_engine_stats_publish_ranks_queue_tokens_and_recent_step_times(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    engine = make_engine()
+    stats = engine.stats()
+    assert stats["adapter_ranks"] == DEMO_RANKS
+    assert stats["decode_step_ms"] is None and stats["prefill_step_ms"] is None
+    engine.add_request("r32", [1, 5, 6, 7, 8], GREEDY, "adapter-03")
+    engine.add_request("r4", [1, 5, 6], GREEDY, "adapter-00")
+    engine.add_request("base", [1, 9], GREEDY)
+    stats = engine.stats()
+    assert sorted(stats["waiting_ranks"]) == [0, 4, 32] and stats["running_ranks"] == []
+    assert stats["num_waiting_prompt_tokens"] == 5 + 3 + 2
+    engine.step()  # the prefill of all three
+    stats = engine.stats()
+    assert sorted(stats["running_ranks"]) == [0, 4, 32] and stats["waiting_ranks"] == []
+    assert stats["num_waiting_prompt_tokens"] == 0
+    assert stats["prefill_step_ms"] > 0 and stats["decode_step_ms"] is None
+    engine.step()
+    assert engine.stats()["decode_step_ms"] > 0
+    for request_id in ("r32", "r4", "base"):
+        engine.abort(request_id)
+    engine.step()
+    assert engine.stats()["running_ranks"] == []
+
+
+class _StatsBackend:
+    """Only what WorkerService.stats reads: an engine stats dict."""
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self._stats = stats
+
+    def stats(self) -> dict[str, Any]:
+        return self._stats
+
+    def device_adapters(self) -> list[str]:
+        return list(self._stats.get("device_adapters", []))
+
+
+def _service(tmp_path: Path, stats: dict[str, Any], perf_model: dict[str, Any] | None) -> WorkerService:
+    cache = HostAdapterCache(tmp_path / "host", lambda key, dest: None)
+    return WorkerService(
+        _StatsBackend({"max_model_len": 128, **stats}),  # type: ignore[arg-type]
+        cache,
+        worker_id="w1",
+        base_model="base",
+        max_num_seqs=8,
+        perf_model=perf_model,
+    )
+
+
+def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path: Path) -> None:
+    engine_stats = {
+        "num_running": 2,
+        "num_waiting": 1,
+        "device_adapters": ["a"],
+        "num_free_pool_pages": 7,
+        "adapter_ranks": {"a": 64, "b": 8},
+        "running_ranks": [64, 0],
+        "waiting_ranks": [8],
+        "num_waiting_prompt_tokens": 40,
+        "num_waiting_by_queue": [1, 0],
+        "decode_step_ms": 12.5,
+        "prefill_step_ms": 30.0,
+    }
+    service = _service(tmp_path, engine_stats, DEFAULT_PERF_MODEL.to_dict())
+    stats = service.stats()
+    assert stats.adapter_ranks == {"a": 64, "b": 8}
+    assert (stats.running_ranks, stats.waiting_ranks) == ([64, 0], [8])
+    assert stats.num_waiting_prompt_tokens == 40 and stats.num_waiting_by_queue == [1, 0]
+    assert (stats.decode_step_ms, stats.prefill_step_ms) == (12.5, 30.0)
+    record = WorkerRecord.from_json(service.record("http://w1").to_json())  # what the API reads from Redis
+    assert record.running_ranks == (64, 0) and record.waiting_ranks == (8,)
+    assert record.adapter_ranks == {"a": 64, "b": 8} and record.num_free_pool_pages == 7
+    assert record.decode_step_ms == 12.5
+    assert PerfModel.from_dict(record.perf_model or {}) == DEFAULT_PERF_MODEL
+
+
+def test_a_backend_without_routing_stats_publishes_the_defaults(tmp_path: Path) -> None:
+    stats = _service(tmp_path, {"num_running": 1}, None).stats()
+    assert stats.running_ranks == [] and stats.adapter_ranks == {} and stats.perf_model is None
+    assert stats.decode_step_ms is None and stats.num_waiting_by_queue == []
+
+
+class _Backend:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def stats(self) -> dict[str, Any]:
+        return {"max_model_len": 128}
+
+
+def _settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return Settings(
+        data_dir=tmp_path,
+        blob_store=str(tmp_path / "blobs"),
+        base_model_path=tmp_path / "model",
+        internal_token="t",
+        **overrides,
+    )
+
+
+def test_the_worker_profile_setting_is_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(builder, "BACKENDS", {**BACKENDS, "fake": _Backend})
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(DEFAULT_PERF_MODEL.to_dict()))
+    service = build_worker_service(
+        _settings(tmp_path, worker_backend="fake", worker_profile_path=path), worker_id="w"
+    )
+    assert service.perf_model == DEFAULT_PERF_MODEL.to_dict()
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"prefill": {}}'])
+def test_an_unreadable_profile_is_refused_before_the_worker_starts(
+    tmp_path: Path, content: str | None
+) -> None:
+    path = tmp_path / "profile.json"
+    if content is not None:
+        path.write_text(content)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        with pytest.raises(ValueError, match=r"cannot use the worker profile.*lorahost profile --output"):
+            make_runtime(_settings(tmp_path, worker_profile_path=path), sock, None, "t")
