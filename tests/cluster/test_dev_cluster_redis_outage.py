@@ -1,5 +1,6 @@
 """Redis briefly unavailable under a dev-cluster (its own redis-server, stopped and restarted empty):
-inference keeps routing from the API's last worker view, and Celery jobs resume once Redis is back."""
+inference keeps routing from the API's last worker view (cluster/worker_listing.py) with rate limits counted
+in process (api/ratelimit.py), and Celery jobs resume once Redis is back."""
 
 from __future__ import annotations
 
@@ -91,11 +92,6 @@ def _send_all(cluster: DevCluster, key: str, num: int) -> list:  # type: ignore[
     return load.join()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the API's cached worker view with last-view fallback (issue 12 item 5, built on another branch); "
-    "without it every Redis read of the inference path (workers, rate limits) fails while Redis is down",
-)
 def test_inference_keeps_routing_from_the_last_worker_view_while_redis_is_down(
     cluster: DevCluster, adapter_dirs: dict[str, Path], redis_server: RedisServer
 ) -> None:
