@@ -3,15 +3,23 @@
 Two implementations behind one interface: `InMemoryRateLimiter` (embedded mode, one process) and
 `RedisRateLimiter` (distributed: every API replica shares the counters; one atomic Lua script per check).
 A request is admitted only if BOTH budgets have room; a refused request consumes nothing.
+While Redis is unreachable, `RedisRateLimiter` counts in process memory instead (each replica then enforces
+the whole budget on its own, so the cluster admits up to one budget per replica) rather than failing the
+request: a brief Redis outage must not stop inference (issue 12). It returns to Redis once Redis answers.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
+
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 60
 
@@ -92,9 +100,25 @@ class RedisRateLimiter:
         self._prefix = key_prefix
         self._clock = clock
         self._script = client.register_script(_LUA_ACQUIRE)
+        self._fallback = InMemoryRateLimiter(clock)  # used while Redis is unreachable
+        self.is_degraded = False
 
     def acquire(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
-        """Admit one request costing num_tokens, or refuse it without consuming anything."""
+        """Admit one request costing num_tokens, or refuse it without consuming anything (counted in this
+        process while Redis is unreachable)."""
+        try:
+            decision = self._acquire_in_redis(tenant_id, num_tokens, limits)
+        except RedisError as exc:
+            if not self.is_degraded:
+                log.warning("rate limits: Redis unreachable (%s); counting in this process until it answers", exc)
+            self.is_degraded = True
+            return self._fallback.acquire(tenant_id, num_tokens, limits)
+        if self.is_degraded:
+            log.warning("rate limits: Redis answers again; counting there")
+            self.is_degraded = False
+        return decision
+
+    def _acquire_in_redis(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
         now = self._clock()
         window = int(now // WINDOW_SECONDS)
         keys = [f"{self._prefix}{tenant_id}:{window}:req", f"{self._prefix}{tenant_id}:{window}:tok"]

@@ -315,6 +315,93 @@ def _redact(url: str) -> str:
 
 
 
+@app.command("dev-cluster")
+def dev_cluster(
+    data_dir: Annotated[Path, typer.Option(help="Logs, per-process state, the tiny model")] = Path(
+        ".lorahost/dev-cluster"
+    ),
+    num_workers: Annotated[int, typer.Option(help="Worker processes at start (0: scale from zero)")] = 3,
+    num_api: Annotated[int, typer.Option(help="API replicas")] = 2,
+    base_model: Annotated[
+        Path | None, typer.Option(help="Base model directory (HF format); default: the tiny demo model")
+    ] = None,
+    api_port: Annotated[int, typer.Option(help="First API port (replica i: api_port + i; 0: free ports)")] = 8000,
+    worker_port: Annotated[
+        int, typer.Option(help="First worker port (worker n: worker_port + n; 0: free ports)")
+    ] = 8100,
+    database_url: Annotated[
+        str | None, typer.Option(help="Use this database (default: create a fresh one, dropped on exit)")
+    ] = None,
+    postgres_admin_url: Annotated[
+        str, typer.Option(help="Where the fresh database is created")
+    ] = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+    keep_database: Annotated[bool, typer.Option(help="Keep the fresh database on exit")] = False,
+    redis_url: Annotated[str, typer.Option(help="Redis (choose the db number in the URL)")] = "redis://127.0.0.1:6379/0",
+    s3_endpoint: Annotated[
+        str | None, typer.Option(help="S3 endpoint (default: start a moto server); AWS_* credentials from the env")
+    ] = None,
+    admin_key: Annotated[str | None, typer.Option(help="Admin key (default: generated, printed)")] = None,
+    jobs: Annotated[bool, typer.Option(help="Run the Celery worker + beat")] = True,
+    autoscale: Annotated[
+        bool, typer.Option(help="Start/stop workers to GET /v1/admin/scaling's desired_workers")
+    ] = False,
+    max_workers: Annotated[int, typer.Option(help="Most workers the scaler starts")] = 8,
+    scaler_interval_s: Annotated[float, typer.Option(help="Seconds between scaler polls")] = 2.0,
+) -> None:
+    """Run the distributed topology as local processes: API replicas, workers, Celery worker + beat, against
+    PostgreSQL, Redis and S3 (moto). Ctrl-C / SIGTERM stops everything."""
+    import logging
+    import signal
+    import time
+
+    from lorahost.dev_cluster import DevCluster, DevClusterConfig
+    from lorahost.processes import ChildFailedError
+
+    if num_workers < 0 or num_api < 1 or max_workers < 0:
+        raise typer.BadParameter("need --num-api >= 1, --num-workers >= 0 and --max-workers >= 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the health polls
+    config = DevClusterConfig(
+        data_dir=data_dir, base_model=base_model, num_api=num_api, num_workers=num_workers,
+        api_base_port=api_port or None, worker_base_port=worker_port or None, database_url=database_url,
+        postgres_admin_url=postgres_admin_url, is_database_kept=keep_database, redis_url=redis_url,
+        s3_endpoint=s3_endpoint, admin_key=admin_key, is_jobs_enabled=jobs, is_autoscale=autoscale,
+        max_workers=max_workers, scaler_interval_s=scaler_interval_s,
+    )  # fmt: skip
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    cluster = DevCluster(config)
+    typer.echo(f"lorahost dev-cluster: starting (logs in {data_dir / 'logs'})")
+    try:
+        cluster.start()
+    except (ChildFailedError, RuntimeError) as exc:
+        typer.echo(f"lorahost dev-cluster: failed to start: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except KeyboardInterrupt:
+        typer.echo("lorahost dev-cluster: interrupted while starting; stopped", err=True)
+        raise typer.Exit(130) from None
+    try:
+        typer.echo(cluster.describe())
+        typer.echo("  health     " + ", ".join(f"{k}={v}" for k, v in cluster.health().items()))
+        typer.echo("lorahost dev-cluster: up; Ctrl-C stops everything")
+        reported: set[str] = set()
+        while True:
+            time.sleep(2.0)
+            for name, state in cluster.health().items():
+                if state.startswith("exited") and name not in reported:
+                    reported.add(name)
+                    typer.echo(f"lorahost dev-cluster: {name} {state}; see {data_dir / 'logs'}", err=True)
+    except KeyboardInterrupt:
+        typer.echo("lorahost dev-cluster: stopping")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave children behind
+        codes = cluster.stop()
+        typer.echo("lorahost dev-cluster: stopped (" + ", ".join(f"{k}={v}" for k, v in codes.items()) + ")")
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @app.command("demo")
 def demo(
     data_dir: Annotated[Path, typer.Option(help="Embedded state directory")] = Path(".lorahost"),

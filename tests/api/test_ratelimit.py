@@ -65,3 +65,35 @@ def test_unlimited_plan_always_admits(limiter_and_clock: Any) -> None:
     limiter, _ = limiter_and_clock
     for _ in range(50):
         assert limiter.acquire("t1", 10_000, RateLimits()).is_allowed
+
+
+class FlakyRedis:
+    """A Redis client stand-in whose script fails while `is_down` (connection refused), else admits."""
+
+    def __init__(self) -> None:
+        self.is_down = False
+        self.num_calls = 0
+
+    def register_script(self, _source: str) -> Any:
+        def script(keys: list[str], args: list[Any]) -> int:
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            self.num_calls += 1
+            if self.is_down:
+                raise RedisConnectionError("Connection refused")
+            return 0
+
+        return script
+
+
+def test_redis_outage_counts_in_process_instead_of_failing_then_returns_to_redis() -> None:
+    client = FlakyRedis()
+    limiter = RedisRateLimiter(client, clock=FakeClock())
+    limits = RateLimits(max_requests_per_min=2)
+    client.is_down = True
+    assert limiter.acquire("t1", 1, limits).is_allowed and limiter.is_degraded
+    assert limiter.acquire("t1", 1, limits).is_allowed
+    assert not limiter.acquire("t1", 1, limits).is_allowed  # the budget still holds, per process
+    client.is_down = False
+    assert limiter.acquire("t1", 1, limits).is_allowed and not limiter.is_degraded  # Redis decides again
+    assert client.num_calls == 4

@@ -1,0 +1,431 @@
+"""`lorahost dev-cluster`: the distributed topology as local processes, for development, tests and benchmarks.
+
+    with DevCluster(DevClusterConfig(data_dir=tmp, base_model=model_dir)) as cluster:
+        cluster.api_urls        # ["http://127.0.0.1:<port>", ...] (2 API replicas)
+        cluster.admin_key       # send `Authorization: Bearer <admin key>` to /v1/admin/...
+        cluster.kill_worker(0)  # SIGKILL the first worker (kill -9); stop_worker(0) drains it (SIGTERM)
+        cluster.start_worker()  # one more worker (a new id), once ready
+
+What runs: `lorahost api` x num_api (each its own port and api_instance_id), `lorahost worker` x
+num_workers (each its own port, advertise URL and worker id), one Celery worker with embedded beat
+(`celery -A jobs.worker worker --beat`), against PostgreSQL (a fresh database, migrated first and dropped on
+stop, unless database_url is given), Redis (every key of this run under one prefix: worker membership,
+Celery queue and keys, rate limits; deleted on stop) and S3 (a moto server started here unless s3_endpoint
+is given; bucket created). Every child gets the parent's environment (so LORAHOST_* settings such as
+LORAHOST_ENGINE_NUM_THREADS pass through), then config.env, then what the cluster owns.
+With is_autoscale, lorahost/scaler.py polls `GET /v1/admin/scaling` and starts/stops worker processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from lorahost import dev_services
+from lorahost.processes import (
+    ChildProcess,
+    free_port,
+    http_ok,
+    log_contains,
+    spawn,
+    stop_all,
+    wait_until,
+)
+from lorahost.scaler import ProcessScaler, fetch_scaling
+
+log = logging.getLogger("lorahost.dev_cluster")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+INTERNAL_READY_PATH = "/internal/v1/ready"
+
+
+@dataclass(frozen=True)
+class DevClusterConfig:
+    """What `DevCluster` starts. Ports None = free ports; base_model None = the tiny demo model (generated)."""
+
+    data_dir: Path
+    base_model: Path | None = None
+    base_model_name: str = "lorahost-base"
+    num_api: int = 2
+    num_workers: int = 3
+    host: str = "127.0.0.1"
+    api_base_port: int | None = None
+    worker_base_port: int | None = None
+    database_url: str | None = None  # None: a fresh database through postgres_admin_url, dropped on stop
+    postgres_admin_url: str = dev_services.DEFAULT_POSTGRES_ADMIN_URL
+    is_database_kept: bool = False
+    redis_url: str = dev_services.DEFAULT_REDIS_URL
+    s3_endpoint: str | None = None  # None: start a moto server
+    bucket: str = "lorahost-dev"
+    admin_key: str | None = None  # None: generated
+    is_jobs_enabled: bool = True
+    is_autoscale: bool = False
+    max_workers: int = 8
+    scaler_interval_s: float = 2.0
+    start_timeout_s: float = 180.0
+    stop_timeout_s: float = 30.0
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every child
+
+    def __post_init__(self) -> None:
+        if self.num_api < 1:
+            raise ValueError("num_api must be >= 1 (the cluster is reached through its API replicas)")
+        if self.num_workers < 0 or self.max_workers < 0:
+            raise ValueError("num_workers and max_workers must be >= 0")
+
+
+@dataclass
+class WorkerHandle:
+    """A worker process of the cluster."""
+
+    worker_id: str
+    url: str
+    process: ChildProcess
+
+
+class DevCluster:
+    """Start/stop the topology; a context manager. Thread-safe worker start/stop (the scaler runs in a thread)."""
+
+    def __init__(self, config: DevClusterConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir).resolve()
+        self.run_id = secrets.token_hex(4)
+        self.key_prefix = f"lorahost-dev-{self.run_id}:"
+        self.celery_queue = f"lorahost-dev-{self.run_id}"
+        self.admin_key = config.admin_key or secrets.token_urlsafe(24)
+        self.internal_token = secrets.token_urlsafe(24)
+        self.database_url: str | None = config.database_url
+        self.s3_endpoint: str | None = config.s3_endpoint
+        self.base_model: Path | None = Path(config.base_model).resolve() if config.base_model else None
+        self.apis: list[ChildProcess] = []
+        self.jobs: ChildProcess | None = None
+        self.scaler: ProcessScaler | None = None
+        self._s3: ChildProcess | None = None
+        self._workers: list[WorkerHandle] = []
+        self._draining: list[WorkerHandle] = []
+        self._num_worker_starts = itertools.count()
+        self._api_turn = itertools.count()
+        self._lock = threading.RLock()
+        self._is_database_created = False
+        self._is_started = False
+
+    # ---- properties --------------------------------------------------------------------------------------
+
+    @property
+    def api_urls(self) -> list[str]:
+        """The API replicas' base URLs."""
+        return [api.url or "" for api in self.apis]
+
+    @property
+    def api_url(self) -> str:
+        """The first API replica."""
+        return self.api_urls[0]
+
+    def next_api_url(self) -> str:
+        """The API replicas in turn (client-side round robin)."""
+        return self.api_urls[next(self._api_turn) % len(self.apis)]
+
+    @property
+    def worker_key_prefix(self) -> str:
+        """The Redis key prefix of this cluster's worker membership."""
+        return f"{self.key_prefix}workers:"
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        """The managed workers that are running or starting (not draining or killed), oldest first."""
+        with self._lock:
+            return list(self._workers)
+
+    def worker_ids(self) -> list[str]:
+        """Ids of `workers` (the scaler's view)."""
+        return [w.worker_id for w in self.workers]
+
+    def admin_headers(self) -> dict[str, str]:
+        """Authorization header with the admin key."""
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """Services, migrations, then every process in parallel; returns once all are healthy (else stops
+        what started and raises ChildFailedError / RuntimeError with the reason)."""
+        try:
+            self._start_services()
+            self._spawn_processes()
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self._is_started = True
+        if self.config.is_autoscale:
+            self.scaler = ProcessScaler(
+                lambda: fetch_scaling(self.next_api_url(), self.admin_key, self.config.base_model_name),
+                self,
+                max_workers=self.config.max_workers,
+                interval_s=self.config.scaler_interval_s,
+            ).start()
+        return self
+
+    def stop(self) -> dict[str, int]:
+        """Stop the scaler, then every process (SIGTERM, drain, SIGKILL after stop_timeout_s), then the
+        services of this run; returns name -> exit code. Safe to call twice."""
+        if self.scaler is not None:
+            self.scaler.stop()
+            self.scaler = None
+        with self._lock:
+            children = [*self.apis, *(w.process for w in self._workers + self._draining)]
+            children += [self.jobs] if self.jobs else []
+            self.apis, self._workers, self._draining, self.jobs = [], [], [], None
+        codes = stop_all(children, self.config.stop_timeout_s)
+        self._stop_services()
+        return codes
+
+    # ---- workers -----------------------------------------------------------------------------------------
+
+    def start_worker(self, *, worker_id: str | None = None, wait: bool = True) -> WorkerHandle:
+        """Start one worker process (a new id unless worker_id is given: a restart under the same id);
+        wait=True returns once it is ready (registered in Redis)."""
+        index = next(self._num_worker_starts)
+        worker_id = worker_id or f"dev-worker-{index}"
+        base = self.config.worker_base_port
+        port = base + index if base is not None else free_port(self.config.host)
+        url = f"http://{self.config.host}:{port}"
+        command = [
+            sys.executable, "-m", "lorahost.cli", "worker", "--host", self.config.host, "--port", str(port),
+            "--advertise-url", url, "--worker-id", worker_id,
+        ]  # fmt: skip
+        data_dir = self.data_dir / "workers" / f"{worker_id}-{index}"
+        env = {**self._env(), "LORAHOST_DATA_DIR": str(data_dir)}
+        process = spawn(worker_id, command, env, self._log_path(f"{worker_id}-{index}"), url=url)
+        handle = WorkerHandle(worker_id, url, process)
+        with self._lock:
+            self._workers.append(handle)
+        if wait:
+            self.wait_worker_ready(handle)
+        return handle
+
+    def wait_worker_ready(self, handle: WorkerHandle, timeout_s: float | None = None) -> None:
+        """Until the worker's /ready answers 200 (model loaded, registered)."""
+        headers = {"Authorization": f"Bearer {self.internal_token}"}
+        wait_until(
+            handle.process,
+            lambda: http_ok(handle.url + INTERNAL_READY_PATH, headers),
+            timeout_s or self.config.start_timeout_s,
+            "ready",
+        )
+
+    def kill_worker(self, worker: int | str, sig: int = signal.SIGKILL) -> WorkerHandle:
+        """Send sig (default SIGKILL: kill -9) to a worker's process group and reap it; it leaves the cluster."""
+        handle = self._take_worker(worker)
+        handle.process.send_signal(sig)
+        handle.process.wait(self.config.stop_timeout_s)
+        if handle.process.is_running:  # a signal it survived (SIGTERM drains): make sure nothing is left over
+            handle.process.stop(self.config.stop_timeout_s)
+        return handle
+
+    def stop_worker(self, worker: int | str, *, wait: bool = True) -> WorkerHandle:
+        """SIGTERM a worker (it drains: refuses new requests, finishes running ones, deregisters, exits);
+        wait=False returns at once (the process is reaped later, at the latest by stop())."""
+        handle = self._take_worker(worker)
+        if wait:
+            handle.process.stop(self.config.stop_timeout_s)
+            return handle
+        handle.process.send_signal(signal.SIGTERM)
+        with self._lock:
+            self._draining.append(handle)
+        return handle
+
+    def _take_worker(self, worker: int | str) -> WorkerHandle:
+        with self._lock:
+            self._draining = [w for w in self._draining if w.process.is_running]
+            if isinstance(worker, int):
+                handle = self._workers[worker]
+            else:
+                matches = [w for w in self._workers if w.worker_id == worker]
+                if not matches:
+                    raise KeyError(f"no managed worker {worker!r}; running: {[w.worker_id for w in self._workers]}")
+                handle = matches[0]
+            self._workers.remove(handle)
+            return handle
+
+    def live_worker_ids(self) -> list[str]:
+        """The worker ids registered in Redis now (what the API replicas route to)."""
+        import redis
+
+        from cluster.membership import RedisWorkerDirectory
+
+        client = redis.Redis.from_url(self.config.redis_url)
+        try:
+            return [r.worker_id for r in RedisWorkerDirectory(client, self.worker_key_prefix).list_live()]
+        finally:
+            client.close()
+
+    def wait_live_workers(self, predicate: Any, timeout_s: float = 60.0) -> list[str]:
+        """Poll live_worker_ids until predicate(ids) holds; TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ids = self.live_worker_ids()
+            if predicate(ids):
+                return ids
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"live workers {ids} never satisfied the condition in {timeout_s:g} s")
+            time.sleep(0.1)
+
+    # ---- health ------------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, str]:
+        """name -> ok / down / exited(code), for every process."""
+        token = {"Authorization": f"Bearer {self.internal_token}"}
+        status: dict[str, str] = {}
+        for api in self.apis:
+            status[api.name] = _state(api, http_ok(f"{api.url}/v1/health"))
+        for worker in self.workers:
+            status[worker.worker_id] = _state(worker.process, http_ok(worker.url + INTERNAL_READY_PATH, token))
+        if self.jobs is not None:
+            status[self.jobs.name] = _state(self.jobs, True)
+        if self._s3 is not None:
+            status[self._s3.name] = _state(self._s3, http_ok(f"{self._s3.url}/"))
+        return status
+
+    def describe(self) -> str:
+        """What runs where (printed by the CLI)."""
+        lines = [f"lorahost dev-cluster (run {self.run_id}, data {self.data_dir})"]
+        lines += [f"  API        {url}" for url in self.api_urls]
+        lines.append(f"  admin key  {self.admin_key}")
+        lines += [f"  worker     {w.worker_id} at {w.url}" for w in self.workers]
+        lines.append(f"  jobs       {'celery worker + beat, queue ' + self.celery_queue if self.jobs else 'off'}")
+        lines.append(f"  database   {_redact(self.database_url or '')}")
+        lines.append(f"  redis      {self.config.redis_url} (keys under {self.key_prefix})")
+        lines.append(f"  s3         {self.s3_endpoint} bucket {self.config.bucket}")
+        lines.append(f"  base model {self.config.base_model_name} = {self.base_model}")
+        lines.append(f"  autoscale  {'on (max ' + str(self.config.max_workers) + ' workers)' if self.config.is_autoscale else 'off'}")
+        lines.append(f"  logs       {self.data_dir / 'logs'}")
+        return "\n".join(lines)
+
+    # ---- internals ---------------------------------------------------------------------------------------
+
+    def _start_services(self) -> None:
+        from migrations.runner import upgrade
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        dev_services.check_redis(self.config.redis_url)
+        if self.base_model is None:
+            from lorahost.default_model import tiny_demo_model
+
+            self.base_model = tiny_demo_model(self.data_dir, echo=log.info)
+        if self.database_url is None:
+            self.database_url = dev_services.create_database(self.config.postgres_admin_url)
+            self._is_database_created = True
+        upgrade(self.database_url)
+        if self.s3_endpoint is None:
+            for name, value in dev_services.MOTO_CREDENTIALS.items():
+                os.environ.setdefault(name, value)  # this process talks to moto too (bucket, tests)
+            self._s3 = dev_services.start_moto(self.config.host, self._log_path("s3"), self.config.start_timeout_s)
+            self.s3_endpoint = self._s3.url
+        dev_services.ensure_bucket(self.s3_endpoint or "", self.config.bucket)
+
+    def _spawn_processes(self) -> None:
+        for _ in range(self.config.num_workers):
+            self.start_worker(wait=False)
+        for index in range(self.config.num_api):
+            self.apis.append(self._spawn_api(index))
+        if self.config.is_jobs_enabled:
+            self.jobs = self._spawn_jobs()
+
+    def _spawn_api(self, index: int) -> ChildProcess:
+        base = self.config.api_base_port
+        port = base + index if base is not None else free_port(self.config.host)
+        url = f"http://{self.config.host}:{port}"
+        env = {
+            **self._env(),
+            "LORAHOST_DATA_DIR": str(self.data_dir / f"api-{index}"),
+            "LORAHOST_API_INSTANCE_ID": f"dev-api-{index}",
+        }
+        command = [sys.executable, "-m", "lorahost.cli", "api", "--host", self.config.host, "--port", str(port)]
+        return spawn(f"api-{index}", command, env, self._log_path(f"api-{index}"), url=url)
+
+    def _spawn_jobs(self) -> ChildProcess:
+        jobs_dir = self.data_dir / "jobs"
+        jobs_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "celery", "-A", "jobs.worker", "worker", "--beat", "--pool=solo",
+            "--loglevel=INFO", "-Q", self.celery_queue, "--without-gossip", "--without-mingle",
+            "--without-heartbeat", "-s", str(jobs_dir / "celerybeat-schedule"),
+        ]  # fmt: skip
+        env = {**self._env(), "LORAHOST_DATA_DIR": str(jobs_dir)}
+        return spawn("jobs", command, env, self._log_path("jobs"), cwd=jobs_dir)
+
+    def _wait_healthy(self) -> None:
+        timeout_s = self.config.start_timeout_s
+        for api in self.apis:
+            health_url = f"{api.url}/v1/health"
+            wait_until(api, lambda url=health_url: http_ok(url), timeout_s, "healthy")  # type: ignore[misc]
+        for worker in self.workers:
+            self.wait_worker_ready(worker)
+        jobs = self.jobs
+        if jobs is not None:
+            wait_until(jobs, lambda: log_contains(jobs, " ready."), timeout_s, "ready")
+
+    def _env(self) -> dict[str, str]:
+        """The environment of every child: the parent's, config.env, then what this cluster owns."""
+        python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, **self.config.env}
+        if self._s3 is not None:
+            env.update(dev_services.MOTO_CREDENTIALS)
+        env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        env.update({
+            "PYTHONPATH": python_path,
+            "LORAHOST_DATABASE_URL": self.database_url or "",
+            "LORAHOST_REDIS_URL": self.config.redis_url,
+            "LORAHOST_BLOB_STORE": f"s3://{self.config.bucket}/{self.run_id}",
+            "LORAHOST_S3_ENDPOINT_URL": self.s3_endpoint or "",
+            "LORAHOST_IS_INLINE_JOBS": "false",
+            "LORAHOST_CELERY_KEY_PREFIX": self.key_prefix,
+            "LORAHOST_CELERY_QUEUE": self.celery_queue,
+            "LORAHOST_WORKER_KEY_PREFIX": self.worker_key_prefix,
+            "LORAHOST_INTERNAL_TOKEN": self.internal_token,
+            "LORAHOST_ADMIN_KEY": self.admin_key,
+            "LORAHOST_BASE_MODEL_PATH": str(self.base_model),
+            "LORAHOST_BASE_MODEL_NAME": self.config.base_model_name,
+        })  # fmt: skip
+        return env
+
+    def _log_path(self, name: str) -> Path:
+        return self.data_dir / "logs" / f"{name}.log"
+
+    def _stop_services(self) -> None:
+        if self._s3 is not None:
+            self._s3.stop(5)
+            self._s3 = None
+            self.s3_endpoint = self.config.s3_endpoint
+        dev_services.delete_redis_keys(self.config.redis_url, [f"{self.key_prefix}*", f"*{self.celery_queue}*"])
+        if self._is_database_created and not self.config.is_database_kept and self.database_url:
+            dev_services.drop_database(self.config.postgres_admin_url, self.database_url)
+            self._is_database_created = False
+
+
+def _state(child: ChildProcess, is_ok: bool) -> str:
+    if not child.is_running:
+        return f"exited({child.popen.returncode})"
+    return "ok" if is_ok else "down"
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True) if url else "-"
