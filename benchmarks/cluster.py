@@ -131,8 +131,9 @@ def adapter_dirs(model_dir: Path, num_adapters: int) -> dict[str, Path]:
 def run_phase(cluster: DevCluster, key: str, args: argparse.Namespace, base_dir: Path, names: tuple[str, ...],
               rps: float, window_s: float, seed: int) -> dict[str, Any]:  # fmt: skip
     """One open-loop phase at `rps` for `window_s` seconds of arrivals; its metrics."""
-    spec = workload_spec(args, trace_path=args.trace, tokenizer_dir=base_dir, adapters=names, rps=rps,
-                         duration_s=window_s, seed=seed)  # fmt: skip
+    phase_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the same requests for every system
+    spec = workload_spec(phase_args, trace_path=args.trace, tokenizer_dir=base_dir, adapters=names, rps=rps,
+                         duration_s=window_s)  # fmt: skip
     reqs = build_workload(spec)
     records, elapsed = asyncio.run(replay(cluster.api_urls, key, reqs, args.timeout_s, args.drain_s))
     return {"rps": rps, **phase_metrics(records, elapsed, args.slo_ttft_ms)}
