@@ -45,13 +45,13 @@ from cluster_load import (
     upload_ready,
     wait_placement,
 )
-from lorahost.dev_cluster import DevCluster, DevClusterConfig
 from model_dirs import ensure_model
 from run_info import cpu_model, git_state
 from serving_workload import build_workload
 from workload_args import add_workload_args, workload_spec
 
 from lorahost.demo import setup_tenant
+from lorahost.dev_cluster import DevCluster, DevClusterConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=120.0, help="per request")
     p.add_argument("--drain-s", type=float, default=90.0, help="after a phase's last arrival")
     p.add_argument("--no-profile", action="store_true", help="rank_aware without a profiled model (defaults)")
+    p.add_argument(
+        "--pin-workers",
+        action="store_true",
+        help="pin worker i (all its threads) to core i mod cores, so each worker has its own compute (with "
+        "workers <= cores: an overloaded worker cannot borrow an idle one's core, as on separate machines)",
+    )
     p.add_argument("--skip-step", action="store_true", help="skip the demand step with the scaler")
     p.add_argument("--only-step", action="store_true", help="only the demand step")
     p.add_argument("--step-rps", type=float, default=4.0, help="overload rate of the demand step")
@@ -131,8 +137,9 @@ def adapter_dirs(model_dir: Path, num_adapters: int) -> dict[str, Path]:
 def run_phase(cluster: DevCluster, key: str, args: argparse.Namespace, base_dir: Path, names: tuple[str, ...],
               rps: float, window_s: float, seed: int) -> dict[str, Any]:  # fmt: skip
     """One open-loop phase at `rps` for `window_s` seconds of arrivals; its metrics."""
-    spec = workload_spec(args, trace_path=args.trace, tokenizer_dir=base_dir, adapters=names, rps=rps,
-                         duration_s=window_s, seed=seed)  # fmt: skip
+    phase_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the same requests for every system
+    spec = workload_spec(phase_args, trace_path=args.trace, tokenizer_dir=base_dir, adapters=names, rps=rps,
+                         duration_s=window_s)  # fmt: skip
     reqs = build_workload(spec)
     records, elapsed = asyncio.run(replay(cluster.api_urls, key, reqs, args.timeout_s, args.drain_s))
     return {"rps": rps, **phase_metrics(records, elapsed, args.slo_ttft_ms)}
@@ -147,6 +154,8 @@ def run_pair(args: argparse.Namespace, placement: str, router: str, model_dir: P
     adapters = adapter_dirs(model_dir, args.num_adapters)
     started = time.monotonic()
     with DevCluster(config) as cluster:
+        if args.pin_workers:
+            pin_workers(cluster)
         _, key = setup_tenant(cluster.api_url, cluster.admin_key)
         ranks = {name: upload_ready(cluster.api_url, key, name, path) for name, path in adapters.items()}
         names = tuple(ranks)
@@ -167,6 +176,7 @@ def run_pair(args: argparse.Namespace, placement: str, router: str, model_dir: P
         "placement": placement,
         "router": router,
         "num_workers": args.num_workers,
+        "is_pinned": args.pin_workers,
         "ranks": sorted(set(ranks.values())),
         "warmup": warmup,
         "placement_after_warmup": placement_summary(view),
@@ -176,6 +186,15 @@ def run_pair(args: argparse.Namespace, placement: str, router: str, model_dir: P
         "slo_ttft_ms": args.slo_ttft_ms,
         "wall_s": round(time.monotonic() - started, 1),
     }
+
+
+def pin_workers(cluster: DevCluster) -> None:
+    """Worker i's threads on core i mod cores (taskset -a; its later threads inherit it)."""
+    cores = sorted(os.sched_getaffinity(0))
+    for i, worker in enumerate(cluster.workers):
+        core = cores[i % len(cores)]
+        subprocess.run(["taskset", "-a", "-cp", str(core), str(worker.process.pid)], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
 
 
 class WorkerSampler:
