@@ -166,10 +166,23 @@ def compute_placement(
         key=lambda a: (-bucket_of[a.adapter_key], a.adapter_key),
     )
     _place_idle(table, [a.adapter_key for a in idle], bucket_of, workers, previous, bins, order)
+    return placement_of_table(table, workers, previous, loads, bucket_of)
+
+
+def placement_of_table(
+    table: dict[str, RoutingRow],
+    workers: list[str],
+    previous: Mapping[str, RoutingRow],
+    loads: Mapping[str, float],
+    bucket_of: Mapping[str, int],
+) -> Placement:
+    """The Placement of a finished routing table over `workers` (non-empty): per-worker load and max rank,
+    u*, and the adapters moved / dropped against `previous`. loads: server-equivalents of the adapters with
+    demand; bucket_of: every adapter's rank bucket."""
     return Placement(
         table=table,
         workers=_worker_loads(table, workers, loads, bucket_of),
-        target_load=target_load,
+        target_load=sum(loads.values()) / len(workers),
         moved=_moved(table, previous),
         dropped=_dropped(table, previous, workers),
     )

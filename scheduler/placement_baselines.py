@@ -16,8 +16,8 @@ from scheduler.placement import (
     Placement,
     PlacementConfig,
     RoutingRow,
-    WorkerLoad,
     compute_placement,
+    placement_of_table,
     rank_bucket,
 )
 
@@ -72,33 +72,13 @@ def _single_holder_placement(
         return Placement(table={}, workers=(), target_load=0.0)
     buckets = list(config.operating_points)
     table: dict[str, RoutingRow] = {key: ((worker, 1.0),) for key, worker in holder.items()}
-    load = {w: 0.0 for w in workers}
-    max_rank = {w: 0 for w in workers}
-    count = {w: 0 for w in workers}
-    for a in adapters:
-        worker = holder[a.adapter_key]
-        count[worker] += 1
-        if a.demand_tokens_per_s > 0:
-            load[worker] += config.load(a.rank, a.demand_tokens_per_s)
-            max_rank[worker] = max(max_rank[worker], rank_bucket(a.rank, buckets))
-    moved = tuple(
-        sorted(
-            k for k, row in table.items() if previous.get(k) and row[0][0] not in {w for w, _ in previous[k]}
-        )
-    )
-    live = set(workers)
-    dropped: dict[str, list[str]] = {}
-    for key, row in previous.items():
-        for worker, _ in row:
-            if worker in live and table.get(key, ((None, 0.0),))[0][0] != worker:
-                dropped.setdefault(worker, []).append(key)
-    return Placement(
-        table=table,
-        workers=tuple(WorkerLoad(w, load[w], max_rank[w], count[w]) for w in workers),
-        target_load=sum(load.values()) / len(workers),
-        moved=moved,
-        dropped={w: tuple(sorted(keys)) for w, keys in sorted(dropped.items())},
-    )
+    loads = {
+        a.adapter_key: config.load(a.rank, a.demand_tokens_per_s)
+        for a in adapters
+        if a.demand_tokens_per_s > 0
+    }
+    bucket_of = {a.adapter_key: rank_bucket(a.rank, buckets) for a in adapters}
+    return placement_of_table(table, workers, previous, loads, bucket_of)
 
 
 PLACEMENT_POLICIES: dict[str, PlacementPolicy] = {
