@@ -119,6 +119,9 @@ class GenerateRequest(BaseModel):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     predicted_output_tokens: int | None = None
     tenant_id: str | None = None
+    # Prefix-cache namespace chosen by the API (the tenant's own, or a namespace an operator shares); None:
+    # the tenant id. Cached KV blocks are reused only between requests of the same namespace.
+    cache_namespace: str | None = None
 
 
 class GenerateEvent(BaseModel):

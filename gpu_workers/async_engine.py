@@ -88,6 +88,8 @@ class AsyncLLMEngine:
         *,
         adapter_path: Path | None = None,
         predicted_output_tokens: int | None = None,
+        tenant_id: str | None = None,
+        cache_namespace: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield deltas for one request until it finishes; cancellation or early exit aborts it.
 
@@ -108,6 +110,8 @@ class AsyncLLMEngine:
                 adapter_id,
                 adapter_path=adapter_path,
                 predicted_output_tokens=predicted_output_tokens,
+                tenant_id=tenant_id,
+                cache_namespace=cache_namespace,
             )
             self._streams[request_id] = (asyncio.get_running_loop(), queue)
             self._has_work.notify()

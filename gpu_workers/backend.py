@@ -27,6 +27,8 @@ class InferenceBackend(Protocol):
         *,
         adapter_path: Path | None = None,
         predicted_output_tokens: int | None = None,
+        tenant_id: str | None = None,
+        cache_namespace: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield token deltas until the request finishes; cancelling the iteration aborts the request.
 

@@ -94,12 +94,16 @@ class LLMEngine:
         arrival_time: float | None = None,
         adapter_path: Path | str | None = None,
         predicted_output_tokens: int | None = None,
+        *,
+        tenant_id: str | None = None,
+        cache_namespace: str | None = None,
     ) -> None:
         """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError.
 
         The adapter may be only on the host: pass `adapter_path` (or register it first); the core plans
         its copy to the device before the request's first step. `predicted_output_tokens` (default
-        max_tokens) is what the batch policy sees as the expected output length.
+        max_tokens) is what the batch policy sees as the expected output length. `tenant_id` is who sent it and
+        `cache_namespace` the prefix-cache namespace its blocks are shared in (see `Sequence`).
         """
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
@@ -118,7 +122,10 @@ class LLMEngine:
                 f"shorten it to at most {self.max_model_len - 1} tokens"
             )
         max_tokens = min(sampling_params.max_tokens, self.max_model_len - len(token_ids))
-        seq = Sequence(request_id, token_ids, sampling_params, adapter_id, max_tokens, predicted_output_tokens)
+        seq = Sequence(
+            request_id, token_ids, sampling_params, adapter_id, max_tokens, predicted_output_tokens,
+            tenant_id=tenant_id, cache_namespace=cache_namespace,
+        )
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         self.scheduler.add(seq)

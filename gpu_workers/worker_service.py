@@ -235,6 +235,8 @@ class PreparedRequest:
     adapter_key: str | None
     received_at: float  # time.time() when the worker received the request
     predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
+    tenant_id: str | None = None
+    cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace or tenant id)
 
 
 class WorkerService:
@@ -279,7 +281,9 @@ class WorkerService:
         self._active.add(request.request_id)
         self._idle.clear()
         return PreparedRequest(
-            request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens
+            request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens,
+            tenant_id=request.tenant_id,
+            cache_namespace=request.cache_namespace or request.tenant_id,
         )
 
     def _prompt_token_ids(self, request: GenerateRequest) -> list[int]:
@@ -310,6 +314,8 @@ class WorkerService:
                 prepared.sampling_params,
                 prepared.adapter_key,
                 predicted_output_tokens=prepared.predicted_output_tokens,
+                tenant_id=prepared.tenant_id,
+                cache_namespace=prepared.cache_namespace,
             ),
         )
         try:

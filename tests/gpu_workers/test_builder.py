@@ -32,6 +32,8 @@ class _FakeBackend:
         *,
         adapter_path: Path | None = None,
         predicted_output_tokens: int | None = None,
+        tenant_id: str | None = None,
+        cache_namespace: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         raise NotImplementedError
 
