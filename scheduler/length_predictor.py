@@ -26,6 +26,8 @@ popularity and per-adapter log-normal lengths, a third prompt-dependent, some ch
   linear median regression (`QuantileRegressor(quantile=0.5)` on the same features)  MAE 98.8 / 44.3%, fit 24 s;
   per-adapter history median (no model) 100.0 / 39.1%; global median 134.5 / 15.1%; max_tokens 865.9 / 1.8%;
   an oracle knowing each request's true conditional median (the noise floor) 54.4 / 64.6%.
+  Without the prompt-text features (issue 19; the text cue is then invisible to every predictor):
+  boosting MAE 73.5 / 54.7%, linear 100.0 / 44.7% (benchmarks/RESULTS.md).
 Boosting wins because the effect of the request features differs per adapter (an interaction of the history
 features with prompt length / chat that a linear model cannot express), and it fits 6-10x faster. One
 prediction walks the fitted trees in plain Python (`_FastTrees`): ~50 us mean, ~110 us p99 per call on a
