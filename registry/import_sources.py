@@ -32,7 +32,7 @@ from typing import IO, Any
 import httpx
 
 from registry.archive import is_archive_name
-from registry.errors import InvalidRequestError, PermissionDeniedError, RegistryError
+from registry.errors import InvalidRequestError, PermissionDeniedError
 from registry.public_addresses import resolve_checked_address
 from registry.settings import Settings
 from registry.storage import parse_s3_uri
@@ -132,7 +132,7 @@ def check_import_allowed(source: ImportSource, credentials: S3Credentials | None
                 code="invalid_source",
             )
         return
-    if source.bucket == platform_bucket(settings):
+    if source.bucket.lower() == (platform_bucket(settings) or "").lower():
         raise SourceNotAllowedError(
             f"s3://{source.bucket} is the platform's own blob bucket; it cannot be an import source. Upload the "
             "adapter's files, or import them from a bucket of yours"
@@ -169,7 +169,7 @@ def read_import_source(
         if source.is_s3:
             return _read_s3(source, _s3_client(credentials, settings), dest, _ByteBudget(max_bytes))
         return [_read_url(source, settings, dest, _ByteBudget(max_bytes))]
-    except (AdapterValidationError, RegistryError):
+    except AdapterValidationError:  # a readable source with the wrong files, or too large: say what to change
         raise
     except Exception as exc:  # noqa: BLE001 - every reason a location cannot be read looks the same
         log.info("import source %s could not be read (%s)", source.redacted, type(exc).__name__)

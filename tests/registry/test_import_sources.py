@@ -72,10 +72,12 @@ def own_bucket(s3, s3_bucket: str, adapter_dirs: dict[str, Path], tmp_path: Path
 
 
 @pytest.mark.parametrize("how", ["no credentials", "tenant credentials", "allow-listed"])
-def test_platform_blob_bucket_is_refused_whatever_the_credentials(tmp_path, s3_endpoint, how) -> None:
-    settings = _settings(tmp_path, s3_endpoint, import_allowed_buckets="platform-blobs")
+@pytest.mark.parametrize("bucket", ["platform-blobs", "Platform-Blobs"])
+def test_platform_blob_bucket_is_refused_whatever_the_credentials(tmp_path, s3_endpoint, how, bucket) -> None:
+    allowed = "platform-blobs" if how == "allow-listed" else ""
+    settings = _settings(tmp_path, s3_endpoint, import_allowed_buckets=allowed)
     credentials = _creds() if how == "tenant credentials" else None
-    source = "s3://platform-blobs/blobs/adapters/other-tenant/other-adapter/1"
+    source = f"s3://{bucket}/blobs/adapters/other-tenant/other-adapter/1"
     with pytest.raises(SourceNotAllowedError, match="platform's own blob bucket"):
         _read(settings, source, credentials, tmp_path / "in")
     assert not (tmp_path / "in").exists()
