@@ -4,7 +4,8 @@ was lost.
 
 `run_validation_job`: download, verify both files' sha256, re-validate, copy blobs to
 `adapters/<tenant>/<adapter>/<version>/`, mark `ready`, then delete the staging blobs; or mark `failed` with
-the reason and delete every blob of that version. s3:// imports (`stage_import`) start here.
+the reason and delete every blob of that version. Imports reach this step like uploads: their source was read at
+request time (registry/import_sources.py), so this job never reads a location a tenant chose.
 Invariant (as for the whole pipeline): each version row's blobs exist and each blob belongs to a row; no
 transaction is held open across file or network I/O.
 """
@@ -25,20 +26,15 @@ from registry.adapter_pipeline import (
     FINAL_STATUSES,
     IN_FLIGHT_STATUSES,
     AdapterJobContext,
-    check_incoming_names,
     delete_keys,
     file_digests,
     final_keys,
     info_fields,
-    prepare_adapter_dir,
-    safe_basename,
     validate_adapter_files,
 )
-from registry.archive import is_archive_name
 from registry.db import run_in_write_transaction
 from registry.digests import sha256_file
 from registry.models import AdapterVersion, utcnow
-from registry.storage import parse_s3_uri
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterInfo, AdapterValidationError
 
 log = logging.getLogger(__name__)
@@ -136,10 +132,13 @@ def _fetch_and_validate(
     """Bring the files to a temp dir, verify and re-validate them, then put them at their final keys."""
     with tempfile.TemporaryDirectory(prefix="lorahost-job-") as tmp:
         work = Path(tmp)
-        if staged.source_uri and not staged.weights_blob_key:
-            adapter_dir = _fetch_import(ctx, staged.source_uri, work)
-        else:
-            adapter_dir = _fetch_staged(ctx, staged, work)
+        if not staged.weights_blob_key:
+            raise AdapterValidationError(
+                "import_again",
+                "this import was queued by an earlier lorahost, which read s3:// sources with the platform's "
+                "credentials; import it again (a presigned https URL, or s3:// with your own credentials)",
+            )
+        adapter_dir = _fetch_staged(ctx, staged, work)
         info = validate_adapter_files(adapter_dir, ctx)
         digests = file_digests(adapter_dir)
         for filename, key in dest.items():
@@ -168,28 +167,6 @@ def _check_staged_digests(version: StagedVersion, adapter_dir: Path) -> None:
                 "checksum_mismatch",
                 f"stored {filename} has sha256 {actual}, expected {digest}; upload it again",
             )
-
-
-def _fetch_import(ctx: AdapterJobContext, source: str, work: Path) -> Path:
-    """Download an s3:// folder (adapter files) or a single archive key into `work`."""
-    bucket, prefix = parse_s3_uri(source)
-    store = ctx.source_store_for(f"s3://{bucket}")
-    incoming = work / "incoming"
-    incoming.mkdir()
-    if is_archive_name(prefix):
-        names = [safe_basename(prefix)]
-        store.download_to(prefix, incoming / names[0])
-    else:
-        folder = f"{prefix}/" if prefix else ""
-        keys = [k for k in store.list_keys(folder) if "/" not in k[len(folder) :]]
-        names = [safe_basename(k) for k in keys]
-        if not names:
-            raise AdapterValidationError("missing_config", f"no files found under {source}")
-        check_incoming_names(names)
-        for key, filename in zip(keys, names):
-            store.download_to(key, incoming / filename)
-    check_incoming_names(names)
-    return prepare_adapter_dir(incoming, names, ctx.limits)
 
 
 def _mark_failed(ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, str], exc: Exception) -> str:
@@ -223,7 +200,8 @@ def _failure_reason(version_id: str, exc: Exception) -> str:
     if isinstance(exc, AdapterValidationError):
         return f"{exc.code}: {exc.message}"
     log.error("validation job for version %s failed", version_id, exc_info=exc)
-    return f"internal error while validating ({type(exc).__name__}: {exc}); upload again or contact support"
+    # the exception's text stays in the log: it may name internal hosts, buckets or keys
+    return f"internal error while validating ({type(exc).__name__}); upload again or contact support"
 
 
 def _set_failed(version: AdapterVersion, reason: str) -> None:
