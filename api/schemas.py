@@ -4,26 +4,30 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from registry.import_sources import S3Credentials
-from registry.models import Adapter, AdapterVersion
+from registry.models import MAX_INTEGER_COLUMN, PRICE_DIGITS, PRICE_PLACES, Adapter, AdapterVersion
+
+# Text the admin API stores or looks up: no control characters (PostgreSQL text cannot hold NUL at all).
+PRINTABLE_TEXT = r"^[^\x00-\x1f\x7f]*$"
+RecordId = Annotated[str, Field(pattern=PRINTABLE_TEXT)]
 
 
 class TenantCreate(BaseModel):
     """POST /v1/admin/tenants."""
 
-    name: str = Field(min_length=1, max_length=200)
-    plan_id: str | None = None
+    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE_TEXT)
+    plan_id: RecordId | None = None
 
 
 class TenantUpdate(BaseModel):
     """PATCH /v1/admin/tenants/{id}: only the fields sent are changed (plan_id null clears the plan)."""
 
     is_active: bool | None = None
-    plan_id: str | None = None
+    plan_id: RecordId | None = None
 
 
 class TenantPublic(BaseModel):
@@ -55,25 +59,43 @@ class ApiKeyRevoked(BaseModel):
     revoked_at: datetime | None
 
 
-class PricePlanCreate(BaseModel):
-    """POST /v1/admin/plans."""
+# Plan values as the admin may set them: what the columns hold and what makes sense (a limit of 0 or below
+# would refuse everything: leave it null for "no limit").
+PlanLimit = Annotated[int, Field(gt=0, le=MAX_INTEGER_COLUMN)]
+Price = Annotated[
+    Decimal, Field(ge=0, max_digits=PRICE_DIGITS, decimal_places=PRICE_PLACES, allow_inf_nan=False)
+]
+SloTargetMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
-    name: str = Field(min_length=1, max_length=100)
-    price_per_1m_prompt_tokens: Decimal = Decimal(0)
-    price_per_1m_completion_tokens: Decimal = Decimal(0)
-    price_storage_per_adapter_day: Decimal = Decimal(0)
-    requests_per_min: int | None = None
-    tokens_per_min: int | None = None
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
+
+class PricePlanCreate(BaseModel):
+    """POST /v1/admin/plans: prices >= 0 with at most 6 decimals, limits and SLO targets positive (null: none)."""
+
+    name: str = Field(min_length=1, max_length=100, pattern=PRINTABLE_TEXT)
+    price_per_1m_prompt_tokens: Price = Decimal(0)
+    price_per_1m_completion_tokens: Price = Decimal(0)
+    price_storage_per_adapter_day: Price = Decimal(0)
+    requests_per_min: PlanLimit | None = None
+    tokens_per_min: PlanLimit | None = None
+    slo_ttft_ms: SloTargetMs | None = None
+    slo_tpot_ms: SloTargetMs | None = None
     slo_percentile: float = Field(default=99.0, gt=0, le=100)
 
 
-class PricePlanPublic(PricePlanCreate):
-    """A price plan."""
+class PricePlanPublic(BaseModel):
+    """A price plan as stored (without PricePlanCreate's checks: rows written before them still list)."""
 
     model_config = ConfigDict(from_attributes=True)
 
+    name: str
+    price_per_1m_prompt_tokens: Decimal
+    price_per_1m_completion_tokens: Decimal
+    price_storage_per_adapter_day: Decimal
+    requests_per_min: int | None
+    tokens_per_min: int | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    slo_percentile: float
     id: str
 
 

@@ -24,6 +24,7 @@ from jobs.placement import http_dropper, make_routing_table_store
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
 from registry import validation_job
+from registry.job_scratch import remove_abandoned_job_dirs
 from registry.placement_job import run_placement
 from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
@@ -75,6 +76,7 @@ def make_celery(settings: Settings) -> Celery:
 def _register_tasks(app: Celery, settings: Settings) -> None:
     @cache
     def context() -> pipeline.AdapterJobContext:
+        remove_abandoned_job_dirs()  # once per worker process: what a killed predecessor on this host left
         return pipeline.make_job_context(settings)
 
     @app.task(name=VALIDATE_ADAPTER_TASK, shared=False)  # per-app: the task closes over these settings

@@ -261,10 +261,11 @@ def _sweep_uploads(services: Services) -> None:
     from registry.upload_sweeper import run_upload_sweeps
 
     result = run_upload_sweeps(services.job_context)
-    if result.failed_version_ids or result.deleted_blob_keys:
+    if result.failed_version_ids or result.deleted_blob_keys or result.removed_job_dirs:
         typer.echo(
-            f"lorahost: upload sweep failed {len(result.failed_version_ids)} stale adapter version(s) and "
-            f"deleted {len(result.deleted_blob_keys)} orphaned blob(s)"
+            f"lorahost: upload sweep failed {len(result.failed_version_ids)} stale adapter version(s), "
+            f"deleted {len(result.deleted_blob_keys)} orphaned blob(s) and removed "
+            f"{len(result.removed_job_dirs)} job scratch folder(s) left by killed processes"
         )
 
 

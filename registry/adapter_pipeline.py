@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry import repository
 from registry.archive import extract_archive, is_archive_name
-from registry.db import is_transient_error, make_engine, make_session_factory, run_in_write_transaction
+from registry.db import is_insert_conflict, make_engine, make_session_factory, run_in_write_transaction
 from registry.digests import sha256_file
 from registry.errors import ConflictError
 from registry.import_sources import (
@@ -220,15 +220,11 @@ def _insert_version(
         return repository.add_adapter_version(session, tenant_id, adapter, **fields)
 
     try:
-        return run_in_write_transaction(session, insert, is_retryable=_is_insert_conflict)
+        return run_in_write_transaction(session, insert, is_retryable=is_insert_conflict)
     except IntegrityError:
         raise ConflictError(
             f"too many uploads of adapter {name!r} were committed at the same time; retry"
         ) from None
-
-
-def _is_insert_conflict(exc: BaseException) -> bool:
-    return isinstance(exc, IntegrityError) or is_transient_error(exc)
 
 
 def info_fields(info: AdapterInfo) -> dict[str, object]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,12 @@ def is_transient_error(exc: BaseException) -> bool:
         return True
     message = str(exc.orig).lower()
     return any(text in message for text in SQLITE_TRANSIENT_MESSAGES)
+
+
+def is_insert_conflict(exc: BaseException) -> bool:
+    """is_transient_error, or a unique-constraint violation: for inserts that check for an existing row first,
+    so that run again they find the concurrent winner's row (and refuse, or use it)."""
+    return isinstance(exc, IntegrityError) or is_transient_error(exc)
 
 
 def run_in_write_transaction(

@@ -81,6 +81,12 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+# Column ranges the admin API checks before writing (api/schemas.py): Integer is 32-bit on PostgreSQL, and prices
+# are Numeric(PRICE_DIGITS, PRICE_PLACES).
+MAX_INTEGER_COLUMN = 2**31 - 1
+PRICE_DIGITS, PRICE_PLACES = 18, 6
+
+
 class PricePlan(Base):
     """Prices, rate limits and SLO targets a tenant is billed and measured against."""
 
@@ -88,9 +94,9 @@ class PricePlan(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(100), unique=True)
-    price_per_1m_prompt_tokens: Mapped[Decimal] = mapped_column(Numeric(18, 6), default=Decimal(0))
-    price_per_1m_completion_tokens: Mapped[Decimal] = mapped_column(Numeric(18, 6), default=Decimal(0))
-    price_storage_per_adapter_day: Mapped[Decimal] = mapped_column(Numeric(18, 6), default=Decimal(0))
+    price_per_1m_prompt_tokens: Mapped[Decimal] = mapped_column(Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0))
+    price_per_1m_completion_tokens: Mapped[Decimal] = mapped_column(Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0))
+    price_storage_per_adapter_day: Mapped[Decimal] = mapped_column(Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0))
     requests_per_min: Mapped[int | None] = mapped_column(Integer)
     tokens_per_min: Mapped[int | None] = mapped_column(Integer)
     slo_ttft_ms: Mapped[float | None] = mapped_column(Float)

@@ -15,8 +15,9 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from registry import keys
-from registry.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
+from registry.errors import ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from registry.models import (
+    MAX_INTEGER_COLUMN,
     VISIBILITIES,
     Adapter,
     AdapterVersion,
@@ -31,6 +32,7 @@ ADAPTER_NAME_RULE = (
     "adapter names are 1-64 characters of lowercase letters, digits, '-', '_' or '.', "
     "starting with a letter or digit"
 )
+VERSION_RE = re.compile(r"[0-9]{1,10}")  # re's \d and str.isdigit accept every script's digits
 UNSET: Any = object()
 
 
@@ -38,7 +40,10 @@ UNSET: Any = object()
 
 
 def create_price_plan(session: Session, name: str, **fields: Any) -> PricePlan:
-    """Insert a price plan (prices per 1M tokens, storage per adapter-day, limits, SLO targets)."""
+    """Insert a price plan (prices per 1M tokens, storage per adapter-day, limits, SLO targets); ConflictError
+    when a plan of that name exists (a concurrent insert of the name fails on the unique constraint instead)."""
+    if session.scalar(select(PricePlan.id).where(PricePlan.name == name)) is not None:
+        raise ConflictError(f"a price plan named {name!r} exists already: choose another name", code="plan_exists")
     plan = PricePlan(name=name, **fields)
     session.add(plan)
     session.flush()
@@ -149,13 +154,16 @@ def check_adapter_name(name: str, *, reserved: tuple[str, ...] = ()) -> str:
 
 
 def parse_model_ref(ref: str) -> ModelRef:
-    """Parse `name` or `name@N` (N >= 1)."""
+    """Parse `name` or `name@N`, N in ASCII digits 0-9 only (str.isdigit also takes '١' or '²') and in
+    [1, MAX_INTEGER_COLUMN] (the column's range: a longer number can name no version)."""
     name, sep, version = ref.partition("@")
     if not sep:
         return ModelRef(name=name)
-    if not version.isdigit() or int(version) < 1:
+    if not VERSION_RE.fullmatch(version) or not 1 <= int(version) <= MAX_INTEGER_COLUMN:
         raise InvalidRequestError(
-            f"invalid version in {ref!r}: use name@N with N a positive integer", code="invalid_name"
+            f"invalid version in {ref!r}: use name@N with N a positive integer in ASCII digits 0-9, "
+            f"at most {MAX_INTEGER_COLUMN}",
+            code="invalid_name",
         )
     return ModelRef(name=name, version=int(version))
 

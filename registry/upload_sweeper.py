@@ -8,7 +8,8 @@ A process that dies mid-upload (kill -9, OOM, a lost node) can leave:
   settings.stale_version_age_s and deletes its blobs);
 - final blobs `adapters/<tenant>/<adapter>/<n>/...` copied by a validation job that died before it marked the
   row ready, or whose row was failed or rolled back;
-- unfinished writes in the blob store (local `.tmp-*.part` files, S3 incomplete multipart uploads).
+- unfinished writes in the blob store (local `.tmp-*.part` files, S3 incomplete multipart uploads);
+- its validation jobs' scratch directories (registry/job_scratch.py: removed once no live process holds them).
 
 `select_orphaned_blobs` is the pure decision; `sweep_orphaned_blobs` and `run_upload_sweeps` are the thin I/O
 around it. A blob younger than settings.orphan_blob_min_age_s is never deleted: it may be being written right
@@ -26,11 +27,13 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry.adapter_pipeline import AdapterJobContext
+from registry.job_scratch import remove_abandoned_job_dirs
 from registry.models import Adapter, AdapterVersion
 from registry.storage import BlobStore
 from registry.validation_job import fail_stale_versions
@@ -156,11 +159,13 @@ class SweepResult:
 
     failed_version_ids: Sequence[str]
     deleted_blob_keys: Sequence[str]
+    removed_job_dirs: Sequence[Path] = ()
 
 
 def run_upload_sweeps(ctx: AdapterJobContext) -> SweepResult:
     """Fail stale versions (settings.stale_version_age_s), then delete orphaned blobs
-    (settings.orphan_blob_min_age_s). In this order, so the blobs of a version just failed go too."""
+    (settings.orphan_blob_min_age_s). In this order, so the blobs of a version just failed go too. Then
+    remove the job scratch directories of this host that killed processes left."""
     settings = ctx.settings
     failed = fail_stale_versions(ctx, settings.stale_version_age_s)
     if failed:
@@ -168,4 +173,5 @@ def run_upload_sweeps(ctx: AdapterJobContext) -> SweepResult:
             "failed %d stale adapter version(s) whose job was lost: %s", len(failed), ", ".join(failed)
         )
     deleted = sweep_orphaned_blobs(ctx.session_factory, ctx.blob_store, settings.orphan_blob_min_age_s)
-    return SweepResult(failed_version_ids=failed, deleted_blob_keys=deleted)
+    removed_dirs = remove_abandoned_job_dirs()
+    return SweepResult(failed_version_ids=failed, deleted_blob_keys=deleted, removed_job_dirs=removed_dirs)

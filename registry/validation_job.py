@@ -13,7 +13,6 @@ transaction is held open across file or network I/O.
 from __future__ import annotations
 
 import logging
-import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +33,7 @@ from registry.adapter_pipeline import (
 )
 from registry.db import run_in_write_transaction
 from registry.digests import sha256_file
+from registry.job_scratch import job_scratch_dir
 from registry.models import AdapterVersion, utcnow
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterInfo, AdapterValidationError
 
@@ -130,8 +130,7 @@ def _fetch_and_validate(
     ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, str]
 ) -> tuple[AdapterInfo, dict[str, str]]:
     """Bring the files to a temp dir, verify and re-validate them, then put them at their final keys."""
-    with tempfile.TemporaryDirectory(prefix="lorahost-job-") as tmp:
-        work = Path(tmp)
+    with job_scratch_dir() as work:
         if not staged.weights_blob_key:
             raise AdapterValidationError(
                 "import_again",

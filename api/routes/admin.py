@@ -1,12 +1,22 @@
-"""/v1/admin: tenants, API keys and price plans (admin key only)."""
+"""/v1/admin: tenants, API keys and price plans (admin key only).
+
+Every change runs in a write transaction (registry/db.py: SQLite BEGIN IMMEDIATE, retried on transient
+errors), as uploads do: concurrent admin writes wait for each other instead of failing "database is locked".
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
+from fastapi import APIRouter, Path
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from api.caches import forget_adapters, forget_key, forget_tenant
 from api.deps import AdminDep, ServicesDep, SessionDep
 from api.schemas import (
+    PRINTABLE_TEXT,
     ApiKeyCreated,
     ApiKeyRevoked,
     ListResponse,
@@ -17,16 +27,29 @@ from api.schemas import (
     TenantUpdate,
 )
 from registry import repository
+from registry.db import is_insert_conflict, is_transient_error, run_in_write_transaction
+from registry.errors import ConflictError
 from registry.models import PricePlan
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
+T = TypeVar("T")
+PathId = Annotated[str, Path(pattern=PRINTABLE_TEXT)]  # an unknown id is a 404; a NUL byte would be a DB error
+
+
+def _write(
+    session: Session,
+    work: Callable[[Session], T],
+    is_retryable: Callable[[BaseException], bool] = is_transient_error,
+) -> T:
+    """Run one admin change in its own write transaction and commit it."""
+    session.commit()  # end anything this request read so far: the change starts a transaction of its own
+    return run_in_write_transaction(session, work, is_retryable=is_retryable)
 
 
 @router.post("/tenants", status_code=201, response_model=TenantPublic)
 def create_tenant(body: TenantCreate, _: AdminDep, session: SessionDep) -> TenantPublic:
     """Create an active tenant."""
-    tenant = repository.create_tenant(session, body.name, plan_id=body.plan_id)
-    session.commit()
+    tenant = _write(session, lambda s: repository.create_tenant(s, body.name, plan_id=body.plan_id))
     return TenantPublic.model_validate(tenant)
 
 
@@ -38,7 +61,7 @@ def list_tenants(_: AdminDep, session: SessionDep) -> ListResponse:
 
 @router.patch("/tenants/{tenant_id}", response_model=TenantPublic)
 def update_tenant(
-    tenant_id: str, body: TenantUpdate, _: AdminDep, session: SessionDep, services: ServicesDep
+    tenant_id: PathId, body: TenantUpdate, _: AdminDep, session: SessionDep, services: ServicesDep
 ) -> TenantPublic:
     """Disable/enable a tenant or change its plan (only the fields sent change).
 
@@ -46,8 +69,7 @@ def update_tenant(
     once on this API process; other replicas see it within settings.auth_cache_ttl_s (keys) and
     settings.model_cache_ttl_s (adapters)."""
     changes = body.model_dump(include=body.model_fields_set)
-    tenant = repository.update_tenant(session, tenant_id, **changes)
-    session.commit()
+    tenant = _write(session, lambda s: repository.update_tenant(s, tenant_id, **changes))
     forget_tenant(services.auth_cache, tenant_id)
     if "is_active" in changes:
         owned = {adapter.id for adapter in repository.list_own_adapters(session, tenant_id)}
@@ -56,28 +78,29 @@ def update_tenant(
 
 
 @router.post("/tenants/{tenant_id}/keys", status_code=201, response_model=ApiKeyCreated)
-def create_key(tenant_id: str, _: AdminDep, session: SessionDep) -> ApiKeyCreated:
+def create_key(tenant_id: PathId, _: AdminDep, session: SessionDep) -> ApiKeyCreated:
     """Create an API key; the response is the only time the key is shown."""
-    row, key = repository.create_api_key(session, tenant_id)
-    session.commit()
+    row, key = _write(session, lambda s: repository.create_api_key(s, tenant_id))
     return ApiKeyCreated(id=row.id, tenant_id=row.tenant_id, key=key, created_at=row.created_at)
 
 
 @router.delete("/keys/{key_id}", response_model=ApiKeyRevoked)
-def revoke_key(key_id: str, _: AdminDep, session: SessionDep, services: ServicesDep) -> ApiKeyRevoked:
+def revoke_key(key_id: PathId, _: AdminDep, session: SessionDep, services: ServicesDep) -> ApiKeyRevoked:
     """Revoke an API key: it stops authenticating at once on this API process and within
     settings.auth_cache_ttl_s on the other replicas (their in-process auth caches)."""
-    row = repository.revoke_api_key(session, key_id)
-    session.commit()
+    row = _write(session, lambda s: repository.revoke_api_key(s, key_id))
     forget_key(services.auth_cache, key_id)
     return ApiKeyRevoked(id=row.id, tenant_id=row.tenant_id, revoked_at=row.revoked_at)
 
 
 @router.post("/plans", status_code=201, response_model=PricePlanPublic)
 def create_plan(body: PricePlanCreate, _: AdminDep, session: SessionDep) -> PricePlanPublic:
-    """Create a price plan (prices, rate limits, SLO targets)."""
-    plan = repository.create_price_plan(session, **body.model_dump())
-    session.commit()
+    """Create a price plan (prices, rate limits, SLO targets); 409 when the name is taken."""
+    values = body.model_dump()
+    try:
+        plan = _write(session, lambda s: repository.create_price_plan(s, **values), is_insert_conflict)
+    except IntegrityError:  # lost every retry to concurrent inserts of the same name
+        raise ConflictError(f"a price plan named {body.name!r} exists already: choose another name") from None
     return PricePlanPublic.model_validate(plan)
 
 

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import AdminDep, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.inference.learned_predictor import describe_predictor
-from api.routes.usage import parse_moment
+from api.query_dates import parse_moment
 from api.schemas import (
     AdapterPredictionAccuracy,
     PredictionAccuracyPublic,

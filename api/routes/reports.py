@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import AdminDep, SessionDep
 from api.errors import ApiError
-from api.routes.usage import parse_period
+from api.query_dates import parse_period
 from registry.usage import GROUP_BYS
 from registry.usage_reports import billing_report, invoice_to_json, invoices_to_csv, slo_report
 

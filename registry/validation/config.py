@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 from typing import Any
@@ -100,14 +101,31 @@ def validate_adapter_config(raw: bytes, spec: BaseModelSpec, limits: ValidationL
     )
 
 
+def _decode_utf8(raw: bytes) -> str:
+    """The text of UTF-8 bytes without a byte-order mark (json.loads(bytes) would also take UTF-16/32 and a
+    BOM, which other JSON readers refuse: the platform accepts exactly what peft writes)."""
+    message = (
+        f"{CONFIG_FILENAME} must be UTF-8 JSON without a byte-order mark (as peft's save_pretrained writes it); "
+    )
+    if raw.startswith(codecs.BOM_UTF8):
+        raise _fail("config_not_utf8", message + "it starts with a UTF-8 BOM: save it without one")
+    if b"\x00" in raw:  # never in JSON text (escaped as \u0000 in strings); UTF-16/32 has them everywhere
+        raise _fail("config_not_utf8", message + "it has NUL bytes, as UTF-16 or UTF-32 text does")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail("config_not_utf8", message + f"it is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+
+
 def _parse_config_json(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_CONFIG_BYTES:
         raise _fail(
             "config_too_large", f"{CONFIG_FILENAME} is {len(raw)} bytes; the limit is {MAX_CONFIG_BYTES}"
         )
+    text = _decode_utf8(raw)
     try:
-        config = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        config = json.loads(text)
+    except ValueError as exc:
         raise _fail(
             "config_not_json",
             f"{CONFIG_FILENAME} is not valid JSON ({exc}); upload the file written by peft's save_pretrained",

@@ -75,6 +75,21 @@ def test_reupload_creates_version_n_plus_1_and_name_at_n_addresses_it(client, te
     assert client.get("/v1/adapters/my-lora@3", headers=tenant.headers).status_code == 404
 
 
+@pytest.mark.parametrize("pin", ["\u0661", "\u00b2", "\uff11", "99999999999999999999", "2147483648"])
+def test_version_pin_outside_ascii_digits_or_the_column_range_is_400(client, tenant, demo_adapter, pin) -> None:
+    # on main "@\u0661" (Arabic-Indic one) served version 1, and "@\u00b2" or a 20-digit pin were 500s
+    assert upload(client, tenant, "good-b", adapter_paths(demo_adapter)).status_code == 202
+    model = f"good-b@{pin}"
+    for response in (
+        client.get(f"/v1/adapters/{model}", headers=tenant.headers),
+        client.get(f"/v1/models/{model}", headers=tenant.headers),
+        client.post("/v1/completions", json={"model": model, "prompt": "hi"}, headers=tenant.headers),
+    ):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["type"] == "invalid_name"
+        assert "ASCII digits" in response.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("name", ["Has Caps", "-x", "a/b", "x" * 65, "lorahost-base"])
 def test_invalid_adapter_name_is_400_and_stores_nothing(
     client, tenant, demo_adapter, db_session, blob_store, name

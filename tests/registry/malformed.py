@@ -187,6 +187,11 @@ def valid_files(
     return {CONFIG: json.dumps(config, indent=2).encode(), WEIGHTS: weights}
 
 
+def _config_bytes(encoding: str, **overrides: Any) -> bytes:
+    """A valid adapter_config.json in another encoding than UTF-8 (or with a BOM)."""
+    return json.dumps(lora_config(**overrides), ensure_ascii=False).encode(encoding)
+
+
 def _adapter(
     tmp_dir: Path,
     config: dict | bytes | None = None,
@@ -433,6 +438,14 @@ MALFORMED_CASES: list[MalformedCase] = [
     # adapter_config.json
     MalformedCase("config_not_json", lambda d: _adapter(d, b"{'r': 8,"), "config_not_json"),
     MalformedCase("config_not_object", lambda d: _adapter(d, b"[8, 16]"), "config_not_object"),
+    # json.loads(bytes) guesses UTF-16/32 and skips a BOM: the platform takes exactly UTF-8 without one
+    MalformedCase("config_utf16", lambda d: _adapter(d, _config_bytes("utf-16")), "config_not_utf8"),
+    MalformedCase("config_utf16_be", lambda d: _adapter(d, _config_bytes("utf-16-be")), "config_not_utf8"),
+    MalformedCase("config_utf32", lambda d: _adapter(d, _config_bytes("utf-32")), "config_not_utf8"),
+    MalformedCase("config_utf8_bom", lambda d: _adapter(d, _config_bytes("utf-8-sig")), "config_not_utf8"),
+    MalformedCase(
+        "config_latin1", lambda d: _adapter(d, _config_bytes("latin-1", notes="café")), "config_not_utf8"
+    ),
     MalformedCase("peft_prefix_tuning", _with_config(peft_type="PREFIX_TUNING"), "unsupported_peft_type"),
     MalformedCase("peft_ia3", _with_config(peft_type="IA3"), "unsupported_peft_type"),
     MalformedCase("dora", _with_config(use_dora=True), "dora_not_supported"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -199,3 +201,17 @@ def test_run_upload_sweeps_fails_a_stale_version_then_removes_every_blob_it_left
     assert store.list_keys() == []
     db_session.expire_all()
     assert repository.get_version(db_session, version_id).status == "failed"
+
+
+def test_run_upload_sweeps_removes_job_scratch_dirs_left_by_killed_processes(
+    ctx: pipeline.AdapterJobContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    left = scratch / "lorahost-job-abc123"  # a job's directory whose process was killed (no lock held)
+    (left / "adapter").mkdir(parents=True)
+    old = time.time() - 3600
+    os.utime(left, (old, old))
+    result = run_upload_sweeps(ctx)
+    assert list(result.removed_job_dirs) == [left] and list(scratch.iterdir()) == []

@@ -236,6 +236,17 @@ def test_peft_null_defaults_are_accepted() -> None:
     assert validate_adapter_config(raw, DEMO_SPEC, DEFAULT_LIMITS).rank == 4
 
 
+def test_utf8_config_with_non_ascii_text_is_accepted_and_other_encodings_are_refused() -> None:
+    text = json.dumps(lora_config(notes="café, 日本語"), ensure_ascii=False)
+    assert validate_adapter_config(text.encode(), DEMO_SPEC, DEFAULT_LIMITS).rank == 4
+    latin1 = json.dumps(lora_config(notes="café"), ensure_ascii=False).encode("latin-1")
+    for raw in (text.encode("utf-16"), text.encode("utf-16-le"), text.encode("utf-8-sig"), latin1):
+        with pytest.raises(AdapterValidationError) as excinfo:
+            validate_adapter_config(raw, DEMO_SPEC, DEFAULT_LIMITS)
+        _assert_helpful(excinfo.value, "config_not_utf8")
+        assert "must be UTF-8 JSON" in excinfo.value.message
+
+
 def test_oversized_config_is_refused() -> None:
     raw = _config(notes="x" * (validation.MAX_CONFIG_BYTES + 1))
     with pytest.raises(AdapterValidationError, match="config_too_large"):
