@@ -63,6 +63,10 @@ class PricePlanCreate(BaseModel):
     price_storage_per_adapter_day: Decimal = Decimal(0)
     requests_per_min: int | None = None
     tokens_per_min: int | None = None
+    max_concurrent_requests: int | None = Field(
+        default=None, ge=1, le=2**31 - 1,
+        description="most requests a tenant of this plan may have in flight at once (429 above it); null: no cap",
+    )
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_percentile: float = Field(default=99.0, gt=0, le=100)

@@ -12,8 +12,9 @@ loop does); TTFT = the step that returns the first token - the scheduled arrival
 
     PYTHONPATH=. .venv/bin/python benchmarks/fairness.py --model-dir ~/.cache/lorahost/bench-tiny-16
 
-Output: one JSON line per case (b's P50/P99 TTFT in ms, its ratio to alone, a's queue at the end), then a
-summary line.
+Output: one JSON line per case (b's P50/P99 TTFT in ms and its ratio to alone; b's P50/P99 engine steps from
+its arrival to its first token, which do not depend on how loaded the machine is; a's queue at the end; the
+mean step time), then a summary line.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def schedule(rate: float, flood_factor: float, duration_s: float, is_flooded: bo
 def run_case(engine: LLMEngine, arrivals: list[Arrival], prompt: list[int], params: SamplingParams) -> dict:
     """b's TTFTs (seconds) and a's queue left when the last b request got its first token."""
     ttft: dict[str, float] = {}
+    added_at_step: dict[str, int] = {}
+    steps_to_first: list[int] = []
+    num_steps = 0
     num_b = sum(a.tenant == "b" for a in arrivals)
     start = time.perf_counter()
     pending = list(arrivals)
@@ -68,18 +72,26 @@ def run_case(engine: LLMEngine, arrivals: list[Arrival], prompt: list[int], para
         while pending and pending[0].at_s <= now:
             a = pending.pop(0)
             engine.add_request(a.request_id, prompt, params, tenant_id=a.tenant)
+            added_at_step[a.request_id] = num_steps
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, min(0.01, pending[0].at_s - now)) if pending else 0.0)
             continue
-        for out in engine.step():
+        outputs = engine.step()
+        num_steps += 1
+        for out in outputs:
             arrival = arrival_of[out.request_id]
             if arrival.tenant == "b" and out.new_token_ids and out.request_id not in ttft:
                 ttft[out.request_id] = time.perf_counter() - start - arrival.at_s
+                steps_to_first.append(num_steps - added_at_step[out.request_id])
     stats = engine.stats()
     num_a_left = sum(1 for a in arrivals if a.tenant == "a" and engine.abort(a.request_id))
     while engine.has_unfinished_requests():
         engine.step()
-    return {"ttft": sorted(ttft.values()), "num_a_left": num_a_left, "num_waiting_at_end": stats["num_waiting"]}
+    elapsed_s = time.perf_counter() - start
+    return {
+        "ttft": sorted(ttft.values()), "steps_to_first": sorted(steps_to_first), "num_a_left": num_a_left,
+        "num_waiting_at_end": stats["num_waiting"], "mean_step_ms": 1000 * elapsed_s / max(1, num_steps),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -124,6 +136,9 @@ def main() -> None:
             "b_ttft_p99_ms": round(1000 * results[case]["p99"], 1),
             "b_ttft_mean_ms": round(1000 * statistics.fmean(ttft), 1), "num_a_left": outcome["num_a_left"],
             "num_waiting_at_end": outcome["num_waiting_at_end"],
+            "b_steps_to_first_token_p50": percentile(outcome["steps_to_first"], 50),
+            "b_steps_to_first_token_p99": percentile(outcome["steps_to_first"], 99),
+            "mean_step_ms": round(outcome["mean_step_ms"], 1),
         }
         if case != "alone":
             line["p50_ratio_to_alone"] = round(results[case]["p50"] / results["alone"]["p50"], 2)
