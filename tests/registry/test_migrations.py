@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0007"
+    assert current_revision(empty_db_url) == "0010"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -212,3 +212,20 @@ def test_0007_adds_the_prediction_feature_columns_keeping_rows_and_downgrades(em
     downgrade(empty_db_url, "0006")
     assert not FEATURE_COLUMNS & _usage_columns(empty_db_url)
     assert current_revision(empty_db_url) == "0006"
+
+
+def _plan_columns(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("price_plans")}
+    finally:
+        engine.dispose()
+
+
+def test_0010_adds_the_nullable_concurrency_cap_to_plans_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0007")
+    assert "max_concurrent_requests" not in _plan_columns(empty_db_url)
+    upgrade(empty_db_url, "0010")
+    assert "max_concurrent_requests" in _plan_columns(empty_db_url)
+    downgrade(empty_db_url, "0007")
+    assert "max_concurrent_requests" not in _plan_columns(empty_db_url)
