@@ -191,5 +191,11 @@ class FairSharePolicy:
         return self.prompt_weight * tracked.num_prompt_tokens / self._weights.get(tenant, 1.0)
 
 
+def base_policy(policy: BatchPolicy) -> BatchPolicy:
+    """The batch policy inside a fair-share wrapper (the policy itself when it is not wrapped): what stats and
+    benchmarks read a policy's own state from (e.g. the multi-queue policy's queues)."""
+    return policy.inner if isinstance(policy, FairSharePolicy) else policy
+
+
 def _tenant(tenant_id: str | None) -> str:
     return ANONYMOUS_TENANT if tenant_id is None else tenant_id
