@@ -103,7 +103,10 @@ def _load_tenant_auth(services: Services, presented: str) -> TenantAuth | None:
         if row is None:
             return None
         tenant, plan = row.tenant, row.tenant.plan
-        limits = RateLimits(plan.requests_per_min, plan.tokens_per_min) if plan else RateLimits()
+        limits = (
+            RateLimits(plan.requests_per_min, plan.tokens_per_min, plan.max_concurrent_requests)
+            if plan else RateLimits()
+        )
         return TenantAuth(tenant_id=tenant.id, key_id=row.id, is_active=tenant.is_active, limits=limits)
 
 

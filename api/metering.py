@@ -46,6 +46,8 @@ involved. Statuses:
                response)
   rejected     refused before any work (bad request, unknown model, rate limit, no worker): zero tokens
   interrupted  the API process or the worker died first: the row as of its last checkpoint
+`record` also gives back the request's concurrent-request slot (a plan's max_concurrent_requests,
+api/ratelimit.py), so it is released exactly once however the request ended.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class RequestMeter:
     last_token_s: float | None = None
     is_recorded: bool = False
     opened: Future[None] | None = None  # the in_progress row's insert (None: never opened)
+    release_slot: Callable[[], None] | None = None  # gives back its concurrent-request slot (api/ratelimit.py)
 
     def on_delivered(self, num_tokens: int) -> None:
         """Count tokens handed to the client (timestamps the first and the latest delivery)."""
@@ -415,6 +418,7 @@ class UsageLedger:
         if meter.is_recorded:
             return
         meter.is_recorded = True  # before any await: a concurrent finaliser must not write a second row
+        await release_slot(meter)
         self.writer.unwatch(meter)
         await self.wait_opened(meter)
         values = meter.usage_values(status, error_message)
@@ -454,6 +458,17 @@ class UsageLedger:
         except Exception:
             log.exception("could not write the usage row of request %s", values["request_id"])
             raise
+
+
+async def release_slot(meter: RequestMeter) -> None:
+    """Give back the request's concurrent-request slot, once (the request has ended, however it ended)."""
+    release, meter.release_slot = meter.release_slot, None
+    if release is None:
+        return
+    try:
+        await anyio.to_thread.run_sync(release)
+    except Exception:  # noqa: BLE001 - the slot's lease runs out instead (api/ratelimit.py)
+        log.exception("could not release the concurrent-request slot of request %s", meter.request_id)
 
 
 async def record_quietly(ledger: UsageLedger, meter: RequestMeter, status: str, message: str) -> None:

@@ -1,4 +1,5 @@
-"""Per-tenant rate limits (requests/min and tokens/min) over a fixed one-minute window.
+"""Per-tenant rate limits (requests/min and tokens/min) over a fixed one-minute window, and the cap on a
+tenant's concurrent requests (a plan's max_concurrent_requests).
 
 Two implementations behind one interface: `InMemoryRateLimiter` (embedded mode, one process) and
 `RedisRateLimiter` (distributed: every API replica shares the counters; one atomic Lua script per check).
@@ -6,6 +7,13 @@ A request is admitted only if BOTH budgets have room; a refused request consumes
 While Redis is unreachable, `RedisRateLimiter` counts in process memory instead (each replica then enforces
 the whole budget on its own, so the cluster admits up to one budget per replica) rather than failing the
 request: a brief Redis outage must not stop inference (issue 12). It returns to Redis once Redis answers.
+
+Concurrent requests: `acquire_slot` takes one of the tenant's `max_concurrent_requests` slots for a request
+id (refused, taking nothing, when all are held); `release_slot` gives it back and is idempotent, so a
+request that ends several ways releases exactly once (api/metering.py releases it when the request's usage
+is recorded, however it ended). A slot is a lease: one not released within `SLOT_LEASE_S` (its API process
+was killed) stops counting then. Over the cap a request is refused at once (429 naming the limit) rather than
+queued: the cap is a stated limit of the plan, and waiting for it would hold a connection per queued request.
 """
 
 from __future__ import annotations
@@ -22,14 +30,16 @@ from redis.exceptions import RedisError
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 60
+SLOT_LEASE_S = 3600.0  # a held slot stops counting after this long (longer than any completion runs)
 
 
 @dataclass(frozen=True)
 class RateLimits:
-    """A tenant's budgets per minute; None means unlimited."""
+    """A tenant's budgets per minute and its cap on requests in flight; None means unlimited."""
 
     max_requests_per_min: int | None = None
     max_tokens_per_min: int | None = None
+    max_concurrent_requests: int | None = None  # requests in flight at once
 
 
 @dataclass(frozen=True)
@@ -48,10 +58,27 @@ class RateLimiter(Protocol):
         """Admit one request costing num_tokens, or refuse it without consuming anything."""
         ...
 
+    def acquire_slot(self, tenant_id: str, request_id: str, max_concurrent_requests: int) -> RateDecision:
+        """Hold one of the tenant's concurrent-request slots for request_id, or refuse taking nothing."""
+        ...
+
+    def release_slot(self, tenant_id: str, request_id: str) -> None:
+        """Give the request's slot back (no-op when it holds none)."""
+        ...
+
 
 def _refusal(kind: str, limit: int, now: float) -> RateDecision:
     retry = max(1, math.ceil(WINDOW_SECONDS - (now % WINDOW_SECONDS)))
     return RateDecision(False, retry, f"rate limit of {limit} {kind} per minute exceeded; retry in {retry} s")
+
+
+def _slot_refusal(limit: int) -> RateDecision:
+    return RateDecision(
+        False,
+        1,
+        f"max_concurrent_requests of {limit} reached: {limit} requests of this tenant are in flight; retry when "
+        "one finishes, or ask the operator for a plan with a higher max_concurrent_requests",
+    )
 
 
 class InMemoryRateLimiter:
@@ -61,6 +88,7 @@ class InMemoryRateLimiter:
         self._clock = clock
         self._lock = threading.Lock()
         self._windows: dict[str, tuple[int, int, int]] = {}  # tenant -> (window, requests, tokens)
+        self._slots: dict[str, dict[str, float]] = {}  # tenant -> {request id: when its slot was taken}
 
     def acquire(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
         """Admit one request costing num_tokens, or refuse it without consuming anything."""
@@ -77,6 +105,30 @@ class InMemoryRateLimiter:
             self._windows[tenant_id] = (window, num_requests + 1, tokens + num_tokens)
         return RateDecision(True)
 
+    def acquire_slot(self, tenant_id: str, request_id: str, max_concurrent_requests: int) -> RateDecision:
+        """Hold one of the tenant's concurrent-request slots for request_id, or refuse taking nothing."""
+        now = self._clock()
+        with self._lock:
+            held = self._slots.setdefault(tenant_id, {})
+            for expired in [rid for rid, taken in held.items() if taken <= now - SLOT_LEASE_S]:
+                del held[expired]
+            if request_id not in held and len(held) >= max_concurrent_requests:
+                return _slot_refusal(max_concurrent_requests)
+            held[request_id] = now
+        return RateDecision(True)
+
+    def release_slot(self, tenant_id: str, request_id: str) -> None:
+        """Give the request's slot back (no-op when it holds none)."""
+        with self._lock:
+            held = self._slots.get(tenant_id)
+            if held is not None and held.pop(request_id, None) is not None and not held:
+                del self._slots[tenant_id]
+
+    def num_held_slots(self, tenant_id: str) -> int:
+        """The tenant's slots held now (tests and stats)."""
+        with self._lock:
+            return len(self._slots.get(tenant_id, {}))
+
 
 # KEYS[1] = request counter, KEYS[2] = token counter; ARGV = max_requests, max_tokens, num_tokens, ttl
 # (a negative limit means unlimited). Returns 0 = allowed, 1 = requests exceeded, 2 = tokens exceeded.
@@ -92,6 +144,18 @@ return 0
 """
 
 
+# KEYS[1] = the tenant's slot set (request id -> when taken); ARGV = now, lease, max, request id.
+# Returns 0 = held, 1 = every slot is taken.
+_LUA_ACQUIRE_SLOT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[2]))
+if not redis.call('ZSCORE', KEYS[1], ARGV[4]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 1
+end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4]); redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])))
+return 0
+"""
+
+
 class RedisRateLimiter:
     """Fixed-window counters in Redis, shared by all API replicas."""
 
@@ -100,6 +164,7 @@ class RedisRateLimiter:
         self._prefix = key_prefix
         self._clock = clock
         self._script = client.register_script(_LUA_ACQUIRE)
+        self._slot_script = client.register_script(_LUA_ACQUIRE_SLOT)
         self._fallback = InMemoryRateLimiter(clock)  # used while Redis is unreachable
         self.is_degraded = False
 
@@ -109,14 +174,49 @@ class RedisRateLimiter:
         try:
             decision = self._acquire_in_redis(tenant_id, num_tokens, limits)
         except RedisError as exc:
-            if not self.is_degraded:
-                log.warning("rate limits: Redis unreachable (%s); counting in this process until it answers", exc)
-            self.is_degraded = True
+            self._on_redis_error(exc)
             return self._fallback.acquire(tenant_id, num_tokens, limits)
+        self._on_redis_answered()
+        return decision
+
+    def acquire_slot(self, tenant_id: str, request_id: str, max_concurrent_requests: int) -> RateDecision:
+        """Hold one of the tenant's concurrent-request slots for request_id in Redis (in this process while
+        Redis is unreachable), or refuse taking nothing."""
+        try:
+            code = int(self._slot_script(
+                keys=[self._slot_key(tenant_id)],
+                args=[self._clock(), SLOT_LEASE_S, max_concurrent_requests, request_id],
+            ))
+        except RedisError as exc:
+            self._on_redis_error(exc)
+            return self._fallback.acquire_slot(tenant_id, request_id, max_concurrent_requests)
+        self._on_redis_answered()
+        return _slot_refusal(max_concurrent_requests) if code == 1 else RateDecision(True)
+
+    def release_slot(self, tenant_id: str, request_id: str) -> None:
+        """Give the request's slot back, in Redis and in the fallback (both idempotent)."""
+        self._fallback.release_slot(tenant_id, request_id)
+        try:
+            self._client.zrem(self._slot_key(tenant_id), request_id)
+        except RedisError as exc:  # the slot's lease runs out instead
+            self._on_redis_error(exc)
+
+    def num_held_slots(self, tenant_id: str) -> int:
+        """The tenant's slots held in Redis now (tests and stats)."""
+        return int(self._client.zcard(self._slot_key(tenant_id)))
+
+    def _slot_key(self, tenant_id: str) -> str:
+        return f"{self._prefix}{tenant_id}:slots"
+
+    def _on_redis_error(self, exc: RedisError) -> None:
+        if not self.is_degraded:
+            log.warning("rate limits: Redis unreachable (%s); counting in this process until it answers", exc)
+        self.is_degraded = True
+
+    def _on_redis_answered(self) -> None:
         if self.is_degraded:
             log.warning("rate limits: Redis answers again; counting there")
             self.is_degraded = False
-        return decision
 
     def _acquire_in_redis(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
         now = self._clock()

@@ -77,6 +77,10 @@ class PricePlanCreate(BaseModel):
     price_storage_per_adapter_day: Price = Decimal(0)
     requests_per_min: PlanLimit | None = None
     tokens_per_min: PlanLimit | None = None
+    max_concurrent_requests: PlanLimit | None = Field(
+        default=None,
+        description="most requests a tenant of this plan may have in flight at once (429 above it); null: no cap",
+    )
     slo_ttft_ms: SloTargetMs | None = None
     slo_tpot_ms: SloTargetMs | None = None
     slo_percentile: float = Field(default=99.0, gt=0, le=100)
@@ -93,6 +97,7 @@ class PricePlanPublic(BaseModel):
     price_storage_per_adapter_day: Decimal
     requests_per_min: int | None
     tokens_per_min: int | None
+    max_concurrent_requests: int | None
     slo_ttft_ms: float | None
     slo_tpot_ms: float | None
     slo_percentile: float

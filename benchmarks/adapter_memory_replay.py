@@ -194,7 +194,9 @@ def replay(spec: dict) -> dict[str, Any]:
     stats = engine.stats()
     result = summarize_records(list(records.values()), stats)
     result["replay_wall_s"] = round(time.time() - t0, 2)
-    result["policy_state"] = _policy_state(engine.scheduler.policy)
+    from scheduler.fair_share import base_policy
+
+    result["policy_state"] = _policy_state(base_policy(engine.scheduler.policy))
     if spec.get("return_records"):
         result["records"] = [
             {k: _rounded(v) for k, v in rec.items() if k != "token_times"} for rec in records.values()

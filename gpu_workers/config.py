@@ -51,6 +51,8 @@ class EngineConfig:
     `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES); the
     `multiqueue_*` knobs configure "multiqueue" (scheduler/multiqueue.py): the TTFT SLO of its M/M/1 quota
     rule, how often its size classes and quotas are refreshed, and its most queues (Kmax);
+    `fair_share`: wrap that policy in the tenants' fair share (scheduler/fair_share.py: the least-served
+    tenant's requests first, in the policy's order within a tenant; no effect with one tenant);
     `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
     (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
     `is_caching_idle_adapters`: keep adapters no request uses on the device while pages are free (the
@@ -85,6 +87,7 @@ class EngineConfig:
     adapter_cache_bytes: int | None = None
     memory_mode: str = "unified"
     batch_policy: str = "fifo"
+    fair_share: bool = True
     multiqueue_slo_s: float = DEFAULT_SLO_S
     multiqueue_refresh_s: float = DEFAULT_REFRESH_S
     multiqueue_max_queues: int = DEFAULT_MAX_QUEUES

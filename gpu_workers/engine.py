@@ -45,6 +45,7 @@ from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
 from scheduler.eviction import make_eviction_policy
+from scheduler.fair_share import FairSharePolicy
 
 
 class LLMEngine:
@@ -70,7 +71,7 @@ class LLMEngine:
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
-            policy or make_batch_policy(config.batch_policy, **config.batch_policy_options()),
+            policy or default_batch_policy(config),
             config.max_num_seqs,
             config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
@@ -96,14 +97,16 @@ class LLMEngine:
         predicted_output_tokens: int | None = None,
         *,
         tenant_id: str | None = None,
+        tenant_weight: float = 1.0,
         cache_namespace: str | None = None,
     ) -> None:
         """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError.
 
         The adapter may be only on the host: pass `adapter_path` (or register it first); the core plans
         its copy to the device before the request's first step. `predicted_output_tokens` (default
-        max_tokens) is what the batch policy sees as the expected output length. `tenant_id` is who sent it and
-        `cache_namespace` the prefix-cache namespace its blocks are shared in (see `Sequence`).
+        max_tokens) is what the batch policy sees as the expected output length. `tenant_id` is who sent it,
+        `tenant_weight` its tenant's fair-share weight and `cache_namespace` the prefix-cache namespace its
+        blocks are shared in (see `Sequence`).
         """
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
@@ -124,7 +127,7 @@ class LLMEngine:
         max_tokens = min(sampling_params.max_tokens, self.max_model_len - len(token_ids))
         seq = Sequence(
             request_id, token_ids, sampling_params, adapter_id, max_tokens, predicted_output_tokens,
-            tenant_id=tenant_id, cache_namespace=cache_namespace,
+            tenant_id=tenant_id, tenant_weight=tenant_weight, cache_namespace=cache_namespace,
         )
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -484,6 +487,12 @@ class LLMEngine:
 
 
 _COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
+
+
+def default_batch_policy(config: EngineConfig) -> BatchPolicy:
+    """The batch policy the config names, inside the tenants' fair share when `config.fair_share`."""
+    policy = make_batch_policy(config.batch_policy, **config.batch_policy_options())
+    return FairSharePolicy(policy) if config.fair_share else policy
 
 
 def _stamp_first_scheduled(entries: list[BatchEntry], now: float) -> None:

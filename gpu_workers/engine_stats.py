@@ -8,6 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scheduler.fair_share import base_policy
+
 if TYPE_CHECKING:
     from gpu_workers.engine import LLMEngine
 
@@ -59,7 +61,7 @@ def routing_stats(engine: LLMEngine) -> dict[str, Any]:
 
 def _waiting_by_queue(engine: LLMEngine, waiting: list[Any]) -> list[int]:
     """Queued requests per size class when the batch policy has size-class queues (else [])."""
-    policy = engine.scheduler.policy
+    policy = base_policy(engine.scheduler.policy)
     num_queues, queue_of = getattr(policy, "num_queues", None), getattr(policy, "queue_of", None)
     if not isinstance(num_queues, int) or queue_of is None:
         return []

@@ -99,6 +99,7 @@ class PricePlan(Base):
     price_storage_per_adapter_day: Mapped[Decimal] = mapped_column(Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0))
     requests_per_min: Mapped[int | None] = mapped_column(Integer)
     tokens_per_min: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)  # a tenant's requests in flight
     slo_ttft_ms: Mapped[float | None] = mapped_column(Float)
     slo_tpot_ms: Mapped[float | None] = mapped_column(Float)
     slo_percentile: Mapped[float] = mapped_column(Float, default=99.0)

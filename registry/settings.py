@@ -329,6 +329,13 @@ class Settings(BaseSettings):
         "sjf = fewest predicted output tokens first; multiqueue = Chameleon's size-class queues with token "
         "quotas, scheduler/multiqueue.py)",
     )
+    engine_fair_share: bool = Field(
+        default=True,
+        description="Fair share of each engine between tenants (scheduler/fair_share.py, the Virtual Token "
+        "Counter of Sheng et al., OSDI'24): the least-served tenant's waiting request is admitted first, in "
+        "the batch policy's order within a tenant; false admits in the batch policy's order alone. No effect "
+        "while one tenant sends requests.",
+    )
     engine_multiqueue_slo_s: float = Field(
         default=DEFAULT_SLO_S,
         gt=0,

@@ -7,7 +7,7 @@ scheduler/batch_policy.py re-exports these names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,7 +18,8 @@ class WaitingRequest:
 
     `predicted_output_tokens`: the predicted output length (max_tokens until a predictor fills it);
     `adapter_num_bytes`: device bytes of its adapter (0 without one); `adapter_residency`: where the
-    adapter is now, "none" | "host" | "copying" | "device".
+    adapter is now, "none" | "host" | "copying" | "device"; `tenant_id`: who sent it (None: not known, direct
+    engine use); `tenant_weight`: that tenant's share weight (scheduler/fair_share.py; default 1).
     """
 
     request_id: str
@@ -30,6 +31,8 @@ class WaitingRequest:
     predicted_output_tokens: int | None = None
     adapter_num_bytes: int = 0
     adapter_residency: str = "none"
+    tenant_id: str | None = None
+    tenant_weight: float = 1.0
 
     @property
     def num_predicted_output_tokens(self) -> int:
@@ -97,4 +100,9 @@ class BatchPolicy(Protocol):
 
     def on_finished(self, request_id: str, now: float | None = None) -> None:
         """Called when a request finishes or is aborted, admitted or not (quota bookkeeping); `now` as above."""
+        ...
+
+    def on_tokens_served(self, num_output_tokens: Mapping[str, int]) -> None:
+        """Called once per planned step with the output tokens that step computes per running request id
+        (fair-share bookkeeping: scheduler/fair_share.py)."""
         ...

@@ -9,7 +9,7 @@ scheduler. The shared data types live in scheduler/admission.py and are re-expor
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler.admission import AdmissionPlan, BatchBudget, BatchPolicy, WaitingRequest
@@ -46,6 +46,10 @@ class FifoPolicy:
         """FIFO keeps no per-request state."""
         return
 
+    def on_tokens_served(self, num_output_tokens: Mapping[str, int]) -> None:
+        """FIFO does not count served tokens."""
+        return
+
 
 class SjfPolicy:
     """Shortest predicted job first: the fewest predicted output tokens go first (ties: arrival order), and a
@@ -69,6 +73,10 @@ class SjfPolicy:
 
     def on_finished(self, request_id: str, now: float | None = None) -> None:
         """SJF keeps no per-request state."""
+        return
+
+    def on_tokens_served(self, num_output_tokens: Mapping[str, int]) -> None:
+        """SJF does not count served tokens."""
         return
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.admission import AdmissionPlan, BatchBudget, WaitingRequest
@@ -218,6 +218,10 @@ class MultiQueuePolicy:
         if tracked is None or tracked.admitted_at is None:
             return
         tracked.sample.duration_s = max(0.0, (self._now if now is None else now) - tracked.admitted_at)
+
+    def on_tokens_served(self, num_output_tokens: Mapping[str, int]) -> None:
+        """Quotas charge a request's predicted need at admission, not tokens as served: nothing to do."""
+        return
 
     # ---- helpers --------------------------------------------------------------------------------------
 

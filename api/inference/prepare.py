@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import reprlib
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import Request
@@ -26,7 +27,7 @@ from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
 from api.metering import RequestMeter
 from api.prompting import BaseModelTokenizer, PromptError
-from api.ratelimit import InMemoryRateLimiter, RateLimits
+from api.ratelimit import InMemoryRateLimiter, RateDecision, RateLimits
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.services import Services
@@ -101,9 +102,9 @@ async def prepare(
     max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
     check_min_tokens(body, max_tokens)
     if isinstance(services.rate_limiter, InMemoryRateLimiter):
-        admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
+        admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
     else:
-        await run_in_threadpool(admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
+        await run_in_threadpool(admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant.tenant_id, meter)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
@@ -315,9 +316,25 @@ def check_min_tokens(body: InferenceRequestBase, max_tokens: int) -> None:
         )
 
 
-def admit(services: Services, tenant_id: str, num_tokens: int, limits: RateLimits) -> None:
-    """Charge the tenant's rate limits for `num_tokens`; 429 with Retry-After when over them."""
-    decision = services.rate_limiter.acquire(tenant_id, num_tokens, limits)
+def admit(
+    services: Services, tenant_id: str, num_tokens: int, limits: RateLimits, meter: RequestMeter | None = None
+) -> None:
+    """Take one of the tenant's concurrent-request slots (when its plan caps them; the meter releases it when
+    the request is recorded) and charge its rate limits for `num_tokens`; 429 with Retry-After naming the
+    limit when over one (nothing is then held or charged)."""
+    limiter = services.rate_limiter
+    cap = limits.max_concurrent_requests
+    if cap is not None and meter is not None:
+        _refuse_unless_allowed(limiter.acquire_slot(tenant_id, meter.request_id, cap))
+        meter.release_slot = partial(limiter.release_slot, tenant_id, meter.request_id)
+    decision = limiter.acquire(tenant_id, num_tokens, limits)
+    if not decision.is_allowed and meter is not None and meter.release_slot is not None:
+        meter.release_slot()
+        meter.release_slot = None
+    _refuse_unless_allowed(decision)
+
+
+def _refuse_unless_allowed(decision: RateDecision) -> None:
     if not decision.is_allowed:
         raise ApiError(
             429, "rate_limited", decision.reason, headers={"Retry-After": str(decision.retry_after_s)}

@@ -9,8 +9,9 @@ adapter is only on the host gets an adapter copy planned (evicting idle adapters
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
 that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
 or only those of its group when the plan has groups; `core/admission_gate.py`). The policy hears of each
-actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`. Without the
-adapter cache (`AdapterResidency.is_caching_idle_adapters` False) each step starts by evicting the adapters
+actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`, and of the
+output tokens each planned step computes per request (`on_tokens_served`: fair share,
+scheduler/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False) each step starts by evicting the adapters
 no request uses any more. While its adapter is COPYING, a sequence runs only as a CPU-assisted
 prefill (`_may_run`, at most `num_cpu_prefill_workers` entries; decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
@@ -185,6 +186,7 @@ class BatchScheduler:
         if plan.entries:
             self.residency.record_batch_size(len(plan.entries))
         plan.entries.sort(key=lambda e: e.seq.adapter_id or "")
+        self.policy.on_tokens_served(num_output_tokens(plan))
         return plan
 
     def _grow_or_preempt(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
@@ -416,4 +418,12 @@ class BatchScheduler:
             ),
             adapter_num_bytes=state.num_bytes if state is not None else 0,
             adapter_residency=state.residency.value if state is not None else Residency.NONE.value,
+            tenant_id=seq.tenant_id,
+            tenant_weight=seq.tenant_weight,
         )
+
+
+def num_output_tokens(plan: StepPlan) -> dict[str, int]:
+    """The output tokens a plan computes per request id: one per sampling entry (a decode, or a prompt's last
+    chunk, whose step samples the first output token)."""
+    return {e.seq.request_id: 1 for e in plan.entries if e.is_sampling}

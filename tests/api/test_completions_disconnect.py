@@ -117,3 +117,26 @@ def test_a_client_that_stays_gets_the_whole_completion(
     assert response.status_code == 200, response.text
     [row] = usage_rows(db_session, tenant.id)
     assert (row.status, row.completion_tokens) == ("ok", 5)
+
+
+def test_a_client_leaving_releases_its_concurrent_request_slot(
+    api: TestClient,
+    worker: RunningWorker,
+    new_tenant: Callable[[str], TenantHandle],
+) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    plan = api.post("/v1/admin/plans", json={"name": "one-at-a-time", "max_concurrent_requests": 1}, headers=admin)
+    tenant = new_tenant("capped-leaver")
+    assert api.patch(f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=admin).is_success
+    body = {"model": BASE_MODEL, "prompt": "hello world", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    run(
+        api,
+        "/v1/completions",
+        tenant.headers | {"content-type": "application/json"},
+        [json.dumps(body).encode()],
+        leave=_leave_once_generating(worker),
+    )
+    limiter = api.app.state.services.rate_limiter  # type: ignore[attr-defined]
+    assert limiter.num_held_slots(tenant.id) == 0
+    short = body | {"max_tokens": 2}
+    assert api.post("/v1/completions", json=short, headers=tenant.headers).status_code == 200

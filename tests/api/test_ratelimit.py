@@ -1,8 +1,9 @@
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from api.ratelimit import InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
+from api.ratelimit import SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
 from tests.services import redis_with_prefix
 
 
@@ -97,3 +98,26 @@ def test_redis_outage_counts_in_process_instead_of_failing_then_returns_to_redis
     client.is_down = False
     assert limiter.acquire("t1", 1, limits).is_allowed and not limiter.is_degraded  # Redis decides again
     assert client.num_calls == 4
+
+
+def test_concurrent_request_slots_are_capped_per_tenant_and_released_once(limiter_and_clock: Any) -> None:
+    limiter, _ = limiter_and_clock
+    assert limiter.acquire_slot("t1", "r1", 2).is_allowed
+    assert limiter.acquire_slot("t1", "r1", 2).is_allowed  # the same request again holds the same slot
+    assert limiter.acquire_slot("t1", "r2", 2).is_allowed
+    refused = limiter.acquire_slot("t1", "r3", 2)
+    assert not refused.is_allowed and "max_concurrent_requests of 2" in refused.reason
+    assert limiter.acquire_slot("t2", "r4", 2).is_allowed  # caps are per tenant
+    limiter.release_slot("t1", "r1")
+    limiter.release_slot("t1", "r1")  # a second release of the same request gives back nothing more
+    assert limiter.num_held_slots("t1") == 1
+    assert limiter.acquire_slot("t1", "r3", 2).is_allowed
+    assert not limiter.acquire_slot("t1", "r5", 2).is_allowed
+
+
+def test_a_slot_never_released_stops_counting_after_its_lease(limiter_and_clock: Any) -> None:
+    limiter, clock = limiter_and_clock
+    assert limiter.acquire_slot("t1", "lost", 1).is_allowed  # its API process was killed
+    assert not limiter.acquire_slot("t1", "next", 1).is_allowed
+    clock.now += SLOT_LEASE_S + 1
+    assert limiter.acquire_slot("t1", "next", 1).is_allowed

@@ -113,3 +113,39 @@ def test_limits_are_shared_through_redis_across_api_replicas(
     tenant = _tenant_on_plan(first, new_tenant, requests_per_min=1)
     assert _complete(first, tenant).status_code == 503  # admitted (no worker)
     assert _complete(second, tenant).status_code == 429  # the other replica sees the same budget
+
+
+def test_max_concurrent_requests_is_a_429_naming_the_limit_and_every_end_releases_the_slot(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    workers = ScriptedWorkers()
+    workers.install(client)
+    workers.add("w1", events=tokens_events(2))
+    tenant = _tenant_on_plan(client, new_tenant, max_concurrent_requests=1)
+    limiter = client.app.state.services.rate_limiter  # type: ignore[attr-defined]
+    assert limiter.acquire_slot(tenant.id, "req-in-flight", 1).is_allowed  # another request of it is running
+    refused = _complete(client, tenant)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert "max_concurrent_requests of 1" in refused.json()["error"]["message"]
+    assert _complete(client, new_tenant("uncapped")).status_code == 200  # the cap is per tenant
+    limiter.release_slot(tenant.id, "req-in-flight")
+    assert [_complete(client, tenant).status_code for _ in range(3)] == [200, 200, 200]  # each released its slot
+    assert limiter.num_held_slots(tenant.id) == 0
+    assert [r.status for r in usage_rows(db_session, tenant.id)] == ["rejected", "ok", "ok", "ok"]
+
+
+def test_a_request_that_fails_or_is_refused_later_releases_its_slot(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle]
+) -> None:
+    ScriptedWorkers().install(client)  # no worker: admitted, then 503
+    tenant = _tenant_on_plan(client, new_tenant, max_concurrent_requests=1, tokens_per_min=30)
+    limiter = client.app.state.services.rate_limiter  # type: ignore[attr-defined]
+    assert _complete(client, tenant).status_code == 503
+    assert limiter.num_held_slots(tenant.id) == 0
+    assert _complete(client, tenant, max_tokens=40).status_code == 429  # over tokens/min: no slot kept either
+    assert limiter.num_held_slots(tenant.id) == 0
+
+
+def test_max_concurrent_requests_must_be_positive(client: TestClient) -> None:
+    refused = client.post("/v1/admin/plans", json={"name": "zero-cap", "max_concurrent_requests": 0}, headers=ADMIN)
+    assert refused.status_code in (400, 422) and "max_concurrent_requests" in refused.text

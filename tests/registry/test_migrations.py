@@ -234,3 +234,20 @@ def test_0012_clears_the_stored_prompt_histograms_keeping_the_rest_of_each_row(e
     assert [tuple(r) for r in rows] == [("r1", 3, 16, True, False, None)]
     downgrade(empty_db_url, "0007")  # nothing to restore: the histograms are gone for good
     assert current_revision(empty_db_url) == "0007"
+
+
+def _plan_columns(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("price_plans")}
+    finally:
+        engine.dispose()
+
+
+def test_0010_adds_the_nullable_concurrency_cap_to_plans_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0007")
+    assert "max_concurrent_requests" not in _plan_columns(empty_db_url)
+    upgrade(empty_db_url, "0010")
+    assert "max_concurrent_requests" in _plan_columns(empty_db_url)
+    downgrade(empty_db_url, "0007")
+    assert "max_concurrent_requests" not in _plan_columns(empty_db_url)

@@ -7,6 +7,7 @@ adapter loads and advances every entry, sampling one token per sampling entry.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from functools import partial
 
 import pytest
@@ -170,6 +171,33 @@ def test_policy_sees_predicted_output_tokens_and_adapter_bytes() -> None:
         "host",
     )
     assert scheduler.describe(make_seq("q", 3, 20, None, 0.0)).predicted_output_tokens == 20
+
+
+class ServedTokensRecorder(FifoPolicy):
+    """FIFO that records what each step reports as served."""
+
+    def __init__(self) -> None:
+        self.served: list[dict[str, int]] = []
+
+    def on_tokens_served(self, num_output_tokens: Mapping[str, int]) -> None:
+        self.served.append(dict(num_output_tokens))
+
+
+def test_policy_hears_of_each_steps_output_tokens_and_sees_the_tenant() -> None:
+    """One output token per sampling entry: a prompt's last chunk and each decode, not an earlier chunk."""
+    pool = PagePool(16, BLOCK_SIZE, 16)
+    residency = AdapterResidency(pool, PAGE_BYTES, policy=make_eviction_policy("lru"))
+    policy = ServedTokensRecorder()
+    scheduler = BatchScheduler(pool, residency, policy, max_num_seqs=4, max_num_batched_tokens=6)
+    long, short = make_seq("long", 10, 2, None, 0.0), make_seq("short", 2, 2, None, 1.0)
+    short.tenant_id, short.tenant_weight = "t", 2.0
+    assert (scheduler.describe(short).tenant_id, scheduler.describe(short).tenant_weight) == ("t", 2.0)
+    scheduler.add(long)
+    scheduler.add(short)
+    while scheduler.has_unfinished():
+        carry_out(scheduler, scheduler.schedule())
+    # step 1: 6 of long's 10 prompt tokens; 2: its last 4 (+1 token) and short's prompt (+1); 3: two decodes
+    assert policy.served == [{}, {"long": 1, "short": 1}, {"long": 1, "short": 1}]
 
 
 def test_a_queued_requests_adapter_is_prefetched_and_its_admission_is_a_hit() -> None:
