@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from registry.models import Adapter, AdapterVersion
 
+MAX_INT32 = 2**31 - 1  # Integer columns
+MAX_INT64 = 2**63 - 1  # BigInteger columns
+
 
 class TenantCreate(BaseModel):
     """POST /v1/admin/tenants."""
@@ -66,6 +69,26 @@ class PricePlanCreate(BaseModel):
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_percentile: float = Field(default=99.0, gt=0, le=100)
+    uploads_per_min: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INT32,
+        description="Upload quota: POST /v1/adapters calls (uploads and imports) per minute; null = unlimited",
+    )
+    max_adapters: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INT32,
+        description="Upload quota: live (not deleted) adapters; a new version of an existing adapter does not "
+        "count; null = unlimited",
+    )
+    max_stored_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INT64,
+        description="Upload quota: bytes of adapter_model.safetensors over every version of the tenant's live "
+        "adapters that is not failed; null = unlimited",
+    )
 
 
 class PricePlanPublic(PricePlanCreate):

@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from registry import repository
+from registry import repository, upload_quota
 from registry.adapter_pipeline import (
     FINAL_STATUSES,
     IN_FLIGHT_STATUSES,
@@ -34,11 +34,12 @@ from registry.adapter_pipeline import (
     safe_basename,
     validate_adapter_files,
 )
-from registry.archive import is_archive_name
+from registry.archive import is_archive_name, max_member_bytes
 from registry.db import run_in_write_transaction
 from registry.digests import sha256_file
+from registry.errors import QuotaExceededError
 from registry.models import AdapterVersion, utcnow
-from registry.storage import parse_s3_uri
+from registry.storage import BlobStore, parse_s3_uri
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterInfo, AdapterValidationError
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,12 @@ def _mark_ready(
         version = repository.get_version(session, version_id)
         if version.status in FINAL_STATUSES:
             return version.status
+        if version.num_bytes is None:  # an import: its size was unknown when its row was inserted
+            tenant_id = version.adapter.tenant_id
+            quota = upload_quota.lock_tenant_quota(session, tenant_id)
+            upload_quota.check_stored_bytes(
+                session, tenant_id, quota, info.num_bytes, excluding_version_id=version.id
+            )
         version.status = "ready"
         version.config_blob_key = dest[CONFIG_FILENAME]
         version.weights_blob_key = dest[WEIGHTS_FILENAME]
@@ -178,6 +185,7 @@ def _fetch_import(ctx: AdapterJobContext, source: str, work: Path) -> Path:
     incoming.mkdir()
     if is_archive_name(prefix):
         names = [safe_basename(prefix)]
+        _check_import_size(store, prefix, ctx.settings.max_upload_bytes, "LORAHOST_MAX_UPLOAD_BYTES")
         store.download_to(prefix, incoming / names[0])
     else:
         folder = f"{prefix}/" if prefix else ""
@@ -187,9 +195,22 @@ def _fetch_import(ctx: AdapterJobContext, source: str, work: Path) -> Path:
             raise AdapterValidationError("missing_config", f"no files found under {source}")
         check_incoming_names(names)
         for key, filename in zip(keys, names):
+            limit = max_member_bytes(filename, ctx.limits)
+            _check_import_size(store, key, limit, "LORAHOST_MAX_ADAPTER_BYTES or a fixed limit")
             store.download_to(key, incoming / filename)
     check_incoming_names(names)
     return prepare_adapter_dir(incoming, names, ctx.limits)
+
+
+def _check_import_size(store: BlobStore, key: str, max_bytes: int, setting: str) -> None:
+    """Refuse an import source larger than the upload limits before downloading it (same limits as uploads)."""
+    num_bytes = store.size(key)
+    if num_bytes > max_bytes:
+        raise AdapterValidationError(
+            "import_too_large",
+            f"{safe_basename(key)} is {num_bytes} bytes; the limit is {max_bytes} ({setting}): import a smaller "
+            "adapter",
+        )
 
 
 def _mark_failed(ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, str], exc: Exception) -> str:
@@ -220,7 +241,7 @@ def _mark_failed(ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, 
 
 
 def _failure_reason(version_id: str, exc: Exception) -> str:
-    if isinstance(exc, AdapterValidationError):
+    if isinstance(exc, (AdapterValidationError, QuotaExceededError)):
         return f"{exc.code}: {exc.message}"
     log.error("validation job for version %s failed", version_id, exc_info=exc)
     return f"internal error while validating ({type(exc).__name__}: {exc}); upload again or contact support"

@@ -17,8 +17,9 @@ from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
 from api.services import Services
+from api.upload_rate import admit_upload
 from api.uploads import client_disconnected, receive_upload, upload_scratch_dir
-from registry import adapter_pipeline, repository
+from registry import adapter_pipeline, repository, upload_quota
 from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion
 
@@ -49,8 +50,13 @@ UPLOAD_OPENAPI = {
 async def upload_adapter(
     request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
 ) -> UploadAccepted:
-    """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an s3:// import (JSON body)."""
+    """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an s3:// import (JSON body).
+
+    The plan's upload quotas apply: 429 past uploads_per_min, 403 past max_adapters, 413 past
+    max_stored_bytes (each error names the limit)."""
+    quota = upload_quota.read_quota(session, tenant.id)
     session.commit()  # end the auth read transaction: nothing is held open while the body streams in
+    admit_upload(services.rate_limiter, tenant.id, quota)
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         version = await _accept_multipart(request, tenant.id, session, services)
