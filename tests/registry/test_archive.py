@@ -37,7 +37,9 @@ def _members(folder: str = "") -> list[tuple[str, bytes]]:
 
 
 def _leftovers(dest: Path) -> list[Path]:
-    """Files in dest and staging directories next to it."""
+    """Files in dest and staging directories next to it (a refusal of the check pass creates neither)."""
+    if not dest.parent.exists():
+        return []
     staged = [p for p in dest.parent.iterdir() if p.name.startswith(".extract-")]
     return (sorted(dest.iterdir()) if dest.exists() else []) + staged
 
