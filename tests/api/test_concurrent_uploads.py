@@ -114,12 +114,16 @@ def test_delete_waits_for_a_concurrent_sqlite_writer_instead_of_failing(
 def _tenant_on_plan(client: TestClient, name: str, **quotas: int) -> TenantHandle:
     plan = client.post("/v1/admin/plans", json={"name": f"plan-{name}", **quotas}, headers=ADMIN)
     assert plan.status_code == 201, plan.text
-    tenant = client.post("/v1/admin/tenants", json={"name": name, "plan_id": plan.json()["id"]}, headers=ADMIN)
+    tenant = client.post(
+        "/v1/admin/tenants", json={"name": name, "plan_id": plan.json()["id"]}, headers=ADMIN
+    )
     key = client.post(f"/v1/admin/tenants/{tenant.json()['id']}/keys", headers=ADMIN)
     return TenantHandle(tenant.json()["id"], name, key.json()["id"], key.json()["key"])
 
 
-def _upload_at_once(client: TestClient, tenant: TenantHandle, names: list[str], paths: list[Path]) -> list[int]:
+def _upload_at_once(
+    client: TestClient, tenant: TenantHandle, names: list[str], paths: list[Path]
+) -> list[int]:
     barrier = threading.Barrier(len(names))
 
     def one(name: str) -> int:

@@ -27,10 +27,14 @@ def frozen_window(client: TestClient) -> None:
 
 
 def _tenant_on_plan(client: TestClient, new_tenant: NewTenant, **quotas: int | None) -> TenantHandle:
-    plan = client.post("/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **quotas}, headers=ADMIN)
+    plan = client.post(
+        "/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **quotas}, headers=ADMIN
+    )
     assert plan.status_code == 201, plan.text
     tenant = new_tenant(f"t-{uuid.uuid4().hex[:6]}")
-    patched = client.patch(f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=ADMIN)
+    patched = client.patch(
+        f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=ADMIN
+    )
     assert patched.status_code == 200, patched.text
     return tenant
 

@@ -104,8 +104,10 @@ def _insert_usage(url: str, request_id: str, status: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql("INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t', 't', true, "
-                                 "CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING")
+            conn.exec_driver_sql(
+                "INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t', 't', true, "
+                "CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING"
+            )
             conn.exec_driver_sql(
                 "INSERT INTO usage_records (id, request_id, tenant_id, model_name, prompt_tokens, completion_tokens, "
                 f"status, started_at) VALUES ('{request_id}', '{request_id}', 't', 'm', 0, 0, '{status}', "
@@ -181,7 +183,6 @@ def test_0006_adds_the_predicted_output_tokens_column_keeping_rows_and_downgrade
     downgrade(empty_db_url, "0005")
     assert "predicted_output_tokens" not in _usage_columns(empty_db_url)
     assert current_revision(empty_db_url) == "0005"
-
 
 
 FEATURE_COLUMNS = {"max_tokens", "is_chat", "has_stop", "prompt_features"}
