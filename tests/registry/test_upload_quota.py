@@ -1,0 +1,135 @@
+"""Upload quotas in the registry (SQLite + PostgreSQL): what counts as stored bytes and adapters, and the
+import path, whose size is only known once its job has fetched it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from registry import adapter_pipeline as pipeline
+from registry import repository, upload_quota, validation_job
+from registry.errors import AdapterQuotaError, StorageQuotaError
+from registry.models import AdapterVersion
+from registry.settings import Settings
+from registry.storage import LocalBlobStore
+
+
+@pytest.fixture
+def source_store(tmp_path: Path) -> LocalBlobStore:
+    return LocalBlobStore(tmp_path / "source-bucket")
+
+
+@pytest.fixture
+def ctx(
+    tmp_path: Path,
+    base_model_dir: Path,
+    db_session_factory: sessionmaker[Session],
+    source_store: LocalBlobStore,
+) -> pipeline.AdapterJobContext:
+    settings = Settings(data_dir=tmp_path, base_model_path=base_model_dir, admin_key="x")
+    return pipeline.AdapterJobContext(
+        settings=settings,
+        session_factory=db_session_factory,
+        blob_store=LocalBlobStore(tmp_path / "blobs"),
+        limits=pipeline.limits_from_settings(settings),
+        source_store_for=lambda uri: source_store,
+    )
+
+
+def _tenant_on_plan(db_session: Session, **quotas: int) -> str:
+    plan = repository.create_price_plan(db_session, f"plan-{len(quotas)}", **quotas)
+    tenant = repository.create_tenant(db_session, "acme", plan_id=plan.id)
+    db_session.commit()
+    return tenant.id
+
+
+def _add_version(
+    db_session: Session, tenant_id: str, name: str, status: str, num_bytes: int
+) -> AdapterVersion:
+    adapter = repository.get_or_create_adapter(db_session, tenant_id, name, base_model_name="base")
+    version = repository.add_adapter_version(
+        db_session, tenant_id, adapter, status=status, num_bytes=num_bytes
+    )
+    db_session.commit()
+    return version
+
+
+def test_failed_versions_and_deleted_adapters_free_their_bytes(db_session: Session) -> None:
+    tenant_id = _tenant_on_plan(db_session, max_stored_bytes=100)
+    _add_version(db_session, tenant_id, "a", "ready", 40)
+    _add_version(db_session, tenant_id, "a", "failed", 1000)
+    _add_version(db_session, tenant_id, "b", "validating", 30)
+    _add_version(db_session, tenant_id, "c", "ready", 20)
+    repository.soft_delete_adapter(db_session, tenant_id, "c")
+    db_session.commit()
+    assert upload_quota.num_stored_bytes(db_session, tenant_id) == 70
+    assert upload_quota.num_live_adapters(db_session, tenant_id) == 2
+    quota = upload_quota.read_quota(db_session, tenant_id)
+    upload_quota.check_stored_bytes(db_session, tenant_id, quota, 30)  # exactly up to the limit
+    with pytest.raises(StorageQuotaError, match=r"at most 100 stored bytes \(max_stored_bytes\)"):
+        upload_quota.check_stored_bytes(db_session, tenant_id, quota, 31)
+
+
+def test_tenant_without_plan_has_no_quota(db_session: Session) -> None:
+    tenant = repository.create_tenant(db_session, "free")
+    db_session.commit()
+    assert upload_quota.read_quota(db_session, tenant.id) == upload_quota.UploadQuota()
+
+
+def _put_source(source_store: LocalBlobStore, adapter_dirs: dict[str, Path], tmp_path: Path) -> int:
+    src = next(iter(adapter_dirs.values()))
+    for name in pipeline.STORED_FILENAMES:
+        shutil.copyfile(src / name, tmp_path / name)
+        source_store.put_file(f"lora/{name}", tmp_path / name)
+    return (src / pipeline.WEIGHTS_FILENAME).stat().st_size
+
+
+def _import(
+    db_session: Session, ctx: pipeline.AdapterJobContext, tenant_id: str, name: str
+) -> AdapterVersion:
+    db_session.commit()  # end the previous read: staging starts a write transaction
+    version = pipeline.stage_import(
+        db_session, ctx, tenant_id=tenant_id, name=name, visibility=None, source="s3://bucket/lora"
+    )
+    validation_job.run_validation_job(ctx, version.id)
+    db_session.expire_all()
+    return repository.get_version(db_session, version.id)
+
+
+def test_import_over_the_stored_bytes_quota_fails_in_its_job_and_stores_nothing(
+    db_session: Session, ctx: pipeline.AdapterJobContext, source_store, adapter_dirs, tmp_path: Path
+) -> None:
+    num_bytes = _put_source(source_store, adapter_dirs, tmp_path)
+    tenant_id = _tenant_on_plan(db_session, max_stored_bytes=num_bytes)
+    assert _import(db_session, ctx, tenant_id, "first").status == "ready"
+    second = _import(db_session, ctx, tenant_id, "second")
+    assert second.status == "failed"
+    assert second.failure_reason.startswith("storage_quota_exceeded: ")
+    assert "max_stored_bytes" in second.failure_reason
+    assert upload_quota.num_stored_bytes(db_session, tenant_id) == num_bytes  # the failed one frees its bytes
+    assert len(ctx.blob_store.list_keys()) == 2  # only the first import's two files
+
+
+def test_import_over_the_adapter_count_quota_is_refused_before_its_job(
+    db_session: Session, ctx: pipeline.AdapterJobContext, source_store, adapter_dirs, tmp_path: Path
+) -> None:
+    _put_source(source_store, adapter_dirs, tmp_path)
+    tenant_id = _tenant_on_plan(db_session, max_adapters=1)
+    assert _import(db_session, ctx, tenant_id, "first").status == "ready"
+    with pytest.raises(AdapterQuotaError, match=r"at most 1 adapters \(max_adapters\)"):
+        _import(db_session, ctx, tenant_id, "second")
+    assert _import(db_session, ctx, tenant_id, "first").number == 2  # a new version is not a new adapter
+
+
+def test_import_larger_than_the_upload_limits_is_refused_before_download(
+    db_session: Session, ctx: pipeline.AdapterJobContext, source_store, adapter_dirs, tmp_path: Path
+) -> None:
+    num_bytes = _put_source(source_store, adapter_dirs, tmp_path)
+    ctx.limits = pipeline.ValidationLimits(max_adapter_bytes=num_bytes - 1)
+    tenant_id = _tenant_on_plan(db_session)
+    version = _import(db_session, ctx, tenant_id, "big")
+    assert version.status == "failed" and version.failure_reason.startswith("import_too_large: ")
+    assert f"the limit is {num_bytes - 1}" in version.failure_reason
