@@ -134,9 +134,8 @@ def test_plan_without_quotas_keeps_todays_behaviour(
 def test_zip_declaring_weights_over_the_limit_is_refused_before_extraction(
     make_client: Callable[..., TestClient], tmp_path: Path
 ) -> None:
-    """The weights member declares 2 MiB (limit 64 KiB); its data is a few bytes that are not even a valid
-    stream: only a refusal on the declared size, before extraction, answers 413 (extracting would say
-    corrupt_archive)."""
+    """The weights member declares 2 MiB (limit 64 KiB) but its data is one empty deflate block: only a
+    refusal on the declared size, before extraction, answers 413 (extracting it finds empty weights: 422)."""
     client = make_client(max_adapter_bytes=64 * 1024)
     tenant = client.post("/v1/admin/tenants", json={"name": "bomber"}, headers=ADMIN).json()
     key = client.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()["key"]

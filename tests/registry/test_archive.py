@@ -184,8 +184,8 @@ def test_tar_declared_total_over_the_limit_is_refused_before_anything_is_written
     ]
     with pytest.raises(AdapterValidationError, match="archive_too_large") as excinfo:
         extract_archive(path, tmp_path / "work" / "adapter", limits)
-    assert "LORAHOST_MAX_UNCOMPRESSED_BYTES" in excinfo.value.message
     assert not (tmp_path / "work").exists()
+    assert "LORAHOST_MAX_UNCOMPRESSED_BYTES" in excinfo.value.message
 
 
 def test_extraction_stops_a_member_at_its_limit_when_the_stream_outgrows_its_header(tmp_path: Path) -> None:
