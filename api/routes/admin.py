@@ -75,7 +75,7 @@ def revoke_key(key_id: str, _: AdminDep, session: SessionDep, services: Services
 
 @router.post("/plans", status_code=201, response_model=PricePlanPublic)
 def create_plan(body: PricePlanCreate, _: AdminDep, session: SessionDep) -> PricePlanPublic:
-    """Create a price plan (prices, rate limits, SLO targets)."""
+    """Create a price plan (prices, rate limits, upload quotas, SLO targets)."""
     plan = repository.create_price_plan(session, **body.model_dump())
     session.commit()
     return PricePlanPublic.model_validate(plan)

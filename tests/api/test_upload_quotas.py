@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
-from api.ratelimit import InMemoryRateLimiter
+from api.ratelimit import InMemoryRateLimiter, RedisRateLimiter
 from registry.storage import LocalBlobStore
 from tests.api.conftest import ADMIN, TenantHandle, adapter_paths, upload
 from tests.registry.malformed import CONFIG, WEIGHTS, lora_config, write_raw_zip
@@ -153,3 +154,20 @@ def test_zip_declaring_weights_over_the_limit_is_refused_before_extraction(
     assert f"larger than {64 * 1024} bytes" in message and "LORAHOST_MAX_ADAPTER_BYTES" in message
     scratch = client.app.state.services.settings.resolved_upload_tmp_dir()  # type: ignore[attr-defined]
     assert [p for p in scratch.rglob("*") if p.is_file()] == []
+
+
+def test_upload_rate_is_shared_through_redis_across_api_replicas(
+    make_client: Callable[..., TestClient], new_tenant: NewTenant, demo_adapter: Path, redis_url: str
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}:"
+    replicas = [make_client(redis_url=redis_url, celery_key_prefix=prefix) for _ in range(2)]
+    client = redis.Redis.from_url(redis_url)
+    for replica in replicas:  # one frozen window (a real clock can cross a minute boundary mid-test)
+        limiter = RedisRateLimiter(client, key_prefix=f"{prefix}rl:", clock=lambda: 1_000_000.0)
+        replica.app.state.services.rate_limiter = limiter  # type: ignore[attr-defined]
+    tenant = _tenant_on_plan(replicas[0], new_tenant, uploads_per_min=1)
+    paths = adapter_paths(demo_adapter)
+    assert upload(replicas[0], tenant, "a", paths).status_code == 202
+    assert _error(upload(replicas[1], tenant, "b", paths))[:2] == (429, "upload_rate_limited")
+    assert client.keys(f"{prefix}rl:{tenant.id}:uploads:*")  # its own bucket, apart from inference's
+    client.delete(*client.keys(f"{prefix}*"))
