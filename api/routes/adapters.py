@@ -101,6 +101,8 @@ async def _accept_import(
         payload = AdapterImport.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
+    # the plan's quotas before the source is touched (its bytes are checked again once they are known)
+    await run_in_threadpool(adapter_pipeline.precheck_quota, session, tenant_id, payload.name, num_bytes=0)
     return await run_in_threadpool(
         adapter_pipeline.stage_import,
         session,
