@@ -30,10 +30,10 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
   a periodic sweep closes the rows of dead workers (close_orphaned_usage) and of expired leases
   (close_expired_usage), all as `interrupted`. A row closed while its API still served it (a late renewal)
   is given its true final values by `record` all the same.
-The open row also carries the output-length prediction and its inputs (max_tokens, is_chat, has_stop, the
-prompt's n-gram features; ADMISSION_FIELDS, never updated after), the training data of the length predictor
-(registry/predictor_training.py); an `ok` request's true output length is handed to `observe_output` (the
-predictor's per-adapter history) as it is recorded.
+The open row also carries the output-length prediction and its inputs (max_tokens, is_chat, has_stop;
+ADMISSION_FIELDS, never updated after; nothing derived from the prompt's content), the training data of the
+length predictor (registry/predictor_training.py); an `ok` request's true output length is handed to
+`observe_output` (the predictor's history of that tenant on that adapter) as it is recorded.
 Writes run on fresh DB sessions in threads, so the request's own session and the event loop are never
 involved. Statuses:
   in_progress  the request is running; prompt tokens once prefilled + delivered tokens, as of the last
@@ -78,10 +78,12 @@ from registry.usage import (
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 1000
 # Columns written with the open row that the final update leaves alone (RequestMeter.admission_values).
-ADMISSION_FIELDS = frozenset({"max_tokens", "is_chat", "has_stop", "prompt_features"})
-# Told each `ok` request's adapter key (the adapter version id; None: the base model) and its true output
-# tokens, on the event loop (the learned length predictor's history: api/inference/learned_predictor.py).
-OutputObserver = Callable[[str | None, int], None]
+# (UsageRecord.prompt_features is no longer written: issue 19.)
+ADMISSION_FIELDS = frozenset({"max_tokens", "is_chat", "has_stop"})
+# Told each `ok` request's tenant id, adapter key (the adapter version id; None: the base model) and true
+# output tokens, on the event loop (the learned length predictor's history of that tenant on that adapter:
+# api/inference/learned_predictor.py).
+OutputObserver = Callable[[str, str | None, int], None]
 
 
 @dataclass
@@ -100,7 +102,6 @@ class RequestMeter:
     max_tokens: int | None = None
     is_chat: bool | None = None
     has_stop: bool | None = None
-    prompt_features: str | None = None  # registry.usage.encode_prompt_features
     num_delivered_tokens: int = 0
     is_prefilled: bool = False
     started_at: datetime = field(default_factory=utcnow)
@@ -173,7 +174,6 @@ class RequestMeter:
             "max_tokens": self.max_tokens,
             "is_chat": self.is_chat,
             "has_stop": self.has_stop,
-            "prompt_features": self.prompt_features,
         }
 
     def checkpoint_key(self) -> tuple[int, int, str | None]:
@@ -439,7 +439,7 @@ class UsageLedger:
         if status != "ok" or self.observe_output is None or meter.predicted_output_tokens is None:
             return
         try:
-            self.observe_output(meter.adapter_version_id, meter.num_delivered_tokens)
+            self.observe_output(meter.tenant_id, meter.adapter_version_id, meter.num_delivered_tokens)
         except Exception:  # noqa: BLE001 - a predictor's bookkeeping must never fail a request
             log.exception("could not observe the output length of request %s", meter.request_id)
 

@@ -6,8 +6,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from registry.import_sources import S3Credentials
 from registry.models import Adapter, AdapterVersion
 
 MAX_INT32 = 2**31 - 1  # Integer columns
@@ -99,12 +100,43 @@ class PricePlanPublic(PricePlanCreate):
     id: str
 
 
+class S3ImportCredentials(BaseModel):
+    """A tenant's own S3 credentials for one s3:// import: used for that read only, never stored, logged or
+    returned."""
+
+    access_key_id: str = Field(min_length=1, max_length=256)
+    secret_access_key: SecretStr = Field(min_length=1, max_length=1024)
+    session_token: SecretStr | None = Field(default=None, max_length=8192)
+    endpoint_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="https://host[:port] of an S3-compatible store; default: the platform's",
+    )
+    region: str | None = Field(default=None, max_length=64)
+
+    def to_credentials(self) -> S3Credentials:
+        """The registry's plain form."""
+        return S3Credentials(
+            access_key_id=self.access_key_id,
+            secret_access_key=self.secret_access_key.get_secret_value(),
+            session_token=self.session_token.get_secret_value() if self.session_token else None,
+            endpoint_url=self.endpoint_url,
+            region=self.region,
+        )
+
+
 class AdapterImport(BaseModel):
-    """POST /v1/adapters with a JSON body: import from an s3:// folder or archive."""
+    """POST /v1/adapters with a JSON body: import from a presigned https URL of one archive, or from an s3://
+    folder or archive with your own `credentials` (or from a bucket the operator allow-lists)."""
 
     name: str
-    source: str
+    source: str = Field(
+        max_length=8192,
+        description="https://.../adapter.zip|.tar.gz|.tar (e.g. a presigned S3 URL), s3://bucket/folder or "
+        "s3://bucket/key.zip|.tar.gz|.tar",
+    )
     visibility: Literal["private", "public"] | None = None
+    credentials: S3ImportCredentials | None = None
 
 
 class AdapterVersionPublic(BaseModel):
@@ -149,14 +181,19 @@ class AdapterPublic(BaseModel):
     name: str
     visibility: str
     base_model: str
-    owner_tenant_id: str
+    owner: str = Field(description="the owning tenant's name")
+    owner_tenant_id: str | None = Field(
+        description="the owning tenant's id, shown to the owner only (null on another tenant's public adapter)"
+    )
     latest_ready_version: int | None
     created_at: datetime
     versions: list[AdapterVersionPublic]
 
     @classmethod
-    def from_row(cls, adapter: Adapter, versions: list[AdapterVersion] | None = None) -> AdapterPublic:
-        """Build from ORM rows (`versions` defaults to all of the adapter's versions)."""
+    def from_row(
+        cls, adapter: Adapter, versions: list[AdapterVersion] | None = None, *, viewer_tenant_id: str
+    ) -> AdapterPublic:
+        """Build from ORM rows as `viewer_tenant_id` sees it (`versions` defaults to all of them)."""
         shown = adapter.versions if versions is None else versions
         ready = [v.number for v in adapter.versions if v.status == "ready"]
         return cls(
@@ -164,7 +201,8 @@ class AdapterPublic(BaseModel):
             name=adapter.name,
             visibility=adapter.visibility,
             base_model=adapter.base_model_name,
-            owner_tenant_id=adapter.tenant_id,
+            owner=adapter.tenant.name,
+            owner_tenant_id=adapter.tenant_id if adapter.tenant_id == viewer_tenant_id else None,
             latest_ready_version=max(ready) if ready else None,
             created_at=adapter.created_at,
             versions=[AdapterVersionPublic.from_row(adapter, v) for v in shown],

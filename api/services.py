@@ -121,7 +121,9 @@ def build_services(
             metrics,
             api_instance_id=settings.resolved_api_instance_id(),
             checkpoint_interval_s=settings.usage_checkpoint_interval_s,
-            observe_output=lambda key, num_tokens: observe_output(services.predictor, key, num_tokens),
+            observe_output=lambda tenant_id, key, num_tokens: observe_output(
+                services.predictor, tenant_id, key, num_tokens
+            ),
         ),
         auth_cache=TtlCache(settings.auth_cache_ttl_s),
         model_cache=TtlCache(settings.model_cache_ttl_s),
@@ -149,12 +151,14 @@ def router_options(settings: Settings) -> RouterOptions:
     return RouterOptions(slo_tpot_ms=settings.router_slo_tpot_ms, cold_fetch_ms=settings.router_cold_fetch_ms)
 
 
-def observe_output(predictor: OutputLengthPredictor, adapter_key: str | None, num_output_tokens: int) -> None:
+def observe_output(
+    predictor: OutputLengthPredictor, tenant_id: str, adapter_key: str | None, num_output_tokens: int
+) -> None:
     """Tell the predictor served now (read at each call: a test or an operator may replace it) a finished
-    request's true output length, when it keeps histories."""
+    request's true output length, when it keeps histories (one per tenant and adapter)."""
     observe = getattr(predictor, "observe", None)
     if observe is not None:
-        observe(adapter_key, num_output_tokens)
+        observe(tenant_id, adapter_key, num_output_tokens)
 
 
 def make_rate_limiter(settings: Settings) -> RateLimiter:

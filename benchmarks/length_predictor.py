@@ -3,7 +3,8 @@
 Synthetic traffic, seeded: `--num-adapters` adapters with power-law popularity, each with its own
 log-normal output length (median log-uniform in 8..800 tokens, sigma 0.2..0.8); a third of them scale
 with the prompt length, a quarter are shorter for chat requests, and prompts that contain the word
-"briefly" are 3x shorter for every adapter (only the hashed n-gram text features can see it). Chronological
+"briefly" are 3x shorter for every adapter (a content cue: since issue 19 no predictor sees the prompt's
+content, so it is noise the oracle alone knows; the hashed n-gram features that saw it leaked the prompt). Chronological
 80/20 split. Systems side by side in one run: the max_tokens placeholder, a global median, the per-adapter
 history median (`prior_predict`), `LengthPredictor` with each model kind, and an oracle that knows each
 request's true conditional median (the noise floor: no predictor can do better in expectation). One JSON line per result:
@@ -28,7 +29,6 @@ from scheduler.length_predictor import (
     RequestFeatures,
     evaluate,
     feature_row,
-    hashed_ngram_features,
 )
 
 WORDS = ("please", "write", "explain", "the", "code", "story", "list", "data", "summary", "table", "email",
@@ -68,7 +68,6 @@ def make_samples(num_samples: int, num_adapters: int, max_tokens: int, seed: int
         true = median * rng.lognormal(0, adapter["sigma"])
         features = RequestFeatures(
             f"adapter-{index}", num_prompt, max_tokens, is_chat=is_chat, has_stop=bool(rng.random() < 0.3),
-            text_features=hashed_ngram_features(" ".join(words)),
         )
         samples.append(LengthSample(features, int(min(max_tokens, max(1, round(true))))))
         medians.append(min(max_tokens, max(1.0, median)))
@@ -159,7 +158,7 @@ def main() -> None:
     calls = [s.features for s in held_out[:500]]
 
     def sklearn_one(features: RequestFeatures) -> float:
-        row = feature_row(features, hgb.history(features.adapter_id), hgb.min_history_samples)
+        row = feature_row(features, hgb.history(features.tenant_id, features.adapter_id), hgb.min_history_samples)
         return float(hgb._model.predict(np.asarray([row]))[0])
 
     print(json.dumps({"system": "hgb_sklearn_predict_one_row",

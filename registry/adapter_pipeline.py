@@ -10,8 +10,9 @@ Flow (the API calls the first three; a job runner, inline or Celery, calls `vali
      version number). Any failure removes the blobs again; the DB transaction rolls back.
   4. `run_validation_job`: download, verify both files' sha256, re-validate, copy blobs to
      `adapters/<tenant>/<adapter>/<version>/`, mark `ready`, then delete the staging blobs; or mark
-     `failed` with the reason and delete every blob of that version. s3:// imports (`stage_import`) start
-     at this step.
+     `failed` with the reason and delete every blob of that version.
+Imports (`accept_import`) read their source at request time (registry/import_sources.py: which locations, with
+whose credentials), then take steps 1-4 like an upload.
 
 Invariant after every step, whatever fails or runs concurrently: each version row's blobs exist, and each
 blob belongs to a row. No transaction is held open across file or network I/O (SQLite has one writer).
@@ -20,8 +21,7 @@ blob belongs to a row. No transaction is held open across file or network I/O (S
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 
@@ -32,10 +32,16 @@ from registry import repository, upload_quota
 from registry.archive import extract_archive, is_archive_name
 from registry.db import is_transient_error, make_engine, make_session_factory, run_in_write_transaction
 from registry.digests import sha256_file
-from registry.errors import ConflictError, InvalidRequestError
+from registry.errors import ConflictError
+from registry.import_sources import (
+    S3Credentials,
+    check_import_allowed,
+    parse_import_source,
+    read_import_source,
+)
 from registry.models import AdapterVersion, new_id
 from registry.settings import Settings
-from registry.storage import BlobStore, make_blob_store, parse_s3_uri
+from registry.storage import BlobStore, make_blob_store
 from registry.validation import (
     CONFIG_FILENAME,
     WEIGHTS_FILENAME,
@@ -69,18 +75,12 @@ class AdapterJobContext:
     """What the upload pipeline needs: DB sessions, the blob store, the base model and the limits.
 
     Built once per process (API lifespan, Celery worker) and passed to every pipeline call.
-    `source_store_for` opens the blob store behind an s3:// import source.
     """
 
     settings: Settings
     session_factory: sessionmaker[Session]
     blob_store: BlobStore
     limits: ValidationLimits
-    source_store_for: Callable[[str], BlobStore] = field(default=None)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.source_store_for is None:
-            self.source_store_for = lambda uri: make_blob_store(self.settings, uri)
 
     @cached_property
     def base_model_spec(self) -> BaseModelSpec:
@@ -163,8 +163,10 @@ def stage_upload(
     visibility: str | None,
     adapter_dir: Path,
     info: AdapterInfo,
+    source_uri: str | None = None,
 ) -> AdapterVersion:
-    """Store a validated adapter under temporary keys and commit its `validating` version row.
+    """Store a validated adapter under temporary keys and commit its `validating` version row
+    (`source_uri`: where an import came from, without credentials or query string).
 
     On any failure the blobs are deleted and the transaction rolled back: nothing is left stored.
     """
@@ -183,6 +185,7 @@ def stage_upload(
             status="validating",
             config_blob_key=keys[CONFIG_FILENAME],
             weights_blob_key=keys[WEIGHTS_FILENAME],
+            source_uri=source_uri,
             **file_digests(adapter_dir),
             **info_fields(info),
         )
@@ -191,35 +194,6 @@ def stage_upload(
         delete_keys(ctx.blob_store, keys.values())
         raise
     return version
-
-
-def stage_import(
-    session: Session,
-    ctx: AdapterJobContext,
-    *,
-    tenant_id: str,
-    name: str,
-    visibility: str | None,
-    source: str,
-) -> AdapterVersion:
-    """Commit an `uploading` version whose files the validation job fetches from an s3:// source."""
-    try:
-        parse_s3_uri(source)
-    except ValueError as exc:
-        raise InvalidRequestError(
-            f"{exc}; give source as s3://bucket/prefix (a folder with {CONFIG_FILENAME} and "
-            f"{WEIGHTS_FILENAME}) or s3://bucket/key.zip|.tar.gz",
-            code="invalid_source",
-        ) from None
-    return _insert_version(
-        session,
-        ctx,
-        tenant_id=tenant_id,
-        name=name,
-        visibility=visibility,
-        status="uploading",
-        source_uri=source,
-    )
 
 
 def _insert_version(
@@ -248,7 +222,7 @@ def _insert_version(
             tenant_id,
             quota,
             is_new_adapter=repository.get_own_adapter(session, tenant_id, name) is None,
-            num_bytes=int(fields.get("num_bytes") or 0),  # an import's size is checked by its job
+            num_bytes=int(fields["num_bytes"]),  # type: ignore[call-overload]  # known: imports are read first
         )
         adapter = repository.get_or_create_adapter(
             session, tenant_id, name, base_model_name=ctx.base_model_name, visibility=visibility
@@ -306,6 +280,7 @@ def accept_upload(
     visibility: str | None,
     upload_dir: Path,
     names: list[str],
+    source_uri: str | None = None,
 ) -> AdapterVersion:
     """Steps 1-3 for files already on local disk: prepare, fully validate, then stage (blocking)."""
     repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
@@ -323,6 +298,38 @@ def accept_upload(
         visibility=visibility,
         adapter_dir=adapter_dir,
         info=info,
+        source_uri=source_uri,
+    )
+
+
+def accept_import(
+    session: Session,
+    ctx: AdapterJobContext,
+    *,
+    tenant_id: str,
+    name: str,
+    visibility: str | None,
+    source: str,
+    credentials: S3Credentials | None,
+    work_dir: Path,
+) -> AdapterVersion:
+    """An import: refuse what this tenant may not read before reading anything, read the source into
+    `work_dir` (registry/import_sources.py), then steps 1-3 as for an upload, its quotas included (blocking)."""
+    repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
+    if visibility is not None:
+        repository.check_visibility(visibility)
+    parsed = parse_import_source(source, ctx.settings)
+    check_import_allowed(parsed, credentials, ctx.settings)
+    names = read_import_source(parsed, credentials, ctx.settings, work_dir, ctx.settings.max_upload_bytes)
+    return accept_upload(
+        session,
+        ctx,
+        tenant_id=tenant_id,
+        name=name,
+        visibility=visibility,
+        upload_dir=work_dir,
+        names=names,
+        source_uri=parsed.redacted,
     )
 
 

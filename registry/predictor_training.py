@@ -4,12 +4,14 @@ in the blob store (registry/predictor_artifacts.py), hot-reloaded by the API ser
 
 A training sample is an `ok` usage row (finished by a stop condition or its max_tokens cap, so
 completion_tokens is its true output length) that recorded the prediction's inputs (max_tokens, is_chat,
-has_stop, prompt n-gram features; rows from before migration 0007 have none and are skipped), keyed like
-the API keys its predictions: by adapter version id (None: the base model). The newest
+has_stop; rows from before migration 0007 have none and are skipped), keyed like the API keys its
+histories: by (tenant id, adapter version id) (None: the base model), so the history features the model is
+trained on are what serving computes, one tenant's traffic never in another's history. The prompt enters by
+its size (prompt_tokens) only; UsageRecord.prompt_features is neither written nor read (issue 19). The newest
 settings.predictor_max_training_samples rows that started within settings.predictor_training_window_s are
 split chronologically: the model is fitted on the older part and judged on the newer HOLDOUT_FRACTION
 (MAE and bucket accuracy, overall and per adapter: scheduler.length_predictor.evaluate), then the held-out
-lengths are fed to its per-adapter histories, so the shipped model knows each adapter's latest requests.
+lengths are fed to its histories, so the shipped model knows each tenant's latest requests on each adapter.
 With fewer than settings.predictor_min_training_samples rows nothing is written (a log line says why).
 
 Cluster mode runs `run_predictor_training` from Celery beat (jobs/celery_app.py); with inline jobs the API
@@ -32,7 +34,6 @@ from registry.models import UsageRecord, utcnow
 from registry.predictor_artifacts import PredictorPointer, new_version, write_predictor
 from registry.settings import Settings
 from registry.storage import BlobStore
-from registry.usage import decode_prompt_features
 from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures, evaluate
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ def load_length_samples(session: Session, since: datetime, max_samples: int) -> 
     chronological order (by start)."""
     query = (
         select(
-            UsageRecord.adapter_version_id, UsageRecord.prompt_tokens, UsageRecord.max_tokens,
-            UsageRecord.is_chat, UsageRecord.has_stop, UsageRecord.prompt_features, UsageRecord.completion_tokens,
+            UsageRecord.tenant_id, UsageRecord.adapter_version_id, UsageRecord.prompt_tokens, UsageRecord.max_tokens,
+            UsageRecord.is_chat, UsageRecord.has_stop, UsageRecord.completion_tokens,
         )
         .where(
             UsageRecord.status == TRAINED_STATUS,
@@ -68,12 +69,10 @@ def load_length_samples(session: Session, since: datetime, max_samples: int) -> 
     rows.reverse()
     return [
         LengthSample(
-            RequestFeatures(
-                key, prompt, int(max_tokens or 0), bool(is_chat), bool(has_stop), decode_prompt_features(text)
-            ),
+            RequestFeatures(key, prompt, int(max_tokens or 0), bool(is_chat), bool(has_stop), tenant_id=tenant),
             completion,
         )
-        for key, prompt, max_tokens, is_chat, has_stop, text, completion in rows
+        for tenant, key, prompt, max_tokens, is_chat, has_stop, completion in rows
     ]
 
 
@@ -94,7 +93,7 @@ def train_and_evaluate(samples: Sequence[LengthSample], version: str) -> tuple[L
     predictor = LengthPredictor().fit(train, model_version=version)
     metrics = evaluate(predictor, heldout)
     for sample in heldout:
-        predictor.observe(sample.features.adapter_id, sample.num_output_tokens)
+        predictor.observe(*sample.features.history_key, sample.num_output_tokens)
     return predictor, metrics
 
 

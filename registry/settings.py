@@ -9,10 +9,10 @@ from __future__ import annotations
 import socket
 from collections.abc import Collection
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from scheduler.batch_policy import BATCH_POLICIES
 from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
@@ -149,6 +149,18 @@ class Settings(BaseSettings):
         default=None,
         description="API: where multipart upload bodies are written before validation, one subfolder per API "
         "instance (api_instance_id), emptied when that instance starts; default data_dir/upload-tmp",
+    )
+    import_allowed_buckets: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="API: s3:// buckets a tenant may import adapters from WITHOUT its own credentials, read with "
+        "the platform's credentials (comma-separated names; default none). The platform's own blob bucket is "
+        "refused even when listed",
+    )
+    is_import_private_network_allowed: bool = Field(
+        default=False,
+        description="API: also let imports reach http:// URLs and loopback/private/link-local addresses (import "
+        "URLs and tenant S3 endpoints). Tests and local development only: it opens the internal network to "
+        "tenants",
     )
 
     router_policy: str = Field(
@@ -376,6 +388,13 @@ class Settings(BaseSettings):
         description="C/OpenMP CPU kernel for decode-sized LoRA segments (built at start with the system C "
         "compiler, cached); default: on where it builds; false: the torch forms",
     )
+
+    @field_validator("import_allowed_buckets", mode="before")
+    @classmethod
+    def _split_bucket_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
 
     @field_validator("placement_policy")
     @classmethod

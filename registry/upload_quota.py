@@ -5,8 +5,8 @@ What counts:
   adapter; versions are bounded by the bytes quota and the upload rate (api/upload_rate.py).
 - stored bytes: `num_bytes` (the size of adapter_model.safetensors) of every version of a live adapter that
   is uploading, validating or ready. Failed versions and deleted adapters free their bytes. adapter_config.json
-  (at most 1 MiB) is not counted. An s3 import's size is unknown until its job has fetched it: its bytes are
-  checked when the job marks it ready (`check_stored_bytes`), and it fails there if they do not fit.
+  (at most 1 MiB) is not counted. An import is read during its request (registry/import_sources.py), so its
+  bytes are known, and checked like an upload's, when its version row is inserted.
 
 Race-free: the checks run inside the write transaction that inserts the version row, after locking the
 tenant's row (PostgreSQL: SELECT ... FOR UPDATE; SQLite: the write transaction already excludes other
@@ -64,7 +64,7 @@ def num_live_adapters(session: Session, tenant_id: str) -> int:
     return int(session.scalar(stmt) or 0)
 
 
-def num_stored_bytes(session: Session, tenant_id: str, *, excluding_version_id: str | None = None) -> int:
+def num_stored_bytes(session: Session, tenant_id: str) -> int:
     """Bytes the tenant's live adapters hold: weights of every uploading, validating or ready version."""
     stmt = (
         select(func.coalesce(func.sum(AdapterVersion.num_bytes), 0))
@@ -75,8 +75,6 @@ def num_stored_bytes(session: Session, tenant_id: str, *, excluding_version_id: 
             AdapterVersion.status.in_(STORED_STATUSES),
         )
     )
-    if excluding_version_id is not None:
-        stmt = stmt.where(AdapterVersion.id != excluding_version_id)
     return int(session.scalar(stmt) or 0)
 
 
@@ -95,18 +93,11 @@ def check_adapter_count(
         )
 
 
-def check_stored_bytes(
-    session: Session,
-    tenant_id: str,
-    quota: UploadQuota,
-    num_bytes: int,
-    *,
-    excluding_version_id: str | None = None,
-) -> None:
+def check_stored_bytes(session: Session, tenant_id: str, quota: UploadQuota, num_bytes: int) -> None:
     """StorageQuotaError when `num_bytes` more would pass max_stored_bytes."""
     if quota.max_stored_bytes is None:
         return
-    stored = num_stored_bytes(session, tenant_id, excluding_version_id=excluding_version_id)
+    stored = num_stored_bytes(session, tenant_id)
     if stored + num_bytes > quota.max_stored_bytes:
         raise StorageQuotaError(
             f"plan {quota.plan_name!r} allows at most {quota.max_stored_bytes} stored bytes (max_stored_bytes); "

@@ -18,8 +18,6 @@ renewed late, and knows better); it never creates a second row.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -49,29 +47,6 @@ INTERRUPTED_BY_LEASE = (
     "under another api_instance_id) before the request ended; billed to its last checkpoint"
 )
 CENT = Decimal("0.000001")
-
-
-PROMPT_FEATURE_DIGITS = 6  # rounding of the stored n-gram frequencies (they are shares of at most 511 grams)
-
-
-def encode_prompt_features(features: Sequence[float]) -> str | None:
-    """The prompt's n-gram features as stored in UsageRecord.prompt_features (None when there are none)."""
-    if not features:
-        return None
-    return json.dumps([round(float(f), PROMPT_FEATURE_DIGITS) for f in features], separators=(",", ":"))
-
-
-def decode_prompt_features(text: str | None) -> tuple[float, ...]:
-    """The inverse of encode_prompt_features; () for NULL or anything that is not a list of finite numbers."""
-    if not text:
-        return ()
-    try:
-        values = json.loads(text)
-    except ValueError:
-        return ()
-    if not isinstance(values, list) or not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
-        return ()
-    return tuple(float(v) for v in values)
 
 
 class DuplicateUsageError(ValueError):

@@ -4,7 +4,8 @@ was lost.
 
 `run_validation_job`: download, verify both files' sha256, re-validate, copy blobs to
 `adapters/<tenant>/<adapter>/<version>/`, mark `ready`, then delete the staging blobs; or mark `failed` with
-the reason and delete every blob of that version. s3:// imports (`stage_import`) start here.
+the reason and delete every blob of that version. Imports reach this step like uploads: their source was read at
+request time (registry/import_sources.py), so this job never reads a location a tenant chose.
 Invariant (as for the whole pipeline): each version row's blobs exist and each blob belongs to a row; no
 transaction is held open across file or network I/O.
 """
@@ -20,26 +21,20 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from registry import repository, upload_quota
+from registry import repository
 from registry.adapter_pipeline import (
     FINAL_STATUSES,
     IN_FLIGHT_STATUSES,
     AdapterJobContext,
-    check_incoming_names,
     delete_keys,
     file_digests,
     final_keys,
     info_fields,
-    prepare_adapter_dir,
-    safe_basename,
     validate_adapter_files,
 )
-from registry.archive import is_archive_name, max_member_bytes
 from registry.db import run_in_write_transaction
 from registry.digests import sha256_file
-from registry.errors import QuotaExceededError
 from registry.models import AdapterVersion, utcnow
-from registry.storage import BlobStore, parse_s3_uri
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterInfo, AdapterValidationError
 
 log = logging.getLogger(__name__)
@@ -118,12 +113,6 @@ def _mark_ready(
         version = repository.get_version(session, version_id)
         if version.status in FINAL_STATUSES:
             return version.status
-        if version.num_bytes is None:  # an import: its size was unknown when its row was inserted
-            tenant_id = version.adapter.tenant_id
-            quota = upload_quota.lock_tenant_quota(session, tenant_id)
-            upload_quota.check_stored_bytes(
-                session, tenant_id, quota, info.num_bytes, excluding_version_id=version.id
-            )
         version.status = "ready"
         version.config_blob_key = dest[CONFIG_FILENAME]
         version.weights_blob_key = dest[WEIGHTS_FILENAME]
@@ -143,10 +132,13 @@ def _fetch_and_validate(
     """Bring the files to a temp dir, verify and re-validate them, then put them at their final keys."""
     with tempfile.TemporaryDirectory(prefix="lorahost-job-") as tmp:
         work = Path(tmp)
-        if staged.source_uri and not staged.weights_blob_key:
-            adapter_dir = _fetch_import(ctx, staged.source_uri, work)
-        else:
-            adapter_dir = _fetch_staged(ctx, staged, work)
+        if not staged.weights_blob_key:
+            raise AdapterValidationError(
+                "import_again",
+                "this import was queued by an earlier lorahost, which read s3:// sources with the platform's "
+                "credentials; import it again (a presigned https URL, or s3:// with your own credentials)",
+            )
+        adapter_dir = _fetch_staged(ctx, staged, work)
         info = validate_adapter_files(adapter_dir, ctx)
         digests = file_digests(adapter_dir)
         for filename, key in dest.items():
@@ -177,42 +169,6 @@ def _check_staged_digests(version: StagedVersion, adapter_dir: Path) -> None:
             )
 
 
-def _fetch_import(ctx: AdapterJobContext, source: str, work: Path) -> Path:
-    """Download an s3:// folder (adapter files) or a single archive key into `work`."""
-    bucket, prefix = parse_s3_uri(source)
-    store = ctx.source_store_for(f"s3://{bucket}")
-    incoming = work / "incoming"
-    incoming.mkdir()
-    if is_archive_name(prefix):
-        names = [safe_basename(prefix)]
-        _check_import_size(store, prefix, ctx.settings.max_upload_bytes, "LORAHOST_MAX_UPLOAD_BYTES")
-        store.download_to(prefix, incoming / names[0])
-    else:
-        folder = f"{prefix}/" if prefix else ""
-        keys = [k for k in store.list_keys(folder) if "/" not in k[len(folder) :]]
-        names = [safe_basename(k) for k in keys]
-        if not names:
-            raise AdapterValidationError("missing_config", f"no files found under {source}")
-        check_incoming_names(names)
-        for key, filename in zip(keys, names):
-            limit = max_member_bytes(filename, ctx.limits)
-            _check_import_size(store, key, limit, "LORAHOST_MAX_ADAPTER_BYTES or a fixed limit")
-            store.download_to(key, incoming / filename)
-    check_incoming_names(names)
-    return prepare_adapter_dir(incoming, names, ctx.limits)
-
-
-def _check_import_size(store: BlobStore, key: str, max_bytes: int, setting: str) -> None:
-    """Refuse an import source larger than the upload limits before downloading it (same limits as uploads)."""
-    num_bytes = store.size(key)
-    if num_bytes > max_bytes:
-        raise AdapterValidationError(
-            "import_too_large",
-            f"{safe_basename(key)} is {num_bytes} bytes; the limit is {max_bytes} ({setting}): import a smaller "
-            "adapter",
-        )
-
-
 def _mark_failed(ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, str], exc: Exception) -> str:
     """Mark a still in-flight version failed with the reason, then delete its staging and final blobs.
 
@@ -241,10 +197,11 @@ def _mark_failed(ctx: AdapterJobContext, staged: StagedVersion, dest: dict[str, 
 
 
 def _failure_reason(version_id: str, exc: Exception) -> str:
-    if isinstance(exc, (AdapterValidationError, QuotaExceededError)):
+    if isinstance(exc, AdapterValidationError):
         return f"{exc.code}: {exc.message}"
     log.error("validation job for version %s failed", version_id, exc_info=exc)
-    return f"internal error while validating ({type(exc).__name__}: {exc}); upload again or contact support"
+    # the exception's text stays in the log: it may name internal hosts, buckets or keys
+    return f"internal error while validating ({type(exc).__name__}); upload again or contact support"
 
 
 def _set_failed(version: AdapterVersion, reason: str) -> None:

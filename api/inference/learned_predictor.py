@@ -1,17 +1,18 @@
 """The learned output-length predictor of an API process: scheduler.length_predictor.LengthPredictor behind
 the `OutputLengthPredictor` seam (api/inference/predict.py), hot-reloaded from the blob store.
 
-- `predict` (event loop, per request): the served model's prediction from the request's features and its
-  adapter's history (~50 us: a plain-Python tree walk); until a model is loaded, the prior (LengthPredictor
-  without a model: the adapter's history median, else max_tokens).
+- `predict` (event loop, per request): the served model's prediction from the request's features and the
+  history of its tenant on its adapter (~50 us: a plain-Python tree walk); until a model is loaded, the prior
+  (LengthPredictor without a model: that history's median, else max_tokens).
 - `observe` (event loop, when a request finishes `ok`: api/metering.py): the true output length goes into
-  the adapter's history (quantiles + EWMA, features of the model), so predictions follow an adapter between
-  trainings.
+  the history of the request's tenant on its adapter (quantiles + EWMA, features of the model), so
+  predictions follow an adapter between trainings. Histories are per (tenant, adapter version), on the
+  shared base model and public adapters too: one tenant's traffic never moves another's predictions.
 - `reload` (a timer thread started in the app lifespan, every settings.predictor_reload_interval_s, the first
   at startup; never on the request path): reads the pointer (registry/predictor_artifacts.py) and, when it
   names another version, loads that model and its metadata and swaps them in. The new model's histories are
   the artifact's (the training data, cluster-wide) plus what this process observed since the training
-  started; adapters the artifact does not know keep their local history. A missing or corrupt pointer,
+  started; (tenant, adapter) pairs the artifact does not know keep their local history. A missing or corrupt pointer,
   model or metadata keeps what is served (the prior until a model loads) and logs one warning naming the key
   and the error (again only when the problem changes).
 """
@@ -30,17 +31,18 @@ from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor, Pre
 from registry.predictor_artifacts import POINTER_KEY, read_blob, read_metadata, read_pointer
 from registry.settings import Settings
 from registry.storage import BlobStore
-from scheduler.length_predictor import LengthPredictor, PerAdapterHistory, RequestFeatures
+from scheduler.length_predictor import HistoryKey, LengthPredictor, PerAdapterHistory, RequestFeatures
 
 log = logging.getLogger(__name__)
 PRIOR_VERSION = "prior"
 MAX_RECENT_OBSERVATIONS = 10_000  # replayed into a newly loaded model's histories (those since its training)
 
-Observation = tuple[int, float, str | None, int]  # (sequence number, wall time s, adapter key, output tokens)
+# (sequence number, wall time s, (tenant id, adapter key), output tokens)
+Observation = tuple[int, float, HistoryKey, int]
 
 
 class LearnedLengthPredictor:
-    """The served length model (or the prior), its per-adapter histories and its hot reload."""
+    """The served length model (or the prior), its (tenant, adapter) histories and its hot reload."""
 
     def __init__(
         self,
@@ -69,25 +71,25 @@ class LearnedLengthPredictor:
         """The served model's training metadata (registry/predictor_training.py); {} for the prior."""
         return dict(self._metadata)
 
-    def history(self, adapter_key: str | None) -> PerAdapterHistory | None:
-        """The adapter's history of true output lengths as served now (None: none yet)."""
-        return self._predictor.history(adapter_key)
+    def history(self, tenant_id: str | None, adapter_key: str | None) -> PerAdapterHistory | None:
+        """The tenant's history of true output lengths on the adapter as served now (None: none yet)."""
+        return self._predictor.history(tenant_id, adapter_key)
 
     def predict(self, request: PredictionInput) -> int:
         """The expected output tokens, in [1, max_tokens]."""
         features = RequestFeatures(
             request.adapter_key, request.num_prompt_tokens, request.max_tokens, request.is_chat, request.has_stop,
-            request.text_features,
+            tenant_id=request.tenant_id,
         )
         with self._lock:
             return self._predictor.predict(features)
 
-    def observe(self, adapter_key: str | None, num_output_tokens: int) -> None:
-        """Record a finished request's true output length in its adapter's history."""
+    def observe(self, tenant_id: str | None, adapter_key: str | None, num_output_tokens: int) -> None:
+        """Record a finished request's true output length in its tenant's history on its adapter."""
         with self._lock:
-            self._predictor.observe(adapter_key, num_output_tokens)
+            self._predictor.observe(tenant_id, adapter_key, num_output_tokens)
             self._num_observed += 1
-            self._recent.append((self._num_observed, self._clock(), adapter_key, num_output_tokens))
+            self._recent.append((self._num_observed, self._clock(), (tenant_id, adapter_key), num_output_tokens))
 
     def reload(self) -> bool:
         """Load the newest artifact if its version is not the served one; True when one was swapped in. On any
@@ -113,7 +115,8 @@ class LearnedLengthPredictor:
 
     def _swap(self, loaded: LengthPredictor, metadata: dict[str, Any]) -> None:
         """Serve `loaded`: replay this process's observations since its training into the histories it knows
-        (most of them outside the lock), keep the local histories of adapters it does not know."""
+        (most of them outside the lock), keep the local histories of (tenant, adapter) pairs it does not
+        know."""
         since_s = _timestamp(metadata.get("trained_at"))
         known = set(loaded.histories)
         with self._lock:
@@ -142,7 +145,7 @@ def _replay(
 ) -> None:
     for _, at_s, key, num_tokens in observations:
         if key in known and (since_s is None or at_s >= since_s):
-            predictor.observe(key, num_tokens)
+            predictor.observe(*key, num_tokens)
 
 
 def _timestamp(value: object) -> float | None:

@@ -3,8 +3,9 @@
 The prediction is a policy input, carried end to end: the router sees it (RouteRequest), the worker gets it
 (GenerateRequest.predicted_output_tokens, for its batch policy) and the usage row records it next to the
 true count (UsageRecord.predicted_output_tokens), so a predictor's error can be measured from usage
-(GET /v1/admin/predictor). The usage row also records what the prediction saw (max_tokens, is_chat, has_stop,
-the prompt's hashed n-gram features): the training data of the learned predictor.
+(GET /v1/admin/predictor). The usage row also records what the prediction saw (max_tokens, is_chat, has_stop;
+the prompt's size is prompt_tokens): the training data of the learned predictor. Nothing derived from the
+prompt's content is used or stored (issue 19: a stored n-gram histogram narrowed down what a prompt said).
 
 services.predictor is an `OutputLengthPredictor` chosen by settings.length_predictor: `learned`
 (api/inference/learned_predictor.py, the default) or `max_tokens` (`MaxTokensPredictor`: every request is
@@ -18,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from api.metering import RequestMeter
-from registry.usage import encode_prompt_features
 
 if TYPE_CHECKING:
     from api.inference.prepare import Prepared
@@ -26,9 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PredictionInput:
-    """What a predictor may use: the tenant, the adapter version (None: the base model), the sizes, chat or
-    completion, whether stop strings are set and the prompt's `hashed_ngram_features` (empty: no text, e.g.
-    a prompt of token ids)."""
+    """What a predictor may use: the tenant and the adapter version (None: the base model), which together pick
+    the history a prediction reads, the sizes, chat or completion, and whether stop strings are set."""
 
     tenant_id: str | None
     adapter_key: str | None
@@ -36,7 +35,6 @@ class PredictionInput:
     max_tokens: int
     is_chat: bool = False
     has_stop: bool = False
-    text_features: tuple[float, ...] = ()
 
 
 class OutputLengthPredictor(Protocol):
@@ -64,7 +62,6 @@ def prediction_input(prepared: Prepared) -> PredictionInput:
         max_tokens=prepared.max_tokens,
         is_chat=prepared.kind == "chat",
         has_stop=bool(prepared.generate.sampling.stop),
-        text_features=prepared.text_features,
     )
 
 
@@ -77,5 +74,4 @@ def predict(prepared: Prepared, predictor: OutputLengthPredictor, meter: Request
     prepared.generate.predicted_output_tokens = predicted
     meter.predicted_output_tokens = predicted
     meter.max_tokens, meter.is_chat, meter.has_stop = request.max_tokens, request.is_chat, request.has_stop
-    meter.prompt_features = encode_prompt_features(request.text_features)
     return predicted

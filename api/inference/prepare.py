@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
 from api.metering import RequestMeter
-from api.prompting import BaseModelTokenizer, PromptError, message_text
+from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import InMemoryRateLimiter, RateLimits
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
@@ -33,7 +33,6 @@ from api.services import Services
 from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
 from registry import repository
 from registry.settings import Settings
-from scheduler.length_predictor import hashed_ngram_features
 from scheduler.router import RouteRequest
 
 Kind = Literal["text", "chat"]
@@ -70,7 +69,6 @@ class Prepared:
     include_usage: bool
     route: RouteRequest
     generate: GenerateRequest
-    text_features: tuple[float, ...] = ()  # hashed_ngram_features(prediction_text(body)), for predict.py
 
     @property
     def max_tokens(self) -> int:
@@ -150,7 +148,6 @@ def _prepared(
             sampling=sampling,
             tenant_id=tenant_id,
         ),
-        text_features=hashed_ngram_features(prediction_text(body)),
     )
 
 
@@ -158,19 +155,6 @@ def with_placement(route: RouteRequest, row: tuple[tuple[str, float], ...]) -> R
     """The route with the adapter's rank-aware inputs: its routing-table row (from the API's in-memory copy of
     the published placement; () when none) as `assigned_workers`."""
     return replace(route, assigned_workers=row) if row else route
-
-
-def prediction_text(body: InferenceRequestBase) -> str:
-    """The text the length predictor's n-gram features come from: a completion's prompt (none for token
-    ids); a chat's last user message (the request-specific part: a system prompt is shared by an adapter's
-    requests, and what it does to lengths is in the adapter's history)."""
-    if isinstance(body, ChatCompletionRequest):
-        users = [(i, m) for i, m in enumerate(body.messages) if isinstance(m, dict) and m.get("role") == "user"]
-        return message_text(users[-1][1].get("content"), users[-1][0]) if users else ""
-    prompt = body.prompt if isinstance(body, CompletionRequest) else ""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    return prompt if isinstance(prompt, str) else ""
 
 
 async def parse_body(request: Request, settings: Settings, kind: Kind) -> InferenceRequestBase:

@@ -1,4 +1,4 @@
-"""/v1/adapters: upload (multipart or s3:// import), list, read, soft delete."""
+"""/v1/adapters: upload (multipart, or an import from a URL or s3:// location), list, read, soft delete."""
 
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ from starlette.requests import ClientDisconnect
 from api.caches import forget_model_name
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
-from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
+from api.openapi import inline_json_schema
+from api.schemas import (
+    AdapterDeleted,
+    AdapterImport,
+    AdapterPublic,
+    AdapterVersionPublic,
+    ListResponse,
+    UploadAccepted,
+)
 from api.services import Services
 from api.upload_rate import admit_upload
 from api.uploads import client_disconnected, receive_upload, upload_scratch_dir
@@ -40,7 +48,7 @@ UPLOAD_OPENAPI = {
                     },
                 }
             },
-            "application/json": {"schema": AdapterImport.model_json_schema()},
+            "application/json": {"schema": inline_json_schema(AdapterImport)},
         }
     }
 }
@@ -50,7 +58,8 @@ UPLOAD_OPENAPI = {
 async def upload_adapter(
     request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
 ) -> UploadAccepted:
-    """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an s3:// import (JSON body).
+    """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an import (JSON body: a presigned
+    https URL, or s3:// with the tenant's own credentials; registry/import_sources.py).
 
     The plan's upload quotas apply: 429 past uploads_per_min, 403 past max_adapters, 413 past
     max_stored_bytes (each error names the limit)."""
@@ -64,7 +73,9 @@ async def upload_adapter(
         version = await _accept_import(request, tenant.id, session, services)
     else:
         raise ApiError(
-            415, "unsupported_media_type", "send multipart/form-data (name + files) or JSON {name, source}"
+            415,
+            "unsupported_media_type",
+            "send multipart/form-data (name + files) or JSON {name, source[, credentials]}",
         )
     await run_in_threadpool(services.jobs.validate_adapter_version, version.id)
     return _accepted(session, version.id)
@@ -103,15 +114,20 @@ async def _accept_import(
         raise RequestValidationError(exc.errors()) from None
     # the plan's quotas before the source is touched (its bytes are checked again once they are known)
     await run_in_threadpool(adapter_pipeline.precheck_quota, session, tenant_id, payload.name, num_bytes=0)
-    return await run_in_threadpool(
-        adapter_pipeline.stage_import,
-        session,
-        services.job_context,
-        tenant_id=tenant_id,
-        name=payload.name,
-        visibility=payload.visibility,
-        source=payload.source,
-    )
+    credentials = payload.credentials.to_credentials() if payload.credentials else None
+    scratch = upload_scratch_dir(services.settings)
+    with tempfile.TemporaryDirectory(prefix="lorahost-import-", dir=scratch) as tmp:
+        return await run_in_threadpool(
+            adapter_pipeline.accept_import,
+            session,
+            services.job_context,
+            tenant_id=tenant_id,
+            name=payload.name,
+            visibility=payload.visibility,
+            source=payload.source,
+            credentials=credentials,
+            work_dir=Path(tmp),
+        )
 
 
 def _accepted(session: Session, version_id: str) -> UploadAccepted:
@@ -122,7 +138,7 @@ def _accepted(session: Session, version_id: str) -> UploadAccepted:
         adapter=adapter.name,
         adapter_id=adapter.id,
         visibility=adapter.visibility,
-        version=AdapterPublic.from_row(adapter, [version]).versions[0],
+        version=AdapterVersionPublic.from_row(adapter, version),
     )
 
 
@@ -133,7 +149,7 @@ def list_adapters(tenant: CurrentTenant, session: SessionDep, include_public: bo
         adapters = repository.list_visible_adapters(session, tenant.id)
     else:
         adapters = repository.list_own_adapters(session, tenant.id)
-    return ListResponse(data=[AdapterPublic.from_row(a) for a in adapters])
+    return ListResponse(data=[AdapterPublic.from_row(a, viewer_tenant_id=tenant.id) for a in adapters])
 
 
 @router.get("/{ref}", response_model=AdapterPublic)
@@ -142,9 +158,9 @@ def get_adapter(ref: str, tenant: CurrentTenant, session: SessionDep) -> Adapter
     parsed = repository.parse_model_ref(ref)
     adapter = repository.find_visible_adapter(session, tenant.id, parsed.name)
     if parsed.version is None:
-        return AdapterPublic.from_row(adapter)
+        return AdapterPublic.from_row(adapter, viewer_tenant_id=tenant.id)
     version = repository.pick_version(adapter, parsed.version, is_ready_only=False)
-    return AdapterPublic.from_row(adapter, [version])
+    return AdapterPublic.from_row(adapter, [version], viewer_tenant_id=tenant.id)
 
 
 @router.delete("/{name}", response_model=AdapterDeleted)

@@ -152,24 +152,111 @@ def test_json_import_with_missing_fields_is_422(client, tenant) -> None:
     assert response.status_code == 422 and "source" in response.json()["error"]["message"]
 
 
-def test_json_import_from_s3_runs_the_job(
-    make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter
-) -> None:
+TENANT_SECRET = "tenant-secret-never-echoed"
+TENANT_CREDENTIALS = {"access_key_id": "tenant-key", "secret_access_key": TENANT_SECRET}
+
+
+def _put_adapter(s3_endpoint: str, bucket: str, prefix: str, adapter_dir: Path) -> None:
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    for path in adapter_paths(demo_adapter):
-        s3.upload_file(str(path), s3_bucket, f"lora/{path.name}")
+    for path in adapter_paths(adapter_dir):
+        s3.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+
+
+def test_json_import_from_s3_with_own_credentials_runs_the_job(
+    make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter
+) -> None:
+    _put_adapter(s3_endpoint, s3_bucket, "lora", demo_adapter)
     client = make_client(s3_endpoint_url=s3_endpoint)
     tenant = new_tenant("importer")
-    body = {"name": "imported", "source": f"s3://{s3_bucket}/lora"}
+    body = {"name": "imported", "source": f"s3://{s3_bucket}/lora", "credentials": TENANT_CREDENTIALS}
     response = client.post("/v1/adapters", json=body, headers=tenant.headers)
-    assert response.status_code == 202 and response.json()["version"]["status"] == "ready"
-    missing = client.post(
-        "/v1/adapters", json={**body, "source": f"s3://{s3_bucket}/none"}, headers=tenant.headers
+    assert response.status_code == 202 and response.json()["version"]["status"] == "ready", response.text
+    assert TENANT_SECRET not in response.text
+
+
+def test_json_import_from_an_allow_listed_bucket_needs_no_credentials(
+    make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter
+) -> None:
+    _put_adapter(s3_endpoint, s3_bucket, "lora", demo_adapter)
+    client = make_client(s3_endpoint_url=s3_endpoint, import_allowed_buckets=s3_bucket)
+    body = {"name": "imported", "source": f"s3://{s3_bucket}/lora"}
+    response = client.post("/v1/adapters", json=body, headers=new_tenant("importer").headers)
+    assert response.status_code == 202 and response.json()["version"]["status"] == "ready", response.text
+
+
+def test_json_import_from_a_foreign_bucket_without_credentials_is_403(
+    make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter, db_session, blob_store
+) -> None:
+    _put_adapter(s3_endpoint, s3_bucket, "lora", demo_adapter)
+    client = make_client(s3_endpoint_url=s3_endpoint)
+    body = {"name": "imported", "source": f"s3://{s3_bucket}/lora"}
+    response = client.post("/v1/adapters", json=body, headers=new_tenant("importer").headers)
+    assert response.status_code == 403 and response.json()["error"]["type"] == "source_not_allowed"
+    assert "credentials" in response.json()["error"]["message"]
+    _assert_nothing_stored(db_session, blob_store)
+
+
+@pytest.mark.parametrize("credentials", [None, TENANT_CREDENTIALS], ids=["platform", "tenant"])
+def test_import_of_another_tenants_adapter_from_the_platform_bucket_is_refused(
+    make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter, credentials, db_session
+) -> None:
+    client = make_client(
+        s3_endpoint_url=s3_endpoint, blob_store=f"s3://{s3_bucket}/blobs", import_allowed_buckets=s3_bucket
     )
-    assert missing.json()["version"]["status"] == "failed"
-    assert "no files found" in missing.json()["version"]["failure_reason"]
+    alice, mallory = new_tenant("alice"), new_tenant("mallory")
+    _put_adapter(s3_endpoint, s3_bucket, f"blobs/adapters/{alice.id}/private-adapter/1", demo_adapter)
+    body = {"name": "stolen", "source": f"s3://{s3_bucket}/blobs/adapters/{alice.id}/private-adapter/1"}
+    if credentials:
+        body["credentials"] = credentials
+    response = client.post("/v1/adapters", json=body, headers=mallory.headers)
+    assert response.status_code == 403, response.text
+    assert "platform's own blob bucket" in response.json()["error"]["message"]
+    db_session.expire_all()
+    assert repository.count_rows(db_session, AdapterVersion) == 0
+
+
+def test_every_unreadable_import_source_gets_the_same_error_and_stores_nothing(
+    make_client, new_tenant, s3_endpoint, s3_bucket, demo_adapter, db_session, blob_store
+) -> None:
+    _put_adapter(s3_endpoint, s3_bucket, "lora", demo_adapter)
+    client = make_client(s3_endpoint_url=s3_endpoint, import_allowed_buckets="listed-but-missing")
+    tenant = new_tenant("prober")
+    sources = [
+        (f"s3://no-such-bucket-{s3_bucket}/lora", TENANT_CREDENTIALS),  # missing bucket
+        (f"s3://{s3_bucket}/missing-folder", TENANT_CREDENTIALS),  # missing key (folder)
+        (f"s3://{s3_bucket}/missing.tar.gz", TENANT_CREDENTIALS),  # missing key (archive)
+        ("s3://listed-but-missing/lora", None),  # allow-listed, read with the platform's credentials
+        ("https://169.254.169.254/latest/meta-data/x.zip", None),  # metadata endpoint: never connected to
+    ]
+    responses = []
+    for source, credentials in sources:
+        body = {"name": "probe", "source": source} | ({"credentials": credentials} if credentials else {})
+        responses.append(client.post("/v1/adapters", json=body, headers=tenant.headers))
+    assert {(r.status_code, r.text) for r in responses} == {(responses[0].status_code, responses[0].text)}
+    assert responses[0].status_code == 400
+    assert responses[0].json()["error"]["type"] == "source_unreadable"
+    for leak in ("NoSuch", "NotFound", "AccessDenied", "internal", s3_bucket, TENANT_SECRET):
+        assert leak not in responses[0].text
+    _assert_nothing_stored(db_session, blob_store)
+
+
+def test_public_adapter_shows_its_owner_name_and_not_its_tenant_id_to_others(
+    client, new_tenant, demo_adapter
+) -> None:
+    alice, bob = new_tenant("alice"), new_tenant("bob")
+    upload(client, alice, "shared", adapter_paths(demo_adapter), visibility="public")
+    views = [
+        client.get("/v1/adapters/shared", headers=bob.headers).json(),
+        client.get("/v1/adapters/shared@1", headers=bob.headers).json(),
+        *client.get("/v1/adapters?include_public=true", headers=bob.headers).json()["data"],
+    ]
+    for view in views:
+        assert view["owner"] == "alice" and view["owner_tenant_id"] is None
+        assert alice.id not in str(view)
+    own = client.get("/v1/adapters/shared", headers=alice.headers).json()
+    assert own["owner"] == "alice" and own["owner_tenant_id"] == alice.id
 
 
 def test_lists_own_adapters_and_optionally_public_ones(client, new_tenant, demo_adapter) -> None:

@@ -83,7 +83,7 @@ def test_public_adapter_is_visible_to_others_but_only_its_owner_deletes_it(
 ) -> None:
     alice, bob = new_tenant("alice"), new_tenant("bob")
     upload(client, alice, "shared", adapter_paths(demo_adapter), visibility="public")
-    assert client.get("/v1/adapters/shared", headers=bob.headers).json()["owner_tenant_id"] == alice.id
+    assert client.get("/v1/adapters/shared", headers=bob.headers).json()["owner"] == "alice"
     assert client.get("/v1/models/shared", headers=bob.headers).json()["owned_by"] == "alice"
     assert client.delete("/v1/adapters/shared", headers=bob.headers).status_code == 403
     assert client.delete("/v1/adapters/shared", headers=alice.headers).status_code == 200

@@ -22,8 +22,7 @@ from registry.predictor_artifacts import POINTER_KEY, read_pointer, write_predic
 from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
-from registry.usage import encode_prompt_features
-from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures, hashed_ngram_features
+from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import (
     BASE_MODEL,
@@ -82,11 +81,9 @@ def test_a_request_records_its_prediction_and_features_in_its_usage_row(
     assert chat.status_code == 200, chat.text
     completion_row, chat_row = usage_rows(db_session, tenant.id)
     assert (completion_row.max_tokens, completion_row.is_chat, completion_row.has_stop) == (7, False, True)
-    assert completion_row.prompt_features == encode_prompt_features(hashed_ngram_features(prompt))
     assert completion_row.predicted_output_tokens == 7  # the prior: no history for the base model yet
     assert (chat_row.max_tokens, chat_row.is_chat, chat_row.has_stop) == (9, True, False)
-    assert chat_row.prompt_features == encode_prompt_features(hashed_ngram_features("Say yes or no"))
-    assert prompt not in (completion_row.prompt_features or "")  # never the prompt itself
+    assert completion_row.prompt_features is None and chat_row.prompt_features is None  # nothing of the content
 
 
 def test_finished_requests_feed_their_true_length_to_the_adapters_history(
@@ -95,11 +92,65 @@ def test_finished_requests_feed_their_true_length_to_the_adapters_history(
     worker = workers.add("w1", events=tokens_events(3, finish_reason="stop"))
     assert _complete(client, tenant, max_tokens=50).status_code == 200
     assert _complete(client, tenant, max_tokens=50, n=2).status_code == 400  # rejected: no length to learn
-    history = _services(client).predictor.history(None)
+    history = _services(client).predictor.history(tenant.id, None)
     assert history is not None and history.to_state()[0] == [3]
     assert _complete(client, tenant, max_tokens=50).status_code == 200
     assert [r.predicted_output_tokens for r in worker.requests] == [50, 3]  # the prior: the history median
     assert [r.predicted_output_tokens for r in usage_rows(db_session, tenant.id)] == [50, None, 3]
+
+
+# ---- isolation (issue 19): no tenant moves another's predictions; nothing of a prompt's content is stored -------
+
+# per request, whatever the content: ids, clock readings and latencies
+PER_REQUEST_COLUMNS = frozenset({
+    "id", "request_id", "started_at", "finished_at", "checkpointed_at", "lease_renewed_at", "ttft_ms", "tpot_ms",
+    "e2e_ms",
+})
+
+
+def test_one_tenants_traffic_leaves_another_tenants_predictions_on_shared_models_unchanged(
+    client: TestClient, workers: ScriptedWorkers, new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    """A's long outputs on the base model and on a public adapter: B's predictions stay what they were without
+    A's traffic (on main one shared history per adapter moved them from 1 to 300 tokens)."""
+    owner, tenant_a, tenant_b = new_tenant("owner"), new_tenant("tenant-a"), new_tenant("tenant-b")
+    add_ready_version(db_session, owner.id, "shared", visibility="public")
+    worker = workers.add("w1", events=tokens_events(1, finish_reason="stop"))
+    models = (BASE_MODEL, "shared")
+
+    def predictions(tenant: TenantHandle) -> list[int | None]:
+        first = len(worker.requests)
+        for model in models:
+            assert _complete(client, tenant, model=model, max_tokens=400).status_code == 200
+        return [r.predicted_output_tokens for r in worker.requests[first:]]
+
+    predictions(tenant_b)  # B's short outputs are now in B's histories
+    alone = predictions(tenant_b)
+    assert alone == [1, 1]
+    worker.events = tokens_events(300)
+    for _ in range(10):
+        a_predictions = predictions(tenant_a)
+    assert a_predictions == [300, 300]  # A's own history did move
+    worker.events = tokens_events(1, finish_reason="stop")
+    assert predictions(tenant_b) == alone
+
+
+def test_stored_features_of_prompts_of_one_size_are_identical_whatever_they_say(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+) -> None:
+    """Three prompts of the same token count, different digits and word counts (4, 4, 5): their usage rows
+    are identical but for per-request ids, clocks and latencies, so neither the content nor the exact word
+    count can be narrowed down from what is stored (on main, a hashed n-gram histogram told them apart)."""
+    workers.add("w1", events=tokens_events(2))
+    prompts = ["hello", "my PIN is 1234", "my PIN is 9876", "my PIN is 12 34"]  # the first fills the history
+    for prompt in prompts:
+        assert _complete(client, tenant, prompt=prompt, max_tokens=8).status_code == 200
+    rows = usage_rows(db_session, tenant.id)[1:]
+    stored = [
+        {c.name: getattr(r, c.name) for c in r.__table__.columns if c.name not in PER_REQUEST_COLUMNS} for r in rows
+    ]
+    assert len({r["prompt_tokens"] for r in stored}) == 1  # the same coarse size (metered: billed by it)
+    assert stored[0] == stored[1] == stored[2]
 
 
 # ---- the trained model, hot-reloaded -------------------------------------------------------------------------
@@ -145,7 +196,7 @@ def test_a_trained_model_is_reloaded_and_predicts_each_adapter_closer_than_max_t
 
 
 def _fitted_artifact(version: str) -> bytes:
-    samples = [LengthSample(RequestFeatures("a", 50, MAX_TOKENS), 20 + i % 5) for i in range(40)]
+    samples = [LengthSample(RequestFeatures("a", 50, MAX_TOKENS, tenant_id="t"), 20 + i % 5) for i in range(40)]
     return LengthPredictor().fit(samples, model_version=version).to_bytes()
 
 
@@ -196,18 +247,18 @@ def test_a_reload_keeps_observations_since_the_training_and_local_histories_of_u
 ) -> None:
     now = [100.0]
     predictor = LearnedLengthPredictor(blob_store, clock=lambda: now[0])
-    predictor.observe("a", 5)  # before the training: already in the artifact's history
-    predictor.observe("b", 9)  # an adapter the artifact does not know
+    predictor.observe("t", "a", 5)  # before the training: already in the artifact's history
+    predictor.observe("t", "b", 9)  # an adapter the artifact does not know
     now[0] = 300.0
-    predictor.observe("a", 6)  # after the training started
+    predictor.observe("t", "a", 6)  # after the training started
     trained = LengthPredictor()
     for _ in range(3):
-        trained.observe("a", 50)
+        trained.observe("t", "a", 50)
     trained_at = "1970-01-01T00:03:20+00:00"  # t = 200 s
     write_predictor(blob_store, "v1", trained.to_bytes(), {"version": "v1", "trained_at": trained_at})
     assert predictor.reload() is True
-    assert predictor.history("a").to_state()[0] == [50, 50, 50, 6]  # type: ignore[union-attr]
-    assert predictor.history("b").to_state()[0] == [9]  # type: ignore[union-attr]
+    assert predictor.history("t", "a").to_state()[0] == [50, 50, 50, 6]  # type: ignore[union-attr]
+    assert predictor.history("t", "b").to_state()[0] == [9]  # type: ignore[union-attr]
 
 
 # ---- GET /v1/admin/predictor -------------------------------------------------------------------------------

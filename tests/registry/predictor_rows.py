@@ -13,8 +13,7 @@ from sqlalchemy.orm import Session
 
 from registry import repository
 from registry.models import AdapterVersion, new_id
-from registry.usage import encode_prompt_features, open_usage
-from scheduler.length_predictor import hashed_ngram_features
+from registry.usage import open_usage
 
 BASE_MODEL = "lorahost-base"
 MAX_TOKENS = 512
@@ -62,8 +61,6 @@ def insert_rows(session: Session, tenant_id: str, specs: list[RowSpec], start: d
             "predicted_output_tokens": spec.predicted, "status": spec.status,
             "started_at": start + timedelta(seconds=i), "finished_at": start + timedelta(seconds=i + 1),
             "max_tokens": spec.max_tokens, "is_chat": spec.is_chat, "has_stop": False,
-            "prompt_features": encode_prompt_features(hashed_ngram_features(f"question number {i % 7}"))
-            if spec.max_tokens is not None else None,
         })
     open_usage(session, rows)
 

@@ -15,6 +15,7 @@ from registry import adapter_pipeline as pipeline
 from registry import repository, validation_job
 from registry.digests import sha256_file
 from registry.errors import InvalidRequestError
+from registry.import_sources import S3Credentials, SourceUnreadableError
 from registry.models import Adapter, AdapterVersion
 from registry.settings import Settings
 from registry.storage import LocalBlobStore, S3BlobStore
@@ -162,7 +163,7 @@ def test_no_base_model_configured_is_a_clear_error(tmp_path, db_session_factory)
         _ = ctx.base_model_spec
 
 
-# ---- s3:// imports ------------------------------------------------------------------------------
+# ---- imports (registry/import_sources.py decides who may read what) ------------------------------------
 
 
 @pytest.fixture
@@ -176,11 +177,17 @@ def s3_ctx(ctx, s3_endpoint: str) -> pipeline.AdapterJobContext:
     return ctx
 
 
-def _import(db_session, ctx, tenant_id: str, source: str) -> AdapterVersion:
-    version = pipeline.stage_import(
-        db_session, ctx, tenant_id=tenant_id, name="imported", visibility=None, source=source
-    )
-    assert version.status == "uploading"
+TENANT_CREDENTIALS = S3Credentials(access_key_id="tenant", secret_access_key="tenant-secret")
+
+
+def _import(db_session, ctx, tenant_id: str, source: str, tmp_path: Path) -> AdapterVersion:
+    work = tmp_path / "import-work"
+    work.mkdir()
+    version = pipeline.accept_import(
+        db_session, ctx, tenant_id=tenant_id, name="imported", visibility=None, source=source,
+        credentials=TENANT_CREDENTIALS, work_dir=work,
+    )  # fmt: skip
+    assert version.status == "validating"
     validation_job.run_validation_job(ctx, version.id)
     db_session.expire_all()
     return repository.get_version(db_session, version.id)
@@ -189,9 +196,10 @@ def _import(db_session, ctx, tenant_id: str, source: str) -> AdapterVersion:
 def test_imports_an_s3_folder(db_session, s3_ctx, tenant_id, s3_source, adapter_dirs, tmp_path):
     for path in _adapter_dir(adapter_dirs, tmp_path).iterdir():
         s3_source.put_file(f"team/lora/{path.name}", path)
-    version = _import(db_session, s3_ctx, tenant_id, f"s3://{s3_source.bucket}/team/lora")
+    version = _import(db_session, s3_ctx, tenant_id, f"s3://{s3_source.bucket}/team/lora", tmp_path)
     assert version.status == "ready", version.failure_reason
     assert s3_ctx.blob_store.exists(version.weights_blob_key)
+    assert version.source_uri == f"s3://{s3_source.bucket}/team/lora"
 
 
 def test_imports_an_s3_tar_gz_archive(db_session, s3_ctx, tenant_id, s3_source, adapter_dirs, tmp_path):
@@ -199,21 +207,37 @@ def test_imports_an_s3_tar_gz_archive(db_session, s3_ctx, tenant_id, s3_source, 
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(_adapter_dir(adapter_dirs, tmp_path), arcname="lora")
     s3_source.put_file("lora.tar.gz", archive)
-    version = _import(db_session, s3_ctx, tenant_id, f"s3://{s3_source.bucket}/lora.tar.gz")
+    version = _import(db_session, s3_ctx, tenant_id, f"s3://{s3_source.bucket}/lora.tar.gz", tmp_path)
     assert version.status == "ready", version.failure_reason
 
 
-def test_import_of_missing_source_fails_with_reason(db_session, s3_ctx, tenant_id, s3_source):
-    version = _import(db_session, s3_ctx, tenant_id, f"s3://{s3_source.bucket}/nothing-here")
-    assert version.status == "failed" and "no files found" in version.failure_reason
+def test_import_of_missing_source_is_refused_and_stores_nothing(
+    db_session, s3_ctx, tenant_id, s3_source, tmp_path
+):
+    with pytest.raises(SourceUnreadableError):
+        _import(db_session, s3_ctx, tenant_id, f"s3://{s3_source.bucket}/nothing-here", tmp_path)
     assert s3_ctx.blob_store.list_keys() == []
+    assert repository.count_rows(db_session, AdapterVersion) == 0
 
 
-def test_import_source_must_be_an_s3_uri(db_session, ctx, tenant_id):
-    with pytest.raises(InvalidRequestError, match="s3://bucket/prefix"):
-        pipeline.stage_import(
-            db_session, ctx, tenant_id=tenant_id, name="x", visibility=None, source="/etc/passwd"
-        )
+def test_import_source_must_be_a_url_or_an_s3_uri(db_session, ctx, tenant_id, tmp_path):
+    with pytest.raises(InvalidRequestError, match="s3://bucket/folder"):
+        pipeline.accept_import(
+            db_session, ctx, tenant_id=tenant_id, name="x", visibility=None, source="/etc/passwd",
+            credentials=None, work_dir=tmp_path,
+        )  # fmt: skip
+
+
+def test_job_fails_an_import_queued_before_imports_were_read_at_request_time(db_session, ctx, tenant_id):
+    adapter = repository.get_or_create_adapter(db_session, tenant_id, "old", base_model_name="lorahost-base")
+    version = repository.add_adapter_version(
+        db_session, tenant_id, adapter, status="uploading", source_uri="s3://platform/blobs/adapters/x/y/1"
+    )
+    db_session.commit()
+    assert validation_job.run_validation_job(ctx, version.id) == "failed"
+    db_session.expire_all()
+    assert repository.get_version(db_session, version.id).failure_reason.startswith("import_again")
+    assert ctx.blob_store.list_keys() == []
 
 
 def test_versions_stuck_in_validation_are_failed_and_their_blobs_deleted(

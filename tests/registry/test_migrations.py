@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0011"
+    assert current_revision(empty_db_url) == "0012"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -246,3 +246,25 @@ def test_0011_adds_nullable_upload_quotas_keeping_plans_and_downgrades(empty_db_
     assert tuple(row) == ("old", None, None, None)  # an existing plan keeps no quota: today's behaviour
     downgrade(empty_db_url, "0007")
     assert not QUOTA_COLUMNS & _plan_columns(empty_db_url)
+
+
+def test_0012_clears_the_stored_prompt_histograms_keeping_the_rest_of_each_row(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0007")
+    _insert_usage(empty_db_url, "r1", "ok")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "UPDATE usage_records SET prompt_tokens = 3, max_tokens = 16, is_chat = true, has_stop = false, "
+                "prompt_features = '[0.5,0.5]'"
+            )
+        upgrade(empty_db_url, "0012")
+        with engine.begin() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT request_id, prompt_tokens, max_tokens, is_chat, has_stop, prompt_features FROM usage_records"
+            ).all()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in rows] == [("r1", 3, 16, True, False, None)]
+    downgrade(empty_db_url, "0007")  # nothing to restore: the histograms are gone for good
+    assert current_revision(empty_db_url) == "0007"

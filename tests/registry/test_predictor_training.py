@@ -78,10 +78,10 @@ def test_training_writes_a_versioned_artifact_and_then_a_pointer_with_heldout_me
     model = LengthPredictor.from_bytes(read_blob(store, run.pointer.artifact_key))
     assert model.model_version == version and model.is_fitted
     for name, median in MEDIANS.items():
-        predicted = model.predict(RequestFeatures(versions[name].id, 100, MAX_TOKENS))
+        predicted = model.predict(RequestFeatures(versions[name].id, 100, MAX_TOKENS, tenant_id=tenant_id))
         assert abs(predicted - median) < 0.3 * median, (name, predicted)
         # the shipped histories end with the newest (held-out) request of each adapter
-        history = model.history(versions[name].id)
+        history = model.history(tenant_id, versions[name].id)
         assert history is not None
         newest = [s.completion_tokens for s in specs if s.version_id == versions[name].id][-1]
         assert history.to_state()[0][-1] == newest
@@ -119,7 +119,7 @@ def test_samples_are_the_newest_finished_rows_with_features_in_the_window_oldest
     samples = load_length_samples(db_session, T0 - timedelta(days=1), max_samples=3)
     assert [s.num_output_tokens for s in samples] == [13, 15, 16]  # the newest three, oldest first
     assert samples[0].features.adapter_id is None and samples[0].features.num_prompt_tokens == 7
-    assert len(samples[1].features.text_features) == 16
+    assert {s.features.tenant_id for s in samples} == {tenant_id}  # histories are keyed by tenant too
     everything = load_length_samples(db_session, T0 - timedelta(days=1), max_samples=100)
     assert [s.num_output_tokens for s in everything] == [10, 13, 15, 16]
     assert everything[0].features.is_chat and not everything[1].features.is_chat
@@ -161,3 +161,22 @@ def test_a_corrupt_pointer_is_a_predictor_artifact_error(store: LocalBlobStore) 
     store.put_stream(POINTER_KEY, io.BytesIO(b"{not json"))
     with pytest.raises(PredictorArtifactError, match="pointer is corrupt"):
         read_pointer(store)
+
+
+def test_training_keeps_one_history_per_tenant_on_a_shared_model(
+    db_session: Session, db_session_factory: sessionmaker[Session], store: LocalBlobStore, tmp_path: Path
+) -> None:
+    """Issue 19: A's long base-model outputs are not in B's history (in training rows or the artifact)."""
+    tenant_a, _ = make_versions(db_session, [])
+    tenant_b, _ = make_versions(db_session, [])
+    insert_rows(db_session, tenant_b, [RowSpec(None, 1)] * 10)
+    insert_rows(db_session, tenant_a, [RowSpec(None, 300)] * 200, start=T0 + timedelta(seconds=10))
+
+    run = run_predictor_training(db_session_factory, store, _settings(tmp_path), now=NOW)
+
+    assert run is not None
+    model = LengthPredictor.from_bytes(read_blob(store, run.pointer.artifact_key))
+    history_b, history_a = model.history(tenant_b, None), model.history(tenant_a, None)
+    assert history_b is not None and history_b.to_state()[0] == [1] * 10
+    assert history_a is not None and set(history_a.to_state()[0]) == {300}
+    assert model.history(None, None) is None  # no history shared by every tenant of the base model

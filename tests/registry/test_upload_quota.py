@@ -1,5 +1,6 @@
-"""Upload quotas in the registry (SQLite + PostgreSQL): what counts as stored bytes and adapters, and the
-import path, whose size is only known once its job has fetched it."""
+"""Upload quotas in the registry (SQLite + PostgreSQL): what counts as stored bytes and adapters, and imports,
+which are read during the request and then get the same quotas as an upload (moto S3, an allow-listed bucket).
+"""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from registry import repository, upload_quota, validation_job
 from registry.errors import AdapterQuotaError, StorageQuotaError
 from registry.models import AdapterVersion
 from registry.settings import Settings
-from registry.storage import LocalBlobStore
+from registry.storage import LocalBlobStore, S3BlobStore
 
 
 @pytest.fixture
-def source_store(tmp_path: Path) -> LocalBlobStore:
-    return LocalBlobStore(tmp_path / "source-bucket")
+def source_store(s3_endpoint: str, s3_bucket: str) -> S3BlobStore:
+    """The bucket imports read from: allow-listed by `ctx`, so read with the platform's credentials."""
+    return S3BlobStore(s3_bucket, endpoint_url=s3_endpoint)
 
 
 @pytest.fixture
@@ -27,15 +29,21 @@ def ctx(
     tmp_path: Path,
     base_model_dir: Path,
     db_session_factory: sessionmaker[Session],
-    source_store: LocalBlobStore,
+    source_store: S3BlobStore,
+    s3_endpoint: str,
 ) -> pipeline.AdapterJobContext:
-    settings = Settings(data_dir=tmp_path, base_model_path=base_model_dir, admin_key="x")
+    settings = Settings(
+        data_dir=tmp_path,
+        base_model_path=base_model_dir,
+        admin_key="x",
+        s3_endpoint_url=s3_endpoint,
+        import_allowed_buckets=source_store.bucket,
+    )
     return pipeline.AdapterJobContext(
         settings=settings,
         session_factory=db_session_factory,
         blob_store=LocalBlobStore(tmp_path / "blobs"),
         limits=pipeline.limits_from_settings(settings),
-        source_store_for=lambda uri: source_store,
     )
 
 
@@ -79,7 +87,7 @@ def test_tenant_without_plan_has_no_quota(db_session: Session) -> None:
     assert upload_quota.read_quota(db_session, tenant.id) == upload_quota.UploadQuota()
 
 
-def _put_source(source_store: LocalBlobStore, adapter_dirs: dict[str, Path], tmp_path: Path) -> int:
+def _put_source(source_store: S3BlobStore, adapter_dirs: dict[str, Path], tmp_path: Path) -> int:
     src = next(iter(adapter_dirs.values()))
     for name in pipeline.STORED_FILENAMES:
         shutil.copyfile(src / name, tmp_path / name)
@@ -88,48 +96,46 @@ def _put_source(source_store: LocalBlobStore, adapter_dirs: dict[str, Path], tmp
 
 
 def _import(
-    db_session: Session, ctx: pipeline.AdapterJobContext, tenant_id: str, name: str
+    db_session: Session, ctx: pipeline.AdapterJobContext, tenant_id: str, name: str, tmp_path: Path
 ) -> AdapterVersion:
     db_session.commit()  # end the previous read: staging starts a write transaction
-    version = pipeline.stage_import(
-        db_session, ctx, tenant_id=tenant_id, name=name, visibility=None, source="s3://bucket/lora"
-    )
+    source = f"s3://{ctx.settings.import_allowed_buckets[0]}/lora"
+    work_dir = tmp_path / f"import-{len(list(tmp_path.glob('import-*')))}"
+    work_dir.mkdir()
+    version = pipeline.accept_import(
+        db_session, ctx, tenant_id=tenant_id, name=name, visibility=None, source=source, credentials=None,
+        work_dir=work_dir,
+    )  # fmt: skip
     validation_job.run_validation_job(ctx, version.id)
     db_session.expire_all()
     return repository.get_version(db_session, version.id)
 
 
-def test_import_over_the_stored_bytes_quota_fails_in_its_job_and_stores_nothing(
+def test_import_over_the_stored_bytes_quota_is_refused_and_stores_nothing(
     db_session: Session, ctx: pipeline.AdapterJobContext, source_store, adapter_dirs, tmp_path: Path
 ) -> None:
     num_bytes = _put_source(source_store, adapter_dirs, tmp_path)
     tenant_id = _tenant_on_plan(db_session, max_stored_bytes=num_bytes)
-    assert _import(db_session, ctx, tenant_id, "first").status == "ready"
-    second = _import(db_session, ctx, tenant_id, "second")
-    assert second.status == "failed"
-    assert second.failure_reason.startswith("storage_quota_exceeded: ")
-    assert "max_stored_bytes" in second.failure_reason
-    assert upload_quota.num_stored_bytes(db_session, tenant_id) == num_bytes  # the failed one frees its bytes
-    assert len(ctx.blob_store.list_keys()) == 2  # only the first import's two files
+    first = _import(db_session, ctx, tenant_id, "first", tmp_path)
+    assert first.status == "ready" and first.num_bytes == num_bytes  # known when its row was inserted
+    stored_keys = ctx.blob_store.list_keys()
+    with pytest.raises(StorageQuotaError, match=r"at most \d+ stored bytes \(max_stored_bytes\)"):
+        _import(db_session, ctx, tenant_id, "second", tmp_path)
+    assert ctx.blob_store.list_keys() == stored_keys  # only the first import's two files
+    assert repository.count_rows(db_session, AdapterVersion) == 1
+    assert upload_quota.num_stored_bytes(db_session, tenant_id) == num_bytes
 
 
-def test_import_over_the_adapter_count_quota_is_refused_before_its_job(
+def test_import_over_the_adapter_count_quota_is_refused_and_stores_nothing(
     db_session: Session, ctx: pipeline.AdapterJobContext, source_store, adapter_dirs, tmp_path: Path
 ) -> None:
     _put_source(source_store, adapter_dirs, tmp_path)
     tenant_id = _tenant_on_plan(db_session, max_adapters=1)
-    assert _import(db_session, ctx, tenant_id, "first").status == "ready"
+    assert _import(db_session, ctx, tenant_id, "first", tmp_path).status == "ready"
+    stored_keys = ctx.blob_store.list_keys()
     with pytest.raises(AdapterQuotaError, match=r"at most 1 adapters \(max_adapters\)"):
-        _import(db_session, ctx, tenant_id, "second")
-    assert _import(db_session, ctx, tenant_id, "first").number == 2  # a new version is not a new adapter
-
-
-def test_import_larger_than_the_upload_limits_is_refused_before_download(
-    db_session: Session, ctx: pipeline.AdapterJobContext, source_store, adapter_dirs, tmp_path: Path
-) -> None:
-    num_bytes = _put_source(source_store, adapter_dirs, tmp_path)
-    ctx.limits = pipeline.ValidationLimits(max_adapter_bytes=num_bytes - 1)
-    tenant_id = _tenant_on_plan(db_session)
-    version = _import(db_session, ctx, tenant_id, "big")
-    assert version.status == "failed" and version.failure_reason.startswith("import_too_large: ")
-    assert f"the limit is {num_bytes - 1}" in version.failure_reason
+        _import(db_session, ctx, tenant_id, "second", tmp_path)
+    assert ctx.blob_store.list_keys() == stored_keys
+    assert repository.count_rows(db_session, AdapterVersion) == 1
+    version_2 = _import(db_session, ctx, tenant_id, "first", tmp_path)  # a new version is not a new adapter
+    assert version_2.number == 2

@@ -1,4 +1,5 @@
-"""Per-adapter output-length predictor: learns per-adapter distributions, falls back to the prior, round-trips."""
+"""Output-length predictor: learns per-adapter distributions, falls back to the prior, round-trips, keeps one
+history per (tenant, adapter) and sees no prompt content."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.length_predictor import (
+    ARTIFACT_FORMAT_VERSION,
     ARTIFACT_MAGIC,
     BUCKET_EDGES,
     LengthPredictor,
@@ -19,7 +21,6 @@ from scheduler.length_predictor import (
     RequestFeatures,
     evaluate,
     feature_row,
-    hashed_ngram_features,
     length_bucket,
     prior_predict,
 )
@@ -101,7 +102,7 @@ def test_unseen_adapter_gets_the_global_prior(fitted: LengthPredictor) -> None:
     features = RequestFeatures("never-seen", 300, MAX_TOKENS)
     unseen = fitted.predict(features)
     assert unseen == fitted.predict(RequestFeatures("another-new-one", 300, MAX_TOKENS))
-    assert fitted.history("never-seen") is None
+    assert fitted.history(None, "never-seen") is None
     assert fitted.predict(RequestFeatures("A", 300, MAX_TOKENS)) < unseen < fitted.predict(
         RequestFeatures("B", 300, MAX_TOKENS)
     )
@@ -112,7 +113,7 @@ def test_new_adapter_history_moves_its_prediction() -> None:
     features = RequestFeatures("newcomer", 300, MAX_TOKENS)
     before = predictor.predict(features)
     for _ in range(10):
-        predictor.observe("newcomer", 20)
+        predictor.observe(None, "newcomer", 20)
     after = predictor.predict(features)
     assert after < before
     assert after <= 40
@@ -124,15 +125,15 @@ def test_round_trip_predicts_the_same(fitted: LengthPredictor) -> None:
     assert loaded.num_training_samples == 2400
     for adapter in ("A", "B", "C", "new", None):
         for num_prompt in (10, 200, 700):
-            features = RequestFeatures(adapter, num_prompt, MAX_TOKENS, text_features=hashed_ngram_features("hi"))
+            features = RequestFeatures(adapter, num_prompt, MAX_TOKENS)
             assert loaded.predict(features) == fitted.predict(features)
-    assert loaded.history("A").to_state() == fitted.history("A").to_state()
+    assert loaded.history(None, "A").to_state() == fitted.history(None, "A").to_state()
 
 
 def test_fast_tree_walk_matches_sklearn_predict(
     fitted: LengthPredictor, split: tuple[list[LengthSample], list[LengthSample]]
 ) -> None:
-    rows = [feature_row(s.features, fitted.history(s.features.adapter_id), 3) for s in split[1][:200]]
+    rows = [feature_row(s.features, fitted.histories.get(s.features.history_key), 3) for s in split[1][:200]]
     expected = fitted._model.predict(np.asarray(rows))
     walked = [fitted._fast.predict_one(row) for row in rows]
     np.testing.assert_allclose(walked, expected, rtol=1e-9, atol=1e-9)
@@ -153,7 +154,9 @@ def test_linear_model_kind_fits_and_round_trips(split: tuple[list[LengthSample],
         (ARTIFACT_MAGIC + b"\x80\x05garbage", "corrupt"),
         (ARTIFACT_MAGIC + pickle.dumps([1, 2]), "not a state dict"),
         (ARTIFACT_MAGIC + pickle.dumps({"format_version": 99}), "format version 99"),
-        (ARTIFACT_MAGIC + pickle.dumps({"format_version": 1, "sklearn_version": "0.1"}), "scikit-learn"),
+        (ARTIFACT_MAGIC + pickle.dumps({"format_version": 1}), "format version 1.*retrain"),  # pre-issue-19
+        (ARTIFACT_MAGIC + pickle.dumps({"format_version": ARTIFACT_FORMAT_VERSION, "sklearn_version": "0.1"}),
+         "scikit-learn"),
     ],
 )
 def test_unusable_artifact_raises_a_clear_error(data: bytes, message: str) -> None:
@@ -169,7 +172,7 @@ def test_truncated_artifact_raises_a_clear_error(fitted: LengthPredictor) -> Non
 
 def test_unfitted_artifact_round_trips_to_the_prior() -> None:
     predictor = LengthPredictor()
-    predictor.observe("A", 7)
+    predictor.observe(None, "A", 7)
     loaded = LengthPredictor.from_bytes(predictor.to_bytes())
     assert not loaded.is_fitted
     assert loaded.predict(RequestFeatures("A", 10, 100)) == 7
@@ -188,7 +191,7 @@ def test_predictions_are_clipped_to_one_and_max_tokens(
 ) -> None:
     features = RequestFeatures(adapter, num_prompt, max_tokens, is_chat=is_chat, has_stop=has_stop)
     assert 1 <= fitted.predict(features) <= max(1, max_tokens)
-    assert 1 <= prior_predict(features, fitted.history(adapter)) <= max(1, max_tokens)
+    assert 1 <= prior_predict(features, fitted.history(None, adapter)) <= max(1, max_tokens)
 
 
 def test_b_requests_with_a_small_cap_are_clipped(fitted: LengthPredictor) -> None:
@@ -216,8 +219,8 @@ def test_history_is_bounded_with_quantiles_and_ewma() -> None:
 
 def test_evaluate_reports_mae_and_bucket_accuracy_per_adapter() -> None:
     predictor = LengthPredictor()  # no model: history medians
-    predictor.observe("A", 40)
-    predictor.observe("B", 300)
+    predictor.observe(None, "A", 40)
+    predictor.observe(None, "B", 300)
     samples = [
         LengthSample(RequestFeatures("A", 10, 1000), 40),
         LengthSample(RequestFeatures("A", 10, 1000), 70),  # predicted 40: other bucket
@@ -235,13 +238,59 @@ def test_length_buckets_follow_the_documented_edges() -> None:
     assert len(BUCKET_EDGES) == 6
 
 
-def test_hashed_ngram_features_are_stable_frequencies() -> None:
-    features = hashed_ngram_features("Summarise the following text please")
-    assert features == hashed_ngram_features("summarise  the following TEXT please")
-    assert sum(features) == pytest.approx(1.0)
-    assert hashed_ngram_features("") == (0.0,) * len(features)
-
-
 def test_fit_refuses_no_samples() -> None:
     with pytest.raises(ValueError, match="zero samples"):
         LengthPredictor().fit([])
+
+
+# ---- isolation between tenants (issue 19) -------------------------------------------------------------------
+
+SHARED_ADAPTERS = (None, "public")  # the base model and a public adapter: used by every tenant
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    is_fitted=st.booleans(),
+    own=st.lists(st.tuples(st.sampled_from(SHARED_ADAPTERS), st.integers(1, 512)), max_size=12),
+    others=st.lists(
+        st.tuples(st.sampled_from(["A", "C"]), st.sampled_from(SHARED_ADAPTERS), st.integers(1, 512)), max_size=60
+    ),
+    num_prompt=st.integers(1, 2000),
+)
+def test_other_tenants_observations_never_move_a_tenants_prediction_on_a_shared_adapter(
+    fitted: LengthPredictor, is_fitted: bool, own: list[tuple[str | None, int]],
+    others: list[tuple[str, str | None, int]], num_prompt: int,
+) -> None:
+    def fresh() -> LengthPredictor:
+        return LengthPredictor.from_bytes(fitted.to_bytes()) if is_fitted else LengthPredictor()
+
+    alone, crowded = fresh(), fresh()
+    for adapter, n in own:
+        alone.observe("B", adapter, n)
+    half = len(others) // 2
+    for tenant, adapter, n in others[:half]:
+        crowded.observe(tenant, adapter, n)
+    for adapter, n in own:  # B's own observations, in the middle of the others' traffic
+        crowded.observe("B", adapter, n)
+    for tenant, adapter, n in others[half:]:
+        crowded.observe(tenant, adapter, n)
+    for adapter in SHARED_ADAPTERS:
+        features = RequestFeatures(adapter, num_prompt, MAX_TOKENS, tenant_id="B")
+        assert crowded.predict(features) == alone.predict(features)
+
+
+def test_fit_builds_each_tenants_history_from_its_own_samples_only() -> None:
+    samples = [LengthSample(RequestFeatures(None, 50, MAX_TOKENS, tenant_id="B"), 1) for _ in range(5)]
+    samples += [LengthSample(RequestFeatures(None, 50, MAX_TOKENS, tenant_id="A"), 300) for _ in range(50)]
+    predictor = LengthPredictor(history_dropout=0.0).fit(samples)
+    assert predictor.history("B", None).to_state()[0] == [1] * 5  # type: ignore[union-attr]
+    assert set(predictor.history("A", None).to_state()[0]) == {300}  # type: ignore[union-attr]
+
+
+def test_request_features_hold_sizes_and_flags_only_never_prompt_content() -> None:
+    from dataclasses import fields
+
+    assert {f.name for f in fields(RequestFeatures)} == {
+        "adapter_id", "num_prompt_tokens", "max_tokens", "is_chat", "has_stop", "tenant_id",
+    }
+    assert len(feature_row(RequestFeatures("A", 10, 100), None, 3)) == 10  # 4 request + 6 history features
