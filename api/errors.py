@@ -10,11 +10,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.errors import (
+    AdapterQuotaError,
     ConflictError,
     InvalidRequestError,
     NotFoundError,
     PermissionDeniedError,
     RegistryError,
+    StorageQuotaError,
 )
 from registry.validation import AdapterValidationError
 
@@ -34,6 +36,8 @@ HTTP_ERROR_TYPES = {
     503: "unavailable",
 }
 REGISTRY_STATUS: dict[type[RegistryError], int] = {
+    StorageQuotaError: 413,  # this upload does not fit in what the plan's max_stored_bytes leaves
+    AdapterQuotaError: 403,  # the plan allows no more adapters: retrying or shrinking cannot help
     NotFoundError: 404,
     ConflictError: 409,
     InvalidRequestError: 400,

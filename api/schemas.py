@@ -15,6 +15,8 @@ from registry.models import MAX_INTEGER_COLUMN, PRICE_DIGITS, PRICE_PLACES, Adap
 PRINTABLE_TEXT = r"^[^\x00-\x1f\x7f]*$"
 RecordId = Annotated[str, Field(pattern=PRINTABLE_TEXT)]
 
+MAX_BIGINT_COLUMN = 2**63 - 1  # BigInteger columns
+
 
 class TenantCreate(BaseModel):
     """POST /v1/admin/tenants."""
@@ -84,6 +86,26 @@ class PricePlanCreate(BaseModel):
     slo_ttft_ms: SloTargetMs | None = None
     slo_tpot_ms: SloTargetMs | None = None
     slo_percentile: float = Field(default=99.0, gt=0, le=100)
+    uploads_per_min: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INTEGER_COLUMN,
+        description="Upload quota: POST /v1/adapters calls (uploads and imports) per minute; null = unlimited",
+    )
+    max_adapters: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INTEGER_COLUMN,
+        description="Upload quota: live (not deleted) adapters; a new version of an existing adapter does not "
+        "count; null = unlimited",
+    )
+    max_stored_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BIGINT_COLUMN,
+        description="Upload quota: bytes of adapter_model.safetensors over every version of the tenant's live "
+        "adapters that is not failed; null = unlimited",
+    )
 
 
 class PricePlanPublic(BaseModel):
@@ -101,6 +123,9 @@ class PricePlanPublic(BaseModel):
     slo_ttft_ms: float | None
     slo_tpot_ms: float | None
     slo_percentile: float
+    uploads_per_min: int | None
+    max_adapters: int | None
+    max_stored_bytes: int | None
     id: str
 
 

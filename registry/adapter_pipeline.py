@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from registry import repository
+from registry import repository, upload_quota
 from registry.archive import extract_archive, is_archive_name
 from registry.db import is_insert_conflict, make_engine, make_session_factory, run_in_write_transaction
 from registry.digests import sha256_file
@@ -207,6 +207,8 @@ def _insert_version(
 ) -> AdapterVersion:
     """Get or create the adapter and add its next version in one short write transaction.
 
+    The plan's adapter-count and stored-bytes quotas are checked in the same transaction, after locking the
+    tenant's row (registry/upload_quota.py): concurrent uploads cannot pass a quota together.
     Concurrent uploads of one name can collide on the adapter row (uq_adapters_tenant_name_live) or the
     version number (uq_adapter_versions_adapter_number); the loser's transaction is rolled back and run
     again, when it finds the winner's rows.
@@ -214,6 +216,14 @@ def _insert_version(
     repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
 
     def insert(session: Session) -> AdapterVersion:
+        quota = upload_quota.lock_tenant_quota(session, tenant_id)  # first: concurrent uploads count in turn
+        upload_quota.check_upload_quota(
+            session,
+            tenant_id,
+            quota,
+            is_new_adapter=repository.get_own_adapter(session, tenant_id, name) is None,
+            num_bytes=int(fields["num_bytes"]),  # type: ignore[call-overload]  # known: imports are read first
+        )
         adapter = repository.get_or_create_adapter(
             session, tenant_id, name, base_model_name=ctx.base_model_name, visibility=visibility
         )
@@ -273,6 +283,7 @@ def accept_upload(
     if visibility is not None:
         repository.check_visibility(visibility)
     check_incoming_names(names)
+    precheck_quota(session, tenant_id, name, num_bytes=_sent_weights_bytes(upload_dir, names))
     adapter_dir = prepare_adapter_dir(upload_dir, names, ctx.limits)
     info = validate_adapter_files(adapter_dir, ctx)
     return stage_upload(
@@ -299,7 +310,7 @@ def accept_import(
     work_dir: Path,
 ) -> AdapterVersion:
     """An import: refuse what this tenant may not read before reading anything, read the source into
-    `work_dir` (registry/import_sources.py), then steps 1-3 as for an upload (blocking)."""
+    `work_dir` (registry/import_sources.py), then steps 1-3 as for an upload, its quotas included (blocking)."""
     repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
     if visibility is not None:
         repository.check_visibility(visibility)
@@ -316,3 +327,24 @@ def accept_import(
         names=names,
         source_uri=parsed.redacted,
     )
+
+
+def precheck_quota(session: Session, tenant_id: str, name: str, *, num_bytes: int) -> None:
+    """Refuse early (before extracting and validating) an upload the plan's quotas have no room for.
+
+    A read only, ended before returning; `_insert_version` checks again in its write transaction (the
+    authoritative check: uploads running meanwhile may have used the room).
+    """
+    try:
+        quota = upload_quota.read_quota(session, tenant_id)
+        is_new_adapter = repository.get_own_adapter(session, tenant_id, name) is None
+        upload_quota.check_upload_quota(
+            session, tenant_id, quota, is_new_adapter=is_new_adapter, num_bytes=num_bytes
+        )
+    finally:
+        session.commit()  # end the read: staging starts a write transaction of its own
+
+
+def _sent_weights_bytes(upload_dir: Path, names: list[str]) -> int:
+    """Size of adapter_model.safetensors when sent as is (0 for an archive: known once extracted)."""
+    return (upload_dir / WEIGHTS_FILENAME).stat().st_size if WEIGHTS_FILENAME in names else 0

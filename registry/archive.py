@@ -1,10 +1,17 @@
 """Safe extraction of an uploaded adapter archive (.zip, .tar.gz, .tgz, .tar) into a flat directory.
 
 Only regular files with the allowed adapter file names are written; they may sit at the top level or in
-one top-level folder. Absolute paths, "..", links, devices, too many members and too many uncompressed
-bytes (counted while streaming, never trusting headers) are refused with an AdapterValidationError.
-Extraction goes to a staging directory next to dest_dir and is moved in only when everything passed, so a
-refused archive leaves no partial files behind.
+one top-level folder. Absolute paths, "..", links, devices, too many members and too many bytes are refused
+with an AdapterValidationError.
+
+Two passes. The check pass reads only the headers (zip: the central directory; tar: each member's header,
+skipping its data) and applies every rule to the declared sizes: each member within its own limit
+(`max_member_bytes`: adapter_model.safetensors max_adapter_bytes, adapter_config.json and README.md
+MAX_CONFIG_BYTES) and all of them within max_uncompressed_bytes; nothing is written to disk before it has
+passed. The extraction pass then streams each member to a staging directory next to dest_dir, counting the
+bytes actually decompressed against the same limits, so it stops at the limit even when a header lies
+(zipfile and tarfile themselves also stop reading a member at its declared size). The staging directory is
+moved in only when everything passed, so a refused archive leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from typing import IO, BinaryIO
 
 from registry.validation import (
     IGNORED_FILENAMES,
+    MAX_CONFIG_BYTES,
+    WEIGHTS_FILENAME,
     AdapterValidationError,
     ValidationLimits,
     check_filenames_allowed,
@@ -48,12 +57,15 @@ def extract_archive(archive_path: Path, dest_dir: Path, limits: ValidationLimits
     README.md is accepted and skipped. Raises AdapterValidationError; on error dest_dir gets no files.
     """
     archive_path, dest_dir = Path(archive_path), Path(dest_dir)
-    extract = _extractor_for(archive_path)
+    read_archive = _reader_for(archive_path)
+    checked = _Extraction(None, limits)  # check pass: headers and declared sizes, nothing written
+    read_archive(archive_path, checked)
+    check_upload_filenames(checked.names)
     dest_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest_dir.parent))
     try:
         state = _Extraction(staging, limits)
-        extract(archive_path, state)
+        read_archive(archive_path, state)
         check_upload_filenames(state.names)
         for name in state.written:
             os.replace(staging / name, dest_dir / name)
@@ -66,15 +78,36 @@ def _fail(code: str, message: str) -> AdapterValidationError:
     return AdapterValidationError(code, message)
 
 
+def max_member_bytes(name: str, limits: ValidationLimits) -> int:
+    """The most bytes one adapter file may have: the weights max_adapter_bytes, any other MAX_CONFIG_BYTES."""
+    return limits.max_adapter_bytes if name == WEIGHTS_FILENAME else MAX_CONFIG_BYTES
+
+
+def check_member_size(name: str, num_bytes: int, limits: ValidationLimits) -> None:
+    """Refuse (413) an adapter file of more than `max_member_bytes` (declared or actually read)."""
+    limit = max_member_bytes(name, limits)
+    if num_bytes > limit:
+        setting = "LORAHOST_MAX_ADAPTER_BYTES" if name == WEIGHTS_FILENAME else "a fixed limit"
+        raise _fail(
+            "archive_member_too_large",
+            f"{name} in the archive is larger than {limit} bytes (the limit for {name}, {setting}); upload a "
+            "smaller adapter (lower rank, fewer target modules or fp16/bf16 weights)",
+        )
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Format-independent member rules
 
 
 @dataclass
 class _Extraction:
-    """Running state of one extraction: member count, bytes written, names, the single allowed folder."""
+    """Running state of one pass over an archive: member count, bytes, names, the single allowed folder.
 
-    staging: Path
+    `staging` None is the check pass: members are checked and their declared sizes counted, nothing is read
+    or written.
+    """
+
+    staging: Path | None
     limits: ValidationLimits
     num_members: int = 0
     num_entries: int = 0
@@ -119,8 +152,9 @@ class _Extraction:
         if self.num_bytes + num_bytes > self.limits.max_uncompressed_bytes:
             raise _fail(
                 "archive_too_large",
-                f"the archive expands to more than {self.limits.max_uncompressed_bytes} bytes; upload "
-                "adapter_config.json and adapter_model.safetensors directly or a smaller adapter",
+                f"the archive expands to more than {self.limits.max_uncompressed_bytes} bytes (the limit, "
+                "LORAHOST_MAX_UNCOMPRESSED_BYTES); upload adapter_config.json and adapter_model.safetensors "
+                "directly or a smaller adapter",
             )
 
     def reserve_bytes(self, num_bytes: int) -> None:
@@ -128,10 +162,18 @@ class _Extraction:
         self.check_room(num_bytes)
         self.num_bytes += num_bytes
 
-    def write(self, name: str, source: IO[bytes]) -> None:
-        """Stream one member to staging/name, counting bytes as they are decompressed."""
-        with open(self.staging / name, "xb") as out:
+    def write(self, name: str, declared_bytes: int, open_source: Callable[[], IO[bytes]]) -> None:
+        """Check the member's declared size; then (extraction pass) stream it to staging/name, counting the
+        bytes actually decompressed against the member's and the archive's limits."""
+        check_member_size(name, declared_bytes, self.limits)
+        if self.staging is None:
+            self.reserve_bytes(declared_bytes)
+            return
+        num_bytes = 0
+        with open_source() as source, open(self.staging / name, "xb") as out:
             while chunk := source.read(COPY_CHUNK_BYTES):
+                num_bytes += len(chunk)
+                check_member_size(name, num_bytes, self.limits)  # the header may lie
                 self.reserve_bytes(len(chunk))
                 out.write(chunk)
         self.written.append(name)
@@ -204,7 +246,7 @@ def _special_error(raw_name: str) -> AdapterValidationError:
 # Formats
 
 
-def _extractor_for(path: Path) -> Callable[[Path, _Extraction], None]:
+def _reader_for(path: Path) -> Callable[[Path, _Extraction], None]:
     name = path.name.lower()
     if name.endswith(".zip"):
         return _extract_zip
@@ -289,8 +331,7 @@ def _extract_zip_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, state: 
         )
     name = state.add_member(info.filename, info.is_dir())
     if name is not None:
-        with archive.open(info) as source:
-            state.write(name, source)
+        state.write(name, info.file_size, lambda: archive.open(info))
 
 
 def _extract_tar(path: Path, state: _Extraction) -> None:
@@ -311,8 +352,11 @@ def _extract_tar_member(archive: tarfile.TarFile, member: tarfile.TarInfo, state
     if name is None:
         state.reserve_bytes(member.size)  # skipped data is still decompressed by the stream
         return
+    state.write(name, member.size, lambda: _tar_member_source(archive, member))
+
+
+def _tar_member_source(archive: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
     source = archive.extractfile(member)
     if source is None:
         raise _special_error(member.name)
-    with source:
-        state.write(name, source)
+    return source

@@ -40,3 +40,21 @@ class PermissionDeniedError(RegistryError):
     """The caller may see the object but not change it (e.g. another tenant's public adapter)."""
 
     code = "permission_denied"
+
+
+class QuotaExceededError(RegistryError):
+    """The tenant's plan has no room for this upload (registry/upload_quota.py)."""
+
+    code = "quota_exceeded"
+
+
+class AdapterQuotaError(QuotaExceededError):
+    """The plan's max_adapters is reached: a new adapter needs one deleted first (HTTP 403)."""
+
+    code = "adapter_quota_exceeded"
+
+
+class StorageQuotaError(QuotaExceededError):
+    """The plan's max_stored_bytes would be passed by this upload (HTTP 413)."""
+
+    code = "storage_quota_exceeded"

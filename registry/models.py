@@ -88,7 +88,7 @@ PRICE_DIGITS, PRICE_PLACES = 18, 6
 
 
 class PricePlan(Base):
-    """Prices, rate limits and SLO targets a tenant is billed and measured against."""
+    """Prices, rate limits, upload quotas and SLO targets a tenant is billed and measured against."""
 
     __tablename__ = "price_plans"
 
@@ -103,6 +103,10 @@ class PricePlan(Base):
     slo_ttft_ms: Mapped[float | None] = mapped_column(Float)
     slo_tpot_ms: Mapped[float | None] = mapped_column(Float)
     slo_percentile: Mapped[float] = mapped_column(Float, default=99.0)
+    # Upload quotas (registry/upload_quota.py); None = unlimited.
+    uploads_per_min: Mapped[int | None] = mapped_column(Integer)
+    max_adapters: Mapped[int | None] = mapped_column(Integer)  # live (not deleted) adapters
+    max_stored_bytes: Mapped[int | None] = mapped_column(BigInteger)  # weights of live, non-failed versions
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -25,8 +25,9 @@ from api.schemas import (
     UploadAccepted,
 )
 from api.services import Services
+from api.upload_rate import admit_upload
 from api.uploads import client_disconnected, receive_upload, upload_scratch_dir
-from registry import adapter_pipeline, repository
+from registry import adapter_pipeline, repository, upload_quota
 from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion
 
@@ -58,8 +59,13 @@ async def upload_adapter(
     request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
 ) -> UploadAccepted:
     """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an import (JSON body: a presigned
-    https URL, or s3:// with the tenant's own credentials; registry/import_sources.py)."""
+    https URL, or s3:// with the tenant's own credentials; registry/import_sources.py).
+
+    The plan's upload quotas apply: 429 past uploads_per_min, 403 past max_adapters, 413 past
+    max_stored_bytes (each error names the limit)."""
+    quota = upload_quota.read_quota(session, tenant.id)
     session.commit()  # end the auth read transaction: nothing is held open while the body streams in
+    admit_upload(services.rate_limiter, tenant.id, quota)
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         version = await _accept_multipart(request, tenant.id, session, services)
@@ -106,6 +112,8 @@ async def _accept_import(
         payload = AdapterImport.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
+    # the plan's quotas before the source is touched (its bytes are checked again once they are known)
+    await run_in_threadpool(adapter_pipeline.precheck_quota, session, tenant_id, payload.name, num_bytes=0)
     credentials = payload.credentials.to_credentials() if payload.credentials else None
     scratch = upload_scratch_dir(services.settings)
     with tempfile.TemporaryDirectory(prefix="lorahost-import-", dir=scratch) as tmp:

@@ -95,7 +95,7 @@ def revoke_key(key_id: PathId, _: AdminDep, session: SessionDep, services: Servi
 
 @router.post("/plans", status_code=201, response_model=PricePlanPublic)
 def create_plan(body: PricePlanCreate, _: AdminDep, session: SessionDep) -> PricePlanPublic:
-    """Create a price plan (prices, rate limits, SLO targets); 409 when the name is taken."""
+    """Create a price plan (prices, rate limits, upload quotas, SLO targets); 409 when the name is taken."""
     values = body.model_dump()
     try:
         plan = _write(session, lambda s: repository.create_price_plan(s, **values), is_insert_conflict)

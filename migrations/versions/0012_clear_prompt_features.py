@@ -6,7 +6,7 @@ release can still insert during a rolling upgrade; rows such a replica writes me
 this migration's UPDATE again once the rollout is done (the README says so next to what is stored per request).
 
 Revision ID: 0012
-Revises: 0007
+Revises: 0011
 Create Date: 2026-11-28 09:00:00.000000
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

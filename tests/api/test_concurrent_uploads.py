@@ -109,3 +109,56 @@ def test_delete_waits_for_a_concurrent_sqlite_writer_instead_of_failing(
         response = deleted.result()
     writer.close()
     assert response.status_code == 200, response.text
+
+
+def _tenant_on_plan(client: TestClient, name: str, **quotas: int) -> TenantHandle:
+    plan = client.post("/v1/admin/plans", json={"name": f"plan-{name}", **quotas}, headers=ADMIN)
+    assert plan.status_code == 201, plan.text
+    tenant = client.post(
+        "/v1/admin/tenants", json={"name": name, "plan_id": plan.json()["id"]}, headers=ADMIN
+    )
+    key = client.post(f"/v1/admin/tenants/{tenant.json()['id']}/keys", headers=ADMIN)
+    return TenantHandle(tenant.json()["id"], name, key.json()["id"], key.json()["key"])
+
+
+def _upload_at_once(
+    client: TestClient, tenant: TenantHandle, names: list[str], paths: list[Path]
+) -> list[int]:
+    barrier = threading.Barrier(len(names))
+
+    def one(name: str) -> int:
+        barrier.wait()
+        return upload(client, tenant, name, paths).status_code
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        return list(pool.map(one, names))
+
+
+def test_concurrent_uploads_cannot_pass_the_adapter_count_quota(
+    real_client: tuple[TestClient, Settings], demo_adapter: Path, upload_tmp: Path
+) -> None:
+    client, settings = real_client
+    tenant = _tenant_on_plan(client, "counted", max_adapters=3)
+    statuses = _upload_at_once(client, tenant, [f"n{i}" for i in range(8)], adapter_paths(demo_adapter))
+    assert sorted(statuses) == [202] * 3 + [403] * 5, statuses
+    listed = client.get("/v1/adapters", headers=tenant.headers).json()["data"]
+    assert len(listed) == 3
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        with make_session_factory(engine)() as session:
+            assert_no_orphans(session, LocalBlobStore(settings.resolved_blob_store()))
+    finally:
+        engine.dispose()
+    assert list(upload_tmp.iterdir()) == []
+
+
+def test_concurrent_versions_cannot_pass_the_stored_bytes_quota(
+    real_client: tuple[TestClient, Settings], demo_adapter: Path
+) -> None:
+    client, _ = real_client
+    num_bytes = (demo_adapter / "adapter_model.safetensors").stat().st_size
+    tenant = _tenant_on_plan(client, "bytes", max_stored_bytes=3 * num_bytes)
+    statuses = _upload_at_once(client, tenant, ["same"] * 8, adapter_paths(demo_adapter))
+    assert sorted(statuses) == [202] * 3 + [413] * 5, statuses
+    versions = client.get("/v1/adapters/same", headers=tenant.headers).json()["versions"]
+    assert [v["number"] for v in versions] == [1, 2, 3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 import zipfile
 import zlib
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from registry import archive as archive_module
 from registry.archive import extract_archive, is_archive_name
-from registry.validation import AdapterValidationError, ValidationLimits
+from registry.validation import MAX_CONFIG_BYTES, AdapterValidationError, ValidationLimits
 from tests.registry.malformed import (
     CONFIG,
     MALFORMED_CASES,
@@ -37,7 +39,9 @@ def _members(folder: str = "") -> list[tuple[str, bytes]]:
 
 
 def _leftovers(dest: Path) -> list[Path]:
-    """Files in dest and staging directories next to it."""
+    """Files in dest and staging directories next to it (a refusal of the check pass creates neither)."""
+    if not dest.parent.exists():
+        return []
     staged = [p for p in dest.parent.iterdir() if p.name.startswith(".extract-")]
     return (sorted(dest.iterdir()) if dest.exists() else []) + staged
 
@@ -113,15 +117,106 @@ def test_zip_bomb_with_a_lying_size_header_never_writes_past_the_declared_size(t
     data = compressor.compress(b"\0" * (64 << 20)) + compressor.flush()
     config = lora_config()
     path = tmp_path / "bomb.zip"
-    write_raw_zip(
-        path, [(CONFIG.encode(), str(config).encode(), 0, None), (WEIGHTS.encode(), data, 8, 1024)]
-    )
+    write_raw_zip(path, [(CONFIG.encode(), str(config).encode(), 0, None), (WEIGHTS.encode(), data, 8, 1024)])
     dest = tmp_path / "out"
     with pytest.raises(AdapterValidationError) as excinfo:
         extract_archive(path, dest, TIGHT_LIMITS)
     assert excinfo.value.code in {"corrupt_archive", "archive_too_large"}
     assert _leftovers(dest) == []
 
+
+def _archive_of(kind: str, path: Path, members: list[tuple[str, bytes]]) -> Path:
+    if kind == "zip":
+        return write_zip(path.with_suffix(".zip"), members)[0]
+    if kind == "tgz":
+        return write_tar(path.with_suffix(".tgz"), members)[0]
+    with tarfile.open(path.with_suffix(".tar"), "w") as archive:
+        for name, content in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    return path.with_suffix(".tar")
+
+
+class _CountingSource(io.BytesIO):
+    """A member stream that counts the bytes read from it."""
+
+    num_read = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        self.num_read += len(chunk)
+        return chunk
+
+
+@pytest.mark.parametrize("kind", ["zip", "tgz", "tar"])
+def test_member_declaring_more_than_its_limit_is_refused_before_anything_is_written(
+    kind: str, tmp_path: Path
+) -> None:
+    """Weights of 128 KiB under max_adapter_bytes = 64 KiB, well within max_uncompressed_bytes: refused on
+    the declared size, before any directory or file is created."""
+    limits = ValidationLimits(max_adapter_bytes=64 * 1024, max_uncompressed_bytes=64 << 20)
+    path = _archive_of(
+        kind, tmp_path / "a", [(CONFIG, json.dumps(lora_config()).encode()), (WEIGHTS, b"\0" * (128 * 1024))]
+    )
+    with pytest.raises(AdapterValidationError) as excinfo:
+        extract_archive(path, tmp_path / "work" / "adapter", limits)
+    assert excinfo.value.code == "archive_member_too_large"
+    assert f"larger than {64 * 1024} bytes" in excinfo.value.message
+    assert "LORAHOST_MAX_ADAPTER_BYTES" in excinfo.value.message
+    assert not (tmp_path / "work").exists()
+
+
+def test_config_declaring_more_than_its_limit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    path = _archive_of("zip", tmp_path / "a", [(CONFIG, b" " * (MAX_CONFIG_BYTES + 1)), _members()[1]])
+    with pytest.raises(AdapterValidationError, match="archive_member_too_large"):
+        extract_archive(path, tmp_path / "work" / "adapter", DEFAULT_LIMITS)
+    assert not (tmp_path / "work").exists()
+
+
+def test_tar_declared_total_over_the_limit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Every member fits its own limit; the sum of the declared sizes does not. A tar is read as a stream:
+    the check pass reads every header first, so not even the first member is written."""
+    weights = valid_files()[WEIGHTS]
+    limits = ValidationLimits(max_uncompressed_bytes=len(weights) + 100)
+    path = write_tar(tmp_path / "a.tgz", [(CONFIG, b" " * 90), ("README.md", b"x" * 50), (WEIGHTS, weights)])[
+        0
+    ]
+    with pytest.raises(AdapterValidationError, match="archive_too_large") as excinfo:
+        extract_archive(path, tmp_path / "work" / "adapter", limits)
+    assert not (tmp_path / "work").exists()
+    assert "LORAHOST_MAX_UNCOMPRESSED_BYTES" in excinfo.value.message
+
+
+def test_extraction_stops_a_member_at_its_limit_when_the_stream_outgrows_its_header(tmp_path: Path) -> None:
+    """A member whose header declares 1 KiB but whose stream yields 4 MiB: the byte counter stops it at the
+    member's limit (64 KiB), whatever the header said, and at most the limit was written."""
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    limits = ValidationLimits(max_adapter_bytes=64 * 1024, max_uncompressed_bytes=1 << 30)
+    state = archive_module._Extraction(staging, limits)
+    source = _CountingSource(b"\0" * (4 << 20))
+    with pytest.raises(AdapterValidationError, match="archive_member_too_large"):
+        state.write(WEIGHTS, 1024, lambda: source)
+    assert (staging / WEIGHTS).stat().st_size <= 64 * 1024
+    assert source.num_read <= (64 * 1024) + archive_module.COPY_CHUNK_BYTES  # stopped reading too
+
+
+def test_tar_whose_header_understates_a_member_never_writes_past_the_declared_size(tmp_path: Path) -> None:
+    """The weights header says 1 KiB and 4 MiB of data follow: tarfile reads only the declared 1 KiB, the rest
+    is not a tar header and ends the archive; the weights are 1 KiB (validation refuses them later)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, content in [(CONFIG, json.dumps(lora_config()).encode()), (WEIGHTS, b"\x01" * 1024)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    body = raw.getvalue().rstrip(b"\0")  # drop the end-of-archive blocks, then append the hidden data
+    path = tmp_path / "lie.tar"
+    path.write_bytes(body + b"\0" * (-len(body) % 512) + b"\x01" * (4 << 20))
+    dest = tmp_path / "work" / "adapter"
+    assert extract_archive(path, dest, ValidationLimits(max_adapter_bytes=64 * 1024)) == [CONFIG, WEIGHTS]
+    assert (dest / WEIGHTS).stat().st_size == 1024
 
 
 def test_tar_member_sizes_accumulate_against_the_limit(tmp_path: Path) -> None:

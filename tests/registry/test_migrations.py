@@ -104,8 +104,10 @@ def _insert_usage(url: str, request_id: str, status: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql("INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t', 't', true, "
-                                 "CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING")
+            conn.exec_driver_sql(
+                "INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t', 't', true, "
+                "CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING"
+            )
             conn.exec_driver_sql(
                 "INSERT INTO usage_records (id, request_id, tenant_id, model_name, prompt_tokens, completion_tokens, "
                 f"status, started_at) VALUES ('{request_id}', '{request_id}', 't', 'm', 0, 0, '{status}', "
@@ -183,7 +185,6 @@ def test_0006_adds_the_predicted_output_tokens_column_keeping_rows_and_downgrade
     assert current_revision(empty_db_url) == "0005"
 
 
-
 FEATURE_COLUMNS = {"max_tokens", "is_chat", "has_stop", "prompt_features"}
 
 
@@ -212,6 +213,39 @@ def test_0007_adds_the_prediction_feature_columns_keeping_rows_and_downgrades(em
     downgrade(empty_db_url, "0006")
     assert not FEATURE_COLUMNS & _usage_columns(empty_db_url)
     assert current_revision(empty_db_url) == "0006"
+
+
+QUOTA_COLUMNS = {"uploads_per_min", "max_adapters", "max_stored_bytes"}
+
+
+def _plan_columns(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("price_plans")}
+    finally:
+        engine.dispose()
+
+
+def test_0011_adds_nullable_upload_quotas_keeping_plans_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0007")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO price_plans (id, name, price_per_1m_prompt_tokens, price_per_1m_completion_tokens, "
+                "price_storage_per_adapter_day, slo_percentile, created_at) VALUES ('p1', 'old', 0, 0, 0, 99, "
+                "CURRENT_TIMESTAMP)"
+            )
+        upgrade(empty_db_url, "0011")
+        with engine.begin() as conn:
+            row = conn.exec_driver_sql(
+                "SELECT name, uploads_per_min, max_adapters, max_stored_bytes FROM price_plans"
+            ).one()
+    finally:
+        engine.dispose()
+    assert tuple(row) == ("old", None, None, None)  # an existing plan keeps no quota: today's behaviour
+    downgrade(empty_db_url, "0007")
+    assert not QUOTA_COLUMNS & _plan_columns(empty_db_url)
 
 
 def test_0012_clears_the_stored_prompt_histograms_keeping_the_rest_of_each_row(empty_db_url: str) -> None:
