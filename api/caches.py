@@ -88,6 +88,7 @@ class TenantAuth:
     key_id: str
     is_active: bool
     limits: RateLimits
+    fair_share_weight: float = 1.0  # its plan's weight under fair share (scheduler/fair_share.py); 1 when unset
 
 
 @dataclass(frozen=True)

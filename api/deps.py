@@ -107,7 +107,10 @@ def _load_tenant_auth(services: Services, presented: str) -> TenantAuth | None:
             RateLimits(plan.requests_per_min, plan.tokens_per_min, plan.max_concurrent_requests)
             if plan else RateLimits()
         )
-        return TenantAuth(tenant_id=tenant.id, key_id=row.id, is_active=tenant.is_active, limits=limits)
+        weight = plan.fair_share_weight if plan and plan.fair_share_weight is not None else 1.0
+        return TenantAuth(
+            tenant_id=tenant.id, key_id=row.id, is_active=tenant.is_active, limits=limits, fair_share_weight=weight
+        )
 
 
 def require_admin(services: ServicesDep, credentials: BearerDep) -> None:

@@ -68,6 +68,13 @@ Price = Annotated[
     Decimal, Field(ge=0, max_digits=PRICE_DIGITS, decimal_places=PRICE_PLACES, allow_inf_nan=False)
 ]
 SloTargetMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# A plan's fair-share weight (scheduler/fair_share.py): its tenants' share of each engine relative to weight 1.
+# Bounded both ways so one plan's tenants get at most a million times another's share (the counters divide
+# by the weight: a weight near 0 would make one tenant's counter jump past everyone's on its first token).
+MIN_FAIR_SHARE_WEIGHT, MAX_FAIR_SHARE_WEIGHT = 0.001, 1000.0
+FairShareWeight = Annotated[
+    float, Field(ge=MIN_FAIR_SHARE_WEIGHT, le=MAX_FAIR_SHARE_WEIGHT, allow_inf_nan=False)
+]
 
 
 class PricePlanCreate(BaseModel):
@@ -82,6 +89,12 @@ class PricePlanCreate(BaseModel):
     max_concurrent_requests: PlanLimit | None = Field(
         default=None,
         description="most requests a tenant of this plan may have in flight at once (429 above it); null: no cap",
+    )
+    fair_share_weight: FairShareWeight | None = Field(
+        default=None,
+        description=f"a tenant's share of each worker's engine under fair share, relative to weight 1 (2: twice "
+        f"the tokens of a weight-1 tenant while both are backlogged); {MIN_FAIR_SHARE_WEIGHT} to "
+        f"{MAX_FAIR_SHARE_WEIGHT:g}; null: 1",
     )
     slo_ttft_ms: SloTargetMs | None = None
     slo_tpot_ms: SloTargetMs | None = None
@@ -120,6 +133,7 @@ class PricePlanPublic(BaseModel):
     requests_per_min: int | None
     tokens_per_min: int | None
     max_concurrent_requests: int | None
+    fair_share_weight: float | None
     slo_ttft_ms: float | None
     slo_tpot_ms: float | None
     slo_percentile: float

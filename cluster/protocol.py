@@ -119,6 +119,8 @@ class GenerateRequest(BaseModel):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     predicted_output_tokens: int | None = None
     tenant_id: str | None = None
+    # The tenant's fair-share weight (its plan's; scheduler/fair_share.py): its share of the engine relative to 1.
+    tenant_weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     # Prefix-cache namespace chosen by the API (the tenant's own, or a namespace an operator shares); None:
     # the tenant id. Cached KV blocks are reused only between requests of the same namespace.
     cache_namespace: str | None = None

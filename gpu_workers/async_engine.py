@@ -89,6 +89,7 @@ class AsyncLLMEngine:
         adapter_path: Path | None = None,
         predicted_output_tokens: int | None = None,
         tenant_id: str | None = None,
+        tenant_weight: float = 1.0,
         cache_namespace: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield deltas for one request until it finishes; cancellation or early exit aborts it.
@@ -111,6 +112,7 @@ class AsyncLLMEngine:
                 adapter_path=adapter_path,
                 predicted_output_tokens=predicted_output_tokens,
                 tenant_id=tenant_id,
+                tenant_weight=tenant_weight,
                 cache_namespace=cache_namespace,
             )
             self._streams[request_id] = (asyncio.get_running_loop(), queue)

@@ -28,6 +28,7 @@ class InferenceBackend(Protocol):
         adapter_path: Path | None = None,
         predicted_output_tokens: int | None = None,
         tenant_id: str | None = None,
+        tenant_weight: float = 1.0,
         cache_namespace: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield token deltas until the request finishes; cancelling the iteration aborts the request.

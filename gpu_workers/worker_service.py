@@ -236,6 +236,7 @@ class PreparedRequest:
     received_at: float  # time.time() when the worker received the request
     predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
     tenant_id: str | None = None
+    tenant_weight: float = 1.0  # the tenant's fair-share weight (GenerateRequest.tenant_weight)
     cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace or tenant id)
 
 
@@ -283,6 +284,7 @@ class WorkerService:
         return PreparedRequest(
             request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens,
             tenant_id=request.tenant_id,
+            tenant_weight=request.tenant_weight,
             cache_namespace=request.cache_namespace or request.tenant_id,
         )
 
@@ -315,6 +317,7 @@ class WorkerService:
                 prepared.adapter_key,
                 predicted_output_tokens=prepared.predicted_output_tokens,
                 tenant_id=prepared.tenant_id,
+                tenant_weight=prepared.tenant_weight,
                 cache_namespace=prepared.cache_namespace,
             ),
         )

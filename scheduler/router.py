@@ -56,6 +56,8 @@ class RouteRequest:
     adapter_rank: the adapter's LoRA rank (0 for the base model); the rank-aware router's cost term.
     assigned_workers: the placement's routing-table row for the adapter, ((worker_id, weight), ...) with
     weights summing to 1; empty means no placement is published and every ready worker is eligible.
+    tenant_id: who sends it (None: not known); the load estimate counts only the queued requests fair share
+    would serve before it (`tenant_load`).
     """
 
     base_model: str
@@ -64,6 +66,7 @@ class RouteRequest:
     predicted_output_tokens: int = 0
     adapter_rank: int = 0
     assigned_workers: tuple[tuple[str, float], ...] = ()
+    tenant_id: str | None = None
 
 
 class Router(Protocol):

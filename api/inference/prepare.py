@@ -105,7 +105,7 @@ async def prepare(
         admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
     else:
         await run_in_threadpool(admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
-    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant.tenant_id, meter)
+    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
 
@@ -117,7 +117,7 @@ def _prepared(
     resolved: ResolvedModel,
     prompt_ids: list[int],
     max_tokens: int,
-    tenant_id: str,
+    tenant: TenantAuth,
     meter: RequestMeter,
 ) -> Prepared:
     response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
@@ -141,13 +141,15 @@ def _prepared(
             adapter_key,
             len(prompt_ids),
             adapter_rank=resolved.adapter.rank if resolved.adapter else 0,
+            tenant_id=tenant.tenant_id,
         ),
         generate=GenerateRequest(
             request_id=meter.request_id,
             prompt_token_ids=prompt_ids,
             adapter=resolved.adapter,
             sampling=sampling,
-            tenant_id=tenant_id,
+            tenant_id=tenant.tenant_id,
+            tenant_weight=tenant.fair_share_weight,
         ),
     )
 

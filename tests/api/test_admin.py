@@ -82,6 +82,10 @@ def test_duplicate_plan_name_is_409_naming_it(client) -> None:
         ("slo_tpot_ms", -5.0),
         ("slo_percentile", 0),
         ("slo_percentile", 100.5),
+        ("fair_share_weight", 0),
+        ("fair_share_weight", -1.0),
+        ("fair_share_weight", 0.0001),
+        ("fair_share_weight", 1000.5),
     ],
 )
 def test_out_of_range_plan_values_are_422_naming_the_field(client, field: str, value: object) -> None:
@@ -100,10 +104,14 @@ def test_plan_values_at_the_ends_of_their_range_are_accepted(client) -> None:
         "price_per_1m_completion_tokens": "0",
         "slo_ttft_ms": 0.001,
         "slo_percentile": 100,
+        "fair_share_weight": 1000,
     }
     response = client.post("/v1/admin/plans", json=body, headers=ADMIN)
     assert response.status_code == 201, response.text
     assert response.json()["requests_per_min"] == 2**31 - 1
+    assert response.json()["fair_share_weight"] == 1000
+    lightest = client.post("/v1/admin/plans", json={"name": "light", "fair_share_weight": 0.001}, headers=ADMIN)
+    assert lightest.status_code == 201, lightest.text
     assert response.json()["price_per_1m_prompt_tokens"] == "999999999999.999999"
 
 

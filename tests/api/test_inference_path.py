@@ -3,6 +3,9 @@ router chosen by settings, and one HTTP status per worker error code (cluster.pr
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
+
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -10,7 +13,7 @@ from sqlalchemy.orm import Session
 from api.inference.predict import MaxTokensPredictor, PredictionInput
 from cluster.protocol import WORKER_ERROR_STATUS, tenant_status
 from scheduler.router import ResidencyThenLeastLoaded
-from tests.api.conftest import TenantHandle
+from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
 
 
@@ -33,6 +36,30 @@ class FixedPredictor:
     def predict(self, request: PredictionInput) -> int:
         self.inputs.append(request)
         return self.num_tokens
+
+
+# ---- the tenant's fair-share weight, end to end ------------------------------------------------------------
+
+
+def _tenant_on_plan(client: TestClient, new_tenant: Callable[[str], TenantHandle], **plan: object) -> TenantHandle:
+    created = client.post("/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **plan}, headers=ADMIN)
+    assert created.status_code == 201, created.text
+    tenant = new_tenant(f"t-{uuid.uuid4().hex[:6]}")
+    patched = client.patch(f"/v1/admin/tenants/{tenant.id}", json={"plan_id": created.json()["id"]}, headers=ADMIN)
+    assert patched.status_code == 200, patched.text
+    return tenant
+
+
+def test_the_plans_fair_share_weight_is_sent_to_the_worker_with_the_tenant(
+    client: TestClient, workers: ScriptedWorkers, new_tenant: Callable[[str], TenantHandle], tenant: TenantHandle
+) -> None:
+    worker = workers.add("w1", events=tokens_events(1))
+    heavy = _tenant_on_plan(client, new_tenant, fair_share_weight=2.5)
+    unweighted = _tenant_on_plan(client, new_tenant)  # a plan without a weight: 1
+    for sender in (heavy, unweighted, tenant):  # `tenant` has no plan: 1
+        assert _complete(client, sender).status_code == 200
+    sent = [(r.tenant_id, r.tenant_weight) for r in worker.requests]
+    assert sent == [(heavy.id, 2.5), (unweighted.id, 1.0), (tenant.id, 1.0)]
 
 
 # ---- the prediction, end to end --------------------------------------------------------------------------

@@ -96,3 +96,25 @@ def test_abort_ends_the_stream_with_abort(async_engine: AsyncLLMEngine, prompt_i
         return last.finish_reason if last else None
 
     assert asyncio.run(main()) == "abort"
+
+
+def test_the_tenant_and_its_fair_share_weight_reach_the_engines_add_request(
+    async_engine: AsyncLLMEngine, prompt_ids: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = async_engine.engine
+    seen: list[tuple[str | None, float]] = []
+    add_request = engine.add_request
+
+    def recording_add_request(*args: Any, **kwargs: Any) -> Any:
+        seen.append((kwargs.get("tenant_id"), kwargs.get("tenant_weight", 1.0)))
+        return add_request(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", recording_add_request)
+
+    async def main() -> None:
+        stream = async_engine.generate_stream("w1", prompt_ids[0], GREEDY, tenant_id="t1", tenant_weight=2.5)
+        async for _ in stream:
+            pass
+
+    asyncio.run(main())
+    assert seen == [("t1", 2.5)]

@@ -33,6 +33,7 @@ class _FakeBackend:
         adapter_path: Path | None = None,
         predicted_output_tokens: int | None = None,
         tenant_id: str | None = None,
+        tenant_weight: float = 1.0,
         cache_namespace: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         raise NotImplementedError

@@ -138,3 +138,37 @@ def test_one_tenants_queue_does_not_delay_another_tenants_request(
         orders[is_fair] = first_token_order(engine)
     assert orders[True].index("b0") <= 3  # a0 and a1 ran; b0 is level with a and goes with or after a2
     assert orders[False].index("b0") == 12  # without fair share it waits for all of a's queue
+
+
+def served_while_both_backlogged(engine: LLMEngine) -> tuple[dict[str, int], list[str]]:
+    """Output tokens served per tenant ("a", "b": the request id's first letter), and the request ids in the
+    order of their first token, until one tenant has no request left waiting (both backlogged until then)."""
+    served, order = {"a": 0, "b": 0}, []
+    while {s.tenant_id for s in engine.scheduler.waiting.values()} == {"a", "b"}:
+        for out in engine.step():
+            served[out.request_id[0]] += len(out.new_token_ids)
+            if out.new_token_ids and out.request_id not in order:
+                order.append(out.request_id)
+    return served, order
+
+
+def test_tenants_of_weight_two_and_one_are_served_two_to_one_while_both_are_backlogged(
+    make_engine: Any, prompt_ids: list[list[int]]
+) -> None:
+    """Weighted fair share (a plan's fair_share_weight reaches add_request as tenant_weight): tenant a of
+    weight 2 gets twice b's output tokens while both have requests waiting (same prompts and lengths), within
+    one batch of outputs, and two of every three admissions."""
+    max_num_seqs = 3
+    engine = make_engine(max_num_seqs=max_num_seqs)
+    for i in range(24):
+        engine.add_request(f"a{i}", prompt_ids[0], GREEDY, tenant_id="a", tenant_weight=2.0)
+        engine.add_request(f"b{i}", prompt_ids[0], GREEDY, tenant_id="b", tenant_weight=1.0)
+    served, order = served_while_both_backlogged(engine)
+    assert served["b"] > 0
+    assert abs(served["a"] - 2 * served["b"]) <= max_num_seqs * GREEDY.max_tokens
+    num_a = sum(request_id.startswith("a") for request_id in order)
+    assert abs(num_a - 2 * (len(order) - num_a)) <= max_num_seqs
+    policy = engine.scheduler.policy
+    bound = len(prompt_ids[0]) + 2 * max_num_seqs * GREEDY.max_tokens  # scheduler/fair_share.py, w_min = 1
+    assert abs(policy.counter("a") - policy.counter("b")) <= bound
+    drain(engine)

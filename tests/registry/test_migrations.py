@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0012"
+    assert current_revision(empty_db_url) == "0013"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -285,3 +285,23 @@ def test_0010_adds_the_nullable_concurrency_cap_to_plans_and_downgrades(empty_db
     assert "max_concurrent_requests" in _plan_columns(empty_db_url)
     downgrade(empty_db_url, "0007")
     assert "max_concurrent_requests" not in _plan_columns(empty_db_url)
+
+
+def test_0013_adds_the_nullable_fair_share_weight_to_plans_keeping_them_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0012")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO price_plans (id, name, price_per_1m_prompt_tokens, price_per_1m_completion_tokens, "
+                "price_storage_per_adapter_day, slo_percentile, created_at) VALUES ('p1', 'old', 0, 0, 0, 99, "
+                "CURRENT_TIMESTAMP)"
+            )
+        upgrade(empty_db_url, "0013")
+        with engine.begin() as conn:
+            row = conn.exec_driver_sql("SELECT name, fair_share_weight FROM price_plans").one()
+    finally:
+        engine.dispose()
+    assert tuple(row) == ("old", None)  # an existing plan keeps weight 1 (an equal share): today's behaviour
+    downgrade(empty_db_url, "0012")
+    assert "fair_share_weight" not in _plan_columns(empty_db_url)
