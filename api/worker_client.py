@@ -90,6 +90,7 @@ def worker_view(record: WorkerRecord) -> WorkerView:
         running_ranks=record.running_ranks,
         waiting_ranks=record.waiting_ranks,
         num_waiting_prompt_tokens=record.num_waiting_prompt_tokens,
+        num_waiting_by_tenant=record.num_waiting_by_tenant,
         num_free_pool_pages=record.num_free_pool_pages,
         decode_step_ms=record.decode_step_ms,
         prefill_step_ms=record.prefill_step_ms,

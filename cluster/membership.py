@@ -61,6 +61,7 @@ class WorkerRecord:
     waiting_ranks: tuple[int, ...] = ()
     num_waiting_prompt_tokens: int = 0
     num_waiting_by_queue: tuple[int, ...] = ()
+    num_waiting_by_tenant: dict[str, int] = field(default_factory=dict)
     decode_step_ms: float | None = None
     prefill_step_ms: float | None = None
     perf_model: dict[str, Any] | None = None

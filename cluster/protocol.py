@@ -199,6 +199,8 @@ class WorkerStats(BaseModel):
     waiting_ranks: list[int] = Field(default_factory=list)  # one per queued request
     num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill
     num_waiting_by_queue: list[int] = Field(default_factory=list)  # queued requests per size class (multiqueue)
+    # queued requests per tenant id (the router's fair-share load estimate, scheduler/router.py `tenant_load`)
+    num_waiting_by_tenant: dict[str, int] = Field(default_factory=dict)
     decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
     prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
     perf_model: dict[str, Any] | None = None  # the worker's profile (scheduler.perf_model.PerfModel.to_dict)

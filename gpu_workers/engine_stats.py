@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scheduler.fair_share import base_policy
+from scheduler.fair_share import ANONYMOUS_TENANT, base_policy
 
 if TYPE_CHECKING:
     from gpu_workers.engine import LLMEngine
@@ -44,7 +44,8 @@ def median_ms(seconds: deque[float]) -> float | None:
 def routing_stats(engine: LLMEngine) -> dict[str, Any]:
     """What the rank-aware router reads: ranks of the registered, running and waiting requests' adapters (0 =
     base model), the queue's prompt tokens still to prefill, queued requests per size class (multiqueue
-    policies) and the recent step times."""
+    policies) and per tenant (the router's fair-share load estimate, scheduler/router.py `tenant_load`) and the
+    recent step times."""
     residency, scheduler, c = engine.residency, engine.scheduler, engine.counters
     ranks = residency.adapter_ranks()
     waiting = list(scheduler.waiting.values())
@@ -54,6 +55,7 @@ def routing_stats(engine: LLMEngine) -> dict[str, Any]:
         "waiting_ranks": [ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in waiting],
         "num_waiting_prompt_tokens": sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
         "num_waiting_by_queue": _waiting_by_queue(engine, waiting),
+        "num_waiting_by_tenant": _waiting_by_tenant(waiting),
         "decode_step_ms": median_ms(c.recent_decode_seconds),
         "prefill_step_ms": median_ms(c.recent_prefill_seconds),
     }
@@ -70,6 +72,15 @@ def _waiting_by_queue(engine: LLMEngine, waiting: list[Any]) -> list[int]:
         index = queue_of(seq.request_id)
         if index is not None and 0 <= index < num_queues:
             counts[index] += 1
+    return counts
+
+
+def _waiting_by_tenant(waiting: list[Any]) -> dict[str, int]:
+    """Queued requests per tenant id (requests without one under fair share's anonymous tenant, "")."""
+    counts: dict[str, int] = {}
+    for seq in waiting:
+        tenant = ANONYMOUS_TENANT if seq.tenant_id is None else seq.tenant_id
+        counts[tenant] = counts.get(tenant, 0) + 1
     return counts
 
 

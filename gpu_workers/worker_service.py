@@ -410,6 +410,9 @@ class WorkerService:
             "waiting_ranks": [int(r) for r in engine_stats.get("waiting_ranks") or ()],
             "num_waiting_prompt_tokens": int(engine_stats.get("num_waiting_prompt_tokens", 0)),
             "num_waiting_by_queue": [int(n) for n in engine_stats.get("num_waiting_by_queue") or ()],
+            "num_waiting_by_tenant": {
+                str(k): int(v) for k, v in (engine_stats.get("num_waiting_by_tenant") or {}).items()
+            },
             "decode_step_ms": engine_stats.get("decode_step_ms"),
             "prefill_step_ms": engine_stats.get("prefill_step_ms"),
             "perf_model": self.perf_model,

@@ -3,7 +3,9 @@
 Every policy picks among the *eligible* workers: the ready workers of the base model, restricted to the
 placement's assigned ones (RouteRequest.assigned_workers) when any of them is live (`eligible_workers`).
 - `residency_least_loaded` (default): a worker with the adapter on the device, then one with it in host
-  memory, then any; within a tier the least loaded wins (ties broken by worker id: deterministic).
+  memory, then any; within a tier the least loaded *for the request's tenant* wins (`tenant_load`: other
+  tenants' backlogs count only as far as fair share would serve them first; ties broken by worker id:
+  deterministic).
 - `placement_weighted`: LoRAServe's routing, a random draw by the placement weights, blind to live load.
 - `rank_aware` (scheduler/rank_aware_router.py): CaraServe's least added per-token cost.
 Policies are chosen by name (settings.router_policy) from `ROUTER_POLICIES`, resolved by `make_router`:
@@ -38,6 +40,7 @@ class WorkerView:
     running_ranks: tuple[int, ...] = ()  # one per running request, 0 = base model
     waiting_ranks: tuple[int, ...] = ()  # one per queued request
     num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill
+    num_waiting_by_tenant: Mapping[str, int] = field(default_factory=dict)  # queued requests per tenant id
     num_free_pool_pages: int = 0
     decode_step_ms: float | None = None  # median of recent decode-only steps (None: none yet)
     prefill_step_ms: float | None = None  # median of recent steps with prefill tokens
@@ -86,6 +89,29 @@ def residency_tier(request: RouteRequest, worker: WorkerView) -> int:
     return 2
 
 
+def tenant_load(worker: WorkerView, tenant_id: str | None) -> float:
+    """The worker's load as a new request of `tenant_id` sees it: running requests plus the queued ones fair
+    share would admit before it, per batch slot. `WorkerView.load` when the tenant is not known or the worker
+    publishes no queue per tenant (`num_waiting_by_tenant`).
+
+    Estimate: the tenant's own queued requests all go first (VTC keeps a tenant's order), and each other
+    tenant's go first up to `own + 1` of them: `ahead = own + sum(min(queued_t, own + 1))` over the other
+    tenants t. Assumption: equal counters and weights, so VTC (scheduler/fair_share.py) interleaves the
+    tenants round-robin, one request each per turn, and the new request is in turn `own + 1` of its tenant
+    (a tenant gets no turn once its queue is empty). A tenant lifted on arrival to the lowest counter is at
+    least level with the others, so a light tenant waits for a batch slot and about one request per other
+    backlogged tenant, not behind a heavy tenant's whole backlog; that tenant's own next request does wait
+    behind its backlog. Counters differ in practice (bounded: the fair-share module doc) and weights shift
+    the turns; the estimate ignores both (other tenants' weights and counters are not published).
+    """
+    by_tenant = worker.num_waiting_by_tenant
+    if tenant_id is None or not by_tenant:
+        return worker.load
+    own = by_tenant.get(tenant_id, 0)
+    ahead = own + sum(min(n, own + 1) for t, n in by_tenant.items() if t != tenant_id)
+    return (worker.num_running + min(ahead, worker.num_waiting)) / max(1, worker.max_num_seqs)
+
+
 def ready_workers(base_model: str, workers: Sequence[WorkerView]) -> list[WorkerView]:
     """The workers that can take a request for `base_model` now (ready, not draining, that base model).
 
@@ -107,14 +133,15 @@ def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> li
 
 class ResidencyThenLeastLoaded:
     """Router v1: among the eligible workers (the placement's, see `eligible_workers`), prefer adapter
-    residency, then the least loaded worker."""
+    residency, then the least loaded worker for the request's tenant (`tenant_load`)."""
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
         """Pick the best eligible worker serving the request's base model, or None."""
         candidates = [w for w, _ in eligible_workers(request, workers)]
         if not candidates:
             return None
-        best = min(candidates, key=lambda w: (residency_tier(request, w), w.load, w.worker_id))
+        tenant = request.tenant_id
+        best = min(candidates, key=lambda w: (residency_tier(request, w), tenant_load(w, tenant), w.worker_id))
         return best.worker_id
 
 

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.inference.predict import MaxTokensPredictor, PredictionInput
+from cluster.membership import WorkerRecord
 from cluster.protocol import WORKER_ERROR_STATUS, tenant_status
 from scheduler.router import ResidencyThenLeastLoaded
 from tests.api.conftest import ADMIN, TenantHandle
@@ -60,6 +61,26 @@ def test_the_plans_fair_share_weight_is_sent_to_the_worker_with_the_tenant(
         assert _complete(client, sender).status_code == 200
     sent = [(r.tenant_id, r.tenant_weight) for r in worker.requests]
     assert sent == [(heavy.id, 2.5), (unweighted.id, 1.0), (tenant.id, 1.0)]
+
+
+def test_the_default_router_keeps_a_light_tenant_on_a_worker_where_only_a_flooder_queues(
+    client: TestClient, workers: ScriptedWorkers, new_tenant: Callable[[str], TenantHandle], tenant: TenantHandle
+) -> None:
+    """Worker x has free slots and 30 of the flooder's requests queued, y is busier with no queue: the route
+    request carries the tenant, so the light tenant goes to x (fair share serves it after about one of the
+    flooder's) and the flooder to y (its own backlog is ahead of it)."""
+    flooder = new_tenant("flooder")
+    x, y = workers.add("x", events=tokens_events(1)), workers.add("y", events=tokens_events(1))
+    for worker_id, worker, running, queued in (("x", x, 2, {flooder.id: 30}), ("y", y, 4, {})):
+        record = WorkerRecord(
+            worker_id, worker.url, BASE_MODEL, num_running=running, num_waiting=sum(queued.values()),
+            max_num_seqs=8, num_waiting_by_tenant=queued,
+        )
+        workers.directory.heartbeat(record, ttl_s=3600)
+    assert _complete(client, tenant).status_code == 200
+    assert _complete(client, flooder).status_code == 200
+    assert [r.tenant_id for r in x.requests] == [tenant.id]
+    assert [r.tenant_id for r in y.requests] == [flooder.id]
 
 
 # ---- the prediction, end to end --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from api.worker_client import worker_view
 from cluster.membership import WorkerRecord
 from gpu_workers import builder
 from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
@@ -37,10 +38,12 @@ def test_engine_stats_publish_ranks_queue_tokens_and_recent_step_times(
     engine.add_request("base", [1, 9], GREEDY)
     stats = engine.stats()
     assert sorted(stats["waiting_ranks"]) == [0, 4, 32] and stats["running_ranks"] == []
+    assert stats["num_waiting_by_tenant"] == {"": 3}  # no tenant given: fair share's anonymous tenant
     assert stats["num_waiting_prompt_tokens"] == 5 + 3 + 2
     engine.step()  # the prefill of all three
     stats = engine.stats()
     assert sorted(stats["running_ranks"]) == [0, 4, 32] and stats["waiting_ranks"] == []
+    assert stats["num_waiting_by_tenant"] == {}
     assert stats["num_waiting_prompt_tokens"] == 0
     assert stats["prefill_step_ms"] > 0 and stats["decode_step_ms"] is None
     engine.step()
@@ -87,6 +90,7 @@ def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path:
         "waiting_ranks": [8],
         "num_waiting_prompt_tokens": 40,
         "num_waiting_by_queue": [1, 0],
+        "num_waiting_by_tenant": {"t1": 1},
         "decode_step_ms": 12.5,
         "prefill_step_ms": 30.0,
     }
@@ -100,6 +104,8 @@ def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path:
     assert record.running_ranks == (64, 0) and record.waiting_ranks == (8,)
     assert record.adapter_ranks == {"a": 64, "b": 8} and record.num_free_pool_pages == 7
     assert record.decode_step_ms == 12.5
+    assert stats.num_waiting_by_tenant == {"t1": 1} and record.num_waiting_by_tenant == {"t1": 1}
+    assert worker_view(record).num_waiting_by_tenant == {"t1": 1}  # what the router reads
     assert PerfModel.from_dict(record.perf_model or {}) == DEFAULT_PERF_MODEL
 
 
@@ -107,6 +113,7 @@ def test_a_backend_without_routing_stats_publishes_the_defaults(tmp_path: Path) 
     stats = _service(tmp_path, {"num_running": 1}, None).stats()
     assert stats.running_ranks == [] and stats.adapter_ranks == {} and stats.perf_model is None
     assert stats.decode_step_ms is None and stats.num_waiting_by_queue == []
+    assert stats.num_waiting_by_tenant == {}  # the router then uses the tenant-blind load
 
 
 class _Backend:
@@ -148,3 +155,14 @@ def test_an_unreadable_profile_is_refused_before_the_worker_starts(
         sock.bind(("127.0.0.1", 0))
         with pytest.raises(ValueError, match=r"cannot use the worker profile.*lorahost profile --output"):
             make_runtime(_settings(tmp_path, worker_profile_path=path), sock, None, "t")
+
+
+def test_engine_stats_publish_the_queued_requests_per_tenant(make_engine: Callable[..., LLMEngine]) -> None:
+    engine = make_engine(max_num_seqs=1)
+    for request_id, tenant in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("a3", "a")):
+        engine.add_request(request_id, [1, 5, 6], GREEDY, tenant_id=tenant)
+    assert engine.stats()["num_waiting_by_tenant"] == {"a": 3, "b": 1}
+    engine.step()  # one of them runs (one slot)
+    assert sum(engine.stats()["num_waiting_by_tenant"].values()) == engine.stats()["num_waiting"] == 3
+    for request_id in ("a1", "a2", "b1", "a3"):
+        engine.abort(request_id)

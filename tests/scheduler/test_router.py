@@ -1,4 +1,9 @@
-from scheduler.router import ResidencyThenLeastLoaded, RouteRequest, WorkerView
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.router import ResidencyThenLeastLoaded, RouteRequest, WorkerView, residency_tier, tenant_load
 
 BASE = "base"
 
@@ -70,3 +75,87 @@ def test_placement_weighted_draws_by_weight_among_assigned_workers_only() -> Non
     assert 0.75 < counts["a"] / 2000 < 0.85
     assert isinstance(make_router("placement_weighted"), PlacementWeightedRandom)
     assert router.choose(RouteRequest(BASE, "x"), [_w("a", ready=False)]) is None
+
+
+# ---- the load a tenant sees under fair share (tenant_load) ---------------------------------------------------
+
+def _queued(worker_id: str, running: int, by_tenant: dict[str, int], device=(), max_num_seqs: int = 8) -> WorkerView:
+    return WorkerView(
+        worker_id, BASE, num_running=running, num_waiting=sum(by_tenant.values()), max_num_seqs=max_num_seqs,
+        device_adapters=frozenset(device), num_waiting_by_tenant=by_tenant,
+    )
+
+
+def test_a_flooding_tenants_backlog_does_not_push_a_light_tenants_request_off_a_worker_with_free_slots() -> None:
+    """Worker x has free slots and 30 of the flooder's requests queued; y is busier but has no queue. The light
+    tenant's request waits on x only for about one of the flooder's (fair share interleaves them), so it goes to
+    x; the flooder's own next request waits behind its 30 and goes to y. Without the tenant (today's estimate)
+    both go to y."""
+    x, y = _queued("x", 2, {"flood": 30}), _queued("y", 4, {})
+    router = ResidencyThenLeastLoaded()
+    assert router.choose(RouteRequest(BASE, tenant_id="light"), [x, y]) == "x"
+    assert router.choose(RouteRequest(BASE, tenant_id="flood"), [x, y]) == "y"
+    assert router.choose(RouteRequest(BASE), [x, y]) == "y"
+    assert tenant_load(x, "light") == (2 + 1) / 8 and tenant_load(x, "flood") == x.load == (2 + 30) / 8
+
+
+def test_tenant_load_counts_each_other_tenant_up_to_one_more_than_the_tenants_own_queue() -> None:
+    worker = _queued("x", 1, {"a": 2, "b": 10, "c": 1})
+    assert tenant_load(worker, "a") == (1 + 2 + 3 + 1) / 8  # a's 2, then b and a alternate: 3 of b's, c's 1
+    assert tenant_load(worker, "c") == (1 + 1 + 2 + 2) / 8
+    assert tenant_load(worker, "new") == (1 + 1 + 1 + 1) / 8
+    assert tenant_load(worker, "b") == worker.load
+
+
+workers_st = st.lists(
+    st.builds(
+        _queued,
+        worker_id=st.sampled_from("abcdef"),
+        running=st.integers(0, 8),
+        by_tenant=st.dictionaries(st.sampled_from(["t1", "t2", "t3", ""]), st.integers(1, 40), max_size=4),
+        device=st.sets(st.sampled_from(["x", "y"])),
+        max_num_seqs=st.integers(1, 8),
+    ),
+    max_size=5,
+)
+tenant_st = st.sampled_from(["t1", "t2", "t3", "t4", ""])
+
+
+@given(workers=workers_st, tenant=tenant_st, adapter=st.sampled_from([None, "x", "y"]))
+def test_without_per_tenant_data_the_choice_is_todays(
+    workers: list[WorkerView], tenant: str, adapter: str | None
+) -> None:
+    """Workers that publish no queue per tenant (older workers, other backends) are routed as before: residency,
+    then (running + queued) / slots, then id; so is a request without a tenant when they do publish it."""
+    today = min(workers, key=lambda w: (residency_tier(RouteRequest(BASE, adapter), w), w.load, w.worker_id),
+                default=None)
+    expected = today.worker_id if today else None
+    unpublished = [replace(w, num_waiting_by_tenant={}) for w in workers]
+    assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, adapter, tenant_id=tenant), unpublished) == expected
+    assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, adapter), workers) == expected
+
+
+@given(workers=workers_st, tenant=tenant_st)
+def test_tenant_load_is_between_the_running_load_and_the_full_load(workers: list[WorkerView], tenant: str) -> None:
+    for worker in workers:
+        running = worker.num_running / worker.max_num_seqs
+        assert running <= tenant_load(worker, tenant) <= worker.load
+        if worker.num_waiting_by_tenant.get(tenant, 0) >= max(worker.num_waiting_by_tenant.values(), default=0):
+            assert tenant_load(worker, tenant) == worker.load  # the biggest backlog waits for everyone's
+
+
+@given(
+    running=st.integers(0, 8),
+    others=st.dictionaries(st.sampled_from(["t2", "t3"]), st.integers(1, 40), max_size=2),
+    flood=st.integers(1, 500),
+    extra=st.integers(1, 500),
+)
+def test_a_flooders_backlog_size_does_not_change_another_tenants_load(
+    running: int, others: dict[str, int], flood: int, extra: int
+) -> None:
+    """A light tenant (nothing queued) sees a flooder's backlog as one request, however long it grows; the
+    flooder sees all of it."""
+    before = _queued("x", running, {**others, "flood": flood})
+    after = _queued("x", running, {**others, "flood": flood + extra})
+    assert tenant_load(after, "light") == tenant_load(before, "light")
+    assert tenant_load(after, "flood") > tenant_load(before, "flood")
