@@ -25,6 +25,11 @@ scheduler/perf_model.py) and `exists` = its running + queued requests (their ran
 slo: `RouterOptions.slo_tpot_ms`, else 1.5 x M.decode([rank]) (CaraServe: 1.5x the single-adapter time per
 token). Workers that publish no running/waiting ranks count their requests as rank 0.
 
+Fair share does not enter the score: `total` multiplies the added cost by every request there (the queued
+ones of every tenant are slowed by the new one as much under fair share as without it), and the request's own
+wait in the queue is no term of CaraServe's score. The tenant-aware load (`scheduler.router.tenant_load`) is
+the default router's.
+
 The empty-worker rule: a worker with no running or queued request has total = residency_ms / resp_len, so an
 empty worker holding the adapter on its device scores 0 and wins, as in CaraServe (it adds no cost to anyone).
 Equal scores (e.g. several empty workers) are broken by: adapter residency (device, then host, then none),
