@@ -79,9 +79,10 @@ def tenant_status(code: str | None) -> int:
 class AdapterRef(BaseModel):
     """Where a worker finds an adapter version's files. `adapter_key` is unique per version.
 
-    The worker verifies both files against their digests and caches them under a key derived from both
-    (versions with identical weights and different configs never share an entry); a version without
-    `config_sha256` (validated before it was recorded) is cached under its `adapter_key` alone.
+    The worker verifies both files against their digests and caches them under a key derived from both and
+    from `owner_id` (versions with identical weights and different configs never share an entry, nor do two
+    tenants' identical files); a version without `config_sha256` (validated before it was recorded) is cached
+    under its `adapter_key` alone.
     """
 
     adapter_key: str = Field(description="Stable key of one adapter version (its version id)")
@@ -94,6 +95,11 @@ class AdapterRef(BaseModel):
     config_blob_key: str
     weights_blob_key: str
     rank: int = 0
+    owner_id: str | None = Field(
+        default=None,
+        description="The tenant owning the adapter: a worker shares cached files only between versions of one "
+        "owner (None: shared by content alone)",
+    )
 
 
 class SamplingSpec(BaseModel):

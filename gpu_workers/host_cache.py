@@ -4,7 +4,10 @@ An entry's key is `AdapterFiles.cache_key`: "c-" + adapter_content_digest(weight
 when the version's config digest is known, else "v-" + sha256(version key) — a version validated before
 config digests were recorded is never shared with another version. Keying by the weights alone would let
 two versions with identical weights and different adapter_config.json (lora_alpha 32 vs 4000, other
-tenants) share one cached config.
+tenants) share one cached config. With an owner (`AdapterFiles.owner_id`, the tenant that owns the adapter)
+the content key is scoped to it ("o-" + owner_scoped_digest): identical files of two tenants get two entries,
+so one tenant's cold start never runs faster because another tenant has the same adapter (a timing channel
+that would tell it that someone else uses those files). Versions of one owner still share an entry.
 
 A worker fetches an adapter's files from the blob store once: concurrent requests for one key wait for the
 one download in progress. Files are downloaded into a temporary directory, both files' sha256 are checked
@@ -28,13 +31,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.digests import adapter_content_digest, sha256_file
+from registry.digests import adapter_content_digest, owner_scoped_digest, sha256_file
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 MANIFEST_NAME = "manifest.json"  # cache_dir/<key>/manifest.json beside cache_dir/<key>/adapter/
 FILES_DIR_NAME = "adapter"  # exactly the adapter's two files (what the engine loads)
 CONTENT_PREFIX = "c-"  # keyed by the content digest of both files
+OWNER_CONTENT_PREFIX = "o-"  # keyed by the content digest of both files within one owner's scope
 VERSION_PREFIX = "v-"  # keyed by the version (its config digest is unknown)
 
 FetchFn = Callable[[str, Path], None]  # (blob key, destination file path) -> None
@@ -53,13 +57,23 @@ class AdapterFiles:
     config_sha256: str | None  # None for versions validated before config digests were recorded
     config_blob_key: str
     weights_blob_key: str
+    owner_id: str | None = None  # the tenant owning the adapter: entries are shared only within one owner
 
     @property
     def cache_key(self) -> str:
-        """The entry name: the content digest of both files, else one derived from the version key."""
+        """The entry name: the content digest of both files (scoped to the owner when known), else one
+        derived from the version key."""
         if self.config_sha256 and self.weights_sha256:
-            return CONTENT_PREFIX + adapter_content_digest(self.weights_sha256, self.config_sha256)
+            return content_cache_key(self.weights_sha256, self.config_sha256, self.owner_id)
         return VERSION_PREFIX + hashlib.sha256(self.version_key.encode()).hexdigest()
+
+
+def content_cache_key(weights_sha256: str, config_sha256: str, owner_id: str | None) -> str:
+    """The entry name of an adapter known by both digests: owner-scoped when `owner_id` is given."""
+    content = adapter_content_digest(weights_sha256, config_sha256)
+    if owner_id:
+        return OWNER_CONTENT_PREFIX + owner_scoped_digest(content, owner_id)
+    return CONTENT_PREFIX + content
 
 
 @dataclass(frozen=True)
@@ -88,8 +102,12 @@ def _check_sha256(path: Path, expected: str) -> str:
     return actual
 
 
-def _write_manifest(entry: Path, key: str, weights_sha256: str, config_sha256: str) -> None:
-    manifest = {"cache_key": key, "weights_sha256": weights_sha256, "config_sha256": config_sha256}
+def _write_manifest(
+    entry: Path, key: str, weights_sha256: str, config_sha256: str, owner_id: str | None
+) -> None:
+    manifest = {
+        "cache_key": key, "weights_sha256": weights_sha256, "config_sha256": config_sha256, "owner_id": owner_id
+    }
     (entry / MANIFEST_NAME).write_text(json.dumps(manifest))
 
 
@@ -103,10 +121,9 @@ def _is_valid_entry(entry: Path) -> bool:
         manifest = json.loads((entry / MANIFEST_NAME).read_text())
         if manifest.get("cache_key") != entry.name or not (files / WEIGHTS_NAME).is_file():
             return False
-        if entry.name.startswith(CONTENT_PREFIX):
-            expected = CONTENT_PREFIX + adapter_content_digest(
-                manifest["weights_sha256"], manifest["config_sha256"]
-            )
+        if entry.name.startswith((CONTENT_PREFIX, OWNER_CONTENT_PREFIX)):
+            owner_id = manifest.get("owner_id") if entry.name.startswith(OWNER_CONTENT_PREFIX) else None
+            expected = content_cache_key(manifest["weights_sha256"], manifest["config_sha256"], owner_id)
             if entry.name != expected:
                 return False
         elif not entry.name.startswith(VERSION_PREFIX):
@@ -206,7 +223,7 @@ class HostAdapterCache:
             config_sha256 = _check_sha256(adapter_dir / CONFIG_NAME, files.config_sha256)
         else:  # a version without a recorded config digest: its entry is its own (v- key)
             config_sha256 = sha256_file(adapter_dir / CONFIG_NAME)
-        _write_manifest(entry, files.cache_key, weights_sha256, config_sha256)
+        _write_manifest(entry, files.cache_key, weights_sha256, config_sha256, files.owner_id)
 
     def pin(self, key: str) -> None:
         """Keep an entry from eviction (while an engine has it loaded)."""

@@ -452,6 +452,7 @@ def adapter_files(ref: AdapterRef) -> AdapterFiles:
         config_sha256=ref.config_sha256,
         config_blob_key=ref.config_blob_key,
         weights_blob_key=ref.weights_blob_key,
+        owner_id=ref.owner_id,
     )
 
 

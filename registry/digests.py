@@ -31,3 +31,15 @@ def adapter_content_digest(weights_sha256: str, config_sha256: str) -> str:
     for part in (weights_sha256, config_sha256):
         digest.update(b"\0" + part.lower().encode())
     return digest.hexdigest()
+
+
+def owner_scoped_digest(content_digest: str, owner_id: str) -> str:
+    """Hex sha256 of an adapter's content digest within one owner's scope: identical files of two owners
+    get two different digests (a cache keyed by it never shares an entry between tenants)."""
+    if not owner_id:
+        raise ValueError("an owner id is needed for an owner-scoped digest")
+    digest = hashlib.sha256(_CONTENT_DIGEST_DOMAIN + b"\0owner")
+    for part in (content_digest.lower(), owner_id):
+        digest.update(b"\0" + part.encode())
+    return digest.hexdigest()
+

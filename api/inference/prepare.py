@@ -237,6 +237,7 @@ def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedMo
             config_blob_key=version.config_blob_key or "",
             weights_blob_key=version.weights_blob_key or "",
             rank=version.rank or 0,
+            owner_id=adapter.tenant_id,  # workers never share cached files between two owners
         )
         return ResolvedModel(adapter.base_model_name, ref, adapter.id, version.id)
 

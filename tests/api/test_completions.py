@@ -401,6 +401,7 @@ def test_other_tenants_private_adapter_is_404_and_public_ones_are_usable(
     assert response.status_code == 404 and "not found" in response.json()["error"]["message"]
     assert complete(client, other, model="shared").status_code == 200
     assert worker.requests[-1].adapter.adapter_key == shared.id
+    assert worker.requests[-1].adapter.owner_id == owner.id  # workers scope cached files to the owner
     rows = usage_rows(db_session, other.id)
     assert [(r.status, r.adapter_version_id) for r in rows] == [("rejected", None), ("ok", shared.id)]
     assert usage_rows(db_session, owner.id) == []  # the caller pays, not the adapter's owner

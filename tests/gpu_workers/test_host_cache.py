@@ -17,7 +17,12 @@ def _sha(payload: bytes) -> str:
 
 
 def _adapter(
-    name: str, weights: bytes, config: bytes = CONFIG_A, *, has_config_digest: bool = True
+    name: str,
+    weights: bytes,
+    config: bytes = CONFIG_A,
+    *,
+    has_config_digest: bool = True,
+    owner_id: str | None = None,
 ) -> tuple[dict[str, bytes], AdapterFiles]:
     """The blobs of one adapter version and its AdapterFiles (config digest omitted like a pre-0002 row)."""
     blobs = {f"{name}/config": config, f"{name}/weights": weights}
@@ -27,6 +32,7 @@ def _adapter(
         config_sha256=_sha(config) if has_config_digest else None,
         config_blob_key=f"{name}/config",
         weights_blob_key=f"{name}/weights",
+        owner_id=owner_id,
     )
     return blobs, files
 
@@ -105,6 +111,32 @@ def test_identical_files_of_two_versions_share_one_entry(tmp_path: Path) -> None
     cache = HostAdapterCache(tmp_path / "cache", fetch)
     assert cache.get(first) == cache.get(second)
     assert fetch.calls == ["v1/config", "v1/weights"]
+
+
+def test_identical_files_of_two_owners_get_their_own_entries(tmp_path: Path) -> None:
+    """Tenant A's copy of tenant B's exact files is downloaded again: A's cold start cannot tell (by being
+    faster) that B's adapter is cached on this worker."""
+    blobs_b, of_b = _adapter("b-v1", b"same weights", CONFIG_A, owner_id="tenant-b")
+    blobs_a, of_a = _adapter("a-v1", b"same weights", CONFIG_A, owner_id="tenant-a")
+    blobs_b2, of_b2 = _adapter("b-v2", b"same weights", CONFIG_A, owner_id="tenant-b")
+    fetch = CountingFetch({**blobs_b, **blobs_a, **blobs_b2})
+    cache = HostAdapterCache(tmp_path / "cache", fetch)
+    path_b = cache.get(of_b)
+    assert cache.get(of_a) != path_b
+    assert cache.get(of_b2) == path_b  # one owner's versions still share
+    assert fetch.calls == ["b-v1/config", "b-v1/weights", "a-v1/config", "a-v1/weights"]
+    assert not cache.contains(_adapter("x", b"same weights", CONFIG_A, owner_id="tenant-c")[1].cache_key)
+
+
+def test_owner_scoped_entries_survive_restart_and_a_renamed_entry_does_not(tmp_path: Path) -> None:
+    blobs, files = _adapter("a", b"x" * 10, owner_id="tenant-a")
+    HostAdapterCache(tmp_path / "cache", CountingFetch(blobs)).get(files)
+    fetch = CountingFetch(blobs)
+    assert _served(HostAdapterCache(tmp_path / "cache", fetch).get(files)) == (CONFIG_A, b"x" * 10)
+    assert fetch.calls == []
+    _, other_owner = _adapter("a", b"x" * 10, owner_id="tenant-b")
+    (tmp_path / "cache" / files.cache_key).rename(tmp_path / "cache" / other_owner.cache_key)
+    assert HostAdapterCache(tmp_path / "cache", fetch).cached() == []  # its manifest names another owner
 
 
 def test_versions_without_a_config_digest_never_share_an_entry(tmp_path: Path) -> None:
