@@ -104,7 +104,13 @@ def _load_tenant_auth(services: Services, presented: str) -> TenantAuth | None:
             return None
         tenant, plan = row.tenant, row.tenant.plan
         limits = RateLimits(plan.requests_per_min, plan.tokens_per_min) if plan else RateLimits()
-        return TenantAuth(tenant_id=tenant.id, key_id=row.id, is_active=tenant.is_active, limits=limits)
+        return TenantAuth(
+            tenant_id=tenant.id,
+            key_id=row.id,
+            is_active=tenant.is_active,
+            limits=limits,
+            shared_cache_namespace=tenant.prefix_cache_namespace,
+        )
 
 
 def require_admin(services: ServicesDep, credentials: BearerDep) -> None:

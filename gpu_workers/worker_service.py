@@ -28,6 +28,7 @@ from cluster.protocol import (
     GenerateRequest,
     SamplingSpec,
     WorkerStats,
+    prefix_cache_namespace,
 )
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.errors import (
@@ -236,7 +237,7 @@ class PreparedRequest:
     received_at: float  # time.time() when the worker received the request
     predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
     tenant_id: str | None = None
-    cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace or tenant id)
+    cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace, else the tenant's)
 
 
 class WorkerService:
@@ -283,7 +284,7 @@ class WorkerService:
         return PreparedRequest(
             request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens,
             tenant_id=request.tenant_id,
-            cache_namespace=request.cache_namespace or request.tenant_id,
+            cache_namespace=request.cache_namespace or prefix_cache_namespace(request.tenant_id),
         )
 
     def _prompt_token_ids(self, request: GenerateRequest) -> list[int]:

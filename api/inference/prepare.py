@@ -4,6 +4,9 @@ parse the body (bounded: api/request_limits.py) -> refuse fields this server can
 model (`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt ->
 rate limit (prompt + max_tokens). The result is a `Prepared` request (its output-length prediction is
 filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
+Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
+(`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
+can time another's prompts.
 
 The hot path stays on the event loop (no threadpool hop, no DB query): the model comes from the model
 cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long prompts
@@ -106,7 +109,7 @@ async def prepare(
         admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
     else:
         await run_in_threadpool(admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits)
-    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant.tenant_id, meter)
+    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
 
@@ -118,7 +121,7 @@ def _prepared(
     resolved: ResolvedModel,
     prompt_ids: list[int],
     max_tokens: int,
-    tenant_id: str,
+    tenant: TenantAuth,
     meter: RequestMeter,
 ) -> Prepared:
     response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
@@ -148,7 +151,8 @@ def _prepared(
             prompt_token_ids=prompt_ids,
             adapter=resolved.adapter,
             sampling=sampling,
-            tenant_id=tenant_id,
+            tenant_id=tenant.tenant_id,
+            cache_namespace=tenant.cache_namespace,  # the operator's choice, never the request's
         ),
         text_features=hashed_ngram_features(prediction_text(body)),
     )
