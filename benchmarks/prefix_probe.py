@@ -77,6 +77,14 @@ def base_model_dir(model: str) -> Path:
     return Path(model)
 
 
+def server_commit(repo: Path) -> str | None:
+    """The commit the server runs from (`commit` below is this script's checkout)."""
+    r = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=str(repo), capture_output=True, text=True, check=False
+    )
+    return r.stdout.strip() if r.returncode == 0 and (repo / ".git").exists() else None
+
+
 class Server:
     """`lorahost serve` from `repo` on free ports, with an admin key; stopped (and its data removed) by stop()."""
 
@@ -252,6 +260,7 @@ async def run(args: argparse.Namespace, server: Server, model_dir: Path) -> list
         "prompt_tokens": args.prompt_tokens,
         "shared_namespace": args.shared_namespace,
         "server_repo": str(server.repo),
+        "server_commit": server_commit(server.repo),  # None: not a git checkout (e.g. a `git archive`)
         "cpu": cpu_model(),
         **git_state(),
     }
