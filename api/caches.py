@@ -2,7 +2,7 @@
 
 Both caches are per API process, hold only successful lookups and expire entries after a TTL:
 
-  auth cache   sha256(bearer key) -> TenantAuth (tenant id, active flag, rate limits), for
+  auth cache   sha256(bearer key) -> TenantAuth (tenant id, active flag, rate limits, prefix-cache namespace), for
                settings.auth_cache_ttl_s. A key revoked, a tenant disabled or re-planned through THIS
                process is dropped at once; on other API replicas the change takes effect within the TTL
                (that TTL is the revocation delay across replicas).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from api.ratelimit import RateLimits
-from cluster.protocol import AdapterRef
+from cluster.protocol import AdapterRef, prefix_cache_namespace
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -89,6 +89,13 @@ class TenantAuth:
     is_active: bool
     limits: RateLimits
     fair_share_weight: float = 1.0  # its plan's weight under fair share (scheduler/fair_share.py); 1 when unset
+    shared_cache_namespace: str | None = None  # Tenant.prefix_cache_namespace (set by an operator only)
+
+    @property
+    def cache_namespace(self) -> str | None:
+        """The engine's prefix-cache namespace for this tenant's requests: the shared one an operator put it in,
+        else its own (cluster.protocol.prefix_cache_namespace)."""
+        return prefix_cache_namespace(self.tenant_id, self.shared_cache_namespace)
 
 
 @dataclass(frozen=True)

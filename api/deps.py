@@ -109,7 +109,12 @@ def _load_tenant_auth(services: Services, presented: str) -> TenantAuth | None:
         )
         weight = plan.fair_share_weight if plan and plan.fair_share_weight is not None else 1.0
         return TenantAuth(
-            tenant_id=tenant.id, key_id=row.id, is_active=tenant.is_active, limits=limits, fair_share_weight=weight
+            tenant_id=tenant.id,
+            key_id=row.id,
+            is_active=tenant.is_active,
+            limits=limits,
+            fair_share_weight=weight,
+            shared_cache_namespace=tenant.prefix_cache_namespace,
         )
 
 

@@ -17,19 +17,28 @@ RecordId = Annotated[str, Field(pattern=PRINTABLE_TEXT)]
 
 MAX_BIGINT_COLUMN = 2**63 - 1  # BigInteger columns
 
+PREFIX_CACHE_NAMESPACE_DOC = (
+    "A shared prefix-cache namespace (1-64 of a-z, 0-9, '-', '_', '.'): tenants in the same one reuse each "
+    "other's cached prompt KV, and so can tell from their response times which prompts the others sent. null "
+    "(the default): the tenant's own namespace, shared with no one."
+)
+
 
 class TenantCreate(BaseModel):
     """POST /v1/admin/tenants."""
 
     name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE_TEXT)
     plan_id: RecordId | None = None
+    prefix_cache_namespace: str | None = Field(default=None, description=PREFIX_CACHE_NAMESPACE_DOC)
 
 
 class TenantUpdate(BaseModel):
-    """PATCH /v1/admin/tenants/{id}: only the fields sent are changed (plan_id null clears the plan)."""
+    """PATCH /v1/admin/tenants/{id}: only the fields sent are changed (plan_id null clears the plan,
+    prefix_cache_namespace null puts the tenant back in its own namespace)."""
 
     is_active: bool | None = None
     plan_id: RecordId | None = None
+    prefix_cache_namespace: str | None = Field(default=None, description=PREFIX_CACHE_NAMESPACE_DOC)
 
 
 class TenantPublic(BaseModel):
@@ -41,6 +50,7 @@ class TenantPublic(BaseModel):
     name: str
     is_active: bool
     plan_id: str | None
+    prefix_cache_namespace: str | None  # null: the tenant's own namespace (cached KV shared with no one)
     created_at: datetime
 
 

@@ -127,9 +127,18 @@ class GenerateRequest(BaseModel):
     tenant_id: str | None = None
     # The tenant's fair-share weight (its plan's; scheduler/fair_share.py): its share of the engine relative to 1.
     tenant_weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    # Prefix-cache namespace chosen by the API (the tenant's own, or a namespace an operator shares); None:
-    # the tenant id. Cached KV blocks are reused only between requests of the same namespace.
+    # Prefix-cache namespace chosen by the API (`prefix_cache_namespace`: the tenant's own, or a namespace an
+    # operator shares); None: the tenant's own. Cached KV blocks are reused only within one namespace.
     cache_namespace: str | None = None
+
+
+def prefix_cache_namespace(tenant_id: str | None, shared: str | None = None) -> str | None:
+    """The engine's prefix-cache namespace of a request: `shared:<name>` when an operator put the tenant in a
+    shared namespace, else `tenant:<id>` (None without a tenant: direct engine use). The prefixes keep the two
+    kinds apart, so no shared name can equal a tenant's own namespace."""
+    if shared is not None:
+        return f"shared:{shared}"
+    return f"tenant:{tenant_id}" if tenant_id is not None else None
 
 
 class GenerateEvent(BaseModel):

@@ -60,7 +60,9 @@ class EngineConfig:
     uses it, so every later request for it copies it again (the S-LoRA / no-cache baseline of
     benchmarks/scheduling.py; explicit loads and prefetch hints then last only until the next step).
     `enable_prefix_caching`: reuse the KV of full prompt blocks shared with an earlier request of the same
-    adapter id (scheduler/core/prefix_cache.py); cached blocks are dropped when their adapter leaves the device.
+    adapter id and cache namespace (scheduler/core/prefix_cache.py: one namespace per tenant unless an operator
+    shares one, so a hit never tells a tenant what another sent); cached blocks are dropped when their adapter
+    leaves the device.
 
     `host_adapter_cache_bytes`: the host tier below the device (scheduler/core/host_tier.py): packed host
     copies of recently copied adapters, so a later copy skips reading, validating and packing the files

@@ -28,6 +28,7 @@ from cluster.protocol import (
     GenerateRequest,
     SamplingSpec,
     WorkerStats,
+    prefix_cache_namespace,
 )
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.errors import (
@@ -237,7 +238,7 @@ class PreparedRequest:
     predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
     tenant_id: str | None = None
     tenant_weight: float = 1.0  # the tenant's fair-share weight (GenerateRequest.tenant_weight)
-    cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace or tenant id)
+    cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace, else the tenant's)
 
 
 class WorkerService:
@@ -285,7 +286,7 @@ class WorkerService:
             request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens,
             tenant_id=request.tenant_id,
             tenant_weight=request.tenant_weight,
-            cache_namespace=request.cache_namespace or request.tenant_id,
+            cache_namespace=request.cache_namespace or prefix_cache_namespace(request.tenant_id),
         )
 
     def _prompt_token_ids(self, request: GenerateRequest) -> list[int]:

@@ -121,6 +121,9 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(200))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True)
     plan_id: Mapped[str | None] = mapped_column(ForeignKey("price_plans.id", ondelete="SET NULL"))
+    # The shared prefix-cache namespace an operator put this tenant in (admin API only, never the tenant's own
+    # choice); NULL: the tenant's own namespace, so no other tenant can hit (and time) its cached KV blocks.
+    prefix_cache_namespace: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     plan: Mapped[PricePlan | None] = relationship()

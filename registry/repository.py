@@ -33,6 +33,11 @@ ADAPTER_NAME_RULE = (
     "starting with a letter or digit"
 )
 VERSION_RE = re.compile(r"[0-9]{1,10}")  # re's \d and str.isdigit accept every script's digits
+PREFIX_CACHE_NAMESPACE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+PREFIX_CACHE_NAMESPACE_RULE = (
+    "a shared prefix-cache namespace is 1-64 characters of lowercase letters, digits, '-', '_' or '.', "
+    "starting with a letter or digit (or null: the tenant's own namespace)"
+)
 UNSET: Any = object()
 
 
@@ -58,11 +63,25 @@ def get_price_plan(session: Session, plan_id: str) -> PricePlan:
     return plan
 
 
-def create_tenant(session: Session, name: str, plan_id: str | None = None) -> Tenant:
-    """Insert an active tenant."""
+def check_prefix_cache_namespace(namespace: str | None) -> str | None:
+    """Return `namespace` if it is None or a valid shared namespace name, else InvalidRequestError saying the
+    rule."""
+    if namespace is not None and not PREFIX_CACHE_NAMESPACE_RE.fullmatch(namespace):
+        raise InvalidRequestError(
+            f"invalid prefix_cache_namespace {namespace[:80]!r}: {PREFIX_CACHE_NAMESPACE_RULE}",
+            code="invalid_prefix_cache_namespace",
+        )
+    return namespace
+
+
+def create_tenant(
+    session: Session, name: str, plan_id: str | None = None, prefix_cache_namespace: str | None = None
+) -> Tenant:
+    """Insert an active tenant (`prefix_cache_namespace`: a shared prefix-cache namespace, None: its own)."""
+    check_prefix_cache_namespace(prefix_cache_namespace)
     if plan_id is not None:
         get_price_plan(session, plan_id)
-    tenant = Tenant(name=name, plan_id=plan_id, is_active=True)
+    tenant = Tenant(name=name, plan_id=plan_id, is_active=True, prefix_cache_namespace=prefix_cache_namespace)
     session.add(tenant)
     session.flush()
     return tenant
@@ -82,9 +101,17 @@ def get_tenant(session: Session, tenant_id: str) -> Tenant:
 
 
 def update_tenant(
-    session: Session, tenant_id: str, *, is_active: bool | None = None, plan_id: str | None = UNSET
+    session: Session,
+    tenant_id: str,
+    *,
+    is_active: bool | None = None,
+    plan_id: str | None = UNSET,
+    prefix_cache_namespace: str | None = UNSET,
 ) -> Tenant:
-    """Enable/disable a tenant and/or change its plan (plan_id=None clears it)."""
+    """Enable/disable a tenant, change its plan (plan_id=None clears it) and/or its shared prefix-cache
+    namespace (None: back to its own)."""
+    if prefix_cache_namespace is not UNSET:
+        check_prefix_cache_namespace(prefix_cache_namespace)
     tenant = get_tenant(session, tenant_id)
     if is_active is not None:
         tenant.is_active = is_active
@@ -92,6 +119,8 @@ def update_tenant(
         if plan_id is not None:
             get_price_plan(session, plan_id)
         tenant.plan_id = plan_id
+    if prefix_cache_namespace is not UNSET:
+        tenant.prefix_cache_namespace = prefix_cache_namespace
     session.flush()
     return tenant
 

@@ -4,6 +4,9 @@ parse the body (bounded: api/request_limits.py) -> refuse fields this server can
 model (`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt ->
 rate limit (prompt + max_tokens). The result is a `Prepared` request (its output-length prediction is
 filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
+Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
+(`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
+can time another's prompts.
 
 The hot path stays on the event loop (no threadpool hop, no DB query): the model comes from the model
 cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long prompts
@@ -150,6 +153,7 @@ def _prepared(
             sampling=sampling,
             tenant_id=tenant.tenant_id,
             tenant_weight=tenant.fair_share_weight,
+            cache_namespace=tenant.cache_namespace,  # the operator's choice, never the request's
         ),
     )
 

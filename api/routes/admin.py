@@ -48,8 +48,14 @@ def _write(
 
 @router.post("/tenants", status_code=201, response_model=TenantPublic)
 def create_tenant(body: TenantCreate, _: AdminDep, session: SessionDep) -> TenantPublic:
-    """Create an active tenant."""
-    tenant = _write(session, lambda s: repository.create_tenant(s, body.name, plan_id=body.plan_id))
+    """Create an active tenant (in its own prefix-cache namespace unless `prefix_cache_namespace` names a shared
+    one)."""
+    tenant = _write(
+        session,
+        lambda s: repository.create_tenant(
+            s, body.name, plan_id=body.plan_id, prefix_cache_namespace=body.prefix_cache_namespace
+        ),
+    )
     return TenantPublic.model_validate(tenant)
 
 
@@ -63,7 +69,7 @@ def list_tenants(_: AdminDep, session: SessionDep) -> ListResponse:
 def update_tenant(
     tenant_id: PathId, body: TenantUpdate, _: AdminDep, session: SessionDep, services: ServicesDep
 ) -> TenantPublic:
-    """Disable/enable a tenant or change its plan (only the fields sent change).
+    """Disable/enable a tenant, change its plan or its prefix-cache namespace (only the fields sent change).
 
     A disabled tenant's keys stop working and its public adapters are hidden from other tenants. Applies at
     once on this API process; other replicas see it within settings.auth_cache_ttl_s (keys) and

@@ -7,8 +7,8 @@ Modules:
 - page_pool.py: `PagePool`, one integer-only pool of device pages for KV blocks and adapter weights.
 - adapter_residency.py: `AdapterResidency` (none/host/copying/device, pins, access statistics) over the pool;
   eviction order from an `EvictionPolicy` (scheduler/eviction.py: lru, chameleon, fastlibra).
-- prefix_cache.py: `PrefixCache`, prefix KV blocks per adapter (root -> adapter -> blocks), ref-counted, LRU
-  leaf eviction, dropped with their adapter.
+- prefix_cache.py: `PrefixCache`, prefix KV blocks per namespace and adapter (root -> (namespace, adapter) ->
+  blocks), ref-counted, LRU leaf eviction, dropped with their adapter.
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
   (scheduler/batch_policy.py), then prefetch of waiting requests' adapters.

@@ -16,7 +16,8 @@ no request uses any more. While its adapter is COPYING, a sequence runs only as 
 prefill (`_may_run`, at most `num_cpu_prefill_workers` entries; decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
-adapter that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
+adapter, in its cache namespace (`Sequence.cache_namespace`: its tenant's own unless an operator shares one),
+that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
 join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
 An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
 `schedule()` returns a plain `StepPlan`; the engine carries it out.
@@ -146,14 +147,16 @@ class BatchScheduler:
         num_full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pool.block_size
         if num_full > seq.num_cached_blocks:
             seq.num_cached_blocks = cache.insert(
-                seq.adapter_id, seq.token_ids, seq.block_table, seq.num_cached_blocks, num_full
+                seq.adapter_id, seq.token_ids, seq.block_table, seq.num_cached_blocks, num_full,
+                namespace=seq.cache_namespace,
             )
 
     def _reuse_cached_prefix(self, seq: Sequence) -> None:
-        """Start a waiting seq from the longest cached prefix of its adapter (at least one token stays)."""
+        """Start a waiting seq from the longest cached prefix of its adapter in its cache namespace (at least one
+        token stays)."""
         if self.prefix_cache is None:
             return
-        pages = self.prefix_cache.match(seq.adapter_id, seq.token_ids)
+        pages = self.prefix_cache.match(seq.adapter_id, seq.token_ids, namespace=seq.cache_namespace)
         self.prefix_cache.acquire(pages)
         seq.block_table = list(pages)
         seq.num_cached_blocks = len(pages)

@@ -1,9 +1,17 @@
-"""Prefix KV cache with FastLibra's dependency rule: a tree virtual root -> adapter -> full KV blocks.
+"""Prefix KV cache with FastLibra's dependency rule: a tree virtual root -> (namespace, adapter) -> full KV
+blocks.
 
-A cached block is one full KV page of a prompt, keyed by its adapter id (one id per adapter version; None is
-the base model's own subtree) and the chain of token blocks before it: a block's key is its parent block and
-its own `block_size` token ids. The chain is exact (a child dict per node keyed by the token tuple), so two
-prompts share a block only when the adapter and every token up to the block's end are equal.
+A cached block is one full KV page of a prompt, keyed by its cache namespace, its adapter id (one id per
+adapter version; None is the base model) and the chain of token blocks before it: a block's key is its parent
+block and its own `block_size` token ids. The chain is exact (a child dict per node keyed by the token tuple),
+so two prompts share a block only when the namespace, the adapter and every token up to the block's end are
+equal.
+
+Namespaces close the timing side channel of a shared cache: a hit makes the first token come much sooner, so
+if tenant B could hit blocks tenant A inserted, B's TTFT would tell whether A sent a prompt (vLLM's
+`cache_salt` answers the same attack). The API gives every request its tenant's own namespace unless an
+operator put the tenant in a shared one (api/inference/prepare.py); None is the namespace of direct engine
+use without tenants. Blocks are never matched across namespaces, even for the base model or a public adapter.
 
 Ownership: a page inserted here belongs to the cache (it stays a KV page in the `PagePool`); a sequence using
 it holds a reference (`ref_count`). A sequence's block table starts with the cached blocks it references
@@ -13,8 +21,10 @@ it is evicted (unreferenced leaf) or its adapter leaves the device.
 Invariants:
 - a referenced block's parent is referenced at least as often (a sequence references a whole chain);
 - `evict_leaves` frees only unreferenced leaves (no cached child), least recently used first;
-- `drop_adapter` frees every block of an adapter and is only called when none is referenced (the adapter
-  of a running sequence is pinned and never leaves the device): no KV block outlives its adapter.
+- `drop_adapter` frees every block of an adapter, in every namespace, and is only called when none is
+  referenced (the adapter of a running sequence is pinned and never leaves the device): no KV block outlives
+  its adapter;
+- `match` only returns blocks inserted under the same (namespace, adapter): no block crosses namespaces.
 """
 
 from __future__ import annotations
@@ -25,13 +35,15 @@ from dataclasses import dataclass, field
 from scheduler.core.page_pool import PagePool
 
 TokenBlock = tuple[int, ...]
+RootKey = tuple[str | None, str | None]  # (cache namespace, adapter id): one subtree of the root
 
 
 @dataclass(eq=False)
 class CachedBlock:
-    """One cached full KV block (a node of the tree under its adapter)."""
+    """One cached full KV block (a node of the tree under its namespace and adapter)."""
 
     page: int
+    namespace: str | None
     adapter_id: str | None
     parent: CachedBlock | None
     tokens: TokenBlock
@@ -46,12 +58,13 @@ class CachedBlock:
 
 
 class PrefixCache:
-    """Cached full KV blocks per adapter, with ref counts, LRU leaf eviction and per-adapter drop."""
+    """Cached full KV blocks per (namespace, adapter), with ref counts, LRU leaf eviction and per-adapter drop."""
 
     def __init__(self, pool: PagePool) -> None:
         self.pool = pool
         self.block_size = pool.block_size
-        self._roots: dict[str | None, dict[TokenBlock, CachedBlock]] = {}  # adapter node -> first blocks
+        self._roots: dict[RootKey, dict[TokenBlock, CachedBlock]] = {}  # (namespace, adapter) -> first blocks
+        self._namespaces: dict[str | None, set[str | None]] = {}  # adapter -> namespaces with a root of it
         self._by_page: dict[int, CachedBlock] = {}
         self._num_adapter_blocks: dict[str | None, int] = {}
         self._num_unreferenced = 0
@@ -80,6 +93,10 @@ class PrefixCache:
         """Adapters (None = base model) with at least one cached block."""
         return [a for a, n in self._num_adapter_blocks.items() if n > 0]
 
+    def namespaces(self) -> list[str | None]:
+        """Namespaces with at least one cached block."""
+        return list({namespace for namespace, _ in self._roots})
+
     def block(self, page: int) -> CachedBlock | None:
         """The cached block on this page, if the cache owns it."""
         return self._by_page.get(page)
@@ -90,13 +107,14 @@ class PrefixCache:
 
     # ---- lookup and references ----------------------------------------------------------------------
 
-    def match(self, adapter_id: str | None, token_ids: list[int]) -> list[int]:
-        """Pages of the longest cached chain of full blocks that prefixes `token_ids` (no reference taken).
+    def match(self, adapter_id: str | None, token_ids: list[int], *, namespace: str | None) -> list[int]:
+        """Pages of the longest chain of full blocks cached in `namespace` for `adapter_id` that prefixes
+        `token_ids` (no reference taken).
 
         Never the whole sequence: at least its last token is left to compute, so a logit is produced.
         """
         bs = self.block_size
-        children = self._roots.get(adapter_id)
+        children = self._roots.get((namespace, adapter_id))
         pages: list[int] = []
         for i in range((len(token_ids) - 1) // bs):
             if not children:
@@ -138,26 +156,33 @@ class PrefixCache:
     # ---- insertion ----------------------------------------------------------------------------------
 
     def insert(
-        self, adapter_id: str | None, token_ids: list[int], block_table: list[int], num_cached: int, num_full: int
+        self,
+        adapter_id: str | None,
+        token_ids: list[int],
+        block_table: list[int],
+        num_cached: int,
+        num_full: int,
+        *,
+        namespace: str | None,
     ) -> int:
-        """Hand a sequence's computed full blocks [num_cached, num_full) to the cache; returns the new
-        num_cached.
+        """Hand a sequence's computed full blocks [num_cached, num_full) to the cache under `namespace`;
+        returns the new num_cached.
 
-        `block_table[:num_cached]` must already be cached blocks the sequence references; each block
-        inserted keeps one reference (the sequence's). Stops at the first block whose key another page
-        already holds (the sequence keeps its own page from there on).
+        `block_table[:num_cached]` must already be cached blocks the sequence references (matched in the
+        same namespace); each block inserted keeps one reference (the sequence's). Stops at the first block
+        whose key another page already holds (the sequence keeps its own page from there on).
         """
         bs = self.block_size
         parent = self._by_page[block_table[num_cached - 1]] if num_cached else None
         now = self._tick()
         i = num_cached
         while i < num_full:
-            siblings = parent.children if parent is not None else self._roots.setdefault(adapter_id, {})
+            siblings = parent.children if parent is not None else self._root(namespace, adapter_id)
             key = tuple(token_ids[i * bs:(i + 1) * bs])
             page = block_table[i]
             if key in siblings or page in self._by_page:
                 break
-            block = CachedBlock(page, adapter_id, parent, key, ref_count=1, last_use=now)
+            block = CachedBlock(page, namespace, adapter_id, parent, key, ref_count=1, last_use=now)
             siblings[key] = block
             self._by_page[page] = block
             self._num_adapter_blocks[adapter_id] = self._num_adapter_blocks.get(adapter_id, 0) + 1
@@ -189,15 +214,16 @@ class PrefixCache:
         return len(freed)
 
     def drop_adapter(self, adapter_id: str | None) -> int:
-        """Free every cached block of an adapter that is leaving the device; returns the pages freed.
+        """Free every cached block of an adapter that is leaving the device, in every namespace; returns the
+        pages freed.
 
         The adapter must have no running sequence (then none of its blocks is referenced): asserted.
         """
-        children = self._roots.get(adapter_id)
-        if not children:
+        roots = [(namespace, adapter_id) for namespace in self._namespaces.get(adapter_id, ())]
+        if not roots:
             return 0
+        stack = [block for root in roots for block in self._roots[root].values()]
         blocks: list[CachedBlock] = []
-        stack = list(children.values())
         while stack:
             block = stack.pop()
             assert block.ref_count == 0, (
@@ -205,7 +231,9 @@ class PrefixCache:
             )
             stack.extend(block.children.values())
             blocks.append(block)
-        del self._roots[adapter_id]
+        for root in roots:
+            del self._roots[root]
+        del self._namespaces[adapter_id]
         freed = [block.page for block in blocks]
         for page in freed:
             del self._by_page[page]
@@ -215,12 +243,25 @@ class PrefixCache:
         self.num_dropped_blocks += len(freed)
         return len(freed)
 
+    def _root(self, namespace: str | None, adapter_id: str | None) -> dict[TokenBlock, CachedBlock]:
+        """The first blocks of (namespace, adapter), created empty when missing."""
+        root = self._roots.get((namespace, adapter_id))
+        if root is None:
+            root = self._roots[(namespace, adapter_id)] = {}
+            self._namespaces.setdefault(adapter_id, set()).add(namespace)
+        return root
+
     def _unlink(self, block: CachedBlock) -> None:
         """Remove an unreferenced leaf from the tree (its page is freed by the caller)."""
-        siblings = block.parent.children if block.parent is not None else self._roots[block.adapter_id]
+        root = (block.namespace, block.adapter_id)
+        siblings = block.parent.children if block.parent is not None else self._roots[root]
         del siblings[block.tokens]
         if block.parent is None and not siblings:
-            del self._roots[block.adapter_id]
+            del self._roots[root]
+            namespaces = self._namespaces[block.adapter_id]
+            namespaces.discard(block.namespace)
+            if not namespaces:
+                del self._namespaces[block.adapter_id]
         del self._by_page[block.page]
         self._num_unreferenced -= 1
         self._num_adapter_blocks[block.adapter_id] -= 1

@@ -1,5 +1,6 @@
-"""Prefix caching in the engine: a shared prompt prefix of the same adapter (version) is computed once, the
-tokens are the ones prefix caching off gives (greedy and seeded sampling), and KV never outlives its adapter."""
+"""Prefix caching in the engine: a shared prompt prefix of the same adapter (version) and cache namespace is
+computed once, the tokens are the ones prefix caching off gives (greedy and seeded sampling), KV never outlives
+its adapter, and no tenant hits blocks another tenant's namespace computed (the TTFT side channel)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,43 @@ def test_evicting_an_adapter_for_another_one_drops_its_cached_blocks(
     assert engine.adapter_residency("adapter-00") == "host"
     engine.generate([prompts[0]], GREEDY, adapter_ids=["adapter-00"])  # copied back: computes again
     assert engine.stats()["num_prefix_cache_hit_tokens"] == 0
+
+
+def hit_tokens_as(
+    engine: LLMEngine, tenant: str, namespace: str | None, prompt: list[int], adapter: str | None
+) -> tuple[int, list[int]]:
+    """Run one request of `tenant` in `namespace` to completion; returns (its prefix-cache hit tokens, tokens)."""
+    before = engine.stats()["num_prefix_cache_hit_tokens"]
+    request_id = f"{tenant}-{next(engine._request_counter)}"
+    engine.add_request(request_id, prompt, GREEDY, adapter, tenant_id=tenant, cache_namespace=namespace)
+    seq = engine.scheduler.get(request_id)
+    assert seq is not None
+    while not seq.is_finished:
+        engine.step()
+    return engine.stats()["num_prefix_cache_hit_tokens"] - before, seq.output_token_ids
+
+
+@pytest.mark.parametrize("adapter", [None, "adapter-01"], ids=["base-model", "public-adapter"])
+def test_another_tenant_gets_no_hit_on_a_prompt_a_tenant_sent_but_its_own_repeat_hits(
+    make_engine: Any, prompts: list[list[int]], adapter: str | None
+) -> None:
+    engine = make_engine(block_size=BLOCK_SIZE)
+    hits_a, tokens_a = hit_tokens_as(engine, "a", "tenant:a", prompts[0], adapter)
+    assert hits_a == 0 and engine.stats()["num_cached_blocks"] > 0
+    hits_b, tokens_b = hit_tokens_as(engine, "b", "tenant:b", prompts[0], adapter)
+    assert hits_b == 0, "tenant b hit blocks tenant a computed: b's TTFT tells that a sent this prompt"
+    hits_a_again, tokens_a_again = hit_tokens_as(engine, "a", "tenant:a", prompts[0], adapter)
+    assert hits_a_again >= BLOCK_SIZE  # a's own repeat still hits
+    assert tokens_a == tokens_b == tokens_a_again
+
+
+def test_tenants_an_operator_put_in_one_namespace_share_cached_blocks(
+    make_engine: Any, prompts: list[list[int]]
+) -> None:
+    engine = make_engine(block_size=BLOCK_SIZE)
+    assert hit_tokens_as(engine, "a", "shared:team", prompts[0], "adapter-02")[0] == 0
+    assert hit_tokens_as(engine, "b", "shared:team", prompts[0], "adapter-02")[0] >= BLOCK_SIZE
+    assert hit_tokens_as(engine, "c", "tenant:c", prompts[0], "adapter-02")[0] == 0  # not in it: isolated
 
 
 def test_prefix_caching_setting_reaches_the_engine_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,7 +52,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0013"
+    assert current_revision(empty_db_url) == "0014"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -305,3 +305,44 @@ def test_0013_adds_the_nullable_fair_share_weight_to_plans_keeping_them_and_down
     assert tuple(row) == ("old", None)  # an existing plan keeps weight 1 (an equal share): today's behaviour
     downgrade(empty_db_url, "0012")
     assert "fair_share_weight" not in _plan_columns(empty_db_url)
+
+
+def _tenant_rows(url: str) -> list[tuple]:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            rows = conn.exec_driver_sql("SELECT id, prefix_cache_namespace FROM tenants ORDER BY id").all()
+        return [tuple(r) for r in rows]
+    finally:
+        engine.dispose()
+
+
+def _tenant_columns(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("tenants")}
+    finally:
+        engine.dispose()
+
+
+def test_0014_adds_the_tenant_prefix_cache_namespace_null_for_existing_tenants_and_downgrades(
+    empty_db_url: str,
+) -> None:
+    upgrade(empty_db_url, "0013")
+    _insert_usage(empty_db_url, "r1", "ok")  # creates tenant 't'
+    assert "prefix_cache_namespace" not in _tenant_columns(empty_db_url)
+    upgrade(empty_db_url, "0014")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO tenants (id, name, is_active, created_at, prefix_cache_namespace) VALUES "
+                "('u', 'u', true, CURRENT_TIMESTAMP, 'team')"
+            )
+    finally:
+        engine.dispose()
+    # existing tenants keep their own namespace (NULL): nothing becomes shared by the upgrade
+    assert _tenant_rows(empty_db_url) == [("t", None), ("u", "team")]
+    downgrade(empty_db_url, "0013")
+    assert "prefix_cache_namespace" not in _tenant_columns(empty_db_url)
+    assert current_revision(empty_db_url) == "0013"

@@ -1,8 +1,10 @@
-"""Batch scheduler with the prefix KV cache: admission reuses cached blocks of the same adapter, only
-uncomputed tokens cost budget, and no cached block survives its adapter leaving the device (hypothesis).
+"""Batch scheduler with the prefix KV cache: admission reuses cached blocks of the same adapter and cache
+namespace, only uncomputed tokens cost budget, and no cached block survives its adapter leaving the device
+(hypothesis).
 
-The stand-in executor keeps a model of each page's KV (adapter, adapter load epoch, token prefix) and checks
-before every step that each sequence's computed tokens are backed by exactly the KV they need.
+The stand-in executor keeps a model of each page's KV (namespace that computed it, adapter, adapter load
+epoch, token prefix) and checks before every step that each sequence's computed tokens are backed by exactly
+the KV they need, computed in its own namespace.
 """
 
 from __future__ import annotations
@@ -35,31 +37,36 @@ def make_scheduler(num_kv_pages: int, num_adapter_pages: int, max_num_seqs: int,
     )
 
 
-def make_seq(request_id: str, prompt: list[int], max_tokens: int, adapter_id: str | None) -> Sequence:
+def make_seq(
+    request_id: str, prompt: list[int], max_tokens: int, adapter_id: str | None, namespace: str | None = None
+) -> Sequence:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    return Sequence(request_id, list(prompt), params, adapter_id, max_tokens)
+    return Sequence(request_id, list(prompt), params, adapter_id, max_tokens, cache_namespace=namespace)
 
 
 @dataclass
 class KvModel:
-    """What each page's KV holds: page -> (adapter, epoch, token prefix up to the last written slot)."""
+    """What each page's KV holds: page -> (namespace, adapter, epoch, token prefix up to the last written slot)."""
 
-    content: dict[int, tuple[str | None, int, tuple[int, ...]]]
+    content: dict[int, tuple[str | None, str | None, int, tuple[int, ...]]]
     epoch: dict[str | None, int]
 
     def check(self, seq: Sequence) -> None:
-        """Every computed token of seq is backed by KV of its adapter's current epoch and its own prefix."""
+        """Every computed token of seq is backed by KV computed in its namespace, of its adapter's current epoch
+        and its own prefix."""
         for i, page in enumerate(seq.block_table):
             end = min(seq.num_computed_tokens, (i + 1) * BS)
             if end <= i * BS:
                 break
-            adapter, epoch, prefix = self.content[page]
+            namespace, adapter, epoch, prefix = self.content[page]
+            assert namespace == seq.cache_namespace, "KV computed in another namespace"
             assert (adapter, epoch) == (seq.adapter_id, self.epoch[seq.adapter_id]), "stale or foreign KV"
             assert prefix[:end] == tuple(seq.token_ids[:end]) and len(prefix) >= end, "KV of another prefix"
 
     def write(self, seq: Sequence, start: int, end: int) -> None:
         for i in range(start // BS, -(-end // BS)):
             self.content[seq.block_table[i]] = (
+                seq.cache_namespace,
                 seq.adapter_id, self.epoch[seq.adapter_id], tuple(seq.token_ids[:min(end, (i + 1) * BS)])
             )
 
@@ -104,7 +111,13 @@ def check_state(scheduler: BatchScheduler) -> None:
 
 prompts = st.lists(st.integers(0, 1), min_size=1, max_size=14)
 workloads = st.lists(
-    st.tuples(prompts, st.integers(1, 5), st.sampled_from([None, "a0", "a1", "a2"]), st.integers(0, 6)),
+    st.tuples(
+        prompts,
+        st.integers(1, 5),
+        st.sampled_from([None, "a0", "a1", "a2"]),
+        st.integers(0, 6),
+        st.sampled_from([None, "tenant:a", "tenant:b"]),
+    ),
     min_size=1,
     max_size=14,
 )
@@ -124,7 +137,7 @@ def test_cached_kv_is_always_valid_and_every_request_finishes(
     num_adapter_pages: int,
     max_num_seqs: int,
     max_tokens: int,
-    workload: list[tuple[list[int], int, str | None, int]],
+    workload: list[tuple[list[int], int, str | None, int, str | None]],
     evictions: list[tuple[int, str]],
 ) -> None:
     scheduler = make_scheduler(num_kv_pages, num_adapter_pages, max_num_seqs, max_tokens)
@@ -136,8 +149,8 @@ def test_cached_kv_is_always_valid_and_every_request_finishes(
     pending = sorted(enumerate(workload), key=lambda x: x[1][3])
     for step in range(3000):
         while pending and pending[0][1][3] <= step:
-            i, (prompt, max_out, adapter, _) = pending.pop(0)
-            seq = make_seq(f"r{i}", prompt, max_out, adapter)
+            i, (prompt, max_out, adapter, _, namespace) = pending.pop(0)
+            seq = make_seq(f"r{i}", prompt, max_out, adapter, namespace)
             scheduler.add(seq)
             seqs.append(seq)
         for _ in [e for e in evictions if e[0] == step]:  # an idle adapter unloaded / replaced from outside
@@ -213,3 +226,22 @@ def test_kv_pressure_evicts_unreferenced_cached_blocks_before_adapters_and_preem
     plan = scheduler.schedule()
     assert [e.seq for e in plan.entries] == [big] and not plan.preemptions and not plan.adapter_evictions
     assert cache.num_cached_blocks == 0 and big.status is SequenceStatus.RUNNING
+
+
+def test_a_prompt_another_namespace_cached_gets_no_hit_but_the_same_namespace_repeat_does() -> None:
+    scheduler = make_scheduler(32, 8, 4, 64)
+    scheduler.residency.register("public", "/host/public", rank=2, num_bytes=150)
+    kv = KvModel({}, {None: 0, "public": 0})
+    prompt = list(range(9))  # two full blocks + 1
+    cache = scheduler.prefix_cache
+    assert cache is not None
+    for adapter in (None, "public"):
+        for i, (namespace, num_hit_blocks) in enumerate([("tenant:a", 0), ("tenant:b", 0), ("tenant:a", 2)]):
+            seq = make_seq(f"{adapter}-{i}", prompt, 1, adapter, namespace)
+            scheduler.add(seq)
+            plan = scheduler.schedule()
+            assert seq.num_cached_blocks == num_hit_blocks, (adapter, namespace)
+            assert [e.num_new_tokens for e in plan.entries] == [9 - 4 * num_hit_blocks]
+            carry_out(scheduler, plan, kv)
+            carry_out(scheduler, scheduler.schedule(), kv)  # sample until it finishes
+    assert (cache.num_hit_tokens, cache.num_query_tokens) == (2 * 8, 6 * 9)
