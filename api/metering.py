@@ -23,6 +23,10 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
   row whose lease is older than `usage_lease_timeout_s` (its owner is gone: killed and restarted under another
   api_instance_id, or scaled down). Lease renewals never touch `checkpointed_at`: that stays the moment the
   billed tokens were counted.
+- The same round also renews the concurrent-request slots (a plan's max_concurrent_requests, api/ratelimit.py)
+  of the open requests that hold one, with one call of the ledger's `renew_slots` for all (one Redis round
+  trip). A slot not renewed for `usage_lease_timeout_s` stops counting, so a killed process's slots are free
+  again within that lease, like its rows; the slot renewal runs even when the usage UPDATE fails.
 - `UsageLedger.record(meter, status)` then gives the row its final values once (later calls are no-ops): an
   UPDATE of the open row, never a second row (an INSERT when the row was never opened: a request rejected
   before admission, or an open insert that failed).
@@ -86,6 +90,8 @@ ADMISSION_FIELDS = frozenset({"max_tokens", "is_chat", "has_stop"})
 # output tokens, on the event loop (the learned length predictor's history of that tenant on that adapter:
 # api/inference/learned_predictor.py).
 OutputObserver = Callable[[str, str | None, int], None]
+# Renews the concurrent-request slots of (tenant id, request id) pairs (api/ratelimit.py RateLimiter.renew_slots).
+SlotRenewer = Callable[[list[tuple[str, str]]], object]
 
 
 @dataclass
@@ -227,8 +233,9 @@ class RequestMeter:
 class UsageWriter:
     """A daemon thread that inserts opened rows at once (batched) and, every `interval_s`, checkpoints watched
     streams (one UPDATE per changed stream, all in one transaction) and renews the lease of every row this
-    process holds open (one UPDATE for all, owner `api_instance_id`; None: no renewals). `flush_opens`,
-    `checkpoint` and `renew_leases` are the thread's jobs, callable directly (tests)."""
+    process holds open (one UPDATE for all, owner `api_instance_id`; None: no renewals) and the concurrent-request
+    slots of those that hold one (one `renew_slots` call for all; None: no slot renewals). `flush_opens`,
+    `checkpoint`, `renew_leases` and `renew_slots` are the thread's jobs, callable directly (tests)."""
 
     def __init__(
         self,
@@ -237,26 +244,33 @@ class UsageWriter:
         clock: Callable[[], float] = time.monotonic,
         *,
         api_instance_id: str | None = None,
+        renew_slots: SlotRenewer | None = None,
     ) -> None:
         self.session_factory = session_factory
         self.interval_s = interval_s
         self.api_instance_id = api_instance_id
+        self._renew_slots = renew_slots
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pending: list[tuple[dict[str, Any], Future[None]]] = []
         self._watched: dict[str, tuple[RequestMeter, tuple[int, int, str | None] | None]] = {}
         self._held: set[str] = set()  # request ids opened and not yet being finished: their leases are renewed
+        self._slots: dict[str, str] = {}  # request id -> tenant id of the held ones holding a concurrency slot
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def open(self, values: dict[str, Any], watch: RequestMeter | None = None) -> Future[None]:
+    def open(
+        self, values: dict[str, Any], watch: RequestMeter | None = None, *, holds_slot: bool = False
+    ) -> Future[None]:
         """Queue an in_progress row for insertion (done when the future is) and hold its lease until `unwatch`;
-        `watch` it for checkpoints."""
+        `watch` it for checkpoints; `holds_slot`: renew its concurrent-request slot until `unwatch` as well."""
         future: Future[None] = Future()
         with self._lock:
             self._pending.append((values, future))
             self._held.add(values["request_id"])
+            if holds_slot:
+                self._slots[values["request_id"]] = values["tenant_id"]
             if watch is not None:
                 self._watched[watch.request_id] = (watch, None)
             self._ensure_thread()
@@ -264,10 +278,11 @@ class UsageWriter:
         return future
 
     def unwatch(self, meter: RequestMeter) -> None:
-        """Stop checkpointing a request and renewing its lease (it is being given its final values)."""
+        """Stop checkpointing a request and renewing its lease and slot (it is being given its final values)."""
         with self._lock:
             self._watched.pop(meter.request_id, None)
             self._held.discard(meter.request_id)
+            self._slots.pop(meter.request_id, None)
 
     def num_watched(self) -> int:
         """How many streams are being checkpointed."""
@@ -317,6 +332,16 @@ class UsageWriter:
         with self.session_factory() as session:
             return renew_usage_leases(session, self.api_instance_id)
 
+    def renew_slots(self) -> int:
+        """Renew the concurrent-request slot of every request this process holds open that holds one, with one
+        `renew_slots` call (none while it holds none); returns how many slots it asked to renew."""
+        with self._lock:
+            slots = [(tenant_id, request_id) for request_id, tenant_id in self._slots.items()]
+        if self._renew_slots is None or not slots:
+            return 0
+        self._renew_slots(slots)
+        return len(slots)
+
     def close(self) -> None:
         """Stop the thread, then write the rows still queued (a later `open` starts a new thread)."""
         with self._lock:
@@ -358,8 +383,8 @@ class UsageWriter:
     def _run_once(self, next_checkpoint_s: float) -> None:
         jobs: list[Callable[[], object]] = [self.flush_opens]
         if self._clock() >= next_checkpoint_s:
-            jobs += [self.checkpoint, self.renew_leases]
-        for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewal
+            jobs += [self.checkpoint, self.renew_leases, self.renew_slots]
+        for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewals
             try:
                 job()
             except Exception:  # noqa: BLE001 - the thread must survive a DB outage; the next round retries
@@ -384,12 +409,15 @@ class UsageLedger:
         api_instance_id: str = "unknown",
         checkpoint_interval_s: float = 1.0,
         observe_output: OutputObserver | None = None,
+        renew_slots: SlotRenewer | None = None,
     ) -> None:
         self.session_factory = session_factory
         self.metrics = metrics
         self.api_instance_id = api_instance_id
         self.observe_output = observe_output
-        self.writer = UsageWriter(session_factory, checkpoint_interval_s, api_instance_id=api_instance_id)
+        self.writer = UsageWriter(
+            session_factory, checkpoint_interval_s, api_instance_id=api_instance_id, renew_slots=renew_slots
+        )
 
     def start(self, tenant_id: str, request_id: str | None = None) -> RequestMeter:
         """A meter for a request that just passed authentication."""
@@ -400,9 +428,14 @@ class UsageLedger:
 
     def open(self, meter: RequestMeter, is_checkpointed: bool) -> None:
         """Start writing the request's `in_progress` row in the background (an admitted request; call once).
-        `is_checkpointed`: checkpoint its delivered tokens while it runs (streams)."""
+        `is_checkpointed`: checkpoint its delivered tokens while it runs (streams). The request's concurrent-request
+        slot, when it holds one, is renewed with its row's lease until it is recorded."""
         if meter.opened is None and not meter.is_recorded:
-            meter.opened = self.writer.open(meter.open_values(self.api_instance_id), meter if is_checkpointed else None)
+            meter.opened = self.writer.open(
+                meter.open_values(self.api_instance_id),
+                meter if is_checkpointed else None,
+                holds_slot=meter.release_slot is not None,
+            )
 
     async def wait_opened(self, meter: RequestMeter) -> None:
         """Return once the request's row is durable (or its insert failed: logged; the final write inserts)."""

@@ -11,9 +11,16 @@ request: a brief Redis outage must not stop inference (issue 12). It returns to 
 Concurrent requests: `acquire_slot` takes one of the tenant's `max_concurrent_requests` slots for a request
 id (refused, taking nothing, when all are held); `release_slot` gives it back and is idempotent, so a
 request that ends several ways releases exactly once (api/metering.py releases it when the request's usage
-is recorded, however it ended). A slot is a lease: one not released within `SLOT_LEASE_S` (its API process
-was killed) stops counting then. Over the cap a request is refused at once (429 naming the limit) rather than
-queued: the cap is a stated limit of the plan, and waiting for it would hold a connection per queued request.
+is recorded, however it ended). A slot is a short lease renewed by its holder: `renew_slots` stamps every
+slot a process still holds with the current time (api/metering.py's writer thread renews the slots of the
+requests it holds open every `usage_checkpoint_interval_s`, beside their usage rows' leases: one Redis round
+trip for all), and a slot not renewed for `slot_lease_s` (settings.usage_lease_timeout_s, passed in where the
+limiter is built: api/services.py) stops counting. So the slots of a killed API process (kill -9, OOM, node
+loss) are free again within that lease, as are its usage rows. Renewal never re-creates a slot that was
+released or has expired (ZADD XX). Over the cap a request is refused at once (429 naming the limit) rather
+than queued: the cap is a stated limit of the plan, and waiting for it would hold a connection per queued
+request. While Redis is unreachable, slots are taken, renewed and released in process memory, like the
+counters.
 """
 
 from __future__ import annotations
@@ -22,15 +29,18 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 60
-SLOT_LEASE_S = 3600.0  # a held slot stops counting after this long (longer than any completion runs)
+# A held slot stops counting when its holder has not renewed it for this long (settings.usage_lease_timeout_s's
+# default; api/services.py passes the configured value).
+DEFAULT_SLOT_LEASE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,11 @@ class RateLimiter(Protocol):
         """Give the request's slot back (no-op when it holds none)."""
         ...
 
+    def renew_slots(self, slots: Iterable[tuple[str, str]]) -> int:
+        """Renew the lease of each held (tenant id, request id) slot (a released or expired one stays gone);
+        returns how many were renewed."""
+        ...
+
 
 def _refusal(kind: str, limit: int, now: float) -> RateDecision:
     retry = max(1, math.ceil(WINDOW_SECONDS - (now % WINDOW_SECONDS)))
@@ -84,8 +99,9 @@ def _slot_refusal(limit: int) -> RateDecision:
 class InMemoryRateLimiter:
     """Fixed-window counters in process memory (embedded mode)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, *, slot_lease_s: float = DEFAULT_SLOT_LEASE_S) -> None:
         self._clock = clock
+        self.slot_lease_s = slot_lease_s
         self._lock = threading.Lock()
         self._windows: dict[str, tuple[int, int, int]] = {}  # tenant -> (window, requests, tokens)
         self._slots: dict[str, dict[str, float]] = {}  # tenant -> {request id: when its slot was taken}
@@ -110,7 +126,7 @@ class InMemoryRateLimiter:
         now = self._clock()
         with self._lock:
             held = self._slots.setdefault(tenant_id, {})
-            for expired in [rid for rid, taken in held.items() if taken <= now - SLOT_LEASE_S]:
+            for expired in [rid for rid, taken in held.items() if taken <= now - self.slot_lease_s]:
                 del held[expired]
             if request_id not in held and len(held) >= max_concurrent_requests:
                 return _slot_refusal(max_concurrent_requests)
@@ -124,10 +140,25 @@ class InMemoryRateLimiter:
             if held is not None and held.pop(request_id, None) is not None and not held:
                 del self._slots[tenant_id]
 
-    def num_held_slots(self, tenant_id: str) -> int:
-        """The tenant's slots held now (tests and stats)."""
+    def renew_slots(self, slots: Iterable[tuple[str, str]]) -> int:
+        """Renew the lease of each held (tenant id, request id) slot (a released or expired one stays gone);
+        returns how many were renewed."""
+        now = self._clock()
+        num_renewed = 0
         with self._lock:
-            return len(self._slots.get(tenant_id, {}))
+            for tenant_id, request_id in slots:
+                held = self._slots.get(tenant_id, {})
+                taken = held.get(request_id)
+                if taken is not None and taken > now - self.slot_lease_s:
+                    held[request_id] = now
+                    num_renewed += 1
+        return num_renewed
+
+    def num_held_slots(self, tenant_id: str) -> int:
+        """The tenant's slots that count now, leases not expired (tests and stats)."""
+        now = self._clock()
+        with self._lock:
+            return sum(taken > now - self.slot_lease_s for taken in self._slots.get(tenant_id, {}).values())
 
 
 # KEYS[1] = request counter, KEYS[2] = token counter; ARGV = max_requests, max_tokens, num_tokens, ttl
@@ -156,16 +187,40 @@ return 0
 """
 
 
+# KEYS[i] = the slot set of the i-th renewed slot's tenant; ARGV = now, lease, then the i-th slot's request id.
+# Stamps each slot still held with `now` (one expired by now stays gone: the acquire script would drop it) and
+# keeps its set alive for a lease. Returns how many slots were renewed.
+_LUA_RENEW_SLOTS = """
+local now = tonumber(ARGV[1]); local lease = tonumber(ARGV[2]); local n = 0
+for i, key in ipairs(KEYS) do
+  local taken = redis.call('ZSCORE', key, ARGV[i + 2])
+  if taken and tonumber(taken) > now - lease then
+    redis.call('ZADD', key, 'XX', now, ARGV[i + 2]); redis.call('EXPIRE', key, math.ceil(lease)); n = n + 1
+  end
+end
+return n
+"""
+
+
 class RedisRateLimiter:
     """Fixed-window counters in Redis, shared by all API replicas."""
 
-    def __init__(self, client: Any, key_prefix: str = "lorahost:rl:", clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        client: Any,
+        key_prefix: str = "lorahost:rl:",
+        clock: Callable[[], float] = time.time,
+        *,
+        slot_lease_s: float = DEFAULT_SLOT_LEASE_S,
+    ) -> None:
         self._client = client
         self._prefix = key_prefix
         self._clock = clock
+        self.slot_lease_s = slot_lease_s
         self._script = client.register_script(_LUA_ACQUIRE)
         self._slot_script = client.register_script(_LUA_ACQUIRE_SLOT)
-        self._fallback = InMemoryRateLimiter(clock)  # used while Redis is unreachable
+        self._renew_script = client.register_script(_LUA_RENEW_SLOTS)
+        self._fallback = InMemoryRateLimiter(clock, slot_lease_s=slot_lease_s)  # used while Redis is unreachable
         self.is_degraded = False
 
     def acquire(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
@@ -185,7 +240,7 @@ class RedisRateLimiter:
         try:
             code = int(self._slot_script(
                 keys=[self._slot_key(tenant_id)],
-                args=[self._clock(), SLOT_LEASE_S, max_concurrent_requests, request_id],
+                args=[self._clock(), self.slot_lease_s, max_concurrent_requests, request_id],
             ))
         except RedisError as exc:
             self._on_redis_error(exc)
@@ -201,9 +256,28 @@ class RedisRateLimiter:
         except RedisError as exc:  # the slot's lease runs out instead
             self._on_redis_error(exc)
 
+    def renew_slots(self, slots: Iterable[tuple[str, str]]) -> int:
+        """Renew the lease of each held (tenant id, request id) slot, in the fallback and in Redis with one
+        script call for all (a released or expired one stays gone); returns how many were renewed. While Redis
+        is unreachable only the fallback's are renewed: the ones in Redis run out, as a dead process's would."""
+        slots = list(slots)
+        num_renewed = self._fallback.renew_slots(slots)
+        if not slots:
+            return num_renewed
+        try:
+            num_renewed += int(self._renew_script(
+                keys=[self._slot_key(tenant_id) for tenant_id, _ in slots],
+                args=[self._clock(), self.slot_lease_s, *(request_id for _, request_id in slots)],
+            ))
+        except RedisError as exc:
+            self._on_redis_error(exc)
+            return num_renewed
+        self._on_redis_answered()
+        return num_renewed
+
     def num_held_slots(self, tenant_id: str) -> int:
-        """The tenant's slots held in Redis now (tests and stats)."""
-        return int(self._client.zcard(self._slot_key(tenant_id)))
+        """The tenant's slots in Redis that count now, leases not expired (tests and stats)."""
+        return int(self._client.zcount(self._slot_key(tenant_id), f"({self._clock() - self.slot_lease_s}", "+inf"))
 
     def _slot_key(self, tenant_id: str) -> str:
         return f"{self._prefix}{tenant_id}:slots"

@@ -12,6 +12,8 @@ Assign a field to replace a component (a fake tokenizer, a clock-driven rate lim
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
@@ -121,6 +123,7 @@ def build_services(
             metrics,
             api_instance_id=settings.resolved_api_instance_id(),
             checkpoint_interval_s=settings.usage_checkpoint_interval_s,
+            renew_slots=lambda slots: services.rate_limiter.renew_slots(slots),
             observe_output=lambda tenant_id, key, num_tokens: observe_output(
                 services.predictor, tenant_id, key, num_tokens
             ),
@@ -161,15 +164,19 @@ def observe_output(
         observe(tenant_id, adapter_key, num_output_tokens)
 
 
-def make_rate_limiter(settings: Settings) -> RateLimiter:
-    """Redis-backed limits shared by every API replica when Redis is configured, else process-local ones."""
+def make_rate_limiter(settings: Settings, clock: Callable[[], float] = time.time) -> RateLimiter:
+    """Redis-backed limits shared by every API replica when Redis is configured, else process-local ones; a
+    concurrent-request slot not renewed for usage_lease_timeout_s stops counting (its holder is gone)."""
     if settings.redis_url:
         import redis
 
         return RedisRateLimiter(
-            redis.Redis.from_url(settings.redis_url), key_prefix=f"{settings.celery_key_prefix}lorahost:rl:"
+            redis.Redis.from_url(settings.redis_url),
+            key_prefix=f"{settings.celery_key_prefix}lorahost:rl:",
+            clock=clock,
+            slot_lease_s=settings.usage_lease_timeout_s,
         )
-    return InMemoryRateLimiter()
+    return InMemoryRateLimiter(clock, slot_lease_s=settings.usage_lease_timeout_s)
 
 
 def make_waiting_requests(settings: Settings) -> WaitingRequests:

@@ -108,7 +108,8 @@ class Settings(BaseSettings):
         gt=0,
         description="API: seconds between checkpoints of a stream's delivered tokens into its usage row (at most one "
         "UPDATE per stream per interval, all streams in one transaction); a crash loses at most this much billing. "
-        "The lease of all the process's open rows is renewed at the same rate (one UPDATE per interval)",
+        "The lease of all the process's open rows is renewed at the same rate (one UPDATE per interval), and so are "
+        "their max_concurrent_requests slots (one Redis call per interval)",
     )
     usage_lease_timeout_s: float = Field(
         default=30.0,
@@ -116,7 +117,8 @@ class Settings(BaseSettings):
         description="Seconds after its last lease renewal (or checkpoint, or start) at which the usage sweep closes an "
         "open usage row as `interrupted`: its API process died and came back under another api_instance_id, or "
         "never came back (scale-down). Must exceed twice usage_checkpoint_interval_s; a live API that renews late "
-        "still gives the row its final values",
+        "still gives the row its final values. Also the lease of a max_concurrent_requests slot: one its API process "
+        "has not renewed for this long stops counting (api/ratelimit.py)",
     )
     usage_sweep_interval_s: float = Field(
         default=60.0,

@@ -3,8 +3,10 @@ from typing import Any
 
 import pytest
 
-from api.ratelimit import SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
-from tests.services import redis_with_prefix
+from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
+from api.services import make_rate_limiter
+from registry.settings import Settings
+from tests.services import REDIS_URL, redis_with_prefix
 
 
 class FakeClock:
@@ -86,6 +88,13 @@ class FlakyRedis:
 
         return script
 
+    def zrem(self, _key: str, _member: str) -> int:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        if self.is_down:
+            raise RedisConnectionError("Connection refused")
+        return 0
+
 
 def test_redis_outage_counts_in_process_instead_of_failing_then_returns_to_redis() -> None:
     client = FlakyRedis()
@@ -119,5 +128,76 @@ def test_a_slot_never_released_stops_counting_after_its_lease(limiter_and_clock:
     limiter, clock = limiter_and_clock
     assert limiter.acquire_slot("t1", "lost", 1).is_allowed  # its API process was killed
     assert not limiter.acquire_slot("t1", "next", 1).is_allowed
-    clock.now += SLOT_LEASE_S + 1
+    clock.now += DEFAULT_SLOT_LEASE_S + 1
+    assert limiter.acquire_slot("t1", "next", 1).is_allowed
+
+
+def test_a_renewed_slot_keeps_counting_and_one_not_renewed_expires_after_the_lease(limiter_and_clock: Any) -> None:
+    limiter, clock = limiter_and_clock
+    lease_s = DEFAULT_SLOT_LEASE_S
+    assert limiter.acquire_slot("t1", "renewed", 2).is_allowed
+    assert limiter.acquire_slot("t1", "abandoned", 2).is_allowed
+    for _ in range(5):  # five leases' worth of time, renewed every 0.5 lease
+        clock.now += lease_s / 2
+        assert limiter.renew_slots([("t1", "renewed")]) == 1
+    assert limiter.num_held_slots("t1") == 1  # "abandoned" ran out; "renewed" still counts
+    assert limiter.acquire_slot("t1", "next", 2).is_allowed
+    assert not limiter.acquire_slot("t1", "over", 2).is_allowed  # "renewed" + "next": the cap holds
+
+
+def test_renewal_never_brings_back_a_released_or_expired_slot(limiter_and_clock: Any) -> None:
+    limiter, clock = limiter_and_clock
+    assert limiter.acquire_slot("t1", "released", 1).is_allowed
+    limiter.release_slot("t1", "released")
+    assert limiter.renew_slots([("t1", "released"), ("t2", "never-taken")]) == 0  # a renewal racing the release
+    assert limiter.num_held_slots("t1") == 0
+    assert limiter.acquire_slot("t1", "expired", 1).is_allowed
+    clock.now += DEFAULT_SLOT_LEASE_S
+    assert limiter.renew_slots([("t1", "expired")]) == 0  # renewed too late: it stays expired
+    assert limiter.acquire_slot("t1", "next", 1).is_allowed
+    assert limiter.renew_slots([]) == 0
+
+
+def test_the_slot_lease_is_the_configured_one(limiter_and_clock: Any) -> None:
+    _, clock = limiter_and_clock
+    limiter = InMemoryRateLimiter(clock, slot_lease_s=5.0)
+    assert limiter.acquire_slot("t1", "a", 1).is_allowed
+    clock.now += 4.0
+    assert not limiter.acquire_slot("t1", "b", 1).is_allowed
+    clock.now += 1.0
+    assert limiter.acquire_slot("t1", "b", 1).is_allowed
+
+
+def test_slots_of_a_killed_api_process_free_up_after_the_usage_lease_so_the_tenant_is_admitted_again() -> None:
+    """Regression (issue 19): a replica killed mid-request left its slots held for an hour (429s for the tenant).
+    Two replicas built from settings share Redis; the dead one never renews, the live one does."""
+    gen = redis_with_prefix()
+    _, prefix = next(gen)
+    clock = FakeClock()
+    settings = Settings(redis_url=REDIS_URL, celery_key_prefix=prefix, usage_lease_timeout_s=30.0)
+    dead, live = make_rate_limiter(settings, clock), make_rate_limiter(settings, clock)
+    try:
+        assert dead.acquire_slot("t1", "in-flight-at-crash", 2).is_allowed  # then its process is killed
+        assert live.acquire_slot("t1", "long-stream", 2).is_allowed
+        assert not live.acquire_slot("t1", "next", 2).is_allowed  # the tenant is at its cap
+        for _ in range(4):  # the live replica renews every checkpoint interval; the dead one never does
+            clock.now += 10.0
+            assert live.renew_slots([("t1", "long-stream")]) == 1
+        assert live.acquire_slot("t1", "next", 2).is_allowed  # the dead replica's slot stopped counting
+        assert not live.acquire_slot("t1", "over", 2).is_allowed  # the renewed one still counts
+    finally:
+        gen.close()
+
+
+def test_redis_outage_renews_the_slots_taken_in_process() -> None:
+    client = FlakyRedis()
+    clock = FakeClock()
+    limiter = RedisRateLimiter(client, clock=clock, slot_lease_s=10.0)
+    client.is_down = True
+    assert limiter.acquire_slot("t1", "during-outage", 1).is_allowed
+    clock.now += 8.0
+    assert limiter.renew_slots([("t1", "during-outage")]) == 1  # in the fallback; the Redis call failed
+    clock.now += 8.0
+    assert not limiter.acquire_slot("t1", "next", 1).is_allowed  # renewed: still counts
+    limiter.release_slot("t1", "during-outage")
     assert limiter.acquire_slot("t1", "next", 1).is_allowed

@@ -6,12 +6,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
+import anyio
 import openai
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.ratelimit import InMemoryRateLimiter, RedisRateLimiter
+from api.inference.prepare import admit
+from api.ratelimit import InMemoryRateLimiter, RateLimits, RedisRateLimiter
 from api.services import make_rate_limiter
 from registry.settings import Settings
 from tests.api.conftest import ADMIN, TenantHandle
@@ -149,3 +151,24 @@ def test_a_request_that_fails_or_is_refused_later_releases_its_slot(
 def test_max_concurrent_requests_must_be_positive(client: TestClient) -> None:
     refused = client.post("/v1/admin/plans", json={"name": "zero-cap", "max_concurrent_requests": 0}, headers=ADMIN)
     assert refused.status_code in (400, 422) and "max_concurrent_requests" in refused.text
+
+
+def test_the_api_renews_the_slot_of_a_request_in_flight_with_its_usage_lease(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle]
+) -> None:
+    """Slots are leases of usage_lease_timeout_s, renewed by the usage writer of the process holding them."""
+    client = make_client(usage_lease_timeout_s=12.0)
+    services = client.app.state.services  # type: ignore[attr-defined]
+    assert services.rate_limiter.slot_lease_s == 12.0  # from settings, not a constant
+    now = [1_000_000.0]
+    services.rate_limiter = InMemoryRateLimiter(lambda: now[0], slot_lease_s=12.0)  # read at each renewal
+    tenant_id = new_tenant("in-flight").id
+    meter = services.usage_ledger.start(tenant_id)
+    admit(services, tenant_id, 1, RateLimits(max_concurrent_requests=1), meter)
+    services.usage_ledger.open(meter, is_checkpointed=False)
+    for _ in range(4):  # 24 s: two leases
+        now[0] += 6.0
+        assert services.usage_ledger.writer.renew_slots() == 1
+    assert services.rate_limiter.num_held_slots(tenant_id) == 1
+    anyio.run(services.usage_ledger.record, meter, "ok")
+    assert services.rate_limiter.num_held_slots(tenant_id) == 0

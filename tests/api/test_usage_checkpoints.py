@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 
 import anyio
 import pytest
@@ -14,6 +15,7 @@ from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.metering import RequestMeter, UsageLedger, UsageWriter
+from api.ratelimit import InMemoryRateLimiter
 from registry import repository
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord, utcnow
@@ -250,3 +252,57 @@ async def test_a_live_apis_long_non_streamed_request_is_never_closed_by_the_leas
     assert 1 <= len(renewals) <= int(elapsed_s / interval_s) + 2  # one UPDATE per interval at most ...
     assert set(renewals) == {1}  # ... each a single statement
 
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.anyio
+async def test_the_writer_renews_the_concurrency_slots_of_the_requests_it_holds_open_until_they_are_recorded(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    clock = _Clock()
+    limiter = InMemoryRateLimiter(clock, slot_lease_s=30.0)
+    ledger = UsageLedger(
+        db_session_factory, api_instance_id="api-slots", checkpoint_interval_s=FAR_S, renew_slots=limiter.renew_slots
+    )
+    capped, uncapped = _meter(tenant_id), _meter(tenant_id)
+    assert limiter.acquire_slot(tenant_id, capped.request_id, 1).is_allowed  # as admit() does
+    capped.release_slot = partial(limiter.release_slot, tenant_id, capped.request_id)
+    ledger.open(capped, is_checkpointed=True)
+    ledger.open(uncapped, is_checkpointed=False)  # holds no slot: nothing to renew
+    for _ in range(4):  # two leases' worth of time, renewed every checkpoint round
+        clock.now += 15.0
+        assert ledger.writer.renew_slots() == 1
+    assert limiter.num_held_slots(tenant_id) == 1  # still held: its request is running
+    assert not limiter.acquire_slot(tenant_id, "next", 1).is_allowed
+
+    await ledger.record(capped, "ok")
+    assert ledger.writer.renew_slots() == 0  # released and no longer renewed
+    assert limiter.num_held_slots(tenant_id) == 0
+    assert limiter.acquire_slot(tenant_id, "next", 1).is_allowed
+    await ledger.record(uncapped, "ok")
+    ledger.close()
+
+
+def test_the_slot_renewal_runs_in_the_writer_round_even_when_the_usage_update_fails(
+    db_session_factory: sessionmaker[Session], tenant_id: str
+) -> None:
+    renewed: list[list[tuple[str, str]]] = []
+    clock = _Clock()
+    writer = UsageWriter(db_session_factory, FAR_S, clock, api_instance_id="api-down", renew_slots=renewed.append)
+    writer.renew_leases = _fail  # type: ignore[method-assign]  # the database is down
+    meter = _meter(tenant_id)
+    writer.open(meter.open_values("api-down"), holds_slot=True)
+    writer._run_once(next_checkpoint_s=clock.now)  # one checkpoint round of the thread, run synchronously
+    assert renewed == [[(tenant_id, meter.request_id)]]
+    writer.close()
+
+
+def _fail() -> int:
+    raise RuntimeError("database is down")
