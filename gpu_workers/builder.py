@@ -111,6 +111,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         host_adapter_cache_bytes=settings.engine_host_adapter_cache_bytes,
         batch_policy=settings.engine_batch_policy,
         fair_share=settings.engine_fair_share,
+        fair_share_reserved_seqs=settings.engine_fair_share_reserved_seqs,
         multiqueue_slo_s=settings.engine_multiqueue_slo_s,
         multiqueue_refresh_s=settings.engine_multiqueue_refresh_s,
         multiqueue_max_queues=settings.engine_multiqueue_max_queues,

@@ -52,7 +52,9 @@ class EngineConfig:
     `multiqueue_*` knobs configure "multiqueue" (scheduler/multiqueue.py): the TTFT SLO of its M/M/1 quota
     rule, how often its size classes and quotas are refreshed, and its most queues (Kmax);
     `fair_share`: wrap that policy in the tenants' fair share (scheduler/fair_share.py: the least-served
-    tenant's requests first, in the policy's order within a tenant; no effect with one tenant);
+    tenant's requests first, in the policy's order within a tenant; no effect with one tenant), keeping
+    `fair_share_reserved_seqs` batch slots for a tenant with nothing running (a newcomer is admitted at the
+    next step instead of waiting for another tenant's request to finish; at most max_num_seqs - 1);
     `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
     (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
     `is_caching_idle_adapters`: keep adapters no request uses on the device while pages are free (the
@@ -90,6 +92,7 @@ class EngineConfig:
     memory_mode: str = "unified"
     batch_policy: str = "fifo"
     fair_share: bool = True
+    fair_share_reserved_seqs: int = 1
     multiqueue_slo_s: float = DEFAULT_SLO_S
     multiqueue_refresh_s: float = DEFAULT_REFRESH_S
     multiqueue_max_queues: int = DEFAULT_MAX_QUEUES
@@ -118,6 +121,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.memory_mode not in MEMORY_MODES:
             raise ValueError(f"memory_mode must be one of {list(MEMORY_MODES)}, got {self.memory_mode!r}")
+        if self.fair_share_reserved_seqs < 0:
+            raise ValueError(f"fair_share_reserved_seqs must be >= 0, got {self.fair_share_reserved_seqs}")
         if self.lora_stack_cache_size < 0:
             raise ValueError(f"lora_stack_cache_size must be >= 0, got {self.lora_stack_cache_size}")
         if self.adapter_cache_bytes is not None and self.adapter_cache_bytes <= 0:

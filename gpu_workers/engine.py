@@ -492,7 +492,10 @@ _COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (ne
 def default_batch_policy(config: EngineConfig) -> BatchPolicy:
     """The batch policy the config names, inside the tenants' fair share when `config.fair_share`."""
     policy = make_batch_policy(config.batch_policy, **config.batch_policy_options())
-    return FairSharePolicy(policy) if config.fair_share else policy
+    if not config.fair_share:
+        return policy
+    num_reserved_seqs = min(config.fair_share_reserved_seqs, config.max_num_seqs - 1)  # one slot stays usable
+    return FairSharePolicy(policy, num_reserved_seqs=num_reserved_seqs)
 
 
 def _stamp_first_scheduled(entries: list[BatchEntry], now: float) -> None:

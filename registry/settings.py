@@ -338,6 +338,15 @@ class Settings(BaseSettings):
         "the batch policy's order within a tenant; false admits in the batch policy's order alone. No effect "
         "while one tenant sends requests.",
     )
+    engine_fair_share_reserved_seqs: int = Field(
+        default=1,
+        ge=0,
+        description="With fair share: batch slots a tenant that already has a request running may not take, "
+        "kept for a tenant with nothing running, so a newly arriving tenant is admitted at the next step "
+        "instead of waiting for a flooding tenant's request to finish (costs at most this many of "
+        "engine_max_num_seqs slots while one tenant alone fills the batch; requests without a tenant are "
+        "never held back); 0 = off",
+    )
     engine_multiqueue_slo_s: float = Field(
         default=DEFAULT_SLO_S,
         gt=0,

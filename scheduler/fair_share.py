@@ -15,12 +15,21 @@ Counters are charged as service happens: a request's prompt tokens when the sche
 (`on_admitted`; a readmission after a preemption charges nothing), each output token when a step computes
 it (`on_tokens_served`, called by the batch scheduler for every step it plans).
 
-A tenant is *active* while it has a request in the engine (waiting or running). A tenant becoming active is
-lifted to the lowest counter of the active tenants (or, when none is active, to the counter of the last
-tenant to leave), never lowered: idle time is not banked, so a returning tenant cannot monopolise the engine,
-and a new one starts level with the least-served and is admitted at once. Inactive tenants whose counter is
+A tenant is *active* while it has a request in the engine (waiting or running) and *backlogged* while it has
+one waiting. A tenant becoming backlogged is lifted to the lowest counter of the backlogged tenants (VTC's
+rule; when none is backlogged: of the active tenants, else the counter of the last tenant to leave), never
+lowered: idle time is not banked, nor time spent with requests running but none waiting, so a returning
+tenant cannot monopolise the engine, and a new one starts level with the least-served and is admitted at once. Inactive tenants whose counter is
 at or below that floor are forgotten (their lift gives the same value), so the state stays bounded.
 Requests without a tenant (direct engine use) share one anonymous tenant `ANONYMOUS_TENANT`.
+
+Reserved sequence slots (`num_reserved_seqs`, default 0; the engine's default is 1): VTC orders admissions but
+does not preempt, so when one tenant's backlog fills every batch slot a newly arriving tenant waits until one of
+those requests finishes (measured: 2 steps at P50, 6 at P99 on SmolLM2 with 16 slots, 4-7x its TTFT alone).
+With R reserved slots, a tenant that already has a request running (or planned in this step) is not planned
+into the last R free slots: they stay for a tenant with nothing running, whose first request is then admitted
+at the next step. Its cost is at most R / max_num_seqs of the batch while one tenant alone fills it. Requests
+without a tenant are never held back by the reserve (direct engine use keeps its whole batch).
 
 Bounded unfairness: while two tenants f, g are both backlogged (each has a waiting request) and the planned
 requests are admitted in plan order (no request skipped for lack of memory),
@@ -63,12 +72,16 @@ class FairSharePolicy:
         inner: BatchPolicy,
         prompt_weight: float = DEFAULT_PROMPT_WEIGHT,
         output_weight: float = DEFAULT_OUTPUT_WEIGHT,
+        num_reserved_seqs: int = 0,
     ) -> None:
         if prompt_weight < 0 or output_weight < 0 or prompt_weight + output_weight <= 0:
             raise ValueError(
                 f"prompt_weight and output_weight must be >= 0 and not both 0, got {prompt_weight}, {output_weight}"
             )
+        if num_reserved_seqs < 0:
+            raise ValueError(f"num_reserved_seqs must be >= 0, got {num_reserved_seqs}")
         self.inner = inner
+        self.num_reserved_seqs = num_reserved_seqs
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
         self._counters: dict[str, float] = {}  # tenant -> weighted served tokens / tenant weight
@@ -92,15 +105,17 @@ class FairSharePolicy:
 
     def plan(self, waiting: Sequence[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
         """The inner policy's plan, interleaved by tenant, least served first (module doc)."""
+        backlogged = {self._tracked[r.request_id].tenant for r in waiting if r.request_id in self._tracked}
         for request in waiting:
             if request.request_id not in self._tracked:
-                self._track(request)
+                self._track(request, backlogged)
         inner_plan = self.inner.plan(waiting, budget)
         by_id = {r.request_id: r for r in waiting}
         tenants = {_tenant(by_id[rid].tenant_id) for rid in inner_plan.request_ids if rid in by_id}
-        if len(tenants) <= 1:
-            return inner_plan
-        return self._interleave(inner_plan, by_id)
+        plan = inner_plan if len(tenants) <= 1 else self._interleave(inner_plan, by_id)
+        if self.num_reserved_seqs == 0:
+            return plan
+        return self._keep_reserved_seqs(plan, by_id, budget.num_free_seqs)
 
     def on_admitted(self, request_id: str, now: float | None = None) -> None:
         """Charge the request's prompt to its tenant on its first admission; tell the inner policy."""
@@ -127,20 +142,24 @@ class FairSharePolicy:
 
     # ---- helpers --------------------------------------------------------------------------------------
 
-    def _track(self, request: WaitingRequest) -> None:
-        """Start tracking a request; its tenant, if it becomes active, is lifted to the floor."""
+    def _track(self, request: WaitingRequest, backlogged: set[str]) -> None:
+        """Start tracking a request; its tenant, if it becomes backlogged (it had no request waiting), is lifted
+        to the floor. `backlogged`: the tenants with an earlier request still waiting (updated here)."""
         tenant = _tenant(request.tenant_id)
         if request.tenant_weight <= 0:
             raise ValueError(f"tenant_weight must be positive, got {request.tenant_weight} for {request.request_id!r}")
         self._weights[tenant] = request.tenant_weight
-        if tenant not in self._num_active:
-            self._counters[tenant] = max(self._counters.get(tenant, 0.0), self._floor())
-            self._num_active[tenant] = 0
-        self._num_active[tenant] += 1
+        if tenant not in backlogged:
+            self._counters[tenant] = max(self._counters.get(tenant, 0.0), self._floor(backlogged))
+            backlogged.add(tenant)
+        self._num_active[tenant] = self._num_active.get(tenant, 0) + 1
         self._tracked[request.request_id] = _Tracked(tenant, request.num_prompt_tokens)
 
-    def _floor(self) -> float:
-        """The lowest counter of the active tenants, else the counter of the last tenant to leave."""
+    def _floor(self, backlogged: set[str] | None = None) -> float:
+        """The lowest counter of the backlogged tenants (VTC's lift), else of the active ones, else the counter
+        of the last tenant to leave."""
+        if backlogged:
+            return min(self._counters[t] for t in backlogged)
         if not self._num_active:
             return self._last_left
         return min(self._counters[t] for t in self._num_active)
@@ -181,6 +200,33 @@ class FairSharePolicy:
             is_head_of_line_blocking=inner_plan.is_head_of_line_blocking,
             group_ids=tuple(inner_plan.group_ids[p] for p in order) if inner_plan.group_ids else (),
             bypass_ids=inner_plan.bypass_ids,
+        )
+
+    def _keep_reserved_seqs(
+        self, plan: AdmissionPlan, by_id: Mapping[str, WaitingRequest], num_free_seqs: int
+    ) -> AdmissionPlan:
+        """Drop from the plan the requests of tenants already running (or planned) that would take one of the
+        last `num_reserved_seqs` free slots (module doc); the rest keep their order."""
+        waiting_ids = set(by_id)
+        busy = {t.tenant for rid, t in self._tracked.items() if rid not in waiting_ids}  # tenants running now
+        num_left = num_free_seqs
+        kept: list[int] = []
+        for position, request_id in enumerate(plan.request_ids):
+            request = by_id.get(request_id)
+            tenant_id = request.tenant_id if request else None
+            if tenant_id is not None and tenant_id in busy and num_left <= self.num_reserved_seqs:
+                continue
+            kept.append(position)
+            num_left -= 1
+            if tenant_id is not None:
+                busy.add(tenant_id)
+        if len(kept) == len(plan.request_ids):
+            return plan
+        return AdmissionPlan(
+            request_ids=tuple(plan.request_ids[p] for p in kept),
+            is_head_of_line_blocking=plan.is_head_of_line_blocking,
+            group_ids=tuple(plan.group_ids[p] for p in kept) if plan.group_ids else (),
+            bypass_ids=plan.bypass_ids,
         )
 
     def _projected_charge(self, request_id: str, tenant: str) -> float:

@@ -140,6 +140,29 @@ def test_one_tenants_queue_does_not_delay_another_tenants_request(
     assert orders[False].index("b0") == 12  # without fair share it waits for all of a's queue
 
 
+def test_a_reserved_slot_lets_a_newcomer_start_at_the_next_step_while_a_flood_fills_the_batch(
+    make_engine: Any, prompt_ids: list[list[int]]
+) -> None:
+    """With fair share's reserved slot (engine default 1) tenant a's backlog takes 3 of 4 slots; b's request,
+    arriving while a's run, gets its first token from the very next step. Without the reserve it waits until
+    one of a's requests finishes."""
+    first_steps = {}
+    for num_reserved in (1, 0):
+        engine = make_engine(max_num_seqs=4, fair_share_reserved_seqs=num_reserved)
+        for i in range(12):
+            engine.add_request(f"a{i}", prompt_ids[i % 4], GREEDY, tenant_id="tenant-a")
+        engine.step()
+        engine.step()
+        assert len(engine.scheduler.running) == 4 - num_reserved
+        engine.add_request("b0", prompt_ids[0], GREEDY, tenant_id="tenant-b")
+        num_steps = 1
+        while not any(out.request_id == "b0" and out.new_token_ids for out in engine.step()):
+            num_steps += 1
+        first_steps[num_reserved] = num_steps
+    assert first_steps[1] == 1
+    assert first_steps[0] > 1
+
+
 def served_while_both_backlogged(engine: LLMEngine) -> tuple[dict[str, int], list[str]]:
     """Output tokens served per tenant ("a", "b": the request id's first letter), and the request ids in the
     order of their first token, until one tenant has no request left waiting (both backlogged until then)."""

@@ -50,6 +50,7 @@ class StandInEngine:
     finished: set[str] = field(default_factory=set)
     step_of: dict[str, int] = field(default_factory=dict)  # request id -> the step it was admitted
     num_output_tokens: dict[str, int] = field(default_factory=dict)  # request id -> its output length
+    seen: set[str] = field(default_factory=set)  # requests the policy was shown (waiting at a plan call)
 
     def add(self, request_id: str, arrival: Arrival) -> None:
         self.waiting[request_id] = WaitingRequest(
@@ -65,6 +66,7 @@ class StandInEngine:
     def step(self, step: int) -> None:
         num_free = self.max_num_seqs - len(self.remaining)
         if self.waiting and num_free > 0:
+            self.seen |= set(self.waiting)
             budget = BatchBudget(num_free_seqs=num_free, num_free_tokens=10**6, num_free_blocks=10**6,
                                  block_size=16, now=float(step), num_total_blocks=10**6, max_num_seqs=self.max_num_seqs)
             for request_id in self.policy.plan(list(self.waiting.values()), budget).request_ids[:num_free]:
@@ -82,7 +84,8 @@ class StandInEngine:
                 self.policy.on_finished(request_id, now=float(step))
 
     def tenants_waiting(self) -> set[str]:
-        return {r.tenant_id or ANONYMOUS_TENANT for r in self.waiting.values()}
+        """Tenants with a waiting request the policy has been shown (it cannot act on one it has not seen)."""
+        return {r.tenant_id or ANONYMOUS_TENANT for rid, r in self.waiting.items() if rid in self.seen}
 
 
 def run(engine: StandInEngine, arrivals: list[Arrival], num_steps: int, check=None) -> None:
@@ -130,9 +133,9 @@ def test_two_backlogged_tenants_counters_stay_within_the_stated_bound(
     bound = unfairness_bound(max_num_seqs, min(1.0, weight_b))
 
     def check(engine: StandInEngine, step: int) -> None:
-        # both backlogged and seen by the policy (it sees arrivals when a slot is free; b's comeback was
-        # lifted then, not banked)
-        if engine.tenants_waiting() == {"a", "b"} <= policy.active_tenants:
+        # both backlogged with requests the policy has seen (it sees arrivals when a slot is free; b's comeback
+        # is lifted then to a's counter, however long b had requests running and none waiting)
+        if engine.tenants_waiting() == {"a", "b"}:
             assert abs(policy.counter("a") - policy.counter("b")) <= bound, step
 
     run(engine, arrivals, 150, check)
@@ -285,3 +288,57 @@ def test_bad_weights_are_refused_with_what_to_change() -> None:
         FairSharePolicy(FifoPolicy(), prompt_weight=0, output_weight=0)
     with pytest.raises(ValueError, match="tenant_weight must be positive"):
         FairSharePolicy(FifoPolicy()).plan([WaitingRequest("a1", 0.0, 1, 1, tenant_id="a", tenant_weight=0)], BUDGET)
+
+
+@st.composite
+def flood_then_newcomers(draw: st.DrawFn) -> list[Arrival]:
+    """Tenant a floods at step 0 (more requests than slots); newcomers c0, c1, ... arrive one request each,
+    later, each after the one before has finished (one reserved slot serves one newcomer at a time)."""
+    flood = [Arrival(0, "a", p, o) for p, o in draw(st.lists(sizes, min_size=12, max_size=40))]
+    gaps = draw(st.lists(st.integers(MAX_OUTPUT + 1, 3 * MAX_OUTPUT), min_size=1, max_size=4))
+    steps = [1 + sum(gaps[:i]) for i in range(len(gaps))]
+    return flood + [Arrival(step, f"c{i}", *draw(sizes)) for i, step in enumerate(steps)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrivals=flood_then_newcomers(), max_num_seqs=st.integers(2, 8))
+def test_with_a_reserved_slot_a_newcomer_is_admitted_at_the_next_step_while_a_flood_fills_the_batch(
+    arrivals: list[Arrival], max_num_seqs: int
+) -> None:
+    engine = StandInEngine(FairSharePolicy(FifoPolicy(), num_reserved_seqs=1), max_num_seqs)
+    run(engine, arrivals, num_steps=120)
+    arrived = {f"{a.tenant}-{i}": a.step for i, a in enumerate(arrivals)}
+    for request_id, step in arrived.items():
+        if request_id.startswith("c"):  # each newcomer's one request: admitted at the step it arrived
+            assert engine.step_of[request_id] == step, (request_id, step, engine.step_of.get(request_id))
+    # the flood still uses every slot but the reserved one
+    busiest = max(sum(1 for r, s in engine.step_of.items() if r.startswith("a-") and s <= t
+                      and engine.step_of[r] + engine.num_output_tokens[r] > t) for t in range(20))
+    assert busiest == max_num_seqs - 1
+
+
+def test_without_a_reserve_a_newcomer_waits_for_a_flooding_tenants_request_to_finish() -> None:
+    flood = [Arrival(0, "a", 8, 8) for _ in range(12)]
+    engine = StandInEngine(FairSharePolicy(FifoPolicy()), max_num_seqs=4)
+    run(engine, [*flood, Arrival(2, "c", 8, 1)], num_steps=40)
+    assert engine.step_of["c-12"] == 8  # every slot was a's until a's first four finished
+
+
+def test_requests_without_a_tenant_are_never_held_back_by_the_reserve() -> None:
+    policy = FairSharePolicy(FifoPolicy(), num_reserved_seqs=1)
+    waiting = [WaitingRequest(f"r{i}", float(i), 8, 4) for i in range(4)]
+    budget = BatchBudget(num_free_seqs=4, num_free_tokens=10**6, num_free_blocks=10**6, block_size=16)
+    assert policy.plan(waiting, budget).request_ids == ("r0", "r1", "r2", "r3")
+    with pytest.raises(ValueError, match="num_reserved_seqs"):
+        FairSharePolicy(FifoPolicy(), num_reserved_seqs=-1)
+
+
+def test_a_tenant_with_requests_running_but_none_waiting_banks_no_service() -> None:
+    """VTC lifts a tenant when it becomes backlogged, not only when it becomes active: b's one long request ran
+    while a used three slots, so b's counter fell far behind; b's burst afterwards must not take the engine."""
+    flood = [Arrival(0, "a", 1, 8) for _ in range(80)]
+    arrivals = [*flood, Arrival(0, "b", 1, 100), *[Arrival(50, "b", 1, 8) for _ in range(6)]]
+    engine = StandInEngine(FairSharePolicy(FifoPolicy()), max_num_seqs=4)
+    run(engine, arrivals, num_steps=60)
+    after_burst = [r for r in engine.admitted if engine.step_of[r] >= 50][:6]
+    assert sum(r.startswith("a-") for r in after_burst) >= 2, after_burst  # interleaved, not b's burst first
