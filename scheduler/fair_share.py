@@ -26,10 +26,12 @@ Requests without a tenant (direct engine use) share one anonymous tenant `ANONYM
 Reserved sequence slots (`num_reserved_seqs`, default 0; the engine's default is 1): VTC orders admissions but
 does not preempt, so when one tenant's backlog fills every batch slot a newly arriving tenant waits until one of
 those requests finishes (measured: 2 steps at P50, 6 at P99 on SmolLM2 with 16 slots, 4-7x its TTFT alone).
-With R reserved slots, a tenant that already has a request running (or planned in this step) is not planned
-into the last R free slots: they stay for a tenant with nothing running, whose first request is then admitted
-at the next step. Its cost is at most R / max_num_seqs of the batch while one tenant alone fills it. Requests
-without a tenant are never held back by the reserve (direct engine use keeps its whole batch).
+With R reserved slots, a tenant already running (with this step's planned requests) at least an equal share
+of the batch counting one more tenant, max_num_seqs / (active tenants + 1), is not planned into the last R free
+slots (when the budget does not give max_num_seqs: a tenant with any request running): they stay for a tenant
+below that share (a newcomer, or a light tenant whose earlier request still runs), whose request is then
+admitted at the next step. Its cost is at most R / max_num_seqs of the batch while the heavy tenants fill it.
+Requests without a tenant are never held back by the reserve (direct engine use keeps its whole batch).
 
 Bounded unfairness: while two tenants f, g are both backlogged (each has a waiting request) and the planned
 requests are admitted in plan order (no request skipped for lack of memory),
@@ -115,7 +117,7 @@ class FairSharePolicy:
         plan = inner_plan if len(tenants) <= 1 else self._interleave(inner_plan, by_id)
         if self.num_reserved_seqs == 0:
             return plan
-        return self._keep_reserved_seqs(plan, by_id, budget.num_free_seqs)
+        return self._keep_reserved_seqs(plan, by_id, budget)
 
     def on_admitted(self, request_id: str, now: float | None = None) -> None:
         """Charge the request's prompt to its tenant on its first admission; tell the inner policy."""
@@ -203,23 +205,27 @@ class FairSharePolicy:
         )
 
     def _keep_reserved_seqs(
-        self, plan: AdmissionPlan, by_id: Mapping[str, WaitingRequest], num_free_seqs: int
+        self, plan: AdmissionPlan, by_id: Mapping[str, WaitingRequest], budget: BatchBudget
     ) -> AdmissionPlan:
-        """Drop from the plan the requests of tenants already running (or planned) that would take one of the
-        last `num_reserved_seqs` free slots (module doc); the rest keep their order."""
-        waiting_ids = set(by_id)
-        busy = {t.tenant for rid, t in self._tracked.items() if rid not in waiting_ids}  # tenants running now
-        num_left = num_free_seqs
+        """Drop from the plan the requests of tenants at or above their share that would take one of the last
+        `num_reserved_seqs` free slots (module doc); the rest keep their order."""
+        num_running: dict[str, int] = {}  # tenant -> its requests running now (tracked and not waiting)
+        for request_id, tracked in self._tracked.items():
+            if request_id not in by_id:
+                num_running[tracked.tenant] = num_running.get(tracked.tenant, 0) + 1
+        # a share of the batch counting one more tenant; without max_num_seqs, any running request is too many
+        share = budget.max_num_seqs / (len(self._num_active) + 1) if budget.max_num_seqs else 1.0
+        num_left = budget.num_free_seqs
         kept: list[int] = []
         for position, request_id in enumerate(plan.request_ids):
             request = by_id.get(request_id)
             tenant_id = request.tenant_id if request else None
-            if tenant_id is not None and tenant_id in busy and num_left <= self.num_reserved_seqs:
+            if tenant_id is not None and num_left <= self.num_reserved_seqs and num_running.get(tenant_id, 0) >= share:
                 continue
             kept.append(position)
             num_left -= 1
             if tenant_id is not None:
-                busy.add(tenant_id)
+                num_running[tenant_id] = num_running.get(tenant_id, 0) + 1
         if len(kept) == len(plan.request_ids):
             return plan
         return AdmissionPlan(

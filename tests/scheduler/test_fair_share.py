@@ -342,3 +342,15 @@ def test_a_tenant_with_requests_running_but_none_waiting_banks_no_service() -> N
     run(engine, arrivals, num_steps=60)
     after_burst = [r for r in engine.admitted if engine.step_of[r] >= 50][:6]
     assert sum(r.startswith("a-") for r in after_burst) >= 2, after_burst  # interleaved, not b's burst first
+
+
+def test_a_light_tenant_whose_earlier_request_still_runs_also_gets_the_reserved_slot() -> None:
+    """a's flood fills 3 of 4 slots, b's first request the reserved one; when one of a's finishes, the freed
+    (last) slot goes to b's second request, b being below its share (4 / (2 tenants + 1)), not to a (at its
+    share) and not left idle."""
+    flood = [Arrival(0, "a", 4, 8), Arrival(0, "a", 4, 8), Arrival(0, "a", 4, 3)]
+    flood += [Arrival(0, "a", 4, 8) for _ in range(20)]
+    arrivals = [*flood, Arrival(1, "b", 4, 8), Arrival(2, "b", 4, 8)]
+    engine = StandInEngine(FairSharePolicy(FifoPolicy(), num_reserved_seqs=1), max_num_seqs=4)
+    run(engine, arrivals, num_steps=5)
+    assert (engine.step_of["b-23"], engine.step_of["b-24"]) == (1, 3)
