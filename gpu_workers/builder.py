@@ -122,6 +122,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         adapter_link_gbps=settings.engine_adapter_link_gbps,
         cpu_prefill_workers=settings.engine_cpu_prefill_workers,
         fp32_prefill_gemms=settings.engine_fp32_prefill_gemms,
+        kernel_choices_path=settings.engine_kernel_choices_path,
         lora_kernel=settings.engine_lora_kernel,
     )
 

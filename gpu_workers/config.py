@@ -34,8 +34,9 @@ class EngineConfig:
     gpu_workers/host_malloc.py), so per-step GEMM outputs are not page-faulted in again on every call.
     `fp32_prefill_gemms`: with packed linears in bf16, products of >= 128 rows (prefill) multiply fp32 upcasts
     of the activations and weights and round the output to bf16 (the dense bf16 weights are kept beside the
-    packed ones: 2x their memory); None = auto: where oneDNN's fp32 GEMM is clearly faster than its bf16 one
-    here (x86-64 CPUs without AMX, read from the CPU flags; measured once elsewhere: layers/linear.is_fp32_gemm_faster).
+    packed ones: 2x their memory); None = auto: chosen by measurement on this machine and the model's shapes
+    (gpu_workers/kernel_tuner.py; cached in `kernel_choices_path`, default
+    $LORAHOST_ENGINE_KERNEL_CHOICES_PATH or ~/.cache/lorahost/kernel_choices.json).
 
     Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block; `memory_mode`:
     - "unified" (default; S-LoRA / FastLibra): one budget of KV pages (`num_kv_blocks`, else
@@ -103,6 +104,7 @@ class EngineConfig:
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
     fp32_prefill_gemms: bool | None = None
+    kernel_choices_path: Path | None = None
     lora_kernel: bool | None = None
     tune_host_malloc: bool = True
     host_adapter_cache_bytes: int = 2 << 30

@@ -152,6 +152,8 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
         "lora_kernel": engine.runner.use_lora_kernel,
         "cpu_kernels_compile_s": engine.runner.cpu_kernels_compile_s,  # None: loaded from the cache
         "fp32_prefill_gemms": engine.runner.wide_gemm_dtype is not None,
+        "kernel_choices": {op: c.choice for op, c in engine.runner.kernel_tuner.choices.items()},
+        "kernel_tuner_s": engine.runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
         "max_model_len": engine.max_model_len,
         "dtype": str(engine.runner.dtype).replace("torch.", ""),
         "device": str(engine.runner.device),

@@ -13,10 +13,16 @@ import torch
 from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.host_malloc import keep_large_allocations_on_heap
+from gpu_workers.kernel_tuner import KernelTuner
 from gpu_workers.layers import cpu_kernels
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
-from gpu_workers.layers.linear import can_pack_linear, is_fp32_gemm_faster
+from gpu_workers.layers.linear import (
+    PREFILL_GEMM_OP,
+    WIDE_GEMM_MIN_ROWS,
+    can_pack_linear,
+    prefill_gemm_candidates,
+)
 from gpu_workers.layers.lora import (
     LoraAdapter,
     LoraBatch,
@@ -78,6 +84,8 @@ class ModelRunner(AdapterTransfers):
         self.validation_limits = ValidationLimits(max_rank=config.max_lora_rank)
         auto_pack = self.dtype == torch.bfloat16 and config.packed_linears is None
         self.use_packed_linears = bool(config.packed_linears or auto_pack) and can_pack_linear(self.dtype, self.device)
+        # CPU kernels chosen by measurement on this machine and the model's shapes (cached, gpu_workers/kernel_tuner.py)
+        self.kernel_tuner = KernelTuner(config.kernel_choices_path)
         self.wide_gemm_dtype = self._wide_gemm_dtype()
         self.model = self._load_model()
         self.block_size = config.block_size
@@ -115,12 +123,17 @@ class ModelRunner(AdapterTransfers):
     # ---- setup -------------------------------------------------------------------------------------
 
     def _wide_gemm_dtype(self) -> torch.dtype | None:
-        """float32 when prefill-sized projections of a bf16 model run in fp32 (EngineConfig.fp32_prefill_gemms)."""
-        if not self.use_packed_linears or self.dtype == torch.float32 or self.config.fp32_prefill_gemms is False:
+        """float32 when prefill-sized projections of a bf16 model run in fp32 upcasts: as forced by
+        EngineConfig.fp32_prefill_gemms, else as the kernel tuner measures it on the model's MLP up projection
+        (hidden -> intermediate) at 4 * WIDE_GEMM_MIN_ROWS rows."""
+        if not self.use_packed_linears or self.dtype == torch.float32:
             return None
-        if self.config.fp32_prefill_gemms or is_fp32_gemm_faster(self.dtype, self.device.type, torch.get_num_threads()):
-            return torch.float32
-        return None
+        forced = {True: "fp32_upcast", False: "packed", None: None}[self.config.fp32_prefill_gemms]
+        num_rows = 4 * WIDE_GEMM_MIN_ROWS
+        shape = (num_rows, self.args.hidden_size, self.args.intermediate_size)
+        candidates = prefill_gemm_candidates(self.args.intermediate_size, self.args.hidden_size, self.dtype, num_rows)
+        choice = self.kernel_tuner.choose(PREFILL_GEMM_OP, candidates, shape, self.dtype, forced=forced)
+        return torch.float32 if choice.choice == "fp32_upcast" else None
 
     def _load_model(self) -> LlamaForCausalLM:
         model = LlamaForCausalLM(self.args, self.dtype, self.device)

@@ -398,8 +398,14 @@ class Settings(BaseSettings):
     )
     engine_fp32_prefill_gemms: bool | None = Field(
         default=None,
-        description="bf16 model on CPU: prefill-sized products (>= 128 rows) in fp32 upcasts; default: where the "
-        "CPU has no bf16 matrix unit (AMX); costs a dense copy of the weights",
+        description="bf16 model on CPU: prefill-sized products (>= 128 rows) in fp32 upcasts; default: chosen by "
+        "measurement at worker start (cached per CPU, torch version, threads and shape); costs a dense copy of "
+        "the weights",
+    )
+    engine_kernel_choices_path: Path | None = Field(
+        default=None,
+        description="JSON cache of the CPU kernels chosen by measurement (gpu_workers/kernel_tuner.py); "
+        "default ~/.cache/lorahost/kernel_choices.json",
     )
     engine_lora_kernel: bool | None = Field(
         default=None,

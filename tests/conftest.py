@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 NUM_DEMO_ADAPTERS = 5
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_choices_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Engines built by tests (and worker subprocesses, which inherit it) cache kernel choices in a temporary
+    file, never in the user's ~/.cache."""
+    path = tmp_path_factory.mktemp("kernel-choices") / "kernel_choices.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LORAHOST_ENGINE_KERNEL_CHOICES_PATH", str(path))
+        yield
 
 
 def is_ci() -> bool:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from gpu_workers.layers.cpu_kernels import x86_cpu_flags
 
 
 def can_pack_linear(dtype: torch.dtype, device: torch.device) -> bool:
@@ -29,47 +26,29 @@ def can_pack_linear(dtype: torch.dtype, device: torch.device) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=8)
-def is_fp32_gemm_faster(dtype: torch.dtype, device_type: str, num_threads: int) -> bool:
-    """True when oneDNN's fp32 GEMM beats its packed `dtype` GEMM on a prefill-sized product here, counting
-    the upcasts of activations and weight and the output's cast back.
-
-    On x86-64 Linux this is decided by the CPU's flags: without a bf16 matrix unit (AMX) a bf16 dot-product
-    instruction (avx512_bf16) does no more multiply-adds per cycle than fp32 FMAs, and oneDNN's bf16 kernels
-    reach ~0.55-0.65x of its fp32 ones (measured 1.5-1.6x for the fp32 path at 512 rows, 2 threads); with AMX
-    bf16 wins. Elsewhere it is measured once per thread count (best of 5, a clear 1.25x margin); a measurement
-    is at the mercy of other load on the machine, the flags are not.
-    """
-    if device_type != "cpu" or dtype == torch.float32 or not can_pack_linear(dtype, torch.device("cpu")):
-        return False
-    flags = x86_cpu_flags()
-    if flags is not None:
-        return dtype == torch.bfloat16 and "amx_bf16" not in flags
-    return _measure_fp32_gemm_faster(dtype)
+PREFILL_GEMM_OP = "prefill_gemm"
 
 
-def _measure_fp32_gemm_faster(dtype: torch.dtype) -> bool:
+def prefill_gemm_candidates(
+    out_features: int, in_features: int, dtype: torch.dtype, num_rows: int
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """The two forms of a prefill-sized product of a packed `dtype` model, on random data of this shape, for
+    gpu_workers/kernel_tuner.py: "packed" (packed_linear on the oneDNN-packed weight; the simpler, listed
+    first) and "fp32_upcast" (as MergedLinear's wide path: fp32 upcasts of activations and weight, the output
+    rounded back). Which is faster depends on the CPU: on avx512_bf16 CPUs without AMX fp32 was ~1.6x faster
+    on an Intel, packed ~2.3x faster on an AMD EPYC (2 threads, 512 rows)."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(4 * WIDE_GEMM_MIN_ROWS, 1024, generator=generator).to(dtype)
-    weight = torch.randn(2048, 1024, generator=generator).to(dtype)
+    x = torch.randn(num_rows, in_features, generator=generator).to(dtype)
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
     packed = pack_linear_weight(weight)
-    native_s = wide_s = float("inf")
-    with torch.inference_mode():
-        packed_linear(x, packed)
-        F.linear(x.float(), weight.float()).to(dtype)
-        for _ in range(5):  # interleaved, best of 5: load from other processes hits both alike
-            start = time.perf_counter()
-            packed_linear(x, packed)
-            native_s = min(native_s, time.perf_counter() - start)
-            start = time.perf_counter()
-            F.linear(x.float(), weight.float()).to(dtype)  # as MergedLinear's wide path
-            wide_s = min(wide_s, time.perf_counter() - start)
-    return wide_s * _FP32_GEMM_MARGIN < native_s
+    return {
+        "packed": lambda: packed_linear(x, packed),
+        "fp32_upcast": lambda: F.linear(x.float(), weight.float()).to(dtype),
+    }
 
 
-_FP32_GEMM_MARGIN = 1.25
-# Rows from which a wide (fp32) product beats the packed bf16 one despite upcasting the weight per call
-# (measured crossover ~64 rows on avx512_bf16 without AMX; 1.35x faster at 128, 1.6x at 512).
+# Rows from which a product is prefill-sized: it may go through the wide (fp32) path where the tuner chose it
+# (on an Intel avx512_bf16 CPU without AMX the crossover was ~64 rows; 1.35x faster at 128, 1.6x at 512).
 WIDE_GEMM_MIN_ROWS = 128
 
 
@@ -123,7 +102,7 @@ class MergedLinear(nn.Module):
     def pack(self, wide_dtype: torch.dtype | None = None) -> None:
         """Run on a oneDNN-packed copy of the weight (call once, after loading; see can_pack_linear).
 
-        wide_dtype (float32 for a bf16 model, see is_fp32_gemm_faster): the dense weight is kept too, and
+        wide_dtype (float32 for a bf16 model where the kernel tuner chose fp32 upcasts, see prefill_gemm_candidates): the dense weight is kept too, and
         products of at least WIDE_GEMM_MIN_ROWS rows (prefill) multiply exact upcasts of the activations and
         of the weight in wide_dtype, rounding the output back to the model dtype; smaller ones (decode) stay
         on the packed weight. Without it the dense weight is dropped.

@@ -185,7 +185,7 @@ def add_wide_segment_delta(
     out_rows: torch.Tensor, x_rows: torch.Tensor, proj: LoraProjection, wide_dtype: torch.dtype
 ) -> None:
     """add_segment_delta computed on exact `wide_dtype` upcasts, rounded once into out_rows (prefill-sized
-    segments of a bf16 model on a CPU whose bf16 GEMMs are slower than fp32 ones, see is_fp32_gemm_faster)."""
+    segments of a bf16 model where the kernel tuner chose fp32 prefill GEMMs, see gpu_workers/kernel_tuner.py)."""
     xa = x_rows.to(wide_dtype) @ proj.a_t.to(wide_dtype)  # [seg_tokens, sum_ranks]
     for r0, r1, c0, c1, b_t in proj.parts:
         cols = out_rows[:, c0:c1]

@@ -46,28 +46,6 @@ def test_wide_gemm_rounds_like_the_bf16_gemm(num_rows: int) -> None:
 
 
 @needs_bf16_packing
-@pytest.mark.parametrize(
-    ("flags", "expected"),
-    [(frozenset({"avx512f", "avx512_bf16"}), True), (frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}), False)],
-)
-def test_fp32_prefill_choice_follows_the_cpu_flags(
-    monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], expected: bool
-) -> None:
-    """On x86-64 the choice is the CPU's (no AMX -> fp32 prefill GEMMs), never a timing that other load can
-    flip; only without readable flags is it measured."""
-    import gpu_workers.layers.linear as linear
-
-    measured: list[torch.dtype] = []
-    monkeypatch.setattr(linear, "_measure_fp32_gemm_faster", lambda dtype: measured.append(dtype) or True)
-    for flag_set, want in ((flags, expected), (None, True)):
-        monkeypatch.setattr(linear, "x86_cpu_flags", lambda: flag_set)
-        linear.is_fp32_gemm_faster.cache_clear()
-        assert linear.is_fp32_gemm_faster(torch.bfloat16, "cpu", 2) is want
-    assert measured == [torch.bfloat16]
-    linear.is_fp32_gemm_faster.cache_clear()
-
-
-@needs_bf16_packing
 def test_fp32_prefill_gemms_match_peft_and_can_be_turned_off(make_engine: Any, hf_oracle: Any) -> None:
     """A prompt longer than WIDE_GEMM_MIN_ROWS (the wide path) gives peft's greedy tokens within bf16 noise,
     with the fast path forced on and off."""

@@ -1,0 +1,179 @@
+"""Kernels chosen by measurement, per machine: time the candidate implementations of an op on the model's own
+shapes, keep the fastest (the simplest on a near tie), and cache the choice so later starts cost nothing.
+
+The cache (a JSON file, default ~/.cache/lorahost/kernel_choices.json; `LORAHOST_ENGINE_KERNEL_CHOICES_PATH`)
+is keyed by the CPU model, a digest of its flags, the torch version, the thread count, the dtype and the op's
+shape: a later start with the same key never re-measures, so a busy machine at start cannot flip a choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CACHE_PATH_ENV = "LORAHOST_ENGINE_KERNEL_CHOICES_PATH"
+DEFAULT_NUM_REPEATS = 5
+DEFAULT_MARGIN = 1.15  # the simplest candidate is kept unless another is this much faster
+_CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The implementation chosen for one op; `timings`: best seconds per candidate when measured now (empty
+    when the choice came from the cache or was forced); `source`: "measured", "cached" or "forced"."""
+
+    op: str
+    choice: str
+    timings: dict[str, float] = field(default_factory=dict)
+    source: str = "measured"
+
+
+def pick_candidate(timings: Mapping[str, float], margin: float = DEFAULT_MARGIN) -> str:
+    """The fastest candidate, unless the simplest (the first) is within `margin` of it: then the simplest."""
+    if not timings:
+        raise ValueError("pick_candidate needs at least one timing")
+    simplest = next(iter(timings))
+    fastest = min(timings, key=lambda name: timings[name])
+    return simplest if timings[simplest] <= timings[fastest] * margin else fastest
+
+
+def default_cache_path() -> Path:
+    """$LORAHOST_ENGINE_KERNEL_CHOICES_PATH, else ~/.cache/lorahost/kernel_choices.json."""
+    configured = os.environ.get(CACHE_PATH_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "lorahost" / "kernel_choices.json"
+
+
+def machine_fingerprint() -> dict[str, str]:
+    """What a choice depends on besides the op: CPU model, CPU flags digest, torch version, thread count."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith(("flags", "Features")) and ":" in line and not flags:
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "flags": hashlib.sha256(flags.encode()).hexdigest()[:16],
+        "torch": torch.__version__,
+        "threads": str(torch.get_num_threads()),
+    }
+
+
+class KernelTuner:
+    """Chooses among named candidate callables of an op (see `choose`); `seconds` is the time spent measuring."""
+
+    def __init__(
+        self,
+        cache_path: Path | None = None,
+        *,
+        num_repeats: int = DEFAULT_NUM_REPEATS,
+        margin: float = DEFAULT_MARGIN,
+        clock: Callable[[], float] = time.perf_counter,
+        machine: Mapping[str, str] | None = None,
+    ) -> None:
+        if num_repeats < 1:
+            raise ValueError(f"num_repeats must be >= 1, got {num_repeats}")
+        self.cache_path = Path(cache_path) if cache_path else default_cache_path()
+        self.num_repeats = num_repeats
+        self.margin = margin
+        self.clock = clock
+        self.machine = dict(machine) if machine is not None else machine_fingerprint()
+        self.seconds = 0.0
+        self.choices: dict[str, KernelChoice] = {}
+        self._cache: dict[str, dict] | None = None
+
+    def choose(
+        self,
+        op: str,
+        candidates: Mapping[str, Callable[[], object]],
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        forced: str | None = None,
+    ) -> KernelChoice:
+        """The candidate to use for `op` (the simplest listed first): `forced` when given (nothing measured),
+        else the cached choice for this machine/dtype/shape, else measured now (and cached)."""
+        if forced is not None:
+            if forced not in candidates:
+                raise ValueError(f"{op}: forced choice {forced!r} is not one of {list(candidates)}")
+            return self._record(KernelChoice(op, forced, source="forced"))
+        key = self._key(op, shape, dtype)
+        cached = self._load().get(key)
+        if cached is not None and cached.get("choice") in candidates:
+            return self._record(KernelChoice(op, cached["choice"], source="cached"))
+        started = time.perf_counter()
+        timings = self.measure(candidates)
+        self.seconds += time.perf_counter() - started
+        choice = KernelChoice(op, pick_candidate(timings, self.margin), timings)
+        self._load()[key] = {"op": op, "choice": choice.choice, "timings": timings}
+        self._save()
+        return self._record(choice)
+
+    def measure(self, candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
+        """Best-of-num_repeats seconds per candidate after one warm-up call each, interleaved (other load on
+        the machine hits every candidate alike)."""
+        with torch.inference_mode():
+            for fn in candidates.values():
+                fn()
+            best = dict.fromkeys(candidates, float("inf"))
+            for _ in range(self.num_repeats):
+                for name, fn in candidates.items():
+                    start = self.clock()
+                    fn()
+                    best[name] = min(best[name], self.clock() - start)
+        return best
+
+    def _record(self, choice: KernelChoice) -> KernelChoice:
+        self.choices[choice.op] = choice
+        return choice
+
+    def _key(self, op: str, shape: tuple[int, ...], dtype: torch.dtype) -> str:
+        parts = {**self.machine, "dtype": str(dtype).replace("torch.", ""), "op": op, "shape": list(shape)}
+        return json.dumps(parts, sort_keys=True)
+
+    def _load(self) -> dict[str, dict]:
+        if self._cache is None:
+            self._cache = {}
+            try:
+                data = json.loads(self.cache_path.read_text())
+                if not (isinstance(data, dict) and data.get("version") == _CACHE_VERSION):
+                    raise ValueError("not a kernel choices file of this version")
+                choices = data["choices"]
+                if not isinstance(choices, dict) or not all(isinstance(v, dict) for v in choices.values()):
+                    raise ValueError("malformed choices")
+                self._cache = choices
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                logger.warning("ignoring the kernel choices cache %s (%s); it will be rewritten", self.cache_path, exc)
+        return self._cache
+
+    def _save(self) -> None:
+        """Atomic: a temporary file in the same directory, renamed over the cache."""
+        payload = json.dumps({"version": _CACHE_VERSION, "choices": self._load()}, indent=1, sort_keys=True)
+        try:
+            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.cache_path.parent, prefix=".kernel_choices-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as out:
+                    out.write(payload)
+                os.replace(tmp, self.cache_path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            logger.warning("cannot write the kernel choices cache %s (%s); choices are not kept", self.cache_path, exc)
