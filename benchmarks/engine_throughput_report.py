@@ -9,7 +9,7 @@ import os
 import platform
 import time
 
-from run_info import cpu_model, git_state
+from run_info import cpu_flags, cpu_model, git_state
 
 # (name, numerator label, denominator label): ratio of out tok/s.
 RATIOS = [
@@ -37,6 +37,11 @@ def summary(results: list[dict], args: argparse.Namespace) -> dict:
     rss = {r["label"]: r["peak_rss_mb"] for r in results if "peak_rss_mb" in r}
     vs_floor = {r["label"]: r["decode_vs_floor"] for r in results if "decode_vs_floor" in r}
     foreign = {r["label"]: r["other_cores_busy_during"] for r in results if "other_cores_busy_during" in r}
+    kernels = {  # the forms the kernel tuner chose (or was forced to) in each lorahost run
+        r["label"]: r["engine_stats"]["kernel_choices"]
+        for r in results
+        if isinstance(r.get("engine_stats"), dict) and "kernel_choices" in r["engine_stats"]
+    }
     ratios = {}
     for name, num, den in RATIOS:
         if num in tps and den in tps and tps[den] > 0:
@@ -60,7 +65,8 @@ def summary(results: list[dict], args: argparse.Namespace) -> dict:
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
         },
-        "host": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()},
+        "kernel_choices": kernels,
+        "host": {"cpus": os.cpu_count(), "cpu": cpu_model(), "cpu_flags": cpu_flags(), "python": platform.python_version()},
         "git": git_state(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

@@ -1,5 +1,5 @@
 """What a benchmark result was measured on: the commit of the tree (and whether the engine sources differ from
-it) and the CPU model.
+it), the CPU model and the CPU flags that decide which kernels are fast.
 """
 
 from __future__ import annotations
@@ -32,3 +32,19 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+# Flags that change which CPU kernels are fastest (vector width, bf16 dot products, matrix units).
+NOTABLE_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve")
+
+
+def cpu_flags() -> list[str]:
+    """The notable CPU flags this machine has (NOTABLE_FLAGS order)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")) and ":" in line:
+                present = set(line.split(":", 1)[1].split())
+                return [flag for flag in NOTABLE_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []

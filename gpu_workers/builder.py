@@ -123,6 +123,9 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
         cpu_prefill_workers=settings.engine_cpu_prefill_workers,
         fp32_prefill_gemms=settings.engine_fp32_prefill_gemms,
         kernel_choices_path=settings.engine_kernel_choices_path,
+        prefill_gemm=settings.engine_prefill_gemm,
+        decode_attention=settings.engine_decode_attention,
+        decode_lora_form=settings.engine_decode_lora_form,
         lora_kernel=settings.engine_lora_kernel,
     )
 

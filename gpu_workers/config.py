@@ -15,6 +15,12 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 # Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.
 DEFAULT_NUM_ADAPTERS_ROOM = 64
 MEMORY_MODES = ("unified", "static")  # see EngineConfig
+# Forced kernel choices (gpu_workers/kernel_plan.py): setting -> its forms (= the ops' forms in gpu_workers/layers/)
+KERNEL_FORMS = {
+    "prefill_gemm": ("packed", "fp32_upcast", "plain"),
+    "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel"),
+    "decode_lora_form": ("segmented", "stacked", "kernel"),
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,10 @@ class EngineConfig:
     packed ones: 2x their memory); None = auto: chosen by measurement on this machine and the model's shapes
     (gpu_workers/kernel_tuner.py; cached in `kernel_choices_path`, default
     $LORAHOST_ENGINE_KERNEL_CHOICES_PATH or ~/.cache/lorahost/kernel_choices.json).
+    `prefill_gemm`, `decode_attention`, `decode_lora_form` force the implementation of those ops (one of
+    PREFILL_GEMM_FORMS, DECODE_ATTENTION_FORMS, DECODE_LORA_FORMS; gpu_workers/kernel_plan.py); None = chosen by
+    the kernel tuner. `prefill_gemm` wins over `fp32_prefill_gemms` (True = "fp32_upcast", False = "packed");
+    `lora_kernel` True = decode_lora_form "kernel", False = never the kernel.
 
     Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block; `memory_mode`:
     - "unified" (default; S-LoRA / FastLibra): one budget of KV pages (`num_kv_blocks`, else
@@ -105,6 +115,9 @@ class EngineConfig:
     packed_linears: bool | None = None
     fp32_prefill_gemms: bool | None = None
     kernel_choices_path: Path | None = None
+    prefill_gemm: str | None = None
+    decode_attention: str | None = None
+    decode_lora_form: str | None = None
     lora_kernel: bool | None = None
     tune_host_malloc: bool = True
     host_adapter_cache_bytes: int = 2 << 30
@@ -142,6 +155,10 @@ class EngineConfig:
             raise ValueError(
                 f"cpu_prefill_workers must be >= 0 (0 disables CPU-assisted prefill), got {self.cpu_prefill_workers}"
             )
+        for name, forms in KERNEL_FORMS.items():
+            value = getattr(self, name)
+            if value is not None and value not in forms:
+                raise ValueError(f"{name} must be one of {list(forms)} or None (chosen by measurement), got {value!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         for name in ("multiqueue_slo_s", "multiqueue_refresh_s", "multiqueue_max_queues"):

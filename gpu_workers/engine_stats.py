@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -151,8 +152,10 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
         "lora_stack_bytes": engine.runner.lora_stack_bytes(),
         "lora_kernel": engine.runner.use_lora_kernel,
         "cpu_kernels_compile_s": engine.runner.cpu_kernels_compile_s,  # None: loaded from the cache
-        "fp32_prefill_gemms": engine.runner.wide_gemm_dtype is not None,
-        "kernel_choices": {op: c.choice for op, c in engine.runner.kernel_tuner.choices.items()},
+        "fp32_prefill_gemms": engine.runner.kernel_plan.prefill_gemm == "fp32_upcast",
+        "kernel_choices": dataclasses.asdict(engine.runner.kernel_plan),  # op -> form (gpu_workers/kernel_plan.py)
+        # op -> measured / cached / forced / only (ops with nothing to choose on this device are absent)
+        "kernel_choice_sources": {op: c.source for op, c in engine.runner.kernel_tuner.choices.items()},
         "kernel_tuner_s": engine.runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
         "max_model_len": engine.max_model_len,
         "dtype": str(engine.runner.dtype).replace("torch.", ""),

@@ -15,7 +15,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +32,8 @@ _CACHE_VERSION = 1
 @dataclass(frozen=True)
 class KernelChoice:
     """The implementation chosen for one op; `timings`: best seconds per candidate when measured now (empty
-    when the choice came from the cache or was forced); `source`: "measured", "cached" or "forced"."""
+    when the choice came from the cache or was forced); `source`: "measured", "cached", "forced" or "only" (the
+    one usable candidate here)."""
 
     op: str
     choice: str
@@ -85,6 +86,7 @@ class KernelTuner:
         margin: float = DEFAULT_MARGIN,
         clock: Callable[[], float] = time.perf_counter,
         machine: Mapping[str, str] | None = None,
+        is_reusing_cache: bool = True,
     ) -> None:
         if num_repeats < 1:
             raise ValueError(f"num_repeats must be >= 1, got {num_repeats}")
@@ -93,6 +95,7 @@ class KernelTuner:
         self.margin = margin
         self.clock = clock
         self.machine = dict(machine) if machine is not None else machine_fingerprint()
+        self.is_reusing_cache = is_reusing_cache  # False: measure again (and overwrite the cached choices)
         self.seconds = 0.0
         self.choices: dict[str, KernelChoice] = {}
         self._cache: dict[str, dict] | None = None
@@ -100,23 +103,28 @@ class KernelTuner:
     def choose(
         self,
         op: str,
-        candidates: Mapping[str, Callable[[], object]],
+        names: Sequence[str],
+        build: Callable[[], Mapping[str, Callable[[], object]]],
         shape: tuple[int, ...],
         dtype: torch.dtype,
         forced: str | None = None,
     ) -> KernelChoice:
-        """The candidate to use for `op` (the simplest listed first): `forced` when given (nothing measured),
-        else the cached choice for this machine/dtype/shape, else measured now (and cached)."""
+        """The candidate to use for `op` among `names` (the simplest first): `forced` when given, else the
+        cached choice for this machine/dtype/shape, else measured now on `build()` (name -> callable; built
+        only when measuring) and cached."""
         if forced is not None:
-            if forced not in candidates:
-                raise ValueError(f"{op}: forced choice {forced!r} is not one of {list(candidates)}")
+            if forced not in names:
+                raise ValueError(f"{op}: forced choice {forced!r} is not one of {list(names)}")
             return self._record(KernelChoice(op, forced, source="forced"))
+        if len(names) == 1:
+            return self._record(KernelChoice(op, names[0], source="only"))
         key = self._key(op, shape, dtype)
-        cached = self._load().get(key)
-        if cached is not None and cached.get("choice") in candidates:
+        cached = self._load().get(key) if self.is_reusing_cache else None
+        if cached is not None and cached.get("choice") in names:
             return self._record(KernelChoice(op, cached["choice"], source="cached"))
         started = time.perf_counter()
-        timings = self.measure(candidates)
+        candidates = build()
+        timings = self.measure({name: candidates[name] for name in names})
         self.seconds += time.perf_counter() - started
         choice = KernelChoice(op, pick_candidate(timings, self.margin), timings)
         self._load()[key] = {"op": op, "choice": choice.choice, "timings": timings}

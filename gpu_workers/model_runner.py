@@ -13,16 +13,11 @@ import torch
 from gpu_workers.adapter_copier import AdapterCopier
 from gpu_workers.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.host_malloc import keep_large_allocations_on_heap
+from gpu_workers.kernel_plan import KernelPlan, plan_kernels, uses_packed_linears
 from gpu_workers.kernel_tuner import KernelTuner
 from gpu_workers.layers import cpu_kernels
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
-from gpu_workers.layers.linear import (
-    PREFILL_GEMM_OP,
-    WIDE_GEMM_MIN_ROWS,
-    can_pack_linear,
-    prefill_gemm_candidates,
-)
 from gpu_workers.layers.lora import (
     LoraAdapter,
     LoraBatch,
@@ -37,7 +32,6 @@ from gpu_workers.layers.lora_kernel import (
     KernelStep,
     adapter_descriptors,
     build_kernel_lora,
-    is_kernel_usable,
 )
 from gpu_workers.layers.rotary import RotaryEmbedding
 from gpu_workers.layers.sampler import sample_tokens
@@ -82,11 +76,13 @@ class ModelRunner(AdapterTransfers):
         self.args = ModelArgs.from_hf_config(hf_config)
         self.model_spec = BaseModelSpec.from_hf_config(hf_config)
         self.validation_limits = ValidationLimits(max_rank=config.max_lora_rank)
-        auto_pack = self.dtype == torch.bfloat16 and config.packed_linears is None
-        self.use_packed_linears = bool(config.packed_linears or auto_pack) and can_pack_linear(self.dtype, self.device)
-        # CPU kernels chosen by measurement on this machine and the model's shapes (cached, gpu_workers/kernel_tuner.py)
+        self.use_packed_linears = uses_packed_linears(config, self.dtype, self.device)
+        # CPU kernels chosen by measurement on this machine and the model's shapes (cached, gpu_workers/kernel_plan.py)
         self.kernel_tuner = KernelTuner(config.kernel_choices_path)
-        self.wide_gemm_dtype = self._wide_gemm_dtype()
+        self.kernel_plan: KernelPlan = plan_kernels(
+            self.kernel_tuner, config, self.args, self.dtype, self.device, self.use_packed_linears
+        )
+        self.wide_gemm_dtype = self.kernel_plan.wide_gemm_dtype if self.use_packed_linears else None
         self.model = self._load_model()
         self.block_size = config.block_size
         self.num_kv_blocks = self._num_kv_blocks()
@@ -102,9 +98,10 @@ class ModelRunner(AdapterTransfers):
         # (an entry holds its adapters, so a reloaded adapter gets a new key).
         self.lora_stacks: OrderedDict[tuple[int, ...], StackedLora] = OrderedDict()
         self.num_lora_stack_builds = 0
-        # CPU kernel for decode-sized LoRA segments (layers/lora_kernel.py): built (or loaded from the cache,
-        # layers/cpu_kernels.py) here, so no request waits for it; descriptor sets cached per adapter set.
-        self.use_lora_kernel = config.lora_kernel is not False and is_kernel_usable(self.device, self.dtype)
+        # CPU kernel for decode-sized LoRA segments (layers/lora_kernel.py) where the plan chose it: built (or
+        # loaded from the cache, layers/cpu_kernels.py) by then, so no request waits for it; descriptor sets
+        # cached per adapter set.
+        self.use_lora_kernel = self.kernel_plan.decode_lora == "kernel"
         self.cpu_kernels_compile_s = cpu_kernels.compile_seconds  # None: loaded from the cache (or none)
         self.kernel_sets: OrderedDict[tuple[int, ...], KernelLora] = OrderedDict()
         self._kernel_descriptors: dict[int, tuple[LoraAdapter, torch.Tensor | None]] = {}
@@ -121,19 +118,6 @@ class ModelRunner(AdapterTransfers):
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
     # ---- setup -------------------------------------------------------------------------------------
-
-    def _wide_gemm_dtype(self) -> torch.dtype | None:
-        """float32 when prefill-sized projections of a bf16 model run in fp32 upcasts: as forced by
-        EngineConfig.fp32_prefill_gemms, else as the kernel tuner measures it on the model's MLP up projection
-        (hidden -> intermediate) at 4 * WIDE_GEMM_MIN_ROWS rows."""
-        if not self.use_packed_linears or self.dtype == torch.float32:
-            return None
-        forced = {True: "fp32_upcast", False: "packed", None: None}[self.config.fp32_prefill_gemms]
-        num_rows = 4 * WIDE_GEMM_MIN_ROWS
-        shape = (num_rows, self.args.hidden_size, self.args.intermediate_size)
-        candidates = prefill_gemm_candidates(self.args.intermediate_size, self.args.hidden_size, self.dtype, num_rows)
-        choice = self.kernel_tuner.choose(PREFILL_GEMM_OP, candidates, shape, self.dtype, forced=forced)
-        return torch.float32 if choice.choice == "fp32_upcast" else None
 
     def _load_model(self) -> LlamaForCausalLM:
         model = LlamaForCausalLM(self.args, self.dtype, self.device)
@@ -330,9 +314,14 @@ class ModelRunner(AdapterTransfers):
         for i, table in enumerate(decode_tables):
             n = min(len(table), max_blocks)
             tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
-        pos = torch.arange(max_blocks * bs)
-        is_real = pos.unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)  # [num_decodes, max_blocks * bs]
-        pad_rows = (~is_real).view(-1).nonzero().squeeze(1)  # rows of the gathered [num_decodes * max_context] K
+        lens = torch.tensor(decode_lens, dtype=torch.long)
+        form = self.kernel_plan.decode_attention
+        if form == "c_kernel":  # reads positions < lens in place: no padding to mask
+            pad_rows = is_real = torch.empty(0, dtype=torch.long)
+        else:
+            pos = torch.arange(max_blocks * bs)
+            is_real = pos.unsqueeze(0) < lens.unsqueeze(1)  # [num_decodes, max_blocks * bs]
+            pad_rows = (~is_real).view(-1).nonzero().squeeze(1)  # rows of the gathered [num_decodes * max_context] K
         return AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             prefills=tuple(prefills),
@@ -342,6 +331,8 @@ class ModelRunner(AdapterTransfers):
             decode_pad_rows=pad_rows.to(self.device) if pad_rows.numel() else None,
             is_all_decode=len(decode_rows) == num_tokens,
             block_size=bs,
+            decode_lens=lens.to(self.device),
+            decode_form=form,
         )
 
     def forget_adapter(self, adapter_id: str) -> None:
@@ -427,8 +418,8 @@ class ModelRunner(AdapterTransfers):
             host = HostLora(tuple(host_segments), switch, self._cpu_workers())
         if self.use_lora_kernel:
             return self._kernel_lora_batch(segments, host)
-        if not self._use_stacked(segments, row):
-            return LoraBatch(tuple(segments), host=host, wide_dtype=self.wide_gemm_dtype)
+        if self.kernel_plan.decode_lora == "segmented" or not self._use_stacked(segments, row):
+            return LoraBatch(tuple(segments), host=host, wide_dtype=self.kernel_plan.lora_wide_dtype)
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
         token_owner = torch.full((row,), -1, dtype=torch.long)
         for pos, seg in enumerate(segments):
@@ -443,9 +434,9 @@ class ModelRunner(AdapterTransfers):
         short = tuple(seg for seg in segments if seg.end - seg.start <= MAX_KERNEL_SEGMENT_TOKENS)
         kernel = self._kernel_lora(tuple(seg.adapter for seg in short)) if short else None
         if kernel is None:
-            return LoraBatch(tuple(segments), host=host, wide_dtype=self.wide_gemm_dtype)
+            return LoraBatch(tuple(segments), host=host, wide_dtype=self.kernel_plan.lora_wide_dtype)
         long = tuple(seg for seg in segments if seg.end - seg.start > MAX_KERNEL_SEGMENT_TOKENS)
-        return LoraBatch(long, host=host, kernel=KernelStep.of(kernel, short), wide_dtype=self.wide_gemm_dtype)
+        return LoraBatch(long, host=host, kernel=KernelStep.of(kernel, short), wide_dtype=self.kernel_plan.lora_wide_dtype)
 
     def _kernel_lora(self, adapters: tuple[LoraAdapter, ...]) -> KernelLora | None:
         """Kernel descriptors of an ordered adapter set (LRU-cached), or None when an adapter's tensors do not

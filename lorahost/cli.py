@@ -12,6 +12,7 @@ import typer
 
 from lorahost.profile_cli import profile as profile_command
 from lorahost.reports_cli import app as reports_app
+from lorahost.tune_cli import tune as tune_command
 
 if TYPE_CHECKING:
     from api.services import Services
@@ -23,6 +24,7 @@ db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(reports_app, name="report")
 app.command("profile")(profile_command)
+app.command("tune")(tune_command)
 
 
 @app.command("demo-model")

@@ -407,6 +407,21 @@ class Settings(BaseSettings):
         description="JSON cache of the CPU kernels chosen by measurement (gpu_workers/kernel_tuner.py); "
         "default ~/.cache/lorahost/kernel_choices.json",
     )
+    engine_prefill_gemm: Literal["packed", "fp32_upcast", "plain"] | None = Field(
+        default=None,
+        description="force the prefill GEMM form of a packed bf16 model (packed / fp32_upcast / plain); default: "
+        "chosen by measurement at worker start (`lorahost tune`); wins over engine_fp32_prefill_gemms",
+    )
+    engine_decode_attention: Literal["sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel"] | None = Field(
+        default=None,
+        description="force the decode attention form (sdpa / sdpa_fp32 / grouped_matmul / c_kernel); default: chosen "
+        "by measurement at worker start",
+    )
+    engine_decode_lora_form: Literal["segmented", "stacked", "kernel"] | None = Field(
+        default=None,
+        description="force the LoRA form of decode-sized segments (segmented / stacked / kernel); default: chosen "
+        "by measurement at worker start",
+    )
     engine_lora_kernel: bool | None = Field(
         default=None,
         description="C/OpenMP CPU kernel for decode-sized LoRA segments (built at start with the system C "

@@ -1,5 +1,5 @@
-"""The engine's C/OpenMP CPU kernels (layers/*_kernel.c; today the LoRA one), built into one shared library
-on first use.
+"""The engine's C/OpenMP CPU kernels (layers/*_kernel.c: the segmented LoRA delta and paged decode attention),
+built into one shared library on first use.
 
 Compiled with the system C compiler (`-O3 -march=native -fopenmp`) into ~/.cache/lorahost/kernels
 (LORAHOST_KERNEL_DIR), keyed by the sources, the compiler and the CPU's flags (a cached build never runs on
@@ -23,13 +23,20 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("lora_kernel.c",))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("lora_kernel.c", "attention_kernel.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h",))  # part of the build's cache key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 # function -> argument types (every function returns void)
 SIGNATURES: dict[str, list[type]] = {
-    name: [_PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, ctypes.c_int]
-    for name in ("lora_delta_bf16", "lora_delta_f32")
+    **{
+        name: [_PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, ctypes.c_int]
+        for name in ("lora_delta_bf16", "lora_delta_f32")
+    },
+    **{
+        name: [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int]
+        for name in ("decode_attention_bf16", "decode_attention_f32")
+    },
 }
 ABI_VERSION = 1
 
@@ -85,7 +92,7 @@ def _build_and_load() -> ctypes.CDLL | None:
         return None
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     digest = hashlib.sha256()
-    for part in (*(src.read_bytes() for src in SOURCES), version.encode(), _cpu_flags().encode(), " ".join(FLAGS).encode()):
+    for part in (*(src.read_bytes() for src in (*SOURCES, *HEADERS)), version.encode(), _cpu_flags().encode(), " ".join(FLAGS).encode()):
         digest.update(part)
     path = kernel_dir() / f"lorahost_kernels-{digest.hexdigest()[:20]}.so"
     if not path.exists():

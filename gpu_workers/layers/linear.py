@@ -27,24 +27,28 @@ def can_pack_linear(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 PREFILL_GEMM_OP = "prefill_gemm"
+PREFILL_GEMM_FORMS = ("packed", "fp32_upcast", "plain")
 
 
 def prefill_gemm_candidates(
-    out_features: int, in_features: int, dtype: torch.dtype, num_rows: int
+    forms: tuple[str, ...], out_features: int, in_features: int, dtype: torch.dtype, num_rows: int
 ) -> dict[str, Callable[[], torch.Tensor]]:
-    """The two forms of a prefill-sized product of a packed `dtype` model, on random data of this shape, for
-    gpu_workers/kernel_tuner.py: "packed" (packed_linear on the oneDNN-packed weight; the simpler, listed
-    first) and "fp32_upcast" (as MergedLinear's wide path: fp32 upcasts of activations and weight, the output
-    rounded back). Which is faster depends on the CPU: on avx512_bf16 CPUs without AMX fp32 was ~1.6x faster
-    on an Intel, packed ~2.3x faster on an AMD EPYC (2 threads, 512 rows)."""
+    """The forms of a prefill-sized product of a packed `dtype` model, on random data of this shape, for
+    gpu_workers/kernel_tuner.py: "packed" (packed_linear on the oneDNN-packed weight; the simplest, listed
+    first), "fp32_upcast" (MergedLinear's wide path: fp32 upcasts of activations and weight, the output rounded
+    back) and "plain" (F.linear on the dense weight in `dtype`). Which is faster depends on the CPU: on
+    avx512_bf16 CPUs without AMX fp32 was ~1.6x faster on an Intel, packed ~2.3x faster on an AMD EPYC
+    (2 threads, 512 rows)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(num_rows, in_features, generator=generator).to(dtype)
     weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
     packed = pack_linear_weight(weight)
-    return {
+    all_forms: dict[str, Callable[[], torch.Tensor]] = {
         "packed": lambda: packed_linear(x, packed),
         "fp32_upcast": lambda: F.linear(x.float(), weight.float()).to(dtype),
+        "plain": lambda: F.linear(x, weight),
     }
+    return {form: all_forms[form] for form in forms}
 
 
 # Rows from which a product is prefill-sized: it may go through the wide (fp32) path where the tuner chose it
@@ -102,13 +106,14 @@ class MergedLinear(nn.Module):
     def pack(self, wide_dtype: torch.dtype | None = None) -> None:
         """Run on a oneDNN-packed copy of the weight (call once, after loading; see can_pack_linear).
 
-        wide_dtype (float32 for a bf16 model where the kernel tuner chose fp32 upcasts, see prefill_gemm_candidates): the dense weight is kept too, and
-        products of at least WIDE_GEMM_MIN_ROWS rows (prefill) multiply exact upcasts of the activations and
-        of the weight in wide_dtype, rounding the output back to the model dtype; smaller ones (decode) stay
-        on the packed weight. Without it the dense weight is dropped.
+        wide_dtype (float32 for a bf16 model where the kernel tuner chose fp32 upcasts, the model dtype where it
+        chose the plain dense product, see prefill_gemm_candidates): the dense weight is kept too, and products
+        of at least WIDE_GEMM_MIN_ROWS rows (prefill) multiply the activations and the weight in wide_dtype
+        (exact upcasts), rounding the output back to the model dtype; smaller ones (decode) stay on the packed
+        weight. Without it the dense weight is dropped.
         """
         self.packed_weight = pack_linear_weight(self.weight.data)
-        if wide_dtype is not None and wide_dtype != self.weight.dtype:
+        if wide_dtype is not None:
             self.wide_dtype = wide_dtype
             self.wide_bias = self.bias.data.to(wide_dtype) if self.bias is not None else None
         else:

@@ -8,34 +8,18 @@
 // desc (int64; adapter p's row at desc + p * desc_stride): a_ptr, lda, rank_cols, num_parts, then per part
 // (r0, r1, c0, c1, b_ptr, ldb). A: [in_features, rank_cols] rows of stride lda; B: [r1 - r0, c1 - c0] rows of
 // stride ldb. rank_cols == 0: the adapter does not target this projection.
-// Rounding matches torch: fp32 -> bf16 round to nearest even, NaN -> 0x7fc0.
+// Rounding matches torch (bf16.h).
 
 #include <stdint.h>
 #include <string.h>
+
+#include "bf16.h"
 
 #define MAX_PARTS 3
 #define DESC_STRIDE (4 + 6 * MAX_PARTS)
 #define TOKEN_BLOCK 8
 #define MAX_RANK_COLS 3072
 #define COL_BLOCK 512
-
-typedef uint16_t bf16_t;
-
-static inline float bf16_to_float(bf16_t h) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)h) << 16;
-    return v.f;
-}
-
-static inline bf16_t float_to_bf16(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)0x7fc0;
-    uint32_t rounded = v.u + 0x7fffu + ((v.u >> 16) & 1u);
-    return (bf16_t)(rounded >> 16);
-}
-
-static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 #define DEFINE_DELTA(NAME, T, TO_FLOAT, FROM_FLOAT, ROUND)                                                   \
 static void NAME##_one(const T* x, int64_t ldx, T* out, int64_t ldout, int64_t in_features,                   \

@@ -173,3 +173,12 @@ def test_the_cpu_fast_path_settings_reach_the_engine_config(tmp_path: Path, monk
     monkeypatch.setenv("LORAHOST_ENGINE_LORA_KERNEL", "false")
     config = builder.engine_config_from_settings(Settings(base_model_path=tmp_path))
     assert config.fp32_prefill_gemms is False and config.lora_kernel is False
+    assert (config.prefill_gemm, config.decode_attention, config.decode_lora_form) == (None, None, None)  # measured
+    monkeypatch.setenv("LORAHOST_ENGINE_PREFILL_GEMM", "plain")
+    monkeypatch.setenv("LORAHOST_ENGINE_DECODE_ATTENTION", "c_kernel")
+    monkeypatch.setenv("LORAHOST_ENGINE_DECODE_LORA_FORM", "stacked")
+    config = builder.engine_config_from_settings(Settings(base_model_path=tmp_path))
+    assert (config.prefill_gemm, config.decode_attention, config.decode_lora_form) == ("plain", "c_kernel", "stacked")
+    monkeypatch.setenv("LORAHOST_ENGINE_DECODE_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="engine_decode_attention"):
+        Settings(base_model_path=tmp_path)

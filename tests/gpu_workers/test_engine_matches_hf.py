@@ -82,17 +82,17 @@ def test_bf16_logits_match_peft_loosely(
 def test_stacked_decode_lora_matches_segment_loop_and_peft(
     make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict
 ) -> None:
-    """Without the CPU kernel, decode steps of a mixed batch use the stacked LoRA form (cached per adapter
-    set); disabling it (lora_stack_cache_size=0) gives the same tokens, and both equal peft."""
+    """In the stacked LoRA form, decode steps of a mixed batch use stacked adapter sets (cached per adapter
+    set); the segmented form gives the same tokens, and both equal peft."""
     adapters: list[str | None] = [*adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
-    stacked = make_engine(lora_kernel=False)
+    stacked = make_engine(decode_lora_form="stacked")
     outs = stacked.generate(prompts, GREEDY, adapter_ids=adapters)
     builds = stacked.stats()["num_lora_stack_builds"]
     assert builds >= 1
     assert builds < NUM_TOKENS  # reused across decode steps of the same batch composition
     assert stacked.stats()["lora_stack_bytes"] > 0
-    looped = make_engine(lora_stack_cache_size=0, lora_kernel=False)
+    looped = make_engine(decode_lora_form="segmented")
     outs_loop = looped.generate(prompts, GREEDY, adapter_ids=adapters)
     assert looped.stats()["num_lora_stack_builds"] == 0
     for prompt, adapter, out, out_loop in zip(prompts, adapters, outs, outs_loop):
@@ -100,7 +100,7 @@ def test_stacked_decode_lora_matches_segment_loop_and_peft(
 
 
 def test_stacked_lora_cache_drops_unloaded_adapters(make_engine: Any, prompt_ids: list[list[int]]) -> None:
-    engine = make_engine(lora_kernel=False)
+    engine = make_engine(decode_lora_form="stacked")
     names = engine.loaded_adapters()[:3]
     engine.generate([prompt_ids[0]] * 3, GREEDY, adapter_ids=names)
     assert engine.runner.lora_stacks
@@ -117,7 +117,7 @@ def test_packed_linears_match_peft(
 
     if not can_pack_linear(getattr(torch, dtype), torch.device("cpu")):
         pytest.skip("oneDNN packed linear is not available for this dtype here")
-    engine = make_engine(dtype=dtype, packed_linears=True, lora_kernel=False)
+    engine = make_engine(dtype=dtype, packed_linears=True, decode_lora_form="stacked")
     assert engine.runner.use_packed_linears
     adapters: list[str | None] = [None, *adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]

@@ -182,7 +182,7 @@ def test_kernel_decode_matches_peft_and_the_torch_forms(
     adapters: list[str | None] = [*adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    kernel = make_engine(dtype=dtype)
+    kernel = make_engine(dtype=dtype, decode_lora_form="kernel")
     assert kernel.runner.use_lora_kernel
     outs = kernel.generate(prompts, params, adapter_ids=adapters)
     assert kernel.runner.kernel_sets and kernel.stats()["num_lora_stack_builds"] == 0

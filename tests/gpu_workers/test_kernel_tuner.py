@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from gpu_workers.kernel_tuner import KernelTuner, pick_candidate
-from gpu_workers.layers.linear import PREFILL_GEMM_OP, can_pack_linear, prefill_gemm_candidates
+from gpu_workers.layers.linear import (
+    PREFILL_GEMM_FORMS,
+    PREFILL_GEMM_OP,
+    can_pack_linear,
+    prefill_gemm_candidates,
+)
 
 MACHINE = {"cpu": "Test CPU", "flags": "abc", "torch": "2.0", "threads": "2"}
 SHAPE = (512, 64, 128)
@@ -40,8 +45,12 @@ def _tuner(path: Path, clock: FakeClock | None = None, **machine: str) -> Kernel
     return KernelTuner(path, clock=clock or FakeClock(), machine={**MACHINE, **machine})
 
 
-def _candidates(clock: FakeClock, costs: dict[str, float], calls: list[str]) -> dict[str, Callable[[], None]]:
-    return {name: clock.candidate(cost, calls, name) for name, cost in costs.items()}
+def _candidates(
+    clock: FakeClock, costs: dict[str, float], calls: list[str]
+) -> tuple[list[str], Callable[[], dict[str, Callable[[], None]]]]:
+    """(names, build) for KernelTuner.choose."""
+    candidates = {name: clock.candidate(cost, calls, name) for name, cost in costs.items()}
+    return list(candidates), lambda: candidates
 
 
 @pytest.mark.parametrize(
@@ -57,7 +66,7 @@ def test_picks_the_faster_candidate_and_the_simpler_on_a_near_tie(
 ) -> None:
     clock, calls = FakeClock(), []
     tuner = _tuner(tmp_path / "choices.json", clock)
-    choice = tuner.choose("op", _candidates(clock, costs, calls), SHAPE, torch.bfloat16)
+    choice = tuner.choose("op", *_candidates(clock, costs, calls), SHAPE, torch.bfloat16)
     assert (choice.op, choice.choice, choice.source) == ("op", expected, "measured")
     assert choice.timings == costs
     assert calls == ["simple", "fancy"] * (1 + tuner.num_repeats)  # one warm-up, then interleaved
@@ -77,12 +86,12 @@ def test_a_cached_choice_is_never_measured_again(tmp_path: Path) -> None:
     thread count, torch version, shape or dtype measures again."""
     path, clock = tmp_path / "choices.json", FakeClock()
     first: list[str] = []
-    _tuner(path, clock).choose("op", _candidates(clock, {"simple": 2.0, "fancy": 1.0}, first), SHAPE, torch.bfloat16)
+    _tuner(path, clock).choose("op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, first), SHAPE, torch.bfloat16)
     assert first
 
     again: list[str] = []
     tuner = _tuner(path, clock)
-    choice = tuner.choose("op", _candidates(clock, {"simple": 1.0, "fancy": 9.0}, again), SHAPE, torch.bfloat16)
+    choice = tuner.choose("op", *_candidates(clock, {"simple": 1.0, "fancy": 9.0}, again), SHAPE, torch.bfloat16)
     assert again == [] and (choice.choice, choice.source, choice.timings) == ("fancy", "cached", {})
     assert tuner.seconds == 0.0
 
@@ -95,7 +104,7 @@ def test_a_cached_choice_is_never_measured_again(tmp_path: Path) -> None:
     ):
         calls: list[str] = []
         choice = _tuner(path, clock, **machine).choose(
-            "op", _candidates(clock, {"simple": 1.0, "fancy": 9.0}, calls), shape, dtype
+            "op", *_candidates(clock, {"simple": 1.0, "fancy": 9.0}, calls), shape, dtype
         )
         assert calls and (choice.choice, choice.source) == ("simple", "measured")
     entries = json.loads(path.read_text())["choices"]
@@ -112,7 +121,7 @@ def test_a_corrupt_cache_is_ignored_with_one_warning_and_rewritten(
     with caplog.at_level(logging.WARNING, logger="gpu_workers.kernel_tuner"):
         for op in ("op", "other_op"):
             calls: list[str] = []
-            choice = tuner.choose(op, _candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16)
+            choice = tuner.choose(op, *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16)
             assert calls and choice.choice == "fancy"
     warnings = [r for r in caplog.records if r.name == "gpu_workers.kernel_tuner"]
     assert len(warnings) == 1 and "kernel choices cache" in warnings[0].getMessage()
@@ -120,7 +129,7 @@ def test_a_corrupt_cache_is_ignored_with_one_warning_and_rewritten(
     assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]  # no temporary file left behind
 
     calls = []
-    cached = _tuner(path, clock).choose("op", _candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16)
+    cached = _tuner(path, clock).choose("op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16)
     assert calls == [] and cached.source == "cached"
 
 
@@ -128,12 +137,12 @@ def test_a_forced_choice_wins_without_measuring(tmp_path: Path) -> None:
     path, clock, calls = tmp_path / "choices.json", FakeClock(), []
     tuner = _tuner(path, clock)
     choice = tuner.choose(
-        "op", _candidates(clock, {"simple": 1.0, "fancy": 9.0}, calls), SHAPE, torch.bfloat16, forced="fancy"
+        "op", *_candidates(clock, {"simple": 1.0, "fancy": 9.0}, calls), SHAPE, torch.bfloat16, forced="fancy"
     )
     assert (choice.choice, choice.source) == ("fancy", "forced") and calls == [] and not path.exists()
     assert tuner.seconds == 0.0
     with pytest.raises(ValueError, match="not one of"):
-        tuner.choose("op", _candidates(clock, {"simple": 1.0}, calls), SHAPE, torch.bfloat16, forced="nope")
+        tuner.choose("op", *_candidates(clock, {"simple": 1.0}, calls), SHAPE, torch.bfloat16, forced="nope")
 
 
 def test_an_unwritable_cache_keeps_the_choice_for_this_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -142,7 +151,7 @@ def test_an_unwritable_cache_keeps_the_choice_for_this_start(tmp_path: Path, cap
     clock, calls = FakeClock(), []
     with caplog.at_level(logging.WARNING, logger="gpu_workers.kernel_tuner"):
         choice = _tuner(blocker / "choices.json", clock).choose(
-            "op", _candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16
+            "op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16
         )
     assert choice.choice == "fancy" and "cannot write" in caplog.text
 
@@ -154,16 +163,20 @@ needs_bf16_packing = pytest.mark.skipif(
 
 @needs_bf16_packing
 def test_prefill_gemm_candidates_compute_the_same_product() -> None:
-    """Both candidates are the same product (to bf16 rounding): the choice changes speed, never results."""
-    outs = {name: fn() for name, fn in prefill_gemm_candidates(96, 64, torch.bfloat16, 300).items()}
-    assert list(outs) == ["packed", "fp32_upcast"]  # the simpler first
-    packed, wide = outs["packed"].double(), outs["fp32_upcast"].double()
-    assert packed.shape == wide.shape == (300, 96)
-    assert ((packed - wide).abs() <= wide.abs() * 2**-7 + 1e-6).all()
+    """Every candidate is the same product (to bf16 rounding): the choice changes speed, never results."""
+    outs = {name: fn() for name, fn in prefill_gemm_candidates(PREFILL_GEMM_FORMS, 96, 64, torch.bfloat16, 300).items()}
+    assert list(outs) == ["packed", "fp32_upcast", "plain"]  # the simplest first
+    wide = outs["fp32_upcast"].double()
+    for name in ("packed", "plain"):
+        out = outs[name].double()
+        assert out.shape == wide.shape == (300, 96)
+        assert ((out - wide).abs() <= wide.abs() * 2**-7 + 1e-6).all(), name
 
 
 @needs_bf16_packing
-@pytest.mark.parametrize(("fastest", "wide"), [("packed", None), ("fp32_upcast", torch.float32)])
+@pytest.mark.parametrize(
+    ("fastest", "wide"), [("packed", None), ("fp32_upcast", torch.float32), ("plain", torch.bfloat16)]
+)
 def test_the_engine_prefill_gemm_follows_the_tuner(
     make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fastest: str, wide: torch.dtype | None
 ) -> None:
@@ -172,26 +185,28 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     from gpu_workers import kernel_tuner
     from gpu_workers.engine_stats import engine_stats
 
-    shapes: list[dict[str, float]] = []
+    measured: list[list[str]] = []
 
     def fake_measure(self: KernelTuner, candidates: dict[str, Any]) -> dict[str, float]:
-        shapes.append(dict.fromkeys(candidates, 0.0))
-        return {name: (1.0 if name == fastest else 3.0) for name in candidates}
+        measured.append(list(candidates))
+        return {name: (1.0 if name in (fastest, "sdpa", "segmented") else 3.0) for name in candidates}
 
     monkeypatch.setattr(kernel_tuner.KernelTuner, "measure", fake_measure)
     path = tmp_path / "choices.json"
     engine = make_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
     assert engine.runner.wide_gemm_dtype == wide
-    assert list(shapes[0]) == ["packed", "fp32_upcast"]
+    assert measured[0] == ["packed", "fp32_upcast", "plain"]
     stats = engine_stats(engine)
-    assert stats["kernel_choices"] == {PREFILL_GEMM_OP: fastest}
-    assert stats["fp32_prefill_gemms"] is (wide is not None)
-    (key,) = json.loads(path.read_text())["choices"]
+    assert stats["kernel_choices"][PREFILL_GEMM_OP] == fastest
+    assert stats["kernel_choice_sources"][PREFILL_GEMM_OP] == "measured"
+    assert stats["fp32_prefill_gemms"] is (fastest == "fp32_upcast")
+    keys = [json.loads(k) for k in json.loads(path.read_text())["choices"]]
     args = engine.runner.args
-    assert json.loads(key)["shape"] == [512, args.hidden_size, args.intermediate_size]
+    assert [k["shape"] for k in keys if k["op"] == PREFILL_GEMM_OP] == [[512, args.hidden_size, args.intermediate_size]]
 
+    num_measured = len(measured)
     cached = make_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
-    assert len(shapes) == 1 and cached.runner.wide_gemm_dtype == wide
+    assert len(measured) == num_measured and cached.runner.wide_gemm_dtype == wide
     assert engine_stats(cached)["kernel_tuner_s"] == 0.0
 
 
@@ -207,7 +222,10 @@ def test_the_fp32_prefill_gemms_setting_wins_without_measuring(
 
     monkeypatch.setattr(kernel_tuner.KernelTuner, "measure", no_measure)
     path = tmp_path / "choices.json"
-    engine = make_engine(dtype="bfloat16", packed_linears=True, fp32_prefill_gemms=forced, kernel_choices_path=path)
+    engine = make_engine(
+        dtype="bfloat16", packed_linears=True, fp32_prefill_gemms=forced, kernel_choices_path=path,
+        decode_attention="sdpa", decode_lora_form="segmented",
+    )
     assert engine.runner.wide_gemm_dtype == wide
     assert engine.runner.kernel_tuner.choices[PREFILL_GEMM_OP].source == "forced"
     assert not path.exists()

@@ -60,18 +60,25 @@ def engine(make_engine: Any) -> Iterator[LLMEngine]:
 def lora_form(request: pytest.FixtureRequest, engine: LLMEngine) -> Iterator[str]:
     """Force the stacked (owner-masked), the per-segment or the CPU-kernel multi-LoRA form for every
     multi-adapter step."""
+    from dataclasses import replace
+
+    from gpu_workers.layers.lora_kernel import is_kernel_usable
+
     runner = engine.runner
-    uses_kernel = runner.use_lora_kernel
+    uses_kernel, plan = runner.use_lora_kernel, runner.kernel_plan
     if request.param == "kernel":
-        if not uses_kernel:
+        if not is_kernel_usable(runner.device, runner.dtype):
             pytest.skip("the LoRA CPU kernel is not available here")
+        runner.use_lora_kernel = True
+        runner.kernel_plan = replace(plan, decode_lora="kernel")
     else:
         runner.use_lora_kernel = False
+        runner.kernel_plan = replace(plan, decode_lora="stacked")  # the stacked rule below decides
         runner._use_stacked = (lambda segments, n: len(segments) >= 2) if request.param == "stacked" else (
             lambda segments, n: False
         )
     yield request.param
-    runner.use_lora_kernel = uses_kernel
+    runner.use_lora_kernel, runner.kernel_plan = uses_kernel, plan
     runner.__dict__.pop("_use_stacked", None)
 
 
