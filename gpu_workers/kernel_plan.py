@@ -40,9 +40,11 @@ from gpu_workers.layers.lora_forms import (
 from gpu_workers.loader import read_hf_config
 from gpu_workers.models.llama import ModelArgs
 
-# The decode batch the tuner measures on: this many sequences (at most max_num_seqs) of this many tokens.
+# The decode batch the tuner measures on: this many sequences (at most max_num_seqs) of this many tokens, its
+# K/V cycling through one page pool per layer up to TUNING_KV_BYTES (beyond the CPU's caches: cold pages).
 TUNING_NUM_SEQS = 16
 TUNING_CONTEXT_LEN = 256
+TUNING_KV_BYTES = 96 << 20
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,13 @@ def _decode_attention(
     num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
     shape = (num_seqs, TUNING_CONTEXT_LEN, args.num_heads, args.num_kv_heads, args.head_dim, config.block_size)
 
+    pool_bytes = 2 * num_seqs * TUNING_CONTEXT_LEN * args.num_kv_heads * args.head_dim * dtype.itemsize
+    num_pools = max(1, min(args.num_layers, TUNING_KV_BYTES // pool_bytes))
+
     def build() -> dict:
         return decode_attention_candidates(
             forms, args.num_heads, args.num_kv_heads, args.head_dim, dtype, device, config.block_size, num_seqs,
-            TUNING_CONTEXT_LEN,
+            TUNING_CONTEXT_LEN, num_pools,
         )
 
     return tuner.choose(DECODE_ATTENTION_OP, forms, build, shape, dtype, forced=config.decode_attention).choice

@@ -66,6 +66,10 @@ def main() -> None:
         cfg_kw["max_num_batched_tokens"] = max(4096, args.num_requests * (args.prompt_len + args.max_tokens))
     if args.threads and "num_threads" in fields:
         cfg_kw["num_threads"] = args.threads
+    for name in ("prefill_gemm", "decode_attention", "decode_lora_form"):  # forced kernel forms, as the worker's
+        value = os.environ.get(f"LORAHOST_ENGINE_{name.upper()}")
+        if value and name in fields:
+            cfg_kw[name] = value
     engine = LLMEngine(EngineConfig(**cfg_kw))
 
     names = common.adapter_names(args.model_dir, args.num_requests)

@@ -205,14 +205,19 @@ def decode_attention_candidates(
     block_size: int,
     num_seqs: int,
     context_len: int,
+    num_pools: int = 1,
 ) -> dict[str, Callable[[], torch.Tensor]]:
     """Each form's decode attention of `num_seqs` sequences of `context_len` tokens over a shuffled page
-    pool of random K/V (for gpu_workers/kernel_tuner.py), in the order of `forms`."""
+    pool of random K/V (for gpu_workers/kernel_tuner.py), in the order of `forms`. Successive calls cycle
+    through `num_pools` pools (as an engine step goes through its layers): pools that together outgrow the CPU's
+    caches make every call read cold pages, as in a real step, where a layer's weights pass between two
+    attention calls; hot pages favour the forms that gather."""
     generator = torch.Generator().manual_seed(0)
     num_pages = -(-context_len // block_size)
     num_slots = num_seqs * num_pages * block_size
-    k_cache = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
-    v_cache = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    pool_k = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    pool_v = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    k_cache, v_cache = pool_k.repeat(num_pools, 1, 1), pool_v.repeat(num_pools, 1, 1)
     q = torch.randn(num_seqs, num_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
     tables = torch.randperm(num_seqs * num_pages, generator=generator).view(num_seqs, num_pages)
     lens = torch.full((num_seqs,), context_len, dtype=torch.long)
@@ -230,9 +235,12 @@ def decode_attention_candidates(
         block_size=block_size,
         decode_lens=lens.to(device),
     )
+    pool_tables = [(tables + pool * num_seqs * num_pages).to(device) for pool in range(num_pools)]
     scale = head_dim**-0.5
 
-    def run(form_meta: AttentionMetadata) -> Callable[[], torch.Tensor]:
-        return lambda: _decode_attention(q, k_cache, v_cache, form_meta, scale)
+    def run(form: str) -> Callable[[], torch.Tensor]:
+        metas = [replace(meta, decode_blocks=t, decode_form=form) for t in pool_tables]
+        calls = iter(range(1 << 62))
+        return lambda: _decode_attention(q, k_cache, v_cache, metas[next(calls) % num_pools], scale)
 
-    return {form: run(replace(meta, decode_form=form)) for form in forms}
+    return {form: run(form) for form in forms}
