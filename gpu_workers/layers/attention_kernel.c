@@ -18,6 +18,12 @@
 
 #include "bf16.h"
 
+#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__)
+// glibc's vector expf (libmvec, <= 4 ulp), declared as its math.h does under -ffast-math, so the softmax's
+// exponentials vectorize without relaxing the rest of the arithmetic.
+__attribute__((__simd__("notinbranch"))) extern float expf(float);
+#endif
+
 #define DEFINE_DECODE_ATTENTION(NAME, T, TO_FLOAT, FROM_FLOAT)                                               \
 void NAME(const T* q, T* out, const T* k_cache, const T* v_cache, const int64_t* tables, int64_t max_blocks,  \
           const int64_t* lens, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,   \
@@ -30,6 +36,7 @@ void NAME(const T* q, T* out, const T* k_cache, const T* v_cache, const int64_t*
         float* scores = (float*)malloc(sizeof(float) * num_heads * max_len);                                 \
         float* qf = (float*)malloc(sizeof(float) * num_heads * head_dim);                                    \
         float* acc = (float*)malloc(sizeof(float) * num_heads * head_dim);                                   \
+        float* rowf = (float*)malloc(sizeof(float) * row); /* one position's K or V row in fp32 */           \
         _Pragma("omp for schedule(dynamic, 1)")                                                               \
         for (int64_t b = 0; b < num_seqs; ++b) {                                                              \
             const int64_t len = lens[b];                                                                      \
@@ -39,12 +46,14 @@ void NAME(const T* q, T* out, const T* k_cache, const T* v_cache, const int64_t*
             /* pass 1: scores; one position's K row (all kv heads) is contiguous, a page's rows too */         \
             for (int64_t p = 0; p < len; ++p) {                                                               \
                 const T* k_row = k_cache + (table[p / block_size] * block_size + p % block_size) * row;       \
+                _Pragma("omp simd")                                                                           \
+                for (int64_t i = 0; i < row; ++i) rowf[i] = TO_FLOAT(k_row[i]);                               \
                 for (int64_t h = 0; h < num_heads; ++h) {                                                     \
-                    const T* k = k_row + (h / group) * head_dim;                                              \
+                    const float* k = rowf + (h / group) * head_dim;                                           \
                     const float* qh = qf + h * head_dim;                                                      \
                     float s = 0.0f;                                                                           \
                     _Pragma("omp simd reduction(+:s)")                                                        \
-                    for (int64_t d = 0; d < head_dim; ++d) s += qh[d] * TO_FLOAT(k[d]);                       \
+                    for (int64_t d = 0; d < head_dim; ++d) s += qh[d] * k[d];                                 \
                     scores[h * max_len + p] = s;                                                              \
                 }                                                                                             \
             }                                                                                                 \
@@ -53,7 +62,9 @@ void NAME(const T* q, T* out, const T* k_cache, const T* v_cache, const int64_t*
                 float m = sh[0];                                                                              \
                 for (int64_t p = 1; p < len; ++p) m = sh[p] > m ? sh[p] : m;                                  \
                 float sum = 0.0f;                                                                             \
-                for (int64_t p = 0; p < len; ++p) { sh[p] = expf(sh[p] - m); sum += sh[p]; }                  \
+                _Pragma("omp simd")                                                                           \
+                for (int64_t p = 0; p < len; ++p) sh[p] = expf(sh[p] - m);                                    \
+                for (int64_t p = 0; p < len; ++p) sum += sh[p];                                               \
                 const float inv = 1.0f / sum;                                                                 \
                 for (int64_t p = 0; p < len; ++p) sh[p] *= inv;                                               \
             }                                                                                                 \
@@ -61,12 +72,14 @@ void NAME(const T* q, T* out, const T* k_cache, const T* v_cache, const int64_t*
             memset(acc, 0, sizeof(float) * num_heads * head_dim);                                             \
             for (int64_t p = 0; p < len; ++p) {                                                               \
                 const T* v_row = v_cache + (table[p / block_size] * block_size + p % block_size) * row;       \
+                _Pragma("omp simd")                                                                           \
+                for (int64_t i = 0; i < row; ++i) rowf[i] = TO_FLOAT(v_row[i]);                               \
                 for (int64_t h = 0; h < num_heads; ++h) {                                                     \
-                    const T* v = v_row + (h / group) * head_dim;                                              \
+                    const float* v = rowf + (h / group) * head_dim;                                           \
                     const float w = scores[h * max_len + p];                                                  \
                     float* a = acc + h * head_dim;                                                            \
                     _Pragma("omp simd")                                                                       \
-                    for (int64_t d = 0; d < head_dim; ++d) a[d] += w * TO_FLOAT(v[d]);                        \
+                    for (int64_t d = 0; d < head_dim; ++d) a[d] += w * v[d];                                  \
                 }                                                                                             \
             }                                                                                                 \
             T* o = out + b * num_heads * head_dim;                                                            \
@@ -75,6 +88,7 @@ void NAME(const T* q, T* out, const T* k_cache, const T* v_cache, const int64_t*
         free(scores);                                                                                         \
         free(qf);                                                                                             \
         free(acc);                                                                                            \
+        free(rowf);                                                                                           \
     }                                                                                                         \
 }
 
