@@ -65,6 +65,8 @@ class WorkerRecord:
     decode_step_ms: float | None = None
     prefill_step_ms: float | None = None
     perf_model: dict[str, Any] | None = None
+    kernel_choices: dict[str, str] = field(default_factory=dict)
+    kernel_tuner_s: float = 0.0
 
     @classmethod
     def from_stats(cls, stats: WorkerStats, url: str) -> WorkerRecord:

@@ -219,5 +219,8 @@ class WorkerStats(BaseModel):
     decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
     prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
     perf_model: dict[str, Any] | None = None  # the worker's profile (scheduler.perf_model.PerfModel.to_dict)
+    # op -> implementation the kernel tuner chose on this machine (gpu_workers/kernel_plan.py), and its cost
+    kernel_choices: dict[str, str] = Field(default_factory=dict)
+    kernel_tuner_s: float = 0.0
     is_ready: bool = True
     is_draining: bool = False

@@ -395,6 +395,8 @@ class WorkerService:
             num_load_failures=counters.num_load_failures + int(engine_stats.get("num_adapter_load_failures", 0)),
             **engine_adapter_cache_stats(engine_stats),
             **self._routing_stats(engine_stats),
+            kernel_choices={str(k): str(v) for k, v in (engine_stats.get("kernel_choices") or {}).items()},
+            kernel_tuner_s=float(engine_stats.get("kernel_tuner_s") or 0.0),
             is_ready=self.is_ready and not self.is_draining,
             is_draining=self.is_draining,
         )
