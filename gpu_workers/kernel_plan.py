@@ -103,8 +103,10 @@ def plan_kernels(
 def _prefill_gemm(
     tuner: KernelTuner, config: EngineConfig, args: ModelArgs, dtype: torch.dtype, use_packed_linears: bool
 ) -> str:
-    if not use_packed_linears or dtype != torch.bfloat16:
-        return "packed"  # nothing to choose: unpacked models run F.linear, fp32 packed models have no upcast
+    if not use_packed_linears:
+        return "plain"  # nothing to choose: the weights are not packed (F.linear on the dense weight)
+    if dtype != torch.bfloat16:
+        return "packed"  # nothing to choose: no upcast for an fp32 model
     forced = config.prefill_gemm or {True: "fp32_upcast", False: "packed", None: None}[config.fp32_prefill_gemms]
     num_rows = 4 * WIDE_GEMM_MIN_ROWS
     shape = (num_rows, args.hidden_size, args.intermediate_size)

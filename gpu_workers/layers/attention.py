@@ -131,7 +131,10 @@ def _prefill_attention(
 
 
 def is_decode_form_usable(form: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """True when `form` can run here (the C kernel: CPU, bf16 or fp32, and a C compiler to build it)."""
+    """True when `form` can run here (the C kernel: CPU, bf16 or fp32, and a C compiler to build it;
+    sdpa_fp32 only where the model dtype is narrower: for an fp32 model it is sdpa)."""
+    if form == "sdpa_fp32":
+        return dtype != torch.float32
     if form == "c_kernel":
         return device.type == "cpu" and dtype in _C_KERNELS and load_cpu_kernels() is not None
     return form in DECODE_ATTENTION_FORMS

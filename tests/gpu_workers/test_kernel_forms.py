@@ -100,13 +100,26 @@ def test_every_decode_attention_form_gives_peft_tokens(
     """An engine forced to each form decodes a mixed batch (base and every adapter, prompts of different
     lengths, so decodes carry padding) to peft's greedy tokens."""
     if not is_decode_form_usable(form, CPU, torch.float32):
-        pytest.skip(f"{form} cannot run here")
+        pytest.skip(f"{form} cannot run here (sdpa_fp32: the fp32 model's sdpa; see the bf16 test below)")
     engine = make_engine(decode_attention=form)
     assert engine.runner.kernel_plan.decode_attention == form
     adapters: list[str | None] = [None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
     for prompt, adapter, out in zip(prompts, adapters, engine.generate(prompts, GREEDY, adapter_ids=adapters)):
         assert out.token_ids == hf_oracle.greedy(prompt, adapter, 8), (form, adapter)
+
+
+def test_bf16_decode_attention_forms_agree(make_engine: Any, prompt_ids: list[list[int]], adapter_dirs: dict) -> None:
+    """In bf16 (where sdpa_fp32 differs from sdpa) every form decodes the mixed batch to the same first tokens
+    (later ones may flip on bf16 ties)."""
+    adapters: list[str | None] = [None, *adapter_dirs]
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
+    tokens = {}
+    for form in _usable_attention_forms(torch.bfloat16):
+        engine = make_engine(dtype="bfloat16", decode_attention=form)
+        tokens[form] = [out.token_ids[:4] for out in engine.generate(prompts, GREEDY, adapter_ids=adapters)]
+    assert "sdpa_fp32" in tokens
+    assert all(t == tokens["sdpa_fp32"] for t in tokens.values()), tokens
 
 
 @pytest.mark.parametrize("form", DECODE_LORA_FORMS)
