@@ -38,7 +38,8 @@ from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
 from registry.settings import Settings
 from registry.storage import BlobStore, make_blob_store
-from scheduler.router import Router, RouterOptions, make_router
+from scheduler.router import Router, RouterOptions
+from scheduler.router_policies import make_router
 
 
 @dataclass
