@@ -22,7 +22,8 @@ DEFAULT_ROUTER_POLICY = "residency_least_loaded"
 
 
 def make_router(policy: str = DEFAULT_ROUTER_POLICY, options: RouterOptions | None = None) -> Router:
-    """The routing policy named `policy` (a key of ROUTER_POLICIES); ValueError naming the choices otherwise."""
+    """The routing policy named `policy` (a key of ROUTER_POLICIES); ValueError naming the choices
+    otherwise."""
     try:
         cls = ROUTER_POLICIES[policy]
     except KeyError:
