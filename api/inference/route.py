@@ -18,7 +18,8 @@ from api.cold_start import ColdStartTimeout, ColdStartWait
 from api.errors import ApiError
 from api.inference.prepare import Prepared
 from api.live_workers import cached_live_workers, live_workers
-from api.metering import RequestMeter, UsageLedger
+from api.metering import UsageLedger
+from api.request_meter import RequestMeter
 from api.services import Services
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
