@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import AdminDep, ServicesDep
-from api.schemas import (
+from api.report_schemas import (
     PlacementReport,
     RoutingWeightPublic,
     ScalingDecisionPublic,
