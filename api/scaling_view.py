@@ -110,7 +110,9 @@ class ScalingView:
             log.warning("could not read other API servers' waiting requests: %s", exc)
             return cold_start_waiting(self.metrics)
 
-    def decisions(self, extra_models: Iterable[str] = (), now_s: float | None = None) -> list[ScalingDecision]:
+    def decisions(
+        self, extra_models: Iterable[str] = (), now_s: float | None = None
+    ) -> list[ScalingDecision]:
         """Decisions from the cached routing table, the live workers and every replica's cold-start waiters."""
         policy = scaling_policy(self.settings)
         loads = model_loads(

@@ -143,7 +143,8 @@ class SegmentedStep:
             if proj is None:
                 continue
             if self.wide_dtype is not None and seg.end - seg.start >= WIDE_GEMM_MIN_ROWS:
-                add_wide_segment_delta(out[seg.start : seg.end], x[seg.start : seg.end], proj, self.wide_dtype)
+                rows = slice(seg.start, seg.end)
+                add_wide_segment_delta(out[rows], x[rows], proj, self.wide_dtype)
             else:
                 add_segment_delta(out[seg.start : seg.end], x[seg.start : seg.end], proj)
 
@@ -156,7 +157,9 @@ class SegmentedStep:
         """Nothing changes between layers."""
 
 
-def segmented_step(segments: tuple[LoraSegment, ...], wide_dtype: torch.dtype | None = None) -> SegmentedStep | None:
+def segmented_step(
+    segments: tuple[LoraSegment, ...], wide_dtype: torch.dtype | None = None
+) -> SegmentedStep | None:
     """The segmented form of `segments`, or None when there is none."""
     return SegmentedStep(segments, wide_dtype) if segments else None
 
