@@ -17,7 +17,6 @@ from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.inference.learned_predictor import LearnedLengthPredictor
 from api.routes import adapters, admin, completions, health, models, placement, predictor, reports, usage
-from api.scaling_view import publish_waiting
 from api.services import Services, build_services
 from api.worker_client import WorkerClient
 from jobs.placement import http_dropper
@@ -145,7 +144,7 @@ def _start_routing_table_refresh(services: Services) -> PeriodicJob:
     read keeps the last copy), and publish this server's cold-start waiters for the autoscaler."""
     def refresh() -> None:
         services.routing_table.refresh()
-        publish_waiting(services)
+        services.scaling.publish_waiting()
 
     return PeriodicJob(
         "routing-table-refresh", services.settings.routing_table_refresh_s, refresh, is_run_at_start=True

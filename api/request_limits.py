@@ -20,8 +20,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from api.errors import ApiError
+from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.prompting import PromptError
-from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from registry.settings import Settings
 
 MAX_JSON_DEPTH = 64  # OpenAI request bodies nest a handful of levels (messages -> content parts -> part)

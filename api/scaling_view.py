@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
+from api.metrics import ApiMetrics
 from cluster.membership import WorkerRecord
-from cluster.routing_table import ModelDemand, RoutingTable
+from cluster.routing_table import CachedRoutingTable, ModelDemand, RoutingTable
+from cluster.waiting_requests import WaitingRequests
 from registry.settings import Settings
 from scheduler.scaling import BaseModelLoad, ScalingDecision, ScalingPolicy, decide_scaling
-
-if TYPE_CHECKING:
-    from api.metrics import ApiMetrics
-    from api.services import Services
 
 log = logging.getLogger(__name__)
 WAITING_TTL_PERIODS = 3  # a replica's published waiters live this many refresh periods
@@ -85,36 +83,47 @@ def _load(
     )
 
 
-def publish_waiting(services: Services) -> dict[str, int]:
-    """Publish this API server's cold-start waiters (for the other replicas); returns them."""
-    local = cold_start_waiting(services.metrics)
-    ttl_s = WAITING_TTL_PERIODS * services.settings.routing_table_refresh_s
-    services.waiting_requests.publish(services.settings.resolved_api_instance_id(), local, ttl_s)
-    return local
+@dataclass
+class ScalingView:
+    """The autoscaling decisions from this API server's components (built with the services; `list_workers`
+    reads the worker directory published at call time)."""
 
+    settings: Settings
+    metrics: ApiMetrics
+    routing_table: CachedRoutingTable
+    waiting_requests: WaitingRequests
+    list_workers: Callable[[], list[WorkerRecord]]
 
-def all_waiting(services: Services) -> dict[str, int]:
-    """Cold-start waiters per base model on every API replica (this one's only, when the store is away)."""
-    try:
-        publish_waiting(services)
-        return services.waiting_requests.totals()
-    except Exception as exc:  # noqa: BLE001 - Redis away: decide on what this replica knows
-        log.warning("could not read other API servers' waiting requests: %s", exc)
-        return cold_start_waiting(services.metrics)
+    def publish_waiting(self) -> dict[str, int]:
+        """Publish this API server's cold-start waiters (for the other replicas); returns them."""
+        local = cold_start_waiting(self.metrics)
+        ttl_s = WAITING_TTL_PERIODS * self.settings.routing_table_refresh_s
+        self.waiting_requests.publish(self.settings.resolved_api_instance_id(), local, ttl_s)
+        return local
 
+    def all_waiting(self) -> dict[str, int]:
+        """Cold-start waiters per base model on every API replica (this one's only, when the store is away)."""
+        try:
+            self.publish_waiting()
+            return self.waiting_requests.totals()
+        except Exception as exc:  # noqa: BLE001 - Redis away: decide on what this replica knows
+            log.warning("could not read other API servers' waiting requests: %s", exc)
+            return cold_start_waiting(self.metrics)
 
-def scaling_decisions(
-    services: Services, extra_models: Iterable[str] = (), now_s: float | None = None
-) -> list[ScalingDecision]:
-    """Decisions from the cached routing table, the live workers and every replica's cold-start waiters."""
-    from api.services import live_workers
+    def decisions(
+        self, extra_models: Iterable[str] = (), now_s: float | None = None
+    ) -> list[ScalingDecision]:
+        """Decisions from the cached routing table, the live workers and every replica's cold-start waiters."""
+        policy = scaling_policy(self.settings)
+        loads = model_loads(
+            self.routing_table.table,
+            self.list_workers(),
+            self.all_waiting(),
+            time.time() if now_s is None else now_s,
+            extra_models,
+        )
+        return [decide_scaling(load, policy) for load in loads]
 
-    policy = scaling_policy(services.settings)
-    loads = model_loads(
-        services.routing_table.table,
-        live_workers(services),
-        all_waiting(services),
-        time.time() if now_s is None else now_s,
-        extra_models,
-    )
-    return [decide_scaling(load, policy) for load in loads]
+    def desired_workers(self) -> list[tuple[str, int]]:
+        """(base model, desired workers) pairs of the decisions (the lorahost_desired_workers gauge)."""
+        return [(d.base_model, d.desired_workers) for d in self.decisions()]

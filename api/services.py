@@ -22,12 +22,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.caches import ResolvedModel, TenantAuth, TtlCache
 from api.inference.learned_predictor import make_length_predictor
 from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor
+from api.live_workers import live_workers
 from api.metering import UsageLedger
 from api.metrics import ApiMetrics
 from api.prompting import BaseModelTokenizer, load_base_tokenizer
 from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
+from api.scaling_view import ScalingView
 from api.worker_client import LocalWorkerTransport, WorkerClient
-from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
+from cluster.membership import WorkerDirectory, WorkerRecord
 from cluster.routing_table import CachedRoutingTable
 from cluster.waiting_requests import LocalWaitingRequests, RedisWaitingRequests, WaitingRequests
 from cluster.worker_listing import CachedWorkerListing
@@ -38,7 +40,8 @@ from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.db import make_engine, make_session_factory
 from registry.settings import Settings
 from registry.storage import BlobStore, make_blob_store
-from scheduler.router import Router, RouterOptions, make_router
+from scheduler.router import Router, RouterOptions
+from scheduler.router_policies import make_router
 
 
 @dataclass
@@ -61,8 +64,10 @@ class Services:
     # the published placement (cluster/routing_table.py), refreshed every settings.routing_table_refresh_s by
     # the app lifespan; prepare.py reads RouteRequest.assigned_workers from this in-memory copy
     routing_table: CachedRoutingTable
-    # requests waiting in cold starts on every API replica (the scale-from-zero signal, api/scaling_view.py)
+    # requests waiting in cold starts on every API replica (the scale-from-zero signal)
     waiting_requests: WaitingRequests
+    # the autoscaling decisions over the routing table, the live workers and the waiters (api/scaling_view.py)
+    scaling: ScalingView
     # the output-length prediction (api/inference/predict.py): settings.length_predictor (build_services); the
     # usage ledger tells it each finished request's true length (observe_output)
     predictor: OutputLengthPredictor = field(default_factory=MaxTokensPredictor)
@@ -107,8 +112,14 @@ def build_services(
         blob_store=blob_store,
         limits=limits_from_settings(settings),
     )
-    services: Services  # read by the metrics collector at scrape time, once assigned below
-    metrics = ApiMetrics(list_workers=lambda: live_workers(services))
+    services: Services  # read at call time by the collectors below, once assigned
+
+    def list_workers() -> list[WorkerRecord]:
+        return live_workers(services.worker_directory, services.worker_listing)
+
+    metrics = ApiMetrics(list_workers=list_workers)
+    routing_table = CachedRoutingTable(make_routing_table_store(settings))
+    waiting_requests = make_waiting_requests(settings)
     services = Services(
         settings=settings,
         session_factory=session_factory,
@@ -131,22 +142,16 @@ def build_services(
         auth_cache=TtlCache(settings.auth_cache_ttl_s),
         model_cache=TtlCache(settings.model_cache_ttl_s),
         router=make_router(settings.router_policy, router_options(settings)),
-        routing_table=CachedRoutingTable(make_routing_table_store(settings)),
-        waiting_requests=make_waiting_requests(settings),
+        routing_table=routing_table,
+        waiting_requests=waiting_requests,
+        scaling=ScalingView(settings, metrics, routing_table, waiting_requests, list_workers),
         predictor=make_length_predictor(settings, blob_store),
         admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
         worker_listing=CachedWorkerListing(settings.resolved_worker_view_cache_s()),
     )
-    metrics.register_desired_workers(lambda: desired_workers(services))
+    metrics.register_desired_workers(services.scaling.desired_workers)
     return services
-
-
-def desired_workers(services: Services) -> list[tuple[str, int]]:
-    """(base model, desired workers) pairs of the autoscaling decisions (api/scaling_view.py)."""
-    from api.scaling_view import scaling_decisions
-
-    return [(d.base_model, d.desired_workers) for d in scaling_decisions(services)]
 
 
 def router_options(settings: Settings) -> RouterOptions:
@@ -187,31 +192,3 @@ def make_waiting_requests(settings: Settings) -> WaitingRequests:
         prefix = f"{settings.celery_key_prefix}{settings.placement_key_prefix}waiting:"
         return RedisWaitingRequests(redis.Redis.from_url(settings.redis_url), prefix)
     return LocalWaitingRequests()
-
-
-def live_workers(services: Services) -> list[WorkerRecord]:
-    """The live worker records from the published directory (none when no directory is published): an
-    in-process directory is read directly, a shared one through the cached listing (cluster/worker_listing.py:
-    read once per settings.worker_view_cache_s, the last listing while it fails)."""
-    directory = services.worker_directory
-    if directory is None:
-        return []
-    if isinstance(directory, InMemoryWorkerDirectory):
-        return directory.list_live()
-    return services.worker_listing.list_live(directory)
-
-
-def cached_live_workers(services: Services) -> list[WorkerRecord] | None:
-    """The live worker records when they can be had without I/O (in-process directory, or a fresh cached
-    listing); None when the shared directory must be read."""
-    directory = services.worker_directory
-    if directory is None:
-        return []
-    if isinstance(directory, InMemoryWorkerDirectory):
-        return directory.list_live()
-    return services.worker_listing.fresh(directory)
-
-
-def is_in_memory_directory(services: Services) -> bool:
-    """True when the worker directory is process-local (cheap enough to read on the event loop)."""
-    return isinstance(services.worker_directory, InMemoryWorkerDirectory | None)

@@ -29,7 +29,8 @@ from pydantic import ValidationError
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
 from scheduler.perf_model import PerfModel
-from scheduler.router import Router, RouteRequest, WorkerView, make_router, ready_workers
+from scheduler.router import Router, RouteRequest, WorkerView, ready_workers
+from scheduler.router_policies import make_router
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,7 @@ from gpu_workers.kernel_tuner import KernelTuner
 from gpu_workers.layers import cpu_kernels
 from gpu_workers.layers.attention import AttentionMetadata, PrefillChunk
 from gpu_workers.layers.host_lora import HostLora, LayerSwitch
-from gpu_workers.layers.lora import (
-    LoraAdapter,
-    LoraBatch,
-    LoraSegment,
-    StackedLora,
-    build_stacked_lora,
-    stacked_masks,
-)
+from gpu_workers.layers.lora import LoraAdapter, LoraBatch, LoraSegment, lora_batch, segmented_step
 from gpu_workers.layers.lora_kernel import (
     MAX_KERNEL_SEGMENT_TOKENS,
     KernelLora,
@@ -34,6 +27,7 @@ from gpu_workers.layers.lora_kernel import (
     build_kernel_lora,
 )
 from gpu_workers.layers.rotary import RotaryEmbedding
+from gpu_workers.layers.stacked_lora import StackedLora, StackedStep, build_stacked_lora, stacked_masks
 from gpu_workers.layers.sampler import sample_tokens
 from gpu_workers.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.models.llama import LlamaForCausalLM, ModelArgs
@@ -211,8 +205,9 @@ class ModelRunner(AdapterTransfers):
         hidden = self.model(
             inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora, output_rows=inputs.sample_rows
         )  # [num_sampling, hidden]
-        if inputs.lora.host is not None:
-            switched_at = inputs.lora.host.switch.switched_at
+        host = inputs.lora.find(HostLora)
+        if host is not None:
+            switched_at = host.switch.switched_at
             self.last_switched_at = {a: switched_at.get(a, self.args.num_layers) for a in host_assisted}
         sampling = [e for e in entries if e.is_sampling]
         if not sampling:
@@ -419,13 +414,13 @@ class ModelRunner(AdapterTransfers):
         if self.use_lora_kernel:
             return self._kernel_lora_batch(segments, host)
         if self.kernel_plan.decode_lora == "segmented" or not self._use_stacked(segments, row):
-            return LoraBatch(tuple(segments), host=host, wide_dtype=self.kernel_plan.lora_wide_dtype)
+            return lora_batch(segmented_step(tuple(segments), self.kernel_plan.lora_wide_dtype), host)
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
         token_owner = torch.full((row,), -1, dtype=torch.long)
         for pos, seg in enumerate(segments):
             token_owner[seg.start:seg.end] = pos
         masks = stacked_masks(stacked, token_owner.to(self.device))
-        return LoraBatch(tuple(segments), stacked, masks, host)
+        return lora_batch(StackedStep(tuple(segments), stacked, masks), host)
 
 
     def _kernel_lora_batch(self, segments: list[LoraSegment], host: HostLora | None) -> LoraBatch:
@@ -434,9 +429,9 @@ class ModelRunner(AdapterTransfers):
         short = tuple(seg for seg in segments if seg.end - seg.start <= MAX_KERNEL_SEGMENT_TOKENS)
         kernel = self._kernel_lora(tuple(seg.adapter for seg in short)) if short else None
         if kernel is None:
-            return LoraBatch(tuple(segments), host=host, wide_dtype=self.kernel_plan.lora_wide_dtype)
+            return lora_batch(segmented_step(tuple(segments), self.kernel_plan.lora_wide_dtype), host)
         long = tuple(seg for seg in segments if seg.end - seg.start > MAX_KERNEL_SEGMENT_TOKENS)
-        return LoraBatch(long, host=host, kernel=KernelStep.of(kernel, short), wide_dtype=self.kernel_plan.lora_wide_dtype)
+        return lora_batch(KernelStep.of(kernel, short), segmented_step(long, self.kernel_plan.lora_wide_dtype), host)
 
     def _kernel_lora(self, adapters: tuple[LoraAdapter, ...]) -> KernelLora | None:
         """Kernel descriptors of an ordered adapter set (LRU-cached), or None when an adapter's tensors do not

@@ -12,7 +12,9 @@ from functools import cache
 from celery import Celery
 
 from cluster.membership import RedisWorkerDirectory
-from jobs.dispatch import (
+from jobs.celery_client import make_celery_client
+from jobs.placement import http_dropper, make_routing_table_store
+from jobs.task_names import (
     CLOSE_ORPHANED_USAGE_TASK,
     COMPUTE_PLACEMENT_TASK,
     FAIL_STALE_VERSIONS_TASK,
@@ -20,7 +22,6 @@ from jobs.dispatch import (
     TRAIN_LENGTH_PREDICTOR_TASK,
     VALIDATE_ADAPTER_TASK,
 )
-from jobs.placement import http_dropper, make_routing_table_store
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
 from registry import validation_job
@@ -37,21 +38,9 @@ DEFAULT_PLACEMENT_S = 30.0
 
 
 def make_celery(settings: Settings) -> Celery:
-    """A Celery app on the Redis broker from settings, with the lorahost tasks registered."""
-    broker = settings.resolved_broker_url()
-    if not broker:
-        raise ValueError("Celery jobs need a broker: set LORAHOST_REDIS_URL or LORAHOST_CELERY_BROKER_URL")
-    app = Celery("lorahost", broker=broker, set_as_current=False)
-    transport_options = {"global_keyprefix": settings.celery_key_prefix} if settings.celery_key_prefix else {}
-    app.conf.update(
-        task_default_queue=settings.celery_queue,
-        broker_transport_options=transport_options,
-        task_acks_late=True,  # a worker killed mid-job leaves the task for another worker
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_ignore_result=True,
-        broker_connection_retry_on_startup=True,
-    )
+    """The job runner's Celery app: the client's configuration (jobs/celery_client.py), the beat schedule and
+    the lorahost tasks registered."""
+    app = make_celery_client(settings)
     upload_sweep_s = settings.upload_sweep_interval_s or DEFAULT_UPLOAD_SWEEP_S
     app.conf.beat_schedule = {
         "fail-stale-adapter-versions": {"task": FAIL_STALE_VERSIONS_TASK, "schedule": upload_sweep_s},

@@ -1,13 +1,15 @@
 """Job dispatchers: how the API hands work to the job runner.
 
 `InlineJobs` (embedded mode) runs the plain function in the calling thread, so when `dispatch` returns the
-job is done. `CeleryJobs` sends the task to Redis for a Celery worker. Both expose the same methods.
+job is done. `CeleryJobs` sends the task by name (jobs/task_names.py) to Redis for a Celery worker, through a
+bare client app that holds no task bodies. Both expose the same methods.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from jobs.task_names import VALIDATE_ADAPTER_TASK
 from registry.adapter_pipeline import AdapterJobContext
 from registry.validation_job import run_validation_job
 
@@ -15,13 +17,6 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from registry.settings import Settings
-
-VALIDATE_ADAPTER_TASK = "lorahost.validate_adapter_version"
-FAIL_STALE_VERSIONS_TASK = "lorahost.fail_stale_versions"
-SWEEP_ORPHANED_BLOBS_TASK = "lorahost.sweep_orphaned_blobs"
-CLOSE_ORPHANED_USAGE_TASK = "lorahost.close_orphaned_usage"
-TRAIN_LENGTH_PREDICTOR_TASK = "lorahost.train_length_predictor"
-COMPUTE_PLACEMENT_TASK = "lorahost.compute_placement"
 
 
 class JobDispatcher(Protocol):
@@ -59,9 +54,9 @@ class CeleryJobs:
 
 
 def make_job_dispatcher(settings: Settings, ctx: AdapterJobContext) -> JobDispatcher:
-    """InlineJobs when `settings.is_inline_jobs`, else CeleryJobs over `make_celery(settings)`."""
+    """InlineJobs when `settings.is_inline_jobs`, else CeleryJobs over a bare client (no task bodies)."""
     if settings.is_inline_jobs:
         return InlineJobs(ctx)
-    from jobs.celery_app import make_celery
+    from jobs.celery_client import make_celery_client
 
-    return CeleryJobs(make_celery(settings), settings.celery_queue)
+    return CeleryJobs(make_celery_client(settings), settings.celery_queue)

@@ -19,7 +19,7 @@ from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
 from scheduler.placement import default_operating_points
 from scheduler.placement_baselines import PLACEMENT_POLICIES
-from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
+from scheduler.router_policies import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
 DEFAULT_WORKER_PORT = 8100
 LENGTH_PREDICTORS = ("learned", "max_tokens")  # api/inference/learned_predictor.py, api/inference/predict.py

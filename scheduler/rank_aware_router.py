@@ -43,7 +43,6 @@ from dataclasses import dataclass
 
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
 from scheduler.router import (
-    ROUTER_POLICIES,
     RouteRequest,
     RouterOptions,
     WorkerView,
@@ -156,6 +155,3 @@ def _queue_shapes(waiting_ranks: Sequence[int], num_prompt_tokens: int) -> list[
         return []
     share, extra = divmod(max(0, num_prompt_tokens), len(waiting_ranks))
     return [(share + (1 if i < extra else 0), rank) for i, rank in enumerate(waiting_ranks)]
-
-
-ROUTER_POLICIES["rank_aware"] = RankAwareRouter

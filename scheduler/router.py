@@ -8,9 +8,7 @@ placement's assigned ones (RouteRequest.assigned_workers) when any of them is li
   deterministic).
 - `placement_weighted`: LoRAServe's routing, a random draw by the placement weights, blind to live load.
 - `rank_aware` (scheduler/rank_aware_router.py): CaraServe's least added per-token cost.
-Policies are chosen by name (settings.router_policy) from `ROUTER_POLICIES`, resolved by `make_router`:
-a new policy is a class with `choose` plus one entry there; a policy with options (`RouterOptions`, built
-from settings) has a `from_options(options)` classmethod, the others are constructed without arguments.
+Policies are chosen by name (settings.router_policy) from the table in scheduler/router_policies.py.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from scheduler.perf_model import PerfModel
 
@@ -180,27 +178,3 @@ class RouterOptions:
 
     slo_tpot_ms: float | None = None
     cold_fetch_ms: float = 50.0
-
-
-ROUTER_POLICIES: dict[str, type[Any]] = {
-    "residency_least_loaded": ResidencyThenLeastLoaded,
-    "placement_weighted": PlacementWeightedRandom,
-}
-DEFAULT_ROUTER_POLICY = "residency_least_loaded"
-
-
-def make_router(policy: str = DEFAULT_ROUTER_POLICY, options: RouterOptions | None = None) -> Router:
-    """The routing policy named `policy` (a key of ROUTER_POLICIES); ValueError naming the choices otherwise."""
-    try:
-        cls = ROUTER_POLICIES[policy]
-    except KeyError:
-        raise ValueError(
-            f"unknown router policy {policy!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}"
-        ) from None
-    from_options = getattr(cls, "from_options", None)
-    return from_options(options or RouterOptions()) if from_options is not None else cls()
-
-
-# Policies in their own modules register themselves in ROUTER_POLICIES when imported (last: they import
-# this module's names).
-import scheduler.rank_aware_router  # noqa: F401

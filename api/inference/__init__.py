@@ -8,5 +8,6 @@
               each finished request's true length
   route.py    wait through a cold start, route to a worker and read its first event (refusals -> HTTP errors)
   respond.py  the response: SSE framing for streams, the collector for non-streamed requests
+  schemas.py  the OpenAI-compatible request bodies (CompletionRequest, ChatCompletionRequest)
 Metering (one usage row per request) is api/metering.py.
 """

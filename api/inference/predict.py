@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from api.metering import RequestMeter
+from api.request_meter import RequestMeter
 
 if TYPE_CHECKING:
     from api.inference.prepare import Prepared

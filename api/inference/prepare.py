@@ -28,11 +28,11 @@ from starlette.concurrency import run_in_threadpool
 
 from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
-from api.metering import RequestMeter
+from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import InMemoryRateLimiter, RateDecision, RateLimits
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
-from api.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
+from api.request_meter import RequestMeter
 from api.services import Services
 from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
 from registry import repository

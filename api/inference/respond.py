@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError
 from api.inference.prepare import Kind, Prepared
-from api.metering import RequestMeter, UsageLedger, record_quietly
+from api.metering import UsageLedger, record_quietly
+from api.request_meter import RequestMeter
 from api.worker_client import WorkerStream
 from cluster.protocol import GenerateEvent
 

@@ -17,8 +17,10 @@ from starlette.types import Receive
 from api.cold_start import ColdStartTimeout, ColdStartWait
 from api.errors import ApiError
 from api.inference.prepare import Prepared
-from api.metering import RequestMeter, UsageLedger
-from api.services import Services, cached_live_workers, live_workers
+from api.live_workers import cached_live_workers, live_workers
+from api.metering import UsageLedger
+from api.request_meter import RequestMeter
+from api.services import Services
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, tenant_status
@@ -95,10 +97,10 @@ def refusal_error(event: GenerateEvent) -> ApiError:
 async def live_records(services: Services) -> list[WorkerRecord]:
     """The live worker records: from the in-process directory or the fresh cached listing inline, else the
     shared (Redis) directory read in a thread (a network call)."""
-    records = cached_live_workers(services)
+    records = cached_live_workers(services.worker_directory, services.worker_listing)
     if records is not None:
         return records
-    return await anyio.to_thread.run_sync(live_workers, services)
+    return await anyio.to_thread.run_sync(live_workers, services.worker_directory, services.worker_listing)
 
 
 async def record_worker_error(ledger: UsageLedger, meter: RequestMeter, event: GenerateEvent) -> None:

@@ -30,10 +30,10 @@ from api.inference.predict import predict
 from api.inference.prepare import Kind, prepare
 from api.inference.respond import collect, streaming_response
 from api.inference.route import start
+from api.inference.schemas import ChatCompletionRequest, CompletionRequest
 from api.metering import record_quietly
 from api.openapi import json_request_body
 from api.prompting import PromptError
-from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.services import Services
 from api.worker_client import WorkerStream
 from registry.errors import RegistryError

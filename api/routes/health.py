@@ -15,7 +15,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import ServicesDep, SessionDep
-from api.services import live_workers
+from api.live_workers import live_workers
 from api.worker_client import num_ready_workers
 
 router = APIRouter(prefix="/v1", tags=["health"])
@@ -31,7 +31,7 @@ def health(session: SessionDep) -> dict[str, str]:
 @router.get("/ready", responses={503: {"description": "a base model has no ready worker yet"}})
 async def ready(services: ServicesDep) -> Any:
     """200 when at least one ready worker serves each base model this API serves, else 503 (same body)."""
-    records = await run_in_threadpool(live_workers, services)
+    records = await run_in_threadpool(live_workers, services.worker_directory, services.worker_listing)
     base_models = [services.settings.base_model_name]
     counts = {name: num_ready_workers(name, records) for name in base_models}
     is_ready = all(counts.values())

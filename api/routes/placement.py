@@ -10,8 +10,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import AdminDep, ServicesDep
-from api.scaling_view import scaling_decisions
-from api.schemas import (
+from api.report_schemas import (
     PlacementReport,
     RoutingWeightPublic,
     ScalingDecisionPublic,
@@ -65,7 +64,7 @@ def _refreshed_table(services: Services) -> RoutingTable | None:
 
 def _decisions(services: Services, base_model: str | None) -> list[ScalingDecision]:
     _refreshed_table(services)
-    return scaling_decisions(services, extra_models=() if base_model is None else (base_model,))
+    return services.scaling.decisions(extra_models=() if base_model is None else (base_model,))
 
 
 def _public(decision: ScalingDecision) -> ScalingDecisionPublic:

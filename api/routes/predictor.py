@@ -13,7 +13,7 @@ from api.deps import AdminDep, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.inference.learned_predictor import describe_predictor
 from api.query_dates import parse_moment
-from api.schemas import (
+from api.report_schemas import (
     AdapterPredictionAccuracy,
     PredictionAccuracyPublic,
     PredictorModelPublic,

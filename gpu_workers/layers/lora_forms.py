@@ -2,7 +2,8 @@
 
 "segmented": one x_seg @ A and one addmm per target per adapter (layers/lora.py; the simplest);
 "stacked": the batch's adapters concatenated once per adapter set, every token times every adapter, then a
-mask (layers/lora.py; the runner still takes it only where its cost model says it beats the segment loop);
+mask (layers/stacked_lora.py; the runner still takes it only where its cost model says it beats the segment
+loop);
 "kernel": the C/OpenMP kernel, one call per projection (layers/lora_kernel.py; CPU, when it builds).
 Which is fastest depends on the CPU, the thread count and the model's shapes, so it is measured.
 """
@@ -18,10 +19,10 @@ from gpu_workers.layers.lora import (
     LoraAdapter,
     LoraBatch,
     LoraSegment,
+    SegmentedStep,
     add_lora_delta,
     build_lora_projection,
-    build_stacked_lora,
-    stacked_masks,
+    lora_batch,
 )
 from gpu_workers.layers.lora_kernel import (
     KernelStep,
@@ -29,6 +30,7 @@ from gpu_workers.layers.lora_kernel import (
     build_kernel_lora,
     is_kernel_usable,
 )
+from gpu_workers.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
 
 DECODE_LORA_OP = "decode_lora"
 DECODE_LORA_FORMS = ("segmented", "stacked", "kernel")
@@ -92,7 +94,7 @@ def decode_lora_candidates(
         return step
 
     batches: dict[str, Callable[[], LoraBatch]] = {
-        "segmented": lambda: LoraBatch(segments),
+        "segmented": lambda: lora_batch(SegmentedStep(segments)),
         "stacked": lambda: _stacked_batch(segments, is_packed, device),
         "kernel": lambda: _kernel_batch(segments),
     }
@@ -102,7 +104,7 @@ def decode_lora_candidates(
 def _stacked_batch(segments: tuple[LoraSegment, ...], is_packed: bool, device: torch.device) -> LoraBatch:
     stacked = build_stacked_lora(tuple(seg.adapter for seg in segments), pack=is_packed)
     token_owner = torch.arange(len(segments), dtype=torch.long, device=device)
-    return LoraBatch(segments, stacked, stacked_masks(stacked, token_owner))
+    return lora_batch(StackedStep(segments, stacked, stacked_masks(stacked, token_owner)))
 
 
 def _kernel_batch(segments: tuple[LoraSegment, ...]) -> LoraBatch:
@@ -111,4 +113,4 @@ def _kernel_batch(segments: tuple[LoraSegment, ...]) -> LoraBatch:
     if any(d is None for d in descriptors):
         raise ValueError("the tuning adapters do not fit the LoRA kernel")
     kernel = build_kernel_lora(adapters, [d for d in descriptors if d is not None])
-    return LoraBatch((), kernel=KernelStep.of(kernel, segments))
+    return lora_batch(KernelStep.of(kernel, segments))

@@ -1,8 +1,8 @@
 """Segmented LoRA delta on CPU with a small C/OpenMP kernel (lora_kernel.c), for decode-sized segments.
 
 Torch has no segmented matmul: a decode step's LoRA costs either one tiny matmul per (adapter, projection)
-(hundreds of calls, each dominated by dispatch) or the stacked form (layers/lora.py: every token times every
-adapter, then a mask), which multiplies 16 tokens by 16 adapters to use 1/16 of the products. The kernel
+(hundreds of calls, each dominated by dispatch) or the stacked form (layers/stacked_lora.py: every token
+times every adapter, then a mask), which multiplies 16 tokens by 16 adapters to use 1/16 of the products. The kernel
 reads each adapter's A and B once per block of its tokens and multiplies only its own tokens: a decode step's
 LoRA becomes memory-bound on the adapters' bytes, with one call per (layer, projection).
 
@@ -97,6 +97,9 @@ class KernelStep:
         """The same adapters over batch rows `row_list` (ascending), renumbered (row i = row_list[i])."""
         ranges = tuple((bisect.bisect_left(row_list, s), bisect.bisect_left(row_list, e)) for s, e in self.segments)
         return KernelStep(self.kernel, ranges, torch.tensor(ranges, dtype=torch.int64).reshape(-1, 2))
+
+    def begin_layer(self, layer_idx: int) -> None:
+        """Nothing changes between layers."""
 
     def add_delta(self, out: torch.Tensor, x: torch.Tensor, layer_idx: int, projection: str) -> None:
         """out[seg] += x[seg] @ A @ B for every adapter over its rows, in one kernel call.

@@ -196,8 +196,7 @@ class LlamaForCausalLM(nn.Module):
             keep = (output_rows, select_lora_rows(lora, output_rows))
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            if lora.host is not None:
-                lora.host.begin_layer(i)  # layer boundary: adapters whose copy landed switch to it
+            lora.begin_layer(i)  # layer boundary: host-assisted adapters whose copy landed switch to it
             h = layer(h, cos_sin, kv_cache, meta, lora, keep if i == last else None)
         if keep is None and output_rows is not None:
             h = h.index_select(0, output_rows)

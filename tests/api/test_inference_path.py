@@ -179,9 +179,9 @@ def test_settings_router_policy_picks_the_services_router(
 ) -> None:
     from api.services import build_services
     from registry.settings import Settings
-    from scheduler import router
+    from scheduler import router_policies
 
-    monkeypatch.setitem(router.ROUTER_POLICIES, "first_worker", FirstWorkerRouter)
+    monkeypatch.setitem(router_policies.ROUTER_POLICIES, "first_worker", FirstWorkerRouter)
     settings = Settings(data_dir=tmp_path, admin_key="x", router_policy="first_worker")
     services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
     try:

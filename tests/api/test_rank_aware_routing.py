@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.services import cached_live_workers, live_workers
+from api.live_workers import cached_live_workers, live_workers
 from api.worker_client import worker_view
 from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from scheduler.perf_model import DEFAULT_PERF_MODEL, LinearLatency, PerfModel
@@ -137,10 +137,10 @@ def test_a_shared_directory_is_read_through_the_cached_listing(client: TestClien
     directory = SharedDirectory()
     directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL), ttl_s=60)
     services.worker_directory = directory
-    assert cached_live_workers(services) is None  # nothing cached yet: the caller reads in a thread
+    assert cached_live_workers(services.worker_directory, services.worker_listing) is None  # nothing cached yet: the caller reads in a thread
     for _ in range(5):
-        assert [r.worker_id for r in live_workers(services)] == ["w1"]
-    assert [r.worker_id for r in cached_live_workers(services) or []] == ["w1"]
+        assert [r.worker_id for r in live_workers(services.worker_directory, services.worker_listing)] == ["w1"]
+    assert [r.worker_id for r in cached_live_workers(services.worker_directory, services.worker_listing) or []] == ["w1"]
     assert directory.num_reads == 1
 
 
@@ -149,9 +149,9 @@ def test_an_in_process_directory_is_read_directly(client: TestClient) -> None:
     directory = InMemoryWorkerDirectory()
     services.worker_directory = directory
     directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL), ttl_s=60)
-    assert [r.worker_id for r in cached_live_workers(services) or []] == ["w1"]
+    assert [r.worker_id for r in cached_live_workers(services.worker_directory, services.worker_listing) or []] == ["w1"]
     directory.remove("w1")
-    assert live_workers(services) == []  # no cache in embedded mode
+    assert live_workers(services.worker_directory, services.worker_listing) == []  # no cache in embedded mode
 
 
 def test_the_worker_view_cache_stays_well_under_the_heartbeat_ttl(tmp_path) -> None:  # type: ignore[no-untyped-def]

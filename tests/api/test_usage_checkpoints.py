@@ -14,8 +14,10 @@ import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.metering import RequestMeter, UsageLedger, UsageWriter
+from api.metering import UsageLedger
 from api.ratelimit import InMemoryRateLimiter
+from api.request_meter import RequestMeter
+from api.usage_writer import UsageWriter
 from registry import repository
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord, utcnow

@@ -65,7 +65,7 @@ def test_fp32_prefill_gemms_match_peft_and_can_be_turned_off(make_engine: Any, h
 def test_wide_lora_segments_round_once_to_the_exact_delta(num_rows: int) -> None:
     """A prefill-sized LoRA segment of a bf16 model with wide_dtype set is (x A) B + out computed in fp32 and
     rounded once into out (within one bf16 ulp of the exact sum); shorter segments keep the bf16 ops."""
-    from gpu_workers.layers.lora import LoraAdapter, LoraBatch, LoraSegment, _add_device_delta, build_lora_projection
+    from gpu_workers.layers.lora import LoraAdapter, LoraSegment, SegmentedStep, build_lora_projection
 
     torch.manual_seed(1)
     modules = {"q_proj": (torch.randn(8, 64), torch.randn(48, 8)), "v_proj": (torch.randn(4, 64), torch.randn(16, 4))}
@@ -77,7 +77,7 @@ def test_wide_lora_segments_round_once_to_the_exact_delta(num_rows: int) -> None
     outs = {}
     for wide in (torch.float32, None):
         out = base.clone()
-        _add_device_delta(out, x, LoraBatch((LoraSegment(0, num_rows, adapter),), wide_dtype=wide), 0, "qkv")
+        SegmentedStep((LoraSegment(0, num_rows, adapter),), wide_dtype=wide).add_delta(out, x, 0, "qkv")
         outs[wide] = out
     exact = base.double().clone()
     xa = x.double() @ proj.a_t.double()
@@ -124,7 +124,7 @@ def test_kernel_delta_equals_the_segment_form(
     """For every projection and layer, one kernel call adds what the per-segment matmuls add (fp32: to
     rounding; bf16: within one rounding of the output), blocks of more than 8 tokens and empty segments
     included."""
-    from gpu_workers.layers.lora import LoraBatch, LoraSegment, add_lora_delta, map_lora_tensors
+    from gpu_workers.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta, map_lora_tensors
     from gpu_workers.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
 
     _kernel_or_skip()
@@ -143,8 +143,9 @@ def test_kernel_delta_equals_the_segment_form(
             x = torch.randn(bounds[-1], in_features, generator=generator).to(dtype)
             base = torch.randn(bounds[-1], out_features, generator=generator).to(dtype)
             expected, out = base.clone(), base.clone()
-            add_lora_delta(expected, x, LoraBatch(tuple(s for s in segments if s.end > s.start)), layer_idx, projection)
-            add_lora_delta(out, x, LoraBatch((), kernel=step), layer_idx, projection)
+            segmented = LoraBatch((SegmentedStep(tuple(s for s in segments if s.end > s.start)),))
+            add_lora_delta(expected, x, segmented, layer_idx, projection)
+            add_lora_delta(out, x, LoraBatch((step,)), layer_idx, projection)
             if dtype == torch.float32:
                 torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
             else:
@@ -153,7 +154,7 @@ def test_kernel_delta_equals_the_segment_form(
 
 
 def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(fp32_engine: Any) -> None:
-    from gpu_workers.layers.lora import LoraBatch, LoraSegment, add_lora_delta
+    from gpu_workers.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta
     from gpu_workers.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
     from tests.gpu_workers.test_row_isolation import overflowing_copy
 
@@ -165,9 +166,9 @@ def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(fp32_en
         kernel = build_kernel_lora((good, bad), [adapter_descriptors(good), adapter_descriptors(bad)])  # type: ignore[list-item]
         x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
         expected = torch.zeros(2, 128)
-        add_lora_delta(expected, x[:2], LoraBatch(segments[:1]), 0, "qkv")
+        add_lora_delta(expected, x[:2], LoraBatch((SegmentedStep(segments[:1]),)), 0, "qkv")
         out = torch.zeros(3, 128)
-        add_lora_delta(out, x, LoraBatch((), kernel=KernelStep.of(kernel, segments)), 0, "qkv")
+        add_lora_delta(out, x, LoraBatch((KernelStep.of(kernel, segments),)), 0, "qkv")
         assert torch.isfinite(out[:2]).all()
         torch.testing.assert_close(out[:2], expected)
 

@@ -21,10 +21,10 @@ from gpu_workers.layers.lora import (
     LoraBatch,
     LoraProjection,
     LoraSegment,
+    SegmentedStep,
     add_lora_delta,
-    build_stacked_lora,
-    stacked_masks,
 )
+from gpu_workers.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
 from gpu_workers.sampling import SamplingParams
 
 HUGE = 3e38
@@ -197,8 +197,8 @@ def test_stacked_delta_of_a_normal_row_ignores_an_overflowing_neighbour(
     masks = stacked_masks(stacked, torch.tensor([0, 0, 1]))
     for projection in ("qkv", "o"):
         expected = torch.zeros(2, {"qkv": 128, "o": 64}[projection])
-        add_lora_delta(expected, x[:2], LoraBatch(segments[:1]), 0, projection)
+        add_lora_delta(expected, x[:2], LoraBatch((SegmentedStep(segments[:1]),)), 0, projection)
         out = torch.zeros(3, expected.shape[1])
-        add_lora_delta(out, x, LoraBatch(segments, stacked, masks), 0, projection)
+        add_lora_delta(out, x, LoraBatch((StackedStep(segments, stacked, masks),)), 0, projection)
         assert torch.isfinite(out[:2]).all()
         torch.testing.assert_close(out[:2], expected)

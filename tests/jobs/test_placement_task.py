@@ -12,8 +12,8 @@ import redis
 from cluster.membership import RedisWorkerDirectory, WorkerRecord
 from cluster.routing_table import RedisRoutingTableStore
 from jobs.celery_app import make_celery
-from jobs.dispatch import COMPUTE_PLACEMENT_TASK
 from jobs.placement import http_dropper, make_routing_table_store
+from jobs.task_names import COMPUTE_PLACEMENT_TASK
 from migrations.runner import upgrade
 from registry.settings import Settings
 

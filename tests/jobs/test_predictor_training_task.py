@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobs.celery_app import DEFAULT_PREDICTOR_TRAINING_S, make_celery
-from jobs.dispatch import TRAIN_LENGTH_PREDICTOR_TASK
+from jobs.task_names import TRAIN_LENGTH_PREDICTOR_TASK
 from migrations.runner import upgrade
 from registry.db import make_engine, make_session_factory
 from registry.predictor_artifacts import read_pointer

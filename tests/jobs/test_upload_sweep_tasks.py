@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import update
 
 from jobs.celery_app import make_celery
-from jobs.dispatch import FAIL_STALE_VERSIONS_TASK, SWEEP_ORPHANED_BLOBS_TASK
+from jobs.task_names import FAIL_STALE_VERSIONS_TASK, SWEEP_ORPHANED_BLOBS_TASK
 from migrations.runner import upgrade
 from registry import repository
 from registry.db import make_engine, make_session_factory

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.main import _sweep_usage
 from cluster.membership import InMemoryWorkerDirectory, RedisWorkerDirectory, WorkerRecord
 from jobs.celery_app import make_celery
-from jobs.dispatch import CLOSE_ORPHANED_USAGE_TASK
+from jobs.task_names import CLOSE_ORPHANED_USAGE_TASK
 from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage, sweep_usage
 from registry import repository
 from registry.db import make_engine, make_session_factory

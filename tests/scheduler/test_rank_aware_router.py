@@ -3,7 +3,8 @@ from hypothesis import strategies as st
 
 from scheduler.perf_model import LinearLatency, LoadLatency, PerfModel
 from scheduler.rank_aware_router import RankAwareRouter, eligible_workers
-from scheduler.router import ROUTER_POLICIES, RouteRequest, RouterOptions, WorkerView, make_router
+from scheduler.router import RouteRequest, RouterOptions, WorkerView
+from scheduler.router_policies import ROUTER_POLICIES, make_router
 
 BASE = "base"
 

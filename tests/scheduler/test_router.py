@@ -39,7 +39,7 @@ def test_no_ready_worker_for_base_model_returns_none() -> None:
 
 
 def test_router_policies_are_chosen_by_name() -> None:
-    from scheduler.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES, make_router
+    from scheduler.router_policies import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES, make_router
 
     assert isinstance(make_router(), ROUTER_POLICIES[DEFAULT_ROUTER_POLICY])
     assert isinstance(make_router("residency_least_loaded"), ResidencyThenLeastLoaded)
@@ -48,7 +48,7 @@ def test_router_policies_are_chosen_by_name() -> None:
 def test_an_unknown_router_policy_names_the_choices() -> None:
     import pytest
 
-    from scheduler.router import make_router
+    from scheduler.router_policies import make_router
 
     with pytest.raises(ValueError, match="residency_least_loaded"):
         make_router("round_robin")
@@ -65,7 +65,8 @@ def test_residency_router_keeps_to_the_assigned_workers_while_one_is_live() -> N
 def test_placement_weighted_draws_by_weight_among_assigned_workers_only() -> None:
     from collections import Counter
 
-    from scheduler.router import PlacementWeightedRandom, make_router
+    from scheduler.router import PlacementWeightedRandom
+    from scheduler.router_policies import make_router
 
     workers = [_w("a"), _w("b", running=7), _w("c")]
     request = RouteRequest(BASE, "x", assigned_workers=(("a", 0.8), ("b", 0.2)))

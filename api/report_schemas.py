@@ -1,0 +1,105 @@
+"""The operator reports' shapes: the length predictor's accuracy, the published placement and the autoscaling
+decisions (GET /v1/admin/predictor, /v1/admin/placement, /v1/admin/scaling)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class PredictionAccuracyPublic(BaseModel):
+    """How close output-length predictions came: MAE in tokens and bucket accuracy (prediction and truth in
+    the same `bucket_edges` class); both null without samples."""
+
+    num_samples: int
+    mae: float | None
+    bucket_accuracy: float | None
+
+
+class AdapterPredictionAccuracy(PredictionAccuracyPublic):
+    """One adapter version's served predictions (the predictor's key; null ids: the base model)."""
+
+    adapter_version_id: str | None
+    adapter_id: str | None
+    adapter_name: str | None  # the usage rows' model name: the adapter's name, or the base model's
+
+
+class HeldoutAccuracy(PredictionAccuracyPublic):
+    """The served model's accuracy on its training's held-out split, for one adapter key."""
+
+    adapter_key: str | None
+
+
+class PredictorModelPublic(BaseModel):
+    """The length predictor this API process serves."""
+
+    kind: str  # settings.length_predictor: learned or max_tokens
+    version: str  # the model version; "prior" before a trained model is loaded
+    trained_at: datetime | None = None
+    num_samples: int | None = None
+    num_training_samples: int | None = None
+    num_heldout_samples: int | None = None
+    heldout: PredictionAccuracyPublic | None = None
+    heldout_per_adapter: list[HeldoutAccuracy] = Field(default_factory=list)
+
+
+class PredictorReport(BaseModel):
+    """GET /v1/admin/predictor: the served model and the accuracy of the predictions recorded in usage rows
+    (finished `ok` requests that started in [start, end)), overall and per adapter version."""
+
+    object: Literal["predictor"] = "predictor"
+    model: PredictorModelPublic
+    start: datetime
+    end: datetime
+    bucket_edges: list[int]
+    overall: PredictionAccuracyPublic
+    data: list[AdapterPredictionAccuracy]
+
+
+class RoutingWeightPublic(BaseModel):
+    """One holder of an adapter in the routing table."""
+
+    worker_id: str
+    weight: float
+
+
+class WorkerPlacementPublic(BaseModel):
+    """A worker's share of the placement: load in server-equivalents (1 = its capacity within the SLO), max
+    rank bucket of its adapters with demand, number of adapters assigned."""
+
+    worker_id: str
+    base_model: str
+    load: float
+    max_rank: int
+    num_adapters: int
+
+
+class PlacementReport(BaseModel):
+    """GET /v1/admin/placement: the published routing table (version 0 and no rows before the first run)."""
+
+    object: Literal["placement"] = "placement"
+    version: int
+    computed_at: datetime | None
+    table: dict[str, list[RoutingWeightPublic]]
+    workers: list[WorkerPlacementPublic]
+    moved: list[str]
+
+
+class ScalingDecisionPublic(BaseModel):
+    """GET /v1/admin/scaling?base_model=NAME (and one item of the list): how many workers the base model
+    should run (a KEDA metrics-api trigger reads `desired_workers`), how many are live, the forecast demand
+    and why."""
+
+    base_model: str
+    desired_workers: int
+    live_workers: int
+    demand_tokens_per_s: float
+    reason: str
+
+
+class ScalingReport(BaseModel):
+    """GET /v1/admin/scaling: one decision per base model with workers, demand or waiting requests."""
+
+    base_models: list[ScalingDecisionPublic]

@@ -1,0 +1,189 @@
+"""The usage writer: one daemon thread that writes usage rows off the request path (api/metering.py states
+the crash-safe protocol it implements). Writes run on fresh DB sessions, so neither a request's own session
+nor the event loop is involved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.request_meter import RequestMeter
+from registry.usage import checkpoint_usage, open_usage, renew_usage_leases
+
+log = logging.getLogger(__name__)
+# Renews the concurrent-request slots of (tenant id, request id) pairs (api/ratelimit.py RateLimiter.renew_slots).
+SlotRenewer = Callable[[list[tuple[str, str]]], object]
+
+
+class UsageWriter:
+    """A daemon thread that inserts opened rows at once (batched) and, every `interval_s`, checkpoints watched
+    streams (one UPDATE per changed stream, all in one transaction) and renews the lease of every row this
+    process holds open (one UPDATE for all, owner `api_instance_id`; None: no renewals) and the concurrent-request
+    slots of those that hold one (one `renew_slots` call for all; None: no slot renewals). `flush_opens`,
+    `checkpoint`, `renew_leases` and `renew_slots` are the thread's jobs, callable directly (tests)."""
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        api_instance_id: str | None = None,
+        renew_slots: SlotRenewer | None = None,
+    ) -> None:
+        self.session_factory = session_factory
+        self.interval_s = interval_s
+        self.api_instance_id = api_instance_id
+        self._renew_slots = renew_slots
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pending: list[tuple[dict[str, Any], Future[None]]] = []
+        self._watched: dict[str, tuple[RequestMeter, tuple[int, int, str | None] | None]] = {}
+        self._held: set[str] = set()  # request ids opened and not yet being finished: their leases are renewed
+        self._slots: dict[str, str] = {}  # request id -> tenant id of the held ones holding a concurrency slot
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def open(
+        self, values: dict[str, Any], watch: RequestMeter | None = None, *, holds_slot: bool = False
+    ) -> Future[None]:
+        """Queue an in_progress row for insertion (done when the future is) and hold its lease until `unwatch`;
+        `watch` it for checkpoints; `holds_slot`: renew its concurrent-request slot until `unwatch` as well."""
+        future: Future[None] = Future()
+        with self._lock:
+            self._pending.append((values, future))
+            self._held.add(values["request_id"])
+            if holds_slot:
+                self._slots[values["request_id"]] = values["tenant_id"]
+            if watch is not None:
+                self._watched[watch.request_id] = (watch, None)
+            self._ensure_thread()
+        self._wake.set()
+        return future
+
+    def unwatch(self, meter: RequestMeter) -> None:
+        """Stop checkpointing a request and renewing its lease and slot (it is being given its final values)."""
+        with self._lock:
+            self._watched.pop(meter.request_id, None)
+            self._held.discard(meter.request_id)
+            self._slots.pop(meter.request_id, None)
+
+    def num_watched(self) -> int:
+        """How many streams are being checkpointed."""
+        with self._lock:
+            return len(self._watched)
+
+    def flush_opens(self) -> None:
+        """Insert every queued row, in one transaction (one by one if that fails, so one bad row fails alone)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            self._insert([values for values, _ in pending])
+            outcomes: list[BaseException | None] = [None] * len(pending)
+        except Exception:  # noqa: BLE001 - retried row by row below
+            outcomes = [self._insert_one(values) for values, _ in pending]
+        for (_, future), error in zip(pending, outcomes, strict=True):
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def checkpoint(self) -> int:
+        """Write the delivered tokens of every watched, opened stream that changed since its last checkpoint;
+        returns how many rows were written."""
+        with self._lock:
+            due = [(m, last) for m, last in self._watched.values() if m.is_open() and m.checkpoint_key() != last]
+        if not due:
+            return 0
+        values = [meter.checkpoint_values() for meter, _ in due]
+        with self.session_factory() as session:
+            checkpoint_usage(session, values)
+        with self._lock:
+            for meter, _ in due:
+                if meter.request_id in self._watched:
+                    self._watched[meter.request_id] = (meter, meter_key(values, meter))
+        return len(due)
+
+    def renew_leases(self) -> int:
+        """Renew the lease of every row this process holds open, with one UPDATE (none while it holds none);
+        returns how many rows it renewed."""
+        with self._lock:
+            is_holding = bool(self._held)
+        if self.api_instance_id is None or not is_holding:
+            return 0
+        with self.session_factory() as session:
+            return renew_usage_leases(session, self.api_instance_id)
+
+    def renew_slots(self) -> int:
+        """Renew the concurrent-request slot of every request this process holds open that holds one, with one
+        `renew_slots` call (none while it holds none); returns how many slots it asked to renew."""
+        with self._lock:
+            slots = [(tenant_id, request_id) for request_id, tenant_id in self._slots.items()]
+        if self._renew_slots is None or not slots:
+            return 0
+        self._renew_slots(slots)
+        return len(slots)
+
+    def close(self) -> None:
+        """Stop the thread, then write the rows still queued (a later `open` starts a new thread)."""
+        with self._lock:
+            thread, stop, self._thread, self._stop = self._thread, self._stop, None, threading.Event()
+        stop.set()
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        self.flush_opens()
+
+    def _insert(self, rows: list[dict[str, Any]]) -> None:
+        with self.session_factory() as session:
+            open_usage(session, rows)
+
+    def _insert_one(self, values: dict[str, Any]) -> BaseException | None:
+        try:
+            self._insert([values])
+            return None
+        except Exception as exc:  # noqa: BLE001 - handed to the request through its future
+            log.exception("could not open the usage row of request %s", values["request_id"])
+            return exc
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop,), name="lorahost-usage-writer", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self, stop: threading.Event) -> None:
+        next_checkpoint_s = self._clock() + self.interval_s
+        while not stop.is_set():
+            self._wake.wait(timeout=max(0.0, next_checkpoint_s - self._clock()))
+            self._wake.clear()
+            self._run_once(next_checkpoint_s)
+            if self._clock() >= next_checkpoint_s:
+                next_checkpoint_s = self._clock() + self.interval_s
+
+    def _run_once(self, next_checkpoint_s: float) -> None:
+        jobs: list[Callable[[], object]] = [self.flush_opens]
+        if self._clock() >= next_checkpoint_s:
+            jobs += [self.checkpoint, self.renew_leases, self.renew_slots]
+        for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewals
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - the thread must survive a DB outage; the next round retries
+                log.exception("usage writer: a write failed; retrying at the next checkpoint")
+
+
+def meter_key(values: list[dict[str, Any]], meter: RequestMeter) -> tuple[int, int, str | None]:
+    """The checkpoint key of what was just written for `meter` (from the written values, not the live meter)."""
+    row = next(v for v in values if v["request_id"] == meter.request_id)
+    return row["prompt_tokens"], row["completion_tokens"], row["worker_id"]
