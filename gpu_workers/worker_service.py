@@ -14,6 +14,7 @@ goes to threads.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -373,78 +374,34 @@ class WorkerService:
         return await asyncio.to_thread(self.engine.stats)
 
     def stats(self, engine_stats: dict[str, Any] | None = None) -> WorkerStats:
-        """Load, residency and counters as WorkerStats (pass `await engine_stats()` to avoid blocking the loop)."""
-        engine_stats = self.engine.stats() if engine_stats is None else engine_stats
-        counters = self.adapters.counters
-        device = self.adapters.device_adapters(engine_stats)
-        return WorkerStats(
-            worker_id=self.worker_id,
-            base_model=self.base_model,
-            num_running=int(engine_stats.get("num_running", 0)),
-            num_waiting=int(engine_stats.get("num_waiting", 0)),
-            max_num_seqs=self.max_num_seqs,
-            device_adapters=device,
-            host_adapters=self.adapters.host_adapters(device),
-            num_active=self.num_active,
-            num_free_kv_blocks=int(engine_stats.get("num_free_kv_blocks", 0)),
-            num_total_kv_blocks=int(engine_stats.get("num_kv_blocks", 0)),
-            num_cache_hits=counters.num_cache_hits,
-            num_cache_misses=counters.num_cache_misses,
-            num_adapter_loads=int(engine_stats.get("num_adapter_loads", 0)),  # copies the engine made
-            num_adapter_unloads=counters.num_adapter_unloads,
-            num_load_failures=counters.num_load_failures + int(engine_stats.get("num_adapter_load_failures", 0)),
-            **engine_adapter_cache_stats(engine_stats),
-            **self._routing_stats(engine_stats),
-            kernel_choices={str(k): str(v) for k, v in (engine_stats.get("kernel_choices") or {}).items()},
-            kernel_tuner_s=float(engine_stats.get("kernel_tuner_s") or 0.0),
-            is_ready=self.is_ready and not self.is_draining,
-            is_draining=self.is_draining,
-        )
+        """Load, residency and counters as WorkerStats (pass `await engine_stats()` to avoid blocking the loop).
 
-    def _routing_stats(self, engine_stats: dict[str, Any]) -> dict[str, Any]:
-        """The rank-aware router's inputs (engine_stats.routing_stats; defaults when a backend lacks them), with
-        the ranks of host-cached adapters the engine does not know and this worker's profile."""
-        ranks = {str(k): int(v) for k, v in (engine_stats.get("adapter_ranks") or {}).items()}
-        for key, rank in self.adapters.known_ranks().items():
-            ranks.setdefault(key, rank)
-        return {
-            "adapter_ranks": ranks,
-            "running_ranks": [int(r) for r in engine_stats.get("running_ranks") or ()],
-            "waiting_ranks": [int(r) for r in engine_stats.get("waiting_ranks") or ()],
-            "num_waiting_prompt_tokens": int(engine_stats.get("num_waiting_prompt_tokens", 0)),
-            "num_waiting_by_queue": [int(n) for n in engine_stats.get("num_waiting_by_queue") or ()],
-            "num_waiting_by_tenant": {
-                str(k): int(v) for k, v in (engine_stats.get("num_waiting_by_tenant") or {}).items()
-            },
-            "decode_step_ms": engine_stats.get("decode_step_ms"),
-            "prefill_step_ms": engine_stats.get("prefill_step_ms"),
+        The engine's stats dict is read by key (what a backend does not publish keeps its default), then the
+        worker's own fields: its identity, host cache, leases and adapter counters, the ranks the API sent
+        for host-cached adapters the engine does not know, and its profile.
+        """
+        engine_stats = self.engine.stats() if engine_stats is None else engine_stats
+        device = self.adapters.device_adapters(engine_stats)
+        counters = dataclasses.asdict(self.adapters.counters)
+        counters["num_load_failures"] += int(engine_stats.get("num_adapter_load_failures", 0))  # its copies'
+        return WorkerStats.model_validate({
+            **engine_stats,
+            **counters,
+            "worker_id": self.worker_id,
+            "base_model": self.base_model,
+            "max_num_seqs": self.max_num_seqs,
+            "device_adapters": device,
+            "host_adapters": self.adapters.host_adapters(device),
+            "num_active": self.num_active,
+            "adapter_ranks": {**self.adapters.known_ranks(), **(engine_stats.get("adapter_ranks") or {})},
             "perf_model": self.perf_model,
-        }
+            "is_ready": self.is_ready and not self.is_draining,
+            "is_draining": self.is_draining,
+        })
 
     def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
         """The membership record advertised in heartbeats: these stats plus the worker's URL."""
         return WorkerRecord.from_stats(self.stats(engine_stats), url)
-
-
-_ENGINE_CACHE_COUNTERS = (
-    "num_adapter_hits",
-    "num_adapter_misses",
-    "num_adapter_evictions",
-    "num_adapter_prefetches",
-    "num_timed_adapter_loads",
-    "num_cpu_assisted_prefills",
-    "num_copy_waits",
-    "num_kv_pages_used",
-    "num_adapter_pages",
-    "num_free_pool_pages",
-)
-
-
-def engine_adapter_cache_stats(engine_stats: dict[str, Any]) -> dict[str, Any]:
-    """The engine's adapter cache counters and page split, as WorkerStats fields (0 when a backend lacks one)."""
-    values: dict[str, Any] = {name: int(engine_stats.get(name, 0)) for name in _ENGINE_CACHE_COUNTERS}
-    values["adapter_load_seconds_total"] = float(engine_stats.get("adapter_load_seconds_total", 0.0))
-    return values
 
 
 def adapter_files(ref: AdapterRef) -> AdapterFiles:

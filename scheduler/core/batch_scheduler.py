@@ -38,6 +38,7 @@ from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
+from scheduler.core.scheduler_stats import SchedulerStats, make_stats
 from scheduler.core.sequence import BatchEntry, Sequence, SequenceStatus
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 
@@ -111,6 +112,10 @@ class BatchScheduler:
         """KV pages a new sequence could get: free ones plus unreferenced cached blocks."""
         cache = self.prefix_cache
         return self.pool.num_free_blocks + (cache.num_evictable_blocks if cache is not None else 0)
+
+    def make_stats(self) -> SchedulerStats:
+        """The core's counters and state now: queues, pages, residency, the router's inputs."""
+        return make_stats(self)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from api.worker_client import worker_view
 from cluster.membership import WorkerRecord
+from cluster.worker_view import worker_view
 from gpu_workers import builder
 from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.engine import LLMEngine
@@ -97,8 +97,8 @@ def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path:
     service = _service(tmp_path, engine_stats, DEFAULT_PERF_MODEL.to_dict())
     stats = service.stats()
     assert stats.adapter_ranks == {"a": 64, "b": 8}
-    assert (stats.running_ranks, stats.waiting_ranks) == ([64, 0], [8])
-    assert stats.num_waiting_prompt_tokens == 40 and stats.num_waiting_by_queue == [1, 0]
+    assert (stats.running_ranks, stats.waiting_ranks) == ((64, 0), (8,))
+    assert stats.num_waiting_prompt_tokens == 40 and stats.num_waiting_by_queue == (1, 0)
     assert (stats.decode_step_ms, stats.prefill_step_ms) == (12.5, 30.0)
     record = WorkerRecord.from_json(service.record("http://w1").to_json())  # what the API reads from Redis
     assert record.running_ranks == (64, 0) and record.waiting_ranks == (8,)
@@ -111,8 +111,8 @@ def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path:
 
 def test_a_backend_without_routing_stats_publishes_the_defaults(tmp_path: Path) -> None:
     stats = _service(tmp_path, {"num_running": 1}, None).stats()
-    assert stats.running_ranks == [] and stats.adapter_ranks == {} and stats.perf_model is None
-    assert stats.decode_step_ms is None and stats.num_waiting_by_queue == []
+    assert stats.running_ranks == () and stats.adapter_ranks == {} and stats.perf_model is None
+    assert stats.decode_step_ms is None and stats.num_waiting_by_queue == ()
     assert stats.num_waiting_by_tenant == {}  # the router then uses the tenant-blind load
 
 
