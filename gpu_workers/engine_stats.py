@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpu_workers.engine import LLMEngine
+    from scheduler.core.sequence import BatchEntry
 
 
 @dataclass
@@ -36,6 +37,16 @@ class EngineCounters:
     # the last RECENT_STEPS step durations (seconds): decode-only steps, and steps with prefill tokens
     recent_decode_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     recent_prefill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+
+    def record_step(self, entries: list[BatchEntry], num_sampled: int, seconds: float) -> None:
+        """Count one executed step of `entries` that sampled `num_sampled` tokens in `seconds`."""
+        self.num_steps += 1
+        self.num_batched_tokens += sum(e.num_new_tokens for e in entries)
+        self.num_output_tokens += num_sampled
+        self.step_seconds += seconds
+        self.max_step_seconds = max(self.max_step_seconds, seconds)
+        is_decode = all(e.seq.num_computed_tokens - e.num_new_tokens >= e.seq.num_prompt_tokens for e in entries)
+        (self.recent_decode_seconds if is_decode else self.recent_prefill_seconds).append(seconds)
 
 
 RECENT_STEPS = 32
