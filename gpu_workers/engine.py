@@ -4,8 +4,9 @@ runner (single-threaded; see async_engine.py for the thread-safe streaming wrapp
 Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: its
 `AdapterPlacer` (gpu_workers/adapter_placer.py) drops the evicted adapters' device copies and starts the
 planned adapter copies (asynchronous, gpu_workers/adapter_copier.py), then the engine runs the entries
-(those of a still-copying adapter as CPU-assisted prefills, layers/host_lora.py). Finished copies are polled at step start, between layers (the runner switches to a landed device copy) and
-after the forward. The page pool is the one owner of device memory: KV blocks and adapter pages come from
+(those of a still-copying adapter as CPU-assisted prefills, layers/host_lora.py). Finished copies are
+polled at step start, between layers (the runner switches to a landed device copy) and after the forward.
+The page pool is the one owner of device memory: KV blocks and adapter pages come from
 it, and it alone decides how many adapters are on the device (there is no count cap). A request whose
 adapter does not fit right now waits in the queue; a copy that fails ends that adapter's requests with
 error_code "adapter_unavailable". With prefix caching, the core's `PrefixCache` owns the pages of cached

@@ -11,9 +11,10 @@ that does not fit waits; with the plan's head-of-line blocking, the requests aft
 or only those of its group when the plan has groups; `core/admission_gate.py`). The policy hears of each
 actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`, and of the
 output tokens each planned step computes per request (`on_tokens_served`: fair share,
-scheduler/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False) each step starts by evicting the adapters
-no request uses any more. While its adapter is COPYING, a sequence runs only as a CPU-assisted
-prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries; decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
+scheduler/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False)
+each step starts by evicting the adapters no request uses any more. While its adapter is COPYING, a
+sequence runs only as a CPU-assisted prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries;
+decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
 adapter, in its cache namespace (`Sequence.cache_namespace`: its tenant's own unless an operator shares one),
@@ -184,7 +185,7 @@ class BatchScheduler:
         if plan.entries:
             self.residency.record_batch_size(len(plan.entries))
         plan.entries.sort(key=lambda e: e.seq.adapter_id or "")
-        self.policy.on_tokens_served(num_output_tokens(plan))
+        self.policy.on_tokens_served(plan.num_output_tokens_by_request())
         return plan
 
     def _grow_or_preempt(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
@@ -392,9 +393,3 @@ class BatchScheduler:
             tenant_id=seq.tenant_id,
             tenant_weight=seq.tenant_weight,
         )
-
-
-def num_output_tokens(plan: StepPlan) -> dict[str, int]:
-    """The output tokens a plan computes per request id: one per sampling entry (a decode, or a prompt's last
-    chunk, whose step samples the first output token)."""
-    return {e.seq.request_id: 1 for e in plan.entries if e.is_sampling}

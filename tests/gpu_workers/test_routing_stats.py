@@ -20,6 +20,7 @@ from gpu_workers.host_cache import HostAdapterCache
 from gpu_workers.sampling import SamplingParams
 from gpu_workers.worker_service import WorkerService
 from registry.settings import Settings
+from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
@@ -107,6 +108,30 @@ def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path:
     assert stats.num_waiting_by_tenant == {"t1": 1} and record.num_waiting_by_tenant == {"t1": 1}
     assert worker_view(record).num_waiting_by_tenant == {"t1": 1}  # what the router reads
     assert PerfModel.from_dict(record.perf_model or {}) == DEFAULT_PERF_MODEL
+
+
+def _non_default(name: str, default: Any) -> Any:
+    """A value of the default's type that differs from it (distinct per field name where it can)."""
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int | float):
+        return default + len(name)
+    if isinstance(default, str):
+        return name
+    if isinstance(default, tuple):
+        return ("a",) if "adapters" in name else (len(name),)
+    return {"a": len(name)}
+
+
+def test_every_core_stat_reaches_the_workers_stats_and_its_record_by_name(tmp_path: Path) -> None:
+    """No per-field mapping between the core and the heartbeat: a field added to SchedulerStats is published."""
+    fields = SchedulerStats.model_fields.items()
+    values = {n: _non_default(n, f.get_default(call_default_factory=True)) for n, f in fields}
+    core = SchedulerStats(**values)
+    service = _service(tmp_path, core.model_dump(mode="json"), None)
+    record = WorkerRecord.from_json(service.record("http://w1").to_json())
+    assert {n: getattr(service.stats(), n) for n in values} == values
+    assert {n: getattr(record, n) for n in values} == values
 
 
 def test_a_backend_without_routing_stats_publishes_the_defaults(tmp_path: Path) -> None:
