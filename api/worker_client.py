@@ -28,8 +28,8 @@ from pydantic import ValidationError
 
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
-from scheduler.perf_model import PerfModel
-from scheduler.router import Router, RouteRequest, WorkerView, ready_workers
+from cluster.worker_view import worker_view
+from scheduler.router import Router, RouteRequest, ready_workers
 from scheduler.router_policies import make_router
 
 log = logging.getLogger(__name__)
@@ -73,47 +73,6 @@ class LocalWorkerTransport(Protocol):
     async def open_stream(self, request: GenerateRequest) -> EventSource:
         """Start the generation (no event read yet)."""
         ...
-
-
-def worker_view(record: WorkerRecord) -> WorkerView:
-    """What the router needs from a worker's advertised record (a draining worker is not ready; a profile
-    that does not parse is ignored: the router uses its default model for that worker)."""
-    return WorkerView(
-        worker_id=record.worker_id,
-        base_model=record.base_model,
-        num_running=record.num_running,
-        num_waiting=record.num_waiting,
-        max_num_seqs=record.max_num_seqs,
-        device_adapters=frozenset(record.device_adapters),
-        host_adapters=frozenset(record.host_adapters),
-        is_ready=record.is_ready and not record.is_draining,
-        adapter_ranks=record.adapter_ranks,
-        running_ranks=record.running_ranks,
-        waiting_ranks=record.waiting_ranks,
-        num_waiting_prompt_tokens=record.num_waiting_prompt_tokens,
-        num_waiting_by_tenant=record.num_waiting_by_tenant,
-        num_free_pool_pages=record.num_free_pool_pages,
-        decode_step_ms=record.decode_step_ms,
-        prefill_step_ms=record.prefill_step_ms,
-        perf_model=perf_model_of(record),
-    )
-
-
-def perf_model_of(record: WorkerRecord) -> PerfModel | None:
-    """The worker's published performance model, or None (none published, or one this build cannot read)."""
-    if record.perf_model is None:
-        return None
-    try:
-        return PerfModel.from_dict(record.perf_model)
-    except ValueError as exc:
-        if record.worker_id not in _BAD_PROFILE_WORKERS:
-            _BAD_PROFILE_WORKERS.add(record.worker_id)
-            log.warning("worker %s publishes an unreadable profile (%s); routing it with the default model",
-                        record.worker_id, exc)
-        return None
-
-
-_BAD_PROFILE_WORKERS: set[str] = set()  # warned once each
 
 
 def num_ready_workers(base_model: str, records: Iterable[WorkerRecord]) -> int:

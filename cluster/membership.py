@@ -9,91 +9,48 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from cluster.protocol import WorkerStats
 
 
-@dataclass(frozen=True)
-class WorkerRecord:
+class WorkerRecord(WorkerStats):
     """A worker's advertised state (refreshed on every heartbeat): its WorkerStats plus the URL it is reached at.
 
-    Built on the worker with `from_stats` (the one conversion). Stored as JSON; `from_json` ignores keys it
-    does not know (a newer worker's fields) and reads the counters an older worker kept in an `extra` dict.
+    Built on the worker with `from_stats`. Stored as flat JSON (WorkerStats' fields and `url`); `from_json`
+    ignores keys it does not know (a newer worker's fields) and reads the counters an older worker kept in
+    an `extra` dict. `WorkerRecord(worker_id, url, base_model, **stats)` builds one directly.
     """
 
-    worker_id: str
     url: str
-    base_model: str
-    num_running: int = 0
-    num_waiting: int = 0
-    max_num_seqs: int = 1
-    device_adapters: tuple[str, ...] = ()
-    host_adapters: tuple[str, ...] = ()
-    is_ready: bool = True
-    is_draining: bool = False
-    num_active: int = 0
-    num_free_kv_blocks: int = 0
-    num_total_kv_blocks: int = 0
-    num_cache_hits: int = 0
-    num_cache_misses: int = 0
-    num_adapter_loads: int = 0
-    num_adapter_unloads: int = 0
-    num_load_failures: int = 0
-    # engine adapter cache (device tier): hits/misses at admission, evictions, prefetches, timed loads
-    num_adapter_hits: int = 0
-    num_adapter_misses: int = 0
-    num_adapter_evictions: int = 0
-    num_adapter_prefetches: int = 0
-    num_timed_adapter_loads: int = 0
-    adapter_load_seconds_total: float = 0.0
-    # cold adapters: prefills run on the host copy while the copy lands (CPU-assisted), requests that waited
-    num_cpu_assisted_prefills: int = 0
-    num_copy_waits: int = 0
-    # page pool split (KV blocks, adapter pages, free pages)
-    num_kv_pages_used: int = 0
-    num_adapter_pages: int = 0
-    num_free_pool_pages: int = 0
-    # routing state (see WorkerStats)
-    adapter_ranks: dict[str, int] = field(default_factory=dict)
-    running_ranks: tuple[int, ...] = ()
-    waiting_ranks: tuple[int, ...] = ()
-    num_waiting_prompt_tokens: int = 0
-    num_waiting_by_queue: tuple[int, ...] = ()
-    num_waiting_by_tenant: dict[str, int] = field(default_factory=dict)
-    decode_step_ms: float | None = None
-    prefill_step_ms: float | None = None
-    perf_model: dict[str, Any] | None = None
-    kernel_choices: dict[str, str] = field(default_factory=dict)
-    kernel_tuner_s: float = 0.0
+
+    def __init__(self, worker_id: str, url: str, base_model: str, **stats: Any) -> None:
+        super().__init__(worker_id=worker_id, url=url, base_model=base_model, **stats)
 
     @classmethod
     def from_stats(cls, stats: WorkerStats, url: str) -> WorkerRecord:
         """The heartbeat record of a worker reached at `url` whose state is `stats`."""
-        values = stats.model_dump()
-        for name in _TUPLE_FIELDS:
-            values[name] = tuple(values[name])
-        return cls(url=url, **{name: values[name] for name in _FIELD_NAMES if name in values})
+        return cls.model_validate({**stats.model_dump(), "url": url})
 
     def to_json(self) -> str:
         """Serialise for storage."""
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> WorkerRecord:
-        """Parse a stored record (unknown keys are ignored; a legacy `extra` dict fills the counters)."""
+        """Parse a stored record (unknown keys are ignored; a legacy `extra` dict fills the counters; a null
+        list is empty)."""
         data: dict[str, Any] = json.loads(raw)
         legacy = data.pop("extra", None)
         if isinstance(legacy, dict):
             data = {**legacy, **data}
-        for name in _TUPLE_FIELDS:
-            data[name] = tuple(data.get(name) or ())
-        return cls(**{name: value for name, value in data.items() if name in _FIELD_NAMES})
+        return cls.model_validate({k: v for k, v in data.items() if not (v is None and k in _SEQUENCE_FIELDS)})
 
 
-_FIELD_NAMES = frozenset(f.name for f in fields(WorkerRecord))
-_TUPLE_FIELDS = ("device_adapters", "host_adapters", "running_ranks", "waiting_ranks", "num_waiting_by_queue")
+_SEQUENCE_FIELDS = frozenset(
+    name for name, f in WorkerRecord.model_fields.items() if isinstance(f.default, tuple) or f.default_factory
+)
 
 
 class WorkerDirectory(Protocol):

@@ -52,6 +52,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from scheduler.core.scheduler_stats import SchedulerStats
+
 INTERNAL_PREFIX = "/internal/v1"
 
 # One HTTP status per worker error code, used by the worker to answer and by the API to answer the tenant.
@@ -171,56 +173,31 @@ class WorkerRefusedError(Exception):
         self.status_code = status_code
 
 
-class WorkerStats(BaseModel):
+class WorkerStats(SchedulerStats):
     """A worker's load, residency and counters: what /stats answers and what every heartbeat carries.
 
-    The one typed model of worker state: the worker builds it from its engine's stats, the heartbeat record
-    is this plus the worker's URL (`cluster.membership.WorkerRecord.from_stats`), and the router's view is
-    read from that record (`api.worker_client.worker_view`).
+    The one typed model of worker state, composed: the engine core's `SchedulerStats` (queues, pages,
+    residency, the router's inputs; scheduler/core/scheduler_stats.py), the engine's own measurements, and
+    the worker's. The worker builds it from its engine's stats dict by key (`WorkerService.stats`); the
+    heartbeat record is this plus the worker's URL (`cluster.membership.WorkerRecord`), and the router's
+    view is read from that record by field name (`cluster.worker_view.worker_view`).
     """
 
     worker_id: str
     base_model: str
-    num_running: int
-    num_waiting: int
-    max_num_seqs: int
-    device_adapters: list[str]
-    host_adapters: list[str]
+    max_num_seqs: int = 1
+    host_adapters: tuple[str, ...] = ()  # adapters whose verified files are in the host cache, not on the device
     num_active: int = 0  # generate requests in flight at the worker (fetching/loading their adapter included)
-    num_free_kv_blocks: int = 0
-    num_total_kv_blocks: int = 0
     num_cache_hits: int = 0  # requests whose adapter was on the device (or being copied) at admission
     num_cache_misses: int = 0  # requests whose adapter was not (it is copied before their first step)
-    num_adapter_loads: int = 0  # copies to the device the engine made (planned or prefetched)
     num_adapter_unloads: int = 0
-    num_load_failures: int = 0
-    # engine adapter cache (device tier): hits/misses at admission, evictions, prefetches, timed loads
-    num_adapter_hits: int = 0
-    num_adapter_misses: int = 0
-    num_adapter_evictions: int = 0
-    num_adapter_prefetches: int = 0
-    num_timed_adapter_loads: int = 0
-    adapter_load_seconds_total: float = 0.0
-    # cold adapters: prefills run on the host copy while the copy lands (CPU-assisted), requests that waited
-    num_cpu_assisted_prefills: int = 0
-    num_copy_waits: int = 0
-    # page pool split (KV blocks, adapter pages, free pages)
-    num_kv_pages_used: int = 0
-    num_adapter_pages: int = 0
-    num_free_pool_pages: int = 0
-    # routing state (the rank-aware router, scheduler/rank_aware_router.py); defaults = not published
-    adapter_ranks: dict[str, int] = Field(default_factory=dict)  # registered adapters (device and host) -> rank
-    running_ranks: list[int] = Field(default_factory=list)  # one per running request, 0 = base model
-    waiting_ranks: list[int] = Field(default_factory=list)  # one per queued request
-    num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill
-    num_waiting_by_queue: list[int] = Field(default_factory=list)  # queued requests per size class (multiqueue)
-    # queued requests per tenant id (the router's fair-share load estimate, scheduler/router.py `tenant_load`)
-    num_waiting_by_tenant: dict[str, int] = Field(default_factory=dict)
+    num_load_failures: int = 0  # fetch, verification, registration and copy failures
+    # the engine's measurements (gpu_workers/engine_stats.py)
     decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
     prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
-    perf_model: dict[str, Any] | None = None  # the worker's profile (scheduler.perf_model.PerfModel.to_dict)
     # op -> implementation the kernel tuner chose on this machine (gpu_workers/kernel_plan.py), and its cost
     kernel_choices: dict[str, str] = Field(default_factory=dict)
     kernel_tuner_s: float = 0.0
+    perf_model: dict[str, Any] | None = None  # the worker's profile (scheduler.perf_model.PerfModel.to_dict)
     is_ready: bool = True
     is_draining: bool = False

@@ -1,11 +1,12 @@
 """LLMEngine: add_request / step / abort over the torch-free engine core (scheduler/core/) and the model
 runner (single-threaded; see async_engine.py for the thread-safe streaming wrapper).
 
-Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: drop the
-evicted adapters' device copies, start the planned adapter copies (asynchronous, gpu_workers/adapter_copier.py),
-run the entries (those of a still-copying adapter as CPU-assisted prefills, layers/host_lora.py).
-Finished copies are polled at step start, between layers (the runner switches to a landed device copy) and
-after the forward. The page pool is the one owner of device memory: KV blocks and adapter pages come from
+Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: its
+`AdapterPlacer` (gpu_workers/adapter_placer.py) drops the evicted adapters' device copies and starts the
+planned adapter copies (asynchronous, gpu_workers/adapter_copier.py), then the engine runs the entries
+(those of a still-copying adapter as CPU-assisted prefills, layers/host_lora.py). Finished copies are
+polled at step start, between layers (the runner switches to a landed device copy) and after the forward.
+The page pool is the one owner of device memory: KV blocks and adapter pages come from
 it, and it alone decides how many adapters are on the device (there is no count cap). A request whose
 adapter does not fit right now waits in the queue; a copy that fails ends that adapter's requests with
 error_code "adapter_unavailable". With prefix caching, the core's `PrefixCache` owns the pages of cached
@@ -17,17 +18,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_workers.adapter_placer import AdapterPlacer, CopyFailure
 from gpu_workers.config import EngineConfig
 from gpu_workers.detokenizer import append_text, find_stop_string, num_held_back_chars
 from gpu_workers.engine_stats import EngineCounters, engine_stats
 from gpu_workers.errors import (
-    AdapterCapacityError,
     AdapterInUseError,
-    AdapterLoadError,
     AdapterNotLoadedError,
     DuplicateRequestError,
     PromptTooLongError,
@@ -43,7 +42,6 @@ from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
-from scheduler.core.step_plan import StepPlan
 from scheduler.eviction import make_eviction_policy
 from scheduler.fair_share import FairSharePolicy
 
@@ -81,6 +79,7 @@ class LLMEngine:
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         )
         self.counters = EngineCounters()
+        self.placer = AdapterPlacer(self.runner, self.scheduler, self.counters)
         self._pending_outputs: list[RequestOutput] = []
         self._request_counter = itertools.count()
 
@@ -152,14 +151,14 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
-        self._poll_copies()
+        self._fail_adapters(self.placer.poll_copies())
         plan = self.scheduler.schedule()
-        self._carry_out_adapters(plan)
+        self._fail_adapters(self.placer.carry_out(plan))
         entries = [e for e in plan.entries if not e.seq.is_finished]  # a failed adapter load ends its requests
         if not entries:
             if plan.copy_waits and self.runner.copier.has_in_flight():
                 self.runner.copier.wait_any(_COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
-                self._poll_copies()
+                self._fail_adapters(self.placer.poll_copies())
             outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
         _stamp_first_scheduled(entries, time.time())
@@ -172,8 +171,8 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         outputs.extend(self._process(entries, tokens))
         num_sampled = sum(t is not None for t in tokens)
-        self._record_step(entries, num_sampled, time.perf_counter() - started)
-        self._poll_copies()
+        self.counters.record_step(entries, num_sampled, time.perf_counter() - started)
+        self._fail_adapters(self.placer.poll_copies())
         outputs, self._pending_outputs = outputs + self._pending_outputs, []
         return outputs
 
@@ -228,32 +227,7 @@ class LLMEngine:
             visible = max(seq.num_emitted_chars, visible - num_held_back_chars(seq.sampling_params.stop))
         new_text = seq.output_text[seq.num_emitted_chars:visible]
         seq.num_emitted_chars = visible
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=new_token_ids,
-            new_text=new_text,
-            is_finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            arrival_time=seq.arrival_time,
-            first_token_time=seq.first_token_time,
-            finish_time=seq.finish_time,
-            adapter_id=seq.adapter_id,
-            first_scheduled_time=seq.first_scheduled_time,
-            error=seq.error,
-            error_code=seq.error_code,
-        )
-
-    def _record_step(self, entries: list[BatchEntry], num_sampled: int, seconds: float) -> None:
-        c = self.counters
-        c.num_steps += 1
-        c.num_batched_tokens += sum(e.num_new_tokens for e in entries)
-        c.num_output_tokens += num_sampled
-        c.step_seconds += seconds
-        c.max_step_seconds = max(c.max_step_seconds, seconds)
-        is_decode = all(e.seq.num_computed_tokens - e.num_new_tokens >= e.seq.num_prompt_tokens for e in entries)
-        (c.recent_decode_seconds if is_decode else c.recent_prefill_seconds).append(seconds)
+        return RequestOutput.of(seq, new_token_ids, new_text)
 
     # ---- offline convenience -------------------------------------------------------------------------
 
@@ -275,21 +249,7 @@ class LLMEngine:
             seqs[request_id] = self.scheduler.get(request_id)  # type: ignore[assignment]
         while any(not s.is_finished for s in seqs.values()):
             self.step()
-        return [self._completion(seqs[i]) for i in ids]
-
-    @staticmethod
-    def _completion(seq: Sequence) -> CompletionOutput:
-        return CompletionOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=list(seq.prompt_token_ids),
-            token_ids=seq.output_token_ids,
-            text=seq.output_text,
-            finish_reason=seq.finish_reason,
-            adapter_id=seq.adapter_id,
-            arrival_time=seq.arrival_time,
-            first_token_time=seq.first_token_time,
-            finish_time=seq.finish_time,
-        )
+        return [CompletionOutput.of(seqs[i]) for i in ids]
 
     # ---- adapters -----------------------------------------------------------------------------------
 
@@ -305,23 +265,7 @@ class LLMEngine:
         """
         info = self.inspect_adapter(path) if info is None else info
         num_bytes = self.runner.adapter_device_bytes(info)
-        self._register(adapter_id, str(path), info.rank, num_bytes, self.runner.adapter_num_pages(info))
-
-    def _register(
-        self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int, num_pages: int | None
-    ) -> None:
-        state = self.residency.register(adapter_id, host_path, rank, num_bytes, num_pages)
-        num_pages = self.residency.num_pages_for(state)
-        # Unified: its requests need at least one KV page beside it, or they could never run (and would wait
-        # forever instead of being refused).
-        room = self.pool.max_adapter_pages - (1 if self.pool.is_unified else 0)
-        if num_pages > room:
-            self.residency.forget(adapter_id)
-            where = "the pool leaves room for" if self.pool.is_unified else "the adapter share of the pool has"
-            raise AdapterLoadError(
-                f"adapter {adapter_id!r} needs {num_pages} device pages but {where} {room}; raise "
-                "engine_kv_cache_bytes / engine_adapter_cache_bytes or use a smaller rank"
-            )
+        self.placer.register(adapter_id, str(path), info.rank, num_bytes, self.runner.adapter_num_pages(info))
 
     def load_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
         """Validate and put (or reload) an adapter on the device now, through the core's plan (`info` as
@@ -333,7 +277,7 @@ class LLMEngine:
         that would have to go are in use.
         """
         info = self.inspect_adapter(path) if info is None else info
-        self._make_room_and_place(
+        self.placer.place(
             adapter_id, str(path), info.rank, self.runner.adapter_device_bytes(info),
             self.runner.adapter_num_pages(info), lambda: self.runner.load_adapter(adapter_id, Path(path), info),
         )
@@ -350,60 +294,10 @@ class LLMEngine:
         adapters may be evicted); same errors as load_adapter. `load_seconds`: how long building it took
         (the reload cost the eviction policy weighs)."""
         host_path = str(path) if path is not None else None
-        self._make_room_and_place(
+        self.placer.place(
             adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, self.runner.num_pages_of(adapter),
             lambda: adapter, load_seconds,
         )
-
-    def _make_room_and_place(
-        self,
-        adapter_id: str,
-        host_path: str | None,
-        rank: int,
-        num_bytes: int,
-        num_pages: int | None,
-        build: Callable[[], LoraAdapter],
-        load_seconds: float | None = None,
-    ) -> None:
-        """Register, plan the load (pool first), drop the victims' copies, then build and place the tensors."""
-        if adapter_id in self.runner.adapters or adapter_id in self.runner.host_copies:
-            if self.scheduler.is_adapter_in_use(adapter_id):
-                raise AdapterInUseError(
-                    f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
-                )
-            self.runner.cancel_adapter_copy(adapter_id)
-            self.residency.evict(adapter_id)
-            self._drop_device_copy(adapter_id)
-        self._register(adapter_id, host_path, rank, num_bytes, num_pages)
-        plan = StepPlan()
-        if not self.scheduler.plan_adapter_load(adapter_id, may_evict_waiting=False, plan=plan):
-            raise AdapterCapacityError(
-                f"no room for adapter {adapter_id!r}: the adapters on the device that would have to go are in "
-                f"use ({len(self.residency.device_adapters())} on the device, {self.pool.num_free_pages} free "
-                "pages); retry later (a request naming it waits for room instead) or raise "
-                "engine_adapter_cache_bytes"
-            )
-        for victim in plan.adapter_evictions:
-            self._drop_device_copy(victim)
-        started = time.perf_counter()
-        try:
-            adapter = self._placed(adapter_id, build())
-        except Exception as exc:
-            self.scheduler.on_adapter_load_failed(adapter_id)
-            self.counters.num_adapter_load_failures += 1
-            raise AdapterLoadError(f"adapter {adapter_id!r} could not be put on the device: {exc}") from exc
-        if load_seconds is None:
-            load_seconds = time.perf_counter() - started
-        self.runner.adapters[adapter_id] = adapter
-        self.scheduler.on_adapter_loaded(adapter_id, load_seconds)
-
-    def _placed(self, adapter_id: str, adapter: LoraAdapter) -> LoraAdapter:
-        """The adapter in the pages the core reserved for it (views of the KV cache in a unified pool)."""
-        return self.runner.place_adapter(adapter, self._page_ids(adapter_id))
-
-    def _page_ids(self, adapter_id: str) -> list[int]:
-        state = self.residency.get(adapter_id)
-        return list(state.page_ids) if state is not None else []
 
     def unload_adapter(self, adapter_id: str) -> None:
         """Drop an adapter; raises AdapterInUseError if requests use it, AdapterNotLoadedError if unknown."""
@@ -414,7 +308,7 @@ class LLMEngine:
                 f"adapter {adapter_id!r} is used by running or waiting requests; unload it after they finish"
             )
         self.residency.forget(adapter_id)
-        self._drop_device_copy(adapter_id)
+        self.placer.drop_device_copy(adapter_id)
         self.runner.forget_host_copies(adapter_id)
 
     def pin_adapter(self, adapter_id: str) -> None:
@@ -440,43 +334,16 @@ class LLMEngine:
         """Ids of the adapters on the device (or being copied), least recently used first."""
         return self.residency.device_adapters()
 
-    def _carry_out_adapters(self, plan: StepPlan) -> None:
-        """Drop evicted device copies, then start the planned copies (they land in `_poll_copies`).
-
-        A copy that cannot start (files changed or vanished) fails that adapter's requests only.
-        """
-        for adapter_id in plan.adapter_evictions:
-            self._drop_device_copy(adapter_id)
-        for load in plan.adapter_loads:
-            try:
-                page_ids = self._page_ids(load.adapter_id)
-                self.runner.start_adapter_copy(load.adapter_id, Path(load.host_path or ""), page_ids)
-            except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
-                self._fail_adapter(load.adapter_id, str(exc))
-
-    def _poll_copies(self) -> None:
-        """Report the copies that landed (their sequences use the device copy from now on) or failed."""
-        for job in self.runner.take_finished_copies():
-            if self.residency.residency(job.adapter_id) is not Residency.COPYING:
-                continue  # replaced meanwhile (install_adapter)
-            if job.error is None:
-                self.scheduler.on_adapter_loaded(job.adapter_id, job.seconds)
-            else:
-                self._fail_adapter(job.adapter_id, f"copy to the device failed: {job.error}")
-
-    def _fail_adapter(self, adapter_id: str, reason: str) -> None:
-        """A planned copy failed (files changed or vanished after they were verified, or the link failed):
-        end that adapter's requests only, with error_code "adapter_unavailable"."""
-        self.counters.num_adapter_copy_failures += 1
-        self.counters.num_adapter_load_failures += 1
-        for seq in self.scheduler.on_adapter_load_failed(adapter_id):
-            self._fail(seq, f"adapter {adapter_id!r} could not be loaded from its host copy: {reason}", "adapter_unavailable")
-            self._pending_outputs.append(self._delta(seq, []))
-
-    def _drop_device_copy(self, adapter_id: str) -> None:
-        self.runner.cancel_adapter_copy(adapter_id)
-        self.runner.adapters.pop(adapter_id, None)
-        self.runner.forget_adapter(adapter_id)
+    def _fail_adapters(self, failures: list[CopyFailure]) -> None:
+        """Planned copies failed (files changed or vanished after they were verified, or the link failed):
+        end those adapters' requests only, with error_code "adapter_unavailable"."""
+        for adapter_id, reason in failures:
+            self.counters.num_adapter_copy_failures += 1
+            self.counters.num_adapter_load_failures += 1
+            for seq in self.scheduler.on_adapter_load_failed(adapter_id):
+                message = f"adapter {adapter_id!r} could not be loaded from its host copy: {reason}"
+                self._fail(seq, message, "adapter_unavailable")
+                self._pending_outputs.append(self._delta(seq, []))
 
     # ---- introspection ------------------------------------------------------------------------------
 

@@ -1,5 +1,11 @@
 """The engine's statistics: cumulative counters and the plain JSON-able dict `LLMEngine.stats()` returns
-(what the worker's /stats, heartbeats, the router and the benchmarks read)."""
+(what the worker's /stats, heartbeats, the router and the benchmarks read).
+
+The dict is the core's `SchedulerStats` (scheduler/core/scheduler_stats.py, in its JSON form) plus what the
+engine itself measures: step counts and timings, the model runner's adapter copies, host tier and kernels.
+The worker reads it into `cluster.protocol.WorkerStats` by key, so the keys shared with WorkerStats are
+its field names.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scheduler.fair_share import ANONYMOUS_TENANT, base_policy
-
 if TYPE_CHECKING:
     from gpu_workers.engine import LLMEngine
+    from scheduler.core.sequence import BatchEntry
 
 
 @dataclass
@@ -33,6 +38,16 @@ class EngineCounters:
     recent_decode_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     recent_prefill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
 
+    def record_step(self, entries: list[BatchEntry], num_sampled: int, seconds: float) -> None:
+        """Count one executed step of `entries` that sampled `num_sampled` tokens in `seconds`."""
+        self.num_steps += 1
+        self.num_batched_tokens += sum(e.num_new_tokens for e in entries)
+        self.num_output_tokens += num_sampled
+        self.step_seconds += seconds
+        self.max_step_seconds = max(self.max_step_seconds, seconds)
+        is_decode = all(e.seq.num_computed_tokens - e.num_new_tokens >= e.seq.num_prompt_tokens for e in entries)
+        (self.recent_decode_seconds if is_decode else self.recent_prefill_seconds).append(seconds)
+
 
 RECENT_STEPS = 32
 
@@ -42,84 +57,21 @@ def median_ms(seconds: deque[float]) -> float | None:
     return statistics.median(seconds) * 1000 if seconds else None
 
 
-def routing_stats(engine: LLMEngine) -> dict[str, Any]:
-    """What the rank-aware router reads: ranks of the registered, running and waiting requests' adapters (0 =
-    base model), the queue's prompt tokens still to prefill, queued requests per size class (multiqueue
-    policies) and per tenant (the router's fair-share load estimate, scheduler/router.py `tenant_load`) and the
-    recent step times."""
-    residency, scheduler, c = engine.residency, engine.scheduler, engine.counters
-    ranks = residency.adapter_ranks()
-    waiting = list(scheduler.waiting.values())
+def engine_stats(engine: LLMEngine) -> dict[str, Any]:
+    """The core's stats plus counts, KV usage, adapter copies and step timings (plain JSON-able values)."""
+    c = engine.counters
+    core = engine.scheduler.make_stats()
+    runner = engine.runner
     return {
-        "adapter_ranks": ranks,
-        "running_ranks": [ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in scheduler.running],
-        "waiting_ranks": [ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in waiting],
-        "num_waiting_prompt_tokens": sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
-        "num_waiting_by_queue": _waiting_by_queue(engine, waiting),
-        "num_waiting_by_tenant": _waiting_by_tenant(waiting),
+        **core.model_dump(mode="json"),
+        "num_kv_blocks": core.num_total_kv_blocks,
+        "adapter_load_seconds_mean": (
+            core.adapter_load_seconds_total / core.num_timed_adapter_loads if core.num_timed_adapter_loads else 0.0
+        ),
         "decode_step_ms": median_ms(c.recent_decode_seconds),
         "prefill_step_ms": median_ms(c.recent_prefill_seconds),
-    }
-
-
-def _waiting_by_queue(engine: LLMEngine, waiting: list[Any]) -> list[int]:
-    """Queued requests per size class when the batch policy has size-class queues (else [])."""
-    policy = base_policy(engine.scheduler.policy)
-    num_queues, queue_of = getattr(policy, "num_queues", None), getattr(policy, "queue_of", None)
-    if not isinstance(num_queues, int) or queue_of is None:
-        return []
-    counts = [0] * num_queues
-    for seq in waiting:
-        index = queue_of(seq.request_id)
-        if index is not None and 0 <= index < num_queues:
-            counts[index] += 1
-    return counts
-
-
-def _waiting_by_tenant(waiting: list[Any]) -> dict[str, int]:
-    """Queued requests per tenant id (requests without one under fair share's anonymous tenant, "")."""
-    counts: dict[str, int] = {}
-    for seq in waiting:
-        tenant = ANONYMOUS_TENANT if seq.tenant_id is None else seq.tenant_id
-        counts[tenant] = counts.get(tenant, 0) + 1
-    return counts
-
-
-def _adapter_cache_stats(engine: LLMEngine) -> dict[str, Any]:
-    """Adapter cache counters: hits/misses at admission, loads (timed: copies planned by the core),
-    evictions, prefetches, and how the page pool is split between KV, adapters and free pages."""
-    residency, scheduler = engine.residency, engine.scheduler
-    num_timed = residency.num_timed_loads
-    return {
-        "adapter_eviction_policy": residency.policy.name,
-        "num_adapter_hits": scheduler.num_adapter_hits,
-        "num_adapter_misses": scheduler.num_adapter_misses,
-        "num_adapter_loads": residency.num_loads,
-        "num_adapter_evictions": residency.num_evictions,
-        "num_adapter_prefetches": scheduler.num_adapter_prefetches,
-        "num_timed_adapter_loads": num_timed,
-        "adapter_load_seconds_total": residency.load_seconds_total,
-        "adapter_load_seconds_mean": residency.load_seconds_total / num_timed if num_timed else 0.0,
-        "num_kv_pages_used": engine.pool.num_kv_pages,
-        "num_adapter_pages": engine.pool.num_adapter_pages,
-        "num_free_pool_pages": engine.pool.num_free_pages,
-        "num_device_adapters": len(residency.device_adapters()),
-        "num_host_adapters": residency.num_host_adapters(),
-    }
-
-
-def engine_stats(engine: LLMEngine) -> dict[str, Any]:
-    """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values)."""
-    c = engine.counters
-    cache = engine.prefix_cache
-    return {
-        **_adapter_cache_stats(engine),
-        **routing_stats(engine),
-        "num_waiting": len(engine.scheduler.waiting),
-        "num_running": len(engine.scheduler.running),
         "num_finished": c.num_finished,
         "num_aborted": c.num_aborted,
-        "num_preemptions": engine.scheduler.num_preemptions,
         "num_steps": c.num_steps,
         "num_prompt_tokens": c.num_prompt_tokens,
         "num_output_tokens": c.num_output_tokens,
@@ -127,37 +79,28 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
         "step_seconds_total": c.step_seconds,
         "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
         "step_seconds_max": c.max_step_seconds,
-        "num_kv_blocks": engine.pool.num_blocks,
-        "num_free_kv_blocks": engine.scheduler.num_reclaimable_blocks(),  # free + unreferenced cached
-        "num_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
-        "num_prefix_cache_hit_tokens": cache.num_hit_tokens if cache is not None else 0,
-        "num_prefix_cache_query_tokens": cache.num_query_tokens if cache is not None else 0,
-        "num_pool_pages": engine.pool.num_pages,
         "memory_mode": engine.config.memory_mode,
-        "num_loaded_adapters": len(engine.runner.adapters),
-        "adapter_bytes": sum(a.num_bytes for a in engine.runner.adapters.values()),
-        "device_adapters": engine.residency.device_adapters(),
-        "num_adapter_load_failures": engine.counters.num_adapter_load_failures,
-        "num_cpu_assisted_prefills": engine.scheduler.num_cpu_assisted_prefills,
-        "num_copy_waits": engine.scheduler.num_copy_waits,
-        "num_adapter_copies": engine.runner.copier.num_copies,
+        "num_loaded_adapters": len(runner.adapters),
+        "adapter_bytes": sum(a.num_bytes for a in runner.adapters.values()),
+        "num_adapter_load_failures": c.num_adapter_load_failures,
+        "num_adapter_copies": runner.copier.num_copies,
         "num_adapter_copy_failures": c.num_adapter_copy_failures,
-        "num_host_tier_adapters": len(engine.runner.host_tier),
-        "host_tier_bytes": engine.runner.host_tier.num_bytes,
-        "num_host_tier_hits": engine.runner.host_tier.num_hits,
-        "num_host_tier_misses": engine.runner.host_tier.num_misses,
-        "adapter_copy_seconds_total": engine.runner.copier.copy_seconds,
-        "adapter_copy_seconds_max": engine.runner.copier.max_copy_seconds,
-        "num_lora_stack_builds": engine.runner.num_lora_stack_builds,
-        "lora_stack_bytes": engine.runner.lora_stack_bytes(),
-        "lora_kernel": engine.runner.use_lora_kernel,
-        "cpu_kernels_compile_s": engine.runner.cpu_kernels_compile_s,  # None: loaded from the cache
-        "fp32_prefill_gemms": engine.runner.kernel_plan.prefill_gemm == "fp32_upcast",
-        "kernel_choices": dataclasses.asdict(engine.runner.kernel_plan),  # op -> form (gpu_workers/kernel_plan.py)
+        "num_host_tier_adapters": len(runner.host_tier),
+        "host_tier_bytes": runner.host_tier.num_bytes,
+        "num_host_tier_hits": runner.host_tier.num_hits,
+        "num_host_tier_misses": runner.host_tier.num_misses,
+        "adapter_copy_seconds_total": runner.copier.copy_seconds,
+        "adapter_copy_seconds_max": runner.copier.max_copy_seconds,
+        "num_lora_stack_builds": runner.num_lora_stack_builds,
+        "lora_stack_bytes": runner.lora_stack_bytes(),
+        "lora_kernel": runner.use_lora_kernel,
+        "cpu_kernels_compile_s": runner.cpu_kernels_compile_s,  # None: loaded from the cache
+        "fp32_prefill_gemms": runner.kernel_plan.prefill_gemm == "fp32_upcast",
+        "kernel_choices": dataclasses.asdict(runner.kernel_plan),  # op -> form (gpu_workers/kernel_plan.py)
         # op -> measured / cached / forced / only (ops with nothing to choose on this device are absent)
-        "kernel_choice_sources": {op: c.source for op, c in engine.runner.kernel_tuner.choices.items()},
-        "kernel_tuner_s": engine.runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
+        "kernel_choice_sources": {op: choice.source for op, choice in runner.kernel_tuner.choices.items()},
+        "kernel_tuner_s": runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
         "max_model_len": engine.max_model_len,
-        "dtype": str(engine.runner.dtype).replace("torch.", ""),
-        "device": str(engine.runner.device),
+        "dtype": str(runner.dtype).replace("torch.", ""),
+        "device": str(runner.device),
     }

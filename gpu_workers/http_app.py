@@ -20,7 +20,8 @@ from starlette.background import BackgroundTask
 
 from cluster.protocol import INTERNAL_PREFIX, WORKER_ERROR_STATUS, AdapterRef, GenerateRequest, WorkerStats
 from gpu_workers.runtime import WorkerRuntime
-from gpu_workers.worker_service import PreparedRequest, WorkerError, WorkerService
+from gpu_workers.worker_errors import WorkerError
+from gpu_workers.worker_service import PreparedRequest, WorkerService
 
 NDJSON = "application/x-ndjson"
 

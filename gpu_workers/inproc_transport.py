@@ -16,7 +16,7 @@ from contextlib import aclosing
 from cluster.membership import WorkerRecord
 from cluster.protocol import WORKER_ERROR_STATUS, GenerateEvent, GenerateRequest, WorkerRefusedError
 from gpu_workers.runtime import WorkerRuntime
-from gpu_workers.worker_service import WorkerError
+from gpu_workers.worker_errors import WorkerError
 
 logger = logging.getLogger("lorahost.worker")
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler.core.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,26 @@ class RequestOutput:
     # invalid) or "numeric_overflow" (the request's logits went non-finite); see errors.REQUEST_ERRORS.
     error_code: str | None = None
 
+    @classmethod
+    def of(cls, seq: Sequence, new_token_ids: list[int], new_text: str) -> RequestOutput:
+        """The delta of `seq` after a step that produced `new_token_ids` and `new_text`."""
+        return cls(
+            request_id=seq.request_id,
+            new_token_ids=new_token_ids,
+            new_text=new_text,
+            is_finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            finish_time=seq.finish_time,
+            adapter_id=seq.adapter_id,
+            first_scheduled_time=seq.first_scheduled_time,
+            error=seq.error,
+            error_code=seq.error_code,
+        )
+
 
 @dataclass(frozen=True)
 class CompletionOutput:
@@ -44,3 +68,18 @@ class CompletionOutput:
     arrival_time: float
     first_token_time: float | None
     finish_time: float | None
+
+    @classmethod
+    def of(cls, seq: Sequence) -> CompletionOutput:
+        """The whole completion of a finished `seq`."""
+        return cls(
+            request_id=seq.request_id,
+            prompt_token_ids=list(seq.prompt_token_ids),
+            token_ids=seq.output_token_ids,
+            text=seq.output_text,
+            finish_reason=seq.finish_reason,
+            adapter_id=seq.adapter_id,
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            finish_time=seq.finish_time,
+        )

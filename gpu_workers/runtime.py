@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.membership import WorkerDirectory
-from gpu_workers.worker_service import DrainingError, OverloadedError, WorkerService
+from gpu_workers.worker_errors import DrainingError, OverloadedError
+from gpu_workers.worker_service import WorkerService
 
 logger = logging.getLogger("lorahost.worker")
 

@@ -10,7 +10,8 @@ Where the rest of the worker lives:
 - embedded.py: `EmbeddedWorker`, the in-process worker of `lorahost serve` (uvicorn in a thread).
 - builder.py: everything built from Settings (backend by name, service, directory, runtime); the only
   module here that touches the blob store.
-- worker_service.py: what each call does (adapter residency, request streams), without HTTP.
+- worker_service.py: what each call does (request streams, the worker's stats), without HTTP;
+  adapter_manager.py: the host tier of adapter files; worker_errors.py: the errors a call reports.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ Modules:
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
   (scheduler/batch_policy.py), then prefetch of waiting requests' adapters.
+- scheduler_stats.py: `SchedulerStats`, the core's counters and the router's inputs
+  (`BatchScheduler.make_stats()`), the innermost part of a worker's stats (cluster/protocol.py `WorkerStats`).
+- copy_gate.py: `CopyGate`, which sequences of a still-copying adapter run this step (CPU-assisted prefills)
+  and which wait for the copy.
 - admission_gate.py: `AdmissionGate`, which planned requests a memory shortfall blocks (all, the group's, or
   the group's except its bypass ids).
 

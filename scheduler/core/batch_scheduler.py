@@ -11,21 +11,18 @@ that does not fit waits; with the plan's head-of-line blocking, the requests aft
 or only those of its group when the plan has groups; `core/admission_gate.py`). The policy hears of each
 actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`, and of the
 output tokens each planned step computes per request (`on_tokens_served`: fair share,
-scheduler/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False) each step starts by evicting the adapters
-no request uses any more. While its adapter is COPYING, a sequence runs only as a CPU-assisted
-prefill (`_may_run`, at most `num_cpu_prefill_workers` entries; decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
+scheduler/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False)
+each step starts by evicting the adapters no request uses any more. While its adapter is COPYING, a
+sequence runs only as a CPU-assisted prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries;
+decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
 adapter, in its cache namespace (`Sequence.cache_namespace`: its tenant's own unless an operator shares one),
 that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
 join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
 An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
-`schedule()` returns a plain `StepPlan`; the engine carries it out.
-
-Copies are asynchronous (the adapter is COPYING until `on_adapter_loaded`). While it copies, a sequence
-of that adapter runs only as a CPU-assisted prefill (CaraServe): a prefill chunk whose LoRA delta is
-computed from the host copy by one of `num_cpu_prefill_workers` CPU workers. Decodes, and prefills beyond
-the free workers (0 workers: every one), skip the step and wait for the copy (`StepPlan.copy_waits`).
+`schedule()` returns a plain `StepPlan`; the engine carries it out. Copies are asynchronous: which
+sequences of a still-copying adapter run is `core/copy_gate.py`'s decision (CPU-assisted prefills).
 """
 
 from __future__ import annotations
@@ -36,9 +33,11 @@ from collections.abc import Callable
 from scheduler.batch_policy import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
+from scheduler.core.copy_gate import CopyGate
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
-from scheduler.core.sequence import BatchEntry, Sequence, SequenceStatus
+from scheduler.core.scheduler_stats import SchedulerStats, make_stats
+from scheduler.core.sequence import Sequence, SequenceStatus
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 
 
@@ -58,8 +57,6 @@ class BatchScheduler:
     ) -> None:
         """`clock`: the clock of `Sequence.arrival_time` (wall time by default); the policy sees its reading
         as `BatchBudget.now` and as the admission and finish times of requests."""
-        if num_cpu_prefill_workers < 0:
-            raise ValueError(f"num_cpu_prefill_workers must be >= 0, got {num_cpu_prefill_workers}")
         self.pool = pool
         self.residency = residency
         self.policy = policy
@@ -67,7 +64,7 @@ class BatchScheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
-        self.num_cpu_prefill_workers = num_cpu_prefill_workers
+        self.copy_gate = CopyGate(residency, num_cpu_prefill_workers)
         self.clock = clock
         self.num_preemptions = 0
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
@@ -77,10 +74,6 @@ class BatchScheduler:
         self.prefix_cache = prefix_cache
         if prefix_cache is not None:
             residency.on_leave_device.append(prefix_cache.drop_adapter)
-        self.num_cpu_assisted_prefills = 0  # requests whose prefill ran (at least partly) on a host copy
-        self.num_copy_waits = 0  # requests that waited at least one step for their adapter's copy
-        self._host_assisted: set[str] = set()  # request ids counted in num_cpu_assisted_prefills
-        self._copy_waiters: set[str] = set()  # request ids counted in num_copy_waits
 
     # ---- queue management ---------------------------------------------------------------------------
 
@@ -112,6 +105,10 @@ class BatchScheduler:
         cache = self.prefix_cache
         return self.pool.num_free_blocks + (cache.num_evictable_blocks if cache is not None else 0)
 
+    def make_stats(self) -> SchedulerStats:
+        """The core's counters and state now: queues, pages, residency, the router's inputs."""
+        return make_stats(self)
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop
         it from the queues."""
@@ -122,8 +119,7 @@ class BatchScheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.waiting.pop(seq.request_id, None)
-        self._host_assisted.discard(seq.request_id)
-        self._copy_waiters.discard(seq.request_id)
+        self.copy_gate.forget(seq.request_id)
         if seq in self.running:
             self.running.remove(seq)
         self._free_blocks(seq)
@@ -175,13 +171,13 @@ class BatchScheduler:
         for seq in list(self.running):
             if seq not in self.running or budget == 0:
                 continue
-            if not self._may_run(seq, plan):
+            if not self.copy_gate.may_run(seq, plan):
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self._grow_or_preempt(seq, num_new, plan):
                 is_preempted = True
                 continue
-            self._add_entry(plan, seq, num_new)
+            self.copy_gate.add_entry(plan, seq, num_new)
             budget -= num_new
         is_memory_short = is_preempted or self._admit_waiting(plan, budget)
         if not is_memory_short:
@@ -189,7 +185,7 @@ class BatchScheduler:
         if plan.entries:
             self.residency.record_batch_size(len(plan.entries))
         plan.entries.sort(key=lambda e: e.seq.adapter_id or "")
-        self.policy.on_tokens_served(num_output_tokens(plan))
+        self.policy.on_tokens_served(plan.num_output_tokens_by_request())
         return plan
 
     def _grow_or_preempt(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
@@ -267,7 +263,7 @@ class BatchScheduler:
                 is_memory_short = True
                 gate.on_short(request_id, is_adapter_short=True)
                 continue
-            if not self._may_run(seq, plan):
+            if not self.copy_gate.may_run(seq, plan):
                 continue  # its adapter's copy is under way: not a shortage, so it blocks nobody behind it
             self._reuse_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -281,7 +277,7 @@ class BatchScheduler:
                 self.prefix_cache.record_query(seq.num_tokens, seq.num_computed_tokens)
             self._admit(seq)
             self._count_adapter_access(seq, is_hit)
-            self._add_entry(plan, seq, num_new)
+            self.copy_gate.add_entry(plan, seq, num_new)
             budget -= num_new
         return is_memory_short
 
@@ -320,33 +316,6 @@ class BatchScheduler:
             ):
                 self.num_adapter_prefetches += 1
 
-    def _may_run(self, seq: Sequence, plan: StepPlan) -> bool:
-        """False (and seq recorded in plan.copy_waits) when seq must wait for its adapter's copy this step.
-
-        A sequence of a COPYING adapter runs only as a CPU-assisted prefill, one CPU worker per entry.
-        """
-        if seq.adapter_id is None or self.residency.residency(seq.adapter_id) is not Residency.COPYING:
-            return True
-        is_prefill = seq.num_computed_tokens < seq.num_prompt_tokens
-        if is_prefill and self._num_host_entries(plan) < self.num_cpu_prefill_workers:
-            return True
-        plan.copy_waits.append(seq.request_id)
-        if seq.request_id not in self._copy_waiters:
-            self._copy_waiters.add(seq.request_id)
-            self.num_copy_waits += 1
-        return False
-
-    def _num_host_entries(self, plan: StepPlan) -> int:
-        return sum(e.seq.adapter_id in plan.host_assisted_adapters for e in plan.entries)
-
-    def _add_entry(self, plan: StepPlan, seq: Sequence, num_new: int) -> None:
-        plan.entries.append(BatchEntry(seq, num_new))
-        if seq.adapter_id is not None and self.residency.residency(seq.adapter_id) is Residency.COPYING:
-            plan.host_assisted_adapters.add(seq.adapter_id)
-            if seq.request_id not in self._host_assisted:
-                self._host_assisted.add(seq.request_id)
-                self.num_cpu_assisted_prefills += 1
-
     def _admit(self, seq: Sequence) -> None:
         del self.waiting[seq.request_id]
         seq.status = SequenceStatus.RUNNING
@@ -359,7 +328,7 @@ class BatchScheduler:
     def _plan_adapter(self, seq: Sequence, plan: StepPlan) -> bool:
         """Make sure seq's adapter is on the device or being copied there; False if no room.
 
-        Whether seq may run while the adapter is COPYING is `_may_run`'s decision.
+        Whether seq may run while the adapter is COPYING is the copy gate's decision (`CopyGate.may_run`).
         """
         if seq.adapter_id is None:
             return True
@@ -424,9 +393,3 @@ class BatchScheduler:
             tenant_id=seq.tenant_id,
             tenant_weight=seq.tenant_weight,
         )
-
-
-def num_output_tokens(plan: StepPlan) -> dict[str, int]:
-    """The output tokens a plan computes per request id: one per sampling entry (a decode, or a prompt's last
-    chunk, whose step samples the first output token)."""
-    return {e.seq.request_id: 1 for e in plan.entries if e.is_sampling}

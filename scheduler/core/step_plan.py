@@ -44,3 +44,8 @@ class StepPlan:
     def num_batched_tokens(self) -> int:
         """Tokens computed by this step."""
         return sum(e.num_new_tokens for e in self.entries)
+
+    def num_output_tokens_by_request(self) -> dict[str, int]:
+        """The output tokens this plan computes per request id: one per sampling entry (a decode, or a
+        prompt's last chunk, whose step samples the first output token)."""
+        return {e.seq.request_id: 1 for e in self.entries if e.is_sampling}

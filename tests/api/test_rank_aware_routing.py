@@ -5,15 +5,14 @@ rank_aware policy routes real requests by it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.live_workers import cached_live_workers, live_workers
-from api.worker_client import worker_view
 from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
+from cluster.worker_view import worker_view
 from scheduler.perf_model import DEFAULT_PERF_MODEL, LinearLatency, PerfModel
 from scheduler.rank_aware_router import RankAwareRouter
 from scheduler.router import RouteRequest, WorkerView
@@ -110,7 +109,7 @@ def test_worker_view_carries_the_routing_state_and_parses_the_profile() -> None:
     assert view.adapter_ranks == {"a": 64} and view.num_free_pool_pages == 5
     assert (view.decode_step_ms, view.prefill_step_ms) == (7.0, 20.0)
     assert view.perf_model == DEFAULT_PERF_MODEL
-    assert worker_view(replace(record, perf_model={"prefill": {}})).perf_model is None  # unreadable: default
+    assert worker_view(record.model_copy(update={"perf_model": {"prefill": {}}})).perf_model is None  # unreadable: default
 
 
 class SharedDirectory:

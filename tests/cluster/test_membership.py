@@ -1,4 +1,5 @@
-from typing import Iterator
+import json
+from collections.abc import Iterator
 
 import pytest
 
@@ -93,3 +94,17 @@ def test_stored_records_of_other_versions_parse() -> None:
     parsed = WorkerRecord.from_json(older)
     assert (parsed.num_active, parsed.num_free_kv_blocks, parsed.num_load_failures) == (2, 9, 1)
     assert parsed.device_adapters == ("a",)
+
+
+def test_records_stored_in_the_flat_format_parse_and_null_lists_are_empty() -> None:
+    stored = {
+        "worker_id": "w1", "url": "http://w1", "base_model": "base", "num_running": 1, "num_waiting": 2,
+        "max_num_seqs": 8, "device_adapters": ["a"], "host_adapters": None, "is_ready": True, "is_draining": False,
+        "num_active": 1, "adapter_ranks": {"a": 8}, "running_ranks": [8], "waiting_ranks": None,
+        "num_waiting_by_queue": [], "num_waiting_by_tenant": None, "decode_step_ms": None, "perf_model": None,
+        "kernel_choices": {"decode_lora": "sgmv"}, "kernel_tuner_s": 0.5,
+    }
+    record = WorkerRecord.from_json(json.dumps(stored))
+    assert record.device_adapters == ("a",) and record.host_adapters == () and record.waiting_ranks == ()
+    assert record.num_waiting_by_tenant == {} and record.kernel_choices == {"decode_lora": "sgmv"}
+    assert json.loads(record.to_json())["device_adapters"] == ["a"]  # stored flat, lists as JSON arrays

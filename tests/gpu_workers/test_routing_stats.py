@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from api.worker_client import worker_view
 from cluster.membership import WorkerRecord
+from cluster.worker_view import worker_view
 from gpu_workers import builder
 from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.engine import LLMEngine
@@ -20,6 +20,7 @@ from gpu_workers.host_cache import HostAdapterCache
 from gpu_workers.sampling import SamplingParams
 from gpu_workers.worker_service import WorkerService
 from registry.settings import Settings
+from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
@@ -97,8 +98,8 @@ def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path:
     service = _service(tmp_path, engine_stats, DEFAULT_PERF_MODEL.to_dict())
     stats = service.stats()
     assert stats.adapter_ranks == {"a": 64, "b": 8}
-    assert (stats.running_ranks, stats.waiting_ranks) == ([64, 0], [8])
-    assert stats.num_waiting_prompt_tokens == 40 and stats.num_waiting_by_queue == [1, 0]
+    assert (stats.running_ranks, stats.waiting_ranks) == ((64, 0), (8,))
+    assert stats.num_waiting_prompt_tokens == 40 and stats.num_waiting_by_queue == (1, 0)
     assert (stats.decode_step_ms, stats.prefill_step_ms) == (12.5, 30.0)
     record = WorkerRecord.from_json(service.record("http://w1").to_json())  # what the API reads from Redis
     assert record.running_ranks == (64, 0) and record.waiting_ranks == (8,)
@@ -109,10 +110,34 @@ def test_worker_stats_and_the_heartbeat_record_carry_the_routing_state(tmp_path:
     assert PerfModel.from_dict(record.perf_model or {}) == DEFAULT_PERF_MODEL
 
 
+def _non_default(name: str, default: Any) -> Any:
+    """A value of the default's type that differs from it (distinct per field name where it can)."""
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int | float):
+        return default + len(name)
+    if isinstance(default, str):
+        return name
+    if isinstance(default, tuple):
+        return ("a",) if "adapters" in name else (len(name),)
+    return {"a": len(name)}
+
+
+def test_every_core_stat_reaches_the_workers_stats_and_its_record_by_name(tmp_path: Path) -> None:
+    """No per-field mapping between the core and the heartbeat: a field added to SchedulerStats is published."""
+    fields = SchedulerStats.model_fields.items()
+    values = {n: _non_default(n, f.get_default(call_default_factory=True)) for n, f in fields}
+    core = SchedulerStats(**values)
+    service = _service(tmp_path, core.model_dump(mode="json"), None)
+    record = WorkerRecord.from_json(service.record("http://w1").to_json())
+    assert {n: getattr(service.stats(), n) for n in values} == values
+    assert {n: getattr(record, n) for n in values} == values
+
+
 def test_a_backend_without_routing_stats_publishes_the_defaults(tmp_path: Path) -> None:
     stats = _service(tmp_path, {"num_running": 1}, None).stats()
-    assert stats.running_ranks == [] and stats.adapter_ranks == {} and stats.perf_model is None
-    assert stats.decode_step_ms is None and stats.num_waiting_by_queue == []
+    assert stats.running_ranks == () and stats.adapter_ranks == {} and stats.perf_model is None
+    assert stats.decode_step_ms is None and stats.num_waiting_by_queue == ()
     assert stats.num_waiting_by_tenant == {}  # the router then uses the tenant-blind load
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import json
 import time
 from collections.abc import Coroutine, Iterator
@@ -219,7 +218,7 @@ def test_health_ready_stats_and_heartbeat_record(worker: RunningWorker, client: 
     [record] = worker.directory.list_live()
     assert record.worker_id == worker.worker_id and record.url == worker.url and record.is_ready
     # the record is the worker's stats plus its URL, typed (one model: WorkerRecord.from_stats)
-    assert {f.name for f in dataclasses.fields(WorkerRecord)} == set(WorkerStats.model_fields) | {"url"}
+    assert set(WorkerRecord.model_fields) == set(WorkerStats.model_fields) | {"url"}
     assert record.num_total_kv_blocks == 256 and record.max_num_seqs == stats.max_num_seqs
 
 
@@ -260,4 +259,4 @@ def test_prefetch_evicts_idle_adapters_first_and_never_refuses_for_room(
         c.post("/adapters/prefetch", json=refs["d"].model_dump())
         assert service.adapters.device_adapters() == ["c", "d"]
         assert sorted(service.engine.loaded_adapters()) == ["c", "d"]
-        assert _stats(c).host_adapters == ["a", "b"]
+        assert _stats(c).host_adapters == ("a", "b")

@@ -43,7 +43,7 @@ def test_cold_prefill_runs_at_once_on_the_host_copy() -> None:
     assert [load.adapter_id for load in plan.adapter_loads] == ["cold"]
     assert ids(plan) == ["r"] and plan.host_assisted_adapters == {"cold"} and plan.copy_waits == []
     assert scheduler.residency.residency("cold") is Residency.COPYING
-    assert scheduler.num_cpu_assisted_prefills == 1 and scheduler.num_copy_waits == 0
+    assert scheduler.copy_gate.num_cpu_assisted_prefills == 1 and scheduler.copy_gate.num_copy_waits == 0
 
 
 def test_decode_waits_for_the_copy_then_runs_on_the_device_copy() -> None:
@@ -55,7 +55,7 @@ def test_decode_waits_for_the_copy_then_runs_on_the_device_copy() -> None:
     scheduler.on_adapter_loaded("cold")
     plan = scheduler.schedule()
     assert ids(plan) == ["r"] and not plan.host_assisted_adapters and plan.entries[0].num_new_tokens == 1
-    assert scheduler.num_copy_waits == 1
+    assert scheduler.copy_gate.num_copy_waits == 1
 
 
 def test_chunked_prefill_keeps_running_on_the_host_copy_while_it_copies() -> None:
@@ -66,7 +66,7 @@ def test_chunked_prefill_keeps_running_on_the_host_copy_while_it_copies() -> Non
         assert ids(plan) == ["r"] and plan.host_assisted_adapters == {"cold"}
         advance(plan)
     assert scheduler.schedule().copy_waits == ["r"]
-    assert scheduler.num_cpu_assisted_prefills == 1
+    assert scheduler.copy_gate.num_cpu_assisted_prefills == 1
 
 
 def test_busy_pool_falls_back_to_waiting_for_the_copy() -> None:
@@ -88,7 +88,7 @@ def test_no_workers_means_every_request_of_a_copying_adapter_waits() -> None:
     scheduler.add(make_seq("a", 5, 2, "cold", 0.0))
     scheduler.add(make_seq("c", 3, 2, None, 1.0))  # not blocked behind the copy
     plan = scheduler.schedule()
-    assert ids(plan) == ["c"] and plan.copy_waits == ["a"] and scheduler.num_cpu_assisted_prefills == 0
+    assert ids(plan) == ["c"] and plan.copy_waits == ["a"] and scheduler.copy_gate.num_cpu_assisted_prefills == 0
 
 
 @settings(max_examples=150, deadline=None)
