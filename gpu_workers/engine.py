@@ -60,7 +60,6 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         num_kv_pages = self.runner.num_kv_blocks
         self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
-        self.block_manager = self.pool  # the KV view of the pool (num_blocks, num_free_blocks, allocate, free)
         self.residency = AdapterResidency(
             self.pool,
             self.runner.kv_bytes_per_block(),
@@ -157,8 +156,9 @@ class LLMEngine:
         self._carry_out_adapters(plan)
         entries = [e for e in plan.entries if not e.seq.is_finished]  # a failed adapter load ends its requests
         if not entries:
-            if plan.copy_waits and self.runner.copier.has_in_flight():
-                self.runner.copier.wait_any(_COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
+            if plan.copy_waits and self.runner.transfers.copier.has_in_flight():
+                # nothing else to run: let the copy land
+                self.runner.transfers.copier.wait_any(_COPY_WAIT_SECONDS)
                 self._poll_copies()
             outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
@@ -295,7 +295,7 @@ class LLMEngine:
 
     def inspect_adapter(self, path: Path | str) -> AdapterInfo:
         """Validate an adapter directory against this engine (reads files only; safe beside step())."""
-        return self.runner.validate_adapter(Path(path))
+        return self.runner.transfers.validate_adapter(Path(path))
 
     def register_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
         """Validate an adapter's host copy and make it known to the core (host tier; nothing on the device).
@@ -305,7 +305,8 @@ class LLMEngine:
         """
         info = self.inspect_adapter(path) if info is None else info
         num_bytes = self.runner.adapter_device_bytes(info)
-        self._register(adapter_id, str(path), info.rank, num_bytes, self.runner.adapter_num_pages(info))
+        num_pages = self.runner.transfers.adapter_num_pages(info)
+        self._register(adapter_id, str(path), info.rank, num_bytes, num_pages)
 
     def _register(
         self, adapter_id: str, host_path: str | None, rank: int, num_bytes: int, num_pages: int | None
@@ -333,15 +334,16 @@ class LLMEngine:
         that would have to go are in use.
         """
         info = self.inspect_adapter(path) if info is None else info
+        transfers = self.runner.transfers
         self._make_room_and_place(
             adapter_id, str(path), info.rank, self.runner.adapter_device_bytes(info),
-            self.runner.adapter_num_pages(info), lambda: self.runner.load_adapter(adapter_id, Path(path), info),
+            transfers.adapter_num_pages(info), lambda: transfers.load_adapter(adapter_id, Path(path), info),
         )
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
         """Validate and pack an adapter's device tensors without touching engine state."""
-        info = self.runner.validate_adapter(Path(path))
-        return self.runner.load_adapter(adapter_id, Path(path), info)
+        info = self.runner.transfers.validate_adapter(Path(path))
+        return self.runner.transfers.load_adapter(adapter_id, Path(path), info)
 
     def install_adapter(
         self, adapter: LoraAdapter, path: Path | str | None = None, load_seconds: float | None = None
@@ -351,8 +353,8 @@ class LLMEngine:
         (the reload cost the eviction policy weighs)."""
         host_path = str(path) if path is not None else None
         self._make_room_and_place(
-            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, self.runner.num_pages_of(adapter),
-            lambda: adapter, load_seconds,
+            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes,
+            self.runner.transfers.num_pages_of(adapter), lambda: adapter, load_seconds,
         )
 
     def _make_room_and_place(
@@ -366,12 +368,12 @@ class LLMEngine:
         load_seconds: float | None = None,
     ) -> None:
         """Register, plan the load (pool first), drop the victims' copies, then build and place the tensors."""
-        if adapter_id in self.runner.adapters or adapter_id in self.runner.host_copies:
+        if adapter_id in self.runner.adapters or adapter_id in self.runner.transfers.host_copies:
             if self.scheduler.is_adapter_in_use(adapter_id):
                 raise AdapterInUseError(
                     f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
                 )
-            self.runner.cancel_adapter_copy(adapter_id)
+            self.runner.transfers.cancel_adapter_copy(adapter_id)
             self.residency.evict(adapter_id)
             self._drop_device_copy(adapter_id)
         self._register(adapter_id, host_path, rank, num_bytes, num_pages)
@@ -399,7 +401,7 @@ class LLMEngine:
 
     def _placed(self, adapter_id: str, adapter: LoraAdapter) -> LoraAdapter:
         """The adapter in the pages the core reserved for it (views of the KV cache in a unified pool)."""
-        return self.runner.place_adapter(adapter, self._page_ids(adapter_id))
+        return self.runner.transfers.place_adapter(adapter, self._page_ids(adapter_id))
 
     def _page_ids(self, adapter_id: str) -> list[int]:
         state = self.residency.get(adapter_id)
@@ -415,7 +417,7 @@ class LLMEngine:
             )
         self.residency.forget(adapter_id)
         self._drop_device_copy(adapter_id)
-        self.runner.forget_host_copies(adapter_id)
+        self.runner.transfers.forget_host_copies(adapter_id)
 
     def pin_adapter(self, adapter_id: str) -> None:
         """Lease a registered adapter (e.g. a worker request not yet in the engine): kept on the device
@@ -450,13 +452,14 @@ class LLMEngine:
         for load in plan.adapter_loads:
             try:
                 page_ids = self._page_ids(load.adapter_id)
-                self.runner.start_adapter_copy(load.adapter_id, Path(load.host_path or ""), page_ids)
+                host_path = Path(load.host_path or "")
+                self.runner.transfers.start_adapter_copy(load.adapter_id, host_path, page_ids)
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
                 self._fail_adapter(load.adapter_id, str(exc))
 
     def _poll_copies(self) -> None:
         """Report the copies that landed (their sequences use the device copy from now on) or failed."""
-        for job in self.runner.take_finished_copies():
+        for job in self.runner.transfers.take_finished_copies():
             if self.residency.residency(job.adapter_id) is not Residency.COPYING:
                 continue  # replaced meanwhile (install_adapter)
             if job.error is None:
@@ -474,7 +477,7 @@ class LLMEngine:
             self._pending_outputs.append(self._delta(seq, []))
 
     def _drop_device_copy(self, adapter_id: str) -> None:
-        self.runner.cancel_adapter_copy(adapter_id)
+        self.runner.transfers.cancel_adapter_copy(adapter_id)
         self.runner.adapters.pop(adapter_id, None)
         self.runner.forget_adapter(adapter_id)
 
