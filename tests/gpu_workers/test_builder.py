@@ -13,8 +13,8 @@ from gpu_workers import builder
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.outputs import RequestOutput
-from gpu_workers.sampling import SamplingParams
 from registry.settings import Settings
+from scheduler.core.sampling import SamplingParams
 
 
 class _FakeBackend:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_workers.engine import LLMEngine
-from gpu_workers.sampling import SamplingParams
 from scheduler.batch_policy import MultiQueuePolicy
+from scheduler.core.sampling import SamplingParams
 from scheduler.fair_share import base_policy
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
