@@ -36,7 +36,8 @@ from gpu_workers.layers.lora import LoraAdapter
 from gpu_workers.model_runner import ModelRunner
 from gpu_workers.outputs import CompletionOutput, RequestOutput
 from registry.validation import AdapterInfo
-from scheduler.batch_policy import BatchPolicy, make_batch_policy
+from scheduler.admission import BatchPolicy
+from scheduler.batch_policy import make_batch_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool

@@ -2,7 +2,6 @@
 
 Plain data only (no imports of ours), so that every policy module (scheduler/batch_policy.py,
 scheduler/multiqueue.py) and the engine's core (scheduler/core/batch_scheduler.py) share one vocabulary.
-scheduler/batch_policy.py re-exports these names.
 """
 
 from __future__ import annotations
