@@ -17,5 +17,5 @@ Modules:
 - admission_gate.py: `AdmissionGate`, which planned requests a memory shortfall blocks (all, the group's, or
   the group's except its bypass ids).
 
-Imports: nothing of ours outside `scheduler`, and no torch/numpy/safetensors/DB/HTTP (import-linter).
+Imports: none of this project's modules outside `scheduler`, and no torch/numpy/safetensors/DB/HTTP (import-linter).
 """
