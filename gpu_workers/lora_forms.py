@@ -110,8 +110,8 @@ class LoraForms:
             del self.lora_stacks[key]
         for key in [k for k, v in self.kernel_sets.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
             del self.kernel_sets[key]
-        for key in [k for k, (a, _) in self._kernel_descriptors.items() if a.adapter_id == adapter_id]:
-            del self._kernel_descriptors[key]
+        for object_id in [k for k, (a, _) in self._kernel_descriptors.items() if a.adapter_id == adapter_id]:
+            del self._kernel_descriptors[object_id]
         # Costs are keyed by id(adapter), which a later adapter object may reuse once this one is freed.
         self._adapter_cost.clear()
 
