@@ -6,7 +6,7 @@ Two implementations behind one interface: `InMemoryRateLimiter` (embedded mode, 
 A request is admitted only if BOTH budgets have room; a refused request consumes nothing.
 While Redis is unreachable, `RedisRateLimiter` counts in process memory instead (each replica then enforces
 the whole budget on its own, so the cluster admits up to one budget per replica) rather than failing the
-request: a brief Redis outage must not stop inference (issue 12). It returns to Redis once Redis answers.
+request: a brief Redis outage must not stop inference. It returns to Redis once Redis answers.
 
 Concurrent requests: `acquire_slot` takes one of the tenant's `max_concurrent_requests` slots for a request
 id (refused, taking nothing, when all are held); `release_slot` gives it back and is idempotent, so a

@@ -37,9 +37,10 @@ from jobs.dispatch import JobDispatcher, make_job_dispatcher
 from jobs.placement import make_routing_table_store
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
+from registry.blob_locations import make_blob_store
 from registry.db import make_engine, make_session_factory
 from registry.settings import Settings
-from registry.storage import BlobStore, make_blob_store
+from registry.storage import BlobStore
 from scheduler.router import Router, RouterOptions
 from scheduler.router_policies import make_router
 

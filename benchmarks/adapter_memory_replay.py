@@ -214,7 +214,7 @@ def prime_policy(engine, history: list[dict], t0: float) -> None:
     """
     if not history:
         return
-    from scheduler.batch_policy import BatchBudget, WaitingRequest
+    from scheduler.admission import BatchBudget, WaitingRequest
 
     scheduler = engine.scheduler
     waiting = []

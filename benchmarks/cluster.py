@@ -51,7 +51,8 @@ from serving_workload import build_workload
 from workload_args import add_workload_args, workload_spec
 
 from lorahost.demo import setup_tenant
-from lorahost.dev_cluster import DevCluster, DevClusterConfig
+from lorahost.dev_cluster import DevCluster
+from lorahost.dev_cluster_config import DevClusterConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

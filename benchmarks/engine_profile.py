@@ -138,7 +138,7 @@ def profile_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
 
     from gpu_workers.config import EngineConfig
     from gpu_workers.engine import LLMEngine
-    from gpu_workers.sampling import SamplingParams
+    from scheduler.core.sampling import SamplingParams
 
     engine = LLMEngine(
         EngineConfig(

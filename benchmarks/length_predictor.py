@@ -3,7 +3,7 @@
 Synthetic traffic, seeded: `--num-adapters` adapters with power-law popularity, each with its own
 log-normal output length (median log-uniform in 8..800 tokens, sigma 0.2..0.8); a third of them scale
 with the prompt length, a quarter are shorter for chat requests, and prompts that contain the word
-"briefly" are 3x shorter for every adapter (a content cue: since issue 19 no predictor sees the prompt's
+"briefly" are 3x shorter for every adapter (a content cue: no predictor sees the prompt's
 content, so it is noise the oracle alone knows; the hashed n-gram features that saw it leaked the prompt). Chronological
 80/20 split. Systems side by side in one run: the max_tokens placeholder, a global median, the per-adapter
 history median (`prior_predict`), `LengthPredictor` with each model kind, and an oracle that knows each

@@ -1,4 +1,4 @@
-"""The prefix-cache timing side channel, probed as a hostile tenant would through the real API (issue 19).
+"""The prefix-cache timing side channel, probed as a hostile tenant would through the real API.
 
 `lorahost serve` (embedded: SQLite, local blobs, in-process worker) with two tenants, A (the victim) and B (the
 prober), each with its own key. Prompts are token-id lists of exactly --prompt-tokens random tokens (so every

@@ -40,7 +40,7 @@ def free_port() -> int:
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """SIGTERM the process group we started (start_new_session=True), then SIGKILL it."""
+    """SIGTERM the process group this benchmark started (start_new_session=True), then SIGKILL it."""
     if proc.poll() is not None:
         return
     try:

@@ -69,12 +69,12 @@ class AdapterPlacer:
         that would have to go are in use, AdapterLoadError when the build fails (the adapter stays on the
         host). `load_seconds`: how long building it took when the caller built it (else measured here).
         """
-        if adapter_id in self.runner.adapters or adapter_id in self.runner.host_copies:
+        if adapter_id in self.runner.adapters or adapter_id in self.runner.transfers.host_copies:
             if self.scheduler.is_adapter_in_use(adapter_id):
                 raise AdapterInUseError(
                     f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"
                 )
-            self.runner.cancel_adapter_copy(adapter_id)
+            self.runner.transfers.cancel_adapter_copy(adapter_id)
             self.residency.evict(adapter_id)
             self.drop_device_copy(adapter_id)
         self.register(adapter_id, host_path, rank, num_bytes, num_pages)
@@ -90,7 +90,7 @@ class AdapterPlacer:
             self.drop_device_copy(victim)
         started = time.perf_counter()
         try:
-            adapter = self.runner.place_adapter(build(), self._page_ids(adapter_id))
+            adapter = self.runner.transfers.place_adapter(build(), self._page_ids(adapter_id))
         except Exception as exc:
             self.scheduler.on_adapter_load_failed(adapter_id)
             self.counters.num_adapter_load_failures += 1
@@ -116,7 +116,7 @@ class AdapterPlacer:
         for load in plan.adapter_loads:
             try:
                 page_ids = self._page_ids(load.adapter_id)
-                self.runner.start_adapter_copy(load.adapter_id, Path(load.host_path or ""), page_ids)
+                self.runner.transfers.start_adapter_copy(load.adapter_id, Path(load.host_path or ""), page_ids)
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
                 failures.append((load.adapter_id, str(exc)))
         return failures
@@ -125,7 +125,7 @@ class AdapterPlacer:
         """Report the copies that landed to the core (their sequences use the device copy from now on);
         returns those that failed."""
         failures = []
-        for job in self.runner.take_finished_copies():
+        for job in self.runner.transfers.take_finished_copies():
             if self.residency.residency(job.adapter_id) is not Residency.COPYING:
                 continue  # replaced meanwhile (install_adapter)
             if job.error is None:
@@ -136,6 +136,6 @@ class AdapterPlacer:
 
     def drop_device_copy(self, adapter_id: str) -> None:
         """Cancel the adapter's copy and drop its device tensors (the core already freed its pages)."""
-        self.runner.cancel_adapter_copy(adapter_id)
+        self.runner.transfers.cancel_adapter_copy(adapter_id)
         self.runner.adapters.pop(adapter_id, None)
         self.runner.forget_adapter(adapter_id)

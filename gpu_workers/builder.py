@@ -55,7 +55,7 @@ def backend_factory(settings: Settings) -> BackendFactory:
 def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService:
     """Load the base model into the configured backend and wire the host cache to the blob store (blocking)."""
     from gpu_workers.host_cache import HostAdapterCache
-    from registry.storage import make_blob_store
+    from registry.blob_locations import make_blob_store
 
     build_backend = backend_factory(settings)
     if settings.base_model_path is None:

@@ -35,7 +35,8 @@ from gpu_workers.layers.lora import LoraAdapter
 from gpu_workers.model_runner import ModelRunner
 from gpu_workers.outputs import CompletionOutput, RequestOutput
 from registry.validation import AdapterInfo
-from scheduler.batch_policy import BatchPolicy, make_batch_policy
+from scheduler.admission import BatchPolicy
+from scheduler.batch_policy import make_batch_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
@@ -58,7 +59,6 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         num_kv_pages = self.runner.num_kv_blocks
         self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
-        self.block_manager = self.pool  # the KV view of the pool (num_blocks, num_free_blocks, allocate, free)
         self.residency = AdapterResidency(
             self.pool,
             self.runner.kv_bytes_per_block(),
@@ -156,8 +156,8 @@ class LLMEngine:
         self._fail_adapters(self.placer.carry_out(plan))
         entries = [e for e in plan.entries if not e.seq.is_finished]  # a failed adapter load ends its requests
         if not entries:
-            if plan.copy_waits and self.runner.copier.has_in_flight():
-                self.runner.copier.wait_any(_COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
+            if plan.copy_waits and self.runner.transfers.copier.has_in_flight():
+                self.runner.transfers.copier.wait_any(_COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
                 self._fail_adapters(self.placer.poll_copies())
             outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
@@ -255,7 +255,7 @@ class LLMEngine:
 
     def inspect_adapter(self, path: Path | str) -> AdapterInfo:
         """Validate an adapter directory against this engine (reads files only; safe beside step())."""
-        return self.runner.validate_adapter(Path(path))
+        return self.runner.transfers.validate_adapter(Path(path))
 
     def register_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
         """Validate an adapter's host copy and make it known to the core (host tier; nothing on the device).
@@ -265,7 +265,7 @@ class LLMEngine:
         """
         info = self.inspect_adapter(path) if info is None else info
         num_bytes = self.runner.adapter_device_bytes(info)
-        self.placer.register(adapter_id, str(path), info.rank, num_bytes, self.runner.adapter_num_pages(info))
+        self.placer.register(adapter_id, str(path), info.rank, num_bytes, self.runner.transfers.adapter_num_pages(info))
 
     def load_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
         """Validate and put (or reload) an adapter on the device now, through the core's plan (`info` as
@@ -277,15 +277,16 @@ class LLMEngine:
         that would have to go are in use.
         """
         info = self.inspect_adapter(path) if info is None else info
+        transfers = self.runner.transfers
         self.placer.place(
             adapter_id, str(path), info.rank, self.runner.adapter_device_bytes(info),
-            self.runner.adapter_num_pages(info), lambda: self.runner.load_adapter(adapter_id, Path(path), info),
+            transfers.adapter_num_pages(info), lambda: transfers.load_adapter(adapter_id, Path(path), info),
         )
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
         """Validate and pack an adapter's device tensors without touching engine state."""
-        info = self.runner.validate_adapter(Path(path))
-        return self.runner.load_adapter(adapter_id, Path(path), info)
+        info = self.runner.transfers.validate_adapter(Path(path))
+        return self.runner.transfers.load_adapter(adapter_id, Path(path), info)
 
     def install_adapter(
         self, adapter: LoraAdapter, path: Path | str | None = None, load_seconds: float | None = None
@@ -295,7 +296,7 @@ class LLMEngine:
         (the reload cost the eviction policy weighs)."""
         host_path = str(path) if path is not None else None
         self.placer.place(
-            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, self.runner.num_pages_of(adapter),
+            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, self.runner.transfers.num_pages_of(adapter),
             lambda: adapter, load_seconds,
         )
 
@@ -309,7 +310,7 @@ class LLMEngine:
             )
         self.residency.forget(adapter_id)
         self.placer.drop_device_copy(adapter_id)
-        self.runner.forget_host_copies(adapter_id)
+        self.runner.transfers.forget_host_copies(adapter_id)
 
     def pin_adapter(self, adapter_id: str) -> None:
         """Lease a registered adapter (e.g. a worker request not yet in the engine): kept on the device

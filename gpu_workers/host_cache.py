@@ -26,12 +26,12 @@ import json
 import shutil
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from registry.digests import adapter_content_digest, owner_scoped_digest, sha256_file
+from scheduler.core.byte_budget_lru import ByteBudgetLRU
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -134,17 +134,16 @@ def _is_valid_entry(entry: Path) -> bool:
 
 
 class HostAdapterCache:
-    """Adapter directories under cache_dir/<cache key>/adapter/, LRU-bounded by max_bytes (pins stay)."""
+    """Adapter directories under cache_dir/<cache key>/adapter/, LRU-bounded by max_bytes (pins stay;
+    scheduler/core/byte_budget_lru.py keeps the order, sizes and pins)."""
 
     def __init__(self, cache_dir: Path, fetch: FetchFn, max_bytes: int = 8 << 30) -> None:
         self._dir = Path(cache_dir)
         self._dir.mkdir(parents=True, exist_ok=True)
         self._fetch = fetch
-        self._max_bytes = max_bytes
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
-        self._entries: OrderedDict[str, int] = OrderedDict()  # cache key -> bytes, LRU order (oldest first)
-        self._pins: dict[str, int] = {}
+        self._entries = ByteBudgetLRU(max_bytes)  # cache key -> bytes, guarded by _lock
         self._num_hits = self._num_misses = self._num_fetches = 0
         self._scan_existing()
 
@@ -154,7 +153,7 @@ class HostAdapterCache:
             if not entry.is_dir():
                 continue
             if _is_valid_entry(entry):
-                self._entries[entry.name] = _dir_bytes(entry)
+                self._entries.put(entry.name, _dir_bytes(entry))
             else:  # a partial download, or an entry of an older layout (e.g. keyed by weights only)
                 shutil.rmtree(entry, ignore_errors=True)
 
@@ -178,8 +177,7 @@ class HostAdapterCache:
         key = files.cache_key
         while True:
             with self._lock:
-                if key in self._entries:
-                    self._entries.move_to_end(key)
+                if self._entries.touch(key):
                     self._num_hits += 1
                     return self.path_for(key)
                 event = self._inflight.get(key)
@@ -210,7 +208,7 @@ class HostAdapterCache:
             raise
         with self._lock:
             self._num_fetches += 1
-            self._entries[key] = _dir_bytes(self._entry_dir(key))
+            self._entries.put(key, _dir_bytes(self._entry_dir(key)))
             self._evict_over_budget(keep=key)
 
     def _fetch_verified(self, files: AdapterFiles, entry: Path) -> None:
@@ -228,36 +226,26 @@ class HostAdapterCache:
     def pin(self, key: str) -> None:
         """Keep an entry from eviction (while an engine has it loaded)."""
         with self._lock:
-            self._pins[key] = self._pins.get(key, 0) + 1
+            self._entries.pin(key)
 
     def unpin(self, key: str) -> None:
         """Release one pin."""
         with self._lock:
-            count = self._pins.get(key, 0) - 1
-            if count > 0:
-                self._pins[key] = count
-            else:
-                self._pins.pop(key, None)
+            self._entries.unpin(key)
             self._evict_over_budget(keep=None)
 
     def _evict_over_budget(self, keep: str | None) -> None:
         # The entry just fetched (keep) is about to be used: it may push the cache over budget briefly.
-        total = sum(self._entries.values())
-        for key in list(self._entries):
-            if total <= self._max_bytes:
-                break
-            if key in self._pins or key == keep:
-                continue
-            total -= self._entries.pop(key)
+        for key in self._entries.evict_over_budget(keep):
             shutil.rmtree(self._entry_dir(key), ignore_errors=True)
 
     def stats(self) -> HostCacheStats:
         """Current counters."""
         with self._lock:
-            return HostCacheStats(len(self._entries), sum(self._entries.values()), self._num_hits,
+            return HostCacheStats(len(self._entries), self._entries.num_bytes, self._num_hits,
                                   self._num_misses, self._num_fetches)
 
     def cached(self) -> list[str]:
         """Cache keys of cached adapters, least recently used first."""
         with self._lock:
-            return list(self._entries)
+            return self._entries.keys()

@@ -1,7 +1,7 @@
 """The model runner's adapter side: validating and packing adapters, placing them in their reserved pages
 (views of the KV cache in a unified pool), the host tier of packed host copies, and the asynchronous
-host -> device copies behind CPU-assisted prefill. A mixin of `ModelRunner` (gpu_workers/model_runner.py),
-which sets the attributes declared below in its __init__."""
+host -> device copies behind CPU-assisted prefill. Owned by `ModelRunner` (gpu_workers/model_runner.py) as
+`runner.transfers`."""
 
 from __future__ import annotations
 
@@ -19,32 +19,49 @@ from gpu_workers.adapter_layout import (
 )
 from gpu_workers.adapter_loader import load_lora_adapter, validate_adapter
 from gpu_workers.config import EngineConfig
-from gpu_workers.layers.lora import PROJECTIONS, LoraAdapter
-from gpu_workers.models.llama import LlamaForCausalLM, ModelArgs
+from gpu_workers.layers.host_lora import HostLora, LayerSwitch
+from gpu_workers.layers.lora import PROJECTIONS, LoraAdapter, LoraSegment
+from gpu_workers.models.llama import LlamaForCausalLM
 from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits
 from scheduler.core.host_tier import HostTier
 
 
 class AdapterTransfers:
-    """Adapter methods of ModelRunner (see the module docstring)."""
+    """Adapter loading, placement and host -> device copies for one runner.
 
-    config: EngineConfig
-    args: ModelArgs
-    model: LlamaForCausalLM
-    model_spec: BaseModelSpec
-    validation_limits: ValidationLimits
-    device: torch.device
-    dtype: torch.dtype
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
-    adapters: dict[str, LoraAdapter]
-    copier: AdapterCopier
-    host_copies: dict[str, LoraAdapter]
-    host_tier: HostTier
-    _host_tier_copies: dict[str, LoraAdapter]
-    _cpu_pool: ThreadPoolExecutor | None
+    `adapters` is the runner's map of device copies that batches use; a copy that lands is added to it.
+    `kv_caches` and `page_numel` place adapters in their pages when `is_unified` (adapters share the KV pool).
+    """
 
-    is_unified: bool  # properties of ModelRunner
-    page_numel: int
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LlamaForCausalLM,
+        model_spec: BaseModelSpec,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        adapters: dict[str, LoraAdapter],
+        *,
+        is_unified: bool,
+        page_numel: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.args = model.args
+        self.model_spec = model_spec
+        self.validation_limits = ValidationLimits(max_rank=config.max_lora_rank)
+        self.kv_caches = kv_caches
+        self.adapters = adapters
+        self.is_unified = is_unified
+        self.page_numel = page_numel
+        self.device = device
+        self.dtype = dtype
+        self.copier = AdapterCopier(device, config.adapter_link_gbps)
+        self.host_copies: dict[str, LoraAdapter] = {}  # adapters whose copy to the device is in flight
+        self.host_tier = HostTier(config.host_adapter_cache_bytes)  # packed host copies kept for later copies
+        self._host_tier_copies: dict[str, LoraAdapter] = {}
+        self._cpu_pool: ThreadPoolExecutor | None = None
 
     # ---- adapters ----------------------------------------------------------------------------------
 
@@ -138,6 +155,14 @@ class AdapterTransfers:
             if job.device_copy is not None:
                 self.adapters[job.adapter_id] = job.device_copy
         return finished
+
+    def host_lora(
+        self, segments: list[LoraSegment], host_assisted: frozenset[str], switch_layer: int | None
+    ) -> HostLora:
+        """The host-assisted part of a step: `segments` over host copies, computed on the CPU pool until each
+        adapter's device copy lands (see layers/host_lora.LayerSwitch for `switch_layer`)."""
+        switch = LayerSwitch(self._find_device_copy, host_assisted, switch_layer)
+        return HostLora(tuple(segments), switch, self._cpu_workers())
 
     def _find_device_copy(self, adapter_id: str, wait: bool) -> LoraAdapter | None:
         return self.copier.landed(adapter_id, wait)

@@ -357,7 +357,8 @@ def dev_cluster(
     import signal
     import time
 
-    from lorahost.dev_cluster import DevCluster, DevClusterConfig
+    from lorahost.dev_cluster import DevCluster
+    from lorahost.dev_cluster_config import DevClusterConfig
     from lorahost.processes import ChildFailedError
 
     if num_workers < 0 or num_api < 1 or max_workers < 0:

@@ -23,15 +23,15 @@ import logging
 import os
 import secrets
 import signal
-import sys
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 from lorahost import dev_services
+from lorahost.dev_cluster_commands import api_command, child_env, jobs_command, worker_command
+from lorahost.dev_cluster_config import DevClusterConfig
 from lorahost.processes import (
     ChildProcess,
     free_port,
@@ -45,42 +45,7 @@ from lorahost.scaler import ProcessScaler, fetch_scaling
 
 log = logging.getLogger("lorahost.dev_cluster")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 INTERNAL_READY_PATH = "/internal/v1/ready"
-
-
-@dataclass(frozen=True)
-class DevClusterConfig:
-    """What `DevCluster` starts. Ports None = free ports; base_model None = the tiny demo model (generated)."""
-
-    data_dir: Path
-    base_model: Path | None = None
-    base_model_name: str = "lorahost-base"
-    num_api: int = 2
-    num_workers: int = 3
-    host: str = "127.0.0.1"
-    api_base_port: int | None = None
-    worker_base_port: int | None = None
-    database_url: str | None = None  # None: a fresh database through postgres_admin_url, dropped on stop
-    postgres_admin_url: str = dev_services.DEFAULT_POSTGRES_ADMIN_URL
-    is_database_kept: bool = False
-    redis_url: str = dev_services.DEFAULT_REDIS_URL
-    s3_endpoint: str | None = None  # None: start a moto server
-    bucket: str = "lorahost-dev"
-    admin_key: str | None = None  # None: generated
-    is_jobs_enabled: bool = True
-    is_autoscale: bool = False
-    max_workers: int = 8
-    scaler_interval_s: float = 2.0
-    start_timeout_s: float = 180.0
-    stop_timeout_s: float = 30.0
-    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every child
-
-    def __post_init__(self) -> None:
-        if self.num_api < 1:
-            raise ValueError("num_api must be >= 1 (the cluster is reached through its API replicas)")
-        if self.num_workers < 0 or self.max_workers < 0:
-            raise ValueError("num_workers and max_workers must be >= 0")
 
 
 @dataclass
@@ -205,10 +170,7 @@ class DevCluster:
         base = self.config.worker_base_port
         port = base + index if base is not None else free_port(self.config.host)
         url = f"http://{self.config.host}:{port}"
-        command = [
-            sys.executable, "-m", "lorahost.cli", "worker", "--host", self.config.host, "--port", str(port),
-            "--advertise-url", url, "--worker-id", worker_id,
-        ]  # fmt: skip
+        command = worker_command(self.config.host, port, url, worker_id)
         data_dir = self.data_dir / "workers" / f"{worker_id}-{index}"
         env = {**self._env(), "LORAHOST_DATA_DIR": str(data_dir)}
         process = spawn(worker_id, command, env, self._log_path(f"{worker_id}-{index}"), url=url)
@@ -356,17 +318,13 @@ class DevCluster:
             "LORAHOST_DATA_DIR": str(self.data_dir / f"api-{index}"),
             "LORAHOST_API_INSTANCE_ID": f"dev-api-{index}",
         }
-        command = [sys.executable, "-m", "lorahost.cli", "api", "--host", self.config.host, "--port", str(port)]
+        command = api_command(self.config.host, port)
         return spawn(f"api-{index}", command, env, self._log_path(f"api-{index}"), url=url)
 
     def _spawn_jobs(self) -> ChildProcess:
         jobs_dir = self.data_dir / "jobs"
         jobs_dir.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable, "-m", "celery", "-A", "jobs.worker", "worker", "--beat", "--pool=solo",
-            "--loglevel=INFO", "-Q", self.celery_queue, "--without-gossip", "--without-mingle",
-            "--without-heartbeat", "-s", str(jobs_dir / "celerybeat-schedule"),
-        ]  # fmt: skip
+        command = jobs_command(self.celery_queue, jobs_dir / "celerybeat-schedule")
         env = {**self._env(), "LORAHOST_DATA_DIR": str(jobs_dir)}
         return spawn("jobs", command, env, self._log_path("jobs"), cwd=jobs_dir)
 
@@ -383,13 +341,7 @@ class DevCluster:
 
     def _env(self) -> dict[str, str]:
         """The environment of every child: the parent's, config.env, then what this cluster owns."""
-        python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, **self.config.env}
-        if self._s3 is not None:
-            env.update(dev_services.MOTO_CREDENTIALS)
-        env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        env.update({
-            "PYTHONPATH": python_path,
+        owned = {
             "LORAHOST_DATABASE_URL": self.database_url or "",
             "LORAHOST_REDIS_URL": self.config.redis_url,
             "LORAHOST_BLOB_STORE": f"s3://{self.config.bucket}/{self.run_id}",
@@ -402,8 +354,8 @@ class DevCluster:
             "LORAHOST_ADMIN_KEY": self.admin_key,
             "LORAHOST_BASE_MODEL_PATH": str(self.base_model),
             "LORAHOST_BASE_MODEL_NAME": self.config.base_model_name,
-        })  # fmt: skip
-        return env
+        }
+        return child_env(self.config.env, owned, is_moto=self._s3 is not None)
 
     def _log_path(self, name: str) -> Path:
         return self.data_dir / "logs" / f"{name}.log"

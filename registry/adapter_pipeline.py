@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry import repository, upload_quota
 from registry.archive import extract_archive, is_archive_name
+from registry.blob_locations import make_blob_store
 from registry.db import is_insert_conflict, make_engine, make_session_factory, run_in_write_transaction
 from registry.digests import sha256_file
 from registry.errors import ConflictError
@@ -41,7 +42,7 @@ from registry.import_sources import (
 )
 from registry.models import AdapterVersion, new_id
 from registry.settings import Settings
-from registry.storage import BlobStore, make_blob_store
+from registry.storage import BlobStore
 from registry.validation import (
     CONFIG_FILENAME,
     WEIGHTS_FILENAME,

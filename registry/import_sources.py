@@ -32,10 +32,10 @@ from typing import IO, Any
 import httpx
 
 from registry.archive import is_archive_name
+from registry.blob_locations import parse_s3_uri
 from registry.errors import InvalidRequestError, PermissionDeniedError
 from registry.public_addresses import resolve_checked_address
 from registry.settings import Settings
-from registry.storage import parse_s3_uri
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterValidationError
 from registry.validation.config import check_upload_filenames
 

@@ -237,7 +237,7 @@ class UsageRecord(Base):
     # What the predictor knew at admission, for its training job (registry/predictor_training.py); NULL:
     # refused before the prediction, or written before migration 0007. Nothing derived from the prompt's
     # content is stored: its size is prompt_tokens. `prompt_features` is always NULL: it held a hashed word
-    # n-gram histogram of the prompt that narrowed down what the prompt said (issue 19); it is no longer
+    # n-gram histogram of the prompt that narrowed down what the prompt said; it is no longer
     # written or read, and migration 0012 cleared the old rows (kept as a column so an API replica of the
     # previous release can still insert during a rolling upgrade; drop it in a later migration).
     max_tokens: Mapped[int | None] = mapped_column(Integer)

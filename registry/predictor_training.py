@@ -7,7 +7,7 @@ completion_tokens is its true output length) that recorded the prediction's inpu
 has_stop; rows from before migration 0007 have none and are skipped), keyed like the API keys its
 histories: by (tenant id, adapter version id) (None: the base model), so the history features the model is
 trained on are what serving computes, one tenant's traffic never in another's history. The prompt enters by
-its size (prompt_tokens) only; UsageRecord.prompt_features is neither written nor read (issue 19). The newest
+its size (prompt_tokens) only; UsageRecord.prompt_features is neither written nor read. The newest
 settings.predictor_max_training_samples rows that started within settings.predictor_training_window_s are
 split chronologically: the model is fitted on the older part and judged on the newer HOLDOUT_FRACTION
 (MAE and bucket accuracy, overall and per adapter: scheduler.length_predictor.evaluate), then the held-out

@@ -1,7 +1,8 @@
-"""Blob stores for adapter files: a local directory and S3 (any S3-compatible endpoint).
+"""Blob stores for adapter files: the `BlobStore` interface and `LocalBlobStore` (a local directory).
 
-Both stream: nothing reads a whole blob into memory. Keys are `/`-separated relative paths.
-`make_blob_store(settings)` picks S3 for `s3://bucket/prefix` and a local directory otherwise.
+Every store streams: nothing reads a whole blob into memory. Keys are `/`-separated relative paths.
+`S3BlobStore` (any S3-compatible endpoint) is in registry/s3_storage.py; `make_blob_store(settings)`
+(registry/blob_locations.py) picks S3 for `s3://bucket/prefix` and a local directory otherwise.
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from registry.errors import NotFoundError
-
-if TYPE_CHECKING:
-    from registry.settings import Settings
 
 COPY_CHUNK_BYTES = 1024 * 1024
 
@@ -85,10 +83,6 @@ class BlobStore(ABC):
     def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
         """Discard writes under `prefix` that a killed process began before `older_than` and never finished
         (local: `.tmp-*.part` files; S3: incomplete multipart uploads). Returns what it removed."""
-
-    def get_stream(self, key: str) -> Any:
-        """Alias of `open` (a readable binary stream as a context manager)."""
-        return self.open(key)
 
     def put_file(self, key: str, path: Path) -> int:
         """Store a local file under `key`."""
@@ -219,153 +213,6 @@ class LocalBlobStore(BlobStore):
             directory = directory.parent
 
 
-class S3BlobStore(BlobStore):
-    """Blobs in an S3 bucket under a key prefix; streaming multipart upload/download via boto3."""
-
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        *,
-        endpoint_url: str | None = None,
-        region: str = "us-east-1",
-        multipart_chunk_bytes: int = 8 * 1024 * 1024,
-        client: Any = None,
-    ) -> None:
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.client = client or boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
-        self.transfer_config = TransferConfig(
-            multipart_threshold=multipart_chunk_bytes, multipart_chunksize=multipart_chunk_bytes
-        )
-
-    def _key(self, key: str) -> str:
-        check_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def put_stream(self, key: str, fileobj: IO[bytes]) -> int:
-        counter = _CountingReader(fileobj)
-        # upload_fileobj streams in parts; S3 only makes the object visible when the upload completes.
-        self.client.upload_fileobj(counter, self.bucket, self._key(key), Config=self.transfer_config)
-        return counter.num_bytes
-
-    @contextmanager
-    def open(self, key: str) -> Iterator[IO[bytes]]:
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except self.client.exceptions.NoSuchKey:
-            raise BlobNotFoundError(f"blob {key!r} not found") from None
-        body = response["Body"]
-        try:
-            yield body
-        finally:
-            body.close()
-
-    def download_to(self, key: str, path: Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                self.client.download_fileobj(self.bucket, self._key(key), out, Config=self.transfer_config)
-            os.replace(tmp, path)
-        except Exception as exc:
-            Path(tmp).unlink(missing_ok=True)
-            if _is_missing(exc):
-                raise BlobNotFoundError(f"blob {key!r} not found") from None
-            raise
-
-    def exists(self, key: str) -> bool:
-        try:
-            self.size(key)
-        except BlobNotFoundError:
-            return False
-        return True
-
-    def size(self, key: str) -> int:
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except Exception as exc:
-            if _is_missing(exc):
-                raise BlobNotFoundError(f"blob {key!r} not found") from None
-            raise
-        return int(head["ContentLength"])
-
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def copy(self, src: str, dst: str) -> None:
-        source = {"Bucket": self.bucket, "Key": self._key(src)}
-        try:
-            self.client.copy(source, self.bucket, self._key(dst), Config=self.transfer_config)
-        except Exception as exc:
-            if _is_missing(exc):
-                raise BlobNotFoundError(f"blob {src!r} not found") from None
-            raise
-
-    def list_keys(self, prefix: str = "") -> list[str]:
-        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        paginator = self.client.get_paginator("list_objects_v2")
-        keys = []
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
-            keys.extend(item["Key"][strip:] for item in page.get("Contents", []))
-        return sorted(keys)
-
-    def list_keys_with_mtime(self, prefix: str = "") -> list[tuple[str, datetime]]:
-        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        paginator = self.client.get_paginator("list_objects_v2")
-        entries = []
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
-            entries.extend((item["Key"][strip:], item["LastModified"]) for item in page.get("Contents", []))
-        return sorted(entries)
-
-    def delete_partial_writes(self, prefix: str, older_than: datetime) -> list[str]:
-        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        paginator = self.client.get_paginator("list_multipart_uploads")
-        removed = []
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
-            for upload in page.get("Uploads", []):
-                if upload["Initiated"] < older_than:
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                    )
-                    removed.append(upload["Key"][strip:])
-        return sorted(removed)
-
-
-class _CountingReader:
-    """Wraps a binary stream: counts bytes and fills each read (boto3 treats a short read as the end of a
-    small object, so a stream with short reads would otherwise never be sent as a multipart upload)."""
-
-    def __init__(self, fileobj: IO[bytes]) -> None:
-        self.fileobj = fileobj
-        self.num_bytes = 0
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            data = self.fileobj.read()
-        else:
-            parts, remaining = [], size
-            while remaining > 0 and (chunk := self.fileobj.read(remaining)):
-                parts.append(chunk)
-                remaining -= len(chunk)
-            data = b"".join(parts)
-        self.num_bytes += len(data)
-        return data
-
-
-def _is_missing(exc: Exception) -> bool:
-    response = getattr(exc, "response", None) or {}
-    code = str(response.get("Error", {}).get("Code", ""))
-    return code in {"404", "NoSuchKey", "NotFound"}
-
-
 def _utc_from_timestamp(timestamp: float) -> datetime:
     return datetime.fromtimestamp(timestamp, UTC)
 
@@ -387,22 +234,3 @@ def _atomic_write(path: Path, src: IO[bytes]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """Split `s3://bucket/prefix` into (bucket, prefix)."""
-    if not uri.startswith("s3://"):
-        raise ValueError(f"not an s3:// URI: {uri!r}")
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"s3 URI {uri!r} has no bucket")
-    return bucket, prefix.strip("/")
-
-
-def make_blob_store(settings: Settings, location: str | None = None) -> BlobStore:
-    """The blob store for `location` (default: the configured one): S3 for s3://, else a local directory."""
-    location = location or settings.resolved_blob_store()
-    if location.startswith("s3://"):
-        bucket, prefix = parse_s3_uri(location)
-        return S3BlobStore(bucket, prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
-    return LocalBlobStore(Path(location))

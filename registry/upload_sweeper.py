@@ -99,7 +99,7 @@ def _is_unneeded(key: str, in_flight_ids: set[str], in_flight_dirs: set[str]) ->
         return key[len(STAGING_PREFIX) :].split("/", 1)[0] not in in_flight_ids
     if key.startswith(FINAL_PREFIX):
         return key.rsplit("/", 1)[0] not in in_flight_dirs
-    return False  # not ours to judge
+    return False  # outside the staging and final prefixes: not an upload blob, so it is kept
 
 
 def _final_dir(tenant_id: str, adapter_id: str, number: int) -> str:

@@ -1,8 +1,7 @@
 """What a batch policy sees and returns: the waiting requests, this step's budget, and the admission plan.
 
-Plain data only (no imports of ours), so that every policy module (scheduler/batch_policy.py,
+Plain data only (imports none of this project's modules), so that every policy module (scheduler/batch_policy.py,
 scheduler/multiqueue.py) and the engine's core (scheduler/core/batch_scheduler.py) share one vocabulary.
-scheduler/batch_policy.py re-exports these names.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The engine's batch scheduler asks a `BatchPolicy` which waiting requests to try to admit, in what order.
 The scheduler then admits them while KV blocks and the token/sequence budget allow. `FifoPolicy` and
 `SjfPolicy` are the baselines; `MultiQueuePolicy` (scheduler/multiqueue.py) is Chameleon's multi-queue
-scheduler. The shared data types live in scheduler/admission.py and are re-exported here.
+scheduler. The shared data types (what a policy sees and returns) live in scheduler/admission.py.
 """
 
 from __future__ import annotations
@@ -15,17 +15,7 @@ from typing import Any
 from scheduler.admission import AdmissionPlan, BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.multiqueue import MultiQueuePolicy
 
-__all__ = [
-    "BATCH_POLICIES",
-    "AdmissionPlan",
-    "BatchBudget",
-    "BatchPolicy",
-    "FifoPolicy",
-    "MultiQueuePolicy",
-    "SjfPolicy",
-    "WaitingRequest",
-    "make_batch_policy",
-]
+__all__ = ["BATCH_POLICIES", "FifoPolicy", "SjfPolicy", "make_batch_policy"]
 
 
 class FifoPolicy:

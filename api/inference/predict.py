@@ -5,7 +5,7 @@ The prediction is a policy input, carried end to end: the router sees it (RouteR
 true count (UsageRecord.predicted_output_tokens), so a predictor's error can be measured from usage
 (GET /v1/admin/predictor). The usage row also records what the prediction saw (max_tokens, is_chat, has_stop;
 the prompt's size is prompt_tokens): the training data of the learned predictor. Nothing derived from the
-prompt's content is used or stored (issue 19: a stored n-gram histogram narrowed down what a prompt said).
+prompt's content is used or stored (a stored n-gram histogram of a prompt narrowed down what it said).
 
 services.predictor is an `OutputLengthPredictor` chosen by settings.length_predictor: `learned`
 (api/inference/learned_predictor.py, the default) or `max_tokens` (`MaxTokensPredictor`: every request is

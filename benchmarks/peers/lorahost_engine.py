@@ -50,7 +50,7 @@ def main() -> None:
 
     from gpu_workers.config import EngineConfig
     from gpu_workers.engine import LLMEngine
-    from gpu_workers.sampling import SamplingParams
+    from scheduler.core.sampling import SamplingParams
 
     common.set_threads(args.threads)
     # LORAHOST_BENCH_DTYPE: float32 where the CPU has no fast bf16 (bf16 is then emulated, ~20x slower)

@@ -1,7 +1,7 @@
 """Multi-LoRA: per-adapter weights and the segmented (SGMV-style) delta over a batch.
 
 Tokens of a batch are sorted so each adapter's tokens are contiguous (a segment). For every merged
-projection (qkv, o, gate_up, down) and every segment we do one x_seg @ A_cat and one addmm per target
+projection (qkv, o, gate_up, down) and every segment there is one x_seg @ A_cat and one addmm per target
 sub-module into its output column slice. No per-token weight gather, no padding to a max rank: each
 adapter costs its own rank. The LoRA scale is folded into B at load time.
 

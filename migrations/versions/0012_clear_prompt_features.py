@@ -1,4 +1,4 @@
-"""Clear the stored prompt n-gram histograms (issue 19): `usage_records.prompt_features` held 16 hashed word
+"""Clear the stored prompt n-gram histograms: `usage_records.prompt_features` held 16 hashed word
 n-gram frequencies of each prompt, which gave its exact word count and narrowed down what it said (10,000
 candidate PINs to 1,124). The API no longer writes the column and the length predictor's training no longer
 reads it; this sets it to NULL on every row. The column stays (always NULL) so an API replica of the previous

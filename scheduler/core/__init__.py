@@ -9,6 +9,8 @@ Modules:
   eviction order from an `EvictionPolicy` (scheduler/eviction.py: lru, chameleon, fastlibra).
 - prefix_cache.py: `PrefixCache`, prefix KV blocks per namespace and adapter (root -> (namespace, adapter) ->
   blocks), ref-counted, LRU leaf eviction, dropped with their adapter.
+- byte_budget_lru.py: `ByteBudgetLRU`, keys with sizes in LRU order evicted down to a byte budget (pins stay);
+  under host_tier.py (`HostTier`, the packed host copies) and the worker's host file cache.
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
   (scheduler/batch_policy.py), then prefetch of waiting requests' adapters.
@@ -19,5 +21,5 @@ Modules:
 - admission_gate.py: `AdmissionGate`, which planned requests a memory shortfall blocks (all, the group's, or
   the group's except its bypass ids).
 
-Imports: nothing of ours outside `scheduler`, and no torch/numpy/safetensors/DB/HTTP (import-linter).
+Imports: none of this project's modules outside `scheduler`, and no torch/numpy/safetensors/DB/HTTP (import-linter).
 """

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from scheduler.batch_policy import BatchBudget, BatchPolicy, WaitingRequest
+from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate

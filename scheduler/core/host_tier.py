@@ -12,31 +12,36 @@ Pure bookkeeping (no tensors): the engine holds the tensors and drops the keys t
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from scheduler.core.byte_budget_lru import ByteBudgetLRU
 
 
 class HostTier:
-    """LRU over host copies with a byte budget."""
+    """LRU over host copies with a byte budget (scheduler/core/byte_budget_lru.py), counting hits and misses."""
 
     def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, int] = OrderedDict()  # key -> bytes, least recently used first
-        self.num_bytes = 0
+        self._lru = ByteBudgetLRU(max_bytes)
         self.num_hits = 0
         self.num_misses = 0
 
+    @property
+    def max_bytes(self) -> int:
+        """The byte budget."""
+        return self._lru.max_bytes
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the kept host copies."""
+        return self._lru.num_bytes
+
     def __contains__(self, key: str) -> bool:
-        return key in self._entries
+        return key in self._lru
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)
 
     def lookup(self, key: str) -> bool:
         """True (and the entry becomes most recently used) when the key has a host copy; counts hit/miss."""
-        if key in self._entries:
-            self._entries.move_to_end(key)
+        if self._lru.touch(key):
             self.num_hits += 1
             return True
         self.num_misses += 1
@@ -45,28 +50,15 @@ class HostTier:
     def add(self, key: str, num_bytes: int) -> list[str] | None:
         """Keep a new host copy; returns the keys evicted to make room, or None when it is larger than the
         whole budget (nothing changes; the caller drops the copy after use)."""
-        if num_bytes > self.max_bytes:
+        if num_bytes > self._lru.max_bytes:
             return None
-        self.remove(key)
-        victims: list[str] = []
-        num_free = self.max_bytes - self.num_bytes
-        for candidate, size in self._entries.items():
-            if num_free >= num_bytes:
-                break
-            victims.append(candidate)
-            num_free += size
-        for victim in victims:
-            self.remove(victim)
-        self._entries[key] = num_bytes
-        self.num_bytes += num_bytes
-        return victims
+        self._lru.put(key, num_bytes)
+        return self._lru.evict_over_budget(keep=key)
 
     def remove(self, key: str) -> None:
         """Forget an entry (no-op when absent)."""
-        size = self._entries.pop(key, None)
-        if size is not None:
-            self.num_bytes -= size
+        self._lru.remove(key)
 
     def keys(self) -> list[str]:
         """Cached keys, least recently used first."""
-        return list(self._entries)
+        return self._lru.keys()

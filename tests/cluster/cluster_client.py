@@ -19,7 +19,8 @@ from sqlalchemy import select
 
 from gpu_workers.testing import TEST_ENGINE_SETTINGS
 from lorahost.demo import setup_tenant
-from lorahost.dev_cluster import DevCluster, DevClusterConfig
+from lorahost.dev_cluster import DevCluster
+from lorahost.dev_cluster_config import DevClusterConfig
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord
 from tests.registry.db_fixtures import postgres_reachable, require_service

@@ -23,8 +23,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_workers.engine import LLMEngine
-from gpu_workers.model_runner import BatchEntry
-from gpu_workers.sampling import SamplingParams
 from registry.validation import (
     SUPPORTED_TARGET_MODULES,
     AdapterValidationError,
@@ -32,6 +30,8 @@ from registry.validation import (
     ValidationLimits,
     validate_adapter_dir,
 )
+from scheduler.core.sampling import SamplingParams
+from scheduler.core.sequence import BatchEntry
 from tests.registry.malformed import lora_config, lora_tensors, safetensors_bytes, tensor_name
 
 NEIGHBOUR = "adapter-02"  # a normal adapter on every module
@@ -140,7 +140,7 @@ def test_no_validated_adapter_changes_another_requests_logits(
     prompt_ids: list[list[int]],
     form: str,
 ) -> None:
-    engine.runner._use_stacked = lambda segments, n: (form == "stacked") and len(segments) >= 2
+    engine.runner.lora_forms._use_stacked = lambda segments, n: (form == "stacked") and len(segments) >= 2
     prompt = prompt_ids[1]
     solo = _run(engine, [("solo", GREEDY, NEIGHBOUR)], prompt)["solo"][0]
     num_valid = []
@@ -168,5 +168,5 @@ def test_no_validated_adapter_changes_another_requests_logits(
     try:
         check()
     finally:
-        del engine.runner._use_stacked
+        del engine.runner.lora_forms._use_stacked
     assert num_valid  # the property was exercised on adapters that validate

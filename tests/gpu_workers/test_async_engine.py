@@ -11,7 +11,7 @@ import pytest
 from gpu_workers.async_engine import AsyncLLMEngine
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.errors import AdapterInUseError
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 

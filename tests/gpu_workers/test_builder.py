@@ -13,8 +13,8 @@ from gpu_workers import builder
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.outputs import RequestOutput
-from gpu_workers.sampling import SamplingParams
 from registry.settings import Settings
+from scheduler.core.sampling import SamplingParams
 
 
 class _FakeBackend:
@@ -132,7 +132,8 @@ def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_ch
 
 def test_the_multiqueue_settings_reach_the_engine_config_and_its_policy(tmp_path: Path) -> None:
     from gpu_workers.config import EngineConfig
-    from scheduler.batch_policy import MultiQueuePolicy, make_batch_policy
+    from scheduler.batch_policy import make_batch_policy
+    from scheduler.multiqueue import MultiQueuePolicy
 
     settings = _settings(
         tmp_path,

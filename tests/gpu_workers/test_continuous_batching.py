@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_workers.engine import LLMEngine
-from gpu_workers.sampling import SamplingParams
-from scheduler.batch_policy import MultiQueuePolicy
+from scheduler.core.sampling import SamplingParams
 from scheduler.fair_share import base_policy
+from scheduler.multiqueue import MultiQueuePolicy
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 ADAPTERS = [None, "adapter-00", "adapter-02", "adapter-03"]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from gpu_workers.engine import LLMEngine
-from gpu_workers.model_runner import BatchEntry
 from scheduler.core.sampling import SamplingParams
+from scheduler.core.sequence import BatchEntry
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
 ADAPTER = "adapter-01"
@@ -181,14 +181,14 @@ def test_a_copy_failing_on_the_link_fails_only_that_adapters_requests(
     make_engine: Any, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
 ) -> None:
     engine = cold_engine(make_engine, adapter_dirs, 0.2)
-    copy = engine.runner.copier.copy
+    copy = engine.runner.transfers.copier.copy
 
     def failing_copy(host_copy: Any, place: Any = None) -> Any:
         if host_copy.adapter_id == "cold":
             raise RuntimeError("device out of memory")
         return copy(host_copy, place)
 
-    engine.runner.copier.copy = failing_copy  # type: ignore[method-assign]
+    engine.runner.transfers.copier.copy = failing_copy  # type: ignore[method-assign]
     want = engine.generate([prompt_ids[0]], GREEDY, adapter_ids=[ADAPTER])[0].token_ids
     got = run(engine, [("bad", prompt_ids[3], "cold"), ("ok", prompt_ids[0], ADAPTER)])
     assert got["bad"]["finish_reason"] == "error" and "device out of memory" in got["bad"]["error"]

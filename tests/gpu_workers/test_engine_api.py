@@ -9,7 +9,7 @@ import pytest
 
 from gpu_workers.engine import LLMEngine
 from gpu_workers.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError, PromptTooLongError
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from gpu_workers.engine import LLMEngine
-from gpu_workers.model_runner import BatchEntry
-from gpu_workers.sampling import SamplingParams
-from gpu_workers.sequence import Sequence
+from scheduler.core.sampling import SamplingParams
+from scheduler.core.sequence import BatchEntry, Sequence
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True)
@@ -20,13 +19,13 @@ def engine_prefill_logits(engine: LLMEngine, prompts: list[list[int]], adapters:
     """Logits [n, vocab] of one batched prefill of `prompts` (pages allocated and freed here)."""
     seqs = [Sequence(f"logits-{i}", p, GREEDY, a, NUM_TOKENS) for i, (p, a) in enumerate(zip(prompts, adapters))]
     for seq in seqs:
-        seq.block_table = engine.block_manager.allocate(engine.block_manager.num_blocks_for_tokens(seq.num_tokens))
+        seq.block_table = engine.pool.allocate(engine.pool.num_blocks_for_tokens(seq.num_tokens))
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].adapter_id or "")
     try:
         _, logits = engine.runner.execute([BatchEntry(seqs[i], seqs[i].num_tokens) for i in order], True)
     finally:
         for seq in seqs:
-            engine.block_manager.free(seq.block_table)
+            engine.pool.free(seq.block_table)
     assert logits is not None
     result = torch.empty_like(logits)
     result[torch.tensor(order)] = logits
@@ -103,9 +102,9 @@ def test_stacked_lora_cache_drops_unloaded_adapters(make_engine: Any, prompt_ids
     engine = make_engine(decode_lora_form="stacked")
     names = engine.loaded_adapters()[:3]
     engine.generate([prompt_ids[0]] * 3, GREEDY, adapter_ids=names)
-    assert engine.runner.lora_stacks
+    assert engine.runner.lora_forms.lora_stacks
     engine.unload_adapter(names[0])
-    assert not any(a.adapter_id == names[0] for s in engine.runner.lora_stacks.values() for a in s.adapters)
+    assert not any(a.adapter_id == names[0] for s in engine.runner.lora_forms.lora_stacks.values() for a in s.adapters)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

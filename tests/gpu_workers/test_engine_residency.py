@@ -164,8 +164,8 @@ def test_explicit_load_when_every_device_adapter_is_in_use_is_refused_before_bui
     engine.add_request("holds", prompt_ids[0], GREEDY, busy)
     engine.step()  # running: its adapter cannot be evicted
     builds: list[str] = []
-    build = engine.runner.load_adapter
-    monkeypatch.setattr(engine.runner, "load_adapter", lambda *a: builds.append(a[0]) or build(*a))
+    build = engine.runner.transfers.load_adapter
+    monkeypatch.setattr(engine.runner.transfers, "load_adapter", lambda *a: builds.append(a[0]) or build(*a))
     with pytest.raises(AdapterCapacityError, match="in use"):
         engine.load_adapter(other, adapter_dirs[other])
     assert builds == []  # the pool said no before any device tensor was built
@@ -185,7 +185,7 @@ def test_explicit_load_whose_build_fails_leaves_nothing_half_done(
     def fail(*_: Any) -> Any:
         raise RuntimeError("device out of memory")
 
-    monkeypatch.setattr(engine.runner, "load_adapter", fail)
+    monkeypatch.setattr(engine.runner.transfers, "load_adapter", fail)
     with pytest.raises(AdapterLoadError, match="out of memory"):
         engine.load_adapter("adapter-01", adapter_dirs["adapter-01"])
     assert engine.pool.num_free_pages == free_pages and engine.device_adapters() == device

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpu_workers.layers.linear import WIDE_GEMM_MIN_ROWS, MergedLinear, can_pack_linear
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 needs_bf16_packing = pytest.mark.skipif(
     not can_pack_linear(torch.bfloat16, torch.device("cpu")), reason="oneDNN bf16 packed linear unavailable here"
@@ -92,16 +92,15 @@ def test_wide_lora_segments_round_once_to_the_exact_delta(num_rows: int) -> None
 
 
 def _prefill_logits(engine: Any, prompt: list[int], adapter: str | None) -> torch.Tensor:
-    from gpu_workers.model_runner import BatchEntry
-    from gpu_workers.sequence import Sequence
+    from scheduler.core.sequence import BatchEntry, Sequence
 
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     seq = Sequence("wide", prompt, params, adapter, 1)
-    seq.block_table = engine.block_manager.allocate(engine.block_manager.num_blocks_for_tokens(seq.num_tokens))
+    seq.block_table = engine.pool.allocate(engine.pool.num_blocks_for_tokens(seq.num_tokens))
     try:
         _, logits = engine.runner.execute([BatchEntry(seq, seq.num_tokens)], True)
     finally:
-        engine.block_manager.free(seq.block_table)
+        engine.pool.free(seq.block_table)
     return logits[0]
 
 
@@ -184,9 +183,9 @@ def test_kernel_decode_matches_peft_and_the_torch_forms(
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     kernel = make_engine(dtype=dtype, decode_lora_form="kernel")
-    assert kernel.runner.use_lora_kernel
+    assert kernel.runner.lora_forms.use_lora_kernel
     outs = kernel.generate(prompts, params, adapter_ids=adapters)
-    assert kernel.runner.kernel_sets and kernel.stats()["num_lora_stack_builds"] == 0
+    assert kernel.runner.lora_forms.kernel_sets and kernel.stats()["num_lora_stack_builds"] == 0
     looped = make_engine(dtype=dtype, lora_kernel=False, lora_stack_cache_size=0)
     outs_loop = looped.generate(prompts, params, adapter_ids=adapters)
     for prompt, adapter, out, out_loop in zip(prompts, adapters, outs, outs_loop):
@@ -201,9 +200,9 @@ def test_kernel_sets_drop_unloaded_adapters(make_engine: Any, prompt_ids: list[l
     engine = make_engine()
     names = engine.loaded_adapters()[:3]
     engine.generate([prompt_ids[0]] * 3, SamplingParams(max_tokens=3, temperature=0), adapter_ids=names)
-    assert engine.runner.kernel_sets
+    assert engine.runner.lora_forms.kernel_sets
     engine.unload_adapter(names[0])
-    assert not any(a.adapter_id == names[0] for s in engine.runner.kernel_sets.values() for a in s.adapters)
+    assert not any(a.adapter_id == names[0] for s in engine.runner.lora_forms.kernel_sets.values() for a in s.adapters)
 
 
 def test_host_malloc_tuning_applies_once_on_glibc() -> None:

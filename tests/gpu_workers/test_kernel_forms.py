@@ -23,7 +23,7 @@ from gpu_workers.layers.attention import (
 )
 from gpu_workers.layers.linear import can_pack_linear
 from gpu_workers.layers.lora_forms import DECODE_LORA_FORMS, is_lora_form_usable
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -137,7 +137,7 @@ def test_every_decode_lora_form_gives_peft_tokens(
     for prompt, adapter, out in zip(prompts, adapters, engine.generate(prompts, GREEDY, adapter_ids=adapters)):
         assert out.token_ids == hf_oracle.greedy(prompt, adapter, 8), (form, adapter)
     if form == "segmented":
-        assert engine.stats()["num_lora_stack_builds"] == 0 and not engine.runner.kernel_sets
+        assert engine.stats()["num_lora_stack_builds"] == 0 and not engine.runner.lora_forms.kernel_sets
 
 
 needs_bf16_packing = pytest.mark.skipif(

@@ -58,7 +58,7 @@ def test_imports_hf_directory_with_identical_weights(base_model_dir: Path, tmp_p
 def test_imported_directory_serves_the_same_tokens(base_model_dir: Path, tmp_path: Path) -> None:
     from gpu_workers.config import EngineConfig
     from gpu_workers.engine import LLMEngine
-    from gpu_workers.sampling import SamplingParams
+    from scheduler.core.sampling import SamplingParams
 
     out = tmp_path / "imported"
     import_model(base_model_dir, out, dtype="float32")

@@ -12,9 +12,8 @@ import torch
 
 from gpu_workers.config import EngineConfig
 from gpu_workers.engine import LLMEngine
-from gpu_workers.model_runner import BatchEntry
-from gpu_workers.sampling import SamplingParams
-from gpu_workers.sequence import Sequence
+from scheduler.core.sampling import SamplingParams
+from scheduler.core.sequence import BatchEntry, Sequence
 
 COMMON = {
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -61,9 +60,9 @@ def make_model(kind: str, out_dir: Path, base_model_dir: Path) -> Path:
 
 def engine_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
     seq = Sequence("v", prompt, SamplingParams(temperature=0), None, 4)
-    seq.block_table = engine.block_manager.allocate(engine.block_manager.num_blocks_for_tokens(len(prompt)))
+    seq.block_table = engine.pool.allocate(engine.pool.num_blocks_for_tokens(len(prompt)))
     _, logits = engine.runner.execute([BatchEntry(seq, len(prompt))], True)
-    engine.block_manager.free(seq.block_table)
+    engine.pool.free(seq.block_table)
     assert logits is not None
     return logits[0]
 

@@ -17,10 +17,10 @@ from gpu_workers import builder
 from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.engine import LLMEngine
 from gpu_workers.host_cache import HostAdapterCache
-from gpu_workers.sampling import SamplingParams
 from gpu_workers.worker_service import WorkerService
 from registry.settings import Settings
 from scheduler.core.scheduler_stats import SchedulerStats
+from scheduler.core.sampling import SamplingParams
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)

@@ -25,7 +25,7 @@ from gpu_workers.layers.lora import (
     add_lora_delta,
 )
 from gpu_workers.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
-from gpu_workers.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams
 
 HUGE = 3e38
 GOOD_ADAPTER = "adapter-02"  # targets every module, so every projection has a stacked neighbour
@@ -64,22 +64,22 @@ def lora_form(request: pytest.FixtureRequest, engine: LLMEngine) -> Iterator[str
 
     from gpu_workers.layers.lora_kernel import is_kernel_usable
 
-    runner = engine.runner
-    uses_kernel, plan = runner.use_lora_kernel, runner.kernel_plan
+    forms = engine.runner.lora_forms
+    uses_kernel, plan = forms.use_lora_kernel, forms.kernel_plan
     if request.param == "kernel":
-        if not is_kernel_usable(runner.device, runner.dtype):
+        if not is_kernel_usable(engine.runner.device, engine.runner.dtype):
             pytest.skip("the LoRA CPU kernel is not available here")
-        runner.use_lora_kernel = True
-        runner.kernel_plan = replace(plan, decode_lora="kernel")
+        forms.use_lora_kernel = True
+        forms.kernel_plan = replace(plan, decode_lora="kernel")
     else:
-        runner.use_lora_kernel = False
-        runner.kernel_plan = replace(plan, decode_lora="stacked")  # the stacked rule below decides
-        runner._use_stacked = (lambda segments, n: len(segments) >= 2) if request.param == "stacked" else (
+        forms.use_lora_kernel = False
+        forms.kernel_plan = replace(plan, decode_lora="stacked")  # the stacked rule below decides
+        forms._use_stacked = (lambda segments, n: len(segments) >= 2) if request.param == "stacked" else (
             lambda segments, n: False
         )
     yield request.param
-    runner.use_lora_kernel, runner.kernel_plan = uses_kernel, plan
-    runner.__dict__.pop("_use_stacked", None)
+    forms.use_lora_kernel, forms.kernel_plan = uses_kernel, plan
+    forms.__dict__.pop("_use_stacked", None)
 
 
 def _params(temperature: float, max_tokens: int = 8) -> SamplingParams:

@@ -22,9 +22,9 @@ from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
 from gpu_workers.adapter_manager import adapter_files
 from gpu_workers.engine import LLMEngine
 from gpu_workers.host_cache import CONFIG_NAME, WEIGHTS_NAME
-from gpu_workers.sampling import SamplingParams
 from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
 from scheduler.core.page_pool import num_pages_for_adapter
+from scheduler.core.sampling import SamplingParams
 
 PROMPT = "hello world the river"
 BIG_ADAPTERS = ("adapter-02", "adapter-03")  # the two largest demo adapters (same page count)

@@ -17,8 +17,9 @@ from registry.digests import sha256_file
 from registry.errors import InvalidRequestError
 from registry.import_sources import S3Credentials, SourceUnreadableError
 from registry.models import Adapter, AdapterVersion
+from registry.s3_storage import S3BlobStore
 from registry.settings import Settings
-from registry.storage import LocalBlobStore, S3BlobStore
+from registry.storage import LocalBlobStore
 from registry.validation import AdapterValidationError
 
 

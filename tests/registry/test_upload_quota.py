@@ -14,8 +14,9 @@ from registry import adapter_pipeline as pipeline
 from registry import repository, upload_quota, validation_job
 from registry.errors import AdapterQuotaError, StorageQuotaError
 from registry.models import AdapterVersion
+from registry.s3_storage import S3BlobStore
 from registry.settings import Settings
-from registry.storage import LocalBlobStore, S3BlobStore
+from registry.storage import LocalBlobStore
 
 
 @pytest.fixture

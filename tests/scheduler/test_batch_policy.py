@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registry.settings import Settings
-from scheduler.batch_policy import BatchBudget, FifoPolicy, SjfPolicy, WaitingRequest, make_batch_policy
+from scheduler.admission import BatchBudget, WaitingRequest
+from scheduler.batch_policy import FifoPolicy, SjfPolicy, make_batch_policy
 
 BUDGET = BatchBudget(num_free_seqs=8, num_free_tokens=4096, num_free_blocks=100, block_size=16)
 

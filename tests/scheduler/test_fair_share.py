@@ -13,13 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.admission import AdmissionPlan, BatchBudget, BatchPolicy, WaitingRequest
-from scheduler.batch_policy import FifoPolicy, MultiQueuePolicy, SjfPolicy
+from scheduler.batch_policy import FifoPolicy, SjfPolicy
 from scheduler.fair_share import (
     ANONYMOUS_TENANT,
     DEFAULT_OUTPUT_WEIGHT,
     DEFAULT_PROMPT_WEIGHT,
     FairSharePolicy,
 )
+from scheduler.multiqueue import MultiQueuePolicy
 
 INNER_POLICIES = {"fifo": FifoPolicy, "sjf": SjfPolicy, "multiqueue": lambda: MultiQueuePolicy(min_samples=3)}
 COMPLETE_PLANNERS = ("fifo", "sjf")  # plan every waiting request (multiqueue plans only what fits its quotas)

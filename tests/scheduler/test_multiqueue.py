@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.admission import BatchBudget, WaitingRequest
-from scheduler.batch_policy import FifoPolicy, MultiQueuePolicy, make_batch_policy
+from scheduler.batch_policy import FifoPolicy, make_batch_policy
+from scheduler.multiqueue import MultiQueuePolicy
 from scheduler.queue_quotas import QueueLoad, split_quotas
 
 BLOCK_SIZE = 16

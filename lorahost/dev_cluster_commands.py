@@ -1,0 +1,48 @@
+"""The command line and environment of each process `lorahost dev-cluster` starts (lorahost/dev_cluster.py):
+API replicas and workers through `lorahost.cli`, the jobs process as a Celery worker with embedded beat."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from lorahost import dev_services
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def api_command(host: str, port: int) -> list[str]:
+    """`lorahost api` on host:port."""
+    return [sys.executable, "-m", "lorahost.cli", "api", "--host", host, "--port", str(port)]
+
+
+def worker_command(host: str, port: int, advertise_url: str, worker_id: str) -> list[str]:
+    """`lorahost worker` on host:port, registered as worker_id at advertise_url."""
+    return [
+        sys.executable, "-m", "lorahost.cli", "worker", "--host", host, "--port", str(port),
+        "--advertise-url", advertise_url, "--worker-id", worker_id,
+    ]  # fmt: skip
+
+
+def jobs_command(celery_queue: str, beat_schedule: Path) -> list[str]:
+    """A solo-pool Celery worker with embedded beat on `celery_queue` (no gossip, mingle or heartbeat)."""
+    return [
+        sys.executable, "-m", "celery", "-A", "jobs.worker", "worker", "--beat", "--pool=solo",
+        "--loglevel=INFO", "-Q", celery_queue, "--without-gossip", "--without-mingle",
+        "--without-heartbeat", "-s", str(beat_schedule),
+    ]  # fmt: skip
+
+
+def child_env(extra: Mapping[str, str], owned: Mapping[str, str], *, is_moto: bool) -> dict[str, str]:
+    """The environment of every child: this process's, then `extra` (the config's), then the moto
+    credentials when the cluster runs moto, then what the cluster `owned` (it wins); the repository root
+    leads PYTHONPATH."""
+    python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **extra}
+    if is_moto:
+        env.update(dev_services.MOTO_CREDENTIALS)
+    env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    env.update({"PYTHONPATH": python_path, **owned})
+    return env

@@ -1,0 +1,44 @@
+"""`DevClusterConfig`: what `lorahost dev-cluster` (lorahost/dev_cluster.py) starts and against which
+services; frozen, checked on construction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lorahost import dev_services
+
+
+@dataclass(frozen=True)
+class DevClusterConfig:
+    """What `DevCluster` starts. Ports None = free ports; base_model None = the tiny demo model (generated)."""
+
+    data_dir: Path
+    base_model: Path | None = None
+    base_model_name: str = "lorahost-base"
+    num_api: int = 2
+    num_workers: int = 3
+    host: str = "127.0.0.1"
+    api_base_port: int | None = None
+    worker_base_port: int | None = None
+    database_url: str | None = None  # None: a fresh database through postgres_admin_url, dropped on stop
+    postgres_admin_url: str = dev_services.DEFAULT_POSTGRES_ADMIN_URL
+    is_database_kept: bool = False
+    redis_url: str = dev_services.DEFAULT_REDIS_URL
+    s3_endpoint: str | None = None  # None: start a moto server
+    bucket: str = "lorahost-dev"
+    admin_key: str | None = None  # None: generated
+    is_jobs_enabled: bool = True
+    is_autoscale: bool = False
+    max_workers: int = 8
+    scaler_interval_s: float = 2.0
+    start_timeout_s: float = 180.0
+    stop_timeout_s: float = 30.0
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every child
+
+    def __post_init__(self) -> None:
+        if self.num_api < 1:
+            raise ValueError("num_api must be >= 1 (the cluster is reached through its API replicas)")
+        if self.num_workers < 0 or self.max_workers < 0:
+            raise ValueError("num_workers and max_workers must be >= 0")
