@@ -235,7 +235,7 @@ def test_a_corrupt_artifact_keeps_what_is_served_and_logs_a_warning_naming_the_k
     good = predictor.predict(_input("a"))
     assert 15 <= good <= 30
 
-    write_predictor(blob_store, "v3", _fitted_artifact("v3")[:-40], {"version": "v3"})  # truncated pickle
+    write_predictor(blob_store, "v3", _fitted_artifact("v3")[:-40], {"version": "v3"})  # truncated artifact
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert predictor.reload() is False
     assert "predictors/length/v3.bin" in _warnings(caplog)[-1] and "serving model v2" in _warnings(caplog)[-1]
