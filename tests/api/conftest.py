@@ -7,6 +7,7 @@ connection, so everything a test does through HTTP is rolled back too.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,3 +134,10 @@ def copy_adapter(adapter_dir: Path, dest: Path) -> Path:
     for name in ADAPTER_FILES:
         shutil.copyfile(adapter_dir / name, dest / name)
     return dest
+
+
+def num_timer_threads(job_name: str) -> int:
+    """How many inline-job timers (jobs.usage_sweep.PeriodicJob threads) named `job_name` are running. The app's
+    lifespan starts its timers before a TestClient's __enter__ returns, so a count taken right after
+    make_client is final for that client: no waiting for a timer that might still start."""
+    return sum(t.name == f"lorahost-{job_name}" and t.is_alive() for t in threading.enumerate())

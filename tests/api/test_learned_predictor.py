@@ -23,7 +23,7 @@ from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures
-from tests.api.conftest import ADMIN, TenantHandle
+from tests.api.conftest import ADMIN, TenantHandle, num_timer_threads
 from tests.api.test_completions_support import (
     BASE_MODEL,
     ScriptedWorkers,
@@ -323,7 +323,9 @@ def test_the_lifespan_timer_loads_the_newest_artifact(
     make_client: Callable[..., TestClient], blob_store: LocalBlobStore
 ) -> None:
     write_predictor(blob_store, "v1", _fitted_artifact("v1"), {"version": "v1"})
+    before = num_timer_threads("predictor-reload")
     predictor = _services(make_client(predictor_reload_interval_s=0.05)).predictor
+    assert num_timer_threads("predictor-reload") == before + 1
     assert _wait_for(lambda: predictor.model_version == "v1")
     write_predictor(blob_store, "v2", _fitted_artifact("v2"), {"version": "v2"})
     assert _wait_for(lambda: predictor.model_version == "v2")
@@ -333,8 +335,9 @@ def test_a_zero_reload_interval_never_reads_artifacts(
     make_client: Callable[..., TestClient], blob_store: LocalBlobStore
 ) -> None:
     write_predictor(blob_store, "v1", _fitted_artifact("v1"), {"version": "v1"})
+    before = num_timer_threads("predictor-reload")
     predictor = _services(make_client(predictor_reload_interval_s=0)).predictor
-    time.sleep(0.3)
+    assert num_timer_threads("predictor-reload") == before  # no timer: nothing will ever load the artifact
     assert predictor.model_version is None
 
 
