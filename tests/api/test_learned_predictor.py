@@ -36,13 +36,6 @@ from tests.registry.predictor_rows import MAX_TOKENS, MEDIANS, T0, RowSpec, dist
 LOGGER = "api.inference.learned_predictor"
 
 
-@pytest.fixture
-def workers(client: TestClient) -> ScriptedWorkers:
-    scripted = ScriptedWorkers()
-    scripted.install(client)
-    return scripted
-
-
 def _services(client: TestClient):  # type: ignore[no-untyped-def]
     return client.app.state.services  # type: ignore[attr-defined]
 
