@@ -8,6 +8,8 @@ Transports: workers are reached over HTTP (NDJSON), except a worker running in t
 mode, `lorahost serve`): whoever runs it publishes a `LocalWorkerTransport` (services.worker_transport)
 and requests to that worker skip the loopback HTTP hop. Both transports give the same
 `WorkerStream`: same first-event semantics, same refusal mapping, aclose() aborts the engine request.
+The HTTP side reads the body as NDJSON (api/worker_ndjson.py) over a transport that writes each request in
+one send (api/coalescing_transport.py).
 
 A worker that cannot start the request (connection refused/reset, a non-200 answer, or an `overloaded` /
 `draining` error before any token) is retried on another worker once; then the request gets a 503.
@@ -15,17 +17,16 @@ A worker that cannot start the request (connection refused/reset, a non-200 answ
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-import anyio
-import httpcore
 import httpx
 from pydantic import ValidationError
 
+from api.coalescing_transport import CoalescingTransport
+from api.worker_ndjson import HttpEventSource, error_fields, ndjson_lines
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
 from cluster.worker_view import worker_view
@@ -38,7 +39,6 @@ RETRYABLE_ERROR_CODES = frozenset({"overloaded", "draining"})
 MAX_ATTEMPTS = 2  # the first worker, then one other
 # The internal token, or a callable reading it when a request is sent (it may be published after startup).
 TokenSource = str | None | Callable[[], str | None]
-DRAIN_TIMEOUT_S = 1.0  # reading what follows a terminal event (normally just the end of the body)
 MAX_CACHED_URLS = 1024  # parsed worker URLs kept (cleared when full: workers come and go)
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
 
@@ -135,69 +135,6 @@ class WorkerStream:
         await self.source.aclose(self.has_ended)
 
 
-@dataclass
-class _HttpEventSource:
-    """The NDJSON body of a worker's HTTP generate response."""
-
-    response: httpx.Response
-    lines: AsyncIterator[bytes]
-
-    async def next_event(self) -> GenerateEvent | None:
-        return await _next_event(self.lines)
-
-    async def aclose(self, has_ended: bool) -> None:
-        """Close the HTTP stream.
-
-        After the terminal event the rest of the body (the end of the chunked encoding) is read first, so
-        httpx returns the connection to its keep-alive pool instead of closing it: the next request then
-        skips a TCP connect and the worker's connection setup. Mid-stream, closing aborts the request.
-        """
-        try:
-            if has_ended:
-                with anyio.move_on_after(DRAIN_TIMEOUT_S):
-                    async for _ in self.lines:
-                        pass
-        except httpx.HTTPError:
-            pass
-        finally:
-            await self.response.aclose()
-
-
-async def _next_event(lines: AsyncIterator[bytes]) -> GenerateEvent | None:
-    """The next NDJSON event, skipping blank lines; None at the end of the stream."""
-    async for line in lines:
-        if line.strip():
-            return GenerateEvent.model_validate_json(line)
-    return None
-
-
-async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body's lines as bytes, split as the chunks arrive (a line is yielded as soon as it is complete).
-
-    Cheaper than `aiter_lines` (no text decoding and line-decoder layers): the JSON parser reads bytes.
-    """
-    rest = b""
-    async for chunk in response.aiter_bytes():
-        if b"\n" not in chunk:
-            rest += chunk
-            continue
-        *lines, tail = (rest + chunk if rest else chunk).split(b"\n")
-        rest = tail
-        for line in lines:
-            yield line
-    if rest:
-        yield rest
-
-
-def _error_fields(body: str, status_code: int) -> tuple[str, str]:
-    """(code, message) of a worker's JSON error body `{"error": {"type", "message"}}`."""
-    try:
-        error = json.loads(body)["error"]
-        return str(error["type"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
-        return f"http_{status_code}", body[:300]
-
-
 class _NoEvents:
     """The source of a stream that ended with its first event (a refusal)."""
 
@@ -206,71 +143,6 @@ class _NoEvents:
 
     async def aclose(self, has_ended: bool) -> None:
         return None
-
-
-class _CoalescingStream(httpcore.AsyncNetworkStream):
-    """A connection whose writes are held until the next read (or TLS start): httpcore writes a request's
-    headers, body and end separately, which is two or three TCP segments and as many wake-ups of the
-    worker's event loop (in embedded mode a thread switch each). Joined, the request is one send."""
-
-    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
-        self._stream = stream
-        self._pending: list[bytes] = []
-        self._write_timeout: float | None = None
-
-    async def _flush(self) -> None:
-        if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            await self._stream.write(data, timeout=self._write_timeout)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        await self._flush()
-        return await self._stream.read(max_bytes, timeout=timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if buffer:
-            self._pending.append(buffer)
-            self._write_timeout = timeout
-
-    async def aclose(self) -> None:
-        self._pending.clear()  # an unsent request is abandoned with its connection
-        await self._stream.aclose()
-
-    async def start_tls(
-        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        await self._flush()
-        return _CoalescingStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
-
-
-class _CoalescingBackend(httpcore.AsyncNetworkBackend):
-    """The default network backend, with each connection's writes coalesced (see _CoalescingStream)."""
-
-    def __init__(self, backend: httpcore.AsyncNetworkBackend) -> None:
-        self._backend = backend
-
-    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        return _CoalescingStream(await self._backend.connect_tcp(*args, **kwargs))
-
-    async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        return _CoalescingStream(await self._backend.connect_unix_socket(*args, **kwargs))
-
-    async def sleep(self, seconds: float) -> None:
-        await self._backend.sleep(seconds)
-
-
-def _coalescing_transport() -> httpx.AsyncHTTPTransport:
-    """httpx's default transport, writing each request in one send (no-op if httpcore's layout changed)."""
-    transport = httpx.AsyncHTTPTransport()
-    pool = getattr(transport, "_pool", None)
-    backend = getattr(pool, "_network_backend", None)
-    if isinstance(pool, httpcore.AsyncConnectionPool) and backend is not None:
-        pool._network_backend = _CoalescingBackend(backend)
-    return transport
 
 
 class WorkerClient:
@@ -300,7 +172,7 @@ class WorkerClient:
     ) -> WorkerClient:
         """A client with the default timeouts (pass a transport to reach fake workers in tests, `local` for
         an in-process worker, `router` for the routing policy)."""
-        transport = transport or _coalescing_transport()
+        transport = transport or CoalescingTransport()
         http = httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport)
         return cls(http, internal_token, router=router, local=local)
 
@@ -376,7 +248,7 @@ class WorkerClient:
     async def _first_event(self, worker: WorkerRecord, response: httpx.Response) -> WorkerStream:
         if response.status_code != 200:
             return await self._refusal(worker, response)
-        source = _HttpEventSource(response, _ndjson_lines(response))
+        source = HttpEventSource(response, ndjson_lines(response))
         try:
             first = await source.next_event()
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
@@ -402,7 +274,7 @@ class WorkerClient:
             raise WorkerUnavailableError(
                 f"worker {worker.worker_id} answered {response.status_code}: {body[:300]}"
             )
-        code, message = _error_fields(body, response.status_code)
+        code, message = error_fields(body, response.status_code)
         if response.status_code == 401:
             log.error("worker %s refused the internal token: check LORAHOST_INTERNAL_TOKEN", worker.worker_id)
         event = GenerateEvent(type="error", code=code, message=message)

@@ -159,7 +159,7 @@ def main() -> None:
 
     def sklearn_one(features: RequestFeatures) -> float:
         row = feature_row(features, hgb.history(features.tenant_id, features.adapter_id), hgb.min_history_samples)
-        return float(hgb._model.predict(np.asarray([row]))[0])
+        return float(hgb.estimator.predict(np.asarray([row]))[0])
 
     print(json.dumps({"system": "hgb_sklearn_predict_one_row",
                       **{k: round(v, 1) for k, v in latency_us(sklearn_one, calls).items()}}), flush=True)

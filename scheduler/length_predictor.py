@@ -30,48 +30,43 @@ popularity and per-adapter log-normal lengths, a third prompt-dependent, some ch
   boosting MAE 73.5 / 54.7%, linear 100.0 / 44.7% (benchmarks/RESULTS.md).
 Boosting wins because the effect of the request features differs per adapter (an interaction of the history
 features with prompt length / chat that a linear model cannot express), and it fits 6-10x faster. One
-prediction walks the fitted trees in plain Python (`_FastTrees`): ~50 us mean, ~110 us p99 per call on a
+prediction walks the fitted trees in plain Python (scheduler/length_models.py): ~50 us mean, ~110 us p99 per call on a
 busy 2-core machine, where sklearn's batch `predict` on one row took 6-7 ms p50 (thread-pool start-up).
 
 Accuracy is reported as Chameleon does (bucket accuracy: predicted and true length in the same bucket of
 BUCKET_EDGES) and as MAE in tokens, per adapter and overall (`evaluate`).
 
-A fitted predictor travels as a versioned artifact (`to_bytes`/`from_bytes`; a pickle written by our own
-training job, never by a tenant). `from_bytes` raises `PredictorArtifactError` on anything it cannot use;
-the caller then keeps serving with `LengthPredictor()` (no model: `prior_predict`) and logs the error.
+A fitted predictor travels as a versioned artifact (`to_bytes`/`from_bytes`: plain JSON data, never a pickle;
+scheduler/length_predictor_artifact.py). `from_bytes` raises `PredictorArtifactError` on anything it cannot
+use; the caller then keeps serving with `LengthPredictor()` (no model: `prior_predict`) and logs the error.
 """
 
 from __future__ import annotations
 
 import math
-import pickle
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # scikit-learn is imported when a model is fitted or loaded (~1 s), not with this module
-    from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
+from scheduler import length_predictor_artifact as artifact
+from scheduler.length_models import MODEL_KINDS, FittedModel, fit_model, model_from_dict
+from scheduler.length_predictor_artifact import (  # noqa: F401 - re-exported: the artifact's public names
+    ARTIFACT_FORMAT_VERSION,
+    ARTIFACT_MAGIC,
+    PredictorArtifactError,
+)
 
-ARTIFACT_MAGIC = b"LHLENPRED"
-# 2: histories keyed by (tenant, adapter) and no prompt-text features (issue 19); a version-1 artifact is
-# refused ("retrain to replace it") and the API serves the prior until the next training publishes one.
-ARTIFACT_FORMAT_VERSION = 2
 # Bucket upper edges in tokens: [1, 32), [32, 64), [64, 128), [128, 256), [256, 512), [512, 1024), [1024, inf).
 # Powers of two, as the length classes of proxy-model predictors (muServe, Chameleon's BERT proxy) are
 # coarse size classes; a prediction is "right" when it lands in the true length's class.
 BUCKET_EDGES: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
-MODEL_KINDS = ("hgb", "linear")
 
 AdapterKey = Hashable  # an adapter id; None is the base model
 TenantKey = str | None  # a tenant id; None only where there are no tenants (benchmarks, tests)
 HistoryKey = tuple[TenantKey, AdapterKey]  # whose history: one per tenant and adapter
-
-
-class PredictorArtifactError(ValueError):
-    """A predictor artifact that cannot be used (empty, corrupt, other format or library version)."""
 
 
 @dataclass(frozen=True)
@@ -200,45 +195,6 @@ def feature_row(features: RequestFeatures, history: PerAdapterHistory | None, mi
     return row
 
 
-class _FastTrees:
-    """A fitted HistGradientBoostingRegressor's trees walked in plain Python for one row (sklearn's
-    predict validates and parallelises for batches: ~10x slower for a single request)."""
-
-    def __init__(self, model: HistGradientBoostingRegressor) -> None:
-        self.baseline = float(np.ravel(model._baseline_prediction)[0])
-        self.trees = []
-        for predictors in model._predictors:
-            nodes = predictors[0].nodes
-            self.trees.append((
-                nodes["value"].tolist(), nodes["feature_idx"].tolist(), nodes["num_threshold"].tolist(),
-                nodes["left"].tolist(), nodes["right"].tolist(), nodes["is_leaf"].tolist(),
-            ))
-
-    def predict_one(self, row: Sequence[float]) -> float:
-        """The raw (log-space) prediction of one feature row."""
-        total = self.baseline
-        for value, feature, threshold, left, right, is_leaf in self.trees:
-            node = 0
-            while not is_leaf[node]:
-                # feature_row never holds NaN, so the missing-value branch of sklearn's walk is not needed
-                node = left[node] if row[feature[node]] <= threshold[node] else right[node]
-            total += value[node]
-        return total
-
-
-def _make_model(model_kind: str, seed: int) -> Any:
-    from sklearn.ensemble import HistGradientBoostingRegressor
-    from sklearn.linear_model import QuantileRegressor  # type: ignore[import-untyped]
-
-    if model_kind == "hgb":
-        return HistGradientBoostingRegressor(
-            loss="absolute_error", max_iter=150, learning_rate=0.1, max_leaf_nodes=15, random_state=seed,
-        )
-    if model_kind == "linear":
-        return QuantileRegressor(quantile=0.5, alpha=0.0, solver="highs")
-    raise ValueError(f"unknown model kind {model_kind!r}; choose one of {MODEL_KINDS}")
-
-
 class LengthPredictor:
     """One global model over request + history features; `prior_predict` before `fit`.
 
@@ -261,8 +217,8 @@ class LengthPredictor:
         self.model_version: str | None = None
         self.num_training_samples = 0
         self.histories: dict[HistoryKey, PerAdapterHistory] = {}
-        self._model: Any = None
-        self._fast: _FastTrees | None = None
+        self._model: FittedModel | None = None
+        self.estimator: Any = None  # the scikit-learn estimator fitted in this process (None after from_bytes)
 
     @property
     def is_fitted(self) -> bool:
@@ -300,35 +256,22 @@ class LengthPredictor:
             self.observe(*sample.features.history_key, sample.num_output_tokens)
         x = np.asarray(rows, dtype=np.float64)
         y = np.log1p(np.asarray([max(0, s.num_output_tokens) for s in samples], dtype=np.float64))
-        model = _make_model(self.model_kind, self.seed).fit(x, y)
-        self._set_model(model)
+        self.estimator, self._model = fit_model(self.model_kind, self.seed, x, y)
         self.model_version = model_version
         self.num_training_samples = len(samples)
         return self
-
-    def _set_model(self, model: Any) -> None:
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
-        self._model = model
-        self._fast = _FastTrees(model) if isinstance(model, HistGradientBoostingRegressor) else None
 
     def predict(self, features: RequestFeatures) -> int:
         """The expected output tokens, clipped to [1, max_tokens]; `prior_predict` without a model."""
         history = self.histories.get(features.history_key)
         if self._model is None:
             return prior_predict(features, history)
-        row = feature_row(features, history, self.min_history_samples)
-        if self._fast is not None:
-            raw = self._fast.predict_one(row)
-        else:
-            raw = float(np.dot(self._model.coef_, row) + self._model.intercept_)
+        raw = self._model.predict_one(feature_row(features, history, self.min_history_samples))
         return clip_prediction(math.expm1(min(raw, 30.0)), features.max_tokens)
 
     def to_bytes(self) -> bytes:
-        """A versioned artifact: the model, its version, the config and the histories."""
-        state = {
-            "format_version": ARTIFACT_FORMAT_VERSION,
-            "sklearn_version": _sklearn_version(),
+        """A versioned artifact (plain data, no pickle): the model, its version, the config and the histories."""
+        return artifact.encode({
             "model_version": self.model_version,
             "model_kind": self.model_kind,
             "num_training_samples": self.num_training_samples,
@@ -337,58 +280,31 @@ class LengthPredictor:
                 "min_history_samples": self.min_history_samples, "history_dropout": self.history_dropout,
                 "seed": self.seed,
             },
-            "model": self._model,
-            "histories": {key: h.to_state() for key, h in self.histories.items()},
-        }
-        return ARTIFACT_MAGIC + pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+            "model": None if self._model is None else self._model.to_dict(),
+            "histories": [[*key, *h.to_state()] for key, h in self.histories.items()],
+        })
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LengthPredictor:
-        """Load an artifact written by to_bytes; PredictorArtifactError says why one cannot be used."""
-        state = _read_artifact(data)
+        """Load an artifact written by to_bytes (no code in it runs); PredictorArtifactError says why one
+        cannot be used."""
+        state = artifact.decode(data)
         try:
             predictor = cls(model_kind=state["model_kind"], **state["config"])
             if state["model"] is not None:
-                predictor._set_model(state["model"])
+                predictor._model = model_from_dict(state["model"])
+                if state["model"]["kind"] != predictor.model_kind:
+                    raise ValueError(f"a {state['model']['kind']} model in a {predictor.model_kind} artifact")
             predictor.model_version = state["model_version"]
             predictor.num_training_samples = int(state["num_training_samples"])
             predictor.histories = {
-                key: PerAdapterHistory.from_state(s, predictor.max_history, predictor.ewma_alpha)
-                for key, s in state["histories"].items()
+                (tenant, adapter): PerAdapterHistory.from_state((lengths, ewma), predictor.max_history,
+                                                                predictor.ewma_alpha)
+                for tenant, adapter, lengths, ewma in state["histories"]
             }
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        except (KeyError, TypeError, ValueError) as error:
             raise PredictorArtifactError(f"length predictor artifact is malformed: {error!r}") from error
         return predictor
-
-
-def _sklearn_version() -> str:
-    import sklearn  # type: ignore[import-untyped]
-
-    return str(sklearn.__version__)
-
-
-def _read_artifact(data: bytes) -> dict[str, Any]:
-    if not data:
-        raise PredictorArtifactError("length predictor artifact is empty")
-    if not data.startswith(ARTIFACT_MAGIC):
-        raise PredictorArtifactError("not a length predictor artifact (bad header)")
-    try:
-        state = pickle.loads(data[len(ARTIFACT_MAGIC):])
-    except Exception as error:  # any unpickling failure means a corrupt artifact
-        raise PredictorArtifactError(f"length predictor artifact is corrupt: {error!r}") from error
-    if not isinstance(state, dict):
-        raise PredictorArtifactError("length predictor artifact is corrupt: not a state dict")
-    if state.get("format_version") != ARTIFACT_FORMAT_VERSION:
-        raise PredictorArtifactError(
-            f"length predictor artifact has format version {state.get('format_version')!r}; "
-            f"this build reads {ARTIFACT_FORMAT_VERSION} (retrain to replace it)"
-        )
-    if state.get("sklearn_version") != _sklearn_version():
-        raise PredictorArtifactError(
-            f"length predictor artifact was written with scikit-learn {state.get('sklearn_version')!r}, "
-            f"this build has {_sklearn_version()} (retrain to replace it)"
-        )
-    return state
 
 
 def _metrics(errors: Iterable[tuple[int, int]]) -> dict[str, float]:

@@ -7,6 +7,7 @@ connection, so everything a test does through HTTP is rolled back too.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import get_session
 from api.main import create_app
+from api.prompting import BaseModelTokenizer
 from api.services import build_services
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from tests.api.test_completions_support import ScriptedWorkers
 from tests.registry.db_fixtures import *
 
 ADMIN_KEY = "test-admin-key"
@@ -133,3 +136,24 @@ def copy_adapter(adapter_dir: Path, dest: Path) -> Path:
     for name in ADAPTER_FILES:
         shutil.copyfile(adapter_dir / name, dest / name)
     return dest
+
+
+def num_timer_threads(job_name: str) -> int:
+    """How many inline-job timers (jobs.usage_sweep.PeriodicJob threads) named `job_name` are running. The app's
+    lifespan starts its timers before a TestClient's __enter__ returns, so a count taken right after
+    make_client is final for that client: no waiting for a timer that might still start."""
+    return sum(t.name == f"lorahost-{job_name}" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.fixture
+def workers(client: TestClient) -> ScriptedWorkers:
+    """Scripted workers the client's API routes to (none until a test adds one)."""
+    scripted = ScriptedWorkers()
+    scripted.install(client)
+    return scripted
+
+
+@pytest.fixture
+def tokenizer(base_model_dir: Path) -> BaseModelTokenizer:
+    """The tiny demo base model's tokenizer, as the API loads it."""
+    return BaseModelTokenizer.load(base_model_dir)

@@ -29,8 +29,21 @@ def _scripted(client: TestClient) -> ScriptedWorkers:
     return workers
 
 
-def _later(delay_s: float, action: Callable[[], object]) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay_s), action()), daemon=True)
+def _once_waiting(client: TestClient, action: Callable[[], object], timeout_s: float = 60) -> threading.Thread:
+    """Run `action` on a thread as soon as a request is in the cold-start wait (the API's gauge says so), so
+    the action provably happens while the request waits, not before it got there."""
+    registry = client.app.state.services.metrics.registry  # type: ignore[attr-defined]
+
+    def run() -> None:
+        deadline = time.monotonic() + timeout_s
+        labels = {"base_model": BASE_MODEL}
+        while not registry.get_sample_value("lorahost_cold_start_waiting_requests", labels):
+            if time.monotonic() > deadline:
+                return  # the request never waited: the test's own assertions say so
+            time.sleep(0.01)
+        action()
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 
@@ -54,7 +67,7 @@ def test_request_before_any_worker_waits_for_one_and_succeeds(
     client = make_client(cold_start_timeout_s=60)
     tenant = new_tenant("early")
     workers = _scripted(client)
-    arrival = _later(0.5, lambda: workers.add("w-late"))
+    arrival = _once_waiting(client, lambda: workers.add("w-late"))
     response = _complete(client, tenant)
     arrival.join()
     assert response.status_code == 200, response.text
@@ -76,7 +89,7 @@ def test_worker_still_loading_holds_the_request_until_it_is_ready(
     workers.directory.heartbeat(loading, ttl_s=3600)
     assert client.get("/v1/ready").status_code == 503
     ready = WorkerRecord("w-loading", worker.url, BASE_MODEL, max_num_seqs=8, is_ready=True)
-    arrival = _later(0.5, lambda: workers.directory.heartbeat(ready, ttl_s=3600))
+    arrival = _once_waiting(client, lambda: workers.directory.heartbeat(ready, ttl_s=3600))
     response = _complete(client, tenant)
     arrival.join()
     assert response.status_code == 200, response.text
@@ -107,7 +120,7 @@ def test_refusing_workers_put_the_request_back_to_waiting_within_the_deadline(
     tenant = new_tenant("draining")
     workers = _scripted(client)
     draining = workers.add("w-draining", status_code=503, error_type="draining")
-    arrival = _later(0.5, lambda: workers.add("w-new", num_running=1))  # more loaded: chosen only after
+    arrival = _once_waiting(client, lambda: workers.add("w-new", num_running=1))  # more loaded: chosen only after
     response = _complete(client, tenant)
     arrival.join()
     assert response.status_code == 200, response.text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi.testclient import TestClient
@@ -21,6 +21,9 @@ from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from cluster.protocol import GenerateRequest
 from registry import repository
 from registry.models import AdapterVersion, UsageRecord
+
+if TYPE_CHECKING:
+    from tests.api.conftest import TenantHandle
 
 BASE_MODEL = "lorahost-base"
 
@@ -158,3 +161,12 @@ def sse_events(text: str) -> list[Any]:
             payload = block[len("data: ") :]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
+
+
+def complete(
+    client: TestClient, tenant: TenantHandle, path: str = "/v1/completions", **body: object
+) -> httpx.Response:
+    """POST a completion (the base model, "hello world" unless `body` says otherwise) as `tenant`."""
+    return client.post(
+        path, json={"model": BASE_MODEL, "prompt": "hello world", **body}, headers=tenant.headers
+    )

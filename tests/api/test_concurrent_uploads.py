@@ -6,13 +6,14 @@ from __future__ import annotations
 import sqlite3
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from api.main import create_app
 from registry.db import make_engine, make_session_factory
@@ -23,6 +24,7 @@ from tests.registry.upload_invariants import assert_no_orphans, assert_numbered_
 
 NUM_UPLOADS = 16
 NUM_SAME_NAME = 8  # the other uploads each use a name of their own
+WRITES = ("BEGIN IMMEDIATE", "UPDATE", "DELETE", "INSERT")  # statements that take SQLite's write lock (registry/db.py)
 
 
 @pytest.fixture
@@ -102,11 +104,24 @@ def test_delete_waits_for_a_concurrent_sqlite_writer_instead_of_failing(
     writer.execute(
         "INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t-other', 'other', 1, '2026-01-01')"
     )
-    with ThreadPoolExecutor(1) as pool:
-        deleted = pool.submit(client.delete, "/v1/adapters/doomed", headers=tenant.headers)
-        time.sleep(0.5)  # the delete has read (auth) and now needs the write lock this connection holds
-        writer.execute("COMMIT")
-        response = deleted.result()
+    is_writing = threading.Event()
+
+    def on_statement(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if threading.current_thread() is not main and statement.lstrip().upper().startswith(WRITES):
+            is_writing.set()
+
+    main = threading.current_thread()
+    event.listen(Engine, "before_cursor_execute", on_statement)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            deleted = pool.submit(client.delete, "/v1/adapters/doomed", headers=tenant.headers)
+            # the delete has read (auth) and now sends its first write, which needs the lock `writer` holds
+            assert is_writing.wait(timeout=60)
+            assert not deleted.done()
+            writer.execute("COMMIT")
+            response = deleted.result()
+    finally:
+        event.remove(Engine, "before_cursor_execute", on_statement)
     writer.close()
     assert response.status_code == 200, response.text
 

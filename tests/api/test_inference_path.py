@@ -18,13 +18,6 @@ from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
 
 
-@pytest.fixture
-def workers(client: TestClient) -> ScriptedWorkers:
-    scripted = ScriptedWorkers()
-    scripted.install(client)
-    return scripted
-
-
 def _complete(client: TestClient, tenant: TenantHandle, **body: object):  # type: ignore[no-untyped-def]
     return client.post("/v1/completions", json={"model": BASE_MODEL, "prompt": "hi", **body}, headers=tenant.headers)
 

@@ -23,7 +23,7 @@ from registry.predictor_training import run_predictor_training
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures
-from tests.api.conftest import ADMIN, TenantHandle
+from tests.api.conftest import ADMIN, TenantHandle, num_timer_threads
 from tests.api.test_completions_support import (
     BASE_MODEL,
     ScriptedWorkers,
@@ -34,13 +34,6 @@ from tests.api.test_completions_support import (
 from tests.registry.predictor_rows import MAX_TOKENS, MEDIANS, T0, RowSpec, distinct_specs, insert_rows
 
 LOGGER = "api.inference.learned_predictor"
-
-
-@pytest.fixture
-def workers(client: TestClient) -> ScriptedWorkers:
-    scripted = ScriptedWorkers()
-    scripted.install(client)
-    return scripted
 
 
 def _services(client: TestClient):  # type: ignore[no-untyped-def]
@@ -235,7 +228,7 @@ def test_a_corrupt_artifact_keeps_what_is_served_and_logs_a_warning_naming_the_k
     good = predictor.predict(_input("a"))
     assert 15 <= good <= 30
 
-    write_predictor(blob_store, "v3", _fitted_artifact("v3")[:-40], {"version": "v3"})  # truncated pickle
+    write_predictor(blob_store, "v3", _fitted_artifact("v3")[:-40], {"version": "v3"})  # truncated artifact
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert predictor.reload() is False
     assert "predictors/length/v3.bin" in _warnings(caplog)[-1] and "serving model v2" in _warnings(caplog)[-1]
@@ -323,7 +316,9 @@ def test_the_lifespan_timer_loads_the_newest_artifact(
     make_client: Callable[..., TestClient], blob_store: LocalBlobStore
 ) -> None:
     write_predictor(blob_store, "v1", _fitted_artifact("v1"), {"version": "v1"})
+    before = num_timer_threads("predictor-reload")
     predictor = _services(make_client(predictor_reload_interval_s=0.05)).predictor
+    assert num_timer_threads("predictor-reload") == before + 1
     assert _wait_for(lambda: predictor.model_version == "v1")
     write_predictor(blob_store, "v2", _fitted_artifact("v2"), {"version": "v2"})
     assert _wait_for(lambda: predictor.model_version == "v2")
@@ -333,8 +328,9 @@ def test_a_zero_reload_interval_never_reads_artifacts(
     make_client: Callable[..., TestClient], blob_store: LocalBlobStore
 ) -> None:
     write_predictor(blob_store, "v1", _fitted_artifact("v1"), {"version": "v1"})
+    before = num_timer_threads("predictor-reload")
     predictor = _services(make_client(predictor_reload_interval_s=0)).predictor
-    time.sleep(0.3)
+    assert num_timer_threads("predictor-reload") == before  # no timer: nothing will ever load the artifact
     assert predictor.model_version is None
 
 

@@ -20,13 +20,6 @@ from tests.api.conftest import TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version
 
 
-@pytest.fixture
-def workers(client: TestClient) -> ScriptedWorkers:
-    scripted = ScriptedWorkers()
-    scripted.install(client)
-    return scripted
-
-
 class RecordingRouter:
     def __init__(self, inner: object) -> None:
         self.inner = inner

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from api.ratelimit import InMemoryRateLimiter, RedisRateLimiter
 from registry.storage import LocalBlobStore
 from tests.api.conftest import ADMIN, TenantHandle, adapter_paths, upload
-from tests.registry.malformed import CONFIG, WEIGHTS, lora_config, write_raw_zip
+from tests.registry.upload_builders import CONFIG, WEIGHTS, lora_config, write_raw_zip
 
 NewTenant = Callable[[str], TenantHandle]
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from api.uploads import remove_abandoned_upload_dirs, upload_scratch_dir
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
-from tests.api.conftest import TenantHandle, adapter_paths, upload
+from tests.api.conftest import TenantHandle, adapter_paths, num_timer_threads, upload
 
 
 def test_upload_scratch_folders_live_under_the_data_dir_per_instance(tmp_path: Path) -> None:
@@ -60,7 +60,9 @@ def test_inline_timer_deletes_an_old_orphaned_staging_blob(
     blob_store.put_stream("uploads/no-row/adapter_config.json", io.BytesIO(b"{}"))
     blob_store.put_stream("other/kept.bin", io.BytesIO(b"."))
     os.utime(blob_store.root / "uploads/no-row/adapter_config.json", (0, 0))
+    before = num_timer_threads("upload-sweep")
     make_client(upload_sweep_interval_s=0.05, orphan_blob_min_age_s=60)
+    assert num_timer_threads("upload-sweep") == before + 1
     deadline = time.monotonic() + 30
     while blob_store.list_keys("uploads/") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -72,6 +74,7 @@ def test_a_zero_interval_turns_the_inline_upload_timer_off(
 ) -> None:
     blob_store.put_stream("uploads/no-row/adapter_config.json", io.BytesIO(b"{}"))
     os.utime(blob_store.root / "uploads/no-row/adapter_config.json", (0, 0))
+    before = num_timer_threads("upload-sweep")
     make_client(upload_sweep_interval_s=0)
-    time.sleep(0.3)
+    assert num_timer_threads("upload-sweep") == before  # no timer was started, so no sweep will ever run
     assert blob_store.list_keys() == ["uploads/no-row/adapter_config.json"]

@@ -22,9 +22,9 @@ from tests.registry.malformed import (
     TIGHT_LIMIT_CASES,
     TIGHT_LIMITS,
     VALID_CASES,
-    MalformedCase,
     validate_upload_files,
 )
+from tests.registry.upload_builders import MalformedCase
 
 TIGHT_SETTINGS = {
     "max_rank": TIGHT_LIMITS.max_rank,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.cluster.cluster_client import (
     BASE_MODEL,
     CLUSTER_ENV,
@@ -17,6 +19,8 @@ from tests.cluster.cluster_client import (
     usage_rows,
 )
 from tests.registry.db_fixtures import redis_url  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # starts a dev cluster: API, worker and Celery processes
 
 IDLE_S = 4.0
 SCALER_ENV = {

@@ -12,12 +12,15 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import text
 
 from lorahost.demo import setup_tenant
 from registry.db import make_engine
 from tests.cluster.cluster_client import CLUSTER_ENV, cluster_config
 from tests.registry.db_fixtures import PG_ADMIN_URL, redis_url  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # starts the dev-cluster command and every process it starts
 
 START_TIMEOUT_S = 180.0
 

@@ -20,6 +20,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from tests.cluster.cluster_client import (
     BASE_MODEL,
     Load,
@@ -31,6 +33,8 @@ from tests.cluster.cluster_client import (
     usage_rows,
 )
 from tests.registry.db_fixtures import redis_url  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # starts a dev cluster whose worker processes are killed
 
 NUM_ADAPTERS = 3
 NUM_LOAD_REQUESTS = 12

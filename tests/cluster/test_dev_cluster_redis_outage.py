@@ -25,6 +25,8 @@ from tests.cluster.cluster_client import (
 )
 from tests.registry.db_fixtures import require_service
 
+pytestmark = pytest.mark.slow  # starts a dev cluster and a Redis server process
+
 
 @dataclass
 class RedisServer:

@@ -23,6 +23,8 @@ from tests.cluster.cluster_client import (
 )
 from tests.registry.db_fixtures import redis_url  # noqa: F401 - fixture
 
+pytestmark = pytest.mark.slow  # starts a dev cluster whose workers are started and killed
+
 DEAD_WORKER_TTL_S = 30.0  # a killed worker stays in the routing view this long (its record's TTL)
 
 

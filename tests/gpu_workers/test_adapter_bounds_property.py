@@ -32,7 +32,7 @@ from registry.validation import (
 )
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry
-from tests.registry.malformed import lora_config, lora_tensors, safetensors_bytes, tensor_name
+from tests.registry.upload_builders import lora_config, lora_tensors, safetensors_bytes, tensor_name
 
 NEIGHBOUR = "adapter-02"  # a normal adapter on every module
 NUM_TOKENS = 5

@@ -155,15 +155,17 @@ def test_cancelling_the_caller_aborts_too(worker: RunningWorker) -> None:
     async def run(client: WorkerClient) -> None:
         stream = await client.open(_record(worker), _request("cancel-1", max_tokens=900))
 
+        is_streaming = asyncio.Event()
+
         async def consume() -> None:
             try:
                 async for _ in stream.events():
-                    pass
+                    is_streaming.set()
             finally:
                 await stream.aclose()
 
         task = asyncio.create_task(consume())
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(is_streaming.wait(), timeout=60)  # cancelled mid-stream, not before it began
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -15,6 +15,8 @@ from cluster.protocol import GenerateEvent, GenerateRequest
 from gpu_workers.testing import RunningWorker, worker_process
 from tests.services import REDIS_URL, redis_with_prefix
 
+pytestmark = pytest.mark.slow  # starts worker subprocesses (SIGTERM drain, refused start)
+
 
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:

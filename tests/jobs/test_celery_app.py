@@ -22,6 +22,8 @@ from registry import adapter_pipeline as pipeline
 from registry import repository
 from registry.settings import Settings
 
+pytestmark = pytest.mark.slow  # starts a Celery worker subprocess
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_START_TIMEOUT_S = 60
 JOB_TIMEOUT_S = 60

@@ -32,6 +32,8 @@ from lorahost.demo import free_port, setup_tenant, wait_ready
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord
 
+pytestmark = pytest.mark.slow  # starts lorahost serve subprocesses killed with SIGKILL
+
 NUM_STREAMS = 10
 MAX_TOKENS = 400
 KILL_AFTER_S = 1.5

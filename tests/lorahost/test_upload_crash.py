@@ -36,6 +36,8 @@ from registry.models import AdapterVersion, new_id
 from registry.settings import Settings
 from registry.storage import LocalBlobStore
 
+pytestmark = pytest.mark.slow  # starts lorahost serve subprocesses killed with SIGKILL
+
 ADMIN_KEY = "upload-crash-admin"
 WAIT_S = 180.0
 MIN_AGE_S = 2.0  # orphan blobs and stale versions: the states written "an hour ago" are far older

@@ -14,11 +14,9 @@ import pytest
 from registry import archive as archive_module
 from registry.archive import extract_archive, is_archive_name
 from registry.validation import MAX_CONFIG_BYTES, AdapterValidationError, ValidationLimits
-from tests.registry.malformed import (
+from tests.registry.malformed import MALFORMED_CASES, TIGHT_LIMIT_CASES, TIGHT_LIMITS
+from tests.registry.upload_builders import (
     CONFIG,
-    MALFORMED_CASES,
-    TIGHT_LIMIT_CASES,
-    TIGHT_LIMITS,
     WEIGHTS,
     MalformedCase,
     lora_config,

@@ -20,7 +20,12 @@ from registry.job_scratch import (
     remove_abandoned_job_dirs,
 )
 
-LATER = time.time() + 10 * MIN_ABANDONED_AGE_S  # every directory made by the test is old by then
+
+def later() -> float:
+    """A time at which every directory the test made so far is old (taken when called: a time fixed when the
+    module was imported is not later than directories made many minutes into a long run)."""
+    return time.time() + 10 * MIN_ABANDONED_AGE_S
+
 
 HOLDER = """
 import sys, time
@@ -48,6 +53,7 @@ def holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
         process.wait()
 
 
+@pytest.mark.slow  # starts and kills a job process
 def test_directory_of_a_killed_job_is_removed_and_a_live_one_is_kept(
     tmp_path: Path, holder: tuple[subprocess.Popen[str], Path]
 ) -> None:
@@ -56,16 +62,17 @@ def test_directory_of_a_killed_job_is_removed_and_a_live_one_is_kept(
         os.kill(process.pid, signal.SIGKILL)  # kill -9: no cleanup runs
         process.wait()
         assert dead.is_dir() and dead.name.startswith(JOB_DIR_PREFIX)
-        assert remove_abandoned_job_dirs(tmp_path, now=LATER) == [dead]
+        assert remove_abandoned_job_dirs(tmp_path, now=later()) == [dead]
         assert not dead.exists() and live.is_dir()
     assert not live.exists()  # the live job removed its own at its end
 
 
+@pytest.mark.slow  # starts and kills a job process
 def test_directory_of_a_job_running_in_another_process_is_kept(
     tmp_path: Path, holder: tuple[subprocess.Popen[str], Path]
 ) -> None:
     _, path = holder
-    assert remove_abandoned_job_dirs(tmp_path, now=LATER) == []
+    assert remove_abandoned_job_dirs(tmp_path, now=later()) == []
     assert (path / "adapter_model.safetensors").is_file()
 
 
@@ -77,7 +84,7 @@ def test_young_directories_and_other_entries_are_left_alone(tmp_path: Path) -> N
     file = tmp_path / f"{JOB_DIR_PREFIX}file"
     file.write_text("not a directory")
     assert remove_abandoned_job_dirs(tmp_path) == []
-    assert remove_abandoned_job_dirs(tmp_path, now=LATER) == [young]
+    assert remove_abandoned_job_dirs(tmp_path, now=later()) == [young]
     assert other.is_dir() and file.is_file()
 
 

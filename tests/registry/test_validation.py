@@ -7,13 +7,10 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from registry import validation
 from registry.validation import (
@@ -21,7 +18,6 @@ from registry.validation import (
     AdapterValidationError,
     BaseModelSpec,
     ValidationLimits,
-    bf16_to_float32,
     check_upload_filenames,
     parse_lora_tensor_name,
     read_safetensors_header,
@@ -29,24 +25,26 @@ from registry.validation import (
     validate_adapter_config,
     validate_adapter_dir,
 )
-from registry.validation import values as validation_values
 from tests.registry.malformed import (
-    DEMO_SPEC,
+    DEFAULT_LIMITS,
     MALFORMED_CASES,
     TIGHT_LIMIT_CASES,
     TIGHT_LIMITS,
     VALID_CASES,
+    assert_helpful,
+    validate_upload_files,
+)
+from tests.registry.upload_builders import (
+    DEMO_SPEC,
     WEIGHTS,
     MalformedCase,
+    config_json,
     lora_config,
     lora_tensors,
     safetensors_bytes,
-    tensor_name,
-    validate_upload_files,
     write_upload,
 )
 
-DEFAULT_LIMITS = ValidationLimits()
 NUM_DEMO_ADAPTERS = 5
 
 
@@ -56,12 +54,6 @@ def _refusal(case: MalformedCase, tmp_path: Path, limits: ValidationLimits) -> A
     with pytest.raises(AdapterValidationError) as excinfo:
         validate_upload_files(files, tmp_path / "work", DEMO_SPEC, limits)
     return excinfo.value
-
-
-def _assert_helpful(error: AdapterValidationError, code: str) -> None:
-    assert error.code == code, error.message
-    assert len(error.message) > 30 and error.code not in error.message  # a sentence, not a slug
-    assert str(error).startswith(code)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -123,12 +115,12 @@ def test_case_tables_are_large_and_ids_unique() -> None:
 
 @pytest.mark.parametrize("case", MALFORMED_CASES, ids=lambda c: c.case_id)
 def test_malformed_upload_is_refused_with_its_code(case: MalformedCase, tmp_path: Path) -> None:
-    _assert_helpful(_refusal(case, tmp_path, DEFAULT_LIMITS), case.expected_code)
+    assert_helpful(_refusal(case, tmp_path, DEFAULT_LIMITS), case.expected_code)
 
 
 @pytest.mark.parametrize("case", TIGHT_LIMIT_CASES, ids=lambda c: c.case_id)
 def test_upload_over_tight_limits_is_refused_with_its_code(case: MalformedCase, tmp_path: Path) -> None:
-    _assert_helpful(_refusal(case, tmp_path, TIGHT_LIMITS), case.expected_code)
+    assert_helpful(_refusal(case, tmp_path, TIGHT_LIMITS), case.expected_code)
 
 
 @pytest.mark.parametrize("limits", [DEFAULT_LIMITS, TIGHT_LIMITS], ids=["default", "tight"])
@@ -185,29 +177,25 @@ def test_rank_mismatch_names_both_ranks(tmp_path: Path) -> None:
 # Config parsing details
 
 
-def _config(**overrides: object) -> bytes:
-    return json.dumps(lora_config(**overrides)).encode()
-
-
 def test_rslora_scale_is_alpha_over_sqrt_rank() -> None:
-    info = validate_adapter_config(_config(rank=16, lora_alpha=8, use_rslora=True), DEMO_SPEC, DEFAULT_LIMITS)
+    info = validate_adapter_config(config_json(rank=16, lora_alpha=8, use_rslora=True), DEMO_SPEC, DEFAULT_LIMITS)
     assert info.scale == pytest.approx(2.0)
-    plain = validate_adapter_config(_config(rank=16, lora_alpha=8), DEMO_SPEC, DEFAULT_LIMITS)
+    plain = validate_adapter_config(config_json(rank=16, lora_alpha=8), DEMO_SPEC, DEFAULT_LIMITS)
     assert plain.scale == pytest.approx(0.5)
 
 
 def test_target_modules_accepts_full_paths_and_a_single_name() -> None:
     paths = ["model.layers.0.self_attn.q_proj", "mlp.down_proj", "q_proj"]
-    info = validate_adapter_config(_config(target_modules=paths), DEMO_SPEC, DEFAULT_LIMITS)
+    info = validate_adapter_config(config_json(target_modules=paths), DEMO_SPEC, DEFAULT_LIMITS)
     assert info.target_modules == ("q_proj", "down_proj")
-    single = validate_adapter_config(_config(target_modules="v_proj"), DEMO_SPEC, DEFAULT_LIMITS)
+    single = validate_adapter_config(config_json(target_modules="v_proj"), DEMO_SPEC, DEFAULT_LIMITS)
     assert single.target_modules == ("v_proj",)
 
 
 @pytest.mark.parametrize("peft_type", ["ADALORA", "LOHA", "LOKR", "PROMPT_TUNING", None, ["LORA"]])
 def test_other_peft_types_are_refused_by_name(peft_type: object) -> None:
     with pytest.raises(AdapterValidationError) as excinfo:
-        validate_adapter_config(_config(peft_type=peft_type), DEMO_SPEC, DEFAULT_LIMITS)
+        validate_adapter_config(config_json(peft_type=peft_type), DEMO_SPEC, DEFAULT_LIMITS)
     assert excinfo.value.code == "unsupported_peft_type"
     if isinstance(peft_type, str):
         assert peft_type in excinfo.value.message
@@ -216,23 +204,23 @@ def test_other_peft_types_are_refused_by_name(peft_type: object) -> None:
 @pytest.mark.parametrize("value", [True, "8", None, -1])
 def test_rank_must_be_a_positive_int(value: object) -> None:
     with pytest.raises(AdapterValidationError, match="invalid_rank"):
-        validate_adapter_config(_config(r=value), DEMO_SPEC, DEFAULT_LIMITS)
+        validate_adapter_config(config_json(r=value), DEMO_SPEC, DEFAULT_LIMITS)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), "16", True, None])
 def test_alpha_must_be_a_finite_positive_number(value: object) -> None:
     with pytest.raises(AdapterValidationError, match="invalid_alpha"):
-        validate_adapter_config(_config(lora_alpha=value), DEMO_SPEC, DEFAULT_LIMITS)
+        validate_adapter_config(config_json(lora_alpha=value), DEMO_SPEC, DEFAULT_LIMITS)
 
 
 @pytest.mark.parametrize("option", ["layer_replication", "target_parameters", "fan_in_fan_out"])
 def test_structure_changing_options_are_refused(option: str) -> None:
     with pytest.raises(AdapterValidationError, match="unsupported_config_option"):
-        validate_adapter_config(_config(**{option: [[0, 1]]}), DEMO_SPEC, DEFAULT_LIMITS)
+        validate_adapter_config(config_json(**{option: [[0, 1]]}), DEMO_SPEC, DEFAULT_LIMITS)
 
 
 def test_peft_null_defaults_are_accepted() -> None:
-    raw = _config(modules_to_save=None, rank_pattern={}, alpha_pattern={}, layer_replication=None, bias=None)
+    raw = config_json(modules_to_save=None, rank_pattern={}, alpha_pattern={}, layer_replication=None, bias=None)
     assert validate_adapter_config(raw, DEMO_SPEC, DEFAULT_LIMITS).rank == 4
 
 
@@ -243,12 +231,12 @@ def test_utf8_config_with_non_ascii_text_is_accepted_and_other_encodings_are_ref
     for raw in (text.encode("utf-16"), text.encode("utf-16-le"), text.encode("utf-8-sig"), latin1):
         with pytest.raises(AdapterValidationError) as excinfo:
             validate_adapter_config(raw, DEMO_SPEC, DEFAULT_LIMITS)
-        _assert_helpful(excinfo.value, "config_not_utf8")
+        assert_helpful(excinfo.value, "config_not_utf8")
         assert "must be UTF-8 JSON" in excinfo.value.message
 
 
 def test_oversized_config_is_refused() -> None:
-    raw = _config(notes="x" * (validation.MAX_CONFIG_BYTES + 1))
+    raw = config_json(notes="x" * (validation.MAX_CONFIG_BYTES + 1))
     with pytest.raises(AdapterValidationError, match="config_too_large"):
         validate_adapter_config(raw, DEMO_SPEC, DEFAULT_LIMITS)
 
@@ -321,114 +309,6 @@ def test_parse_lora_tensor_name_refuses_with_a_clear_code(name: str, code: str) 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Values: chunked finiteness, bf16, hashing
-
-
-def test_bf16_to_float32_shifts_into_the_high_half() -> None:
-    values = np.array([1.0, -2.5, 3.140625, np.inf, 0.0], dtype=np.float32)
-    bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
-    np.testing.assert_array_equal(bf16_to_float32(bf16), values)
-
-
-@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
-def test_nan_in_the_last_chunk_is_found_with_tiny_chunks(
-    dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(validation_values, "READ_CHUNK_BYTES", 6)  # not a multiple of 4: exercises alignment
-    tensors = lora_tensors()
-    tensors[tensor_name(1, "v_proj", "B")][-1, -1] = np.nan
-    files = write_upload(tmp_path, lora_config(), safetensors_bytes(tensors, dtype))
-    with pytest.raises(AdapterValidationError, match="non_finite_values"):
-        validate_upload_files(files, tmp_path / "work")
-
-
-def test_sha256_is_unchanged_by_chunk_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    files = write_upload(tmp_path, lora_config(), safetensors_bytes(lora_tensors(), "BF16"))
-    expected = hashlib.sha256(files[1].read_bytes()).hexdigest()
-    monkeypatch.setattr(validation_values, "READ_CHUNK_BYTES", 10)
-    assert validate_upload_files(files, tmp_path / "work").sha256 == expected
-
-
-def test_mixed_dtypes_are_refused(tmp_path: Path) -> None:
-    tensors = lora_tensors()
-    weights = safetensors_bytes(tensors, "F32", dtypes={tensor_name(0, "q_proj", "A"): "F16"})
-    files = write_upload(tmp_path, lora_config(), weights)
-    with pytest.raises(AdapterValidationError, match="mixed_dtypes"):
-        validate_upload_files(files, tmp_path / "work")
-
-
-def test_symlink_in_adapter_dir_is_refused(tmp_path: Path) -> None:
-    files = write_upload(tmp_path, lora_config(), safetensors_bytes(lora_tensors()))
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_bytes(files[0].read_bytes())
-    (adapter / WEIGHTS).symlink_to(files[1])
-    with pytest.raises(AdapterValidationError, match="unexpected_file"):
-        validate_adapter_dir(adapter, DEMO_SPEC, DEFAULT_LIMITS)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Fuzz: malformed bytes never crash with anything but AdapterValidationError
-
-_FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def _validate_weights_bytes(tmp_path: Path, weights: bytes) -> None:
-    adapter = tmp_path / "fuzz"
-    adapter.mkdir(exist_ok=True)
-    (adapter / "adapter_config.json").write_text(json.dumps(lora_config()))
-    (adapter / WEIGHTS).write_bytes(weights)
-    try:
-        validate_adapter_dir(adapter, DEMO_SPEC, DEFAULT_LIMITS)
-    except AdapterValidationError:
-        pass
-
-
-@_FUZZ
-@given(data=st.binary(max_size=2048))
-def test_random_bytes_as_safetensors_only_raise_validation_errors(tmp_path: Path, data: bytes) -> None:
-    _validate_weights_bytes(tmp_path, data)
-
-
-@_FUZZ
-@given(
-    header=st.recursive(
-        st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-        max_leaves=12,
-    ),
-    tail=st.binary(max_size=256),
-)
-def test_random_json_headers_only_raise_validation_errors(
-    tmp_path: Path, header: object, tail: bytes
-) -> None:
-    raw = json.dumps(header).encode()
-    _validate_weights_bytes(tmp_path, len(raw).to_bytes(8, "little") + raw + tail)
-
-
-_VALID_WEIGHTS = safetensors_bytes(lora_tensors(rank=2, modules=("q_proj",)))
-
-
-@_FUZZ
-@given(
-    edits=st.lists(st.tuples(st.integers(0, len(_VALID_WEIGHTS) - 1), st.integers(0, 255)), max_size=6),
-    cut=st.integers(0, len(_VALID_WEIGHTS)),
-)
-def test_corrupted_real_file_only_raises_validation_errors(tmp_path: Path, edits: list, cut: int) -> None:
-    data = bytearray(_VALID_WEIGHTS)
-    for position, value in edits:
-        data[position] = value
-    adapter = tmp_path / "fuzz"
-    adapter.mkdir(exist_ok=True)
-    (adapter / "adapter_config.json").write_text(json.dumps(lora_config(rank=2, modules=("q_proj",))))
-    (adapter / WEIGHTS).write_bytes(bytes(data[:cut] if cut else data))
-    try:
-        validate_adapter_dir(adapter, DEMO_SPEC, DEFAULT_LIMITS)
-    except AdapterValidationError:
-        pass
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Boundaries
 
 
@@ -440,145 +320,3 @@ def test_validation_modules_do_not_import_torch() -> None:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Numeric bounds (see registry.validation's docstring) and the base weight norms
-
-
-def _write_adapter(tmp_path: Path, config: dict, tensors: dict[str, np.ndarray], dtype: str = "F32") -> Path:
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps(config))
-    (adapter / WEIGHTS).write_bytes(safetensors_bytes(tensors, dtype))
-    return adapter
-
-
-def _uniform_update(rank: int, value: float, modules: tuple[str, ...] = ("q_proj",)) -> dict[str, np.ndarray]:
-    tensors = lora_tensors(rank=rank, modules=modules)
-    for array in tensors.values():
-        array[...] = value
-    return tensors
-
-
-def test_base_weight_norms_match_numpy_and_are_cached(base_model_dir: Path) -> None:
-    from safetensors.numpy import load_file
-
-    from registry.base_norms import base_weight_norms
-
-    weights = load_file(str(base_model_dir / "model.safetensors"))
-    norms = base_weight_norms(base_model_dir)
-    assert norms is not None and len(norms) == DEMO_SPEC.num_layers * len(SUPPORTED_TARGET_MODULES)
-    parent = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
-    for (layer, module), norm in norms.items():
-        expected = weights[f"model.layers.{layer}.{parent.get(module, 'mlp')}.{module}.weight"]
-        assert norm == pytest.approx(float(np.linalg.norm(expected.astype(np.float64))), rel=1e-6)
-    assert base_weight_norms(base_model_dir) is norms  # computed once per base model
-
-
-def test_base_weight_norms_are_none_without_safetensors(tmp_path: Path) -> None:
-    from registry.base_norms import base_weight_norms
-
-    assert base_weight_norms(tmp_path) is None
-
-
-def test_update_too_large_for_the_base_model_is_refused_with_the_ratio(
-    tmp_path: Path, base_model_dir: Path
-) -> None:
-    # every value 100: within the absolute bound (|A| = 100, |2 * B| = 200 <= 256) but the update bound
-    # 2 * ||B|| * ||A|| = 2 * 1600 * 1600 is ~4000x the tiny base's q_proj norm (~1.3)
-    adapter = _write_adapter(tmp_path, lora_config(modules=("q_proj",)), _uniform_update(4, 100.0))
-    spec = BaseModelSpec.from_model_dir(base_model_dir)
-    with pytest.raises(AdapterValidationError) as excinfo:
-        validate_adapter_dir(adapter, spec, DEFAULT_LIMITS)
-    _assert_helpful(excinfo.value, "update_too_large")
-    assert "layer 0 q_proj" in excinfo.value.message and "lora_alpha" in excinfo.value.message
-    # without readable base weights only the absolute bounds apply
-    assert validate_adapter_dir(adapter, DEMO_SPEC, DEFAULT_LIMITS).rank == 4
-
-
-@pytest.mark.parametrize(
-    ("rank", "alpha", "use_rslora"),
-    [
-        (8, 8, False),  # peft's defaults
-        (16, 32, False),
-        (256, 512, True),
-        (256, 4096, True),  # rsLoRA at rank 256 with alpha in the thousands: scale 256
-        (64, 4096, False),
-        (1, 1024, False),  # scale at the limit
-    ],
-)
-def test_realistic_adapters_pass_against_the_real_base_model(
-    tmp_path: Path, base_model_dir: Path, rank: int, alpha: int, use_rslora: bool
-) -> None:
-    """peft-style weights: A kaiming-uniform (bound 1/sqrt(in)), a trained update scale * B ~ N(0, 0.02)."""
-    rng = np.random.default_rng(rank)
-    modules = tuple(SUPPORTED_TARGET_MODULES)
-    scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
-    tensors = {}
-    for name, array in lora_tensors(rank=rank, modules=modules).items():
-        if ".lora_A." in name:
-            bound = 1 / math.sqrt(array.shape[1])
-            tensors[name] = rng.uniform(-bound, bound, array.shape).astype(np.float32)
-        else:
-            tensors[name] = rng.normal(0, 0.02 / max(scale, 1.0), array.shape).astype(np.float32)
-    config = lora_config(rank, modules, lora_alpha=alpha, use_rslora=use_rslora)
-    adapter = _write_adapter(tmp_path, config, tensors, "BF16")
-    info = validate_adapter_dir(adapter, BaseModelSpec.from_model_dir(base_model_dir), DEFAULT_LIMITS)
-    assert info.scale == pytest.approx(scale)
-
-
-def test_bounds_are_configurable_and_messages_name_the_limit(tmp_path: Path) -> None:
-    tensors = _uniform_update(4, 3.0)
-    adapter = _write_adapter(tmp_path, lora_config(modules=("q_proj",)), tensors)
-    assert validate_adapter_dir(adapter, DEMO_SPEC, DEFAULT_LIMITS).rank == 4
-    with pytest.raises(AdapterValidationError) as excinfo:
-        validate_adapter_dir(adapter, DEMO_SPEC, ValidationLimits(max_abs_weight=5.0))
-    _assert_helpful(excinfo.value, "weights_too_large")
-    assert "scale * lora_B" in excinfo.value.message and "6" in excinfo.value.message
-
-
-def test_alpha_and_scale_limits_name_the_formula() -> None:
-    with pytest.raises(AdapterValidationError) as excinfo:
-        validate_adapter_config(_config(rank=4, lora_alpha=4096, use_rslora=True), DEMO_SPEC, DEFAULT_LIMITS)
-    assert "sqrt(r)" in excinfo.value.message and "2048" in excinfo.value.message
-    limits = ValidationLimits(max_lora_alpha=64)
-    with pytest.raises(AdapterValidationError, match="alpha_too_large"):
-        validate_adapter_config(_config(rank=64, lora_alpha=128), DEMO_SPEC, limits)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# peft options that restrict where LoRA goes: layers_to_transform, layers_pattern, exclude_modules, task_type
-
-
-def _only(tensors: dict[str, np.ndarray], keep: Callable[[str], bool]) -> dict[str, np.ndarray]:
-    return {name: array for name, array in tensors.items() if keep(name)}
-
-
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"layers_to_transform": 1},
-        {"layers_to_transform": [1]},
-        {"layers_to_transform": [1], "layers_pattern": "layers"},
-    ],
-)
-def test_layers_to_transform_restricts_the_layers_with_weights(tmp_path: Path, options: dict) -> None:
-    tensors = _only(lora_tensors(), lambda name: ".layers.1." in name)
-    adapter = _write_adapter(tmp_path, lora_config(**options), tensors)
-    info = validate_adapter_dir(adapter, DEMO_SPEC, DEFAULT_LIMITS)
-    assert info.layers == (1,) and info.num_tensors == 4
-
-
-def test_exclude_modules_by_name_and_by_path(tmp_path: Path) -> None:
-    excluded = ("v_proj", ".layers.0.self_attn.q_proj")
-    tensors = _only(lora_tensors(), lambda name: not any(e in name for e in excluded))
-    config = lora_config(exclude_modules=["v_proj", "model.layers.0.self_attn.q_proj"])
-    info = validate_adapter_dir(_write_adapter(tmp_path, config, tensors), DEMO_SPEC, DEFAULT_LIMITS)
-    assert info.layers == (1,) and info.num_tensors == 2
-
-
-@pytest.mark.parametrize("task_type", [None, "CAUSAL_LM", "absent"])
-def test_causal_lm_or_no_task_type_is_accepted(task_type: str | None) -> None:
-    config = lora_config(task_type=task_type)
-    if task_type == "absent":
-        del config["task_type"]
-    assert validate_adapter_config(json.dumps(config).encode(), DEMO_SPEC, DEFAULT_LIMITS).rank == 4
