@@ -5,7 +5,7 @@ For API end-to-end tests (API inference engineer), e.g.:
     from gpu_workers.testing import worker_process, worker_in_thread
 
     def test_completion_streams(base_model_dir, tmp_path):
-        blob_dir = tmp_path / "blobs"                       # the API's blob store (settings.blob_store)
+        blob_dir = tmp_path / "blobs"                       # the API's blob store (settings.storage.blob_store)
         with worker_in_thread(base_model_dir, blob_dir) as w:  # or worker_process(...) for a real process
             w.url            # "http://127.0.0.1:<port>" (already /ready)
             w.internal_token # send `Authorization: Bearer <token>`; put it in services.internal_token
@@ -42,7 +42,7 @@ import httpx
 
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
 from cluster.protocol import INTERNAL_PREFIX, AdapterRef
-from registry.settings import Settings
+from settings import Settings
 
 # Small engine defaults so test workers start fast and use little memory.
 TEST_ENGINE_SETTINGS: dict[str, Any] = {

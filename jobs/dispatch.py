@@ -14,7 +14,7 @@ from registry.validation_job import run_validation_job
 if TYPE_CHECKING:
     from celery import Celery
 
-    from registry.settings import Settings
+    from settings import Settings
 
 VALIDATE_ADAPTER_TASK = "lorahost.validate_adapter_version"
 FAIL_STALE_VERSIONS_TASK = "lorahost.fail_stale_versions"
@@ -59,9 +59,9 @@ class CeleryJobs:
 
 
 def make_job_dispatcher(settings: Settings, ctx: AdapterJobContext) -> JobDispatcher:
-    """InlineJobs when `settings.is_inline_jobs`, else CeleryJobs over `make_celery(settings)`."""
-    if settings.is_inline_jobs:
+    """InlineJobs when `settings.jobs.is_inline_jobs`, else CeleryJobs over `make_celery(settings)`."""
+    if settings.jobs.is_inline_jobs:
         return InlineJobs(ctx)
     from jobs.celery_app import make_celery
 
-    return CeleryJobs(make_celery(settings), settings.celery_queue)
+    return CeleryJobs(make_celery(settings), settings.jobs.celery_queue)

@@ -17,7 +17,7 @@ from lorahost.tune_cli import tune as tune_command
 if TYPE_CHECKING:
     from api.services import Services
     from gpu_workers.embedded import EmbeddedWorker
-    from registry.settings import Settings
+    from settings import Settings
 
 app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
@@ -79,7 +79,7 @@ def db_upgrade(
 ) -> None:
     """Apply the Alembic migrations to the configured database."""
     from migrations.runner import upgrade
-    from registry.settings import Settings
+    from settings import Settings
 
     settings = Settings(**({"database_url": database_url} if database_url else {}))
     url = settings.resolved_database_url()
@@ -108,10 +108,10 @@ def serve(
 
     from api.main import create_app
     from api.services import build_services
+    from cluster.membership import InMemoryWorkerDirectory
     from gpu_workers.embedded import EmbeddedWorker
     from migrations.runner import upgrade
-    from cluster.membership import InMemoryWorkerDirectory
-    from registry.settings import Settings
+    from settings import Settings
 
     overrides = {"host": host, "port": port, "data_dir": data_dir, "base_model_path": base_model}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -125,7 +125,7 @@ def serve(
         settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
     # One embedded API per data dir: its usage rows keep one owner id across restarts, whatever the port.
     settings = settings.model_copy(
-        update={"api_instance_id": settings.resolved_api_instance_id(f"{socket.gethostname()}-embedded")}
+        update={"api_instance_id": settings.api.resolved_api_instance_id(f"{socket.gethostname()}-embedded")}
     )
     url = settings.resolved_database_url()
     _ensure_sqlite_dir(url)
@@ -142,11 +142,11 @@ def serve(
     _remove_abandoned_upload_dirs(services)
     _sweep_uploads(services)
     typer.echo(
-        f"lorahost: serving base model {settings.base_model_path} on http://{settings.host}:{settings.port} "
+        f"lorahost: serving base model {settings.base_model_path} on http://{settings.api.host}:{settings.api.port} "
         f"(in-process worker at {worker.url})"
     )
     try:
-        uvicorn.run(create_app(settings, services=services), host=settings.host, port=settings.port)
+        uvicorn.run(create_app(settings, services=services), host=settings.api.host, port=settings.api.port)
     finally:
         worker.stop()
         services.close()
@@ -168,24 +168,24 @@ def api_server(
     from api.main import create_app
     from api.services import build_services
     from cluster.membership import RedisWorkerDirectory
-    from registry.settings import Settings
+    from settings import Settings
 
     overrides = {"host": host, "port": port}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    if not settings.redis_url:
+    if not settings.storage.redis_url:
         raise typer.BadParameter("set LORAHOST_REDIS_URL (workers register there); or use `lorahost serve`")
     if not settings.internal_token:
         raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the secret the workers expect)")
     services = build_services(settings)
     services.worker_directory = RedisWorkerDirectory(
-        redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix
+        redis.Redis.from_url(settings.storage.redis_url), key_prefix=settings.worker.key_prefix
     )
     services.internal_token = settings.internal_token
     _close_interrupted_usage(services)
     _remove_abandoned_upload_dirs(services)
-    typer.echo(f"lorahost: API on http://{settings.host}:{settings.port}; workers from {_redact_redis(settings)}")
+    typer.echo(f"lorahost: API on http://{settings.api.host}:{settings.api.port}; workers from {_redact_redis(settings)}")
     try:
-        uvicorn.run(create_app(settings, services=services), host=settings.host, port=settings.port)
+        uvicorn.run(create_app(settings, services=services), host=settings.api.host, port=settings.api.port)
     finally:
         services.close()
 
@@ -193,7 +193,7 @@ def api_server(
 def _redact_redis(settings: Settings) -> str:
     from urllib.parse import urlsplit
 
-    parts = urlsplit(settings.redis_url or "")
+    parts = urlsplit(settings.storage.redis_url or "")
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
 
 
@@ -213,7 +213,7 @@ def worker(
     import logging
 
     from gpu_workers.server import run_worker
-    from registry.settings import Settings
+    from settings import Settings
 
     overrides = {
         "worker_host": host,
@@ -228,7 +228,7 @@ def worker(
         raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the shared secret API servers send)")
     if settings.base_model_path is None:
         raise typer.BadParameter("pass --base-model or set LORAHOST_BASE_MODEL_PATH")
-    if not settings.redis_url:
+    if not settings.storage.redis_url:
         typer.echo("lorahost worker: no LORAHOST_REDIS_URL; registered in memory only (direct calls only)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_worker(settings)
@@ -238,7 +238,7 @@ def _close_interrupted_usage(services: Services) -> None:
     """Before serving: close the usage rows this API's previous run left open (crash, kill -9) as interrupted."""
     from registry.usage import close_interrupted_usage
 
-    owner = services.settings.resolved_api_instance_id()
+    owner = services.settings.api.resolved_api_instance_id()
     with services.session_factory() as session:
         num_closed = close_interrupted_usage(session, owner)
     if num_closed:
@@ -293,7 +293,7 @@ def _announce_admin_key(settings: Settings) -> None:
     """Print a generated admin key once (only its hash is kept, in the data dir)."""
     from registry.keys import ADMIN_KEY_HASH_FILENAME, ensure_admin_key_hash
 
-    if settings.admin_key:
+    if settings.api.admin_key:
         return
     key = ensure_admin_key_hash(settings.data_dir)
     if key is None:

@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 from registry.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from registry.settings import Settings
+    from settings import Settings
 
 COPY_CHUNK_BYTES = 1024 * 1024
 
@@ -404,5 +404,5 @@ def make_blob_store(settings: Settings, location: str | None = None) -> BlobStor
     location = location or settings.resolved_blob_store()
     if location.startswith("s3://"):
         bucket, prefix = parse_s3_uri(location)
-        return S3BlobStore(bucket, prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
+        return S3BlobStore(bucket, prefix, endpoint_url=settings.storage.s3_endpoint_url, region=settings.storage.s3_region)
     return LocalBlobStore(Path(location))

@@ -9,7 +9,7 @@ import pytest
 from jobs.celery_app import make_celery
 from jobs.dispatch import VALIDATE_ADAPTER_TASK, CeleryJobs, InlineJobs, make_job_dispatcher
 from registry.adapter_pipeline import make_job_context
-from registry.settings import Settings
+from settings import Settings
 
 
 def test_inline_settings_give_inline_jobs(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from registry.settings import Settings
 from registry.storage import (
     BlobNotFoundError,
     BlobStore,
@@ -19,6 +18,7 @@ from registry.storage import (
     make_blob_store,
     parse_s3_uri,
 )
+from settings import Settings
 
 MIB = 1024 * 1024
 MULTIPART_CHUNK = 5 * MIB  # S3's minimum part size
