@@ -32,10 +32,14 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(extra="ignore", frozen=True)
 
-    data_dir: Path = Field(default=Path(".lorahost"), description="Embedded-mode state: DB, blobs, demo model")
+    data_dir: Path = Field(
+        default=Path(".lorahost"), description="Embedded-mode state: DB, blobs, demo model"
+    )
     base_model_path: Path | None = None
     base_model_name: str = "lorahost-base"
-    internal_token: str | None = Field(default=None, description="Shared secret for the worker's internal API")
+    internal_token: str | None = Field(
+        default=None, description="Shared secret for the worker's internal API"
+    )
 
     api: ApiSettings = Field(default_factory=ApiSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)

@@ -47,10 +47,14 @@ class ApiSettings(BaseModel):
         "model still loading, scale from zero) before it is refused with 503 + Retry-After",
     )
     cold_start_poll_interval_s: float = Field(
-        default=0.1, gt=0, description="API: how often a request waiting through a cold start re-reads the workers"
+        default=0.1,
+        gt=0,
+        description="API: how often a request waiting through a cold start re-reads the workers",
     )
     auth_cache_ttl_s: float = Field(
-        default=5.0, ge=0, description="API: verified keys cached per process; the revocation delay across replicas"
+        default=5.0,
+        ge=0,
+        description="API: verified keys cached per process; the revocation delay across replicas",
     )
     model_cache_ttl_s: float = Field(
         default=2.0, ge=0, description="API: resolved adapter versions cached per process (0 = off)"

@@ -17,7 +17,9 @@ class PlacementSettings(BaseModel):
 
     bucket_s: float = Field(default=60.0, gt=0, description="Demand history bucket length (seconds)")
     history_buckets: int = Field(
-        default=10, ge=1, description="Buckets of usage history the demand forecast (max of EWMA, last bucket) reads"
+        default=10,
+        ge=1,
+        description="Buckets of usage history the demand forecast (max of EWMA, last bucket) reads",
     )
     ewma_alpha: float = Field(default=0.5, gt=0, le=1, description="EWMA smoothing of the demand forecast")
     policy: str = Field(
@@ -26,9 +28,14 @@ class PlacementSettings(BaseModel):
         "(one holder per adapter, scheduler/placement_baselines.py)",
     )
     min_phi: float = Field(
-        default=0.05, ge=0, lt=0.5, description="Smallest routing weight of an adapter on a worker (smaller merge)"
+        default=0.05,
+        ge=0,
+        lt=0.5,
+        description="Smallest routing weight of an adapter on a worker (smaller merge)",
     )
-    key_prefix: str = Field(default="lorahost:placement:", description="Redis key prefix of the routing table")
+    key_prefix: str = Field(
+        default="lorahost:placement:", description="Redis key prefix of the routing table"
+    )
     worker_tokens_per_s: float = Field(
         default=1000.0,
         gt=0,
@@ -90,7 +97,9 @@ class ScalingSettings(BaseModel):
         description="Autoscaling: workers are sized for the peak demand of this window (no scale-down on shorter dips)",
     )
     max_waiting_per_worker: int = Field(
-        default=8, ge=1, description="Autoscaling: more waiting requests per live worker than this adds workers"
+        default=8,
+        ge=1,
+        description="Autoscaling: more waiting requests per live worker than this adds workers",
     )
 
     @model_validator(mode="after")

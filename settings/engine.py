@@ -105,7 +105,8 @@ class EngineSettings(BaseModel):
         "baseline: every later request for it copies it again, and prefetch hints last one step)",
     )
     enable_prefix_caching: bool = Field(
-        default=True, description="Reuse the KV of prompt prefixes shared by requests of the same adapter version"
+        default=True,
+        description="Reuse the KV of prompt prefixes shared by requests of the same adapter version",
     )
     host_adapter_cache_bytes: int = Field(
         default=2 << 30,
@@ -185,8 +186,15 @@ class EngineSettings(BaseModel):
         return None if value is None else cls._choice(value, KERNEL_FORMS[str(info.field_name)], info)
 
     @field_validator(
-        "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "adapter_cache_bytes",
-        "multiqueue_slo_s", "multiqueue_refresh_s", "multiqueue_max_queues", "adapter_link_gbps",
+        "kv_cache_bytes",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "num_kv_blocks",
+        "adapter_cache_bytes",
+        "multiqueue_slo_s",
+        "multiqueue_refresh_s",
+        "multiqueue_max_queues",
+        "adapter_link_gbps",
     )
     @classmethod
     def _check_positive(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -198,7 +206,9 @@ class EngineSettings(BaseModel):
     @classmethod
     def _check_not_negative(cls, value: int, info: ValidationInfo) -> int:
         if value < 0:
-            raise ValueError(f"{info.field_name} must be >= 0 (0 turns it off), got {value} ({cls._env(info)})")
+            raise ValueError(
+                f"{info.field_name} must be >= 0 (0 turns it off), got {value} ({cls._env(info)})"
+            )
         return value
 
     @classmethod

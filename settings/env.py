@@ -96,8 +96,8 @@ def _is_json_field(annotation: Any) -> bool:
     return origin in _JSON_ORIGINS or annotation in _JSON_ORIGINS
 
 
-def flat_env_sources(settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource) -> tuple[
-    PydanticBaseSettingsSource, ...
-]:
+def flat_env_sources(
+    settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource
+) -> tuple[PydanticBaseSettingsSource, ...]:
     """Constructor keywords first, then the flat environment names (no .env file, no secrets directory)."""
     return init_settings, FlatEnvSource(settings_cls)

@@ -17,7 +17,9 @@ class WorkerSettings(BaseModel):
 
     model_config = section_config("worker_")
 
-    backend: str = Field(default="native", description="Worker inference backend (a name in gpu_workers.builder.BACKENDS)")
+    backend: str = Field(
+        default="native", description="Worker inference backend (a name in gpu_workers.builder.BACKENDS)"
+    )
     host: str = Field(default="127.0.0.1", description="Worker bind address")
     port: int | None = Field(
         default=None,
@@ -25,18 +27,27 @@ class WorkerSettings(BaseModel):
         "in-process worker of `lorahost serve`",
     )
     advertise_url: str | None = Field(
-        default=None, description="URL API servers reach this worker at; default http://worker_host:worker_port"
+        default=None,
+        description="URL API servers reach this worker at; default http://worker_host:worker_port",
     )
     id: str | None = Field(default=None, description="Stable worker id; default <hostname>-<port>")
     key_prefix: str = Field(default="lorahost:workers:", description="Redis key prefix of worker membership")
     heartbeat_interval_s: float = Field(
-        default=2.0, gt=0, validation_alias="heartbeat_interval_s", description="Seconds between worker heartbeats"
+        default=2.0,
+        gt=0,
+        validation_alias="heartbeat_interval_s",
+        description="Seconds between worker heartbeats",
     )
     heartbeat_ttl_s: float | None = Field(
-        default=None, validation_alias="heartbeat_ttl_s", description="Membership TTL; default 3x the interval"
+        default=None,
+        validation_alias="heartbeat_ttl_s",
+        description="Membership TTL; default 3x the interval",
     )
     drain_timeout_s: float = Field(
-        default=30.0, ge=0, validation_alias="drain_timeout_s", description="Max wait for running requests on shutdown"
+        default=30.0,
+        ge=0,
+        validation_alias="drain_timeout_s",
+        description="Max wait for running requests on shutdown",
     )
     profile_path: Path | None = Field(
         default=None,
@@ -45,10 +56,15 @@ class WorkerSettings(BaseModel):
         "default model)",
     )
     host_cache_dir: Path | None = Field(
-        default=None, validation_alias="host_cache_dir", description="Worker adapter file cache; default data_dir/host_cache"
+        default=None,
+        validation_alias="host_cache_dir",
+        description="Worker adapter file cache; default data_dir/host_cache",
     )
     host_cache_max_bytes: int = Field(
-        default=8 << 30, gt=0, validation_alias="host_cache_max_bytes", description="Host adapter cache budget"
+        default=8 << 30,
+        gt=0,
+        validation_alias="host_cache_max_bytes",
+        description="Host adapter cache budget",
     )
 
     def resolved_port(self, default: int = DEFAULT_WORKER_PORT) -> int:

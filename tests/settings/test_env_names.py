@@ -14,7 +14,9 @@ from settings.env import flat_fields
 from settings.section import ENV_PREFIX, env_name
 
 OLD_NAMES = [
-    line for line in (Path(__file__).parent / "old_env_names.txt").read_text().splitlines() if not line.startswith("#")
+    line
+    for line in (Path(__file__).parent / "old_env_names.txt").read_text().splitlines()
+    if not line.startswith("#")
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

@@ -27,7 +27,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Each periodic job's interval -> (its Celery beat tasks, the API's inline timer starter).
 PERIODIC_JOBS = {
     "usage_sweep_interval_s": ({CLOSE_ORPHANED_USAGE_TASK}, api_main._start_usage_sweep),
-    "upload_sweep_interval_s": ({FAIL_STALE_VERSIONS_TASK, SWEEP_ORPHANED_BLOBS_TASK}, api_main._start_upload_sweep),
+    "upload_sweep_interval_s": (
+        {FAIL_STALE_VERSIONS_TASK, SWEEP_ORPHANED_BLOBS_TASK},
+        api_main._start_upload_sweep,
+    ),
     "predictor_training_interval_s": ({TRAIN_LENGTH_PREDICTOR_TASK}, api_main._start_predictor_training),
     "placement_interval_s": ({COMPUTE_PLACEMENT_TASK}, api_main._start_placement),
 }
@@ -35,12 +38,16 @@ PERIODIC_JOBS = {
 
 def test_importing_the_settings_loads_no_numpy_or_scipy() -> None:
     code = "import sys, settings; print(sorted({'numpy', 'scipy', 'torch'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
 def _readme_table_names() -> set[str]:
-    rows = [line for line in (REPO_ROOT / "README.md").read_text().splitlines() if line.startswith("| `LORAHOST_")]
+    rows = [
+        line for line in (REPO_ROOT / "README.md").read_text().splitlines() if line.startswith("| `LORAHOST_")
+    ]
     return {name for row in rows for name in re.findall(r"LORAHOST_[A-Z0-9_]*", row.split("|")[1])}
 
 
