@@ -198,7 +198,7 @@ def worker_process(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "lorahost.cli", "worker"],
-            env={**os.environ, **settings_env(settings)},
+            env={**os.environ, **settings.env_vars()},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -231,12 +231,3 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> i
             process.kill()
             process.wait()
     return int(process.returncode)
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """LORAHOST_* environment variables that rebuild these settings in a child process."""
-    env = {}
-    for name, value in settings.model_dump(exclude_none=True).items():
-        env[f"LORAHOST_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
-    return env
-

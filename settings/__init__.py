@@ -19,8 +19,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from settings.api import ApiSettings, LimitsSettings, RoutingSettings
 from settings.capacity import PlacementSettings, PredictorSettings, ScalingSettings
 from settings.engine import EngineSettings
-from settings.env import flat_env_sources, nest_flat
-from settings.section import flat_names
+from settings.env import env_text, flat_env_sources, flat_values, nest_flat
+from settings.section import env_name, flat_names
 from settings.storage import JobsSettings, MeteringSettings, StorageSettings
 from settings.worker import WorkerSettings
 
@@ -79,6 +79,12 @@ class Settings(BaseSettings):
                 value = section.model_copy(update={names[name]: item for name, item in value.items()})
             update[key] = value
         return self.model_copy(update=update)
+
+    def env_vars(self) -> dict[str, str]:
+        """LORAHOST_* environment variables that rebuild these settings in a child process (unset ones left out)."""
+        return {
+            env_name(flat): env_text(value) for flat, value in flat_values(self).items() if value is not None
+        }
 
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to a SQLite file inside data_dir."""

@@ -62,6 +62,27 @@ def nest_flat(settings_cls: type[BaseModel], values: Mapping[str, Any]) -> dict[
     return nested
 
 
+def flat_values(settings: BaseModel) -> dict[str, Any]:
+    """Every flat name -> its current value, for the settings object `settings` (the inverse of nest_flat)."""
+    values = {}
+    for flat, (section, _) in flat_fields(type(settings)).items():
+        holder = settings if section is None else getattr(settings, section)
+        name = flat if section is None else flat_names(type(holder))[flat]
+        values[flat] = getattr(holder, name)
+    return values
+
+
+def env_text(value: Any) -> str:
+    """A setting's value as environment text that reads back to it (JSON for mappings, commas for tuples)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
 class FlatEnvSource(PydanticBaseSettingsSource):
     """Reads LORAHOST_<FLAT NAME> for every flat name of the settings class, nested into sections."""
 

@@ -105,3 +105,15 @@ def test_updated_replaces_settings_by_flat_name_and_keeps_the_rest() -> None:
     copy = settings.updated(worker_advertise_url="http://w:1", data_dir=Path("/tmp/elsewhere"))
     assert (copy.worker.advertise_url, copy.worker.id, copy.engine.max_num_seqs) == ("http://w:1", "w1", 7)
     assert copy.data_dir == Path("/tmp/elsewhere") and settings.worker.advertise_url is None
+
+
+def test_env_vars_rebuild_the_same_settings_in_a_child_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(
+        worker_port=9001, engine_num_threads=1, engine_adapter_cache=False, import_allowed_buckets="a,b",
+        worker_operating_points={8: 900.0}, data_dir=Path("/tmp/x"),
+    )  # fmt: skip
+    env = settings.env_vars()
+    assert env["LORAHOST_WORKER_PORT"] == "9001" and env["LORAHOST_ENGINE_ADAPTER_CACHE"] == "false"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == settings
