@@ -275,7 +275,7 @@ def _coalescing_transport() -> httpx.AsyncHTTPTransport:
 
 class WorkerClient:
     """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy
-    (settings.router_policy via services.router; the default policy when none is given)."""
+    (settings.routing.policy via services.router; the default policy when none is given)."""
 
     def __init__(
         self,

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import get_session
 from api.main import create_app
 from api.services import build_services
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 from tests.registry.db_fixtures import *
 
 ADMIN_KEY = "test-admin-key"
