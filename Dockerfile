@@ -15,5 +15,6 @@ COPY gpu_workers gpu_workers
 COPY jobs jobs
 COPY migrations migrations
 COPY lorahost lorahost
+COPY settings settings
 RUN pip install --no-cache-dir --find-links wheels .
 ENTRYPOINT []

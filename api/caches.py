@@ -3,10 +3,10 @@
 Both caches are per API process, hold only successful lookups and expire entries after a TTL:
 
   auth cache   sha256(bearer key) -> TenantAuth (tenant id, active flag, rate limits, prefix-cache namespace), for
-               settings.auth_cache_ttl_s. A key revoked, a tenant disabled or re-planned through THIS
+               settings.api.auth_cache_ttl_s. A key revoked, a tenant disabled or re-planned through THIS
                process is dropped at once; on other API replicas the change takes effect within the TTL
                (that TTL is the revocation delay across replicas).
-  model cache  (tenant id, model ref) -> the resolved adapter version, for settings.model_cache_ttl_s.
+  model cache  (tenant id, model ref) -> the resolved adapter version, for settings.api.model_cache_ttl_s.
                An adapter deleted, or whose owner tenant is disabled, through this process is dropped at
                once; a new ready version, or a change made elsewhere, is seen within the TTL. Misses (unknown / not ready) are not cached,
                so a brand-new adapter is usable as soon as it is ready.

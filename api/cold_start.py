@@ -2,7 +2,7 @@
 loading its model, none is registered, or the cluster is scaling up from zero).
 
 A request whose base model has no ready worker waits, re-reading the worker directory every
-settings.cold_start_poll_interval_s, until one is ready or settings.cold_start_timeout_s has passed since it
+settings.api.cold_start_poll_interval_s, until one is ready or settings.api.cold_start_timeout_s has passed since it
 began waiting; then it runs, or is refused with 503 + Retry-After (`ColdStartTimeout`). A worker that refuses
 the request as unavailable (draining, overloaded, gone) puts it back to waiting within the same deadline.
 A client that disconnects while waiting ends the wait with `ClientDisconnected` (metered `aborted`, 0 tokens).
@@ -23,7 +23,7 @@ from api.disconnect import run_until_disconnect
 from api.metrics import ApiMetrics
 from api.worker_client import num_ready_workers
 from cluster.membership import WorkerRecord
-from registry.settings import Settings
+from settings import Settings
 
 ListRecords = Callable[[], Awaitable[list[WorkerRecord]]]
 
@@ -39,8 +39,8 @@ class ColdStartWait:
         self, settings: Settings, base_model: str, receive: Receive, metrics: ApiMetrics | None = None
     ) -> None:
         self.base_model = base_model
-        self.timeout_s = settings.cold_start_timeout_s
-        self.poll_interval_s = settings.cold_start_poll_interval_s
+        self.timeout_s = settings.api.cold_start_timeout_s
+        self.poll_interval_s = settings.api.cold_start_poll_interval_s
         self._receive = receive
         self._metrics = metrics
         self._started_s: float | None = None  # set when the request first has to wait

@@ -17,12 +17,12 @@ from starlette.concurrency import run_in_threadpool
 
 from api.caches import TenantAuth, key_digest
 from api.errors import ApiError
+from api.ratelimit import RateLimits
 from api.services import Services
 from registry import keys, repository
 from registry.models import Tenant
-from api.ratelimit import RateLimits
-from registry.settings import Settings
 from registry.storage import BlobStore
+from settings import Settings
 
 bearer_scheme = HTTPBearer(
     auto_error=False, description="Tenant key (lh_...) or, on /v1/admin, the admin key"
@@ -123,16 +123,16 @@ def require_admin(services: ServicesDep, credentials: BearerDep) -> None:
     if credentials is None:
         raise _unauthorized("missing admin key: send 'Authorization: Bearer <admin key>'")
     is_admin = keys.verify_admin_key(
-        credentials.credentials, admin_key=services.settings.admin_key, admin_key_hash=services.admin_key_hash
+        credentials.credentials, admin_key=services.settings.api.admin_key, admin_key_hash=services.admin_key_hash
     )
     if not is_admin:
         raise _unauthorized("this route needs the admin key (tenant keys are not accepted)")
 
 
 def require_metrics_access(services: ServicesDep, credentials: BearerDep) -> None:
-    """/metrics names workers: it needs the admin key or settings.metrics_token, unless the operator made it
-    public (settings.is_metrics_public)."""
-    if services.settings.is_metrics_public:
+    """/metrics names workers: it needs the admin key or settings.api.metrics_token, unless the operator made it
+    public (settings.api.is_metrics_public)."""
+    if services.settings.api.is_metrics_public:
         return
     if credentials is not None and _is_metrics_credential(services, credentials.credentials):
         return
@@ -144,11 +144,11 @@ def require_metrics_access(services: ServicesDep, credentials: BearerDep) -> Non
 
 def _is_metrics_credential(services: Services, presented: str) -> bool:
     """The metrics token (when set) or the admin key, compared in constant time."""
-    token = services.settings.metrics_token
+    token = services.settings.api.metrics_token
     if token and hmac.compare_digest(presented.encode(), token.encode()):
         return True
     return keys.verify_admin_key(
-        presented, admin_key=services.settings.admin_key, admin_key_hash=services.admin_key_hash
+        presented, admin_key=services.settings.api.admin_key, admin_key_hash=services.admin_key_hash
     )
 
 

@@ -1,5 +1,5 @@
 """The live workers as the API reads them: an in-process directory directly, a shared (Redis) one through the
-cached listing (cluster/worker_listing.py: read once per settings.worker_view_cache_s, the last listing while
+cached listing (cluster/worker_listing.py: read once per settings.routing.worker_view_cache_s, the last listing while
 it fails). The directory is published after the services are built, so callers pass the current one.
 """
 

@@ -23,12 +23,12 @@ from jobs.placement import http_dropper
 from jobs.usage_sweep import PeriodicJob, sweep_usage
 from registry.placement_job import run_placement
 from registry.predictor_training import run_predictor_training
-from registry.settings import Settings
 from registry.upload_sweeper import run_upload_sweeps
+from settings import Settings
 
 # /metrics holds aggregate counters and worker ids (no tenant, adapter or key data). Worker ids describe the
-# deployment, so by default it needs the admin key or settings.metrics_token (a Prometheus scrape config's
-# `authorization: {credentials: ...}`); settings.is_metrics_public opens it for private-network setups.
+# deployment, so by default it needs the admin key or settings.api.metrics_token (a Prometheus scrape config's
+# `authorization: {credentials: ...}`); settings.api.is_metrics_public opens it for private-network setups.
 metrics_router = APIRouter(tags=["metrics"])
 
 
@@ -100,11 +100,11 @@ def _start_usage_sweep(services: Services) -> PeriodicJob | None:
     """With inline jobs, close the open usage rows of dead workers and expired leases on a timer (Celery beat
     does it otherwise)."""
     settings = services.settings
-    if not settings.is_inline_jobs or settings.usage_sweep_interval_s <= 0:
+    if not settings.jobs.is_inline_jobs or settings.jobs.usage_sweep_interval_s <= 0:
         return None
     return PeriodicJob(
         "usage-sweep",
-        settings.usage_sweep_interval_s,
+        settings.jobs.usage_sweep_interval_s,
         lambda: _sweep_usage(services),
     ).start()
 
@@ -113,17 +113,17 @@ def _start_upload_sweep(services: Services) -> PeriodicJob | None:
     """With inline jobs, fail stale versions and delete orphaned upload blobs on a timer (registry/upload_sweeper.py;
     Celery beat does it otherwise)."""
     settings = services.settings
-    if not settings.is_inline_jobs or settings.upload_sweep_interval_s <= 0:
+    if not settings.jobs.is_inline_jobs or settings.jobs.upload_sweep_interval_s <= 0:
         return None
     return PeriodicJob(
-        "upload-sweep", settings.upload_sweep_interval_s, lambda: run_upload_sweeps(services.job_context)
+        "upload-sweep", settings.jobs.upload_sweep_interval_s, lambda: run_upload_sweeps(services.job_context)
     ).start()
 
 
 def _start_predictor_reload(services: Services) -> PeriodicJob | None:
-    """Load the newest length predictor artifact now and then every settings.predictor_reload_interval_s, on a
+    """Load the newest length predictor artifact now and then every settings.predictor.reload_interval_s, on a
     timer thread (never on the request path); none for another predictor or an interval of 0."""
-    interval_s = services.settings.predictor_reload_interval_s
+    interval_s = services.settings.predictor.reload_interval_s
     if not isinstance(services.predictor, LearnedLengthPredictor) or interval_s <= 0:
         return None
     return PeriodicJob("predictor-reload", interval_s, services.predictor.reload, is_run_at_start=True).start()
@@ -132,31 +132,31 @@ def _start_predictor_reload(services: Services) -> PeriodicJob | None:
 def _start_predictor_training(services: Services) -> PeriodicJob | None:
     """With inline jobs, train the length predictor on recent usage on a timer (Celery beat does it otherwise)."""
     settings = services.settings
-    if not settings.is_inline_jobs or settings.predictor_training_interval_s <= 0:
+    if not settings.jobs.is_inline_jobs or settings.jobs.predictor_training_interval_s <= 0:
         return None
     return PeriodicJob(
-        "predictor-training", settings.predictor_training_interval_s, lambda: _train_predictor(services)
+        "predictor-training", settings.jobs.predictor_training_interval_s, lambda: _train_predictor(services)
     ).start()
 
 
 def _start_routing_table_refresh(services: Services) -> PeriodicJob:
-    """Read the published routing table into memory now and every settings.routing_table_refresh_s (a failed
+    """Read the published routing table into memory now and every settings.routing.table_refresh_s (a failed
     read keeps the last copy), and publish this server's cold-start waiters for the autoscaler."""
     def refresh() -> None:
         services.routing_table.refresh()
         services.scaling.publish_waiting()
 
     return PeriodicJob(
-        "routing-table-refresh", services.settings.routing_table_refresh_s, refresh, is_run_at_start=True
+        "routing-table-refresh", services.settings.routing.table_refresh_s, refresh, is_run_at_start=True
     ).start()
 
 
 def _start_placement(services: Services) -> PeriodicJob | None:
     """With inline jobs, compute and publish the placement on a timer (Celery beat does it otherwise)."""
     settings = services.settings
-    if not settings.is_inline_jobs or settings.placement_interval_s <= 0:
+    if not settings.jobs.is_inline_jobs or settings.jobs.placement_interval_s <= 0:
         return None
-    return PeriodicJob("placement", settings.placement_interval_s, lambda: place(services)).start()
+    return PeriodicJob("placement", settings.jobs.placement_interval_s, lambda: place(services)).start()
 
 
 def place(services: Services) -> None:
@@ -172,7 +172,7 @@ def _train_predictor(services: Services) -> None:
     """One inline training; this process then serves the new model at once (when it reloads models at all)."""
     run = run_predictor_training(services.session_factory, services.blob_store, services.settings)
     predictor = services.predictor
-    is_reloading = services.settings.predictor_reload_interval_s > 0
+    is_reloading = services.settings.predictor.reload_interval_s > 0
     if run is not None and is_reloading and isinstance(predictor, LearnedLengthPredictor):
         predictor.reload()
 

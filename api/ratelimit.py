@@ -14,7 +14,7 @@ request that ends several ways releases exactly once (api/metering.py releases i
 is recorded, however it ended). A slot is a short lease renewed by its holder: `renew_slots` stamps every
 slot a process still holds with the current time (api/metering.py's writer thread renews the slots of the
 requests it holds open every `usage_checkpoint_interval_s`, beside their usage rows' leases: one Redis round
-trip for all), and a slot not renewed for `slot_lease_s` (settings.usage_lease_timeout_s, passed in where the
+trip for all), and a slot not renewed for `slot_lease_s` (settings.metering.lease_timeout_s, passed in where the
 limiter is built: api/services.py) stops counting. So the slots of a killed API process (kill -9, OOM, node
 loss) are free again within that lease, as are its usage rows. Renewal never re-creates a slot that was
 released or has expired (ZADD XX). Over the cap a request is refused at once (429 naming the limit) rather
@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 60
-# A held slot stops counting when its holder has not renewed it for this long (settings.usage_lease_timeout_s's
+# A held slot stops counting when its holder has not renewed it for this long (settings.metering.lease_timeout_s's
 # default; api/services.py passes the configured value).
 DEFAULT_SLOT_LEASE_S = 30.0
 

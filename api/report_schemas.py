@@ -35,7 +35,7 @@ class HeldoutAccuracy(PredictionAccuracyPublic):
 class PredictorModelPublic(BaseModel):
     """The length predictor this API process serves."""
 
-    kind: str  # settings.length_predictor: learned or max_tokens
+    kind: str  # settings.predictor.length_predictor: learned or max_tokens
     version: str  # the model version; "prior" before a trained model is loaded
     trained_at: datetime | None = None
     num_samples: int | None = None

@@ -1,11 +1,11 @@
 """Bounds on an inference request, checked before any expensive work so one tenant's huge or hostile body
 cannot hold the event loop (or memory) that other tenants' requests share.
 
-  body       at most settings.max_request_body_bytes (413). A declared Content-Length above it is refused
+  body       at most settings.limits.max_request_body_bytes (413). A declared Content-Length above it is refused
              before anything is read; otherwise (chunked, or no length) the bytes are counted as they arrive
              and reading stops at the limit.
   JSON       an object nested at most MAX_JSON_DEPTH levels (400); large bodies are parsed off the loop.
-  prompt     at most settings.max_prompt_tokens x settings.max_prompt_chars_per_token characters of prompt
+  prompt     at most settings.limits.max_prompt_tokens x settings.limits.max_prompt_chars_per_token characters of prompt
              (or chat message) text, and at most max_prompt_tokens token ids, before tokenizing (400): the
              exact token count is checked after tokenizing, this bound only keeps that tokenization small.
 """
@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect
 from api.errors import ApiError
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.prompting import PromptError
-from registry.settings import Settings
+from settings import Settings
 
 MAX_JSON_DEPTH = 64  # OpenAI request bodies nest a handful of levels (messages -> content parts -> part)
 MAX_INLINE_JSON_BYTES = 64 * 1024  # larger bodies are parsed in the threadpool, off the event loop
@@ -127,13 +127,13 @@ def num_prompt_ids(body: InferenceRequestBase) -> int:
 
 def check_prompt_bounds(body: InferenceRequestBase, settings: Settings) -> None:
     """Refuse (PromptError -> 400) a prompt that cannot fit max_prompt_tokens, before tokenizing it."""
-    max_tokens = settings.max_prompt_tokens
-    max_chars = max_tokens * settings.max_prompt_chars_per_token
+    max_tokens = settings.limits.max_prompt_tokens
+    max_chars = max_tokens * settings.limits.max_prompt_chars_per_token
     num_chars = prompt_chars(body)
     if num_chars > max_chars:
         raise PromptError(
             f"the prompt has {num_chars} characters; at most {max_chars} characters are accepted "
-            f"({max_tokens} tokens x {settings.max_prompt_chars_per_token} characters per token); "
+            f"({max_tokens} tokens x {settings.limits.max_prompt_chars_per_token} characters per token); "
             "shorten the prompt"
         )
     num_ids = num_prompt_ids(body)

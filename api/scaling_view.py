@@ -18,8 +18,8 @@ from api.metrics import ApiMetrics
 from cluster.membership import WorkerRecord
 from cluster.routing_table import CachedRoutingTable, ModelDemand, RoutingTable
 from cluster.waiting_requests import WaitingRequests
-from registry.settings import Settings
 from scheduler.scaling import BaseModelLoad, ScalingDecision, ScalingPolicy, decide_scaling
+from settings import Settings
 
 log = logging.getLogger(__name__)
 WAITING_TTL_PERIODS = 3  # a replica's published waiters live this many refresh periods
@@ -28,13 +28,13 @@ WAITING_TTL_PERIODS = 3  # a replica's published waiters live this many refresh 
 def scaling_policy(settings: Settings) -> ScalingPolicy:
     """The autoscaling policy from settings (scaling_*, scale_*, the capacity model)."""
     return ScalingPolicy(
-        operating_points=settings.resolved_operating_points(),
-        target_utilisation=settings.scaling_target_utilisation,
-        min_workers=settings.scaling_min_workers,
-        max_workers=settings.scaling_max_workers,
-        scale_to_zero_idle_s=settings.scale_to_zero_idle_s,
-        scale_down_cooldown_s=settings.scale_down_cooldown_s,
-        max_waiting_per_worker=settings.scaling_max_waiting_per_worker,
+        operating_points=settings.placement.resolved_operating_points(),
+        target_utilisation=settings.scaling.target_utilisation,
+        min_workers=settings.scaling.min_workers,
+        max_workers=settings.scaling.max_workers,
+        scale_to_zero_idle_s=settings.scaling.scale_to_zero_idle_s,
+        scale_down_cooldown_s=settings.scaling.scale_down_cooldown_s,
+        max_waiting_per_worker=settings.scaling.max_waiting_per_worker,
     )
 
 
@@ -97,8 +97,8 @@ class ScalingView:
     def publish_waiting(self) -> dict[str, int]:
         """Publish this API server's cold-start waiters (for the other replicas); returns them."""
         local = cold_start_waiting(self.metrics)
-        ttl_s = WAITING_TTL_PERIODS * self.settings.routing_table_refresh_s
-        self.waiting_requests.publish(self.settings.resolved_api_instance_id(), local, ttl_s)
+        ttl_s = WAITING_TTL_PERIODS * self.settings.routing.table_refresh_s
+        self.waiting_requests.publish(self.settings.api.resolved_api_instance_id(), local, ttl_s)
         return local
 
     def all_waiting(self) -> dict[str, int]:

@@ -39,10 +39,10 @@ from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.blob_locations import make_blob_store
 from registry.db import make_engine, make_session_factory
-from registry.settings import Settings
 from registry.storage import BlobStore
 from scheduler.router import Router, RouterOptions
 from scheduler.router_policies import make_router
+from settings import Settings
 
 
 @dataclass
@@ -56,20 +56,20 @@ class Services:
     jobs: JobDispatcher
     # the inference path (api/inference/)
     tokenizer: BaseModelTokenizer | None  # None: no base model configured (inference answers 503)
-    rate_limiter: RateLimiter  # Redis when settings.redis_url, else in memory
+    rate_limiter: RateLimiter  # Redis when settings.storage.redis_url, else in memory
     metrics: ApiMetrics  # worker gauges read from worker_directory at scrape time
     usage_ledger: UsageLedger
-    auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.auth_cache_ttl_s)
-    model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.model_cache_ttl_s)
-    router: Router  # the routing policy (settings.router_policy)
-    # the published placement (cluster/routing_table.py), refreshed every settings.routing_table_refresh_s by
+    auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.api.auth_cache_ttl_s)
+    model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.api.model_cache_ttl_s)
+    router: Router  # the routing policy (settings.routing.policy)
+    # the published placement (cluster/routing_table.py), refreshed every settings.routing.table_refresh_s by
     # the app lifespan; prepare.py reads RouteRequest.assigned_workers from this in-memory copy
     routing_table: CachedRoutingTable
     # requests waiting in cold starts on every API replica (the scale-from-zero signal)
     waiting_requests: WaitingRequests
     # the autoscaling decisions over the routing table, the live workers and the waiters (api/scaling_view.py)
     scaling: ScalingView
-    # the output-length prediction (api/inference/predict.py): settings.length_predictor (build_services); the
+    # the output-length prediction (api/inference/predict.py): settings.predictor.length_predictor (build_services); the
     # usage ledger tells it each finished request's true length (observe_output)
     predictor: OutputLengthPredictor = field(default_factory=MaxTokensPredictor)
     # the live workers of a shared (Redis) directory, read once per settings.resolved_worker_view_cache_s()
@@ -133,21 +133,21 @@ def build_services(
         usage_ledger=UsageLedger(
             session_factory,
             metrics,
-            api_instance_id=settings.resolved_api_instance_id(),
-            checkpoint_interval_s=settings.usage_checkpoint_interval_s,
+            api_instance_id=settings.api.resolved_api_instance_id(),
+            checkpoint_interval_s=settings.metering.checkpoint_interval_s,
             renew_slots=lambda slots: services.rate_limiter.renew_slots(slots),
             observe_output=lambda tenant_id, key, num_tokens: observe_output(
                 services.predictor, tenant_id, key, num_tokens
             ),
         ),
-        auth_cache=TtlCache(settings.auth_cache_ttl_s),
-        model_cache=TtlCache(settings.model_cache_ttl_s),
-        router=make_router(settings.router_policy, router_options(settings)),
+        auth_cache=TtlCache(settings.api.auth_cache_ttl_s),
+        model_cache=TtlCache(settings.api.model_cache_ttl_s),
+        router=make_router(settings.routing.policy, router_options(settings)),
         routing_table=routing_table,
         waiting_requests=waiting_requests,
         scaling=ScalingView(settings, metrics, routing_table, waiting_requests, list_workers),
         predictor=make_length_predictor(settings, blob_store),
-        admin_key_hash=None if settings.admin_key else keys.read_admin_key_hash(settings.data_dir),
+        admin_key_hash=None if settings.api.admin_key else keys.read_admin_key_hash(settings.data_dir),
         engine=engine,
         worker_listing=CachedWorkerListing(settings.resolved_worker_view_cache_s()),
     )
@@ -157,7 +157,7 @@ def build_services(
 
 def router_options(settings: Settings) -> RouterOptions:
     """What the routing policies read from settings."""
-    return RouterOptions(slo_tpot_ms=settings.router_slo_tpot_ms, cold_fetch_ms=settings.router_cold_fetch_ms)
+    return RouterOptions(slo_tpot_ms=settings.routing.slo_tpot_ms, cold_fetch_ms=settings.routing.cold_fetch_ms)
 
 
 def observe_output(
@@ -173,23 +173,23 @@ def observe_output(
 def make_rate_limiter(settings: Settings, clock: Callable[[], float] = time.time) -> RateLimiter:
     """Redis-backed limits shared by every API replica when Redis is configured, else process-local ones; a
     concurrent-request slot not renewed for usage_lease_timeout_s stops counting (its holder is gone)."""
-    if settings.redis_url:
+    if settings.storage.redis_url:
         import redis
 
         return RedisRateLimiter(
-            redis.Redis.from_url(settings.redis_url),
-            key_prefix=f"{settings.celery_key_prefix}lorahost:rl:",
+            redis.Redis.from_url(settings.storage.redis_url),
+            key_prefix=f"{settings.jobs.celery_key_prefix}lorahost:rl:",
             clock=clock,
-            slot_lease_s=settings.usage_lease_timeout_s,
+            slot_lease_s=settings.metering.lease_timeout_s,
         )
-    return InMemoryRateLimiter(clock, slot_lease_s=settings.usage_lease_timeout_s)
+    return InMemoryRateLimiter(clock, slot_lease_s=settings.metering.lease_timeout_s)
 
 
 def make_waiting_requests(settings: Settings) -> WaitingRequests:
     """Shared across API replicas in Redis when configured, else this process's counts."""
-    if settings.redis_url:
+    if settings.storage.redis_url:
         import redis
 
-        prefix = f"{settings.celery_key_prefix}{settings.placement_key_prefix}waiting:"
-        return RedisWaitingRequests(redis.Redis.from_url(settings.redis_url), prefix)
+        prefix = f"{settings.jobs.celery_key_prefix}{settings.placement.key_prefix}waiting:"
+        return RedisWaitingRequests(redis.Redis.from_url(settings.storage.redis_url), prefix)
     return LocalWaitingRequests()

@@ -5,7 +5,7 @@ and file names are checked before any adapter file is written. A client that dis
 its upload: nothing is stored, and one info line is logged (no traceback).
 
 Scratch space: each upload gets a folder under `upload_scratch_dir(settings)`, one parent per API instance
-(settings.api_instance_id), removed when the request ends. A process killed mid-upload leaves its folder
+(settings.api.api_instance_id), removed when the request ends. A process killed mid-upload leaves its folder
 behind; `remove_abandoned_upload_dirs` empties the instance's parent when the instance starts again (nothing
 of the new process is in it yet). The multipart parser's own spool files are anonymous (unlinked on
 creation), so a kill leaves nothing of them.
@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 
 from api.errors import ApiError
 from registry.adapter_pipeline import check_incoming_names, safe_basename
-from registry.settings import Settings
+from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ReceivedUpload:
 
 def upload_scratch_dir(settings: Settings) -> Path:
     """This API instance's parent folder of upload scratch folders (created if missing)."""
-    instance = re.sub(r"[^A-Za-z0-9._-]", "_", settings.resolved_api_instance_id())
+    instance = re.sub(r"[^A-Za-z0-9._-]", "_", settings.api.resolved_api_instance_id())
     path = settings.resolved_upload_tmp_dir() / instance
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -147,7 +147,7 @@ class _NoEvents:
 
 class WorkerClient:
     """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy
-    (settings.router_policy via services.router; the default policy when none is given)."""
+    (settings.routing.policy via services.router; the default policy when none is given)."""
 
     def __init__(
         self,

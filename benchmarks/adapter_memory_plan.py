@@ -41,6 +41,8 @@ def engine_config_fields() -> frozenset[str]:
     """Keyword names the EngineConfig of this build accepts."""
     from gpu_workers.config import EngineConfig
 
+    if hasattr(EngineConfig, "model_fields"):  # a pydantic model since the settings sections
+        return frozenset(EngineConfig.model_fields)
     return frozenset(f.name for f in dataclasses.fields(EngineConfig))
 
 

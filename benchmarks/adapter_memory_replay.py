@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from serving_metrics import pct  # one percentile definition for every benchmark
 
 STAT_KEYS = (
@@ -308,7 +309,7 @@ def run_one(spec_path: str) -> int:
     spec = _load_spec(Path(spec_path))
     try:
         result = calibrate(spec) if spec.get("mode") == "calibrate" else replay(spec)
-    except TypeError as exc:  # an EngineConfig keyword this build lacks (the parent normally catches it)
+    except (TypeError, ValidationError) as exc:  # an EngineConfig keyword this build lacks (the parent catches it)
         result = {"skipped": f"EngineConfig rejected the overrides: {exc}"}
     print("RESULT " + json.dumps(result), flush=True)
     return 0

@@ -2,7 +2,7 @@
 
 The autoscaling signal for scale-from-zero (api/scaling_view.py): a request that waits on one replica must
 count whichever replica the autoscaler polls. Each API server publishes its counts every
-settings.routing_table_refresh_s under its own key with a TTL (a dead replica's counts expire with it);
+settings.routing.table_refresh_s under its own key with a TTL (a dead replica's counts expire with it);
 `RedisWaitingRequests.totals` sums the live keys. `LocalWaitingRequests` serves one process (embedded mode).
 """
 

@@ -1,7 +1,7 @@
 """The API's cached view of the live workers: one directory read per `ttl_s`, not one per request.
 
 `CachedWorkerListing.list_live(directory)` returns the directory's live records, read at most once per
-`ttl_s` (settings.worker_view_cache_s, well under the heartbeat TTL: a worker that stops heartbeating leaves
+`ttl_s` (settings.routing.worker_view_cache_s, well under the heartbeat TTL: a worker that stops heartbeating leaves
 the view at most `ttl_s` after its record expires). When the directory raises (Redis briefly unavailable),
 routing goes on from the last listing read, however old, and the outage is logged once (its end too); the
 directory is retried once per `ttl_s` meanwhile. With no listing yet, the view is empty (requests wait as in

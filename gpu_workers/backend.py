@@ -1,6 +1,6 @@
 """The interface the worker service talks to; the native engine and (later) a vLLM backend implement it.
 
-Backends are chosen by name (settings.worker_backend) in gpu_workers/builder.py `BACKENDS`, the only place
+Backends are chosen by name (settings.worker.backend) in gpu_workers/builder.py `BACKENDS`, the only place
 that picks one: a new backend implements this protocol and adds one entry there.
 """
 

@@ -1,6 +1,6 @@
 """Building a worker from Settings: the backend, the service, the membership directory and the runtime.
 
-The only place that picks the inference backend: `BACKENDS` maps a name (`settings.worker_backend`,
+The only place that picks the inference backend: `BACKENDS` maps a name (`settings.worker.backend`,
 LORAHOST_WORKER_BACKEND; default "native") to a factory returning an `InferenceBackend`
 (gpu_workers/backend.py). A new backend (e.g. vLLM) is one module implementing that protocol plus one entry
 here; the runtime, the HTTP app and the server do not change.
@@ -22,7 +22,7 @@ from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.runtime import WorkerRuntime
 from gpu_workers.worker_service import WorkerService
-from registry.settings import Settings
+from settings import Settings
 
 if TYPE_CHECKING:
     from gpu_workers.config import EngineConfig
@@ -42,11 +42,11 @@ BACKENDS: Mapping[str, BackendFactory] = MappingProxyType({"native": _native_bac
 
 
 def backend_factory(settings: Settings) -> BackendFactory:
-    """The factory named by settings.worker_backend; ValueError naming the choices when it is unknown."""
-    factory = BACKENDS.get(settings.worker_backend)
+    """The factory named by settings.worker.backend; ValueError naming the choices when it is unknown."""
+    factory = BACKENDS.get(settings.worker.backend)
     if factory is None:
         raise ValueError(
-            f"unknown worker backend {settings.worker_backend!r}: set LORAHOST_WORKER_BACKEND to one of "
+            f"unknown worker backend {settings.worker.backend!r}: set LORAHOST_WORKER_BACKEND to one of "
             f"{', '.join(sorted(BACKENDS))}"
         )
     return factory
@@ -62,24 +62,24 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
         raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
     blob_store = make_blob_store(settings)
     host_cache = HostAdapterCache(
-        settings.resolved_host_cache_dir(), blob_store.download_to, max_bytes=settings.host_cache_max_bytes
+        settings.resolved_host_cache_dir(), blob_store.download_to, max_bytes=settings.worker.host_cache_max_bytes
     )
     return WorkerService(
         build_backend(settings),
         host_cache,
         worker_id=worker_id,
         base_model=settings.base_model_name,
-        max_num_seqs=settings.engine_max_num_seqs,
+        max_num_seqs=settings.engine.max_num_seqs,
         perf_model=load_perf_profile(settings),
     )
 
 
 def load_perf_profile(settings: Settings) -> dict[str, Any] | None:
-    """The model of the profile at settings.worker_profile_path (what heartbeats publish: the fit, not the raw
+    """The model of the profile at settings.worker.profile_path (what heartbeats publish: the fit, not the raw
     samples), or None when unset; ValueError saying what to do when it cannot be read."""
     from scheduler.perf_model import PerfModel
 
-    path = settings.worker_profile_path
+    path = settings.worker.profile_path
     if path is None:
         return None
     try:
@@ -93,63 +93,37 @@ def load_perf_profile(settings: Settings) -> dict[str, Any] | None:
 
 
 def engine_config_from_settings(settings: Settings) -> EngineConfig:
-    """The frozen EngineConfig of the native engine."""
+    """The frozen EngineConfig of the native engine: the settings' engine section for the base model and the
+    adapter rank limit."""
     from gpu_workers.config import EngineConfig
 
-    return EngineConfig(
-        model_path=settings.base_model_path,  # type: ignore[arg-type]
-        dtype=settings.engine_dtype,
-        device=settings.engine_device,
-        kv_cache_bytes=settings.engine_kv_cache_bytes,
-        num_kv_blocks=settings.engine_num_kv_blocks,
-        max_num_seqs=settings.engine_max_num_seqs,
-        max_num_batched_tokens=settings.engine_max_num_batched_tokens,
-        max_model_len=settings.engine_max_model_len,
-        max_lora_rank=settings.max_rank,
-        adapter_cache_bytes=settings.engine_adapter_cache_bytes,
-        memory_mode=settings.engine_memory_mode,
-        host_adapter_cache_bytes=settings.engine_host_adapter_cache_bytes,
-        batch_policy=settings.engine_batch_policy,
-        fair_share=settings.engine_fair_share,
-        fair_share_reserved_seqs=settings.engine_fair_share_reserved_seqs,
-        multiqueue_slo_s=settings.engine_multiqueue_slo_s,
-        multiqueue_refresh_s=settings.engine_multiqueue_refresh_s,
-        multiqueue_max_queues=settings.engine_multiqueue_max_queues,
-        adapter_eviction_policy=settings.adapter_eviction_policy,
-        is_caching_idle_adapters=settings.engine_adapter_cache,
-        enable_prefix_caching=settings.engine_enable_prefix_caching,
-        num_threads=settings.engine_num_threads,
-        adapter_link_gbps=settings.engine_adapter_link_gbps,
-        cpu_prefill_workers=settings.engine_cpu_prefill_workers,
-        fp32_prefill_gemms=settings.engine_fp32_prefill_gemms,
-        kernel_choices_path=settings.engine_kernel_choices_path,
-        prefill_gemm=settings.engine_prefill_gemm,
-        decode_attention=settings.engine_decode_attention,
-        decode_lora_form=settings.engine_decode_lora_form,
-        lora_kernel=settings.engine_lora_kernel,
+    if settings.base_model_path is None:
+        raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
+    return EngineConfig.from_section(
+        settings.engine, model_path=settings.base_model_path, max_lora_rank=settings.limits.max_rank
     )
 
 
 def advertise_url(settings: Settings, port: int) -> str:
-    """The URL API servers use: settings.worker_advertise_url, else http://<host>:<port>."""
-    if settings.worker_advertise_url:
-        return settings.worker_advertise_url.rstrip("/")
-    host = settings.worker_host
+    """The URL API servers use: settings.worker.advertise_url, else http://<host>:<port>."""
+    if settings.worker.advertise_url:
+        return settings.worker.advertise_url.rstrip("/")
+    host = settings.worker.host
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
     return f"http://{host}:{port}"
 
 
 def make_directory(settings: Settings) -> WorkerDirectory:
-    """RedisWorkerDirectory when settings.redis_url is set, else a process-local in-memory one."""
-    if not settings.redis_url:
+    """RedisWorkerDirectory when settings.storage.redis_url is set, else a process-local in-memory one."""
+    if not settings.storage.redis_url:
         return InMemoryWorkerDirectory()
     import redis
 
     from cluster.membership import RedisWorkerDirectory
 
     return RedisWorkerDirectory(
-        redis.Redis.from_url(settings.redis_url), key_prefix=settings.worker_key_prefix
+        redis.Redis.from_url(settings.storage.redis_url), key_prefix=settings.worker.key_prefix
     )
 
 
@@ -158,19 +132,19 @@ def make_runtime(
 ) -> WorkerRuntime:
     """A runtime for a worker listening on `sock` (its id defaults to <hostname>-<port>).
 
-    An unknown settings.worker_backend or an unreadable worker_profile_path fails here, before the server
+    An unknown settings.worker.backend or an unreadable worker_profile_path fails here, before the server
     starts, not later in /ready.
     """
     backend_factory(settings)
     load_perf_profile(settings)  # a bad profile fails here too, not in /ready
     port = sock.getsockname()[1]
-    worker_id = settings.worker_id or f"{socket.gethostname()}-{port}"
+    worker_id = settings.worker.id or f"{socket.gethostname()}-{port}"
     return WorkerRuntime(
         lambda: build_worker_service(settings, worker_id=worker_id),
         internal_token=internal_token,
         url=advertise_url(settings, port),
         directory=directory,
-        heartbeat_interval_s=settings.heartbeat_interval_s,
-        heartbeat_ttl_s=settings.resolved_heartbeat_ttl_s(),
-        drain_timeout_s=settings.drain_timeout_s,
+        heartbeat_interval_s=settings.worker.heartbeat_interval_s,
+        heartbeat_ttl_s=settings.worker.resolved_heartbeat_ttl_s(),
+        drain_timeout_s=settings.worker.drain_timeout_s,
     )

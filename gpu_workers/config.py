@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
+from pydantic import ValidationInfo, field_validator
 
-from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
-from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
+from settings.engine import DTYPE_NAMES, EngineSettings
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 # Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.
 DEFAULT_NUM_ADAPTERS_ROOM = 64
-MEMORY_MODES = ("unified", "static")  # see EngineConfig
-# Forced kernel choices (gpu_workers/kernel_plan.py): setting -> its forms (= the ops' forms in gpu_workers/layers/)
-KERNEL_FORMS = {
-    "prefill_gemm": ("packed", "fp32_upcast", "plain"),
-    "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel"),
-    "decode_lora_form": ("segmented", "stacked", "kernel"),
-}
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Everything the native engine needs; validated at construction.
+class EngineConfig(EngineSettings):
+    """Everything the native engine needs: the engine section of the settings (settings/engine.py: every
+    operator knob, validated there) plus the model path, the rank limit and knobs only code sets; validated at
+    construction (a ValueError naming the field), frozen.
 
     KV memory: `num_kv_blocks` wins when set, else `kv_cache_bytes` is divided into blocks.
     `max_num_batched_tokens` is the per-step token budget (prefill chunks + decodes).
@@ -89,91 +81,32 @@ class EngineConfig:
     device's own threads otherwise.
     """
 
-    model_path: Path | str
-    dtype: str = "auto"
-    device: str = "auto"
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_bytes: int = 1 << 30
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
-    max_model_len: int | None = None
+    model_path: Path
     max_lora_rank: int = 256
-    adapter_cache_bytes: int | None = None
-    memory_mode: str = "unified"
-    batch_policy: str = "fifo"
-    fair_share: bool = True
-    fair_share_reserved_seqs: int = 1
-    multiqueue_slo_s: float = DEFAULT_SLO_S
-    multiqueue_refresh_s: float = DEFAULT_REFRESH_S
-    multiqueue_max_queues: int = DEFAULT_MAX_QUEUES
-    adapter_eviction_policy: str = DEFAULT_EVICTION_POLICY
-    is_caching_idle_adapters: bool = True
-    enable_prefix_caching: bool = True
-    num_threads: int | None = None
+    block_size: int = 16
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
-    fp32_prefill_gemms: bool | None = None
-    kernel_choices_path: Path | None = None
-    prefill_gemm: str | None = None
-    decode_attention: str | None = None
-    decode_lora_form: str | None = None
-    lora_kernel: bool | None = None
     tune_host_malloc: bool = True
-    host_adapter_cache_bytes: int = 2 << 30
-    adapter_link_gbps: float | None = None
-    cpu_prefill_workers: int = 2
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "model_path", Path(self.model_path))
-        if self.dtype not in (*DTYPES, "auto"):
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_lora_rank", "kv_cache_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.memory_mode not in MEMORY_MODES:
-            raise ValueError(f"memory_mode must be one of {list(MEMORY_MODES)}, got {self.memory_mode!r}")
-        if self.fair_share_reserved_seqs < 0:
-            raise ValueError(f"fair_share_reserved_seqs must be >= 0, got {self.fair_share_reserved_seqs}")
-        if self.lora_stack_cache_size < 0:
-            raise ValueError(f"lora_stack_cache_size must be >= 0, got {self.lora_stack_cache_size}")
-        if self.adapter_cache_bytes is not None and self.adapter_cache_bytes <= 0:
-            raise ValueError(f"adapter_cache_bytes must be positive, got {self.adapter_cache_bytes}")
-        if self.adapter_eviction_policy not in EVICTION_POLICIES:
-            raise ValueError(
-                f"adapter_eviction_policy must be one of {sorted(EVICTION_POLICIES)}, "
-                f"got {self.adapter_eviction_policy!r}"
-            )
-        if self.host_adapter_cache_bytes < 0:
-            raise ValueError(f"host_adapter_cache_bytes must be >= 0, got {self.host_adapter_cache_bytes}")
-        if self.adapter_link_gbps is not None and not self.adapter_link_gbps > 0:
-            raise ValueError(f"adapter_link_gbps must be positive or None, got {self.adapter_link_gbps}")
-        if self.cpu_prefill_workers < 0:
-            raise ValueError(
-                f"cpu_prefill_workers must be >= 0 (0 disables CPU-assisted prefill), got {self.cpu_prefill_workers}"
-            )
-        for name, forms in KERNEL_FORMS.items():
-            value = getattr(self, name)
-            if value is not None and value not in forms:
-                raise ValueError(f"{name} must be one of {list(forms)} or None (chosen by measurement), got {value!r}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
-            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
-        for name in ("multiqueue_slo_s", "multiqueue_refresh_s", "multiqueue_max_queues"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    @field_validator("max_lora_rank", "block_size")
+    @classmethod
+    def _check_positive_size(cls, value: int, info: ValidationInfo) -> int:
+        if value <= 0:
+            raise ValueError(f"{info.field_name} must be positive, got {value}")
+        return value
 
-    def batch_policy_options(self) -> dict[str, Any]:
-        """Constructor knobs of the named batch policy (none for fifo and sjf)."""
-        if self.batch_policy != "multiqueue":
-            return {}
-        return {
-            "slo_s": self.multiqueue_slo_s,
-            "refresh_s": self.multiqueue_refresh_s,
-            "max_queues": self.multiqueue_max_queues,
-        }
+    @field_validator("lora_stack_cache_size")
+    @classmethod
+    def _check_stack_cache_size(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"lora_stack_cache_size must be >= 0, got {value}")
+        return value
+
+    @classmethod
+    def from_section(cls, engine: EngineSettings, *, model_path: Path, max_lora_rank: int) -> EngineConfig:
+        """The config of an engine built from the settings' engine section, for this model and rank limit."""
+        return cls(model_path=model_path, max_lora_rank=max_lora_rank, **dict(engine))
 
     def resolved_device(self) -> torch.device:
         """cuda when requested or available (auto), else cpu."""

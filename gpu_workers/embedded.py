@@ -19,7 +19,7 @@ from gpu_workers.http_app import create_worker_app
 from gpu_workers.inproc_transport import InProcessWorkerTransport
 from gpu_workers.server import bind_socket
 from gpu_workers.worker_service import WorkerService
-from registry.settings import Settings
+from settings import Settings
 
 
 class _QuietThread(logging.Filter):
@@ -42,7 +42,7 @@ class EmbeddedWorker:
     """An in-process worker for `lorahost serve` and tests: uvicorn on 127.0.0.1 in a daemon thread.
 
     `start()` returns once the port listens; the model loads in the background (/ready says when).
-    The token is settings.internal_token, or a generated one. The port is settings.worker_port when it was
+    The token is settings.internal_token, or a generated one. The port is settings.worker.port when it was
     set (LORAHOST_WORKER_PORT), else a free one.
     """
 
@@ -56,11 +56,11 @@ class EmbeddedWorker:
     ) -> None:
         self.internal_token = settings.internal_token or secrets.token_urlsafe(32)
         self.directory = directory if directory is not None else InMemoryWorkerDirectory()
-        self._sock = bind_socket(host, settings.resolved_worker_port(default=0))
+        self._sock = bind_socket(host, settings.worker.resolved_port(default=0))
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.runtime = make_runtime(
-            settings.model_copy(update={"worker_advertise_url": self.url}),
+            settings.updated(worker_advertise_url=self.url),
             self._sock,
             self.directory,
             self.internal_token,
@@ -93,7 +93,7 @@ class EmbeddedWorker:
         raise RuntimeError(f"embedded worker not ready after {timeout_s}s")
 
     def stop(self, drain: bool = True) -> None:
-        """Drain (bounded by settings.drain_timeout_s), deregister and stop the thread."""
+        """Drain (bounded by settings.worker.drain_timeout_s), deregister and stop the thread."""
         if drain and self._thread.is_alive():
             done = threading.Event()
             self.runtime.on_drained = done.set

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from registry.settings import Settings
 from scheduler.perf_model import LatencySample, PerfModel, fit_latency, fit_load
+from settings import Settings
 
 Echo = Callable[[str], None]
 WARMUP_PROMPT_TOKENS = 16
@@ -85,7 +85,7 @@ def run_profile(settings: Settings, grid: ProfileGrid, work_dir: Path, echo: Ech
     if settings.base_model_path is None:
         raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
     config = engine_config_from_settings(settings)
-    grid.check(settings.max_rank, config.max_num_seqs, config.max_num_batched_tokens)
+    grid.check(settings.limits.max_rank, config.max_num_seqs, config.max_num_batched_tokens)
     echo(f"writing {len(grid.ranks)} adapters (ranks {list(grid.ranks)}) under {work_dir}")
     adapter_dirs = write_adapters(Path(settings.base_model_path), grid.ranks, work_dir)
     engine = LLMEngine(config)
@@ -182,7 +182,7 @@ def _meta(settings: Settings, stats: dict[str, Any], grid: ProfileGrid) -> dict[
         "base_model_path": str(settings.base_model_path),
         "device": str(stats.get("device", "")),
         "dtype": str(stats.get("dtype", "")),
-        "num_threads": str(settings.engine_num_threads or ""),
+        "num_threads": str(settings.engine.num_threads or ""),
         "lora_kernel": str(stats.get("lora_kernel", "")),
         "grid": str(asdict(grid)),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),

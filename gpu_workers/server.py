@@ -25,7 +25,7 @@ import uvicorn
 from gpu_workers.builder import make_directory, make_runtime
 from gpu_workers.http_app import create_worker_app
 from gpu_workers.runtime import WorkerRuntime
-from registry.settings import Settings
+from settings import Settings
 
 logger = logging.getLogger("lorahost.worker")
 
@@ -65,7 +65,7 @@ def run_worker(settings: Settings) -> None:
     """Serve a worker until SIGTERM/SIGINT, then drain, deregister and return (blocking)."""
     if not settings.internal_token:
         raise ValueError("a worker needs LORAHOST_INTERNAL_TOKEN (the API servers send the same token)")
-    sock = bind_socket(settings.worker_host, settings.resolved_worker_port())
+    sock = bind_socket(settings.worker.host, settings.worker.resolved_port())
     runtime = make_runtime(settings, sock, make_directory(settings), settings.internal_token)
     config = uvicorn.Config(create_worker_app(runtime), log_level="info", timeout_graceful_shutdown=5)
     _DrainingServer(config, runtime).run(sockets=[sock])

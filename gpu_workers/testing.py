@@ -5,7 +5,7 @@ For API end-to-end tests (API inference engineer), e.g.:
     from gpu_workers.testing import worker_process, worker_in_thread
 
     def test_completion_streams(base_model_dir, tmp_path):
-        blob_dir = tmp_path / "blobs"                       # the API's blob store (settings.blob_store)
+        blob_dir = tmp_path / "blobs"                       # the API's blob store (settings.storage.blob_store)
         with worker_in_thread(base_model_dir, blob_dir) as w:  # or worker_process(...) for a real process
             w.url            # "http://127.0.0.1:<port>" (already /ready)
             w.internal_token # send `Authorization: Bearer <token>`; put it in services.internal_token
@@ -42,7 +42,7 @@ import httpx
 
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
 from cluster.protocol import INTERNAL_PREFIX, AdapterRef
-from registry.settings import Settings
+from settings import Settings
 
 # Small engine defaults so test workers start fast and use little memory.
 TEST_ENGINE_SETTINGS: dict[str, Any] = {
@@ -198,7 +198,7 @@ def worker_process(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "lorahost.cli", "worker"],
-            env={**os.environ, **settings_env(settings)},
+            env={**os.environ, **settings.env_vars()},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -231,12 +231,3 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> i
             process.kill()
             process.wait()
     return int(process.returncode)
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """LORAHOST_* environment variables that rebuild these settings in a child process."""
-    env = {}
-    for name, value in settings.model_dump(exclude_none=True).items():
-        env[f"LORAHOST_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
-    return env
-

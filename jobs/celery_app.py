@@ -28,38 +28,31 @@ from registry import validation_job
 from registry.job_scratch import remove_abandoned_job_dirs
 from registry.placement_job import run_placement
 from registry.predictor_training import run_predictor_training
-from registry.settings import Settings
 from registry.upload_sweeper import sweep_orphaned_blobs
-
-DEFAULT_USAGE_SWEEP_S = 60.0
-DEFAULT_UPLOAD_SWEEP_S = 600.0
-DEFAULT_PREDICTOR_TRAINING_S = 3600.0
-DEFAULT_PLACEMENT_S = 30.0
+from settings import Settings
 
 
 def make_celery(settings: Settings) -> Celery:
     """The job runner's Celery app: the client's configuration (jobs/celery_client.py), the beat schedule and
     the lorahost tasks registered."""
     app = make_celery_client(settings)
-    upload_sweep_s = settings.upload_sweep_interval_s or DEFAULT_UPLOAD_SWEEP_S
-    app.conf.beat_schedule = {
-        "fail-stale-adapter-versions": {"task": FAIL_STALE_VERSIONS_TASK, "schedule": upload_sweep_s},
-        "sweep-orphaned-upload-blobs": {"task": SWEEP_ORPHANED_BLOBS_TASK, "schedule": upload_sweep_s},
-        "close-orphaned-usage": {
-            "task": CLOSE_ORPHANED_USAGE_TASK,
-            "schedule": settings.usage_sweep_interval_s or DEFAULT_USAGE_SWEEP_S,
-        },
-        "train-length-predictor": {
-            "task": TRAIN_LENGTH_PREDICTOR_TASK,
-            "schedule": settings.predictor_training_interval_s or DEFAULT_PREDICTOR_TRAINING_S,
-        },
-        "compute-placement": {
-            "task": COMPUTE_PLACEMENT_TASK,
-            "schedule": settings.placement_interval_s or DEFAULT_PLACEMENT_S,
-        },
-    }
+    app.conf.beat_schedule = beat_schedule(settings)
     _register_tasks(app, settings)
     return app
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
+    """Celery beat's periodic tasks, every settings.jobs.*_interval_s; an interval of 0 leaves its task out
+    (disabled), as it leaves out the API's inline timer with inline jobs."""
+    jobs = settings.jobs
+    periodic = (
+        ("fail-stale-adapter-versions", FAIL_STALE_VERSIONS_TASK, jobs.upload_sweep_interval_s),
+        ("sweep-orphaned-upload-blobs", SWEEP_ORPHANED_BLOBS_TASK, jobs.upload_sweep_interval_s),
+        ("close-orphaned-usage", CLOSE_ORPHANED_USAGE_TASK, jobs.usage_sweep_interval_s),
+        ("train-length-predictor", TRAIN_LENGTH_PREDICTOR_TASK, jobs.predictor_training_interval_s),
+        ("compute-placement", COMPUTE_PLACEMENT_TASK, jobs.placement_interval_s),
+    )
+    return {name: {"task": task, "schedule": interval_s} for name, task, interval_s in periodic if interval_s > 0}
 
 
 def _register_tasks(app: Celery, settings: Settings) -> None:
@@ -75,15 +68,15 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
 
     @app.task(name=FAIL_STALE_VERSIONS_TASK, shared=False)
     def fail_stale_versions(max_age_s: float | None = None) -> list[str]:
-        """Fail versions whose validation job was lost (periodic; default age settings.stale_version_age_s)."""
-        return validation_job.fail_stale_versions(context(), max_age_s or settings.stale_version_age_s)
+        """Fail versions whose validation job was lost (periodic; default age settings.storage.stale_version_age_s)."""
+        return validation_job.fail_stale_versions(context(), max_age_s or settings.storage.stale_version_age_s)
 
     @app.task(name=SWEEP_ORPHANED_BLOBS_TASK, shared=False)
     def sweep_orphaned_upload_blobs(min_age_s: float | None = None) -> list[str]:
-        """Delete upload blobs no live version needs (periodic; default age settings.orphan_blob_min_age_s)."""
+        """Delete upload blobs no live version needs (periodic; default age settings.storage.orphan_blob_min_age_s)."""
         ctx = context()
         return sweep_orphaned_blobs(
-            ctx.session_factory, ctx.blob_store, min_age_s or settings.orphan_blob_min_age_s
+            ctx.session_factory, ctx.blob_store, min_age_s or settings.storage.orphan_blob_min_age_s
         )
 
     @app.task(name=TRAIN_LENGTH_PREDICTOR_TASK, shared=False)
@@ -99,10 +92,10 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         """Compute and publish the routing table (LoRAServe placement; periodic); returns its version."""
         import redis
 
-        if not settings.redis_url:
+        if not settings.storage.redis_url:
             raise ValueError("placement in cluster mode needs Redis: set LORAHOST_REDIS_URL")
-        client = redis.Redis.from_url(settings.redis_url)
-        directory = RedisWorkerDirectory(client, settings.worker_key_prefix)
+        client = redis.Redis.from_url(settings.storage.redis_url)
+        directory = RedisWorkerDirectory(client, settings.worker.key_prefix)
         store = make_routing_table_store(settings, client)
         drop = http_dropper(settings.internal_token)
         return run_placement(context().session_factory, directory, store, settings, drop=drop).version
@@ -114,6 +107,6 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         import redis
 
         directory = None  # without a shared directory no worker can be known dead; leases still expire
-        if settings.redis_url:
-            directory = RedisWorkerDirectory(redis.Redis.from_url(settings.redis_url), settings.worker_key_prefix)
+        if settings.storage.redis_url:
+            directory = RedisWorkerDirectory(redis.Redis.from_url(settings.storage.redis_url), settings.worker.key_prefix)
         return sweep_usage(context().session_factory, directory, settings)

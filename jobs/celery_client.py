@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from registry.settings import Settings
+from settings import Settings
 
 
 def make_celery_client(settings: Settings) -> Celery:
@@ -18,9 +18,9 @@ def make_celery_client(settings: Settings) -> Celery:
     if not broker:
         raise ValueError("Celery jobs need a broker: set LORAHOST_REDIS_URL or LORAHOST_CELERY_BROKER_URL")
     app = Celery("lorahost", broker=broker, set_as_current=False)
-    transport_options = {"global_keyprefix": settings.celery_key_prefix} if settings.celery_key_prefix else {}
+    transport_options = {"global_keyprefix": settings.jobs.celery_key_prefix} if settings.jobs.celery_key_prefix else {}
     app.conf.update(
-        task_default_queue=settings.celery_queue,
+        task_default_queue=settings.jobs.celery_queue,
         broker_transport_options=transport_options,
         task_acks_late=True,  # a worker killed mid-job leaves the task for another worker
         task_reject_on_worker_lost=True,

@@ -16,7 +16,7 @@ from registry.validation_job import run_validation_job
 if TYPE_CHECKING:
     from celery import Celery
 
-    from registry.settings import Settings
+    from settings import Settings
 
 
 class JobDispatcher(Protocol):
@@ -54,9 +54,9 @@ class CeleryJobs:
 
 
 def make_job_dispatcher(settings: Settings, ctx: AdapterJobContext) -> JobDispatcher:
-    """InlineJobs when `settings.is_inline_jobs`, else CeleryJobs over a bare client (no task bodies)."""
-    if settings.is_inline_jobs:
+    """InlineJobs when `settings.jobs.is_inline_jobs`, else CeleryJobs over a bare client (no task bodies)."""
+    if settings.jobs.is_inline_jobs:
         return InlineJobs(ctx)
     from jobs.celery_client import make_celery_client
 
-    return CeleryJobs(make_celery_client(settings), settings.celery_queue)
+    return CeleryJobs(make_celery_client(settings), settings.jobs.celery_queue)

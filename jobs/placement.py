@@ -12,20 +12,20 @@ from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX
 from cluster.routing_table import InMemoryRoutingTableStore, RedisRoutingTableStore, RoutingTableStore
 from registry.placement_job import DropAdapter
-from registry.settings import Settings
+from settings import Settings
 
 DROP_TIMEOUT_S = 5.0
 
 
 def make_routing_table_store(settings: Settings, client: Any = None) -> RoutingTableStore:
-    """Redis when settings.redis_url (or a given client), else a process-local store (embedded mode)."""
-    if client is None and settings.redis_url:
+    """Redis when settings.storage.redis_url (or a given client), else a process-local store (embedded mode)."""
+    if client is None and settings.storage.redis_url:
         import redis
 
-        client = redis.Redis.from_url(settings.redis_url)
+        client = redis.Redis.from_url(settings.storage.redis_url)
     if client is None:
         return InMemoryRoutingTableStore()
-    return RedisRoutingTableStore(client, f"{settings.celery_key_prefix}{settings.placement_key_prefix}")
+    return RedisRoutingTableStore(client, f"{settings.jobs.celery_key_prefix}{settings.placement.key_prefix}")
 
 
 def http_dropper(

@@ -4,7 +4,7 @@ and those whose owner (an API process) stopped renewing their lease.
 The decisions are registry.usage.orphaned_request_ids and expired_lease_request_ids (pure); this module only
 wires them to a session and a directory. Cluster mode runs `sweep_usage` from Celery beat
 (jobs/celery_app.py); with inline jobs the API runs it on a `PeriodicJob` timer (api/main.py), every
-settings.usage_sweep_interval_s. Running it in several places at once is harmless: closing a row is one
+settings.jobs.usage_sweep_interval_s. Running it in several places at once is harmless: closing a row is one
 conditional UPDATE.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from cluster.membership import WorkerDirectory
-from registry.settings import Settings
 from registry.usage import close_expired_usage, close_orphaned_usage
+from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def sweep_grace_s(settings: Settings) -> float:
     """How long an open row of a vanished worker is left alone: two checkpoints and one heartbeat TTL, so a
     worker that only missed a heartbeat, or a stream about to checkpoint, is not closed early."""
-    return 2 * settings.usage_checkpoint_interval_s + settings.resolved_heartbeat_ttl_s()
+    return 2 * settings.metering.checkpoint_interval_s + settings.worker.resolved_heartbeat_ttl_s()
 
 
 def sweep_orphaned_usage(
@@ -61,7 +61,7 @@ def sweep_usage(
     num_closed = 0
     if directory is not None:
         num_closed += len(sweep_orphaned_usage(session_factory, directory, sweep_grace_s(settings)))
-    return num_closed + sweep_expired_usage(session_factory, settings.usage_lease_timeout_s)
+    return num_closed + sweep_expired_usage(session_factory, settings.metering.lease_timeout_s)
 
 
 class PeriodicJob:

@@ -7,6 +7,6 @@ Library code never imports it.
 from __future__ import annotations
 
 from jobs.celery_app import make_celery
-from registry.settings import Settings
+from settings import Settings
 
 app = make_celery(Settings())

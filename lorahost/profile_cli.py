@@ -47,8 +47,8 @@ def profile(
     """Time the engine's prefill and decode steps on a grid of batch sizes x LoRA ranks, fit the latency model
     (sum-of-ranks or max-rank term, whichever fits better) and write the profile file."""
     from gpu_workers.profiler import ProfileGrid, describe, run_profile
-    from registry.settings import Settings
     from scheduler.perf_model import PerfModel
+    from settings import Settings
 
     grid = ProfileGrid(
         ranks=_ints(ranks, "--ranks"),

@@ -28,7 +28,7 @@ def _period(start: Optional[str], end: Optional[str]) -> tuple[datetime, datetim
 
 def _session(data_dir: Optional[Path]):  # type: ignore[no-untyped-def]
     from registry.db import make_engine, make_session_factory
-    from registry.settings import Settings
+    from settings import Settings
 
     settings = Settings(data_dir=data_dir) if data_dir else Settings()
     return make_session_factory(make_engine(settings.resolved_database_url()))()

@@ -28,7 +28,7 @@ def tune(
     from gpu_workers.builder import engine_config_from_settings
     from gpu_workers.kernel_plan import tune_for_config
     from gpu_workers.kernel_tuner import KernelTuner
-    from registry.settings import Settings
+    from settings import Settings
 
     settings = Settings() if base_model is None else Settings(base_model_path=base_model)
     if settings.base_model_path is None:

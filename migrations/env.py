@@ -15,7 +15,7 @@ def _database_url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from registry.settings import Settings
+    from settings import Settings
 
     return Settings().resolved_database_url()
 

@@ -41,7 +41,6 @@ from registry.import_sources import (
     read_import_source,
 )
 from registry.models import AdapterVersion, new_id
-from registry.settings import Settings
 from registry.storage import BlobStore
 from registry.validation import (
     CONFIG_FILENAME,
@@ -53,6 +52,7 @@ from registry.validation import (
     check_upload_filenames,
     validate_adapter_dir,
 )
+from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,10 @@ IN_FLIGHT_STATUSES = ("uploading", "validating")
 def limits_from_settings(settings: Settings) -> ValidationLimits:
     """The validation limits configured in settings."""
     return ValidationLimits(
-        max_rank=settings.max_rank,
-        max_adapter_bytes=settings.max_adapter_bytes,
-        max_uncompressed_bytes=settings.max_uncompressed_bytes,
-        max_archive_members=settings.max_archive_members,
+        max_rank=settings.limits.max_rank,
+        max_adapter_bytes=settings.limits.max_adapter_bytes,
+        max_uncompressed_bytes=settings.limits.max_uncompressed_bytes,
+        max_archive_members=settings.limits.max_archive_members,
     )
 
 
@@ -317,7 +317,7 @@ def accept_import(
         repository.check_visibility(visibility)
     parsed = parse_import_source(source, ctx.settings)
     check_import_allowed(parsed, credentials, ctx.settings)
-    names = read_import_source(parsed, credentials, ctx.settings, work_dir, ctx.settings.max_upload_bytes)
+    names = read_import_source(parsed, credentials, ctx.settings, work_dir, ctx.settings.limits.max_upload_bytes)
     return accept_upload(
         session,
         ctx,

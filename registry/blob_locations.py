@@ -10,7 +10,7 @@ from registry.s3_storage import S3BlobStore
 from registry.storage import BlobStore, LocalBlobStore
 
 if TYPE_CHECKING:
-    from registry.settings import Settings
+    from settings import Settings
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -28,5 +28,5 @@ def make_blob_store(settings: Settings, location: str | None = None) -> BlobStor
     location = location or settings.resolved_blob_store()
     if location.startswith("s3://"):
         bucket, prefix = parse_s3_uri(location)
-        return S3BlobStore(bucket, prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
+        return S3BlobStore(bucket, prefix, endpoint_url=settings.storage.s3_endpoint_url, region=settings.storage.s3_region)
     return LocalBlobStore(Path(location))

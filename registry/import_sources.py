@@ -7,7 +7,7 @@ An import never uses the platform's own credentials on a location the tenant cho
 - `s3://bucket/folder` (the adapter's files) or `s3://bucket/key.zip|.tar.gz|.tar` with the tenant's own
   `S3Credentials` sent in the request: used for this one read, never stored, logged or echoed back. They are
   sent to the platform's S3 endpoint, or to an endpoint the tenant names (public addresses only).
-- `s3://...` without credentials only from a bucket the operator allow-lists (settings.import_allowed_buckets):
+- `s3://...` without credentials only from a bucket the operator allow-lists (settings.api.import_allowed_buckets):
   then, and only then, the platform's credentials read it.
 The platform's own blob bucket is refused whatever the credentials (SourceNotAllowedError).
 
@@ -35,9 +35,9 @@ from registry.archive import is_archive_name
 from registry.blob_locations import parse_s3_uri
 from registry.errors import InvalidRequestError, PermissionDeniedError
 from registry.public_addresses import resolve_checked_address
-from registry.settings import Settings
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterValidationError
 from registry.validation.config import check_upload_filenames
+from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def check_import_allowed(source: ImportSource, credentials: S3Credentials | None
             f"s3://{source.bucket} is the platform's own blob bucket; it cannot be an import source. Upload the "
             "adapter's files, or import them from a bucket of yours"
         )
-    if credentials is None and source.bucket not in settings.import_allowed_buckets:
+    if credentials is None and source.bucket not in settings.api.import_allowed_buckets:
         raise SourceNotAllowedError(
             f"importing from s3://{source.bucket} needs your own credentials: send credentials "
             "{access_key_id, secret_access_key, and optionally session_token, endpoint_url, region} with the "
@@ -181,7 +181,7 @@ def read_import_source(
 
 def _checked_url(value: str, settings: Settings, *, what: str) -> httpx.URL:
     """An https URL (http too where private networks are allowed) with a host and no user info."""
-    schemes = ("https", "http") if settings.is_import_private_network_allowed else ("https",)
+    schemes = ("https", "http") if settings.api.is_import_private_network_allowed else ("https",)
     try:
         url = httpx.URL(value)
     except (httpx.InvalidURL, TypeError):
@@ -200,7 +200,7 @@ def _read_url(source: ImportSource, settings: Settings, dest: Path, budget: _Byt
     assert url is not None
     port = url.port or (443 if url.scheme == "https" else 80)
     address = resolve_checked_address(
-        url.host, port, is_private_allowed=settings.is_import_private_network_allowed
+        url.host, port, is_private_allowed=settings.api.is_import_private_network_allowed
     )
     headers = {"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"}
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
@@ -238,19 +238,19 @@ def _s3_client(credentials: S3Credentials | None, settings: Settings) -> Any:
     )
     if credentials is None:
         return boto3.client(
-            "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region, config=config
+            "s3", endpoint_url=settings.storage.s3_endpoint_url, region_name=settings.storage.s3_region, config=config
         )
     if credentials.endpoint_url is not None:
         url = httpx.URL(credentials.endpoint_url)
         resolve_checked_address(
             url.host,
             url.port or (443 if url.scheme == "https" else 80),
-            is_private_allowed=settings.is_import_private_network_allowed,
+            is_private_allowed=settings.api.is_import_private_network_allowed,
         )
     return boto3.session.Session().client(
         "s3",
-        endpoint_url=credentials.endpoint_url or settings.s3_endpoint_url,
-        region_name=credentials.region or settings.s3_region,
+        endpoint_url=credentials.endpoint_url or settings.storage.s3_endpoint_url,
+        region_name=credentials.region or settings.storage.s3_region,
         aws_access_key_id=credentials.access_key_id,
         aws_secret_access_key=credentials.secret_access_key,
         aws_session_token=credentials.session_token,

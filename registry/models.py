@@ -249,14 +249,14 @@ class UsageRecord(Base):
     e2e_ms: Mapped[float | None] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(16))
     worker_id: Mapped[str | None] = mapped_column(String(200))
-    # The API process that opened the row (settings.api_instance_id): only it closes the row after a restart.
+    # The API process that opened the row (settings.api.api_instance_id): only it closes the row after a restart.
     api_instance_id: Mapped[str | None] = mapped_column(String(200))
     error_message: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # When the row's tokens were last checkpointed (streams): an `interrupted` row is billed as of this moment.
     checkpointed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # The owner's lease: set when the row is opened and renewed every checkpoint interval while the owner
-    # process lives (streamed or not); a row whose lease is older than settings.usage_lease_timeout_s is closed
+    # process lives (streamed or not); a row whose lease is older than settings.metering.lease_timeout_s is closed
     # `interrupted` by the usage sweep (its owner died, or came back under another api_instance_id).
     lease_renewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -1,9 +1,9 @@
 """The placement job: usage rows -> demand forecast -> LoRAServe placement -> published routing table.
 
-Run every settings.placement_interval_s by Celery beat (`lorahost.compute_placement`, jobs/celery_app.py) or
+Run every settings.jobs.placement_interval_s by Celery beat (`lorahost.compute_placement`, jobs/celery_app.py) or
 by an inline timer in the API with inline jobs (api/main.py). One run:
 1. token counts (prompt + completion, by start time) per adapter version and per bucket of
-   settings.placement_bucket_s, over the history (forecast) and the scale-down cooldown (peak) windows;
+   settings.placement.bucket_s, over the history (forecast) and the scale-down cooldown (peak) windows;
 2. the demand forecast (scheduler/demand_forecast.py) and, per base model, `compute_placement` over its live,
    ready, non-draining workers with the previous table as the starting point (versions no longer `ready`
    leave the table);
@@ -32,10 +32,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from cluster.membership import WorkerDirectory, WorkerRecord
 from cluster.routing_table import ModelDemand, RoutingRow, RoutingTable, RoutingTableStore, WorkerPlacement
 from registry.models import Adapter, AdapterVersion, UsageRecord, utcnow
-from registry.settings import Settings
 from scheduler.demand_forecast import forecast_rate
 from scheduler.placement import AdapterDemand, PlacementConfig
 from scheduler.placement_baselines import PLACEMENT_POLICIES
+from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def run_placement(
     now = now or utcnow()
     previous = store.read()
     with session_factory() as session:
-        history = read_usage_history(session, now, settings.placement_bucket_s, num_history_buckets(settings))
+        history = read_usage_history(session, now, settings.placement.bucket_s, num_history_buckets(settings))
         versions = ready_versions(
             session, set(history.adapter_tokens) | set(previous.rows if previous else ())
         )
@@ -95,12 +95,12 @@ def run_placement(
 
 def num_history_buckets(settings: Settings) -> int:
     """Buckets to read: the forecast history or the cooldown window, whichever is longer."""
-    return max(settings.placement_history_buckets, num_cooldown_buckets(settings))
+    return max(settings.placement.history_buckets, num_cooldown_buckets(settings))
 
 
 def num_cooldown_buckets(settings: Settings) -> int:
     """Buckets of the scale-down cooldown window (at least one)."""
-    return max(1, math.ceil(settings.scale_down_cooldown_s / settings.placement_bucket_s))
+    return max(1, math.ceil(settings.scaling.scale_down_cooldown_s / settings.placement.bucket_s))
 
 
 def read_usage_history(session: Session, now: datetime, bucket_s: float, num_buckets: int) -> UsageHistory:
@@ -154,7 +154,7 @@ def build_table(
     now: datetime,
 ) -> RoutingTable:
     """The unpublished table (version 0): placement per base model plus the demand the autoscaler reads."""
-    config = PlacementConfig(settings.resolved_operating_points(), settings.placement_min_phi)
+    config = PlacementConfig(settings.placement.resolved_operating_points(), settings.placement.min_phi)
     rates = {
         key: _forecast(tokens, settings) for key, tokens in history.adapter_tokens.items() if key in versions
     }
@@ -166,7 +166,7 @@ def build_table(
     for base in base_models:
         keys = sorted(k for k, v in versions.items() if v.base_model == base)
         demands = [AdapterDemand(k, versions[k].rank, rates.get(k, 0.0)) for k in keys]
-        placement = PLACEMENT_POLICIES[settings.placement_policy](
+        placement = PLACEMENT_POLICIES[settings.placement.policy](
             demands,
             [r.worker_id for r in records if r.base_model == base],
             {k: previous_rows[k] for k in keys if k in previous_rows},
@@ -207,7 +207,7 @@ def model_demands(
         peak: dict[int, float] = {}
         for rank, tokens, _ in series:
             forecast[rank] = forecast.get(rank, 0.0) + _forecast(tokens, settings)
-            peak[rank] = peak.get(rank, 0.0) + max(tokens[-cooldown:]) / settings.placement_bucket_s
+            peak[rank] = peak.get(rank, 0.0) + max(tokens[-cooldown:]) / settings.placement.bucket_s
         demands.append(ModelDemand(model, forecast, peak, max(last for _, _, last in series)))
     return tuple(demands)
 
@@ -242,9 +242,9 @@ def _try_drop(drop: DropAdapter, record: WorkerRecord, key: str) -> bool:
 
 def _forecast(tokens: list[float], settings: Settings) -> float:
     return forecast_rate(
-        tokens[-settings.placement_history_buckets :],
-        settings.placement_bucket_s,
-        settings.placement_ewma_alpha,
+        tokens[-settings.placement.history_buckets :],
+        settings.placement.bucket_s,
+        settings.placement.ewma_alpha,
     )
 
 

@@ -8,14 +8,14 @@ has_stop; rows from before migration 0007 have none and are skipped), keyed like
 histories: by (tenant id, adapter version id) (None: the base model), so the history features the model is
 trained on are what serving computes, one tenant's traffic never in another's history. The prompt enters by
 its size (prompt_tokens) only; UsageRecord.prompt_features is neither written nor read. The newest
-settings.predictor_max_training_samples rows that started within settings.predictor_training_window_s are
+settings.predictor.max_training_samples rows that started within settings.predictor.training_window_s are
 split chronologically: the model is fitted on the older part and judged on the newer HOLDOUT_FRACTION
 (MAE and bucket accuracy, overall and per adapter: scheduler.length_predictor.evaluate), then the held-out
 lengths are fed to its histories, so the shipped model knows each tenant's latest requests on each adapter.
-With fewer than settings.predictor_min_training_samples rows nothing is written (a log line says why).
+With fewer than settings.predictor.min_training_samples rows nothing is written (a log line says why).
 
 Cluster mode runs `run_predictor_training` from Celery beat (jobs/celery_app.py); with inline jobs the API
-runs it on a timer (api/main.py), every settings.predictor_training_interval_s.
+runs it on a timer (api/main.py), every settings.jobs.predictor_training_interval_s.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry.models import UsageRecord, utcnow
 from registry.predictor_artifacts import PredictorPointer, new_version, write_predictor
-from registry.settings import Settings
 from registry.storage import BlobStore
 from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures, evaluate
+from settings import Settings
 
 log = logging.getLogger(__name__)
 HOLDOUT_FRACTION = 0.2
@@ -109,14 +109,14 @@ def run_predictor_training(
 ) -> TrainingRun | None:
     """One run of the periodic training job; None when it skipped (too few samples: logged)."""
     now = now or utcnow()
-    since = now - timedelta(seconds=settings.predictor_training_window_s)
+    since = now - timedelta(seconds=settings.predictor.training_window_s)
     with session_factory() as session:
-        samples = load_length_samples(session, since, settings.predictor_max_training_samples)
-    if len(samples) < settings.predictor_min_training_samples:
+        samples = load_length_samples(session, since, settings.predictor.max_training_samples)
+    if len(samples) < settings.predictor.min_training_samples:
         log.info(
             "length predictor training skipped: %d finished request(s) with recorded features since %s, fewer than "
             "predictor_min_training_samples=%d; API servers keep the model they serve",
-            len(samples), since.isoformat(), settings.predictor_min_training_samples,
+            len(samples), since.isoformat(), settings.predictor.min_training_samples,
         )
         return None
     started_s = time.perf_counter()
@@ -129,7 +129,7 @@ def run_predictor_training(
         "num_samples": len(samples),
         "num_training_samples": len(samples) - num_heldout,
         "num_heldout_samples": num_heldout,
-        "window_s": settings.predictor_training_window_s,
+        "window_s": settings.predictor.training_window_s,
         "model_kind": predictor.model_kind,
         "heldout": metrics_json(metrics),
     }

@@ -5,19 +5,19 @@ A process that dies mid-upload (kill -9, OOM, a lost node) can leave:
   row that has since been failed (`fail_stale_versions` deletes the blobs it knows of, but not ones it never
   saw);
 - a `validating`/`uploading` row whose validation job died with it (`fail_stale_versions` fails it after
-  settings.stale_version_age_s and deletes its blobs);
+  settings.storage.stale_version_age_s and deletes its blobs);
 - final blobs `adapters/<tenant>/<adapter>/<n>/...` copied by a validation job that died before it marked the
   row ready, or whose row was failed or rolled back;
 - unfinished writes in the blob store (local `.tmp-*.part` files, S3 incomplete multipart uploads);
 - its validation jobs' scratch directories (registry/job_scratch.py: removed once no live process holds them).
 
 `select_orphaned_blobs` is the pure decision; `sweep_orphaned_blobs` and `run_upload_sweeps` are the thin I/O
-around it. A blob younger than settings.orphan_blob_min_age_s is never deleted: it may be being written right
+around it. A blob younger than settings.storage.orphan_blob_min_age_s is never deleted: it may be being written right
 now, before the row that will reference it commits. So the minimum age must exceed the longest time between a
 blob's write and its row's commit (one upload's staging, one validation job's move).
 
 Who runs them: `lorahost serve` once at start (after migrations) and then on an inline timer (api/main.py)
-every settings.upload_sweep_interval_s; in cluster mode Celery beat (jobs/celery_app.py). Running them in
+every settings.jobs.upload_sweep_interval_s; in cluster mode Celery beat (jobs/celery_app.py). Running them in
 several places at once is harmless: deleting a blob twice is a no-op and failing a version is idempotent.
 """
 
@@ -163,15 +163,15 @@ class SweepResult:
 
 
 def run_upload_sweeps(ctx: AdapterJobContext) -> SweepResult:
-    """Fail stale versions (settings.stale_version_age_s), then delete orphaned blobs
-    (settings.orphan_blob_min_age_s). In this order, so the blobs of a version just failed go too. Then
+    """Fail stale versions (settings.storage.stale_version_age_s), then delete orphaned blobs
+    (settings.storage.orphan_blob_min_age_s). In this order, so the blobs of a version just failed go too. Then
     remove the job scratch directories of this host that killed processes left."""
     settings = ctx.settings
-    failed = fail_stale_versions(ctx, settings.stale_version_age_s)
+    failed = fail_stale_versions(ctx, settings.storage.stale_version_age_s)
     if failed:
         log.warning(
             "failed %d stale adapter version(s) whose job was lost: %s", len(failed), ", ".join(failed)
         )
-    deleted = sweep_orphaned_blobs(ctx.session_factory, ctx.blob_store, settings.orphan_blob_min_age_s)
+    deleted = sweep_orphaned_blobs(ctx.session_factory, ctx.blob_store, settings.storage.orphan_blob_min_age_s)
     removed_dirs = remove_abandoned_job_dirs()
     return SweepResult(failed_version_ids=failed, deleted_blob_keys=deleted, removed_job_dirs=removed_dirs)

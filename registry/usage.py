@@ -8,7 +8,7 @@ interval, streamed or not, with one UPDATE for all its open rows. A row left `in
 `interrupted` with its last checkpoint by whichever comes first:
 - its owner starting again under the same api_instance_id (close_interrupted_usage, before it serves);
 - the periodic usage sweep, when its worker left the worker directory (close_orphaned_usage);
-- the same sweep, when its lease is older than settings.usage_lease_timeout_s (close_expired_usage): the
+- the same sweep, when its lease is older than settings.metering.lease_timeout_s (close_expired_usage): the
   owner died and came back under another id (a Kubernetes pod's random name) or never came back (scaled
   down). Lease ages compare the owner's clock with the sweeper's: hosts' clocks must agree to well within
   the timeout (NTP).

@@ -8,7 +8,7 @@ placement's assigned ones (RouteRequest.assigned_workers) when any of them is li
   deterministic).
 - `placement_weighted`: LoRAServe's routing, a random draw by the placement weights, blind to live load.
 - `rank_aware` (scheduler/rank_aware_router.py): CaraServe's least added per-token cost.
-Policies are chosen by name (settings.router_policy) from the table in scheduler/router_policies.py.
+Policies are chosen by name (settings.routing.policy) from the table in scheduler/router_policies.py.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class PlacementWeightedRandom:
 
 @dataclass(frozen=True)
 class RouterOptions:
-    """Settings a policy may read (from registry.settings: router_slo_tpot_ms, router_cold_fetch_ms).
+    """Settings a policy may read (from settings.routing: slo_tpot_ms, cold_fetch_ms).
 
     slo_tpot_ms: the time-per-output-token SLO of the rank-aware cost's penalty (None: per worker, 1.5x its
     single-request decode step at the request's rank, CaraServe's rule). cold_fetch_ms: the estimated fetch

@@ -1,4 +1,4 @@
-"""The routing policies by name: the table settings.router_policy picks from, and `make_router`.
+"""The routing policies by name: the table settings.routing.policy picks from, and `make_router`.
 
 Every policy is listed here explicitly (no module registers itself when imported). A new policy is a class
 with `choose` (the `Router` protocol, scheduler/router.py) plus one entry in `ROUTER_POLICIES`; a policy with

@@ -31,7 +31,7 @@ DEFAULT_MAX_WAITING_PER_WORKER = 8
 
 @dataclass(frozen=True)
 class ScalingPolicy:
-    """Operator limits and thresholds (registry/settings.py: scaling_*)."""
+    """Operator limits and thresholds (settings/capacity.py ScalingSettings: scaling_*)."""
 
     operating_points: Mapping[int, float]
     target_utilisation: float = DEFAULT_TARGET_UTILISATION

@@ -2,7 +2,7 @@
 
   prepare.py  parse the body, refuse what cannot be honoured, resolve the model, tokenize, size-check,
               rate-limit -> a `Prepared` request
-  predict.py  the output-length prediction (services.predictor: settings.length_predictor), carried to the
+  predict.py  the output-length prediction (services.predictor: settings.predictor.length_predictor), carried to the
               router, the worker (GenerateRequest.predicted_output_tokens) and the usage row, with its inputs
   learned_predictor.py  the default predictor: the trained model hot-reloaded from the blob store, fed with
               each finished request's true length

@@ -8,7 +8,7 @@ the `OutputLengthPredictor` seam (api/inference/predict.py), hot-reloaded from t
   the history of the request's tenant on its adapter (quantiles + EWMA, features of the model), so
   predictions follow an adapter between trainings. Histories are per (tenant, adapter version), on the
   shared base model and public adapters too: one tenant's traffic never moves another's predictions.
-- `reload` (a timer thread started in the app lifespan, every settings.predictor_reload_interval_s, the first
+- `reload` (a timer thread started in the app lifespan, every settings.predictor.reload_interval_s, the first
   at startup; never on the request path): reads the pointer (registry/predictor_artifacts.py) and, when it
   names another version, loads that model and its metadata and swaps them in. The new model's histories are
   the artifact's (the training data, cluster-wide) plus what this process observed since the training
@@ -29,9 +29,9 @@ from typing import Any
 
 from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor, PredictionInput
 from registry.predictor_artifacts import POINTER_KEY, read_blob, read_metadata, read_pointer
-from registry.settings import Settings
 from registry.storage import BlobStore
 from scheduler.length_predictor import HistoryKey, LengthPredictor, PerAdapterHistory, RequestFeatures
+from settings import Settings
 
 log = logging.getLogger(__name__)
 PRIOR_VERSION = "prior"
@@ -158,8 +158,8 @@ def _timestamp(value: object) -> float | None:
 
 
 def make_length_predictor(settings: Settings, store: BlobStore) -> OutputLengthPredictor:
-    """The predictor settings.length_predictor names (the learned one reloads from `store`)."""
-    if settings.length_predictor == "max_tokens":
+    """The predictor settings.predictor.length_predictor names (the learned one reloads from `store`)."""
+    if settings.predictor.length_predictor == "max_tokens":
         return MaxTokensPredictor()
     return LearnedLengthPredictor(store)
 

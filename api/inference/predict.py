@@ -7,7 +7,7 @@ true count (UsageRecord.predicted_output_tokens), so a predictor's error can be 
 the prompt's size is prompt_tokens): the training data of the learned predictor. Nothing derived from the
 prompt's content is used or stored (a stored n-gram histogram of a prompt narrowed down what it said).
 
-services.predictor is an `OutputLengthPredictor` chosen by settings.length_predictor: `learned`
+services.predictor is an `OutputLengthPredictor` chosen by settings.predictor.length_predictor: `learned`
 (api/inference/learned_predictor.py, the default) or `max_tokens` (`MaxTokensPredictor`: every request is
 expected to use all of its max_tokens). A prediction is clamped to [1, max_tokens]: a request never
 generates more than max_tokens, and never fewer than one token.

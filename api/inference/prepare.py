@@ -36,8 +36,8 @@ from api.request_meter import RequestMeter
 from api.services import Services
 from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
 from registry import repository
-from registry.settings import Settings
 from scheduler.router import RouteRequest
+from settings import Settings
 
 Kind = Literal["text", "chat"]
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -165,8 +165,8 @@ def with_placement(route: RouteRequest, row: tuple[tuple[str, float], ...]) -> R
 
 
 async def parse_body(request: Request, settings: Settings, kind: Kind) -> InferenceRequestBase:
-    """The validated body, read within settings.max_request_body_bytes (see api/request_limits.py)."""
-    raw = await parse_json_object(await read_body(request, settings.max_request_body_bytes))
+    """The validated body, read within settings.limits.max_request_body_bytes (see api/request_limits.py)."""
+    raw = await parse_json_object(await read_body(request, settings.limits.max_request_body_bytes))
     schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
     try:
         return schema.model_validate(raw)
@@ -289,18 +289,18 @@ def check_sizes(
     context = tokenizer.max_context_tokens
     if num_prompt == 0:
         raise PromptError("the prompt is empty")
-    if num_prompt > settings.max_prompt_tokens:
+    if num_prompt > settings.limits.max_prompt_tokens:
         raise PromptError(
-            f"the prompt has {num_prompt} tokens; the limit is {settings.max_prompt_tokens} tokens"
+            f"the prompt has {num_prompt} tokens; the limit is {settings.limits.max_prompt_tokens} tokens"
         )
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
-    if requested is not None and requested > settings.max_completion_tokens:
-        raise PromptError(f"max_tokens={requested} is above the limit of {settings.max_completion_tokens}")
+    if requested is not None and requested > settings.limits.max_completion_tokens:
+        raise PromptError(f"max_tokens={requested} is above the limit of {settings.limits.max_completion_tokens}")
     if requested is None:
         default = (
             DEFAULT_COMPLETION_MAX_TOKENS
             if isinstance(body, CompletionRequest)
-            else settings.max_completion_tokens
+            else settings.limits.max_completion_tokens
         )
         requested = min(default, (context or num_prompt + default) - num_prompt)
     if context is not None and num_prompt + requested > context:

@@ -1,6 +1,6 @@
 """Routing a prepared request: wait through a cold start, pick a worker, open its stream, read the first event.
 
-The routing policy is services.router (settings.router_policy, scheduler/router.py), applied by the worker
+The routing policy is services.router (settings.routing.policy, scheduler/router.py), applied by the worker
 client (api/worker_client.py), which retries once on another worker. While no worker of the base model is
 ready, or every worker refuses as unavailable, the request waits (api/cold_start.py) and is then refused
 with 503 + Retry-After. A worker that refuses the request before its first token becomes an HTTP error with

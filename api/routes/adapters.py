@@ -86,7 +86,7 @@ async def _accept_multipart(
 ) -> AdapterVersion:
     scratch = upload_scratch_dir(services.settings)
     with tempfile.TemporaryDirectory(prefix="lorahost-upload-", dir=scratch) as tmp:
-        received = await receive_upload(request, Path(tmp), services.settings.max_upload_bytes)
+        received = await receive_upload(request, Path(tmp), services.settings.limits.max_upload_bytes)
         return await run_in_threadpool(
             adapter_pipeline.accept_upload,
             session,
@@ -168,7 +168,7 @@ def delete_adapter(
     name: str, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
 ) -> AdapterDeleted:
     """Soft-delete one of the tenant's adapters (all its versions stop being served: at once through this
-    API process, within settings.model_cache_ttl_s through the others)."""
+    API process, within settings.api.model_cache_ttl_s through the others)."""
     if "@" in name:
         raise ApiError(400, "invalid_request", "delete removes a whole adapter: use its name without @N")
     session.commit()  # end the auth read: the delete runs in a write transaction of its own

@@ -72,8 +72,8 @@ def update_tenant(
     """Disable/enable a tenant, change its plan or its prefix-cache namespace (only the fields sent change).
 
     A disabled tenant's keys stop working and its public adapters are hidden from other tenants. Applies at
-    once on this API process; other replicas see it within settings.auth_cache_ttl_s (keys) and
-    settings.model_cache_ttl_s (adapters)."""
+    once on this API process; other replicas see it within settings.api.auth_cache_ttl_s (keys) and
+    settings.api.model_cache_ttl_s (adapters)."""
     changes = body.model_dump(include=body.model_fields_set)
     tenant = _write(session, lambda s: repository.update_tenant(s, tenant_id, **changes))
     forget_tenant(services.auth_cache, tenant_id)
@@ -93,7 +93,7 @@ def create_key(tenant_id: PathId, _: AdminDep, session: SessionDep) -> ApiKeyCre
 @router.delete("/keys/{key_id}", response_model=ApiKeyRevoked)
 def revoke_key(key_id: PathId, _: AdminDep, session: SessionDep, services: ServicesDep) -> ApiKeyRevoked:
     """Revoke an API key: it stops authenticating at once on this API process and within
-    settings.auth_cache_ttl_s on the other replicas (their in-process auth caches)."""
+    settings.api.auth_cache_ttl_s on the other replicas (their in-process auth caches)."""
     row = _write(session, lambda s: repository.revoke_api_key(s, key_id))
     forget_key(services.auth_cache, key_id)
     return ApiKeyRevoked(id=row.id, tenant_id=row.tenant_id, revoked_at=row.revoked_at)

@@ -10,7 +10,7 @@ from api.deps import CurrentTenant, SessionDep, SettingsDep
 from api.schemas import ListResponse, ModelCard
 from registry import repository
 from registry.models import Adapter, AdapterVersion
-from registry.settings import Settings
+from settings import Settings
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

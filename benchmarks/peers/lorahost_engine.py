@@ -55,7 +55,7 @@ def main() -> None:
     common.set_threads(args.threads)
     # LORAHOST_BENCH_DTYPE: float32 where the CPU has no fast bf16 (bf16 is then emulated, ~20x slower)
     cfg_kw = {"model_path": args.model_dir / "base", "dtype": os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16")}
-    fields = getattr(EngineConfig, "__dataclass_fields__", {})
+    fields = getattr(EngineConfig, "model_fields", None) or getattr(EngineConfig, "__dataclass_fields__", {})
     if "enable_prefix_caching" in fields:
         # Warm-up and timed runs replay the same prompts: with the prefix cache on, the timed prefill would be a
         # cache hit and measure the cache, not the engine (LORAHOST_BENCH_PREFIX_CACHING=1 to measure that).

@@ -21,8 +21,8 @@ from api.deps import get_session
 from api.main import create_app
 from api.prompting import BaseModelTokenizer
 from api.services import build_services
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 from tests.api.test_completions_support import ScriptedWorkers
 from tests.registry.db_fixtures import *
 

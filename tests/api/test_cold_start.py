@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from api.cold_start import ColdStartTimeout, ColdStartWait
 from cluster.membership import WorkerRecord
-from registry.settings import Settings
+from settings import Settings
 from tests.api import asgi_support
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, usage_rows

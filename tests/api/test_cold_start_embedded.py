@@ -20,8 +20,8 @@ from api.services import build_services
 from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.embedded import EmbeddedWorker
 from gpu_workers.testing import TEST_ENGINE_SETTINGS
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, usage_rows
 
@@ -56,7 +56,7 @@ def api(
     db_session_factory: sessionmaker[Session],
 ) -> Iterator[TestClient]:
     services = build_services(
-        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.blob_store)
+        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.storage.blob_store)
     )
     services.worker_transport = unstarted_worker.transport
     services.worker_directory = unstarted_worker.directory

@@ -19,8 +19,8 @@ from api.deps import get_session
 from api.main import create_app
 from api.services import build_services
 from gpu_workers.testing import RunningWorker, worker_in_thread
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 from tests.api.asgi_support import run
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, usage_rows
@@ -47,7 +47,7 @@ def api(
     """The API with the in-process worker published, as `lorahost serve` does."""
     settings = Settings(data_dir=tmp_path, admin_key=ADMIN_KEY, base_model_path=base_model_dir)
     services = build_services(
-        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(worker.settings.blob_store)
+        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(worker.settings.storage.blob_store)
     )
     services.worker_transport = worker.extra["embedded"].transport
     services.worker_directory = worker.directory

@@ -27,7 +27,7 @@ from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX
 from gpu_workers.testing import RunningWorker, free_port, worker_process
 from registry.models import UsageRecord
-from registry.settings import Settings
+from settings import Settings
 
 ADMIN_KEY = "e2e-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

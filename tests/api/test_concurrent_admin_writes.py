@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from registry.settings import Settings
+from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY
 
 NUM_ROUNDS = 6  # each round sends one of every admin write below, all at once

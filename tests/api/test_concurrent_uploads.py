@@ -17,8 +17,8 @@ from sqlalchemy.engine import Engine
 
 from api.main import create_app
 from registry.db import make_engine, make_session_factory
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, adapter_paths, upload
 from tests.registry.upload_invariants import assert_no_orphans, assert_numbered_without_gaps
 

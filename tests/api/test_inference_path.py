@@ -171,8 +171,8 @@ def test_settings_router_policy_picks_the_services_router(
     tmp_path, db_session_factory, blob_store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from api.services import build_services
-    from registry.settings import Settings
     from scheduler import router_policies
+    from settings import Settings
 
     monkeypatch.setitem(router_policies.ROUTER_POLICIES, "first_worker", FirstWorkerRouter)
     settings = Settings(data_dir=tmp_path, admin_key="x", router_policy="first_worker")
@@ -186,7 +186,7 @@ def test_settings_router_policy_picks_the_services_router(
 def test_an_unknown_router_policy_setting_is_refused_naming_the_choices(tmp_path) -> None:
     from pydantic import ValidationError
 
-    from registry.settings import Settings
+    from settings import Settings
 
     with pytest.raises(ValidationError, match="residency_least_loaded"):
         Settings(data_dir=tmp_path, router_policy="round_robin")

@@ -15,7 +15,7 @@ def test_openapi_lists_the_v1_routes(client) -> None:
 
 
 def test_extra_routers_and_app_state_are_available(tmp_path, db_session_factory, blob_store) -> None:
-    from registry.settings import Settings
+    from settings import Settings
 
     router = APIRouter()
 
@@ -33,7 +33,7 @@ def test_extra_routers_and_app_state_are_available(tmp_path, db_session_factory,
 
 def test_app_builds_its_own_services_from_settings(tmp_path) -> None:
     from migrations.runner import upgrade
-    from registry.settings import Settings
+    from settings import Settings
 
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'own.db'}", admin_key="x")
     upgrade(settings.resolved_database_url())
@@ -46,7 +46,7 @@ def test_a_published_worker_transport_is_handed_to_the_worker_client(
     tmp_path, db_session_factory, blob_store
 ) -> None:
     """Embedded mode: `lorahost serve` publishes the in-process worker's transport in services.worker_transport."""
-    from registry.settings import Settings
+    from settings import Settings
 
     class FakeLocalTransport:
         def serves(self, worker) -> bool:

@@ -53,7 +53,7 @@ def test_worker_device_adapter_cache_counters_load_time_and_page_split_are_expor
         assert samples[("lorahost_worker_pool_pages", (("use", use), ("worker", "w1")))] == value
 
 
-# ---- /metrics access (settings.metrics_token, settings.is_metrics_public) --------------------------------
+# ---- /metrics access (settings.api.metrics_token, settings.api.is_metrics_public) --------------------------------
 
 
 def test_metrics_need_the_admin_key_by_default(client, tenant) -> None:

@@ -21,8 +21,8 @@ from api.services import build_services
 from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.embedded import EmbeddedWorker
 from gpu_workers.testing import TEST_ENGINE_SETTINGS
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, upload
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers
 
@@ -145,7 +145,7 @@ def embedded(
     )
     worker = EmbeddedWorker(settings, InMemoryWorkerDirectory()).start()
     services = build_services(
-        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.blob_store)
+        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.storage.blob_store)
     )
     services.worker_transport = worker.transport
     services.worker_directory = worker.directory

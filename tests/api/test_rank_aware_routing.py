@@ -147,7 +147,7 @@ def test_an_in_process_directory_is_read_directly(client: TestClient) -> None:
 
 
 def test_the_worker_view_cache_stays_well_under_the_heartbeat_ttl(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from registry.settings import Settings
+    from settings import Settings
 
     assert Settings(data_dir=tmp_path).resolved_worker_view_cache_s() == 0.5  # heartbeat TTL 6 s
     assert Settings(data_dir=tmp_path, worker_view_cache_s=3.0).resolved_worker_view_cache_s() == 1.5
@@ -158,7 +158,7 @@ def test_the_worker_view_cache_stays_well_under_the_heartbeat_ttl(tmp_path) -> N
 
 def test_the_rank_aware_policy_is_built_from_settings(tmp_path, db_session_factory, blob_store) -> None:  # type: ignore[no-untyped-def]
     from api.services import build_services
-    from registry.settings import Settings
+    from settings import Settings
 
     settings = Settings(
         data_dir=tmp_path,

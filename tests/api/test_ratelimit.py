@@ -5,7 +5,7 @@ import pytest
 
 from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
 from api.services import make_rate_limiter
-from registry.settings import Settings
+from settings import Settings
 from tests.services import REDIS_URL, redis_with_prefix
 
 

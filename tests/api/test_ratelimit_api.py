@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from api.inference.prepare import admit
 from api.ratelimit import InMemoryRateLimiter, RateLimits, RedisRateLimiter
 from api.services import make_rate_limiter
-from registry.settings import Settings
+from settings import Settings
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
 

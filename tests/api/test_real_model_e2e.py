@@ -23,7 +23,7 @@ from api.main import create_app
 from api.services import build_services
 from gpu_workers.testing import worker_in_thread
 from lorahost.smollm2 import INSTALL_HINT, ensure_smollm2
-from registry.settings import Settings
+from settings import Settings
 from tests.conftest import is_ci
 
 pytestmark = pytest.mark.slow

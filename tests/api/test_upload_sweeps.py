@@ -12,8 +12,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from api.uploads import remove_abandoned_upload_dirs, upload_scratch_dir
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 from tests.api.conftest import TenantHandle, adapter_paths, num_timer_threads, upload
 
 

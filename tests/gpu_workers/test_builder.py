@@ -13,8 +13,8 @@ from gpu_workers import builder
 from gpu_workers.backend import InferenceBackend
 from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.outputs import RequestOutput
-from registry.settings import Settings
 from scheduler.core.sampling import SamplingParams
+from settings import Settings
 
 
 class _FakeBackend:
@@ -90,7 +90,7 @@ def _settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 
 def test_the_native_engine_is_the_default_backend() -> None:
-    assert Settings().worker_backend == "native"
+    assert Settings().worker.backend == "native"
     assert "native" in BACKENDS
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from gpu_workers.embedded import EmbeddedWorker
 from gpu_workers.testing import free_port
-from registry.settings import DEFAULT_WORKER_PORT, Settings
+from settings import Settings
+from settings.worker import DEFAULT_WORKER_PORT
 
 
 def _serve_health(worker: EmbeddedWorker) -> int:
@@ -36,6 +37,6 @@ def test_embedded_worker_picks_a_free_port_when_none_is_configured(monkeypatch: 
 
 
 def test_standalone_worker_port_defaults_to_8100_and_zero_means_free() -> None:
-    assert Settings().resolved_worker_port() == DEFAULT_WORKER_PORT == 8100
-    assert Settings(worker_port=0).resolved_worker_port() == 0
-    assert Settings(worker_port=9001).resolved_worker_port(default=0) == 9001
+    assert Settings().worker.resolved_port() == DEFAULT_WORKER_PORT == 8100
+    assert Settings(worker_port=0).worker.resolved_port() == 0
+    assert Settings(worker_port=9001).worker.resolved_port(default=0) == 9001

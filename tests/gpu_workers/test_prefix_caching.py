@@ -11,8 +11,8 @@ import pytest
 
 from gpu_workers.config import EngineConfig
 from gpu_workers.engine import LLMEngine
-from registry.settings import Settings
 from scheduler.core.sampling import SamplingParams
+from settings import Settings
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=8, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)

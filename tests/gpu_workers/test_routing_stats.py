@@ -18,10 +18,10 @@ from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.engine import LLMEngine
 from gpu_workers.host_cache import HostAdapterCache
 from gpu_workers.worker_service import WorkerService
-from registry.settings import Settings
-from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.core.sampling import SamplingParams
+from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
+from settings import Settings
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 DEMO_RANKS = {"adapter-00": 4, "adapter-01": 8, "adapter-02": 16, "adapter-03": 32, "adapter-04": 2}

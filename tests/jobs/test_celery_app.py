@@ -20,7 +20,7 @@ from jobs.dispatch import CeleryJobs
 from migrations.runner import upgrade
 from registry import adapter_pipeline as pipeline
 from registry import repository
-from registry.settings import Settings
+from settings import Settings
 
 pytestmark = pytest.mark.slow  # starts a Celery worker subprocess
 
@@ -31,9 +31,12 @@ ADMIN = {"Authorization": "Bearer celery-admin"}
 
 
 def _settings_env(settings: Settings) -> dict[str, str]:
-    fields = ("data_dir", "database_url", "blob_store", "redis_url", "is_inline_jobs", "celery_key_prefix",
-              "celery_queue", "base_model_path", "admin_key")  # fmt: skip
-    return {f"LORAHOST_{f.upper()}": str(getattr(settings, f)) for f in fields}
+    storage, jobs = settings.storage, settings.jobs
+    values = {"data_dir": settings.data_dir, "database_url": storage.database_url, "blob_store": storage.blob_store,
+              "redis_url": storage.redis_url, "is_inline_jobs": jobs.is_inline_jobs,
+              "celery_key_prefix": jobs.celery_key_prefix, "celery_queue": jobs.celery_queue,
+              "base_model_path": settings.base_model_path, "admin_key": settings.api.admin_key}  # fmt: skip
+    return {f"LORAHOST_{name.upper()}": str(value) for name, value in values.items()}
 
 
 def _wait_for_ready(proc: subprocess.Popen, log_path: Path) -> None:
@@ -80,7 +83,7 @@ def worker_settings(
     upgrade(settings.resolved_database_url())
     log_path = work / "worker.log"
     command = [sys.executable, "-m", "celery", "-A", "jobs.worker", "worker", "--pool=solo", "--loglevel=INFO",
-               "-Q", settings.celery_queue, "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+               "-Q", settings.jobs.celery_queue, "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             command,
@@ -99,7 +102,7 @@ def worker_settings(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        _delete_redis_keys(redis_url, settings.celery_key_prefix, settings.celery_queue)
+        _delete_redis_keys(redis_url, settings.jobs.celery_key_prefix, settings.jobs.celery_queue)
 
 
 def _poll_status(ctx: pipeline.AdapterJobContext, version_id: str) -> str:
@@ -150,7 +153,7 @@ def test_celery_worker_marks_a_tampered_upload_failed(
             names=list(pipeline.STORED_FILENAMES),
         )  # fmt: skip
     ctx.blob_store.put_file(version.weights_blob_key, upload_dir / pipeline.CONFIG_FILENAME)
-    CeleryJobs(make_celery(worker_settings), worker_settings.celery_queue).validate_adapter_version(
+    CeleryJobs(make_celery(worker_settings), worker_settings.jobs.celery_queue).validate_adapter_version(
         version.id
     )
     assert _poll_status(ctx, version.id) == "failed"

@@ -11,7 +11,7 @@ from jobs.celery_client import make_celery_client
 from jobs.dispatch import CeleryJobs, InlineJobs, make_job_dispatcher
 from jobs.task_names import VALIDATE_ADAPTER_TASK
 from registry.adapter_pipeline import make_job_context
-from registry.settings import Settings
+from settings import Settings
 
 
 def test_inline_settings_give_inline_jobs(tmp_path: Path) -> None:
@@ -33,7 +33,7 @@ def test_the_celery_dispatcher_sends_by_name_through_a_client_without_task_bodie
     assert isinstance(jobs, CeleryJobs)
     assert not [name for name in jobs.celery_app.tasks if name.startswith("lorahost.")]
     assert jobs.celery_app.conf.broker_transport_options == {"global_keyprefix": "p:"}
-    assert jobs.celery_app.conf.task_default_queue == settings.celery_queue
+    assert jobs.celery_app.conf.task_default_queue == settings.jobs.celery_queue
 
 
 def test_celery_app_registers_the_validation_task_and_key_prefix(tmp_path: Path) -> None:

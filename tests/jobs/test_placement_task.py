@@ -15,7 +15,7 @@ from jobs.celery_app import make_celery
 from jobs.placement import http_dropper, make_routing_table_store
 from jobs.task_names import COMPUTE_PLACEMENT_TASK
 from migrations.runner import upgrade
-from registry.settings import Settings
+from settings import Settings
 
 
 def _settings(tmp_path: Path, redis_url: str, **overrides: object) -> Settings:
@@ -34,7 +34,7 @@ def test_the_task_publishes_a_table_for_the_live_workers_in_redis(tmp_path: Path
     settings = _settings(tmp_path, redis_url)
     upgrade(settings.resolved_database_url())
     client = redis.Redis.from_url(redis_url)
-    directory = RedisWorkerDirectory(client, settings.worker_key_prefix)
+    directory = RedisWorkerDirectory(client, settings.worker.key_prefix)
     directory.heartbeat(
         WorkerRecord(f"w-{uuid.uuid4().hex[:6]}", "http://127.0.0.1:9", settings.base_model_name), 30
     )
@@ -48,7 +48,7 @@ def test_the_task_publishes_a_table_for_the_live_workers_in_redis(tmp_path: Path
     finally:
         for worker in directory.list_live():
             directory.remove(worker.worker_id)
-        prefix = f"{settings.celery_key_prefix}{settings.placement_key_prefix}"
+        prefix = f"{settings.jobs.celery_key_prefix}{settings.placement.key_prefix}"
         client.delete(prefix + "table", prefix + "version")
 
 

@@ -1,4 +1,4 @@
-"""The upload sweeps as Celery beat tasks (cluster mode): scheduled every settings.upload_sweep_interval_s,
+"""The upload sweeps as Celery beat tasks (cluster mode): scheduled every settings.jobs.upload_sweep_interval_s,
 ages from settings. The task bodies run in-process here (no worker needed to check what they do)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from migrations.runner import upgrade
 from registry import repository
 from registry.db import make_engine, make_session_factory
 from registry.models import AdapterVersion, utcnow
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 
 
 def _settings(tmp_path: Path, redis_url: str, **overrides: object) -> Settings:

@@ -20,8 +20,8 @@ from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage, s
 from registry import repository
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord, new_id, utcnow
-from registry.settings import Settings
 from registry.usage import open_usage
+from settings import Settings
 
 
 def _open_rows(
@@ -89,7 +89,7 @@ def test_lease_timeout_must_leave_room_for_two_renewals(tmp_path: Path) -> None:
     import pydantic
     import pytest
 
-    assert Settings(data_dir=tmp_path).usage_lease_timeout_s == 30.0
+    assert Settings(data_dir=tmp_path).metering.lease_timeout_s == 30.0
     with pytest.raises(pydantic.ValidationError, match="LORAHOST_USAGE_LEASE_TIMEOUT_S"):
         Settings(data_dir=tmp_path, usage_checkpoint_interval_s=10.0, usage_lease_timeout_s=20.0)
 

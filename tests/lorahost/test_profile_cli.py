@@ -58,7 +58,7 @@ def test_profile_writes_a_fitted_model_the_worker_can_load(base_model_dir: Path,
     assert "prefill:" in result.output and "decode:" in result.output and str(output) in result.output
 
     from gpu_workers.builder import load_perf_profile
-    from registry.settings import Settings
+    from settings import Settings
 
     published = load_perf_profile(Settings(data_dir=tmp_path, worker_profile_path=output))
     assert published is not None and "samples" not in published  # heartbeats carry the fit only

@@ -33,8 +33,8 @@ from lorahost.demo import free_port, setup_tenant, upload_adapter, wait_ready
 from registry import adapter_pipeline as pipeline
 from registry import repository
 from registry.models import AdapterVersion, new_id
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 
 pytestmark = pytest.mark.slow  # starts lorahost serve subprocesses killed with SIGKILL
 

@@ -18,9 +18,9 @@ from registry.errors import InvalidRequestError
 from registry.import_sources import S3Credentials, SourceUnreadableError
 from registry.models import Adapter, AdapterVersion
 from registry.s3_storage import S3BlobStore
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from registry.validation import AdapterValidationError
+from settings import Settings
 
 
 def _adapter_dir(adapter_dirs: dict[str, Path], tmp_path: Path) -> Path:
@@ -174,7 +174,7 @@ def s3_source(s3_endpoint: str, s3_bucket: str) -> S3BlobStore:
 
 @pytest.fixture
 def s3_ctx(ctx, s3_endpoint: str) -> pipeline.AdapterJobContext:
-    ctx.settings = ctx.settings.model_copy(update={"s3_endpoint_url": s3_endpoint})
+    ctx.settings = ctx.settings.updated(s3_endpoint_url=s3_endpoint)
     return ctx
 
 

@@ -18,9 +18,9 @@ from registry import adapter_pipeline as pipeline
 from registry import repository, validation_job
 from registry.db import make_engine, make_session_factory
 from registry.models import AdapterVersion
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from registry.validation import AdapterValidationError
+from settings import Settings
 from tests.registry.upload_invariants import assert_no_orphans, assert_numbered_without_gaps
 
 NUM_UPLOADS = 16

@@ -20,8 +20,8 @@ from registry.import_sources import (
     SourceNotAllowedError,
     SourceUnreadableError,
 )
-from registry.settings import Settings
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterValidationError
+from settings import Settings
 from tests.registry.db_fixtures import free_port
 
 TENANT_SECRET = "tenant-secret-never-shown"

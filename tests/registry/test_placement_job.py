@@ -13,8 +13,8 @@ from cluster.routing_table import InMemoryRoutingTableStore, RedisRoutingTableSt
 from registry import repository
 from registry.models import AdapterVersion, new_id
 from registry.placement_job import run_placement
-from registry.settings import Settings
 from registry.usage import open_usage
+from settings import Settings
 
 BASE = "lorahost-base"
 NOW = datetime(2033, 6, 1, 12, 0, tzinfo=UTC)  # far from every other test's rows

@@ -21,9 +21,9 @@ from registry.predictor_artifacts import (
     write_predictor,
 )
 from registry.predictor_training import chronological_split, load_length_samples, run_predictor_training
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from scheduler.length_predictor import LengthPredictor, RequestFeatures
+from settings import Settings
 from tests.registry.predictor_rows import (
     MAX_TOKENS,
     MEDIANS,
@@ -152,7 +152,7 @@ def test_predictor_settings_are_validated(tmp_path: Path) -> None:
         Settings(data_dir=tmp_path, length_predictor="oracle")
     with pytest.raises(ValidationError):
         Settings(data_dir=tmp_path, predictor_reload_interval_s=-1)
-    assert Settings(data_dir=tmp_path).length_predictor == "learned"
+    assert Settings(data_dir=tmp_path).predictor.length_predictor == "learned"
 
 
 def test_a_corrupt_pointer_is_a_predictor_artifact_error(store: LocalBlobStore) -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from registry.blob_locations import make_blob_store, parse_s3_uri
 from registry.s3_storage import S3BlobStore
-from registry.settings import Settings
 from registry.storage import BlobNotFoundError, BlobStore, LocalBlobStore
+from settings import Settings
 
 MIB = 1024 * 1024
 MULTIPART_CHUNK = 5 * MIB  # S3's minimum part size

@@ -15,8 +15,8 @@ from registry import repository, upload_quota, validation_job
 from registry.errors import AdapterQuotaError, StorageQuotaError
 from registry.models import AdapterVersion
 from registry.s3_storage import S3BlobStore
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
+from settings import Settings
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def _import(
     db_session: Session, ctx: pipeline.AdapterJobContext, tenant_id: str, name: str, tmp_path: Path
 ) -> AdapterVersion:
     db_session.commit()  # end the previous read: staging starts a write transaction
-    source = f"s3://{ctx.settings.import_allowed_buckets[0]}/lora"
+    source = f"s3://{ctx.settings.api.import_allowed_buckets[0]}/lora"
     work_dir = tmp_path / f"import-{len(list(tmp_path.glob('import-*')))}"
     work_dir.mkdir()
     version = pipeline.accept_import(

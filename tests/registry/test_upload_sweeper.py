@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from registry import adapter_pipeline as pipeline
 from registry import repository
 from registry.models import AdapterVersion
-from registry.settings import Settings
 from registry.storage import LocalBlobStore
 from registry.upload_sweeper import (
     BlobEntry,
@@ -27,6 +26,7 @@ from registry.upload_sweeper import (
     select_orphaned_blobs,
     sweep_orphaned_blobs,
 )
+from settings import Settings
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 MIN_AGE_S = 600.0

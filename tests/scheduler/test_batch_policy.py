@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registry.settings import Settings
 from scheduler.admission import BatchBudget, WaitingRequest
 from scheduler.batch_policy import FifoPolicy, SjfPolicy, make_batch_policy
+from settings import Settings
 
 BUDGET = BatchBudget(num_free_seqs=8, num_free_tokens=4096, num_free_blocks=100, block_size=16)
 
@@ -51,5 +51,5 @@ def test_sjf_orders_by_predicted_output_then_arrival_and_skips_what_does_not_fit
 def test_unknown_batch_policy_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="fifo, multiqueue, sjf"):
         Settings(engine_batch_policy="lifo")
-    assert Settings(engine_batch_policy="sjf").engine_batch_policy == "sjf"
-    assert Settings(engine_batch_policy="multiqueue").engine_batch_policy == "multiqueue"
+    assert Settings(engine_batch_policy="sjf").engine.batch_policy == "sjf"
+    assert Settings(engine_batch_policy="multiqueue").engine.batch_policy == "multiqueue"

@@ -48,8 +48,8 @@ def test_every_adapter_has_exactly_one_live_holder(num_adapters: int, workers: s
 
 
 def test_the_placement_policy_setting_is_validated(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from registry.settings import Settings
+    from settings import Settings
 
-    assert Settings(data_dir=tmp_path, placement_policy="contiguous").placement_policy == "contiguous"
+    assert Settings(data_dir=tmp_path, placement_policy="contiguous").placement.policy == "contiguous"
     with pytest.raises(ValueError, match="placement policy 'sticky'; choose one of contiguous, loraserve, random"):
         Settings(data_dir=tmp_path, placement_policy="sticky")

@@ -1,0 +1,160 @@
+"""The API server's sections: the HTTP process (`api`), request and upload limits (`limits`) and how a request
+picks its worker (`routing`)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import NoDecode
+
+from settings.section import named_choice, section_config
+
+DEFAULT_ROUTER_POLICY = "residency_least_loaded"  # checked against scheduler/router_policies.py ROUTER_POLICIES
+
+
+class ApiSettings(BaseModel):
+    """The API process: bind address, keys, caches, cold-start waits, uploads and imports (flat names as is)."""
+
+    model_config = section_config("")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    admin_key: str | None = None
+    metrics_token: str | None = Field(
+        default=None,
+        description="API: bearer token that opens /metrics to a Prometheus scraper (besides the admin key). "
+        "By default /metrics needs `Authorization: Bearer <admin key or metrics_token>`: it names workers",
+    )
+    is_metrics_public: bool = Field(
+        default=False,
+        description="API: serve /metrics without authentication (only behind a network that keeps it private)",
+    )
+    api_instance_id: str | None = Field(
+        default=None,
+        max_length=200,
+        description="API: owner id of the usage rows this process opens; on start a process closes the rows its "
+        "predecessor with the same id left open (crash, kill -9) as `interrupted`. Default <hostname>-<port> "
+        "(`lorahost api`; give each replica a stable id, e.g. its StatefulSet pod name) or <hostname>-embedded "
+        "(`lorahost serve`)",
+    )
+    cold_start_timeout_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="API: how long an inference request waits for a ready worker of its base model (cold start, "
+        "model still loading, scale from zero) before it is refused with 503 + Retry-After",
+    )
+    cold_start_poll_interval_s: float = Field(
+        default=0.1,
+        gt=0,
+        description="API: how often a request waiting through a cold start re-reads the workers",
+    )
+    auth_cache_ttl_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="API: verified keys cached per process; the revocation delay across replicas",
+    )
+    model_cache_ttl_s: float = Field(
+        default=2.0, ge=0, description="API: resolved adapter versions cached per process (0 = off)"
+    )
+    upload_tmp_dir: Path | None = Field(
+        default=None,
+        description="API: where multipart upload bodies are written before validation, one subfolder per API "
+        "instance (api_instance_id), emptied when that instance starts; default data_dir/upload-tmp",
+    )
+    import_allowed_buckets: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="API: s3:// buckets a tenant may import adapters from WITHOUT its own credentials, read with "
+        "the platform's credentials (comma-separated names; default none). The platform's own blob bucket is "
+        "refused even when listed",
+    )
+    is_import_private_network_allowed: bool = Field(
+        default=False,
+        description="API: also let imports reach http:// URLs and loopback/private/link-local addresses (import "
+        "URLs and tenant S3 endpoints). Tests and local development only: it opens the internal network to "
+        "tenants",
+    )
+
+    @field_validator("import_allowed_buckets", mode="before")
+    @classmethod
+    def _split_bucket_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
+
+    def resolved_api_instance_id(self, default: str | None = None) -> str:
+        """The owner id of this API process's usage rows: api_instance_id, else `default`, else <hostname>-<port>."""
+        return self.api_instance_id or default or f"{socket.gethostname()}-{self.port}"
+
+
+class LimitsSettings(BaseModel):
+    """Sizes the platform refuses beyond: uploads, archives, adapter ranks, prompts, completions, bodies."""
+
+    model_config = section_config("")
+
+    max_upload_bytes: int = 512 * 1024 * 1024
+    max_uncompressed_bytes: int = 1024 * 1024 * 1024
+    max_rank: int = 256
+    max_adapter_bytes: int = 512 * 1024 * 1024
+    max_archive_members: int = 8
+    max_prompt_tokens: int = 4096
+    max_prompt_chars_per_token: int = Field(
+        default=32,
+        gt=0,
+        description="API: a prompt (or chat messages' text) longer than max_prompt_tokens x this many characters "
+        "is refused (400) before it is tokenized; no common tokenizer averages more characters per token",
+    )
+    max_completion_tokens: int = 2048
+    max_request_body_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        gt=0,
+        description="API: largest inference request body (413 beyond it, checked while the body is read); keep "
+        "it above the largest allowed prompt as JSON (max_prompt_tokens x max_prompt_chars_per_token x ~4)",
+    )
+
+
+class RoutingSettings(BaseModel):
+    """How an API server picks a worker: the router policy, its cost knobs, and the listings it reads."""
+
+    model_config = section_config("router_")
+
+    policy: str = Field(
+        default=DEFAULT_ROUTER_POLICY,
+        description="API: how a request picks its worker, one of scheduler/router_policies.py ROUTER_POLICIES",
+    )
+    slo_tpot_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="API, rank_aware router: the time-per-output-token SLO (ms) above which a worker's cost is "
+        "penalised; default per worker: 1.5x its single-request decode step at the request's rank (CaraServe)",
+    )
+    cold_fetch_ms: float = Field(
+        default=50.0,
+        ge=0,
+        description="API, rank_aware router: the estimated fetch (ms) of an adapter a worker holds nowhere, on top "
+        "of its profiled host -> device load",
+    )
+    worker_view_cache_s: float = Field(
+        default=0.5,
+        ge=0,
+        validation_alias="worker_view_cache_s",
+        description="API: seconds the live worker listing (Redis) is reused before it is read again (0 = every "
+        "request), capped at a quarter of the heartbeat TTL (a dead worker leaves routing soon after its record "
+        "expires). While Redis fails, the last listing is used",
+    )
+    table_refresh_s: float = Field(
+        default=5.0,
+        gt=0,
+        validation_alias="routing_table_refresh_s",
+        description="API: seconds between reads of the published routing table into memory",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _check_policy(cls, value: str) -> str:
+        # numpy: loaded when settings are built, not when the package is imported
+        from scheduler.router_policies import ROUTER_POLICIES
+
+        return named_choice(value, ROUTER_POLICIES, "router policy")

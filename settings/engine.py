@@ -1,0 +1,237 @@
+"""The engine section: every knob of the native engine an operator sets (LORAHOST_ENGINE_*).
+
+gpu_workers.config.EngineConfig is this model plus what the worker adds (the model path, the rank limit, and
+knobs only code sets); its docstring explains the memory layout and the policies. Validation errors name the
+field and the environment variable to change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
+
+from scheduler.batch_policy import BATCH_POLICIES
+from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
+from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
+from settings.section import env_name, section_config
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+DEVICES = ("auto", "cpu", "cuda")
+MEMORY_MODES = ("unified", "static")
+# Forced kernel choices (gpu_workers/kernel_plan.py): setting -> its forms (= the ops' forms in gpu_workers/layers/)
+KERNEL_FORMS = {
+    "prefill_gemm": ("packed", "fp32_upcast", "plain"),
+    "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel"),
+    "decode_lora_form": ("segmented", "stacked", "kernel"),
+}
+
+
+class EngineSettings(BaseModel):
+    """The native engine's operator knobs (section `engine`; flat names engine_*)."""
+
+    model_config = section_config("engine_")
+
+    dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
+    device: str = Field(default="auto", description="cpu, cuda or auto")
+    kv_cache_bytes: int = Field(
+        default=1 << 30, description="KV cache budget (bytes); in a unified pool KV and adapters share it"
+    )
+    num_kv_blocks: int | None = Field(default=None, description="KV blocks; overrides the byte budget")
+    max_num_seqs: int = Field(default=64, description="Max requests running in one batch")
+    max_num_batched_tokens: int = Field(default=4096, description="Per-step token budget")
+    max_model_len: int | None = Field(default=None, description="Default: the model's context length")
+    num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
+    adapter_cache_bytes: int | None = Field(
+        default=None,
+        description="Device bytes for adapters in the page pool, on top of the KV cache (the only limit on how "
+        "many adapters are on the device; requests wait for room). unified: added to the shared pool (default "
+        "0); static: the fixed adapter share (default: room for 64 adapters of max_rank)",
+    )
+    memory_mode: str = Field(
+        default="unified",
+        description="Device memory layout: unified = KV blocks and adapter weights share every page of one "
+        "budget (adapters stored in the KV cache's pages); static = fixed adapter share beside the KV cache "
+        "(the vLLM-style baseline)",
+    )
+    batch_policy: str = Field(
+        default="fifo",
+        description="Admission order of waiting requests, one of "
+        f"{sorted(BATCH_POLICIES)} (scheduler/batch_policy.py: fifo = arrival order with head-of-line blocking; "
+        "sjf = fewest predicted output tokens first; multiqueue = Chameleon's size-class queues with token "
+        "quotas, scheduler/multiqueue.py)",
+    )
+    fair_share: bool = Field(
+        default=True,
+        description="Fair share of each engine between tenants (scheduler/fair_share.py, the Virtual Token "
+        "Counter of Sheng et al., OSDI'24): the least-served tenant's waiting request is admitted first, in "
+        "the batch policy's order within a tenant; false admits in the batch policy's order alone. No effect "
+        "while one tenant sends requests.",
+    )
+    fair_share_reserved_seqs: int = Field(
+        default=1,
+        description="With fair share: batch slots a tenant that already has a request running may not take, "
+        "kept for a tenant with nothing running, so a newly arriving tenant is admitted at the next step "
+        "instead of waiting for a flooding tenant's request to finish (costs at most this many of "
+        "engine_max_num_seqs slots while one tenant alone fills the batch; requests without a tenant are "
+        "never held back); 0 = off",
+    )
+    multiqueue_slo_s: float = Field(
+        default=DEFAULT_SLO_S,
+        description="multiqueue: the TTFT SLO (seconds) its M/M/1 rule sizes each queue's minimum token quota for",
+    )
+    multiqueue_refresh_s: float = Field(
+        default=DEFAULT_REFRESH_S,
+        description="multiqueue: seconds between recomputing its size classes (K-means) and quotas",
+    )
+    multiqueue_max_queues: int = Field(
+        default=DEFAULT_MAX_QUEUES,
+        le=16,
+        description="multiqueue: the most size classes (Kmax); its K selection may choose fewer",
+    )
+    adapter_eviction_policy: str = Field(
+        default=DEFAULT_EVICTION_POLICY,
+        validation_alias="adapter_eviction_policy",
+        description="Worker: which idle device adapter is evicted first when a step needs pages, one of "
+        f"{sorted(EVICTION_POLICIES)} (scheduler/eviction.py: least recently used; Chameleon's "
+        "frequency/recency/size score; FastLibra's reload cost x reuse probability x recency decay)",
+    )
+    is_caching_idle_adapters: bool = Field(
+        default=True,
+        validation_alias="engine_adapter_cache",
+        description="Keep adapters no request uses on the device while memory is free (the adapter cache); "
+        "false evicts an adapter as soon as no running or waiting request uses it (the S-LoRA / no-cache "
+        "baseline: every later request for it copies it again, and prefetch hints last one step)",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="Reuse the KV of prompt prefixes shared by requests of the same adapter version",
+    )
+    host_adapter_cache_bytes: int = Field(
+        default=2 << 30,
+        description="Host memory for packed adapter copies (the tier between the device and the disk cache; "
+        "a copy to the device from it skips reading and validating files); 0: off",
+    )
+    adapter_link_gbps: float | None = Field(
+        default=None,
+        description="Emulated host->device adapter link bandwidth in GB/s (a copy of n bytes takes at least "
+        "n / bandwidth seconds); default: no emulation",
+    )
+    cpu_prefill_workers: int = Field(
+        default=2,
+        description="CPU threads computing the LoRA delta of prefills whose adapter is still being copied "
+        "(CPU-assisted prefill); 0: such requests wait for the copy",
+    )
+    fp32_prefill_gemms: bool | None = Field(
+        default=None,
+        description="bf16 model on CPU: prefill-sized products (>= 128 rows) in fp32 upcasts; default: chosen by "
+        "measurement at worker start (cached per CPU, torch version, threads and shape); costs a dense copy of "
+        "the weights",
+    )
+    kernel_choices_path: Path | None = Field(
+        default=None,
+        description="JSON cache of the CPU kernels chosen by measurement (gpu_workers/kernel_tuner.py); "
+        "default ~/.cache/lorahost/kernel_choices.json",
+    )
+    prefill_gemm: str | None = Field(
+        default=None,
+        description="force the prefill GEMM form of a packed bf16 model (packed / fp32_upcast / plain); default: "
+        "chosen by measurement at worker start (`lorahost tune`); wins over engine_fp32_prefill_gemms",
+    )
+    decode_attention: str | None = Field(
+        default=None,
+        description="force the decode attention form (sdpa / sdpa_fp32 / grouped_matmul / c_kernel); default: chosen "
+        "by measurement at worker start",
+    )
+    decode_lora_form: str | None = Field(
+        default=None,
+        description="force the LoRA form of decode-sized segments (segmented / stacked / kernel); default: chosen "
+        "by measurement at worker start",
+    )
+    lora_kernel: bool | None = Field(
+        default=None,
+        description="C/OpenMP CPU kernel for decode-sized LoRA segments (built at start with the system C "
+        "compiler, cached); default: on where it builds; false: the torch forms",
+    )
+
+    @field_validator("dtype")
+    @classmethod
+    def _check_dtype(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, (*DTYPE_NAMES, "auto"), info)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, DEVICES, info)
+
+    @field_validator("memory_mode")
+    @classmethod
+    def _check_memory_mode(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, MEMORY_MODES, info)
+
+    @field_validator("batch_policy")
+    @classmethod
+    def _check_batch_policy(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, tuple(BATCH_POLICIES), info)
+
+    @field_validator("adapter_eviction_policy")
+    @classmethod
+    def _check_adapter_eviction_policy(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, tuple(EVICTION_POLICIES), info)
+
+    @field_validator(*KERNEL_FORMS)
+    @classmethod
+    def _check_kernel_form(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else cls._choice(value, KERNEL_FORMS[str(info.field_name)], info)
+
+    @field_validator(
+        "kv_cache_bytes",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "num_kv_blocks",
+        "adapter_cache_bytes",
+        "multiqueue_slo_s",
+        "multiqueue_refresh_s",
+        "multiqueue_max_queues",
+        "adapter_link_gbps",
+    )
+    @classmethod
+    def _check_positive(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and not value > 0:
+            raise ValueError(f"{info.field_name} must be positive, got {value} ({cls._env(info)})")
+        return value
+
+    @field_validator("fair_share_reserved_seqs", "host_adapter_cache_bytes", "cpu_prefill_workers")
+    @classmethod
+    def _check_not_negative(cls, value: int, info: ValidationInfo) -> int:
+        if value < 0:
+            raise ValueError(
+                f"{info.field_name} must be >= 0 (0 turns it off), got {value} ({cls._env(info)})"
+            )
+        return value
+
+    @classmethod
+    def _choice(cls, value: str, choices: tuple[str, ...], info: ValidationInfo) -> str:
+        if value not in choices:
+            raise ValueError(
+                f"{info.field_name} must be one of {sorted(choices)}, got {value!r}: set {cls._env(info)} to one of "
+                f"{', '.join(sorted(choices))}"
+            )
+        return value
+
+    @classmethod
+    def _env(cls, info: ValidationInfo) -> str:
+        """The environment variable of the field being validated."""
+        field = EngineSettings.model_fields.get(str(info.field_name))
+        return env_name(str(field.validation_alias)) if field else str(info.field_name)
+
+    def batch_policy_options(self) -> dict[str, Any]:
+        """Constructor knobs of the named batch policy (none for fifo and sjf)."""
+        if self.batch_policy != "multiqueue":
+            return {}
+        return {
+            "slo_s": self.multiqueue_slo_s,
+            "refresh_s": self.multiqueue_refresh_s,
+            "max_queues": self.multiqueue_max_queues,
+        }

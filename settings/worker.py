@@ -1,0 +1,76 @@
+"""The worker process section (gpu_workers.server, built by gpu_workers.builder; `lorahost worker`, or in-process
+under `lorahost serve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from settings.section import section_config
+
+DEFAULT_WORKER_PORT = 8100
+
+
+class WorkerSettings(BaseModel):
+    """The worker's backend, address, identity, membership heartbeats, profile and host adapter cache."""
+
+    model_config = section_config("worker_")
+
+    backend: str = Field(
+        default="native", description="Worker inference backend (a name in gpu_workers.builder.BACKENDS)"
+    )
+    host: str = Field(default="127.0.0.1", description="Worker bind address")
+    port: int | None = Field(
+        default=None,
+        description="Worker port; 0 = a free port; unset = 8100 for `lorahost worker`, a free port for the "
+        "in-process worker of `lorahost serve`",
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        description="URL API servers reach this worker at; default http://worker_host:worker_port",
+    )
+    id: str | None = Field(default=None, description="Stable worker id; default <hostname>-<port>")
+    key_prefix: str = Field(default="lorahost:workers:", description="Redis key prefix of worker membership")
+    heartbeat_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias="heartbeat_interval_s",
+        description="Seconds between worker heartbeats",
+    )
+    heartbeat_ttl_s: float | None = Field(
+        default=None,
+        validation_alias="heartbeat_ttl_s",
+        description="Membership TTL; default 3x the interval",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias="drain_timeout_s",
+        description="Max wait for running requests on shutdown",
+    )
+    profile_path: Path | None = Field(
+        default=None,
+        description="Worker: the performance profile `lorahost profile` wrote for this worker's hardware and base "
+        "model; its coefficients are published in heartbeats for the rank_aware router (unset: the router's "
+        "default model)",
+    )
+    host_cache_dir: Path | None = Field(
+        default=None,
+        validation_alias="host_cache_dir",
+        description="Worker adapter file cache; default data_dir/host_cache",
+    )
+    host_cache_max_bytes: int = Field(
+        default=8 << 30,
+        gt=0,
+        validation_alias="host_cache_max_bytes",
+        description="Host adapter cache budget",
+    )
+
+    def resolved_port(self, default: int = DEFAULT_WORKER_PORT) -> int:
+        """The worker port: port when set, else `default` (0 = pick a free port)."""
+        return self.port if self.port is not None else default
+
+    def resolved_heartbeat_ttl_s(self) -> float:
+        """How long a worker's membership lives without a heartbeat (default 3x the interval)."""
+        return self.heartbeat_ttl_s if self.heartbeat_ttl_s is not None else 3 * self.heartbeat_interval_s
