@@ -2,7 +2,7 @@
 # host (CPU or CUDA) in ./wheels before building; pip prefers it over downloading one.
 FROM python:3.11-slim
 WORKDIR /app
-# The engine compiles a small C kernel at start (gpu_workers/layers/*.c); without a compiler it falls back.
+# The engine compiles a small C kernel at start (gpu_workers/engine/layers/*.c); without a compiler it falls back.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY wheels wheels
 RUN pip install --no-cache-dir --find-links wheels torch==2.13.0

@@ -60,7 +60,7 @@ class EventSource(Protocol):
 
 
 class LocalWorkerTransport(Protocol):
-    """A worker in this process, reached without HTTP (embedded mode; gpu_workers.inproc_transport implements it).
+    """A worker in this process, reached without HTTP (embedded mode; gpu_workers.worker.inproc_transport implements it).
 
     `open_stream` runs the worker's checks and returns the stream, or raises
     `cluster.protocol.WorkerRefusedError` (what HTTP answers with a non-200 status).

@@ -146,7 +146,7 @@ class Bench:
 
     def prepare(self) -> None:
         """Build the workload (written once for the children) and size the memory budget."""
-        from gpu_workers.config import EngineConfig
+        from gpu_workers.engine.config import EngineConfig
 
         a = self.args
         spec = workload_spec(

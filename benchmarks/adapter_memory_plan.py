@@ -39,7 +39,7 @@ def comparison_configs(comparison: str, link_gbps: float) -> list[tuple[str, dic
 
 def engine_config_fields() -> frozenset[str]:
     """Keyword names the EngineConfig of this build accepts."""
-    from gpu_workers.config import EngineConfig
+    from gpu_workers.engine.config import EngineConfig
 
     if hasattr(EngineConfig, "model_fields"):  # a pydantic model since the settings sections
         return frozenset(EngineConfig.model_fields)

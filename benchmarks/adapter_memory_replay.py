@@ -118,8 +118,8 @@ def _load_spec(path: Path) -> dict:
 
 
 def _make_engine(spec: dict):
-    from gpu_workers.config import EngineConfig
-    from gpu_workers.engine import LLMEngine
+    from gpu_workers.engine.config import EngineConfig
+    from gpu_workers.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model_path=spec["model_base"], **spec["engine"]))
     for name, path in spec["adapters"].items():

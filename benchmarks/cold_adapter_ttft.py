@@ -20,8 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from gpu_workers.config import EngineConfig
-from gpu_workers.engine import LLMEngine
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 
 

@@ -52,10 +52,10 @@ def _wrap(owner: Any, name: str, label: str) -> None:
 
 def instrument() -> None:
     """Wrap the engine's parts in profiler ranges (names "part:<label>")."""
-    from gpu_workers.layers.linear import MergedLinear
-    from gpu_workers.layers.norm import RMSNorm
-    from gpu_workers.model_runner import ModelRunner
-    from gpu_workers.models import llama
+    from gpu_workers.engine.layers.linear import MergedLinear
+    from gpu_workers.engine.layers.norm import RMSNorm
+    from gpu_workers.engine.model_runner import ModelRunner
+    from gpu_workers.engine.models import llama
 
     _wrap(MergedLinear, "forward", "part:linear")
     _wrap(RMSNorm, "forward", "part:norm")
@@ -136,8 +136,8 @@ def profile_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from gpu_workers.config import EngineConfig
-    from gpu_workers.engine import LLMEngine
+    from gpu_workers.engine.config import EngineConfig
+    from gpu_workers.engine.llm_engine import LLMEngine
     from scheduler.core.sampling import SamplingParams
 
     engine = LLMEngine(

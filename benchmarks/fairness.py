@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.model_dirs import ensure_model
-from gpu_workers.config import EngineConfig
-from gpu_workers.engine import LLMEngine
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 
 

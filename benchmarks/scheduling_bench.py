@@ -143,7 +143,7 @@ class SchedulingBench:
         on-demand adapter copies over the emulated link, threads, eviction policy."""
         import torch
 
-        from gpu_workers.config import EngineConfig
+        from gpu_workers.engine.config import EngineConfig
 
         a = self.args
         dtype = EngineConfig(model_path=self.base, dtype=a.dtype).resolved_dtype()

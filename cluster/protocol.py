@@ -192,10 +192,10 @@ class WorkerStats(SchedulerStats):
     num_cache_misses: int = 0  # requests whose adapter was not (it is copied before their first step)
     num_adapter_unloads: int = 0
     num_load_failures: int = 0  # fetch, verification, registration and copy failures
-    # the engine's measurements (gpu_workers/engine_stats.py)
+    # the engine's measurements (gpu_workers/engine/engine_stats.py)
     decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
     prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
-    # op -> implementation the kernel tuner chose on this machine (gpu_workers/kernel_plan.py), and its cost
+    # op -> implementation the kernel tuner chose on this machine (gpu_workers/engine/kernel_plan.py), and its cost
     kernel_choices: dict[str, str] = Field(default_factory=dict)
     kernel_tuner_s: float = 0.0
     perf_model: dict[str, Any] | None = None  # the worker's profile (scheduler.perf_model.PerfModel.to_dict)

@@ -37,7 +37,7 @@ def demo_model(
     ] = None,
 ) -> None:
     """Generate a seeded Llama-family demo model and PEFT LoRA adapters locally."""
-    from gpu_workers.demo_model import SIZES, generate_demo
+    from gpu_workers.engine.demo_model import SIZES, generate_demo
 
     if size not in SIZES:
         raise typer.BadParameter(f"unknown size {size!r}; choose one of {', '.join(sorted(SIZES))}")
@@ -57,7 +57,7 @@ def import_model_command(
     ] = "auto",
 ) -> None:
     """Convert a model into the HF safetensors directory that `serve --base-model` and `worker` take."""
-    from gpu_workers.model_import import ModelImportError, import_model
+    from gpu_workers.engine.model_import import ModelImportError, import_model
 
     try:
         result = import_model(src, out_dir, dtype=dtype)

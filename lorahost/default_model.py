@@ -16,7 +16,7 @@ def tiny_demo_model(data_dir: Path, echo: Callable[[str], None] = print) -> Path
     """DATA_DIR/demo/base: the tiny seeded model and two adapters, generated on first use."""
     demo = Path(data_dir) / "demo"
     if not (demo / "base" / "config.json").exists():
-        from gpu_workers.demo_model import generate_demo
+        from gpu_workers.engine.demo_model import generate_demo
 
         echo(f"lorahost: generating the tiny demo model into {demo} (first start)")
         generate_demo(demo, size="tiny", num_adapters=2, seed=0)

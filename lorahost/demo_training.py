@@ -126,7 +126,7 @@ def train_adapter(base_dir: Path, name: str, out_dir: Path, recipe: TrainingReci
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gpu_workers.model_import import quiet_transformers
+    from gpu_workers.engine.model_import import quiet_transformers
 
     torch.manual_seed(recipe.seed)
     with quiet_transformers():

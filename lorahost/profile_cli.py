@@ -46,7 +46,7 @@ def profile(
 ) -> None:
     """Time the engine's prefill and decode steps on a grid of batch sizes x LoRA ranks, fit the latency model
     (sum-of-ranks or max-rank term, whichever fits better) and write the profile file."""
-    from gpu_workers.profiler import ProfileGrid, describe, run_profile
+    from gpu_workers.engine.profiler import ProfileGrid, describe, run_profile
     from scheduler.perf_model import PerfModel
     from settings import Settings
 

@@ -14,7 +14,7 @@ import typer
 
 if TYPE_CHECKING:
     from api.services import Services
-    from gpu_workers.embedded import EmbeddedWorker
+    from gpu_workers.worker.embedded import EmbeddedWorker
     from settings import Settings
 
 
@@ -40,7 +40,7 @@ def serve(
     from api.main import create_app
     from api.services import build_services
     from cluster.membership import InMemoryWorkerDirectory
-    from gpu_workers.embedded import EmbeddedWorker
+    from gpu_workers.worker.embedded import EmbeddedWorker
     from migrations.runner import upgrade
     from settings import Settings
 
@@ -145,7 +145,7 @@ def worker(
     LORAHOST_REDIS_URL is set), heartbeats, and drains on SIGTERM/SIGINT. Needs LORAHOST_INTERNAL_TOKEN."""
     import logging
 
-    from gpu_workers.server import run_worker
+    from gpu_workers.worker.server import run_worker
     from settings import Settings
 
     overrides = {

@@ -36,7 +36,7 @@ def ensure_smollm2(models_dir: Path, dtype: str = "float32") -> Path | None:
     gguf_path = find_smollm2_gguf()
     if gguf_path is None:
         return None
-    from gpu_workers.model_import import import_model
+    from gpu_workers.engine.model_import import import_model
 
     import_model(gguf_path, out_dir, dtype=dtype)
     return out_dir

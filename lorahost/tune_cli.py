@@ -2,7 +2,7 @@
 
     lorahost tune [--base-model DIR] [--retune] [--json]
 
-Runs the kernel tuner the worker runs at start (gpu_workers/kernel_plan.py) with the same settings
+Runs the kernel tuner the worker runs at start (gpu_workers/engine/kernel_plan.py) with the same settings
 (LORAHOST_ENGINE_*, LORAHOST_BASE_MODEL_PATH): each op's candidates timed on the model's shapes, interleaved,
 best-of-5, the simplest kept on a near tie; the choices go to the cache a worker on this machine reads
 (LORAHOST_ENGINE_KERNEL_CHOICES_PATH), so its start measures nothing. --retune measures again.
@@ -25,9 +25,9 @@ def tune(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table")] = False,
 ) -> None:
     """Time each kernel candidate on this machine for the worker's model and cache the fastest."""
-    from gpu_workers.builder import engine_config_from_settings
-    from gpu_workers.kernel_plan import tune_for_config
-    from gpu_workers.kernel_tuner import KernelTuner
+    from gpu_workers.worker.builder import engine_config_from_settings
+    from gpu_workers.engine.kernel_plan import tune_for_config
+    from gpu_workers.engine.kernel_tuner import KernelTuner
     from settings import Settings
 
     settings = Settings() if base_model is None else Settings(base_model_path=base_model)

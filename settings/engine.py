@@ -1,6 +1,6 @@
 """The engine section: every knob of the native engine an operator sets (LORAHOST_ENGINE_*).
 
-gpu_workers.config.EngineConfig is this model plus what the worker adds (the model path, the rank limit, and
+gpu_workers.engine.config.EngineConfig is this model plus what the worker adds (the model path, the rank limit, and
 knobs only code sets); its docstring explains the memory layout and the policies. Validation errors name the
 field and the environment variable to change.
 """
@@ -20,7 +20,7 @@ from settings.section import env_name, section_config
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
 MEMORY_MODES = ("unified", "static")
-# Forced kernel choices (gpu_workers/kernel_plan.py): setting -> its forms (= the ops' forms in gpu_workers/layers/)
+# Forced kernel choices (gpu_workers/engine/kernel_plan.py): setting -> its forms (= the ops' forms in gpu_workers/engine/layers/)
 KERNEL_FORMS = {
     "prefill_gemm": ("packed", "fp32_upcast", "plain"),
     "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel"),
@@ -131,7 +131,7 @@ class EngineSettings(BaseModel):
     )
     kernel_choices_path: Path | None = Field(
         default=None,
-        description="JSON cache of the CPU kernels chosen by measurement (gpu_workers/kernel_tuner.py); "
+        description="JSON cache of the CPU kernels chosen by measurement (gpu_workers/engine/kernel_tuner.py); "
         "default ~/.cache/lorahost/kernel_choices.json",
     )
     prefill_gemm: str | None = Field(

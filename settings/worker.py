@@ -1,4 +1,4 @@
-"""The worker process section (gpu_workers.server, built by gpu_workers.builder; `lorahost worker`, or in-process
+"""The worker process section (gpu_workers.worker.server, built by gpu_workers.worker.builder; `lorahost worker`, or in-process
 under `lorahost serve`)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class WorkerSettings(BaseModel):
     model_config = section_config("worker_")
 
     backend: str = Field(
-        default="native", description="Worker inference backend (a name in gpu_workers.builder.BACKENDS)"
+        default="native", description="Worker inference backend (a name in gpu_workers.worker.builder.BACKENDS)"
     )
     host: str = Field(default="127.0.0.1", description="Worker bind address")
     port: int | None = Field(

@@ -29,7 +29,7 @@ def is_ci() -> bool:
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama demo model in demo_dir/base and 5 PEFT adapters in demo_dir/adapters/<name>."""
-    from gpu_workers.demo_model import generate_demo
+    from gpu_workers.engine.demo_model import generate_demo
 
     cached = os.environ.get("LORAHOST_TEST_DEMO_DIR")
     if cached and (Path(cached) / "base" / "config.json").exists():

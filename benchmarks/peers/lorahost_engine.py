@@ -48,8 +48,8 @@ def main() -> None:
     t_load0 = time.perf_counter()
     import torch
 
-    from gpu_workers.config import EngineConfig
-    from gpu_workers.engine import LLMEngine
+    from gpu_workers.engine.config import EngineConfig
+    from gpu_workers.engine.llm_engine import LLMEngine
     from scheduler.core.sampling import SamplingParams
 
     common.set_threads(args.threads)

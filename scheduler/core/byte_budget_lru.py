@@ -1,7 +1,7 @@
 """A byte-budget LRU of keys: sizes, recency order and pins; the caller holds the values.
 
 Shared by the host tier of packed adapter copies (scheduler/core/host_tier.py) and the worker's disk cache
-of adapter files (gpu_workers/host_cache.py). Plain bookkeeping (no values, no I/O, no locking): the
+of adapter files (gpu_workers/worker/host_cache.py). Plain bookkeeping (no values, no I/O, no locking): the
 caller drops what `evict_over_budget` returns.
 
 Invariants: `num_bytes` is the sum of the entries' sizes; `evict_over_budget` removes entries least

@@ -1,7 +1,7 @@
 """The host tier: which adapters keep their packed weights in host memory, within a byte budget.
 
 Tiers, fastest first: device (the page pool), host memory (this), the worker's local disk cache
-(gpu_workers/host_cache.py), the blob store. A copy to the device reads the host tier when the adapter is
+(gpu_workers/worker/host_cache.py), the blob store. A copy to the device reads the host tier when the adapter is
 there (no file read, no validation, no packing) and fills it otherwise. Entries are keyed by the engine's
 adapter id plus its file path, so a re-registered adapter (another version or other files) never reuses a
 stale entry. Entries go least recently used first when a new one needs room (a copy in flight keeps its own

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import get_session
 from api.main import create_app
 from api.services import build_services
-from gpu_workers.testing import RunningWorker, worker_in_thread
+from gpu_workers.worker.testing import RunningWorker, worker_in_thread
 from registry.storage import LocalBlobStore
 from settings import Settings
 from tests.api.asgi_support import run

@@ -25,7 +25,7 @@ from api.main import create_app
 from api.services import Services, build_services
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX
-from gpu_workers.testing import RunningWorker, free_port, worker_process
+from gpu_workers.worker.testing import RunningWorker, free_port, worker_process
 from registry.models import UsageRecord
 from settings import Settings
 

@@ -19,8 +19,8 @@ from api.deps import get_session
 from api.main import create_app
 from api.services import build_services
 from cluster.membership import InMemoryWorkerDirectory
-from gpu_workers.embedded import EmbeddedWorker
-from gpu_workers.testing import TEST_ENGINE_SETTINGS
+from gpu_workers.worker.embedded import EmbeddedWorker
+from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
 from registry.storage import LocalBlobStore
 from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, upload

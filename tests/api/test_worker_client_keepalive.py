@@ -18,7 +18,7 @@ from starlette.routing import Route
 from api.worker_client import WorkerClient
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateRequest
-from gpu_workers.testing import free_port
+from gpu_workers.worker.testing import free_port
 from scheduler.router import RouteRequest
 
 

@@ -151,8 +151,8 @@ def test_split_sweeps_rates_and_reports_the_peak(
 def test_budget_estimate_matches_the_engines_adapter_bytes(
     base_model_dir: Path, adapter_dirs: dict[str, Path]
 ) -> None:
-    from gpu_workers.config import EngineConfig
-    from gpu_workers.engine import LLMEngine
+    from gpu_workers.engine.config import EngineConfig
+    from gpu_workers.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model_path=base_model_dir, dtype="float32", kv_cache_bytes=1 << 20))
     for name, path in adapter_dirs.items():

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from gpu_workers.testing import TEST_ENGINE_SETTINGS
+from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
 from lorahost.demo import setup_tenant
 from lorahost.dev_cluster import DevCluster
 from lorahost.dev_cluster_config import DevClusterConfig

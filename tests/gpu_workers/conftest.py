@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.config import EngineConfig
-from gpu_workers.engine import LLMEngine
-from gpu_workers.testing import RunningWorker, worker_in_thread
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.llm_engine import LLMEngine
+from gpu_workers.worker.testing import RunningWorker, worker_in_thread
 
 PROMPTS = [
     "hello world the river",

@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_workers.engine import LLMEngine
+from gpu_workers.engine.llm_engine import LLMEngine
 from registry.validation import (
     SUPPORTED_TARGET_MODULES,
     AdapterValidationError,

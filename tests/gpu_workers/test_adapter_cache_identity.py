@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
-from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
+from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_in_thread
 from tests.gpu_workers.conftest import PROMPTS, HfOracle
 
 NUM_TOKENS = 8

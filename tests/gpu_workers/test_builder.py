@@ -1,4 +1,4 @@
-"""gpu_workers/builder.py: the worker is built from Settings, and the backend is picked by name only there."""
+"""gpu_workers/worker/builder.py: the worker is built from Settings, and the backend is picked by name only there."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gpu_workers import builder
-from gpu_workers.backend import InferenceBackend
-from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
-from gpu_workers.outputs import RequestOutput
+from gpu_workers.worker import builder
+from gpu_workers.worker.backend import InferenceBackend
+from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
+from gpu_workers.engine.outputs import RequestOutput
 from scheduler.core.sampling import SamplingParams
 from settings import Settings
 
@@ -122,7 +122,7 @@ def test_the_adapter_eviction_policy_setting_reaches_the_engine_config(
 
 
 def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_choices(tmp_path: Path) -> None:
-    from gpu_workers.config import EngineConfig
+    from gpu_workers.engine.config import EngineConfig
 
     with pytest.raises(ValueError, match=r"'mru'.*LORAHOST_ADAPTER_EVICTION_POLICY.*chameleon, fastlibra, lru"):
         Settings(data_dir=tmp_path, adapter_eviction_policy="mru")
@@ -131,7 +131,7 @@ def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_ch
 
 
 def test_the_multiqueue_settings_reach_the_engine_config_and_its_policy(tmp_path: Path) -> None:
-    from gpu_workers.config import EngineConfig
+    from gpu_workers.engine.config import EngineConfig
     from scheduler.batch_policy import make_batch_policy
     from scheduler.multiqueue import MultiQueuePolicy
 

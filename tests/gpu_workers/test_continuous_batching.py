@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_workers.engine import LLMEngine
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 from scheduler.fair_share import base_policy
 from scheduler.multiqueue import MultiQueuePolicy

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.engine import LLMEngine
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gpu_workers.embedded import EmbeddedWorker
-from gpu_workers.testing import free_port
+from gpu_workers.worker.embedded import EmbeddedWorker
+from gpu_workers.worker.testing import free_port
 from settings import Settings
 from settings.worker import DEFAULT_WORKER_PORT
 

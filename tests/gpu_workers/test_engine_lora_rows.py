@@ -2,8 +2,8 @@
 
 import torch
 
-from gpu_workers.layers.lora import LoraBatch, LoraSegment, SegmentedStep, select_lora_rows
-from gpu_workers.layers.stacked_lora import StackedStep
+from gpu_workers.engine.layers.lora import LoraBatch, LoraSegment, SegmentedStep, select_lora_rows
+from gpu_workers.engine.layers.stacked_lora import StackedStep
 
 
 def test_select_lora_rows_segments_and_masks() -> None:
@@ -45,7 +45,7 @@ def test_a_batch_adds_its_forms_in_order_and_finds_one_by_type() -> None:
         def begin_layer(self, layer_idx: int) -> None:
             calls.append(f"{self.name}:begin:{layer_idx}")
 
-    from gpu_workers.layers.lora import add_lora_delta, lora_batch
+    from gpu_workers.engine.layers.lora import add_lora_delta, lora_batch
 
     first, second = Form("first"), Form("second")
     batch = lora_batch(first, None, second)

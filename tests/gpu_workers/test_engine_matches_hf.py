@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.engine import LLMEngine
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 
@@ -112,7 +112,7 @@ def test_packed_linears_match_peft(
     make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, dtype: str
 ) -> None:
     """oneDNN-packed weights (projections, LM head, stacked decode LoRA) give the same results."""
-    from gpu_workers.layers.linear import can_pack_linear
+    from gpu_workers.engine.layers.linear import can_pack_linear
 
     if not can_pack_linear(getattr(torch, dtype), torch.device("cpu")):
         pytest.skip("oneDNN packed linear is not available for this dtype here")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.layers.linear import WIDE_GEMM_MIN_ROWS, MergedLinear, can_pack_linear
+from gpu_workers.engine.layers.linear import WIDE_GEMM_MIN_ROWS, MergedLinear, can_pack_linear
 from scheduler.core.sampling import SamplingParams
 
 needs_bf16_packing = pytest.mark.skipif(
@@ -65,7 +65,7 @@ def test_fp32_prefill_gemms_match_peft_and_can_be_turned_off(make_engine: Any, h
 def test_wide_lora_segments_round_once_to_the_exact_delta(num_rows: int) -> None:
     """A prefill-sized LoRA segment of a bf16 model with wide_dtype set is (x A) B + out computed in fp32 and
     rounded once into out (within one bf16 ulp of the exact sum); shorter segments keep the bf16 ops."""
-    from gpu_workers.layers.lora import LoraAdapter, LoraSegment, SegmentedStep, build_lora_projection
+    from gpu_workers.engine.layers.lora import LoraAdapter, LoraSegment, SegmentedStep, build_lora_projection
 
     torch.manual_seed(1)
     modules = {"q_proj": (torch.randn(8, 64), torch.randn(48, 8)), "v_proj": (torch.randn(4, 64), torch.randn(16, 4))}
@@ -109,7 +109,7 @@ def _prefill_logits(engine: Any, prompt: list[int], adapter: str | None) -> torc
 
 
 def _kernel_or_skip() -> None:
-    from gpu_workers.layers.lora_kernel import is_kernel_usable
+    from gpu_workers.engine.layers.lora_kernel import is_kernel_usable
 
     if not is_kernel_usable(torch.device("cpu"), torch.float32):
         pytest.skip("the LoRA CPU kernel cannot be built here (no C compiler)")
@@ -123,8 +123,8 @@ def test_kernel_delta_equals_the_segment_form(
     """For every projection and layer, one kernel call adds what the per-segment matmuls add (fp32: to
     rounding; bf16: within one rounding of the output), blocks of more than 8 tokens and empty segments
     included."""
-    from gpu_workers.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta, map_lora_tensors
-    from gpu_workers.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
+    from gpu_workers.engine.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta, map_lora_tensors
+    from gpu_workers.engine.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
 
     _kernel_or_skip()
     names = ["adapter-02", "adapter-00", "adapter-03"]  # every module / q,v / gate,up,down
@@ -153,8 +153,8 @@ def test_kernel_delta_equals_the_segment_form(
 
 
 def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(fp32_engine: Any) -> None:
-    from gpu_workers.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta
-    from gpu_workers.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
+    from gpu_workers.engine.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta
+    from gpu_workers.engine.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
     from tests.gpu_workers.test_row_isolation import overflowing_copy
 
     _kernel_or_skip()
@@ -208,7 +208,7 @@ def test_kernel_sets_drop_unloaded_adapters(make_engine: Any, prompt_ids: list[l
 def test_host_malloc_tuning_applies_once_on_glibc() -> None:
     import platform
 
-    from gpu_workers.host_malloc import keep_large_allocations_on_heap
+    from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
 
     first = keep_large_allocations_on_heap()
     assert keep_large_allocations_on_heap() is first

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_workers.host_cache import AdapterFiles, ChecksumMismatchError, HostAdapterCache
+from gpu_workers.worker.host_cache import AdapterFiles, ChecksumMismatchError, HostAdapterCache
 
 CONFIG_A, CONFIG_B = b'{"r": 4, "lora_alpha": 32}', b'{"r": 4, "lora_alpha": 4000}'
 

@@ -17,10 +17,10 @@ import pytest
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
-from gpu_workers.embedded import EmbeddedWorker
-from gpu_workers.inproc_transport import InProcessWorkerTransport
-from gpu_workers.testing import RunningWorker, put_adapter
-from gpu_workers.worker_service import WorkerService
+from gpu_workers.worker.embedded import EmbeddedWorker
+from gpu_workers.worker.inproc_transport import InProcessWorkerTransport
+from gpu_workers.worker.testing import RunningWorker, put_adapter
+from gpu_workers.worker.worker_service import WorkerService
 
 PROMPT = "hello world the river"
 

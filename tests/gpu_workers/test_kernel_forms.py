@@ -1,4 +1,4 @@
-"""Every candidate the kernel tuner may choose gives the same results (gpu_workers/kernel_plan.py): decode
+"""Every candidate the kernel tuner may choose gives the same results (gpu_workers/engine/kernel_plan.py): decode
 attention forms against an exact reference and peft's tokens, LoRA forms and prefill GEMM forms against peft;
 the plan follows the tuner's measurement, a forced setting wins, and a form that cannot run here is refused."""
 
@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.config import EngineConfig
-from gpu_workers.engine_stats import engine_stats
-from gpu_workers.kernel_tuner import KernelTuner
-from gpu_workers.layers.attention import (
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.engine_stats import engine_stats
+from gpu_workers.engine.kernel_tuner import KernelTuner
+from gpu_workers.engine.layers.attention import (
     DECODE_ATTENTION_FORMS,
     AttentionMetadata,
     _decode_attention,
     is_decode_form_usable,
 )
-from gpu_workers.layers.linear import can_pack_linear
-from gpu_workers.layers.lora_forms import DECODE_LORA_FORMS, is_lora_form_usable
+from gpu_workers.engine.layers.linear import can_pack_linear
+from gpu_workers.engine.layers.lora_forms import DECODE_LORA_FORMS, is_lora_form_usable
 from scheduler.core.sampling import SamplingParams
 
 CPU = torch.device("cpu")
@@ -216,8 +216,8 @@ def test_a_form_that_is_not_one_is_refused(base_model_dir: Path) -> None:
 
 def test_a_forced_form_that_cannot_run_here_is_refused(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the C kernels (no compiler), forcing them fails at start with the usable forms listed."""
-    from gpu_workers import kernel_plan
-    from gpu_workers.layers import attention, lora_forms
+    from gpu_workers.engine import kernel_plan
+    from gpu_workers.engine.layers import attention, lora_forms
 
     monkeypatch.setattr(attention, "load_cpu_kernels", lambda: None)
     monkeypatch.setattr(lora_forms, "is_kernel_usable", lambda device, dtype: False)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.kernel_tuner import KernelTuner, pick_candidate
-from gpu_workers.layers.linear import (
+from gpu_workers.engine.kernel_tuner import KernelTuner, pick_candidate
+from gpu_workers.engine.layers.linear import (
     PREFILL_GEMM_FORMS,
     PREFILL_GEMM_OP,
     can_pack_linear,
@@ -118,12 +118,12 @@ def test_a_corrupt_cache_is_ignored_with_one_warning_and_rewritten(
     path, clock = tmp_path / "choices.json", FakeClock()
     path.write_text(content)
     tuner = _tuner(path, clock)
-    with caplog.at_level(logging.WARNING, logger="gpu_workers.kernel_tuner"):
+    with caplog.at_level(logging.WARNING, logger="gpu_workers.engine.kernel_tuner"):
         for op in ("op", "other_op"):
             calls: list[str] = []
             choice = tuner.choose(op, *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16)
             assert calls and choice.choice == "fancy"
-    warnings = [r for r in caplog.records if r.name == "gpu_workers.kernel_tuner"]
+    warnings = [r for r in caplog.records if r.name == "gpu_workers.engine.kernel_tuner"]
     assert len(warnings) == 1 and "kernel choices cache" in warnings[0].getMessage()
     assert len(json.loads(path.read_text())["choices"]) == 2  # rewritten, valid
     assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]  # no temporary file left behind
@@ -149,7 +149,7 @@ def test_an_unwritable_cache_keeps_the_choice_for_this_start(tmp_path: Path, cap
     blocker = tmp_path / "file"
     blocker.write_text("")
     clock, calls = FakeClock(), []
-    with caplog.at_level(logging.WARNING, logger="gpu_workers.kernel_tuner"):
+    with caplog.at_level(logging.WARNING, logger="gpu_workers.engine.kernel_tuner"):
         choice = _tuner(blocker / "choices.json", clock).choose(
             "op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16
         )
@@ -182,8 +182,8 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
 ) -> None:
     """Unforced, the engine's prefill GEMM path is the tuner's measured choice on the model's MLP shape (not the
     CPU's flags), shown in the engine stats; a second engine on the same cache measures nothing."""
-    from gpu_workers import kernel_tuner
-    from gpu_workers.engine_stats import engine_stats
+    from gpu_workers.engine import kernel_tuner
+    from gpu_workers.engine.engine_stats import engine_stats
 
     measured: list[list[str]] = []
 
@@ -215,7 +215,7 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
 def test_the_fp32_prefill_gemms_setting_wins_without_measuring(
     make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, forced: bool, wide: torch.dtype | None
 ) -> None:
-    from gpu_workers import kernel_tuner
+    from gpu_workers.engine import kernel_tuner
 
     def no_measure(self: KernelTuner, candidates: dict[str, Any]) -> dict[str, float]:
         raise AssertionError("a forced choice must not be measured")

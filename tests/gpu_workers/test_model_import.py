@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from gpu_workers import model_import
-from gpu_workers.model_import import ModelImportError, import_model, supported_gguf_tensor_types
+from gpu_workers.engine import model_import
+from gpu_workers.engine.model_import import ModelImportError, import_model, supported_gguf_tensor_types
 from lorahost.cli import app
 
 
@@ -56,8 +56,8 @@ def test_imports_hf_directory_with_identical_weights(base_model_dir: Path, tmp_p
 
 
 def test_imported_directory_serves_the_same_tokens(base_model_dir: Path, tmp_path: Path) -> None:
-    from gpu_workers.config import EngineConfig
-    from gpu_workers.engine import LLMEngine
+    from gpu_workers.engine.config import EngineConfig
+    from gpu_workers.engine.llm_engine import LLMEngine
     from scheduler.core.sampling import SamplingParams
 
     out = tmp_path / "imported"

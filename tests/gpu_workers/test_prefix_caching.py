@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpu_workers.config import EngineConfig
-from gpu_workers.engine import LLMEngine
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 from settings import Settings
 
@@ -150,7 +150,7 @@ def test_tenants_an_operator_put_in_one_namespace_share_cached_blocks(
 
 
 def test_prefix_caching_setting_reaches_the_engine_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_workers.builder import engine_config_from_settings
+    from gpu_workers.worker.builder import engine_config_from_settings
 
     assert EngineConfig(model_path=tmp_path).enable_prefix_caching
     assert engine_config_from_settings(Settings(base_model_path=tmp_path)).enable_prefix_caching

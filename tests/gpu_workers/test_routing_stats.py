@@ -13,11 +13,11 @@ import pytest
 
 from cluster.membership import WorkerRecord
 from cluster.worker_view import worker_view
-from gpu_workers import builder
-from gpu_workers.builder import BACKENDS, build_worker_service, make_runtime
-from gpu_workers.engine import LLMEngine
-from gpu_workers.host_cache import HostAdapterCache
-from gpu_workers.worker_service import WorkerService
+from gpu_workers.worker import builder
+from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
+from gpu_workers.engine.llm_engine import LLMEngine
+from gpu_workers.worker.host_cache import HostAdapterCache
+from gpu_workers.worker.worker_service import WorkerService
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel

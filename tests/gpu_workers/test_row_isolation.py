@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.async_engine import AsyncLLMEngine
-from gpu_workers.engine import LLMEngine
-from gpu_workers.errors import NumericOverflowError
-from gpu_workers.layers.lora import (
+from gpu_workers.engine.async_engine import AsyncLLMEngine
+from gpu_workers.engine.llm_engine import LLMEngine
+from gpu_workers.engine.errors import NumericOverflowError
+from gpu_workers.engine.layers.lora import (
     LoraAdapter,
     LoraBatch,
     LoraProjection,
@@ -24,7 +24,7 @@ from gpu_workers.layers.lora import (
     SegmentedStep,
     add_lora_delta,
 )
-from gpu_workers.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
+from gpu_workers.engine.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
 from scheduler.core.sampling import SamplingParams
 
 HUGE = 3e38
@@ -62,7 +62,7 @@ def lora_form(request: pytest.FixtureRequest, engine: LLMEngine) -> Iterator[str
     multi-adapter step."""
     from dataclasses import replace
 
-    from gpu_workers.layers.lora_kernel import is_kernel_usable
+    from gpu_workers.engine.layers.lora_kernel import is_kernel_usable
 
     forms = engine.runner.lora_forms
     uses_kernel, plan = forms.use_lora_kernel, forms.kernel_plan

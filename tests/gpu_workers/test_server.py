@@ -15,8 +15,8 @@ import pytest
 
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, AdapterRef, GenerateEvent, GenerateRequest, WorkerStats
-from gpu_workers.embedded import EmbeddedWorker
-from gpu_workers.testing import RunningWorker, put_adapter, worker_in_thread
+from gpu_workers.worker.embedded import EmbeddedWorker
+from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_in_thread
 from scheduler.core.sampling import SamplingParams
 
 PROMPT = "hello world the river"
@@ -212,7 +212,7 @@ def test_health_ready_stats_and_heartbeat_record(worker: RunningWorker, client: 
     stats = _stats(client)
     assert stats.worker_id == worker.worker_id and stats.is_ready and not stats.is_draining
     assert stats.num_total_kv_blocks == 256
-    # the kernels this machine's tuner chose for the worker's model (gpu_workers/kernel_plan.py)
+    # the kernels this machine's tuner chose for the worker's model (gpu_workers/engine/kernel_plan.py)
     assert set(stats.kernel_choices) == {"prefill_gemm", "decode_attention", "decode_lora"}
     assert stats.kernel_tuner_s >= 0.0
     [record] = worker.directory.list_live()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cluster.protocol import GenerateEvent, GenerateRequest
-from gpu_workers.testing import RunningWorker, worker_process
+from gpu_workers.worker.testing import RunningWorker, worker_process
 from tests.services import REDIS_URL, redis_with_prefix
 
 pytestmark = pytest.mark.slow  # starts worker subprocesses (SIGTERM drain, refused start)

@@ -1,4 +1,4 @@
-"""gpu_workers/worker_service.py: what a generate request carries reaches the engine backend."""
+"""gpu_workers/worker/worker_service.py: what a generate request carries reaches the engine backend."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from cluster.protocol import GenerateRequest
-from gpu_workers.host_cache import HostAdapterCache
-from gpu_workers.outputs import RequestOutput
-from gpu_workers.worker_service import WorkerService
+from gpu_workers.worker.host_cache import HostAdapterCache
+from gpu_workers.engine.outputs import RequestOutput
+from gpu_workers.worker.worker_service import WorkerService
 
 
 class _RecordingBackend:

@@ -57,7 +57,7 @@ def test_profile_writes_a_fitted_model_the_worker_can_load(base_model_dir: Path,
     assert {len(content["samples"][k]) for k in ("prefill", "decode")} == {16}
     assert "prefill:" in result.output and "decode:" in result.output and str(output) in result.output
 
-    from gpu_workers.builder import load_perf_profile
+    from gpu_workers.worker.builder import load_perf_profile
     from settings import Settings
 
     published = load_perf_profile(Settings(data_dir=tmp_path, worker_profile_path=output))

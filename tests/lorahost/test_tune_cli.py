@@ -21,8 +21,8 @@ def _tune(tmp_path: Path, *args: str, **env: str):  # type: ignore[no-untyped-de
 
 
 def test_tune_measures_caches_and_a_worker_start_measures_nothing(base_model_dir: Path, tmp_path: Path) -> None:
-    from gpu_workers.config import EngineConfig
-    from gpu_workers.engine import LLMEngine
+    from gpu_workers.engine.config import EngineConfig
+    from gpu_workers.engine.llm_engine import LLMEngine
 
     first = _tune(tmp_path, "--base-model", str(base_model_dir), "--json")
     assert first.exit_code == 0, first.output

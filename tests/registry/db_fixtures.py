@@ -125,13 +125,17 @@ def postgres_url() -> Iterator[str]:
         drop_postgres_database(url)
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+# The PostgreSQL half of every two-backend test is in the slow tier (`pytest -m "not slow"` runs SQLite only).
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
 def db_url(request: pytest.FixtureRequest) -> str:
     """The URL of a migrated database, once per backend."""
     return request.getfixturevalue(f"{request.param}_url")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=BACKENDS)
 def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A new migrated database for one test whose work really commits (concurrency tests): a SQLite
     file, as embedded mode uses, or a PostgreSQL database of its own, dropped afterwards."""

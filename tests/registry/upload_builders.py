@@ -1,7 +1,7 @@
 """Builders of adapter uploads, valid or not, shared by the validation, archive and HTTP upload tests: PEFT
 configs, safetensors files (any dtype, hand-written headers), plain-file uploads and archives (zip, tar,
 hand-built zips whose headers lie). Adapters are synthesised with numpy for `DEMO_SPEC`, the tiny demo base
-model (gpu_workers.demo_model SIZES["tiny"]). A `MalformedCase` pairs an upload with the refusal it expects.
+model (gpu_workers.engine.demo_model SIZES["tiny"]). A `MalformedCase` pairs an upload with the refusal it expects.
 """
 
 from __future__ import annotations

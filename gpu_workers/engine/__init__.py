@@ -1,0 +1,1 @@
+"""The engine: model runner, layers, models, loaders, kernels, its core loop and config."""

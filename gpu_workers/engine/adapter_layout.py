@@ -1,0 +1,139 @@
+"""Adapter weights stored inside the KV cache's pages (the unified pool, EngineConfig.memory_mode "unified").
+
+The page pool gives a resident adapter a contiguous run of pages [p0, p0 + n). In every layer a page is
+two flat regions of the KV cache, `page_numel` = block_size * num_kv_heads * head_dim elements of K and as
+many of V, so the run gives each layer two contiguous regions of n * page_numel elements (K then V). That
+layer's LoRA tensors (per merged projection: A^T, then each sub-module's scaled B^T, as built by
+layers/lora.py) are laid out there in order, each whole in one region (first fit). The adapter's tensors are
+views of the KV cache: its device bytes are KV pages, counted once, and no memory outside the pool holds it.
+
+Invariant: no sequence's block table contains a page of a resident adapter (the pool's partition), so KV
+writes never touch adapter weights; decode padding may *read* such a page, and those scores are masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraProjection
+
+
+def _tensors_in_order(projections: dict[str, LoraProjection]) -> Iterator[torch.Tensor]:
+    for name in PROJECTIONS:
+        proj = projections.get(name)
+        if proj is None:
+            continue
+        yield proj.a_t
+        for *_, b_t in proj.parts:
+            yield b_t
+
+
+def adapter_layer_numels(adapter: LoraAdapter) -> list[list[int]]:
+    """Per layer, the element counts of its LoRA tensors in layout order."""
+    return [[t.numel() for t in _tensors_in_order(layer)] for layer in adapter.layers]
+
+
+def layer_numels_for(
+    rank: int,
+    target_modules: Sequence[str],
+    layers: Sequence[int],
+    num_layers: int,
+    in_features: dict[str, int],
+    output_slices: dict[str, dict[str, tuple[int, int]]],
+) -> list[list[int]]:
+    """The same element counts computed from an adapter's validated metadata (before any tensor exists).
+
+    `in_features[projection]`, `output_slices[projection][module] = (col_start, col_end)`.
+    """
+    targeted = set(target_modules)
+    per_layer: list[int] = []
+    for projection, modules in PROJECTIONS.items():
+        mods = [m for m in modules if m in targeted]
+        if not mods:
+            continue
+        per_layer.append(in_features[projection] * rank * len(mods))  # A^T: [in, rank * len(mods)]
+        per_layer.extend(rank * (output_slices[projection][m][1] - output_slices[projection][m][0]) for m in mods)
+    has_layer = set(layers)
+    return [list(per_layer) if i in has_layer else [] for i in range(num_layers)]
+
+
+def _fits(numels: list[int], capacity: int) -> bool:
+    """First fit of the tensors, in order, into two regions (K, V) of `capacity` elements each."""
+    region, used = 0, 0
+    for numel in numels:
+        if used + numel > capacity:
+            region, used = region + 1, 0
+            if region > 1 or numel > capacity:
+                return False
+        used += numel
+    return True
+
+
+def num_pages_for_layout(layer_numels: list[list[int]], page_numel: int) -> int:
+    """Fewest pages whose two regions per layer hold every layer's tensors (0 for an empty adapter)."""
+    largest = max((sum(n) for n in layer_numels), default=0)
+    if largest == 0:
+        return 0
+    num_pages = max(1, -(-largest // (2 * page_numel)))
+    while not all(_fits(n, num_pages * page_numel) for n in layer_numels):
+        num_pages += 1
+    return num_pages
+
+
+def place_adapter(
+    adapter: LoraAdapter,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    page_ids: list[int],
+    page_numel: int,
+) -> LoraAdapter:
+    """Copy an adapter's tensors into its page run of the KV cache; returns the adapter as views there.
+
+    `page_ids` must be a contiguous ascending run (PagePool.reserve in a unified pool).
+    """
+    if not page_ids:
+        return adapter
+    p0, num_pages = page_ids[0], len(page_ids)
+    if page_ids != list(range(p0, p0 + num_pages)):
+        raise ValueError("an adapter in the unified pool needs a contiguous run of pages")
+    capacity = num_pages * page_numel
+    layers: list[dict[str, LoraProjection]] = []
+    for layer_idx, projections in enumerate(adapter.layers):
+        k_cache, v_cache = kv_caches[layer_idx]
+        regions = [
+            k_cache.view(-1)[p0 * page_numel : p0 * page_numel + capacity],
+            v_cache.view(-1)[p0 * page_numel : p0 * page_numel + capacity],
+        ]
+        cursor = [0, 0]
+        region = 0
+
+        def put(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal region
+            numel = tensor.numel()
+            if cursor[region] + numel > capacity:
+                region += 1
+                if region > 1 or numel > capacity:
+                    raise ValueError("the adapter's layout does not fit its pages")
+            view = regions[region][cursor[region] : cursor[region] + numel].view(tensor.shape)
+            view.copy_(tensor, non_blocking=True)  # from pinned host memory on CUDA (a side stream)
+            cursor[region] += numel
+            return view
+
+        placed: dict[str, LoraProjection] = {}
+        for name in PROJECTIONS:
+            proj = projections.get(name)
+            if proj is None:
+                continue
+            a_t = put(proj.a_t)
+            parts = tuple((r0, r1, c0, c1, put(b_t)) for r0, r1, c0, c1, b_t in proj.parts)
+            placed[name] = LoraProjection(a_t=a_t, parts=parts)
+        layers.append(placed)
+    return LoraAdapter(
+        adapter_id=adapter.adapter_id,
+        rank=adapter.rank,
+        scale=adapter.scale,
+        target_modules=adapter.target_modules,
+        layers=tuple(layers),
+        num_bytes=adapter.num_bytes,
+    )

@@ -1,0 +1,162 @@
+"""Which implementation runs each op that matters, on this machine and for this model: forced by the engine
+config, else measured by the kernel tuner on the model's own shapes (gpu_workers/engine/kernel_tuner.py, cached).
+
+Ops and their candidates (simplest first; each candidate gives the same tokens, see the parity tests):
+- prefill_gemm (layers/linear.py): "packed" / "fp32_upcast" / "plain", for products of >= WIDE_GEMM_MIN_ROWS
+  rows of a packed bf16 model (smaller ones, decode, always run on the packed weight);
+- decode_attention (layers/attention.py): "sdpa" / "sdpa_fp32" / "grouped_matmul" / "c_kernel";
+- decode_lora (layers/lora_forms.py): "segmented" / "stacked" / "kernel".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.kernel_tuner import KernelTuner
+from gpu_workers.engine.layers.attention import (
+    DECODE_ATTENTION_FORMS,
+    DECODE_ATTENTION_OP,
+    decode_attention_candidates,
+    is_decode_form_usable,
+)
+from gpu_workers.engine.layers.linear import (
+    PREFILL_GEMM_FORMS,
+    PREFILL_GEMM_OP,
+    WIDE_GEMM_MIN_ROWS,
+    can_pack_linear,
+    prefill_gemm_candidates,
+)
+from gpu_workers.engine.layers.lora_forms import (
+    DECODE_LORA_FORMS,
+    DECODE_LORA_OP,
+    TUNING_RANKS,
+    decode_lora_candidates,
+    is_lora_form_usable,
+    projection_slices,
+)
+from gpu_workers.engine.loader import read_hf_config
+from gpu_workers.engine.models.llama import ModelArgs
+
+# The decode batch the tuner measures on: this many sequences (at most max_num_seqs) of this many tokens, its
+# K/V cycling through one page pool per layer up to TUNING_KV_BYTES (beyond the CPU's caches: cold pages).
+TUNING_NUM_SEQS = 16
+TUNING_CONTEXT_LEN = 256
+TUNING_KV_BYTES = 96 << 20
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The chosen implementation of each op (one of its forms)."""
+
+    prefill_gemm: str
+    decode_attention: str
+    decode_lora: str
+
+    @property
+    def wide_gemm_dtype(self) -> torch.dtype | None:
+        """The dtype prefill-sized products of the packed model run in on a dense weight, or None (packed)."""
+        return {"packed": None, "fp32_upcast": torch.float32, "plain": torch.bfloat16}[self.prefill_gemm]
+
+    @property
+    def lora_wide_dtype(self) -> torch.dtype | None:
+        """float32 when prefill-sized LoRA segments multiply upcasts (as the fp32_upcast GEMMs), else None."""
+        return torch.float32 if self.prefill_gemm == "fp32_upcast" else None
+
+
+def uses_packed_linears(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> bool:
+    """True when the model's projections run on oneDNN-packed weights (config, else auto: bf16 where it can)."""
+    auto_pack = dtype == torch.bfloat16 and config.packed_linears is None
+    return bool(config.packed_linears or auto_pack) and can_pack_linear(dtype, device)
+
+
+def tune_for_config(config: EngineConfig, tuner: KernelTuner) -> KernelPlan:
+    """The plan an engine of `config` would run with (`lorahost tune`): the same threads, dtype, device and
+    model shapes (config.json only; no weights are read)."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+        tuner.machine = {**tuner.machine, "threads": str(torch.get_num_threads())}
+    device, dtype = config.resolved_device(), config.resolved_dtype()
+    args = ModelArgs.from_hf_config(read_hf_config(config.model_path))
+    return plan_kernels(tuner, config, args, dtype, device, uses_packed_linears(config, dtype, device))
+
+
+def plan_kernels(
+    tuner: KernelTuner,
+    config: EngineConfig,
+    args: ModelArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    use_packed_linears: bool,
+) -> KernelPlan:
+    """Each op's implementation: the config's forced choice, else the tuner's (measured here or cached).
+    Ops with a single usable candidate on this device and dtype are not measured."""
+    return KernelPlan(
+        prefill_gemm=_prefill_gemm(tuner, config, args, dtype, use_packed_linears),
+        decode_attention=_decode_attention(tuner, config, args, dtype, device),
+        decode_lora=_decode_lora(tuner, config, args, dtype, device, use_packed_linears),
+    )
+
+
+def _prefill_gemm(
+    tuner: KernelTuner, config: EngineConfig, args: ModelArgs, dtype: torch.dtype, use_packed_linears: bool
+) -> str:
+    if not use_packed_linears:
+        return "plain"  # nothing to choose: the weights are not packed (F.linear on the dense weight)
+    if dtype != torch.bfloat16:
+        return "packed"  # nothing to choose: no upcast for an fp32 model
+    forced = config.prefill_gemm or {True: "fp32_upcast", False: "packed", None: None}[config.fp32_prefill_gemms]
+    num_rows = 4 * WIDE_GEMM_MIN_ROWS
+    shape = (num_rows, args.hidden_size, args.intermediate_size)
+    forms = PREFILL_GEMM_FORMS
+    build = lambda: prefill_gemm_candidates(forms, args.intermediate_size, args.hidden_size, dtype, num_rows)
+    return tuner.choose(PREFILL_GEMM_OP, forms, build, shape, dtype, forced=forced).choice
+
+
+def _decode_attention(
+    tuner: KernelTuner, config: EngineConfig, args: ModelArgs, dtype: torch.dtype, device: torch.device
+) -> str:
+    forms = tuple(f for f in DECODE_ATTENTION_FORMS if is_decode_form_usable(f, device, dtype))
+    if config.decode_attention is not None and config.decode_attention not in forms:
+        raise ValueError(f"decode_attention {config.decode_attention!r} cannot run here; usable: {list(forms)}")
+    if device.type != "cpu":
+        return config.decode_attention or "sdpa"  # one GPU form until a GPU run measures the others
+    num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
+    shape = (num_seqs, TUNING_CONTEXT_LEN, args.num_heads, args.num_kv_heads, args.head_dim, config.block_size)
+
+    pool_bytes = 2 * num_seqs * TUNING_CONTEXT_LEN * args.num_kv_heads * args.head_dim * dtype.itemsize
+    num_pools = max(1, min(args.num_layers, TUNING_KV_BYTES // pool_bytes))
+
+    def build() -> dict:
+        return decode_attention_candidates(
+            forms, args.num_heads, args.num_kv_heads, args.head_dim, dtype, device, config.block_size, num_seqs,
+            TUNING_CONTEXT_LEN, num_pools,
+        )
+
+    return tuner.choose(DECODE_ATTENTION_OP, forms, build, shape, dtype, forced=config.decode_attention).choice
+
+
+def _decode_lora(
+    tuner: KernelTuner,
+    config: EngineConfig,
+    args: ModelArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    use_packed_linears: bool,
+) -> str:
+    turned_off = {"kernel"} if config.lora_kernel is False else set()
+    turned_off |= {"stacked"} if config.lora_stack_cache_size <= 0 else set()
+    forms = tuple(f for f in DECODE_LORA_FORMS if f not in turned_off and is_lora_form_usable(f, device, dtype))
+    forced = config.decode_lora_form or ("kernel" if config.lora_kernel else None)
+    if forced is not None and forced not in forms:
+        raise ValueError(f"decode_lora_form {forced!r} cannot run here or is turned off; usable: {list(forms)}")
+    if device.type != "cpu":
+        return forced or forms[0]
+    num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
+    ranks = tuple(min(TUNING_RANKS[i % len(TUNING_RANKS)], config.max_lora_rank) for i in range(num_seqs))
+    slices = projection_slices(args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads, args.head_dim)
+    shape = (args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads, args.head_dim, *ranks)
+    build = lambda: decode_lora_candidates(forms, slices, ranks, dtype, device, use_packed_linears)
+    return tuner.choose(DECODE_LORA_OP, forms, build, shape, dtype, forced=forced).choice

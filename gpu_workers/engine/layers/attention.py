@@ -1,0 +1,249 @@
+"""Paged-KV attention: write new K/V into the page pool, causal SDPA for prefill chunks (adjacent
+whole-prompt chunks of equal length in one batched call), one call for all decode tokens in the form the
+kernel tuner chose for this machine (DECODE_ATTENTION_FORMS; gpu_workers/engine/kernel_tuner.py).
+
+KV cache per layer: k_cache, v_cache [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of
+[num_blocks, block_size, num_kv_heads, head_dim]); slot = block_id * block_size + offset. Decode gathers
+whole pages (one contiguous block_size * num_kv_heads * head_dim run per page).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from gpu_workers.engine.layers.cpu_kernels import load_cpu_kernels
+
+DECODE_ATTENTION_OP = "decode_attention"
+# The forms of decode attention, simplest first: "sdpa" (SDPA over the gathered pages in the model dtype),
+# "sdpa_fp32" (the same on fp32 upcasts), "grouped_matmul" (per kv head, its query heads' scores as one batched
+# matmul, softmax in fp32, as transformers' eager attention), "c_kernel" (layers/attention_kernel.c: reads the
+# pages in place, fp32 throughout; CPU only). Which is fastest depends on the CPU: on an AMD EPYC (avx512_bf16,
+# 2 threads, B=16, context 224) bf16 SDPA took 1.77 ms per layer, fp32 SDPA 0.26, the grouped matmul 0.19.
+DECODE_ATTENTION_FORMS = ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel")
+_C_KERNELS = {torch.bfloat16: "decode_attention_bf16", torch.float32: "decode_attention_f32"}
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Tokens [start, end) of the batch are positions [context_len - (end-start), context_len) of one seq.
+
+    context_slots: [context_len] cache slots of the whole context, None when the chunk is the whole context
+    (then K/V come straight from this step). mask: [q_len, context_len] bool (True = attend), None = causal.
+    num_seqs > 1: [start, end) holds that many adjacent whole-context prompts of equal length (batched).
+    """
+
+    start: int
+    end: int
+    context_slots: torch.Tensor | None
+    mask: torch.Tensor | None
+    num_seqs: int = 1
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step attention inputs, shared by every layer.
+
+    slot_mapping: [num_tokens] cache slot of each new token.
+    decode_token_idx: [num_decodes] batch rows of single-token (decode) queries, or None.
+    decode_blocks: [num_decodes, max_blocks] KV pages to gather (padding uses page 0, which may be another
+        sequence's: masked out).
+    decode_mask: [num_decodes, 1, 1, max_blocks * block_size] bool, True where the context position is real
+        (< the sequence's length); None when no position is padding.
+    decode_pad_rows: [num_padding] rows of the gathered [num_decodes * max_blocks * block_size] positions that
+        are padding (~decode_mask), or None.
+    block_size: tokens per KV page.
+    decode_lens: [num_decodes] int64 context length of each decode (the C kernel reads positions below it).
+    decode_form: one of DECODE_ATTENTION_FORMS.
+
+    Isolation: a padding position's K (another sequence's page, or a stale slot of a freed page) is *set* to
+    0 in the gathered copy before scoring, so its score is exactly q . 0 = 0 before the mask makes it -inf
+    (never inf + -inf = NaN), and every value written to the cache is finite, so its V times probability 0
+    is exactly 0: a neighbour that overflowed cannot reach another sequence's output.
+    """
+
+    slot_mapping: torch.Tensor
+    prefills: tuple[PrefillChunk, ...]
+    decode_token_idx: torch.Tensor | None
+    decode_blocks: torch.Tensor | None
+    decode_mask: torch.Tensor | None
+    decode_pad_rows: torch.Tensor | None
+    is_all_decode: bool
+    block_size: int
+    decode_lens: torch.Tensor | None = None
+    decode_form: str = "sdpa"
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, Hq, D]; k, v: [T, Hkv, D] for the new tokens -> output [T, Hq, D]."""
+    # finite in the cache (NaN -> 0, +-inf -> +-max): a masked slot times probability 0 is exactly 0
+    k_cache.index_copy_(0, meta.slot_mapping, torch.nan_to_num(k))
+    v_cache.index_copy_(0, meta.slot_mapping, torch.nan_to_num(v))
+    out = torch.empty_like(q) if not meta.is_all_decode else None
+    for chunk in meta.prefills:
+        assert out is not None
+        out[chunk.start:chunk.end] = _prefill_attention(q, k, v, k_cache, v_cache, chunk, scale)
+    if meta.decode_token_idx is None:
+        assert out is not None
+        return out
+    decoded = _decode_attention(q, k_cache, v_cache, meta, scale)
+    if out is None:
+        return decoded
+    out.index_copy_(0, meta.decode_token_idx, decoded)
+    return out
+
+
+def _prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of one prompt chunk (or num_seqs equal whole prompts) -> [q_len, Hq, D]."""
+    n = chunk.num_seqs
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    q_c = q[chunk.start:chunk.end].view(n, -1, num_heads, head_dim).transpose(1, 2)  # [n, Hq, q_len, D]
+    if chunk.context_slots is None:
+        k_c = k[chunk.start:chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # [n, Hkv, L, D]
+        v_c = v[chunk.start:chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+    else:
+        k_c = k_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, ctx, D]
+        v_c = v_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)
+    o = F.scaled_dot_product_attention(
+        q_c, k_c, v_c, attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=True
+    )
+    return o.transpose(1, 2).reshape(chunk.end - chunk.start, num_heads, head_dim)
+
+
+def is_decode_form_usable(form: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """True when `form` can run here (the C kernel: CPU, bf16 or fp32, and a C compiler to build it;
+    sdpa_fp32 only where the model dtype is narrower: for an fp32 model it is sdpa)."""
+    if form == "sdpa_fp32":
+        return dtype != torch.float32
+    if form == "c_kernel":
+        return device.type == "cpu" and dtype in _C_KERNELS and load_cpu_kernels() is not None
+    return form in DECODE_ATTENTION_FORMS
+
+
+def _decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """All single-token queries at once -> [num_decodes, Hq, D], in the form meta.decode_form.
+
+    All forms but the C kernel gather whole pages with one index_select per K and V ([B, max_context, Hkv, D],
+    the cache layout) and serve each query head group from its kv head (GQA).
+    """
+    assert meta.decode_blocks is not None and meta.decode_token_idx is not None
+    q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)  # [B, Hq, D]
+    if meta.decode_form == "c_kernel":
+        return _c_kernel_decode(q_d, k_cache, v_cache, meta, scale)
+    num_decodes, max_blocks = meta.decode_blocks.shape
+    _, num_kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
+    max_context = max_blocks * meta.block_size
+    flat = meta.decode_blocks.view(-1)
+    page = meta.block_size * num_kv_heads * head_dim
+    k_d = k_cache.view(-1, page).index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim)
+    v_d = v_cache.view(-1, page).index_select(0, flat).view(num_decodes, max_context, num_kv_heads, head_dim)
+    if meta.decode_pad_rows is not None:  # padding scores exactly 0 before the mask (see AttentionMetadata)
+        k_d.view(num_decodes * max_context, -1).index_fill_(0, meta.decode_pad_rows, 0.0)
+    if meta.decode_form == "grouped_matmul":
+        group = num_heads // num_kv_heads
+        q_g = q_d.view(num_decodes, num_kv_heads, group, head_dim)
+        scores = torch.matmul(q_g, k_d.permute(0, 2, 3, 1)).float() * scale  # [B, Hkv, G, max_context]
+        if meta.decode_mask is not None:
+            scores.masked_fill_(~meta.decode_mask, float("-inf"))  # mask [B, 1, 1, max_context] broadcasts
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out = torch.matmul(probs, v_d.transpose(1, 2))  # [B, Hkv, G, D]
+        return out.reshape(num_decodes, num_heads, head_dim)
+    wide = torch.float32 if meta.decode_form == "sdpa_fp32" else q.dtype
+    out = F.scaled_dot_product_attention(
+        q_d.unsqueeze(2).to(wide), k_d.transpose(1, 2).to(wide), v_d.transpose(1, 2).to(wide),
+        attn_mask=meta.decode_mask, scale=scale, enable_gqa=num_heads != num_kv_heads,
+    )  # [B, Hq, 1, D]
+    return out.view(num_decodes, num_heads, head_dim).to(q.dtype)
+
+
+def _c_kernel_decode(
+    q_d: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """layers/attention_kernel.c over the pages in place -> [num_decodes, Hq, D]."""
+    assert meta.decode_blocks is not None and meta.decode_lens is not None
+    lib = load_cpu_kernels()
+    assert lib is not None
+    q_d = q_d.contiguous()
+    out = torch.empty_like(q_d)
+    num_decodes, num_heads, head_dim = q_d.shape
+    tables = meta.decode_blocks
+    getattr(lib, _C_KERNELS[q_d.dtype])(
+        q_d.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+        tables.shape[1], meta.decode_lens.data_ptr(), num_decodes, num_heads, k_cache.shape[1], head_dim,
+        meta.block_size, scale, torch.get_num_threads(),
+    )
+    return out
+
+
+def decode_attention_candidates(
+    forms: tuple[str, ...],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_size: int,
+    num_seqs: int,
+    context_len: int,
+    num_pools: int = 1,
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each form's decode attention of `num_seqs` sequences of `context_len` tokens over a shuffled page
+    pool of random K/V (for gpu_workers/engine/kernel_tuner.py), in the order of `forms`. Successive calls cycle
+    through `num_pools` pools (as an engine step goes through its layers): pools that together outgrow the CPU's
+    caches make every call read cold pages, as in a real step, where a layer's weights pass between two
+    attention calls; hot pages favour the forms that gather."""
+    generator = torch.Generator().manual_seed(0)
+    num_pages = -(-context_len // block_size)
+    num_slots = num_seqs * num_pages * block_size
+    pool_k = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    pool_v = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    k_cache, v_cache = pool_k.repeat(num_pools, 1, 1), pool_v.repeat(num_pools, 1, 1)
+    q = torch.randn(num_seqs, num_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    tables = torch.randperm(num_seqs * num_pages, generator=generator).view(num_seqs, num_pages)
+    lens = torch.full((num_seqs,), context_len, dtype=torch.long)
+    is_real = torch.arange(num_pages * block_size).unsqueeze(0) < lens.unsqueeze(1)
+    pad_rows = (~is_real).view(-1).nonzero().squeeze(1)
+    has_padding = bool(pad_rows.numel())
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.long, device=device),
+        prefills=(),
+        decode_token_idx=torch.arange(num_seqs, device=device),
+        decode_blocks=tables.to(device),
+        decode_mask=is_real[:, None, None, :].to(device) if has_padding else None,
+        decode_pad_rows=pad_rows.to(device) if has_padding else None,
+        is_all_decode=True,
+        block_size=block_size,
+        decode_lens=lens.to(device),
+    )
+    pool_tables = [(tables + pool * num_seqs * num_pages).to(device) for pool in range(num_pools)]
+    scale = head_dim**-0.5
+
+    def run(form: str) -> Callable[[], torch.Tensor]:
+        metas = [replace(meta, decode_blocks=t, decode_form=form) for t in pool_tables]
+        calls = iter(range(1 << 62))
+        return lambda: _decode_attention(q, k_cache, v_cache, metas[next(calls) % num_pools], scale)
+
+    return {form: run(form) for form in forms}

@@ -1,0 +1,225 @@
+"""The model runner owns every tensor: weights, paged KV cache, device copies of adapters; it turns a
+scheduled batch into tensors, runs the model and samples. Which adapters are on the device is decided by
+the engine core (scheduler/core/); the engine changes `adapters` only when it carries out a step plan."""
+
+from __future__ import annotations
+
+import torch
+
+from gpu_workers.engine.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
+from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
+from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels, uses_packed_linears
+from gpu_workers.engine.kernel_tuner import KernelTuner
+from gpu_workers.engine.layers import cpu_kernels
+from gpu_workers.engine.layers.host_lora import HostLora
+from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch
+from gpu_workers.engine.layers.rotary import RotaryEmbedding
+from gpu_workers.engine.layers.sampler import sample_tokens
+from gpu_workers.engine.loader import iter_safetensors, read_hf_config, safetensors_files
+from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
+from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
+from gpu_workers.engine.adapter_transfers import AdapterTransfers
+from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
+from registry.validation import AdapterInfo, BaseModelSpec
+from scheduler.core.page_pool import num_pages_for_adapter
+from scheduler.core.sequence import BatchEntry, Sequence
+
+
+class ModelRunner:
+    """Weights + KV cache + adapters on one device; `execute` runs one scheduled batch. Adapter loading,
+    placement and host -> device copies are in `transfers` (gpu_workers/engine/adapter_transfers.py); the LoRA form
+    of each step in `lora_forms` (gpu_workers/engine/lora_form_choice.py)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.resolved_device()
+        self.dtype = config.resolved_dtype()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu" and config.tune_host_malloc:
+            keep_large_allocations_on_heap()
+        hf_config = read_hf_config(config.model_path)
+        self.args = ModelArgs.from_hf_config(hf_config)
+        self.use_packed_linears = uses_packed_linears(config, self.dtype, self.device)
+        # CPU kernels chosen by measurement on this machine and the model's shapes (cached, gpu_workers/engine/kernel_plan.py)
+        self.kernel_tuner = KernelTuner(config.kernel_choices_path)
+        self.kernel_plan: KernelPlan = plan_kernels(
+            self.kernel_tuner, config, self.args, self.dtype, self.device, self.use_packed_linears
+        )
+        self.wide_gemm_dtype = self.kernel_plan.wide_gemm_dtype if self.use_packed_linears else None
+        self.model = self._load_model()
+        self.block_size = config.block_size
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.max_model_len = min(
+            config.max_model_len or self.args.max_position_embeddings, self.num_kv_blocks * self.block_size
+        )
+        self.rotary = RotaryEmbedding(
+            self.args.head_dim, max(self.max_model_len, 1), self.args.rope, self.dtype, self.device
+        )
+        self.kv_caches = self._allocate_kv_cache()
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.cpu_kernels_compile_s = cpu_kernels.compile_seconds  # None: loaded from the cache (or none)
+        self.lora_forms = LoraForms(
+            self.kernel_plan, config.lora_stack_cache_size, self.use_packed_linears, self.device, self.adapters
+        )
+        self.transfers = AdapterTransfers(
+            config, self.model, BaseModelSpec.from_hf_config(hf_config), self.kv_caches, self.adapters,
+            is_unified=self.is_unified, page_numel=self.page_numel, device=self.device, dtype=self.dtype,
+        )  # fmt: skip
+        self.host_switch_layer: int | None = None  # test hook, see layers/host_lora.LayerSwitch
+        self.last_switched_at: dict[str, int] = {}  # last host-assisted step: adapter -> first device layer
+        self.generators: dict[str, torch.Generator] = {}
+        self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
+
+    # ---- setup -------------------------------------------------------------------------------------
+
+    def _load_model(self) -> LlamaForCausalLM:
+        model = LlamaForCausalLM(self.args, self.dtype, self.device)
+        model.load_weights(iter_safetensors(safetensors_files(self.config.model_path)))
+        if self.use_packed_linears:
+            model.pack_linears(self.wide_gemm_dtype)
+        return model.eval()
+
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of K and V for one block across all layers."""
+        elem = self._element_size()
+        return 2 * self.args.num_layers * self.config.block_size * self.args.num_kv_heads * self.args.head_dim * elem
+
+    @property
+    def is_unified(self) -> bool:
+        """True when adapters live in the KV cache's pages (memory_mode "unified")."""
+        return self.config.memory_mode == "unified"
+
+    @property
+    def page_numel(self) -> int:
+        """Elements of K (or of V) one page holds in one layer."""
+        return self.config.block_size * self.args.num_kv_heads * self.args.head_dim
+
+    def _num_kv_blocks(self) -> int:
+        """Pages of the KV tensor: the KV budget, plus the adapter budget in a unified pool."""
+        if self.config.num_kv_blocks is not None:
+            num_blocks = self.config.num_kv_blocks
+        else:
+            num_blocks = self.config.kv_cache_bytes // self.kv_bytes_per_block()
+            if num_blocks < 1:
+                raise ValueError("kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks")
+        if self.is_unified and self.config.adapter_cache_bytes is not None:
+            num_blocks += -(-self.config.adapter_cache_bytes // self.kv_bytes_per_block())
+        return int(num_blocks)
+
+    def adapter_row_bytes(self) -> int:
+        """Device bytes of one rank row of an adapter that targets every projection of every layer."""
+        a = self.args
+        q_out, kv_out = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        h, i = a.hidden_size, a.intermediate_size
+        per_layer = (h + q_out) + 2 * (h + kv_out) + (q_out + h) + 2 * (h + i) + (i + h)  # q, k, v, o, gate, up, down
+        return a.num_layers * per_layer * self._element_size()
+
+    def num_adapter_pages(self) -> int:
+        """Pool pages only adapters use (static split): adapter_cache_bytes, or room for
+        DEFAULT_NUM_ADAPTERS_ROOM adapters of max_lora_rank; 0 in a unified pool (adapters take KV pages)."""
+        if self.is_unified:
+            return 0
+        page_bytes = self.kv_bytes_per_block()
+        if self.config.adapter_cache_bytes is not None:
+            return -(-self.config.adapter_cache_bytes // page_bytes)
+        max_rank = self.config.max_lora_rank
+        pages_per_adapter = num_pages_for_adapter(max_rank, max_rank * self.adapter_row_bytes(), page_bytes)
+        return DEFAULT_NUM_ADAPTERS_ROOM * pages_per_adapter
+
+    def adapter_device_bytes(self, info: AdapterInfo) -> int:
+        """Device bytes an adapter will take (its weight file's bytes rescaled to the engine dtype)."""
+        file_element = {"float16": 2, "bfloat16": 2, "float32": 4}.get(info.dtype, 4)
+        return -(-info.num_bytes * self._element_size() // file_element)
+
+    def _element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Per layer: [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of the page pool).
+        shape = (self.num_kv_blocks * self.block_size, self.args.num_kv_heads, self.args.head_dim)
+        return [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.args.num_layers)
+        ]
+
+    # ---- one step ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        entries: list[BatchEntry],
+        return_logits: bool = False,
+        host_assisted: frozenset[str] | set[str] = frozenset(),
+    ) -> tuple[list[int | None], torch.Tensor | None]:
+        """Run one batch (entries sorted by adapter) -> sampled token per sampling entry (+ their logits).
+
+        Entries of a `host_assisted` adapter (still being copied; prefills only) get their LoRA delta from
+        the adapter's host copy on the CPU pool until its device copy lands (then from the next layer on).
+        A row whose logits are not all finite (an adapter whose weights overflow) gets None instead of a
+        token and is not sampled, so it cannot fail its batch neighbours' sampling.
+        """
+        inputs = self.prepare(entries, frozenset(host_assisted))
+        cos_sin = self.rotary.lookup(inputs.positions)
+        hidden = self.model(
+            inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora, output_rows=inputs.sample_rows
+        )  # [num_sampling, hidden]
+        host = inputs.lora.find(HostLora)
+        if host is not None:
+            switched_at = host.switch.switched_at
+            self.last_switched_at = {a: switched_at.get(a, self.args.num_layers) for a in host_assisted}
+        sampling = [e for e in entries if e.is_sampling]
+        if not sampling:
+            return [], None
+        logits = self.model.logits(hidden)  # [num_sampling, vocab]
+        # one check for all sampled rows: x * 0 is 0 for finite x and NaN for inf / NaN (a sum cannot overflow)
+        is_finite = torch.isfinite(logits.mul(0.0).sum(dim=-1)).tolist()
+        tokens = self._sample(logits, sampling, is_finite)
+        return tokens, (logits if return_logits else None)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[BatchEntry], is_finite: list[bool]) -> list[int | None]:
+        """Sample the rows with finite logits; None for the others."""
+        rows = [i for i, ok in enumerate(is_finite) if ok]
+        if len(rows) < len(sampling):
+            logits = logits[rows]
+        params = [sampling[i].seq.sampling_params for i in rows]
+        generators = [self._generator_for(sampling[i].seq) for i in rows]
+        sampled = iter(sample_tokens(logits, params, generators) if rows else [])
+        return [next(sampled) if ok else None for ok in is_finite]
+
+    def _generator_for(self, seq: Sequence) -> torch.Generator | None:
+        if seq.sampling_params.is_greedy:
+            return None
+        if seq.sampling_params.seed is None:
+            return self.default_generator
+        gen = self.generators.get(seq.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seq.sampling_params.seed)
+            self.generators[seq.request_id] = gen
+        return gen
+
+    def release_request(self, request_id: str) -> None:
+        """Drop per-request sampler state."""
+        self.generators.pop(request_id, None)
+
+    def prepare(self, entries: list[BatchEntry], host_assisted: frozenset[str] = frozenset()) -> StepInputs:
+        """Build token ids, positions, slot mappings, attention and LoRA segment metadata for one step."""
+        lora = self._lora_batch(entries, host_assisted)
+        decode_form = self.kernel_plan.decode_attention
+        return build_step_inputs(entries, lora, self.block_size, decode_form, self.device)
+
+    def _lora_batch(self, entries: list[BatchEntry], host_assisted: frozenset[str]) -> LoraBatch:
+        """Contiguous token ranges per adapter (entries are already sorted by adapter) in the form
+        `lora_forms` picks; one host segment per entry of a host-assisted adapter."""
+        segments, host_segments, num_tokens = lora_segments(
+            entries, self.adapters, self.transfers.host_copies, host_assisted
+        )
+        host = None
+        if host_segments:
+            host = self.transfers.host_lora(host_segments, host_assisted, self.host_switch_layer)
+        return self.lora_forms.batch(segments, num_tokens, host)
+
+    def forget_adapter(self, adapter_id: str) -> None:
+        """Drop cached LoRA forms that include an adapter (call when it is unloaded or replaced)."""
+        self.lora_forms.forget(adapter_id)

@@ -1,0 +1,1 @@
+"""The worker process: service, HTTP app, transports, host file cache, builder."""

@@ -1,0 +1,71 @@
+"""The worker process (`lorahost worker`): uvicorn serving the worker's HTTP app, drained on SIGTERM.
+
+`run_worker(settings)` binds the socket, builds the runtime (builder.py) and serves `create_worker_app`
+(http_app.py) until SIGTERM/SIGINT, then drains and exits 0 (a second signal forces).
+
+Where the rest of the worker lives:
+- runtime.py: `WorkerRuntime`, the lifecycle (load in the background, heartbeat, drain, deregister).
+- http_app.py: `create_worker_app`, the internal HTTP API of cluster/protocol.py.
+- inproc_transport.py: `InProcessWorkerTransport`, the same generate call without HTTP (`lorahost serve`).
+- embedded.py: `EmbeddedWorker`, the in-process worker of `lorahost serve` (uvicorn in a thread).
+- builder.py: everything built from Settings (backend by name, service, directory, runtime); the only
+  module here that touches the blob store.
+- worker_service.py: what each call does (request streams, the worker's stats), without HTTP;
+  adapter_manager.py: the host tier of adapter files; worker_errors.py: the errors a call reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+
+from gpu_workers.worker.builder import make_directory, make_runtime
+from gpu_workers.worker.http_app import create_worker_app
+from gpu_workers.worker.runtime import WorkerRuntime
+from settings import Settings
+
+logger = logging.getLogger("lorahost.worker")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0 = a free port); uvicorn serves on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn that drains the worker on the first SIGTERM/SIGINT and exits on the second."""
+
+    def __init__(self, config: uvicorn.Config, runtime: WorkerRuntime) -> None:
+        super().__init__(config)
+        self._runtime = runtime
+        runtime.on_drained = self._exit
+
+    def _exit(self) -> None:
+        self.should_exit = True
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown (exit code != 0).
+        if self._runtime.is_draining:
+            self.should_exit = self.force_exit = True
+            return
+        logger.info("signal %s: draining", sig)
+        self._runtime.request_drain()
+
+
+def run_worker(settings: Settings) -> None:
+    """Serve a worker until SIGTERM/SIGINT, then drain, deregister and return (blocking)."""
+    if not settings.internal_token:
+        raise ValueError("a worker needs LORAHOST_INTERNAL_TOKEN (the API servers send the same token)")
+    sock = bind_socket(settings.worker.host, settings.worker.resolved_port())
+    runtime = make_runtime(settings, sock, make_directory(settings), settings.internal_token)
+    config = uvicorn.Config(create_worker_app(runtime), log_level="info", timeout_graceful_shutdown=5)
+    _DrainingServer(config, runtime).run(sockets=[sock])

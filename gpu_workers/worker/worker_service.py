@@ -1,0 +1,246 @@
+"""What a worker does per call, without HTTP or the blob store: request streams and the worker's stats.
+
+`WorkerService` wraps one `InferenceBackend` and one `HostAdapterCache` (whose fetch function the server
+injects) through an `AdapterManager` (gpu_workers/worker/adapter_manager.py: the host tier of adapter files,
+leased per request). The engine core (scheduler/core/) owns device memory, plans each adapter's copy to the
+device before its request's first step and decides what is evicted (idle adapters LRU-first). A request
+whose adapter does not fit right now waits in the engine's queue: no count cap, no `overloaded` refusal
+for adapter room. Everything here runs on the worker's event loop; blocking work goes to threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, cast
+
+from cluster.membership import WorkerRecord
+from cluster.protocol import GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats, prefix_cache_namespace
+from gpu_workers.worker.adapter_manager import AdapterManager
+from gpu_workers.worker.backend import InferenceBackend
+from gpu_workers.engine.errors import AdapterLoadFailedError, AdapterNotLoadedError, PromptTooLongError
+from gpu_workers.worker.host_cache import HostAdapterCache
+from gpu_workers.engine.outputs import RequestOutput
+from gpu_workers.worker.worker_errors import BadRequestError, DrainingError
+from scheduler.core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A generate request checked against the engine, holding its adapter lease."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    adapter_key: str | None
+    received_at: float  # time.time() when the worker received the request
+    predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
+    tenant_id: str | None = None
+    tenant_weight: float = 1.0  # the tenant's fair-share weight (GenerateRequest.tenant_weight)
+    cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace, else the tenant's)
+
+
+class WorkerService:
+    """One worker's behaviour: prepare (everything checkable up front), then stream events."""
+
+    def __init__(
+        self,
+        engine: InferenceBackend,
+        host_cache: HostAdapterCache,
+        *,
+        worker_id: str,
+        base_model: str,
+        max_num_seqs: int,
+        perf_model: dict[str, Any] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.perf_model = perf_model  # the profile published in heartbeats (scheduler.perf_model.PerfModel.to_dict)
+        self.host_cache = host_cache
+        self.worker_id = worker_id
+        self.base_model = base_model
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = int(engine.stats()["max_model_len"])
+        self.adapters = AdapterManager(engine, host_cache)
+        self.is_ready = True
+        self.is_draining = False
+        self._active: set[str] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- generate -----------------------------------------------------------------------------------
+
+    async def prepare(self, request: GenerateRequest, received_at: float | None = None) -> PreparedRequest:
+        """Check and admit a request (draining, sampling, prompt, adapter); raises a WorkerError subclass."""
+        received_at = time.time() if received_at is None else received_at
+        if self.is_draining:
+            raise DrainingError(f"worker {self.worker_id} is draining; send the request to another worker")
+        if request.request_id in self._active:
+            raise BadRequestError(f"request id {request.request_id!r} is already running on this worker")
+        params = sampling_params_from_spec(request.sampling)
+        token_ids = self._prompt_token_ids(request)
+        adapter_key = await self.adapters.acquire(request.adapter) if request.adapter else None
+        self._active.add(request.request_id)
+        self._idle.clear()
+        return PreparedRequest(
+            request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens,
+            tenant_id=request.tenant_id,
+            tenant_weight=request.tenant_weight,
+            cache_namespace=request.cache_namespace or prefix_cache_namespace(request.tenant_id),
+        )
+
+    def _prompt_token_ids(self, request: GenerateRequest) -> list[int]:
+        if (request.prompt is None) == (request.prompt_token_ids is None):
+            raise BadRequestError("send exactly one of prompt and prompt_token_ids")
+        if request.prompt is not None:
+            token_ids = list(self.engine.tokenizer.encode(request.prompt))  # type: ignore[attr-defined]
+        else:
+            token_ids = [int(t) for t in request.prompt_token_ids or ()]
+        if not token_ids:
+            raise BadRequestError("the prompt is empty; send at least one token")
+        max_model_len = self.max_model_len
+        if len(token_ids) >= max_model_len:
+            raise BadRequestError(
+                f"prompt has {len(token_ids)} tokens but this worker's max_model_len is {max_model_len}; "
+                f"shorten it to at most {max_model_len - 1} tokens"
+            )
+        return token_ids
+
+    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[GenerateEvent]:
+        """Deltas, then one final or error event. Closing the iterator early aborts the engine request."""
+        last: RequestOutput | None = None
+        stream = cast(  # backends return async generators: aclose() aborts the engine request
+            AsyncGenerator[RequestOutput, None],
+            self.engine.generate_stream(
+                prepared.request_id,
+                prepared.token_ids,
+                prepared.sampling_params,
+                prepared.adapter_key,
+                predicted_output_tokens=prepared.predicted_output_tokens,
+                tenant_id=prepared.tenant_id,
+                tenant_weight=prepared.tenant_weight,
+                cache_namespace=prepared.cache_namespace,
+            ),
+        )
+        try:
+            async with aclosing(stream):  # closing this iterator early closes the engine stream
+                async for out in stream:
+                    last = out
+                    if out.new_token_ids or out.new_text:
+                        yield GenerateEvent(
+                            type="delta", text=out.new_text, token_ids=list(out.new_token_ids)
+                        )
+            yield final_event(last, prepared.received_at) if last else error_event("internal", "no output")
+        except (AdapterNotLoadedError, AdapterLoadFailedError) as exc:  # its planned copy failed
+            yield error_event("adapter_unavailable", str(exc))
+        except (PromptTooLongError, ValueError) as exc:  # NumericOverflowError too: the tenant's adapter
+            yield error_event("bad_request", str(exc))
+        except Exception as exc:  # noqa: BLE001 (an engine failure ends this stream, not the worker)
+            yield error_event("internal", f"engine error: {type(exc).__name__}: {exc}")
+        finally:
+            self.finish(prepared)
+
+    def finish(self, prepared: PreparedRequest) -> None:
+        """Release a prepared request's adapter lease and slot (idempotent)."""
+        if prepared.request_id not in self._active:
+            return
+        self._active.discard(prepared.request_id)
+        if prepared.adapter_key is not None:
+            self.adapters.release(prepared.adapter_key)
+        if not self._active:
+            self._idle.set()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def num_active(self) -> int:
+        """Requests admitted and not yet finished (streams open)."""
+        return len(self._active)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests and wait for running ones; True if all finished within timeout_s."""
+        self.is_draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    # ---- introspection ------------------------------------------------------------------------------
+
+    async def engine_stats(self) -> dict[str, Any]:
+        """The engine's stats, read off the event loop (it waits for the current step)."""
+        return await asyncio.to_thread(self.engine.stats)
+
+    def stats(self, engine_stats: dict[str, Any] | None = None) -> WorkerStats:
+        """Load, residency and counters as WorkerStats (pass `await engine_stats()` to avoid blocking the loop).
+
+        The engine's stats dict is read by key (what a backend does not publish keeps its default), then the
+        worker's own fields: its identity, host cache, leases and adapter counters, the ranks the API sent
+        for host-cached adapters the engine does not know, and its profile.
+        """
+        engine_stats = self.engine.stats() if engine_stats is None else engine_stats
+        device = self.adapters.device_adapters(engine_stats)
+        counters = dataclasses.asdict(self.adapters.counters)
+        counters["num_load_failures"] += int(engine_stats.get("num_adapter_load_failures", 0))  # its copies'
+        return WorkerStats.model_validate({
+            **engine_stats,
+            **counters,
+            "worker_id": self.worker_id,
+            "base_model": self.base_model,
+            "max_num_seqs": self.max_num_seqs,
+            "device_adapters": device,
+            "host_adapters": self.adapters.host_adapters(device),
+            "num_active": self.num_active,
+            "adapter_ranks": {**self.adapters.known_ranks(), **(engine_stats.get("adapter_ranks") or {})},
+            "perf_model": self.perf_model,
+            "is_ready": self.is_ready and not self.is_draining,
+            "is_draining": self.is_draining,
+        })
+
+    def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
+        """The membership record advertised in heartbeats: these stats plus the worker's URL."""
+        return WorkerRecord.from_stats(self.stats(engine_stats), url)
+
+
+def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
+    """Engine SamplingParams from the wire spec (top_k -1 means disabled); BadRequestError if invalid."""
+    try:
+        return SamplingParams(
+            max_tokens=spec.max_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=max(spec.top_k, 0),
+            seed=spec.seed,
+            stop=tuple(spec.stop),
+            stop_token_ids=tuple(spec.stop_token_ids),
+            ignore_eos=spec.ignore_eos,
+        )
+    except ValueError as exc:
+        raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
+
+
+def final_event(last: RequestOutput, received_at: float) -> GenerateEvent:
+    """The terminal event with token counts and timings (ms, measured from the worker's receipt)."""
+    finished = last.finish_time or time.time()
+    first = last.first_token_time
+    num_output = last.num_output_tokens
+    tpot_ms = (finished - first) * 1000 / (num_output - 1) if first is not None and num_output > 1 else None
+    return GenerateEvent(
+        type="final",
+        finish_reason=last.finish_reason,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_output_tokens=num_output,
+        ttft_ms=(first - received_at) * 1000 if first is not None else None,
+        tpot_ms=tpot_ms,
+        e2e_ms=(finished - received_at) * 1000,
+        queue_ms=max(0.0, last.arrival_time - received_at) * 1000,
+    )
+
+
+def error_event(code: str, message: str) -> GenerateEvent:
+    """A terminal error event."""
+    return GenerateEvent(type="error", code=code, message=message)
