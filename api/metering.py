@@ -145,7 +145,7 @@ class UsageLedger:
             return
         try:
             self.observe_output(meter.tenant_id, meter.adapter_version_id, meter.num_delivered_tokens)
-        except Exception:  # noqa: BLE001 - a predictor's bookkeeping must never fail a request
+        except Exception:
             log.exception("could not observe the output length of request %s", meter.request_id)
 
     def _write(self, values: dict[str, Any], is_opened: bool) -> None:
@@ -168,7 +168,7 @@ async def release_slot(meter: RequestMeter) -> None:
         return
     try:
         await anyio.to_thread.run_sync(release)
-    except Exception:  # noqa: BLE001 - the slot's lease runs out instead (api/ratelimit.py)
+    except Exception:
         log.exception("could not release the concurrent-request slot of request %s", meter.request_id)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +97,7 @@ def client_disconnected(what: str, num_bytes: int | None = None) -> ApiError:
     )
 
 
-async def _bounded(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+async def _bounded(request: Request, max_bytes: int) -> AsyncGenerator[bytes, None]:
     num_bytes = 0
     try:
         async for chunk in request.stream():

@@ -152,7 +152,7 @@ class UsageWriter:
         try:
             self._insert([values])
             return None
-        except Exception as exc:  # noqa: BLE001 - handed to the request through its future
+        except Exception as exc:
             log.exception("could not open the usage row of request %s", values["request_id"])
             return exc
 
@@ -179,7 +179,7 @@ class UsageWriter:
         for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewals
             try:
                 job()
-            except Exception:  # noqa: BLE001 - the thread must survive a DB outage; the next round retries
+            except Exception:
                 log.exception("usage writer: a write failed; retrying at the next checkpoint")
 
 

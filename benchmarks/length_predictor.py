@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
+from scheduler.length_models import MODEL_KINDS
 from scheduler.length_predictor import (
-    MODEL_KINDS,
     LengthPredictor,
     LengthSample,
     RequestFeatures,

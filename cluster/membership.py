@@ -26,7 +26,7 @@ class WorkerRecord(WorkerStats):
     url: str
 
     def __init__(self, worker_id: str, url: str, base_model: str, **stats: Any) -> None:
-        super().__init__(worker_id=worker_id, url=url, base_model=base_model, **stats)
+        super().__init__(**{"worker_id": worker_id, "url": url, "base_model": base_model, **stats})
 
     @classmethod
     def from_stats(cls, stats: WorkerStats, url: str) -> WorkerRecord:

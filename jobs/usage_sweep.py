@@ -97,5 +97,5 @@ class PeriodicJob:
     def _run_once(self) -> None:
         try:
             self.job()
-        except Exception:  # noqa: BLE001 - a failed run is logged; the next one retries
+        except Exception:
             log.exception("periodic job %s failed", self.name)

@@ -150,7 +150,7 @@ def run_completions(base_url: str, key: str, names: list[str], is_real: bool) ->
     for name in names:
         out = client.completions.create(model=name, prompt="the adapter serves a request", max_tokens=16,
                                         temperature=0)
-        console.print(f"[bold]{name}[/] completion: {out.choices[0].text!r} usage={out.usage.model_dump()}")
+        console.print(f"[bold]{name}[/] completion: {out.choices[0].text!r} usage={out.usage.model_dump() if out.usage else None}")
     console.print(f"[bold]{names[0]}[/] streaming chat: ", end="")
     stream = client.chat.completions.create(
         model=names[0], messages=[{"role": "user", "content": "hello, who are you?"}], max_tokens=24,
@@ -188,7 +188,7 @@ def print_reports(base_url: str, admin_key: str, key: str) -> None:
     table = Table(title="SLO by adapter")
     for col in ("model", "requests", "ok", "attainment", "TTFT p50 ms", "TPOT p50 ms", "E2E p99 ms"):
         table.add_column(col)
-    fmt = lambda v: "-" if v is None else f"{float(v):.1f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None else f"{float(v):.1f}"
     for g in groups:
         att = g.get("attainment")
         table.add_row(str(g["key"]), str(g["num_requests"]), str(g["num_ok"]),

@@ -136,12 +136,12 @@ def train_adapter(base_dir: Path, name: str, out_dir: Path, recipe: TrainingReci
         r=recipe.rank, lora_alpha=recipe.lora_alpha, target_modules=list(recipe.target_modules),
         lora_dropout=0.0, task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
     examples = [_encode(tokenizer, q, a) for q, a in zip(QUESTIONS, DATASETS[name], strict=True)]
-    stats = _train(model, examples, recipe, tokenizer.pad_token_id or 0)
+    stats = _train(peft_model, examples, recipe, tokenizer.pad_token_id or 0)
     tmp = out_dir.parent / f".{out_dir.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
+    peft_model.save_pretrained(str(tmp))
     (tmp / STAMP_NAME).write_text(json.dumps({"stamp": _stamp(base_dir, name, recipe), **stats}))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)

@@ -7,14 +7,14 @@ import json
 from dataclasses import asdict, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 app = typer.Typer(help="Billing and SLO reports.", no_args_is_help=True)
 
 
-def _period(start: Optional[str], end: Optional[str]) -> tuple[datetime, datetime]:
+def _period(start: str | None, end: str | None) -> tuple[datetime, datetime]:
     from registry.usage import as_utc
     from registry.usage_reports import default_period
 
@@ -26,7 +26,7 @@ def _period(start: Optional[str], end: Optional[str]) -> tuple[datetime, datetim
         raise typer.BadParameter(f"dates must be ISO 8601 (e.g. 2026-11-01 or 2026-11-01T10:00): {exc}") from exc
 
 
-def _session(data_dir: Optional[Path]):  # type: ignore[no-untyped-def]
+def _session(data_dir: Path | None):  # type: ignore[no-untyped-def]
     from registry.db import make_engine, make_session_factory
     from settings import Settings
 
@@ -36,10 +36,10 @@ def _session(data_dir: Optional[Path]):  # type: ignore[no-untyped-def]
 
 @app.command("billing")
 def billing(
-    start: Annotated[Optional[str], typer.Option(help="Period start (ISO date/time, UTC); default 30 days ago")] = None,
-    end: Annotated[Optional[str], typer.Option(help="Period end, exclusive; default now")] = None,
+    start: Annotated[str | None, typer.Option(help="Period start (ISO date/time, UTC); default 30 days ago")] = None,
+    end: Annotated[str | None, typer.Option(help="Period end, exclusive; default now")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
-    data_dir: Annotated[Optional[Path], typer.Option(help="Embedded data dir (else LORAHOST_* settings)")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Embedded data dir (else LORAHOST_* settings)")] = None,
 ) -> None:
     """Per-tenant invoice lines for a period."""
     from rich.console import Console
@@ -69,9 +69,9 @@ def billing(
 @app.command("slo")
 def slo(
     out: Annotated[Path, typer.Option(help="Directory for slo_<group>.csv/json and the PNG plots")],
-    start: Annotated[Optional[str], typer.Option(help="Period start (ISO, UTC); default 30 days ago")] = None,
-    end: Annotated[Optional[str], typer.Option(help="Period end, exclusive; default now")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Embedded data dir (else LORAHOST_* settings)")] = None,
+    start: Annotated[str | None, typer.Option(help="Period start (ISO, UTC); default 30 days ago")] = None,
+    end: Annotated[str | None, typer.Option(help="Period end, exclusive; default now")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Embedded data dir (else LORAHOST_* settings)")] = None,
 ) -> None:
     """SLO tables (by tenant, adapter, hour) and plots: latency percentiles over time, attainment by tenant."""
     from rich.console import Console
@@ -99,7 +99,7 @@ def slo(
     table = Table(title="SLO by tenant")
     for col in ("tenant", "requests", "ok", "errors", "attainment", "TTFT p50/p99 ms", "TPOT p50/p99 ms"):
         table.add_column(col)
-    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"
     for g in tables["tenant"]:
         table.add_row(names.get(g.key, g.key), str(g.num_requests), str(g.num_ok), str(g.num_error),
                       "-" if g.attainment is None else f"{100 * g.attainment:.1f}%",

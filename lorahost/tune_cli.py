@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,9 +25,9 @@ def tune(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table")] = False,
 ) -> None:
     """Time each kernel candidate on this machine for the worker's model and cache the fastest."""
-    from gpu_workers.worker.builder import engine_config_from_settings
     from gpu_workers.engine.kernel_plan import tune_for_config
     from gpu_workers.engine.kernel_tuner import KernelTuner
+    from gpu_workers.worker.builder import engine_config_from_settings
     from settings import Settings
 
     settings = Settings() if base_model is None else Settings(base_model_path=base_model)
@@ -42,7 +42,7 @@ def tune(
     except ValueError as exc:
         typer.echo(f"lorahost tune: {exc}", err=True)
         raise typer.Exit(2) from exc
-    report = {
+    report: dict[str, Any] = {
         "machine": tuner.machine,
         "cache": str(tuner.cache_path),
         "tuner_s": round(tuner.seconds, 4),

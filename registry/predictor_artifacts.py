@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from registry.storage import BlobNotFoundError, BlobStore
-from scheduler.length_predictor import PredictorArtifactError
+from scheduler.length_predictor_artifact import PredictorArtifactError
 
 PREFIX = "predictors/length/"
 POINTER_KEY = f"{PREFIX}current"

@@ -36,7 +36,7 @@ def resolve_checked_address(host: str, port: int, *, is_private_allowed: bool) -
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
         raise AddressNotAllowedError(f"cannot resolve {host!r}") from exc
-    addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
     if not addresses:
         raise AddressNotAllowedError(f"{host!r} has no address")
     if not is_private_allowed and not all(is_public_address(a) for a in addresses):

@@ -18,10 +18,11 @@ renewed late, and knows better); it never creates a second row.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Iterable, Literal, Sequence, cast
+from typing import Any, Literal, cast
 
 from sqlalchemy import CursorResult, Table, Update, bindparam, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -256,4 +257,4 @@ def close_expired_usage(session: Session, lease_timeout_s: float, now: datetime 
 
 def as_utc(moment: datetime) -> datetime:
     """The same instant as a timezone-aware UTC datetime (naive values are taken as UTC)."""
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import select
@@ -216,9 +216,7 @@ def is_attained(row: UsageRow, targets: SloTargets) -> bool:
         return False
     if targets.ttft_ms is not None and (row.ttft_ms is None or row.ttft_ms > targets.ttft_ms):
         return False
-    if targets.tpot_ms is not None and row.tpot_ms is not None and row.tpot_ms > targets.tpot_ms:
-        return False
-    return True
+    return not (targets.tpot_ms is not None and row.tpot_ms is not None and row.tpot_ms > targets.tpot_ms)
 
 
 @dataclass(frozen=True)
@@ -312,5 +310,5 @@ def hour_floor(moment: datetime) -> datetime:
 
 def default_period(now: datetime | None = None) -> tuple[datetime, datetime]:
     """The default report period: the last 30 days up to now."""
-    now = as_utc(now or datetime.now(timezone.utc))
+    now = as_utc(now or datetime.now(UTC))
     return now - timedelta(days=30), now

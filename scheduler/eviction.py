@@ -166,7 +166,7 @@ class FastLibraPolicy:
         """max(1, Low_lora / Now_lora): > 1 while fewer adapters are resident than a batch is expected to use."""
         batch_size = max(view.recent_batch_size, 1.0)
         expected_distinct = sum(1.0 - (1.0 - p) ** batch_size for p in view.access_shares)
-        return max(1.0, expected_distinct / max(view.num_device_adapters, 1))
+        return max(1.0, float(expected_distinct) / max(view.num_device_adapters, 1))
 
     def value(self, candidate: EvictionCandidate, view: CacheView, lora_eval: float | None = None) -> float:
         """Eval(n) of one adapter (seconds of reload time expected to be saved by keeping it)."""
@@ -183,7 +183,7 @@ class FastLibraPolicy:
         return sorted((c.adapter_id for c in candidates), key=values.__getitem__)
 
 
-EVICTION_POLICIES: dict[str, type] = {"lru": LruPolicy, "chameleon": ChameleonPolicy, "fastlibra": FastLibraPolicy}
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LruPolicy, "chameleon": ChameleonPolicy, "fastlibra": FastLibraPolicy}
 DEFAULT_EVICTION_POLICY = "lru"
 
 

@@ -45,7 +45,7 @@ class TreeEnsemble:
             nodes = predictors[0].nodes
             columns = [nodes[name].tolist() for name in TREE_FIELDS[:5]]
             trees.append((*columns, [bool(b) for b in nodes["is_leaf"]]))
-        return cls(float(np.ravel(model._baseline_prediction)[0]), tuple(trees))  # type: ignore[arg-type]
+        return cls(float(np.ravel(model._baseline_prediction)[0]), tuple(trees))
 
     def predict_one(self, row: Sequence[float]) -> float:
         """The raw (log-space) prediction of one feature row."""
@@ -85,8 +85,8 @@ FittedModel = TreeEnsemble | LinearModel
 
 def make_estimator(model_kind: str, seed: int) -> Any:
     """An unfitted scikit-learn estimator of `model_kind` (imports scikit-learn)."""
-    from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
-    from sklearn.linear_model import QuantileRegressor  # type: ignore[import-untyped]
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.linear_model import QuantileRegressor
 
     if model_kind == "hgb":
         return HistGradientBoostingRegressor(

@@ -53,11 +53,7 @@ import numpy as np
 
 from scheduler import length_predictor_artifact as artifact
 from scheduler.length_models import MODEL_KINDS, FittedModel, fit_model, model_from_dict
-from scheduler.length_predictor_artifact import (  # noqa: F401 - re-exported: the artifact's public names
-    ARTIFACT_FORMAT_VERSION,
-    ARTIFACT_MAGIC,
-    PredictorArtifactError,
-)
+from scheduler.length_predictor_artifact import PredictorArtifactError
 
 # Bucket upper edges in tokens: [1, 32), [32, 64), [64, 128), [128, 256), [256, 512), [512, 1024), [1024, inf).
 # Powers of two, as the length classes of proxy-model predictors (muServe, Chameleon's BERT proxy) are

@@ -31,4 +31,5 @@ def make_router(policy: str = DEFAULT_ROUTER_POLICY, options: RouterOptions | No
             f"unknown router policy {policy!r}; choose one of {', '.join(sorted(ROUTER_POLICIES))}"
         ) from None
     from_options = getattr(cls, "from_options", None)
-    return from_options(options or RouterOptions()) if from_options is not None else cls()
+    router: Router = from_options(options or RouterOptions()) if from_options is not None else cls()
+    return router

@@ -105,28 +105,15 @@ def place_adapter(
             k_cache.view(-1)[p0 * page_numel : p0 * page_numel + capacity],
             v_cache.view(-1)[p0 * page_numel : p0 * page_numel + capacity],
         ]
-        cursor = [0, 0]
-        region = 0
-
-        def put(tensor: torch.Tensor) -> torch.Tensor:
-            nonlocal region
-            numel = tensor.numel()
-            if cursor[region] + numel > capacity:
-                region += 1
-                if region > 1 or numel > capacity:
-                    raise ValueError("the adapter's layout does not fit its pages")
-            view = regions[region][cursor[region] : cursor[region] + numel].view(tensor.shape)
-            view.copy_(tensor, non_blocking=True)  # from pinned host memory on CUDA (a side stream)
-            cursor[region] += numel
-            return view
+        packer = _RegionPacker(regions, capacity)
 
         placed: dict[str, LoraProjection] = {}
         for name in PROJECTIONS:
             proj = projections.get(name)
             if proj is None:
                 continue
-            a_t = put(proj.a_t)
-            parts = tuple((r0, r1, c0, c1, put(b_t)) for r0, r1, c0, c1, b_t in proj.parts)
+            a_t = packer.put(proj.a_t)
+            parts = tuple((r0, r1, c0, c1, packer.put(b_t)) for r0, r1, c0, c1, b_t in proj.parts)
             placed[name] = LoraProjection(a_t=a_t, parts=parts)
         layers.append(placed)
     return LoraAdapter(
@@ -137,3 +124,26 @@ def place_adapter(
         layers=tuple(layers),
         num_bytes=adapter.num_bytes,
     )
+
+
+class _RegionPacker:
+    """Copies tensors one after another into the K region of a layer's pages, then its V region."""
+
+    def __init__(self, regions: list[torch.Tensor], capacity: int) -> None:
+        self.regions = regions
+        self.capacity = capacity
+        self.cursor = [0, 0]
+        self.region = 0
+
+    def put(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A view of the next free elements holding a copy of `tensor` (same shape)."""
+        numel = tensor.numel()
+        if self.cursor[self.region] + numel > self.capacity:
+            self.region += 1
+            if self.region > 1 or numel > self.capacity:
+                raise ValueError("the adapter's layout does not fit its pages")
+        start = self.cursor[self.region]
+        view = self.regions[self.region][start : start + numel].view(tensor.shape)
+        view.copy_(tensor, non_blocking=True)  # from pinned host memory on CUDA (a side stream)
+        self.cursor[self.region] += numel
+        return view

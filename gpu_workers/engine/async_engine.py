@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_workers.engine.config import EngineConfig
-from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.errors import request_error
+from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.outputs import RequestOutput
 from scheduler.core.sampling import SamplingParams
 

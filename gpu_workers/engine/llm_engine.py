@@ -244,7 +244,8 @@ class LLMEngine:
             raise ValueError("prompts, sampling_params and adapter_ids must have the same length")
         ids = [f"generate-{next(self._request_counter)}" for _ in prompts]
         seqs: dict[str, Sequence] = {}
-        for request_id, prompt, p, adapter_id in zip(ids, prompts, params, adapters):
+        prompt_list: list[str | list[int]] = list(prompts)
+        for request_id, prompt, p, adapter_id in zip(ids, prompt_list, params, adapters):
             self.add_request(request_id, prompt, p, adapter_id)
             seqs[request_id] = self.scheduler.get(request_id)  # type: ignore[assignment]
         while any(not s.is_finished for s in seqs.values()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from gpu_workers.engine.adapter_transfers import AdapterTransfers
 from gpu_workers.engine.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
 from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
 from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels, uses_packed_linears
@@ -18,7 +19,6 @@ from gpu_workers.engine.layers.sampler import sample_tokens
 from gpu_workers.engine.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
-from gpu_workers.engine.adapter_transfers import AdapterTransfers
 from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
 from registry.validation import AdapterInfo, BaseModelSpec
 from scheduler.core.page_pool import num_pages_for_adapter

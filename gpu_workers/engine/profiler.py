@@ -79,8 +79,8 @@ class ProfileSamples:
 def run_profile(settings: Settings, grid: ProfileGrid, work_dir: Path, echo: Echo = print) -> dict[str, Any]:
     """Profile the configured engine on `grid` (adapters are written under `work_dir`); returns the profile
     file's content: the fitted model (PerfModel.to_dict, with meta) plus the raw samples."""
-    from gpu_workers.worker.builder import engine_config_from_settings
     from gpu_workers.engine.llm_engine import LLMEngine
+    from gpu_workers.worker.builder import engine_config_from_settings
 
     if settings.base_model_path is None:
         raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.protocol import AdapterRef
-from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.engine.errors import AdapterCapacityError, AdapterInUseError, AdapterNotLoadedError
+from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.host_cache import AdapterFiles, HostAdapterCache
 from gpu_workers.worker.worker_errors import AdapterUnavailableError
 

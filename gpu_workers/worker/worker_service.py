@@ -20,11 +20,11 @@ from typing import Any, cast
 
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats, prefix_cache_namespace
+from gpu_workers.engine.errors import AdapterLoadFailedError, AdapterNotLoadedError, PromptTooLongError
+from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.adapter_manager import AdapterManager
 from gpu_workers.worker.backend import InferenceBackend
-from gpu_workers.engine.errors import AdapterLoadFailedError, AdapterNotLoadedError, PromptTooLongError
 from gpu_workers.worker.host_cache import HostAdapterCache
-from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.worker_errors import BadRequestError, DrainingError
 from scheduler.core.sampling import SamplingParams
 

@@ -114,7 +114,7 @@ class AdapterResidency:
         self.load_seconds_total = 0.0
         # Called with an adapter id whenever it leaves the device (evict, forget, failed copy), before its
         # pages go back: the prefix cache drops the adapter's KV blocks there (no KV outlives its adapter).
-        self.on_leave_device: list[Callable[[str], None]] = []
+        self.on_leave_device: list[Callable[[str], object]] = []  # return values are ignored
 
     # ---- registry -----------------------------------------------------------------------------------
 

@@ -392,6 +392,6 @@ def _wait(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untype
 
 def _wait_for_row(stack: Stack, key: str) -> UsageRecord:
     """The request's usage row once it is closed (it is written in_progress when the request starts)."""
-    is_closed = lambda: [r.status for r in rows_of(stack, key)] not in ([], ["in_progress"])  # noqa: E731
+    is_closed = lambda: [r.status for r in rows_of(stack, key)] not in ([], ["in_progress"])
     assert _wait(is_closed), "no usage row was closed"
     return rows_of(stack, key)[0]

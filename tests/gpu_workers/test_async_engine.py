@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gpu_workers.engine.async_engine import AsyncLLMEngine
-from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.engine.errors import AdapterInUseError
+from gpu_workers.worker.backend import InferenceBackend
 from scheduler.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)

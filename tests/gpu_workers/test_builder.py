@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker import builder
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
-from gpu_workers.engine.outputs import RequestOutput
 from scheduler.core.sampling import SamplingParams
 from settings import Settings
 

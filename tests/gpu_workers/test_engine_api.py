@@ -7,8 +7,13 @@ from typing import Any
 
 import pytest
 
+from gpu_workers.engine.errors import (
+    AdapterInUseError,
+    AdapterLoadError,
+    AdapterNotLoadedError,
+    PromptTooLongError,
+)
 from gpu_workers.engine.llm_engine import LLMEngine
-from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError, PromptTooLongError
 from scheduler.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)

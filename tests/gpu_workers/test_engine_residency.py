@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpu_workers.engine.config import EngineConfig
-from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.errors import AdapterCapacityError, AdapterLoadError
+from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.worker.host_cache import WEIGHTS_NAME
 from scheduler.core.page_pool import num_pages_for_adapter
 from scheduler.core.sampling import SamplingParams

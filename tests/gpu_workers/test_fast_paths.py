@@ -123,7 +123,13 @@ def test_kernel_delta_equals_the_segment_form(
     """For every projection and layer, one kernel call adds what the per-segment matmuls add (fp32: to
     rounding; bf16: within one rounding of the output), blocks of more than 8 tokens and empty segments
     included."""
-    from gpu_workers.engine.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta, map_lora_tensors
+    from gpu_workers.engine.layers.lora import (
+        LoraBatch,
+        LoraSegment,
+        SegmentedStep,
+        add_lora_delta,
+        map_lora_tensors,
+    )
     from gpu_workers.engine.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
 
     _kernel_or_skip()

@@ -13,9 +13,9 @@ import pytest
 
 from cluster.membership import WorkerRecord
 from cluster.worker_view import worker_view
+from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.worker import builder
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
-from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_service import WorkerService
 from scheduler.core.sampling import SamplingParams

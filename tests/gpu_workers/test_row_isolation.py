@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from gpu_workers.engine.async_engine import AsyncLLMEngine
-from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.errors import NumericOverflowError
 from gpu_workers.engine.layers.lora import (
     LoraAdapter,
@@ -25,6 +24,7 @@ from gpu_workers.engine.layers.lora import (
     add_lora_delta,
 )
 from gpu_workers.engine.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 
 HUGE = 3e38

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
-from gpu_workers.worker.adapter_manager import adapter_files
 from gpu_workers.engine.llm_engine import LLMEngine
+from gpu_workers.worker.adapter_manager import adapter_files
 from gpu_workers.worker.host_cache import CONFIG_NAME, WEIGHTS_NAME
 from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_in_thread
 from scheduler.core.page_pool import num_pages_for_adapter

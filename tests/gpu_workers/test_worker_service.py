@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from cluster.protocol import GenerateRequest
-from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.engine.outputs import RequestOutput
+from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_service import WorkerService
 
 

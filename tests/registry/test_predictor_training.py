@@ -156,7 +156,7 @@ def test_predictor_settings_are_validated(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_pointer_is_a_predictor_artifact_error(store: LocalBlobStore) -> None:
-    from scheduler.length_predictor import PredictorArtifactError
+    from scheduler.length_predictor_artifact import PredictorArtifactError
 
     store.put_stream(POINTER_KEY, io.BytesIO(b"{not json"))
     with pytest.raises(PredictorArtifactError, match="pointer is corrupt"):

@@ -1,4 +1,4 @@
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -15,7 +15,7 @@ from registry.usage_reports import (
     usage_by_adapter_day,
 )
 
-T0 = datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 1, 10, 0, tzinfo=UTC)
 
 
 def _row(status="ok", ttft=100.0, tpot=20.0, e2e=500.0, prompt=10, completion=5, tenant="t1", model="m",

@@ -13,18 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.length_predictor import (
-    ARTIFACT_FORMAT_VERSION,
-    ARTIFACT_MAGIC,
     BUCKET_EDGES,
     LengthPredictor,
     LengthSample,
     PerAdapterHistory,
-    PredictorArtifactError,
     RequestFeatures,
     evaluate,
     feature_row,
     length_bucket,
     prior_predict,
+)
+from scheduler.length_predictor_artifact import (
+    ARTIFACT_FORMAT_VERSION,
+    ARTIFACT_MAGIC,
+    PredictorArtifactError,
 )
 
 MAX_TOKENS = 512

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -258,7 +258,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head_weight.data.copy_(tensor)
         else:
             parts = name.split(".")  # model.layers.{i}.{sub}.{module}.{weight|bias}
-            layer: DecoderLayer = self.layers[int(parts[2])]
+            layer = cast(DecoderLayer, self.layers[int(parts[2])])
             if parts[3] in ("input_layernorm", "post_attention_layernorm"):
                 getattr(layer, parts[3]).weight.data.copy_(tensor)
                 return
