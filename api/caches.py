@@ -88,7 +88,9 @@ class TenantAuth:
     key_id: str
     is_active: bool
     limits: RateLimits
-    fair_share_weight: float = 1.0  # its plan's weight under fair share (scheduler/fair_share.py); 1 when unset
+    fair_share_weight: float = (
+        1.0  # its plan's weight under fair share (scheduler/fair_share.py); 1 when unset
+    )
     shared_cache_namespace: str | None = None  # Tenant.prefix_cache_namespace (set by an operator only)
 
     @property

@@ -78,7 +78,9 @@ class ColdStartWait:
                 f"no worker serving base model {self.base_model!r} became ready within {self.timeout_s:g} s{why}"
             )
         try:
-            await run_until_disconnect(self._receive, lambda: anyio.sleep(min(self.poll_interval_s, remaining)))
+            await run_until_disconnect(
+                self._receive, lambda: anyio.sleep(min(self.poll_interval_s, remaining))
+            )
         except BaseException:
             self.observe()
             raise

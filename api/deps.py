@@ -105,7 +105,8 @@ def _load_tenant_auth(services: Services, presented: str) -> TenantAuth | None:
         tenant, plan = row.tenant, row.tenant.plan
         limits = (
             RateLimits(plan.requests_per_min, plan.tokens_per_min, plan.max_concurrent_requests)
-            if plan else RateLimits()
+            if plan
+            else RateLimits()
         )
         weight = plan.fair_share_weight if plan and plan.fair_share_weight is not None else 1.0
         return TenantAuth(
@@ -123,7 +124,9 @@ def require_admin(services: ServicesDep, credentials: BearerDep) -> None:
     if credentials is None:
         raise _unauthorized("missing admin key: send 'Authorization: Bearer <admin key>'")
     is_admin = keys.verify_admin_key(
-        credentials.credentials, admin_key=services.settings.api.admin_key, admin_key_hash=services.admin_key_hash
+        credentials.credentials,
+        admin_key=services.settings.api.admin_key,
+        admin_key_hash=services.admin_key_hash,
     )
     if not is_admin:
         raise _unauthorized("this route needs the admin key (tenant keys are not accepted)")

@@ -126,7 +126,9 @@ def _start_predictor_reload(services: Services) -> PeriodicJob | None:
     interval_s = services.settings.predictor.reload_interval_s
     if not isinstance(services.predictor, LearnedLengthPredictor) or interval_s <= 0:
         return None
-    return PeriodicJob("predictor-reload", interval_s, services.predictor.reload, is_run_at_start=True).start()
+    return PeriodicJob(
+        "predictor-reload", interval_s, services.predictor.reload, is_run_at_start=True
+    ).start()
 
 
 def _start_predictor_training(services: Services) -> PeriodicJob | None:
@@ -142,6 +144,7 @@ def _start_predictor_training(services: Services) -> PeriodicJob | None:
 def _start_routing_table_refresh(services: Services) -> PeriodicJob:
     """Read the published routing table into memory now and every settings.routing.table_refresh_s (a failed
     read keeps the last copy), and publish this server's cold-start waiters for the autoscaler."""
+
     def refresh() -> None:
         services.routing_table.refresh()
         services.scaling.publish_waiting()

@@ -33,8 +33,12 @@ class WorkerCollector(Collector):
         resident = GaugeMetricFamily(
             "lorahost_worker_resident_adapters", "Adapters resident per tier", labels=["worker", "tier"]
         )
-        hits = CounterMetricFamily("lorahost_worker_adapter_cache_hits", "Adapter cache hits", labels=["worker"])
-        misses = CounterMetricFamily("lorahost_worker_adapter_cache_misses", "Adapter cache misses", labels=["worker"])
+        hits = CounterMetricFamily(
+            "lorahost_worker_adapter_cache_hits", "Adapter cache hits", labels=["worker"]
+        )
+        misses = CounterMetricFamily(
+            "lorahost_worker_adapter_cache_misses", "Adapter cache misses", labels=["worker"]
+        )
         loads = CounterMetricFamily("lorahost_worker_adapter_loads", "Adapter loads", labels=["worker"])
         device_cache = {
             name: CounterMetricFamily(f"lorahost_worker_adapter_device_{name}", text, labels=["worker"])
@@ -56,7 +60,9 @@ class WorkerCollector(Collector):
             "lorahost_worker_adapter_load_seconds", "Host-to-device adapter load time", labels=["worker"]
         )
         pool_pages = GaugeMetricFamily(
-            "lorahost_worker_pool_pages", "Device page pool pages by use (kv, adapter, free)", labels=["worker", "use"]
+            "lorahost_worker_pool_pages",
+            "Device page pool pages by use (kv, adapter, free)",
+            labels=["worker", "use"],
         )
         for w in self._list_workers():
             running.add_metric([w.worker_id], w.num_running)
@@ -76,7 +82,18 @@ class WorkerCollector(Collector):
             pool_pages.add_metric([w.worker_id, "kv"], w.num_kv_pages_used)
             pool_pages.add_metric([w.worker_id, "adapter"], w.num_adapter_pages)
             pool_pages.add_metric([w.worker_id, "free"], w.num_free_pool_pages)
-        yield from (running, waiting, resident, hits, misses, loads, *device_cache.values(), *cold.values(), load_seconds, pool_pages)
+        yield from (
+            running,
+            waiting,
+            resident,
+            hits,
+            misses,
+            loads,
+            *device_cache.values(),
+            *cold.values(),
+            load_seconds,
+            pool_pages,
+        )
 
 
 class DesiredWorkersCollector(Collector):
@@ -88,7 +105,9 @@ class DesiredWorkersCollector(Collector):
     def collect(self):  # type: ignore[no-untyped-def]
         """Yield the desired worker count per base model."""
         gauge = GaugeMetricFamily(
-            "lorahost_desired_workers", "Workers the autoscaler should run per base model", labels=["base_model"]
+            "lorahost_desired_workers",
+            "Workers the autoscaler should run per base model",
+            labels=["base_model"],
         )
         for base_model, num_workers in self._desired_workers():
             gauge.add_metric([base_model], num_workers)
@@ -108,7 +127,10 @@ class ApiMetrics:
             "lorahost_ttft_ms", "Time to first token (ms)", buckets=LATENCY_BUCKETS_MS, registry=self.registry
         )
         self.tpot_ms = Histogram(
-            "lorahost_tpot_ms", "Mean time per output token (ms)", buckets=TPOT_BUCKETS_MS, registry=self.registry
+            "lorahost_tpot_ms",
+            "Mean time per output token (ms)",
+            buckets=TPOT_BUCKETS_MS,
+            registry=self.registry,
         )
         self.e2e_ms = Histogram(
             "lorahost_e2e_ms", "End-to-end latency (ms)", buckets=LATENCY_BUCKETS_MS, registry=self.registry
@@ -134,8 +156,13 @@ class ApiMetrics:
         self.registry.register(DesiredWorkersCollector(desired_workers))
 
     def observe_request(
-        self, status: str, prompt_tokens: int, completion_tokens: int,
-        ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float | None,
+        self,
+        status: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        ttft_ms: float | None,
+        tpot_ms: float | None,
+        e2e_ms: float | None,
     ) -> None:
         """Count one finished request (call exactly once per request, next to the usage record)."""
         self.requests.labels(status=status).inc()

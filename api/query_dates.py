@@ -40,7 +40,9 @@ def parse_moment(value: str | None, name: str) -> datetime | None:
     # Aware datetimes compare without converting (no overflow); naive ones are UTC.
     aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     if not EARLIEST_MOMENT <= aware <= LATEST_MOMENT:
-        raise ApiError(400, "invalid_request", f"{name}={value!r} is out of range: use a moment {accepted_range()}")
+        raise ApiError(
+            400, "invalid_request", f"{name}={value!r} is out of range: use a moment {accepted_range()}"
+        )
     return as_utc(aware)
 
 

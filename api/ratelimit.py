@@ -99,7 +99,9 @@ def _slot_refusal(limit: int) -> RateDecision:
 class InMemoryRateLimiter:
     """Fixed-window counters in process memory (embedded mode)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time, *, slot_lease_s: float = DEFAULT_SLOT_LEASE_S) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, *, slot_lease_s: float = DEFAULT_SLOT_LEASE_S
+    ) -> None:
         self._clock = clock
         self.slot_lease_s = slot_lease_s
         self._lock = threading.Lock()
@@ -220,7 +222,9 @@ class RedisRateLimiter:
         self._script = client.register_script(_LUA_ACQUIRE)
         self._slot_script = client.register_script(_LUA_ACQUIRE_SLOT)
         self._renew_script = client.register_script(_LUA_RENEW_SLOTS)
-        self._fallback = InMemoryRateLimiter(clock, slot_lease_s=slot_lease_s)  # used while Redis is unreachable
+        self._fallback = InMemoryRateLimiter(
+            clock, slot_lease_s=slot_lease_s
+        )  # used while Redis is unreachable
         self.is_degraded = False
 
     def acquire(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
@@ -238,10 +242,12 @@ class RedisRateLimiter:
         """Hold one of the tenant's concurrent-request slots for request_id in Redis (in this process while
         Redis is unreachable), or refuse taking nothing."""
         try:
-            code = int(self._slot_script(
-                keys=[self._slot_key(tenant_id)],
-                args=[self._clock(), self.slot_lease_s, max_concurrent_requests, request_id],
-            ))
+            code = int(
+                self._slot_script(
+                    keys=[self._slot_key(tenant_id)],
+                    args=[self._clock(), self.slot_lease_s, max_concurrent_requests, request_id],
+                )
+            )
         except RedisError as exc:
             self._on_redis_error(exc)
             return self._fallback.acquire_slot(tenant_id, request_id, max_concurrent_requests)
@@ -265,10 +271,12 @@ class RedisRateLimiter:
         if not slots:
             return num_renewed
         try:
-            num_renewed += int(self._renew_script(
-                keys=[self._slot_key(tenant_id) for tenant_id, _ in slots],
-                args=[self._clock(), self.slot_lease_s, *(request_id for _, request_id in slots)],
-            ))
+            num_renewed += int(
+                self._renew_script(
+                    keys=[self._slot_key(tenant_id) for tenant_id, _ in slots],
+                    args=[self._clock(), self.slot_lease_s, *(request_id for _, request_id in slots)],
+                )
+            )
         except RedisError as exc:
             self._on_redis_error(exc)
             return num_renewed
@@ -277,7 +285,9 @@ class RedisRateLimiter:
 
     def num_held_slots(self, tenant_id: str) -> int:
         """The tenant's slots in Redis that count now, leases not expired (tests and stats)."""
-        return int(self._client.zcount(self._slot_key(tenant_id), f"({self._clock() - self.slot_lease_s}", "+inf"))
+        return int(
+            self._client.zcount(self._slot_key(tenant_id), f"({self._clock() - self.slot_lease_s}", "+inf")
+        )
 
     def _slot_key(self, tenant_id: str) -> str:
         return f"{self._prefix}{tenant_id}:slots"

@@ -49,7 +49,9 @@ class RequestMeter:
     adapter_version_id: str | None = None
     worker_id: str | None = None
     num_prompt_tokens: int = 0
-    predicted_output_tokens: int | None = None  # api/inference/predict.py; None: refused before the prediction
+    predicted_output_tokens: int | None = (
+        None  # api/inference/predict.py; None: refused before the prediction
+    )
     # what the prediction saw (api/inference/predict.py), recorded for the predictor's training job
     max_tokens: int | None = None
     is_chat: bool | None = None
@@ -62,7 +64,9 @@ class RequestMeter:
     last_token_s: float | None = None
     is_recorded: bool = False
     opened: Future[None] | None = None  # the in_progress row's insert (None: never opened)
-    release_slot: Callable[[], None] | None = None  # gives back its concurrent-request slot (api/ratelimit.py)
+    release_slot: Callable[[], None] | None = (
+        None  # gives back its concurrent-request slot (api/ratelimit.py)
+    )
 
     def on_delivered(self, num_tokens: int) -> None:
         """Count tokens handed to the client (timestamps the first and the latest delivery)."""
@@ -135,7 +139,9 @@ class RequestMeter:
 
     def checkpoint_values(self) -> dict[str, Any]:
         """The open row's columns as of now (registry.usage.CHECKPOINT_FIELDS)."""
-        checkpointed_at = utcnow()  # before the counts are read: every token counted by then is in the checkpoint
+        checkpointed_at = (
+            utcnow()
+        )  # before the counts are read: every token counted by then is in the checkpoint
         prompt, delivered, worker_id = self.checkpoint_key()
         ttft, tpot, e2e = self.latencies_ms(time.perf_counter())
         return {

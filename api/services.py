@@ -60,7 +60,9 @@ class Services:
     metrics: ApiMetrics  # worker gauges read from worker_directory at scrape time
     usage_ledger: UsageLedger
     auth_cache: TtlCache[str, TenantAuth]  # verified keys (settings.api.auth_cache_ttl_s)
-    model_cache: TtlCache[tuple[str, str], ResolvedModel]  # (tenant id, model) (settings.api.model_cache_ttl_s)
+    model_cache: TtlCache[
+        tuple[str, str], ResolvedModel
+    ]  # (tenant id, model) (settings.api.model_cache_ttl_s)
     router: Router  # the routing policy (settings.routing.policy)
     # the published placement (cluster/routing_table.py), refreshed every settings.routing.table_refresh_s by
     # the app lifespan; prepare.py reads RouteRequest.assigned_workers from this in-memory copy
@@ -157,7 +159,9 @@ def build_services(
 
 def router_options(settings: Settings) -> RouterOptions:
     """What the routing policies read from settings."""
-    return RouterOptions(slo_tpot_ms=settings.routing.slo_tpot_ms, cold_fetch_ms=settings.routing.cold_fetch_ms)
+    return RouterOptions(
+        slo_tpot_ms=settings.routing.slo_tpot_ms, cold_fetch_ms=settings.routing.cold_fetch_ms
+    )
 
 
 def observe_output(

@@ -47,8 +47,12 @@ class UsageWriter:
         self._wake = threading.Event()
         self._pending: list[tuple[dict[str, Any], Future[None]]] = []
         self._watched: dict[str, tuple[RequestMeter, tuple[int, int, str | None] | None]] = {}
-        self._held: set[str] = set()  # request ids opened and not yet being finished: their leases are renewed
-        self._slots: dict[str, str] = {}  # request id -> tenant id of the held ones holding a concurrency slot
+        self._held: set[str] = (
+            set()
+        )  # request ids opened and not yet being finished: their leases are renewed
+        self._slots: dict[
+            str, str
+        ] = {}  # request id -> tenant id of the held ones holding a concurrency slot
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -102,7 +106,9 @@ class UsageWriter:
         """Write the delivered tokens of every watched, opened stream that changed since its last checkpoint;
         returns how many rows were written."""
         with self._lock:
-            due = [(m, last) for m, last in self._watched.values() if m.is_open() and m.checkpoint_key() != last]
+            due = [
+                (m, last) for m, last in self._watched.values() if m.is_open() and m.checkpoint_key() != last
+            ]
         if not due:
             return 0
         values = [meter.checkpoint_values() for meter, _ in due]

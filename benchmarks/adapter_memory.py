@@ -313,7 +313,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kv-tokens", type=int, default=0, help="KV budget in tokens (overrides --kv-concurrency)"
     )
-    p.add_argument("--link-gbps", type=float, default=2.0, help="emulated host->device link in GB/s (adapter_link_gbps; cpu_prefill comparison)")
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=2.0,
+        help="emulated host->device link in GB/s (adapter_link_gbps; cpu_prefill comparison)",
+    )
     p.add_argument("--ttft-target-ms", type=float, default=0.0, help="default: 5x the unloaded mean TTFT")
     add_workload_args(p, max_prompt_tokens=128, max_output_tokens=16, length_scale=0.125)
     p.add_argument("--seed", type=int, default=0)

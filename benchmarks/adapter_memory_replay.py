@@ -309,7 +309,10 @@ def run_one(spec_path: str) -> int:
     spec = _load_spec(Path(spec_path))
     try:
         result = calibrate(spec) if spec.get("mode") == "calibrate" else replay(spec)
-    except (TypeError, ValidationError) as exc:  # an EngineConfig keyword this build lacks (the parent catches it)
+    except (
+        TypeError,
+        ValidationError,
+    ) as exc:  # an EngineConfig keyword this build lacks (the parent catches it)
         result = {"skipped": f"EngineConfig rejected the overrides: {exc}"}
     print("RESULT " + json.dumps(result), flush=True)
     return 0

@@ -58,7 +58,9 @@ from lorahost.dev_cluster_config import DevClusterConfig
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", default="small", help="demo model size (tiny | small)")
-    p.add_argument("--model-dir", type=Path, default=None, help="dir with base/ and adapters/ (default: generated)")
+    p.add_argument(
+        "--model-dir", type=Path, default=None, help="dir with base/ and adapters/ (default: generated)"
+    )
     p.add_argument("--num-adapters", type=int, default=24)
     p.add_argument("--num-workers", type=int, default=3)
     p.add_argument("--placements", default="random,contiguous,loraserve")
@@ -67,9 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase-s", type=float, default=20.0, help="arrival window of each phase")
     p.add_argument("--warmup-s", type=float, default=15.0, help="arrival window of the warm-up phase")
     p.add_argument("--warmup-rps", type=float, default=1.0)
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="P95 TTFT SLO of 'max RPS within the SLO'")
+    p.add_argument(
+        "--slo-ttft-ms", type=float, default=2000.0, help="P95 TTFT SLO of 'max RPS within the SLO'"
+    )
     p.add_argument("--engine-threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--worker-tokens-per-s", type=float, default=400.0, help="capacity model (placement, scaling)")
+    p.add_argument(
+        "--worker-tokens-per-s", type=float, default=400.0, help="capacity model (placement, scaling)"
+    )
     p.add_argument("--timeout-s", type=float, default=120.0, help="per request")
     p.add_argument("--drain-s", type=float, default=90.0, help="after a phase's last arrival")
     p.add_argument("--no-profile", action="store_true", help="rank_aware without a profiled model (defaults)")
@@ -85,7 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-s", type=float, default=30.0, help="overload window of the demand step")
     p.add_argument("--step-max-workers", type=int, default=3)
     p.add_argument("--idle-s", type=float, default=20.0, help="scale_to_zero_idle_s of the demand step")
-    p.add_argument("--redis-url", default=os.environ.get("LORAHOST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument(
+        "--redis-url", default=os.environ.get("LORAHOST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
     p.add_argument("--num-requests", type=int, default=100000, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE / "results" / "cluster.jsonl")
@@ -105,7 +113,11 @@ def emit(line: dict[str, Any], out: Path) -> None:
 def run_profile(base_dir: Path, work_dir: Path, threads: int) -> Path:
     """`lorahost profile` once for this host and base model; the workers publish it (rank_aware's model)."""
     out = work_dir / "profile.json"
-    env = {**os.environ, "LORAHOST_ENGINE_NUM_THREADS": str(threads), "LORAHOST_BASE_MODEL_PATH": str(base_dir)}
+    env = {
+        **os.environ,
+        "LORAHOST_ENGINE_NUM_THREADS": str(threads),
+        "LORAHOST_BASE_MODEL_PATH": str(base_dir),
+    }
     cmd = [sys.executable, "-m", "lorahost.cli", "profile", "--output", str(out), "--base-model", str(base_dir),
            "--work-dir", str(work_dir / "profile")]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=str(REPO), env=env, stdout=sys.stderr)
@@ -162,7 +174,9 @@ def run_pair(args: argparse.Namespace, placement: str, router: str, model_dir: P
         names = tuple(ranks)
         base_dir = model_dir / "base"
         before = admin_get(cluster.api_url, cluster.admin_key, "/v1/admin/placement").get("version") or 0
-        warmup = run_phase(cluster, key, args, base_dir, names, args.warmup_rps, args.warmup_s, args.seed + 100)
+        warmup = run_phase(
+            cluster, key, args, base_dir, names, args.warmup_rps, args.warmup_s, args.seed + 100
+        )
         # a placement computed after the warm-up's usage rows are in (two job runs later)
         view = wait_placement(cluster.api_url, cluster.admin_key, before + 2, timeout_s=30)
         phases = [
@@ -235,7 +249,9 @@ class WorkerSampler:
             self.samples.append((round(self.now(), 1), len(self.cluster.live_worker_ids()), desired))
 
 
-def run_step(args: argparse.Namespace, model_dir: Path, profile: Path | None, work_dir: Path) -> dict[str, Any]:
+def run_step(
+    args: argparse.Namespace, model_dir: Path, profile: Path | None, work_dir: Path
+) -> dict[str, Any]:
     """Scale from zero, overload, back to zero, and from zero again, with the process scaler on."""
     env = cluster_env(args, profile, LORAHOST_ROUTER_POLICY="rank_aware",
                       LORAHOST_SCALE_TO_ZERO_IDLE_S=str(args.idle_s),
@@ -248,13 +264,17 @@ def run_step(args: argparse.Namespace, model_dir: Path, profile: Path | None, wo
     base_dir = model_dir / "base"
     with DevCluster(config) as cluster:
         _, key = setup_tenant(cluster.api_url, cluster.admin_key)
-        names = tuple(name for name, path in adapters.items() if upload_ready(cluster.api_url, key, name, path) >= 0)
+        names = tuple(
+            name for name, path in adapters.items() if upload_ready(cluster.api_url, key, name, path) >= 0
+        )
         base_model = config.base_model_name
         sampler = WorkerSampler(cluster, base_model).start()
         try:
             first = run_phase(cluster, key, args, base_dir, names[:1], 0.2, 1.0, args.seed + 200)
             t_overload = sampler.now()
-            overload = run_phase(cluster, key, args, base_dir, names, args.step_rps, args.step_s, args.seed + 201)
+            overload = run_phase(
+                cluster, key, args, base_dir, names, args.step_rps, args.step_s, args.seed + 201
+            )
             t_idle = sampler.now()
             deadline = time.monotonic() + 3 * args.idle_s + 60
             while time.monotonic() < deadline and (sampler.live() > 0 or sampler.now() - t_idle < 5):
@@ -292,7 +312,9 @@ def parse_floats(text: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    model_dir = args.model_dir or Path(os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-{args.num_adapters}"))
+    model_dir = args.model_dir or Path(
+        os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-{args.num_adapters}")
+    )
     ensure_model(model_dir, sys.executable, args.num_adapters, args.size)
     with tempfile.TemporaryDirectory(prefix="lorahost-cluster-bench-") as tmp:
         work_dir = Path(tmp)

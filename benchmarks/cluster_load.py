@@ -22,7 +22,9 @@ def upload_ready(api_url: str, key: str, name: str, adapter_dir: Path, timeout_s
     """Upload a PEFT adapter over REST, wait until the job runner validated it; returns its rank."""
     headers = {"Authorization": f"Bearer {key}"}
     files = [("files", (n, (adapter_dir / n).read_bytes())) for n in ADAPTER_FILES]
-    response = httpx.post(f"{api_url}/v1/adapters", headers=headers, data={"name": name}, files=files, timeout=120)
+    response = httpx.post(
+        f"{api_url}/v1/adapters", headers=headers, data={"name": name}, files=files, timeout=120
+    )
     if response.status_code not in (201, 202):
         raise RuntimeError(f"upload of {name} failed: {response.status_code} {response.text[:300]}")
     deadline = time.monotonic() + timeout_s
@@ -98,9 +100,13 @@ def phase_metrics(records: list[dict], elapsed_s: float, slo_ttft_ms: float) -> 
         "ttft_ms_p95": rnd(pct(ttft, 95), 1),
         "ttft_ms_p99": rnd(pct(ttft, 99), 1),
         "tpot_ms_p50": rnd(pct([r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None], 50), 1),
-        "slo_attainment": rnd(sum(1 for t in ttft if t <= slo_ttft_ms) / len(records), 3) if records else None,
+        "slo_attainment": rnd(sum(1 for t in ttft if t <= slo_ttft_ms) / len(records), 3)
+        if records
+        else None,
         "ok_req_s": rnd(len(ok) / elapsed_s, 3) if elapsed_s > 0 else None,
-        "out_tok_s": rnd(sum(r.get("output_tokens") or 0 for r in ok) / elapsed_s, 1) if elapsed_s > 0 else None,
+        "out_tok_s": rnd(sum(r.get("output_tokens") or 0 for r in ok) / elapsed_s, 1)
+        if elapsed_s > 0
+        else None,
         "elapsed_s": rnd(elapsed_s, 1),
     }
 
@@ -112,7 +118,9 @@ def admin_get(api_url: str, admin_key: str, path: str) -> dict[str, Any]:
     return response.json()
 
 
-def wait_placement(api_url: str, admin_key: str, after_version: int, timeout_s: float) -> dict[str, Any] | None:
+def wait_placement(
+    api_url: str, admin_key: str, after_version: int, timeout_s: float
+) -> dict[str, Any] | None:
     """The first published placement newer than `after_version` with rows (None past the timeout)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -133,6 +141,7 @@ def placement_summary(view: dict[str, Any] | None) -> dict[str, Any]:
         "num_adapters": len(holders),
         "num_split_adapters": sum(1 for h in holders if h > 1),
         "workers": [
-            {k: w.get(k) for k in ("worker_id", "load", "max_rank", "num_adapters")} for w in view.get("workers", [])
+            {k: w.get(k) for k in ("worker_id", "load", "max_rank", "num_adapters")}
+            for w in view.get("workers", [])
         ],
     }

@@ -90,10 +90,13 @@ def decode_floor(
     cfg = json.loads((model_dir / "base" / "config.json").read_text())
     elem = ELEMENT_BYTES[dtype]
     weights = weight_elements(cfg) * elem
-    adapters = sum(
-        safetensors_lora_elements(model_dir / "adapters" / name / "adapter_model.safetensors")
-        for name in sorted(set(adapter_names))
-    ) * elem
+    adapters = (
+        sum(
+            safetensors_lora_elements(model_dir / "adapters" / name / "adapter_model.safetensors")
+            for name in sorted(set(adapter_names))
+        )
+        * elem
+    )
     kv = kv_elements(cfg, [prompt_len + max_tokens // 2] * num_requests) * elem
     total = weights + adapters + kv
     return {
@@ -115,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(ELEMENT_BYTES))
-    p.add_argument("--threads", type=int, default=0, help="threads of the bandwidth test (0: torch's default)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="threads of the bandwidth test (0: torch's default)"
+    )
     args = p.parse_args(argv)
     bandwidth = measure_read_bandwidth(args.threads)
     import torch

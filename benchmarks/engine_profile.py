@@ -31,8 +31,22 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE / "peers"))
 
-PARTS = ("linear", "lora_shrink", "lora_mask", "lora_expand", "lora_other", "lora_kernel_and_python", "attention", "rotary", "norm",
-         "logits", "sampling", "prepare", "other_ops", "python_overhead")
+PARTS = (
+    "linear",
+    "lora_shrink",
+    "lora_mask",
+    "lora_expand",
+    "lora_other",
+    "lora_kernel_and_python",
+    "attention",
+    "rotary",
+    "norm",
+    "logits",
+    "sampling",
+    "prepare",
+    "other_ops",
+    "python_overhead",
+)
 _SHRINK_OPS = ("aten::mm", "aten::matmul", "aten::bmm")
 _EXPAND_OPS = ("aten::addmm", "aten::addmm_", "aten::add_", "aten::baddbmm", "mkldnn::_linear_pointwise")
 
@@ -159,8 +173,12 @@ def profile_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
     def add(tag: str, n: int) -> None:
         for i, prompt in enumerate(prompts):
             adapter = names[i] if mode == "lora" else None
-            engine.add_request(f"{tag}-{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                               adapter_id=adapter)
+            engine.add_request(
+                f"{tag}-{i}",
+                prompt,
+                SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                adapter_id=adapter,
+            )
 
     add("warm", 4)
     while engine.has_unfinished_requests():
@@ -197,21 +215,23 @@ def profile_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
         if parent.name.startswith("step:") and parent is not ev:
             by_step[parent.name].append(ev)
     out = []
-    decode_names = [f"step:{k}" for k in range(1, len(steps))][len(steps) // 4:][: args.decode_steps]
+    decode_names = [f"step:{k}" for k in range(1, len(steps))][len(steps) // 4 :][: args.decode_steps]
     for kind, step_names in (("prefill", ["step:0"]), ("decode", decode_names)):
         rows = [breakdown(by_step[s], roots[s].time_range.elapsed_us()) for s in step_names]
         keys = sorted({k for r in rows for k in r})
         mean = {k: round(statistics.fmean(r.get(k, 0.0) for r in rows), 3) for k in keys}
-        out.append({
-            "system": "profile",
-            "model_dir": str(args.model_dir),
-            "mode": mode,
-            "step": kind,
-            "threads": torch.get_num_threads(),
-            "profiled_steps": len(rows),
-            "unprofiled_ms": round(ref_prefill_ms if kind == "prefill" else ref_decode_ms, 2),
-            "ms": mean,
-        })
+        out.append(
+            {
+                "system": "profile",
+                "model_dir": str(args.model_dir),
+                "mode": mode,
+                "step": kind,
+                "threads": torch.get_num_threads(),
+                "profiled_steps": len(rows),
+                "unprofiled_ms": round(ref_prefill_ms if kind == "prefill" else ref_decode_ms, 2),
+                "ms": mean,
+            }
+        )
     return out
 
 
@@ -243,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"bench-{args.real_model}-16" if args.real_model else "bench-small-16"
         args.model_dir = Path(os.path.expanduser(f"~/.cache/lorahost/{name}"))
     if not (args.model_dir / "base" / "config.json").exists():
-        p.error(f"{args.model_dir} has no base/config.json: run benchmarks/engine_throughput.py once to build it")
+        p.error(
+            f"{args.model_dir} has no base/config.json: run benchmarks/engine_throughput.py once to build it"
+        )
     import torch
 
     if args.threads:

@@ -49,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="base,lora", help="modes for lorahost and hf")
     add_vllm_args(p)
     p.add_argument("--python", default=sys.executable, help="project venv python for lorahost and hf")
-    p.add_argument("--model-dir", type=Path, default=None, help=f"dir with base/ and adapters/ (default {DEFAULT_MODEL_DIR})")
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help=f"dir with base/ and adapters/ (default {DEFAULT_MODEL_DIR})",
+    )
     p.add_argument(
         "--real-model",
         choices=["smollm2"],
@@ -100,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "a") as f:
             f.write(text + "\n")
 
-    floor = {"system": "floor", "error": "skipped (--no-floor)"} if args.no_floor else run_floor(args.python, args)
+    floor = (
+        {"system": "floor", "error": "skipped (--no-floor)"}
+        if args.no_floor
+        else run_floor(args.python, args)
+    )
     emit(floor)
     for system in systems:
         modes = args.vllm_modes if system == "vllm" else args.modes

@@ -66,7 +66,12 @@ def summary(results: list[dict], args: argparse.Namespace) -> dict:
             "repeats": args.repeats,
         },
         "kernel_choices": kernels,
-        "host": {"cpus": os.cpu_count(), "cpu": cpu_model(), "cpu_flags": cpu_flags(), "python": platform.python_version()},
+        "host": {
+            "cpus": os.cpu_count(),
+            "cpu": cpu_model(),
+            "cpu_flags": cpu_flags(),
+            "python": platform.python_version(),
+        },
         "git": git_state(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

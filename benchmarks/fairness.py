@@ -43,7 +43,9 @@ class Arrival:
     request_id: str
 
 
-def schedule(rate: float, flood_factor: float, duration_s: float, is_flooded: bool, seed: int) -> list[Arrival]:
+def schedule(
+    rate: float, flood_factor: float, duration_s: float, is_flooded: bool, seed: int
+) -> list[Arrival]:
     """Poisson arrivals of b at `rate` and (when flooded) of a at `rate * flood_factor`, by time."""
     rng = random.Random(seed)
     arrivals = []
@@ -89,8 +91,11 @@ def run_case(engine: LLMEngine, arrivals: list[Arrival], prompt: list[int], para
         engine.step()
     elapsed_s = time.perf_counter() - start
     return {
-        "ttft": sorted(ttft.values()), "steps_to_first": sorted(steps_to_first), "num_a_left": num_a_left,
-        "num_waiting_at_end": stats["num_waiting"], "mean_step_ms": 1000 * elapsed_s / max(1, num_steps),
+        "ttft": sorted(ttft.values()),
+        "steps_to_first": sorted(steps_to_first),
+        "num_a_left": num_a_left,
+        "num_waiting_at_end": stats["num_waiting"],
+        "mean_step_ms": 1000 * elapsed_s / max(1, num_steps),
     }
 
 
@@ -121,8 +126,12 @@ def main() -> None:
     results = {}
     for case, (is_flooded, is_fair) in cases.items():
         config = EngineConfig(
-            model_path=args.model_dir / "base", dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-            batch_policy=args.batch_policy, fair_share=is_fair, num_threads=args.num_threads,
+            model_path=args.model_dir / "base",
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            batch_policy=args.batch_policy,
+            fair_share=is_fair,
+            num_threads=args.num_threads,
             enable_prefix_caching=False,  # every request has the same prompt: measure queueing, not cache hits
         )
         engine = LLMEngine(config)
@@ -132,9 +141,12 @@ def main() -> None:
         ttft = outcome["ttft"]
         results[case] = {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)}
         line = {
-            "case": case, "num_b_requests": len(ttft), "b_ttft_p50_ms": round(1000 * results[case]["p50"], 1),
+            "case": case,
+            "num_b_requests": len(ttft),
+            "b_ttft_p50_ms": round(1000 * results[case]["p50"], 1),
             "b_ttft_p99_ms": round(1000 * results[case]["p99"], 1),
-            "b_ttft_mean_ms": round(1000 * statistics.fmean(ttft), 1), "num_a_left": outcome["num_a_left"],
+            "b_ttft_mean_ms": round(1000 * statistics.fmean(ttft), 1),
+            "num_a_left": outcome["num_a_left"],
             "num_waiting_at_end": outcome["num_waiting_at_end"],
             "b_steps_to_first_token_p50": percentile(outcome["steps_to_first"], 50),
             "b_steps_to_first_token_p99": percentile(outcome["steps_to_first"], 99),
@@ -144,13 +156,22 @@ def main() -> None:
             line["p50_ratio_to_alone"] = round(results[case]["p50"] / results["alone"]["p50"], 2)
             line["p99_ratio_to_alone"] = round(results[case]["p99"] / results["alone"]["p99"], 2)
         print(json.dumps(line), flush=True)
-    print(json.dumps({
-        "summary": "fairness", "rate_b": args.rate, "rate_a": args.rate * args.flood_factor,
-        "max_num_seqs": args.max_num_seqs, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
-        "batch_policy": args.batch_policy,
-        "fair_share_p99_ratio": round(results["fair_share"]["p99"] / results["alone"]["p99"], 2),
-        "fifo_p99_ratio": round(results["fifo"]["p99"] / results["alone"]["p99"], 2),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "summary": "fairness",
+                "rate_b": args.rate,
+                "rate_a": args.rate * args.flood_factor,
+                "max_num_seqs": args.max_num_seqs,
+                "prompt_tokens": args.prompt_tokens,
+                "max_tokens": args.max_tokens,
+                "batch_policy": args.batch_policy,
+                "fair_share_p99_ratio": round(results["fair_share"]["p99"] / results["alone"]["p99"], 2),
+                "fifo_p99_ratio": round(results["fifo"]["p99"] / results["alone"]["p99"], 2),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,28 @@ from scheduler.length_predictor import (
     feature_row,
 )
 
-WORDS = ("please", "write", "explain", "the", "code", "story", "list", "data", "summary", "table", "email",
-         "about", "with", "for", "and", "a", "of", "in", "my", "this")
+WORDS = (
+    "please",
+    "write",
+    "explain",
+    "the",
+    "code",
+    "story",
+    "list",
+    "data",
+    "summary",
+    "table",
+    "email",
+    "about",
+    "with",
+    "for",
+    "and",
+    "a",
+    "of",
+    "in",
+    "my",
+    "this",
+)
 
 
 def make_adapters(num_adapters: int, rng: np.random.Generator) -> list[dict[str, float | bool]]:
@@ -47,8 +67,9 @@ def make_adapters(num_adapters: int, rng: np.random.Generator) -> list[dict[str,
     ]
 
 
-def make_samples(num_samples: int, num_adapters: int, max_tokens: int, seed: int
-                 ) -> tuple[list[LengthSample], list[float]]:
+def make_samples(
+    num_samples: int, num_adapters: int, max_tokens: int, seed: int
+) -> tuple[list[LengthSample], list[float]]:
     """The samples and each one's true conditional median (what an oracle of the distribution predicts)."""
     rng = np.random.default_rng(seed)
     adapters = make_adapters(num_adapters, rng)
@@ -67,7 +88,11 @@ def make_samples(num_samples: int, num_adapters: int, max_tokens: int, seed: int
         median /= 3.0 if "briefly" in words else 1.0
         true = median * rng.lognormal(0, adapter["sigma"])
         features = RequestFeatures(
-            f"adapter-{index}", num_prompt, max_tokens, is_chat=is_chat, has_stop=bool(rng.random() < 0.3),
+            f"adapter-{index}",
+            num_prompt,
+            max_tokens,
+            is_chat=is_chat,
+            has_stop=bool(rng.random() < 0.3),
         )
         samples.append(LengthSample(features, int(min(max_tokens, max(1, round(true))))))
         medians.append(min(max_tokens, max(1.0, median)))
@@ -100,8 +125,11 @@ def latency_us(predict, features: list[RequestFeatures]) -> dict[str, float]:
         start = time.perf_counter()
         predict(f)
         times.append((time.perf_counter() - start) * 1e6)
-    return {"mean_us": float(np.mean(times)), "p50_us": float(np.percentile(times, 50)),
-            "p99_us": float(np.percentile(times, 99))}
+    return {
+        "mean_us": float(np.mean(times)),
+        "p50_us": float(np.percentile(times, 50)),
+        "p99_us": float(np.percentile(times, 99)),
+    }
 
 
 def summary(report: dict) -> dict:
@@ -143,26 +171,47 @@ def main() -> None:
         fit_s = time.perf_counter() - start
         fitted[kind] = predictor
         calls = [s.features for s in held_out[: args.num_latency_calls]]
-        print(json.dumps({
-            "system": f"length_predictor_{kind}", **common, **summary(evaluate(predictor, held_out)),
-            "fit_s": round(fit_s, 2), "artifact_bytes": len(predictor.to_bytes()),
-            **{k: round(v, 1) for k, v in latency_us(predictor.predict, calls).items()},
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "system": f"length_predictor_{kind}",
+                    **common,
+                    **summary(evaluate(predictor, held_out)),
+                    "fit_s": round(fit_s, 2),
+                    "artifact_bytes": len(predictor.to_bytes()),
+                    **{k: round(v, 1) for k, v in latency_us(predictor.predict, calls).items()},
+                }
+            ),
+            flush=True,
+        )
 
     history_only = LengthPredictor()
     history_only.histories = fitted[MODEL_KINDS[0]].histories
-    print(json.dumps({"system": "adapter_history_median", **common,
-                      **summary(evaluate(history_only, held_out))}), flush=True)
+    print(
+        json.dumps(
+            {"system": "adapter_history_median", **common, **summary(evaluate(history_only, held_out))}
+        ),
+        flush=True,
+    )
 
     hgb = fitted["hgb"]
     calls = [s.features for s in held_out[:500]]
 
     def sklearn_one(features: RequestFeatures) -> float:
-        row = feature_row(features, hgb.history(features.tenant_id, features.adapter_id), hgb.min_history_samples)
+        row = feature_row(
+            features, hgb.history(features.tenant_id, features.adapter_id), hgb.min_history_samples
+        )
         return float(hgb.estimator.predict(np.asarray([row]))[0])
 
-    print(json.dumps({"system": "hgb_sklearn_predict_one_row",
-                      **{k: round(v, 1) for k, v in latency_us(sklearn_one, calls).items()}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "system": "hgb_sklearn_predict_one_row",
+                **{k: round(v, 1) for k, v in latency_us(sklearn_one, calls).items()},
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,18 @@ def cpu_model() -> str:
 
 
 # Flags that change which CPU kernels are fastest (vector width, bf16 dot products, matrix units).
-NOTABLE_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve")
+NOTABLE_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "asimd",
+    "sve",
+)
 
 
 def cpu_flags() -> list[str]:

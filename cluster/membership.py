@@ -45,7 +45,9 @@ class WorkerRecord(WorkerStats):
         legacy = data.pop("extra", None)
         if isinstance(legacy, dict):
             data = {**legacy, **data}
-        return cls.model_validate({k: v for k, v in data.items() if not (v is None and k in _SEQUENCE_FIELDS)})
+        return cls.model_validate(
+            {k: v for k, v in data.items() if not (v is None and k in _SEQUENCE_FIELDS)}
+        )
 
 
 _SEQUENCE_FIELDS = frozenset(
@@ -117,7 +119,9 @@ class RedisWorkerDirectory:
 
     def list_live(self) -> list[WorkerRecord]:
         """Workers whose key has not expired (stale index entries are pruned)."""
-        ids = sorted(i.decode() if isinstance(i, bytes) else i for i in self._client.smembers(self._prefix + "index"))
+        ids = sorted(
+            i.decode() if isinstance(i, bytes) else i for i in self._client.smembers(self._prefix + "index")
+        )
         if not ids:
             return []
         raws = self._client.mget([self._prefix + i for i in ids])

@@ -186,7 +186,9 @@ class WorkerStats(SchedulerStats):
     worker_id: str
     base_model: str
     max_num_seqs: int = 1
-    host_adapters: tuple[str, ...] = ()  # adapters whose verified files are in the host cache, not on the device
+    host_adapters: tuple[
+        str, ...
+    ] = ()  # adapters whose verified files are in the host cache, not on the device
     num_active: int = 0  # generate requests in flight at the worker (fetching/loading their adapter included)
     num_cache_hits: int = 0  # requests whose adapter was on the device (or being copied) at admission
     num_cache_misses: int = 0  # requests whose adapter was not (it is copied before their first step)

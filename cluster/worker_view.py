@@ -49,8 +49,11 @@ def perf_model_of(stats: WorkerStats) -> PerfModel | None:
     except ValueError as exc:
         if stats.worker_id not in _BAD_PROFILE_WORKERS:
             _BAD_PROFILE_WORKERS.add(stats.worker_id)
-            log.warning("worker %s publishes an unreadable profile (%s); routing it with the default model",
-                        stats.worker_id, exc)
+            log.warning(
+                "worker %s publishes an unreadable profile (%s); routing it with the default model",
+                stats.worker_id,
+                exc,
+            )
         return None
 
 

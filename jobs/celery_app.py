@@ -52,7 +52,9 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
         ("train-length-predictor", TRAIN_LENGTH_PREDICTOR_TASK, jobs.predictor_training_interval_s),
         ("compute-placement", COMPUTE_PLACEMENT_TASK, jobs.placement_interval_s),
     )
-    return {name: {"task": task, "schedule": interval_s} for name, task, interval_s in periodic if interval_s > 0}
+    return {
+        name: {"task": task, "schedule": interval_s} for name, task, interval_s in periodic if interval_s > 0
+    }
 
 
 def _register_tasks(app: Celery, settings: Settings) -> None:
@@ -69,7 +71,9 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
     @app.task(name=FAIL_STALE_VERSIONS_TASK, shared=False)
     def fail_stale_versions(max_age_s: float | None = None) -> list[str]:
         """Fail versions whose validation job was lost (periodic; default age settings.storage.stale_version_age_s)."""
-        return validation_job.fail_stale_versions(context(), max_age_s or settings.storage.stale_version_age_s)
+        return validation_job.fail_stale_versions(
+            context(), max_age_s or settings.storage.stale_version_age_s
+        )
 
     @app.task(name=SWEEP_ORPHANED_BLOBS_TASK, shared=False)
     def sweep_orphaned_upload_blobs(min_age_s: float | None = None) -> list[str]:
@@ -108,5 +112,7 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
 
         directory = None  # without a shared directory no worker can be known dead; leases still expire
         if settings.storage.redis_url:
-            directory = RedisWorkerDirectory(redis.Redis.from_url(settings.storage.redis_url), settings.worker.key_prefix)
+            directory = RedisWorkerDirectory(
+                redis.Redis.from_url(settings.storage.redis_url), settings.worker.key_prefix
+            )
         return sweep_usage(context().session_factory, directory, settings)

@@ -18,7 +18,9 @@ def make_celery_client(settings: Settings) -> Celery:
     if not broker:
         raise ValueError("Celery jobs need a broker: set LORAHOST_REDIS_URL or LORAHOST_CELERY_BROKER_URL")
     app = Celery("lorahost", broker=broker, set_as_current=False)
-    transport_options = {"global_keyprefix": settings.jobs.celery_key_prefix} if settings.jobs.celery_key_prefix else {}
+    transport_options = (
+        {"global_keyprefix": settings.jobs.celery_key_prefix} if settings.jobs.celery_key_prefix else {}
+    )
     app.conf.update(
         task_default_queue=settings.jobs.celery_queue,
         broker_transport_options=transport_options,

@@ -37,7 +37,9 @@ def sweep_orphaned_usage(
     with session_factory() as session:
         closed = close_orphaned_usage(session, live_worker_ids, grace_s)
     if closed:
-        log.warning("closed %d usage row(s) of dead workers as interrupted: %s", len(closed), ", ".join(closed))
+        log.warning(
+            "closed %d usage row(s) of dead workers as interrupted: %s", len(closed), ", ".join(closed)
+        )
     return closed
 
 
@@ -48,7 +50,8 @@ def sweep_expired_usage(session_factory: sessionmaker[Session], lease_timeout_s:
     if num_closed:
         log.warning(
             "closed %d usage row(s) as interrupted: their API process has not renewed their lease for %.0f s",
-            num_closed, lease_timeout_s,
+            num_closed,
+            lease_timeout_s,
         )
     return num_closed
 
@@ -68,8 +71,9 @@ class PeriodicJob:
     """Runs `job` every `interval_s` seconds on a daemon thread until stopped (inline jobs' timer);
     `is_run_at_start`: also once as soon as it starts."""
 
-    def __init__(self, name: str, interval_s: float, job: Callable[[], object], *, is_run_at_start: bool = False
-                 ) -> None:
+    def __init__(
+        self, name: str, interval_s: float, job: Callable[[], object], *, is_run_at_start: bool = False
+    ) -> None:
         self.name = name
         self.interval_s = interval_s
         self.job = job

@@ -53,7 +53,10 @@ def import_model_command(
     src: Annotated[Path, typer.Argument(help="A GGUF file (Llama-family) or a Hugging Face model directory")],
     out_dir: Annotated[Path, typer.Argument(help="New directory for the HF safetensors model")],
     dtype: Annotated[
-        str, typer.Option(help="auto (float32 for GGUF, the checkpoint's dtype for HF), float32, bfloat16, float16")
+        str,
+        typer.Option(
+            help="auto (float32 for GGUF, the checkpoint's dtype for HF), float32, bfloat16, float16"
+        ),
     ] = "auto",
 ) -> None:
     """Convert a model into the HF safetensors directory that `serve --base-model` and `worker` take."""
@@ -93,7 +96,6 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-
 @app.command("dev-cluster")
 def dev_cluster(
     data_dir: Annotated[Path, typer.Option(help="Logs, per-process state, the tiny model")] = Path(
@@ -104,7 +106,9 @@ def dev_cluster(
     base_model: Annotated[
         Path | None, typer.Option(help="Base model directory (HF format); default: the tiny demo model")
     ] = None,
-    api_port: Annotated[int, typer.Option(help="First API port (replica i: api_port + i; 0: free ports)")] = 8000,
+    api_port: Annotated[
+        int, typer.Option(help="First API port (replica i: api_port + i; 0: free ports)")
+    ] = 8000,
     worker_port: Annotated[
         int, typer.Option(help="First worker port (worker n: worker_port + n; 0: free ports)")
     ] = 8100,
@@ -115,9 +119,12 @@ def dev_cluster(
         str, typer.Option(help="Where the fresh database is created")
     ] = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
     keep_database: Annotated[bool, typer.Option(help="Keep the fresh database on exit")] = False,
-    redis_url: Annotated[str, typer.Option(help="Redis (choose the db number in the URL)")] = "redis://127.0.0.1:6379/0",
+    redis_url: Annotated[
+        str, typer.Option(help="Redis (choose the db number in the URL)")
+    ] = "redis://127.0.0.1:6379/0",
     s3_endpoint: Annotated[
-        str | None, typer.Option(help="S3 endpoint (default: start a moto server); AWS_* credentials from the env")
+        str | None,
+        typer.Option(help="S3 endpoint (default: start a moto server); AWS_* credentials from the env"),
     ] = None,
     admin_key: Annotated[str | None, typer.Option(help="Admin key (default: generated, printed)")] = None,
     jobs: Annotated[bool, typer.Option(help="Run the Celery worker + beat")] = True,

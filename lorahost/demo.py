@@ -54,11 +54,15 @@ def prepare_models(data_dir: Path, choice: str) -> DemoModels:
     base_dir, is_real = default_base_model(data_dir, choice, echo=console.print)
     if not is_real:
         adapter_dirs = sorted((data_dir / "demo" / "adapters").iterdir())[:2]
-        return DemoModels(base_dir, {f"demo-{chr(ord('a') + i)}": p for i, p in enumerate(adapter_dirs)}, False)
+        return DemoModels(
+            base_dir, {f"demo-{chr(ord('a') + i)}": p for i, p in enumerate(adapter_dirs)}, False
+        )
     from lorahost.demo_training import ensure_demo_adapters
 
     out_dir = data_dir / "demo-adapters" / base_dir.name
-    console.print(f"[bold]demo adapters[/]: fine-tuning with peft into {out_dir} (about a minute, first run only)")
+    console.print(
+        f"[bold]demo adapters[/]: fine-tuning with peft into {out_dir} (about a minute, first run only)"
+    )
     return DemoModels(base_dir, ensure_demo_adapters(base_dir, out_dir), True)
 
 
@@ -67,8 +71,18 @@ def start_server(
 ) -> subprocess.Popen[bytes]:
     """Launch `lorahost serve` on base_dir in a child process with the given admin key."""
     env = {**os.environ, "LORAHOST_ADMIN_KEY": admin_key}
-    cmd = [sys.executable, "-m", "lorahost.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
-           "--base-model", str(base_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lorahost.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--base-model",
+        str(base_dir),
+    ]
     log = log_path.open("ab")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -90,7 +104,9 @@ def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
 
 def _check(response: httpx.Response) -> Any:
     if response.status_code >= 400:
-        raise RuntimeError(f"{response.request.method} {response.request.url} -> {response.status_code}: {response.text}")
+        raise RuntimeError(
+            f"{response.request.method} {response.request.url} -> {response.status_code}: {response.text}"
+        )
     return response.json()
 
 
@@ -98,12 +114,30 @@ def setup_tenant(base_url: str, admin_key: str) -> tuple[str, str]:
     """Create a plan and a tenant on it, and a key for the tenant; returns (tenant_id, key)."""
     admin = {"Authorization": f"Bearer {admin_key}"}
     suffix = secrets.token_hex(3)
-    plan = _check(httpx.post(f"{base_url}/v1/admin/plans", headers=admin, json={
-        "name": f"demo-{suffix}", "price_per_1m_prompt_tokens": "0.50", "price_per_1m_completion_tokens": "1.50",
-        "price_storage_per_adapter_day": "0.01", "requests_per_min": 600, "tokens_per_min": 200000,
-        "slo_ttft_ms": 2000, "slo_tpot_ms": 200}))
-    tenant = _check(httpx.post(f"{base_url}/v1/admin/tenants", headers=admin, json={"name": f"acme-{suffix}"}))
-    _check(httpx.patch(f"{base_url}/v1/admin/tenants/{tenant['id']}", headers=admin, json={"plan_id": plan["id"]}))
+    plan = _check(
+        httpx.post(
+            f"{base_url}/v1/admin/plans",
+            headers=admin,
+            json={
+                "name": f"demo-{suffix}",
+                "price_per_1m_prompt_tokens": "0.50",
+                "price_per_1m_completion_tokens": "1.50",
+                "price_storage_per_adapter_day": "0.01",
+                "requests_per_min": 600,
+                "tokens_per_min": 200000,
+                "slo_ttft_ms": 2000,
+                "slo_tpot_ms": 200,
+            },
+        )
+    )
+    tenant = _check(
+        httpx.post(f"{base_url}/v1/admin/tenants", headers=admin, json={"name": f"acme-{suffix}"})
+    )
+    _check(
+        httpx.patch(
+            f"{base_url}/v1/admin/tenants/{tenant['id']}", headers=admin, json={"plan_id": plan["id"]}
+        )
+    )
     key = _check(httpx.post(f"{base_url}/v1/admin/tenants/{tenant['id']}/keys", headers=admin))["key"]
     console.print(f"[bold]tenant[/] {tenant['name']} on plan {plan['name']}")
     return tenant["id"], key
@@ -111,13 +145,24 @@ def setup_tenant(base_url: str, admin_key: str) -> tuple[str, str]:
 
 def upload_adapter(base_url: str, key: str, name: str, adapter_dir: Path) -> dict[str, Any]:
     """Upload a PEFT adapter folder's two files; returns the created version."""
-    files = [("files", (p.name, p.read_bytes())) for p in
-             (adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors")]
-    body = _check(httpx.post(f"{base_url}/v1/adapters", headers={"Authorization": f"Bearer {key}"},
-                             data={"name": name}, files=files, timeout=120))
+    files = [
+        ("files", (p.name, p.read_bytes()))
+        for p in (adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors")
+    ]
+    body = _check(
+        httpx.post(
+            f"{base_url}/v1/adapters",
+            headers={"Authorization": f"Bearer {key}"},
+            data={"name": name},
+            files=files,
+            timeout=120,
+        )
+    )
     version = body["version"]
-    console.print(f"[bold]uploaded[/] {name}: version {version['number']} status={version['status']} "
-                  f"rank={version.get('rank')}")
+    console.print(
+        f"[bold]uploaded[/] {name}: version {version['number']} status={version['status']} "
+        f"rank={version.get('rank')}"
+    )
     return version
 
 
@@ -148,13 +193,22 @@ def run_completions(base_url: str, key: str, names: list[str], is_real: bool) ->
     if not is_real:
         console.print("(the tiny demo model has seeded random weights: its text is gibberish by design)")
     for name in names:
-        out = client.completions.create(model=name, prompt="the adapter serves a request", max_tokens=16,
-                                        temperature=0)
-        console.print(f"[bold]{name}[/] completion: {out.choices[0].text!r} usage={out.usage.model_dump() if out.usage else None}")
+        out = client.completions.create(
+            model=name, prompt="the adapter serves a request", max_tokens=16, temperature=0
+        )
+        console.print(
+            f"[bold]{name}[/] completion: {out.choices[0].text!r} usage={out.usage.model_dump() if out.usage else None}"
+        )
     console.print(f"[bold]{names[0]}[/] streaming chat: ", end="")
     stream = client.chat.completions.create(
-        model=names[0], messages=[{"role": "user", "content": "hello, who are you?"}], max_tokens=24,
-        temperature=0.7, seed=7, stream=True, stream_options={"include_usage": True})
+        model=names[0],
+        messages=[{"role": "user", "content": "hello, who are you?"}],
+        max_tokens=24,
+        temperature=0.7,
+        seed=7,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     usage = None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -170,8 +224,14 @@ def print_reports(base_url: str, admin_key: str, key: str) -> None:
     for col in ("day", "model", "requests", "prompt tok", "completion tok", "by status"):
         table.add_column(col)
     for row in usage["data"]:
-        table.add_row(row["day"], row["model"], str(row["num_requests"]), str(row["prompt_tokens"]),
-                      str(row["completion_tokens"]), ", ".join(f"{k}={v}" for k, v in row["by_status"].items()))
+        table.add_row(
+            row["day"],
+            row["model"],
+            str(row["num_requests"]),
+            str(row["prompt_tokens"]),
+            str(row["completion_tokens"]),
+            ", ".join(f"{k}={v}" for k, v in row["by_status"].items()),
+        )
     console.print(table)
     admin = {"Authorization": f"Bearer {admin_key}"}
     bill = _check(httpx.get(f"{base_url}/v1/admin/billing", headers=admin))
@@ -180,8 +240,14 @@ def print_reports(base_url: str, admin_key: str, key: str) -> None:
     for col in ("tenant", "plan", "requests", "prompt tok", "completion tok", "total"):
         table.add_column(col)
     for line in lines:
-        table.add_row(line["tenant_name"], line["plan_name"], str(line["num_requests"]), str(line["prompt_tokens"]),
-                      str(line["completion_tokens"]), str(line["total"]))
+        table.add_row(
+            line["tenant_name"],
+            line["plan_name"],
+            str(line["num_requests"]),
+            str(line["prompt_tokens"]),
+            str(line["completion_tokens"]),
+            str(line["total"]),
+        )
     console.print(table)
     slo = _check(httpx.get(f"{base_url}/v1/admin/slo", headers=admin, params={"group_by": "adapter"}))
     groups = slo.get("data", slo) if isinstance(slo, dict) else slo
@@ -191,9 +257,15 @@ def print_reports(base_url: str, admin_key: str, key: str) -> None:
     fmt = lambda v: "-" if v is None else f"{float(v):.1f}"
     for g in groups:
         att = g.get("attainment")
-        table.add_row(str(g["key"]), str(g["num_requests"]), str(g["num_ok"]),
-                      "-" if att is None else f"{100 * att:.0f}%", fmt(g.get("ttft_p50")), fmt(g.get("tpot_p50")),
-                      fmt(g.get("e2e_p99")))
+        table.add_row(
+            str(g["key"]),
+            str(g["num_requests"]),
+            str(g["num_ok"]),
+            "-" if att is None else f"{100 * att:.0f}%",
+            fmt(g.get("ttft_p50")),
+            fmt(g.get("tpot_p50")),
+            fmt(g.get("e2e_p99")),
+        )
     console.print(table)
 
 
@@ -206,7 +278,9 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool, model: str = 
     base_url = f"http://127.0.0.1:{port}"
     log_path = data_dir / "demo-server.log"
     models = prepare_models(data_dir, model)
-    console.print(f"[bold]lorahost demo[/]: starting the platform on {base_url} (data dir {data_dir}, log {log_path})")
+    console.print(
+        f"[bold]lorahost demo[/]: starting the platform on {base_url} (data dir {data_dir}, log {log_path})"
+    )
     proc = start_server(data_dir, port, admin_key, log_path, models.base_dir)
     try:
         wait_ready(base_url, proc)
@@ -219,7 +293,9 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool, model: str = 
         run_completions(base_url, key, names, models.is_real)
         print_reports(base_url, admin_key, key)
         if keep_serving:
-            console.print(f"[bold green]serving[/] on {base_url}  admin key: {admin_key}  tenant key: {key}  (Ctrl-C stops)")
+            console.print(
+                f"[bold green]serving[/] on {base_url}  admin key: {admin_key}  tenant key: {key}  (Ctrl-C stops)"
+            )
             proc.wait()
         console.print("[bold green]demo finished[/]")
         return 0

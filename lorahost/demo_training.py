@@ -81,7 +81,15 @@ class TrainingRecipe:
 
     rank: int = 8
     lora_alpha: int = 16
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
     learning_rate: float = 2e-3
     max_steps: int = 24
     batch_size: int = 8
@@ -94,7 +102,9 @@ def demo_adapter_names() -> list[str]:
     return list(DATASETS)
 
 
-def ensure_demo_adapters(base_dir: Path, out_dir: Path, recipe: TrainingRecipe | None = None) -> dict[str, Path]:
+def ensure_demo_adapters(
+    base_dir: Path, out_dir: Path, recipe: TrainingRecipe | None = None
+) -> dict[str, Path]:
     """Train (or reuse) every demo adapter for the base model; returns name -> adapter directory."""
     recipe = recipe or TrainingRecipe()
     out = {}
@@ -133,8 +143,11 @@ def train_adapter(base_dir: Path, name: str, out_dir: Path, recipe: TrainingReci
         tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
         model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     config = LoraConfig(
-        r=recipe.rank, lora_alpha=recipe.lora_alpha, target_modules=list(recipe.target_modules),
-        lora_dropout=0.0, task_type="CAUSAL_LM",
+        r=recipe.rank,
+        lora_alpha=recipe.lora_alpha,
+        target_modules=list(recipe.target_modules),
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)
     examples = [_encode(tokenizer, q, a) for q, a in zip(QUESTIONS, DATASETS[name], strict=True)]
@@ -157,7 +170,9 @@ def _encode(tokenizer: Any, question: str, answer: str) -> tuple[list[int], list
     return prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids
 
 
-def _train(model: Any, examples: list[tuple[list[int], list[int]]], recipe: TrainingRecipe, pad_id: int) -> dict:
+def _train(
+    model: Any, examples: list[tuple[list[int], list[int]]], recipe: TrainingRecipe, pad_id: int
+) -> dict:
     import torch
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.learning_rate)

@@ -220,7 +220,9 @@ class DevCluster:
             else:
                 matches = [w for w in self._workers if w.worker_id == worker]
                 if not matches:
-                    raise KeyError(f"no managed worker {worker!r}; running: {[w.worker_id for w in self._workers]}")
+                    raise KeyError(
+                        f"no managed worker {worker!r}; running: {[w.worker_id for w in self._workers]}"
+                    )
                 handle = matches[0]
             self._workers.remove(handle)
             return handle
@@ -257,7 +259,9 @@ class DevCluster:
         for api in self.apis:
             status[api.name] = _state(api, http_ok(f"{api.url}/v1/health"))
         for worker in self.workers:
-            status[worker.worker_id] = _state(worker.process, http_ok(worker.url + INTERNAL_READY_PATH, token))
+            status[worker.worker_id] = _state(
+                worker.process, http_ok(worker.url + INTERNAL_READY_PATH, token)
+            )
         if self.jobs is not None:
             status[self.jobs.name] = _state(self.jobs, True)
         if self._s3 is not None:
@@ -270,12 +274,16 @@ class DevCluster:
         lines += [f"  API        {url}" for url in self.api_urls]
         lines.append(f"  admin key  {self.admin_key}")
         lines += [f"  worker     {w.worker_id} at {w.url}" for w in self.workers]
-        lines.append(f"  jobs       {'celery worker + beat, queue ' + self.celery_queue if self.jobs else 'off'}")
+        lines.append(
+            f"  jobs       {'celery worker + beat, queue ' + self.celery_queue if self.jobs else 'off'}"
+        )
         lines.append(f"  database   {_redact(self.database_url or '')}")
         lines.append(f"  redis      {self.config.redis_url} (keys under {self.key_prefix})")
         lines.append(f"  s3         {self.s3_endpoint} bucket {self.config.bucket}")
         lines.append(f"  base model {self.config.base_model_name} = {self.base_model}")
-        lines.append(f"  autoscale  {'on (max ' + str(self.config.max_workers) + ' workers)' if self.config.is_autoscale else 'off'}")
+        lines.append(
+            f"  autoscale  {'on (max ' + str(self.config.max_workers) + ' workers)' if self.config.is_autoscale else 'off'}"
+        )
         lines.append(f"  logs       {self.data_dir / 'logs'}")
         return "\n".join(lines)
 
@@ -297,7 +305,9 @@ class DevCluster:
         if self.s3_endpoint is None:
             for name, value in dev_services.MOTO_CREDENTIALS.items():
                 os.environ.setdefault(name, value)  # this process talks to moto too (bucket, tests)
-            self._s3 = dev_services.start_moto(self.config.host, self._log_path("s3"), self.config.start_timeout_s)
+            self._s3 = dev_services.start_moto(
+                self.config.host, self._log_path("s3"), self.config.start_timeout_s
+            )
             self.s3_endpoint = self._s3.url
         dev_services.ensure_bucket(self.s3_endpoint or "", self.config.bucket)
 
@@ -365,7 +375,9 @@ class DevCluster:
             self._s3.stop(5)
             self._s3 = None
             self.s3_endpoint = self.config.s3_endpoint
-        dev_services.delete_redis_keys(self.config.redis_url, [f"{self.key_prefix}*", f"*{self.celery_queue}*"])
+        dev_services.delete_redis_keys(
+            self.config.redis_url, [f"{self.key_prefix}*", f"*{self.celery_queue}*"]
+        )
         if self._is_database_created and not self.config.is_database_kept and self.database_url:
             dev_services.drop_database(self.config.postgres_admin_url, self.database_url)
             self._is_database_created = False

@@ -20,10 +20,14 @@ def _period(start: str | None, end: str | None) -> tuple[datetime, datetime]:
 
     lo, hi = default_period()
     try:
-        return (as_utc(datetime.fromisoformat(start)) if start else lo,
-                as_utc(datetime.fromisoformat(end)) if end else hi)
+        return (
+            as_utc(datetime.fromisoformat(start)) if start else lo,
+            as_utc(datetime.fromisoformat(end)) if end else hi,
+        )
     except ValueError as exc:
-        raise typer.BadParameter(f"dates must be ISO 8601 (e.g. 2026-11-01 or 2026-11-01T10:00): {exc}") from exc
+        raise typer.BadParameter(
+            f"dates must be ISO 8601 (e.g. 2026-11-01 or 2026-11-01T10:00): {exc}"
+        ) from exc
 
 
 def _session(data_dir: Path | None):  # type: ignore[no-untyped-def]
@@ -36,10 +40,14 @@ def _session(data_dir: Path | None):  # type: ignore[no-untyped-def]
 
 @app.command("billing")
 def billing(
-    start: Annotated[str | None, typer.Option(help="Period start (ISO date/time, UTC); default 30 days ago")] = None,
+    start: Annotated[
+        str | None, typer.Option(help="Period start (ISO date/time, UTC); default 30 days ago")
+    ] = None,
     end: Annotated[str | None, typer.Option(help="Period end, exclusive; default now")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
-    data_dir: Annotated[Path | None, typer.Option(help="Embedded data dir (else LORAHOST_* settings)")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Embedded data dir (else LORAHOST_* settings)")
+    ] = None,
 ) -> None:
     """Per-tenant invoice lines for a period."""
     from rich.console import Console
@@ -59,8 +67,15 @@ def billing(
         for col in ("tenant", "plan", "requests", "prompt tok", "completion tok", "adapter-days", "total"):
             table.add_column(col, justify="right" if col not in ("tenant", "plan") else "left")
         for line in lines:
-            table.add_row(line.tenant_name, line.plan_name, str(line.num_requests), str(line.prompt_tokens),
-                          str(line.completion_tokens), f"{line.adapter_days:.2f}", f"{line.total:.6f}")
+            table.add_row(
+                line.tenant_name,
+                line.plan_name,
+                str(line.num_requests),
+                str(line.prompt_tokens),
+                str(line.completion_tokens),
+                f"{line.adapter_days:.2f}",
+                f"{line.total:.6f}",
+            )
         Console().print(table)
     else:
         raise typer.BadParameter("--format must be table, json or csv")
@@ -71,7 +86,9 @@ def slo(
     out: Annotated[Path, typer.Option(help="Directory for slo_<group>.csv/json and the PNG plots")],
     start: Annotated[str | None, typer.Option(help="Period start (ISO, UTC); default 30 days ago")] = None,
     end: Annotated[str | None, typer.Option(help="Period end, exclusive; default now")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="Embedded data dir (else LORAHOST_* settings)")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Embedded data dir (else LORAHOST_* settings)")
+    ] = None,
 ) -> None:
     """SLO tables (by tenant, adapter, hour) and plots: latency percentiles over time, attainment by tenant."""
     from rich.console import Console
@@ -101,8 +118,14 @@ def slo(
         table.add_column(col)
     fmt = lambda v: "-" if v is None else f"{v:.1f}"
     for g in tables["tenant"]:
-        table.add_row(names.get(g.key, g.key), str(g.num_requests), str(g.num_ok), str(g.num_error),
-                      "-" if g.attainment is None else f"{100 * g.attainment:.1f}%",
-                      f"{fmt(g.ttft_p50)}/{fmt(g.ttft_p99)}", f"{fmt(g.tpot_p50)}/{fmt(g.tpot_p99)}")
+        table.add_row(
+            names.get(g.key, g.key),
+            str(g.num_requests),
+            str(g.num_ok),
+            str(g.num_error),
+            "-" if g.attainment is None else f"{100 * g.attainment:.1f}%",
+            f"{fmt(g.ttft_p50)}/{fmt(g.ttft_p99)}",
+            f"{fmt(g.tpot_p50)}/{fmt(g.tpot_p99)}",
+        )
     Console().print(table)
     typer.echo(f"wrote SLO tables and plots to {out}")

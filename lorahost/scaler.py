@@ -100,7 +100,12 @@ def parse_target(body: object) -> ScalingTarget:
 
 
 def fetch_scaling(
-    api_url: str, admin_key: str, base_model: str, *, client: httpx.Client | None = None, timeout_s: float = 5.0
+    api_url: str,
+    admin_key: str,
+    base_model: str,
+    *,
+    client: httpx.Client | None = None,
+    timeout_s: float = 5.0,
 ) -> ScalingTarget | None:
     """`GET {api_url}/v1/admin/scaling?base_model=...` with the admin key; None when there is no usable answer
     (404: the API does not serve the endpoint; an error status; the API unreachable), logged."""

@@ -25,7 +25,9 @@ def plot_latency_over_time(hourly: Sequence[SloGroup], out_path: Path) -> Path:
     for label, attr_prefix, ax in (("TTFT", "ttft", ax_ttft), ("TPOT", "tpot", ax_tpot)):
         for pct in (50, 90, 99):
             values = [getattr(g, f"{attr_prefix}_p{pct}") for g in hourly]
-            ax.plot(hours, [v if v is not None else float("nan") for v in values], marker="o", label=f"p{pct}")
+            ax.plot(
+                hours, [v if v is not None else float("nan") for v in values], marker="o", label=f"p{pct}"
+            )
         ax.set_ylabel(f"{label} (ms)")
         ax.legend(loc="upper left")
         ax.grid(alpha=0.3)
@@ -46,8 +48,13 @@ def plot_attainment_by_tenant(groups: Sequence[SloGroup], names: dict[str, str],
     values = [100 * g.attainment if g.attainment is not None else 0.0 for g in groups]
     bars = ax.bar(labels, values, color="tab:blue")
     for bar, g in zip(bars, groups):
-        ax.annotate(f"{bar.get_height():.0f}% (n={g.num_ok + g.num_error})",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{bar.get_height():.0f}% (n={g.num_ok + g.num_error})",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_ylim(0, 110)
     ax.set_ylabel("SLO attainment (%)")
     ax.set_title("SLO attainment by tenant")

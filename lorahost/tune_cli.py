@@ -34,7 +34,9 @@ def tune(
     if settings.base_model_path is None:
         raise typer.BadParameter("pass --base-model or set LORAHOST_BASE_MODEL_PATH")
     if not (Path(settings.base_model_path) / "config.json").is_file():
-        raise typer.BadParameter(f"{settings.base_model_path} has no config.json (a Hugging Face model directory)")
+        raise typer.BadParameter(
+            f"{settings.base_model_path} has no config.json (a Hugging Face model directory)"
+        )
     config = engine_config_from_settings(settings)
     tuner = KernelTuner(config.kernel_choices_path, is_reusing_cache=not retune)
     try:
@@ -47,11 +49,18 @@ def tune(
         "cache": str(tuner.cache_path),
         "tuner_s": round(tuner.seconds, 4),
         "choices": {
-            op: {"choice": c.choice, "source": c.source, "ms": {k: round(v * 1e3, 4) for k, v in c.timings.items()}}
+            op: {
+                "choice": c.choice,
+                "source": c.source,
+                "ms": {k: round(v * 1e3, 4) for k, v in c.timings.items()},
+            }
             for op, c in tuner.choices.items()
         },
-        "plan": {"prefill_gemm": plan.prefill_gemm, "decode_attention": plan.decode_attention,
-                 "decode_lora": plan.decode_lora},
+        "plan": {
+            "prefill_gemm": plan.prefill_gemm,
+            "decode_attention": plan.decode_attention,
+            "decode_lora": plan.decode_lora,
+        },
     }
     if as_json:
         typer.echo(json.dumps(report, sort_keys=True))

@@ -317,7 +317,9 @@ def accept_import(
         repository.check_visibility(visibility)
     parsed = parse_import_source(source, ctx.settings)
     check_import_allowed(parsed, credentials, ctx.settings)
-    names = read_import_source(parsed, credentials, ctx.settings, work_dir, ctx.settings.limits.max_upload_bytes)
+    names = read_import_source(
+        parsed, credentials, ctx.settings, work_dir, ctx.settings.limits.max_upload_bytes
+    )
     return accept_upload(
         session,
         ctx,

@@ -28,5 +28,7 @@ def make_blob_store(settings: Settings, location: str | None = None) -> BlobStor
     location = location or settings.resolved_blob_store()
     if location.startswith("s3://"):
         bucket, prefix = parse_s3_uri(location)
-        return S3BlobStore(bucket, prefix, endpoint_url=settings.storage.s3_endpoint_url, region=settings.storage.s3_region)
+        return S3BlobStore(
+            bucket, prefix, endpoint_url=settings.storage.s3_endpoint_url, region=settings.storage.s3_region
+        )
     return LocalBlobStore(Path(location))

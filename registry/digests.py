@@ -42,4 +42,3 @@ def owner_scoped_digest(content_digest: str, owner_id: str) -> str:
     for part in (content_digest.lower(), owner_id):
         digest.update(b"\0" + part.encode())
     return digest.hexdigest()
-

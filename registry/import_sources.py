@@ -238,7 +238,10 @@ def _s3_client(credentials: S3Credentials | None, settings: Settings) -> Any:
     )
     if credentials is None:
         return boto3.client(
-            "s3", endpoint_url=settings.storage.s3_endpoint_url, region_name=settings.storage.s3_region, config=config
+            "s3",
+            endpoint_url=settings.storage.s3_endpoint_url,
+            region_name=settings.storage.s3_region,
+            config=config,
         )
     if credentials.endpoint_url is not None:
         url = httpx.URL(credentials.endpoint_url)

@@ -53,7 +53,9 @@ def remove_abandoned_job_dirs(
     """Remove the job directories in `root` that no live process holds (and older than `min_age_s` at `now`,
     epoch seconds); returns them."""
     now = time.time() if now is None else now
-    removed = [path for path in _job_dirs(root or job_scratch_root()) if _remove_if_abandoned(path, now, min_age_s)]
+    removed = [
+        path for path in _job_dirs(root or job_scratch_root()) if _remove_if_abandoned(path, now, min_age_s)
+    ]
     if removed:
         log.warning("removed %d job scratch dir(s) left by killed processes: %s", len(removed), removed)
     return removed

@@ -94,9 +94,15 @@ class PricePlan(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(100), unique=True)
-    price_per_1m_prompt_tokens: Mapped[Decimal] = mapped_column(Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0))
-    price_per_1m_completion_tokens: Mapped[Decimal] = mapped_column(Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0))
-    price_storage_per_adapter_day: Mapped[Decimal] = mapped_column(Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0))
+    price_per_1m_prompt_tokens: Mapped[Decimal] = mapped_column(
+        Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0)
+    )
+    price_per_1m_completion_tokens: Mapped[Decimal] = mapped_column(
+        Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0)
+    )
+    price_storage_per_adapter_day: Mapped[Decimal] = mapped_column(
+        Numeric(PRICE_DIGITS, PRICE_PLACES), default=Decimal(0)
+    )
     requests_per_min: Mapped[int | None] = mapped_column(Integer)
     tokens_per_min: Mapped[int | None] = mapped_column(Integer)
     max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)  # a tenant's requests in flight

@@ -54,8 +54,14 @@ def prediction_accuracy(
     abs_error = func.sum(func.abs(predicted - true))
     hits = func.sum(case((_bucket(predicted) == _bucket(true), 1), else_=0), type_=Integer)
     query = (
-        select(UsageRecord.adapter_version_id, func.max(UsageRecord.adapter_id), func.max(UsageRecord.model_name),
-               num, abs_error, hits)
+        select(
+            UsageRecord.adapter_version_id,
+            func.max(UsageRecord.adapter_id),
+            func.max(UsageRecord.model_name),
+            num,
+            abs_error,
+            hits,
+        )
         .where(
             UsageRecord.status == JUDGED_STATUS,
             UsageRecord.predicted_output_tokens.is_not(None),
@@ -64,10 +70,14 @@ def prediction_accuracy(
         )
         .group_by(UsageRecord.adapter_version_id)
     )
-    rows = [(key, adapter_id, name, int(n), int(err or 0), int(hit or 0))
-            for key, adapter_id, name, n, err, hit in session.execute(query)]
-    groups = [_accuracy(n, err, hit, adapter_version_id=key, adapter_id=adapter_id, model_name=name)
-              for key, adapter_id, name, n, err, hit in rows]
+    rows = [
+        (key, adapter_id, name, int(n), int(err or 0), int(hit or 0))
+        for key, adapter_id, name, n, err, hit in session.execute(query)
+    ]
+    groups = [
+        _accuracy(n, err, hit, adapter_version_id=key, adapter_id=adapter_id, model_name=name)
+        for key, adapter_id, name, n, err, hit in rows
+    ]
     groups.sort(key=lambda g: (-g.num_samples, g.adapter_version_id or ""))
     overall = _accuracy(sum(r[3] for r in rows), sum(r[4] for r in rows), sum(r[5] for r in rows))
     return overall, groups

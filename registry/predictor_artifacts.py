@@ -46,7 +46,9 @@ def artifact_keys(version: str) -> tuple[str, str]:
     return f"{PREFIX}{version}.bin", f"{PREFIX}{version}.json"
 
 
-def write_predictor(store: BlobStore, version: str, artifact: bytes, metadata: dict[str, Any]) -> PredictorPointer:
+def write_predictor(
+    store: BlobStore, version: str, artifact: bytes, metadata: dict[str, Any]
+) -> PredictorPointer:
     """Store a model and its metadata, then point `current` at them (last); then drop versions beyond
     NUM_KEPT_VERSIONS. Returns the new pointer."""
     artifact_key, metadata_key = artifact_keys(version)
@@ -60,8 +62,9 @@ def write_predictor(store: BlobStore, version: str, artifact: bytes, metadata: d
 
 def prune_versions(store: BlobStore, keep: str) -> list[str]:
     """Delete the blobs of all but the newest NUM_KEPT_VERSIONS versions (never `keep`); returns the keys."""
-    versions = sorted({key.removeprefix(PREFIX).rsplit(".", 1)[0] for key in store.list_keys(PREFIX)
-                       if key != POINTER_KEY})
+    versions = sorted(
+        {key.removeprefix(PREFIX).rsplit(".", 1)[0] for key in store.list_keys(PREFIX) if key != POINTER_KEY}
+    )
     old = [v for v in versions[:-NUM_KEPT_VERSIONS] if v != keep]
     deleted = [key for v in old for key in artifact_keys(v)]
     for key in deleted:
@@ -80,7 +83,9 @@ def read_pointer(store: BlobStore) -> PredictorPointer:
     data = read_blob(store, POINTER_KEY)
     try:
         values = json.loads(data)
-        return PredictorPointer(str(values["version"]), str(values["artifact_key"]), str(values["metadata_key"]))
+        return PredictorPointer(
+            str(values["version"]), str(values["artifact_key"]), str(values["metadata_key"])
+        )
     except (ValueError, KeyError, TypeError) as error:
         raise PredictorArtifactError(f"length predictor pointer is corrupt: {error!r}") from error
 

@@ -54,8 +54,13 @@ def load_length_samples(session: Session, since: datetime, max_samples: int) -> 
     chronological order (by start)."""
     query = (
         select(
-            UsageRecord.tenant_id, UsageRecord.adapter_version_id, UsageRecord.prompt_tokens, UsageRecord.max_tokens,
-            UsageRecord.is_chat, UsageRecord.has_stop, UsageRecord.completion_tokens,
+            UsageRecord.tenant_id,
+            UsageRecord.adapter_version_id,
+            UsageRecord.prompt_tokens,
+            UsageRecord.max_tokens,
+            UsageRecord.is_chat,
+            UsageRecord.has_stop,
+            UsageRecord.completion_tokens,
         )
         .where(
             UsageRecord.status == TRAINED_STATUS,
@@ -69,7 +74,9 @@ def load_length_samples(session: Session, since: datetime, max_samples: int) -> 
     rows.reverse()
     return [
         LengthSample(
-            RequestFeatures(key, prompt, int(max_tokens or 0), bool(is_chat), bool(has_stop), tenant_id=tenant),
+            RequestFeatures(
+                key, prompt, int(max_tokens or 0), bool(is_chat), bool(has_stop), tenant_id=tenant
+            ),
             completion,
         )
         for tenant, key, prompt, max_tokens, is_chat, has_stop, completion in rows
@@ -86,7 +93,9 @@ def chronological_split(
     return list(samples[:-num_heldout]), list(samples[-num_heldout:])
 
 
-def train_and_evaluate(samples: Sequence[LengthSample], version: str) -> tuple[LengthPredictor, dict[str, Any]]:
+def train_and_evaluate(
+    samples: Sequence[LengthSample], version: str
+) -> tuple[LengthPredictor, dict[str, Any]]:
     """Fit on the older part, evaluate on the held-out newer part (scheduler.length_predictor.evaluate's
     dict), then feed the held-out lengths to the histories."""
     train, heldout = chronological_split(samples)
@@ -116,7 +125,9 @@ def run_predictor_training(
         log.info(
             "length predictor training skipped: %d finished request(s) with recorded features since %s, fewer than "
             "predictor_min_training_samples=%d; API servers keep the model they serve",
-            len(samples), since.isoformat(), settings.predictor.min_training_samples,
+            len(samples),
+            since.isoformat(),
+            settings.predictor.min_training_samples,
         )
         return None
     started_s = time.perf_counter()
@@ -138,7 +149,11 @@ def run_predictor_training(
     log.info(
         "trained length predictor %s on %d requests in %.1f s: held-out MAE %.1f tokens, bucket accuracy %.1f%% "
         "(%d requests)",
-        version, len(samples), time.perf_counter() - started_s, overall["mae"], 100 * overall["bucket_accuracy"],
+        version,
+        len(samples),
+        time.perf_counter() - started_s,
+        overall["mae"],
+        100 * overall["bucket_accuracy"],
         num_heldout,
     )
     return TrainingRun(pointer, metadata)

@@ -48,7 +48,9 @@ def create_price_plan(session: Session, name: str, **fields: Any) -> PricePlan:
     """Insert a price plan (prices per 1M tokens, storage per adapter-day, limits, SLO targets); ConflictError
     when a plan of that name exists (a concurrent insert of the name fails on the unique constraint instead)."""
     if session.scalar(select(PricePlan.id).where(PricePlan.name == name)) is not None:
-        raise ConflictError(f"a price plan named {name!r} exists already: choose another name", code="plan_exists")
+        raise ConflictError(
+            f"a price plan named {name!r} exists already: choose another name", code="plan_exists"
+        )
     plan = PricePlan(name=name, **fields)
     session.add(plan)
     session.flush()

@@ -172,6 +172,8 @@ def run_upload_sweeps(ctx: AdapterJobContext) -> SweepResult:
         log.warning(
             "failed %d stale adapter version(s) whose job was lost: %s", len(failed), ", ".join(failed)
         )
-    deleted = sweep_orphaned_blobs(ctx.session_factory, ctx.blob_store, settings.storage.orphan_blob_min_age_s)
+    deleted = sweep_orphaned_blobs(
+        ctx.session_factory, ctx.blob_store, settings.storage.orphan_blob_min_age_s
+    )
     removed_dirs = remove_abandoned_job_dirs()
     return SweepResult(failed_version_ids=failed, deleted_blob_keys=deleted, removed_job_dirs=removed_dirs)

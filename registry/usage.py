@@ -41,8 +41,12 @@ JUDGED_STATUSES = ("ok", "error", INTERRUPTED_USAGE_STATUS)
 FAILED_STATUSES = ("error", INTERRUPTED_USAGE_STATUS)
 # Rows a final update may still close: open ones, and ones a sweep closed while the API still served them.
 CLOSABLE_STATUSES = (OPEN_USAGE_STATUS, INTERRUPTED_USAGE_STATUS)
-INTERRUPTED_BY_RESTART = "the API process stopped (crash or kill) before the request ended; billed to its last checkpoint"
-INTERRUPTED_BY_WORKER = "the worker left the worker directory before the request ended; billed to its last checkpoint"
+INTERRUPTED_BY_RESTART = (
+    "the API process stopped (crash or kill) before the request ended; billed to its last checkpoint"
+)
+INTERRUPTED_BY_WORKER = (
+    "the worker left the worker directory before the request ended; billed to its last checkpoint"
+)
 INTERRUPTED_BY_LEASE = (
     "the API process serving the request stopped renewing its usage lease (crash or kill, scale-down, or a restart "
     "under another api_instance_id) before the request ended; billed to its last checkpoint"
@@ -77,8 +81,15 @@ def open_usage(session: Session, rows: Sequence[dict[str, object]]) -> None:
     session.commit()
 
 
-CHECKPOINT_FIELDS = ("prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "worker_id",
-                     "checkpointed_at")
+CHECKPOINT_FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "worker_id",
+    "checkpointed_at",
+)
 _CHECKPOINT = (
     update(cast(Table, UsageRecord.__table__))
     .where(UsageRecord.request_id == bindparam("b_request_id"), UsageRecord.status == OPEN_USAGE_STATUS)
@@ -141,7 +152,7 @@ def _interrupt(session: Session, condition: object, message: str) -> int:
             error_message=message,
             finished_at=func.coalesce(UsageRecord.checkpointed_at, UsageRecord.started_at),
         )
-        .execution_options(synchronize_session=False)
+        .execution_options(synchronize_session=False),
     )
     session.commit()
     return int(result.rowcount or 0)
@@ -180,9 +191,13 @@ def orphaned_request_ids(
 
 def load_open_usage(session: Session) -> list[OpenUsage]:
     """Every open row that was routed to a worker."""
-    query = select(UsageRecord.request_id, UsageRecord.worker_id, UsageRecord.checkpointed_at, UsageRecord.started_at)
+    query = select(
+        UsageRecord.request_id, UsageRecord.worker_id, UsageRecord.checkpointed_at, UsageRecord.started_at
+    )
     query = query.where(UsageRecord.status == OPEN_USAGE_STATUS, UsageRecord.worker_id.is_not(None))
-    return [OpenUsage(rid, wid, as_utc(seen or started)) for rid, wid, seen, started in session.execute(query)]
+    return [
+        OpenUsage(rid, wid, as_utc(seen or started)) for rid, wid, seen, started in session.execute(query)
+    ]
 
 
 def close_orphaned_usage(
@@ -205,7 +220,7 @@ def renew_usage_leases(session: Session, api_instance_id: str, now: datetime | N
         update(UsageRecord)
         .where(UsageRecord.api_instance_id == api_instance_id, UsageRecord.status == OPEN_USAGE_STATUS)
         .values(lease_renewed_at=now or utcnow())
-        .execution_options(synchronize_session=False)
+        .execution_options(synchronize_session=False),
     )
     session.commit()
     return int(result.rowcount or 0)
@@ -222,7 +237,9 @@ class UsageLease:
 def expired_lease_request_ids(leases: Iterable[UsageLease], now: datetime, timeout_s: float) -> list[str]:
     """Open rows whose owner has not renewed their lease (nor checkpointed them) for timeout_s: it is gone."""
     return sorted(
-        lease.request_id for lease in leases if (as_utc(now) - as_utc(lease.renewed_at)).total_seconds() >= timeout_s
+        lease.request_id
+        for lease in leases
+        if (as_utc(now) - as_utc(lease.renewed_at)).total_seconds() >= timeout_s
     )
 
 
@@ -234,7 +251,10 @@ def latest_sign_of_life(started_at: datetime, *moments: datetime | None) -> date
 def load_usage_leases(session: Session) -> list[UsageLease]:
     """Every open row's lease."""
     query = select(
-        UsageRecord.request_id, UsageRecord.started_at, UsageRecord.checkpointed_at, UsageRecord.lease_renewed_at
+        UsageRecord.request_id,
+        UsageRecord.started_at,
+        UsageRecord.checkpointed_at,
+        UsageRecord.lease_renewed_at,
     ).where(UsageRecord.status == OPEN_USAGE_STATUS)
     return [
         UsageLease(rid, latest_sign_of_life(started, checkpointed, renewed))
@@ -253,7 +273,10 @@ def close_expired_usage(session: Session, lease_timeout_s: float, now: datetime 
         return 0
     cutoff = now - timedelta(seconds=lease_timeout_s)
     is_still_expired = or_(UsageRecord.lease_renewed_at.is_(None), UsageRecord.lease_renewed_at <= cutoff)
-    return _interrupt(session, UsageRecord.request_id.in_(request_ids) & is_still_expired, INTERRUPTED_BY_LEASE)
+    return _interrupt(
+        session, UsageRecord.request_id.in_(request_ids) & is_still_expired, INTERRUPTED_BY_LEASE
+    )
+
 
 def as_utc(moment: datetime) -> datetime:
     """The same instant as a timezone-aware UTC datetime (naive values are taken as UTC)."""

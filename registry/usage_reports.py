@@ -63,16 +63,26 @@ class SloTargets:
     tpot_ms: float | None = None
 
 
-
-
-def load_rows(session: Session, start: datetime, end: datetime, tenant_id: str | None = None) -> list[UsageRow]:
+def load_rows(
+    session: Session, start: datetime, end: datetime, tenant_id: str | None = None
+) -> list[UsageRow]:
     """Usage rows with start <= started_at < end, optionally for one tenant."""
     query = select(UsageRecord).where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
     if tenant_id is not None:
         query = query.where(UsageRecord.tenant_id == tenant_id)
     return [
-        UsageRow(r.tenant_id, r.adapter_id, r.model_name, r.prompt_tokens, r.completion_tokens, r.ttft_ms,
-                 r.tpot_ms, r.e2e_ms, r.status, as_utc(r.started_at))
+        UsageRow(
+            r.tenant_id,
+            r.adapter_id,
+            r.model_name,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.ttft_ms,
+            r.tpot_ms,
+            r.e2e_ms,
+            r.status,
+            as_utc(r.started_at),
+        )
         for r in session.scalars(query)
     ]
 
@@ -107,7 +117,9 @@ class InvoiceLine:
     total: Decimal
 
 
-def adapter_days(created_at: datetime, deleted_at: datetime | None, start: datetime, end: datetime) -> Decimal:
+def adapter_days(
+    created_at: datetime, deleted_at: datetime | None, start: datetime, end: datetime
+) -> Decimal:
     """How many days (fractional) an adapter existed inside [start, end)."""
     lo = max(as_utc(created_at), start)
     hi = min(as_utc(deleted_at), end) if deleted_at is not None else end
@@ -132,8 +144,16 @@ def compute_invoice(
     completion_cost = price_tokens(completion, prices.per_1m_completion)
     storage_cost = (num_adapter_days * prices.per_adapter_day).quantize(CENT, rounding=ROUND_HALF_UP)
     return InvoiceLine(
-        tenant_id, tenant_name, prices.plan_name, len(rows), prompt, completion,
-        num_adapter_days.quantize(CENT, rounding=ROUND_HALF_UP), prompt_cost, completion_cost, storage_cost,
+        tenant_id,
+        tenant_name,
+        prices.plan_name,
+        len(rows),
+        prompt,
+        completion,
+        num_adapter_days.quantize(CENT, rounding=ROUND_HALF_UP),
+        prompt_cost,
+        completion_cost,
+        storage_cost,
         prompt_cost + completion_cost + storage_cost,
     )
 
@@ -141,8 +161,12 @@ def compute_invoice(
 def _prices(plan: PricePlan | None) -> Prices:
     if plan is None:
         return Prices()
-    return Prices(plan.name, Decimal(plan.price_per_1m_prompt_tokens), Decimal(plan.price_per_1m_completion_tokens),
-                  Decimal(plan.price_storage_per_adapter_day))
+    return Prices(
+        plan.name,
+        Decimal(plan.price_per_1m_prompt_tokens),
+        Decimal(plan.price_per_1m_completion_tokens),
+        Decimal(plan.price_storage_per_adapter_day),
+    )
 
 
 def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:
@@ -186,8 +210,17 @@ def usage_by_adapter_day(rows: Iterable[UsageRow]) -> list[dict[str, object]]:
     groups: dict[tuple[str, str], dict[str, object]] = {}
     for r in rows:
         key = (r.started_at.date().isoformat(), r.model_name)
-        g = groups.setdefault(key, {"day": key[0], "model": key[1], "num_requests": 0, "prompt_tokens": 0,
-                                     "completion_tokens": 0, "by_status": defaultdict(int)})
+        g = groups.setdefault(
+            key,
+            {
+                "day": key[0],
+                "model": key[1],
+                "num_requests": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "by_status": defaultdict(int),
+            },
+        )
         g["num_requests"] += 1  # type: ignore[operator]
         g["prompt_tokens"] += r.prompt_tokens  # type: ignore[operator]
         g["completion_tokens"] += r.completion_tokens  # type: ignore[operator]
@@ -271,14 +304,25 @@ def summarize_group(key: str, rows: Sequence[UsageRow], targets_by_tenant: dict[
 
     ttft, tpot, e2e = pcts("ttft_ms"), pcts("tpot_ms"), pcts("e2e_ms")
     return SloGroup(
-        key, len(rows), counts["ok"], counts["error"], counts["aborted"], counts["rejected"],
-        counts[INTERRUPTED_USAGE_STATUS], counts[OPEN_USAGE_STATUS],
-        failed / judged if judged else 0.0, attained / judged if judged else None,
-        *ttft, *tpot, *e2e,
+        key,
+        len(rows),
+        counts["ok"],
+        counts["error"],
+        counts["aborted"],
+        counts["rejected"],
+        counts[INTERRUPTED_USAGE_STATUS],
+        counts[OPEN_USAGE_STATUS],
+        failed / judged if judged else 0.0,
+        attained / judged if judged else None,
+        *ttft,
+        *tpot,
+        *e2e,
     )
 
 
-def compute_slo(rows: Iterable[UsageRow], group_by: str, targets_by_tenant: dict[str, SloTargets]) -> list[SloGroup]:
+def compute_slo(
+    rows: Iterable[UsageRow], group_by: str, targets_by_tenant: dict[str, SloTargets]
+) -> list[SloGroup]:
     """SLO groups sorted by key."""
     groups: dict[str, list[UsageRow]] = defaultdict(list)
     for row in rows:
@@ -299,7 +343,9 @@ def slo_report(session: Session, start: datetime, end: datetime, group_by: str) 
     """SLO table for [start, end) grouped by tenant, adapter (model name) or hour."""
     if group_by not in GROUP_BYS:
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, not {group_by!r}")
-    return compute_slo(load_rows(session, as_utc(start), as_utc(end)), group_by, slo_targets_by_tenant(session))
+    return compute_slo(
+        load_rows(session, as_utc(start), as_utc(end)), group_by, slo_targets_by_tenant(session)
+    )
 
 
 def hour_floor(moment: datetime) -> datetime:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler.admission import AdmissionPlan, BatchBudget, BatchPolicy, WaitingRequest
+from scheduler.fair_share import FairSharePolicy
 from scheduler.multiqueue import MultiQueuePolicy
 
 __all__ = ["BATCH_POLICIES", "FifoPolicy", "SjfPolicy", "make_batch_policy"]
@@ -86,3 +87,15 @@ def make_batch_policy(name: str, **options: Any) -> BatchPolicy:
     if unknown:
         raise ValueError(f"batch policy {name!r} has no option(s) {unknown}")
     return policy_class(**options)  # type: ignore[no-any-return]
+
+
+def make_admission_policy(
+    name: str, options: Mapping[str, Any], *, is_fair_share: bool, num_reserved_seqs: int, max_num_seqs: int
+) -> BatchPolicy:
+    """The engine's admission policy: the named batch policy, inside the tenants' fair share when
+    `is_fair_share` (keeping up to `num_reserved_seqs` slots for a tenant with nothing running; one slot of
+    `max_num_seqs` always stays usable)."""
+    policy = make_batch_policy(name, **options)
+    if not is_fair_share:
+        return policy
+    return FairSharePolicy(policy, num_reserved_seqs=min(num_reserved_seqs, max_num_seqs - 1))

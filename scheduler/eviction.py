@@ -113,7 +113,9 @@ class ChameleonPolicy:
 
     name = "chameleon"
 
-    def __init__(self, frequency_weight: float = 0.45, recency_weight: float = 0.10, size_weight: float = 0.45):
+    def __init__(
+        self, frequency_weight: float = 0.45, recency_weight: float = 0.10, size_weight: float = 0.45
+    ):
         self.frequency_weight = frequency_weight
         self.recency_weight = recency_weight
         self.size_weight = size_weight
@@ -183,7 +185,11 @@ class FastLibraPolicy:
         return sorted((c.adapter_id for c in candidates), key=values.__getitem__)
 
 
-EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LruPolicy, "chameleon": ChameleonPolicy, "fastlibra": FastLibraPolicy}
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
+    "lru": LruPolicy,
+    "chameleon": ChameleonPolicy,
+    "fastlibra": FastLibraPolicy,
+}
 DEFAULT_EVICTION_POLICY = "lru"
 
 
@@ -191,7 +197,9 @@ def make_eviction_policy(name: str) -> EvictionPolicy:
     """The eviction policy a setting names (adapter_eviction_policy); ValueError lists the choices."""
     policy_class = EVICTION_POLICIES.get(name)
     if policy_class is None:
-        raise ValueError(f"unknown adapter eviction policy {name!r}; choose one of {sorted(EVICTION_POLICIES)}")
+        raise ValueError(
+            f"unknown adapter eviction policy {name!r}; choose one of {sorted(EVICTION_POLICIES)}"
+        )
     return policy_class()
 
 

@@ -149,7 +149,9 @@ class FairSharePolicy:
         to the floor. `backlogged`: the tenants with an earlier request still waiting (updated here)."""
         tenant = _tenant(request.tenant_id)
         if request.tenant_weight <= 0:
-            raise ValueError(f"tenant_weight must be positive, got {request.tenant_weight} for {request.request_id!r}")
+            raise ValueError(
+                f"tenant_weight must be positive, got {request.tenant_weight} for {request.request_id!r}"
+            )
         self._weights[tenant] = request.tenant_weight
         if tenant not in backlogged:
             self._counters[tenant] = max(self._counters.get(tenant, 0.0), self._floor(backlogged))
@@ -220,7 +222,11 @@ class FairSharePolicy:
         for position, request_id in enumerate(plan.request_ids):
             request = by_id.get(request_id)
             tenant_id = request.tenant_id if request else None
-            if tenant_id is not None and num_left <= self.num_reserved_seqs and num_running.get(tenant_id, 0) >= share:
+            if (
+                tenant_id is not None
+                and num_left <= self.num_reserved_seqs
+                and num_running.get(tenant_id, 0) >= share
+            ):
                 continue
             kept.append(position)
             num_left -= 1

@@ -155,8 +155,9 @@ class PerAdapterHistory:
         return list(self._lengths), self._ewma
 
     @classmethod
-    def from_state(cls, state: tuple[list[int], float | None], max_samples: int, ewma_alpha: float
-                   ) -> PerAdapterHistory:
+    def from_state(
+        cls, state: tuple[list[int], float | None], max_samples: int, ewma_alpha: float
+    ) -> PerAdapterHistory:
         """The inverse of to_state."""
         history = cls(max_samples, ewma_alpha)
         lengths, ewma = state
@@ -171,8 +172,9 @@ def prior_predict(features: RequestFeatures, history: PerAdapterHistory | None) 
     return clip_prediction(features.max_tokens if median is None else median, features.max_tokens)
 
 
-def feature_row(features: RequestFeatures, history: PerAdapterHistory | None, min_history_samples: int
-                ) -> list[float]:
+def feature_row(
+    features: RequestFeatures, history: PerAdapterHistory | None, min_history_samples: int
+) -> list[float]:
     """The model's input row (finite floats, never NaN): request features, then history features (zeros +
     flag 0 when the history is missing or shorter than min_history_samples)."""
     row = [
@@ -184,8 +186,14 @@ def feature_row(features: RequestFeatures, history: PerAdapterHistory | None, mi
     if history is not None and history.num_samples >= min_history_samples:
         p10, p50, p90 = history.quantiles()
         ewma = history.ewma or 0.0
-        row += [1.0, math.log1p(history.num_samples), math.log1p(p10), math.log1p(p50), math.log1p(p90),
-                math.log1p(ewma)]
+        row += [
+            1.0,
+            math.log1p(history.num_samples),
+            math.log1p(p10),
+            math.log1p(p50),
+            math.log1p(p90),
+            math.log1p(ewma),
+        ]
     else:
         row += [0.0] * 6
     return row
@@ -200,8 +208,15 @@ class LengthPredictor:
     retraining.
     """
 
-    def __init__(self, model_kind: str = "hgb", max_history: int = 256, ewma_alpha: float = 0.1,
-                 min_history_samples: int = 3, history_dropout: float = 0.15, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model_kind: str = "hgb",
+        max_history: int = 256,
+        ewma_alpha: float = 0.1,
+        min_history_samples: int = 3,
+        history_dropout: float = 0.15,
+        seed: int = 0,
+    ) -> None:
         if model_kind not in MODEL_KINDS:
             raise ValueError(f"unknown model kind {model_kind!r}; choose one of {MODEL_KINDS}")
         self.model_kind = model_kind
@@ -214,7 +229,9 @@ class LengthPredictor:
         self.num_training_samples = 0
         self.histories: dict[HistoryKey, PerAdapterHistory] = {}
         self._model: FittedModel | None = None
-        self.estimator: Any = None  # the scikit-learn estimator fitted in this process (None after from_bytes)
+        self.estimator: Any = (
+            None  # the scikit-learn estimator fitted in this process (None after from_bytes)
+        )
 
     @property
     def is_fitted(self) -> bool:
@@ -267,18 +284,22 @@ class LengthPredictor:
 
     def to_bytes(self) -> bytes:
         """A versioned artifact (plain data, no pickle): the model, its version, the config and the histories."""
-        return artifact.encode({
-            "model_version": self.model_version,
-            "model_kind": self.model_kind,
-            "num_training_samples": self.num_training_samples,
-            "config": {
-                "max_history": self.max_history, "ewma_alpha": self.ewma_alpha,
-                "min_history_samples": self.min_history_samples, "history_dropout": self.history_dropout,
-                "seed": self.seed,
-            },
-            "model": None if self._model is None else self._model.to_dict(),
-            "histories": [[*key, *h.to_state()] for key, h in self.histories.items()],
-        })
+        return artifact.encode(
+            {
+                "model_version": self.model_version,
+                "model_kind": self.model_kind,
+                "num_training_samples": self.num_training_samples,
+                "config": {
+                    "max_history": self.max_history,
+                    "ewma_alpha": self.ewma_alpha,
+                    "min_history_samples": self.min_history_samples,
+                    "history_dropout": self.history_dropout,
+                    "seed": self.seed,
+                },
+                "model": None if self._model is None else self._model.to_dict(),
+                "histories": [[*key, *h.to_state()] for key, h in self.histories.items()],
+            }
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LengthPredictor:
@@ -294,8 +315,9 @@ class LengthPredictor:
             predictor.model_version = state["model_version"]
             predictor.num_training_samples = int(state["num_training_samples"])
             predictor.histories = {
-                (tenant, adapter): PerAdapterHistory.from_state((lengths, ewma), predictor.max_history,
-                                                                predictor.ewma_alpha)
+                (tenant, adapter): PerAdapterHistory.from_state(
+                    (lengths, ewma), predictor.max_history, predictor.ewma_alpha
+                )
                 for tenant, adapter, lengths, ewma in state["histories"]
             }
         except (KeyError, TypeError, ValueError) as error:

@@ -110,7 +110,9 @@ class MultiQueuePolicy:
                 f"max_queues, window_size and min_samples must be >= 1, got {max_queues}, {window_size}, {min_samples}"
             )
         if min(slo_s, refresh_s, max_split_ratio, default_seconds_per_token) <= 0:
-            raise ValueError("slo_s, refresh_s, max_split_ratio and default_seconds_per_token must be positive")
+            raise ValueError(
+                "slo_s, refresh_s, max_split_ratio and default_seconds_per_token must be positive"
+            )
         if input_weight < 0 or output_weight < 0 or input_weight + output_weight <= 0:
             raise ValueError("input_weight and output_weight must be >= 0 and not both 0")
         self.max_queues = max_queues
@@ -178,13 +180,17 @@ class MultiQueuePolicy:
 
     def plan(self, waiting: Sequence[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
         """Track new requests, refresh classes and loads when due, then plan the two-phase admission."""
-        self._now = budget.now if budget.now is not None else max([self._now, *(r.arrival_time for r in waiting)])
+        self._now = (
+            budget.now if budget.now is not None else max([self._now, *(r.arrival_time for r in waiting)])
+        )
         new = [r for r in waiting if r.request_id not in self._tracked]
         samples = [self._sample(r, budget) for r in new]
         self._window.extend(samples)
         self._maybe_refresh()
         for request, sample in zip(new, samples, strict=True):
-            self._tracked[request.request_id] = _Tracked(sample, self._classify(sample.shape), next(self._seen))
+            self._tracked[request.request_id] = _Tracked(
+                sample, self._classify(sample.shape), next(self._seen)
+            )
         for request in waiting:
             self._tracked[request.request_id].is_running = False  # a preempted request is back here
         pool_tokens = self._pool_tokens(budget)
@@ -226,8 +232,12 @@ class MultiQueuePolicy:
     # ---- helpers --------------------------------------------------------------------------------------
 
     def _sample(self, request: WaitingRequest, budget: BatchBudget) -> _Sample:
-        shape = RequestShape(request.num_prompt_tokens, request.num_predicted_output_tokens, request.adapter_num_bytes)
-        adapter_tokens = num_adapter_tokens(shape.num_adapter_bytes, budget.num_bytes_per_block, budget.block_size)
+        shape = RequestShape(
+            request.num_prompt_tokens, request.num_predicted_output_tokens, request.adapter_num_bytes
+        )
+        adapter_tokens = num_adapter_tokens(
+            shape.num_adapter_bytes, budget.num_bytes_per_block, budget.block_size
+        )
         return _Sample(request.arrival_time, shape, adapter_tokens)
 
     def _classify(self, shape: RequestShape) -> int:
@@ -256,8 +266,10 @@ class MultiQueuePolicy:
         """The queues' loads in the binding resource's units (S = one slot per request when slot-bound)."""
         if not self._is_slot_bound:
             return self._loads
-        return [QueueLoad(1.0 if load.arrival_rate > 0 else 0.0, load.mean_service_s, load.arrival_rate)
-                for load in self._loads]
+        return [
+            QueueLoad(1.0 if load.arrival_rate > 0 else 0.0, load.mean_service_s, load.arrival_rate)
+            for load in self._loads
+        ]
 
     def _maybe_refresh(self) -> None:
         if len(self._window) < self.min_samples:
@@ -270,12 +282,16 @@ class MultiQueuePolicy:
         """New classes from the window's sizes, and each class's load from the window's requests."""
         samples = list(self._window)
         scale = SizeScale.of(s.shape for s in samples)
-        sizes = [weighted_request_size(s.shape, scale, self.input_weight, self.output_weight) for s in samples]
+        sizes = [
+            weighted_request_size(s.shape, scale, self.input_weight, self.output_weight) for s in samples
+        ]
         layout = fit_queue_layout(sizes, self.max_queues, self.max_split_ratio)
         classes = [layout.queue_of(size) for size in sizes]
         self._scale, self._layout, self._last_refresh = scale, layout, self._now
-        self._loads = [self._load([s for s, c in zip(samples, classes, strict=True) if c == q], samples)
-                       for q in range(layout.num_queues)]
+        self._loads = [
+            self._load([s for s, c in zip(samples, classes, strict=True) if c == q], samples)
+            for q in range(layout.num_queues)
+        ]
         for tracked in self._tracked.values():
             tracked.queue = min(tracked.queue, layout.num_queues - 1)
         self.num_refreshes += 1
@@ -296,11 +312,19 @@ class MultiQueuePolicy:
         """Measured service seconds per predicted output token over the window's finished requests."""
         finished = [s for s in self._window if s.duration_s is not None]
         num_tokens = sum(max(1, s.shape.num_output_tokens) for s in finished)
-        return sum(s.duration_s or 0.0 for s in finished) / num_tokens if finished else self.default_seconds_per_token
+        return (
+            sum(s.duration_s or 0.0 for s in finished) / num_tokens
+            if finished
+            else self.default_seconds_per_token
+        )
 
-    def _queues(self, waiting: Sequence[WaitingRequest], seconds_per_token: float) -> list[list[QueuedRequest]]:
+    def _queues(
+        self, waiting: Sequence[WaitingRequest], seconds_per_token: float
+    ) -> list[list[QueuedRequest]]:
         """Each queue's waiting requests in FIFO order (already charged ones, i.e. preempted, first)."""
-        keyed: list[list[tuple[tuple[bool, float, int], QueuedRequest]]] = [[] for _ in range(self.num_queues)]
+        keyed: list[list[tuple[tuple[bool, float, int], QueuedRequest]]] = [
+            [] for _ in range(self.num_queues)
+        ]
         for request in waiting:
             tracked = self._tracked[request.request_id]
             queued = QueuedRequest(

@@ -101,7 +101,9 @@ def predicted_wait_s(adapter_tokens: int, running: Sequence[RunningRequest]) -> 
     return finishes[-1].predicted_remaining_s
 
 
-def bypass_ids(planned: Sequence[tuple[QueuedRequest, int]], running: Sequence[RunningRequest]) -> frozenset[str]:
+def bypass_ids(
+    planned: Sequence[tuple[QueuedRequest, int]], running: Sequence[RunningRequest]
+) -> frozenset[str]:
     """Planned requests allowed past an earlier planned request of their queue whose adapter is not ready:
     their adapter is ready and their predicted run time is below every such earlier head's predicted wait."""
     min_wait: dict[int, float] = {}

@@ -80,4 +80,3 @@ def num_adapter_tokens(num_adapter_bytes: int, num_bytes_per_block: int, block_s
     if num_adapter_bytes <= 0 or num_bytes_per_block <= 0:
         return 0
     return -(-num_adapter_bytes // num_bytes_per_block) * block_size
-

@@ -139,7 +139,9 @@ class ResidencyThenLeastLoaded:
         if not candidates:
             return None
         tenant = request.tenant_id
-        best = min(candidates, key=lambda w: (residency_tier(request, w), tenant_load(w, tenant), w.worker_id))
+        best = min(
+            candidates, key=lambda w: (residency_tier(request, w), tenant_load(w, tenant), w.worker_id)
+        )
         return best.worker_id
 
 

@@ -120,9 +120,7 @@ def _unclamped(load: BaseModelLoad, policy: ScalingPolicy) -> tuple[int, str]:
         by_queue = max(load.num_live_workers + 1, math.ceil(load.num_waiting / policy.max_waiting_per_worker))
         if by_queue > desired:
             desired = by_queue
-            reason = (
-                f"queue growth: {load.num_waiting} waiting on {load.num_live_workers} worker(s) needs {desired}"
-            )
+            reason = f"queue growth: {load.num_waiting} waiting on {load.num_live_workers} worker(s) needs {desired}"
     return desired, reason
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command: set up the virtualenv, start PostgreSQL/Redis if needed, start a moto S3 server,
-# check package boundaries, and run the whole test suite. Extra arguments go to pytest.
+# check package boundaries, lint, format and types, and run the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -21,6 +21,13 @@ export LORAHOST_TEST_S3_ENDPOINT="http://127.0.0.1:$MOTO_PORT"
 
 echo "== import boundaries (import-linter) =="
 "$VENV/bin/lint-imports"
+
+echo "== lint (ruff check, ruff format --check) =="
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+
+echo "== types (mypy: checked everywhere, strict on scheduler/ and cluster/; pyproject.toml [tool.mypy]) =="
+"$VENV/bin/mypy"
 
 echo "== tests =="
 set +e

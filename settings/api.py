@@ -12,7 +12,9 @@ from pydantic_settings import NoDecode
 
 from settings.section import named_choice, section_config
 
-DEFAULT_ROUTER_POLICY = "residency_least_loaded"  # checked against scheduler/router_policies.py ROUTER_POLICIES
+DEFAULT_ROUTER_POLICY = (
+    "residency_least_loaded"  # checked against scheduler/router_policies.py ROUTER_POLICIES
+)
 
 
 class ApiSettings(BaseModel):

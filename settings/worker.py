@@ -18,7 +18,8 @@ class WorkerSettings(BaseModel):
     model_config = section_config("worker_")
 
     backend: str = Field(
-        default="native", description="Worker inference backend (a name in gpu_workers.worker.builder.BACKENDS)"
+        default="native",
+        description="Worker inference backend (a name in gpu_workers.worker.builder.BACKENDS)",
     )
     host: str = Field(default="127.0.0.1", description="Worker bind address")
     port: int | None = Field(

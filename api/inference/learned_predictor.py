@@ -78,7 +78,11 @@ class LearnedLengthPredictor:
     def predict(self, request: PredictionInput) -> int:
         """The expected output tokens, in [1, max_tokens]."""
         features = RequestFeatures(
-            request.adapter_key, request.num_prompt_tokens, request.max_tokens, request.is_chat, request.has_stop,
+            request.adapter_key,
+            request.num_prompt_tokens,
+            request.max_tokens,
+            request.is_chat,
+            request.has_stop,
             tenant_id=request.tenant_id,
         )
         with self._lock:
@@ -89,7 +93,9 @@ class LearnedLengthPredictor:
         with self._lock:
             self._predictor.observe(tenant_id, adapter_key, num_output_tokens)
             self._num_observed += 1
-            self._recent.append((self._num_observed, self._clock(), (tenant_id, adapter_key), num_output_tokens))
+            self._recent.append(
+                (self._num_observed, self._clock(), (tenant_id, adapter_key), num_output_tokens)
+            )
 
     def reload(self) -> bool:
         """Load the newest artifact if its version is not the served one; True when one was swapped in. On any
@@ -109,8 +115,12 @@ class LearnedLengthPredictor:
                 return False
             self._swap(loaded, metadata)
             self._last_problem = None
-        log.info("length predictor: serving model %s (trained %s on %s requests)", self.model_version,
-                 metadata.get("trained_at"), metadata.get("num_samples"))
+        log.info(
+            "length predictor: serving model %s (trained %s on %s requests)",
+            self.model_version,
+            metadata.get("trained_at"),
+            metadata.get("num_samples"),
+        )
         return True
 
     def _swap(self, loaded: LengthPredictor, metadata: dict[str, Any]) -> None:

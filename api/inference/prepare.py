@@ -107,7 +107,9 @@ async def prepare(
     if isinstance(services.rate_limiter, InMemoryRateLimiter):
         admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
     else:
-        await run_in_threadpool(admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
+        await run_in_threadpool(
+            admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter
+        )
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
@@ -295,7 +297,9 @@ def check_sizes(
         )
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
     if requested is not None and requested > settings.limits.max_completion_tokens:
-        raise PromptError(f"max_tokens={requested} is above the limit of {settings.limits.max_completion_tokens}")
+        raise PromptError(
+            f"max_tokens={requested} is above the limit of {settings.limits.max_completion_tokens}"
+        )
     if requested is None:
         default = (
             DEFAULT_COMPLETION_MAX_TOKENS

@@ -217,7 +217,9 @@ class MeteredStreamingResponse(StreamingResponse):
     async def _send_start(self, send: Send) -> None:
         if not self.is_started:
             self.is_started = True
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
 
     async def stream_response(self, send: Send) -> None:
         await self._send_start(send)

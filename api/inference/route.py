@@ -36,7 +36,9 @@ ADAPTER_UNAVAILABLE_ADVICE = (
 )
 
 
-async def start(services: Services, prepared: Prepared, meter: RequestMeter, receive: Receive) -> WorkerStream:
+async def start(
+    services: Services, prepared: Prepared, meter: RequestMeter, receive: Receive
+) -> WorkerStream:
     """Route and open the worker stream, waiting through a cold start (api/cold_start.py); worker refusals
     before any token become HTTP errors (metered `error`)."""
     upstream = await _open_when_ready(services, _worker_client(services), prepared, receive)

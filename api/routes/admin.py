@@ -33,7 +33,9 @@ from registry.models import PricePlan
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 T = TypeVar("T")
-PathId = Annotated[str, Path(pattern=PRINTABLE_TEXT)]  # an unknown id is a 404; a NUL byte would be a DB error
+PathId = Annotated[
+    str, Path(pattern=PRINTABLE_TEXT)
+]  # an unknown id is a 404; a NUL byte would be a DB error
 
 
 def _write(

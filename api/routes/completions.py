@@ -77,7 +77,9 @@ async def serve(
     try:
         prepared = await prepare(request, tenant, services, meter, kind, path_model)
         predict(prepared, services.predictor, meter)
-        ledger.open(meter, is_checkpointed=prepared.is_stream)  # in_progress row, written during routing+prefill
+        ledger.open(
+            meter, is_checkpointed=prepared.is_stream
+        )  # in_progress row, written during routing+prefill
         upstream = await start(services, prepared, meter, request.receive)
         await ledger.wait_opened(meter)  # durable before the first token is sent (api/metering.py)
     except ClientDisconnected:  # left while waiting for a worker: nothing was generated
@@ -93,7 +95,9 @@ async def serve(
         with anyio.CancelScope(shield=True):
             if upstream is not None:
                 await upstream.aclose()
-            await record_quietly(ledger, meter, "aborted", "the client disconnected before the response started")
+            await record_quietly(
+                ledger, meter, "aborted", "the client disconnected before the response started"
+            )
         raise
     if prepared.is_stream:
         return streaming_response(prepared, upstream, meter, ledger)

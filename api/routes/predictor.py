@@ -55,7 +55,9 @@ async def get_predictor(
         overall=_public(overall),
         data=[
             AdapterPredictionAccuracy(
-                **_public(g).model_dump(), adapter_version_id=g.adapter_version_id, adapter_id=g.adapter_id,
+                **_public(g).model_dump(),
+                adapter_version_id=g.adapter_version_id,
+                adapter_id=g.adapter_id,
                 adapter_name=g.model_name,
             )
             for g in groups

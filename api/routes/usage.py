@@ -13,6 +13,7 @@ from registry.usage_reports import load_rows, usage_by_adapter_day
 
 router = APIRouter(prefix="/v1", tags=["usage"])
 
+
 @router.get("/usage")
 async def get_usage(
     tenant: CurrentTenant, session: SessionDep, start: str | None = None, end: str | None = None

@@ -54,7 +54,10 @@ def main() -> None:
 
     common.set_threads(args.threads)
     # LORAHOST_BENCH_DTYPE: float32 where the CPU has no fast bf16 (bf16 is then emulated, ~20x slower)
-    cfg_kw = {"model_path": args.model_dir / "base", "dtype": os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16")}
+    cfg_kw = {
+        "model_path": args.model_dir / "base",
+        "dtype": os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
+    }
     fields = getattr(EngineConfig, "model_fields", None) or getattr(EngineConfig, "__dataclass_fields__", {})
     if "enable_prefix_caching" in fields:
         # Warm-up and timed runs replay the same prompts: with the prefix cache on, the timed prefill would be a
@@ -66,7 +69,11 @@ def main() -> None:
         cfg_kw["max_num_batched_tokens"] = max(4096, args.num_requests * (args.prompt_len + args.max_tokens))
     if args.threads and "num_threads" in fields:
         cfg_kw["num_threads"] = args.threads
-    for name in ("prefill_gemm", "decode_attention", "decode_lora_form"):  # forced kernel forms, as the worker's
+    for name in (
+        "prefill_gemm",
+        "decode_attention",
+        "decode_lora_form",
+    ):  # forced kernel forms, as the worker's
         value = os.environ.get(f"LORAHOST_ENGINE_{name.upper()}")
         if value and name in fields:
             cfg_kw[name] = value

@@ -52,7 +52,9 @@ class AdapterCopier:
 
     # ---- engine thread ------------------------------------------------------------------------------
 
-    def start(self, host_copy: LoraAdapter, place: Callable[[LoraAdapter], LoraAdapter] | None = None) -> None:
+    def start(
+        self, host_copy: LoraAdapter, place: Callable[[LoraAdapter], LoraAdapter] | None = None
+    ) -> None:
         """Queue the copy of an adapter's host copy (replacing an unfinished copy of the same id).
 
         `place`: copies the host tensors into device memory reserved for them (the adapter's pages of the
@@ -123,7 +125,9 @@ class AdapterCopier:
                 job.done.set()
                 self._finished.notify_all()
 
-    def copy(self, host_copy: LoraAdapter, place: Callable[[LoraAdapter], LoraAdapter] | None = None) -> LoraAdapter:
+    def copy(
+        self, host_copy: LoraAdapter, place: Callable[[LoraAdapter], LoraAdapter] | None = None
+    ) -> LoraAdapter:
         """The device copy of a host copy (blocking; runs on the copy thread). With `place`, the tensors go
         into reserved device memory (pages no sequence holds, so the engine thread never touches them
         while the copy runs)."""

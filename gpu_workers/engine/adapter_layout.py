@@ -54,7 +54,9 @@ def layer_numels_for(
         if not mods:
             continue
         per_layer.append(in_features[projection] * rank * len(mods))  # A^T: [in, rank * len(mods)]
-        per_layer.extend(rank * (output_slices[projection][m][1] - output_slices[projection][m][0]) for m in mods)
+        per_layer.extend(
+            rank * (output_slices[projection][m][1] - output_slices[projection][m][0]) for m in mods
+        )
     has_layer = set(layers)
     return [list(per_layer) if i in has_layer else [] for i in range(num_layers)]
 

@@ -51,7 +51,9 @@ def load_lora_adapter(
     for modules in per_layer:
         packed: dict[str, LoraProjection] = {}
         for projection in PROJECTIONS:
-            proj = build_lora_projection(modules, projection, output_slices[projection], info.scale, dtype, device)
+            proj = build_lora_projection(
+                modules, projection, output_slices[projection], info.scale, dtype, device
+            )
             if proj is not None:
                 packed[projection] = proj
         layers.append(packed)
@@ -70,7 +72,9 @@ def load_lora_adapter(
     )
 
 
-def _read_lora_tensors(weights_path: Path, num_layers: int) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+def _read_lora_tensors(
+    weights_path: Path, num_layers: int
+) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """-> per layer: module -> (lora_A [r, in], lora_B [out, r])."""
     halves: list[dict[str, dict[str, torch.Tensor]]] = [{} for _ in range(num_layers)]
     with safe_open(str(weights_path), framework="pt", device="cpu") as f:

@@ -47,7 +47,9 @@ class AdapterPlacer:
         room = self.pool.max_adapter_pages - (1 if self.pool.is_unified else 0)
         if num_pages > room:
             self.residency.forget(adapter_id)
-            where = "the pool leaves room for" if self.pool.is_unified else "the adapter share of the pool has"
+            where = (
+                "the pool leaves room for" if self.pool.is_unified else "the adapter share of the pool has"
+            )
             raise AdapterLoadError(
                 f"adapter {adapter_id!r} needs {num_pages} device pages but {where} {room}; raise "
                 "engine_kv_cache_bytes / engine_adapter_cache_bytes or use a smaller rank"
@@ -116,7 +118,9 @@ class AdapterPlacer:
         for load in plan.adapter_loads:
             try:
                 page_ids = self._page_ids(load.adapter_id)
-                self.runner.transfers.start_adapter_copy(load.adapter_id, Path(load.host_path or ""), page_ids)
+                self.runner.transfers.start_adapter_copy(
+                    load.adapter_id, Path(load.host_path or ""), page_ids
+                )
             except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
                 failures.append((load.adapter_id, str(exc)))
         return failures

@@ -77,7 +77,9 @@ class AdapterTransfers:
         """Pack a validated adapter's weights (not yet visible to batches): on the device in a static split;
         in host memory in a unified pool, where `place_adapter` copies them into the adapter's pages."""
         device = torch.device("cpu") if self.is_unified else self.device
-        return load_lora_adapter(adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, device)
+        return load_lora_adapter(
+            adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, device
+        )
 
     def adapter_num_pages(self, info: AdapterInfo) -> int | None:
         """Exact pages an adapter's tensor layout takes in a unified pool; None in a static split (the pool
@@ -86,7 +88,10 @@ class AdapterTransfers:
             return None
         a = self.args
         in_features = {
-            "qkv": a.hidden_size, "o": a.num_heads * a.head_dim, "gate_up": a.hidden_size, "down": a.intermediate_size,
+            "qkv": a.hidden_size,
+            "o": a.num_heads * a.head_dim,
+            "gate_up": a.hidden_size,
+            "down": a.intermediate_size,
         }
         numels = layer_numels_for(
             info.rank, info.target_modules, info.layers, a.num_layers, in_features, self._output_slices()
@@ -126,7 +131,13 @@ class AdapterTransfers:
             return self._host_tier_copies[key]
         info = self.validate_adapter(path)
         host_copy = load_lora_adapter(
-            adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, torch.device("cpu")
+            adapter_id,
+            path,
+            info,
+            self._output_slices(),
+            self.args.num_layers,
+            self.dtype,
+            torch.device("cpu"),
         )
         host_copy = pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
         victims = self.host_tier.add(key, host_copy.num_bytes)
@@ -172,4 +183,3 @@ class AdapterTransfers:
             num_workers = max(self.config.cpu_prefill_workers, 1)
             self._cpu_pool = ThreadPoolExecutor(num_workers, thread_name_prefix="cpu-prefill")
         return self._cpu_pool
-

@@ -28,9 +28,13 @@ class AsyncLLMEngine:
         self.engine = engine
         self._lock = threading.Lock()
         self._has_work = threading.Condition(self._lock)
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._streams: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]
+        ] = {}
         self._is_stopped = False
-        self._pending_pins: deque[tuple[str, bool]] = deque()  # (adapter_id, is_pin), appended from any thread
+        self._pending_pins: deque[tuple[str, bool]] = (
+            deque()
+        )  # (adapter_id, is_pin), appended from any thread
         self._thread = threading.Thread(target=self._run, name="lorahost-engine", daemon=True)
         self._thread.start()
 

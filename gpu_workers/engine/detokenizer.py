@@ -18,7 +18,7 @@ def append_text(tokenizer: Any, seq: Sequence) -> None:
     prefix_text = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True)
     new_text = tokenizer.decode(ids[prefix_offset:], skip_special_tokens=True)
     if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-        seq.output_text += new_text[len(prefix_text):]
+        seq.output_text += new_text[len(prefix_text) :]
         seq.detok_offsets = (read_offset, len(ids))
 
 

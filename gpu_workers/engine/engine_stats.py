@@ -45,7 +45,9 @@ class EngineCounters:
         self.num_output_tokens += num_sampled
         self.step_seconds += seconds
         self.max_step_seconds = max(self.max_step_seconds, seconds)
-        is_decode = all(e.seq.num_computed_tokens - e.num_new_tokens >= e.seq.num_prompt_tokens for e in entries)
+        is_decode = all(
+            e.seq.num_computed_tokens - e.num_new_tokens >= e.seq.num_prompt_tokens for e in entries
+        )
         (self.recent_decode_seconds if is_decode else self.recent_prefill_seconds).append(seconds)
 
 
@@ -66,7 +68,9 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
         **core.model_dump(mode="json"),
         "num_kv_blocks": core.num_total_kv_blocks,
         "adapter_load_seconds_mean": (
-            core.adapter_load_seconds_total / core.num_timed_adapter_loads if core.num_timed_adapter_loads else 0.0
+            core.adapter_load_seconds_total / core.num_timed_adapter_loads
+            if core.num_timed_adapter_loads
+            else 0.0
         ),
         "decode_step_ms": median_ms(c.recent_decode_seconds),
         "prefill_step_ms": median_ms(c.recent_prefill_seconds),
@@ -96,7 +100,9 @@ def engine_stats(engine: LLMEngine) -> dict[str, Any]:
         "lora_kernel": runner.lora_forms.use_lora_kernel,
         "cpu_kernels_compile_s": runner.cpu_kernels_compile_s,  # None: loaded from the cache
         "fp32_prefill_gemms": runner.kernel_plan.prefill_gemm == "fp32_upcast",
-        "kernel_choices": dataclasses.asdict(runner.kernel_plan),  # op -> form (gpu_workers/engine/kernel_plan.py)
+        "kernel_choices": dataclasses.asdict(
+            runner.kernel_plan
+        ),  # op -> form (gpu_workers/engine/kernel_plan.py)
         # op -> measured / cached / forced / only (ops with nothing to choose on this device are absent)
         "kernel_choice_sources": {op: choice.source for op, choice in runner.kernel_tuner.choices.items()},
         "kernel_tuner_s": runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced

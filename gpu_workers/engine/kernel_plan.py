@@ -107,7 +107,9 @@ def _prefill_gemm(
         return "plain"  # nothing to choose: the weights are not packed (F.linear on the dense weight)
     if dtype != torch.bfloat16:
         return "packed"  # nothing to choose: no upcast for an fp32 model
-    forced = config.prefill_gemm or {True: "fp32_upcast", False: "packed", None: None}[config.fp32_prefill_gemms]
+    forced = (
+        config.prefill_gemm or {True: "fp32_upcast", False: "packed", None: None}[config.fp32_prefill_gemms]
+    )
     num_rows = 4 * WIDE_GEMM_MIN_ROWS
     shape = (num_rows, args.hidden_size, args.intermediate_size)
     forms = PREFILL_GEMM_FORMS
@@ -120,22 +122,41 @@ def _decode_attention(
 ) -> str:
     forms = tuple(f for f in DECODE_ATTENTION_FORMS if is_decode_form_usable(f, device, dtype))
     if config.decode_attention is not None and config.decode_attention not in forms:
-        raise ValueError(f"decode_attention {config.decode_attention!r} cannot run here; usable: {list(forms)}")
+        raise ValueError(
+            f"decode_attention {config.decode_attention!r} cannot run here; usable: {list(forms)}"
+        )
     if device.type != "cpu":
         return config.decode_attention or "sdpa"  # one GPU form until a GPU run measures the others
     num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
-    shape = (num_seqs, TUNING_CONTEXT_LEN, args.num_heads, args.num_kv_heads, args.head_dim, config.block_size)
+    shape = (
+        num_seqs,
+        TUNING_CONTEXT_LEN,
+        args.num_heads,
+        args.num_kv_heads,
+        args.head_dim,
+        config.block_size,
+    )
 
     pool_bytes = 2 * num_seqs * TUNING_CONTEXT_LEN * args.num_kv_heads * args.head_dim * dtype.itemsize
     num_pools = max(1, min(args.num_layers, TUNING_KV_BYTES // pool_bytes))
 
     def build() -> dict:
         return decode_attention_candidates(
-            forms, args.num_heads, args.num_kv_heads, args.head_dim, dtype, device, config.block_size, num_seqs,
-            TUNING_CONTEXT_LEN, num_pools,
+            forms,
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            dtype,
+            device,
+            config.block_size,
+            num_seqs,
+            TUNING_CONTEXT_LEN,
+            num_pools,
         )
 
-    return tuner.choose(DECODE_ATTENTION_OP, forms, build, shape, dtype, forced=config.decode_attention).choice
+    return tuner.choose(
+        DECODE_ATTENTION_OP, forms, build, shape, dtype, forced=config.decode_attention
+    ).choice
 
 
 def _decode_lora(
@@ -148,15 +169,28 @@ def _decode_lora(
 ) -> str:
     turned_off = {"kernel"} if config.lora_kernel is False else set()
     turned_off |= {"stacked"} if config.lora_stack_cache_size <= 0 else set()
-    forms = tuple(f for f in DECODE_LORA_FORMS if f not in turned_off and is_lora_form_usable(f, device, dtype))
+    forms = tuple(
+        f for f in DECODE_LORA_FORMS if f not in turned_off and is_lora_form_usable(f, device, dtype)
+    )
     forced = config.decode_lora_form or ("kernel" if config.lora_kernel else None)
     if forced is not None and forced not in forms:
-        raise ValueError(f"decode_lora_form {forced!r} cannot run here or is turned off; usable: {list(forms)}")
+        raise ValueError(
+            f"decode_lora_form {forced!r} cannot run here or is turned off; usable: {list(forms)}"
+        )
     if device.type != "cpu":
         return forced or forms[0]
     num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
     ranks = tuple(min(TUNING_RANKS[i % len(TUNING_RANKS)], config.max_lora_rank) for i in range(num_seqs))
-    slices = projection_slices(args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads, args.head_dim)
-    shape = (args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads, args.head_dim, *ranks)
+    slices = projection_slices(
+        args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads, args.head_dim
+    )
+    shape = (
+        args.hidden_size,
+        args.intermediate_size,
+        args.num_heads,
+        args.num_kv_heads,
+        args.head_dim,
+        *ranks,
+    )
     build = lambda: decode_lora_candidates(forms, slices, ranks, dtype, device, use_packed_linears)
     return tuner.choose(DECODE_LORA_OP, forms, build, shape, dtype, forced=forced).choice

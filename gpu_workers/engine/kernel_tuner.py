@@ -167,7 +167,9 @@ class KernelTuner:
             except FileNotFoundError:
                 pass
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                logger.warning("ignoring the kernel choices cache %s (%s); it will be rewritten", self.cache_path, exc)
+                logger.warning(
+                    "ignoring the kernel choices cache %s (%s); it will be rewritten", self.cache_path, exc
+                )
         return self._cache
 
     def _save(self) -> None:
@@ -184,4 +186,6 @@ class KernelTuner:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as exc:
-            logger.warning("cannot write the kernel choices cache %s (%s); choices are not kept", self.cache_path, exc)
+            logger.warning(
+                "cannot write the kernel choices cache %s (%s); choices are not kept", self.cache_path, exc
+            )

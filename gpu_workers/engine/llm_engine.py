@@ -36,7 +36,6 @@ from gpu_workers.engine.model_runner import ModelRunner
 from gpu_workers.engine.outputs import CompletionOutput, RequestOutput
 from registry.validation import AdapterInfo
 from scheduler.admission import BatchPolicy
-from scheduler.batch_policy import make_batch_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
@@ -44,7 +43,6 @@ from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.eviction import make_eviction_policy
-from scheduler.fair_share import FairSharePolicy
 
 
 class LLMEngine:
@@ -69,7 +67,7 @@ class LLMEngine:
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
-            policy or default_batch_policy(config),
+            policy or config.admission_policy(),
             config.max_num_seqs,
             config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
@@ -125,8 +123,15 @@ class LLMEngine:
             )
         max_tokens = min(sampling_params.max_tokens, self.max_model_len - len(token_ids))
         seq = Sequence(
-            request_id, token_ids, sampling_params, adapter_id, max_tokens, predicted_output_tokens,
-            tenant_id=tenant_id, tenant_weight=tenant_weight, cache_namespace=cache_namespace,
+            request_id,
+            token_ids,
+            sampling_params,
+            adapter_id,
+            max_tokens,
+            predicted_output_tokens,
+            tenant_id=tenant_id,
+            tenant_weight=tenant_weight,
+            cache_namespace=cache_namespace,
         )
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -154,10 +159,14 @@ class LLMEngine:
         self._fail_adapters(self.placer.poll_copies())
         plan = self.scheduler.schedule()
         self._fail_adapters(self.placer.carry_out(plan))
-        entries = [e for e in plan.entries if not e.seq.is_finished]  # a failed adapter load ends its requests
+        entries = [
+            e for e in plan.entries if not e.seq.is_finished
+        ]  # a failed adapter load ends its requests
         if not entries:
             if plan.copy_waits and self.runner.transfers.copier.has_in_flight():
-                self.runner.transfers.copier.wait_any(_COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
+                self.runner.transfers.copier.wait_any(
+                    _COPY_WAIT_SECONDS
+                )  # nothing else to run: let the copy land
                 self._fail_adapters(self.placer.poll_copies())
             outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
@@ -225,7 +234,7 @@ class LLMEngine:
         visible = len(seq.output_text)
         if not seq.is_finished:
             visible = max(seq.num_emitted_chars, visible - num_held_back_chars(seq.sampling_params.stop))
-        new_text = seq.output_text[seq.num_emitted_chars:visible]
+        new_text = seq.output_text[seq.num_emitted_chars : visible]
         seq.num_emitted_chars = visible
         return RequestOutput.of(seq, new_token_ids, new_text)
 
@@ -266,7 +275,9 @@ class LLMEngine:
         """
         info = self.inspect_adapter(path) if info is None else info
         num_bytes = self.runner.adapter_device_bytes(info)
-        self.placer.register(adapter_id, str(path), info.rank, num_bytes, self.runner.transfers.adapter_num_pages(info))
+        self.placer.register(
+            adapter_id, str(path), info.rank, num_bytes, self.runner.transfers.adapter_num_pages(info)
+        )
 
     def load_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
         """Validate and put (or reload) an adapter on the device now, through the core's plan (`info` as
@@ -280,8 +291,12 @@ class LLMEngine:
         info = self.inspect_adapter(path) if info is None else info
         transfers = self.runner.transfers
         self.placer.place(
-            adapter_id, str(path), info.rank, self.runner.adapter_device_bytes(info),
-            transfers.adapter_num_pages(info), lambda: transfers.load_adapter(adapter_id, Path(path), info),
+            adapter_id,
+            str(path),
+            info.rank,
+            self.runner.adapter_device_bytes(info),
+            transfers.adapter_num_pages(info),
+            lambda: transfers.load_adapter(adapter_id, Path(path), info),
         )
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
@@ -297,8 +312,13 @@ class LLMEngine:
         (the reload cost the eviction policy weighs)."""
         host_path = str(path) if path is not None else None
         self.placer.place(
-            adapter.adapter_id, host_path, adapter.rank, adapter.num_bytes, self.runner.transfers.num_pages_of(adapter),
-            lambda: adapter, load_seconds,
+            adapter.adapter_id,
+            host_path,
+            adapter.rank,
+            adapter.num_bytes,
+            self.runner.transfers.num_pages_of(adapter),
+            lambda: adapter,
+            load_seconds,
         )
 
     def unload_adapter(self, adapter_id: str) -> None:
@@ -356,15 +376,6 @@ class LLMEngine:
 
 
 _COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
-
-
-def default_batch_policy(config: EngineConfig) -> BatchPolicy:
-    """The batch policy the config names, inside the tenants' fair share when `config.fair_share`."""
-    policy = make_batch_policy(config.batch_policy, **config.batch_policy_options())
-    if not config.fair_share:
-        return policy
-    num_reserved_seqs = min(config.fair_share_reserved_seqs, config.max_num_seqs - 1)  # one slot stays usable
-    return FairSharePolicy(policy, num_reserved_seqs=num_reserved_seqs)
 
 
 def _stamp_first_scheduled(entries: list[BatchEntry], now: float) -> None:

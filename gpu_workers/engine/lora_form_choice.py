@@ -94,15 +94,19 @@ class LoraForms:
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
         token_owner = torch.full((num_tokens,), -1, dtype=torch.long)
         for pos, seg in enumerate(segments):
-            token_owner[seg.start:seg.end] = pos
+            token_owner[seg.start : seg.end] = pos
         masks = stacked_masks(stacked, token_owner.to(self.device))
         return lora_batch(StackedStep(tuple(segments), stacked, masks), host)
 
     def forget(self, adapter_id: str) -> None:
         """Drop cached sets that include an adapter (call when it is unloaded or replaced)."""
-        for key in [k for k, v in self.lora_stacks.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
+        for key in [
+            k for k, v in self.lora_stacks.items() if any(a.adapter_id == adapter_id for a in v.adapters)
+        ]:
             del self.lora_stacks[key]
-        for key in [k for k, v in self.kernel_sets.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
+        for key in [
+            k for k, v in self.kernel_sets.items() if any(a.adapter_id == adapter_id for a in v.adapters)
+        ]:
             del self.kernel_sets[key]
         for object_id in [k for k, (a, _) in self._kernel_descriptors.items() if a.adapter_id == adapter_id]:
             del self._kernel_descriptors[object_id]
@@ -119,7 +123,9 @@ class LoraForms:
         if cost is None:
             ops = sum(1 + len(p.parts) for layer in adapter.layers for p in layer.values())
             elems = sum(
-                p.a_t.numel() + sum(b.numel() for *_, b in p.parts) for layer in adapter.layers for p in layer.values()
+                p.a_t.numel() + sum(b.numel() for *_, b in p.parts)
+                for layer in adapter.layers
+                for p in layer.values()
             )
             cost = (ops, elems)
             if len(self._adapter_cost) > 4 * max(len(self._adapters), 64):

@@ -79,7 +79,8 @@ def import_model(src: Path, out_dir: Path, dtype: str = "auto") -> ImportedModel
 def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ModelImportError(
-            "out_dir_not_empty", f"{out_dir} already exists and is not an empty directory; choose a new OUT_DIR"
+            "out_dir_not_empty",
+            f"{out_dir} already exists and is not an empty directory; choose a new OUT_DIR",
         )
 
 
@@ -88,7 +89,8 @@ def detect_format(src: Path) -> str:
     if src.is_dir():
         if not (src / "config.json").is_file():
             raise ModelImportError(
-                "not_a_model", f"{src} is a directory without config.json; point at a Hugging Face model directory"
+                "not_a_model",
+                f"{src} is a directory without config.json; point at a Hugging Face model directory",
             )
         return "hf"
     if not src.is_file():
@@ -138,8 +140,9 @@ def _read_gguf(path: Path) -> Any:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # any parse failure means a corrupt or truncated file
         raise ModelImportError(
-            "corrupt_file", f"{path.name} could not be read as GGUF ({type(exc).__name__}: {exc}); "
-            "the file is truncated or corrupt: download it again"
+            "corrupt_file",
+            f"{path.name} could not be read as GGUF ({type(exc).__name__}: {exc}); "
+            "the file is truncated or corrupt: download it again",
         ) from exc
     if not reader.tensors:
         raise ModelImportError("corrupt_file", f"{path.name} holds no tensors")
@@ -191,7 +194,8 @@ def check_hf_dir(path: Path) -> str:
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
     if not has_weights:
         raise ModelImportError(
-            "missing_weights", f"{path} has no *.safetensors or pytorch_model*.bin weights next to config.json"
+            "missing_weights",
+            f"{path} has no *.safetensors or pytorch_model*.bin weights next to config.json",
         )
     return str(config["model_type"])
 

@@ -60,7 +60,11 @@ class ModelRunner:
         self.adapters: dict[str, LoraAdapter] = {}
         self.cpu_kernels_compile_s = cpu_kernels.compile_seconds  # None: loaded from the cache (or none)
         self.lora_forms = LoraForms(
-            self.kernel_plan, config.lora_stack_cache_size, self.use_packed_linears, self.device, self.adapters
+            self.kernel_plan,
+            config.lora_stack_cache_size,
+            self.use_packed_linears,
+            self.device,
+            self.adapters,
         )
         self.transfers = AdapterTransfers(
             config, self.model, BaseModelSpec.from_hf_config(hf_config), self.kv_caches, self.adapters,
@@ -83,7 +87,14 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         """Bytes of K and V for one block across all layers."""
         elem = self._element_size()
-        return 2 * self.args.num_layers * self.config.block_size * self.args.num_kv_heads * self.args.head_dim * elem
+        return (
+            2
+            * self.args.num_layers
+            * self.config.block_size
+            * self.args.num_kv_heads
+            * self.args.head_dim
+            * elem
+        )
 
     @property
     def is_unified(self) -> bool:
@@ -102,7 +113,9 @@ class ModelRunner:
         else:
             num_blocks = self.config.kv_cache_bytes // self.kv_bytes_per_block()
             if num_blocks < 1:
-                raise ValueError("kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks")
+                raise ValueError(
+                    "kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks"
+                )
         if self.is_unified and self.config.adapter_cache_bytes is not None:
             num_blocks += -(-self.config.adapter_cache_bytes // self.kv_bytes_per_block())
         return int(num_blocks)
@@ -112,7 +125,9 @@ class ModelRunner:
         a = self.args
         q_out, kv_out = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         h, i = a.hidden_size, a.intermediate_size
-        per_layer = (h + q_out) + 2 * (h + kv_out) + (q_out + h) + 2 * (h + i) + (i + h)  # q, k, v, o, gate, up, down
+        per_layer = (
+            (h + q_out) + 2 * (h + kv_out) + (q_out + h) + 2 * (h + i) + (i + h)
+        )  # q, k, v, o, gate, up, down
         return a.num_layers * per_layer * self._element_size()
 
     def num_adapter_pages(self) -> int:
@@ -139,8 +154,10 @@ class ModelRunner:
         # Per layer: [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of the page pool).
         shape = (self.num_kv_blocks * self.block_size, self.args.num_kv_heads, self.args.head_dim)
         return [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(self.args.num_layers)
         ]
 
@@ -163,7 +180,12 @@ class ModelRunner:
         inputs = self.prepare(entries, frozenset(host_assisted))
         cos_sin = self.rotary.lookup(inputs.positions)
         hidden = self.model(
-            inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora, output_rows=inputs.sample_rows
+            inputs.input_ids,
+            cos_sin,
+            self.kv_caches,
+            inputs.attention,
+            inputs.lora,
+            output_rows=inputs.sample_rows,
         )  # [num_sampling, hidden]
         host = inputs.lora.find(HostLora)
         if host is not None:
@@ -178,7 +200,9 @@ class ModelRunner:
         tokens = self._sample(logits, sampling, is_finite)
         return tokens, (logits if return_logits else None)
 
-    def _sample(self, logits: torch.Tensor, sampling: list[BatchEntry], is_finite: list[bool]) -> list[int | None]:
+    def _sample(
+        self, logits: torch.Tensor, sampling: list[BatchEntry], is_finite: list[bool]
+    ) -> list[int | None]:
         """Sample the rows with finite logits; None for the others."""
         rows = [i for i, ok in enumerate(is_finite) if ok]
         if len(rows) < len(sampling):

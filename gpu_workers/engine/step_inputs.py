@@ -65,7 +65,9 @@ def build_step_inputs(
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.cat(positions).to(device),
-        attention=_attention_metadata(slot_mapping, prefills, decodes, len(ids), block_size, decode_form, device),
+        attention=_attention_metadata(
+            slot_mapping, prefills, decodes, len(ids), block_size, decode_form, device
+        ),
         lora=lora,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
     )
@@ -104,7 +106,9 @@ def _attention_metadata(
     else:
         pos = torch.arange(max_blocks * block_size)
         is_real = pos.unsqueeze(0) < lens.unsqueeze(1)  # [num_decodes, max_blocks * block_size]
-        pad_rows = (~is_real).view(-1).nonzero().squeeze(1)  # rows of the gathered [num_decodes * max_context] K
+        pad_rows = (
+            (~is_real).view(-1).nonzero().squeeze(1)
+        )  # rows of the gathered [num_decodes * max_context] K
     return AttentionMetadata(
         slot_mapping=slot_mapping,
         prefills=tuple(prefills),

@@ -25,7 +25,9 @@ from gpu_workers.worker.worker_errors import AdapterUnavailableError
 class AdapterCounters:
     """Cumulative adapter residency counters (reported in stats and heartbeats)."""
 
-    num_cache_hits: int = 0  # the adapter was on the device (or being copied there) when a request asked for it
+    num_cache_hits: int = (
+        0  # the adapter was on the device (or being copied there) when a request asked for it
+    )
     num_cache_misses: int = 0  # it was not: the request waits for the engine's planned copy
     num_adapter_unloads: int = 0
     num_load_failures: int = 0  # fetch, verification or registration failures (the engine counts its copies')

@@ -62,7 +62,9 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
         raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
     blob_store = make_blob_store(settings)
     host_cache = HostAdapterCache(
-        settings.resolved_host_cache_dir(), blob_store.download_to, max_bytes=settings.worker.host_cache_max_bytes
+        settings.resolved_host_cache_dir(),
+        blob_store.download_to,
+        max_bytes=settings.worker.host_cache_max_bytes,
     )
     return WorkerService(
         build_backend(settings),

@@ -106,7 +106,10 @@ def _write_manifest(
     entry: Path, key: str, weights_sha256: str, config_sha256: str, owner_id: str | None
 ) -> None:
     manifest = {
-        "cache_key": key, "weights_sha256": weights_sha256, "config_sha256": config_sha256, "owner_id": owner_id
+        "cache_key": key,
+        "weights_sha256": weights_sha256,
+        "config_sha256": config_sha256,
+        "owner_id": owner_id,
     }
     (entry / MANIFEST_NAME).write_text(json.dumps(manifest))
 
@@ -242,8 +245,13 @@ class HostAdapterCache:
     def stats(self) -> HostCacheStats:
         """Current counters."""
         with self._lock:
-            return HostCacheStats(len(self._entries), self._entries.num_bytes, self._num_hits,
-                                  self._num_misses, self._num_fetches)
+            return HostCacheStats(
+                len(self._entries),
+                self._entries.num_bytes,
+                self._num_hits,
+                self._num_misses,
+                self._num_fetches,
+            )
 
     def cached(self) -> list[str]:
         """Cache keys of cached adapters, least recently used first."""

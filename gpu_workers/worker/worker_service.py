@@ -41,7 +41,9 @@ class PreparedRequest:
     predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
     tenant_id: str | None = None
     tenant_weight: float = 1.0  # the tenant's fair-share weight (GenerateRequest.tenant_weight)
-    cache_namespace: str | None = None  # prefix-cache namespace (GenerateRequest.cache_namespace, else the tenant's)
+    cache_namespace: str | None = (
+        None  # prefix-cache namespace (GenerateRequest.cache_namespace, else the tenant's)
+    )
 
 
 class WorkerService:
@@ -58,7 +60,9 @@ class WorkerService:
         perf_model: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
-        self.perf_model = perf_model  # the profile published in heartbeats (scheduler.perf_model.PerfModel.to_dict)
+        self.perf_model = (
+            perf_model  # the profile published in heartbeats (scheduler.perf_model.PerfModel.to_dict)
+        )
         self.host_cache = host_cache
         self.worker_id = worker_id
         self.base_model = base_model
@@ -86,7 +90,12 @@ class WorkerService:
         self._active.add(request.request_id)
         self._idle.clear()
         return PreparedRequest(
-            request.request_id, token_ids, params, adapter_key, received_at, request.predicted_output_tokens,
+            request.request_id,
+            token_ids,
+            params,
+            adapter_key,
+            received_at,
+            request.predicted_output_tokens,
             tenant_id=request.tenant_id,
             tenant_weight=request.tenant_weight,
             cache_namespace=request.cache_namespace or prefix_cache_namespace(request.tenant_id),
@@ -186,20 +195,22 @@ class WorkerService:
         device = self.adapters.device_adapters(engine_stats)
         counters = dataclasses.asdict(self.adapters.counters)
         counters["num_load_failures"] += int(engine_stats.get("num_adapter_load_failures", 0))  # its copies'
-        return WorkerStats.model_validate({
-            **engine_stats,
-            **counters,
-            "worker_id": self.worker_id,
-            "base_model": self.base_model,
-            "max_num_seqs": self.max_num_seqs,
-            "device_adapters": device,
-            "host_adapters": self.adapters.host_adapters(device),
-            "num_active": self.num_active,
-            "adapter_ranks": {**self.adapters.known_ranks(), **(engine_stats.get("adapter_ranks") or {})},
-            "perf_model": self.perf_model,
-            "is_ready": self.is_ready and not self.is_draining,
-            "is_draining": self.is_draining,
-        })
+        return WorkerStats.model_validate(
+            {
+                **engine_stats,
+                **counters,
+                "worker_id": self.worker_id,
+                "base_model": self.base_model,
+                "max_num_seqs": self.max_num_seqs,
+                "device_adapters": device,
+                "host_adapters": self.adapters.host_adapters(device),
+                "num_active": self.num_active,
+                "adapter_ranks": {**self.adapters.known_ranks(), **(engine_stats.get("adapter_ranks") or {})},
+                "perf_model": self.perf_model,
+                "is_ready": self.is_ready and not self.is_draining,
+                "is_draining": self.is_draining,
+            }
+        )
 
     def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
         """The membership record advertised in heartbeats: these stats plus the worker's URL."""

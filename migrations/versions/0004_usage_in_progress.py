@@ -43,7 +43,10 @@ def downgrade() -> None:
     # Rows still open (or closed by a crash) get the nearest old status: the client did not get a full answer.
     op.execute("UPDATE usage_records SET status = 'aborted' WHERE status IN ('in_progress', 'interrupted')")
     op.drop_index(
-        "ix_usage_records_open_owner", table_name="usage_records", postgresql_where=OPEN_ROWS, sqlite_where=OPEN_ROWS
+        "ix_usage_records_open_owner",
+        table_name="usage_records",
+        postgresql_where=OPEN_ROWS,
+        sqlite_where=OPEN_ROWS,
     )
     with op.batch_alter_table("usage_records", schema=None) as batch_op:
         batch_op.drop_constraint(batch_op.f("ck_usage_records_status"), type_="check")

@@ -104,9 +104,7 @@ def validate_adapter_config(raw: bytes, spec: BaseModelSpec, limits: ValidationL
 def _decode_utf8(raw: bytes) -> str:
     """The text of UTF-8 bytes without a byte-order mark (json.loads(bytes) would also take UTF-16/32 and a
     BOM, which other JSON readers refuse: the platform accepts exactly what peft writes)."""
-    message = (
-        f"{CONFIG_FILENAME} must be UTF-8 JSON without a byte-order mark (as peft's save_pretrained writes it); "
-    )
+    message = f"{CONFIG_FILENAME} must be UTF-8 JSON without a byte-order mark (as peft's save_pretrained writes it); "
     if raw.startswith(codecs.BOM_UTF8):
         raise _fail("config_not_utf8", message + "it starts with a UTF-8 BOM: save it without one")
     if b"\x00" in raw:  # never in JSON text (escaped as \u0000 in strings); UTF-16/32 has them everywhere
@@ -114,7 +112,9 @@ def _decode_utf8(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _fail("config_not_utf8", message + f"it is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+        raise _fail(
+            "config_not_utf8", message + f"it is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from exc
 
 
 def _parse_config_json(raw: bytes) -> dict[str, Any]:
@@ -308,5 +308,3 @@ def _normalize_target_modules(target_modules: Any) -> tuple[str, ...]:
             raise _fail("unsupported_target_module", _unsupported_module_message(item))
         short.add(name)
     return tuple(m for m in SUPPORTED_TARGET_MODULES if m in short)
-
-

@@ -185,8 +185,6 @@ def _dtype_message(name: str, dtype: Any) -> str:
     )
 
 
-
-
 def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
     """uint16 bfloat16 bit patterns -> float32 (bf16 is the high half of a float32)."""
     return (raw.astype(np.uint32) << 16).view(np.float32)
@@ -204,4 +202,3 @@ def read_tensor(path: Path, tensor: TensorEntry) -> np.ndarray:
         f.seek(tensor.begin)
         buffer = f.read(tensor.end - tensor.begin)
     return _to_float32(buffer, tensor.dtype).reshape(tensor.shape)
-

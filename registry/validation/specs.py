@@ -202,6 +202,7 @@ class AdapterInfo:
     base_model_name_or_path: str | None
     layers: tuple[int, ...]  # decoder layers with LoRA weights, sorted
 
+
 def _unsupported_module_message(module: Any) -> str:
     return (
         f"LoRA on {module!r} is not supported; adapters may target only the decoder linear layers "

@@ -172,5 +172,3 @@ def _single_dtype(header: SafetensorsHeader) -> str:
             "mixed_dtypes", f"{WEIGHTS_FILENAME} mixes dtypes {dtypes}; cast all tensors to one dtype"
         )
     return dtypes[0]
-
-

@@ -41,7 +41,6 @@ class TensorStats:
         return math.sqrt(self.sum_squares)
 
 
-
 def _hash_and_check_finite(
     path: Path, header: SafetensorsHeader, config: LoraConfigInfo, limits: ValidationLimits
 ) -> tuple[str, dict[str, TensorStats]]:
@@ -134,5 +133,3 @@ def _update_too_large_error(
         f"{limits.max_delta_ratio:g}x); it is implausibly large for this base model (trained for another "
         "model, or diverged). Lower lora_alpha or retrain with smaller weights",
     )
-
-

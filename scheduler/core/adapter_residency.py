@@ -130,7 +130,12 @@ class AdapterResidency:
         elif state.residency is Residency.NONE or state.residency is Residency.HOST:
             if (rank, num_bytes) != (state.rank, state.num_bytes):
                 state.load_seconds = None  # new weights: the measured load time no longer applies
-            state.host_path, state.rank, state.num_bytes, state.num_pages = host_path, rank, num_bytes, num_pages
+            state.host_path, state.rank, state.num_bytes, state.num_pages = (
+                host_path,
+                rank,
+                num_bytes,
+                num_pages,
+            )
             state.residency = Residency.HOST
         return state
 
@@ -253,7 +258,9 @@ class AdapterResidency:
             return state.num_pages
         return num_pages_for_adapter(state.rank, state.num_bytes, self.page_bytes)
 
-    def plan_load(self, adapter_id: str, may_evict_waiting: bool, min_free_kv_blocks: int = 0) -> list[str] | None:
+    def plan_load(
+        self, adapter_id: str, may_evict_waiting: bool, min_free_kv_blocks: int = 0
+    ) -> list[str] | None:
         """Reserve room for a host adapter and mark it COPYING; returns the adapters evicted to make room.
 
         Idle adapters go first (in the policy's order), then, when `may_evict_waiting`, adapters only
@@ -278,7 +285,9 @@ class AdapterResidency:
         self.touch(adapter_id)
         return victims
 
-    def _victims_for(self, num_pages: int, may_evict_waiting: bool, min_free_kv_blocks: int) -> list[str] | None:
+    def _victims_for(
+        self, num_pages: int, may_evict_waiting: bool, min_free_kv_blocks: int
+    ) -> list[str] | None:
         """Fewest evictions (in eviction order) after which `num_pages` fit (a contiguous run, in a unified
         pool) while `min_free_kv_blocks` KV pages stay free."""
         pool = self.pool
@@ -309,7 +318,9 @@ class AdapterResidency:
         done = [s for s in device if s.residency is Residency.DEVICE and s.num_running == 0]
         idle = [s for s in done if s.num_waiting == 0]
         # Without a host copy an evicted adapter could not come back for the requests waiting on it.
-        waiting = [s for s in done if s.num_waiting > 0 and s.host_path is not None] if may_evict_waiting else []
+        waiting = (
+            [s for s in done if s.num_waiting > 0 and s.host_path is not None] if may_evict_waiting else []
+        )
         if not idle and not waiting:
             return []
         view = self.cache_view()
@@ -328,7 +339,8 @@ class AdapterResidency:
         idle = [
             adapter_id
             for adapter_id in self._on_device
-            if self._states[adapter_id].residency is Residency.DEVICE and not self._states[adapter_id].is_pinned
+            if self._states[adapter_id].residency is Residency.DEVICE
+            and not self._states[adapter_id].is_pinned
         ]
         for adapter_id in idle:
             self.evict(adapter_id)

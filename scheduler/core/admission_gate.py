@@ -20,7 +20,9 @@ class AdmissionGate:
         self.plan = plan
         self._group_of = dict(zip(plan.request_ids, plan.group_ids, strict=True)) if plan.group_ids else {}
         self._blocked: set[int] = set()  # groups whose later requests are all skipped
-        self._adapter_blocked: set[int] = set()  # groups whose later requests are skipped unless in bypass_ids
+        self._adapter_blocked: set[int] = (
+            set()
+        )  # groups whose later requests are skipped unless in bypass_ids
         self.is_closed = False  # no request after this point is tried
 
     def may_try(self, request_id: str) -> bool:

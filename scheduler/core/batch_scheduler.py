@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
+from scheduler.admission import BatchBudget, BatchPolicy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate
@@ -39,6 +39,7 @@ from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.scheduler_stats import SchedulerStats, make_stats
 from scheduler.core.sequence import Sequence, SequenceStatus
 from scheduler.core.step_plan import AdapterLoad, StepPlan
+from scheduler.core.waiting_view import describe_waiting
 
 
 class BatchScheduler:
@@ -68,7 +69,9 @@ class BatchScheduler:
         self.clock = clock
         self.num_preemptions = 0
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
-        self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or already copying)
+        self.num_adapter_hits = (
+            0  # admissions whose adapter needed no load (on the device or already copying)
+        )
         self.num_adapter_misses = 0  # admissions that planned their adapter's load
         self.num_adapter_prefetches = 0  # loads planned for waiting requests before their admission
         self.prefix_cache = prefix_cache
@@ -129,9 +132,9 @@ class BatchScheduler:
         """Release seq's cached blocks and free its own pages."""
         if seq.num_cached_blocks:
             assert self.prefix_cache is not None
-            self.prefix_cache.release(seq.block_table[:seq.num_cached_blocks])
+            self.prefix_cache.release(seq.block_table[: seq.num_cached_blocks])
         if seq.block_table:
-            self.pool.free(seq.block_table[seq.num_cached_blocks:])
+            self.pool.free(seq.block_table[seq.num_cached_blocks :])
             seq.block_table = []
         seq.num_cached_blocks = 0
 
@@ -143,7 +146,11 @@ class BatchScheduler:
         num_full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pool.block_size
         if num_full > seq.num_cached_blocks:
             seq.num_cached_blocks = cache.insert(
-                seq.adapter_id, seq.token_ids, seq.block_table, seq.num_cached_blocks, num_full,
+                seq.adapter_id,
+                seq.token_ids,
+                seq.block_table,
+                seq.num_cached_blocks,
+                num_full,
                 namespace=seq.cache_namespace,
             )
 
@@ -237,7 +244,7 @@ class BatchScheduler:
         if not self.waiting or budget == 0 or len(self.running) >= self.max_num_seqs:
             return False
         admission = self.policy.plan(
-            [self.describe(s) for s in self.waiting.values()],
+            [describe_waiting(s, self.residency) for s in self.waiting.values()],
             BatchBudget(
                 num_free_seqs=self.max_num_seqs - len(self.running),
                 num_free_tokens=budget,
@@ -374,22 +381,3 @@ class BatchScheduler:
         """A planned load failed: release its pages; returns the unfinished sequences using it."""
         self.residency.cancel_load(adapter_id)
         return [s for s in (*self.waiting.values(), *self.running) if s.adapter_id == adapter_id]
-
-    def describe(self, seq: Sequence) -> WaitingRequest:
-        """What the batch policy sees of a waiting sequence."""
-        state = self.residency.get(seq.adapter_id) if seq.adapter_id is not None else None
-        return WaitingRequest(
-            request_id=seq.request_id,
-            arrival_time=seq.arrival_time,
-            num_prompt_tokens=seq.num_tokens,
-            max_tokens=seq.max_tokens,
-            adapter_id=seq.adapter_id,
-            adapter_rank=state.rank if state is not None else 0,
-            predicted_output_tokens=(
-                seq.max_tokens if seq.predicted_output_tokens is None else seq.predicted_output_tokens
-            ),
-            adapter_num_bytes=state.num_bytes if state is not None else 0,
-            adapter_residency=state.residency.value if state is not None else Residency.NONE.value,
-            tenant_id=seq.tenant_id,
-            tenant_weight=seq.tenant_weight,
-        )

@@ -119,7 +119,7 @@ class PrefixCache:
         for i in range((len(token_ids) - 1) // bs):
             if not children:
                 break
-            found = children.get(tuple(token_ids[i * bs:(i + 1) * bs]))
+            found = children.get(tuple(token_ids[i * bs : (i + 1) * bs]))
             if found is None:
                 break
             pages.append(found.page)
@@ -178,7 +178,7 @@ class PrefixCache:
         i = num_cached
         while i < num_full:
             siblings = parent.children if parent is not None else self._root(namespace, adapter_id)
-            key = tuple(token_ids[i * bs:(i + 1) * bs])
+            key = tuple(token_ids[i * bs : (i + 1) * bs])
             page = block_table[i]
             if key in siblings or page in self._by_page:
                 break

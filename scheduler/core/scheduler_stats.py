@@ -61,7 +61,9 @@ class SchedulerStats(BaseModel):
     num_cpu_assisted_prefills: int = 0
     num_copy_waits: int = 0
     # routing state (scheduler/router.py, scheduler/rank_aware_router.py)
-    adapter_ranks: dict[str, int] = Field(default_factory=dict)  # registered adapters (device and host) -> rank
+    adapter_ranks: dict[str, int] = Field(
+        default_factory=dict
+    )  # registered adapters (device and host) -> rank
     running_ranks: tuple[int, ...] = ()  # one per running request, 0 = base model
     waiting_ranks: tuple[int, ...] = ()  # one per queued request
     num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill

@@ -32,7 +32,9 @@ class Sequence:
     adapter_id: str | None
     max_tokens: int
     predicted_output_tokens: int | None = None  # None: max_tokens (until a predictor fills it)
-    tenant_id: str | None = None  # who sent it (fair share between tenants); None: not known (direct engine use)
+    tenant_id: str | None = (
+        None  # who sent it (fair share between tenants); None: not known (direct engine use)
+    )
     tenant_weight: float = 1.0  # its tenant's fair-share weight (scheduler/fair_share.py)
     cache_namespace: str | None = None  # prefix-cache namespace: blocks are shared only within one namespace
     arrival_time: float = field(default_factory=time.time)
@@ -76,7 +78,7 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         """Generated token ids."""
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def num_uncomputed_tokens(self) -> int:

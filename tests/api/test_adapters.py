@@ -76,7 +76,9 @@ def test_reupload_creates_version_n_plus_1_and_name_at_n_addresses_it(client, te
 
 
 @pytest.mark.parametrize("pin", ["\u0661", "\u00b2", "\uff11", "99999999999999999999", "2147483648"])
-def test_version_pin_outside_ascii_digits_or_the_column_range_is_400(client, tenant, demo_adapter, pin) -> None:
+def test_version_pin_outside_ascii_digits_or_the_column_range_is_400(
+    client, tenant, demo_adapter, pin
+) -> None:
     # on main "@\u0661" (Arabic-Indic one) served version 1, and "@\u00b2" or a 20-digit pin were 500s
     assert upload(client, tenant, "good-b", adapter_paths(demo_adapter)).status_code == 202
     model = f"good-b@{pin}"

@@ -110,7 +110,9 @@ def test_plan_values_at_the_ends_of_their_range_are_accepted(client) -> None:
     assert response.status_code == 201, response.text
     assert response.json()["requests_per_min"] == 2**31 - 1
     assert response.json()["fair_share_weight"] == 1000
-    lightest = client.post("/v1/admin/plans", json={"name": "light", "fair_share_weight": 0.001}, headers=ADMIN)
+    lightest = client.post(
+        "/v1/admin/plans", json={"name": "light", "fair_share_weight": 0.001}, headers=ADMIN
+    )
     assert lightest.status_code == 201, lightest.text
     assert response.json()["price_per_1m_prompt_tokens"] == "999999999999.999999"
 

@@ -29,7 +29,9 @@ def _scripted(client: TestClient) -> ScriptedWorkers:
     return workers
 
 
-def _once_waiting(client: TestClient, action: Callable[[], object], timeout_s: float = 60) -> threading.Thread:
+def _once_waiting(
+    client: TestClient, action: Callable[[], object], timeout_s: float = 60
+) -> threading.Thread:
     """Run `action` on a thread as soon as a request is in the cold-start wait (the API's gauge says so), so
     the action provably happens while the request waits, not before it got there."""
     registry = client.app.state.services.metrics.registry  # type: ignore[attr-defined]
@@ -120,7 +122,9 @@ def test_refusing_workers_put_the_request_back_to_waiting_within_the_deadline(
     tenant = new_tenant("draining")
     workers = _scripted(client)
     draining = workers.add("w-draining", status_code=503, error_type="draining")
-    arrival = _once_waiting(client, lambda: workers.add("w-new", num_running=1))  # more loaded: chosen only after
+    arrival = _once_waiting(
+        client, lambda: workers.add("w-new", num_running=1)
+    )  # more loaded: chosen only after
     response = _complete(client, tenant)
     arrival.join()
     assert response.status_code == 200, response.text

@@ -47,7 +47,9 @@ def api(
     """The API with the in-process worker published, as `lorahost serve` does."""
     settings = Settings(data_dir=tmp_path, admin_key=ADMIN_KEY, base_model_path=base_model_dir)
     services = build_services(
-        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(worker.settings.storage.blob_store)
+        settings,
+        session_factory=db_session_factory,
+        blob_store=LocalBlobStore(worker.settings.storage.blob_store),
     )
     services.worker_transport = worker.extra["embedded"].transport
     services.worker_directory = worker.directory
@@ -125,9 +127,13 @@ def test_a_client_leaving_releases_its_concurrent_request_slot(
     new_tenant: Callable[[str], TenantHandle],
 ) -> None:
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    plan = api.post("/v1/admin/plans", json={"name": "one-at-a-time", "max_concurrent_requests": 1}, headers=admin)
+    plan = api.post(
+        "/v1/admin/plans", json={"name": "one-at-a-time", "max_concurrent_requests": 1}, headers=admin
+    )
     tenant = new_tenant("capped-leaver")
-    assert api.patch(f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=admin).is_success
+    assert api.patch(
+        f"/v1/admin/tenants/{tenant.id}", json={"plan_id": plan.json()["id"]}, headers=admin
+    ).is_success
     body = {"model": BASE_MODEL, "prompt": "hello world", "max_tokens": MAX_TOKENS, "ignore_eos": True}
     run(
         api,

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from api.main import create_app
 from api.services import Services, build_services
 from cluster.membership import WorkerRecord
-from cluster.protocol import INTERNAL_PREFIX
+from cluster.protocol import INTERNAL_PREFIX, WorkerStats
 from gpu_workers.worker.testing import RunningWorker, free_port, worker_process
 from registry.models import UsageRecord
 from settings import Settings
@@ -47,18 +47,7 @@ class PolledDirectory:
         stats = httpx.get(
             f"{self.url}{INTERNAL_PREFIX}/stats", headers={"Authorization": f"Bearer {self.token}"}, timeout=5
         ).json()
-        record = WorkerRecord(
-            stats["worker_id"],
-            self.url,
-            stats["base_model"],
-            num_running=stats["num_running"],
-            num_waiting=stats["num_waiting"],
-            max_num_seqs=stats["max_num_seqs"],
-            device_adapters=tuple(stats["device_adapters"]),
-            host_adapters=tuple(stats["host_adapters"]),
-            is_ready=stats["is_ready"],
-            is_draining=stats["is_draining"],
-        )
+        record = WorkerRecord.from_stats(WorkerStats.model_validate(stats), self.url)  # the worker's own view
         return sorted([record, *self.extra_records], key=lambda r: r.worker_id)
 
 
@@ -220,13 +209,17 @@ def test_a_deleted_then_reuploaded_adapter_is_never_served_from_a_stale_cache(
     client = stack.openai(key)
 
     def greedy(model: str) -> str:
-        completion = client.completions.create(model=model, prompt="the model serve", max_tokens=12, temperature=0)
+        completion = client.completions.create(
+            model=model, prompt="the model serve", max_tokens=12, temperature=0
+        )
         return completion.choices[0].text
 
     stack.upload(key, "reused", adapter_dirs["adapter-01"])
     old = greedy("reused")
     assert greedy("reused") == old  # served warm: device copy and cached prefix blocks
-    deleted = httpx.delete(f"{stack.url}/v1/adapters/reused", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    deleted = httpx.delete(
+        f"{stack.url}/v1/adapters/reused", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
     assert deleted.status_code == 200, deleted.text
     with pytest.raises(openai.NotFoundError):
         greedy("reused")

@@ -23,14 +23,20 @@ NUM_ROUNDS = 6  # each round sends one of every admin write below, all at once
 def real_client(fresh_db_url: str, tmp_path: Path, base_model_dir: Path) -> Iterator[TestClient]:
     """The app as embedded mode builds it: its own engine on the database, really committing."""
     settings = Settings(
-        data_dir=tmp_path / "data", database_url=fresh_db_url, admin_key=ADMIN_KEY, base_model_path=base_model_dir
+        data_dir=tmp_path / "data",
+        database_url=fresh_db_url,
+        admin_key=ADMIN_KEY,
+        base_model_path=base_model_dir,
     )
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         yield client
 
 
-def _admin_writes(client: TestClient, tenant_id: str, plan_id: str, key_ids: list[str]) -> list[Callable[[], object]]:
+def _admin_writes(
+    client: TestClient, tenant_id: str, plan_id: str, key_ids: list[str]
+) -> list[Callable[[], object]]:
     """One of each admin write; every one but the plan creation reads a row before it writes."""
+
     def post(route: str, body: object = None) -> Callable[[], object]:
         return lambda: client.post(route, json=body, headers=ADMIN)
 
@@ -38,7 +44,10 @@ def _admin_writes(client: TestClient, tenant_id: str, plan_id: str, key_ids: lis
         post("/v1/admin/tenants", {"name": "acme", "plan_id": plan_id}),
         post(f"/v1/admin/tenants/{tenant_id}/keys"),
         lambda: client.patch(f"/v1/admin/tenants/{tenant_id}", json={"plan_id": plan_id}, headers=ADMIN),
-        *(lambda key_id=key_id: client.delete(f"/v1/admin/keys/{key_id}", headers=ADMIN) for key_id in key_ids),
+        *(
+            lambda key_id=key_id: client.delete(f"/v1/admin/keys/{key_id}", headers=ADMIN)
+            for key_id in key_ids
+        ),
         post("/v1/admin/plans", {"name": "same-name"}),
     ]
 
@@ -47,7 +56,9 @@ def test_concurrent_admin_writes_never_fail_and_plan_names_stay_unique(real_clie
     client = real_client
     plan_id = client.post("/v1/admin/plans", json={"name": "base"}, headers=ADMIN).json()["id"]
     tenant_id = client.post("/v1/admin/tenants", json={"name": "first"}, headers=ADMIN).json()["id"]
-    key_ids = [client.post(f"/v1/admin/tenants/{tenant_id}/keys", headers=ADMIN).json()["id"] for _ in range(2)]
+    key_ids = [
+        client.post(f"/v1/admin/tenants/{tenant_id}/keys", headers=ADMIN).json()["id"] for _ in range(2)
+    ]
     writes = _admin_writes(client, tenant_id, plan_id, key_ids) * NUM_ROUNDS
     barrier = threading.Barrier(len(writes))
 

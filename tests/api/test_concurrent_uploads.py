@@ -24,7 +24,12 @@ from tests.registry.upload_invariants import assert_no_orphans, assert_numbered_
 
 NUM_UPLOADS = 16
 NUM_SAME_NAME = 8  # the other uploads each use a name of their own
-WRITES = ("BEGIN IMMEDIATE", "UPDATE", "DELETE", "INSERT")  # statements that take SQLite's write lock (registry/db.py)
+WRITES = (
+    "BEGIN IMMEDIATE",
+    "UPDATE",
+    "DELETE",
+    "INSERT",
+)  # statements that take SQLite's write lock (registry/db.py)
 
 
 @pytest.fixture

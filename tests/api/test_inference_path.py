@@ -19,7 +19,9 @@ from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, toke
 
 
 def _complete(client: TestClient, tenant: TenantHandle, **body: object):  # type: ignore[no-untyped-def]
-    return client.post("/v1/completions", json={"model": BASE_MODEL, "prompt": "hi", **body}, headers=tenant.headers)
+    return client.post(
+        "/v1/completions", json={"model": BASE_MODEL, "prompt": "hi", **body}, headers=tenant.headers
+    )
 
 
 class FixedPredictor:
@@ -35,17 +37,26 @@ class FixedPredictor:
 # ---- the tenant's fair-share weight, end to end ------------------------------------------------------------
 
 
-def _tenant_on_plan(client: TestClient, new_tenant: Callable[[str], TenantHandle], **plan: object) -> TenantHandle:
-    created = client.post("/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **plan}, headers=ADMIN)
+def _tenant_on_plan(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle], **plan: object
+) -> TenantHandle:
+    created = client.post(
+        "/v1/admin/plans", json={"name": f"plan-{uuid.uuid4().hex[:6]}", **plan}, headers=ADMIN
+    )
     assert created.status_code == 201, created.text
     tenant = new_tenant(f"t-{uuid.uuid4().hex[:6]}")
-    patched = client.patch(f"/v1/admin/tenants/{tenant.id}", json={"plan_id": created.json()["id"]}, headers=ADMIN)
+    patched = client.patch(
+        f"/v1/admin/tenants/{tenant.id}", json={"plan_id": created.json()["id"]}, headers=ADMIN
+    )
     assert patched.status_code == 200, patched.text
     return tenant
 
 
 def test_the_plans_fair_share_weight_is_sent_to_the_worker_with_the_tenant(
-    client: TestClient, workers: ScriptedWorkers, new_tenant: Callable[[str], TenantHandle], tenant: TenantHandle
+    client: TestClient,
+    workers: ScriptedWorkers,
+    new_tenant: Callable[[str], TenantHandle],
+    tenant: TenantHandle,
 ) -> None:
     worker = workers.add("w1", events=tokens_events(1))
     heavy = _tenant_on_plan(client, new_tenant, fair_share_weight=2.5)
@@ -57,7 +68,10 @@ def test_the_plans_fair_share_weight_is_sent_to_the_worker_with_the_tenant(
 
 
 def test_the_default_router_keeps_a_light_tenant_on_a_worker_where_only_a_flooder_queues(
-    client: TestClient, workers: ScriptedWorkers, new_tenant: Callable[[str], TenantHandle], tenant: TenantHandle
+    client: TestClient,
+    workers: ScriptedWorkers,
+    new_tenant: Callable[[str], TenantHandle],
+    tenant: TenantHandle,
 ) -> None:
     """Worker x has free slots and 30 of the flooder's requests queued, y is busier with no queue: the route
     request carries the tenant, so the light tenant goes to x (fair share serves it after about one of the
@@ -66,8 +80,13 @@ def test_the_default_router_keeps_a_light_tenant_on_a_worker_where_only_a_floode
     x, y = workers.add("x", events=tokens_events(1)), workers.add("y", events=tokens_events(1))
     for worker_id, worker, running, queued in (("x", x, 2, {flooder.id: 30}), ("y", y, 4, {})):
         record = WorkerRecord(
-            worker_id, worker.url, BASE_MODEL, num_running=running, num_waiting=sum(queued.values()),
-            max_num_seqs=8, num_waiting_by_tenant=queued,
+            worker_id,
+            worker.url,
+            BASE_MODEL,
+            num_running=running,
+            num_waiting=sum(queued.values()),
+            max_num_seqs=8,
+            num_waiting_by_tenant=queued,
         )
         workers.directory.heartbeat(record, ttl_s=3600)
     assert _complete(client, tenant).status_code == 200

@@ -31,7 +31,7 @@ from tests.api.test_completions_support import (
     tokens_events,
     usage_rows,
 )
-from tests.registry.predictor_rows import MAX_TOKENS, MEDIANS, T0, RowSpec, distinct_specs, insert_rows
+from tests.registry.predictor_rows import MAX_TOKENS, MEDIANS, T0, distinct_specs, insert_rows
 
 LOGGER = "api.inference.learned_predictor"
 
@@ -41,7 +41,9 @@ def _services(client: TestClient):  # type: ignore[no-untyped-def]
 
 
 def _complete(client: TestClient, tenant: TenantHandle, **body: object):  # type: ignore[no-untyped-def]
-    return client.post("/v1/completions", json={"model": BASE_MODEL, "prompt": "hi", **body}, headers=tenant.headers)
+    return client.post(
+        "/v1/completions", json={"model": BASE_MODEL, "prompt": "hi", **body}, headers=tenant.headers
+    )
 
 
 def _input(adapter_key: str | None, max_tokens: int = MAX_TOKENS) -> PredictionInput:
@@ -69,14 +71,19 @@ def test_a_request_records_its_prediction_and_features_in_its_usage_row(
     prompt = "Write a very long story about the cats of Rome"
     assert _complete(client, tenant, prompt=prompt, max_tokens=7, stop=["\n\n"]).status_code == 200
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say yes or no"}]
-    chat = client.post("/v1/chat/completions", json={"model": BASE_MODEL, "messages": messages, "max_tokens": 9},
-                       headers=tenant.headers)
+    chat = client.post(
+        "/v1/chat/completions",
+        json={"model": BASE_MODEL, "messages": messages, "max_tokens": 9},
+        headers=tenant.headers,
+    )
     assert chat.status_code == 200, chat.text
     completion_row, chat_row = usage_rows(db_session, tenant.id)
     assert (completion_row.max_tokens, completion_row.is_chat, completion_row.has_stop) == (7, False, True)
     assert completion_row.predicted_output_tokens == 7  # the prior: no history for the base model yet
     assert (chat_row.max_tokens, chat_row.is_chat, chat_row.has_stop) == (9, True, False)
-    assert completion_row.prompt_features is None and chat_row.prompt_features is None  # nothing of the content
+    assert (
+        completion_row.prompt_features is None and chat_row.prompt_features is None
+    )  # nothing of the content
 
 
 def test_finished_requests_feed_their_true_length_to_the_adapters_history(
@@ -95,14 +102,26 @@ def test_finished_requests_feed_their_true_length_to_the_adapters_history(
 # ---- isolation (issue 19): no tenant moves another's predictions; nothing of a prompt's content is stored -------
 
 # per request, whatever the content: ids, clock readings and latencies
-PER_REQUEST_COLUMNS = frozenset({
-    "id", "request_id", "started_at", "finished_at", "checkpointed_at", "lease_renewed_at", "ttft_ms", "tpot_ms",
-    "e2e_ms",
-})
+PER_REQUEST_COLUMNS = frozenset(
+    {
+        "id",
+        "request_id",
+        "started_at",
+        "finished_at",
+        "checkpointed_at",
+        "lease_renewed_at",
+        "ttft_ms",
+        "tpot_ms",
+        "e2e_ms",
+    }
+)
 
 
 def test_one_tenants_traffic_leaves_another_tenants_predictions_on_shared_models_unchanged(
-    client: TestClient, workers: ScriptedWorkers, new_tenant: Callable[[str], TenantHandle], db_session: Session
+    client: TestClient,
+    workers: ScriptedWorkers,
+    new_tenant: Callable[[str], TenantHandle],
+    db_session: Session,
 ) -> None:
     """A's long outputs on the base model and on a public adapter: B's predictions stay what they were without
     A's traffic (on main one shared history per adapter moved them from 1 to 300 tokens)."""
@@ -140,7 +159,8 @@ def test_stored_features_of_prompts_of_one_size_are_identical_whatever_they_say(
         assert _complete(client, tenant, prompt=prompt, max_tokens=8).status_code == 200
     rows = usage_rows(db_session, tenant.id)[1:]
     stored = [
-        {c.name: getattr(r, c.name) for c in r.__table__.columns if c.name not in PER_REQUEST_COLUMNS} for r in rows
+        {c.name: getattr(r, c.name) for c in r.__table__.columns if c.name not in PER_REQUEST_COLUMNS}
+        for r in rows
     ]
     assert len({r["prompt_tokens"] for r in stored}) == 1  # the same coarse size (metered: billed by it)
     assert stored[0] == stored[1] == stored[2]
@@ -189,7 +209,9 @@ def test_a_trained_model_is_reloaded_and_predicts_each_adapter_closer_than_max_t
 
 
 def _fitted_artifact(version: str) -> bytes:
-    samples = [LengthSample(RequestFeatures("a", 50, MAX_TOKENS, tenant_id="t"), 20 + i % 5) for i in range(40)]
+    samples = [
+        LengthSample(RequestFeatures("a", 50, MAX_TOKENS, tenant_id="t"), 20 + i % 5) for i in range(40)
+    ]
     return LengthPredictor().fit(samples, model_version=version).to_bytes()
 
 
@@ -257,54 +279,6 @@ def test_a_reload_keeps_observations_since_the_training_and_local_histories_of_u
 # ---- GET /v1/admin/predictor -------------------------------------------------------------------------------
 
 
-def test_the_admin_report_has_exact_per_adapter_and_overall_accuracy_of_recorded_predictions(
-    client: TestClient, tenant: TenantHandle, db_session: Session
-) -> None:
-    a, b = (add_ready_version(db_session, tenant.id, name) for name in ("a", "b"))
-    insert_rows(db_session, tenant.id, [
-        RowSpec(a.id, 20, predicted=10),  # |err| 10, buckets 0/0: hit
-        RowSpec(a.id, 35, predicted=40),  # 5, 1/1: hit
-        RowSpec(a.id, 100, predicted=100),  # 0, hit
-        RowSpec(b.id, 300, predicted=600),  # 300, 5/4: miss
-        RowSpec(b.id, 2, predicted=1),  # 1, hit
-        RowSpec(b.id, 5, predicted=500, status="aborted"),  # not finished: left out
-        RowSpec(b.id, 5, predicted=None),  # no prediction: left out
-    ])
-    insert_rows(db_session, tenant.id, [RowSpec(a.id, 1, predicted=900)], start=T0 - timedelta(hours=3))
-    response = client.get("/v1/admin/predictor", params={"end": (T0 + timedelta(hours=1)).isoformat(),
-                                                          "window_s": 7200}, headers=ADMIN)
-    assert response.status_code == 200, response.text
-    report = response.json()
-    assert report["overall"] == {"num_samples": 5, "mae": 316 / 5, "bucket_accuracy": 4 / 5}
-    by_version = {g["adapter_version_id"]: g for g in report["data"]}
-    assert {k: by_version[a.id][k] for k in ("num_samples", "mae", "bucket_accuracy")} == {
-        "num_samples": 3, "mae": 5.0, "bucket_accuracy": 1.0}
-    assert {k: by_version[b.id][k] for k in ("num_samples", "mae", "bucket_accuracy")} == {
-        "num_samples": 2, "mae": 150.5, "bucket_accuracy": 0.5}
-    assert by_version[a.id]["adapter_id"] == a.adapter_id
-    assert report["model"] == {"kind": "learned", "version": "prior", "trained_at": None, "num_samples": None,
-                               "num_training_samples": None, "num_heldout_samples": None, "heldout": None,
-                               "heldout_per_adapter": []}
-    assert report["bucket_edges"] == [32, 64, 128, 256, 512, 1024]
-
-
-def test_the_admin_report_needs_the_admin_key_and_a_sane_window(client: TestClient, tenant: TenantHandle) -> None:
-    assert client.get("/v1/admin/predictor").status_code == 401
-    assert client.get("/v1/admin/predictor", headers=tenant.headers).status_code == 401
-    assert client.get("/v1/admin/predictor", params={"window_s": 0}, headers=ADMIN).status_code == 400
-    assert client.get("/v1/admin/predictor", params={"end": "soon"}, headers=ADMIN).status_code == 400
-    empty = client.get("/v1/admin/predictor", params={"end": "2001-01-01"}, headers=ADMIN).json()
-    assert empty["overall"] == {"num_samples": 0, "mae": None, "bucket_accuracy": None} and empty["data"] == []
-
-
-def test_the_admin_report_names_the_max_tokens_policy(make_client: Callable[..., TestClient]) -> None:
-    report = make_client(length_predictor="max_tokens").get("/v1/admin/predictor", headers=ADMIN).json()
-    assert (report["model"]["kind"], report["model"]["version"]) == ("max_tokens", "max_tokens")
-
-
-# ---- timers -----------------------------------------------------------------------------------------------
-
-
 def _wait_for(condition: Callable[[], bool], timeout_s: float = 30) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition() and time.monotonic() < deadline:
@@ -334,7 +308,9 @@ def test_a_zero_reload_interval_never_reads_artifacts(
     assert predictor.model_version is None
 
 
-def test_the_inline_training_timer_starts_only_with_inline_jobs(tmp_path: Path, blob_store: LocalBlobStore) -> None:
+def test_the_inline_training_timer_starts_only_with_inline_jobs(
+    tmp_path: Path, blob_store: LocalBlobStore
+) -> None:
     def services(**overrides: object) -> SimpleNamespace:
         settings = Settings(**({"data_dir": tmp_path, "predictor_training_interval_s": 3600} | overrides))
         return SimpleNamespace(settings=settings, predictor=LearnedLengthPredictor(blob_store))
@@ -359,7 +335,12 @@ def test_the_inline_training_timer_trains_and_this_process_serves_the_model(
 ) -> None:
     versions = {name: add_ready_version(db_session, tenant.id, name) for name in sorted(MEDIANS)}
     insert_rows(db_session, tenant.id, distinct_specs(versions, 150))  # in 2031: inside any window from now
-    predictor = _services(make_client(predictor_training_interval_s=0.1, predictor_min_training_samples=100,
-                                      predictor_reload_interval_s=3600)).predictor
+    predictor = _services(
+        make_client(
+            predictor_training_interval_s=0.1,
+            predictor_min_training_samples=100,
+            predictor_reload_interval_s=3600,
+        )
+    ).predictor
     assert _wait_for(lambda: blob_store.exists(POINTER_KEY) and predictor.model_version is not None)
     assert predictor.model_version == read_pointer(blob_store).version

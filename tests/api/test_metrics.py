@@ -25,8 +25,16 @@ def test_metrics_count_requests_tokens_and_latencies() -> None:
 
 
 def test_worker_gauges_come_from_live_worker_records() -> None:
-    record = WorkerRecord("w1", "http://x", "base", num_running=2, num_waiting=3,
-                          device_adapters=("a", "b"), host_adapters=("c",), num_cache_hits=7)
+    record = WorkerRecord(
+        "w1",
+        "http://x",
+        "base",
+        num_running=2,
+        num_waiting=3,
+        device_adapters=("a", "b"),
+        host_adapters=("c",),
+        num_cache_hits=7,
+    )
     samples = _samples(ApiMetrics(lambda: [record]).render())
     assert samples[("lorahost_worker_queue_depth", (("worker", "w1"),))] == 3
     assert samples[("lorahost_worker_resident_adapters", (("tier", "device"), ("worker", "w1")))] == 2
@@ -35,10 +43,22 @@ def test_worker_gauges_come_from_live_worker_records() -> None:
 
 
 def test_worker_device_adapter_cache_counters_load_time_and_page_split_are_exported() -> None:
-    record = WorkerRecord("w1", "http://x", "base", num_adapter_hits=9, num_adapter_misses=2, num_adapter_evictions=4,
-                          num_adapter_prefetches=3, num_timed_adapter_loads=5, adapter_load_seconds_total=0.5,
-                          num_kv_pages_used=10, num_adapter_pages=6, num_free_pool_pages=20,
-                          num_cpu_assisted_prefills=8, num_copy_waits=1)
+    record = WorkerRecord(
+        "w1",
+        "http://x",
+        "base",
+        num_adapter_hits=9,
+        num_adapter_misses=2,
+        num_adapter_evictions=4,
+        num_adapter_prefetches=3,
+        num_timed_adapter_loads=5,
+        adapter_load_seconds_total=0.5,
+        num_kv_pages_used=10,
+        num_adapter_pages=6,
+        num_free_pool_pages=20,
+        num_cpu_assisted_prefills=8,
+        num_copy_waits=1,
+    )
     samples = _samples(ApiMetrics(lambda: [record]).render())
     worker = (("worker", "w1"),)
     assert samples[("lorahost_worker_cpu_assisted_prefills_total", worker)] == 8

@@ -102,7 +102,9 @@ def test_worker_view_carries_the_routing_state_and_parses_the_profile() -> None:
     assert view.adapter_ranks == {"a": 64} and view.num_free_pool_pages == 5
     assert (view.decode_step_ms, view.prefill_step_ms) == (7.0, 20.0)
     assert view.perf_model == DEFAULT_PERF_MODEL
-    assert worker_view(record.model_copy(update={"perf_model": {"prefill": {}}})).perf_model is None  # unreadable: default
+    assert (
+        worker_view(record.model_copy(update={"perf_model": {"prefill": {}}})).perf_model is None
+    )  # unreadable: default
 
 
 class SharedDirectory:
@@ -129,10 +131,16 @@ def test_a_shared_directory_is_read_through_the_cached_listing(client: TestClien
     directory = SharedDirectory()
     directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL), ttl_s=60)
     services.worker_directory = directory
-    assert cached_live_workers(services.worker_directory, services.worker_listing) is None  # nothing cached yet: the caller reads in a thread
+    assert (
+        cached_live_workers(services.worker_directory, services.worker_listing) is None
+    )  # nothing cached yet: the caller reads in a thread
     for _ in range(5):
-        assert [r.worker_id for r in live_workers(services.worker_directory, services.worker_listing)] == ["w1"]
-    assert [r.worker_id for r in cached_live_workers(services.worker_directory, services.worker_listing) or []] == ["w1"]
+        assert [r.worker_id for r in live_workers(services.worker_directory, services.worker_listing)] == [
+            "w1"
+        ]
+    assert [
+        r.worker_id for r in cached_live_workers(services.worker_directory, services.worker_listing) or []
+    ] == ["w1"]
     assert directory.num_reads == 1
 
 
@@ -141,7 +149,9 @@ def test_an_in_process_directory_is_read_directly(client: TestClient) -> None:
     directory = InMemoryWorkerDirectory()
     services.worker_directory = directory
     directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL), ttl_s=60)
-    assert [r.worker_id for r in cached_live_workers(services.worker_directory, services.worker_listing) or []] == ["w1"]
+    assert [
+        r.worker_id for r in cached_live_workers(services.worker_directory, services.worker_listing) or []
+    ] == ["w1"]
     directory.remove("w1")
     assert live_workers(services.worker_directory, services.worker_listing) == []  # no cache in embedded mode
 

@@ -132,7 +132,9 @@ def test_a_slot_never_released_stops_counting_after_its_lease(limiter_and_clock:
     assert limiter.acquire_slot("t1", "next", 1).is_allowed
 
 
-def test_a_renewed_slot_keeps_counting_and_one_not_renewed_expires_after_the_lease(limiter_and_clock: Any) -> None:
+def test_a_renewed_slot_keeps_counting_and_one_not_renewed_expires_after_the_lease(
+    limiter_and_clock: Any,
+) -> None:
     limiter, clock = limiter_and_clock
     lease_s = DEFAULT_SLOT_LEASE_S
     assert limiter.acquire_slot("t1", "renewed", 2).is_allowed
@@ -149,7 +151,9 @@ def test_renewal_never_brings_back_a_released_or_expired_slot(limiter_and_clock:
     limiter, clock = limiter_and_clock
     assert limiter.acquire_slot("t1", "released", 1).is_allowed
     limiter.release_slot("t1", "released")
-    assert limiter.renew_slots([("t1", "released"), ("t2", "never-taken")]) == 0  # a renewal racing the release
+    assert (
+        limiter.renew_slots([("t1", "released"), ("t2", "never-taken")]) == 0
+    )  # a renewal racing the release
     assert limiter.num_held_slots("t1") == 0
     assert limiter.acquire_slot("t1", "expired", 1).is_allowed
     clock.now += DEFAULT_SLOT_LEASE_S
@@ -168,7 +172,9 @@ def test_the_slot_lease_is_the_configured_one(limiter_and_clock: Any) -> None:
     assert limiter.acquire_slot("t1", "b", 1).is_allowed
 
 
-def test_slots_of_a_killed_api_process_free_up_after_the_usage_lease_so_the_tenant_is_admitted_again() -> None:
+def test_slots_of_a_killed_api_process_free_up_after_the_usage_lease_so_the_tenant_is_admitted_again() -> (
+    None
+):
     """Regression (issue 19): a replica killed mid-request left its slots held for an hour (429s for the tenant).
     Two replicas built from settings share Redis; the dead one never renews, the live one does."""
     gen = redis_with_prefix()

@@ -131,7 +131,11 @@ def test_max_concurrent_requests_is_a_429_naming_the_limit_and_every_end_release
     assert "max_concurrent_requests of 1" in refused.json()["error"]["message"]
     assert _complete(client, new_tenant("uncapped")).status_code == 200  # the cap is per tenant
     limiter.release_slot(tenant.id, "req-in-flight")
-    assert [_complete(client, tenant).status_code for _ in range(3)] == [200, 200, 200]  # each released its slot
+    assert [_complete(client, tenant).status_code for _ in range(3)] == [
+        200,
+        200,
+        200,
+    ]  # each released its slot
     assert limiter.num_held_slots(tenant.id) == 0
     assert [r.status for r in usage_rows(db_session, tenant.id)] == ["rejected", "ok", "ok", "ok"]
 
@@ -149,7 +153,9 @@ def test_a_request_that_fails_or_is_refused_later_releases_its_slot(
 
 
 def test_max_concurrent_requests_must_be_positive(client: TestClient) -> None:
-    refused = client.post("/v1/admin/plans", json={"name": "zero-cap", "max_concurrent_requests": 0}, headers=ADMIN)
+    refused = client.post(
+        "/v1/admin/plans", json={"name": "zero-cap", "max_concurrent_requests": 0}, headers=ADMIN
+    )
     assert refused.status_code in (400, 422) and "max_concurrent_requests" in refused.text
 
 

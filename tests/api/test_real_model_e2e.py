@@ -79,14 +79,21 @@ def real_stack(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     upgrade(database_url)
     with worker_in_thread(smollm2_dir, root / "blobs") as worker:
         settings = Settings(
-            data_dir=root, database_url=database_url, blob_store=str(root / "blobs"), admin_key=ADMIN_KEY,
-            base_model_path=smollm2_dir, redis_url=None, is_inline_jobs=True,
+            data_dir=root,
+            database_url=database_url,
+            blob_store=str(root / "blobs"),
+            admin_key=ADMIN_KEY,
+            base_model_path=smollm2_dir,
+            redis_url=None,
+            is_inline_jobs=True,
         )
         services = build_services(settings)
         services.worker_directory = worker.directory
         services.internal_token = worker.internal_token
         server = uvicorn.Server(
-            uvicorn.Config(create_app(settings, services=services), host="127.0.0.1", port=0, log_level="warning")
+            uvicorn.Config(
+                create_app(settings, services=services), host="127.0.0.1", port=0, log_level="warning"
+            )
         )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -112,7 +119,11 @@ def _upload(stack: RealStack, key: str, adapter_dir: Path) -> None:
     names = ("adapter_config.json", "adapter_model.safetensors")
     files = [("files", (n, (adapter_dir / n).read_bytes(), "application/octet-stream")) for n in names]
     response = httpx.post(
-        f"{stack.url}/v1/adapters", data={"name": "smol-lora"}, files=files, headers=stack.headers(key), timeout=120
+        f"{stack.url}/v1/adapters",
+        data={"name": "smol-lora"},
+        files=files,
+        headers=stack.headers(key),
+        timeout=120,
     )
     assert response.status_code == 202, response.text
     assert response.json()["version"]["status"] == "ready", response.text
@@ -134,7 +145,7 @@ def _hf_greedy(tokenizer: Any, model: Any, is_adapter: bool) -> tuple[str, int]:
     else:
         with model.disable_adapter():
             out = model.generate(input_ids=ids, max_new_tokens=NUM_TOKENS, do_sample=False)
-    new_ids = [t for t in out[0, ids.shape[1]:].tolist() if t not in (tokenizer.eos_token_id,)]
+    new_ids = [t for t in out[0, ids.shape[1] :].tolist() if t not in (tokenizer.eos_token_id,)]
     return tokenizer.decode(new_ids, skip_special_tokens=True), len(out[0]) - ids.shape[1]
 
 

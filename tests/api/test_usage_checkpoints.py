@@ -52,14 +52,22 @@ async def test_a_streamed_request_has_one_row_from_start_to_finish(
     await ledger.wait_opened(meter)
     [row] = _rows(db_session_factory, tenant_id)
     assert (row.status, row.prompt_tokens, row.completion_tokens, row.api_instance_id) == (
-        "in_progress", 0, 0, "api-test"
+        "in_progress",
+        0,
+        0,
+        "api-test",
     )
 
     meter.on_delivered(1)
     meter.on_delivered(1)
     assert ledger.writer.checkpoint() == 1
     [row] = _rows(db_session_factory, tenant_id)
-    assert (row.status, row.prompt_tokens, row.completion_tokens, row.worker_id) == ("in_progress", 5, 2, "w-1")
+    assert (row.status, row.prompt_tokens, row.completion_tokens, row.worker_id) == (
+        "in_progress",
+        5,
+        2,
+        "w-1",
+    )
     assert row.ttft_ms is not None and row.checkpointed_at is not None
     assert ledger.writer.checkpoint() == 0  # nothing new delivered: no write
 
@@ -159,7 +167,9 @@ def test_streams_are_checkpointed_at_most_once_per_interval(file_engine: Engine)
     elapsed_s = time.monotonic() - started
     delivered = meters[0].num_delivered_tokens
     deadline = time.monotonic() + 30  # liveness, bounded: the last count reaches the DB
-    while {r.completion_tokens for r in _rows(factory, tenant_id)} != {delivered} and time.monotonic() < deadline:
+    while {r.completion_tokens for r in _rows(factory, tenant_id)} != {
+        delivered
+    } and time.monotonic() < deadline:
         time.sleep(0.05)
     elapsed_s = time.monotonic() - started
     ledger.close()
@@ -213,7 +223,9 @@ async def test_a_request_held_through_a_long_cold_start_is_not_overdue_when_its_
 
 
 @pytest.mark.anyio
-async def test_a_live_apis_long_non_streamed_request_is_never_closed_by_the_lease_sweep(file_engine: Engine) -> None:
+async def test_a_live_apis_long_non_streamed_request_is_never_closed_by_the_lease_sweep(
+    file_engine: Engine,
+) -> None:
     factory = make_session_factory(file_engine)
     with factory() as session:
         tenant_id = repository.create_tenant(session, "lease").id
@@ -255,7 +267,6 @@ async def test_a_live_apis_long_non_streamed_request_is_never_closed_by_the_leas
     assert set(renewals) == {1}  # ... each a single statement
 
 
-
 class _Clock:
     def __init__(self) -> None:
         self.now = 1_000_000.0
@@ -271,7 +282,10 @@ async def test_the_writer_renews_the_concurrency_slots_of_the_requests_it_holds_
     clock = _Clock()
     limiter = InMemoryRateLimiter(clock, slot_lease_s=30.0)
     ledger = UsageLedger(
-        db_session_factory, api_instance_id="api-slots", checkpoint_interval_s=FAR_S, renew_slots=limiter.renew_slots
+        db_session_factory,
+        api_instance_id="api-slots",
+        checkpoint_interval_s=FAR_S,
+        renew_slots=limiter.renew_slots,
     )
     capped, uncapped = _meter(tenant_id), _meter(tenant_id)
     assert limiter.acquire_slot(tenant_id, capped.request_id, 1).is_allowed  # as admit() does
@@ -297,7 +311,9 @@ def test_the_slot_renewal_runs_in_the_writer_round_even_when_the_usage_update_fa
 ) -> None:
     renewed: list[list[tuple[str, str]]] = []
     clock = _Clock()
-    writer = UsageWriter(db_session_factory, FAR_S, clock, api_instance_id="api-down", renew_slots=renewed.append)
+    writer = UsageWriter(
+        db_session_factory, FAR_S, clock, api_instance_id="api-down", renew_slots=renewed.append
+    )
     writer.renew_leases = _fail  # type: ignore[method-assign]  # the database is down
     meter = _meter(tenant_id)
     writer.open(meter.open_values("api-down"), holds_slot=True)

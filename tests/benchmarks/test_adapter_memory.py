@@ -74,7 +74,9 @@ def test_comparison_configs_name_the_engine_fields() -> None:
 
 @pytest.fixture
 def bench(demo_dir: Path, tmp_path: Path) -> adapter_memory.Bench:
-    trace = TRACE if TRACE.exists() else _synthetic_trace(tmp_path / "trace.csv")  # a clean clone has no ../shared
+    trace = (
+        TRACE if TRACE.exists() else _synthetic_trace(tmp_path / "trace.csv")
+    )  # a clean clone has no ../shared
     args = adapter_memory.parse_args(
         ["--quick", "--model-dir", str(demo_dir), "--out", str(tmp_path / "out.jsonl"), "--trace", str(trace)]
     )
@@ -89,7 +91,9 @@ def _synthetic_trace(path: Path) -> Path:
     rng = random.Random(0)
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     for i in range(64):
-        rows.append(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.0000000,{rng.randint(20, 900)},{rng.randint(1, 200)}")
+        rows.append(
+            f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.0000000,{rng.randint(20, 900)},{rng.randint(1, 200)}"
+        )
     path.write_text("\n".join(rows) + "\n")
     return path
 

@@ -35,13 +35,17 @@ CLUSTER_ENV = {f"LORAHOST_{k.upper()}": str(v) for k, v in TEST_ENGINE_SETTINGS.
 }
 
 
-def cluster_config(data_dir: Path, base_model_dir: Path, redis_url: str, **overrides: Any) -> DevClusterConfig:
+def cluster_config(
+    data_dir: Path, base_model_dir: Path, redis_url: str, **overrides: Any
+) -> DevClusterConfig:
     """A test DevCluster: free ports, the tiny model, the test run's S3 endpoint when there is one."""
     reason = postgres_reachable()
     if reason:
         require_service(reason)
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
-        os.environ.setdefault(name, value)  # moto (the test run's, or the cluster's own) takes any credentials
+        os.environ.setdefault(
+            name, value
+        )  # moto (the test run's, or the cluster's own) takes any credentials
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "base_model": base_model_dir,
@@ -79,7 +83,9 @@ def new_tenant(cluster: DevCluster) -> tuple[str, str]:
     return setup_tenant(cluster.next_api_url(), cluster.admin_key)
 
 
-def upload_ready(cluster: DevCluster, key: str, name: str, adapter_dir: Path, timeout_s: float = 60.0) -> None:
+def upload_ready(
+    cluster: DevCluster, key: str, name: str, adapter_dir: Path, timeout_s: float = 60.0
+) -> None:
     """Upload a PEFT adapter over REST and wait until the Celery worker validated it (ready)."""
     headers = {"Authorization": f"Bearer {key}"}
     files = [("files", (n, (adapter_dir / n).read_bytes())) for n in ADAPTER_FILES]
@@ -121,13 +127,23 @@ class Outcome:
     @property
     def is_ok(self) -> bool:
         """Completed normally."""
-        return self.status_code == 200 and self.error is None and self.finish_reason is not None and (
-            self.is_done or not self.is_stream
+        return (
+            self.status_code == 200
+            and self.error is None
+            and self.finish_reason is not None
+            and (self.is_done or not self.is_stream)
         )
 
 
 def send(
-    api_url: str, key: str, model: str, *, is_stream: bool, max_tokens: int, seed: int = 0, out: Outcome | None = None
+    api_url: str,
+    key: str,
+    model: str,
+    *,
+    is_stream: bool,
+    max_tokens: int,
+    seed: int = 0,
+    out: Outcome | None = None,
 ) -> Outcome:
     """One completion request, recorded into `out` as it is received; every way it can end is recorded, none
     raises."""
@@ -202,7 +218,9 @@ class Load:
         self.outcomes: list[Outcome] = []
         self._threads: list[threading.Thread] = []
 
-    def start(self, cluster: DevCluster, key: str, model: str, *, is_stream: bool, max_tokens: int, seed: int) -> None:
+    def start(
+        self, cluster: DevCluster, key: str, model: str, *, is_stream: bool, max_tokens: int, seed: int
+    ) -> None:
         """Send one request in a new thread (API replicas in turn)."""
         api_url = cluster.next_api_url()
         outcome = Outcome(model=model, is_stream=is_stream)

@@ -33,7 +33,9 @@ SCALER_ENV = {
 
 
 def test_the_scaler_starts_a_worker_for_a_waiting_request_and_scales_back_to_zero_when_idle(
-    tmp_path: Path, base_model_dir: Path, redis_url: str  # noqa: F811
+    tmp_path: Path,
+    base_model_dir: Path,
+    redis_url: str,  # noqa: F811
 ) -> None:
     config = cluster_config(tmp_path, base_model_dir, redis_url, num_api=2, num_workers=0, is_autoscale=True,
                             scaler_interval_s=0.5, max_workers=2, env=CLUSTER_ENV | SCALER_ENV)  # fmt: skip

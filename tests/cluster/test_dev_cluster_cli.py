@@ -62,7 +62,9 @@ def _wait_for_line(log_path: Path, proc: subprocess.Popen[bytes], marker: str) -
 
 
 def test_dev_cluster_command_serves_then_ctrl_c_stops_every_process_and_cleans_up(
-    tmp_path: Path, base_model_dir: Path, redis_url: str  # noqa: F811
+    tmp_path: Path,
+    base_model_dir: Path,
+    redis_url: str,  # noqa: F811
 ) -> None:
     config = cluster_config(tmp_path, base_model_dir, redis_url)  # skips/fails like the other cluster tests
     log_path = tmp_path / "dev-cluster.out"
@@ -73,7 +75,9 @@ def test_dev_cluster_command_serves_then_ctrl_c_stops_every_process_and_cleans_u
     if config.s3_endpoint:
         command += ["--s3-endpoint", config.s3_endpoint]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, env={**os.environ, **CLUSTER_ENV}, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            command, env={**os.environ, **CLUSTER_ENV}, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         out = _wait_for_line(log_path, proc, "up; Ctrl-C stops everything")
         api_url = re.search(r"API\s+(http://\S+)", out).group(1)  # type: ignore[union-attr]
@@ -88,7 +92,9 @@ def test_dev_cluster_command_serves_then_ctrl_c_stops_every_process_and_cleans_u
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4, done.text
 
         children = _descendants(proc.pid)
-        assert len(children) >= (2 if config.s3_endpoint else 3)  # the API, the worker, moto (unless given S3)
+        assert len(children) >= (
+            2 if config.s3_endpoint else 3
+        )  # the API, the worker, moto (unless given S3)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(60) == 0, log_path.read_text()[-4000:]
     finally:
@@ -108,7 +114,9 @@ def test_dev_cluster_command_serves_then_ctrl_c_stops_every_process_and_cleans_u
     admin = make_engine(PG_ADMIN_URL)
     try:
         with admin.connect() as conn:
-            found = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": database}).all()
+            found = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": database}
+            ).all()
         assert found == [], f"database {database} was not dropped"
     finally:
         admin.dispose()

@@ -52,7 +52,9 @@ def _start_load(  # type: ignore[no-untyped-def]
 ) -> Load:
     load = Load()
     for i in range(num):
-        load.start(cluster, key, models[i % len(models)], is_stream=i % 2 == 0, max_tokens=max_tokens, seed=seed0 + i)
+        load.start(
+            cluster, key, models[i % len(models)], is_stream=i % 2 == 0, max_tokens=max_tokens, seed=seed0 + i
+        )
         time.sleep(gap_s)
     return load
 
@@ -122,7 +124,10 @@ def _check_billing(outcomes: list[Outcome], rows: list) -> None:  # type: ignore
 
 
 def test_kill_9_a_worker_under_load_no_request_lost_usage_once_and_the_restarted_worker_rejoins(
-    tmp_path: Path, base_model_dir: Path, adapter_dirs: dict[str, Path], redis_url: str  # noqa: F811
+    tmp_path: Path,
+    base_model_dir: Path,
+    adapter_dirs: dict[str, Path],
+    redis_url: str,  # noqa: F811
 ) -> None:
     config = cluster_config(tmp_path / "cluster", base_model_dir, redis_url, num_workers=3)
     with running_cluster(config) as cluster:

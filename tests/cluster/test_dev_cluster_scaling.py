@@ -30,10 +30,15 @@ DEAD_WORKER_TTL_S = 30.0  # a killed worker stays in the routing view this long 
 
 @pytest.fixture(scope="module")
 def cluster(
-    tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path, redis_url: str  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+    base_model_dir: Path,
+    redis_url: str,  # noqa: F811
 ) -> Iterator[DevCluster]:
     """One API replica, no worker, no jobs; worker records live DEAD_WORKER_TTL_S after their last beat."""
-    env = CLUSTER_ENV | {"LORAHOST_HEARTBEAT_TTL_S": str(DEAD_WORKER_TTL_S), "LORAHOST_COLD_START_TIMEOUT_S": "90"}
+    env = CLUSTER_ENV | {
+        "LORAHOST_HEARTBEAT_TTL_S": str(DEAD_WORKER_TTL_S),
+        "LORAHOST_COLD_START_TIMEOUT_S": "90",
+    }
     config = cluster_config(
         tmp_path_factory.mktemp("cold"), base_model_dir, redis_url, num_api=1, num_workers=0,
         is_jobs_enabled=False, env=env,
@@ -71,7 +76,9 @@ def test_a_request_with_no_live_worker_waits_for_the_scaler_to_start_one_then_sc
 
     load = Load()
     load.start(cluster, key, BASE_MODEL, is_stream=True, max_tokens=8, seed=1)
-    assert _wait_for(lambda: any(r.status == "in_progress" for r in usage_rows(cluster.database_url or "", tenant_id)))
+    assert _wait_for(
+        lambda: any(r.status == "in_progress" for r in usage_rows(cluster.database_url or "", tenant_id))
+    )
     desired.num_workers = 1  # the demand the scaling endpoint would report
     assert scaler.step().num_to_start == 1
     [outcome] = load.join()

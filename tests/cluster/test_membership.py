@@ -27,8 +27,14 @@ def directory(request: pytest.FixtureRequest) -> Iterator[WorkerDirectory]:
 
 
 def _record(worker_id: str, running: int = 0) -> WorkerRecord:
-    return WorkerRecord(worker_id, f"http://127.0.0.1/{worker_id}", "base", num_running=running,
-                        device_adapters=("a@1",), host_adapters=("b@2",))
+    return WorkerRecord(
+        worker_id,
+        f"http://127.0.0.1/{worker_id}",
+        "base",
+        num_running=running,
+        device_adapters=("a@1",),
+        host_adapters=("b@2",),
+    )
 
 
 def test_heartbeat_registers_and_refreshes_worker(directory: WorkerDirectory) -> None:
@@ -73,16 +79,36 @@ def test_worker_expires_after_ttl_in_redis() -> None:
 def test_record_is_the_workers_stats_plus_its_url() -> None:
     from cluster.protocol import WorkerStats
 
-    stats = WorkerStats(worker_id="w1", base_model="base", num_running=2, num_waiting=1, max_num_seqs=8,
-                        device_adapters=["a"], host_adapters=["b"], num_active=3, num_free_kv_blocks=10,
-                        num_total_kv_blocks=20, num_cache_hits=4, num_cache_misses=5, num_adapter_loads=6,
-                        num_adapter_unloads=7, num_load_failures=8, is_ready=False, is_draining=True,
-                        running_ranks=[8, 0], waiting_ranks=[64], num_waiting_by_queue=[1])
+    stats = WorkerStats(
+        worker_id="w1",
+        base_model="base",
+        num_running=2,
+        num_waiting=1,
+        max_num_seqs=8,
+        device_adapters=["a"],
+        host_adapters=["b"],
+        num_active=3,
+        num_free_kv_blocks=10,
+        num_total_kv_blocks=20,
+        num_cache_hits=4,
+        num_cache_misses=5,
+        num_adapter_loads=6,
+        num_adapter_unloads=7,
+        num_load_failures=8,
+        is_ready=False,
+        is_draining=True,
+        running_ranks=[8, 0],
+        waiting_ranks=[64],
+        num_waiting_by_queue=[1],
+    )
     record = WorkerRecord.from_stats(stats, "http://w1")
     assert record.url == "http://w1" and record.device_adapters == ("a",) and record.host_adapters == ("b",)
     as_stats = {k: v for k, v in record.__dict__.items() if k != "url"}
     assert as_stats == stats.model_dump() | {
-        "device_adapters": ("a",), "host_adapters": ("b",), "running_ranks": (8, 0), "waiting_ranks": (64,),
+        "device_adapters": ("a",),
+        "host_adapters": ("b",),
+        "running_ranks": (8, 0),
+        "waiting_ranks": (64,),
         "num_waiting_by_queue": (1,),
     }
     assert WorkerRecord.from_json(record.to_json()) == record
@@ -90,10 +116,14 @@ def test_record_is_the_workers_stats_plus_its_url() -> None:
 
 def test_stored_records_of_other_versions_parse() -> None:
     """Rolling upgrades: a newer worker's unknown keys are ignored; an older one's `extra` counters are read."""
-    newer = '{"worker_id": "w1", "url": "http://w1", "base_model": "base", "num_gpus": 2, "num_cache_hits": 3}'
+    newer = (
+        '{"worker_id": "w1", "url": "http://w1", "base_model": "base", "num_gpus": 2, "num_cache_hits": 3}'
+    )
     assert WorkerRecord.from_json(newer) == WorkerRecord("w1", "http://w1", "base", num_cache_hits=3)
-    older = ('{"worker_id": "w1", "url": "http://w1", "base_model": "base", "device_adapters": ["a"], '
-             '"extra": {"num_active": 2, "num_free_kv_blocks": 9, "num_load_failures": 1, "gone": 0}}')
+    older = (
+        '{"worker_id": "w1", "url": "http://w1", "base_model": "base", "device_adapters": ["a"], '
+        '"extra": {"num_active": 2, "num_free_kv_blocks": 9, "num_load_failures": 1, "gone": 0}}'
+    )
     parsed = WorkerRecord.from_json(older)
     assert (parsed.num_active, parsed.num_free_kv_blocks, parsed.num_load_failures) == (2, 9, 1)
     assert parsed.device_adapters == ("a",)
@@ -101,11 +131,26 @@ def test_stored_records_of_other_versions_parse() -> None:
 
 def test_records_stored_in_the_flat_format_parse_and_null_lists_are_empty() -> None:
     stored = {
-        "worker_id": "w1", "url": "http://w1", "base_model": "base", "num_running": 1, "num_waiting": 2,
-        "max_num_seqs": 8, "device_adapters": ["a"], "host_adapters": None, "is_ready": True, "is_draining": False,
-        "num_active": 1, "adapter_ranks": {"a": 8}, "running_ranks": [8], "waiting_ranks": None,
-        "num_waiting_by_queue": [], "num_waiting_by_tenant": None, "decode_step_ms": None, "perf_model": None,
-        "kernel_choices": {"decode_lora": "sgmv"}, "kernel_tuner_s": 0.5,
+        "worker_id": "w1",
+        "url": "http://w1",
+        "base_model": "base",
+        "num_running": 1,
+        "num_waiting": 2,
+        "max_num_seqs": 8,
+        "device_adapters": ["a"],
+        "host_adapters": None,
+        "is_ready": True,
+        "is_draining": False,
+        "num_active": 1,
+        "adapter_ranks": {"a": 8},
+        "running_ranks": [8],
+        "waiting_ranks": None,
+        "num_waiting_by_queue": [],
+        "num_waiting_by_tenant": None,
+        "decode_step_ms": None,
+        "perf_model": None,
+        "kernel_choices": {"decode_lora": "sgmv"},
+        "kernel_tuner_s": 0.5,
     }
     record = WorkerRecord.from_json(json.dumps(stored))
     assert record.device_adapters == ("a",) and record.host_adapters == () and record.waiting_ranks == ()

@@ -83,7 +83,7 @@ class HfOracle:
         ids = list(token_ids)
         for _ in range(num_tokens):
             ids.append(int(self.logits(ids, adapter).argmax()))
-        return ids[len(token_ids):]
+        return ids[len(token_ids) :]
 
 
 @pytest.fixture(scope="session")

@@ -124,7 +124,9 @@ def test_the_adapter_eviction_policy_setting_reaches_the_engine_config(
 def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_choices(tmp_path: Path) -> None:
     from gpu_workers.engine.config import EngineConfig
 
-    with pytest.raises(ValueError, match=r"'mru'.*LORAHOST_ADAPTER_EVICTION_POLICY.*chameleon, fastlibra, lru"):
+    with pytest.raises(
+        ValueError, match=r"'mru'.*LORAHOST_ADAPTER_EVICTION_POLICY.*chameleon, fastlibra, lru"
+    ):
         Settings(data_dir=tmp_path, adapter_eviction_policy="mru")
     with pytest.raises(ValueError, match=r"adapter_eviction_policy must be one of .*'mru'"):
         EngineConfig(model_path=tmp_path, adapter_eviction_policy="mru")
@@ -143,13 +145,24 @@ def test_the_multiqueue_settings_reach_the_engine_config_and_its_policy(tmp_path
         engine_multiqueue_max_queues=3,
     )
     config = builder.engine_config_from_settings(settings)
-    assert (config.batch_policy, config.multiqueue_slo_s, config.multiqueue_refresh_s, config.multiqueue_max_queues) == (
-        "multiqueue", 2.5, 60.0, 3
-    )
+    assert (
+        config.batch_policy,
+        config.multiqueue_slo_s,
+        config.multiqueue_refresh_s,
+        config.multiqueue_max_queues,
+    ) == ("multiqueue", 2.5, 60.0, 3)
     policy = make_batch_policy(config.batch_policy, **config.batch_policy_options())
-    assert isinstance(policy, MultiQueuePolicy) and (policy.slo_s, policy.refresh_s, policy.max_queues) == (2.5, 60.0, 3)
+    assert isinstance(policy, MultiQueuePolicy) and (policy.slo_s, policy.refresh_s, policy.max_queues) == (
+        2.5,
+        60.0,
+        3,
+    )
     assert EngineConfig(model_path=tmp_path, batch_policy="sjf").batch_policy_options() == {}
-    for name, value in (("engine_multiqueue_slo_s", 0), ("engine_multiqueue_refresh_s", -1), ("engine_multiqueue_max_queues", 0)):
+    for name, value in (
+        ("engine_multiqueue_slo_s", 0),
+        ("engine_multiqueue_refresh_s", -1),
+        ("engine_multiqueue_max_queues", 0),
+    ):
         with pytest.raises(ValueError, match=name):
             Settings(data_dir=tmp_path, **{name: value})
     with pytest.raises(ValueError, match="multiqueue_max_queues must be positive"):
@@ -167,19 +180,29 @@ def test_the_adapter_cache_setting_reaches_the_engine_config(
         Settings(data_dir=tmp_path, engine_adapter_cache="sometimes")
 
 
-def test_the_cpu_fast_path_settings_reach_the_engine_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cpu_fast_path_settings_reach_the_engine_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     default = builder.engine_config_from_settings(_settings(tmp_path))
     assert default.fp32_prefill_gemms is None and default.lora_kernel is None  # auto
     monkeypatch.setenv("LORAHOST_ENGINE_FP32_PREFILL_GEMMS", "false")
     monkeypatch.setenv("LORAHOST_ENGINE_LORA_KERNEL", "false")
     config = builder.engine_config_from_settings(Settings(base_model_path=tmp_path))
     assert config.fp32_prefill_gemms is False and config.lora_kernel is False
-    assert (config.prefill_gemm, config.decode_attention, config.decode_lora_form) == (None, None, None)  # measured
+    assert (config.prefill_gemm, config.decode_attention, config.decode_lora_form) == (
+        None,
+        None,
+        None,
+    )  # measured
     monkeypatch.setenv("LORAHOST_ENGINE_PREFILL_GEMM", "plain")
     monkeypatch.setenv("LORAHOST_ENGINE_DECODE_ATTENTION", "c_kernel")
     monkeypatch.setenv("LORAHOST_ENGINE_DECODE_LORA_FORM", "stacked")
     config = builder.engine_config_from_settings(Settings(base_model_path=tmp_path))
-    assert (config.prefill_gemm, config.decode_attention, config.decode_lora_form) == ("plain", "c_kernel", "stacked")
+    assert (config.prefill_gemm, config.decode_attention, config.decode_lora_form) == (
+        "plain",
+        "c_kernel",
+        "stacked",
+    )
     monkeypatch.setenv("LORAHOST_ENGINE_DECODE_ATTENTION", "flash")
     with pytest.raises(ValueError, match="engine_decode_attention"):
         Settings(base_model_path=tmp_path)

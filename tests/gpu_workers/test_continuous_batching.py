@@ -31,8 +31,9 @@ def test_requests_joining_and_leaving_mid_stream_match_running_alone(
     expected = {f"r{i}": run_alone(fp32_engine, prompt_ids[i], ADAPTERS[i]) for i in range(4)}
     tokens: dict[str, list[int]] = {}
     fp32_engine.add_request("r0", prompt_ids[0], GREEDY, ADAPTERS[0])
-    fp32_engine.add_request("r1", prompt_ids[1], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True),
-                            ADAPTERS[1])
+    fp32_engine.add_request(
+        "r1", prompt_ids[1], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), ADAPTERS[1]
+    )
     for step in range(30):
         if step == 3:
             fp32_engine.add_request("r2", prompt_ids[2], GREEDY, ADAPTERS[2])

@@ -74,10 +74,13 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(
 ) -> None:
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True)
     [a] = fp32_engine.generate([prompt_ids[0]], params, adapter_ids=["adapter-00"])
-    b, _ = fp32_engine.generate([prompt_ids[0], prompt_ids[1]], [params, GREEDY], adapter_ids=["adapter-00", None])
+    b, _ = fp32_engine.generate(
+        [prompt_ids[0], prompt_ids[1]], [params, GREEDY], adapter_ids=["adapter-00", None]
+    )
     assert a.token_ids == b.token_ids
-    [c] = fp32_engine.generate([prompt_ids[0]], SamplingParams(max_tokens=12, seed=8, ignore_eos=True),
-                               adapter_ids=["adapter-00"])
+    [c] = fp32_engine.generate(
+        [prompt_ids[0]], SamplingParams(max_tokens=12, seed=8, ignore_eos=True), adapter_ids=["adapter-00"]
+    )
     assert c.token_ids != a.token_ids
 
 
@@ -85,8 +88,10 @@ def test_stop_token_ids_end_generation(fp32_engine: LLMEngine, prompt_ids: list[
     [full] = fp32_engine.generate([prompt_ids[2]], GREEDY)
     stop_id = full.token_ids[3]
     first = full.token_ids.index(stop_id)
-    [out] = fp32_engine.generate([prompt_ids[2]], SamplingParams(max_tokens=10, temperature=0,
-                                                                 stop_token_ids=(stop_id,), ignore_eos=True))
+    [out] = fp32_engine.generate(
+        [prompt_ids[2]],
+        SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(stop_id,), ignore_eos=True),
+    )
     assert out.finish_reason == "stop" and out.token_ids == full.token_ids[: first + 1]
 
 
@@ -95,7 +100,7 @@ def test_stop_string_ends_generation_and_is_not_in_the_text(
 ) -> None:
     [full] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=["adapter-03"])
     text = full.text
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop
     params = SamplingParams(max_tokens=10, temperature=0, stop=(stop,), ignore_eos=True)
     [out] = fp32_engine.generate([prompt_ids[1]], params, adapter_ids=["adapter-03"])
@@ -114,7 +119,9 @@ def test_streamed_text_deltas_concatenate_to_the_final_text(
             ids.extend(out.new_token_ids)
             last = out
     assert last.is_finished and last.finish_reason == "length" and last.num_output_tokens == 10
-    assert last.first_token_time is not None and last.finish_time >= last.first_token_time >= last.arrival_time
+    assert (
+        last.first_token_time is not None and last.finish_time >= last.first_token_time >= last.arrival_time
+    )
     assert "".join(pieces) == fp32_engine.tokenizer.decode(ids, skip_special_tokens=True)
 
 

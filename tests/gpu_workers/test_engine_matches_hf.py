@@ -15,9 +15,13 @@ NUM_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True)
 
 
-def engine_prefill_logits(engine: LLMEngine, prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
+def engine_prefill_logits(
+    engine: LLMEngine, prompts: list[list[int]], adapters: list[str | None]
+) -> torch.Tensor:
     """Logits [n, vocab] of one batched prefill of `prompts` (pages allocated and freed here)."""
-    seqs = [Sequence(f"logits-{i}", p, GREEDY, a, NUM_TOKENS) for i, (p, a) in enumerate(zip(prompts, adapters))]
+    seqs = [
+        Sequence(f"logits-{i}", p, GREEDY, a, NUM_TOKENS) for i, (p, a) in enumerate(zip(prompts, adapters))
+    ]
     for seq in seqs:
         seq.block_table = engine.pool.allocate(engine.pool.num_blocks_for_tokens(seq.num_tokens))
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].adapter_id or "")
@@ -32,7 +36,9 @@ def engine_prefill_logits(engine: LLMEngine, prompts: list[list[int]], adapters:
     return result
 
 
-@pytest.mark.parametrize("adapter", [None, "adapter-00", "adapter-01", "adapter-02", "adapter-03", "adapter-04"])
+@pytest.mark.parametrize(
+    "adapter", [None, "adapter-00", "adapter-01", "adapter-02", "adapter-03", "adapter-04"]
+)
 def test_greedy_tokens_match_peft_for_each_adapter_alone(
     fp32_engine: LLMEngine, hf_oracle: Any, prompt_ids: list[list[int]], adapter: str | None
 ) -> None:
@@ -104,7 +110,9 @@ def test_stacked_lora_cache_drops_unloaded_adapters(make_engine: Any, prompt_ids
     engine.generate([prompt_ids[0]] * 3, GREEDY, adapter_ids=names)
     assert engine.runner.lora_forms.lora_stacks
     engine.unload_adapter(names[0])
-    assert not any(a.adapter_id == names[0] for s in engine.runner.lora_forms.lora_stacks.values() for a in s.adapters)
+    assert not any(
+        a.adapter_id == names[0] for s in engine.runner.lora_forms.lora_stacks.values() for a in s.adapters
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -120,7 +128,9 @@ def test_packed_linears_match_peft(
     assert engine.runner.use_packed_linears
     adapters: list[str | None] = [None, *adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
-    logits = engine_prefill_logits(engine, prompts[: len(adapter_dirs) + 1], adapters[: len(adapter_dirs) + 1])
+    logits = engine_prefill_logits(
+        engine, prompts[: len(adapter_dirs) + 1], adapters[: len(adapter_dirs) + 1]
+    )
     for i, (prompt, adapter) in enumerate(zip(prompts, adapters[: len(adapter_dirs) + 1])):
         expected = hf_oracle.logits(prompt, adapter)
         if dtype == "float32":

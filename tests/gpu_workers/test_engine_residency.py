@@ -109,7 +109,9 @@ def _assert_exact_device_memory(engine: LLMEngine) -> None:
     kv = [t for pair in runner.kv_caches for t in pair]
     assert sum(t.numel() * t.element_size() for t in kv) == pool.num_pages * runner.kv_bytes_per_block()
     kv_ptrs = {t.untyped_storage().data_ptr() for t in kv}
-    block_pages = {p for seq in [*engine.scheduler.waiting.values(), *engine.scheduler.running] for p in seq.block_table}
+    block_pages = {
+        p for seq in [*engine.scheduler.waiting.values(), *engine.scheduler.running] for p in seq.block_table
+    }
     for adapter_id, adapter in runner.adapters.items():
         page_ids = residency.get(adapter_id).page_ids
         assert not block_pages & set(page_ids)
@@ -142,7 +144,9 @@ def test_unified_pool_under_load_with_more_adapters_than_fit_keeps_tokens_and_th
     assert engine.stats()["num_adapter_evictions"] > 0
 
 
-def test_default_static_adapter_share_holds_64_adapters_of_max_rank(make_engine: Any, fp32_engine: LLMEngine) -> None:
+def test_default_static_adapter_share_holds_64_adapters_of_max_rank(
+    make_engine: Any, fp32_engine: LLMEngine
+) -> None:
     engine = make_engine(memory_mode="static")
     runner = engine.runner
     max_rank = engine.config.max_lora_rank
@@ -155,7 +159,10 @@ def test_default_static_adapter_share_holds_64_adapters_of_max_rank(make_engine:
 
 
 def test_explicit_load_when_every_device_adapter_is_in_use_is_refused_before_building(
-    make_engine: Any, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]],
+    make_engine: Any,
+    fp32_engine: LLMEngine,
+    adapter_dirs: dict[str, Path],
+    prompt_ids: list[list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = one_big_adapter_engine(make_engine, fp32_engine)
@@ -193,7 +200,10 @@ def test_explicit_load_whose_build_fails_leaves_nothing_half_done(
 
 
 def test_planned_load_failure_ends_its_requests_with_adapter_unavailable(
-    make_engine: Any, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]],
+    make_engine: Any,
+    fp32_engine: LLMEngine,
+    adapter_dirs: dict[str, Path],
+    prompt_ids: list[list[int]],
     tmp_path: Path,
 ) -> None:
     engine = make_engine()
@@ -219,12 +229,18 @@ def test_planned_load_failure_ends_its_requests_with_adapter_unavailable(
 
 @pytest.mark.parametrize("policy", ["lru", "chameleon", "fastlibra"])
 def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_do_not_change(
-    policy: str, make_engine: Any, fp32_engine: LLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
+    policy: str,
+    make_engine: Any,
+    fp32_engine: LLMEngine,
+    adapter_dirs: dict[str, Path],
+    prompt_ids: list[list[int]],
 ) -> None:
     num_pages = max(_pages(fp32_engine, name) for name in BIG)
     page_bytes = fp32_engine.runner.kv_bytes_per_block()
     engine = make_engine(  # room for one of the two big adapters, as in one_big_adapter_engine
-        num_kv_blocks=NUM_KV_BLOCKS, adapter_cache_bytes=num_pages * page_bytes, max_num_seqs=1,
+        num_kv_blocks=NUM_KV_BLOCKS,
+        adapter_cache_bytes=num_pages * page_bytes,
+        max_num_seqs=1,
         adapter_eviction_policy=policy,
     )
     cold, idle = "adapter-02", "adapter-03"
@@ -234,7 +250,9 @@ def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_d
     engine.add_request("cold", prompt_ids[1], GREEDY, cold)
     engine.step()  # "warm" runs; "cold" waits and its adapter is prefetched (evicting the idle big one)
     # the copy runs beside the step: landed, or still in flight on a loaded machine (never waited for here)
-    assert engine.adapter_residency(cold) in ("copying", "device") and engine.adapter_residency(idle) == "host"
+    assert (
+        engine.adapter_residency(cold) in ("copying", "device") and engine.adapter_residency(idle) == "host"
+    )
     tokens: dict[str, list[int]] = {"warm": [], "cold": []}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -243,8 +261,15 @@ def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_d
     assert tokens["cold"] == want.token_ids
     stats = engine.stats()
     assert stats["adapter_eviction_policy"] == policy
-    assert (stats["num_adapter_hits"], stats["num_adapter_misses"], stats["num_adapter_prefetches"]) == (2, 0, 1)
-    assert stats["num_timed_adapter_loads"] == stats["num_adapter_loads"] > 0 and stats["adapter_load_seconds_total"] > 0
+    assert (stats["num_adapter_hits"], stats["num_adapter_misses"], stats["num_adapter_prefetches"]) == (
+        2,
+        0,
+        1,
+    )
+    assert (
+        stats["num_timed_adapter_loads"] == stats["num_adapter_loads"] > 0
+        and stats["adapter_load_seconds_total"] > 0
+    )
     assert stats["num_device_adapters"] + stats["num_host_adapters"] == len(adapter_dirs)
     assert stats["num_kv_pages_used"] == 0
     assert stats["num_adapter_pages"] + stats["num_free_pool_pages"] == stats["num_pool_pages"]
@@ -257,7 +282,9 @@ def test_an_adapter_copied_back_to_the_device_comes_from_the_host_tier(
     num_pages = max(_pages(fp32_engine, name) for name in BIG)
     page_bytes = fp32_engine.runner.kv_bytes_per_block()
     engine = make_engine(  # one big adapter at a time: each request evicts the other one
-        num_kv_blocks=NUM_KV_BLOCKS, adapter_cache_bytes=num_pages * page_bytes, host_adapter_cache_bytes=host_bytes
+        num_kv_blocks=NUM_KV_BLOCKS,
+        adapter_cache_bytes=num_pages * page_bytes,
+        host_adapter_cache_bytes=host_bytes,
     )
     order = ["adapter-02", "adapter-03", "adapter-02", "adapter-03"]
     got = [engine.generate([prompt_ids[0]], GREEDY, adapter_ids=[name])[0].token_ids for name in order]

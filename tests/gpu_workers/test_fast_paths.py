@@ -11,7 +11,8 @@ from gpu_workers.engine.layers.linear import WIDE_GEMM_MIN_ROWS, MergedLinear, c
 from scheduler.core.sampling import SamplingParams
 
 needs_bf16_packing = pytest.mark.skipif(
-    not can_pack_linear(torch.bfloat16, torch.device("cpu")), reason="oneDNN bf16 packed linear unavailable here"
+    not can_pack_linear(torch.bfloat16, torch.device("cpu")),
+    reason="oneDNN bf16 packed linear unavailable here",
 )
 
 
@@ -68,7 +69,10 @@ def test_wide_lora_segments_round_once_to_the_exact_delta(num_rows: int) -> None
     from gpu_workers.engine.layers.lora import LoraAdapter, LoraSegment, SegmentedStep, build_lora_projection
 
     torch.manual_seed(1)
-    modules = {"q_proj": (torch.randn(8, 64), torch.randn(48, 8)), "v_proj": (torch.randn(4, 64), torch.randn(16, 4))}
+    modules = {
+        "q_proj": (torch.randn(8, 64), torch.randn(48, 8)),
+        "v_proj": (torch.randn(4, 64), torch.randn(16, 4)),
+    }
     slices = {"q_proj": (0, 48), "k_proj": (48, 64), "v_proj": (64, 80)}
     proj = build_lora_projection(modules, "qkv", slices, 0.5, torch.bfloat16, torch.device("cpu"))
     assert proj is not None
@@ -208,7 +212,9 @@ def test_kernel_sets_drop_unloaded_adapters(make_engine: Any, prompt_ids: list[l
     engine.generate([prompt_ids[0]] * 3, SamplingParams(max_tokens=3, temperature=0), adapter_ids=names)
     assert engine.runner.lora_forms.kernel_sets
     engine.unload_adapter(names[0])
-    assert not any(a.adapter_id == names[0] for s in engine.runner.lora_forms.kernel_sets.values() for a in s.adapters)
+    assert not any(
+        a.adapter_id == names[0] for s in engine.runner.lora_forms.kernel_sets.values() for a in s.adapters
+    )
 
 
 def test_host_malloc_tuning_applies_once_on_glibc() -> None:

@@ -220,7 +220,9 @@ def test_duplicate_request_id_is_bad_request(worker: RunningWorker) -> None:
             await running.aclose()
 
     event = _with_client(worker, True, run)
-    assert event.type == "error" and event.code == "bad_request" and "already running" in (event.message or "")
+    assert (
+        event.type == "error" and event.code == "bad_request" and "already running" in (event.message or "")
+    )
     _wait_idle(worker)
 
 

@@ -42,14 +42,18 @@ def _decode_case(dtype: torch.dtype, lens: list[int], num_extra_rows: int) -> tu
     num_pages = len(lens) * max_blocks + 1
     k_cache = torch.randn(num_pages * block_size, num_kv_heads, head_dim, generator=generator) * 60_000
     v_cache = torch.randn(num_pages * block_size, num_kv_heads, head_dim, generator=generator) * 60_000
-    pages = torch.randperm(num_pages, generator=generator)[: len(lens) * max_blocks].view(len(lens), max_blocks)
+    pages = torch.randperm(num_pages, generator=generator)[: len(lens) * max_blocks].view(
+        len(lens), max_blocks
+    )
     for i, n in enumerate(lens):  # real positions hold modest values; the rest of the pages stay huge
         for p in range(n):
             slot = pages[i, p // block_size] * block_size + p % block_size
             k_cache[slot] = torch.randn(num_kv_heads, head_dim, generator=generator)
             v_cache[slot] = torch.randn(num_kv_heads, head_dim, generator=generator)
     tables = torch.zeros(len(lens), max_blocks, dtype=torch.long)
-    for i, n in enumerate(lens):  # a shorter sequence's table is padded with page 0 (another's), as the runner does
+    for i, n in enumerate(
+        lens
+    ):  # a shorter sequence's table is padded with page 0 (another's), as the runner does
         used = -(-n // block_size)
         tables[i, :used] = pages[i, :used]
     q = torch.randn(num_extra_rows + len(lens), num_heads, head_dim, generator=generator)
@@ -80,7 +84,9 @@ def _decode_case(dtype: torch.dtype, lens: list[int], num_extra_rows: int) -> tu
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("lens", "num_extra_rows"), [([5, 12, 1, 9], 0), ([16, 3], 2), ([7], 0)])
-def test_every_decode_attention_form_is_exact_attention(dtype: torch.dtype, lens: list[int], num_extra_rows: int) -> None:
+def test_every_decode_attention_form_is_exact_attention(
+    dtype: torch.dtype, lens: list[int], num_extra_rows: int
+) -> None:
     """Each form is softmax(q K^T) V over exactly the sequence's own positions (to the dtype's rounding):
     never a padding position, a neighbour's page or a stale slot, whatever they hold."""
     q, k_cache, v_cache, meta, expected, scale = _decode_case(dtype, lens, num_extra_rows)
@@ -105,11 +111,15 @@ def test_every_decode_attention_form_gives_peft_tokens(
     assert engine.runner.kernel_plan.decode_attention == form
     adapters: list[str | None] = [None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
-    for prompt, adapter, out in zip(prompts, adapters, engine.generate(prompts, GREEDY, adapter_ids=adapters)):
+    for prompt, adapter, out in zip(
+        prompts, adapters, engine.generate(prompts, GREEDY, adapter_ids=adapters)
+    ):
         assert out.token_ids == hf_oracle.greedy(prompt, adapter, 8), (form, adapter)
 
 
-def test_bf16_decode_attention_forms_agree(make_engine: Any, prompt_ids: list[list[int]], adapter_dirs: dict) -> None:
+def test_bf16_decode_attention_forms_agree(
+    make_engine: Any, prompt_ids: list[list[int]], adapter_dirs: dict
+) -> None:
     """In bf16 (where sdpa_fp32 differs from sdpa) every form decodes the mixed batch to the same first tokens
     (later ones may flip on bf16 ties)."""
     adapters: list[str | None] = [None, *adapter_dirs]
@@ -134,7 +144,9 @@ def test_every_decode_lora_form_gives_peft_tokens(
     assert engine.runner.kernel_plan.decode_lora == form
     adapters: list[str | None] = [*adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
-    for prompt, adapter, out in zip(prompts, adapters, engine.generate(prompts, GREEDY, adapter_ids=adapters)):
+    for prompt, adapter, out in zip(
+        prompts, adapters, engine.generate(prompts, GREEDY, adapter_ids=adapters)
+    ):
         assert out.token_ids == hf_oracle.greedy(prompt, adapter, 8), (form, adapter)
     if form == "segmented":
         assert engine.stats()["num_lora_stack_builds"] == 0 and not engine.runner.lora_forms.kernel_sets
@@ -161,7 +173,9 @@ def test_every_prefill_gemm_form_matches_peft(make_engine: Any, hf_oracle: Any, 
         assert (logits - expected).abs().max() < 0.05 * expected.abs().max() + 0.05
 
 
-@pytest.mark.parametrize(("op", "forms"), [("decode_attention", DECODE_ATTENTION_FORMS), ("decode_lora", DECODE_LORA_FORMS)])
+@pytest.mark.parametrize(
+    ("op", "forms"), [("decode_attention", DECODE_ATTENTION_FORMS), ("decode_lora", DECODE_LORA_FORMS)]
+)
 def test_the_plan_follows_the_measurement_and_a_second_start_measures_nothing(
     make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, op: str, forms: tuple[str, ...]
 ) -> None:
@@ -194,16 +208,23 @@ def test_the_plan_follows_the_measurement_and_a_second_start_measures_nothing(
     assert engine_stats(again)["kernel_choice_sources"][op] == "cached"
 
 
-def test_forced_forms_win_without_measuring(make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_forced_forms_win_without_measuring(
+    make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     def no_measure(self: KernelTuner, candidates: dict[str, Any]) -> dict[str, float]:
         raise AssertionError("a forced choice must not be measured")
 
     monkeypatch.setattr(KernelTuner, "measure", no_measure)
     path = tmp_path / "choices.json"
-    engine = make_engine(decode_attention="grouped_matmul", decode_lora_form="segmented", kernel_choices_path=path)
+    engine = make_engine(
+        decode_attention="grouped_matmul", decode_lora_form="segmented", kernel_choices_path=path
+    )
     plan = engine.runner.kernel_plan
     assert (plan.decode_attention, plan.decode_lora) == ("grouped_matmul", "segmented")
-    assert engine_stats(engine)["kernel_choice_sources"] == {"decode_attention": "forced", "decode_lora": "forced"}
+    assert engine_stats(engine)["kernel_choice_sources"] == {
+        "decode_attention": "forced",
+        "decode_lora": "forced",
+    }
     assert not path.exists()
 
 
@@ -214,7 +235,9 @@ def test_a_form_that_is_not_one_is_refused(base_model_dir: Path) -> None:
         EngineConfig(model_path=base_model_dir, decode_lora_form="bgmv")
 
 
-def test_a_forced_form_that_cannot_run_here_is_refused(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_forced_form_that_cannot_run_here_is_refused(
+    make_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without the C kernels (no compiler), forcing them fails at start with the usable forms listed."""
     from gpu_workers.engine import kernel_plan
     from gpu_workers.engine.layers import attention, lora_forms

@@ -86,12 +86,16 @@ def test_a_cached_choice_is_never_measured_again(tmp_path: Path) -> None:
     thread count, torch version, shape or dtype measures again."""
     path, clock = tmp_path / "choices.json", FakeClock()
     first: list[str] = []
-    _tuner(path, clock).choose("op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, first), SHAPE, torch.bfloat16)
+    _tuner(path, clock).choose(
+        "op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, first), SHAPE, torch.bfloat16
+    )
     assert first
 
     again: list[str] = []
     tuner = _tuner(path, clock)
-    choice = tuner.choose("op", *_candidates(clock, {"simple": 1.0, "fancy": 9.0}, again), SHAPE, torch.bfloat16)
+    choice = tuner.choose(
+        "op", *_candidates(clock, {"simple": 1.0, "fancy": 9.0}, again), SHAPE, torch.bfloat16
+    )
     assert again == [] and (choice.choice, choice.source, choice.timings) == ("fancy", "cached", {})
     assert tuner.seconds == 0.0
 
@@ -121,7 +125,9 @@ def test_a_corrupt_cache_is_ignored_with_one_warning_and_rewritten(
     with caplog.at_level(logging.WARNING, logger="gpu_workers.engine.kernel_tuner"):
         for op in ("op", "other_op"):
             calls: list[str] = []
-            choice = tuner.choose(op, *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16)
+            choice = tuner.choose(
+                op, *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16
+            )
             assert calls and choice.choice == "fancy"
     warnings = [r for r in caplog.records if r.name == "gpu_workers.engine.kernel_tuner"]
     assert len(warnings) == 1 and "kernel choices cache" in warnings[0].getMessage()
@@ -129,7 +135,9 @@ def test_a_corrupt_cache_is_ignored_with_one_warning_and_rewritten(
     assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]  # no temporary file left behind
 
     calls = []
-    cached = _tuner(path, clock).choose("op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16)
+    cached = _tuner(path, clock).choose(
+        "op", *_candidates(clock, {"simple": 2.0, "fancy": 1.0}, calls), SHAPE, torch.bfloat16
+    )
     assert calls == [] and cached.source == "cached"
 
 
@@ -145,7 +153,9 @@ def test_a_forced_choice_wins_without_measuring(tmp_path: Path) -> None:
         tuner.choose("op", *_candidates(clock, {"simple": 1.0}, calls), SHAPE, torch.bfloat16, forced="nope")
 
 
-def test_an_unwritable_cache_keeps_the_choice_for_this_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unwritable_cache_keeps_the_choice_for_this_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     clock, calls = FakeClock(), []
@@ -157,14 +167,18 @@ def test_an_unwritable_cache_keeps_the_choice_for_this_start(tmp_path: Path, cap
 
 
 needs_bf16_packing = pytest.mark.skipif(
-    not can_pack_linear(torch.bfloat16, torch.device("cpu")), reason="oneDNN bf16 packed linear unavailable here"
+    not can_pack_linear(torch.bfloat16, torch.device("cpu")),
+    reason="oneDNN bf16 packed linear unavailable here",
 )
 
 
 @needs_bf16_packing
 def test_prefill_gemm_candidates_compute_the_same_product() -> None:
     """Every candidate is the same product (to bf16 rounding): the choice changes speed, never results."""
-    outs = {name: fn() for name, fn in prefill_gemm_candidates(PREFILL_GEMM_FORMS, 96, 64, torch.bfloat16, 300).items()}
+    outs = {
+        name: fn()
+        for name, fn in prefill_gemm_candidates(PREFILL_GEMM_FORMS, 96, 64, torch.bfloat16, 300).items()
+    }
     assert list(outs) == ["packed", "fp32_upcast", "plain"]  # the simplest first
     wide = outs["fp32_upcast"].double()
     for name in ("packed", "plain"):
@@ -202,7 +216,9 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     assert stats["fp32_prefill_gemms"] is (fastest == "fp32_upcast")
     keys = [json.loads(k) for k in json.loads(path.read_text())["choices"]]
     args = engine.runner.args
-    assert [k["shape"] for k in keys if k["op"] == PREFILL_GEMM_OP] == [[512, args.hidden_size, args.intermediate_size]]
+    assert [k["shape"] for k in keys if k["op"] == PREFILL_GEMM_OP] == [
+        [512, args.hidden_size, args.intermediate_size]
+    ]
 
     num_measured = len(measured)
     cached = make_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
@@ -223,8 +239,12 @@ def test_the_fp32_prefill_gemms_setting_wins_without_measuring(
     monkeypatch.setattr(kernel_tuner.KernelTuner, "measure", no_measure)
     path = tmp_path / "choices.json"
     engine = make_engine(
-        dtype="bfloat16", packed_linears=True, fp32_prefill_gemms=forced, kernel_choices_path=path,
-        decode_attention="sdpa", decode_lora_form="segmented",
+        dtype="bfloat16",
+        packed_linears=True,
+        fp32_prefill_gemms=forced,
+        kernel_choices_path=path,
+        decode_attention="sdpa",
+        decode_lora_form="segmented",
     )
     assert engine.runner.wide_gemm_dtype == wide
     assert engine.runner.kernel_tuner.choices[PREFILL_GEMM_OP].source == "forced"

@@ -16,8 +16,16 @@ from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
 
 COMMON = {
-    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2,
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 PROMPT = [1, 17, 42, 99, 7, 300, 256, 11, 5, 400, 123, 321]
 
@@ -35,8 +43,14 @@ def make_model(kind: str, out_dir: Path, base_model_dir: Path) -> Path:
 
     torch.manual_seed(0)
     if kind == "llama3_rope":
-        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+        rope = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_theta": 500000.0,
+        }
         model = LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=rope, rope_theta=500000.0))
     elif kind == "qwen2_bias_tied":
         model = Qwen2ForCausalLM(Qwen2Config(**COMMON, tie_word_embeddings=True))
@@ -83,7 +97,7 @@ def test_variant_logits_and_greedy_tokens_match_transformers(
         torch.testing.assert_close(engine_logits(engine, PROMPT), expected, atol=1e-4, rtol=1e-4)
         hf_tokens = hf.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, min_new_tokens=8)
     [out] = engine.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    assert out.token_ids == hf_tokens[0, len(PROMPT):].tolist()
+    assert out.token_ids == hf_tokens[0, len(PROMPT) :].tolist()
 
 
 def test_long_positions_use_llama3_scaled_rope(tmp_path: Path, base_model_dir: Path) -> None:

@@ -149,7 +149,9 @@ def test_tenants_an_operator_put_in_one_namespace_share_cached_blocks(
     assert hit_tokens_as(engine, "c", "tenant:c", prompts[0], "adapter-02")[0] == 0  # not in it: isolated
 
 
-def test_prefix_caching_setting_reaches_the_engine_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prefix_caching_setting_reaches_the_engine_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from gpu_workers.worker.builder import engine_config_from_settings
 
     assert EngineConfig(model_path=tmp_path).enable_prefix_caching

@@ -74,8 +74,10 @@ def lora_form(request: pytest.FixtureRequest, engine: LLMEngine) -> Iterator[str
     else:
         forms.use_lora_kernel = False
         forms.kernel_plan = replace(plan, decode_lora="stacked")  # the stacked rule below decides
-        forms._use_stacked = (lambda segments, n: len(segments) >= 2) if request.param == "stacked" else (
-            lambda segments, n: False
+        forms._use_stacked = (
+            (lambda segments, n: len(segments) >= 2)
+            if request.param == "stacked"
+            else (lambda segments, n: False)
         )
     yield request.param
     forms.use_lora_kernel, forms.kernel_plan = uses_kernel, plan
@@ -99,7 +101,12 @@ def _run(engine: LLMEngine, requests: list[Request]) -> dict[str, Any]:
         for out in engine.step():
             tokens[out.request_id].extend(out.new_token_ids)
             if out.is_finished:
-                result[out.request_id] = (tokens[out.request_id], out.finish_reason, out.error, out.error_code)
+                result[out.request_id] = (
+                    tokens[out.request_id],
+                    out.finish_reason,
+                    out.error,
+                    out.error_code,
+                )
     return result
 
 

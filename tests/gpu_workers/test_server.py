@@ -231,12 +231,15 @@ def test_prefetch_evicts_idle_adapters_first_and_never_refuses_for_room(
     assert num_pages > 24  # the free KV pages cannot hold a third one either
     blobs = tmp_path / "blobs"
     refs = {n: put_adapter(blobs, n, adapter_dirs[largest]) for n in "abcd"}  # four keys, same page count
-    with worker_in_thread(
-        base_model_dir,
-        blobs,
-        engine_num_kv_blocks=24,
-        engine_adapter_cache_bytes=2 * num_pages * fp32_engine.runner.kv_bytes_per_block(),  # room for 2
-    ) as w, w.client(timeout=60) as c:
+    with (
+        worker_in_thread(
+            base_model_dir,
+            blobs,
+            engine_num_kv_blocks=24,
+            engine_adapter_cache_bytes=2 * num_pages * fp32_engine.runner.kv_bytes_per_block(),  # room for 2
+        ) as w,
+        w.client(timeout=60) as c,
+    ):
         service = _service(w)
         request = GenerateRequest(request_id="holds-a", prompt=PROMPT, adapter=refs["a"])
         prepared = _on_worker_loop(w, service.prepare(request))  # admitted: leases "a" until finished

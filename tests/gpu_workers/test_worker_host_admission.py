@@ -153,7 +153,9 @@ def test_a_failed_planned_load_ends_only_its_requests_with_adapter_unavailable(
     tmp_path: Path,
 ) -> None:
     blobs = two_slot_worker.extra["blobs"]
-    broken = put_adapter(blobs, f"vanishes-{damage}", _unique_copy(adapter_dirs["adapter-04"], tmp_path, damage))
+    broken = put_adapter(
+        blobs, f"vanishes-{damage}", _unique_copy(adapter_dirs["adapter-04"], tmp_path, damage)
+    )
     good = put_adapter(blobs, f"neighbour-{damage}", adapter_dirs["adapter-00"])
     service = _service(two_slot_worker)
     prepared_broken = _on_worker_loop(two_slot_worker, service.prepare(_request(f"b-{damage}", broken)))
@@ -166,7 +168,9 @@ def test_a_failed_planned_load_ends_only_its_requests_with_adapter_unavailable(
         weights.write_bytes(b"not a safetensors file")
 
     async def both() -> list[list[GenerateEvent]]:
-        return list(await asyncio.gather(_collect(service, prepared_broken), _collect(service, prepared_good)))
+        return list(
+            await asyncio.gather(_collect(service, prepared_broken), _collect(service, prepared_good))
+        )
 
     broken_events, good_events = _on_worker_loop(two_slot_worker, both())
     [error] = broken_events

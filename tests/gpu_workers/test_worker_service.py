@@ -27,7 +27,12 @@ class _RecordingBackend:
         return {"max_model_len": 128}
 
     async def generate_stream(
-        self, request_id: str, prompt: list[int], sampling_params: Any, adapter_id: str | None = None, **kwargs: Any
+        self,
+        request_id: str,
+        prompt: list[int],
+        sampling_params: Any,
+        adapter_id: str | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[RequestOutput]:
         self.calls.append(kwargs)
         now = time.time()
@@ -49,7 +54,10 @@ def test_the_tenant_and_its_fair_share_weight_reach_the_engine(tmp_path: Path) -
 
     weighted = GenerateRequest(request_id="r1", prompt_token_ids=[1, 2], tenant_id="t1", tenant_weight=2.5)
     assert asyncio.run(run(weighted)) == ["delta", "final"]
-    assert asyncio.run(run(GenerateRequest(request_id="r2", prompt_token_ids=[1], tenant_id="t2"))) == ["delta", "final"]
+    assert asyncio.run(run(GenerateRequest(request_id="r2", prompt_token_ids=[1], tenant_id="t2"))) == [
+        "delta",
+        "final",
+    ]
     assert [(c["tenant_id"], c["tenant_weight"]) for c in backend.calls] == [("t1", 2.5), ("t2", 1.0)]
 
 

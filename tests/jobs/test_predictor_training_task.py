@@ -26,10 +26,15 @@ def _schedule(settings: Settings) -> dict[str, float]:
 
 
 def test_beat_trains_the_length_predictor_every_configured_interval(tmp_path: Path, redis_url: str) -> None:
-    assert _schedule(_settings(tmp_path, redis_url, predictor_training_interval_s=42.0))[
-        TRAIN_LENGTH_PREDICTOR_TASK] == 42.0
+    assert (
+        _schedule(_settings(tmp_path, redis_url, predictor_training_interval_s=42.0))[
+            TRAIN_LENGTH_PREDICTOR_TASK
+        ]
+        == 42.0
+    )
     assert TRAIN_LENGTH_PREDICTOR_TASK not in _schedule(
-        _settings(tmp_path, redis_url, predictor_training_interval_s=0))  # 0 = disabled, as for the inline timer
+        _settings(tmp_path, redis_url, predictor_training_interval_s=0)
+    )  # 0 = disabled, as for the inline timer
 
 
 def test_the_task_trains_on_usage_and_publishes_the_model(tmp_path: Path, redis_url: str) -> None:

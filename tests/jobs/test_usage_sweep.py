@@ -34,11 +34,22 @@ def _open_rows(
         long_ago = utcnow() - timedelta(hours=1)
         renewed_at = utcnow() - timedelta(seconds=lease_age_s)
         request_ids = [f"req-{new_id()}" for _ in worker_ids]
-        open_usage(session, [
-            {"request_id": rid, "tenant_id": tenant_id, "model_name": "m", "status": "in_progress",
-             "worker_id": wid, "api_instance_id": "api-1", "started_at": long_ago, "lease_renewed_at": renewed_at}
-            for rid, wid in zip(request_ids, worker_ids)
-        ])
+        open_usage(
+            session,
+            [
+                {
+                    "request_id": rid,
+                    "tenant_id": tenant_id,
+                    "model_name": "m",
+                    "status": "in_progress",
+                    "worker_id": wid,
+                    "api_instance_id": "api-1",
+                    "started_at": long_ago,
+                    "lease_renewed_at": renewed_at,
+                }
+                for rid, wid in zip(request_ids, worker_ids)
+            ],
+        )
     return tenant_id, request_ids
 
 
@@ -62,17 +73,26 @@ def test_sweep_closes_the_rows_of_expired_leases_with_or_without_a_directory(
     db_session_factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
     settings = Settings(data_dir=tmp_path, usage_lease_timeout_s=30.0)
-    expired_tenant, (expired, expired_unrouted) = _open_rows(db_session_factory, ["w-live", None], lease_age_s=31)
+    expired_tenant, (expired, expired_unrouted) = _open_rows(
+        db_session_factory, ["w-live", None], lease_age_s=31
+    )
     live_tenant, (live,) = _open_rows(db_session_factory, ["w-live"], lease_age_s=5)
-    assert sweep_usage(db_session_factory, None, settings) >= 2  # the shared DB may hold other tests' open rows
-    assert _statuses(db_session_factory, expired_tenant) == {expired: "interrupted", expired_unrouted: "interrupted"}
+    assert (
+        sweep_usage(db_session_factory, None, settings) >= 2
+    )  # the shared DB may hold other tests' open rows
+    assert _statuses(db_session_factory, expired_tenant) == {
+        expired: "interrupted",
+        expired_unrouted: "interrupted",
+    }
     assert _statuses(db_session_factory, live_tenant) == {live: "in_progress"}
 
     directory = InMemoryWorkerDirectory()
     directory.heartbeat(WorkerRecord("w-live", "http://w", "base"), ttl_s=60)
     later_tenant, (later,) = _open_rows(db_session_factory, ["w-live"], lease_age_s=60)
     sweep_usage(db_session_factory, directory, settings)
-    assert _statuses(db_session_factory, later_tenant) == {later: "interrupted"}  # its worker lives, its API not
+    assert _statuses(db_session_factory, later_tenant) == {
+        later: "interrupted"
+    }  # its worker lives, its API not
     assert _statuses(db_session_factory, live_tenant) == {live: "in_progress"}
 
 
@@ -80,7 +100,9 @@ def test_the_inline_timer_sweeps_leases_before_any_worker_directory_exists(
     db_session_factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
     tenant_id, (expired,) = _open_rows(db_session_factory, [None], lease_age_s=120)
-    services = SimpleNamespace(session_factory=db_session_factory, worker_directory=None, settings=Settings(data_dir=tmp_path))
+    services = SimpleNamespace(
+        session_factory=db_session_factory, worker_directory=None, settings=Settings(data_dir=tmp_path)
+    )
     _sweep_usage(services)  # type: ignore[arg-type]
     assert _statuses(db_session_factory, tenant_id) == {expired: "interrupted"}
 
@@ -107,11 +129,15 @@ def test_periodic_job_runs_every_interval_until_stopped() -> None:
     assert not job._thread.is_alive()
 
 
-def test_celery_beat_task_sweeps_with_the_redis_directory(tmp_path: Path, sqlite_url: str, redis_url: str) -> None:
+def test_celery_beat_task_sweeps_with_the_redis_directory(
+    tmp_path: Path, sqlite_url: str, redis_url: str
+) -> None:
     import redis
 
     prefix = f"lorahost-test:{uuid.uuid4().hex[:8]}:"
-    settings = Settings(data_dir=tmp_path, database_url=sqlite_url, redis_url=redis_url, worker_key_prefix=prefix)
+    settings = Settings(
+        data_dir=tmp_path, database_url=sqlite_url, redis_url=redis_url, worker_key_prefix=prefix
+    )
     app = make_celery(settings)
     assert any(e["task"] == CLOSE_ORPHANED_USAGE_TASK for e in app.conf.beat_schedule.values())
     engine = make_engine(sqlite_url)

@@ -64,12 +64,22 @@ class ClientStream:
 
 
 def _stream(url: str, key: str, seed: int, out: ClientStream) -> None:
-    body = {"model": "lorahost-base", "prompt": "count the tokens", "max_tokens": MAX_TOKENS, "ignore_eos": True,
-            "temperature": 1.0, "seed": seed, "stream": True}
+    body = {
+        "model": "lorahost-base",
+        "prompt": "count the tokens",
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "seed": seed,
+        "stream": True,
+    }
     try:
-        with httpx.Client(timeout=httpx.Timeout(WAIT_S, connect=30)) as http, http.stream(
-            "POST", f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        ) as response:
+        with (
+            httpx.Client(timeout=httpx.Timeout(WAIT_S, connect=30)) as http,
+            http.stream(
+                "POST", f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as response,
+        ):
             response.raise_for_status()
             for line in response.iter_lines():
                 _on_line(line, out)
@@ -81,17 +91,30 @@ def _on_line(line: str, out: ClientStream) -> None:
     if line == "data: [DONE]":
         out.is_done = True
     elif line.startswith("data: {"):
-        chunk = json.loads(line[len("data: "):])
+        chunk = json.loads(line[len("data: ") :])
         out.response_id = out.response_id or chunk["id"]
         if chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:
             out.receipts.append((time.time(), 1))  # one chunk per worker delta, one token per decode step
 
 
 def _serve(data_dir: Path, port: int, base_model_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "LORAHOST_ADMIN_KEY": ADMIN_KEY,
-           "LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": str(CHECKPOINT_INTERVAL_S)}
-    cmd = [sys.executable, "-m", "lorahost.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
-           "--base-model", str(base_model_dir)]
+    env = {
+        **os.environ,
+        "LORAHOST_ADMIN_KEY": ADMIN_KEY,
+        "LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": str(CHECKPOINT_INTERVAL_S),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "lorahost.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--base-model",
+        str(base_model_dir),
+    ]
     return subprocess.Popen(cmd, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
 
 
@@ -99,8 +122,12 @@ def _wait_served(url: str, key: str) -> None:
     """Until a completion succeeds (the in-process worker has loaded its model)."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        r = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                       json={"model": "lorahost-base", "prompt": "warm up", "max_tokens": 2})
+        r = httpx.post(
+            f"{url}/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+            json={"model": "lorahost-base", "prompt": "warm up", "max_tokens": 2},
+        )
         if r.status_code == 200:
             return
         time.sleep(0.5)
@@ -118,7 +145,9 @@ def _wait_until(predicate, timeout_s: float = WAIT_S) -> bool:  # type: ignore[n
 
 def _start_streams(url: str, key: str) -> tuple[list[ClientStream], list[threading.Thread]]:
     streams = [ClientStream() for _ in range(NUM_STREAMS)]
-    threads = [threading.Thread(target=_stream, args=(url, key, i, s), daemon=True) for i, s in enumerate(streams)]
+    threads = [
+        threading.Thread(target=_stream, args=(url, key, i, s), daemon=True) for i, s in enumerate(streams)
+    ]
     for thread in threads:
         thread.start()
     return streams, threads
@@ -127,9 +156,7 @@ def _start_streams(url: str, key: str) -> tuple[list[ClientStream], list[threadi
 def _kill_mid_stream(proc: subprocess.Popen[bytes], streams: list[ClientStream]) -> None:
     assert _wait_until(lambda: all(s.num_received > 0 for s in streams)), "not every stream got a token"
     flowing_since = time.monotonic()
-    _wait_until(
-        lambda: max(s.num_received for s in streams) >= KILL_BEFORE_TOKENS, timeout_s=KILL_AFTER_S
-    )
+    _wait_until(lambda: max(s.num_received for s in streams) >= KILL_BEFORE_TOKENS, timeout_s=KILL_AFTER_S)
     assert time.monotonic() - flowing_since < WAIT_S
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -152,7 +179,8 @@ def _check_interrupted(row: UsageRecord, stream: ClientStream) -> None:
         return
     received_before = stream.num_received_before(row.checkpointed_at.timestamp())
     assert row.completion_tokens >= received_before - stream.max_chunk_tokens(), (
-        row.completion_tokens, received_before
+        row.completion_tokens,
+        received_before,
     )
     assert row.prompt_tokens > 0 or row.completion_tokens == 0
 

@@ -12,8 +12,21 @@ pytestmark = pytest.mark.slow  # starts the demo in a subprocess (lorahost serve
 
 def test_demo_runs_platform_end_to_end_and_bills_what_it_served(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "lorahost.cli", "demo", "--model", "tiny", "--data-dir", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"}, check=False,
+        [
+            sys.executable,
+            "-m",
+            "lorahost.cli",
+            "demo",
+            "--model",
+            "tiny",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
     )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr

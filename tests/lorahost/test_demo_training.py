@@ -30,7 +30,9 @@ def test_trains_valid_adapters_once_and_reuses_them(
     assert ensure_demo_adapters(base_model_dir, tmp_path, QUICK) == adapters
 
 
-def test_changed_recipe_retrains(base_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_changed_recipe_retrains(
+    base_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ensure_demo_adapters(base_model_dir, tmp_path, QUICK)
     retrained: list[str] = []
     monkeypatch.setattr(demo_training, "train_adapter", lambda _b, name, *_a: retrained.append(name))

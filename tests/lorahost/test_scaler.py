@@ -62,7 +62,9 @@ def test_plan_clamps_to_max_workers_and_zero() -> None:
     num_managed=st.integers(0, 20),
     max_workers=st.integers(0, 16),
 )
-def test_plan_reaches_the_clamped_target_and_keeps_the_oldest(desired: int, num_managed: int, max_workers: int) -> None:
+def test_plan_reaches_the_clamped_target_and_keeps_the_oldest(
+    desired: int, num_managed: int, max_workers: int
+) -> None:
     ids = [f"w{i}" for i in range(num_managed)]
     plan = plan_scaling(desired, ids, max_workers)
     expected = max(0, min(desired, max_workers))

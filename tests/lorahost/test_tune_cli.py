@@ -11,7 +11,11 @@ from typer.testing import CliRunner
 
 from lorahost.cli import app
 
-ENV = {"LORAHOST_ENGINE_NUM_KV_BLOCKS": "64", "LORAHOST_ENGINE_NUM_THREADS": "1", "LORAHOST_ENGINE_DTYPE": "float32"}
+ENV = {
+    "LORAHOST_ENGINE_NUM_KV_BLOCKS": "64",
+    "LORAHOST_ENGINE_NUM_THREADS": "1",
+    "LORAHOST_ENGINE_DTYPE": "float32",
+}
 
 
 def _tune(tmp_path: Path, *args: str, **env: str):  # type: ignore[no-untyped-def]
@@ -20,7 +24,9 @@ def _tune(tmp_path: Path, *args: str, **env: str):  # type: ignore[no-untyped-de
     return CliRunner().invoke(app, ["tune", *args], env=full_env)
 
 
-def test_tune_measures_caches_and_a_worker_start_measures_nothing(base_model_dir: Path, tmp_path: Path) -> None:
+def test_tune_measures_caches_and_a_worker_start_measures_nothing(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
     from gpu_workers.engine.config import EngineConfig
     from gpu_workers.engine.llm_engine import LLMEngine
 
@@ -39,8 +45,13 @@ def test_tune_measures_caches_and_a_worker_start_measures_nothing(base_model_dir
     assert {c["source"] for c in again["choices"].values()} == {"cached"}
 
     engine = LLMEngine(
-        EngineConfig(model_path=base_model_dir, dtype="float32", num_kv_blocks=64, num_threads=1,
-                     kernel_choices_path=tmp_path / "choices.json")
+        EngineConfig(
+            model_path=base_model_dir,
+            dtype="float32",
+            num_kv_blocks=64,
+            num_threads=1,
+            kernel_choices_path=tmp_path / "choices.json",
+        )
     )
     stats = engine.stats()
     assert stats["kernel_tuner_s"] == 0.0
@@ -51,9 +62,15 @@ def test_tune_measures_caches_and_a_worker_start_measures_nothing(base_model_dir
 
 
 def test_tune_keeps_a_forced_form_and_prints_a_table(base_model_dir: Path, tmp_path: Path) -> None:
-    result = _tune(tmp_path, "--base-model", str(base_model_dir), LORAHOST_ENGINE_DECODE_ATTENTION="grouped_matmul")
+    result = _tune(
+        tmp_path, "--base-model", str(base_model_dir), LORAHOST_ENGINE_DECODE_ATTENTION="grouped_matmul"
+    )
     assert result.exit_code == 0, result.output
-    assert "decode_attention" in result.output and "grouped_matmul" in result.output and "forced" in result.output
+    assert (
+        "decode_attention" in result.output
+        and "grouped_matmul" in result.output
+        and "forced" in result.output
+    )
 
 
 def test_tune_refuses_a_directory_without_a_model(tmp_path: Path) -> None:

@@ -185,9 +185,13 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase("config_not_object", lambda d: adapter_upload(d, b"[8, 16]"), "config_not_object"),
     # json.loads(bytes) guesses UTF-16/32 and skips a BOM: the platform takes exactly UTF-8 without one
     MalformedCase("config_utf16", lambda d: adapter_upload(d, config_bytes("utf-16")), "config_not_utf8"),
-    MalformedCase("config_utf16_be", lambda d: adapter_upload(d, config_bytes("utf-16-be")), "config_not_utf8"),
+    MalformedCase(
+        "config_utf16_be", lambda d: adapter_upload(d, config_bytes("utf-16-be")), "config_not_utf8"
+    ),
     MalformedCase("config_utf32", lambda d: adapter_upload(d, config_bytes("utf-32")), "config_not_utf8"),
-    MalformedCase("config_utf8_bom", lambda d: adapter_upload(d, config_bytes("utf-8-sig")), "config_not_utf8"),
+    MalformedCase(
+        "config_utf8_bom", lambda d: adapter_upload(d, config_bytes("utf-8-sig")), "config_not_utf8"
+    ),
     MalformedCase(
         "config_latin1", lambda d: adapter_upload(d, config_bytes("latin-1", notes="café")), "config_not_utf8"
     ),

@@ -42,8 +42,14 @@ def make_versions(session: Session, names: list[str]) -> tuple[str, dict[str, Ad
     for name in names:
         adapter = repository.get_or_create_adapter(session, tenant_id, name, base_model_name=BASE_MODEL)
         versions[name] = repository.add_adapter_version(
-            session, tenant_id, adapter, status="ready", sha256="0" * 64, rank=4,
-            config_blob_key=f"k/{name}/c", weights_blob_key=f"k/{name}/w",
+            session,
+            tenant_id,
+            adapter,
+            status="ready",
+            sha256="0" * 64,
+            rank=4,
+            config_blob_key=f"k/{name}/c",
+            weights_blob_key=f"k/{name}/w",
         )
     session.commit()
     return tenant_id, versions
@@ -51,17 +57,29 @@ def make_versions(session: Session, names: list[str]) -> tuple[str, dict[str, Ad
 
 def insert_rows(session: Session, tenant_id: str, specs: list[RowSpec], start: datetime = T0) -> None:
     """The rows, one per second from `start`, in order."""
-    adapter_ids = {v: session.get_one(AdapterVersion, v).adapter_id for v in {s.version_id for s in specs} if v}
+    adapter_ids = {
+        v: session.get_one(AdapterVersion, v).adapter_id for v in {s.version_id for s in specs} if v
+    }
     rows: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
-        rows.append({
-            "request_id": f"req-{new_id()}", "tenant_id": tenant_id, "adapter_version_id": spec.version_id,
-            "adapter_id": adapter_ids.get(spec.version_id) if spec.version_id else None,
-            "model_name": "m", "prompt_tokens": spec.prompt_tokens, "completion_tokens": spec.completion_tokens,
-            "predicted_output_tokens": spec.predicted, "status": spec.status,
-            "started_at": start + timedelta(seconds=i), "finished_at": start + timedelta(seconds=i + 1),
-            "max_tokens": spec.max_tokens, "is_chat": spec.is_chat, "has_stop": False,
-        })
+        rows.append(
+            {
+                "request_id": f"req-{new_id()}",
+                "tenant_id": tenant_id,
+                "adapter_version_id": spec.version_id,
+                "adapter_id": adapter_ids.get(spec.version_id) if spec.version_id else None,
+                "model_name": "m",
+                "prompt_tokens": spec.prompt_tokens,
+                "completion_tokens": spec.completion_tokens,
+                "predicted_output_tokens": spec.predicted,
+                "status": spec.status,
+                "started_at": start + timedelta(seconds=i),
+                "finished_at": start + timedelta(seconds=i + 1),
+                "max_tokens": spec.max_tokens,
+                "is_chat": spec.is_chat,
+                "has_stop": False,
+            }
+        )
     open_usage(session, rows)
 
 

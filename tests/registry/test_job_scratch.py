@@ -42,7 +42,10 @@ with job_scratch_dir(Path(sys.argv[1])) as path:
 def holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     """A process in the middle of a job: it holds a scratch directory in tmp_path until it is killed."""
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
     )
     assert process.stdout is not None
     path = Path(process.stdout.readline().strip())

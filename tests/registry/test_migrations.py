@@ -287,7 +287,9 @@ def test_0010_adds_the_nullable_concurrency_cap_to_plans_and_downgrades(empty_db
     assert "max_concurrent_requests" not in _plan_columns(empty_db_url)
 
 
-def test_0013_adds_the_nullable_fair_share_weight_to_plans_keeping_them_and_downgrades(empty_db_url: str) -> None:
+def test_0013_adds_the_nullable_fair_share_weight_to_plans_keeping_them_and_downgrades(
+    empty_db_url: str,
+) -> None:
     upgrade(empty_db_url, "0012")
     engine = make_engine(empty_db_url)
     try:

@@ -38,8 +38,11 @@ NOW = T0 + timedelta(days=1)
 
 
 def _settings(tmp_path: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {"data_dir": tmp_path, "predictor_min_training_samples": 100,
-                                 "predictor_training_window_s": 2 * 86400.0}
+    values: dict[str, object] = {
+        "data_dir": tmp_path,
+        "predictor_min_training_samples": 100,
+        "predictor_training_window_s": 2 * 86400.0,
+    }
     return Settings(**(values | overrides))
 
 
@@ -59,7 +62,9 @@ def test_training_writes_a_versioned_artifact_and_then_a_pointer_with_heldout_me
 
     assert run is not None
     version = run.pointer.version
-    assert store.list_keys(PREFIX) == sorted([f"{PREFIX}{version}.bin", f"{PREFIX}{version}.json", POINTER_KEY])
+    assert store.list_keys(PREFIX) == sorted(
+        [f"{PREFIX}{version}.bin", f"{PREFIX}{version}.json", POINTER_KEY]
+    )
     assert read_pointer(store) == run.pointer
     metadata = json.loads(read_blob(store, run.pointer.metadata_key))
     assert metadata == run.metadata
@@ -88,7 +93,10 @@ def test_training_writes_a_versioned_artifact_and_then_a_pointer_with_heldout_me
 
 
 def test_too_few_samples_write_nothing_and_say_so(
-    db_session: Session, db_session_factory: sessionmaker[Session], store: LocalBlobStore, tmp_path: Path,
+    db_session: Session,
+    db_session_factory: sessionmaker[Session],
+    store: LocalBlobStore,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     tenant_id, versions = make_versions(db_session, sorted(MEDIANS))
@@ -102,20 +110,24 @@ def test_too_few_samples_write_nothing_and_say_so(
 
 
 def test_samples_are_the_newest_finished_rows_with_features_in_the_window_oldest_first(
-    db_session: Session
+    db_session: Session,
 ) -> None:
     tenant_id, versions = make_versions(db_session, ["short"])
     key = versions["short"].id
     insert_rows(db_session, tenant_id, [RowSpec(key, 1)], start=T0 - timedelta(days=3))  # before the window
-    insert_rows(db_session, tenant_id, [
-        RowSpec(key, 10, is_chat=True),
-        RowSpec(key, 11, status="aborted"),  # the true length is unknown
-        RowSpec(key, 12, max_tokens=None),  # written before features were recorded
-        RowSpec(None, 13, prompt_tokens=7),
-        RowSpec(key, 14, status="error"),
-        RowSpec(key, 15),
-        RowSpec(key, 16),
-    ])
+    insert_rows(
+        db_session,
+        tenant_id,
+        [
+            RowSpec(key, 10, is_chat=True),
+            RowSpec(key, 11, status="aborted"),  # the true length is unknown
+            RowSpec(key, 12, max_tokens=None),  # written before features were recorded
+            RowSpec(None, 13, prompt_tokens=7),
+            RowSpec(key, 14, status="error"),
+            RowSpec(key, 15),
+            RowSpec(key, 16),
+        ],
+    )
     samples = load_length_samples(db_session, T0 - timedelta(days=1), max_samples=3)
     assert [s.num_output_tokens for s in samples] == [13, 15, 16]  # the newest three, oldest first
     assert samples[0].features.adapter_id is None and samples[0].features.num_prompt_tokens == 7
@@ -139,7 +151,9 @@ def test_only_the_newest_versions_are_kept_and_the_pointer_names_the_last(store:
     for name in names:
         write_predictor(store, name, b"model " + name.encode(), {"version": name})
     assert read_pointer(store).version == names[-1]
-    kept = {key.removeprefix(PREFIX).rsplit(".", 1)[0] for key in store.list_keys(PREFIX) if key != POINTER_KEY}
+    kept = {
+        key.removeprefix(PREFIX).rsplit(".", 1)[0] for key in store.list_keys(PREFIX) if key != POINTER_KEY
+    }
     assert kept == set(names[-NUM_KEPT_VERSIONS:])
 
 

@@ -156,7 +156,20 @@ def test_parses_model_refs(ref: str, expected: tuple) -> None:
 
 
 @pytest.mark.parametrize(
-    "ref", ["a@", "a@0", "a@x", "a@-1", "a@\u0661", "a@\u00b2", "a@1\n", "a@ 1", "a@1_0", "a@" + "9" * 11, "a@2147483648"]
+    "ref",
+    [
+        "a@",
+        "a@0",
+        "a@x",
+        "a@-1",
+        "a@\u0661",
+        "a@\u00b2",
+        "a@1\n",
+        "a@ 1",
+        "a@1_0",
+        "a@" + "9" * 11,
+        "a@2147483648",
+    ],
 )
 def test_bad_version_suffix_is_refused(ref: str) -> None:
     with pytest.raises(InvalidRequestError):

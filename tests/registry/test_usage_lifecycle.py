@@ -30,43 +30,83 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def _open(
-    session: Session, tenant_id: str, owner: str = "api-1", worker_id: str | None = None,
+    session: Session,
+    tenant_id: str,
+    owner: str = "api-1",
+    worker_id: str | None = None,
     lease_renewed_at: datetime | None = None,
 ) -> str:
     request_id = f"req-{new_id()}"
-    open_usage(session, [{
-        "request_id": request_id, "tenant_id": tenant_id, "model_name": "m", "prompt_tokens": 0,
-        "completion_tokens": 0, "status": "in_progress", "api_instance_id": owner, "worker_id": worker_id,
-        "started_at": T0, "lease_renewed_at": lease_renewed_at,
-    }])
+    open_usage(
+        session,
+        [
+            {
+                "request_id": request_id,
+                "tenant_id": tenant_id,
+                "model_name": "m",
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "status": "in_progress",
+                "api_instance_id": owner,
+                "worker_id": worker_id,
+                "started_at": T0,
+                "lease_renewed_at": lease_renewed_at,
+            }
+        ],
+    )
     return request_id
 
 
 def _checkpoint(request_id: str, completion: int, at: datetime = T0, worker_id: str | None = "w-1") -> dict:
-    return {"request_id": request_id, "prompt_tokens": 7, "completion_tokens": completion, "ttft_ms": 5.0,
-            "tpot_ms": 1.0, "e2e_ms": 50.0, "worker_id": worker_id, "checkpointed_at": at}
+    return {
+        "request_id": request_id,
+        "prompt_tokens": 7,
+        "completion_tokens": completion,
+        "ttft_ms": 5.0,
+        "tpot_ms": 1.0,
+        "e2e_ms": 50.0,
+        "worker_id": worker_id,
+        "checkpointed_at": at,
+    }
 
 
 def _rows(session: Session, tenant_id: str) -> dict[str, UsageRecord]:
     session.expire_all()
-    return {r.request_id: r for r in session.scalars(select(UsageRecord).where(UsageRecord.tenant_id == tenant_id))}
+    return {
+        r.request_id: r
+        for r in session.scalars(select(UsageRecord).where(UsageRecord.tenant_id == tenant_id))
+    }
 
 
 def _tenant(session: Session) -> str:
     return repository.create_tenant(session, f"t-{new_id()[:8]}").id
 
 
-def test_checkpoints_update_open_rows_in_one_batch_and_a_final_update_keeps_one_row(db_session: Session) -> None:
+def test_checkpoints_update_open_rows_in_one_batch_and_a_final_update_keeps_one_row(
+    db_session: Session,
+) -> None:
     tenant = _tenant(db_session)
     first, second = _open(db_session, tenant), _open(db_session, tenant)
     checkpoint_usage(db_session, [_checkpoint(first, 10), _checkpoint(second, 3)])
     rows = _rows(db_session, tenant)
-    assert (rows[first].status, rows[first].prompt_tokens, rows[first].completion_tokens) == ("in_progress", 7, 10)
+    assert (rows[first].status, rows[first].prompt_tokens, rows[first].completion_tokens) == (
+        "in_progress",
+        7,
+        10,
+    )
     assert rows[second].completion_tokens == 3 and rows[second].worker_id == "w-1"
     assert rows[first].checkpointed_at == T0
 
-    assert finish_usage(db_session, {"request_id": first, "status": "ok", "prompt_tokens": 7, "completion_tokens": 12,
-                                     "finished_at": T0 + timedelta(seconds=2)})
+    assert finish_usage(
+        db_session,
+        {
+            "request_id": first,
+            "status": "ok",
+            "prompt_tokens": 7,
+            "completion_tokens": 12,
+            "finished_at": T0 + timedelta(seconds=2),
+        },
+    )
     checkpoint_usage(db_session, [_checkpoint(first, 11)])  # late checkpoint: a closed row is left alone
     rows = _rows(db_session, tenant)
     assert len(rows) == 2
@@ -75,11 +115,15 @@ def test_checkpoints_update_open_rows_in_one_batch_and_a_final_update_keeps_one_
 
 def test_finish_reports_a_missing_row_without_writing_one(db_session: Session) -> None:
     tenant = _tenant(db_session)
-    assert not finish_usage(db_session, {"request_id": "req-never-opened", "status": "ok", "tenant_id": tenant})
+    assert not finish_usage(
+        db_session, {"request_id": "req-never-opened", "status": "ok", "tenant_id": tenant}
+    )
     assert _rows(db_session, tenant) == {}
 
 
-def test_restart_closes_only_its_own_open_rows_as_interrupted_with_their_last_checkpoint(db_session: Session) -> None:
+def test_restart_closes_only_its_own_open_rows_as_interrupted_with_their_last_checkpoint(
+    db_session: Session,
+) -> None:
     tenant = _tenant(db_session)
     mine, never_checkpointed = _open(db_session, tenant, "api-1"), _open(db_session, tenant, "api-1")
     other_replica, finished = _open(db_session, tenant, "api-2"), _open(db_session, tenant, "api-1")
@@ -88,7 +132,11 @@ def test_restart_closes_only_its_own_open_rows_as_interrupted_with_their_last_ch
 
     assert close_interrupted_usage(db_session, "api-1") == 2
     rows = _rows(db_session, tenant)
-    assert (rows[mine].status, rows[mine].prompt_tokens, rows[mine].completion_tokens) == ("interrupted", 7, 42)
+    assert (rows[mine].status, rows[mine].prompt_tokens, rows[mine].completion_tokens) == (
+        "interrupted",
+        7,
+        42,
+    )
     assert rows[mine].finished_at == T0 + timedelta(seconds=3)  # the last moment it was known alive
     assert "last checkpoint" in (rows[mine].error_message or "")
     assert (rows[never_checkpointed].status, rows[never_checkpointed].completion_tokens) == ("interrupted", 0)
@@ -114,10 +162,14 @@ def test_dead_worker_sweep_closes_rows_of_vanished_workers_after_the_grace(db_se
     dead_recent = _open(db_session, tenant, worker_id="w-dead")
     live = _open(db_session, tenant, worker_id="w-live")
     unrouted = _open(db_session, tenant, worker_id=None)
-    checkpoint_usage(db_session, [
-        _checkpoint(dead, 20, T0, "w-dead"), _checkpoint(dead_recent, 4, T0 + timedelta(seconds=55), "w-dead"),
-        _checkpoint(live, 8, T0, "w-live"),
-    ])
+    checkpoint_usage(
+        db_session,
+        [
+            _checkpoint(dead, 20, T0, "w-dead"),
+            _checkpoint(dead_recent, 4, T0 + timedelta(seconds=55), "w-dead"),
+            _checkpoint(live, 8, T0, "w-live"),
+        ],
+    )
     closed = close_orphaned_usage(db_session, {"w-live"}, grace_s=10, now=T0 + timedelta(seconds=60))
     assert closed == [dead]
     rows = _rows(db_session, tenant)
@@ -128,7 +180,9 @@ def test_dead_worker_sweep_closes_rows_of_vanished_workers_after_the_grace(db_se
 
 def test_orphan_decision_is_pure() -> None:
     rows = [
-        OpenUsage("a", "w1", T0), OpenUsage("b", "w2", T0), OpenUsage("c", None, T0),
+        OpenUsage("a", "w1", T0),
+        OpenUsage("b", "w2", T0),
+        OpenUsage("c", None, T0),
         OpenUsage("d", "w1", T0 + timedelta(seconds=9)),
     ]
     assert orphaned_request_ids(rows, {"w2"}, T0 + timedelta(seconds=10), grace_s=5) == ["a"]
@@ -202,7 +256,11 @@ def test_the_sweep_closes_a_row_whose_owner_stopped_renewing_after_the_timeout_n
 
     assert close_expired_usage(db_session, LEASE_S, now=last_renewal + timedelta(seconds=LEASE_S)) == 2
     rows = _rows(db_session, tenant)
-    assert (rows[gone].status, rows[gone].prompt_tokens, rows[gone].completion_tokens) == ("interrupted", 7, 17)
+    assert (rows[gone].status, rows[gone].prompt_tokens, rows[gone].completion_tokens) == (
+        "interrupted",
+        7,
+        17,
+    )
     assert rows[gone].finished_at == last_checkpoint  # billed as of its last checkpoint, not its last renewal
     assert "lease" in (rows[gone].error_message or "")
     assert (rows[gone_unrouted].status, rows[gone_unrouted].completion_tokens) == ("interrupted", 0)
@@ -228,15 +286,25 @@ def test_a_row_renewed_after_the_sweep_read_it_is_left_open(
     assert _rows(db_session, tenant)[request_id].status == "in_progress"
 
 
-def test_the_final_write_after_a_premature_lease_close_records_the_true_outcome_once(db_session: Session) -> None:
+def test_the_final_write_after_a_premature_lease_close_records_the_true_outcome_once(
+    db_session: Session,
+) -> None:
     tenant = _tenant(db_session)
     request_id = _open(db_session, tenant, "api-slow", lease_renewed_at=T0)
     checkpoint_usage(db_session, [_checkpoint(request_id, 3, T0)])
-    assert close_expired_usage(db_session, LEASE_S, now=T0 + timedelta(hours=1)) == 1  # renewals were too slow
+    assert (
+        close_expired_usage(db_session, LEASE_S, now=T0 + timedelta(hours=1)) == 1
+    )  # renewals were too slow
     assert _rows(db_session, tenant)[request_id].status == "interrupted"
 
-    final = {"request_id": request_id, "status": "ok", "prompt_tokens": 7, "completion_tokens": 40,
-             "error_message": None, "finished_at": T0 + timedelta(seconds=50)}
+    final = {
+        "request_id": request_id,
+        "status": "ok",
+        "prompt_tokens": 7,
+        "completion_tokens": 40,
+        "error_message": None,
+        "finished_at": T0 + timedelta(seconds=50),
+    }
     assert finish_usage(db_session, final)
     assert not finish_usage(db_session, {**final, "completion_tokens": 99})  # once: a finished row stays
     renew_usage_leases(db_session, "api-slow", T0 + timedelta(hours=2))
@@ -245,13 +313,20 @@ def test_the_final_write_after_a_premature_lease_close_records_the_true_outcome_
     assert len(rows) == 1
     row = rows[request_id]
     assert (row.status, row.prompt_tokens, row.completion_tokens, row.error_message) == ("ok", 7, 40, None)
-    line = next(line for line in billing_report(db_session, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
-                if line.tenant_id == tenant)
+    line = next(
+        line
+        for line in billing_report(db_session, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+        if line.tenant_id == tenant
+    )
     assert (line.num_requests, line.completion_tokens) == (1, 40)
 
 
 def test_lease_decision_is_pure() -> None:
-    leases = [UsageLease("a", T0), UsageLease("b", T0 + timedelta(seconds=5)), UsageLease("c", T0 - timedelta(days=1))]
+    leases = [
+        UsageLease("a", T0),
+        UsageLease("b", T0 + timedelta(seconds=5)),
+        UsageLease("c", T0 - timedelta(days=1)),
+    ]
     assert expired_lease_request_ids(leases, T0 + timedelta(seconds=30), 30.0) == ["a", "c"]
     assert expired_lease_request_ids(leases, T0 + timedelta(seconds=29.9), 30.0) == ["c"]
     assert expired_lease_request_ids(leases, T0 + timedelta(seconds=35), 30.0) == ["a", "b", "c"]

@@ -18,15 +18,19 @@ from registry.usage_reports import (
 T0 = datetime(2026, 11, 1, 10, 0, tzinfo=UTC)
 
 
-def _row(status="ok", ttft=100.0, tpot=20.0, e2e=500.0, prompt=10, completion=5, tenant="t1", model="m",
-         at=T0) -> UsageRow:
+def _row(
+    status="ok", ttft=100.0, tpot=20.0, e2e=500.0, prompt=10, completion=5, tenant="t1", model="m", at=T0
+) -> UsageRow:
     return UsageRow(tenant, None, model, prompt, completion, ttft, tpot, e2e, status, at)
 
 
 def test_invoice_bills_every_recorded_token_at_plan_prices() -> None:
     prices = Prices("pro", Decimal("2.00"), Decimal("6.00"), Decimal("0.10"))
-    rows = [_row(prompt=1_000_000, completion=500_000), _row(status="aborted", prompt=10, completion=3),
-            _row(status="rejected", prompt=0, completion=0)]
+    rows = [
+        _row(prompt=1_000_000, completion=500_000),
+        _row(status="aborted", prompt=10, completion=3),
+        _row(status="rejected", prompt=0, completion=0),
+    ]
     line = compute_invoice("t1", "acme", prices, rows, Decimal(3))
     assert line.num_requests == 3
     assert line.prompt_tokens == 1_000_010
@@ -40,7 +44,9 @@ def test_invoice_bills_every_recorded_token_at_plan_prices() -> None:
 def test_adapter_days_counts_only_overlap_with_period() -> None:
     start, end = T0, T0 + timedelta(days=10)
     assert adapter_days(T0 - timedelta(days=5), None, start, end) == Decimal(10)
-    assert adapter_days(T0 + timedelta(days=2), T0 + timedelta(days=3, hours=12), start, end) == Decimal("1.5")
+    assert adapter_days(T0 + timedelta(days=2), T0 + timedelta(days=3, hours=12), start, end) == Decimal(
+        "1.5"
+    )
     assert adapter_days(T0 - timedelta(days=5), T0 - timedelta(days=1), start, end) == Decimal(0)
 
 
@@ -52,10 +58,22 @@ def test_percentiles_interpolate_linearly() -> None:
 
 
 def test_slo_attainment_counts_ok_meeting_targets_over_ok_plus_error() -> None:
-    rows = [_row(ttft=100, tpot=10), _row(ttft=300, tpot=10), _row(ttft=100, tpot=50),
-            _row(status="error", ttft=None, tpot=None, e2e=None), _row(status="aborted"), _row(status="rejected")]
+    rows = [
+        _row(ttft=100, tpot=10),
+        _row(ttft=300, tpot=10),
+        _row(ttft=100, tpot=50),
+        _row(status="error", ttft=None, tpot=None, e2e=None),
+        _row(status="aborted"),
+        _row(status="rejected"),
+    ]
     (group,) = compute_slo(rows, "tenant", {"t1": SloTargets(ttft_ms=200, tpot_ms=30)})
-    assert (group.num_requests, group.num_ok, group.num_error, group.num_aborted, group.num_rejected) == (6, 3, 1, 1, 1)
+    assert (group.num_requests, group.num_ok, group.num_error, group.num_aborted, group.num_rejected) == (
+        6,
+        3,
+        1,
+        1,
+        1,
+    )
     assert group.attainment == pytest.approx(1 / 4)
     assert group.error_rate == pytest.approx(1 / 4)
     assert group.ttft_p50 == pytest.approx(100.0)
@@ -64,7 +82,10 @@ def test_slo_attainment_counts_ok_meeting_targets_over_ok_plus_error() -> None:
 def test_slo_groups_by_hour_and_adapter() -> None:
     rows = [_row(at=T0), _row(at=T0 + timedelta(minutes=59), model="x"), _row(at=T0 + timedelta(hours=1))]
     by_hour = compute_slo(rows, "hour", {})
-    assert [(g.key, g.num_requests) for g in by_hour] == [(T0.isoformat(), 2), ((T0 + timedelta(hours=1)).isoformat(), 1)]
+    assert [(g.key, g.num_requests) for g in by_hour] == [
+        (T0.isoformat(), 2),
+        ((T0 + timedelta(hours=1)).isoformat(), 1),
+    ]
     by_adapter = compute_slo(rows, "adapter", {})
     assert [(g.key, g.num_requests) for g in by_adapter] == [("m", 2), ("x", 1)]
     assert by_adapter[0].attainment == 1.0
@@ -76,7 +97,9 @@ def test_unknown_group_by_is_refused() -> None:
 
 
 def test_invoice_csv_has_header_and_exact_decimals() -> None:
-    line = compute_invoice("t1", "acme", Prices("p", Decimal("1.5"), Decimal(0), Decimal(0)), [_row(prompt=3)], Decimal(0))
+    line = compute_invoice(
+        "t1", "acme", Prices("p", Decimal("1.5"), Decimal(0), Decimal(0)), [_row(prompt=3)], Decimal(0)
+    )
     text = invoices_to_csv([line]).splitlines()
     assert text[0].startswith("tenant_id,tenant_name,plan_name,num_requests")
     assert "0.000005" in text[1]

@@ -178,7 +178,9 @@ def test_rank_mismatch_names_both_ranks(tmp_path: Path) -> None:
 
 
 def test_rslora_scale_is_alpha_over_sqrt_rank() -> None:
-    info = validate_adapter_config(config_json(rank=16, lora_alpha=8, use_rslora=True), DEMO_SPEC, DEFAULT_LIMITS)
+    info = validate_adapter_config(
+        config_json(rank=16, lora_alpha=8, use_rslora=True), DEMO_SPEC, DEFAULT_LIMITS
+    )
     assert info.scale == pytest.approx(2.0)
     plain = validate_adapter_config(config_json(rank=16, lora_alpha=8), DEMO_SPEC, DEFAULT_LIMITS)
     assert plain.scale == pytest.approx(0.5)
@@ -220,7 +222,9 @@ def test_structure_changing_options_are_refused(option: str) -> None:
 
 
 def test_peft_null_defaults_are_accepted() -> None:
-    raw = config_json(modules_to_save=None, rank_pattern={}, alpha_pattern={}, layer_replication=None, bias=None)
+    raw = config_json(
+        modules_to_save=None, rank_pattern={}, alpha_pattern={}, layer_replication=None, bias=None
+    )
     assert validate_adapter_config(raw, DEMO_SPEC, DEFAULT_LIMITS).rank == 4
 
 
@@ -318,5 +322,3 @@ def test_validation_modules_do_not_import_torch() -> None:
         subprocess.run([sys.executable, "-c", code], check=False, cwd=Path(__file__).parents[2]).returncode
         == 0
     )
-
-

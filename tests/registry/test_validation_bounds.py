@@ -130,7 +130,9 @@ def test_bounds_are_configurable_and_messages_name_the_limit(tmp_path: Path) -> 
 
 def test_alpha_and_scale_limits_name_the_formula() -> None:
     with pytest.raises(AdapterValidationError) as excinfo:
-        validate_adapter_config(config_json(rank=4, lora_alpha=4096, use_rslora=True), DEMO_SPEC, DEFAULT_LIMITS)
+        validate_adapter_config(
+            config_json(rank=4, lora_alpha=4096, use_rslora=True), DEMO_SPEC, DEFAULT_LIMITS
+        )
     assert "sqrt(r)" in excinfo.value.message and "2048" in excinfo.value.message
     limits = ValidationLimits(max_lora_alpha=64)
     with pytest.raises(AdapterValidationError, match="alpha_too_large"):

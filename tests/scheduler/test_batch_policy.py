@@ -39,9 +39,16 @@ def test_fifo_plan_is_a_permutation_sorted_by_arrival(arrivals: list[float]) -> 
 
 def test_sjf_orders_by_predicted_output_then_arrival_and_skips_what_does_not_fit() -> None:
     def predicted(request_id: str, arrival: float, tokens: int | None) -> WaitingRequest:
-        return WaitingRequest(request_id, arrival, num_prompt_tokens=10, max_tokens=50, predicted_output_tokens=tokens)
+        return WaitingRequest(
+            request_id, arrival, num_prompt_tokens=10, max_tokens=50, predicted_output_tokens=tokens
+        )
 
-    waiting = [predicted("long", 1.0, 40), predicted("short", 3.0, 5), predicted("tie", 2.0, 5), predicted("none", 0.5, None)]
+    waiting = [
+        predicted("long", 1.0, 40),
+        predicted("short", 3.0, 5),
+        predicted("tie", 2.0, 5),
+        predicted("none", 0.5, None),
+    ]
     plan = SjfPolicy().plan(waiting, BUDGET)
     assert plan.request_ids == ("tie", "short", "long", "none")  # no prediction counts as max_tokens (50)
     assert not plan.is_head_of_line_blocking

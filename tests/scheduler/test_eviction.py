@@ -23,15 +23,21 @@ NOW = 100.0
 def candidate(
     adapter_id: str, num_bytes: int, num_accesses: int, last_use: float, load_seconds: float
 ) -> EvictionCandidate:
-    return EvictionCandidate(adapter_id, num_bytes, num_bytes // 1000, 8, num_accesses, last_use, load_seconds)
+    return EvictionCandidate(
+        adapter_id, num_bytes, num_bytes // 1000, 8, num_accesses, last_use, load_seconds
+    )
 
 
 # Least recently used first, as the residency hands them over.
 BIG_HOT_OLD = candidate("big_hot_old", 8000, 10, last_use=50.0, load_seconds=0.008)  # LRU's victim
-FAST_MID = candidate("fast_mid", 2000, 2, last_use=80.0, load_seconds=0.0005)  # reloads fast: FastLibra's victim
+FAST_MID = candidate(
+    "fast_mid", 2000, 2, last_use=80.0, load_seconds=0.0005
+)  # reloads fast: FastLibra's victim
 SMALL_RARE_NEW = candidate("small_rare_new", 1000, 1, last_use=95.0, load_seconds=0.001)  # Chameleon's victim
 CACHE = [BIG_HOT_OLD, FAST_MID, SMALL_RARE_NEW]
-VIEW = CacheView(now=NOW, num_device_adapters=3, num_recent_accesses=13, access_shares=(10 / 13, 2 / 13, 1 / 13))
+VIEW = CacheView(
+    now=NOW, num_device_adapters=3, num_recent_accesses=13, access_shares=(10 / 13, 2 / 13, 1 / 13)
+)
 
 
 def test_lru_evicts_the_least_recently_used_first() -> None:
@@ -74,11 +80,13 @@ def test_fastlibra_recency_decay_orders_otherwise_equal_adapters_oldest_first() 
 
 def test_fastlibra_adapter_count_term_is_expected_distinct_adapters_over_resident_ones() -> None:
     # Low_lora = sum_i 1 - (1 - p_i)^BS = 2 * (1 - 0.5^4) = 1.875 for two adapters of share 0.5 and BS 4.
-    one_resident = CacheView(NOW, num_device_adapters=1, num_recent_accesses=4, access_shares=(0.5, 0.5),
-                             recent_batch_size=4.0)
+    one_resident = CacheView(
+        NOW, num_device_adapters=1, num_recent_accesses=4, access_shares=(0.5, 0.5), recent_batch_size=4.0
+    )
     assert FastLibraPolicy.lora_eval(one_resident) == pytest.approx(1.875)
-    many_resident = CacheView(NOW, num_device_adapters=4, num_recent_accesses=4, access_shares=(0.5, 0.5),
-                              recent_batch_size=4.0)
+    many_resident = CacheView(
+        NOW, num_device_adapters=4, num_recent_accesses=4, access_shares=(0.5, 0.5), recent_batch_size=4.0
+    )
     assert FastLibraPolicy.lora_eval(many_resident) == 1.0  # max(1, 1.875 / 4)
     adapter = candidate("a", 4000, 2, last_use=NOW, load_seconds=0.01)
     assert FastLibraPolicy().value(adapter, one_resident) == pytest.approx(1.875 * 0.01 * 0.5 * 0.5)

@@ -68,8 +68,15 @@ class StandInEngine:
         num_free = self.max_num_seqs - len(self.remaining)
         if self.waiting and num_free > 0:
             self.seen |= set(self.waiting)
-            budget = BatchBudget(num_free_seqs=num_free, num_free_tokens=10**6, num_free_blocks=10**6,
-                                 block_size=16, now=float(step), num_total_blocks=10**6, max_num_seqs=self.max_num_seqs)
+            budget = BatchBudget(
+                num_free_seqs=num_free,
+                num_free_tokens=10**6,
+                num_free_blocks=10**6,
+                block_size=16,
+                now=float(step),
+                num_total_blocks=10**6,
+                max_num_seqs=self.max_num_seqs,
+            )
             for request_id in self.policy.plan(list(self.waiting.values()), budget).request_ids[:num_free]:
                 del self.waiting[request_id]
                 self.policy.on_admitted(request_id, now=float(step))
@@ -103,7 +110,9 @@ def run(engine: StandInEngine, arrivals: list[Arrival], num_steps: int, check=No
 
 def unfairness_bound(max_num_seqs: int, min_weight: float) -> float:
     """The module doc's bound: prompt_weight * L_p / w_min + output_weight * S * L_o / w_min."""
-    return (DEFAULT_PROMPT_WEIGHT * MAX_PROMPT + DEFAULT_OUTPUT_WEIGHT * max_num_seqs * MAX_OUTPUT) / min_weight
+    return (
+        DEFAULT_PROMPT_WEIGHT * MAX_PROMPT + DEFAULT_OUTPUT_WEIGHT * max_num_seqs * MAX_OUTPUT
+    ) / min_weight
 
 
 sizes = st.tuples(st.integers(1, MAX_PROMPT), st.integers(1, MAX_OUTPUT))
@@ -145,9 +154,15 @@ def test_two_backlogged_tenants_counters_stay_within_the_stated_bound(
 @settings(max_examples=100, deadline=None)
 @given(
     arrivals=st.lists(
-        st.builds(Arrival, st.integers(0, 30), st.sampled_from("abcd"), st.integers(1, MAX_PROMPT),
-                  st.integers(1, MAX_OUTPUT)),
-        min_size=1, max_size=60,
+        st.builds(
+            Arrival,
+            st.integers(0, 30),
+            st.sampled_from("abcd"),
+            st.integers(1, MAX_PROMPT),
+            st.integers(1, MAX_OUTPUT),
+        ),
+        min_size=1,
+        max_size=60,
     ),
     max_num_seqs=st.integers(1, 4),
     inner=st.sampled_from(sorted(INNER_POLICIES)),
@@ -193,8 +208,11 @@ def test_a_tenant_arriving_after_another_was_served_alone_does_not_monopolise_th
 
 
 waiting_lists = st.lists(
-    st.tuples(st.sampled_from(["a", "b", "c", None]), st.integers(0, 20), st.integers(1, 200), st.integers(1, 50)),
-    min_size=1, max_size=30,
+    st.tuples(
+        st.sampled_from(["a", "b", "c", None]), st.integers(0, 20), st.integers(1, 200), st.integers(1, 50)
+    ),
+    min_size=1,
+    max_size=30,
 )
 
 
@@ -205,8 +223,15 @@ def waiting_requests(rows: list[tuple[str | None, int, int, int]]) -> list[Waiti
     ]
 
 
-BUDGET = BatchBudget(num_free_seqs=8, num_free_tokens=512, num_free_blocks=64, block_size=16, now=30.0,
-                     num_total_blocks=256, max_num_seqs=8)
+BUDGET = BatchBudget(
+    num_free_seqs=8,
+    num_free_tokens=512,
+    num_free_blocks=64,
+    block_size=16,
+    now=30.0,
+    num_total_blocks=256,
+    max_num_seqs=8,
+)
 
 
 def by_tenant(plan: AdmissionPlan, waiting: list[WaitingRequest]) -> dict[str | None, list[str]]:
@@ -237,14 +262,20 @@ def test_within_a_tenant_the_inner_policys_order_and_plan_flags_are_kept(
     assert plan.is_head_of_line_blocking == expected.is_head_of_line_blocking
     assert plan.bypass_ids == expected.bypass_ids
     if expected.group_ids:
-        assert dict(zip(plan.request_ids, plan.group_ids)) == dict(zip(expected.request_ids, expected.group_ids))
+        assert dict(zip(plan.request_ids, plan.group_ids)) == dict(
+            zip(expected.request_ids, expected.group_ids)
+        )
 
 
 @settings(max_examples=100, deadline=None)
 @given(rows=waiting_lists, inner=st.sampled_from(sorted(INNER_POLICIES)))
-def test_one_tenant_gets_the_inner_plan_unchanged(rows: list[tuple[str | None, int, int, int]], inner: str) -> None:
+def test_one_tenant_gets_the_inner_plan_unchanged(
+    rows: list[tuple[str | None, int, int, int]], inner: str
+) -> None:
     waiting = waiting_requests([(None, *row[1:]) for row in rows])
-    assert FairSharePolicy(INNER_POLICIES[inner]()).plan(waiting, BUDGET) == INNER_POLICIES[inner]().plan(waiting, BUDGET)
+    assert FairSharePolicy(INNER_POLICIES[inner]()).plan(waiting, BUDGET) == INNER_POLICIES[inner]().plan(
+        waiting, BUDGET
+    )
 
 
 def test_the_least_served_tenant_goes_first_and_its_counter_is_projected_per_admission() -> None:
@@ -288,7 +319,9 @@ def test_bad_weights_are_refused_with_what_to_change() -> None:
     with pytest.raises(ValueError, match="prompt_weight and output_weight"):
         FairSharePolicy(FifoPolicy(), prompt_weight=0, output_weight=0)
     with pytest.raises(ValueError, match="tenant_weight must be positive"):
-        FairSharePolicy(FifoPolicy()).plan([WaitingRequest("a1", 0.0, 1, 1, tenant_id="a", tenant_weight=0)], BUDGET)
+        FairSharePolicy(FifoPolicy()).plan(
+            [WaitingRequest("a1", 0.0, 1, 1, tenant_id="a", tenant_weight=0)], BUDGET
+        )
 
 
 @st.composite
@@ -313,8 +346,14 @@ def test_with_a_reserved_slot_a_newcomer_is_admitted_at_the_next_step_while_a_fl
         if request_id.startswith("c"):  # each newcomer's one request: admitted at the step it arrived
             assert engine.step_of[request_id] == step, (request_id, step, engine.step_of.get(request_id))
     # the flood still uses every slot but the reserved one
-    busiest = max(sum(1 for r, s in engine.step_of.items() if r.startswith("a-") and s <= t
-                      and engine.step_of[r] + engine.num_output_tokens[r] > t) for t in range(20))
+    busiest = max(
+        sum(
+            1
+            for r, s in engine.step_of.items()
+            if r.startswith("a-") and s <= t and engine.step_of[r] + engine.num_output_tokens[r] > t
+        )
+        for t in range(20)
+    )
     assert busiest == max_num_seqs - 1
 
 

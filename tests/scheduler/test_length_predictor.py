@@ -107,8 +107,10 @@ def test_unseen_adapter_gets_the_global_prior(fitted: LengthPredictor) -> None:
     unseen = fitted.predict(features)
     assert unseen == fitted.predict(RequestFeatures("another-new-one", 300, MAX_TOKENS))
     assert fitted.history(None, "never-seen") is None
-    assert fitted.predict(RequestFeatures("A", 300, MAX_TOKENS)) < unseen < fitted.predict(
-        RequestFeatures("B", 300, MAX_TOKENS)
+    assert (
+        fitted.predict(RequestFeatures("A", 300, MAX_TOKENS))
+        < unseen
+        < fitted.predict(RequestFeatures("B", 300, MAX_TOKENS))
     )
 
 
@@ -152,13 +154,19 @@ def test_linear_model_kind_fits_and_round_trips(split: tuple[list[LengthSample],
 
 def _artifact(**changes: Any) -> bytes:
     """A valid unfitted artifact's JSON with top-level keys replaced."""
-    state = json.loads(LengthPredictor().to_bytes()[len(ARTIFACT_MAGIC):])
+    state = json.loads(LengthPredictor().to_bytes()[len(ARTIFACT_MAGIC) :])
     return ARTIFACT_MAGIC + json.dumps({**state, **changes}).encode()
 
 
 def _hgb_model(**tree: Any) -> dict[str, Any]:
-    nodes = {"value": [0.0, 1.0, 2.0], "feature_idx": [0, 0, 0], "num_threshold": [1.0, 0.0, 0.0],
-             "left": [1, 0, 0], "right": [2, 0, 0], "is_leaf": [False, True, True]}
+    nodes = {
+        "value": [0.0, 1.0, 2.0],
+        "feature_idx": [0, 0, 0],
+        "num_threshold": [1.0, 0.0, 0.0],
+        "left": [1, 0, 0],
+        "right": [2, 0, 0],
+        "is_leaf": [False, True, True],
+    }
     return {"kind": "hgb", "baseline": 0.5, "trees": [{**nodes, **tree}]}
 
 
@@ -211,7 +219,7 @@ def test_an_old_pickle_artifact_is_refused_without_unpickling_it(format_version:
     with pytest.raises(PredictorArtifactError, match="is a pickle.*retrain to replace it"):
         LengthPredictor.from_bytes(data)
     assert UNPICKLED == []
-    pickle.loads(data[len(ARTIFACT_MAGIC):])  # the probe itself works: unpickling would have run it
+    pickle.loads(data[len(ARTIFACT_MAGIC) :])  # the probe itself works: unpickling would have run it
     assert UNPICKLED == ["code from the artifact ran"]
     UNPICKLED.clear()
 
@@ -225,7 +233,7 @@ def test_a_hand_written_tree_predicts_by_walking_it() -> None:
 
 def test_round_trip_is_plain_json_and_keeps_every_number(fitted: LengthPredictor) -> None:
     data = fitted.to_bytes()
-    document = json.loads(data[len(ARTIFACT_MAGIC):])
+    document = json.loads(data[len(ARTIFACT_MAGIC) :])
     assert document["format_version"] == ARTIFACT_FORMAT_VERSION and document["model"]["kind"] == "hgb"
     loaded = LengthPredictor.from_bytes(data)
     assert loaded._model == fitted._model
@@ -262,7 +270,12 @@ def test_unfitted_artifact_round_trips_to_the_prior() -> None:
     has_stop=st.booleans(),
 )
 def test_predictions_are_clipped_to_one_and_max_tokens(
-    fitted: LengthPredictor, adapter: str | None, num_prompt: int, max_tokens: int, is_chat: bool, has_stop: bool
+    fitted: LengthPredictor,
+    adapter: str | None,
+    num_prompt: int,
+    max_tokens: int,
+    is_chat: bool,
+    has_stop: bool,
 ) -> None:
     features = RequestFeatures(adapter, num_prompt, max_tokens, is_chat=is_chat, has_stop=has_stop)
     assert 1 <= fitted.predict(features) <= max(1, max_tokens)
@@ -328,13 +341,17 @@ SHARED_ADAPTERS = (None, "public")  # the base model and a public adapter: used 
     is_fitted=st.booleans(),
     own=st.lists(st.tuples(st.sampled_from(SHARED_ADAPTERS), st.integers(1, 512)), max_size=12),
     others=st.lists(
-        st.tuples(st.sampled_from(["A", "C"]), st.sampled_from(SHARED_ADAPTERS), st.integers(1, 512)), max_size=60
+        st.tuples(st.sampled_from(["A", "C"]), st.sampled_from(SHARED_ADAPTERS), st.integers(1, 512)),
+        max_size=60,
     ),
     num_prompt=st.integers(1, 2000),
 )
 def test_other_tenants_observations_never_move_a_tenants_prediction_on_a_shared_adapter(
-    fitted: LengthPredictor, is_fitted: bool, own: list[tuple[str | None, int]],
-    others: list[tuple[str, str | None, int]], num_prompt: int,
+    fitted: LengthPredictor,
+    is_fitted: bool,
+    own: list[tuple[str | None, int]],
+    others: list[tuple[str, str | None, int]],
+    num_prompt: int,
 ) -> None:
     def fresh() -> LengthPredictor:
         return LengthPredictor.from_bytes(fitted.to_bytes()) if is_fitted else LengthPredictor()
@@ -366,6 +383,11 @@ def test_request_features_hold_sizes_and_flags_only_never_prompt_content() -> No
     from dataclasses import fields
 
     assert {f.name for f in fields(RequestFeatures)} == {
-        "adapter_id", "num_prompt_tokens", "max_tokens", "is_chat", "has_stop", "tenant_id",
+        "adapter_id",
+        "num_prompt_tokens",
+        "max_tokens",
+        "is_chat",
+        "has_stop",
+        "tenant_id",
     }
     assert len(feature_row(RequestFeatures("A", 10, 100), None, 3)) == 10  # 4 request + 6 history features

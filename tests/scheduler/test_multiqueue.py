@@ -18,8 +18,14 @@ BLOCK_SIZE = 16
 BYTES_PER_BLOCK = 1000
 
 
-def wr(request_id: str, arrival: float, prompt: int, output: int, adapter_bytes: int = 0,
-       residency: str = "device") -> WaitingRequest:
+def wr(
+    request_id: str,
+    arrival: float,
+    prompt: int,
+    output: int,
+    adapter_bytes: int = 0,
+    residency: str = "device",
+) -> WaitingRequest:
     return WaitingRequest(
         request_id=request_id,
         arrival_time=arrival,
@@ -34,8 +40,14 @@ def wr(request_id: str, arrival: float, prompt: int, output: int, adapter_bytes:
 
 def budget(now: float, num_total_blocks: int = 100, max_num_seqs: int = 0) -> BatchBudget:
     return BatchBudget(
-        num_free_seqs=64, num_free_tokens=4096, num_free_blocks=num_total_blocks, block_size=BLOCK_SIZE,
-        now=now, num_total_blocks=num_total_blocks, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=max_num_seqs,
+        num_free_seqs=64,
+        num_free_tokens=4096,
+        num_free_blocks=num_total_blocks,
+        block_size=BLOCK_SIZE,
+        now=now,
+        num_total_blocks=num_total_blocks,
+        num_bytes_per_block=BYTES_PER_BLOCK,
+        max_num_seqs=max_num_seqs,
     )
 
 
@@ -44,7 +56,9 @@ def test_until_enough_samples_one_queue_holds_the_whole_capacity_in_fifo_order()
     waiting = [wr("b", 2.0, 10, 10), wr("a", 1.0, 500, 500), wr("c", 3.0, 10, 10)]
     plan = policy.plan(waiting, budget(now=3.0))
     assert policy.num_queues == 1 and policy.quota_tokens == (100 * BLOCK_SIZE,)
-    assert plan.request_ids == ("a", "b", "c") and plan.group_ids == (0, 0, 0) and plan.is_head_of_line_blocking
+    assert (
+        plan.request_ids == ("a", "b", "c") and plan.group_ids == (0, 0, 0) and plan.is_head_of_line_blocking
+    )
 
 
 def test_quota_stops_a_busy_queue_in_fifo_order() -> None:
@@ -54,15 +68,24 @@ def test_quota_stops_a_busy_queue_in_fifo_order() -> None:
     plan = policy.plan([wr("r2", 1.0, 400, 400), wr("r3", 2.0, 50, 50)], budget(now=2.0))
     assert plan.request_ids == ()  # r2 (800) does not fit the 600 left, r3 waits behind it (FIFO)
     policy.on_finished("r1", now=3.0)
-    assert policy.plan([wr("r2", 1.0, 400, 400), wr("r3", 2.0, 50, 50)], budget(now=3.0)).request_ids == ("r2", "r3")
+    assert policy.plan([wr("r2", 1.0, 400, 400), wr("r3", 2.0, 50, 50)], budget(now=3.0)).request_ids == (
+        "r2",
+        "r3",
+    )
 
 
 def test_when_sequence_slots_are_scarcer_than_the_pool_quotas_count_slots() -> None:
     policy = MultiQueuePolicy(min_samples=100)
     waiting = [wr("a", 0.0, 30, 10), wr("b", 1.0, 50, 30)]  # needs 40 and 80: mean 60 tokens
     slot_bound = BatchBudget(
-        num_free_seqs=2, num_free_tokens=4096, num_free_blocks=100, block_size=BLOCK_SIZE, now=1.0,
-        num_total_blocks=100, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=2,
+        num_free_seqs=2,
+        num_free_tokens=4096,
+        num_free_blocks=100,
+        block_size=BLOCK_SIZE,
+        now=1.0,
+        num_total_blocks=100,
+        num_bytes_per_block=BYTES_PER_BLOCK,
+        max_num_seqs=2,
     )
     plan = policy.plan(waiting, slot_bound)
     assert policy.is_slot_bound and policy.quota_tokens == (2.0,)  # 2 x 60 tokens < the pool's 1600
@@ -70,8 +93,14 @@ def test_when_sequence_slots_are_scarcer_than_the_pool_quotas_count_slots() -> N
     policy.on_admitted("a", now=1.0)
     assert policy.charged_tokens() == [1.0]  # one slot, not a's 40 tokens
     roomy = BatchBudget(
-        num_free_seqs=2, num_free_tokens=4096, num_free_blocks=100, block_size=BLOCK_SIZE, now=1.0,
-        num_total_blocks=100, num_bytes_per_block=BYTES_PER_BLOCK, max_num_seqs=64,
+        num_free_seqs=2,
+        num_free_tokens=4096,
+        num_free_blocks=100,
+        block_size=BLOCK_SIZE,
+        now=1.0,
+        num_total_blocks=100,
+        num_bytes_per_block=BYTES_PER_BLOCK,
+        max_num_seqs=64,
     )
     policy.plan(waiting[1:], roomy)
     assert not policy.is_slot_bound and policy.quota_tokens == (100.0 * BLOCK_SIZE,)  # 64 x 60 > 1600
@@ -169,7 +198,11 @@ def test_later_small_request_goes_ahead_of_a_large_one_waiting_for_its_queues_qu
 
 def test_make_batch_policy_passes_knobs_and_refuses_unknown_ones() -> None:
     policy = make_batch_policy("multiqueue", slo_s=1.5, refresh_s=30.0, max_queues=3)
-    assert isinstance(policy, MultiQueuePolicy) and (policy.slo_s, policy.refresh_s, policy.max_queues) == (1.5, 30.0, 3)
+    assert isinstance(policy, MultiQueuePolicy) and (policy.slo_s, policy.refresh_s, policy.max_queues) == (
+        1.5,
+        30.0,
+        3,
+    )
     with pytest.raises(ValueError, match="no option"):
         make_batch_policy("multiqueue", slo=1.0)
     with pytest.raises(ValueError, match="no option"):
@@ -195,7 +228,9 @@ class Simulation:
     max_num_seqs: int = 0  # > 0: quotas may count sequence slots (when they bind before KV tokens)
     waiting: dict[str, WaitingRequest] = field(default_factory=dict)
     finish_step: dict[str, int] = field(default_factory=dict)
-    gap: dict[int, int] = field(default_factory=dict)  # queue -> consecutive non-empty steps without admission
+    gap: dict[int, int] = field(
+        default_factory=dict
+    )  # queue -> consecutive non-empty steps without admission
     is_shrunk_in_gap: dict[int, bool] = field(default_factory=dict)
     max_gap: int = 0
     num_admitted: int = 0
@@ -250,7 +285,10 @@ request_shapes = st.tuples(
     seed=st.integers(0, 2**16),
 )
 def test_every_non_empty_queue_admits_within_a_bounded_number_of_steps(
-    arrivals: list[list[tuple[int, int, int]]], num_total_blocks: int, max_queues: int, max_num_seqs: int,
+    arrivals: list[list[tuple[int, int, int]]],
+    num_total_blocks: int,
+    max_queues: int,
+    max_num_seqs: int,
     seed: int,
 ) -> None:
     policy = MultiQueuePolicy(max_queues=max_queues, min_samples=8, window_size=40, refresh_s=7.0, slo_s=2.0)
@@ -271,10 +309,17 @@ def test_every_non_empty_queue_admits_within_a_bounded_number_of_steps(
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["arrive", "plan", "preempt", "finish"]), st.integers(0, 10**6),
-                              request_shapes), min_size=1, max_size=120))
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["arrive", "plan", "preempt", "finish"]), st.integers(0, 10**6), request_shapes
+        ),
+        min_size=1,
+        max_size=120,
+    )
+)
 def test_charges_equal_the_needs_of_admitted_unfinished_requests(
-    ops: list[tuple[str, int, tuple[int, int, int]]]
+    ops: list[tuple[str, int, tuple[int, int, int]]],
 ) -> None:
     policy = MultiQueuePolicy(min_samples=6, window_size=30, refresh_s=3.0)
     waiting: dict[str, WaitingRequest] = {}

@@ -98,4 +98,6 @@ def test_bypass_only_ready_later_requests_of_the_blocked_queue_that_run_shorter_
         (q("other-queue", 8, predicted_run_s=0.1), 1),
     ]
     assert bypass_ids(planned, running) == frozenset({"short"})
-    assert bypass_ids(planned, []) == frozenset({"short", "long"})  # nothing running: the head's wait is unbounded
+    assert bypass_ids(planned, []) == frozenset(
+        {"short", "long"}
+    )  # nothing running: the head's wait is unbounded

@@ -64,7 +64,12 @@ def test_selection_finds_the_true_number_of_separable_clusters(centers: list[flo
 
 @pytest.mark.parametrize(
     "draw",
-    [lambda r: r.random(), lambda r: r.gauss(0, 1), lambda r: r.lognormvariate(0, 1), lambda r: r.expovariate(1)],
+    [
+        lambda r: r.random(),
+        lambda r: r.gauss(0, 1),
+        lambda r: r.lognormvariate(0, 1),
+        lambda r: r.expovariate(1),
+    ],
     ids=["uniform", "gauss", "lognormal", "exponential"],
 )
 def test_one_smooth_distribution_is_one_cluster(draw: object) -> None:

@@ -10,7 +10,9 @@ from scheduler.request_size import RequestShape, SizeScale, num_adapter_tokens, 
 def test_wrs_weights_input_and_output_and_scales_by_adapter_size() -> None:
     window = [RequestShape(100, 50, 4000), RequestShape(400, 200, 1000), RequestShape(10, 10, 0)]
     scale = SizeScale.of(window)
-    assert scale == SizeScale(max_prompt_tokens=400, max_output_tokens=200, max_adapter_bytes=4000, min_adapter_bytes=1000)
+    assert scale == SizeScale(
+        max_prompt_tokens=400, max_output_tokens=200, max_adapter_bytes=4000, min_adapter_bytes=1000
+    )
     # (0.4 * 100/400 + 0.6 * 50/200) * 4000/4000 = 0.25
     assert weighted_request_size(window[0], scale) == pytest.approx(0.25)
     # (0.4 + 0.6) * 1000/4000
@@ -18,9 +20,15 @@ def test_wrs_weights_input_and_output_and_scales_by_adapter_size() -> None:
 
 
 def test_base_model_request_is_floored_at_the_smallest_adapter_not_zero() -> None:
-    scale = SizeScale.of([RequestShape(100, 100, 800), RequestShape(100, 100, 200), RequestShape(100, 100, 0)])
+    scale = SizeScale.of(
+        [RequestShape(100, 100, 800), RequestShape(100, 100, 200), RequestShape(100, 100, 0)]
+    )
     base = weighted_request_size(RequestShape(100, 100, 0), scale)
-    assert base == pytest.approx(weighted_request_size(RequestShape(100, 100, 200), scale)) == pytest.approx(0.25)
+    assert (
+        base
+        == pytest.approx(weighted_request_size(RequestShape(100, 100, 200), scale))
+        == pytest.approx(0.25)
+    )
     longer_base = weighted_request_size(RequestShape(100, 100 // 2, 0), scale)
     assert 0 < longer_base < base  # its token lengths still order it
 

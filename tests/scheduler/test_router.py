@@ -9,8 +9,15 @@ BASE = "base"
 
 
 def _w(worker_id: str, running: int = 0, device=(), host=(), ready=True, base=BASE) -> WorkerView:
-    return WorkerView(worker_id, base, num_running=running, max_num_seqs=8,
-                      device_adapters=frozenset(device), host_adapters=frozenset(host), is_ready=ready)
+    return WorkerView(
+        worker_id,
+        base,
+        num_running=running,
+        max_num_seqs=8,
+        device_adapters=frozenset(device),
+        host_adapters=frozenset(host),
+        is_ready=ready,
+    )
 
 
 def test_prefers_worker_with_adapter_on_device_over_idle_worker() -> None:
@@ -80,14 +87,24 @@ def test_placement_weighted_draws_by_weight_among_assigned_workers_only() -> Non
 
 # ---- the load a tenant sees under fair share (tenant_load) ---------------------------------------------------
 
-def _queued(worker_id: str, running: int, by_tenant: dict[str, int], device=(), max_num_seqs: int = 8) -> WorkerView:
+
+def _queued(
+    worker_id: str, running: int, by_tenant: dict[str, int], device=(), max_num_seqs: int = 8
+) -> WorkerView:
     return WorkerView(
-        worker_id, BASE, num_running=running, num_waiting=sum(by_tenant.values()), max_num_seqs=max_num_seqs,
-        device_adapters=frozenset(device), num_waiting_by_tenant=by_tenant,
+        worker_id,
+        BASE,
+        num_running=running,
+        num_waiting=sum(by_tenant.values()),
+        max_num_seqs=max_num_seqs,
+        device_adapters=frozenset(device),
+        num_waiting_by_tenant=by_tenant,
     )
 
 
-def test_a_flooding_tenants_backlog_does_not_push_a_light_tenants_request_off_a_worker_with_free_slots() -> None:
+def test_a_flooding_tenants_backlog_does_not_push_a_light_tenants_request_off_a_worker_with_free_slots() -> (
+    None
+):
     """Worker x has free slots and 30 of the flooder's requests queued; y is busier but has no queue. The light
     tenant's request waits on x only for about one of the flooder's (fair share interleaves them), so it goes to
     x; the flooder's own next request waits behind its 30 and goes to y. Without the tenant (today's estimate)
@@ -128,20 +145,30 @@ def test_without_per_tenant_data_the_choice_is_todays(
 ) -> None:
     """Workers that publish no queue per tenant (older workers, other backends) are routed as before: residency,
     then (running + queued) / slots, then id; so is a request without a tenant when they do publish it."""
-    today = min(workers, key=lambda w: (residency_tier(RouteRequest(BASE, adapter), w), w.load, w.worker_id),
-                default=None)
+    today = min(
+        workers,
+        key=lambda w: (residency_tier(RouteRequest(BASE, adapter), w), w.load, w.worker_id),
+        default=None,
+    )
     expected = today.worker_id if today else None
     unpublished = [replace(w, num_waiting_by_tenant={}) for w in workers]
-    assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, adapter, tenant_id=tenant), unpublished) == expected
+    assert (
+        ResidencyThenLeastLoaded().choose(RouteRequest(BASE, adapter, tenant_id=tenant), unpublished)
+        == expected
+    )
     assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, adapter), workers) == expected
 
 
 @given(workers=workers_st, tenant=tenant_st)
-def test_tenant_load_is_between_the_running_load_and_the_full_load(workers: list[WorkerView], tenant: str) -> None:
+def test_tenant_load_is_between_the_running_load_and_the_full_load(
+    workers: list[WorkerView], tenant: str
+) -> None:
     for worker in workers:
         running = worker.num_running / worker.max_num_seqs
         assert running <= tenant_load(worker, tenant) <= worker.load
-        if worker.num_waiting_by_tenant.get(tenant, 0) >= max(worker.num_waiting_by_tenant.values(), default=0):
+        if worker.num_waiting_by_tenant.get(tenant, 0) >= max(
+            worker.num_waiting_by_tenant.values(), default=0
+        ):
             assert tenant_load(worker, tenant) == worker.load  # the biggest backlog waits for everyone's
 
 

@@ -93,7 +93,7 @@ def paged_attention(
     out = torch.empty_like(q) if not meta.is_all_decode else None
     for chunk in meta.prefills:
         assert out is not None
-        out[chunk.start:chunk.end] = _prefill_attention(q, k, v, k_cache, v_cache, chunk, scale)
+        out[chunk.start : chunk.end] = _prefill_attention(q, k, v, k_cache, v_cache, chunk, scale)
     if meta.decode_token_idx is None:
         assert out is not None
         return out
@@ -117,10 +117,10 @@ def _prefill_attention(
     n = chunk.num_seqs
     _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    q_c = q[chunk.start:chunk.end].view(n, -1, num_heads, head_dim).transpose(1, 2)  # [n, Hq, q_len, D]
+    q_c = q[chunk.start : chunk.end].view(n, -1, num_heads, head_dim).transpose(1, 2)  # [n, Hq, q_len, D]
     if chunk.context_slots is None:
-        k_c = k[chunk.start:chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # [n, Hkv, L, D]
-        v_c = v[chunk.start:chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+        k_c = k[chunk.start : chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)  # [n, Hkv, L, D]
+        v_c = v[chunk.start : chunk.end].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
     else:
         k_c = k_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, ctx, D]
         v_c = v_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)
@@ -173,8 +173,12 @@ def _decode_attention(
         return out.reshape(num_decodes, num_heads, head_dim)
     wide = torch.float32 if meta.decode_form == "sdpa_fp32" else q.dtype
     out = F.scaled_dot_product_attention(
-        q_d.unsqueeze(2).to(wide), k_d.transpose(1, 2).to(wide), v_d.transpose(1, 2).to(wide),
-        attn_mask=meta.decode_mask, scale=scale, enable_gqa=num_heads != num_kv_heads,
+        q_d.unsqueeze(2).to(wide),
+        k_d.transpose(1, 2).to(wide),
+        v_d.transpose(1, 2).to(wide),
+        attn_mask=meta.decode_mask,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
     )  # [B, Hq, 1, D]
     return out.view(num_decodes, num_heads, head_dim).to(q.dtype)
 
@@ -191,9 +195,20 @@ def _c_kernel_decode(
     num_decodes, num_heads, head_dim = q_d.shape
     tables = meta.decode_blocks
     getattr(lib, _C_KERNELS[q_d.dtype])(
-        q_d.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-        tables.shape[1], meta.decode_lens.data_ptr(), num_decodes, num_heads, k_cache.shape[1], head_dim,
-        meta.block_size, scale, torch.get_num_threads(),
+        q_d.data_ptr(),
+        out.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        meta.decode_lens.data_ptr(),
+        num_decodes,
+        num_heads,
+        k_cache.shape[1],
+        head_dim,
+        meta.block_size,
+        scale,
+        torch.get_num_threads(),
     )
     return out
 
@@ -218,8 +233,12 @@ def decode_attention_candidates(
     generator = torch.Generator().manual_seed(0)
     num_pages = -(-context_len // block_size)
     num_slots = num_seqs * num_pages * block_size
-    pool_k = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
-    pool_v = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    pool_k = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(
+        dtype=dtype, device=device
+    )
+    pool_v = torch.randn(num_slots, num_kv_heads, head_dim, generator=generator).to(
+        dtype=dtype, device=device
+    )
     k_cache, v_cache = pool_k.repeat(num_pools, 1, 1), pool_v.repeat(num_pools, 1, 1)
     q = torch.randn(num_seqs, num_heads, head_dim, generator=generator).to(dtype=dtype, device=device)
     tables = torch.randperm(num_seqs * num_pages, generator=generator).view(num_seqs, num_pages)

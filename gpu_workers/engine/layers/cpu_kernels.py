@@ -34,7 +34,22 @@ SIGNATURES: dict[str, list[type]] = {
         for name in ("lora_delta_bf16", "lora_delta_f32")
     },
     **{
-        name: [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int]
+        name: [
+            _PTR,
+            _PTR,
+            _PTR,
+            _PTR,
+            _PTR,
+            _I64,
+            _PTR,
+            _I64,
+            _I64,
+            _I64,
+            _I64,
+            _I64,
+            ctypes.c_float,
+            ctypes.c_int,
+        ]
         for name in ("decode_attention_bf16", "decode_attention_f32")
     },
 }
@@ -69,7 +84,9 @@ def _compiler() -> str | None:
 
 def _cpu_flags() -> str:
     try:
-        return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        return next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        )
     except (OSError, StopIteration):
         return platform.processor()
 
@@ -92,7 +109,12 @@ def _build_and_load() -> ctypes.CDLL | None:
         return None
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     digest = hashlib.sha256()
-    for part in (*(src.read_bytes() for src in (*SOURCES, *HEADERS)), version.encode(), _cpu_flags().encode(), " ".join(FLAGS).encode()):
+    for part in (
+        *(src.read_bytes() for src in (*SOURCES, *HEADERS)),
+        version.encode(),
+        _cpu_flags().encode(),
+        " ".join(FLAGS).encode(),
+    ):
         digest.update(part)
     path = kernel_dir() / f"lorahost_kernels-{digest.hexdigest()[:20]}.so"
     if not path.exists():

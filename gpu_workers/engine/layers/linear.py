@@ -87,9 +87,13 @@ class MergedLinear(nn.Module):
         for name, size in output_sizes.items():
             self.output_slices[name] = (offset, offset + size)
             offset += size
-        self.weight = nn.Parameter(torch.empty(offset, in_features, dtype=dtype, device=device), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(offset, in_features, dtype=dtype, device=device), requires_grad=False
+        )
         self.bias = (
-            nn.Parameter(torch.zeros(offset, dtype=dtype, device=device), requires_grad=False) if has_bias else None
+            nn.Parameter(torch.zeros(offset, dtype=dtype, device=device), requires_grad=False)
+            if has_bias
+            else None
         )
         self.packed_weight: torch.Tensor | None = None
         self.wide_dtype: torch.dtype | None = None  # large products in this wider dtype (see pack)

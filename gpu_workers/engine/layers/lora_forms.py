@@ -76,11 +76,17 @@ def decode_lora_candidates(
     for pos, rank in enumerate(ranks):
         layer = {}
         for projection, (in_features, output_slices) in slices.items():
-            modules = {m: (rand(rank, in_features), rand(c1 - c0, rank)) for m, (c0, c1) in output_slices.items()}
+            modules = {
+                m: (rand(rank, in_features), rand(c1 - c0, rank)) for m, (c0, c1) in output_slices.items()
+            }
             proj = build_lora_projection(modules, projection, output_slices, 2.0, dtype, device)
             assert proj is not None
             layer[projection] = proj
-        adapters.append(LoraAdapter(f"tuning-{pos}", rank, 2.0, tuple(m for s in slices.values() for m in s[1]), (layer,), 0))
+        adapters.append(
+            LoraAdapter(
+                f"tuning-{pos}", rank, 2.0, tuple(m for s in slices.values() for m in s[1]), (layer,), 0
+            )
+        )
     num_tokens = len(adapters)
     segments = tuple(LoraSegment(i, i + 1, a) for i, a in enumerate(adapters))
     x = {p: rand(num_tokens, slices[p][0]) for p in PROJECTIONS}

@@ -95,7 +95,9 @@ class KernelStep:
 
     def select_rows(self, row_list: list[int]) -> KernelStep:
         """The same adapters over batch rows `row_list` (ascending), renumbered (row i = row_list[i])."""
-        ranges = tuple((bisect.bisect_left(row_list, s), bisect.bisect_left(row_list, e)) for s, e in self.segments)
+        ranges = tuple(
+            (bisect.bisect_left(row_list, s), bisect.bisect_left(row_list, e)) for s, e in self.segments
+        )
         return KernelStep(self.kernel, ranges, torch.tensor(ranges, dtype=torch.int64).reshape(-1, 2))
 
     def begin_layer(self, layer_idx: int) -> None:
@@ -112,7 +114,15 @@ class KernelStep:
             x = x.contiguous()
         kernel = self.kernel
         getattr(lib, _KERNEL_DTYPES[out.dtype])(
-            x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), x.shape[1], kernel.desc.shape[0],
-            kernel.desc_address(layer_idx, projection), kernel.desc.stride(0), self.seg_table.data_ptr(),
-            kernel.order.data_ptr(), torch.get_num_threads(),
+            x.data_ptr(),
+            x.stride(0),
+            out.data_ptr(),
+            out.stride(0),
+            x.shape[1],
+            kernel.desc.shape[0],
+            kernel.desc_address(layer_idx, projection),
+            kernel.desc.stride(0),
+            self.seg_table.data_ptr(),
+            kernel.order.data_ptr(),
+            torch.get_num_threads(),
         )

@@ -56,7 +56,12 @@ class RotaryEmbedding:
     """
 
     def __init__(
-        self, head_dim: int, max_positions: int, params: dict[str, Any], dtype: torch.dtype, device: torch.device
+        self,
+        head_dim: int,
+        max_positions: int,
+        params: dict[str, Any],
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         inv_freq = inverse_frequencies(head_dim, params)
         positions = torch.arange(max_positions, dtype=torch.float32)

@@ -68,7 +68,9 @@ class StackedStep:
         if stacked is None:
             return
         if stacked.is_packed:
-            xa = packed_linear(x, stacked.a_t).masked_fill_(self.masks[stacked.layout], 0.0)  # [num_tokens, S]
+            xa = packed_linear(x, stacked.a_t).masked_fill_(
+                self.masks[stacked.layout], 0.0
+            )  # [num_tokens, S]
             for s0, s1, c0, c1, b_packed in stacked.parts:
                 out[:, c0:c1] += packed_linear(xa[:, s0:s1], b_packed)
             return
@@ -133,7 +135,9 @@ def build_stacked_lora(adapters: tuple[LoraAdapter, ...], pack: bool = False) ->
                 owners.append(
                     torch.cat([torch.full((n,), pos, dtype=torch.long) for pos, n in runs]).to(a_t.device)
                 )
-            num_bytes += a_t.numel() * a_t.element_size() + sum(b.numel() * b.element_size() for *_, b in parts)
+            num_bytes += a_t.numel() * a_t.element_size() + sum(
+                b.numel() * b.element_size() for *_, b in parts
+            )
             if pack:
                 a_t = pack_linear_weight(a_t.t())
                 parts = [(s0, s1, c0, c1, pack_linear_weight(b.t())) for s0, s1, c0, c1, b in parts]

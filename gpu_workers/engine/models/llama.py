@@ -90,7 +90,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, args.rms_norm_eps, dtype, device)
         self.qkv = MergedLinear(hidden, qkv_sizes, args.has_qkv_bias, dtype, device)
         self.o = MergedLinear(self.q_size, {"o_proj": hidden}, args.has_o_bias, dtype, device)
-        self.gate_up = MergedLinear(hidden, {"gate_proj": inter, "up_proj": inter}, args.has_mlp_bias, dtype, device)
+        self.gate_up = MergedLinear(
+            hidden, {"gate_proj": inter, "up_proj": inter}, args.has_mlp_bias, dtype, device
+        )
         self.down = MergedLinear(inter, {"down_proj": hidden}, args.has_mlp_bias, dtype, device)
 
     def forward(
@@ -147,9 +149,9 @@ class DecoderLayer(nn.Module):
         num_tokens = x.shape[0]
         qkv = self._project("qkv", x, lora)  # [T, q_size + 2 * kv_size]
         # q and k rotated in one pass over their adjacent columns: [T, Hq + Hkv, D]
-        qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), *cos_sin)
+        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), *cos_sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, Hq, D]
         return o.reshape(num_tokens, self.q_size)
 
@@ -174,7 +176,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head_weight = self.embed_tokens.weight
         else:
             self.lm_head_weight = nn.Parameter(
-                torch.empty(args.vocab_size, args.hidden_size, dtype=dtype, device=device), requires_grad=False
+                torch.empty(args.vocab_size, args.hidden_size, dtype=dtype, device=device),
+                requires_grad=False,
             )
 
     def forward(
@@ -241,7 +244,12 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
-            for merged, sub in (("qkv", "self_attn"), ("o", "self_attn"), ("gate_up", "mlp"), ("down", "mlp")):
+            for merged, sub in (
+                ("qkv", "self_attn"),
+                ("o", "self_attn"),
+                ("gate_up", "mlp"),
+                ("down", "mlp"),
+            ):
                 linear: MergedLinear = getattr(layer, merged)
                 for module in linear.output_slices:
                     names.add(f"{p}{sub}.{module}.weight")
@@ -263,6 +271,13 @@ class LlamaForCausalLM(nn.Module):
                 getattr(layer, parts[3]).weight.data.copy_(tensor)
                 return
             module = parts[4]
-            merged = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "o",
-                      "gate_proj": "gate_up", "up_proj": "gate_up", "down_proj": "down"}[module]
+            merged = {
+                "q_proj": "qkv",
+                "k_proj": "qkv",
+                "v_proj": "qkv",
+                "o_proj": "o",
+                "gate_proj": "gate_up",
+                "up_proj": "gate_up",
+                "down_proj": "down",
+            }[module]
             getattr(layer, merged).load(module, tensor, is_bias=parts[5] == "bias")

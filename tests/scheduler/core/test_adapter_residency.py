@@ -14,12 +14,12 @@ from scheduler.eviction import EVICTION_POLICIES, make_eviction_policy
 from tests.scheduler.core.scheduler_helpers import PAGE_BYTES, ManualClock
 
 
-def make_residency(policy: str, num_kv_pages: int = 8, num_adapter_pages: int = 8) -> tuple[AdapterResidency, ManualClock]:
+def make_residency(
+    policy: str, num_kv_pages: int = 8, num_adapter_pages: int = 8
+) -> tuple[AdapterResidency, ManualClock]:
     clock = ManualClock()
     pool = PagePool(num_kv_pages + num_adapter_pages, 4, num_kv_pages)
-    residency = AdapterResidency(
-        pool, PAGE_BYTES, policy=make_eviction_policy(policy), clock=clock
-    )
+    residency = AdapterResidency(pool, PAGE_BYTES, policy=make_eviction_policy(policy), clock=clock)
     return residency, clock
 
 
@@ -105,7 +105,9 @@ def test_without_the_adapter_cache_idle_adapters_leave_the_device_and_used_ones_
     assert residency.drop_idle_adapters() == ["idle"]
     assert residency.residency("idle") is Residency.HOST and pool.num_free_pages == num_free + 2
     assert [residency.residency(a) for a in ("running", "queued", "copying")] == [
-        Residency.DEVICE, Residency.DEVICE, Residency.COPYING,
+        Residency.DEVICE,
+        Residency.DEVICE,
+        Residency.COPYING,
     ]
     residency.unpin("running", is_running=True)
     residency.mark_loaded("copying")
@@ -172,7 +174,9 @@ def check_invariants(residency: AdapterResidency, num_pages: int) -> None:
     assert pool.num_used_pages + pool.num_free_pages == num_pages
     adapter_pages = [p for a in residency.device_adapters() for p in residency.get(a).page_ids]  # type: ignore[union-attr]
     assert len(adapter_pages) == len(set(adapter_pages)) == pool.num_adapter_pages
-    assert all(residency.residency(a) in (Residency.COPYING, Residency.DEVICE) for a in residency.device_adapters())
+    assert all(
+        residency.residency(a) in (Residency.COPYING, Residency.DEVICE) for a in residency.device_adapters()
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -193,7 +197,9 @@ def test_random_operations_keep_the_budget_the_partition_and_running_pins(
     kv_blocks: list[int] = []
     for op in ops:
         running_on_device = {
-            a for a in residency.device_adapters() if residency.get(a).num_running > 0  # type: ignore[union-attr]
+            a
+            for a in residency.device_adapters()
+            if residency.get(a).num_running > 0  # type: ignore[union-attr]
         }
         kind, *args = op
         if kind == "plan_load":
@@ -221,7 +227,7 @@ def test_random_operations_keep_the_budget_the_partition_and_running_pins(
         elif kind == "kv_allocate":
             kv_blocks += residency.pool.allocate(args[0]) or []
         elif kind == "kv_free" and kv_blocks:
-            freed, kv_blocks = kv_blocks[: args[0]], kv_blocks[args[0]:]
+            freed, kv_blocks = kv_blocks[: args[0]], kv_blocks[args[0] :]
             residency.pool.free(freed)
         elif kind == "evict_for_kv":
             evicted = residency.evict_for_kv(args[0])

@@ -19,6 +19,7 @@ from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
 from scheduler.core.sequence import Sequence
+from scheduler.core.waiting_view import describe_waiting
 from scheduler.eviction import EVICTION_POLICIES, make_eviction_policy
 from tests.scheduler.core.scheduler_helpers import (
     BLOCK_SIZE,
@@ -40,11 +41,18 @@ def make_scheduler(
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
     clock = partial(next, itertools.count())  # deterministic: every reading is one tick later
     residency = AdapterResidency(
-        pool, PAGE_BYTES, policy=make_eviction_policy(setup.eviction_policy), clock=clock,
+        pool,
+        PAGE_BYTES,
+        policy=make_eviction_policy(setup.eviction_policy),
+        clock=clock,
         is_caching_idle_adapters=is_caching_idle_adapters,
     )
     return BatchScheduler(
-        pool, residency, FifoPolicy(), setup.max_num_seqs, setup.max_num_batched_tokens,
+        pool,
+        residency,
+        FifoPolicy(),
+        setup.max_num_seqs,
+        setup.max_num_batched_tokens,
         num_cpu_prefill_workers=num_cpu_prefill_workers,
     )
 
@@ -78,7 +86,9 @@ def test_plans_keep_budgets_and_pins_and_every_request_finishes(
     for step in range(3000):
         while pending and pending[0][1][3] <= step:  # arrivals spread over the first steps
             i, (num_prompt, max_tokens, adapter, _) = pending.pop(0)
-            seq = make_seq(f"r{i}", num_prompt, max_tokens, None if adapter is None else f"a{adapter}", float(i))
+            seq = make_seq(
+                f"r{i}", num_prompt, max_tokens, None if adapter is None else f"a{adapter}", float(i)
+            )
             scheduler.add(seq)
             seqs.append(seq)
         if not pending and not scheduler.has_unfinished():
@@ -100,14 +110,18 @@ def test_request_with_host_only_adapter_gets_a_load_and_runs_once_it_lands() -> 
     assert [load.adapter_id for load in plan.adapter_loads] == ["cold"]
     assert plan.entries == [] and plan.copy_waits == ["r"]
     assert scheduler.residency.residency("cold") is Residency.COPYING
-    assert scheduler.describe(make_seq("w", 3, 9, "cold", 1.0)).adapter_residency == "copying"
+    assert (
+        describe_waiting(make_seq("w", 3, 9, "cold", 1.0), scheduler.residency).adapter_residency == "copying"
+    )
     scheduler.on_adapter_loaded("cold")
     plan = scheduler.schedule()
     assert [e.seq.request_id for e in plan.entries] == ["r"] and not plan.host_assisted_adapters
 
 
 @pytest.mark.parametrize("is_caching", [True, False])
-def test_without_the_adapter_cache_a_finished_requests_adapter_leaves_at_the_next_step(is_caching: bool) -> None:
+def test_without_the_adapter_cache_a_finished_requests_adapter_leaves_at_the_next_step(
+    is_caching: bool,
+) -> None:
     scheduler = make_scheduler(Setup(8, 4, 4, 64), is_caching_idle_adapters=is_caching)
     scheduler.residency.register("a", "/host/a", rank=4, num_bytes=100)
     scheduler.add(make_seq("r1", 4, 1, "a", 0.0))
@@ -135,7 +149,9 @@ def test_without_the_adapter_cache_an_adapter_a_waiting_request_uses_stays() -> 
 
 
 def test_idle_adapter_is_evicted_before_one_a_waiting_request_uses() -> None:
-    scheduler = make_scheduler(Setup(12, 0, 4, 64))  # unified, 12 pages: two adapters of 5 pages fit, not three
+    scheduler = make_scheduler(
+        Setup(12, 0, 4, 64)
+    )  # unified, 12 pages: two adapters of 5 pages fit, not three
     residency = scheduler.residency
     for name in ("idle", "queued", "new"):
         residency.register(name, f"/host/{name}", rank=5, num_bytes=5 * PAGE_BYTES)
@@ -164,13 +180,15 @@ def test_policy_sees_predicted_output_tokens_and_adapter_bytes() -> None:
     scheduler.residency.register("a", "/host/a", rank=4, num_bytes=250)
     seq = make_seq("r", 3, 20, "a", 0.0)
     seq.predicted_output_tokens = 5
-    described = scheduler.describe(seq)
+    described = describe_waiting(seq, scheduler.residency)
     assert (described.predicted_output_tokens, described.adapter_num_bytes, described.adapter_residency) == (
         5,
         250,
         "host",
     )
-    assert scheduler.describe(make_seq("q", 3, 20, None, 0.0)).predicted_output_tokens == 20
+    assert (
+        describe_waiting(make_seq("q", 3, 20, None, 0.0), scheduler.residency).predicted_output_tokens == 20
+    )
 
 
 class ServedTokensRecorder(FifoPolicy):
@@ -191,7 +209,10 @@ def test_policy_hears_of_each_steps_output_tokens_and_sees_the_tenant() -> None:
     scheduler = BatchScheduler(pool, residency, policy, max_num_seqs=4, max_num_batched_tokens=6)
     long, short = make_seq("long", 10, 2, None, 0.0), make_seq("short", 2, 2, None, 1.0)
     short.tenant_id, short.tenant_weight = "t", 2.0
-    assert (scheduler.describe(short).tenant_id, scheduler.describe(short).tenant_weight) == ("t", 2.0)
+    assert (
+        describe_waiting(short, scheduler.residency).tenant_id,
+        describe_waiting(short, scheduler.residency).tenant_weight,
+    ) == ("t", 2.0)
     scheduler.add(long)
     scheduler.add(short)
     while scheduler.has_unfinished():
@@ -208,13 +229,20 @@ def test_a_queued_requests_adapter_is_prefetched_and_its_admission_is_a_hit() ->
     scheduler.add(make_seq("r2", 4, 2, "second", 1.0))
     plan = scheduler.schedule()
     assert [e.seq.request_id for e in plan.entries] == ["r1"]
-    assert [load.adapter_id for load in plan.adapter_loads] == ["first", "second"]  # r2 waits, its adapter loads
+    assert [load.adapter_id for load in plan.adapter_loads] == [
+        "first",
+        "second",
+    ]  # r2 waits, its adapter loads
     assert (scheduler.num_adapter_misses, scheduler.num_adapter_prefetches) == (1, 1)
     carry_out(scheduler, plan)
     while "r2" in scheduler.waiting:
         carry_out(scheduler, later := scheduler.schedule())
         assert not later.adapter_loads
-    assert (scheduler.num_adapter_hits, scheduler.num_adapter_misses, scheduler.num_adapter_prefetches) == (1, 1, 1)
+    assert (scheduler.num_adapter_hits, scheduler.num_adapter_misses, scheduler.num_adapter_prefetches) == (
+        1,
+        1,
+        1,
+    )
 
 
 def test_a_prefetch_evicts_idle_adapters_but_never_a_running_or_queued_requests_adapter() -> None:
@@ -243,5 +271,8 @@ def test_no_prefetch_in_a_step_that_is_short_of_pages() -> None:
     scheduler.add(make_seq("r2", 4, 1, "b", 1.0))
     plan = scheduler.schedule()
     assert [e.seq.request_id for e in plan.entries] == ["r1"]
-    assert [load.adapter_id for load in plan.adapter_loads] == ["a", "b"]  # r2's adapter loaded on admission try
+    assert [load.adapter_id for load in plan.adapter_loads] == [
+        "a",
+        "b",
+    ]  # r2's adapter loaded on admission try
     assert "r2" in scheduler.waiting and scheduler.num_adapter_prefetches == 0

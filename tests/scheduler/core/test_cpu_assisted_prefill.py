@@ -88,7 +88,9 @@ def test_no_workers_means_every_request_of_a_copying_adapter_waits() -> None:
     scheduler.add(make_seq("a", 5, 2, "cold", 0.0))
     scheduler.add(make_seq("c", 3, 2, None, 1.0))  # not blocked behind the copy
     plan = scheduler.schedule()
-    assert ids(plan) == ["c"] and plan.copy_waits == ["a"] and scheduler.copy_gate.num_cpu_assisted_prefills == 0
+    assert (
+        ids(plan) == ["c"] and plan.copy_waits == ["a"] and scheduler.copy_gate.num_cpu_assisted_prefills == 0
+    )
 
 
 @settings(max_examples=150, deadline=None)

@@ -33,7 +33,9 @@ def test_re_adding_a_key_replaces_its_size() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     max_bytes=st.integers(0, 200),
-    ops=st.lists(st.tuples(st.sampled_from(["add", "lookup", "remove"]), st.integers(0, 6), st.integers(0, 120))),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "lookup", "remove"]), st.integers(0, 6), st.integers(0, 120))
+    ),
 )
 def test_the_budget_is_never_exceeded_and_bytes_are_counted_exactly(max_bytes: int, ops: list) -> None:
     tier = HostTier(max_bytes)

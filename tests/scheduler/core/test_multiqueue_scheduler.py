@@ -35,8 +35,14 @@ def make_scheduler(
     return BatchScheduler(pool, residency, policy, max_num_seqs, 64, clock=clock)
 
 
-def seq(request_id: str, num_prompt: int, max_tokens: int, adapter: str | None, arrival: float,
-        predicted: int | None = None) -> Sequence:
+def seq(
+    request_id: str,
+    num_prompt: int,
+    max_tokens: int,
+    adapter: str | None,
+    arrival: float,
+    predicted: int | None = None,
+) -> Sequence:
     s = make_seq(request_id, num_prompt, max_tokens, adapter, arrival)
     s.predicted_output_tokens = predicted
     return s
@@ -60,7 +66,9 @@ def drain(scheduler: BatchScheduler, clock: ManualClock, admitted: list[str]) ->
 
 
 def test_admission_gate_blocks_only_the_group_and_lets_bypass_ids_past_an_adapter_blocked_head() -> None:
-    grouped = AdmissionPlan(("a", "b", "c", "d", "e"), True, group_ids=(0, 0, 1, 1, 1), bypass_ids=frozenset({"e"}))
+    grouped = AdmissionPlan(
+        ("a", "b", "c", "d", "e"), True, group_ids=(0, 0, 1, 1, 1), bypass_ids=frozenset({"e"})
+    )
     gate = AdmissionGate(grouped)
     gate.on_short("a", is_adapter_short=False)  # KV: the rest of group 0 waits
     assert not gate.may_try("b") and gate.may_try("c")
@@ -87,7 +95,11 @@ def test_short_request_goes_ahead_of_an_earlier_long_one_whose_queue_quota_is_us
     orders = {}
     for name in ("multiqueue", "fifo"):
         clock = ManualClock()
-        policy = MultiQueuePolicy(min_samples=4, window_size=4, refresh_s=1e9) if name == "multiqueue" else FifoPolicy()
+        policy = (
+            MultiQueuePolicy(min_samples=4, window_size=4, refresh_s=1e9)
+            if name == "multiqueue"
+            else FifoPolicy()
+        )
         scheduler = make_scheduler(policy, num_kv_pages=40, num_adapter_pages=0, clock=clock)  # 160 tokens
         warm_up(scheduler, clock)
         seqs = [seq("long1", 40, 60, None, clock.now), seq("long2", 40, 60, None, clock.now + 0.1)]
@@ -161,14 +173,24 @@ requests = request_lists(max_arrival_step=6, max_size=16)
 @settings(max_examples=80, deadline=None)
 @given(setup=setups, reqs=requests, adapters=adapter_sizes, max_queues=st.integers(1, 4))
 def test_multiqueue_plans_keep_the_budgets_and_every_request_finishes(
-    setup: Setup, reqs: list[tuple[int, int, int | None, int]], adapters: list[tuple[int, int]], max_queues: int
+    setup: Setup,
+    reqs: list[tuple[int, int, int | None, int]],
+    adapters: list[tuple[int, int]],
+    max_queues: int,
 ) -> None:
     clock = ManualClock()
     policy = MultiQueuePolicy(max_queues=max_queues, min_samples=4, window_size=12, refresh_s=3.0)
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
     residency = AdapterResidency(pool, PAGE_BYTES, clock=clock)
-    scheduler = BatchScheduler(pool, residency, policy, setup.max_num_seqs, setup.max_num_batched_tokens,
-                               num_cpu_prefill_workers=1, clock=clock)
+    scheduler = BatchScheduler(
+        pool,
+        residency,
+        policy,
+        setup.max_num_seqs,
+        setup.max_num_batched_tokens,
+        num_cpu_prefill_workers=1,
+        clock=clock,
+    )
     register_fitting_adapters(residency, adapters, setup)
     seqs: list[Sequence] = []
     pending = sorted(enumerate(reqs), key=lambda item: item[1][3])

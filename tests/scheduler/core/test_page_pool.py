@@ -42,7 +42,8 @@ def test_reserved_pages_are_not_allocatable() -> None:
 
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["alloc", "free", "append"]), st.integers(0, 6), st.integers(0, 40)), max_size=60
+    st.tuples(st.sampled_from(["alloc", "free", "append"]), st.integers(0, 6), st.integers(0, 40)),
+    max_size=60,
 )
 
 
@@ -129,12 +130,18 @@ def test_kv_pages_cannot_be_released_as_adapter_pages() -> None:
     ("rank", "num_bytes", "page_bytes", "expected"),
     [(8, 800, 400, 2), (8, 800, 100, 8), (8, 800, 99, 16), (16, 0, 100, 0), (3, 300, 250, 2)],
 )
-def test_adapter_pages_are_cut_along_the_rank_dimension(rank: int, num_bytes: int, page_bytes: int, expected: int) -> None:
+def test_adapter_pages_are_cut_along_the_rank_dimension(
+    rank: int, num_bytes: int, page_bytes: int, expected: int
+) -> None:
     assert num_pages_for_adapter(rank, num_bytes, page_bytes) == expected
 
 
 pool_ops = st.lists(
-    st.tuples(st.sampled_from(["alloc", "free", "reserve", "release", "append"]), st.integers(0, 7), st.integers(0, 40)),
+    st.tuples(
+        st.sampled_from(["alloc", "free", "reserve", "release", "append"]),
+        st.integers(0, 7),
+        st.integers(0, 40),
+    ),
     max_size=80,
 )
 

@@ -19,15 +19,21 @@ from scheduler.core.prefix_cache import PrefixCache
 BS = 4
 
 
-def computed(cache: PrefixCache, adapter: str | None, tokens: list[int], namespace: str | None = None) -> list[int]:
+def computed(
+    cache: PrefixCache, adapter: str | None, tokens: list[int], namespace: str | None = None
+) -> list[int]:
     """Allocate a sequence's pages, 'compute' them and insert its full blocks; returns its block table."""
     table = cache.pool.allocate(cache.pool.num_blocks_for_tokens(len(tokens)))
     assert table is not None
-    assert cache.insert(adapter, tokens, table, 0, len(tokens) // BS, namespace=namespace) == len(tokens) // BS
+    assert (
+        cache.insert(adapter, tokens, table, 0, len(tokens) // BS, namespace=namespace) == len(tokens) // BS
+    )
     return table
 
 
-def match(cache: PrefixCache, adapter: str | None, tokens: list[int], namespace: str | None = None) -> list[int]:
+def match(
+    cache: PrefixCache, adapter: str | None, tokens: list[int], namespace: str | None = None
+) -> list[int]:
     return cache.match(adapter, tokens, namespace=namespace)
 
 
@@ -96,7 +102,9 @@ def test_insert_stops_where_another_page_already_holds_the_block() -> None:
     first = computed(cache, "a", list(range(8)))
     twin = cache.pool.allocate(2)
     assert twin is not None
-    assert cache.insert("a", list(range(8)), twin, 0, 2, namespace=None) == 0  # computed concurrently: keeps its own pages
+    assert (
+        cache.insert("a", list(range(8)), twin, 0, 2, namespace=None) == 0
+    )  # computed concurrently: keeps its own pages
     assert match(cache, "a", list(range(9))) == first
 
 
@@ -150,7 +158,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def setup(self, num_pages: int) -> None:
         self.pool = PagePool(num_pages, BS)
         self.cache = PrefixCache(self.pool)
-        self.live: dict[int, tuple[str | None, list[int], list[int], int]] = {}  # id -> adapter, tokens, table, n
+        self.live: dict[
+            int, tuple[str | None, list[int], list[int], int]
+        ] = {}  # id -> adapter, tokens, table, n
         # page -> what its KV is: (namespace that computed it, adapter, adapter epoch, token prefix)
         self.content: dict[int, tuple[str | None, str | None, int, tuple[int, ...]]] = {}
         self.epoch = {a: 0 for a in ADAPTERS}  # bumped when an adapter leaves the device
@@ -163,8 +173,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     )
     def start(self, namespace: str | None, adapter: str | None, tokens: list[int]) -> None:
         matched = self.cache.match(adapter, tokens, namespace=namespace)
-        for i, page in enumerate(matched):  # every hit: this namespace's and adapter's (epoch) KV of this prefix
-            assert self.content[page] == (namespace, adapter, self.epoch[adapter], tuple(tokens[:(i + 1) * BS]))
+        for i, page in enumerate(
+            matched
+        ):  # every hit: this namespace's and adapter's (epoch) KV of this prefix
+            assert self.content[page] == (
+                namespace,
+                adapter,
+                self.epoch[adapter],
+                tuple(tokens[: (i + 1) * BS]),
+            )
         assert len(matched) * BS < len(tokens)
         self.cache.acquire(matched)  # before evicting: a referenced block is never evicted
         num_own = self.pool.num_blocks_for_tokens(len(tokens)) - len(matched)
@@ -176,8 +193,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return
         table = matched + own
         for i in range(len(matched), len(table)):  # compute the rest
-            self.content[table[i]] = (namespace, adapter, self.epoch[adapter], tuple(tokens[:(i + 1) * BS]))
-        num_cached = self.cache.insert(adapter, tokens, table, len(matched), len(tokens) // BS, namespace=namespace)
+            self.content[table[i]] = (namespace, adapter, self.epoch[adapter], tuple(tokens[: (i + 1) * BS]))
+        num_cached = self.cache.insert(
+            adapter, tokens, table, len(matched), len(tokens) // BS, namespace=namespace
+        )
         self.live[self.next_id] = (adapter, tokens, table, num_cached)
         self.next_id += 1
 
@@ -225,9 +244,16 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             if block.parent is not None:
                 assert block.parent.ref_count >= block.ref_count
                 assert self.cache.block(block.parent.page) is block.parent
-            assert self.content[block.page][:3] == (block.namespace, block.adapter_id, self.epoch[block.adapter_id])
+            assert self.content[block.page][:3] == (
+                block.namespace,
+                block.adapter_id,
+                self.epoch[block.adapter_id],
+            )
             if block.parent is not None:
-                assert (block.parent.namespace, block.parent.adapter_id) == (block.namespace, block.adapter_id)
+                assert (block.parent.namespace, block.parent.adapter_id) == (
+                    block.namespace,
+                    block.adapter_id,
+                )
         assert set(self.cache.namespaces()) == {b.namespace for b in self.cache.blocks()}
         assert self.cache.num_evictable_blocks == sum(1 for b in self.cache.blocks() if b.ref_count == 0)
         assert self.pool.num_used_pages + self.pool.num_free_pages == self.pool.num_pages

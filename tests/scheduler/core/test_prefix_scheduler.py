@@ -27,13 +27,21 @@ PAGE_BYTES = 100
 BS = 4
 
 
-def make_scheduler(num_kv_pages: int, num_adapter_pages: int, max_num_seqs: int, max_tokens: int) -> BatchScheduler:
+def make_scheduler(
+    num_kv_pages: int, num_adapter_pages: int, max_num_seqs: int, max_tokens: int
+) -> BatchScheduler:
     """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split. One CPU prefill worker: a
     cold adapter's first prefill runs in the step that plans its copy (CPU-assisted)."""
     pool = PagePool(num_kv_pages + num_adapter_pages, BS, num_kv_pages)
     residency = AdapterResidency(pool, PAGE_BYTES)
     return BatchScheduler(
-        pool, residency, FifoPolicy(), max_num_seqs, max_tokens, prefix_cache=PrefixCache(pool), num_cpu_prefill_workers=1
+        pool,
+        residency,
+        FifoPolicy(),
+        max_num_seqs,
+        max_tokens,
+        prefix_cache=PrefixCache(pool),
+        num_cpu_prefill_workers=1,
     )
 
 
@@ -67,7 +75,9 @@ class KvModel:
         for i in range(start // BS, -(-end // BS)):
             self.content[seq.block_table[i]] = (
                 seq.cache_namespace,
-                seq.adapter_id, self.epoch[seq.adapter_id], tuple(seq.token_ids[:min(end, (i + 1) * BS)])
+                seq.adapter_id,
+                self.epoch[seq.adapter_id],
+                tuple(seq.token_ids[: min(end, (i + 1) * BS)]),
             )
 
 
@@ -96,9 +106,9 @@ def check_state(scheduler: BatchScheduler) -> None:
     refs: dict[int, int] = {}
     own: list[int] = []
     for seq in scheduler.running:
-        for page in seq.block_table[:seq.num_cached_blocks]:
+        for page in seq.block_table[: seq.num_cached_blocks]:
             refs[page] = refs.get(page, 0) + 1
-        own += seq.block_table[seq.num_cached_blocks:]
+        own += seq.block_table[seq.num_cached_blocks :]
     for seq in scheduler.waiting.values():
         assert not seq.block_table and seq.num_cached_blocks == 0
     cached = {b.page for b in cache.blocks()}
