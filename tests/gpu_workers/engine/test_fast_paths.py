@@ -165,7 +165,7 @@ def test_kernel_delta_equals_the_segment_form(
 def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(fp32_engine: Any) -> None:
     from gpu_workers.engine.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta
     from gpu_workers.engine.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
-    from tests.gpu_workers.test_row_isolation import overflowing_copy
+    from tests.gpu_workers.engine.test_row_isolation import overflowing_copy
 
     _kernel_or_skip()
     good = fp32_engine.runner.adapters["adapter-02"]

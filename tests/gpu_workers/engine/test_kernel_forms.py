@@ -161,7 +161,7 @@ needs_bf16_packing = pytest.mark.skipif(
 @pytest.mark.parametrize("form", ["packed", "fp32_upcast", "plain"])
 def test_every_prefill_gemm_form_matches_peft(make_engine: Any, hf_oracle: Any, form: str) -> None:
     """A prompt long enough for the prefill GEMM path gives peft's logits within bf16 noise in each form."""
-    from tests.gpu_workers.test_fast_paths import _prefill_logits
+    from tests.gpu_workers.engine.test_fast_paths import _prefill_logits
 
     prompt = [1] + [7 + (i * 37) % 500 for i in range(300)]
     engine = make_engine(dtype="bfloat16", packed_linears=True, prefill_gemm=form)

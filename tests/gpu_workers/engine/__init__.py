@@ -1,0 +1,1 @@
+"""Tests of gpu_workers/engine/."""
