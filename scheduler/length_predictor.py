@@ -10,11 +10,11 @@ a random share of rows the same way, so that branch is trained on every adapter'
 
 Histories are keyed by (tenant, adapter), never by adapter alone: the base model (adapter None) and public
 adapters are shared by tenants, and a history shared between them let one tenant's traffic move another's
-predictions, hence its place in `sjf`/multi-queue order and the router's load estimate (issue 19: A's long
+predictions, hence its place in `sjf`/multi-queue order and the router's load estimate (measured: tenant A's long
 outputs moved B's base-model prediction from 1 to 300 tokens, B's TTFT under `sjf` from 1.2 to 9.2 s).
 A private adapter has one tenant anyway; keying every history the same way keeps one rule.
 
-No feature is derived from the prompt's content (issue 19): features are stored with usage for training, and
+No feature is derived from the prompt's content: features are stored with usage for training, and
 the hashed word n-gram histogram used before narrowed down what a prompt said (its exact word count; 10,000
 candidate PINs to 1,124). The prompt's size enters as its token count only, which is metered anyway.
 
@@ -26,7 +26,7 @@ popularity and per-adapter log-normal lengths, a third prompt-dependent, some ch
   linear median regression (`QuantileRegressor(quantile=0.5)` on the same features)  MAE 98.8 / 44.3%, fit 24 s;
   per-adapter history median (no model) 100.0 / 39.1%; global median 134.5 / 15.1%; max_tokens 865.9 / 1.8%;
   an oracle knowing each request's true conditional median (the noise floor) 54.4 / 64.6%.
-  Without the prompt-text features (issue 19; the text cue is then invisible to every predictor):
+  Without the prompt-text features (the text cue is then invisible to every predictor):
   boosting MAE 73.5 / 54.7%, linear 100.0 / 44.7% (benchmarks/RESULTS.md).
 Boosting wins because the effect of the request features differs per adapter (an interaction of the history
 features with prompt length / chat that a linear model cannot express), and it fits 6-10x faster. One

@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 ARTIFACT_MAGIC = b"LHLENPRED"
-# 2: histories keyed by (tenant, adapter) and no prompt-text features (issue 19); 3: JSON instead of a pickle.
+# 2: histories keyed by (tenant, adapter) and no prompt-text features; 3: JSON instead of a pickle.
 ARTIFACT_FORMAT_VERSION = 3
 PICKLE_PROTOCOL_2_TO_5 = b"\x80"  # the first byte of a pickle of protocol 2 or later (formats 1 and 2)
 STATE_KEYS = frozenset(

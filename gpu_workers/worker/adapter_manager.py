@@ -88,7 +88,7 @@ class AdapterManager:
                     await self._engine.load_adapter(key, path)
                 except AdapterCapacityError:
                     pass
-                except Exception as exc:  # the host copy changed under us: the same answer as a request's
+                except Exception as exc:  # the host copy changed meanwhile: the same answer as a request's
                     self.counters.num_load_failures += 1
                     raise AdapterUnavailableError(
                         f"adapter {key} could not be loaded by this worker: {exc}"
