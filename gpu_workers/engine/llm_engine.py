@@ -41,7 +41,8 @@ from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sampling import SamplingParams
-from scheduler.core.sequence import BatchEntry, Sequence
+from scheduler.core.sequence import Sequence
+from scheduler.core.step_plan import StepPlan
 from scheduler.eviction import make_eviction_policy
 
 
@@ -64,6 +65,9 @@ class LLMEngine:
             is_caching_idle_adapters=config.is_caching_idle_adapters,
         )
         self.prefix_cache = PrefixCache(self.pool) if config.enable_prefix_caching else None
+        self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
+            {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        )
         self.scheduler = BatchScheduler(
             self.pool,
             self.residency,
@@ -72,9 +76,7 @@ class LLMEngine:
             config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
             num_cpu_prefill_workers=config.cpu_prefill_workers,
-        )
-        self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
-            {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+            eos_token_ids=self.eos_token_ids,
         )
         self.counters = EngineCounters()
         self.placer = AdapterPlacer(self.runner, self.scheduler, self.counters)
@@ -159,9 +161,7 @@ class LLMEngine:
         self._fail_adapters(self.placer.poll_copies())
         plan = self.scheduler.schedule()
         self._fail_adapters(self.placer.carry_out(plan))
-        entries = [
-            e for e in plan.entries if not e.seq.is_finished
-        ]  # a failed adapter load ends its requests
+        entries = plan.runnable_entries()  # a failed adapter load ends its requests
         if not entries:
             if plan.copy_waits and self.runner.transfers.copier.has_in_flight():
                 self.runner.transfers.copier.wait_any(
@@ -170,7 +170,6 @@ class LLMEngine:
                 self._fail_adapters(self.placer.poll_copies())
             outputs, self._pending_outputs = self._pending_outputs, []
             return outputs
-        _stamp_first_scheduled(entries, time.time())
         started = time.perf_counter()
         host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
         if host_assisted:
@@ -178,45 +177,37 @@ class LLMEngine:
         else:
             tokens, _ = self.runner.execute(entries)
         outputs, self._pending_outputs = self._pending_outputs, []
-        outputs.extend(self._process(entries, tokens))
+        outputs.extend(self._process(plan, tokens))
         num_sampled = sum(t is not None for t in tokens)
         self.counters.record_step(entries, num_sampled, time.perf_counter() - started)
         self._fail_adapters(self.placer.poll_copies())
         outputs, self._pending_outputs = outputs + self._pending_outputs, []
         return outputs
 
-    def _process(self, entries: list[BatchEntry], tokens: list[int | None]) -> list[RequestOutput]:
-        sampling = [e for e in entries if e.is_sampling]
-        for entry in entries:
-            entry.seq.num_computed_tokens += entry.num_new_tokens
-        now = time.time()
+    def _process(self, plan: StepPlan, tokens: list[int | None]) -> list[RequestOutput]:
+        """Hand the sampled tokens to the core (stops, times), fail the rows without a token, build deltas."""
+        update = self.scheduler.update_from_output(plan, tokens, time.time(), text_stop=self._is_stop_string)
+        for seq in update.finished:
+            self._release(seq)
         outputs = []
-        for entry, token in zip(sampling, tokens):
-            seq = entry.seq
-            if token is None:
-                self._fail(seq, _overflow_message(seq), "numeric_overflow")
-                outputs.append(self._delta(seq, []))
-                continue
-            seq.token_ids.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            self._check_stop(seq, token)
-            outputs.append(self._delta(seq, [token]))
+        for row in update.sampled:
+            if row.token_id is None:
+                self._fail(row.seq, _overflow_message(row.seq), "numeric_overflow")
+                outputs.append(self._delta(row.seq, []))
+            else:
+                outputs.append(self._delta(row.seq, [row.token_id]))
         return outputs
 
-    def _check_stop(self, seq: Sequence, token: int) -> None:
-        params = seq.sampling_params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            self._finish(seq, "stop")
-            return
+    def _is_stop_string(self, seq: Sequence) -> bool:
+        """Detokenize seq's new token; True (text trimmed before it) when the text now holds a stop string."""
         num_chars_before = len(seq.output_text)
         append_text(self.tokenizer, seq)
-        stop_at = find_stop_string(seq.output_text, params.stop, len(seq.output_text) - num_chars_before)
-        if stop_at is not None:
-            seq.output_text = seq.output_text[:stop_at]
-            self._finish(seq, "stop")
-        elif seq.num_output_tokens >= seq.max_tokens:
-            self._finish(seq, "length")
+        stop = seq.sampling_params.stop
+        stop_at = find_stop_string(seq.output_text, stop, len(seq.output_text) - num_chars_before)
+        if stop_at is None:
+            return False
+        seq.output_text = seq.output_text[:stop_at]
+        return True
 
     def _fail(self, seq: Sequence, error: str, code: str) -> None:
         """Finish one request with reason "error" and an error code (its batch neighbours are not affected)."""
@@ -226,6 +217,10 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_time = time.time()
         self.scheduler.finish(seq, reason)
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence leaves the runner (its per-request state) and is counted."""
         self.runner.release_request(seq.request_id)
         self.counters.num_finished += 1
 
@@ -376,13 +371,6 @@ class LLMEngine:
 
 
 _COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
-
-
-def _stamp_first_scheduled(entries: list[BatchEntry], now: float) -> None:
-    """Record when each sequence's tokens first run (its queueing ends there: arrival -> first scheduled)."""
-    for entry in entries:
-        if entry.seq.first_scheduled_time is None:
-            entry.seq.first_scheduled_time = now
 
 
 def _overflow_message(seq: Sequence) -> str:

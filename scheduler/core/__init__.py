@@ -14,6 +14,8 @@ Modules:
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
   (scheduler/batch_policy.py), then prefetch of waiting requests' adapters.
+- step_output.py: `update_from_output` (`BatchScheduler.update_from_output`), the update after a step: computed
+  and sampled tokens, stop token / EOS / length stops, first-scheduled / first-token / finish times.
 - scheduler_stats.py: `SchedulerStats`, the core's counters and the router's inputs
   (`BatchScheduler.make_stats()`), the innermost part of a worker's stats (cluster/protocol.py `WorkerStats`).
 - copy_gate.py: `CopyGate`, which sequences of a still-copying adapter run this step (CPU-assisted prefills)

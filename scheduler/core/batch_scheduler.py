@@ -21,14 +21,15 @@ adapter, in its cache namespace (`Sequence.cache_namespace`: its tenant's own un
 that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
 join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
 An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
-`schedule()` returns a plain `StepPlan`; the engine carries it out. Copies are asynchronous: which
+`schedule()` returns a plain `StepPlan`; the engine carries it out and hands the sampled tokens to
+`update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Copies are asynchronous: which
 sequences of a still-copying adapter run is `core/copy_gate.py`'s decision (CPU-assisted prefills).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from scheduler.admission import BatchBudget, BatchPolicy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
@@ -38,6 +39,7 @@ from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.scheduler_stats import SchedulerStats, make_stats
 from scheduler.core.sequence import Sequence, SequenceStatus
+from scheduler.core.step_output import StepUpdate, TextStop, update_from_output
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 from scheduler.core.waiting_view import describe_waiting
 
@@ -55,9 +57,11 @@ class BatchScheduler:
         prefix_cache: PrefixCache | None = None,
         num_cpu_prefill_workers: int = 0,
         clock: Callable[[], float] = time.time,
+        eos_token_ids: Collection[int] = frozenset(),
     ) -> None:
         """`clock`: the clock of `Sequence.arrival_time` (wall time by default); the policy sees its reading
-        as `BatchBudget.now` and as the admission and finish times of requests."""
+        as `BatchBudget.now` and as the admission and finish times of requests. `eos_token_ids`: the model's
+        end-of-sequence tokens (a stop unless a request sets `ignore_eos`)."""
         self.pool = pool
         self.residency = residency
         self.policy = policy
@@ -67,6 +71,7 @@ class BatchScheduler:
         self.running: list[Sequence] = []
         self.copy_gate = CopyGate(residency, num_cpu_prefill_workers)
         self.clock = clock
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.num_preemptions = 0
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
         self.num_adapter_hits = (
@@ -169,7 +174,7 @@ class BatchScheduler:
 
     def schedule(self) -> StepPlan:
         """Pick this step's work: entries (sorted by adapter), adapter loads/evictions and preemptions."""
-        plan = StepPlan()
+        plan = StepPlan(start_time=self.clock())
         plan.adapter_evictions.extend(self.residency.drop_idle_adapters())  # no-op with the adapter cache
         budget = self.max_num_batched_tokens
         is_preempted = False
@@ -194,6 +199,13 @@ class BatchScheduler:
         plan.entries.sort(key=lambda e: e.seq.adapter_id or "")
         self.policy.on_tokens_served(plan.num_output_tokens_by_request())
         return plan
+
+    def update_from_output(
+        self, plan: StepPlan, sampled: list[int | None], now: float, text_stop: TextStop | None = None
+    ) -> StepUpdate:
+        """After the step of `plan`: compute its tokens, append `sampled` (one per sampling entry of
+        `plan.runnable_entries()`, None for a failed row) and finish the stopped sequences (core/step_output.py)."""
+        return update_from_output(plan, sampled, now, self.finish, self.eos_token_ids, text_stop)
 
     def _grow_or_preempt(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
         """Give `seq` pages for num_new more tokens, preempting the youngest others; False if seq itself went."""

@@ -31,6 +31,8 @@ class StepPlan:
     only, one CPU worker each) run this step with their LoRA delta computed from the host copy until the
     device copy lands; `copy_waits` are request ids skipped this step because their adapter is still COPYING
     and they cannot run on the host copy (a decode, no CPU assistance, or every CPU worker taken).
+
+    `start_time`: the scheduler's clock when `schedule()` planned the step (when its entries start running).
     """
 
     entries: list[BatchEntry] = field(default_factory=list)
@@ -39,6 +41,12 @@ class StepPlan:
     preemptions: list[str] = field(default_factory=list)
     host_assisted_adapters: set[str] = field(default_factory=set)
     copy_waits: list[str] = field(default_factory=list)
+    start_time: float = 0.0
+
+    def runnable_entries(self) -> list[BatchEntry]:
+        """The entries whose sequence is still unfinished (a failed adapter copy ends its requests between
+        `schedule()` and the step): what the executor runs and `BatchScheduler.update_from_output` updates."""
+        return [e for e in self.entries if not e.seq.is_finished]
 
     @property
     def num_batched_tokens(self) -> int:

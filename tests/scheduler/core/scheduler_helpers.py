@@ -68,17 +68,11 @@ def make_seq(
 
 
 def carry_out(scheduler: BatchScheduler, plan: StepPlan) -> None:
-    """What the engine does with a plan, minus the tensors."""
+    """What the engine does with a plan, minus the tensors: every sampling entry samples token 7."""
     for load in plan.adapter_loads:
         scheduler.on_adapter_loaded(load.adapter_id)
-    for entry in plan.entries:
-        seq = entry.seq
-        is_sampling = entry.is_sampling
-        seq.num_computed_tokens += entry.num_new_tokens
-        if is_sampling:
-            seq.token_ids.append(7)
-            if seq.num_output_tokens >= seq.max_tokens:
-                scheduler.finish(seq, "length")
+    sampled: list[int | None] = [7 for e in plan.runnable_entries() if e.is_sampling]
+    scheduler.update_from_output(plan, sampled, now=scheduler.clock())
 
 
 def check_plan(

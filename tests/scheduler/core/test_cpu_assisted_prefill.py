@@ -23,13 +23,10 @@ def make(num_workers: int, budget: int = 64, num_kv_pages: int = 32) -> BatchSch
     return BatchScheduler(pool, residency, FifoPolicy(), 8, budget, num_cpu_prefill_workers=num_workers)
 
 
-def advance(plan: StepPlan) -> None:
-    """Compute every entry; a sampling entry appends token 7."""
-    for entry in plan.entries:
-        is_sampling = entry.is_sampling
-        entry.seq.num_computed_tokens += entry.num_new_tokens
-        if is_sampling:
-            entry.seq.token_ids.append(7)
+def advance(scheduler: BatchScheduler, plan: StepPlan) -> None:
+    """Compute every entry; a sampling entry samples token 7 (a sequence at its max_tokens finishes)."""
+    sampled: list[int | None] = [7 for e in plan.entries if e.is_sampling]
+    scheduler.update_from_output(plan, sampled, now=0.0)
 
 
 def ids(plan: StepPlan) -> list[str]:
@@ -49,7 +46,7 @@ def test_cold_prefill_runs_at_once_on_the_host_copy() -> None:
 def test_decode_waits_for_the_copy_then_runs_on_the_device_copy() -> None:
     scheduler = make(num_workers=2)
     scheduler.add(make_seq("r", 5, 3, "cold", 0.0))
-    advance(scheduler.schedule())  # the whole prompt, on the host copy
+    advance(scheduler, scheduler.schedule())  # the whole prompt, on the host copy
     plan = scheduler.schedule()
     assert plan.entries == [] and plan.copy_waits == ["r"]  # a decode never runs on the host copy
     scheduler.on_adapter_loaded("cold")
@@ -64,7 +61,7 @@ def test_chunked_prefill_keeps_running_on_the_host_copy_while_it_copies() -> Non
     for _ in range(3):  # chunks of 2, 2, 1
         plan = scheduler.schedule()
         assert ids(plan) == ["r"] and plan.host_assisted_adapters == {"cold"}
-        advance(plan)
+        advance(scheduler, plan)
     assert scheduler.schedule().copy_waits == ["r"]
     assert scheduler.copy_gate.num_cpu_assisted_prefills == 1
 
@@ -77,7 +74,7 @@ def test_busy_pool_falls_back_to_waiting_for_the_copy() -> None:
     plan = scheduler.schedule()
     assert sorted(ids(plan)) == ["a", "c"] and plan.copy_waits == ["b"]
     assert scheduler.get("b").status is SequenceStatus.WAITING  # type: ignore[union-attr]
-    advance(plan)
+    advance(scheduler, plan)
     scheduler.on_adapter_loaded("cold")
     plan = scheduler.schedule()
     assert sorted(ids(plan)) == ["a", "b", "c"] and not plan.host_assisted_adapters
@@ -126,10 +123,7 @@ def test_host_copy_runs_only_prefills_within_the_workers_and_everything_finishes
             if entry.seq.adapter_id is not None and entry.seq.adapter_id in copying:
                 assert entry.seq.adapter_id in plan.host_assisted_adapters
                 assert entry.seq.num_computed_tokens < entry.seq.num_prompt_tokens  # prefills only
-        advance(plan)
-        for seq in list(scheduler.running):
-            if seq.num_output_tokens >= seq.max_tokens:
-                scheduler.finish(seq, "length")
+        advance(scheduler, plan)
         for adapter_id in list(copying):  # a copy may land at any step
             copying[adapter_id] -= 1
             if copying[adapter_id] < 0:

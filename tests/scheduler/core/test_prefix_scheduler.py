@@ -89,13 +89,9 @@ def carry_out(scheduler: BatchScheduler, plan: StepPlan, kv: KvModel) -> None:
     for entry in plan.entries:
         seq = entry.seq
         kv.check(seq)
-        is_sampling = entry.is_sampling
         kv.write(seq, seq.num_computed_tokens, seq.num_computed_tokens + entry.num_new_tokens)
-        seq.num_computed_tokens += entry.num_new_tokens
-        if is_sampling:
-            seq.token_ids.append(seq.num_tokens % 2)
-            if seq.num_output_tokens >= seq.max_tokens:
-                scheduler.finish(seq, "length")
+    sampled: list[int | None] = [e.seq.num_tokens % 2 for e in plan.entries if e.is_sampling]
+    scheduler.update_from_output(plan, sampled, now=scheduler.clock())
 
 
 def check_state(scheduler: BatchScheduler) -> None:
