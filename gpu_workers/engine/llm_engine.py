@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,19 @@ from scheduler.eviction import make_eviction_policy
 class LLMEngine:
     """Native multi-LoRA engine: continuous batching, paged KV, per-adapter segmented LoRA."""
 
-    def __init__(self, config: EngineConfig, policy: BatchPolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        policy: BatchPolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`clock`: the one clock of the engine, its scheduler and its residency (request times, policy and
+        eviction ages); wall-clock seconds by default, the times reported to users and metering."""
         from transformers import AutoTokenizer
 
         self.config = config
+        self.clock = clock
         self.runner = ModelRunner(config)
         self.tokenizer = AutoTokenizer.from_pretrained(str(config.model_path))
         self.max_model_len = self.runner.max_model_len
@@ -62,6 +72,7 @@ class LLMEngine:
             self.pool,
             self.runner.kv_bytes_per_block(),
             policy=make_eviction_policy(config.adapter_eviction_policy),
+            clock=clock,
             is_caching_idle_adapters=config.is_caching_idle_adapters,
         )
         self.prefix_cache = PrefixCache(self.pool) if config.enable_prefix_caching else None
@@ -76,6 +87,7 @@ class LLMEngine:
             config.max_num_batched_tokens,
             prefix_cache=self.prefix_cache,
             num_cpu_prefill_workers=config.cpu_prefill_workers,
+            clock=clock,
             eos_token_ids=self.eos_token_ids,
         )
         self.counters = EngineCounters()
@@ -133,10 +145,9 @@ class LLMEngine:
             predicted_output_tokens,
             tenant_id=tenant_id,
             tenant_weight=tenant_weight,
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
             cache_namespace=cache_namespace,
         )
-        if arrival_time is not None:
-            seq.arrival_time = arrival_time
         self.scheduler.add(seq)
         self.counters.num_prompt_tokens += len(token_ids)
 
@@ -186,7 +197,7 @@ class LLMEngine:
 
     def _process(self, plan: StepPlan, tokens: list[int | None]) -> list[RequestOutput]:
         """Hand the sampled tokens to the core (stops, times), fail the rows without a token, build deltas."""
-        update = self.scheduler.update_from_output(plan, tokens, time.time(), text_stop=self._is_stop_string)
+        update = self.scheduler.update_from_output(plan, tokens, self.clock(), text_stop=self._is_stop_string)
         for seq in update.finished:
             self._release(seq)
         outputs = []
@@ -215,7 +226,7 @@ class LLMEngine:
         self._finish(seq, "error")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        seq.finish_time = time.time()
+        seq.finish_time = self.clock()
         self.scheduler.finish(seq, reason)
         self._release(seq)
 

@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 class RequestOutput:
     """A delta for one request from one engine step (or a whole completion from `generate`).
 
-    Timestamps are `time.time()` seconds; first_scheduled_time (the first step that ran any of the request's
-    tokens: its queueing ends there), first_token_time and finish_time are None until they happen.
+    Timestamps are readings of the engine's clock (`time.time()` seconds unless injected);
+    first_scheduled_time (the first step that ran any of the request's tokens: its queueing ends there),
+    first_token_time and finish_time are None until they happen.
     """
 
     request_id: str

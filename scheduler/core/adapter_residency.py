@@ -16,10 +16,12 @@ at the start of each step).
 Device bytes come from the one page pool (`PagePool.reserve`), which alone decides how many adapters fit
 (no count cap).
 
-Access statistics for the policies, on an injected clock (`time.monotonic` by default; tests and the
-digital twin drive their own): an access is a request for the adapter arriving (`record_access`); the last
-use is the latest access, pin or load; load seconds are measured by the engine (`mark_loaded`) or
-estimated from bytes over the link bandwidth.
+Access statistics for the policies, on an injected clock (wall time `time.time` by default; the engine
+passes its one clock, shared with the batch scheduler; tests and the digital twin drive their own): an
+access is a request for the adapter arriving (`record_access`); the last use is the latest access, pin or
+load; load seconds are measured by the engine (`mark_loaded`) or estimated from bytes over the link
+bandwidth. Only differences of readings matter, so a wall clock serves like a monotonic one unless the
+system clock jumps (then ages and windows are off until the jumped readings leave the windows).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class AdapterResidency:
         page_bytes: int,
         *,
         policy: EvictionPolicy | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
         link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S,
         access_window_s: float = ACCESS_WINDOW_S,
         is_caching_idle_adapters: bool = True,

@@ -59,9 +59,9 @@ class BatchScheduler:
         clock: Callable[[], float] = time.time,
         eos_token_ids: Collection[int] = frozenset(),
     ) -> None:
-        """`clock`: the clock of `Sequence.arrival_time` (wall time by default); the policy sees its reading
-        as `BatchBudget.now` and as the admission and finish times of requests. `eos_token_ids`: the model's
-        end-of-sequence tokens (a stop unless a request sets `ignore_eos`)."""
+        """`clock`: the clock of `Sequence.arrival_time` (wall time by default; the residency's clock too);
+        the policy sees its reading as `BatchBudget.now` and as the admission and finish times of requests.
+        `eos_token_ids`: the model's end-of-sequence tokens (a stop unless a request sets `ignore_eos`)."""
         self.pool = pool
         self.residency = residency
         self.policy = policy

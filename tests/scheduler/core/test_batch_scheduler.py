@@ -39,7 +39,8 @@ def make_scheduler(
 ) -> BatchScheduler:
     """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split."""
     pool = PagePool(setup.num_kv_pages + setup.num_adapter_pages, BLOCK_SIZE, setup.num_kv_pages)
-    clock = partial(next, itertools.count())  # deterministic: every reading is one tick later
+    # One clock for the scheduler and the residency; deterministic: every reading is one tick later.
+    clock = partial(next, itertools.count())
     residency = AdapterResidency(
         pool,
         PAGE_BYTES,
@@ -54,6 +55,7 @@ def make_scheduler(
         setup.max_num_seqs,
         setup.max_num_batched_tokens,
         num_cpu_prefill_workers=num_cpu_prefill_workers,
+        clock=clock,
     )
 
 

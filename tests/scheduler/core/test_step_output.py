@@ -20,13 +20,14 @@ EOS = 2
 
 def make(clock: ManualClock | None = None, budget: int = 64, max_num_seqs: int = 8) -> BatchScheduler:
     pool = PagePool(64, BLOCK_SIZE)
+    clock = clock or ManualClock()
     return BatchScheduler(
         pool,
-        AdapterResidency(pool, PAGE_BYTES),
+        AdapterResidency(pool, PAGE_BYTES, clock=clock),
         FifoPolicy(),
         max_num_seqs,
         budget,
-        clock=clock or ManualClock(),
+        clock=clock,
         eos_token_ids={EOS},
     )
 
