@@ -64,13 +64,19 @@ def _engine_stats(worker: RunningWorker) -> dict[str, Any]:
     return worker.extra["embedded"].runtime.service.engine.stats()
 
 
-def _leave_once_generating(worker: RunningWorker, linger_s: float = 0.3) -> Callable[[], Any]:
+def _leave_once_generating(worker: RunningWorker, num_tokens: int = 10) -> Callable[[], Any]:
+    """Leave as soon as the engine has produced `num_tokens` more tokens: long before the request can finish
+    (a fixed linger raced a fast machine, which finished all MAX_TOKENS before the client left)."""
+    produced_before = _engine_stats(worker)["num_output_tokens"]
+
     async def leave() -> None:
         deadline = time.monotonic() + 30
-        while (await anyio.to_thread.run_sync(_engine_stats, worker))["num_running"] == 0:
+        while True:
+            stats = await anyio.to_thread.run_sync(_engine_stats, worker)
+            if stats["num_running"] > 0 and stats["num_output_tokens"] - produced_before >= num_tokens:
+                return
             assert time.monotonic() < deadline, "the request never started on the worker"
-            await anyio.sleep(0.01)
-        await anyio.sleep(linger_s)
+            await anyio.sleep(0.002)
 
     return leave
 

@@ -7,8 +7,9 @@ Bounds checked per stream (client and server share the machine's clock):
   handed to the client; the client reads until the connection drops, so nothing handed over is missed);
 - billed completion tokens >= tokens the client received before the row's last checkpoint, minus one chunk
   (the chunk a stream may have sent but not yet counted when the checkpoint read its count).
-No timing threshold: the waits are bounded, and the kill comes ~1.5 s after every stream got its first token
-(or sooner, if a stream gets close to its end on a fast machine).
+No timing threshold: the waits are bounded, and the kill comes as soon as every stream got a token and one of
+the streams' rows holds a checkpoint (read from the database, not guessed from a delay: a fixed delay let a
+fast machine reach its kill point before the first checkpoint).
 """
 
 from __future__ import annotations
@@ -35,10 +36,8 @@ from registry.models import UsageRecord
 pytestmark = pytest.mark.slow  # starts lorahost serve subprocesses killed with SIGKILL
 
 NUM_STREAMS = 10
-MAX_TOKENS = 400
-KILL_AFTER_S = 1.5
-KILL_BEFORE_TOKENS = 300  # on a fast machine, kill before any stream can finish
-CHECKPOINT_INTERVAL_S = 0.5
+MAX_TOKENS = 900  # the tiny model's context is 1024: long enough for several checkpoints on a fast machine
+CHECKPOINT_INTERVAL_S = 0.2
 ADMIN_KEY = "crash-admin-key"
 WAIT_S = 180.0
 
@@ -153,11 +152,19 @@ def _start_streams(url: str, key: str) -> tuple[list[ClientStream], list[threadi
     return streams, threads
 
 
-def _kill_mid_stream(proc: subprocess.Popen[bytes], streams: list[ClientStream]) -> None:
+def _kill_mid_stream(proc: subprocess.Popen[bytes], data_dir: Path, streams: list[ClientStream]) -> None:
+    """SIGKILL once every stream got a token and an open row of this run holds a checkpointed token count."""
     assert _wait_until(lambda: all(s.num_received > 0 for s in streams)), "not every stream got a token"
-    flowing_since = time.monotonic()
-    _wait_until(lambda: max(s.num_received for s in streams) >= KILL_BEFORE_TOKENS, timeout_s=KILL_AFTER_S)
-    assert time.monotonic() - flowing_since < WAIT_S
+    response_ids = {f"req-{s.response_id.split('-', 1)[1]}" for s in streams if s.response_id}
+
+    def is_checkpointed() -> bool:
+        return any(
+            r.request_id in response_ids and r.status == "in_progress" and r.completion_tokens > 0
+            for r in _rows(data_dir)
+        )
+
+    assert _wait_until(is_checkpointed), "no open row was ever checkpointed"
+    assert not all(s.is_done for s in streams), "every stream finished before the kill"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
 
@@ -197,7 +204,7 @@ def test_kill_9_mid_stream_then_restart_bills_every_request_once_to_its_last_che
         tenant_id, key = setup_tenant(url, ADMIN_KEY)
         _wait_served(url, key)
         streams, threads = _start_streams(url, key)
-        _kill_mid_stream(proc, streams)
+        _kill_mid_stream(proc, data_dir, streams)
         for thread in threads:
             thread.join(timeout=60)
     finally:
