@@ -68,7 +68,7 @@ class AsyncLLMEngine:
                 self._deliver(output.request_id, item, is_last=output.is_finished)
 
     def _has_pending_work(self) -> bool:
-        return self.engine.has_unfinished_requests() or bool(self.engine._pending_outputs)
+        return self.engine.has_unfinished_requests() or self.engine.core.has_pending_deltas()
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException, is_last: bool) -> None:
         target = self._streams.pop(request_id, None) if is_last else self._streams.get(request_id)

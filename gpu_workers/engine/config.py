@@ -13,7 +13,6 @@ from settings.engine import DTYPE_NAMES, EngineSettings
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 # Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.
-DEFAULT_NUM_ADAPTERS_ROOM = 64
 
 
 class EngineConfig(EngineSettings):

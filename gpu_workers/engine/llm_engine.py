@@ -1,11 +1,13 @@
-"""LLMEngine: add_request / step / abort over the torch-free engine core (scheduler/core/) and the model
-runner (single-threaded; see async_engine.py for the thread-safe streaming wrapper).
+"""LLMEngine: add_request / step / abort over the torch-free engine core (scheduler/core/engine_core.py) with
+the model runner as its executor (single-threaded; see async_engine.py for the thread-safe streaming
+wrapper). The engine adds what needs the tokenizer and tensors: tokenizing prompts, detokenizing outputs and
+stop strings, output deltas, and explicit adapter loads (gpu_workers/engine/adapter_placer.py).
 
-Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the engine carries it out: its
-`AdapterPlacer` (gpu_workers/engine/adapter_placer.py) drops the evicted adapters' device copies and starts the
-planned adapter copies (asynchronous, gpu_workers/engine/adapter_copier.py), then the engine runs the entries
-(those of a still-copying adapter as CPU-assisted prefills, layers/host_lora.py). Finished copies are
-polled at step start, between layers (the runner switches to a landed device copy) and after the forward.
+Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the core carries it out on the
+runner: drops the evicted adapters' device copies and starts the planned adapter copies (asynchronous,
+gpu_workers/engine/adapter_copier.py), then runs the entries (those of a still-copying adapter as CPU-assisted
+prefills, layers/host_lora.py). Finished copies are polled at step start, between layers (the runner
+switches to a landed device copy) and after the forward.
 The page pool is the one owner of device memory: KV blocks and adapter pages come from
 it, and it alone decides how many adapters are on the device (there is no count cap). A request whose
 adapter does not fit right now waits in the queue; a copy that fails ends that adapter's requests with
@@ -22,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpu_workers.engine.adapter_placer import AdapterPlacer, CopyFailure
+from gpu_workers.engine.adapter_placer import AdapterPlacer
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.detokenizer import append_text, find_stop_string, num_held_back_chars
-from gpu_workers.engine.engine_stats import EngineCounters, engine_stats
+from gpu_workers.engine.engine_stats import engine_stats
 from gpu_workers.engine.errors import (
     AdapterInUseError,
     AdapterNotLoadedError,
@@ -37,13 +39,10 @@ from gpu_workers.engine.model_runner import ModelRunner
 from gpu_workers.engine.outputs import CompletionOutput, RequestOutput
 from registry.validation import AdapterInfo
 from scheduler.admission import BatchPolicy
-from scheduler.core.adapter_residency import AdapterResidency, Residency
-from scheduler.core.batch_scheduler import BatchScheduler
-from scheduler.core.page_pool import PagePool
-from scheduler.core.prefix_cache import PrefixCache
+from scheduler.core.adapter_residency import Residency
+from scheduler.core.engine_core import CoreLimits, EngineCore, SeqDelta
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import Sequence
-from scheduler.core.step_plan import StepPlan
 from scheduler.eviction import make_eviction_policy
 
 
@@ -53,46 +52,49 @@ class LLMEngine:
     def __init__(
         self,
         config: EngineConfig,
-        policy: BatchPolicy | None = None,
-        *,
+        executor: ModelRunner | None = None,
+        tokenizer: Any = None,
         clock: Callable[[], float] = time.time,
+        *,
+        policy: BatchPolicy | None = None,
     ) -> None:
-        """`clock`: the one clock of the engine, its scheduler and its residency (request times, policy and
-        eviction ages); wall-clock seconds by default, the times reported to users and metering."""
-        from transformers import AutoTokenizer
-
+        """`executor`: the model runner (built from `config` when None); `tokenizer`: the model's (loaded from
+        `config.model_path` when None); `clock`: the one clock of the engine, its scheduler and its residency
+        (request times, policy and eviction ages), wall-clock seconds by default, the times reported to users
+        and metering; `policy`: the admission policy (default: the config's)."""
         self.config = config
         self.clock = clock
-        self.runner = ModelRunner(config)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(config.model_path))
-        self.max_model_len = self.runner.max_model_len
-        num_kv_pages = self.runner.num_kv_blocks
-        self.pool = PagePool(num_kv_pages + self.runner.num_adapter_pages(), config.block_size, num_kv_pages)
-        self.residency = AdapterResidency(
-            self.pool,
-            self.runner.kv_bytes_per_block(),
-            policy=make_eviction_policy(config.adapter_eviction_policy),
-            clock=clock,
-            is_caching_idle_adapters=config.is_caching_idle_adapters,
-        )
-        self.prefix_cache = PrefixCache(self.pool) if config.enable_prefix_caching else None
+        self.runner = executor if executor is not None else ModelRunner(config)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(config.model_path))
+        self.tokenizer = tokenizer
+        self.max_model_len = self.runner.geometry.max_model_len
         self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         )
-        self.scheduler = BatchScheduler(
-            self.pool,
-            self.residency,
+        self.core = EngineCore(
+            self.runner,
             policy or config.admission_policy(),
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            prefix_cache=self.prefix_cache,
-            num_cpu_prefill_workers=config.cpu_prefill_workers,
-            clock=clock,
+            CoreLimits(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                enable_prefix_caching=config.enable_prefix_caching,
+                num_cpu_prefill_workers=config.cpu_prefill_workers,
+                is_caching_idle_adapters=config.is_caching_idle_adapters,
+            ),
+            eviction_policy=make_eviction_policy(config.adapter_eviction_policy),
             eos_token_ids=self.eos_token_ids,
+            clock=clock,
+            text_stop=self._is_stop_string,
         )
-        self.counters = EngineCounters()
-        self.placer = AdapterPlacer(self.runner, self.scheduler, self.counters)
-        self._pending_outputs: list[RequestOutput] = []
+        self.pool = self.core.pool
+        self.residency = self.core.residency
+        self.prefix_cache = self.core.prefix_cache
+        self.scheduler = self.core.scheduler
+        self.counters = self.core.counters
+        self.placer = AdapterPlacer(self.runner, self.core)
         self._request_counter = itertools.count()
 
     # ---- requests -----------------------------------------------------------------------------------
@@ -148,66 +150,21 @@ class LLMEngine:
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             cache_namespace=cache_namespace,
         )
-        self.scheduler.add(seq)
-        self.counters.num_prompt_tokens += len(token_ids)
+        self.core.add(seq)
 
     def abort(self, request_id: str) -> bool:
         """Finish a request now (reason "abort"), freeing its pages; False if it is not in the engine."""
-        seq = self.scheduler.get(request_id)
-        if seq is None:
-            return False
-        self._finish(seq, "abort")
-        self.counters.num_aborted += 1
-        self._pending_outputs.append(self._delta(seq, []))
-        return True
+        return self.core.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs."""
-        return self.scheduler.has_unfinished()
+        return self.core.has_unfinished_requests()
 
     # ---- stepping -----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
-        self._fail_adapters(self.placer.poll_copies())
-        plan = self.scheduler.schedule()
-        self._fail_adapters(self.placer.carry_out(plan))
-        entries = plan.runnable_entries()  # a failed adapter load ends its requests
-        if not entries:
-            if plan.copy_waits and self.runner.transfers.copier.has_in_flight():
-                self.runner.transfers.copier.wait_any(
-                    _COPY_WAIT_SECONDS
-                )  # nothing else to run: let the copy land
-                self._fail_adapters(self.placer.poll_copies())
-            outputs, self._pending_outputs = self._pending_outputs, []
-            return outputs
-        started = time.perf_counter()
-        host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
-        if host_assisted:
-            tokens, _ = self.runner.execute(entries, host_assisted=host_assisted)
-        else:
-            tokens, _ = self.runner.execute(entries)
-        outputs, self._pending_outputs = self._pending_outputs, []
-        outputs.extend(self._process(plan, tokens))
-        num_sampled = sum(t is not None for t in tokens)
-        self.counters.record_step(entries, num_sampled, time.perf_counter() - started)
-        self._fail_adapters(self.placer.poll_copies())
-        outputs, self._pending_outputs = outputs + self._pending_outputs, []
-        return outputs
-
-    def _process(self, plan: StepPlan, tokens: list[int | None]) -> list[RequestOutput]:
-        """Hand the sampled tokens to the core (stops, times), fail the rows without a token, build deltas."""
-        update = self.scheduler.update_from_output(plan, tokens, self.clock(), text_stop=self._is_stop_string)
-        for seq in update.finished:
-            self._release(seq)
-        outputs = []
-        for row in update.sampled:
-            if row.token_id is None:
-                self._fail(row.seq, _overflow_message(row.seq), "numeric_overflow")
-                outputs.append(self._delta(row.seq, []))
-            else:
-                outputs.append(self._delta(row.seq, [row.token_id]))
-        return outputs
+        return [self._delta(d) for d in self.core.step()]
 
     def _is_stop_string(self, seq: Sequence) -> bool:
         """Detokenize seq's new token; True (text trimmed before it) when the text now holds a stop string."""
@@ -220,23 +177,9 @@ class LLMEngine:
         seq.output_text = seq.output_text[:stop_at]
         return True
 
-    def _fail(self, seq: Sequence, error: str, code: str) -> None:
-        """Finish one request with reason "error" and an error code (its batch neighbours are not affected)."""
-        seq.error, seq.error_code = error, code
-        self._finish(seq, "error")
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        seq.finish_time = self.clock()
-        self.scheduler.finish(seq, reason)
-        self._release(seq)
-
-    def _release(self, seq: Sequence) -> None:
-        """A finished sequence leaves the runner (its per-request state) and is counted."""
-        self.runner.release_request(seq.request_id)
-        self.counters.num_finished += 1
-
-    def _delta(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+    def _delta(self, delta: SeqDelta) -> RequestOutput:
         """Build the output delta; text that could still become a stop string is held back until finish."""
+        seq, new_token_ids = delta.seq, delta.new_token_ids
         visible = len(seq.output_text)
         if not seq.is_finished:
             visible = max(seq.num_emitted_chars, visible - num_held_back_chars(seq.sampling_params.stop))
@@ -336,7 +279,7 @@ class LLMEngine:
                 f"adapter {adapter_id!r} is used by running or waiting requests; unload it after they finish"
             )
         self.residency.forget(adapter_id)
-        self.placer.drop_device_copy(adapter_id)
+        self.runner.drop_adapter(adapter_id)
         self.runner.transfers.forget_host_copies(adapter_id)
 
     def pin_adapter(self, adapter_id: str) -> None:
@@ -362,37 +305,9 @@ class LLMEngine:
         """Ids of the adapters on the device (or being copied), least recently used first."""
         return self.residency.device_adapters()
 
-    def _fail_adapters(self, failures: list[CopyFailure]) -> None:
-        """Planned copies failed (files changed or vanished after they were verified, or the link failed):
-        end those adapters' requests only, with error_code "adapter_unavailable"."""
-        for adapter_id, reason in failures:
-            self.counters.num_adapter_copy_failures += 1
-            self.counters.num_adapter_load_failures += 1
-            for seq in self.scheduler.on_adapter_load_failed(adapter_id):
-                message = f"adapter {adapter_id!r} could not be loaded from its host copy: {reason}"
-                self._fail(seq, message, "adapter_unavailable")
-                self._pending_outputs.append(self._delta(seq, []))
-
     # ---- introspection ------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values; see
         gpu_workers/engine/engine_stats.py)."""
         return engine_stats(self)
-
-
-_COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
-
-
-def _overflow_message(seq: Sequence) -> str:
-    """What a tenant reads when its request's logits went non-finite."""
-    if seq.adapter_id is None:
-        return (
-            f"request {seq.request_id!r} was stopped: the base model produced non-finite logits (numeric "
-            "overflow) for this prompt; shorten or change the prompt"
-        )
-    return (
-        f"request {seq.request_id!r} was stopped: adapter {seq.adapter_id!r} produced non-finite logits "
-        "(numeric overflow in its weights); retrain or rescale it with smaller lora_B/lora_A values or a "
-        "smaller lora_alpha, upload it again, and retry"
-    )

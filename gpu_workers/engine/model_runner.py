@@ -4,10 +4,15 @@ the engine core (scheduler/core/); the engine changes `adapters` only when it ca
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from gpu_workers.engine.adapter_transfers import AdapterTransfers
-from gpu_workers.engine.config import DEFAULT_NUM_ADAPTERS_ROOM, EngineConfig
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.engine_stats import runner_stats
 from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
 from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels, uses_packed_linears
 from gpu_workers.engine.kernel_tuner import KernelTuner
@@ -21,14 +26,16 @@ from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
 from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
 from registry.validation import AdapterInfo, BaseModelSpec
-from scheduler.core.page_pool import num_pages_for_adapter
+from scheduler.core.executor import CopyResult
+from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from scheduler.core.sequence import BatchEntry, Sequence
 
 
 class ModelRunner:
     """Weights + KV cache + adapters on one device; `execute` runs one scheduled batch. Adapter loading,
     placement and host -> device copies are in `transfers` (gpu_workers/engine/adapter_transfers.py); the LoRA form
-    of each step in `lora_forms` (gpu_workers/engine/lora_form_choice.py)."""
+    of each step in `lora_forms` (gpu_workers/engine/lora_form_choice.py). The engine core's `Executor`
+    (scheduler/core/executor.py): `run_step`, the adapter copy methods, `geometry` and `stats`."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -49,10 +56,19 @@ class ModelRunner:
         self.wide_gemm_dtype = self.kernel_plan.wide_gemm_dtype if self.use_packed_linears else None
         self.model = self._load_model()
         self.block_size = config.block_size
-        self.num_kv_blocks = self._num_kv_blocks()
-        self.max_model_len = min(
-            config.max_model_len or self.args.max_position_embeddings, self.num_kv_blocks * self.block_size
+        self.geometry = MemoryGeometry.plan(
+            ModelShape.from_hf_config(hf_config),
+            element_size=self._element_size(),
+            block_size=config.block_size,
+            memory_mode=config.memory_mode,
+            kv_cache_bytes=config.kv_cache_bytes,
+            num_kv_blocks=config.num_kv_blocks,
+            adapter_cache_bytes=config.adapter_cache_bytes,
+            max_lora_rank=config.max_lora_rank,
+            max_model_len=config.max_model_len,
         )
+        self.num_kv_blocks = self.geometry.num_kv_blocks
+        self.max_model_len = self.geometry.max_model_len
         self.rotary = RotaryEmbedding(
             self.args.head_dim, max(self.max_model_len, 1), self.args.rope, self.dtype, self.device
         )
@@ -86,66 +102,29 @@ class ModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         """Bytes of K and V for one block across all layers."""
-        elem = self._element_size()
-        return (
-            2
-            * self.args.num_layers
-            * self.config.block_size
-            * self.args.num_kv_heads
-            * self.args.head_dim
-            * elem
-        )
+        return self.geometry.kv_bytes_per_block
 
     @property
     def is_unified(self) -> bool:
         """True when adapters live in the KV cache's pages (memory_mode "unified")."""
-        return self.config.memory_mode == "unified"
+        return self.geometry.is_unified
 
     @property
     def page_numel(self) -> int:
         """Elements of K (or of V) one page holds in one layer."""
-        return self.config.block_size * self.args.num_kv_heads * self.args.head_dim
-
-    def _num_kv_blocks(self) -> int:
-        """Pages of the KV tensor: the KV budget, plus the adapter budget in a unified pool."""
-        if self.config.num_kv_blocks is not None:
-            num_blocks = self.config.num_kv_blocks
-        else:
-            num_blocks = self.config.kv_cache_bytes // self.kv_bytes_per_block()
-            if num_blocks < 1:
-                raise ValueError(
-                    "kv_cache_bytes is too small for one KV block; raise it or set num_kv_blocks"
-                )
-        if self.is_unified and self.config.adapter_cache_bytes is not None:
-            num_blocks += -(-self.config.adapter_cache_bytes // self.kv_bytes_per_block())
-        return int(num_blocks)
+        return self.geometry.page_numel
 
     def adapter_row_bytes(self) -> int:
         """Device bytes of one rank row of an adapter that targets every projection of every layer."""
-        a = self.args
-        q_out, kv_out = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        h, i = a.hidden_size, a.intermediate_size
-        per_layer = (
-            (h + q_out) + 2 * (h + kv_out) + (q_out + h) + 2 * (h + i) + (i + h)
-        )  # q, k, v, o, gate, up, down
-        return a.num_layers * per_layer * self._element_size()
+        return self.geometry.shape.adapter_row_bytes(self.geometry.element_size)
 
     def num_adapter_pages(self) -> int:
-        """Pool pages only adapters use (static split): adapter_cache_bytes, or room for
-        DEFAULT_NUM_ADAPTERS_ROOM adapters of max_lora_rank; 0 in a unified pool (adapters take KV pages)."""
-        if self.is_unified:
-            return 0
-        page_bytes = self.kv_bytes_per_block()
-        if self.config.adapter_cache_bytes is not None:
-            return -(-self.config.adapter_cache_bytes // page_bytes)
-        max_rank = self.config.max_lora_rank
-        pages_per_adapter = num_pages_for_adapter(max_rank, max_rank * self.adapter_row_bytes(), page_bytes)
-        return DEFAULT_NUM_ADAPTERS_ROOM * pages_per_adapter
+        """Pool pages only adapters use (static split); 0 in a unified pool (adapters take KV pages)."""
+        return self.geometry.num_adapter_pages
 
     def adapter_device_bytes(self, info: AdapterInfo) -> int:
         """Device bytes an adapter will take (its weight file's bytes rescaled to the engine dtype)."""
-        file_element = {"float16": 2, "bfloat16": 2, "float32": 4}.get(info.dtype, 4)
-        return -(-info.num_bytes * self._element_size() // file_element)
+        return self.geometry.adapter_device_bytes(info.num_bytes, info.dtype)
 
     def _element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
@@ -226,6 +205,42 @@ class ModelRunner:
     def release_request(self, request_id: str) -> None:
         """Drop per-request sampler state."""
         self.generators.pop(request_id, None)
+
+    # ---- the engine core's executor ----------------------------------------------------------------
+
+    def run_step(self, entries: list[BatchEntry], host_assisted: AbstractSet[str]) -> list[int | None]:
+        """`execute` without logits: one sampled token (or None) per sampling entry."""
+        tokens, _ = self.execute(entries, host_assisted=frozenset(host_assisted))
+        return tokens
+
+    def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
+        """Start the asynchronous copy of an adapter's host copy into its reserved pages."""
+        self.transfers.start_adapter_copy(adapter_id, Path(host_path or ""), page_ids)
+
+    def take_finished_copies(self) -> list[CopyResult]:
+        """The copies that landed or failed since the last call."""
+        return [
+            CopyResult(job.adapter_id, job.seconds, None if job.error is None else str(job.error))
+            for job in self.transfers.take_finished_copies()
+        ]
+
+    def has_copies_in_flight(self) -> bool:
+        """True while a started copy has not been taken."""
+        return self.transfers.copier.has_in_flight()
+
+    def wait_for_copy(self, timeout_s: float) -> None:
+        """Block until some copy finished or `timeout_s` passed."""
+        self.transfers.copier.wait_any(timeout_s)
+
+    def drop_adapter(self, adapter_id: str) -> None:
+        """Cancel the adapter's copy and drop its device tensors (the core already freed its pages)."""
+        self.transfers.cancel_adapter_copy(adapter_id)
+        self.adapters.pop(adapter_id, None)
+        self.forget_adapter(adapter_id)
+
+    def stats(self) -> dict[str, Any]:
+        """What the runner measures itself (gpu_workers/engine/engine_stats.py `runner_stats`)."""
+        return runner_stats(self)
 
     def prepare(self, entries: list[BatchEntry], host_assisted: frozenset[str] = frozenset()) -> StepInputs:
         """Build token ids, positions, slot mappings, attention and LoRA segment metadata for one step."""

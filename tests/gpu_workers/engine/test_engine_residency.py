@@ -326,3 +326,25 @@ def test_without_the_adapter_cache_an_adapter_leaves_the_device_once_its_request
     engine.step()
     assert engine.adapter_residency("adapter-01") == "host" and engine.loaded_adapters() == []
     assert fp32_engine.adapter_residency("adapter-01") == "device"  # the adapter cache keeps it
+
+
+def test_runner_geometry_is_the_torch_free_geometry_of_its_config(fp32_engine: LLMEngine) -> None:
+    from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
+
+    config = fp32_engine.config
+    expected = MemoryGeometry.plan(
+        ModelShape.from_model_dir(config.model_path),
+        element_size=4,
+        block_size=config.block_size,
+        memory_mode=config.memory_mode,
+        kv_cache_bytes=config.kv_cache_bytes,
+        num_kv_blocks=config.num_kv_blocks,
+        adapter_cache_bytes=config.adapter_cache_bytes,
+        max_lora_rank=config.max_lora_rank,
+        max_model_len=config.max_model_len,
+    )
+    assert fp32_engine.runner.geometry == expected
+    assert fp32_engine.pool.num_pages == expected.num_pool_pages
+    assert sum(k.numel() * k.element_size() * 2 for k, _ in fp32_engine.runner.kv_caches) == (
+        expected.num_kv_blocks * expected.kv_bytes_per_block
+    )

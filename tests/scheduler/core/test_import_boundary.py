@@ -15,6 +15,7 @@ def test_importing_the_core_in_a_fresh_interpreter_loads_no_torch_or_numpy() -> 
         "import sys\n"
         "import scheduler.core.batch_scheduler, scheduler.core.adapter_residency, scheduler.core.page_pool\n"
         "import scheduler.core.sequence, scheduler.core.sampling, scheduler.core.step_plan\n"
+        "import scheduler.core.engine_core, scheduler.core.executor, scheduler.core.memory_geometry\n"
         "heavy = sorted(m for m in ('torch', 'numpy', 'safetensors', 'sqlalchemy', 'fastapi') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

@@ -1,0 +1,249 @@
+"""EngineCore: one engine's step loop over an `Executor`, torch-free, shared by the native engine
+(gpu_workers/engine/llm_engine.py, whose executor is the torch `ModelRunner`) and the digital twin
+(scheduler/twin/, whose executor is simulated).
+
+It owns the page pool (sized from the executor's `MemoryGeometry`), the adapter residency, the prefix cache
+and the `BatchScheduler`. Each `step()`: report the adapter copies that landed, `schedule()`, carry out the
+plan's adapter side on the executor (drop evicted device copies, start planned copies), run the runnable
+entries, hand the sampled tokens to `BatchScheduler.update_from_output`, count the step. A planned copy that
+fails ends that adapter's requests with error_code "adapter_unavailable"; a row without a token (non-finite
+logits) ends alone with "numeric_overflow". Every sequence that produced a token, finished or failed
+comes back as a `SeqDelta`, in the order it happened; the caller (the engine) turns them into outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.admission import BatchPolicy
+from scheduler.core.adapter_residency import AdapterResidency, Residency
+from scheduler.core.batch_scheduler import BatchScheduler
+from scheduler.core.engine_counters import EngineCounters, core_stats
+from scheduler.core.executor import Executor
+from scheduler.core.memory_geometry import MemoryGeometry
+from scheduler.core.page_pool import PagePool
+from scheduler.core.prefix_cache import PrefixCache
+from scheduler.core.sequence import Sequence
+from scheduler.core.step_output import TextStop
+from scheduler.core.step_plan import StepPlan
+from scheduler.eviction import EvictionPolicy
+
+COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
+
+
+@dataclass(frozen=True)
+class SeqDelta:
+    """A sequence that changed in a step: its new token (none when it finished, failed or was aborted)."""
+
+    seq: Sequence
+    new_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CoreLimits:
+    """The engine core's scheduling limits and switches (the engine settings' values)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_prefix_caching: bool = True
+    num_cpu_prefill_workers: int = 0
+    is_caching_idle_adapters: bool = True
+
+
+class EngineCore:
+    """The step loop of one engine over an executor (module doc)."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        policy: BatchPolicy,
+        limits: CoreLimits,
+        *,
+        eviction_policy: EvictionPolicy | None = None,
+        eos_token_ids: Collection[int] = frozenset(),
+        clock: Callable[[], float] = time.time,
+        step_timer: Callable[[], float] = time.perf_counter,
+        text_stop: TextStop | None = None,
+    ) -> None:
+        """`clock` stamps request times and ages (the scheduler's and the residency's clock); `step_timer`
+        times steps (a simulation passes its clock to both); `text_stop` is called for every appended token
+        (the engine's stop strings)."""
+        self.executor = executor
+        self.geometry: MemoryGeometry = executor.geometry
+        self.clock = clock
+        self.step_timer = step_timer
+        self.text_stop = text_stop
+        geometry = self.geometry
+        self.pool = PagePool(geometry.num_pool_pages, geometry.block_size, geometry.num_kv_blocks)
+        self.residency = AdapterResidency(
+            self.pool,
+            geometry.kv_bytes_per_block,
+            policy=eviction_policy,
+            clock=clock,
+            is_caching_idle_adapters=limits.is_caching_idle_adapters,
+        )
+        self.prefix_cache = PrefixCache(self.pool) if limits.enable_prefix_caching else None
+        self.scheduler = BatchScheduler(
+            self.pool,
+            self.residency,
+            policy,
+            limits.max_num_seqs,
+            limits.max_num_batched_tokens,
+            prefix_cache=self.prefix_cache,
+            num_cpu_prefill_workers=limits.num_cpu_prefill_workers,
+            clock=clock,
+            eos_token_ids=eos_token_ids,
+        )
+        self.counters = EngineCounters()
+        self._pending: list[SeqDelta] = []
+
+    # ---- requests -----------------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence (the caller checked its id, prompt and adapter)."""
+        self.scheduler.add(seq)
+        self.counters.num_prompt_tokens += seq.num_prompt_tokens
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request now (reason "abort"), freeing its pages; False if it is not in the engine."""
+        seq = self.scheduler.get(request_id)
+        if seq is None:
+            return False
+        self.finish(seq, "abort")
+        self.counters.num_aborted += 1
+        self._pending.append(SeqDelta(seq))
+        return True
+
+    def fail(self, seq: Sequence, error: str, code: str) -> None:
+        """Finish one request with reason "error" and an error code (its batch neighbours are not affected)."""
+        seq.error, seq.error_code = error, code
+        self.finish(seq, "error")
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence now with `reason`, free its pages and release it from the executor."""
+        seq.finish_time = self.clock()
+        self.scheduler.finish(seq, reason)
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence leaves the executor (its per-request state) and is counted."""
+        self.executor.release_request(seq.request_id)
+        self.counters.num_finished += 1
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return self.scheduler.has_unfinished()
+
+    def has_pending_deltas(self) -> bool:
+        """True while deltas of finished requests (aborts, failed copies) wait for the next `step()`."""
+        return bool(self._pending)
+
+    # ---- stepping -----------------------------------------------------------------------------------
+
+    def step(self) -> list[SeqDelta]:
+        """Run one batch; return a delta for every sequence that produced a token, finished or failed."""
+        self.poll_copies()
+        plan = self.scheduler.schedule()
+        self._carry_out(plan)
+        entries = plan.runnable_entries()  # a failed adapter load ends its requests
+        if not entries:
+            if plan.copy_waits and self.executor.has_copies_in_flight():
+                self.executor.wait_for_copy(COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
+                self.poll_copies()
+            return self._take_pending()
+        started = self.step_timer()
+        host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
+        tokens = self.executor.run_step(entries, host_assisted)
+        deltas = self._take_pending() + self._process(plan, tokens)
+        num_sampled = sum(t is not None for t in tokens)
+        self.counters.record_step(entries, num_sampled, self.step_timer() - started)
+        self.poll_copies()
+        return deltas + self._take_pending()
+
+    def _take_pending(self) -> list[SeqDelta]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _process(self, plan: StepPlan, tokens: list[int | None]) -> list[SeqDelta]:
+        """Hand the sampled tokens to the core (stops, times), fail the rows without a token, build deltas."""
+        update = self.scheduler.update_from_output(plan, tokens, self.clock(), text_stop=self.text_stop)
+        for seq in update.finished:
+            self._release(seq)
+        deltas = []
+        for row in update.sampled:
+            if row.token_id is None:
+                self.fail(row.seq, overflow_message(row.seq), "numeric_overflow")
+                deltas.append(SeqDelta(row.seq))
+            else:
+                deltas.append(SeqDelta(row.seq, [row.token_id]))
+        return deltas
+
+    # ---- adapter copies -----------------------------------------------------------------------------
+
+    def _carry_out(self, plan: StepPlan) -> None:
+        """Drop evicted device copies, then start the planned copies (they land in `poll_copies`); a copy
+        that cannot start (files changed or vanished) fails its adapter's requests."""
+        for adapter_id in plan.adapter_evictions:
+            self.executor.drop_adapter(adapter_id)
+        for load in plan.adapter_loads:
+            try:
+                self.executor.start_adapter_copy(
+                    load.adapter_id, load.host_path, self.page_ids(load.adapter_id)
+                )
+            except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
+                self.fail_adapter(load.adapter_id, str(exc))
+
+    def poll_copies(self) -> None:
+        """Report the copies that landed to the core (their sequences use the device copy from now on); fail
+        the requests of those that failed."""
+        for result in self.executor.take_finished_copies():
+            if self.residency.residency(result.adapter_id) is not Residency.COPYING:
+                continue  # replaced meanwhile (an explicit load)
+            if result.error is None:
+                self.scheduler.on_adapter_loaded(result.adapter_id, result.seconds)
+            else:
+                self.fail_adapter(result.adapter_id, f"copy to the device failed: {result.error}")
+
+    def fail_adapter(self, adapter_id: str, reason: str) -> None:
+        """A planned copy failed (files changed or vanished after they were verified, or the link failed):
+        end that adapter's requests only, with error_code "adapter_unavailable"."""
+        self.counters.num_adapter_copy_failures += 1
+        self.counters.num_adapter_load_failures += 1
+        for seq in self.scheduler.on_adapter_load_failed(adapter_id):
+            message = f"adapter {adapter_id!r} could not be loaded from its host copy: {reason}"
+            self.fail(seq, message, "adapter_unavailable")
+            self._pending.append(SeqDelta(seq))
+
+    # ---- introspection ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's stats, counts and step timings, the memory geometry and the executor's own stats
+        (plain JSON-able values; the routing signals of a worker)."""
+        return {
+            **core_stats(self.scheduler.make_stats(), self.counters),
+            "memory_mode": self.geometry.memory_mode,
+            "max_model_len": self.geometry.max_model_len,
+            **self.executor.stats(),
+        }
+
+    def page_ids(self, adapter_id: str) -> list[int]:
+        """The pages the core reserved for an adapter (views of the KV cache in a unified pool)."""
+        state = self.residency.get(adapter_id)
+        return list(state.page_ids) if state is not None else []
+
+
+def overflow_message(seq: Sequence) -> str:
+    """What a tenant reads when its request's logits went non-finite."""
+    if seq.adapter_id is None:
+        return (
+            f"request {seq.request_id!r} was stopped: the base model produced non-finite logits (numeric "
+            "overflow) for this prompt; shorten or change the prompt"
+        )
+    return (
+        f"request {seq.request_id!r} was stopped: adapter {seq.adapter_id!r} produced non-finite logits "
+        "(numeric overflow in its weights); retrain or rescale it with smaller lora_B/lora_A values or a "
+        "smaller lora_alpha, upload it again, and retry"
+    )
