@@ -12,8 +12,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from scheduler.batch_policy import BATCH_POLICIES
-from scheduler.eviction import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
+from scheduler.admission import BatchPolicy
+from scheduler.batch_policy import BATCH_POLICIES, make_admission_policy
+from scheduler.core.engine_core import CoreLimits
+from scheduler.eviction import (
+    DEFAULT_EVICTION_POLICY,
+    EVICTION_POLICIES,
+    EvictionPolicy,
+    make_eviction_policy,
+)
 from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
 from settings.section import env_name, section_config
 
@@ -225,6 +232,31 @@ class EngineSettings(BaseModel):
         """The environment variable of the field being validated."""
         field = EngineSettings.model_fields.get(str(info.field_name))
         return env_name(str(field.validation_alias)) if field else str(info.field_name)
+
+    def admission_policy(self) -> BatchPolicy:
+        """The engine's admission policy: `batch_policy` with its options, inside the tenants' fair share when
+        `fair_share` (scheduler/batch_policy.py make_admission_policy)."""
+        return make_admission_policy(
+            self.batch_policy,
+            self.batch_policy_options(),
+            is_fair_share=self.fair_share,
+            num_reserved_seqs=self.fair_share_reserved_seqs,
+            max_num_seqs=self.max_num_seqs,
+        )
+
+    def eviction_policy(self) -> EvictionPolicy:
+        """The order in which idle adapters leave the device (scheduler/eviction.py)."""
+        return make_eviction_policy(self.adapter_eviction_policy)
+
+    def core_limits(self) -> CoreLimits:
+        """The engine core's scheduling limits and switches (scheduler/core/engine_core.py)."""
+        return CoreLimits(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
+            num_cpu_prefill_workers=self.cpu_prefill_workers,
+            is_caching_idle_adapters=self.is_caching_idle_adapters,
+        )
 
     def batch_policy_options(self) -> dict[str, Any]:
         """Constructor knobs of the named batch policy (none for fifo and sjf)."""

@@ -7,8 +7,6 @@ from pathlib import Path
 import torch
 from pydantic import ValidationInfo, field_validator
 
-from scheduler.admission import BatchPolicy
-from scheduler.batch_policy import make_admission_policy
 from settings.engine import DTYPE_NAMES, EngineSettings
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -108,17 +106,6 @@ class EngineConfig(EngineSettings):
     def from_section(cls, engine: EngineSettings, *, model_path: Path, max_lora_rank: int) -> EngineConfig:
         """The config of an engine built from the settings' engine section, for this model and rank limit."""
         return cls(model_path=model_path, max_lora_rank=max_lora_rank, **dict(engine))
-
-    def admission_policy(self) -> BatchPolicy:
-        """The engine's admission policy: `batch_policy` with its options, inside the tenants' fair share when
-        `fair_share` (scheduler/batch_policy.py make_admission_policy)."""
-        return make_admission_policy(
-            self.batch_policy,
-            self.batch_policy_options(),
-            is_fair_share=self.fair_share,
-            num_reserved_seqs=self.fair_share_reserved_seqs,
-            max_num_seqs=self.max_num_seqs,
-        )
 
     def resolved_device(self) -> torch.device:
         """cuda when requested or available (auto), else cpu."""

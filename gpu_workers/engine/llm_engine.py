@@ -40,10 +40,9 @@ from gpu_workers.engine.outputs import CompletionOutput, RequestOutput
 from registry.validation import AdapterInfo
 from scheduler.admission import BatchPolicy
 from scheduler.core.adapter_residency import Residency
-from scheduler.core.engine_core import CoreLimits, EngineCore, SeqDelta
+from scheduler.core.engine_core import EngineCore, SeqDelta
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import Sequence
-from scheduler.eviction import make_eviction_policy
 
 
 class LLMEngine:
@@ -77,14 +76,8 @@ class LLMEngine:
         self.core = EngineCore(
             self.runner,
             policy or config.admission_policy(),
-            CoreLimits(
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                enable_prefix_caching=config.enable_prefix_caching,
-                num_cpu_prefill_workers=config.cpu_prefill_workers,
-                is_caching_idle_adapters=config.is_caching_idle_adapters,
-            ),
-            eviction_policy=make_eviction_policy(config.adapter_eviction_policy),
+            config.core_limits(),
+            eviction_policy=config.eviction_policy(),
             eos_token_ids=self.eos_token_ids,
             clock=clock,
             text_stop=self._is_stop_string,
