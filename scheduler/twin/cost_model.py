@@ -46,7 +46,10 @@ class CostModel:
     def device_seconds(self, shape: StepShape) -> float:
         """The device's part of the step (fixed + dense + attention + LoRA, times the adapter multiplier)."""
         c = self.step_cost
-        dense = max(c.min_dense_us, c.per_prefill_token_us * shape.num_prefill_tokens + c.per_decode_seq_us * shape.num_decode_seqs)
+        dense = max(
+            c.min_dense_us,
+            c.per_prefill_token_us * shape.num_prefill_tokens + c.per_decode_seq_us * shape.num_decode_seqs,
+        )
         attention = (
             c.per_prefill_attention_us * shape.prefill_attention_tokens
             + c.per_decode_context_token_us * shape.decode_context_tokens

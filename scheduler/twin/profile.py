@@ -91,17 +91,27 @@ class StepCost(_Frozen):
     fixed_us: float = Field(ge=0)  # per step that runs anything: launches, sampling, sync
     min_dense_us: float = Field(default=0.0, ge=0)  # floor of the token-linear work (weights read once)
     per_prefill_token_us: float = Field(ge=0)
-    per_prefill_attention_us: float = Field(default=0.0, ge=0)  # per unit of StepShape.prefill_attention_tokens
+    per_prefill_attention_us: float = Field(
+        default=0.0, ge=0
+    )  # per unit of StepShape.prefill_attention_tokens
     per_decode_seq_us: float = Field(ge=0)
     per_decode_context_token_us: float = Field(default=0.0, ge=0)  # per KV token a decode row reads
-    lora_form: LoraForm = "sum"  # "sum": sum tokens*rank (segmented kernels); "max": tokens * max rank (padded)
+    lora_form: LoraForm = (
+        "sum"  # "sum": sum tokens*rank (segmented kernels); "max": tokens * max rank (padded)
+    )
     lora_per_token_rank_us: float = Field(default=0.0, ge=0)
     lora_per_adapter_us: float = Field(default=0.0, ge=0)  # per distinct device adapter in the step
-    lora_per_adapter_rank_us: float = Field(default=0.0, ge=0)  # per rank of each distinct adapter (weights read)
+    lora_per_adapter_rank_us: float = Field(
+        default=0.0, ge=0
+    )  # per rank of each distinct adapter (weights read)
     lora_step_us: float = Field(default=0.0, ge=0)  # once per step that has any device LoRA work
-    lora_multiplier_base: float = Field(default=1.0, ge=0)  # device time x (base + per_adapter * A) when A > 0
+    lora_multiplier_base: float = Field(
+        default=1.0, ge=0
+    )  # device time x (base + per_adapter * A) when A > 0
     lora_multiplier_per_adapter: float = Field(default=0.0, ge=0)
-    host_prefill_per_token_rank_us: float = Field(default=0.0, ge=0)  # CPU-assisted LoRA delta, per CPU worker
+    host_prefill_per_token_rank_us: float = Field(
+        default=0.0, ge=0
+    )  # CPU-assisted LoRA delta, per CPU worker
     scheduler_us: float = Field(default=0.0, ge=0)  # the scheduler's own time per step (schedule + update)
 
 
@@ -140,7 +150,9 @@ class TwinProfile(_Frozen):
             raise ValueError(f"version {self.version} is not supported (this build reads {PROFILE_VERSION})")
         unknown = sorted(set(self.sources) - set(constant_names()))
         if unknown:
-            raise ValueError(f"sources name unknown constants {unknown}; use dotted names like 'step.fixed_us'")
+            raise ValueError(
+                f"sources name unknown constants {unknown}; use dotted names like 'step.fixed_us'"
+            )
         return self
 
     @property
@@ -181,7 +193,9 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 def constant_names() -> list[str]:
     """Every name a profile's `sources` may use: a section ("model", "step", "copy", "memory") or one of its
     constants ("step.fixed_us")."""
-    return list(_SECTIONS) + [f"{section}.{name}" for section, cls in _SECTIONS.items() for name in cls.model_fields]
+    return list(_SECTIONS) + [
+        f"{section}.{name}" for section, cls in _SECTIONS.items() for name in cls.model_fields
+    ]
 
 
 def profile_from_dict(data: Any, origin: str = "<profile>") -> TwinProfile:
@@ -207,7 +221,9 @@ def load_profile(path: Path | str) -> TwinProfile:
     try:
         data = _yaml_load(text) if path.suffix in _YAML_SUFFIXES else json.loads(text)
     except ValueError as exc:
-        raise ProfileError(f"{path}: not valid {'YAML' if path.suffix in _YAML_SUFFIXES else 'JSON'}: {exc}") from None
+        raise ProfileError(
+            f"{path}: not valid {'YAML' if path.suffix in _YAML_SUFFIXES else 'JSON'}: {exc}"
+        ) from None
     return profile_from_dict(data, str(path))
 
 

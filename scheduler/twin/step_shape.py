@@ -17,7 +17,8 @@ Rank 0 is the base model (adapter None): it adds no LoRA work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from scheduler.core.sequence import BatchEntry
@@ -40,7 +41,10 @@ class StepShape:
 
     @classmethod
     def of(
-        cls, entries: Iterable[BatchEntry], ranks: Mapping[str, int], host_assisted: Set[str] = frozenset()
+        cls,
+        entries: Iterable[BatchEntry],
+        ranks: Mapping[str, int],
+        host_assisted: AbstractSet[str] = frozenset(),
     ) -> StepShape:
         """The shape of a step running `entries` (before the step updates them); `ranks`: adapter id -> rank
         (every adapter of the entries; ValueError naming a missing one); `host_assisted`: adapters whose
