@@ -170,13 +170,14 @@ class TwinProfile(_Frozen):
         return self.model_dump(mode="json", by_alias=True)
 
     def missing_sources(self) -> list[str]:
-        """Constants this profile gives (not left at their default) with no source, neither their own nor their
-        section's (a `sources` key may be a section name: "model" covers every model.* constant)."""
+        """Constants this profile sets (required, or away from their default) with no source, neither their own
+        nor their section's (a `sources` key may be a section name: "model" covers every model.* constant)."""
         missing = []
         for section, attr in _SECTION_ATTRS.items():
-            given: BaseModel = getattr(self, attr)
-            for name in sorted(given.model_fields_set):
-                if f"{section}.{name}" not in self.sources and section not in self.sources:
+            part: BaseModel = getattr(self, attr)
+            for name, info in type(part).model_fields.items():
+                is_set = info.is_required() or getattr(part, name) != info.default
+                if is_set and f"{section}.{name}" not in self.sources and section not in self.sources:
                     missing.append(f"{section}.{name}")
         return missing
 

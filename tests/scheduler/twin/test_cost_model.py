@@ -50,7 +50,9 @@ def test_lora_max_form_pads_every_token_to_the_largest_rank() -> None:
 
 def test_the_dense_floor_and_the_adapter_multiplier() -> None:
     model = CostModel(
-        tiny_profile(min_dense_us=300.0, lora_multiplier_base=2.0, lora_multiplier_per_adapter=0.5, lora_step_us=4.0)
+        tiny_profile(
+            min_dense_us=300.0, lora_multiplier_base=2.0, lora_multiplier_per_adapter=0.5, lora_step_us=4.0
+        )
     )
     base = StepShape(num_decode_seqs=2)
     assert model.step_seconds(base) == pytest.approx((100 + 300) * 1e-6)  # 10 us of rows under the 300 floor
@@ -66,7 +68,9 @@ def test_cpu_assisted_prefill_overlaps_the_device_and_the_slowest_worker_decides
     assert slow_host.host_prefill_seconds(shape) == pytest.approx(1280e-6)
     assert slow_host.step_seconds(shape) == pytest.approx(1287e-6)
     fast_host = CostModel(tiny_profile(host_prefill_per_token_rank_us=0.01))
-    assert fast_host.step_seconds(shape) == pytest.approx(300e-6)  # 25.6 us of host work hides under the device
+    assert fast_host.step_seconds(shape) == pytest.approx(
+        300e-6
+    )  # 25.6 us of host work hides under the device
 
 
 def test_copies_pay_a_latency_and_the_link_bandwidth() -> None:

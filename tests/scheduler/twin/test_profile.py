@@ -45,7 +45,10 @@ def _write(tmp_path: Path, data: object, name: str = "bad.json") -> Path:
     ("edit", "message"),
     [
         (lambda d: d["step"].pop("per_prefill_token_us"), r"step\.per_prefill_token_us: Field required"),
-        (lambda d: d["step"].update(per_decode_seq_us=-1), r"step\.per_decode_seq_us: Input should be greater"),
+        (
+            lambda d: d["step"].update(per_decode_seq_us=-1),
+            r"step\.per_decode_seq_us: Input should be greater",
+        ),
         (lambda d: d["step"].update(lora_form="min"), r"step\.lora_form: Input should be 'sum' or 'max'"),
         (lambda d: d["copy"].update(host_to_device_gbps=0), r"copy\.host_to_device_gbps"),
         (lambda d: d["memory"].update(device_byte=5), r"memory\.device_byte: Extra inputs are not permitted"),
@@ -108,5 +111,7 @@ def test_each_shipped_profile_loads_and_sources_every_constant(path: Path) -> No
     assert profile.missing_sources() == []
     model = CostModel(profile)
     decode = model.step_seconds(StepShape(num_decode_seqs=32, decode_context_tokens=32 * 512))
-    prefill = model.step_seconds(StepShape(num_prefill_tokens=2048, num_prefill_seqs=1, prefill_attention_tokens=2048 * 1024.0))
+    prefill = model.step_seconds(
+        StepShape(num_prefill_tokens=2048, num_prefill_seqs=1, prefill_attention_tokens=2048 * 1024.0)
+    )
     assert 0 < decode < prefill

@@ -17,7 +17,9 @@ RANKS = {"a": 8, "b": 16, "c": 64}
 def entry(
     num_prompt: int, num_computed: int, num_new: int, adapter: str | None = None, num_outputs: int = 0
 ) -> BatchEntry:
-    seq = Sequence(f"r{num_prompt}-{num_computed}-{adapter}", list(range(num_prompt)), SamplingParams(), adapter, 16)
+    seq = Sequence(
+        f"r{num_prompt}-{num_computed}-{adapter}", list(range(num_prompt)), SamplingParams(), adapter, 16
+    )
     seq.token_ids.extend(range(num_outputs))
     seq.num_computed_tokens = num_computed
     return BatchEntry(seq, num_new)
@@ -61,7 +63,9 @@ def test_an_adapter_without_a_rank_is_an_error_naming_it() -> None:
 
 @given(
     st.lists(
-        st.tuples(st.integers(1, 40), st.integers(0, 45), st.integers(1, 8), st.sampled_from([None, "a", "b", "c"])),
+        st.tuples(
+            st.integers(1, 40), st.integers(0, 45), st.integers(1, 8), st.sampled_from([None, "a", "b", "c"])
+        ),
         max_size=12,
     ),
     st.sets(st.sampled_from(["a", "b", "c"])),
@@ -69,9 +73,9 @@ def test_an_adapter_without_a_rank_is_an_error_naming_it() -> None:
 def test_every_token_is_counted_once(rows: list[tuple[int, int, int, str | None]], host: set[str]) -> None:
     entries = [entry(p, c, n, a, num_outputs=max(0, c + n - p)) for p, c, n, a in rows]
     shape = StepShape.of(entries, RANKS, host)
-    assert shape.num_batched_tokens == sum(e.num_new_tokens for e in entries if e.seq.num_computed_tokens < e.seq.num_prompt_tokens) + sum(
-        1 for e in entries if e.seq.num_computed_tokens >= e.seq.num_prompt_tokens
-    )
+    assert shape.num_batched_tokens == sum(
+        e.num_new_tokens for e in entries if e.seq.num_computed_tokens < e.seq.num_prompt_tokens
+    ) + sum(1 for e in entries if e.seq.num_computed_tokens >= e.seq.num_prompt_tokens)
     lora_tokens = sum(t for t, _ in shape.lora_token_ranks) + shape.num_host_assisted_tokens
     assert lora_tokens == sum(e.num_new_tokens for e in entries if e.seq.adapter_id is not None)
     assert set(shape.adapter_ranks) <= {RANKS[a] for a in RANKS if a not in host}
