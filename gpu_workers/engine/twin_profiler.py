@@ -20,14 +20,17 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scheduler.twin.fit import TimedStep, fit_step_cost, nonnegative_lstsq
-from scheduler.twin.profile import TwinProfile
+from scheduler.twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
+from scheduler.twin.profile import ModelShape, TwinProfile
 from scheduler.twin.step_shape import StepShape
 from settings import Settings
+
+if TYPE_CHECKING:
+    from gpu_workers.engine.profiler import ProfileGrid
 
 Echo = Callable[[str], None]
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -64,7 +67,7 @@ class StepRecorder:
 def measure_twin(
     engine: Any,
     settings: Settings,
-    grid: Any,
+    grid: ProfileGrid,
     adapter_dirs: dict[int, Path],
     loads: list[tuple[int, float]],
     echo: Echo,
@@ -94,7 +97,7 @@ def measure_twin(
     return _profile(engine, settings, fit, copy_link, len(samples))
 
 
-def _load_copies(engine: Any, grid: Any, adapter_dirs: dict[int, Path]) -> dict[str, int]:
+def _load_copies(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path]) -> dict[str, int]:
     """Copies of the smallest-rank adapter under distinct ids, one per slot of the largest batch."""
     low = min(grid.ranks)
     copies = {}
@@ -106,7 +109,7 @@ def _load_copies(engine: Any, grid: Any, adapter_dirs: dict[int, Path]) -> dict[
 
 
 def _run_grid(
-    engine: Any, recorder: StepRecorder, grid: Any, ranks: dict[str, int]
+    engine: Any, recorder: StepRecorder, grid: ProfileGrid, ranks: dict[str, int]
 ) -> list[tuple[StepShape, float]]:
     """One pass over the twin grid (module doc): the timed steps."""
     low = min(grid.ranks)
@@ -124,7 +127,7 @@ def _run_grid(
 
 
 def _run_batch(
-    engine: Any, recorder: StepRecorder, grid: Any, adapters: list[str | None], num_tokens: int
+    engine: Any, recorder: StepRecorder, grid: ProfileGrid, adapters: list[str | None], num_tokens: int
 ) -> list[tuple[StepShape, float]]:
     """Prefill one request per adapter, decode, then add one prompt to the decoding batch (a mixed step) when
     the engine has a slot for it; abort them all."""
@@ -151,7 +154,9 @@ def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int)
 
 def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], loads: list[tuple[int, float]]) -> dict[str, float]:
     """host_to_device_gbps and per_copy_us from (device bytes, seconds) of the timed loads."""
-    nbytes = {r: engine.runner.adapter_device_bytes(engine.inspect_adapter(p)) for r, p in adapter_dirs.items()}
+    nbytes = {
+        r: engine.runner.adapter_device_bytes(engine.inspect_adapter(p)) for r, p in adapter_dirs.items()
+    }
     x = np.array([[1.0, float(nbytes[r])] for r, _ in loads])
     y = np.array([ms * 1e3 for _, ms in loads])
     (per_copy_us, us_per_byte), _, _ = nonnegative_lstsq(x, y)
@@ -161,8 +166,9 @@ def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], loads: list[tuple[int,
 
 
 def _profile(
-    engine: Any, settings: Settings, fit: Any, copy_link: dict[str, float], num_samples: int
+    engine: Any, settings: Settings, fit: StepFit, copy_link: dict[str, float], num_samples: int
 ) -> TwinProfile:
+    """The twin profile of the measured engine (every constant's source names this run)."""
     stats = engine.stats()
     base = Path(str(settings.base_model_path))
     config = json.loads((base / "config.json").read_text())
@@ -173,9 +179,9 @@ def _profile(
     return TwinProfile.model_validate(
         {
             "hardware": {"name": _cpu_name(), "device": str(stats.get("device", "")), "engine": "lorahost"},
-            "model": {
-                **_shape(config, settings.base_model_name, _DTYPE_BYTES.get(dtype, 4)),
-            },
+            "model": ModelShape.from_hf_config(
+                config, settings.base_model_name, _DTYPE_BYTES.get(dtype, 4)
+            ).model_dump(),
             "step": fit.step.model_dump(),
             "copy": copy_link,
             "memory": {
@@ -192,12 +198,6 @@ def _profile(
             },
         }
     )
-
-
-def _shape(config: dict[str, Any], name: str, dtype_bytes: int) -> dict[str, Any]:
-    from scheduler.twin.profile import ModelShape
-
-    return ModelShape.from_hf_config(config, name, dtype_bytes).model_dump()
 
 
 def _cpu_name() -> str:

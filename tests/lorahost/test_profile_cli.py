@@ -91,7 +91,9 @@ def test_profile_needs_a_base_model(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert result.exit_code == 2 and "--base-model" in result.output
 
 
-def test_profile_also_writes_a_twin_profile_the_cost_model_loads(base_model_dir: Path, tmp_path: Path) -> None:
+def test_profile_also_writes_a_twin_profile_the_cost_model_loads(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
     from scheduler.twin.cost_model import CostModel
     from scheduler.twin.profile import load_profile
     from scheduler.twin.step_shape import StepShape
@@ -104,12 +106,16 @@ def test_profile_also_writes_a_twin_profile_the_cost_model_loads(base_model_dir:
         *("--decode-steps", "2", "--repeats", "1", "--work-dir", str(tmp_path / "adapters")),
     )
     assert result.exit_code == 0, result.output
-    assert PerfModel.from_dict(json.loads(output.read_text())).prefill.num_samples == 16  # the router's file as before
+    assert (
+        PerfModel.from_dict(json.loads(output.read_text())).prefill.num_samples == 16
+    )  # the router's file as before
     profile = load_profile(twin)
     assert profile.missing_sources() == []
     assert profile.hardware.device == "cpu" and profile.model.dtype_bytes == 4
     assert profile.model.num_layers > 0 and profile.memory.device_bytes > 0
-    assert profile.kv_bytes_per_token == profile.model.kv_bytes_per_token  # the engine's pool agrees with the shape
+    assert (
+        profile.kv_bytes_per_token == profile.model.kv_bytes_per_token
+    )  # the engine's pool agrees with the shape
     assert profile.copy_link.host_to_device_gbps > 0 and profile.step.scheduler_us > 0
     assert "R^2" in profile.sources["step"] and "twin:" in result.output and str(twin) in result.output
     model = CostModel(profile)
