@@ -2,9 +2,13 @@
 
     lorahost profile --output profile.json [--base-model DIR] [--ranks 8,32,64] [--batch-sizes 1,2,4,8]
                      [--prompt-tokens 16,64] [--decode-steps 3] [--repeats 3] [--work-dir DIR]
+                     [--twin-output twin.json]
 
 The engine is built from the same settings as `lorahost worker` (LORAHOST_ENGINE_*, LORAHOST_BASE_MODEL_PATH);
 point the worker at the file with LORAHOST_WORKER_PROFILE_PATH. Runs on the hardware it profiles.
+`--twin-output` also measures what the digital twin's cost model needs (mixed prefill+decode steps, decode
+context, distinct adapters, copy rate, scheduler time) and writes a twin profile (scheduler/twin/profile.py;
+`.yaml` or `.json`).
 """
 
 from __future__ import annotations
@@ -43,11 +47,16 @@ def profile(
         Path | None,
         typer.Option(help="Where the seeded adapters are written (default: a temporary directory)"),
     ] = None,
+    twin_output: Annotated[
+        Path | None,
+        typer.Option(help="Also measure and write the digital twin's profile here (.json or .yaml)"),
+    ] = None,
 ) -> None:
     """Time the engine's prefill and decode steps on a grid of batch sizes x LoRA ranks, fit the latency model
     (sum-of-ranks or max-rank term, whichever fits better) and write the profile file."""
     from gpu_workers.engine.profiler import ProfileGrid, describe, run_profile
     from scheduler.perf_model import PerfModel
+    from scheduler.twin.profile import save_profile
     from settings import Settings
 
     grid = ProfileGrid(
@@ -62,12 +71,17 @@ def profile(
         raise typer.BadParameter("pass --base-model or set LORAHOST_BASE_MODEL_PATH")
     with tempfile.TemporaryDirectory(prefix="lorahost-profile-") as tmp:
         try:
-            content = run_profile(settings, grid, work_dir or Path(tmp), echo=typer.echo)
+            run = run_profile(
+                settings, grid, work_dir or Path(tmp), echo=typer.echo, twin=twin_output is not None
+            )
         except ValueError as exc:
             typer.echo(f"lorahost profile: {exc}", err=True)
             raise typer.Exit(2) from exc
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(content, indent=1, sort_keys=True))
-    for line in describe(PerfModel.from_dict(content)):
+    output.write_text(json.dumps(run.content, indent=1, sort_keys=True))
+    for line in describe(PerfModel.from_dict(run.content)):
         typer.echo(line)
     typer.echo(f"wrote {output}; serve with LORAHOST_WORKER_PROFILE_PATH={output}")
+    if twin_output is not None and run.twin is not None:
+        save_profile(run.twin, twin_output)
+        typer.echo(f"wrote the twin profile {twin_output}")

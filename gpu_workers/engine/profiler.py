@@ -8,6 +8,9 @@ timings; each point is run `num_repeats` times and its best time kept (a shared 
 10x a tiny model's step, and only ever add time). Rank mixes per batch size: the base model alone, each grid
 rank alone, and (batches of 2+) one request of the largest rank with the rest at the smallest, and an
 alternation of both: mixed batches are what tells a "sum of ranks" kernel from a "max rank" one.
+With `twin=True` the same engine is also measured for the digital twin (gpu_workers/engine/twin_profiler.py:
+mixed prefill+decode steps, decode context, distinct adapters, copy rate, scheduler time) and a
+`scheduler.twin.profile.TwinProfile` is fitted beside the router's model.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.perf_model import LatencySample, PerfModel, fit_latency, fit_load
+from scheduler.twin.profile import TwinProfile
 from settings import Settings
 
 Echo = Callable[[str], None]
@@ -76,9 +80,20 @@ class ProfileSamples:
     load: list[tuple[int, float]]
 
 
-def run_profile(settings: Settings, grid: ProfileGrid, work_dir: Path, echo: Echo = print) -> dict[str, Any]:
-    """Profile the configured engine on `grid` (adapters are written under `work_dir`); returns the profile
-    file's content: the fitted model (PerfModel.to_dict, with meta) plus the raw samples."""
+@dataclass(frozen=True)
+class ProfileRun:
+    """What a profiling run produced: the router's profile file content (PerfModel.to_dict with meta, plus
+    the raw samples) and, when asked for, the twin's profile."""
+
+    content: dict[str, Any]
+    twin: TwinProfile | None = None
+
+
+def run_profile(
+    settings: Settings, grid: ProfileGrid, work_dir: Path, echo: Echo = print, *, twin: bool = False
+) -> ProfileRun:
+    """Profile the configured engine on `grid` (adapters are written under `work_dir`); with `twin`, also
+    measure and fit the digital twin's profile on the same engine."""
     from gpu_workers.engine.llm_engine import LLMEngine
     from gpu_workers.worker.builder import engine_config_from_settings
 
@@ -92,7 +107,12 @@ def run_profile(settings: Settings, grid: ProfileGrid, work_dir: Path, echo: Ech
     samples = time_engine(engine, grid, adapter_dirs, echo)
     stats = engine.stats()
     model = fit_profile(samples, _meta(settings, stats, grid))
-    return {**model.to_dict(), "samples": _samples_json(samples)}
+    twin_profile = None
+    if twin:
+        from gpu_workers.engine.twin_profiler import measure_twin
+
+        twin_profile = measure_twin(engine, settings, grid, adapter_dirs, samples.load, echo)
+    return ProfileRun({**model.to_dict(), "samples": _samples_json(samples)}, twin_profile)
 
 
 def fit_profile(samples: ProfileSamples, meta: dict[str, str]) -> PerfModel:

@@ -89,3 +89,36 @@ def test_profile_needs_a_base_model(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("LORAHOST_BASE_MODEL_PATH", raising=False)
     result = _invoke(tmp_path, "--output", str(tmp_path / "p.json"))
     assert result.exit_code == 2 and "--base-model" in result.output
+
+
+def test_profile_also_writes_a_twin_profile_the_cost_model_loads(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    from scheduler.twin.cost_model import CostModel
+    from scheduler.twin.profile import load_profile
+    from scheduler.twin.step_shape import StepShape
+
+    output, twin = tmp_path / "profile.json", tmp_path / "twin" / "cpu.yaml"
+    result = _invoke(
+        tmp_path,
+        *("--base-model", str(base_model_dir), "--output", str(output), "--twin-output", str(twin)),
+        *("--ranks", "4,16", "--batch-sizes", "1,3", "--prompt-tokens", "8,24"),
+        *("--decode-steps", "2", "--repeats", "1", "--work-dir", str(tmp_path / "adapters")),
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        PerfModel.from_dict(json.loads(output.read_text())).prefill.num_samples == 16
+    )  # the router's file as before
+    profile = load_profile(twin)
+    assert profile.missing_sources() == []
+    assert profile.hardware.device == "cpu" and profile.model.dtype_bytes == 4
+    assert profile.model.num_layers > 0 and profile.memory.device_bytes > 0
+    assert (
+        profile.kv_bytes_per_token == profile.model.kv_bytes_per_token
+    )  # the engine's pool agrees with the shape
+    assert profile.copy_link.host_to_device_gbps > 0 and profile.step.scheduler_us > 0
+    assert "R^2" in profile.sources["step"] and "twin:" in result.output and str(twin) in result.output
+    model = CostModel(profile)
+    small = StepShape(num_decode_seqs=1, decode_context_tokens=9)
+    large = StepShape(num_prefill_tokens=72, num_prefill_seqs=3, prefill_attention_tokens=3 * 24 * 12.0)
+    assert 0 < model.step_seconds(small) <= model.step_seconds(large)

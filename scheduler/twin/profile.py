@@ -1,0 +1,259 @@
+"""The twin's profile file: one hardware + model pair's step-cost coefficients, copy link and memory, each
+constant with its source.
+
+One shape (`TwinProfile`, pydantic, frozen, unknown keys refused), stored as JSON or YAML (`.yaml`/`.yml`,
+with PyYAML). `load_profile` raises `ProfileError` naming the file and the field to fix. Times are in
+microseconds (`*_us`), sizes in bytes, bandwidth in GB/s (1e9 bytes per second). The formula that uses the
+coefficients is scheduler/twin/cost_model.py's. `sources` maps a constant's dotted name
+(`step.per_prefill_token_us`, `copy.host_to_device_gbps`, `memory.device_bytes`, `model.num_layers`, ...) to
+where its number comes from (URL or paper, and which number); `notes` say where sources disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILE_VERSION = 1
+LoraForm = Literal["sum", "max"]
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and what to fix."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelShape(_Frozen):
+    """The served model's shape (Hugging Face config.json names in comments)."""
+
+    name: str
+    num_layers: int = Field(gt=0)  # num_hidden_layers
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0)  # num_attention_heads
+    num_kv_heads: int = Field(gt=0)  # num_key_value_heads
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    dtype_bytes: int = Field(gt=0)  # 2 for float16/bfloat16, 4 for float32
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def adapter_bytes_per_rank(self) -> int:
+        """Bytes of one rank row of an adapter targeting every projection (q, k, v, o, gate, up, down)."""
+        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        h, i = self.hidden_size, self.intermediate_size
+        per_layer = (h + q_out) + 2 * (h + kv_out) + (q_out + h) + 2 * (h + i) + (i + h)
+        return self.num_layers * per_layer * self.dtype_bytes
+
+    def adapter_bytes(self, rank: int) -> int:
+        """Bytes of a rank-`rank` adapter on every projection."""
+        return rank * self.adapter_bytes_per_rank
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any], name: str, dtype_bytes: int) -> ModelShape:
+        """The shape from a Hugging Face config.json's content (head_dim defaults to hidden / heads)."""
+        heads = int(config["num_attention_heads"])
+        return cls(
+            name=name,
+            num_layers=int(config["num_hidden_layers"]),
+            hidden_size=int(config["hidden_size"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads", heads)),
+            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            dtype_bytes=dtype_bytes,
+        )
+
+
+class Hardware(_Frozen):
+    """Where the profile was measured (or what it describes)."""
+
+    name: str  # e.g. "NVIDIA H100 80GB SXM, vLLM 0.8.4"
+    device: str  # "cuda", "cpu"
+    engine: str = ""  # the serving engine the numbers come from
+
+
+class StepCost(_Frozen):
+    """Coefficients of one engine step's time (scheduler/twin/cost_model.py), microseconds; all >= 0."""
+
+    fixed_us: float = Field(ge=0)  # per step that runs anything: launches, sampling, sync
+    min_dense_us: float = Field(default=0.0, ge=0)  # floor of the token-linear work (weights read once)
+    per_prefill_token_us: float = Field(ge=0)
+    per_prefill_attention_us: float = Field(
+        default=0.0, ge=0
+    )  # per unit of StepShape.prefill_attention_tokens
+    per_decode_seq_us: float = Field(ge=0)
+    per_decode_context_token_us: float = Field(default=0.0, ge=0)  # per KV token a decode row reads
+    lora_form: LoraForm = (
+        "sum"  # "sum": sum tokens*rank (segmented kernels); "max": tokens * max rank (padded)
+    )
+    lora_per_token_rank_us: float = Field(default=0.0, ge=0)
+    lora_per_adapter_us: float = Field(default=0.0, ge=0)  # per distinct device adapter in the step
+    lora_per_adapter_rank_us: float = Field(
+        default=0.0, ge=0
+    )  # per rank of each distinct adapter (weights read)
+    lora_step_us: float = Field(default=0.0, ge=0)  # once per step that has any device LoRA work
+    lora_multiplier_base: float = Field(
+        default=1.0, ge=0
+    )  # device time x (base + per_adapter * A) when A > 0
+    lora_multiplier_per_adapter: float = Field(default=0.0, ge=0)
+    host_prefill_per_token_rank_us: float = Field(
+        default=0.0, ge=0
+    )  # CPU-assisted LoRA delta, per CPU worker
+    scheduler_us: float = Field(default=0.0, ge=0)  # the scheduler's own time per step (schedule + update)
+
+
+class CopyCost(_Frozen):
+    """The host -> device link adapters are copied over."""
+
+    host_to_device_gbps: float = Field(gt=0)
+    per_copy_us: float = Field(default=0.0, ge=0)
+
+
+class Memory(_Frozen):
+    """Device memory for KV blocks and adapters (what remains after weights and activations)."""
+
+    device_bytes: int = Field(gt=0)
+    block_size: int = Field(default=16, gt=0)  # tokens per KV block
+    kv_bytes_per_token: int | None = Field(default=None, gt=0)  # None: from the model shape
+
+
+class TwinProfile(_Frozen):
+    """A profile file's content (module doc)."""
+
+    version: int = PROFILE_VERSION
+    hardware: Hardware
+    model: ModelShape
+    step: StepCost
+    copy_link: CopyCost = Field(alias="copy")
+    memory: Memory
+    sources: dict[str, str] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _check(self) -> TwinProfile:
+        if self.version != PROFILE_VERSION:
+            raise ValueError(f"version {self.version} is not supported (this build reads {PROFILE_VERSION})")
+        unknown = sorted(set(self.sources) - set(constant_names()))
+        if unknown:
+            raise ValueError(
+                f"sources name unknown constants {unknown}; use dotted names like 'step.fixed_us'"
+            )
+        return self
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """memory.kv_bytes_per_token, else the model shape's."""
+        return self.memory.kv_bytes_per_token or self.model.kv_bytes_per_token
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Tokens of KV the device memory holds when no adapter takes any of it."""
+        return self.memory.device_bytes // self.kv_bytes_per_token
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able content (the file's keys)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def missing_sources(self) -> list[str]:
+        """Constants this profile sets (required, or away from their default) with no source, neither their own
+        nor their section's (a `sources` key may be a section name: "model" covers every model.* constant)."""
+        missing = []
+        for section, attr in _SECTION_ATTRS.items():
+            part: BaseModel = getattr(self, attr)
+            for name, info in type(part).model_fields.items():
+                is_set = info.is_required() or getattr(part, name) != info.default
+                if is_set and f"{section}.{name}" not in self.sources and section not in self.sources:
+                    missing.append(f"{section}.{name}")
+        return missing
+
+
+_SECTION_ATTRS = {"model": "model", "step": "step", "copy": "copy_link", "memory": "memory"}
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "model": ModelShape,
+    "step": StepCost,
+    "copy": CopyCost,
+    "memory": Memory,
+}
+
+
+def constant_names() -> list[str]:
+    """Every name a profile's `sources` may use: a section ("model", "step", "copy", "memory") or one of its
+    constants ("step.fixed_us")."""
+    return list(_SECTIONS) + [
+        f"{section}.{name}" for section, cls in _SECTIONS.items() for name in cls.model_fields
+    ]
+
+
+def profile_from_dict(data: Any, origin: str = "<profile>") -> TwinProfile:
+    """Validate a profile's content; ProfileError naming `origin` and each field to fix."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{origin}: a profile is a mapping of sections, got {type(data).__name__}")
+    try:
+        return TwinProfile.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ProfileError(f"{origin}: invalid twin profile: {problems}") from None
+
+
+def load_profile(path: Path | str) -> TwinProfile:
+    """Read and validate a profile file (JSON, or YAML by suffix); ProfileError saying what to fix."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
+    try:
+        data = _yaml_load(text) if path.suffix in _YAML_SUFFIXES else json.loads(text)
+    except ValueError as exc:
+        raise ProfileError(
+            f"{path}: not valid {'YAML' if path.suffix in _YAML_SUFFIXES else 'JSON'}: {exc}"
+        ) from None
+    return profile_from_dict(data, str(path))
+
+
+def save_profile(profile: TwinProfile, path: Path | str) -> None:
+    """Write a profile (YAML by suffix, else JSON), creating parent directories."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = profile.to_dict()
+    if path.suffix in _YAML_SUFFIXES:
+        path.write_text(_yaml_dump(data))
+    else:
+        path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _yaml_module() -> Any:
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - PyYAML ships with the project's environment
+        raise ProfileError("YAML profiles need PyYAML (pip install pyyaml); or use a .json file") from None
+    return yaml
+
+
+def _yaml_load(text: str) -> Any:
+    yaml = _yaml_module()
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _yaml_dump(data: dict[str, Any]) -> str:
+    return str(_yaml_module().safe_dump(data, sort_keys=False))

@@ -1,0 +1,117 @@
+"""The twin profile file: JSON and YAML round-trip, errors that name the file and the field to fix, and every
+shipped profile loads with a source for each constant it gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.twin.cost_model import CostModel
+from scheduler.twin.profile import ModelShape, ProfileError, load_profile, profile_from_dict, save_profile
+from scheduler.twin.step_shape import StepShape
+from tests.scheduler.twin.profile_helpers import tiny_profile, tiny_profile_dict
+
+SHIPPED = sorted((Path(__file__).parents[3] / "scheduler" / "twin" / "profiles").glob("*.json"))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_profile_round_trips(tmp_path: Path, suffix: str) -> None:
+    profile = tiny_profile(lora_form="max", scheduler_us=3.5)
+    path = tmp_path / "sub" / f"p{suffix}"
+    save_profile(profile, path)
+    assert load_profile(path) == profile
+    assert load_profile(path).to_dict() == profile.to_dict()
+
+
+def test_kv_bytes_per_token_come_from_the_shape_unless_given() -> None:
+    profile = tiny_profile()
+    assert profile.kv_bytes_per_token == 2 * 2 * 1 * 4 * 2  # K and V x layers x kv heads x head dim x bytes
+    assert profile.num_kv_tokens == 1_000_000 // 32
+    data = tiny_profile_dict()
+    data["memory"]["kv_bytes_per_token"] = 100
+    assert profile_from_dict(data).kv_bytes_per_token == 100
+
+
+def _write(tmp_path: Path, data: object, name: str = "bad.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["step"].pop("per_prefill_token_us"), r"step\.per_prefill_token_us: Field required"),
+        (
+            lambda d: d["step"].update(per_decode_seq_us=-1),
+            r"step\.per_decode_seq_us: Input should be greater",
+        ),
+        (lambda d: d["step"].update(lora_form="min"), r"step\.lora_form: Input should be 'sum' or 'max'"),
+        (lambda d: d["copy"].update(host_to_device_gbps=0), r"copy\.host_to_device_gbps"),
+        (lambda d: d["memory"].update(device_byte=5), r"memory\.device_byte: Extra inputs are not permitted"),
+        (lambda d: d.update(version=7), r"version 7 is not supported"),
+        (lambda d: d["sources"].update({"step.fixd_us": "x"}), r"unknown constants \['step\.fixd_us'\]"),
+    ],
+)
+def test_bad_profiles_name_the_file_and_the_field(tmp_path: Path, edit: Any, message: str) -> None:
+    data = tiny_profile_dict()
+    edit(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(ProfileError, match=message) as error:
+        load_profile(path)
+    assert str(path) in str(error.value)
+
+
+def test_unreadable_and_malformed_files_say_so(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_profile(tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        load_profile(tmp_path / "broken.json")
+    (tmp_path / "broken.yaml").write_text("step: [unclosed")
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(tmp_path / "broken.yaml")
+    with pytest.raises(ProfileError, match="a mapping of sections, got list"):
+        load_profile(_write(tmp_path, [1, 2]))
+
+
+def test_missing_sources_lists_given_constants_without_one() -> None:
+    missing = tiny_profile().missing_sources()
+    assert "step.per_prefill_token_us" in missing and "copy.host_to_device_gbps" in missing
+    assert "step.fixed_us" not in missing and not any(m.startswith("model.") for m in missing)
+    assert "step.min_dense_us" not in missing  # left at its default
+
+
+def test_model_shape_from_a_hugging_face_config() -> None:
+    config = {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+    }
+    shape = ModelShape.from_hf_config(config, "llama-3.1-8b", dtype_bytes=2)
+    assert shape.head_dim == 128
+    assert shape.kv_bytes_per_token == 131072  # 2 x 32 x 8 x 128 x 2
+    # q 4096+4096, k and v 4096+1024 each, o 4096+4096, gate and up 4096+14336 each, down 14336+4096
+    assert shape.adapter_bytes(1) == 32 * 81920 * 2
+
+
+def test_there_are_shipped_profiles() -> None:
+    assert len(SHIPPED) >= 3
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_each_shipped_profile_loads_and_sources_every_constant(path: Path) -> None:
+    profile = load_profile(path)
+    assert profile.missing_sources() == []
+    model = CostModel(profile)
+    decode = model.step_seconds(StepShape(num_decode_seqs=32, decode_context_tokens=32 * 512))
+    prefill = model.step_seconds(
+        StepShape(num_prefill_tokens=2048, num_prefill_seqs=1, prefill_attention_tokens=2048 * 1024.0)
+    )
+    assert 0 < decode < prefill
