@@ -31,8 +31,10 @@ class TraceRequest:
 
 @dataclass(frozen=True)
 class AdapterSpec:
-    """An adapter a trace names: its rank and the device bytes of its weights."""
+    """An adapter a trace names: its rank and the device bytes of its weights; `num_pages` the exact pool
+    pages the engine's tensor layout takes (None: cut by rank rows, scheduler/core/page_pool.py)."""
 
     adapter_id: str
     rank: int
     num_bytes: int
+    num_pages: int | None = None

@@ -64,7 +64,11 @@ class SimulatedWorker:
         self.ranks[adapter.adapter_id] = adapter.rank
         self.adapter_bytes[adapter.adapter_id] = adapter.num_bytes
         self.core.residency.register(
-            adapter.adapter_id, f"twin://{adapter.adapter_id}", adapter.rank, adapter.num_bytes
+            adapter.adapter_id,
+            f"twin://{adapter.adapter_id}",
+            adapter.rank,
+            adapter.num_bytes,
+            adapter.num_pages,
         )
 
     def submit(self, request: TraceRequest) -> None:

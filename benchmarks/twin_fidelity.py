@@ -1,0 +1,346 @@
+"""How faithful is the digital twin? Replay the same trace with the same settings on the real engine and in the
+worker twin (scheduler/twin/worker_sim.py: the engine's own core over a simulated executor priced by a profile
+of this engine), and print SMAPE of throughput, TTFT p50/p99, ITL p50/p99 and queueing time, plus the twin's
+simulated seconds per wall second (issue 22 item 4; the paper's twin: 1-5% throughput, 12-21% TTFT, 3.5-9.9%
+ITL, ../shared/papers/digital_twin.md).
+
+    .venv/bin/python benchmarks/twin_fidelity.py --model-dir ~/.cache/lorahost/bench-smollm2-100 \\
+        --profile /tmp/smollm2-twin.json --threads 2 --output benchmarks/results/twin_fidelity.json
+
+The profile is measured on the same engine first (`lorahost profile --twin-output`, run here when --profile
+names a missing file). Grid (each axis a comma-separated option): traces `conv` (../shared/data Azure
+conversation lengths, inputs <= --max-prompt, outputs <= --max-output) and `long` (synthetic long inputs,
+short outputs); loads as fractions of the twin's own saturated throughput (so 1.2 is overload); batch
+policies; memory modes; adapter counts; and `slot` (the default KV pool, bound by max_num_seqs) beside
+`memory` (a small KV pool and many sequence slots). Arrivals are Poisson at the load's rate, adapters Zipf(1).
+The real engine is driven in real time by one thread (add the requests that have arrived, step, record each
+token's time) with an injected clock that starts at 0, like the twin's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.serving_workload import read_trace, zipf_weights
+from scheduler.twin.request_record import RequestRecord
+from scheduler.twin.run_metrics import COMPARED, RunSummary, compare, summarize
+from scheduler.twin.trace import AdapterSpec, TraceRequest
+
+CONV_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of the grid."""
+
+    trace: str
+    load: float
+    policy: str
+    memory_mode: str
+    num_adapters: int
+    bound: str  # "slot" | "memory"
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.trace}/{self.bound}/{self.memory_mode}/{self.policy}/a{self.num_adapters}/x{self.load:g}"
+        )
+
+
+def _csv(text: str, kind: type = str) -> list[Any]:
+    return [kind(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", type=Path, required=True, help="base/ + adapters/adapter-NN (PEFT)")
+    p.add_argument(
+        "--profile", type=Path, required=True, help="twin profile of this engine (made if missing)"
+    )
+    p.add_argument("--traces", default="conv,long")
+    p.add_argument("--loads", default="0.5,0.9,1.2", help="fractions of the twin's saturated throughput")
+    p.add_argument("--policies", default="fifo,multiqueue")
+    p.add_argument("--memory-modes", default="unified,static")
+    p.add_argument("--num-adapters", default="16,100")
+    p.add_argument("--bounds", default="slot,memory")
+    p.add_argument("--num-requests", type=int, default=60)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--max-output", type=int, default=128)
+    p.add_argument("--max-num-seqs", type=int, default=32, help="slot-bound cases (memory-bound: 4x)")
+    p.add_argument("--memory-kv-blocks", type=int, default=192, help="KV blocks of the memory-bound cases")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--twin-only", action="store_true", help="skip the real engine (the twin's side only)")
+    p.add_argument("--output", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+# ---- workload ---------------------------------------------------------------------------------------
+
+
+def lengths(trace: str, n: int, max_prompt: int, max_output: int, seed: int) -> list[tuple[int, int]]:
+    """(prompt, output) lengths of n requests: the conversation trace's (clipped), or synthetic long inputs."""
+    rng = random.Random(seed)
+    if trace == "conv":
+        rows = read_trace(CONV_TRACE)
+        start = rng.randrange(0, len(rows) - n)
+        return [
+            (min(max(c, 8), max_prompt), min(max(g, 1), max_output)) for _, c, g in rows[start : start + n]
+        ]
+    if trace == "long":
+        return [
+            (rng.randint(max_prompt // 2, max_prompt), rng.randint(4, max(4, max_output // 4)))
+            for _ in range(n)
+        ]
+    raise SystemExit(f"unknown trace {trace!r} (conv | long)")
+
+
+def make_trace(
+    sizes: list[tuple[int, int]], adapters: list[str], rate: float, seed: int
+) -> list[TraceRequest]:
+    """Poisson arrivals at `rate` per second, Zipf(1) adapters (every request names one)."""
+    rng = random.Random(seed + 1)
+    weights = zipf_weights(len(adapters), 1.0)
+    t, out = 0.0, []
+    for i, (num_prompt, num_output) in enumerate(sizes):
+        t += rng.expovariate(rate)
+        adapter = rng.choices(adapters, weights)[0]
+        out.append(TraceRequest(f"r{i}", t, num_prompt, num_output, adapter_id=adapter, tenant_id="t0"))
+    return out
+
+
+# ---- the two systems --------------------------------------------------------------------------------
+
+
+def engine_config(args: argparse.Namespace, case: Case) -> Any:
+    from gpu_workers.engine.config import EngineConfig
+
+    memory_bound = case.bound == "memory"
+    return EngineConfig(
+        model_path=args.model_dir / "base",
+        dtype=args.dtype,
+        num_threads=args.threads,
+        memory_mode=case.memory_mode,
+        batch_policy=case.policy,
+        max_num_seqs=args.max_num_seqs * (4 if memory_bound else 1),
+        num_kv_blocks=args.memory_kv_blocks if memory_bound else None,
+        max_lora_rank=128,
+        enable_prefix_caching=False,
+    )
+
+
+class RelativeClock:
+    """Wall seconds since the run started: the real engine's injected clock, so its times match the twin's."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def run_real(engine: Any, clock: RelativeClock, trace: list[TraceRequest], vocab: int) -> list[RequestRecord]:
+    """Replay in real time: add the requests that have arrived, step, record each token's time."""
+    from scheduler.core.sampling import SamplingParams
+
+    clock.start = time.perf_counter()
+    pending = deque(sorted(trace, key=lambda r: r.arrival_s))
+    records: dict[str, RequestRecord] = {}
+    rng = random.Random(7)
+    while pending or engine.has_unfinished_requests():
+        now = clock()
+        while pending and pending[0].arrival_s <= now:
+            r = pending.popleft()
+            prompt = [rng.randrange(10, vocab) for _ in range(r.num_prompt_tokens)]
+            params = SamplingParams(max_tokens=r.num_output_tokens, temperature=0.0, ignore_eos=True)
+            engine.add_request(
+                r.request_id, prompt, params, r.adapter_id, arrival_time=r.arrival_s, tenant_id=r.tenant_id
+            )
+            records[r.request_id] = RequestRecord(
+                r.request_id, r.arrival_s, r.num_prompt_tokens, r.adapter_id, r.tenant_id
+            )
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0].arrival_s - clock()))
+            continue
+        for out in engine.step():
+            record = records[out.request_id]
+            record.token_times.extend([clock()] * len(out.new_token_ids))
+            record.first_scheduled_s = out.first_scheduled_time
+            if out.is_finished:
+                record.finish_s, record.finish_reason = out.finish_time, out.finish_reason
+    return [records[r.request_id] for r in trace]
+
+
+def adapter_specs(engine: Any, names: list[str]) -> list[AdapterSpec]:
+    """The adapters as the real engine registered them (rank, device bytes, exact pages)."""
+    specs = []
+    for name in names:
+        state = engine.residency.get(name)
+        specs.append(AdapterSpec(name, state.rank, state.num_bytes, state.num_pages))
+    return specs
+
+
+def run_twin(
+    config: Any, geometry: Any, profile: Any, adapters: list[AdapterSpec], trace: list[TraceRequest]
+) -> tuple[list[RequestRecord], float]:
+    """The worker twin with the engine's own settings and geometry; returns the records and wall seconds."""
+    from scheduler.twin.cost_model import CostModel
+    from scheduler.twin.worker_sim import SimulatedWorker
+
+    started = time.perf_counter()
+    worker = SimulatedWorker(config, geometry, CostModel(profile), adapters)
+    records = worker.run(trace)
+    return records, time.perf_counter() - started
+
+
+def saturated_rate(
+    config: Any,
+    geometry: Any,
+    profile: Any,
+    adapters: list[AdapterSpec],
+    sizes: list[tuple[int, int]],
+    names: list[str],
+    seed: int,
+) -> float:
+    """Requests per second the twin completes when everything arrives at once (the load's unit)."""
+    burst = [
+        TraceRequest(r.request_id, 0.0, r.num_prompt_tokens, r.num_output_tokens, r.adapter_id, r.tenant_id)
+        for r in make_trace(sizes, names, 1.0, seed)
+    ]
+    records, _ = run_twin(config, geometry, profile, adapters, burst)
+    summary = summarize(records)
+    return summary.num_finished / summary.duration_s
+
+
+# ---- main -------------------------------------------------------------------------------------------
+
+
+def ensure_profile(args: argparse.Namespace) -> None:
+    if args.profile.exists():
+        return
+    print(f"[twin_fidelity] measuring the twin profile into {args.profile}", file=sys.stderr)
+    subprocess.run(
+        [sys.executable, "-m", "lorahost.cli", "profile", "--base-model", str(args.model_dir / "base"),
+         "--output", str(args.profile.with_suffix(".router.json")), "--twin-output", str(args.profile)],
+        check=True, cwd=str(REPO), stdout=sys.stderr,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from gpu_workers.engine.llm_engine import LLMEngine
+    from scheduler.twin.profile import load_profile
+
+    torch.set_num_threads(args.threads)
+    ensure_profile(args)
+    profile = load_profile(args.profile)
+    all_names = sorted(p.name for p in (args.model_dir / "adapters").iterdir() if p.is_dir())
+    cases = [
+        Case(t, load, pol, mem, n, bound)
+        for t, bound, mem, pol, n, load in itertools.product(
+            _csv(args.traces), _csv(args.bounds), _csv(args.memory_modes), _csv(args.policies),
+            _csv(args.num_adapters, int), _csv(args.loads, float),
+        )
+    ]  # fmt: skip
+    rows = []
+    for case in cases:
+        names = all_names[: case.num_adapters]
+        if len(names) < case.num_adapters:
+            raise SystemExit(
+                f"{args.model_dir} has {len(all_names)} adapters; the case needs {case.num_adapters}"
+            )
+        config = engine_config(args, case)
+        clock = RelativeClock()
+        engine = LLMEngine(config, clock=clock)  # a fresh engine per case: cold adapters, empty queues
+        for name in names:
+            engine.register_adapter(name, args.model_dir / "adapters" / name)
+        geometry = engine.runner.geometry
+        adapters = adapter_specs(engine, names)
+        sizes = lengths(
+            case.trace,
+            args.num_requests,
+            min(args.max_prompt, geometry.max_model_len // 2),
+            args.max_output,
+            args.seed,
+        )
+        capacity = saturated_rate(config, geometry, profile, adapters, sizes, names, args.seed)
+        trace = make_trace(sizes, names, case.load * capacity, args.seed)
+        twin_records, twin_wall = run_twin(config, geometry, profile, adapters, trace)
+        twin = summarize(twin_records)
+        row: dict[str, Any] = {
+            "case": case.name,
+            "rate_rps": case.load * capacity,
+            "twin": twin.as_dict(),
+            "twin_sim_s_per_wall_s": twin.duration_s / max(twin_wall, 1e-9),
+        }
+        if not args.twin_only:
+            real = summarize(run_real(engine, clock, trace, engine.runner.args.vocab_size))
+            row["real"] = real.as_dict()
+            row["smape_pct"] = compare(real, twin)
+        del engine
+        rows.append(row)
+        print(_line(row), flush=True)
+    print(_table(rows))
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "cpu": _cpu(),
+            "torch_threads": args.threads,
+            "profile": str(args.profile),
+            "num_requests": args.num_requests,
+        }
+        args.output.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+def _line(row: dict[str, Any]) -> str:
+    twin = RunSummary(**{k: row["twin"][k] for k in RunSummary.__dataclass_fields__})  # type: ignore[arg-type]
+    text = f"{row['case']:<44} rate {row['rate_rps']:.2f}/s twin thr {twin.throughput_tok_s:7.1f} tok/s ttft50 {twin.ttft_p50_s * 1000:7.0f} ms"
+    if "smape_pct" in row:
+        s = row["smape_pct"]
+        text += " | SMAPE " + " ".join(
+            f"{m.split('_')[0]}{'' if m.startswith('throughput') else m.split('_')[1]} {s[m]:.1f}%"
+            for m in COMPARED
+        )
+    return text + f" | sim/wall {row['twin_sim_s_per_wall_s']:.0f}x"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    with_real = [r for r in rows if "smape_pct" in r]
+    if not with_real:
+        return ""
+    mean = {m: sum(r["smape_pct"][m] for r in with_real) / len(with_real) for m in COMPARED}
+    return f"mean SMAPE over {len(with_real)} cases: " + ", ".join(
+        f"{m} {v:.1f}%" for m, v in mean.items()
+    )
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
