@@ -266,6 +266,7 @@ class BatchScheduler:
                 num_total_blocks=self.pool.num_blocks,
                 num_bytes_per_block=self.residency.page_bytes,
                 max_num_seqs=self.max_num_seqs,
+                is_adapter_memory_shared=self.pool.is_unified,
             ),
         )
         self._admission_order = list(admission.request_ids)
