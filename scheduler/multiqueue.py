@@ -19,7 +19,8 @@ State kept here:
   scheduler admits it (`on_admitted`), exactly once even if it is preempted and admitted again, and
   returned when it finishes or is aborted (`on_finished`).
 
-Capacity, in the binding resource: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`), or,
+Capacity, in the binding resource: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`; the
+running batch's token bound `BatchBudget.max_running_tokens` instead when that is smaller), or,
 when sequence slots run out first (`max_num_seqs` requests of the window's mean need fit in the pool), the
 `max_num_seqs` slots: then every request is charged one slot and the M/M/1 rule runs with S = 1 slot.
 Quotas are in the unit that forms the queue, so they add up to what the engine can actually run (quotas in
@@ -256,11 +257,14 @@ class MultiQueuePolicy:
         return self._layout.queue_of(size)
 
     def _pool_tokens(self, budget: BatchBudget) -> float:
-        """The KV pool in tokens; without `num_total_blocks`: free blocks plus what is charged."""
+        """The KV pool in tokens (without `num_total_blocks`: free blocks plus what is charged), or the running
+        batch's token bound when that is smaller."""
         if budget.num_total_blocks > 0:
-            return float(budget.num_total_blocks * budget.block_size)
-        charged = sum(t.sample.need_tokens for t in self._tracked.values() if t.is_charged)
-        return budget.num_free_blocks * budget.block_size + charged
+            pool = float(budget.num_total_blocks * budget.block_size)
+        else:
+            charged = sum(t.sample.need_tokens for t in self._tracked.values() if t.is_charged)
+            pool = float(budget.num_free_blocks * budget.block_size + charged)
+        return min(pool, float(budget.max_running_tokens)) if budget.max_running_tokens > 0 else pool
 
     def _slots_bind(self, budget: BatchBudget, pool_tokens: float) -> bool:
         """Sequence slots run out before KV tokens: `max_num_seqs` requests of the window's mean need fit."""

@@ -89,6 +89,7 @@ class LLMEngine:
             num_cpu_prefill_workers=config.cpu_prefill_workers,
             clock=clock,
             eos_token_ids=self.eos_token_ids,
+            max_running_tokens=config.max_running_tokens,
         )
         self.counters = EngineCounters()
         self.placer = AdapterPlacer(self.runner, self.scheduler, self.counters)
