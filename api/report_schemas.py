@@ -11,11 +11,19 @@ from pydantic import BaseModel, Field
 
 class PredictionAccuracyPublic(BaseModel):
     """How close output-length predictions came: MAE in tokens and bucket accuracy (prediction and truth in
-    the same `bucket_edges` class); both null without samples."""
+    the same `bucket_edges` class), both null without samples; and what ordering requests by size needs
+    (scheduler/length_metrics.py): `spearman`, the rank correlation of predicted and true lengths (1: the same
+    order; null with fewer than 2 samples or a constant side, or in a model trained before it was reported),
+    `bucket_recall[b]`, the share of requests truly in bucket b that were predicted there (null: no such
+    request), and `bucket_num_samples[b]`, how many requests were truly in bucket b (one entry per bucket:
+    len(bucket_edges) + 1)."""
 
     num_samples: int
     mae: float | None
     bucket_accuracy: float | None
+    spearman: float | None = None
+    bucket_recall: list[float | None] = Field(default_factory=list)
+    bucket_num_samples: list[int] = Field(default_factory=list)
 
 
 class AdapterPredictionAccuracy(PredictionAccuracyPublic):

@@ -8,7 +8,8 @@ content, so it is noise the oracle alone knows; the hashed n-gram features that 
 80/20 split. Systems side by side in one run: the max_tokens placeholder, a global median, the per-adapter
 history median (`prior_predict`), `LengthPredictor` with each model kind, and an oracle that knows each
 request's true conditional median (the noise floor: no predictor can do better in expectation). One JSON line per result:
-MAE, bucket accuracy, fit seconds, and per-call predict latency (mean/p50/p99 microseconds, one request at a
+MAE, bucket accuracy, Spearman's rank correlation with the true lengths and per-bucket recall (with each
+bucket's true samples: bucket accuracy alone says little when most outputs fall in one bucket), fit seconds, and per-call predict latency (mean/p50/p99 microseconds, one request at a
 time as the API calls it); the last line compares with sklearn's own batch `predict` on one row.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/length_predictor.py [--num-samples 20000]
@@ -132,11 +133,21 @@ def latency_us(predict, features: list[RequestFeatures]) -> dict[str, float]:
     }
 
 
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def summary(report: dict) -> dict:
+    """MAE, bucket accuracy, and what ordering by size needs: Spearman's rank correlation with the true
+    lengths and per-bucket recall (null: no true sample in that bucket) with each bucket's true samples."""
     per_adapter = report["per_adapter"].values()
+    overall = report["overall"]
     return {
-        "mae": round(report["overall"]["mae"], 2),
-        "bucket_accuracy": round(report["overall"]["bucket_accuracy"], 4),
+        "mae": round(overall["mae"], 2),
+        "bucket_accuracy": round(overall["bucket_accuracy"], 4),
+        "spearman": _rounded(overall["spearman"]),
+        "bucket_recall": [_rounded(r, 3) for r in overall["bucket_recall"]],
+        "bucket_num_samples": overall["bucket_num_samples"],
         "median_adapter_mae": round(float(np.median([m["mae"] for m in per_adapter])), 2),
         "num_adapters_evaluated": len(report["per_adapter"]),
     }

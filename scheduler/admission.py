@@ -46,7 +46,10 @@ class BatchBudget:
     `now`: the scheduler's clock, the same clock as `WaitingRequest.arrival_time` (None: not given);
     `num_total_blocks`: the KV pool's capacity in blocks (pages the KV cache can address; 0: not given);
     `num_bytes_per_block`: device bytes of one block, so adapter bytes can be expressed in blocks
-    (0: not given); `max_num_seqs`: how many sequences a step may run at all (0: not given).
+    (0: not given); `max_num_seqs`: how many sequences a step may run at all (0: not given);
+    `is_adapter_memory_shared`: adapters take their pages from the KV pool (engine_memory_mode "unified"),
+    or, when False, from a share of their own that KV blocks never use ("static"); `max_running_tokens`: the
+    running batch's token bound (scheduler/running_budget.py; 0: none).
     """
 
     num_free_seqs: int
@@ -57,6 +60,8 @@ class BatchBudget:
     num_total_blocks: int = 0
     num_bytes_per_block: int = 0
     max_num_seqs: int = 0
+    is_adapter_memory_shared: bool = True
+    max_running_tokens: int = 0
 
 
 @dataclass(frozen=True)

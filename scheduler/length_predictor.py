@@ -34,7 +34,9 @@ prediction walks the fitted trees in plain Python (scheduler/length_models.py): 
 busy 2-core machine, where sklearn's batch `predict` on one row took 6-7 ms p50 (thread-pool start-up).
 
 Accuracy is reported as Chameleon does (bucket accuracy: predicted and true length in the same bucket of
-BUCKET_EDGES) and as MAE in tokens, per adapter and overall (`evaluate`).
+BUCKET_EDGES) and as MAE in tokens, per adapter and overall (`evaluate`), with what ordering by size needs:
+Spearman's rank correlation with the true lengths and per-bucket recall (scheduler/length_metrics.py; bucket
+accuracy alone says little when ~90% of outputs fall in the smallest bucket).
 
 A fitted predictor travels as a versioned artifact (`to_bytes`/`from_bytes`: plain JSON data, never a pickle;
 scheduler/length_predictor_artifact.py). `from_bytes` raises `PredictorArtifactError` on anything it cannot
@@ -52,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from scheduler import length_predictor_artifact as artifact
+from scheduler.length_metrics import length_metrics
 from scheduler.length_models import MODEL_KINDS, FittedModel, fit_model, model_from_dict
 from scheduler.length_predictor_artifact import PredictorArtifactError
 
@@ -325,16 +328,14 @@ class LengthPredictor:
         return predictor
 
 
-def _metrics(errors: Iterable[tuple[int, int]]) -> dict[str, float]:
-    pairs = list(errors)
-    num = len(pairs)
-    mae = sum(abs(p - t) for p, t in pairs) / num
-    hits = sum(length_bucket(p) == length_bucket(t) for p, t in pairs)
-    return {"num_samples": num, "mae": mae, "bucket_accuracy": hits / num}
+def _metrics(errors: Iterable[tuple[int, int]]) -> dict[str, Any]:
+    """num_samples, mae, bucket_accuracy, spearman, bucket_recall, bucket_num_samples (scheduler/length_metrics.py)."""
+    return length_metrics(list(errors), BUCKET_EDGES).as_dict()
 
 
 def evaluate(predictor: LengthPredictor, samples: Sequence[LengthSample]) -> dict[str, Any]:
-    """MAE (tokens) and bucket accuracy (BUCKET_EDGES) of `predictor` on held-out samples, overall and per
+    """MAE (tokens), bucket accuracy (BUCKET_EDGES), Spearman's rank correlation and per-bucket recall
+    (scheduler/length_metrics.py) of `predictor` on held-out samples, overall and per
     adapter (all tenants of an adapter together): {"overall": {...}, "per_adapter": {adapter_id: {...}}}.
     Histories are not updated."""
     if not samples:

@@ -19,13 +19,22 @@ State kept here:
   scheduler admits it (`on_admitted`), exactly once even if it is preempted and admitted again, and
   returned when it finishes or is aborted (`on_finished`).
 
-Capacity, in the binding resource: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`), or,
+Capacity, in the binding resource: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`; the
+running batch's token bound `BatchBudget.max_running_tokens` instead when that is smaller), or,
 when sequence slots run out first (`max_num_seqs` requests of the window's mean need fit in the pool), the
 `max_num_seqs` slots: then every request is charged one slot and the M/M/1 rule runs with S = 1 slot.
 Quotas are in the unit that forms the queue, so they add up to what the engine can actually run (quotas in
-tokens against a slot-bound engine would either never bind or leave slots idle). A request's need counts its
-adapter's bytes as KV tokens (`num_bytes_per_block`); with a static adapter share (engine_memory_mode
-"static") that memory is not taken from the KV pool, so the quotas are then conservative.
+tokens against a slot-bound engine would either never bind or leave slots idle). A request's need is what it
+takes of the KV pool in the configured memory mode (`charged_adapter_tokens`): its prompt and predicted
+output tokens, plus, in a unified pool (`BatchBudget.is_adapter_memory_shared`), its adapter's bytes as KV
+tokens (`num_bytes_per_block`) when the adapter was not on the device (nor being copied) when the policy
+first saw the request. With a static adapter share (engine_memory_mode "static") adapters never take KV
+pages, so they are charged nothing against the KV quotas: their own share is the residency's to manage
+(a request whose adapter finds no room there is blocked and may be bypassed, below). Charging them as KV
+tokens (the old rule) counted a rank-128 adapter as ~3,400 tokens of a 3,072-token pool and left KV
+blocks idle while requests waited.
+For the bypass, a running request gives back what a blocked adapter needs: its need (unified: adapter pages
+come out of the KV pool), or its adapter's pages (static: out of the adapter share).
 Time estimates for the bypass: a request's run time is its predicted output tokens times the measured
 seconds per predicted output token (the window's total service time over its total predicted output of
 finished requests; `default_seconds_per_token` before any finished); prefill time is not modelled.
@@ -67,12 +76,13 @@ class _Sample:
     arrival_time: float
     shape: RequestShape
     adapter_tokens: int  # its adapter's device memory in KV tokens
+    charged_adapter_tokens: int  # the part of it taken from the KV pool (module doc)
     duration_s: float | None = None  # admission to finish, once finished
 
     @property
     def need_tokens(self) -> int:
-        """Its quota charge: prompt + predicted output + adapter tokens."""
-        return self.shape.num_prompt_tokens + self.shape.num_output_tokens + self.adapter_tokens
+        """Its quota charge: prompt + predicted output + the adapter tokens taken from the KV pool."""
+        return self.shape.num_prompt_tokens + self.shape.num_output_tokens + self.charged_adapter_tokens
 
 
 @dataclass
@@ -133,6 +143,7 @@ class MultiQueuePolicy:
         self._now = 0.0
         self._quotas: tuple[float, ...] = ()
         self._is_slot_bound = False
+        self._is_adapter_memory_shared = True
         self.num_refreshes = 0
 
     # ---- what tests, benchmarks and stats may read ---------------------------------------------------
@@ -183,6 +194,7 @@ class MultiQueuePolicy:
         self._now = (
             budget.now if budget.now is not None else max([self._now, *(r.arrival_time for r in waiting)])
         )
+        self._is_adapter_memory_shared = budget.is_adapter_memory_shared
         new = [r for r in waiting if r.request_id not in self._tracked]
         samples = [self._sample(r, budget) for r in new]
         self._window.extend(samples)
@@ -238,18 +250,21 @@ class MultiQueuePolicy:
         adapter_tokens = num_adapter_tokens(
             shape.num_adapter_bytes, budget.num_bytes_per_block, budget.block_size
         )
-        return _Sample(request.arrival_time, shape, adapter_tokens)
+        return _Sample(request.arrival_time, shape, adapter_tokens, charged_adapter_tokens(request, budget))
 
     def _classify(self, shape: RequestShape) -> int:
         size = weighted_request_size(shape, self._scale, self.input_weight, self.output_weight)
         return self._layout.queue_of(size)
 
     def _pool_tokens(self, budget: BatchBudget) -> float:
-        """The KV pool in tokens; without `num_total_blocks`: free blocks plus what is charged."""
+        """The KV pool in tokens (without `num_total_blocks`: free blocks plus what is charged), or the running
+        batch's token bound when that is smaller."""
         if budget.num_total_blocks > 0:
-            return float(budget.num_total_blocks * budget.block_size)
-        charged = sum(t.sample.need_tokens for t in self._tracked.values() if t.is_charged)
-        return budget.num_free_blocks * budget.block_size + charged
+            pool = float(budget.num_total_blocks * budget.block_size)
+        else:
+            charged = sum(t.sample.need_tokens for t in self._tracked.values() if t.is_charged)
+            pool = float(budget.num_free_blocks * budget.block_size + charged)
+        return min(pool, float(budget.max_running_tokens)) if budget.max_running_tokens > 0 else pool
 
     def _slots_bind(self, budget: BatchBudget, pool_tokens: float) -> bool:
         """Sequence slots run out before KV tokens: `max_num_seqs` requests of the window's mean need fit."""
@@ -345,5 +360,19 @@ class MultiQueuePolicy:
         for tracked in self._tracked.values():
             if tracked.is_running and tracked.admitted_at is not None:
                 finish = tracked.admitted_at + seconds_per_token * tracked.sample.shape.num_output_tokens
-                running.append(RunningRequest(max(0.0, finish - self._now), tracked.sample.need_tokens))
+                returned = (
+                    tracked.sample.need_tokens
+                    if self._is_adapter_memory_shared
+                    else tracked.sample.adapter_tokens
+                )
+                running.append(RunningRequest(max(0.0, finish - self._now), returned))
         return running
+
+
+def charged_adapter_tokens(request: WaitingRequest, budget: BatchBudget) -> int:
+    """The KV tokens a request's adapter takes from the KV pool: its bytes as KV tokens in a unified pool
+    when it is not on the device (nor being copied) yet; 0 when resident, without an adapter, or with a
+    static adapter share (adapters never use KV pages there)."""
+    if not budget.is_adapter_memory_shared or request.adapter_residency in READY_RESIDENCIES:
+        return 0
+    return num_adapter_tokens(request.adapter_num_bytes, budget.num_bytes_per_block, budget.block_size)

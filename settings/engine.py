@@ -48,6 +48,13 @@ class EngineSettings(BaseModel):
     num_kv_blocks: int | None = Field(default=None, description="KV blocks; overrides the byte budget")
     max_num_seqs: int = Field(default=64, description="Max requests running in one batch")
     max_num_batched_tokens: int = Field(default=4096, description="Per-step token budget")
+    max_running_tokens: int | None = Field(
+        default=None,
+        description="Bound on the running batch: a request is admitted only while the running sequences' "
+        "tokens (prompt and output so far) plus its prompt stay within it, so requests wait where the batch "
+        "policy orders them when compute, not memory, is the bottleneck (scheduler/running_budget.py); "
+        "default: no bound (admission stops only for slots, the step's token budget or KV pages)",
+    )
     max_model_len: int | None = Field(default=None, description="Default: the model's context length")
     num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
     adapter_cache_bytes: int | None = Field(
@@ -196,6 +203,7 @@ class EngineSettings(BaseModel):
         "kv_cache_bytes",
         "max_num_seqs",
         "max_num_batched_tokens",
+        "max_running_tokens",
         "num_kv_blocks",
         "adapter_cache_bytes",
         "multiqueue_slo_s",
@@ -256,6 +264,7 @@ class EngineSettings(BaseModel):
             enable_prefix_caching=self.enable_prefix_caching,
             num_cpu_prefill_workers=self.cpu_prefill_workers,
             is_caching_idle_adapters=self.is_caching_idle_adapters,
+            max_running_tokens=self.max_running_tokens,
         )
 
     def batch_policy_options(self) -> dict[str, Any]:

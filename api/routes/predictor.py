@@ -38,8 +38,8 @@ async def get_predictor(
 ) -> PredictorReport:
     """The served model (version or "prior", trained_at, held-out metrics of its training) and, from the usage
     rows of requests that finished `ok` and started in the `window_s` seconds (default one day) before `end`
-    (ISO 8601; default now), the number of requests, MAE and bucket accuracy of their predictions per adapter
-    version and overall."""
+    (ISO 8601; default now), the number of requests, MAE, bucket accuracy, rank correlation with the true
+    lengths and per-bucket recall of their predictions per adapter version and overall."""
     if not 0 < window_s <= MAX_WINDOW_S:
         raise ApiError(
             400, "invalid_request", f"window_s must be in (0, {MAX_WINDOW_S:.0f}] seconds, not {window_s}"
@@ -67,7 +67,12 @@ async def get_predictor(
 
 def _public(accuracy: PredictionAccuracy) -> PredictionAccuracyPublic:
     return PredictionAccuracyPublic(
-        num_samples=accuracy.num_samples, mae=accuracy.mae, bucket_accuracy=accuracy.bucket_accuracy
+        num_samples=accuracy.num_samples,
+        mae=accuracy.mae,
+        bucket_accuracy=accuracy.bucket_accuracy,
+        spearman=accuracy.spearman,
+        bucket_recall=list(accuracy.bucket_recall),
+        bucket_num_samples=list(accuracy.bucket_num_samples),
     )
 
 

@@ -20,6 +20,8 @@ class EngineConfig(EngineSettings):
 
     KV memory: `num_kv_blocks` wins when set, else `kv_cache_bytes` is divided into blocks.
     `max_num_batched_tokens` is the per-step token budget (prefill chunks + decodes).
+    `max_running_tokens` bounds the running batch's tokens at admission (scheduler/running_budget.py; None:
+    no bound), so requests wait where the batch policy orders them.
     `max_model_len` None means the model's max_position_embeddings (capped by the KV capacity).
     `lora_stack_cache_size`: how many stacked adapter sets (one per batch composition, used by decode-sized
     steps) are cached; 0 disables the stacked LoRA form.

@@ -4,7 +4,8 @@ Running sequences go first (oldest first): each takes its next token or its next
 running sequence needs a KV page and none is free, unreferenced cached prefix blocks are evicted (leaves,
 LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
 sequence is preempted (pages freed, recomputed later). Then waiting requests are admitted in the order a
-`BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last; a request whose
+`BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last, and, when
+`max_running_tokens` is set, while the running batch's tokens stay within it (scheduler/running_budget.py); a request whose
 adapter is only on the host gets an adapter copy planned (evicting idle adapters,
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
 that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
@@ -42,6 +43,7 @@ from scheduler.core.sequence import Sequence, SequenceStatus
 from scheduler.core.step_output import StepUpdate, TextStop, update_from_output
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 from scheduler.core.waiting_view import describe_waiting
+from scheduler.running_budget import RunningBudget
 
 
 class BatchScheduler:
@@ -58,15 +60,18 @@ class BatchScheduler:
         num_cpu_prefill_workers: int = 0,
         clock: Callable[[], float] = time.time,
         eos_token_ids: Collection[int] = frozenset(),
+        max_running_tokens: int | None = None,
     ) -> None:
         """`clock`: the clock of `Sequence.arrival_time` (wall time by default; the residency's clock too);
         the policy sees its reading as `BatchBudget.now` and as the admission and finish times of requests.
-        `eos_token_ids`: the model's end-of-sequence tokens (a stop unless a request sets `ignore_eos`)."""
+        `eos_token_ids`: the model's end-of-sequence tokens (a stop unless a request sets `ignore_eos`).
+        `max_running_tokens`: the running batch's token bound (scheduler/running_budget.py; None: none)."""
         self.pool = pool
         self.residency = residency
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.running_budget = RunningBudget(max_running_tokens)
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
         self.copy_gate = CopyGate(residency, num_cpu_prefill_workers)
@@ -266,17 +271,23 @@ class BatchScheduler:
                 num_total_blocks=self.pool.num_blocks,
                 num_bytes_per_block=self.residency.page_bytes,
                 max_num_seqs=self.max_num_seqs,
+                is_adapter_memory_shared=self.pool.is_unified,
+                max_running_tokens=self.running_budget.max_running_tokens or 0,
             ),
         )
         self._admission_order = list(admission.request_ids)
         gate = AdmissionGate(admission)
         is_memory_short = False
+        num_running_tokens = sum(s.num_tokens for s in self.running)
         for request_id in admission.request_ids:
             if budget == 0 or len(self.running) >= self.max_num_seqs or gate.is_closed:
                 break
             if not gate.may_try(request_id):
                 continue
             seq = self.waiting[request_id]
+            if not self.running_budget.may_admit(num_running_tokens, seq.num_tokens, len(self.running)):
+                gate.on_short(request_id, is_adapter_short=False)  # the batch is full: not a memory shortage
+                continue
             is_hit = self._is_adapter_resident(seq)
             if not self._plan_adapter(seq, plan):
                 is_memory_short = True
@@ -298,6 +309,7 @@ class BatchScheduler:
             self._count_adapter_access(seq, is_hit)
             self.copy_gate.add_entry(plan, seq, num_new)
             budget -= num_new
+            num_running_tokens += seq.num_tokens
         return is_memory_short
 
     def _is_adapter_resident(self, seq: Sequence) -> bool:

@@ -51,6 +51,7 @@ class CoreLimits:
     enable_prefix_caching: bool = True
     num_cpu_prefill_workers: int = 0
     is_caching_idle_adapters: bool = True
+    max_running_tokens: int | None = None  # the running batch's token bound (scheduler/running_budget.py)
 
 
 class EngineCore:
@@ -96,6 +97,7 @@ class EngineCore:
             num_cpu_prefill_workers=limits.num_cpu_prefill_workers,
             clock=clock,
             eos_token_ids=eos_token_ids,
+            max_running_tokens=limits.max_running_tokens,
         )
         self.counters = EngineCounters()
         self._pending: list[SeqDelta] = []

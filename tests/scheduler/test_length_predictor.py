@@ -305,7 +305,7 @@ def test_history_is_bounded_with_quantiles_and_ewma() -> None:
     assert PerAdapterHistory().median is None
 
 
-def test_evaluate_reports_mae_and_bucket_accuracy_per_adapter() -> None:
+def test_evaluate_reports_mae_bucket_accuracy_rank_correlation_and_recall_per_adapter() -> None:
     predictor = LengthPredictor()  # no model: history medians
     predictor.observe(None, "A", 40)
     predictor.observe(None, "B", 300)
@@ -315,10 +315,19 @@ def test_evaluate_reports_mae_and_bucket_accuracy_per_adapter() -> None:
         LengthSample(RequestFeatures("B", 10, 1000), 260),
     ]
     report = evaluate(predictor, samples)
-    assert report["per_adapter"]["A"] == {"num_samples": 2, "mae": 15.0, "bucket_accuracy": 0.5}
-    assert report["per_adapter"]["B"] == {"num_samples": 1, "mae": 40.0, "bucket_accuracy": 1.0}
+    assert report["per_adapter"]["A"] == {
+        "num_samples": 2,
+        "mae": 15.0,
+        "bucket_accuracy": 0.5,
+        "spearman": None,  # one predicted length for both: no order
+        "bucket_recall": [None, 1.0, 0.0, None, None, None, None],
+        "bucket_num_samples": [0, 1, 1, 0, 0, 0, 0],
+    }
+    assert report["per_adapter"]["B"]["bucket_recall"] == [None] * 4 + [1.0, None, None]
     assert report["overall"]["mae"] == pytest.approx(70 / 3)
     assert report["overall"]["bucket_accuracy"] == pytest.approx(2 / 3)
+    # ranks [1.5, 1.5, 3] vs [1, 2, 3]: 1.5 / sqrt(1.5 * 2)
+    assert report["overall"]["spearman"] == pytest.approx(1.5 / 3**0.5)
 
 
 def test_length_buckets_follow_the_documented_edges() -> None:

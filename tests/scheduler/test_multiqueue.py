@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -107,10 +108,23 @@ def test_when_sequence_slots_are_scarcer_than_the_pool_quotas_count_slots() -> N
     assert policy.charged_tokens() == [40.0]  # the same admission, now counted in tokens
 
 
-def test_need_counts_prompt_predicted_output_and_adapter_blocks() -> None:
+def test_need_counts_prompt_predicted_output_and_a_non_resident_adapters_blocks_in_a_unified_pool() -> None:
     policy = MultiQueuePolicy()
-    policy.plan([wr("r", 0.0, 30, 20, adapter_bytes=2500)], budget(now=0.0))
-    assert policy.need_tokens("r") == 30 + 20 + 3 * BLOCK_SIZE  # 2500 bytes: 3 blocks of 1000
+    waiting = [
+        wr("cold", 0.0, 30, 20, adapter_bytes=2500, residency="host"),
+        wr("warm", 0.0, 30, 20, adapter_bytes=2500, residency="device"),
+    ]
+    policy.plan(waiting, budget(now=0.0))
+    assert policy.need_tokens("cold") == 30 + 20 + 3 * BLOCK_SIZE  # 2500 bytes: 3 blocks of 1000
+    assert policy.need_tokens("warm") == 30 + 20  # its pages are already taken, charged by nobody
+
+
+def test_static_adapter_share_charges_no_adapter_tokens_against_the_kv_quota() -> None:
+    policy = MultiQueuePolicy()
+    static = dataclasses.replace(budget(now=0.0), is_adapter_memory_shared=False)
+    policy.plan([wr("cold", 0.0, 30, 20, adapter_bytes=2500, residency="host")], static)
+    assert policy.need_tokens("cold") == 30 + 20
+    assert policy.quota_tokens == (100 * BLOCK_SIZE,)  # the whole KV pool
 
 
 def test_charge_once_on_admission_refund_on_finish_and_no_double_charge_after_preemption() -> None:
@@ -346,3 +360,52 @@ def test_charges_equal_the_needs_of_admitted_unfinished_requests(
             needs.pop(request_id, None)
             policy.on_finished(request_id, now=float(now))
         assert sum(policy.charged_tokens()) == sum(needs.values())
+
+
+# ---- quotas against the pool, in either memory mode (property) -------------------------------------------
+
+pool_requests = st.lists(
+    st.tuples(
+        st.integers(1, 200),  # prompt tokens
+        st.integers(1, 200),  # predicted output tokens
+        st.sampled_from([None, "a", "b", "c"]),  # adapter
+        st.booleans(),  # adapter on the device when first seen
+    ),
+    min_size=1,
+    max_size=40,
+)
+ADAPTER_BYTES = {"a": 2500, "b": 9000, "c": 30000}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    reqs=pool_requests, is_unified=st.booleans(), num_blocks=st.integers(30, 120), rounds=st.integers(1, 4)
+)
+def test_quotas_never_admit_more_than_the_pool_holds_in_either_memory_mode(
+    reqs: list[tuple[int, int, str | None, bool]], is_unified: bool, num_blocks: int, rounds: int
+) -> None:
+    """Admitting every planned request (nothing finishes) never needs more KV pool than there is, beyond the
+    progress rule's single head: unified, KV tokens plus the non-resident adapters' pages; static, KV tokens
+    only (adapters live in their own share)."""
+    pool_tokens = num_blocks * BLOCK_SIZE
+    policy = MultiQueuePolicy(min_samples=10**6)  # one queue: its quota is the whole pool
+    pool_budget = dataclasses.replace(
+        budget(now=0.0, num_total_blocks=num_blocks), is_adapter_memory_shared=is_unified
+    )
+    waiting = [
+        wr(f"r{i}", float(i), p, o, ADAPTER_BYTES[a] if a else 0, "device" if resident else "host")
+        for i, (p, o, a, resident) in enumerate(reqs)
+    ]
+    admitted: list[WaitingRequest] = []
+    for round_index in range(rounds):
+        batch = waiting[round_index::rounds]
+        for request_id in policy.plan(batch, pool_budget).request_ids:
+            policy.on_admitted(request_id, now=0.0)
+            admitted.append(next(r for r in batch if r.request_id == request_id))
+    assert policy.quota_tokens == (float(pool_tokens),)
+    kv_tokens = sum(r.num_prompt_tokens + r.num_predicted_output_tokens for r in admitted)
+    cold_adapters = {r.adapter_id: r.adapter_num_bytes for r in admitted if r.adapter_residency == "host"}
+    adapter_tokens = (
+        sum(-(-b // BYTES_PER_BLOCK) * BLOCK_SIZE for b in cold_adapters.values()) if is_unified else 0
+    )
+    assert kv_tokens + adapter_tokens <= pool_tokens or len(admitted) == 1

@@ -12,6 +12,7 @@ from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
 from scheduler.core.sequence import Sequence
+from scheduler.core.step_plan import StepPlan
 from scheduler.multiqueue import MultiQueuePolicy
 from tests.scheduler.core.scheduler_helpers import (
     BLOCK_SIZE,
@@ -210,3 +211,20 @@ def test_multiqueue_plans_keep_the_budgets_and_every_request_finishes(
     assert all(s.is_finished and s.finish_reason == "length" for s in seqs)
     assert scheduler.pool.num_kv_pages == 0
     assert sum(policy.charged_tokens()) == 0
+
+
+def test_static_adapter_share_is_not_charged_against_the_kv_pool() -> None:
+    """engine_memory_mode=static: a big adapter lives in its own share, so three requests whose KV fits the
+    pool (3 x 12 of 48 tokens) run together; charging the adapter's 60 tokens of bytes as KV tokens let one
+    request in at a time and left KV blocks idle while the others waited (issue 22 item 5)."""
+    clock = ManualClock()
+    scheduler = make_scheduler(MultiQueuePolicy(), num_kv_pages=12, num_adapter_pages=20, clock=clock)
+    scheduler.residency.register("big", "/host/big", rank=15, num_bytes=15 * PAGE_BYTES)  # 15 pages
+    assert scheduler.plan_adapter_load("big", may_evict_waiting=False, plan=StepPlan())
+    scheduler.on_adapter_loaded("big")
+    for i in range(3):
+        scheduler.add(seq(f"r{i}", 8, 4, "big", float(i), predicted=4))
+    plan = scheduler.schedule()
+    assert sorted(e.seq.request_id for e in plan.entries) == ["r0", "r1", "r2"]
+    assert isinstance(scheduler.policy, MultiQueuePolicy)
+    assert scheduler.policy.charged_tokens() == [3 * (8 + 4)]
