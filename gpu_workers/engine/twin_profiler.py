@@ -13,7 +13,6 @@ and pack, not a PCIe copy); memory from the engine's KV pool; the model shape fr
 
 from __future__ import annotations
 
-import itertools
 import json
 import platform
 import statistics
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 
 Echo = Callable[[str], None]
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-_REQUEST_COUNTER = itertools.count()
 
 
 class StepRecorder:
@@ -148,12 +146,10 @@ def _run_batch(
 
 
 def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int) -> str:
-    """Queue a request whose prompt no earlier request shares (its first tokens count requests), so every
-    prefill computes its whole prompt instead of hitting the prefix cache."""
-    n = next(_REQUEST_COUNTER)
-    request_id = f"twin-{n}-{i}"
-    prompt = [1, 10 + n % 190, 10 + n // 190 % 190] + [(7 * i + j) % 200 + 10 for j in range(num_tokens - 3)]
-    engine.add_request(request_id, prompt[:num_tokens], params, adapter)
+    from gpu_workers.engine.profiler import unique_prompt
+
+    request_id = f"twin-{time.perf_counter_ns()}-{i}"
+    engine.add_request(request_id, unique_prompt(num_tokens, i), params, adapter)
     return request_id
 
 
