@@ -15,6 +15,7 @@ mixed prefill+decode steps, decode context, distinct adapters, copy rate, schedu
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -28,6 +29,16 @@ from settings import Settings
 
 Echo = Callable[[str], None]
 WARMUP_PROMPT_TOKENS = 16
+_PROMPT_COUNTER = itertools.count()
+
+
+def unique_prompt(num_tokens: int, i: int) -> list[int]:
+    """A prompt of `num_tokens` ids that no earlier call returned (its 2nd and 3rd ids count calls), so a timed
+    prefill computes the whole prompt instead of hitting the prefix cache (prefix caching is on by default and
+    the grid repeats every point)."""
+    n = next(_PROMPT_COUNTER)
+    prompt = [1, 10 + n % 190, 10 + n // 190 % 190] + [(7 * i + j) % 200 + 10 for j in range(num_tokens - 3)]
+    return prompt[:num_tokens]
 
 
 @dataclass(frozen=True)
@@ -180,7 +191,7 @@ def _run_batch(
     params = SamplingParams(max_tokens=grid.num_decode_steps + 4, temperature=0.0, ignore_eos=True)
     request_ids = [f"profile-{time.perf_counter_ns()}-{i}" for i in range(len(ranks))]
     for i, (request_id, rank) in enumerate(zip(request_ids, ranks)):
-        prompt = [1] + [(7 * i + j) % 200 + 10 for j in range(num_tokens - 1)]
+        prompt = unique_prompt(num_tokens, i)
         engine.add_request(request_id, prompt, params, f"rank-{rank}" if rank else None)
     prefill_ms = _timed_step(engine)
     decode_ms = [_timed_step(engine) for _ in range(grid.num_decode_steps)]

@@ -146,9 +146,10 @@ def _run_batch(
 
 
 def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int) -> str:
+    from gpu_workers.engine.profiler import unique_prompt
+
     request_id = f"twin-{time.perf_counter_ns()}-{i}"
-    prompt = [1] + [(7 * i + j) % 200 + 10 for j in range(num_tokens - 1)]
-    engine.add_request(request_id, prompt, params, adapter)
+    engine.add_request(request_id, unique_prompt(num_tokens, i), params, adapter)
     return request_id
 
 
