@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from scheduler.twin.request_record import RequestRecord
 from scheduler.twin.run_metrics import COMPARED, RunSummary, compare, summarize
 from scheduler.twin.trace import AdapterSpec, TraceRequest
 
-CONV_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
+CONV_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"  # ../shared/data beside the checkout
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", type=Path, required=True, help="twin profile of this engine (made if missing)"
     )
     p.add_argument("--traces", default="conv,long")
+    p.add_argument("--conv-trace", type=Path, default=CONV_TRACE, help="the Azure conversation trace CSV")
     p.add_argument("--loads", default="0.5,0.9,1.2", help="fractions of the twin's saturated throughput")
     p.add_argument("--policies", default="fifo,multiqueue")
     p.add_argument("--memory-modes", default="unified,static")
@@ -93,11 +95,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- workload ---------------------------------------------------------------------------------------
 
 
-def lengths(trace: str, n: int, max_prompt: int, max_output: int, seed: int) -> list[tuple[int, int]]:
+def lengths(
+    trace: str, n: int, max_prompt: int, max_output: int, seed: int, conv_trace: Path = CONV_TRACE
+) -> list[tuple[int, int]]:
     """(prompt, output) lengths of n requests: the conversation trace's (clipped), or synthetic long inputs."""
     rng = random.Random(seed)
     if trace == "conv":
-        rows = read_trace(CONV_TRACE)
+        rows = read_trace(conv_trace)
         start = rng.randrange(0, len(rows) - n)
         return [
             (min(max(c, 8), max_prompt), min(max(g, 1), max_output)) for _, c, g in rows[start : start + n]
@@ -234,10 +238,11 @@ def ensure_profile(args: argparse.Namespace) -> None:
     if args.profile.exists():
         return
     print(f"[twin_fidelity] measuring the twin profile into {args.profile}", file=sys.stderr)
+    env = {**os.environ, "LORAHOST_ENGINE_NUM_THREADS": str(args.threads), "LORAHOST_ENGINE_DTYPE": args.dtype}
     subprocess.run(
         [sys.executable, "-m", "lorahost.cli", "profile", "--base-model", str(args.model_dir / "base"),
          "--output", str(args.profile.with_suffix(".router.json")), "--twin-output", str(args.profile)],
-        check=True, cwd=str(REPO), stdout=sys.stderr,
+        check=True, cwd=str(REPO), stdout=sys.stderr, env=env,
     )  # fmt: skip
 
 
@@ -279,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             min(args.max_prompt, geometry.max_model_len // 2),
             args.max_output,
             args.seed,
+            args.conv_trace,
         )
         capacity = saturated_rate(config, geometry, profile, adapters, sizes, names, args.seed)
         trace = make_trace(sizes, names, case.load * capacity, args.seed)

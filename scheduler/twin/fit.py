@@ -6,8 +6,10 @@ no floor):
 
     us = fixed + a*P + b*prefill_attention + c*D + d*decode_context + e*W + f*A + g*sum(adapter ranks)
 
-fitted by least squares with every coefficient >= 0 (a column whose coefficient comes out negative, noise
-or collinearity, is dropped and the rest refit). Both LoRA forms are fitted (W as sum or max); the one with
+fitted by least squares of the RELATIVE error (each step weighted by 1 / its time: decode steps are 10-100x
+shorter than prefills, and an absolute fit prices them by the prefills' residuals; measured on the tiny model,
+an absolute fit put a decode step at 25x its time) with every coefficient >= 0 (a column whose coefficient
+comes out negative, noise or collinearity, is dropped and the rest refit). Both LoRA forms are fitted (W as sum or max); the one with
 the smaller residual is kept ("sum" on a tie), and both R^2 are reported. Pure: numpy for the fit only.
 """
 
@@ -72,8 +74,9 @@ def fit_step_cost(samples: Sequence[TimedStep], *, scheduler_us: float = 0.0) ->
     if len(samples) < len(COLUMNS):
         raise ValueError(f"fitting step costs needs at least {len(COLUMNS)} timed steps, got {len(samples)}")
     y = np.array([s.seconds * 1e6 for s in samples], dtype=float)
+    weights = 1.0 / np.maximum(y, 1e-3)
     fits = {
-        form: nonnegative_lstsq(np.array([features(s.shape, form) for s in samples], dtype=float), y)
+        form: nonnegative_lstsq(np.array([features(s.shape, form) for s in samples], dtype=float), y, weights)
         for form in LORA_FORMS
     }
     best: LoraForm = "max" if fits["max"][1] < fits["sum"][1] * (1 - 1e-9) else "sum"
@@ -85,15 +88,18 @@ def fit_step_cost(samples: Sequence[TimedStep], *, scheduler_us: float = 0.0) ->
     )
 
 
-def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Coefficients >= 0 of y ~ x (columns scaled for conditioning; an all-zero column gets 0), the SSE and
-    R^2."""
+def nonnegative_lstsq(
+    x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, float, float]:
+    """Coefficients >= 0 of y ~ x minimising the sum of (weight * residual)^2 (columns scaled for
+    conditioning; an all-zero column gets 0), that weighted SSE and the (unweighted) R^2."""
+    w = np.ones(len(y)) if weights is None else weights
     scale = np.abs(x).max(axis=0)
     active = [j for j in range(x.shape[1]) if scale[j] > 0]
     coef = np.zeros(x.shape[1])
     while active:
         xs = x[:, active] / scale[active]
-        solution, *_ = np.linalg.lstsq(xs, y, rcond=None)
+        solution, *_ = np.linalg.lstsq(xs * w[:, None], y * w, rcond=None)
         solution = solution / scale[active]
         if (solution >= 0).all():
             coef[active] = solution
@@ -103,4 +109,5 @@ def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, 
     sse = float(residual @ residual)
     sst = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - sse / sst if sst > 0 else (1.0 if sse == 0 else 0.0)
-    return coef, sse, r2
+    weighted = residual * w
+    return coef, float(weighted @ weighted), r2
