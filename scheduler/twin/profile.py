@@ -86,33 +86,34 @@ class Hardware(_Frozen):
 
 
 class StepCost(_Frozen):
-    """Coefficients of one engine step's time (scheduler/twin/cost_model.py), microseconds; all >= 0."""
+    """Coefficients of one engine step's time (scheduler/twin/cost_model.py), microseconds; all >= 0.
 
-    fixed_us: float = Field(ge=0)  # per step that runs anything: launches, sampling, sync
-    min_dense_us: float = Field(default=0.0, ge=0)  # floor of the token-linear work (weights read once)
+    fixed_us: per step that runs anything (launches, sampling, sync); min_dense_us: floor of the token-linear
+    work (the weights are read once whatever the batch); per_prefill_attention_us: per unit of
+    StepShape.prefill_attention_tokens; per_decode_context_token_us: per KV token a decode row reads;
+    lora_form: "sum" (sum of tokens x rank, segmented kernels) or "max" (tokens x largest rank, padded
+    kernels); lora_per_adapter_us / lora_per_adapter_rank_us: per distinct device adapter / per rank of each
+    (its weights read); lora_step_us: once per step with any device LoRA work; lora_multiplier_*: the device
+    time is multiplied by base + per_adapter x A when the step has A > 0 device adapters;
+    host_prefill_per_token_rank_us: a CPU worker's LoRA delta (CPU-assisted prefill); scheduler_us: the
+    scheduler's own time per step.
+    """
+
+    fixed_us: float = Field(ge=0)
+    min_dense_us: float = Field(default=0.0, ge=0)
     per_prefill_token_us: float = Field(ge=0)
-    per_prefill_attention_us: float = Field(
-        default=0.0, ge=0
-    )  # per unit of StepShape.prefill_attention_tokens
+    per_prefill_attention_us: float = Field(default=0.0, ge=0)
     per_decode_seq_us: float = Field(ge=0)
-    per_decode_context_token_us: float = Field(default=0.0, ge=0)  # per KV token a decode row reads
-    lora_form: LoraForm = (
-        "sum"  # "sum": sum tokens*rank (segmented kernels); "max": tokens * max rank (padded)
-    )
+    per_decode_context_token_us: float = Field(default=0.0, ge=0)
+    lora_form: LoraForm = "sum"
     lora_per_token_rank_us: float = Field(default=0.0, ge=0)
-    lora_per_adapter_us: float = Field(default=0.0, ge=0)  # per distinct device adapter in the step
-    lora_per_adapter_rank_us: float = Field(
-        default=0.0, ge=0
-    )  # per rank of each distinct adapter (weights read)
-    lora_step_us: float = Field(default=0.0, ge=0)  # once per step that has any device LoRA work
-    lora_multiplier_base: float = Field(
-        default=1.0, ge=0
-    )  # device time x (base + per_adapter * A) when A > 0
+    lora_per_adapter_us: float = Field(default=0.0, ge=0)
+    lora_per_adapter_rank_us: float = Field(default=0.0, ge=0)
+    lora_step_us: float = Field(default=0.0, ge=0)
+    lora_multiplier_base: float = Field(default=1.0, ge=0)
     lora_multiplier_per_adapter: float = Field(default=0.0, ge=0)
-    host_prefill_per_token_rank_us: float = Field(
-        default=0.0, ge=0
-    )  # CPU-assisted LoRA delta, per CPU worker
-    scheduler_us: float = Field(default=0.0, ge=0)  # the scheduler's own time per step (schedule + update)
+    host_prefill_per_token_rank_us: float = Field(default=0.0, ge=0)
+    scheduler_us: float = Field(default=0.0, ge=0)
 
 
 class CopyCost(_Frozen):

@@ -121,4 +121,6 @@ def test_profile_also_writes_a_twin_profile_the_cost_model_loads(
     model = CostModel(profile)
     small = StepShape(num_decode_seqs=1, decode_context_tokens=9)
     large = StepShape(num_prefill_tokens=72, num_prefill_seqs=3, prefill_attention_tokens=3 * 24 * 12.0)
-    assert model.step_seconds(small) > 0 and model.step_seconds(large) > 0  # noisy timings: no order between them
+    assert (
+        model.step_seconds(small) > 0 and model.step_seconds(large) > 0
+    )  # noisy timings: no order between them
