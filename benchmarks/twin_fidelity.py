@@ -7,8 +7,9 @@ ITL, ../shared/papers/digital_twin.md).
     .venv/bin/python benchmarks/twin_fidelity.py --model-dir ~/.cache/lorahost/bench-smollm2-100 \\
         --profile /tmp/smollm2-twin.json --threads 2 --output benchmarks/results/twin_fidelity.json
 
-The profile is measured on the same engine first (`lorahost profile --twin-output`, run here when --profile
-names a missing file). Grid (each axis a comma-separated option): traces `conv` (../shared/data Azure
+The profile is measured on the same engine first (`lorahost profile --twin-output --prompt-tokens
+16,128,<max prompt>`, run here when --profile names a missing file: prompts as long as the trace's, or the
+prefill cost is extrapolated). Grid (each axis a comma-separated option): traces `conv` (../shared/data Azure
 conversation lengths, inputs <= --max-prompt, outputs <= --max-output) and `long` (synthetic long inputs,
 short outputs); loads as fractions of the twin's own saturated throughput (so 1.2 is overload); batch
 policies; memory modes; adapter counts; and `slot` (the default KV pool, bound by max_num_seqs) beside
@@ -241,7 +242,8 @@ def ensure_profile(args: argparse.Namespace) -> None:
     env = {**os.environ, "LORAHOST_ENGINE_NUM_THREADS": str(args.threads), "LORAHOST_ENGINE_DTYPE": args.dtype}
     subprocess.run(
         [sys.executable, "-m", "lorahost.cli", "profile", "--base-model", str(args.model_dir / "base"),
-         "--output", str(args.profile.with_suffix(".router.json")), "--twin-output", str(args.profile)],
+         "--output", str(args.profile.with_suffix(".router.json")), "--twin-output", str(args.profile),
+         "--prompt-tokens", f"16,128,{args.max_prompt}"],
         check=True, cwd=str(REPO), stdout=sys.stderr, env=env,
     )  # fmt: skip
 
