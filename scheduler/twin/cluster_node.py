@@ -115,7 +115,7 @@ class ClusterNode:
     def record(self) -> WorkerRecord:
         """The heartbeat record (stats + a twin URL), rebuilt only when the worker's state changed."""
         key = (
-            self.sim.clock(),
+            self.sim.clock() if self.sim.is_busy else None,  # an idle worker's state does not change
             self.sim.executor.num_steps,
             len(self.sim.records),
             len(self.host_cached),
