@@ -3,7 +3,8 @@
 Inputs: the demand the placement job published with the routing table (forecast and cooldown-peak tokens/s per
 rank, last request per base model; cluster/routing_table.py), the live workers and their queues (the worker
 directory) and the requests waiting in this API server's cold starts (lorahost_cold_start_waiting_requests).
-The decision itself is scheduler/scaling.py. Every base model with a live worker, published demand or a
+The decision itself is scheduler/scaling.py, its inputs are built by cluster/model_load.py (pure: the cluster
+twin builds them the same way). Every base model with a live worker, published demand or a
 waiting request is reported (so a request waiting for a model with no worker asks for a scale-up from zero).
 """
 
@@ -11,31 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from api.metrics import ApiMetrics
 from cluster.membership import WorkerRecord
-from cluster.routing_table import CachedRoutingTable, ModelDemand, RoutingTable
+from cluster.model_load import model_loads, scaling_policy
+from cluster.routing_table import CachedRoutingTable
 from cluster.waiting_requests import WaitingRequests
-from scheduler.scaling import BaseModelLoad, ScalingDecision, ScalingPolicy, decide_scaling
+from scheduler.scaling import ScalingDecision, decide_scaling
 from settings import Settings
 
 log = logging.getLogger(__name__)
+__all__ = ["ScalingView", "cold_start_waiting", "model_loads", "scaling_policy"]
 WAITING_TTL_PERIODS = 3  # a replica's published waiters live this many refresh periods
-
-
-def scaling_policy(settings: Settings) -> ScalingPolicy:
-    """The autoscaling policy from settings (scaling_*, scale_*, the capacity model)."""
-    return ScalingPolicy(
-        operating_points=settings.placement.resolved_operating_points(),
-        target_utilisation=settings.scaling.target_utilisation,
-        min_workers=settings.scaling.min_workers,
-        max_workers=settings.scaling.max_workers,
-        scale_to_zero_idle_s=settings.scaling.scale_to_zero_idle_s,
-        scale_down_cooldown_s=settings.scaling.scale_down_cooldown_s,
-        max_waiting_per_worker=settings.scaling.max_waiting_per_worker,
-    )
 
 
 def cold_start_waiting(metrics: ApiMetrics) -> dict[str, int]:
@@ -46,41 +36,6 @@ def cold_start_waiting(metrics: ApiMetrics) -> dict[str, int]:
             if sample.value > 0:
                 waiting[sample.labels["base_model"]] = int(sample.value)
     return waiting
-
-
-def model_loads(
-    table: RoutingTable | None,
-    records: Iterable[WorkerRecord],
-    waiting: Mapping[str, int],
-    now_s: float,
-    extra_models: Iterable[str] = (),
-) -> list[BaseModelLoad]:
-    """One BaseModelLoad per base model known from the table's demand, the live workers, `waiting` or
-    `extra_models` (sorted by name)."""
-    demand = {d.base_model: d for d in (table.demand if table else ())}
-    live = [r for r in records if r.is_ready and not r.is_draining]
-    names = sorted({*demand, *(r.base_model for r in live), *waiting, *extra_models})
-    return [
-        _load(name, demand.get(name), [r for r in live if r.base_model == name], waiting.get(name, 0), now_s)
-        for name in names
-    ]
-
-
-def _load(
-    name: str, demand: ModelDemand | None, workers: list[WorkerRecord], num_cold: int, now_s: float
-) -> BaseModelLoad:
-    last = demand.last_request_at if demand else None
-    idle_s = None if last is None else max(0.0, now_s - last)
-    if any(r.num_running or r.num_waiting or r.num_active for r in workers):
-        idle_s = 0.0  # serving now, whatever the last published demand says
-    return BaseModelLoad(
-        base_model=name,
-        num_live_workers=len(workers),
-        demand_by_rank=dict(demand.demand_by_rank) if demand else {},
-        peak_demand_by_rank=dict(demand.peak_demand_by_rank) if demand else {},
-        idle_s=idle_s,
-        num_waiting=num_cold + sum(r.num_waiting for r in workers),
-    )
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The decision of how many workers a base model needs is the platform's (scheduler/, served by the API as
 `{"base_model", "desired_workers", "live_workers", "demand_tokens_per_s", "reason"}`); this module only
 turns it into process actions, as KEDA does in production:
-- `plan_scaling` (pure): given the desired count and the workers this scaler manages (oldest first), how
+- `plan_scaling` (pure, scheduler/scale_plan.py; the cluster twin runs it too): given the desired count and the workers this scaler manages (oldest first), how
   many to start and which to stop (the newest first: the older ones hold warm adapters).
 - `ProcessScaler.step`: one poll (`fetch`) and one plan applied to a `WorkerPool` (DevCluster implements
   it: start a worker process without waiting for it, SIGTERM one so it drains). No answer (an API that
@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
 
-log = logging.getLogger("lorahost.scaler")
+from scheduler.scale_plan import DEFAULT_INTERVAL_S, ScalePlan, plan_scaling
 
-DEFAULT_INTERVAL_S = 2.0
+log = logging.getLogger("lorahost.scaler")
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "ProcessScaler",
+    "ScalePlan",
+    "ScalingTarget",
+    "fetch_scaling",
+    "parse_target",
+    "plan_scaling",
+]
+
 _last_warning: list[str] = [""]  # the previous poll's warning: a repeated one is logged at debug level
 
 
@@ -42,29 +52,6 @@ class ScalingTarget:
     live_workers: int = 0
     demand_tokens_per_s: float = 0.0
     reason: str = ""
-
-
-@dataclass(frozen=True)
-class ScalePlan:
-    """Process actions: start num_to_start workers, SIGTERM (drain) the workers in stop_ids."""
-
-    num_to_start: int = 0
-    stop_ids: tuple[str, ...] = ()
-
-    @property
-    def is_noop(self) -> bool:
-        """True when nothing changes."""
-        return self.num_to_start == 0 and not self.stop_ids
-
-
-def plan_scaling(desired_workers: int, worker_ids: Sequence[str], max_workers: int) -> ScalePlan:
-    """The actions that bring the managed workers (`worker_ids`, oldest first, starting ones included) to
-    `desired_workers`, clamped to [0, max_workers]; scale-down stops the newest first."""
-    target = max(0, min(desired_workers, max_workers))
-    num_managed = len(worker_ids)
-    if target >= num_managed:
-        return ScalePlan(num_to_start=target - num_managed)
-    return ScalePlan(stop_ids=tuple(reversed(worker_ids[target:])))
 
 
 class WorkerPool(Protocol):
