@@ -239,7 +239,11 @@ def ensure_profile(args: argparse.Namespace) -> None:
     if args.profile.exists():
         return
     print(f"[twin_fidelity] measuring the twin profile into {args.profile}", file=sys.stderr)
-    env = {**os.environ, "LORAHOST_ENGINE_NUM_THREADS": str(args.threads), "LORAHOST_ENGINE_DTYPE": args.dtype}
+    env = {
+        **os.environ,
+        "LORAHOST_ENGINE_NUM_THREADS": str(args.threads),
+        "LORAHOST_ENGINE_DTYPE": args.dtype,
+    }
     subprocess.run(
         [sys.executable, "-m", "lorahost.cli", "profile", "--base-model", str(args.model_dir / "base"),
          "--output", str(args.profile.with_suffix(".router.json")), "--twin-output", str(args.profile),
@@ -335,9 +339,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     if not with_real:
         return ""
     mean = {m: sum(r["smape_pct"][m] for r in with_real) / len(with_real) for m in COMPARED}
-    return f"mean SMAPE over {len(with_real)} cases: " + ", ".join(
-        f"{m} {v:.1f}%" for m, v in mean.items()
-    )
+    return f"mean SMAPE over {len(with_real)} cases: " + ", ".join(f"{m} {v:.1f}%" for m, v in mean.items())
 
 
 def _cpu() -> str:
