@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from scheduler.twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
-from scheduler.twin.profile import ModelShape, TwinProfile
+from scheduler.twin.profile import ProfileModel, TwinProfile
 from scheduler.twin.step_shape import StepShape
 from settings import Settings
 
 if TYPE_CHECKING:
-    from gpu_workers.engine.profiler import ProfileGrid
+    from gpu_workers.engine.profile_grid import ProfileGrid
 
 Echo = Callable[[str], None]
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -146,7 +146,7 @@ def _run_batch(
 
 
 def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int) -> str:
-    from gpu_workers.engine.profiler import unique_prompt
+    from gpu_workers.engine.profile_grid import unique_prompt
 
     request_id = f"twin-{time.perf_counter_ns()}-{i}"
     engine.add_request(request_id, unique_prompt(num_tokens, i), params, adapter)
@@ -180,7 +180,7 @@ def _profile(
     return TwinProfile.model_validate(
         {
             "hardware": {"name": _cpu_name(), "device": str(stats.get("device", "")), "engine": "lorahost"},
-            "model": ModelShape.from_hf_config(
+            "model": ProfileModel.from_hf_config(
                 config, settings.base_model_name, _DTYPE_BYTES.get(dtype, 4)
             ).model_dump(),
             "step": fit.step.model_dump(),

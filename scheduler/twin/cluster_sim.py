@@ -458,10 +458,19 @@ def simulate_cluster(
     settings: Settings,
     profile: TwinProfile | CostModel,
     *,
-    geometry: MemoryGeometry,
+    geometry: MemoryGeometry | None = None,
     options: ClusterOptions | None = None,
 ) -> ClusterResult:
-    """Simulate `trace` on a cluster of workers with `profile`'s step costs and `geometry`'s memory (module
-    doc); what a benchmark or the planner calls."""
+    """Simulate `trace` on a cluster of workers with `profile`'s step costs and `geometry`'s memory (default:
+    the profile's device memory paged in the engine settings' memory mode; module doc); what a benchmark or
+    the planner calls."""
     cost_model = profile if isinstance(profile, CostModel) else CostModel(profile)
+    if geometry is None:
+        engine = settings.engine
+        geometry = cost_model.profile.geometry(
+            engine.memory_mode,
+            adapter_cache_bytes=engine.adapter_cache_bytes,
+            max_lora_rank=settings.limits.max_rank,
+            max_model_len=engine.max_model_len,
+        )
     return ClusterSim(settings, geometry, cost_model, adapters, options).run(trace)

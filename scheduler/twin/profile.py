@@ -11,11 +11,14 @@ where its number comes from (URL or paper, and which number); `notes` say where 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 
 PROFILE_VERSION = 1
 LoraForm = Literal["sum", "max"]
@@ -30,8 +33,9 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ModelShape(_Frozen):
-    """The served model's shape (Hugging Face config.json names in comments)."""
+class ProfileModel(_Frozen):
+    """The served model's shape (Hugging Face config.json names in comments) as a profile file holds it; its
+    memory arithmetic is the engine's own (`shape`: scheduler/core/memory_geometry.py ModelShape)."""
 
     name: str
     num_layers: int = Field(gt=0)  # num_hidden_layers
@@ -42,39 +46,41 @@ class ModelShape(_Frozen):
     intermediate_size: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
     dtype_bytes: int = Field(gt=0)  # 2 for float16/bfloat16, 4 for float32
+    max_position_embeddings: int = Field(default=4096, gt=0)
+
+    @property
+    def shape(self) -> ModelShape:
+        """The engine core's model shape."""
+        return ModelShape(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of one token across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return self.shape.kv_bytes_per_token(self.dtype_bytes)
 
     @property
     def adapter_bytes_per_rank(self) -> int:
         """Bytes of one rank row of an adapter targeting every projection (q, k, v, o, gate, up, down)."""
-        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        h, i = self.hidden_size, self.intermediate_size
-        per_layer = (h + q_out) + 2 * (h + kv_out) + (q_out + h) + 2 * (h + i) + (i + h)
-        return self.num_layers * per_layer * self.dtype_bytes
+        return self.shape.adapter_row_bytes(self.dtype_bytes)
 
     def adapter_bytes(self, rank: int) -> int:
         """Bytes of a rank-`rank` adapter on every projection."""
         return rank * self.adapter_bytes_per_rank
 
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any], name: str, dtype_bytes: int) -> ModelShape:
-        """The shape from a Hugging Face config.json's content (head_dim defaults to hidden / heads)."""
-        heads = int(config["num_attention_heads"])
-        return cls(
-            name=name,
-            num_layers=int(config["num_hidden_layers"]),
-            hidden_size=int(config["hidden_size"]),
-            num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads", heads)),
-            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
-            intermediate_size=int(config["intermediate_size"]),
-            vocab_size=int(config["vocab_size"]),
-            dtype_bytes=dtype_bytes,
-        )
+    def from_hf_config(cls, config: dict[str, Any], name: str, dtype_bytes: int) -> ProfileModel:
+        """The model section from a Hugging Face config.json's content (the engine's parsing)."""
+        shape = ModelShape.from_hf_config(config)
+        return cls(name=name, dtype_bytes=dtype_bytes, **dataclasses.asdict(shape))
 
 
 class Hardware(_Frozen):
@@ -136,7 +142,7 @@ class TwinProfile(_Frozen):
 
     version: int = PROFILE_VERSION
     hardware: Hardware
-    model: ModelShape
+    model: ProfileModel
     step: StepCost
     copy_link: CopyCost = Field(alias="copy")
     memory: Memory
@@ -166,6 +172,44 @@ class TwinProfile(_Frozen):
         """Tokens of KV the device memory holds when no adapter takes any of it."""
         return self.memory.device_bytes // self.kv_bytes_per_token
 
+    def geometry(
+        self,
+        memory_mode: str,
+        *,
+        adapter_cache_bytes: int | None = None,
+        max_lora_rank: int = 256,
+        max_model_len: int | None = None,
+    ) -> MemoryGeometry:
+        """The device's paging under this profile: `memory.device_bytes` is the whole budget; a static split
+        takes `adapter_cache_bytes` (else room for the default number of max-rank adapters) out of it for
+        adapters, a unified pool shares all of it."""
+        page_bytes = self.kv_bytes_per_token * self.memory.block_size
+        shape = self.model.shape
+        adapter_share = 0
+        if memory_mode == "static":
+            adapter_share = MemoryGeometry.plan(
+                shape, element_size=self.model.dtype_bytes, block_size=self.memory.block_size,
+                memory_mode="static", kv_cache_bytes=page_bytes, adapter_cache_bytes=adapter_cache_bytes,
+                max_lora_rank=max_lora_rank,
+            ).num_adapter_pages * page_bytes  # fmt: skip
+        num_kv_blocks = (self.memory.device_bytes - adapter_share) // page_bytes
+        if num_kv_blocks < 1:
+            raise ValueError(
+                f"the adapter share ({adapter_share} bytes) leaves no KV block of the profile's "
+                f"{self.memory.device_bytes} device bytes; lower adapter_cache_bytes or max_lora_rank"
+            )
+        return MemoryGeometry.plan(
+            shape,
+            element_size=self.model.dtype_bytes,
+            block_size=self.memory.block_size,
+            memory_mode=memory_mode,
+            kv_cache_bytes=0,
+            num_kv_blocks=int(num_kv_blocks),
+            adapter_cache_bytes=adapter_share if memory_mode == "static" else None,
+            max_lora_rank=max_lora_rank,
+            max_model_len=max_model_len,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able content (the file's keys)."""
         return self.model_dump(mode="json", by_alias=True)
@@ -185,7 +229,7 @@ class TwinProfile(_Frozen):
 
 _SECTION_ATTRS = {"model": "model", "step": "step", "copy": "copy_link", "memory": "memory"}
 _SECTIONS: dict[str, type[BaseModel]] = {
-    "model": ModelShape,
+    "model": ProfileModel,
     "step": StepCost,
     "copy": CopyCost,
     "memory": Memory,

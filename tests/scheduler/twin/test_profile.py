@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from scheduler.twin.cost_model import CostModel
-from scheduler.twin.profile import ModelShape, ProfileError, load_profile, profile_from_dict, save_profile
+from scheduler.twin.profile import ProfileError, ProfileModel, load_profile, profile_from_dict, save_profile
 from scheduler.twin.step_shape import StepShape
 from tests.scheduler.twin.profile_helpers import tiny_profile, tiny_profile_dict
 
@@ -94,7 +94,7 @@ def test_model_shape_from_a_hugging_face_config() -> None:
         "intermediate_size": 14336,
         "vocab_size": 128256,
     }
-    shape = ModelShape.from_hf_config(config, "llama-3.1-8b", dtype_bytes=2)
+    shape = ProfileModel.from_hf_config(config, "llama-3.1-8b", dtype_bytes=2)
     assert shape.head_dim == 128
     assert shape.kv_bytes_per_token == 131072  # 2 x 32 x 8 x 128 x 2
     # q 4096+4096, k and v 4096+1024 each, o 4096+4096, gate and up 4096+14336 each, down 14336+4096
@@ -115,3 +115,17 @@ def test_each_shipped_profile_loads_and_sources_every_constant(path: Path) -> No
         StepShape(num_prefill_tokens=2048, num_prefill_seqs=1, prefill_attention_tokens=2048 * 1024.0)
     )
     assert 0 < decode < prefill
+
+
+def test_a_profiles_geometry_pages_its_device_bytes_in_either_memory_mode() -> None:
+    from tests.scheduler.twin.profile_helpers import tiny_profile
+
+    # 1 MB of device memory; KV of a token: 2 x 2 layers x 1 kv head x 4 x 2 B = 32 B
+    profile = tiny_profile()
+    unified = profile.geometry("unified", max_lora_rank=8)
+    assert unified.kv_bytes_per_block == 32 * 16 and unified.num_kv_blocks == 1_000_000 // 512
+    assert unified.num_adapter_pages == 0
+    static = profile.geometry("static", adapter_cache_bytes=100_000, max_lora_rank=8)
+    assert static.num_adapter_pages == -(-100_000 // 512)
+    assert (static.num_kv_blocks + static.num_adapter_pages) * 512 <= 1_000_000 + 512
+    assert profile.model.shape.kv_bytes_per_token(2) == profile.kv_bytes_per_token
