@@ -1,0 +1,54 @@
+"""`gpu_features`: the surrogate's inputs for one GPU: the paper's (number of adapters, sum and std of rates,
+max/mean/std of adapter sizes and ranks, adapter cache size) plus the workload's mean prompt and output
+lengths and the offered token rate, so one model serves workloads of different lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from scheduler.twin.planner.memory_check import adapter_device_bytes
+from scheduler.twin.planner.workload import PlannedAdapter, Workload
+from scheduler.twin.profile import TwinProfile
+
+FEATURE_NAMES = (
+    "num_adapters",
+    "rate_sum",
+    "rate_std",
+    "size_max_mb",
+    "size_mean_mb",
+    "size_std_mb",
+    "rank_max",
+    "rank_mean",
+    "rank_std",
+    "cache_mb",
+    "prompt_mean",
+    "output_mean",
+    "offered_tok_s",
+)
+
+
+def gpu_features(
+    profile: TwinProfile, workload: Workload, adapters: Sequence[PlannedAdapter], cache_bytes: int
+) -> list[float]:
+    """One row in FEATURE_NAMES order."""
+    rates = np.array([a.rate for a in adapters] or [0.0])
+    sizes = np.array([adapter_device_bytes(profile, a) / 1e6 for a in adapters] or [0.0])
+    ranks = np.array([float(a.rank) for a in adapters] or [0.0])
+    output_mean = workload.output_tokens.mean
+    return [
+        float(len(adapters)),
+        float(rates.sum()),
+        float(rates.std()),
+        float(sizes.max()),
+        float(sizes.mean()),
+        float(sizes.std()),
+        float(ranks.max()),
+        float(ranks.mean()),
+        float(ranks.std()),
+        cache_bytes / 1e6,
+        workload.prompt_tokens.mean,
+        output_mean,
+        float(rates.sum()) * output_mean,
+    ]
