@@ -2,7 +2,8 @@
 (usage rows over a window, registry/plan_demand.py) or on a given workload, with a twin profile. The answer is
 `lorahost plan --json`'s: GPUs needed, per-GPU adapters and adapter caches, the surrogate's prediction and
 the twin's check of every GPU. 400 with what to fix for a bad profile, SLO or workload, or no recorded demand;
-422 for a malformed body. Planning runs in a worker thread (it can take seconds to minutes)."""
+422 for a malformed body. Planning runs in a worker thread (seconds; minutes when the surrogate's training
+runs are not cached yet)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter
-from starlette.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
-from api.deps import AdminDep, ServicesDep
+from api.deps import AdminDep, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.report_schemas import PlanRequest
-from api.services import Services
 from registry.plan_demand import read_plan_demand
 from scheduler.twin.planner.plan import PlanOptions
 from scheduler.twin.planner.profile_lookup import resolve_profile
@@ -30,17 +30,16 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 
 @router.post("/plan")
-async def create_capacity_plan(body: PlanRequest, _: AdminDep, services: ServicesDep) -> dict[str, Any]:
-    """Plan GPUs for the recorded demand (or `workload`) and check the plan in the twin (module doc)."""
-    return await run_in_threadpool(_plan, services, body)
-
-
-def _plan(services: Services, body: PlanRequest) -> dict[str, Any]:
+def create_capacity_plan(
+    body: PlanRequest, _: AdminDep, services: ServicesDep, session: SessionDep
+) -> dict[str, Any]:
+    """Plan GPUs for the recorded demand (or `workload`) and check the plan in the twin (module doc); a sync
+    route, so FastAPI runs it in a worker thread."""
     settings = services.settings
     try:
         profile = resolve_profile(body.profile or settings.placement.planner_profile)
         slo = parse_slo(body.slo) if body.slo else None
-        workload = _workload(services, body)
+        workload = _workload(session, body)
     except (ProfileError, ValueError) as exc:
         raise ApiError(400, "invalid_request_error", str(exc)) from None
     options = PlanOptions(
@@ -59,9 +58,8 @@ def _plan(services: Services, body: PlanRequest) -> dict[str, Any]:
     return {"object": "capacity_plan", "window_s": None if body.workload else body.window_s} | report
 
 
-def _workload(services: Services, body: PlanRequest) -> Workload:
+def _workload(session: Session, body: PlanRequest) -> Workload:
     if body.workload is not None:
         return workload_from_dict(body.workload, "workload")
-    with services.session_factory() as session:
-        samples = read_plan_demand(session, datetime.now(UTC), body.window_s)
+    samples = read_plan_demand(session, datetime.now(UTC), body.window_s)
     return workload_from_usage(samples, body.window_s)

@@ -54,6 +54,7 @@ class GpuOutcome:
 
     throughput_tok_s: float
     offered_tok_s: float
+    served_fraction: float  # tokens emitted by the end / tokens asked by arrivals up to GRACE_S before it
     is_starved: bool
     is_memory_overflow: bool
     num_requests: int
@@ -132,6 +133,7 @@ def _outcome(
     return GpuOutcome(
         throughput_tok_s=emitted / duration_s,
         offered_tok_s=num_asked / duration_s,
+        served_fraction=emitted / max(num_due, 1),
         is_starved=emitted < STARVED_FRACTION * num_due,
         is_memory_overflow=False,
         num_requests=len(records),
@@ -145,7 +147,7 @@ def _outcome(
 
 def _overflow(reason: str, started: float) -> GpuOutcome:
     inf = float("inf")
-    return GpuOutcome(0.0, 0.0, True, True, 0, inf, inf, inf, inf, time.perf_counter() - started, reason)
+    return GpuOutcome(0.0, 0.0, 0.0, True, True, 0, inf, inf, inf, inf, time.perf_counter() - started, reason)
 
 
 def _pct(values: Sequence[float], q: float) -> float:

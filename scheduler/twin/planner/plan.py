@@ -3,8 +3,8 @@ and checked in the twin.
 
 1. Placement (placement.py) with a judge that, for a GPU's adapters, tries adapter caches of every testing-point
    slot count up to all of them, drops those failing the analytic memory check, predicts each with the
-   surrogate and keeps the highest predicted throughput among those predicted neither starved (nor below
-   `STARVED_FRACTION` of the offered tokens) nor over the SLO.
+   surrogate and keeps the most slots within 2% of the highest predicted throughput among those predicted neither starved (nor serving
+   below `STARVED_FRACTION`) nor over the SLO. Where the surrogate refuses one adapter alone, a twin run decides.
 2. The twin check: every planned GPU runs in the twin (`run_gpu`, a seed the surrogate never saw). A GPU that
    starves, overflows or misses the SLO there is split onto two GPUs (adapters zig-zag by rate; a lone
    adapter's rate in two shares) and the new GPUs are checked, until every GPU passes (or `max_rounds`).
@@ -156,6 +156,7 @@ class Planner:
     ) -> None:
         self.profile, self.engine, self.workload = profile, engine, workload
         self.surrogate, self.options = surrogate, options
+        self._alone: dict[tuple[str, float, int], GpuOutcome | None] = {}
 
     def size_of(self, adapter: PlannedAdapter) -> int:
         """Pool bytes of the adapter."""
@@ -174,16 +175,40 @@ class Planner:
                 candidates.append((num_slots, cache))
         if not candidates:
             return None
-        rows = [gpu_features(self.profile, self.workload, adapters, cache) for _, cache in candidates]
+        rows = [
+            gpu_features(self.profile, self.engine, self.workload, adapters, cache) for _, cache in candidates
+        ]
+        predictions = self.surrogate.predict(rows, self.options.form)
+        acceptable = [
+            GpuChoice(cache, num_slots, prediction)
+            for (num_slots, cache), prediction in zip(candidates, predictions, strict=True)
+            if self._is_acceptable(prediction)
+        ]
         best: GpuChoice | None = None
-        for (num_slots, cache), prediction in zip(
-            candidates, self.surrogate.predict(rows, self.options.form), strict=True
-        ):
-            if not self._is_acceptable(prediction):
-                continue
-            if best is None or prediction.throughput_tok_s > best.prediction.throughput_tok_s * 1.01:
-                best = GpuChoice(cache, num_slots, prediction)
+        if acceptable:  # the most slots (fewest cold starts) within 2% of the best predicted throughput
+            top = max(c.prediction.throughput_tok_s for c in acceptable)
+            best = max(
+                (c for c in acceptable if c.prediction.throughput_tok_s >= 0.98 * top),
+                key=lambda c: c.num_cache_slots,
+            )
+        if best is None and len(adapters) == 1:
+            return self._judge_alone_in_twin(adapters[0], candidates[-1][1])
         return best
+
+    def _judge_alone_in_twin(self, adapter: PlannedAdapter, cache_bytes: int) -> GpuChoice | None:
+        """The twin decides where the surrogate refuses one adapter alone (it must not make an adapter
+        unplaceable, or split it needlessly, by erring at the edge of its training data)."""
+        key = (adapter.adapter_id, adapter.rate, cache_bytes)
+        if key not in self._alone:
+            run = self.check(PlannedGpu((adapter,), cache_bytes, 1, None))
+            self._alone[key] = run if run.meets(self.options.slo) else None
+        outcome = self._alone[key]
+        if outcome is None:
+            return None
+        measured = Prediction(
+            outcome.throughput_tok_s, outcome.served_fraction, float(outcome.is_starved), outcome.ttft_p99_s
+        )
+        return GpuChoice(cache_bytes, 1, measured)
 
     def place(self) -> list[PlannedGpu]:
         """The surrogate's placement (objective-dependent)."""
@@ -262,7 +287,11 @@ class Planner:
         for num_slots in range(len(adapters), 0, -1):
             cache = cache_bytes_for_slots(self.profile, adapters, num_slots)
             if check_memory(self.profile, self.workload, adapters, cache).is_fitting:
-                return PlannedGpu(adapters, cache, num_slots, None)
+                [prediction] = self.surrogate.predict(
+                    [gpu_features(self.profile, self.engine, self.workload, adapters, cache)],
+                    self.options.form,
+                )
+                return PlannedGpu(adapters, cache, num_slots, prediction)
         return PlannedGpu(adapters, cache_bytes_for_slots(self.profile, adapters, 1), 1, None)
 
 

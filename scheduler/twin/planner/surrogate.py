@@ -1,6 +1,7 @@
 """The distilled model: per-GPU throughput, starvation and TTFT p99 predicted from `gpu_features`, trained only
-on twin runs of one worker (`run_gpu`). The throughput model predicts the served fraction of the offered tokens (scale-free, so a
-lightly loaded GPU is not pulled toward the samples' mean). Two forms, as in the paper: a random forest (accurate) and a small tree
+on twin runs of one worker (`run_gpu`). The throughput model predicts the served fraction of the asked tokens (`GpuOutcome.served_fraction`;
+scale-free, so a lightly loaded GPU is not pulled toward the samples' mean); throughput is that x the offered
+rate. Two forms, as in the paper: a random forest (accurate) and a small tree
 (`max_leaf_nodes` 32, cheap).
 
 Training samples (`training_samples`): random GPUs (1-128 adapters of ranks 8-64 with skewed rates, a random
@@ -22,14 +23,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from scheduler.twin.planner.gpu_features import FEATURE_NAMES, gpu_features
+from scheduler.twin.planner.gpu_features import FEATURE_NAMES, capacity_req_s, gpu_features
 from scheduler.twin.planner.gpu_run import GpuSetup, run_gpu
 from scheduler.twin.planner.memory_check import cache_bytes_for_slots
 from scheduler.twin.planner.workload import AdapterLoad, LengthDistribution, Workload
 from scheduler.twin.profile import TwinProfile
 from settings.engine import EngineSettings
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 5
 SurrogateForm = Literal["forest", "tree"]
 _RANKS = (8, 16, 32, 64)
 
@@ -41,6 +42,7 @@ class Sample:
     features: list[float]
     throughput_tok_s: float
     offered_tok_s: float
+    served_fraction: float
     is_starved: bool
     ttft_p99_s: float
 
@@ -50,7 +52,7 @@ class Prediction:
     """The surrogate's answer for one GPU."""
 
     throughput_tok_s: float
-    served_fraction: float  # predicted throughput / offered output tokens
+    served_fraction: float  # GpuOutcome.served_fraction: below STARVED_FRACTION is starving
     starvation_probability: float
     ttft_p99_s: float
 
@@ -67,18 +69,6 @@ class TrainingConfig:
     num_samples: int = 150
     duration_s: float = 10.0
     seed: int = 0
-
-
-def capacity_req_s(
-    profile: TwinProfile, engine: EngineSettings, prompt_mean: float, output_mean: float
-) -> float:
-    """A rough requests/s one GPU serves: full-batch decode steps plus prefill per request (for sampling)."""
-    step = profile.step
-    full_step_s = (step.fixed_us + step.per_decode_seq_us * engine.max_num_seqs) / 1e6
-    per_request_s = (
-        output_mean * full_step_s / engine.max_num_seqs + prompt_mean * step.per_prefill_token_us / 1e6
-    )
-    return 1.0 / max(per_request_s, 1e-9)
 
 
 def training_samples(
@@ -106,10 +96,15 @@ def training_samples(
         )  # fmt: skip
         if outcome.is_memory_overflow:
             continue
-        features = gpu_features(profile, workload, setup.adapters, setup.cache_bytes)
+        features = gpu_features(profile, engine, workload, setup.adapters, setup.cache_bytes)
         samples.append(
             Sample(
-                features, outcome.throughput_tok_s, outcome.offered_tok_s, outcome.is_starved, outcome.ttft_p99_s
+                features,
+                outcome.throughput_tok_s,
+                outcome.offered_tok_s,
+                outcome.served_fraction,
+                outcome.is_starved,
+                outcome.ttft_p99_s,
             )
         )
         if progress is not None:
@@ -128,7 +123,7 @@ class Surrogate:
         if len(samples) < 4:
             raise ValueError(f"the surrogate needs at least 4 training samples, got {len(samples)}")
         x = np.array([s.features for s in samples])
-        served = np.array([min(s.throughput_tok_s / max(s.offered_tok_s, 1e-9), 1.2) for s in samples])
+        served = np.array([min(s.served_fraction, 1.2) for s in samples])
         starved = np.array([int(s.is_starved) for s in samples])
         log_ttft = np.log(np.maximum([s.ttft_p99_s for s in samples], 1e-4))
         self.num_samples = len(samples)
@@ -152,8 +147,8 @@ class Surrogate:
         p_starved = proba[:, classes.index(1)] if 1 in classes else np.zeros(len(x))
         ttft = np.exp(ttft_model.predict(x))
         return [
-            Prediction(float(t), float(p), float(f))
-            for t, p, f in zip(throughput, p_starved, ttft, strict=True)
+            Prediction(float(min(s, 1.0) * o), float(s), float(p), float(f))
+            for s, o, p, f in zip(served, offered, p_starved, ttft, strict=True)
         ]
 
 

@@ -19,7 +19,11 @@ def _profile(device_bytes: int) -> Any:
 
 # fixed lengths 100 + 50 tokens: 8 minimum sequences x 150 tokens x 32 B = 38,400 B of KV
 WORKLOAD: Workload = workload_from_dict(
-    {"prompt_tokens": {"p50": 100}, "output_tokens": {"p50": 50}, "adapters": [{"name": "a", "rank": 64, "rate": 1}]}
+    {
+        "prompt_tokens": {"p50": 100},
+        "output_tokens": {"p50": 50},
+        "adapters": [{"name": "a", "rank": 64, "rate": 1}],
+    }
 )
 
 

@@ -71,7 +71,12 @@ def test_an_adapter_no_gpu_takes_at_any_split_is_an_error() -> None:
 
 
 def test_the_latency_variant_spreads_rates_over_the_same_gpus() -> None:
-    adapters = [PlannedAdapter("a", 8, 0.5), PlannedAdapter("b", 8, 0.4), PlannedAdapter("c", 8, 0.3), PlannedAdapter("d", 8, 0.2)]
+    adapters = [
+        PlannedAdapter("a", 8, 0.5),
+        PlannedAdapter("b", 8, 0.4),
+        PlannedAdapter("c", 8, 0.3),
+        PlannedAdapter("d", 8, 0.2),
+    ]
     spread = spread_latency(adapters, 2, RateJudge())
     assert spread is not None
     assert sorted(sorted(a.adapter_id for a in g.adapters) for g in spread) == [["a", "d"], ["b", "c"]]

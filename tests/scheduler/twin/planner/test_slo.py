@@ -9,7 +9,11 @@ from scheduler.twin.planner.slo import Slo, parse_slo
 
 @pytest.mark.parametrize(
     ("text", "slo"),
-    [("ttft_p99=2s", Slo("ttft_p99", 2.0)), ("ttft_p50<=250ms", Slo("ttft_p50", 0.25)), ("itl_p99=0.05", Slo("itl_p99", 0.05))],
+    [
+        ("ttft_p99=2s", Slo("ttft_p99", 2.0)),
+        ("ttft_p50<=250ms", Slo("ttft_p50", 0.25)),
+        ("itl_p99=0.05", Slo("itl_p99", 0.05)),
+    ],
 )
 def test_slos_parse(text: str, slo: Slo) -> None:
     assert parse_slo(text) == slo

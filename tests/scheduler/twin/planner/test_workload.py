@@ -29,7 +29,10 @@ def test_the_example_workload_loads_and_unrolls_groups() -> None:
         ({**LENGTHS, "adapters": [{"name": "a", "rank": 0, "rate": 1}]}, "adapters.0.rank"),
         ({**LENGTHS, "adapters": [{"name": "a", "rank": 8, "rate": 1}] * 2}, "adapter names repeat"),
         ({**LENGTHS, "adapters": [{"name": "a", "rank": 8, "rate": 0}]}, "rate 0"),
-        ({"prompt_tokens": {"p50": 100, "p90": 50}, "output_tokens": {"p50": 5}, "adapters": []}, "below p50"),
+        (
+            {"prompt_tokens": {"p50": 100, "p90": 50}, "output_tokens": {"p50": 5}, "adapters": []},
+            "below p50",
+        ),
         ({**LENGTHS, "adapters": [{"name": "a", "rank": 8, "rate": 1, "colour": "red"}]}, "colour"),
         ([1, 2], "a workload is a mapping"),
     ],
@@ -50,7 +53,10 @@ def test_unreadable_and_malformed_files_say_so(tmp_path: Path) -> None:
 
 def test_the_trace_is_seeded_poisson_at_the_adapters_rates() -> None:
     workload = workload_from_dict(
-        {**LENGTHS, "adapters": [{"name": "hot", "rank": 8, "rate": 20.0}, {"name": "cold", "rank": 8, "rate": 2.0}]}
+        {
+            **LENGTHS,
+            "adapters": [{"name": "hot", "rank": 8, "rate": 20.0}, {"name": "cold", "rank": 8, "rate": 2.0}],
+        }
     )
     adapters = workload.expanded()
     trace = generate_trace(workload, adapters, 100.0, seed=3)
@@ -66,7 +72,9 @@ def test_the_trace_is_seeded_poisson_at_the_adapters_rates() -> None:
 
 
 def test_recorded_usage_becomes_rates_and_length_percentiles() -> None:
-    samples = [UsageSample("v1", 16, "t", 100 + i, 10) for i in range(30)] + [UsageSample("v2", 8, None, 50, 20)]
+    samples = [UsageSample("v1", 16, "t", 100 + i, 10) for i in range(30)] + [
+        UsageSample("v2", 8, None, 50, 20)
+    ]
     workload = workload_from_usage([*samples, UsageSample("base", 0, None, 5, 5)], window_s=60.0)
     rates = {a.name: a.rate for a in workload.adapters}
     assert rates == {"v1": 30 / 60.0, "v2": 1 / 60.0}  # the base-model row (rank 0) is no adapter
