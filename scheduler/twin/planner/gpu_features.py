@@ -2,7 +2,9 @@
 max/mean/std of adapter sizes and ranks, adapter cache size) plus the workload's mean prompt and output
 lengths, the offered token rate and `load`, the offered requests over a rough analytic capacity of the GPU
 (`capacity_req_s`: full-batch decode steps plus prefill per request), so one model serves workloads of
-different lengths and finds the starvation boundary with few samples."""
+different lengths and finds the starvation boundary with few samples; and `cache_fraction`, the adapter cache
+over the pool bytes of all the GPU's adapters (below 1 adapters are evicted and copied back, and in the twin a
+cold adapter's long prompt prefilled on the host can starve a GPU at any load)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scheduler.twin.planner.memory_check import adapter_device_bytes
+from scheduler.twin.planner.memory_check import adapter_cache_bytes, adapter_device_bytes
 from scheduler.twin.planner.workload import PlannedAdapter, Workload
 from scheduler.twin.profile import TwinProfile
 from settings.engine import EngineSettings
@@ -30,6 +32,7 @@ FEATURE_NAMES = (
     "output_mean",
     "offered_tok_s",
     "load",
+    "cache_fraction",
 )
 
 
@@ -72,4 +75,5 @@ def gpu_features(
         output_mean,
         float(rates.sum()) * output_mean,
         float(rates.sum()) / capacity_req_s(profile, engine, workload.prompt_tokens.mean, output_mean),
+        cache_bytes / max(sum(adapter_cache_bytes(profile, a) for a in adapters), 1),
     ]

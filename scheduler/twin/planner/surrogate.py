@@ -5,7 +5,7 @@ rate. Two forms, as in the paper: a random forest (accurate) and a small tree
 (`max_leaf_nodes` 32, cheap).
 
 Training samples (`training_samples`): random GPUs (1-128 adapters of ranks 8-64 with skewed rates, a random
-adapter cache from one slot to all, random prompt/output lengths) at 0.05-0.9x a rough analytic capacity, so
+adapter cache from one slot to all, random prompt/output lengths) at 0.05-1.6x a rough analytic capacity, so
 samples crowd the starvation boundary. Seeded; cached to a JSON file keyed by the profile, the engine
 settings and the generator's parameters, so a later plan only refits (well under a second).
 """
@@ -30,7 +30,7 @@ from scheduler.twin.planner.workload import AdapterLoad, LengthDistribution, Wor
 from scheduler.twin.profile import TwinProfile
 from settings.engine import EngineSettings
 
-GENERATOR_VERSION = 5
+GENERATOR_VERSION = 7
 SurrogateForm = Literal["forest", "tree"]
 _RANKS = (8, 16, 32, 64)
 
@@ -183,7 +183,7 @@ def _random_gpu(
     ranks = rng.sample(_RANKS, rng.randint(1, len(_RANKS)))
     weights = [rng.paretovariate(1.2) for _ in range(num_adapters)]
     capacity = capacity_req_s(profile, engine, prompt.mean, output.mean)
-    total_rate = rng.uniform(0.05, 0.9) * capacity
+    total_rate = rng.uniform(0.05, 1.6) * capacity
     adapters = [
         AdapterLoad(name=f"s{i}", rank=rng.choice(ranks), rate=total_rate * w / sum(weights))
         for i, w in enumerate(weights)
@@ -192,7 +192,7 @@ def _random_gpu(
     planned = tuple(workload.expanded())
     num_slots = (
         max(1, round(math.exp(rng.uniform(0.0, math.log(num_adapters)))))
-        if rng.random() < 0.5
+        if rng.random() < 0.3
         else num_adapters
     )
     return workload, GpuSetup(planned, cache_bytes_for_slots(profile, planned, num_slots))
