@@ -9,6 +9,8 @@ and checked in the twin.
    starves, overflows or misses the SLO there is split onto two GPUs (adapters zig-zag by rate; a lone
    adapter's rate in two shares) and the new GPUs are checked, until every GPU passes (or `max_rounds`).
    A plan whose twin check still fails says so (`is_twin_ok` False); callers refuse it.
+3. Consolidation: while the two least loaded GPUs, merged, fit the memory and pass the twin, they are merged
+   (fewer GPUs where the surrogate was too careful; every merge is checked, so the plan stays valid).
 `compare_baselines`: MaxBase and Random, checked in the same twin.
 """
 
@@ -251,6 +253,8 @@ class Planner:
                 halves = [self._fallback(h) for h in self._halves(gpu.adapters)]
                 gpus[index : index + 1] = halves
                 pending += halves
+        if not pending:
+            rounds += self._consolidate(gpus, notes)
         check_s = time.perf_counter() - started - plan_s
         return Plan(
             gpus,
@@ -262,6 +266,30 @@ class Planner:
             self.surrogate.num_samples,
             notes,
         )
+
+    def _consolidate(self, gpus: list[PlannedGpu], notes: list[str]) -> int:
+        """The twin tightens a passing plan: merge the two least loaded GPUs while the merged GPU fits the
+        memory and passes the twin check (the surrogate errs on the safe side near its boundary). Returns the
+        twin runs it made."""
+        num_runs = 0
+        while len(gpus) > 1 and num_runs < self.options.max_rounds:
+            first, second = sorted(gpus, key=lambda g: sum(a.rate for a in g.adapters))[:2]
+            ids = {a.adapter_id for a in first.adapters}
+            if any(a.adapter_id in ids for a in second.adapters):
+                return num_runs  # shares of one adapter stay on different GPUs
+            merged = self._fallback((*first.adapters, *second.adapters))
+            if not check_memory(self.profile, self.workload, merged.adapters, merged.cache_bytes).is_fitting:
+                return num_runs
+            merged.twin = self.check(merged)
+            num_runs += 1
+            if not merged.twin.meets(self.options.slo):
+                return num_runs
+            notes.append(
+                f"twin consolidation: two GPUs of {len(first.adapters)} and {len(second.adapters)} adapters merged"
+            )
+            gpus.remove(second)
+            gpus[gpus.index(first)] = merged
+        return num_runs
 
     def _is_acceptable(self, prediction: Prediction) -> bool:
         if prediction.is_starved or prediction.served_fraction < STARVED_FRACTION:
