@@ -13,7 +13,7 @@ from scheduler.twin.planner.memory_check import check_memory
 from scheduler.twin.planner.plan import Planner, PlanOptions, compare_baselines
 from scheduler.twin.planner.run_planner import plan_workload
 from scheduler.twin.planner.slo import parse_slo
-from scheduler.twin.planner.surrogate import Surrogate, TrainingConfig, training_samples
+from scheduler.twin.planner.surrogate import Prediction, Surrogate, TrainingConfig, training_samples
 from scheduler.twin.planner.workload import Workload, workload_from_dict
 from scheduler.twin.profile import TwinProfile
 from settings.engine import EngineSettings
@@ -118,3 +118,25 @@ def test_plan_workload_reports_prediction_twin_and_baselines(
         and gpu["twin"]["throughput_tok_s"] > 0
         and "served_fraction" in gpu["predicted"]
     )
+
+
+class RefusingSurrogate:
+    """Predicts every GPU starved: only the twin can place anything."""
+
+    num_samples = 0
+
+    def predict(self, rows: list[list[float]], form: str = "forest") -> list[Prediction]:
+        return [Prediction(0.0, 0.0, 1.0, 99.0) for _ in rows]
+
+
+def test_the_twin_places_and_consolidates_what_a_too_careful_surrogate_refuses(
+    h100: TwinProfile, engine: EngineSettings
+) -> None:
+    workload = _workload([{"name": f"a{i}", "rank": 8, "rate": 1.0} for i in range(3)])
+    planner = Planner(h100, engine, workload, RefusingSurrogate(), FAST)  # type: ignore[arg-type]
+    assert len(planner.place()) == 3  # each adapter alone, accepted by a twin run
+    plan = planner.plan()
+    assert (
+        plan.is_twin_ok and plan.num_gpus < 3
+    )  # 3 req/s is light for one H100: merged while the twin agrees
+    assert any("consolidation" in note for note in plan.notes)
