@@ -11,7 +11,8 @@ and checked in the twin.
    A plan whose twin check still fails says so (`is_twin_ok` False); callers refuse it.
 3. Consolidation: while the two least loaded GPUs, merged, fit the memory and pass the twin, they are merged
    (fewer GPUs where the surrogate was too careful; every merge is checked, so the plan stays valid).
-`compare_baselines`: MaxBase and Random, checked in the same twin.
+The surrogate predicts TTFT p99 only: an SLO on another metric (ttft_p50, itl_p99, e2e_p50) is held by the twin
+check alone. `compare_baselines`: MaxBase and Random, checked in the same twin.
 """
 
 from __future__ import annotations
