@@ -16,7 +16,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.inference.learned_predictor import LearnedLengthPredictor
-from api.routes import adapters, admin, completions, health, models, placement, predictor, reports, usage
+from api.routes import (
+    adapters,
+    admin,
+    completions,
+    health,
+    models,
+    placement,
+    plan,
+    predictor,
+    reports,
+    usage,
+)
 from api.services import Services, build_services
 from api.worker_client import WorkerClient
 from jobs.placement import http_dropper
@@ -49,6 +60,7 @@ DEFAULT_ROUTERS: tuple[APIRouter, ...] = (
     reports.router,
     predictor.router,
     placement.router,
+    plan.router,
     metrics_router,
 )
 

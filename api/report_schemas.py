@@ -111,3 +111,23 @@ class ScalingReport(BaseModel):
     """GET /v1/admin/scaling: one decision per base model with workers, demand or waiting requests."""
 
     base_models: list[ScalingDecisionPublic]
+
+
+class PlanRequest(BaseModel):
+    """POST /v1/admin/plan: plan GPUs for the demand recorded over the last `window_s` (or for `workload`, a
+    workload file's content, scheduler/twin/planner/workload.py) on a twin `profile` (a shipped profile's name
+    or a file; default settings.placement.planner_profile), within `slo` ("ttft_p99=2s")."""
+
+    model_config = {"extra": "forbid"}
+
+    window_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    workload: dict[str, object] | None = None
+    profile: str | None = Field(default=None, min_length=1, max_length=500)
+    slo: str | None = Field(default=None, max_length=100)
+    objective: Literal["throughput", "latency"] = "throughput"
+    form: Literal["forest", "tree"] = "forest"
+    num_samples: int = Field(default=150, ge=8, le=2000, description="Twin training runs (cached)")
+    check_s: float = Field(
+        default=30.0, gt=0, le=600, description="Simulated seconds of the twin check per GPU"
+    )
+    baselines: bool = False

@@ -3,6 +3,8 @@ autoscaling (`scaling`, scheduler/scaling.py) and the output-length predictor (`
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from settings.section import named_choice, section_config
@@ -32,6 +34,16 @@ class PlacementSettings(BaseModel):
         ge=0,
         lt=0.5,
         description="Smallest routing weight of an adapter on a worker (smaller merge)",
+    )
+    planner_profile: str = Field(
+        default="h100-llama3.1-8b-vllm",
+        description="Capacity planner (lorahost plan, POST /v1/admin/plan): a shipped twin profile's name "
+        "(scheduler/twin/profiles/NAME.json) or a profile file's path",
+    )
+    planner_cache_dir: Path | None = Field(
+        default=None,
+        description="Capacity planner: where the surrogate's twin training runs are cached (default: "
+        "DATA_DIR/planner)",
     )
     key_prefix: str = Field(
         default="lorahost:placement:", description="Redis key prefix of the routing table"

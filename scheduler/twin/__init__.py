@@ -15,6 +15,8 @@ Modules:
 - usage_history.py: the placement job's usage history from request records.
 - cluster_sim.py: `ClusterSim` / `simulate_cluster`: N workers behind the real router, placement job (pure
   half, cluster/placement_table.py), scaling decision and scale plan, cold starts and the front-door hold.
+- planner/: the capacity planner (a surrogate trained on worker runs, first-fit decreasing placement, every plan
+  re-checked here): `lorahost plan`, POST /v1/admin/plan.
 - profiles/: shipped profiles (GPUs from published measurements, this project's CPU engine measured).
 
 Imports: `scheduler`, `settings` and the pure `cluster` modules only (no torch, no gpu_workers/api/registry;

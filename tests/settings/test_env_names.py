@@ -19,7 +19,11 @@ OLD_NAMES = [
     if not line.startswith("#")
 ]
 # Settings added since the split (each environment name is a contract from its first release on).
-NEW_NAMES = ["LORAHOST_ENGINE_MAX_RUNNING_TOKENS"]
+NEW_NAMES = [
+    "LORAHOST_ENGINE_MAX_RUNNING_TOKENS",
+    "LORAHOST_PLACEMENT_PLANNER_PROFILE",
+    "LORAHOST_PLACEMENT_PLANNER_CACHE_DIR",
+]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
     "router_policy": ("rank_aware", "rank_aware"),
