@@ -28,6 +28,7 @@ the full H100 pool (~467k KV tokens of Llama-3.1-8B) is never the bottleneck at 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
@@ -108,7 +109,8 @@ def _rows(path: Path) -> list[tuple[float, int, int]]:
 def make_adapters(profile: TwinProfile, ranks: Sequence[int], prefix: str = "a") -> list[AdapterSpec]:
     """One adapter per rank (every projection of the profile's model, its bytes from the model shape)."""
     return [
-        AdapterSpec(f"{prefix}{i:03d}", rank, profile.model.adapter_bytes(rank)) for i, rank in enumerate(ranks)
+        AdapterSpec(f"{prefix}{i:03d}", rank, profile.model.adapter_bytes(rank))
+        for i, rank in enumerate(ranks)
     ]
 
 
@@ -136,7 +138,9 @@ def poisson_trace(
         t += rng.expovariate(rate)
         adapter = rng.choices(order, weights)[0] if order else None
         out.append(
-            TraceRequest(f"r{i}", t, num_prompt, num_output, adapter, "t0", predicted_output_tokens=num_output)
+            TraceRequest(
+                f"r{i}", t, num_prompt, num_output, adapter, "t0", predicted_output_tokens=num_output
+            )
         )
     return out
 
@@ -161,7 +165,9 @@ def at_rate(trace: Sequence[TraceRequest], rate: float, seed: int) -> list[Trace
 
 def with_device_bytes(profile: TwinProfile, device_bytes: int) -> TwinProfile:
     """The profile with a smaller device budget for KV and adapters (a memory-bound or memory-scarce case)."""
-    return profile.model_copy(update={"memory": profile.memory.model_copy(update={"device_bytes": device_bytes})})
+    return profile.model_copy(
+        update={"memory": profile.memory.model_copy(update={"device_bytes": device_bytes})}
+    )
 
 
 def with_copy_gbps(profile: TwinProfile, gbps: float, per_copy_us: float = 0.0) -> TwinProfile:
@@ -208,7 +214,31 @@ def check_run(trace: Sequence[TraceRequest], records: Sequence[RequestRecord]) -
     by_id = {r.request_id: r for r in trace}
     for record in records:
         if record.finish_s is None or record.num_output_tokens != by_id[record.request_id].num_output_tokens:
-            raise AssertionError(f"{record.request_id} did not finish with its tokens ({record.finish_reason})")
+            raise AssertionError(
+                f"{record.request_id} did not finish with its tokens ({record.finish_reason})"
+            )
+
+
+def fingerprint(trace: Sequence[TraceRequest]) -> str:
+    """A digest of the requests a run replays (ids, arrivals, lengths, adapters): equal for the same trace."""
+    text = ";".join(
+        f"{r.request_id},{r.arrival_s:.9f},{r.num_prompt_tokens},{r.num_output_tokens},{r.adapter_id}"
+        for r in trace
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def peak_running(records: Sequence[RequestRecord]) -> int:
+    """Most requests between their first scheduled step and their finish at any moment."""
+    edges = sorted(
+        [(r.first_scheduled_s, 1) for r in records if r.first_scheduled_s is not None]
+        + [(r.finish_s, -1) for r in records if r.finish_s is not None]
+    )
+    running = peak = 0
+    for _, delta in edges:
+        running += delta
+        peak = max(peak, running)
+    return peak
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -243,7 +273,12 @@ def metrics(records: Sequence[RequestRecord], slo_s: float) -> dict[str, float]:
     }
 
 
-def saturated_rps(profile: TwinProfile, engine: EngineSettings, adapters: Sequence[AdapterSpec], trace: Sequence[TraceRequest]) -> float:
+def saturated_rps(
+    profile: TwinProfile,
+    engine: EngineSettings,
+    adapters: Sequence[AdapterSpec],
+    trace: Sequence[TraceRequest],
+) -> float:
     """Requests per second the worker completes when the whole trace arrives at once (the load's unit)."""
     burst = [
         TraceRequest(r.request_id, 0.0, r.num_prompt_tokens, r.num_output_tokens, r.adapter_id, r.tenant_id,
@@ -351,10 +386,11 @@ def chameleon_engine(policy: str) -> EngineSettings:
 def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
     """Multiqueue vs FIFO in a memory-bound worker, several loads and seeds."""
     small = with_device_bytes(profile, CHAMELEON_DEVICE_BYTES)
+    num_adapters = 100 if scale.num_requests > 200 else 20
     result = SectionResult(
         "chameleon",
         "1. Chameleon: multi-queue vs FIFO admission (memory-bound batches)",
-        f"{len(CHAMELEON_RANKS) * 20} adapters of ranks {CHAMELEON_RANKS} (Chameleon: 100 adapters, ranks 8..128), "
+        f"{num_adapters} adapters of ranks {CHAMELEON_RANKS} (Chameleon: 100 adapters, ranks 8..128), "
         f"Zipf(1), conv-trace lengths (prompt <= 3072, output <= 1024), {scale.num_requests} requests per run, "
         f"seeds {list(scale.seeds)}; one worker, unified pool of {CHAMELEON_DEVICE_BYTES / GIB:.0f} GiB "
         f"(the profile's device bytes shrunk so that KV binds; 512 sequence slots), TTFT SLO "
@@ -362,7 +398,7 @@ def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
         "Predicted output = true output (oracle).",
     )
     started = time.perf_counter()
-    ranks = rank_mix(len(CHAMELEON_RANKS) * 20 if scale.num_requests > 200 else 20, CHAMELEON_RANKS, 0)
+    ranks = rank_mix(num_adapters, CHAMELEON_RANKS, 0)
     adapters = make_adapters(small, ranks)
     ids = [a.adapter_id for a in adapters]
     per_load: dict[float, dict[str, list[dict[str, float]]]] = {}
@@ -378,7 +414,8 @@ def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
                 per_load.setdefault(load, {}).setdefault(policy, []).append(m)
                 result.runs.append({"seed": seed, "load": load, "rate_rps": load * capacity, "policy": policy,
                                     "metrics": m, "wall_s": run.wall_s,
-                                    "trace_ids": [r.request_id for r in trace][:3]})  # fmt: skip
+                                    "trace_fingerprint": fingerprint(trace),
+                                    "peak_running": peak_running(run.records)})  # fmt: skip
     paper_p99 = {0.8: (-14.7, "6 RPS"), 0.95: (-24.6, "8 RPS"), 1.1: (-80.7, "9 RPS")}
     for load, by_policy in sorted(per_load.items()):
         fifo_p99 = mean([m["ttft_p99_s"] for m in by_policy["fifo"]])
@@ -401,6 +438,13 @@ def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
             f"P50 fifo {mean([m['ttft_p50_s'] for m in by_policy['fifo']]):.3f} s vs multiqueue "
             f"{mean([m['ttft_p50_s'] for m in by_policy['multiqueue']]):.3f} s"
         )
+    peaks = [r["peak_running"] for r in result.runs]
+    kv_tokens = small.num_kv_tokens
+    result.notes.append(
+        f"memory-bound check: at most {max(peaks)} of 512 sequence slots ever ran at once (median peak "
+        f"{statistics.median(peaks):g}); the pool holds {kv_tokens} KV tokens "
+        f"(~{kv_tokens // 1200} conversations of the trace's ~1.2k tokens), shared with the adapters"
+    )
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -412,7 +456,9 @@ FASTLIBRA_DEVICE_BYTES = 16 * GIB
 FASTLIBRA_SLO_S = 0.5
 
 
-def fastlibra_engine(memory_mode: str, eviction: str = "lru", device_bytes: int = FASTLIBRA_DEVICE_BYTES) -> EngineSettings:
+def fastlibra_engine(
+    memory_mode: str, eviction: str = "lru", device_bytes: int = FASTLIBRA_DEVICE_BYTES
+) -> EngineSettings:
     return EngineSettings(
         memory_mode=memory_mode, adapter_eviction_policy=eviction, max_num_seqs=256,
         max_num_batched_tokens=8192, cpu_prefill_workers=0, enable_prefix_caching=False, fair_share=False,
@@ -492,7 +538,7 @@ def section_eviction(profile: TwinProfile, scale: Scale) -> SectionResult:
     started = time.perf_counter()
     got: dict[str, list[dict[str, float]]] = {p: [] for p in EVICTION_POLICIES}
     for seed in scale.seeds:
-        small, adapters, trace, capacity = _memory_case(profile, scale, seed, 0.9)
+        small, adapters, trace, _ = _memory_case(profile, scale, seed, 0.9)
         for policy in EVICTION_POLICIES:
             run = run_worker(small, fastlibra_engine("unified", policy), adapters, trace)
             check_run(trace, run.records)
@@ -550,7 +596,9 @@ def section_caraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
         got: dict[str, list[float]] = {"oracle": [], "0": [], "cpu": []}
         cold_got: dict[str, list[float]] = {"0": [], "cpu": []}
         for seed in scale.seeds:
-            trace = poisson_trace(conv_lengths(scale.num_requests, seed, max_prompt=1024, max_output=512), ids, rate, seed)
+            trace = poisson_trace(
+                conv_lengths(scale.num_requests, seed, max_prompt=1024, max_output=512), ids, rate, seed
+            )
             oracle = run_worker(instant, cara_engine(0), adapters, trace)
             check_run(trace, oracle.records)
             got["oracle"].append(mean(ttfts(oracle.records)))
@@ -558,7 +606,9 @@ def section_caraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
                 run = run_worker(profile, cara_engine(workers), adapters, trace)
                 check_run(trace, run.records)
                 got[key].append(mean(ttfts(run.records)))
-                cold = [r for r, o in zip(run.records, oracle.records) if (r.ttft_s or 0) > (o.ttft_s or 0) + 1e-9]
+                cold = [
+                    r for r, o in zip(run.records, oracle.records) if (r.ttft_s or 0) > (o.ttft_s or 0) + 1e-9
+                ]
                 cold_got[key].append(mean([r.ttft_s or 0.0 for r in cold]))
                 result.runs.append({"seed": seed, "rate_rps": rate, "cpu_prefill_workers": workers,
                                     "mean_ttft_s": got[key][-1], "oracle_mean_ttft_s": got["oracle"][-1],
@@ -567,10 +617,21 @@ def section_caraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
                                     "num_copies": run.stats["num_adapter_copies"], "wall_s": run.wall_s})  # fmt: skip
         oracle_mean = mean(got["oracle"])
         result.rows.append(Row(f"{rate:g} rps oracle", "mean TTFT s", oracle_mean))
-        for key, label in (("0", "on-demand (0 CPU workers)"), ("cpu", f"CPU-assisted ({CARA_WORKERS} workers)")):
+        for key, label in (
+            ("0", "on-demand (0 CPU workers)"),
+            ("cpu", f"CPU-assisted ({CARA_WORKERS} workers)"),
+        ):
             value, note = paper[rate][key]
             result.rows.append(Row(f"{rate:g} rps {label}", "mean TTFT s", mean(got[key])))
-            result.rows.append(Row(f"{rate:g} rps {label}", "TTFT overhead vs oracle %", change_pct(mean(got[key]), oracle_mean), value, note))
+            result.rows.append(
+                Row(
+                    f"{rate:g} rps {label}",
+                    "TTFT overhead vs oracle %",
+                    change_pct(mean(got[key]), oracle_mean),
+                    value,
+                    note,
+                )
+            )
             result.rows.append(Row(f"{rate:g} rps {label}", "mean TTFT of slowed requests s", mean(cold_got[key])))  # fmt: skip
     result.wall_s = time.perf_counter() - started
     return result
@@ -604,7 +665,9 @@ def section_loraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
         "over 10 s buckets; 'none' = no placement job (routing alone). P95 TTFT SLO 10 s (LoRAServe's).",
     )
     started = time.perf_counter()
-    engine = EngineSettings(max_num_seqs=128, cpu_prefill_workers=0, enable_prefix_caching=False, fair_share=False)
+    engine = EngineSettings(
+        max_num_seqs=128, cpu_prefill_workers=0, enable_prefix_caching=False, fair_share=False
+    )
     got: dict[tuple[str, str], list[dict[str, float]]] = {}
     for seed in scale.seeds:
         adapters = make_adapters(profile, rank_mix(num_adapters, LORASERVE_RANKS, seed))
@@ -630,9 +693,18 @@ def section_loraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
             check_run(trace, cluster.records)
             ttft = ttfts(cluster.records)
             m = metrics(cluster.records, LORASERVE_SLO_S) | {"ttft_p95_s": pct(ttft, 95)}
-            low = [r.ttft_s for r in cluster.records if r.ttft_s is not None and _rank(adapters, r.adapter_id) <= 16]
+            low = [
+                r.ttft_s
+                for r in cluster.records
+                if r.ttft_s is not None and _rank(adapters, r.adapter_id) <= 16
+            ]
             m["low_rank_ttft_p95_s"] = pct(low, 95)
-            m["num_adapters_per_worker"] = mean([len({r.adapter_id for r in cluster.records if r.worker_id == w.worker_id}) for w in cluster.workers])
+            m["num_adapters_per_worker"] = mean(
+                [
+                    len({r.adapter_id for r in cluster.records if r.worker_id == w.worker_id})
+                    for w in cluster.workers
+                ]
+            )
             got.setdefault((placement, router), []).append(m)
             result.runs.append({"seed": seed, "placement": placement, "router": router, "rate_rps": 0.85 * one * scale.num_workers,
                                 "metrics": m, "wall_s": time.perf_counter() - wall,
@@ -643,10 +715,20 @@ def section_loraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
         result.rows.append(Row(name, "P95 TTFT s", mean([m["ttft_p95_s"] for m in ms])))
         result.rows.append(Row(name, "P95 TTFT rank<=16 s", mean([m["low_rank_ttft_p95_s"] for m in ms])))
         result.rows.append(Row(name, "goodput req/s (TTFT<=10s)", mean([m["goodput_rps"] for m in ms])))
-        result.rows.append(Row(name, "adapters seen per worker", mean([m["num_adapters_per_worker"] for m in ms])))
+        result.rows.append(
+            Row(name, "adapters seen per worker", mean([m["num_adapters_per_worker"] for m in ms]))
+        )
     lora = got[("loraserve", "placement_weighted")]
     rand = got[base_key]
-    result.rows.append(Row("loraserve / random", "P95 TTFT ratio", mean([m["ttft_p95_s"] for m in rand]) / max(mean([m["ttft_p95_s"] for m in lora]), 1e-9), 9.0, "up to 9x lower TTFT (vs S-LoRA)"))
+    result.rows.append(
+        Row(
+            "loraserve / random",
+            "P95 TTFT ratio",
+            mean([m["ttft_p95_s"] for m in rand]) / max(mean([m["ttft_p95_s"] for m in lora]), 1e-9),
+            9.0,
+            "up to 9x lower TTFT (vs S-LoRA)",
+        )
+    )
     result.rows.append(Row("loraserve / random", "goodput ratio", mean([m["goodput_rps"] for m in lora]) / max(mean([m["goodput_rps"] for m in rand]), 1e-9), 2.0, "up to 2x throughput (vs S-LoRA)"))  # fmt: skip
     result.wall_s = time.perf_counter() - started
     return result
