@@ -17,7 +17,7 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: one object per request (field-wise == made `seq in running` O(fields))
 class Sequence:
     """Mutable per-request state owned by the engine thread.
 

@@ -36,12 +36,17 @@ class CostModel:
         self._bytes_per_second = profile.copy_link.host_to_device_gbps * 1e9
         self._per_copy_s = profile.copy_link.per_copy_us * _US
 
-    def step_seconds(self, shape: StepShape) -> float:
-        """Simulated wall time of one step of `shape`; 0 when it computes nothing."""
+    def step_seconds(self, shape: StepShape, max_host_seconds: float | None = None) -> float:
+        """Simulated wall time of one step of `shape`; 0 when it computes nothing. `max_host_seconds`: when
+        the host-assisted adapters' copies land (the engine switches to the device copy between layers, so
+        the host's part ends there at the latest; None: it runs to the end)."""
         if shape.is_empty:
             return 0.0
         device = self.device_seconds(shape)
-        return self.step_cost.scheduler_us * _US + max(device, self.host_prefill_seconds(shape))
+        host = self.host_prefill_seconds(shape)
+        if max_host_seconds is not None:
+            host = min(host, max(max_host_seconds, 0.0))
+        return self.step_cost.scheduler_us * _US + max(device, host)
 
     def device_seconds(self, shape: StepShape) -> float:
         """The device's part of the step (fixed + dense + attention + LoRA, times the adapter multiplier)."""

@@ -56,8 +56,13 @@ class SimulatedExecutor:
         return self._geometry
 
     def run_step(self, entries: list[BatchEntry], host_assisted: AbstractSet[str]) -> list[int | None]:
-        """Advance the clock by the step's cost; one token per sampling entry."""
-        seconds = self.cost_model.step_seconds(StepShape.of(entries, self.ranks, host_assisted))
+        """Advance the clock by the step's cost; one token per sampling entry. The host-assisted part lasts
+        until the last of those adapters' copies lands at most (the engine switches to a landed device copy
+        between layers)."""
+        shape = StepShape.of(entries, self.ranks, host_assisted)
+        landing = [self._copies[a].done_at for a in host_assisted if a in self._copies]
+        max_host = max(landing) - self.clock() if landing else None
+        seconds = self.cost_model.step_seconds(shape, max_host)
         self.clock.advance(seconds)
         self.num_steps += 1
         self.busy_seconds += seconds

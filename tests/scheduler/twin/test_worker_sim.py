@@ -95,3 +95,31 @@ def test_the_twin_runs_the_engines_own_core() -> None:
 def test_an_unregistered_adapter_is_refused() -> None:
     with pytest.raises(ValueError, match="unregistered adapter 'x'"):
         _worker().run([TraceRequest("r", 0.0, 4, 1, adapter_id="x")])
+
+
+def test_a_cpu_assisted_prefill_switches_to_the_device_copy_when_it_lands() -> None:
+    data = tiny_profile_dict(
+        fixed_us=1000.0,
+        per_prefill_token_us=100.0,
+        per_prefill_attention_us=0.0,
+        per_decode_seq_us=500.0,
+        per_decode_context_token_us=0.0,
+        lora_per_token_rank_us=0.0,
+        lora_per_adapter_us=0.0,
+        lora_per_adapter_rank_us=0.0,
+        host_prefill_per_token_rank_us=1000.0,  # 10 tokens x rank 8: 80 ms on the host copy
+    )
+    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0}  # 20 ms for 40 kB
+    settings = EngineSettings(cpu_prefill_workers=1, enable_prefix_caching=False)
+    geometry = MemoryGeometry.plan(
+        SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
+        adapter_cache_bytes=4 * MB, max_lora_rank=64,
+    )  # fmt: skip
+    worker = SimulatedWorker(
+        settings, geometry, CostModel(profile_from_dict(data)), [AdapterSpec("a", 8, 40_000)]
+    )
+    [record] = worker.run([TraceRequest("r", 0.0, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")])
+    # the prefill starts at once on the host copy; its host part ends when the copy lands at 20 ms, the
+    # device part (2 ms) is shorter: the step ends at 20 ms, not at 80 ms
+    assert record.ttft_s == pytest.approx(0.020)
+    assert worker.core.scheduler.copy_gate.num_cpu_assisted_prefills == 1
