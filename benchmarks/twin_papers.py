@@ -597,6 +597,10 @@ def section_eviction(profile: TwinProfile, scale: Scale) -> SectionResult:
         if policy != "lru":
             value, note = paper[policy]
             result.rows.append(Row(policy, "P99 TTFT change % vs lru", change_pct(p99, lru_p99), value, note))
+            per_seed = [change_pct(m["ttft_p99_s"], l["ttft_p99_s"]) for m, l in zip(got[policy], got["lru"])]
+            result.notes.append(
+                f"{policy} vs lru, P99 TTFT change per seed: " + ", ".join(f"{c:+.0f}%" for c in per_seed)
+            )
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -721,6 +725,7 @@ LORASERVE_RANKS = (8, 16, 32, 64, 128)
 LORASERVE_SLO_S = 10.0
 LORASERVE_CONFIGS = (
     ("loraserve", "placement_weighted"),
+    ("loraserve", "residency_least_loaded"),
     ("loraserve", "rank_aware"),
     ("random", "placement_weighted"),
     ("contiguous", "placement_weighted"),
