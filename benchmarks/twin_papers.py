@@ -628,7 +628,7 @@ def section_caraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
         f"{scale.num_cara_adapters} adapters of rank {CARA_RANK} (CaraServe: rank 64, 512 adapters), Zipf(1), "
         f"no idle adapter cache (every request whose adapter no other running request holds is cold), "
         f"conv-trace lengths with prompts <= 1024, outputs <= 512, {scale.num_requests} requests per run at 6 and 9 requests/s (--quick: 9), seeds {list(scale.seeds)}. Oracle: the "
-        "same runs with an instant copy link. A rank-64 copy takes "
+        "same runs with an instant copy link (see the notes). A rank-64 copy takes "
         f"{copy_s * 1000:.1f} ms on the profile's link; its host delta costs {host_us} us per token x rank "
         f"(one CPU worker per cold prefill), e.g. {host_us * 512 * CARA_RANK / 1e6:.2f} s for a 512-token prompt.",
     )
@@ -650,19 +650,19 @@ def section_caraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
             "q/k/v-only adapters are 3/7 of the bytes, and CaraServe splits a prompt over ~8 cores)."
         ),
         (
-            f"why CPU-assisted prefill loses with the H100 profile: the copy of a rank-64 adapter takes "
-            f"{copy_s * 1000:.1f} ms (PCIe Gen5, 50 GB/s) while one CPU worker's delta of a 512-token prompt takes "
-            f"{host_us * 512 * CARA_RANK / 1e6:.2f} s; the copy gate (scheduler/core/copy_gate.py may_run) assists "
-            "every cold prefill while a CPU worker is free, without comparing the host time with the copy's, and the "
-            "twin's cost model (scheduler/twin/cost_model.py step_seconds = max(device, host)) charges the whole "
-            "prefill chunk on the host, so the step, and every request batched with it, waits seconds. The real "
-            "engine switches to the landed device copy at a layer boundary (gpu_workers/engine/adapter_transfers.py "
-            "host_lora / LayerSwitch), which would cap the host part near the copy time: the twin does not model "
-            "that switch, so its CPU-assisted numbers are an upper bound of the engine's."
+            f"the twin caps a step's host part at the landing of the host-assisted adapters' copies (the engine's "
+            "layer switch to a landed device copy, gpu_workers/engine/adapter_transfers.py host_lora / LayerSwitch; "
+            "scheduler/twin/simulated_executor.py run_step). With the H100 profile a rank-64 copy takes "
+            f"{copy_s * 1000:.1f} ms, far less than one CPU worker's full delta ({host_us * 512 * CARA_RANK / 1e6:.2f} s "
+            "for 512 tokens), so the host part always ends at the copy: a CPU-assisted cold prefill runs in the step "
+            "it arrives for and pays at most the copy, inside a step of >= 5.75 ms; on-demand skips one step for the "
+            "copy. Before that cap (twin before main's merge of 2026-11-26 00:33) the whole chunk was priced on "
+            "the host and CPU assistance cost seconds per cold request."
         ),
         (
-            "on-demand cold starts cost little here because the copy starts when the request is added and lands "
-            "within the step that is already running (a step is >= 5.75 ms fixed + 17 us per prefill token)."
+            "the oracle is the same worker with an instant link and 64 CPU workers: a cold prefill joins the step "
+            "it arrives for with a host part of ~0 s, i.e. every adapter as if resident (an instant link alone "
+            "still makes an on-demand request skip one step for its copy)."
         ),
     ]
     result.wall_s = time.perf_counter() - started
@@ -670,6 +670,7 @@ def section_caraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
 
 
 CARA_WHAT_IF_GBPS = 3.0
+CARA_ORACLE_WORKERS = 64
 CARA_WHAT_IF_HOST_SPEEDUP = 18.0
 
 
@@ -687,7 +688,7 @@ def _caraserve_case(
         for seed in scale.seeds:
             lengths = conv_lengths(scale.num_requests, seed, max_prompt=1024, max_output=512)
             trace = poisson_trace(lengths, ids, rate, seed)
-            oracle = run_worker(instant, cara_engine(0), adapters, trace)
+            oracle = run_worker(instant, cara_engine(CARA_ORACLE_WORKERS), adapters, trace)
             check_run(trace, oracle.records)
             got["oracle"].append(mean(ttfts(oracle.records)))
             for key, workers in (("0", 0), ("cpu", CARA_WORKERS)):
