@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
 from scheduler.twin.request_record import RequestRecord
 from scheduler.twin.run_metrics import COMPARED, RunSummary, compare, summarize
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         meta = {
-            "cpu": _cpu(),
+            "cpu": cpu_model(),
             "torch_threads": args.threads,
             "profile": str(args.profile),
             "num_requests": args.num_requests,
@@ -340,16 +341,6 @@ def _table(rows: list[dict[str, Any]]) -> str:
         return ""
     mean = {m: sum(r["smape_pct"][m] for r in with_real) / len(with_real) for m in COMPARED}
     return f"mean SMAPE over {len(with_real)} cases: " + ", ".join(f"{m} {v:.1f}%" for m, v in mean.items())
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
 from scheduler.twin.cluster_sim import ClusterOptions, simulate_cluster
 from scheduler.twin.cost_model import CostModel
@@ -948,7 +949,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         print("\n" + table(section), flush=True)
         sections.append(section)
     out = {
-        "meta": {"cpu": _cpu(), "profile": args.profile.name, "hardware": profile.hardware.name,
+        "meta": {"cpu": cpu_model(), "profile": args.profile.name, "hardware": profile.hardware.name,
                  "sources": profile.sources, "quick": args.quick},
         "sections": [s.as_dict() for s in sections],
     }  # fmt: skip
@@ -956,16 +957,6 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(out, indent=1))
     return out
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

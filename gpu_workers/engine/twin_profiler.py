@@ -14,7 +14,6 @@ and pack, not a PCIe copy); memory from the engine's KV pool; the model shape fr
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_workers.engine.kernel_tuner import machine_fingerprint
 from scheduler.twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
 from scheduler.twin.profile import ProfileModel, TwinProfile
 from scheduler.twin.step_shape import StepShape
@@ -175,11 +175,15 @@ def _profile(
     config = json.loads((base / "config.json").read_text())
     dtype = str(stats.get("dtype", "float32"))
     kv_block_bytes = engine.runner.kv_bytes_per_block()
-    where = f"lorahost profile on {_cpu_name()} ({stats.get('device')}, {dtype}, {settings.engine.num_threads or 'default'} threads), {datetime.now(UTC):%Y-%m-%d}"
+    where = f"lorahost profile on {machine_fingerprint()['cpu']} ({stats.get('device')}, {dtype}, {settings.engine.num_threads or 'default'} threads), {datetime.now(UTC):%Y-%m-%d}"
     fit_source = f"{where}: non-negative least squares over {num_samples} timed steps, R^2 {fit.r2:.3f} ({fit.step.lora_form} form; other form {fit.other_r2:.3f})"
     return TwinProfile.model_validate(
         {
-            "hardware": {"name": _cpu_name(), "device": str(stats.get("device", "")), "engine": "lorahost"},
+            "hardware": {
+                "name": machine_fingerprint()["cpu"],
+                "device": str(stats.get("device", "")),
+                "engine": "lorahost",
+            },
             "model": ProfileModel.from_hf_config(
                 config, settings.base_model_name, _DTYPE_BYTES.get(dtype, 4)
             ).model_dump(),
@@ -199,13 +203,3 @@ def _profile(
             },
         }
     )
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

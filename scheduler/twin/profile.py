@@ -16,13 +16,13 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
+from scheduler.twin.model_file import YAML_SUFFIXES, read_file_content, validate_file_content, yaml_module
 
 PROFILE_VERSION = 1
 LoraForm = Literal["sum", "max"]
-_YAML_SUFFIXES = (".yaml", ".yml")
 
 
 class ProfileError(ValueError):
@@ -246,31 +246,13 @@ def constant_names() -> list[str]:
 
 def profile_from_dict(data: Any, origin: str = "<profile>") -> TwinProfile:
     """Validate a profile's content; ProfileError naming `origin` and each field to fix."""
-    if not isinstance(data, dict):
-        raise ProfileError(f"{origin}: a profile is a mapping of sections, got {type(data).__name__}")
-    try:
-        return TwinProfile.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
-        )
-        raise ProfileError(f"{origin}: invalid twin profile: {problems}") from None
+    return validate_file_content(TwinProfile, data, origin, "twin profile", ProfileError)
 
 
 def load_profile(path: Path | str) -> TwinProfile:
     """Read and validate a profile file (JSON, or YAML by suffix); ProfileError saying what to fix."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
-    try:
-        data = _yaml_load(text) if path.suffix in _YAML_SUFFIXES else json.loads(text)
-    except ValueError as exc:
-        raise ProfileError(
-            f"{path}: not valid {'YAML' if path.suffix in _YAML_SUFFIXES else 'JSON'}: {exc}"
-        ) from None
-    return profile_from_dict(data, str(path))
+    return profile_from_dict(read_file_content(path, "profile", ProfileError), str(path))
 
 
 def save_profile(profile: TwinProfile, path: Path | str) -> None:
@@ -278,27 +260,11 @@ def save_profile(profile: TwinProfile, path: Path | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = profile.to_dict()
-    if path.suffix in _YAML_SUFFIXES:
+    if path.suffix in YAML_SUFFIXES:
         path.write_text(_yaml_dump(data))
     else:
         path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def _yaml_module() -> Any:
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - PyYAML ships with the project's environment
-        raise ProfileError("YAML profiles need PyYAML (pip install pyyaml); or use a .json file") from None
-    return yaml
-
-
-def _yaml_load(text: str) -> Any:
-    yaml = _yaml_module()
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(str(exc)) from None
-
-
 def _yaml_dump(data: dict[str, Any]) -> str:
-    return str(_yaml_module().safe_dump(data, sort_keys=False))
+    return str(yaml_module(ProfileError).safe_dump(data, sort_keys=False))

@@ -13,14 +13,15 @@ Rates are requests per second; `num_bytes` (device bytes) defaults to the profil
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scheduler.twin.model_file import read_file_content, validate_file_content
 
 _STANDARD_NORMAL = NormalDist()
 _Z90 = _STANDARD_NORMAL.inv_cdf(0.9)
@@ -123,29 +124,10 @@ class PlannedAdapter:
 
 def workload_from_dict(data: Any, origin: str = "<workload>") -> Workload:
     """Validate a workload's content; WorkloadError naming `origin` and each field to fix."""
-    if not isinstance(data, dict):
-        raise WorkloadError(f"{origin}: a workload is a mapping, got {type(data).__name__}")
-    try:
-        return Workload.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
-        )
-        raise WorkloadError(f"{origin}: invalid workload: {problems}") from None
+    return validate_file_content(Workload, data, origin, "workload", WorkloadError)
 
 
 def load_workload(path: Path | str) -> Workload:
     """Read and validate a workload file (YAML by suffix .yaml/.yml, else JSON)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read the workload: {exc.strerror or exc}") from None
-    is_yaml = path.suffix in (".yaml", ".yml")
-    import yaml
-
-    try:
-        data = yaml.safe_load(text) if is_yaml else json.loads(text)
-    except (yaml.YAMLError, ValueError) as exc:
-        raise WorkloadError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from None
-    return workload_from_dict(data, str(path))
+    return workload_from_dict(read_file_content(path, "workload", WorkloadError), str(path))

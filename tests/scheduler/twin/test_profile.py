@@ -74,7 +74,7 @@ def test_unreadable_and_malformed_files_say_so(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("step: [unclosed")
     with pytest.raises(ProfileError, match="not valid YAML"):
         load_profile(tmp_path / "broken.yaml")
-    with pytest.raises(ProfileError, match="a mapping of sections, got list"):
+    with pytest.raises(ProfileError, match="a twin profile is a mapping, got list"):
         load_profile(_write(tmp_path, [1, 2]))
 
 
