@@ -90,10 +90,11 @@ QUICK_SCALE = Scale(120, (0,), (1.0,), 40, 64, 2, 200)
 
 
 def conv_lengths(
-    n: int, seed: int, max_prompt: int = 3072, max_output: int = 1024, path: Path = CONV_TRACE
+    n: int, seed: int, max_prompt: int = 3072, max_output: int = 1024, path: Path | None = None
 ) -> list[tuple[int, int]]:
-    """(prompt, output) lengths of n consecutive rows of the conversation trace from a seeded start."""
-    rows = _rows(path)
+    """(prompt, output) lengths of n consecutive rows of the conversation trace (default CONV_TRACE) from a
+    seeded start."""
+    rows = _rows(CONV_TRACE if path is None else path)
     start = random.Random(seed).randrange(0, len(rows) - n)
     return [(min(max(c, 8), max_prompt), min(max(g, 1), max_output)) for _, c, g in rows[start : start + n]]
 

@@ -98,14 +98,22 @@ def measure_twin(
 
 
 def _load_copies(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path]) -> dict[str, int]:
-    """Copies of the smallest-rank adapter under distinct ids, one per slot of the largest batch."""
+    """Distinct adapter ids, one per slot of the largest batch, twice: copies of the smallest-rank adapter, and
+    copies cycling through the grid's ranks (batches of many distinct adapters of mixed ranks are what a
+    multi-adapter workload runs; without them the per-adapter terms are fitted on the smallest rank only)."""
     low = min(grid.ranks)
     copies = {}
     for i in range(max(grid.batch_sizes) if max(grid.batch_sizes) > 1 else 0):
-        adapter_id = f"rank-{low}-copy-{i}"
-        engine.load_adapter(adapter_id, adapter_dirs[low])
-        copies[adapter_id] = low
+        for rank, adapter_id in ((low, f"rank-{low}-copy-{i}"), (_cycled_rank(grid, i), f"mixed-copy-{i}")):
+            if adapter_id not in copies:
+                engine.load_adapter(adapter_id, adapter_dirs[rank])
+                copies[adapter_id] = rank
     return copies
+
+
+def _cycled_rank(grid: ProfileGrid, i: int) -> int:
+    ranks = sorted(grid.ranks)
+    return ranks[i % len(ranks)]
 
 
 def _run_grid(
@@ -121,6 +129,7 @@ def _run_grid(
             ]
             if batch_size > 1:
                 batches.append([f"rank-{low}-copy-{i}" for i in range(batch_size)])
+                batches.append([f"mixed-copy-{i}" for i in range(batch_size)])
             for adapters in batches:
                 timed += _run_batch(engine, recorder, grid, adapters, num_tokens)
     return timed

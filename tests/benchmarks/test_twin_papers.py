@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import random
+from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,32 @@ from scheduler.twin.profile import load_profile
 from scheduler.twin.request_record import RequestRecord
 from scheduler.twin.trace import TraceRequest
 
-pytestmark = pytest.mark.skipif(not tp.CONV_TRACE.exists(), reason="the Azure conversation trace is absent")
+
+@pytest.fixture(scope="module", autouse=True)
+def conv_trace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The Azure conversation trace, or (a checkout without ../shared/data) a synthetic one of its shape."""
+    if tp.CONV_TRACE.exists():
+        yield tp.CONV_TRACE
+        return
+    saved = tp.CONV_TRACE
+    tp.CONV_TRACE = _synthetic_trace(tmp_path_factory.mktemp("trace") / "conv.csv")
+    try:
+        yield tp.CONV_TRACE
+    finally:
+        tp.CONV_TRACE = saved
+
+
+def _synthetic_trace(path: Path, num_rows: int = 3000) -> Path:
+    """A CSV in the Azure trace's format: Poisson arrivals, log-normal lengths (medians ~1020 / ~130)."""
+    rng = random.Random(14)
+    lines, t = ["TIMESTAMP,ContextTokens,GeneratedTokens"], 0.0
+    for _ in range(num_rows):
+        t += rng.expovariate(5.0)
+        stamp = (datetime(2023, 11, 16, 18) + timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        context = max(1, min(8000, round(1020 * math.exp(rng.gauss(0.0, 0.9)))))
+        lines.append(f"{stamp},{context},{max(1, min(2000, round(130 * math.exp(rng.gauss(0.0, 0.8)))))}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -81,5 +109,5 @@ def test_at_rate_keeps_the_requests_and_changes_only_the_arrivals() -> None:
     )
 
 
-def test_the_conversation_trace_path_resolves_from_a_worktree() -> None:
-    assert tp.CONV_TRACE.name == "azure_llm_2023_conv.csv" and isinstance(tp.CONV_TRACE, Path)
+def test_the_conversation_trace_path_resolves_from_a_worktree(conv_trace: Path) -> None:
+    assert conv_trace.exists() and tp.CONV_TRACE == conv_trace
