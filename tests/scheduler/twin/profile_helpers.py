@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler.twin.cost_model import CostModel
 from scheduler.twin.profile import TwinProfile, profile_from_dict
 
 
@@ -43,3 +44,23 @@ def tiny_profile_dict(**step: Any) -> dict[str, Any]:
 def tiny_profile(**step: Any) -> TwinProfile:
     """tiny_profile_dict, validated."""
     return profile_from_dict(tiny_profile_dict(**step))
+
+
+def round_cost_model(**step: Any) -> CostModel:
+    """The timeline tests' profile of round numbers: a step costs 1 ms fixed + 0.1 ms per prefill token + 0.5 ms
+    per decode row and nothing else (`step` overrides), a copy 0.5 s per MB (a 2 MB/s link, no latency)."""
+    data = tiny_profile_dict(
+        **{
+            "fixed_us": 1000.0,
+            "per_prefill_token_us": 100.0,
+            "per_prefill_attention_us": 0.0,
+            "per_decode_seq_us": 500.0,
+            "per_decode_context_token_us": 0.0,
+            "lora_per_token_rank_us": 0.0,
+            "lora_per_adapter_us": 0.0,
+            "lora_per_adapter_rank_us": 0.0,
+            **step,
+        }
+    )
+    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0}
+    return CostModel(profile_from_dict(data))

@@ -13,12 +13,10 @@ from hypothesis import strategies as st
 
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from scheduler.twin.cluster_sim import ClusterOptions, ClusterResult, ClusterSim, simulate_cluster
-from scheduler.twin.cost_model import CostModel
-from scheduler.twin.profile import profile_from_dict
 from scheduler.twin.request_record import RequestRecord
 from scheduler.twin.trace import AdapterSpec, TraceRequest
 from settings import Settings
-from tests.scheduler.twin.profile_helpers import tiny_profile_dict
+from tests.scheduler.twin.profile_helpers import round_cost_model
 
 SHAPE = ModelShape(2, 64, 4, 2, 16, 176, 512, 4096)
 MB = 1_000_000
@@ -26,21 +24,6 @@ PREFILL_10_S = 0.002  # 1 ms + 10 x 0.1 ms
 FETCH_S = 0.1
 COPY_S = 0.5
 ADAPTERS = [AdapterSpec("a", rank=8, num_bytes=MB), AdapterSpec("b", rank=16, num_bytes=MB)]
-
-
-def _cost_model() -> CostModel:
-    data = tiny_profile_dict(
-        fixed_us=1000.0,
-        per_prefill_token_us=100.0,
-        per_prefill_attention_us=0.0,
-        per_decode_seq_us=500.0,
-        per_decode_context_token_us=0.0,
-        lora_per_token_rank_us=0.0,
-        lora_per_adapter_us=0.0,
-        lora_per_adapter_rank_us=0.0,
-    )
-    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0}
-    return CostModel(profile_from_dict(data))
 
 
 GEOMETRY = MemoryGeometry.plan(
@@ -61,7 +44,7 @@ def _settings(**flat: Any) -> Settings:
 def _run(trace: list[TraceRequest], settings_: Settings, **options: Any) -> ClusterResult:
     options = {"adapter_fetch_s": FETCH_S} | options
     return simulate_cluster(
-        trace, ADAPTERS, settings_, _cost_model(), geometry=GEOMETRY, options=ClusterOptions(**options)
+        trace, ADAPTERS, settings_, round_cost_model(), geometry=GEOMETRY, options=ClusterOptions(**options)
     )
 
 
@@ -195,7 +178,7 @@ def test_every_request_finishes_once_on_one_worker_within_its_batch_limit(
         num_initial_workers=num_workers or (0 if is_autoscaling else 1), is_autoscaling=is_autoscaling,
         cold_start_s=0.7, scaling_interval_s=0.3, adapter_fetch_s=0.05,
     )  # fmt: skip
-    sim = ClusterSim(settings_, GEOMETRY, _cost_model(), ADAPTERS, options)
+    sim = ClusterSim(settings_, GEOMETRY, round_cost_model(), ADAPTERS, options)
     result = sim.run(trace)
     for request, record in zip(trace, result.records):
         holders = [n.worker_id for n in sim.nodes.values() if request.request_id in n.sim.records]

@@ -10,30 +10,13 @@ import pytest
 
 from scheduler.core.engine_core import EngineCore
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
-from scheduler.twin.cost_model import CostModel
-from scheduler.twin.profile import profile_from_dict
 from scheduler.twin.trace import AdapterSpec, TraceRequest
 from scheduler.twin.worker_sim import SimulatedWorker
 from settings.engine import EngineSettings
-from tests.scheduler.twin.profile_helpers import tiny_profile_dict
+from tests.scheduler.twin.profile_helpers import round_cost_model
 
 SHAPE = ModelShape(2, 64, 4, 2, 16, 176, 512, 4096)
 MB = 1_000_000
-
-
-def _cost_model() -> CostModel:
-    data = tiny_profile_dict(
-        fixed_us=1000.0,
-        per_prefill_token_us=100.0,
-        per_prefill_attention_us=0.0,
-        per_decode_seq_us=500.0,
-        per_decode_context_token_us=0.0,
-        lora_per_token_rank_us=0.0,
-        lora_per_adapter_us=0.0,
-        lora_per_adapter_rank_us=0.0,
-    )
-    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0}
-    return CostModel(profile_from_dict(data))
 
 
 def _worker(adapters: list[AdapterSpec] = (), **engine: Any) -> SimulatedWorker:  # type: ignore[assignment]
@@ -42,7 +25,7 @@ def _worker(adapters: list[AdapterSpec] = (), **engine: Any) -> SimulatedWorker:
         SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
         adapter_cache_bytes=4 * MB, max_lora_rank=64,
     )  # fmt: skip
-    return SimulatedWorker(settings, geometry, _cost_model(), adapters)
+    return SimulatedWorker(settings, geometry, round_cost_model(), adapters)
 
 
 def test_one_request_prefills_then_decodes_at_the_profiles_step_times() -> None:
@@ -98,26 +81,14 @@ def test_an_unregistered_adapter_is_refused() -> None:
 
 
 def test_a_cpu_assisted_prefill_switches_to_the_device_copy_when_it_lands() -> None:
-    data = tiny_profile_dict(
-        fixed_us=1000.0,
-        per_prefill_token_us=100.0,
-        per_prefill_attention_us=0.0,
-        per_decode_seq_us=500.0,
-        per_decode_context_token_us=0.0,
-        lora_per_token_rank_us=0.0,
-        lora_per_adapter_us=0.0,
-        lora_per_adapter_rank_us=0.0,
-        host_prefill_per_token_rank_us=1000.0,  # 10 tokens x rank 8: 80 ms on the host copy
-    )
-    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0}  # 20 ms for 40 kB
+    # 10 tokens x rank 8: 80 ms on the host copy; the copy of 40 kB takes 20 ms
+    cost_model = round_cost_model(host_prefill_per_token_rank_us=1000.0)
     settings = EngineSettings(cpu_prefill_workers=1, enable_prefix_caching=False)
     geometry = MemoryGeometry.plan(
         SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
         adapter_cache_bytes=4 * MB, max_lora_rank=64,
     )  # fmt: skip
-    worker = SimulatedWorker(
-        settings, geometry, CostModel(profile_from_dict(data)), [AdapterSpec("a", 8, 40_000)]
-    )
+    worker = SimulatedWorker(settings, geometry, cost_model, [AdapterSpec("a", 8, 40_000)])
     [record] = worker.run([TraceRequest("r", 0.0, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")])
     # the prefill starts at once on the host copy; its host part ends when the copy lands at 20 ms, the
     # device part (2 ms) is shorter: the step ends at 20 ms, not at 80 ms
