@@ -33,6 +33,8 @@ def main() -> None:
     common.set_threads(args.threads)
 
     base_dir = args.model_dir / "base"
+    # the engine's device=auto rule: CUDA when there is one, so both peers run on the same device
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.bfloat16)
     names = common.adapter_names(args.model_dir, args.num_requests)
     distinct = sorted(set(names))
@@ -43,7 +45,7 @@ def main() -> None:
         model = PeftModel.from_pretrained(model, str(adir / distinct[0]), adapter_name=distinct[0])
         for name in distinct[1:]:
             model.load_adapter(str(adir / name), adapter_name=name)
-    model.eval()
+    model = model.to(device).eval()
     gen_cfg = model.generation_config
     gen_cfg.eos_token_id = None  # ignore_eos: never stop early, never suppress EOS
     gen_cfg.pad_token_id = 3
@@ -61,13 +63,16 @@ def main() -> None:
     for i, p in enumerate(prompts):
         input_ids[i, width - len(p) :] = torch.tensor(p)
         attn[i, width - len(p) :] = 1
+    input_ids, attn = input_ids.to(device), attn.to(device)
 
     clock = common.StepClock()
 
     class Stamp(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # a step's time stamp after its kernels, not after their launch
             clock.tick()
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     def run(max_new: int) -> tuple[float, torch.Tensor]:
         kw = {}
@@ -107,6 +112,7 @@ def main() -> None:
         + (f" + peft {__import__('peft').__version__}" if args.mode == "lora" else ""),
         adapters=len(distinct) if args.mode == "lora" else 0,
         torch_threads=torch.get_num_threads(),
+        device=str(device),
         load_s=round(load_s, 3),
         **common.summarize_runs(runs, args.num_requests * args.max_tokens),
         peak_rss_mb=round(common.peak_rss_mb_self(), 1),

@@ -77,7 +77,8 @@ def main() -> None:
         value = os.environ.get(f"LORAHOST_ENGINE_{name.upper()}")
         if value and name in fields:
             cfg_kw[name] = value
-    engine = LLMEngine(EngineConfig(**cfg_kw))
+    config = EngineConfig(**cfg_kw)
+    engine = LLMEngine(config)
 
     names = common.adapter_names(args.model_dir, args.num_requests)
     distinct = sorted(set(names))
@@ -201,6 +202,7 @@ def main() -> None:
         adapters=len(distinct) if args.mode == "lora" else 0,
         loop="step" if use_step else "generate",
         torch_threads=torch.get_num_threads(),
+        device=str(config.resolved_device()),
         load_s=round(load_s, 3),
         **summary,
         peak_rss_mb=round(common.peak_rss_mb_self(), 1),

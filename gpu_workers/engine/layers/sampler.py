@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from scheduler.core.sampling import SamplingParams
+
+# Below this temperature a row samples its argmax (vLLM's _SAMPLING_EPS): dividing by a smaller one can make
+# inf * 0 = NaN on CUDA (a division by a scalar runs there as a multiplication by its reciprocal).
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 def sample_tokens(
@@ -18,13 +24,16 @@ def sample_tokens(
         return greedy
     tokens = list(greedy)
     for i, p in enumerate(params):
-        if not p.is_greedy:
-            tokens[i] = _sample_one(logits[i], p, generators[i])
+        if p.temperature >= MIN_SAMPLING_TEMPERATURE:
+            tokens[i] = _sample_one(logits[i], p, generators[i], greedy[i])
     return tokens
 
 
-def _sample_one(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits: [vocab] fp32, finite."""
+def _sample_one(
+    logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None, argmax: int
+) -> int:
+    """logits: [vocab] fp32, finite. A distribution that is not one (never expected) gives the argmax: on CUDA,
+    multinomial would fail with a device-side assert that kills the worker's CUDA context for every tenant."""
     logits = (logits - logits.max()) / p.temperature  # max 0: a tiny temperature cannot make +inf or NaN
     if p.top_k > 0 and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
@@ -37,4 +46,7 @@ def _sample_one(logits: torch.Tensor, p: SamplingParams, generator: torch.Genera
         drop = cumulative - sorted_probs >= p.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, sorted_idx, sorted_probs)
+    total = float(probs.sum())
+    if not math.isfinite(total) or total <= 0.0:
+        return argmax
     return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -102,7 +102,10 @@ def test_switching_to_the_device_copy_at_any_layer_gives_the_resident_run(
     got = run(engine, [("r", prompt_ids[3], "cold")])["r"]
     warm_tokens, warm_logits = warm_steps
     assert steps[0][1] == {"cold"} and engine.runner.last_switched_at == {"cold": switch_layer}
-    assert torch.equal(steps[0][2], warm_logits)  # fp32, same ops: bit-identical
+    if engine.runner.device.type == "cpu":
+        assert torch.equal(steps[0][2], warm_logits)  # fp32, same ops: bit-identical
+    else:  # the host layers ran on the CPU, the resident run's on the GPU: same math, other rounding
+        torch.testing.assert_close(steps[0][2], warm_logits, atol=1e-5, rtol=1e-5)
     assert got["tokens"] == warm_tokens
     assert engine.stats()["num_cpu_assisted_prefills"] == 1
 

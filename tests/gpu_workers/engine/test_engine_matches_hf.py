@@ -31,8 +31,8 @@ def engine_prefill_logits(
         for seq in seqs:
             engine.pool.free(seq.block_table)
     assert logits is not None
-    result = torch.empty_like(logits)
-    result[torch.tensor(order)] = logits
+    result = torch.empty_like(logits, device="cpu")  # on the CPU, beside the oracle's
+    result[torch.tensor(order)] = logits.cpu()
     return result
 
 
@@ -124,7 +124,7 @@ def test_packed_linears_match_peft(
 
     if not can_pack_linear(getattr(torch, dtype), torch.device("cpu")):
         pytest.skip("oneDNN packed linear is not available for this dtype here")
-    engine = make_engine(dtype=dtype, packed_linears=True, decode_lora_form="stacked")
+    engine = make_engine(dtype=dtype, packed_linears=True, decode_lora_form="stacked", device="cpu")
     assert engine.runner.use_packed_linears
     adapters: list[str | None] = [None, *adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]

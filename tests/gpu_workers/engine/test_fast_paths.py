@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 from gpu_workers.engine.layers.linear import WIDE_GEMM_MIN_ROWS, MergedLinear, can_pack_linear
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def make_cpu_engine(make_engine: Callable[..., LLMEngine]) -> Callable[..., LLMEngine]:
+    """CPU engines: the C LoRA kernel, oneDNN packing and fp32 prefill GEMMs are CPU
+    kernels (on a CUDA machine the engine's device would be the GPU)."""
+    return functools.partial(make_engine, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def cpu_fp32_engine(make_cpu_engine: Callable[..., LLMEngine]) -> LLMEngine:
+    """A shared fp32 CPU engine (tests using it must leave it idle)."""
+    return make_cpu_engine()
+
 
 needs_bf16_packing = pytest.mark.skipif(
     not can_pack_linear(torch.bfloat16, torch.device("cpu")),
@@ -47,12 +64,12 @@ def test_wide_gemm_rounds_like_the_bf16_gemm(num_rows: int) -> None:
 
 
 @needs_bf16_packing
-def test_fp32_prefill_gemms_match_peft_and_can_be_turned_off(make_engine: Any, hf_oracle: Any) -> None:
+def test_fp32_prefill_gemms_match_peft_and_can_be_turned_off(make_cpu_engine: Any, hf_oracle: Any) -> None:
     """A prompt longer than WIDE_GEMM_MIN_ROWS (the wide path) gives peft's greedy tokens within bf16 noise,
     with the fast path forced on and off."""
     prompt = [1] + [7 + (i * 37) % 500 for i in range(WIDE_GEMM_MIN_ROWS + 40)]
-    on = make_engine(dtype="bfloat16", packed_linears=True, fp32_prefill_gemms=True)
-    off = make_engine(dtype="bfloat16", packed_linears=True, fp32_prefill_gemms=False)
+    on = make_cpu_engine(dtype="bfloat16", packed_linears=True, fp32_prefill_gemms=True)
+    off = make_cpu_engine(dtype="bfloat16", packed_linears=True, fp32_prefill_gemms=False)
     assert on.runner.wide_gemm_dtype == torch.float32
     assert off.runner.wide_gemm_dtype is None
     for adapter in (None, "adapter-02"):
@@ -105,7 +122,7 @@ def _prefill_logits(engine: Any, prompt: list[int], adapter: str | None) -> torc
         _, logits = engine.runner.execute([BatchEntry(seq, seq.num_tokens)], True)
     finally:
         engine.pool.free(seq.block_table)
-    return logits[0]
+    return logits[0].cpu()  # beside the oracle's, on the CPU
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -122,7 +139,7 @@ def _kernel_or_skip() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens_per_segment", [[1, 1, 1], [3, 0, 9], [16, 2, 5]])
 def test_kernel_delta_equals_the_segment_form(
-    fp32_engine: Any, dtype: torch.dtype, tokens_per_segment: list[int]
+    cpu_fp32_engine: Any, dtype: torch.dtype, tokens_per_segment: list[int]
 ) -> None:
     """For every projection and layer, one kernel call adds what the per-segment matmuls add (fp32: to
     rounding; bf16: within one rounding of the output), blocks of more than 8 tokens and empty segments
@@ -138,7 +155,9 @@ def test_kernel_delta_equals_the_segment_form(
 
     _kernel_or_skip()
     names = ["adapter-02", "adapter-00", "adapter-03"]  # every module / q,v / gate,up,down
-    adapters = tuple(map_lora_tensors(fp32_engine.runner.adapters[n], lambda t: t.to(dtype)) for n in names)
+    adapters = tuple(
+        map_lora_tensors(cpu_fp32_engine.runner.adapters[n], lambda t: t.to(dtype)) for n in names
+    )
     bounds = [0]
     for n in tokens_per_segment:
         bounds.append(bounds[-1] + n)
@@ -162,13 +181,13 @@ def test_kernel_delta_equals_the_segment_form(
                 assert ((out.float() - expected.float()).abs() <= tolerance).all(), (layer_idx, projection)
 
 
-def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(fp32_engine: Any) -> None:
+def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(cpu_fp32_engine: Any) -> None:
     from gpu_workers.engine.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta
     from gpu_workers.engine.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
     from tests.gpu_workers.engine.test_row_isolation import overflowing_copy
 
     _kernel_or_skip()
-    good = fp32_engine.runner.adapters["adapter-02"]
+    good = cpu_fp32_engine.runner.adapters["adapter-02"]
     for value in (3e38, float("inf"), float("nan")):
         bad = overflowing_copy(good, "bad", value)
         segments = (LoraSegment(0, 2, good), LoraSegment(2, 3, bad))
@@ -184,7 +203,7 @@ def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(fp32_en
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kernel_decode_matches_peft_and_the_torch_forms(
-    make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, dtype: str
+    make_cpu_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, dtype: str
 ) -> None:
     """A mixed batch decoded through the kernel gives the tokens of the per-segment torch form; in fp32 both
     equal peft's."""
@@ -192,11 +211,11 @@ def test_kernel_decode_matches_peft_and_the_torch_forms(
     adapters: list[str | None] = [*adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    kernel = make_engine(dtype=dtype, decode_lora_form="kernel")
+    kernel = make_cpu_engine(dtype=dtype, decode_lora_form="kernel")
     assert kernel.runner.lora_forms.use_lora_kernel
     outs = kernel.generate(prompts, params, adapter_ids=adapters)
     assert kernel.runner.lora_forms.kernel_sets and kernel.stats()["num_lora_stack_builds"] == 0
-    looped = make_engine(dtype=dtype, lora_kernel=False, lora_stack_cache_size=0)
+    looped = make_cpu_engine(dtype=dtype, lora_kernel=False, lora_stack_cache_size=0)
     outs_loop = looped.generate(prompts, params, adapter_ids=adapters)
     for prompt, adapter, out, out_loop in zip(prompts, adapters, outs, outs_loop):
         if dtype == "float32":
@@ -205,9 +224,9 @@ def test_kernel_decode_matches_peft_and_the_torch_forms(
             assert out.token_ids[:4] == out_loop.token_ids[:4], adapter  # bf16: rounding may flip later ties
 
 
-def test_kernel_sets_drop_unloaded_adapters(make_engine: Any, prompt_ids: list[list[int]]) -> None:
+def test_kernel_sets_drop_unloaded_adapters(make_cpu_engine: Any, prompt_ids: list[list[int]]) -> None:
     _kernel_or_skip()
-    engine = make_engine(decode_lora_form="kernel")  # forced: the tuner may measure another form faster
+    engine = make_cpu_engine(decode_lora_form="kernel")  # forced: the tuner may measure another form faster
     names = engine.loaded_adapters()[:3]
     engine.generate([prompt_ids[0]] * 3, SamplingParams(max_tokens=3, temperature=0), adapter_ids=names)
     assert engine.runner.lora_forms.kernel_sets

@@ -4,7 +4,9 @@ the plan follows the tuner's measurement, a forced setting wins, and a form that
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,16 @@ from gpu_workers.engine.layers.attention import (
 )
 from gpu_workers.engine.layers.linear import can_pack_linear
 from gpu_workers.engine.layers.lora_forms import DECODE_LORA_FORMS, is_lora_form_usable
+from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def make_cpu_engine(make_engine: Callable[..., LLMEngine]) -> Callable[..., LLMEngine]:
+    """CPU engines: the C kernels, oneDNN packing and the tuner's CPU measurements are CPU
+    kernels (on a CUDA machine the engine's device would be the GPU)."""
+    return functools.partial(make_engine, device="cpu")
+
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -101,13 +112,13 @@ def test_every_decode_attention_form_is_exact_attention(
 
 @pytest.mark.parametrize("form", DECODE_ATTENTION_FORMS)
 def test_every_decode_attention_form_gives_peft_tokens(
-    make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, form: str
+    make_cpu_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, form: str
 ) -> None:
     """An engine forced to each form decodes a mixed batch (base and every adapter, prompts of different
     lengths, so decodes carry padding) to peft's greedy tokens."""
     if not is_decode_form_usable(form, CPU, torch.float32):
         pytest.skip(f"{form} cannot run here (sdpa_fp32: the fp32 model's sdpa; see the bf16 test below)")
-    engine = make_engine(decode_attention=form)
+    engine = make_cpu_engine(decode_attention=form)
     assert engine.runner.kernel_plan.decode_attention == form
     adapters: list[str | None] = [None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
@@ -118,7 +129,7 @@ def test_every_decode_attention_form_gives_peft_tokens(
 
 
 def test_bf16_decode_attention_forms_agree(
-    make_engine: Any, prompt_ids: list[list[int]], adapter_dirs: dict
+    make_cpu_engine: Any, prompt_ids: list[list[int]], adapter_dirs: dict
 ) -> None:
     """In bf16 (where sdpa_fp32 differs from sdpa) every form decodes the mixed batch to the same first tokens
     (later ones may flip on bf16 ties)."""
@@ -126,7 +137,7 @@ def test_bf16_decode_attention_forms_agree(
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
     tokens = {}
     for form in _usable_attention_forms(torch.bfloat16):
-        engine = make_engine(dtype="bfloat16", decode_attention=form)
+        engine = make_cpu_engine(dtype="bfloat16", decode_attention=form)
         tokens[form] = [out.token_ids[:4] for out in engine.generate(prompts, GREEDY, adapter_ids=adapters)]
     assert "sdpa_fp32" in tokens
     assert all(t == tokens["sdpa_fp32"] for t in tokens.values()), tokens
@@ -134,13 +145,13 @@ def test_bf16_decode_attention_forms_agree(
 
 @pytest.mark.parametrize("form", DECODE_LORA_FORMS)
 def test_every_decode_lora_form_gives_peft_tokens(
-    make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, form: str
+    make_cpu_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter_dirs: dict, form: str
 ) -> None:
     """An engine forced to each LoRA form decodes a batch of every adapter twice (and the base) to peft's
     greedy tokens."""
     if not is_lora_form_usable(form, CPU, torch.float32):
         pytest.skip(f"{form} cannot run here")
-    engine = make_engine(decode_lora_form=form)
+    engine = make_cpu_engine(decode_lora_form=form)
     assert engine.runner.kernel_plan.decode_lora == form
     adapters: list[str | None] = [*adapter_dirs, None, *adapter_dirs]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
@@ -159,12 +170,12 @@ needs_bf16_packing = pytest.mark.skipif(
 
 @needs_bf16_packing
 @pytest.mark.parametrize("form", ["packed", "fp32_upcast", "plain"])
-def test_every_prefill_gemm_form_matches_peft(make_engine: Any, hf_oracle: Any, form: str) -> None:
+def test_every_prefill_gemm_form_matches_peft(make_cpu_engine: Any, hf_oracle: Any, form: str) -> None:
     """A prompt long enough for the prefill GEMM path gives peft's logits within bf16 noise in each form."""
     from tests.gpu_workers.engine.test_fast_paths import _prefill_logits
 
     prompt = [1] + [7 + (i * 37) % 500 for i in range(300)]
-    engine = make_engine(dtype="bfloat16", packed_linears=True, prefill_gemm=form)
+    engine = make_cpu_engine(dtype="bfloat16", packed_linears=True, prefill_gemm=form)
     assert engine.runner.kernel_plan.prefill_gemm == form
     assert engine_stats(engine)["kernel_choices"]["prefill_gemm"] == form
     for adapter in (None, "adapter-02"):
@@ -177,7 +188,7 @@ def test_every_prefill_gemm_form_matches_peft(make_engine: Any, hf_oracle: Any, 
     ("op", "forms"), [("decode_attention", DECODE_ATTENTION_FORMS), ("decode_lora", DECODE_LORA_FORMS)]
 )
 def test_the_plan_follows_the_measurement_and_a_second_start_measures_nothing(
-    make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, op: str, forms: tuple[str, ...]
+    make_cpu_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, op: str, forms: tuple[str, ...]
 ) -> None:
     """Unforced, each op's form is the tuner's fastest (never the CPU's flags), measured on the model's shape,
     shown in the engine stats; another engine on the same cache measures nothing."""
@@ -194,7 +205,7 @@ def test_the_plan_follows_the_measurement_and_a_second_start_measures_nothing(
 
     monkeypatch.setattr(KernelTuner, "measure", fake_measure)
     path = tmp_path / "choices.json"
-    engine = make_engine(kernel_choices_path=path)
+    engine = make_cpu_engine(kernel_choices_path=path)
     assert getattr(engine.runner.kernel_plan, op) == fastest
     assert list(usable) in measured.values()
     stats = engine_stats(engine)
@@ -202,21 +213,21 @@ def test_the_plan_follows_the_measurement_and_a_second_start_measures_nothing(
     keys = [json.loads(k) for k in json.loads(path.read_text())["choices"]]
     assert any(k["op"] == op and k["dtype"] == "float32" for k in keys)
     calls_before = len(measured)
-    again = make_engine(kernel_choices_path=path)
+    again = make_cpu_engine(kernel_choices_path=path)
     assert getattr(again.runner.kernel_plan, op) == fastest
     assert engine_stats(again)["kernel_tuner_s"] == 0.0 and len(measured) == calls_before
     assert engine_stats(again)["kernel_choice_sources"][op] == "cached"
 
 
 def test_forced_forms_win_without_measuring(
-    make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    make_cpu_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     def no_measure(self: KernelTuner, candidates: dict[str, Any]) -> dict[str, float]:
         raise AssertionError("a forced choice must not be measured")
 
     monkeypatch.setattr(KernelTuner, "measure", no_measure)
     path = tmp_path / "choices.json"
-    engine = make_engine(
+    engine = make_cpu_engine(
         decode_attention="grouped_matmul", decode_lora_form="segmented", kernel_choices_path=path
     )
     plan = engine.runner.kernel_plan
@@ -236,7 +247,7 @@ def test_a_form_that_is_not_one_is_refused(base_model_dir: Path) -> None:
 
 
 def test_a_forced_form_that_cannot_run_here_is_refused(
-    make_engine: Any, monkeypatch: pytest.MonkeyPatch
+    make_cpu_engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the C kernels (no compiler), forcing them fails at start with the usable forms listed."""
     from gpu_workers.engine import kernel_plan
@@ -246,6 +257,6 @@ def test_a_forced_form_that_cannot_run_here_is_refused(
     monkeypatch.setattr(lora_forms, "is_kernel_usable", lambda device, dtype: False)
     assert kernel_plan  # the plan reads both through these modules
     with pytest.raises(ValueError, match=r"decode_attention 'c_kernel' cannot run here; usable: \['sdpa'"):
-        make_engine(decode_attention="c_kernel")
+        make_cpu_engine(decode_attention="c_kernel")
     with pytest.raises(ValueError, match=r"decode_lora_form 'kernel' cannot run here"):
-        make_engine(decode_lora_form="kernel")
+        make_cpu_engine(decode_lora_form="kernel")

@@ -3,6 +3,7 @@ dtype and shape, survives a corrupt cache, and a forced setting wins; the engine
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -19,6 +20,15 @@ from gpu_workers.engine.layers.linear import (
     can_pack_linear,
     prefill_gemm_candidates,
 )
+from gpu_workers.engine.llm_engine import LLMEngine
+
+
+@pytest.fixture(scope="module")
+def make_cpu_engine(make_engine: Callable[..., LLMEngine]) -> Callable[..., LLMEngine]:
+    """CPU engines: the prefill GEMM forms the tuner measures are CPU kernels (on a CUDA machine the
+    engine's device would be the GPU)."""
+    return functools.partial(make_engine, device="cpu")
+
 
 MACHINE = {"cpu": "Test CPU", "flags": "abc", "torch": "2.0", "threads": "2"}
 SHAPE = (512, 64, 128)
@@ -192,7 +202,11 @@ def test_prefill_gemm_candidates_compute_the_same_product() -> None:
     ("fastest", "wide"), [("packed", None), ("fp32_upcast", torch.float32), ("plain", torch.bfloat16)]
 )
 def test_the_engine_prefill_gemm_follows_the_tuner(
-    make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fastest: str, wide: torch.dtype | None
+    make_cpu_engine: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fastest: str,
+    wide: torch.dtype | None,
 ) -> None:
     """Unforced, the engine's prefill GEMM path is the tuner's measured choice on the model's MLP shape (not the
     CPU's flags), shown in the engine stats; a second engine on the same cache measures nothing."""
@@ -207,7 +221,7 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
 
     monkeypatch.setattr(kernel_tuner.KernelTuner, "measure", fake_measure)
     path = tmp_path / "choices.json"
-    engine = make_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
+    engine = make_cpu_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
     assert engine.runner.wide_gemm_dtype == wide
     assert measured[0] == ["packed", "fp32_upcast", "plain"]
     stats = engine_stats(engine)
@@ -221,7 +235,7 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     ]
 
     num_measured = len(measured)
-    cached = make_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
+    cached = make_cpu_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
     assert len(measured) == num_measured and cached.runner.wide_gemm_dtype == wide
     assert engine_stats(cached)["kernel_tuner_s"] == 0.0
 
@@ -229,7 +243,11 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
 @needs_bf16_packing
 @pytest.mark.parametrize(("forced", "wide"), [(True, torch.float32), (False, None)])
 def test_the_fp32_prefill_gemms_setting_wins_without_measuring(
-    make_engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, forced: bool, wide: torch.dtype | None
+    make_cpu_engine: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    forced: bool,
+    wide: torch.dtype | None,
 ) -> None:
     from gpu_workers.engine import kernel_tuner
 
@@ -238,7 +256,7 @@ def test_the_fp32_prefill_gemms_setting_wins_without_measuring(
 
     monkeypatch.setattr(kernel_tuner.KernelTuner, "measure", no_measure)
     path = tmp_path / "choices.json"
-    engine = make_engine(
+    engine = make_cpu_engine(
         dtype="bfloat16",
         packed_linears=True,
         fp32_prefill_gemms=forced,

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The native engine on a CUDA machine (a lent GPU, see the device tool): the engine tests on CUDA, lorahost vs
+# transformers + peft throughput on the same GPU in the same run, the twin profile of this engine on that GPU,
+# and the twin's fidelity against it. Every log and JSON goes to $OUT (default /tmp/gpu-check).
+#
+#   bash benchmarks/gpu_check.sh [STEPS]     STEPS: comma list of tests,throughput,profile,fidelity (all)
+#
+# The machine needs python3 with torch (CUDA), transformers, peft, safetensors, tokenizers, numpy, pytest and
+# hypothesis; any other package the project imports is installed from wheels in .whl/ when that folder exists
+# (python3 -m pip download --no-deps ... -d .whl, the device tool's README). The workload is the generated
+# `small` demo model (hidden 1024, 8 layers, bf16) with 16 adapters of ranks 8-128 on q/k/v/o, built on the
+# machine's CPU while the tests use the GPU. The conversation trace is read from $GPU_CHECK_TRACE (default
+# .gpu/azure_llm_2023_conv.csv: copy ../shared/data/azure_llm_2023_conv.csv there, since only the checkout
+# travels). Each step has its own time limit (seconds: TESTS_S, THROUGHPUT_S, PROFILE_S, FIDELITY_S).
+set -u
+OUT=${OUT:-/tmp/gpu-check}
+STEPS=${1:-tests,throughput,profile,fidelity}
+PY=${PYTHON:-python3}
+WORK=${GPU_CHECK_WORK:-/tmp/gpu-check-work}
+MODEL=$WORK/small16
+TRACE=${GPU_CHECK_TRACE:-.gpu/azure_llm_2023_conv.csv}
+mkdir -p "$OUT" "$WORK"
+
+if ! $PY -c "import pydantic_settings, fastapi, gguf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu_check: installing .whl/ failed"; exit 1; }
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export LORAHOST_ENGINE_KERNEL_CHOICES_PATH=$WORK/kernel_choices.json
+
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+step() { echo "=== $1 ($(date -u +%T))"; }
+
+step device
+$PY - <<'EOF' 2>&1 | tee "$OUT/device.txt"
+import platform
+import torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("gpu", p.name, f"{p.total_memory / 2**30:.0f} GiB", p.multi_processor_count, "SMs")
+else:
+    print("gpu none: every step runs on the CPU")
+print("cpu", platform.processor() or platform.machine())
+EOF
+
+# The workload on the CPU, in the background, while the tests use the GPU.
+(
+  if [ ! -f "$MODEL/adapters/adapter-15/adapter_model.safetensors" ]; then
+    $PY -m lorahost.cli demo-model "$MODEL" --size small --num-adapters 16 --target-modules q_proj,k_proj,v_proj,o_proj
+  fi
+) >"$OUT/workload.log" 2>&1 &
+workload=$!
+
+if has tests; then
+  step tests
+  timeout "${TESTS_S:-150}" $PY -m pytest -q -p no:cacheprovider tests/gpu_workers/engine --tb=short \
+    --junitxml="$OUT/engine_tests.xml" >"$OUT/engine_tests.log" 2>&1
+  echo "tests rc=$?"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/engine_tests.log" | tail -40
+fi
+
+wait $workload || { echo "gpu_check: the workload failed"; tail -20 "$OUT/workload.log"; exit 1; }
+
+if has throughput; then
+  step throughput
+  # Both engines in one run on the same GPU (64 requests x 200 prompt tokens, 32 out, 16 adapters); the first
+  # timed run still meets new shapes, so 4 repeats and the median.
+  timeout "${THROUGHPUT_S:-150}" $PY benchmarks/engine_throughput.py --model-dir "$MODEL" --systems lorahost,hf \
+    --modes base,lora --repeats 4 --no-floor --num-requests 64 --timeout 70 --out "$OUT/engine_throughput.jsonl" \
+    2>>"$OUT/throughput.log" | cut -c1-300
+  # The GPU's kernel forms are fixed, not tuned (kernel_plan.py): measure the other ones.
+  for form in decode_lora_form=stacked decode_attention=grouped_matmul; do
+    name=${form%%=*}
+    env "LORAHOST_ENGINE_${name^^}=${form#*=}" timeout "${VARIANT_S:-40}" $PY benchmarks/engine_throughput.py \
+      --model-dir "$MODEL" --systems lorahost --modes lora --repeats 4 --no-floor --num-requests 64 --timeout 35 \
+      --out "$OUT/engine_throughput_$name.jsonl" 2>>"$OUT/throughput.log" | grep '"lorahost"' | cut -c1-300
+  done
+fi
+
+PROFILE=$OUT/twin-profile.json
+if has profile; then
+  step profile
+  LORAHOST_ENGINE_MAX_NUM_BATCHED_TOKENS=16384 timeout "${PROFILE_S:-120}" $PY -m lorahost.cli profile \
+    --base-model "$MODEL/base" --work-dir "$WORK/profile" --output "$OUT/router-profile.json" \
+    --twin-output "$PROFILE" --batch-sizes 1,8,32,64 --prompt-tokens 16,64,256 --repeats 2 >"$OUT/profile.log" 2>&1
+  echo "profile rc=$?"
+  tail -15 "$OUT/profile.log"
+fi
+
+if has fidelity; then
+  step fidelity
+  [ -f "$PROFILE" ] || { echo "gpu_check: no profile at $PROFILE: run the profile step first"; exit 1; }
+  timeout "${FIDELITY_S:-150}" $PY benchmarks/twin_fidelity.py --model-dir "$MODEL" --profile "$PROFILE" \
+    --conv-trace "$TRACE" --traces conv --loads 0.5,0.9,1.2 --policies fifo --memory-modes unified \
+    --num-adapters 16 --bounds slot --num-requests 60 --max-prompt 512 --max-output 64 --max-num-seqs 32 \
+    --output "$OUT/twin_fidelity.json" >"$OUT/fidelity.log" 2>&1
+  echo "fidelity rc=$?"
+  tail -25 "$OUT/fidelity.log"
+fi
+step done
