@@ -70,15 +70,18 @@ def test_adapter_management_while_streaming(
     async_engine: AsyncLLMEngine, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
 ) -> None:
     async def main() -> None:
-        params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+        # far more tokens than the checks below take to run on any device; the request ends by abort
+        params = SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)
         stream = async_engine.generate_stream("busy", prompt_ids[0], params, "adapter-02")
         await stream.__anext__()
         with pytest.raises(AdapterInUseError):
             await async_engine.unload_adapter("adapter-02")
         await async_engine.unload_adapter("adapter-01")
         await async_engine.load_adapter("fresh", adapter_dirs["adapter-01"])
+        assert not (await stream.__anext__()).is_finished  # still running: the unload above was refused
+        await async_engine.abort("busy")
         outs = [o async for o in stream]
-        assert outs[-1].is_finished and outs[-1].finish_reason == "length"
+        assert outs[-1].is_finished and outs[-1].finish_reason == "abort"
         await async_engine.unload_adapter("adapter-02")
 
     asyncio.run(main())

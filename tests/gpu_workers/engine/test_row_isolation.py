@@ -198,14 +198,15 @@ def test_stacked_delta_of_a_normal_row_ignores_an_overflowing_neighbour(
 ) -> None:
     good = engine.runner.adapters[GOOD_ADAPTER]
     bad = overflowing_copy(good, "bad", value)
-    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    device = engine.runner.device  # where the adapters live
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)).to(device)
     segments = (LoraSegment(0, 2, good), LoraSegment(2, 3, bad))
     stacked = build_stacked_lora((good, bad))
-    masks = stacked_masks(stacked, torch.tensor([0, 0, 1]))
+    masks = stacked_masks(stacked, torch.tensor([0, 0, 1], device=device))
     for projection in ("qkv", "o"):
-        expected = torch.zeros(2, {"qkv": 128, "o": 64}[projection])
+        expected = torch.zeros(2, {"qkv": 128, "o": 64}[projection], device=device)
         add_lora_delta(expected, x[:2], LoraBatch((SegmentedStep(segments[:1]),)), 0, projection)
-        out = torch.zeros(3, expected.shape[1])
+        out = torch.zeros(3, expected.shape[1], device=device)
         add_lora_delta(out, x, LoraBatch((StackedStep(segments, stacked, masks),)), 0, projection)
         assert torch.isfinite(out[:2]).all()
         torch.testing.assert_close(out[:2], expected)
