@@ -123,12 +123,9 @@ class AdapterTransfers:
         place = (lambda adapter: self.place_adapter(adapter, pages)) if self.is_unified else None
         self.copier.start(host_copy, place)
 
-    def _host_copy(self, adapter_id: str, path: Path) -> LoraAdapter:
-        """The adapter's packed host copy: from the host tier, else read, validated and packed from its files
-        (and kept in the tier when it fits its byte budget)."""
-        key = f"{adapter_id}\0{path}"
-        if self.host_tier.lookup(key):
-            return self._host_tier_copies[key]
+    def prepare_host_copy(self, adapter_id: str, path: Path) -> LoraAdapter:
+        """Read, validate and pack an adapter's files into a host copy (pinned on CUDA); the host tier is
+        neither read nor filled. Raises AdapterLoadError when its files are invalid."""
         info = self.validate_adapter(path)
         host_copy = load_lora_adapter(
             adapter_id,
@@ -139,7 +136,15 @@ class AdapterTransfers:
             self.dtype,
             torch.device("cpu"),
         )
-        host_copy = pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
+        return pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
+
+    def _host_copy(self, adapter_id: str, path: Path) -> LoraAdapter:
+        """The adapter's packed host copy: from the host tier, else read, validated and packed from its files
+        (and kept in the tier when it fits its byte budget)."""
+        key = f"{adapter_id}\0{path}"
+        if self.host_tier.lookup(key):
+            return self._host_tier_copies[key]
+        host_copy = self.prepare_host_copy(adapter_id, path)
         victims = self.host_tier.add(key, host_copy.num_bytes)
         if victims is not None:
             for victim in victims:

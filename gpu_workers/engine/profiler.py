@@ -71,7 +71,7 @@ def run_profile(
     if twin:
         from gpu_workers.engine.twin_profiler import measure_twin
 
-        twin_profile = measure_twin(engine, settings, grid, adapter_dirs, samples.load, echo)
+        twin_profile = measure_twin(engine, settings, grid, adapter_dirs, echo)
     return ProfileRun({**model.to_dict(), "samples": _samples_json(samples)}, twin_profile)
 
 

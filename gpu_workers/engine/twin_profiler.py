@@ -7,8 +7,9 @@ the profiler's rank mixes (prefill step, then decode steps at growing context), 
 decoding while one new prompt prefills in the same step), and (batches of 2+) one adapter per request
 (copies of the smallest rank under distinct ids), so the fit can tell distinct adapters from rank. Each
 distinct shape keeps its best time. The step coefficients come from `scheduler.twin.fit.fit_step_cost`; the
-copy link from the timed adapter loads (device bytes vs seconds: on a CPU engine this is a host-memory load
-and pack, not a PCIe copy); memory from the engine's KV pool; the model shape from config.json.
+copy costs from each rank's adapter timed in two parts (preparing its host copy in the engine thread: read,
+validate, pack; then the copy to the device: a clone on a CPU engine, PCIe on CUDA); memory from the engine's
+KV pool; the model shape from config.json.
 """
 
 from __future__ import annotations
@@ -69,11 +70,10 @@ def measure_twin(
     settings: Settings,
     grid: ProfileGrid,
     adapter_dirs: dict[int, Path],
-    loads: list[tuple[int, float]],
     echo: Echo,
 ) -> TwinProfile:
-    """Time the twin grid on `engine` (adapters of `adapter_dirs` already loaded as "rank-<r>"; `loads`: the
-    profiler's (rank, ms) load timings) and fit the twin profile."""
+    """Time the twin grid on `engine` (adapters of `adapter_dirs` already loaded as "rank-<r>") and fit the
+    twin profile."""
     ranks = {f"rank-{r}": r for r in adapter_dirs}
     ranks.update(_load_copies(engine, grid, adapter_dirs))
     recorder = StepRecorder(engine, ranks)
@@ -93,7 +93,12 @@ def measure_twin(
         f"twin: {len(samples)} distinct steps timed; {fit.step.lora_form} LoRA form R^2 {fit.r2:.3f} "
         f"(other form {fit.other_r2:.3f})"
     )
-    copy_link = _fit_copy(engine, adapter_dirs, loads)
+    copy_link = _fit_copy(engine, adapter_dirs, grid.num_repeats)
+    echo(
+        f"adapter copies: prepare {copy_link['prepare_us'] / 1e3:.2f} ms + {copy_link['prepare_gbps']:.2f} GB/s "
+        f"in the engine thread, then {copy_link['per_copy_us'] / 1e3:.2f} ms + "
+        f"{copy_link['host_to_device_gbps']:.2f} GB/s over the link"
+    )
     return _profile(engine, settings, fit, copy_link, len(samples))
 
 
@@ -162,17 +167,42 @@ def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int)
     return request_id
 
 
-def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], loads: list[tuple[int, float]]) -> dict[str, float]:
-    """host_to_device_gbps and per_copy_us from (device bytes, seconds) of the timed loads."""
-    nbytes = {
-        r: engine.runner.adapter_device_bytes(engine.inspect_adapter(p)) for r, p in adapter_dirs.items()
+def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], num_repeats: int) -> dict[str, float]:
+    """The two parts of a cold adapter's copy, each timed per rank (best of `num_repeats`) and fitted as
+    fixed + bytes / bandwidth: preparing the host copy (read, validate, pack: in the engine thread, the step
+    loop waits) and the copy to the device (on the copier's thread)."""
+    transfers = engine.runner.transfers
+    prepare: list[tuple[int, float]] = []
+    link: list[tuple[int, float]] = []
+    for rank, path in adapter_dirs.items():
+        best_prepare = best_link = float("inf")
+        for i in range(max(1, num_repeats)):
+            started = time.perf_counter()
+            host_copy = transfers.prepare_host_copy(f"twin-copy-{rank}-{i}", path)
+            prepared = time.perf_counter()
+            transfers.copier.copy(host_copy)
+            best_prepare = min(best_prepare, prepared - started)
+            best_link = min(best_link, time.perf_counter() - prepared)
+        prepare.append((host_copy.num_bytes, best_prepare))
+        link.append((host_copy.num_bytes, best_link))
+    prepare_us, prepare_gbps = _fit_bandwidth(prepare)
+    per_copy_us, link_gbps = _fit_bandwidth(link)
+    return {
+        "host_to_device_gbps": link_gbps,
+        "per_copy_us": per_copy_us,
+        "prepare_gbps": prepare_gbps,
+        "prepare_us": prepare_us,
     }
-    x = np.array([[1.0, float(nbytes[r])] for r, _ in loads])
-    y = np.array([ms * 1e3 for _, ms in loads])
-    (per_copy_us, us_per_byte), _, _ = nonnegative_lstsq(x, y)
+
+
+def _fit_bandwidth(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed us, GB/s) of fixed + bytes / bandwidth fitted to (bytes, seconds) samples."""
+    x = np.array([[1.0, float(num_bytes)] for num_bytes, _ in samples])
+    y = np.array([seconds * 1e6 for _, seconds in samples])
+    (fixed_us, us_per_byte), _, _ = nonnegative_lstsq(x, y)
     if us_per_byte <= 0:  # one size, or noise: the average rate, no latency
-        per_copy_us, us_per_byte = 0.0, float(y.sum() / x[:, 1].sum())
-    return {"host_to_device_gbps": 1e-3 / us_per_byte, "per_copy_us": float(per_copy_us)}
+        fixed_us, us_per_byte = 0.0, float(y.sum() / x[:, 1].sum())
+    return float(fixed_us), 1e-3 / max(us_per_byte, 1e-12)
 
 
 def _profile(
@@ -207,7 +237,7 @@ def _profile(
                 "model": f"{base / 'config.json'}",
                 "step": fit_source,
                 "step.scheduler_us": f"{where}: median time of BatchScheduler.schedule() over the timed steps",
-                "copy": f"{where}: adapter loads (device bytes vs best-of-repeats seconds; a host-memory load and pack on CPU)",
+                "copy": f"{where}: per rank, best-of-repeats seconds to prepare an adapter's host copy (read, validate, pack) and to copy it to the device, each fitted as fixed + bytes / bandwidth",
                 "memory": f"{where}: the engine's KV pool (num_kv_blocks x KV bytes per block)",
             },
         }

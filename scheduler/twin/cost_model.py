@@ -16,7 +16,9 @@ With the profile's step coefficients (microseconds; scheduler/twin/profile.py `S
 
 P: prefill tokens, D: decode rows, A: distinct adapters whose delta runs on the device. Prefill is priced
 explicitly (tokens and quadratic attention), unlike the digital-twin paper's model, which charges only per
-sequence and so misses TTFT. A copy of `n` bytes takes per_copy + n / host_to_device bandwidth.
+sequence and so misses TTFT. A copy of `n` bytes takes per_copy + n / host_to_device bandwidth; preparing its
+host copy first (when the profile has `copy.prepare_gbps`) takes prepare + n / prepare bandwidth of the engine
+thread, so the step that starts the copy waits for it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class CostModel:
         self.step_cost = profile.step
         self._bytes_per_second = profile.copy_link.host_to_device_gbps * 1e9
         self._per_copy_s = profile.copy_link.per_copy_us * _US
+        prepare_gbps = profile.copy_link.prepare_gbps
+        self._prepare_bytes_per_second = None if prepare_gbps is None else prepare_gbps * 1e9
+        self._per_prepare_s = profile.copy_link.prepare_us * _US
 
     def step_seconds(self, shape: StepShape, max_host_seconds: float | None = None) -> float:
         """Simulated wall time of one step of `shape`; 0 when it computes nothing. `max_host_seconds`: when
@@ -90,6 +95,12 @@ class CostModel:
         if num_bytes <= 0:
             return 0.0
         return self._per_copy_s + num_bytes / self._bytes_per_second
+
+    def prepare_seconds(self, num_bytes: int) -> float:
+        """Host work in the engine thread before a copy of `num_bytes` (0 when the profile has none)."""
+        if self._prepare_bytes_per_second is None or num_bytes <= 0:
+            return 0.0
+        return self._per_prepare_s + num_bytes / self._prepare_bytes_per_second
 
     def adapter_copy_seconds(self, rank: int) -> float:
         """Copy of a rank-`rank` adapter on every projection of the profile's model."""

@@ -1,7 +1,9 @@
 """`SimulatedExecutor`: the digital twin's `Executor` (scheduler/core/executor.py). It runs no model: a step
 takes the time the cost model gives its `StepShape` (the simulated clock moves by that much) and samples a
 fixed token; adapter copies go one after another over one link (as the engine's copier thread does) and
-land when the clock reaches their end. The engine core above it is the engine's own (scheduler/core/)."""
+land when the clock reaches their end. Before a copy, the adapter's host copy is prepared in the engine
+thread (the clock moves by the cost model's prepare time) unless the host tier (scheduler/core/host_tier.py,
+the engine's own) still holds it. The engine core above it is the engine's own (scheduler/core/)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.core.executor import CopyResult
+from scheduler.core.host_tier import HostTier
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.sequence import BatchEntry
 from scheduler.twin.cost_model import CostModel
@@ -37,18 +40,21 @@ class SimulatedExecutor:
         clock: SimClock,
         ranks: Mapping[str, int],
         adapter_bytes: Mapping[str, int],
+        host_tier: HostTier | None = None,
     ) -> None:
         self._geometry = geometry
         self.cost_model = cost_model
         self.clock = clock
         self.ranks = ranks
         self.adapter_bytes = adapter_bytes
+        self.host_tier = host_tier if host_tier is not None else HostTier(0)
         self._copies: dict[str, _Copy] = {}
         self._link_free_at = 0.0
         self.num_steps = 0
         self.busy_seconds = 0.0
         self.num_copies = 0
         self.copy_seconds = 0.0
+        self.prepare_seconds = 0.0
 
     @property
     def geometry(self) -> MemoryGeometry:
@@ -69,9 +75,17 @@ class SimulatedExecutor:
         return [SAMPLED_TOKEN for e in entries if e.is_sampling]
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
-        """Queue the copy on the link: it starts when the link is free and takes the cost model's time."""
+        """Prepare the host copy in the engine thread (unless the host tier has it), then queue the copy on
+        the link: it starts when the link is free and takes the cost model's time."""
+        num_bytes = self.adapter_bytes[adapter_id]
+        if not self.host_tier.lookup(adapter_id):
+            seconds = self.cost_model.prepare_seconds(num_bytes)
+            self.clock.advance(seconds)
+            self.busy_seconds += seconds
+            self.prepare_seconds += seconds
+            self.host_tier.add(adapter_id, num_bytes)
         started = max(self.clock(), self._link_free_at)
-        done = started + self.cost_model.copy_seconds(self.adapter_bytes[adapter_id])
+        done = started + self.cost_model.copy_seconds(num_bytes)
         self._copies[adapter_id] = _Copy(started, done)
         self._link_free_at = done
 
@@ -111,6 +125,7 @@ class SimulatedExecutor:
         return {
             "num_adapter_copies": self.num_copies,
             "adapter_copy_seconds_total": self.copy_seconds,
+            "adapter_prepare_seconds_total": self.prepare_seconds,
             "busy_seconds": self.busy_seconds,
             "device": "twin",
         }

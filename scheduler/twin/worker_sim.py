@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from scheduler.core.engine_core import EngineCore
+from scheduler.core.host_tier import HostTier
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import Sequence as CoreSequence
@@ -43,7 +44,14 @@ class SimulatedWorker:
         self.clock = clock if clock is not None else SimClock()
         self.ranks: dict[str, int] = {}
         self.adapter_bytes: dict[str, int] = {}
-        self.executor = SimulatedExecutor(geometry, cost_model, self.clock, self.ranks, self.adapter_bytes)
+        self.executor = SimulatedExecutor(
+            geometry,
+            cost_model,
+            self.clock,
+            self.ranks,
+            self.adapter_bytes,
+            HostTier(engine.host_adapter_cache_bytes),  # the engine's host tier, same budget
+        )
         self.core = EngineCore(
             self.executor,
             engine.admission_policy(),

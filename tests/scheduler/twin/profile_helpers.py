@@ -46,9 +46,10 @@ def tiny_profile(**step: Any) -> TwinProfile:
     return profile_from_dict(tiny_profile_dict(**step))
 
 
-def round_cost_model(**step: Any) -> CostModel:
+def round_cost_model(*, prepare_gbps: float | None = None, **step: Any) -> CostModel:
     """The timeline tests' profile of round numbers: a step costs 1 ms fixed + 0.1 ms per prefill token + 0.5 ms
-    per decode row and nothing else (`step` overrides), a copy 0.5 s per MB (a 2 MB/s link, no latency)."""
+    per decode row and nothing else (`step` overrides), a copy 0.5 s per MB (a 2 MB/s link, no latency);
+    `prepare_gbps`: the host copy's preparation in the engine thread (None: none)."""
     data = tiny_profile_dict(
         **{
             "fixed_us": 1000.0,
@@ -62,5 +63,5 @@ def round_cost_model(**step: Any) -> CostModel:
             **step,
         }
     )
-    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0}
+    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0, "prepare_gbps": prepare_gbps}
     return CostModel(profile_from_dict(data))

@@ -51,6 +51,7 @@ def _write(tmp_path: Path, data: object, name: str = "bad.json") -> Path:
         ),
         (lambda d: d["step"].update(lora_form="min"), r"step\.lora_form: Input should be 'sum' or 'max'"),
         (lambda d: d["copy"].update(host_to_device_gbps=0), r"copy\.host_to_device_gbps"),
+        (lambda d: d["copy"].update(prepare_gbps=-1), r"copy\.prepare_gbps: Input should be greater"),
         (lambda d: d["memory"].update(device_byte=5), r"memory\.device_byte: Extra inputs are not permitted"),
         (lambda d: d.update(version=7), r"version 7 is not supported"),
         (lambda d: d["sources"].update({"step.fixd_us": "x"}), r"unknown constants \['step\.fixd_us'\]"),

@@ -19,13 +19,17 @@ SHAPE = ModelShape(2, 64, 4, 2, 16, 176, 512, 4096)
 MB = 1_000_000
 
 
-def _worker(adapters: list[AdapterSpec] = (), **engine: Any) -> SimulatedWorker:  # type: ignore[assignment]
+def _worker(
+    adapters: list[AdapterSpec] = (),  # type: ignore[assignment]
+    prepare_gbps: float | None = None,
+    **engine: Any,
+) -> SimulatedWorker:
     settings = EngineSettings(**({"cpu_prefill_workers": 0, "enable_prefix_caching": False} | engine))
     geometry = MemoryGeometry.plan(
         SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
         adapter_cache_bytes=4 * MB, max_lora_rank=64,
     )  # fmt: skip
-    return SimulatedWorker(settings, geometry, round_cost_model(), adapters)
+    return SimulatedWorker(settings, geometry, round_cost_model(prepare_gbps=prepare_gbps), adapters)
 
 
 def test_one_request_prefills_then_decodes_at_the_profiles_step_times() -> None:
@@ -57,6 +61,35 @@ def test_a_cold_adapter_waits_for_its_copy_while_a_base_request_runs_meanwhile()
     assert worker.executor.num_copies == 1 and worker.core.stats()["num_adapter_copies"] == 1
     again = worker.run([TraceRequest("warm", 1.0, 10, 1, adapter_id="a")])[0]
     assert again.ttft_s == pytest.approx(0.002)  # still on the device: no copy
+
+
+def test_preparing_a_cold_adapters_host_copy_holds_up_the_running_decodes() -> None:
+    """As in the native engine, the host copy (read, validate, pack) is made in the engine thread before the
+    copy starts: 1 MB at 0.01 GB/s = 0.1 s during which no step runs."""
+    adapter = AdapterSpec("a", rank=8, num_bytes=MB)
+    base = TraceRequest("base", 0.0, num_prompt_tokens=10, num_output_tokens=3)
+    cold = TraceRequest("cold", 0.001, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")
+    worker = _worker([adapter], prepare_gbps=0.01)
+    rec_base, rec_cold = worker.run([base, cold])
+    # base: prefill [0, 2 ms); at 2 ms the step that starts a's copy first prepares it (0.1 s), then decodes
+    # base (1.5 ms); the copy (0.5 s) starts at 102 ms and lands at 602 ms, then cold prefills (2 ms)
+    assert rec_base.token_times == pytest.approx([0.002, 0.1035, 0.105])
+    assert rec_cold.token_times == pytest.approx([0.604])
+    assert worker.executor.prepare_seconds == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(("host_cache_bytes", "num_prepares"), [(4 * MB, 1), (0, 2)])
+def test_the_host_tier_spares_a_second_copy_its_preparation(host_cache_bytes: int, num_prepares: int) -> None:
+    worker = _worker(
+        [AdapterSpec("a", rank=8, num_bytes=MB)], prepare_gbps=0.01, host_adapter_cache_bytes=host_cache_bytes
+    )
+    executor = worker.executor
+    for _ in range(2):
+        executor.start_adapter_copy("a", None, [])
+        executor.wait_for_copy(10.0)
+        executor.take_finished_copies()
+    assert executor.prepare_seconds == pytest.approx(0.1 * num_prepares)
+    assert worker.clock() == pytest.approx(0.1 * num_prepares + 2 * 0.5)
 
 
 def test_the_batch_limit_makes_a_request_wait_its_turn_in_the_policys_order() -> None:
