@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The native engine on a CUDA machine (a lent GPU, see the device tool): the engine tests on CUDA, lorahost vs
 # transformers + peft throughput on the same GPU in the same run, the twin profile of this engine on that GPU,
-# and the twin's fidelity against it. Every log and JSON goes to $OUT (default /tmp/gpu-check).
+# and the twin's fidelity against it. Logs and JSON go to $GPU_CHECK_WORK/out; at the end $OUT (default
+# /tmp/gpu-check) gets the main results and one archive of everything (the device tool returns 8 files at most).
 #
 #   bash benchmarks/gpu_check.sh [STEPS]     STEPS: comma list of tests,throughput,profile,fidelity (all)
 #
@@ -13,13 +14,22 @@
 # .gpu/azure_llm_2023_conv.csv: copy ../shared/data/azure_llm_2023_conv.csv there, since only the checkout
 # travels). Each step has its own time limit (seconds: TESTS_S, THROUGHPUT_S, PROFILE_S, FIDELITY_S).
 set -u
-OUT=${OUT:-/tmp/gpu-check}
+FINAL_OUT=${OUT:-/tmp/gpu-check}
 STEPS=${1:-tests,throughput,profile,fidelity}
 PY=${PYTHON:-python3}
 WORK=${GPU_CHECK_WORK:-/tmp/gpu-check-work}
 MODEL=$WORK/small16
+OUT=$WORK/out
 TRACE=${GPU_CHECK_TRACE:-.gpu/azure_llm_2023_conv.csv}
-mkdir -p "$OUT" "$WORK"
+mkdir -p "$OUT" "$WORK" "$FINAL_OUT"
+
+collect() {
+  for f in device.txt engine_tests.log engine_throughput.jsonl twin-profile.json twin_fidelity.json fidelity.log; do
+    [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL_OUT/"
+  done
+  tar czf "$FINAL_OUT/gpu-check-all.tgz" -C "$WORK" out
+}
+trap collect EXIT
 
 if ! $PY -c "import pydantic_settings, fastapi, gguf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -80,7 +90,7 @@ if has throughput; then
   done
 fi
 
-PROFILE=$OUT/twin-profile.json
+PROFILE=${GPU_CHECK_PROFILE:-$OUT/twin-profile.json}  # a profile measured earlier, for the fidelity step alone
 if has profile; then
   step profile
   LORAHOST_ENGINE_MAX_NUM_BATCHED_TOKENS=16384 timeout "${PROFILE_S:-120}" $PY -m lorahost.cli profile \
