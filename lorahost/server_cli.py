@@ -140,6 +140,10 @@ def worker(
     ] = None,
     base_model: Annotated[Path | None, typer.Option(help="Base model directory (HF format)")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="State dir (default host cache, local blobs)")] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="The engine behind the worker: native or vllm (LORAHOST_ENGINE_BACKEND)"),
+    ] = None,
 ) -> None:
     """Run one inference worker: loads the base model, registers in the worker directory (Redis when
     LORAHOST_REDIS_URL is set), heartbeats, and drains on SIGTERM/SIGINT. Needs LORAHOST_INTERNAL_TOKEN."""
@@ -155,8 +159,12 @@ def worker(
         "worker_id": worker_id,
         "base_model_path": base_model,
         "data_dir": data_dir,
+        "engine_backend": engine,
     }
-    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     if not settings.internal_token:
         raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the shared secret API servers send)")
     if settings.base_model_path is None:

@@ -26,6 +26,7 @@ from settings.section import env_name, section_config
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
+ENGINE_BACKENDS = ("native", "vllm")  # gpu_workers/worker/builder.py BACKENDS has one factory for each
 MEMORY_MODES = ("unified", "static")
 # Forced kernel choices (gpu_workers/engine/kernel_plan.py): setting -> its forms (= the ops' forms in gpu_workers/engine/layers/)
 KERNEL_FORMS = {
@@ -40,6 +41,11 @@ class EngineSettings(BaseModel):
 
     model_config = section_config("engine_")
 
+    backend: str | None = Field(
+        default=None,
+        description="The engine behind the worker: native or vllm (`lorahost worker --engine`); default: "
+        "worker_backend, itself native",
+    )
     dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
     device: str = Field(default="auto", description="cpu, cuda or auto")
     kv_cache_bytes: int = Field(
@@ -48,6 +54,14 @@ class EngineSettings(BaseModel):
     num_kv_blocks: int | None = Field(default=None, description="KV blocks; overrides the byte budget")
     max_num_seqs: int = Field(default=64, description="Max requests running in one batch")
     max_num_batched_tokens: int = Field(default=4096, description="Per-step token budget")
+    max_loras: int = Field(
+        default=8,
+        description="vLLM backend: distinct adapters in one batch (vLLM's max_loras; the worker holds requests "
+        "beyond it in the batch policy's order)",
+    )
+    max_cpu_loras: int = Field(
+        default=32, description="vLLM backend: adapters vLLM keeps in its host cache (vLLM's max_cpu_loras)"
+    )
     max_running_tokens: int | None = Field(
         default=None,
         description="Bound on the running batch: a request is admitted only while the running sequences' "
@@ -174,6 +188,11 @@ class EngineSettings(BaseModel):
     def _check_dtype(cls, value: str, info: ValidationInfo) -> str:
         return cls._choice(value, (*DTYPE_NAMES, "auto"), info)
 
+    @field_validator("backend")
+    @classmethod
+    def _check_backend(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else cls._choice(value, ENGINE_BACKENDS, info)
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str, info: ValidationInfo) -> str:
@@ -202,6 +221,8 @@ class EngineSettings(BaseModel):
     @field_validator(
         "kv_cache_bytes",
         "max_num_seqs",
+        "max_loras",
+        "max_cpu_loras",
         "max_num_batched_tokens",
         "max_running_tokens",
         "num_kv_blocks",

@@ -38,15 +38,28 @@ def _native_backend(settings: Settings) -> InferenceBackend:
     return AsyncLLMEngine.from_config(engine_config_from_settings(settings))
 
 
-BACKENDS: Mapping[str, BackendFactory] = MappingProxyType({"native": _native_backend})
+def _vllm_backend(settings: Settings) -> InferenceBackend:
+    """vLLM's AsyncLLM behind the platform's admission (vllm_backend.py); vllm is imported only here."""
+    from gpu_workers.worker.vllm_backend import build_vllm_backend
+
+    return build_vllm_backend(settings)
+
+
+BACKENDS: Mapping[str, BackendFactory] = MappingProxyType({"native": _native_backend, "vllm": _vllm_backend})
+
+
+def backend_name(settings: Settings) -> str:
+    """The engine behind the worker: engine_backend when set, else worker_backend (its older name)."""
+    return settings.engine.backend or settings.worker.backend
 
 
 def backend_factory(settings: Settings) -> BackendFactory:
-    """The factory named by settings.worker.backend; ValueError naming the choices when it is unknown."""
-    factory = BACKENDS.get(settings.worker.backend)
+    """The factory named by backend_name(settings); ValueError naming the choices when it is unknown."""
+    name = backend_name(settings)
+    factory = BACKENDS.get(name)
     if factory is None:
         raise ValueError(
-            f"unknown worker backend {settings.worker.backend!r}: set LORAHOST_WORKER_BACKEND to one of "
+            f"unknown worker backend {name!r}: set LORAHOST_WORKER_BACKEND to one of "
             f"{', '.join(sorted(BACKENDS))}"
         )
     return factory

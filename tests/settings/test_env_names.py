@@ -23,6 +23,9 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_MAX_RUNNING_TOKENS",
     "LORAHOST_PLACEMENT_PLANNER_PROFILE",
     "LORAHOST_PLACEMENT_PLANNER_CACHE_DIR",
+    "LORAHOST_ENGINE_BACKEND",
+    "LORAHOST_ENGINE_MAX_LORAS",
+    "LORAHOST_ENGINE_MAX_CPU_LORAS",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
@@ -30,6 +33,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "placement_policy": ("random", "random"),
     "length_predictor": ("max_tokens", "max_tokens"),
     "engine_batch_policy": ("sjf", "sjf"),
+    "engine_backend": ("vllm", "vllm"),
     "adapter_eviction_policy": ("chameleon", "chameleon"),
     "engine_memory_mode": ("static", "static"),
     "engine_dtype": ("float32", "float32"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -206,3 +207,22 @@ def test_the_cpu_fast_path_settings_reach_the_engine_config(
     monkeypatch.setenv("LORAHOST_ENGINE_DECODE_ATTENTION", "flash")
     with pytest.raises(ValueError, match="engine_decode_attention"):
         Settings(base_model_path=tmp_path)
+
+
+def test_engine_backend_names_the_engine_and_wins_over_the_older_worker_backend() -> None:
+    from gpu_workers.worker.builder import backend_factory, backend_name
+
+    assert backend_name(Settings()) == "native"
+    assert backend_name(Settings(worker_backend="native", engine_backend="vllm")) == "vllm"
+    assert backend_factory(Settings(engine_backend="vllm")) is BACKENDS["vllm"]
+    with pytest.raises(
+        ValueError, match=r"backend must be one of \['native', 'vllm'\].*LORAHOST_ENGINE_BACKEND"
+    ):
+        Settings(engine_backend="tgi")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_the_vllm_backend_without_vllm_says_what_to_install(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, engine_backend="vllm")
+    with pytest.raises(RuntimeError, match=r"needs the vllm package.*setup_vllm_venv\.sh"):
+        BACKENDS["vllm"](settings)

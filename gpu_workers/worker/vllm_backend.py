@@ -1,0 +1,435 @@
+"""`VllmBackend`: vLLM's async engine (`AsyncLLM`) behind the worker's `InferenceBackend` (issue 23).
+
+The platform's admission runs in front of vLLM: a request waits here until `scheduler/external_release.py`
+releases it (the configured batch policy decides the order; vLLM's `max_num_seqs` and `max_loras` bound what is
+in flight), so a request is never refused because vLLM's LoRA slots are full. Adapters go to vLLM as
+`LoRARequest(adapter_id, int_id, path)`: the path is the worker's verified local copy, and the integer id is
+unique per worker and never reused for other files (`LoraIds`). vLLM is reached through `VllmClient`, the part
+of `AsyncLLM` this module uses, so tests drive it with a fake; `build_vllm_client` imports vLLM lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError
+from gpu_workers.engine.outputs import RequestOutput
+from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
+from scheduler.core.sampling import SamplingParams
+from scheduler.external_release import ReleaseLimits, release_now
+
+if TYPE_CHECKING:
+    from settings import Settings
+
+_UNBOUNDED = 1 << 40  # vLLM owns its memory: the policy sees no token or block bound
+
+
+class VllmClient(Protocol):
+    """What this backend calls on vLLM's `AsyncLLM` (vllm/v1/engine/async_llm.py)."""
+
+    def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *, lora_request: Any = None
+    ) -> AsyncIterator[Any]:
+        """Outputs of one request (cumulative token ids in `outputs[0].token_ids`)."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request."""
+        ...
+
+    async def add_lora(self, lora_request: Any) -> bool:
+        """Load an adapter into vLLM's adapter cache."""
+        ...
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        """Drop an adapter."""
+        ...
+
+    async def pin_lora(self, lora_id: int) -> bool:
+        """Keep an adapter from vLLM's eviction."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine process."""
+        ...
+
+
+class LoraIds:
+    """vLLM's integer adapter ids: one per adapter files (by resolved path, which in the worker's
+    content-addressed cache names the content), from 1 up, never reused."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def id_for(self, path: Path) -> int:
+        """The id of the files at `path` (a new one for files never seen)."""
+        key = str(Path(path).resolve())
+        if key not in self._ids:
+            self._ids[key] = len(self._ids) + 1
+        return self._ids[key]
+
+
+@dataclass
+class _Adapter:
+    path: Path
+    rank: int
+    lora_id: int
+    is_on_engine: bool = False
+    last_used: float = 0.0
+
+
+@dataclass
+class _Pending:
+    request: WaitingRequest
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    is_aborted: bool = False
+
+
+@dataclass(frozen=True)
+class VllmLimits:
+    """vLLM's own settings this backend mirrors (they are passed to vLLM as well)."""
+
+    max_num_seqs: int
+    max_loras: int
+    max_lora_rank: int
+    max_model_len: int
+
+
+class VllmBackend:
+    """InferenceBackend over vLLM (module doc). Single event loop: every method runs on the worker's loop."""
+
+    def __init__(
+        self,
+        client: VllmClient,
+        limits: VllmLimits,
+        policy: BatchPolicy,
+        make_lora_request: Callable[[str, int, str], Any],
+        make_sampling_params: Callable[[SamplingParams], Any],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.limits = limits
+        self.policy = policy
+        self._make_lora_request = make_lora_request
+        self._make_sampling_params = make_sampling_params
+        self._clock = clock
+        self._ids = LoraIds()
+        self._adapters: dict[str, _Adapter] = {}
+        self._pinned: set[str] = set()
+        self._waiting: dict[str, _Pending] = {}
+        self._in_flight: Counter[str | None] = Counter()
+        self._release_limits = ReleaseLimits(limits.max_num_seqs, limits.max_loras)
+        self.num_finished = 0
+
+    # ---- requests -----------------------------------------------------------------------------------
+
+    async def generate_stream(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        adapter_id: str | None = None,
+        *,
+        adapter_path: Path | None = None,
+        predicted_output_tokens: int | None = None,
+        tenant_id: str | None = None,
+        tenant_weight: float = 1.0,
+        cache_namespace: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Wait for release, then stream vLLM's tokens as deltas; cancelling aborts the request."""
+        if adapter_id is not None and adapter_id not in self._adapters:
+            if adapter_path is None:
+                raise AdapterNotLoadedError(adapter_id)
+            await self.register_adapter(adapter_id, adapter_path)
+        arrival = self._clock()
+        adapter = self._adapters.get(adapter_id) if adapter_id is not None else None
+        num_prompt_tokens = len(prompt) if isinstance(prompt, list) else 0
+        waiting = WaitingRequest(
+            request_id,
+            arrival,
+            num_prompt_tokens,
+            sampling_params.max_tokens,
+            adapter_id=adapter_id,
+            adapter_rank=adapter.rank if adapter is not None else 0,
+            predicted_output_tokens=predicted_output_tokens,
+            adapter_residency=self.adapter_residency(adapter_id) if adapter_id is not None else "none",
+            tenant_id=tenant_id,
+            tenant_weight=tenant_weight,
+        )
+        pending = _Pending(waiting)
+        self._waiting[request_id] = pending
+        try:
+            self._release()
+            await pending.released.wait()
+            if pending.is_aborted:
+                yield self._final(waiting, [], "abort", None)
+                return
+            async for output in self._run(waiting, prompt, sampling_params, adapter):
+                yield output
+        finally:
+            self._waiting.pop(request_id, None)
+            if pending.released.is_set() and not pending.is_aborted:  # counted in flight by _release
+                self._in_flight[adapter_id] -= 1
+                self.num_finished += 1
+            self.policy.on_finished(request_id, self._clock())
+            self._release()
+
+    async def _run(
+        self,
+        waiting: WaitingRequest,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        adapter: _Adapter | None,
+    ) -> AsyncIterator[RequestOutput]:
+        lora_request = None
+        if adapter is not None:
+            adapter.is_on_engine, adapter.last_used = True, self._clock()
+            lora_request = self._make_lora_request(
+                waiting.adapter_id or "", adapter.lora_id, str(adapter.path)
+            )
+        engine_prompt = {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
+        params = self._make_sampling_params(sampling_params)
+        first_token_time = None
+        num_sent = 0
+        is_done = False
+        try:
+            async for out in self.client.generate(
+                engine_prompt, params, waiting.request_id, lora_request=lora_request
+            ):
+                completion = out.outputs[0]
+                token_ids = list(completion.token_ids)
+                new = token_ids[num_sent:]
+                num_sent = len(token_ids)
+                if new and first_token_time is None:
+                    first_token_time = self._clock()
+                is_done = bool(out.finished)
+                reason = completion.finish_reason if is_done else None
+                yield RequestOutput(
+                    request_id=waiting.request_id,
+                    new_token_ids=new,
+                    new_text=getattr(completion, "text", "") if is_done else "",
+                    is_finished=is_done,
+                    finish_reason=reason,
+                    num_prompt_tokens=len(out.prompt_token_ids or ()),
+                    num_output_tokens=num_sent,
+                    arrival_time=waiting.arrival_time,
+                    first_token_time=first_token_time,
+                    finish_time=self._clock() if is_done else None,
+                    adapter_id=waiting.adapter_id,
+                )
+        finally:
+            if not is_done:
+                await self.client.abort(waiting.request_id)
+
+    def _final(
+        self, waiting: WaitingRequest, token_ids: list[int], reason: str, first_token_time: float | None
+    ) -> RequestOutput:
+        return RequestOutput(
+            request_id=waiting.request_id,
+            new_token_ids=token_ids,
+            new_text="",
+            is_finished=True,
+            finish_reason=reason,
+            num_prompt_tokens=waiting.num_prompt_tokens,
+            num_output_tokens=len(token_ids),
+            arrival_time=waiting.arrival_time,
+            first_token_time=first_token_time,
+            finish_time=self._clock(),
+            adapter_id=waiting.adapter_id,
+        )
+
+    def _release(self) -> None:
+        """Hand vLLM what the policy puts first and its limits leave room for."""
+        queued = [p.request for p in self._waiting.values() if not p.released.is_set()]
+        if not queued:
+            return
+        num_in_flight = sum(self._in_flight.values())
+        budget = BatchBudget(
+            num_free_seqs=max(0, self.limits.max_num_seqs - num_in_flight),
+            num_free_tokens=_UNBOUNDED,
+            num_free_blocks=_UNBOUNDED,
+            block_size=16,
+            now=self._clock(),
+            max_num_seqs=self.limits.max_num_seqs,
+        )
+        plan = self.policy.plan(queued, budget)
+        by_id = {r.request_id: r for r in queued}
+        for request_id in release_now(plan, by_id, self._in_flight, self._release_limits):
+            pending = self._waiting[request_id]
+            self._in_flight[pending.request.adapter_id] += 1
+            self.policy.on_admitted(request_id, self._clock())
+            pending.released.set()
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request: a waiting one ends with finish_reason "abort" without reaching vLLM."""
+        pending = self._waiting.get(request_id)
+        if pending is not None and not pending.released.is_set():
+            pending.is_aborted = True
+            pending.released.set()
+            return
+        await self.client.abort(request_id)
+
+    # ---- adapters -----------------------------------------------------------------------------------
+
+    async def register_adapter(self, adapter_id: str, path: Path) -> None:
+        """Know an adapter's verified local files (a rank above vLLM's max_lora_rank is refused here)."""
+        rank = _adapter_rank(Path(path))
+        if rank > self.limits.max_lora_rank:
+            raise AdapterLoadError(
+                f"adapter {adapter_id!r} has rank {rank}, above this worker's max_lora_rank "
+                f"{self.limits.max_lora_rank}"
+            )
+        previous = self._adapters.get(adapter_id)
+        lora_id = self._ids.id_for(Path(path))
+        if previous is not None and previous.lora_id != lora_id and previous.is_on_engine:
+            await self.client.remove_lora(previous.lora_id)  # other files under the same name
+        self._adapters[adapter_id] = _Adapter(Path(path), rank, lora_id)
+
+    async def load_adapter(self, adapter_id: str, path: Path) -> None:
+        """Register the adapter and load it into vLLM now (a prefetch)."""
+        await self.register_adapter(adapter_id, path)
+        adapter = self._adapters[adapter_id]
+        await self.client.add_lora(self._make_lora_request(adapter_id, adapter.lora_id, str(adapter.path)))
+        adapter.is_on_engine, adapter.last_used = True, self._clock()
+        if adapter_id in self._pinned:
+            await self.client.pin_lora(adapter.lora_id)
+
+    def pin_adapter(self, adapter_id: str) -> None:
+        """Lease an adapter: pinned in vLLM once it is there."""
+        self._pinned.add(adapter_id)
+        adapter = self._adapters.get(adapter_id)
+        if adapter is not None and adapter.is_on_engine:
+            asyncio.get_running_loop().create_task(self.client.pin_lora(adapter.lora_id))
+
+    def unpin_adapter(self, adapter_id: str) -> None:
+        """End a lease (vLLM has no unpin: the pin ends when the adapter is removed)."""
+        self._pinned.discard(adapter_id)
+
+    def adapter_residency(self, adapter_id: str) -> str:
+        """ "device" once vLLM has it, "host" when only registered, else "none"."""
+        adapter = self._adapters.get(adapter_id)
+        if adapter is None:
+            return "none"
+        return "device" if adapter.is_on_engine else "host"
+
+    def device_adapters(self) -> list[str]:
+        """Adapters vLLM has, least recently used first."""
+        on_engine = [(a.last_used, name) for name, a in self._adapters.items() if a.is_on_engine]
+        return [name for _, name in sorted(on_engine)]
+
+    async def unload_adapter(self, adapter_id: str) -> None:
+        """Drop an adapter (AdapterInUseError while requests use or wait for it)."""
+        adapter = self._adapters.get(adapter_id)
+        if adapter is None:
+            raise AdapterNotLoadedError(adapter_id)
+        is_waited_for = any(p.request.adapter_id == adapter_id for p in self._waiting.values())
+        if self._in_flight[adapter_id] > 0 or is_waited_for:
+            raise AdapterInUseError(f"adapter {adapter_id!r} is in use by running or waiting requests")
+        if adapter.is_on_engine:
+            await self.client.remove_lora(adapter.lora_id)
+        del self._adapters[adapter_id]
+        self._pinned.discard(adapter_id)
+
+    def loaded_adapters(self) -> list[str]:
+        """Ids of the registered adapters."""
+        return list(self._adapters)
+
+    # ---- introspection ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The native engine's routing keys that this backend knows (the worker fills in the rest)."""
+        device = self.device_adapters()
+        return {
+            "engine": "vllm",
+            "num_running": sum(self._in_flight.values()),
+            "num_waiting": sum(1 for p in self._waiting.values() if not p.released.is_set()),
+            "max_model_len": self.limits.max_model_len,
+            "max_lora_rank": self.limits.max_lora_rank,
+            "max_loras": self.limits.max_loras,
+            "device_adapters": tuple(device),
+            "num_device_adapters": len(device),
+            "num_host_adapters": len(self._adapters) - len(device),
+            "adapter_ranks": {name: a.rank for name, a in self._adapters.items()},
+            "num_finished": self.num_finished,
+        }
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine process."""
+        self.client.shutdown()
+
+
+def _adapter_rank(path: Path) -> int:
+    """The LoRA rank in a PEFT folder's adapter_config.json (AdapterLoadError when unreadable)."""
+    try:
+        config = json.loads((path / "adapter_config.json").read_text())
+        return int(config["r"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AdapterLoadError(f"{path}: adapter_config.json is missing or has no rank 'r'") from exc
+
+
+def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) -> Any:
+    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both)."""
+    return factory(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=max(params.top_k, 0),
+        seed=params.seed,
+        stop_token_ids=list(params.stop_token_ids),
+        stop=list(params.stop),
+        ignore_eos=params.ignore_eos,
+    )
+
+
+def build_vllm_backend(settings: Settings) -> VllmBackend:
+    """Start vLLM's AsyncLLM on the settings' base model (blocking: it loads the model in vLLM's engine
+    process) behind the platform's admission. RuntimeError saying what to install when vllm is missing."""
+    try:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.lora.request import LoRARequest
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError as exc:
+        raise RuntimeError(
+            "the vLLM backend needs the vllm package in the worker's Python: run "
+            "`bash benchmarks/setup_vllm_venv.sh`, install lorahost into that venv (pip install --no-deps -e .) "
+            "and start `lorahost worker --engine vllm` with its python"
+        ) from exc
+    engine = settings.engine
+    if settings.base_model_path is None:
+        raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
+    # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from kv_cache_memory_bytes
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, engine.kv_cache_bytes >> 30)))
+    args = AsyncEngineArgs(
+        model=str(settings.base_model_path),
+        dtype=engine.dtype,
+        max_num_seqs=engine.max_num_seqs,
+        max_model_len=engine.max_model_len,
+        kv_cache_memory_bytes=engine.kv_cache_bytes,
+        enable_lora=True,
+        max_loras=engine.max_loras,
+        max_lora_rank=settings.limits.max_rank,
+        max_cpu_loras=engine.max_cpu_loras,
+    )
+    client = AsyncLLM.from_engine_args(args)
+    limits = VllmLimits(
+        max_num_seqs=engine.max_num_seqs,
+        max_loras=engine.max_loras,
+        max_lora_rank=settings.limits.max_rank,
+        max_model_len=int(client.model_config.max_model_len),
+    )
+    return VllmBackend(
+        client,
+        limits,
+        engine.admission_policy(),
+        make_lora_request=lambda name, lora_id, path: LoRARequest(name, lora_id, path),
+        make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams),
+    )
