@@ -16,7 +16,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from settings import Settings
 
 _UNBOUNDED = 1 << 40  # vLLM owns its memory: the policy sees no token or block bound
+BASE_SLOT = "\0base"  # the LoRA slot base-model requests take when they run on the zero adapter
 
 
 class VllmClient(Protocol):
@@ -114,7 +115,10 @@ class VllmBackend:
         make_lora_request: Callable[[str, int, str], Any],
         make_sampling_params: Callable[[SamplingParams], Any],
         clock: Callable[[], float] = time.time,
+        base_adapter_path: Path | None = None,
     ) -> None:
+        """`base_adapter_path`: a zero adapter that base-model requests run on (they then take a LoRA slot
+        like any adapter; see `write_zero_adapter`); None: they run without one."""
         self.client = client
         self.limits = limits
         self.policy = policy
@@ -127,6 +131,8 @@ class VllmBackend:
         self._waiting: dict[str, _Pending] = {}
         self._in_flight: Counter[str | None] = Counter()
         self._release_limits = ReleaseLimits(limits.max_num_seqs, limits.max_loras)
+        self._base_lora_id = None if base_adapter_path is None else self._ids.id_for(base_adapter_path)
+        self._base_adapter_path = base_adapter_path
         self.num_finished = 0
 
     # ---- requests -----------------------------------------------------------------------------------
@@ -177,7 +183,7 @@ class VllmBackend:
         finally:
             self._waiting.pop(request_id, None)
             if pending.released.is_set() and not pending.is_aborted:  # counted in flight by _release
-                self._in_flight[adapter_id] -= 1
+                self._in_flight[self._slot(adapter_id)] -= 1
                 self.num_finished += 1
             self.policy.on_finished(request_id, self._clock())
             self._release()
@@ -195,10 +201,15 @@ class VllmBackend:
             lora_request = self._make_lora_request(
                 waiting.adapter_id or "", adapter.lora_id, str(adapter.path)
             )
+        elif self._base_lora_id is not None:
+            lora_request = self._make_lora_request(
+                BASE_SLOT, self._base_lora_id, str(self._base_adapter_path)
+            )
         engine_prompt = {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
         params = self._make_sampling_params(sampling_params)
         first_token_time = None
         num_sent = 0
+        text_sent = ""
         is_done = False
         try:
             async for out in self.client.generate(
@@ -208,6 +219,8 @@ class VllmBackend:
                 token_ids = list(completion.token_ids)
                 new = token_ids[num_sent:]
                 num_sent = len(token_ids)
+                text = completion.text or ""  # cumulative, detokenized by vLLM
+                new_text, text_sent = text[len(text_sent) :], text
                 if new and first_token_time is None:
                     first_token_time = self._clock()
                 is_done = bool(out.finished)
@@ -215,7 +228,7 @@ class VllmBackend:
                 yield RequestOutput(
                     request_id=waiting.request_id,
                     new_token_ids=new,
-                    new_text=getattr(completion, "text", "") if is_done else "",
+                    new_text=new_text,
                     is_finished=is_done,
                     finish_reason=reason,
                     num_prompt_tokens=len(out.prompt_token_ids or ()),
@@ -261,12 +274,19 @@ class VllmBackend:
             max_num_seqs=self.limits.max_num_seqs,
         )
         plan = self.policy.plan(queued, budget)
-        by_id = {r.request_id: r for r in queued}
+        by_id = {r.request_id: replace(r, adapter_id=self._slot(r.adapter_id)) for r in queued}
         for request_id in release_now(plan, by_id, self._in_flight, self._release_limits):
             pending = self._waiting[request_id]
-            self._in_flight[pending.request.adapter_id] += 1
+            self._in_flight[self._slot(pending.request.adapter_id)] += 1
             self.policy.on_admitted(request_id, self._clock())
             pending.released.set()
+
+    def _slot(self, adapter_id: str | None) -> str | None:
+        """The LoRA slot a request takes in vLLM: its adapter's, the zero adapter's for the base model when
+        there is one, else none."""
+        if adapter_id is None and self._base_lora_id is not None:
+            return BASE_SLOT
+        return adapter_id
 
     async def abort(self, request_id: str) -> None:
         """Stop a request: a waiting one ends with finish_reason "abort" without reaching vLLM."""
@@ -350,6 +370,7 @@ class VllmBackend:
         return {
             "engine": "vllm",
             "num_running": sum(self._in_flight.values()),
+            "is_base_on_zero_adapter": self._base_lora_id is not None,
             "num_waiting": sum(1 for p in self._waiting.values() if not p.released.is_set()),
             "max_model_len": self.limits.max_model_len,
             "max_lora_rank": self.limits.max_lora_rank,
@@ -389,6 +410,27 @@ def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) ->
     )
 
 
+def vllm_engine_args(settings: Settings) -> dict[str, Any]:
+    """vLLM's engine arguments for the settings (plain values; vllm is not imported).
+
+    `max_cpu_loras` is at least `max_loras` + 1 (vLLM requires max_cpu_loras >= max_loras; the zero adapter of
+    base-model requests is one more)."""
+    if settings.base_model_path is None:
+        raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
+    engine = settings.engine
+    return {
+        "model": str(settings.base_model_path),
+        "dtype": engine.dtype,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_model_len": engine.max_model_len,
+        "kv_cache_memory_bytes": engine.kv_cache_bytes,
+        "enable_lora": True,
+        "max_loras": engine.max_loras,
+        "max_lora_rank": settings.limits.max_rank,
+        "max_cpu_loras": max(engine.max_cpu_loras, engine.max_loras + 1),
+    }
+
+
 def build_vllm_backend(settings: Settings) -> VllmBackend:
     """Start vLLM's AsyncLLM on the settings' base model (blocking: it loads the model in vLLM's engine
     process) behind the platform's admission. RuntimeError saying what to install when vllm is missing."""
@@ -404,22 +446,10 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
             "and start `lorahost worker --engine vllm` with its python"
         ) from exc
     engine = settings.engine
-    if settings.base_model_path is None:
-        raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
     # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from kv_cache_memory_bytes
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, engine.kv_cache_bytes >> 30)))
-    args = AsyncEngineArgs(
-        model=str(settings.base_model_path),
-        dtype=engine.dtype,
-        max_num_seqs=engine.max_num_seqs,
-        max_model_len=engine.max_model_len,
-        kv_cache_memory_bytes=engine.kv_cache_bytes,
-        enable_lora=True,
-        max_loras=engine.max_loras,
-        max_lora_rank=settings.limits.max_rank,
-        max_cpu_loras=engine.max_cpu_loras,
-    )
-    client = AsyncLLM.from_engine_args(args)
+    client = AsyncLLM.from_engine_args(AsyncEngineArgs(**vllm_engine_args(settings)))
+    base_adapter = write_zero_adapter(Path(str(settings.base_model_path)), settings.resolved_host_cache_dir())
     limits = VllmLimits(
         max_num_seqs=engine.max_num_seqs,
         max_loras=engine.max_loras,
@@ -432,4 +462,40 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
         engine.admission_policy(),
         make_lora_request=lambda name, lora_id, path: LoRARequest(name, lora_id, path),
         make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams),
+        base_adapter_path=base_adapter,
     )
+
+
+def write_zero_adapter(base_model: Path, out_root: Path) -> Path:
+    """A rank-8 adapter of zeros on layer 0's q_proj for the model at `base_model` (written once, by shape).
+
+    Base-model requests run on it, so every row of a vLLM batch has a LoRA slot of its own: with vllm-cpu
+    0.32.0 a row without an adapter computed with the adapter in vLLM's LAST LoRA slot whenever one was there
+    (the demo model, max_loras 2 or 3: the base row's tokens were exactly that adapter's, and the base model's
+    once the last slot was empty): another tenant's adapter applied to a base-model request."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((base_model / "config.json").read_text())
+    hidden = int(config["hidden_size"])
+    num_heads = int(config["num_attention_heads"])
+    out_dim = int(config.get("head_dim") or hidden // num_heads) * num_heads
+    path = out_root / "vllm-zero-adapter" / f"h{hidden}-q{out_dim}"
+    if (path / "adapter_model.safetensors").is_file():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {
+        f"{prefix}.lora_A.weight": torch.zeros(8, hidden),
+        f"{prefix}.lora_B.weight": torch.zeros(out_dim, 8),
+    }
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA",
+        "r": 8,
+        "lora_alpha": 8,
+        "target_modules": ["q_proj"],
+        "bias": "none",
+    }
+    (path / "adapter_config.json").write_text(json.dumps(adapter_config))
+    return path

