@@ -40,7 +40,7 @@ def _native_backend(settings: Settings) -> InferenceBackend:
 
 def _vllm_backend(settings: Settings) -> InferenceBackend:
     """vLLM's AsyncLLM behind the platform's admission (vllm_backend.py); vllm is imported only here."""
-    from gpu_workers.worker.vllm_backend import build_vllm_backend
+    from gpu_workers.worker.vllm_engine import build_vllm_backend
 
     return build_vllm_backend(settings)
 

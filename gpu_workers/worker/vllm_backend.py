@@ -12,22 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError
 from gpu_workers.engine.outputs import RequestOutput
 from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.sampling import SamplingParams
 from scheduler.external_release import ReleaseLimits, release_now
-
-if TYPE_CHECKING:
-    from settings import Settings
 
 _UNBOUNDED = 1 << 40  # vLLM owns its memory: the policy sees no token or block bound
 BASE_SLOT = "\0base"  # the LoRA slot base-model requests take when they run on the zero adapter
@@ -394,108 +390,3 @@ def _adapter_rank(path: Path) -> int:
         return int(config["r"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AdapterLoadError(f"{path}: adapter_config.json is missing or has no rank 'r'") from exc
-
-
-def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) -> Any:
-    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both)."""
-    return factory(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=max(params.top_k, 0),
-        seed=params.seed,
-        stop_token_ids=list(params.stop_token_ids),
-        stop=list(params.stop),
-        ignore_eos=params.ignore_eos,
-    )
-
-
-def vllm_engine_args(settings: Settings) -> dict[str, Any]:
-    """vLLM's engine arguments for the settings (plain values; vllm is not imported).
-
-    `max_cpu_loras` is at least `max_loras` + 1 (vLLM requires max_cpu_loras >= max_loras; the zero adapter of
-    base-model requests is one more)."""
-    if settings.base_model_path is None:
-        raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
-    engine = settings.engine
-    return {
-        "model": str(settings.base_model_path),
-        "dtype": engine.dtype,
-        "max_num_seqs": engine.max_num_seqs,
-        "max_model_len": engine.max_model_len,
-        "kv_cache_memory_bytes": engine.kv_cache_bytes,
-        "enable_lora": True,
-        "max_loras": engine.max_loras,
-        "max_lora_rank": settings.limits.max_rank,
-        "max_cpu_loras": max(engine.max_cpu_loras, engine.max_loras + 1),
-    }
-
-
-def build_vllm_backend(settings: Settings) -> VllmBackend:
-    """Start vLLM's AsyncLLM on the settings' base model (blocking: it loads the model in vLLM's engine
-    process) behind the platform's admission. RuntimeError saying what to install when vllm is missing."""
-    try:
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.lora.request import LoRARequest
-        from vllm.v1.engine.async_llm import AsyncLLM
-    except ImportError as exc:
-        raise RuntimeError(
-            "the vLLM backend needs the vllm package in the worker's Python: run "
-            "`bash benchmarks/setup_vllm_venv.sh`, install lorahost into that venv (pip install --no-deps -e .) "
-            "and start `lorahost worker --engine vllm` with its python"
-        ) from exc
-    engine = settings.engine
-    # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from kv_cache_memory_bytes
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, engine.kv_cache_bytes >> 30)))
-    client = AsyncLLM.from_engine_args(AsyncEngineArgs(**vllm_engine_args(settings)))
-    base_adapter = write_zero_adapter(Path(str(settings.base_model_path)), settings.resolved_host_cache_dir())
-    limits = VllmLimits(
-        max_num_seqs=engine.max_num_seqs,
-        max_loras=engine.max_loras,
-        max_lora_rank=settings.limits.max_rank,
-        max_model_len=int(client.model_config.max_model_len),
-    )
-    return VllmBackend(
-        client,
-        limits,
-        engine.admission_policy(),
-        make_lora_request=lambda name, lora_id, path: LoRARequest(name, lora_id, path),
-        make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams),
-        base_adapter_path=base_adapter,
-    )
-
-
-def write_zero_adapter(base_model: Path, out_root: Path) -> Path:
-    """A rank-8 adapter of zeros on layer 0's q_proj for the model at `base_model` (written once, by shape).
-
-    Base-model requests run on it, so every row of a vLLM batch has a LoRA slot of its own: with vllm-cpu
-    0.32.0 a row without an adapter computed with the adapter in vLLM's LAST LoRA slot whenever one was there
-    (the demo model, max_loras 2 or 3: the base row's tokens were exactly that adapter's, and the base model's
-    once the last slot was empty): another tenant's adapter applied to a base-model request."""
-    import torch
-    from safetensors.torch import save_file
-
-    config = json.loads((base_model / "config.json").read_text())
-    hidden = int(config["hidden_size"])
-    num_heads = int(config["num_attention_heads"])
-    out_dim = int(config.get("head_dim") or hidden // num_heads) * num_heads
-    path = out_root / "vllm-zero-adapter" / f"h{hidden}-q{out_dim}"
-    if (path / "adapter_model.safetensors").is_file():
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
-    tensors = {
-        f"{prefix}.lora_A.weight": torch.zeros(8, hidden),
-        f"{prefix}.lora_B.weight": torch.zeros(out_dim, 8),
-    }
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    adapter_config = {
-        "peft_type": "LORA",
-        "r": 8,
-        "lora_alpha": 8,
-        "target_modules": ["q_proj"],
-        "bias": "none",
-    }
-    (path / "adapter_config.json").write_text(json.dumps(adapter_config))
-    return path

