@@ -11,7 +11,6 @@ of `AsyncLLM` this module uses, so tests drive it with a fake; `build_vllm_clien
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -110,16 +109,20 @@ class VllmBackend:
         policy: BatchPolicy,
         make_lora_request: Callable[[str, int, str], Any],
         make_sampling_params: Callable[[SamplingParams], Any],
+        validate_adapter: Callable[[Path], int],
         clock: Callable[[], float] = time.time,
         base_adapter_path: Path | None = None,
     ) -> None:
-        """`base_adapter_path`: a zero adapter that base-model requests run on (they then take a LoRA slot
-        like any adapter; see `write_zero_adapter`); None: they run without one."""
+        """`validate_adapter`: checks an adapter's files against the base model and returns its rank
+        (AdapterLoadError when they are invalid: the validator the native engine uses, see vllm_engine.py);
+        `base_adapter_path`: a zero adapter that base-model requests run on (they then take a LoRA slot like
+        any adapter; see `write_zero_adapter`); None: they run without one."""
         self.client = client
         self.limits = limits
         self.policy = policy
         self._make_lora_request = make_lora_request
         self._make_sampling_params = make_sampling_params
+        self._validate_adapter = validate_adapter
         self._clock = clock
         self._ids = LoraIds()
         self._adapters: dict[str, _Adapter] = {}
@@ -297,7 +300,7 @@ class VllmBackend:
 
     async def register_adapter(self, adapter_id: str, path: Path) -> None:
         """Know an adapter's verified local files (a rank above vLLM's max_lora_rank is refused here)."""
-        rank = _adapter_rank(Path(path))
+        rank = self._validate_adapter(Path(path))
         if rank > self.limits.max_lora_rank:
             raise AdapterLoadError(
                 f"adapter {adapter_id!r} has rank {rank}, above this worker's max_lora_rank "
@@ -381,12 +384,3 @@ class VllmBackend:
     def shutdown(self) -> None:
         """Stop vLLM's engine process."""
         self.client.shutdown()
-
-
-def _adapter_rank(path: Path) -> int:
-    """The LoRA rank in a PEFT folder's adapter_config.json (AdapterLoadError when unreadable)."""
-    try:
-        config = json.loads((path / "adapter_config.json").read_text())
-        return int(config["r"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise AdapterLoadError(f"{path}: adapter_config.json is missing or has no rank 'r'") from exc

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_workers.engine.adapter_loader import validate_adapter
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
+from registry.validation import BaseModelSpec, ValidationLimits
 from scheduler.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -77,12 +79,15 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
         max_lora_rank=settings.limits.max_rank,
         max_model_len=int(client.model_config.max_model_len),
     )
+    spec = BaseModelSpec.from_model_dir(Path(str(settings.base_model_path)))
+    validation_limits = ValidationLimits(max_rank=settings.limits.max_rank)
     return VllmBackend(
         client,
         limits,
         engine.admission_policy(),
         make_lora_request=lambda name, lora_id, path: LoRARequest(name, lora_id, path),
         make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams),
+        validate_adapter=lambda path: validate_adapter(path, spec, validation_limits).rank,
         base_adapter_path=base_adapter,
     )
 

@@ -102,6 +102,15 @@ def _adapter(tmp_path: Path, name: str, rank: int = 8) -> Path:
     return path
 
 
+def _rank_of(path: Path) -> int:
+    """The test adapters' validator: their rank (they hold a config only; the real one is the native
+    engine's, vllm_engine.py)."""
+    try:
+        return int(json.loads((path / "adapter_config.json").read_text())["r"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise AdapterLoadError(f"{path}: no adapter_config.json with a rank") from exc
+
+
 def _backend(fake: FakeVllm, max_num_seqs: int = 8, max_loras: int = 2) -> VllmBackend:
     return VllmBackend(
         fake,
@@ -111,6 +120,7 @@ def _backend(fake: FakeVllm, max_num_seqs: int = 8, max_loras: int = 2) -> VllmB
             lora_name=name, lora_int_id=lora_id, lora_path=path
         ),
         make_sampling_params=lambda p: SimpleNamespace(max_tokens=p.max_tokens),
+        validate_adapter=_rank_of,
     )
 
 
@@ -250,6 +260,7 @@ def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: P
                 lora_name=name, lora_int_id=lora_id, lora_path=path
             ),
             make_sampling_params=lambda p: SimpleNamespace(max_tokens=p.max_tokens),
+            validate_adapter=_rank_of,
             base_adapter_path=_adapter(tmp_path, "zero"),
         )
         for name in "ab":
