@@ -26,7 +26,7 @@ class WorkerCollector(Collector):
         self._list_workers = list_workers
 
     def collect(self):  # type: ignore[no-untyped-def]
-        """Yield queue depth, running requests, residency, host and device adapter cache counters, adapter load
+        """Yield each worker's base model and engine, queue depth and running requests (also per adapter), residency, host and device adapter cache counters, adapter load
         time and the page pool split per worker."""
         running = GaugeMetricFamily("lorahost_worker_running_requests", "Requests running", labels=["worker"])
         waiting = GaugeMetricFamily("lorahost_worker_queue_depth", "Requests waiting", labels=["worker"])
@@ -64,7 +64,27 @@ class WorkerCollector(Collector):
             "Device page pool pages by use (kv, adapter, free)",
             labels=["worker", "use"],
         )
+        info = GaugeMetricFamily(
+            "lorahost_worker_info",
+            "1 per live worker: its base model and engine",
+            labels=["worker", "base_model", "engine"],
+        )
+        adapter_running = GaugeMetricFamily(
+            "lorahost_worker_adapter_running_requests",
+            "Requests running per adapter",
+            labels=["worker", "adapter"],
+        )
+        adapter_waiting = GaugeMetricFamily(
+            "lorahost_worker_adapter_queue_depth",
+            "Requests waiting per adapter",
+            labels=["worker", "adapter"],
+        )
         for w in self._list_workers():
+            info.add_metric([w.worker_id, w.base_model, w.engine], 1)
+            for adapter, num in sorted(w.num_running_by_adapter.items()):
+                adapter_running.add_metric([w.worker_id, adapter], num)
+            for adapter, num in sorted(w.num_waiting_by_adapter.items()):
+                adapter_waiting.add_metric([w.worker_id, adapter], num)
             running.add_metric([w.worker_id], w.num_running)
             waiting.add_metric([w.worker_id], w.num_waiting)
             resident.add_metric([w.worker_id, "device"], len(w.device_adapters))
@@ -83,8 +103,11 @@ class WorkerCollector(Collector):
             pool_pages.add_metric([w.worker_id, "adapter"], w.num_adapter_pages)
             pool_pages.add_metric([w.worker_id, "free"], w.num_free_pool_pages)
         yield from (
+            info,
             running,
             waiting,
+            adapter_running,
+            adapter_waiting,
             resident,
             hits,
             misses,

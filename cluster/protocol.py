@@ -194,6 +194,8 @@ class WorkerStats(SchedulerStats):
     num_cache_misses: int = 0  # requests whose adapter was not (it is copied before their first step)
     num_adapter_unloads: int = 0
     num_load_failures: int = 0  # fetch, verification, registration and copy failures
+    engine: str = "native"  # the engine behind the worker (settings engine_backend: native or vllm)
+    max_lora_rank: int = 0  # the largest adapter rank its engine serves (0: not published, no limit known)
     # the engine's measurements (gpu_workers/engine/engine_stats.py)
     decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
     prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens

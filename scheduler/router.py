@@ -43,6 +43,7 @@ class WorkerView:
     decode_step_ms: float | None = None  # median of recent decode-only steps (None: none yet)
     prefill_step_ms: float | None = None  # median of recent steps with prefill tokens
     perf_model: PerfModel | None = None  # the worker's profile (None: the router's default model)
+    max_lora_rank: int = 0  # the largest adapter rank the worker's engine serves (0: no limit published)
 
     @property
     def load(self) -> float:
@@ -118,10 +119,31 @@ def ready_workers(base_model: str, workers: Sequence[WorkerView]) -> list[Worker
     return [w for w in workers if w.is_ready and w.base_model == base_model]
 
 
-def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> list[tuple[WorkerView, float]]:
-    """(worker, placement weight) of the ready workers of the base model, restricted to the assigned ones
-    among them when any is live; weight 1 each when none is (no placement published, or every holder gone)."""
+def serves_rank(worker: WorkerView, rank: int) -> bool:
+    """True if the worker's engine takes an adapter of `rank` (0: the base model, which every worker serves)."""
+    return worker.max_lora_rank <= 0 or rank <= worker.max_lora_rank
+
+
+def rank_limit_refusal(request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+    """Why no ready worker of the request's base model can ever serve its adapter's rank (each one's engine
+    has a smaller `max_lora_rank`), naming the limit; None when one can, or when none is ready (a cold start:
+    the request waits for a worker, which may serve it)."""
     ready = ready_workers(request.base_model, workers)
+    if not ready or any(serves_rank(w, request.adapter_rank) for w in ready):
+        return None
+    limit = max(w.max_lora_rank for w in ready)
+    return (
+        f"the adapter has rank {request.adapter_rank}, above max_lora_rank {limit} of every worker serving "
+        f"base model {request.base_model!r}; retrain it with r <= {limit}, or ask the operator for workers "
+        "with a larger engine_max_lora_rank"
+    )
+
+
+def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> list[tuple[WorkerView, float]]:
+    """(worker, placement weight) of the ready workers of the base model whose engine serves the adapter's
+    rank, restricted to the assigned ones among them when any is live; weight 1 each when none is (no
+    placement published, or every holder gone)."""
+    ready = [w for w in ready_workers(request.base_model, workers) if serves_rank(w, request.adapter_rank)]
     weights: dict[str, float] = {}
     for worker_id, weight in request.assigned_workers:
         weights[worker_id] = weights.get(worker_id, 0.0) + max(0.0, weight)

@@ -110,6 +110,10 @@ class Settings(BaseSettings):
         """The root of the API's upload scratch folders (default data_dir/upload-tmp)."""
         return self.api.upload_tmp_dir or (self.data_dir / "upload-tmp")
 
+    def resolved_max_lora_rank(self) -> int:
+        """The largest adapter rank a worker's engine serves: engine_max_lora_rank, else the upload limit."""
+        return self.engine.max_lora_rank or self.limits.max_rank
+
     def resolved_host_cache_dir(self) -> Path:
         """The worker's adapter file cache directory (default data_dir/host_cache)."""
         return self.worker.host_cache_dir or (self.data_dir / "host_cache")

@@ -59,6 +59,13 @@ class EngineSettings(BaseModel):
         description="vLLM backend: distinct adapters in one batch (vLLM's max_loras; the worker holds requests "
         "beyond it in the batch policy's order)",
     )
+    max_lora_rank: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest adapter rank this worker serves (vLLM's max_lora_rank; vLLM sizes its LoRA slots by "
+        "it); the router refuses an adapter above every live worker's limit with a 400 naming it; default: "
+        "the upload limit (LORAHOST_MAX_RANK)",
+    )
     max_cpu_loras: int = Field(
         default=32, description="vLLM backend: adapters vLLM keeps in its host cache (vLLM's max_cpu_loras)"
     )

@@ -3,7 +3,8 @@
 The routing policy is services.router (settings.routing.policy, scheduler/router.py), applied by the worker
 client (api/worker_client.py), which retries once on another worker. While no worker of the base model is
 ready, or every worker refuses as unavailable, the request waits (api/cold_start.py) and is then refused
-with 503 + Retry-After. A worker that refuses the request before its first token becomes an HTTP error with
+with 503 + Retry-After. A request whose adapter rank is above every ready worker's `max_lora_rank` is refused
+at once with a 400 naming the limit (`scheduler.router.rank_limit_refusal`). A worker that refuses the request before its first token becomes an HTTP error with
 the status of its code (cluster.protocol.tenant_status: one status per code, on both sides).
 """
 
@@ -24,6 +25,8 @@ from api.services import Services
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, tenant_status
+from cluster.worker_view import worker_view
+from scheduler.router import rank_limit_refusal
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ async def _open_when_ready(
     try:
         while True:
             records = await wait.ready_records(lambda: live_records(services))
+            refusal = rank_limit_refusal(prepared.route, [worker_view(r) for r in records])
+            if refusal is not None:  # waiting would not help: no live worker's engine takes this rank
+                raise ApiError(400, "invalid_request", refusal)
             try:
                 return await client.start(prepared.route, records, prepared.generate)
             except WorkerUnavailableError as exc:

@@ -106,8 +106,11 @@ class EngineConfig(EngineSettings):
 
     @classmethod
     def from_section(cls, engine: EngineSettings, *, model_path: Path, max_lora_rank: int) -> EngineConfig:
-        """The config of an engine built from the settings' engine section, for this model and rank limit."""
-        return cls(model_path=model_path, max_lora_rank=max_lora_rank, **dict(engine))
+        """The config of an engine built from the settings' engine section, for this model and rank limit (the
+        section's own `max_lora_rank` when set)."""
+        values = dict(engine)
+        section_rank = values.pop("max_lora_rank")
+        return cls(model_path=model_path, max_lora_rank=section_rank or max_lora_rank, **values)
 
     def resolved_device(self) -> torch.device:
         """cuda when requested or available (auto), else cpu."""

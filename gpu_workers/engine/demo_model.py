@@ -4,7 +4,8 @@
   out_dir/base/                 a Hugging Face Llama model directory (config.json, model.safetensors,
                                 tokenizer.json + tokenizer_config.json with a chat template)
   out_dir/adapters/<name>/      PEFT LoRA adapters (adapter_config.json, adapter_model.safetensors)
-Tests use `tiny`; benchmarks use `small`.
+Tests use `tiny`; benchmarks use `small`; the engine contract suite uses `tiny64` (the tiny model with head dim 64:
+vLLM's CPU attention refuses head dim 16).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ModelSize:
 
 SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(64, 2, 4, 2, 176, 512, 1024, "float32", (4, 8, 16, 32, 2)),
+    "tiny64": ModelSize(128, 2, 2, 1, 352, 512, 1024, "float32", (4, 8, 16, 32, 2)),
     "small": ModelSize(1024, 8, 16, 4, 2816, 8192, 2048, "bfloat16", (8, 16, 32, 64, 128)),
 }
 

@@ -50,6 +50,8 @@ def runner_stats(runner: ModelRunner) -> dict[str, Any]:
         # op -> measured / cached / forced / only (ops with nothing to choose on this device are absent)
         "kernel_choice_sources": {op: choice.source for op, choice in runner.kernel_tuner.choices.items()},
         "kernel_tuner_s": runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
+        "engine": "native",
+        "max_lora_rank": runner.config.max_lora_rank,
         "dtype": str(runner.dtype).replace("torch.", ""),
         "device": str(runner.device),
     }

@@ -115,7 +115,7 @@ def engine_config_from_settings(settings: Settings) -> EngineConfig:
     if settings.base_model_path is None:
         raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
     return EngineConfig.from_section(
-        settings.engine, model_path=settings.base_model_path, max_lora_rank=settings.limits.max_rank
+        settings.engine, model_path=settings.base_model_path, max_lora_rank=settings.resolved_max_lora_rank()
     )
 
 

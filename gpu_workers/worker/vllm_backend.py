@@ -22,7 +22,9 @@ from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, Adapt
 from gpu_workers.engine.outputs import RequestOutput
 from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.sampling import SamplingParams
+from scheduler.core.scheduler_stats import count_by_adapter
 from scheduler.external_release import ReleaseLimits, release_now
+from scheduler.fair_share import ANONYMOUS_TENANT
 
 _UNBOUNDED = 1 << 40  # vLLM owns its memory: the policy sees no token or block bound
 BASE_SLOT = "\0base"  # the LoRA slot base-model requests take when they run on the zero adapter
@@ -220,8 +222,10 @@ class VllmBackend:
                 num_sent = len(token_ids)
                 text = completion.text or ""  # cumulative, detokenized by vLLM
                 new_text, text_sent = text[len(text_sent) :], text
-                if new and first_token_time is None:
-                    first_token_time = self._clock()
+                if new:
+                    self.policy.on_tokens_served({waiting.request_id: len(new)})  # fair share's counters
+                    if first_token_time is None:
+                        first_token_time = self._clock()
                 is_done = bool(out.finished)
                 reason = completion.finish_reason if is_done else None
                 yield RequestOutput(
@@ -366,18 +370,27 @@ class VllmBackend:
     def stats(self) -> dict[str, Any]:
         """The native engine's routing keys that this backend knows (the worker fills in the rest)."""
         device = self.device_adapters()
+        queued = [p.request for p in self._waiting.values() if not p.released.is_set()]
+        running = [p.request for p in self._waiting.values() if p.released.is_set() and not p.is_aborted]
+        ranks = {name: a.rank for name, a in self._adapters.items()}
         return {
             "engine": "vllm",
             "num_running": sum(self._in_flight.values()),
             "is_base_on_zero_adapter": self._base_lora_id is not None,
-            "num_waiting": sum(1 for p in self._waiting.values() if not p.released.is_set()),
+            "num_waiting": len(queued),
+            "num_running_by_adapter": count_by_adapter(r.adapter_id for r in running),
+            "num_waiting_by_adapter": count_by_adapter(r.adapter_id for r in queued),
+            "num_waiting_by_tenant": dict(Counter(r.tenant_id or ANONYMOUS_TENANT for r in queued)),
+            "running_ranks": tuple(ranks.get(r.adapter_id, 0) if r.adapter_id else 0 for r in running),
+            "waiting_ranks": tuple(ranks.get(r.adapter_id, 0) if r.adapter_id else 0 for r in queued),
+            "num_waiting_prompt_tokens": sum(r.num_prompt_tokens for r in queued),
             "max_model_len": self.limits.max_model_len,
             "max_lora_rank": self.limits.max_lora_rank,
             "max_loras": self.limits.max_loras,
             "device_adapters": tuple(device),
             "num_device_adapters": len(device),
             "num_host_adapters": len(self._adapters) - len(device),
-            "adapter_ranks": {name: a.rank for name, a in self._adapters.items()},
+            "adapter_ranks": ranks,
             "num_finished": self.num_finished,
         }
 

@@ -49,7 +49,7 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         "kv_cache_memory_bytes": engine.kv_cache_bytes,
         "enable_lora": True,
         "max_loras": engine.max_loras,
-        "max_lora_rank": settings.limits.max_rank,
+        "max_lora_rank": settings.resolved_max_lora_rank(),
         "max_cpu_loras": max(engine.max_cpu_loras, engine.max_loras + 1),
     }
 
@@ -76,7 +76,7 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
     limits = VllmLimits(
         max_num_seqs=engine.max_num_seqs,
         max_loras=engine.max_loras,
-        max_lora_rank=settings.limits.max_rank,
+        max_lora_rank=settings.resolved_max_lora_rank(),
         max_model_len=int(client.model_config.max_model_len),
     )
     spec = BaseModelSpec.from_model_dir(Path(str(settings.base_model_path)))

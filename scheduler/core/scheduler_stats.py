@@ -13,6 +13,8 @@ has a default, so a worker whose engine publishes less still parses.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -70,6 +72,10 @@ class SchedulerStats(BaseModel):
     num_waiting_by_queue: tuple[int, ...] = ()  # queued requests per size class (multiqueue policies)
     # queued requests per tenant id (the router's fair-share load estimate, scheduler/router.py `tenant_load`)
     num_waiting_by_tenant: dict[str, int] = Field(default_factory=dict)
+    # running and queued requests per adapter id (base-model requests are not counted): Prometheus's
+    # per-adapter gauges, the same from every engine
+    num_running_by_adapter: dict[str, int] = Field(default_factory=dict)
+    num_waiting_by_adapter: dict[str, int] = Field(default_factory=dict)
 
 
 def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
@@ -110,6 +116,8 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
         num_waiting_prompt_tokens=sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
         num_waiting_by_queue=_waiting_by_queue(scheduler, waiting),
         num_waiting_by_tenant=_waiting_by_tenant(waiting),
+        num_running_by_adapter=count_by_adapter(s.adapter_id for s in scheduler.running),
+        num_waiting_by_adapter=count_by_adapter(s.adapter_id for s in waiting),
     )
 
 
@@ -139,3 +147,8 @@ def _waiting_by_tenant(waiting: list[Sequence]) -> dict[str, int]:
         tenant = ANONYMOUS_TENANT if seq.tenant_id is None else seq.tenant_id
         counts[tenant] = counts.get(tenant, 0) + 1
     return counts
+
+
+def count_by_adapter(adapter_ids: Iterable[str | None]) -> dict[str, int]:
+    """Requests per adapter id (None, the base model, is not counted)."""
+    return dict(Counter(a for a in adapter_ids if a is not None))

@@ -73,6 +73,21 @@ def test_worker_device_adapter_cache_counters_load_time_and_page_split_are_expor
         assert samples[("lorahost_worker_pool_pages", (("use", use), ("worker", "w1")))] == value
 
 
+def test_each_workers_engine_and_its_requests_per_adapter_are_exported() -> None:
+    native = WorkerRecord(
+        "w1", "http://x", "base", num_running_by_adapter={"a": 2}, num_waiting_by_adapter={"b": 1}
+    )
+    vllm = WorkerRecord("w2", "http://y", "base", engine="vllm", num_running_by_adapter={"b": 3})
+    samples = _samples(ApiMetrics(lambda: [native, vllm]).render())
+    for worker, engine in (("w1", "native"), ("w2", "vllm")):
+        labels = (("base_model", "base"), ("engine", engine), ("worker", worker))
+        assert samples[("lorahost_worker_info", labels)] == 1
+    assert samples[("lorahost_worker_adapter_running_requests", (("adapter", "a"), ("worker", "w1")))] == 2
+    assert samples[("lorahost_worker_adapter_queue_depth", (("adapter", "b"), ("worker", "w1")))] == 1
+    assert samples[("lorahost_worker_adapter_running_requests", (("adapter", "b"), ("worker", "w2")))] == 3
+    assert ("lorahost_worker_adapter_queue_depth", (("adapter", "b"), ("worker", "w2"))) not in samples
+
+
 # ---- /metrics access (settings.api.metrics_token, settings.api.is_metrics_public) --------------------------------
 
 

@@ -17,7 +17,7 @@ from scheduler.perf_model import DEFAULT_PERF_MODEL, LinearLatency, PerfModel
 from scheduler.rank_aware_router import RankAwareRouter
 from scheduler.router import RouteRequest, WorkerView
 from tests.api.conftest import TenantHandle
-from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version
+from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version, usage_rows
 
 
 class RecordingRouter:
@@ -82,6 +82,24 @@ def test_the_rank_aware_policy_keeps_a_low_rank_request_off_the_high_rank_worker
     assert len(low.requests) == 1 and high.requests == []
 
 
+def test_an_adapter_above_every_workers_rank_limit_is_refused_with_a_400_naming_it(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+) -> None:
+    add_ready_version(db_session, tenant.id, "wide", rank=64)
+    narrow, wide = workers.add("narrow"), workers.add("wide")
+    for worker_id, worker, limit in (("narrow", narrow, 16), ("wide", wide, 32)):
+        record = WorkerRecord(
+            worker_id, worker.url, BASE_MODEL, max_num_seqs=8, engine="vllm", max_lora_rank=limit
+        )
+        workers.directory.heartbeat(record, ttl_s=3600)
+    response = _complete(client, tenant, "wide")
+    assert response.status_code == 400
+    assert "rank 64" in response.text and "max_lora_rank 32" in response.text
+    assert narrow.requests == [] and wide.requests == []
+    assert _complete(client, tenant, BASE_MODEL).status_code == 200  # the base model is served as before
+    assert sorted(r.status for r in usage_rows(db_session, tenant.id)) == ["ok", "rejected"]  # once each
+
+
 def test_worker_view_carries_the_routing_state_and_parses_the_profile() -> None:
     record = WorkerRecord(
         "w1",
@@ -96,8 +114,10 @@ def test_worker_view_carries_the_routing_state_and_parses_the_profile() -> None:
         decode_step_ms=7.0,
         prefill_step_ms=20.0,
         perf_model=DEFAULT_PERF_MODEL.to_dict(),
+        max_lora_rank=32,
     )
     view = worker_view(record)
+    assert view.max_lora_rank == 32
     assert (view.running_ranks, view.waiting_ranks, view.num_waiting_prompt_tokens) == ((64,), (8, 0), 30)
     assert view.adapter_ranks == {"a": 64} and view.num_free_pool_pages == 5
     assert (view.decode_step_ms, view.prefill_step_ms) == (7.0, 20.0)

@@ -3,7 +3,16 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.router import ResidencyThenLeastLoaded, RouteRequest, WorkerView, residency_tier, tenant_load
+from scheduler.rank_aware_router import RankAwareRouter
+from scheduler.router import (
+    PlacementWeightedRandom,
+    ResidencyThenLeastLoaded,
+    RouteRequest,
+    WorkerView,
+    rank_limit_refusal,
+    residency_tier,
+    tenant_load,
+)
 
 BASE = "base"
 
@@ -43,6 +52,32 @@ def test_ties_break_by_worker_id() -> None:
 def test_no_ready_worker_for_base_model_returns_none() -> None:
     workers = [_w("a", ready=False), _w("b", base="other")]
     assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, "x"), workers) is None
+
+
+def test_an_adapter_goes_only_to_workers_whose_engine_takes_its_rank() -> None:
+    small, large = (
+        replace(_w("a", device={"x"}), max_lora_rank=16),
+        replace(_w("b", running=6), max_lora_rank=64),
+    )
+    unlimited = _w("c", running=7)  # publishes no limit
+    for router in (ResidencyThenLeastLoaded(), PlacementWeightedRandom(seed=1), RankAwareRouter()):
+        assert router.choose(RouteRequest(BASE, "x", adapter_rank=32), [small, large]) == "b"
+        assert router.choose(RouteRequest(BASE, "x", adapter_rank=128), [small, large, unlimited]) == "c"
+    assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, "x", adapter_rank=16), [small, large]) == "a"
+    assert ResidencyThenLeastLoaded().choose(RouteRequest(BASE, None), [small, large]) == "a"
+
+
+def test_a_rank_no_ready_worker_takes_is_refused_naming_the_largest_limit() -> None:
+    small, large = replace(_w("a"), max_lora_rank=16), replace(_w("b"), max_lora_rank=64)
+    message = rank_limit_refusal(RouteRequest(BASE, "x", adapter_rank=128), [small, large])
+    assert message is not None and "rank 128" in message and "max_lora_rank 64" in message
+    assert rank_limit_refusal(RouteRequest(BASE, "x", adapter_rank=64), [small, large]) is None
+    assert rank_limit_refusal(RouteRequest(BASE, "x", adapter_rank=128), [small, _w("c")]) is None  # no limit
+    # no ready worker of the base model: a cold start, the request waits (the next worker may take it)
+    assert (
+        rank_limit_refusal(RouteRequest(BASE, "x", adapter_rank=128), [replace(large, is_ready=False)])
+        is None
+    )
 
 
 def test_router_policies_are_chosen_by_name() -> None:

@@ -26,6 +26,7 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_BACKEND",
     "LORAHOST_ENGINE_MAX_LORAS",
     "LORAHOST_ENGINE_MAX_CPU_LORAS",
+    "LORAHOST_ENGINE_MAX_LORA_RANK",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

@@ -272,3 +272,54 @@ def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: P
     fake = asyncio.run(main())
     assert fake.max_distinct_adapters == 2  # a and b, then the zero adapter: never three at once
     assert all(request is not None for request in fake.seen_loras)
+
+
+def test_running_and_waiting_requests_are_counted_per_adapter_and_tenant(tmp_path: Path) -> None:
+    async def main() -> dict[str, Any]:
+        fake = FakeVllm()
+        backend = _backend(fake, max_num_seqs=8, max_loras=1)
+        for name in "ab":
+            await backend.register_adapter(name, _adapter(tmp_path, name))
+        params = SamplingParams(max_tokens=2, temperature=0.0)
+
+        async def run(request_id: str, adapter: str, tenant: str) -> None:
+            async for _ in backend.generate_stream(request_id, [1, 2, 3], params, adapter, tenant_id=tenant):
+                pass
+
+        tasks = [
+            asyncio.create_task(run("r1", "a", "t1")),
+            asyncio.create_task(run("r2", "a", "t2")),
+            asyncio.create_task(run("r3", "b", "t2")),  # one LoRA slot: waits while "a" runs
+        ]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        stats = backend.stats()
+        await _drive(fake, tasks)
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats["num_running_by_adapter"] == {"a": 2} and stats["num_waiting_by_adapter"] == {"b": 1}
+    assert stats["num_waiting_by_tenant"] == {"t2": 1}
+    assert stats["running_ranks"] == (8, 8) and stats["waiting_ranks"] == (8,)
+    assert stats["num_waiting_prompt_tokens"] == 3 and stats["engine"] == "vllm"
+
+
+def test_fair_share_is_charged_for_the_tokens_vllm_makes(tmp_path: Path) -> None:
+    class Recording(FifoPolicy):
+        def __init__(self) -> None:
+            super().__init__()
+            self.served: dict[str, int] = {}
+
+        def on_tokens_served(self, num_output_tokens: Any) -> None:
+            for request_id, num in num_output_tokens.items():
+                self.served[request_id] = self.served.get(request_id, 0) + num
+
+    async def main() -> Recording:
+        fake = FakeVllm()
+        backend = _backend(fake)
+        backend.policy = policy = Recording()
+        tasks = [asyncio.create_task(_collect(backend, f"r{i}", None, n=3)) for i in range(2)]
+        await _drive(fake, tasks)
+        return policy
+
+    assert asyncio.run(main()).served == {"r0": 3, "r1": 3}

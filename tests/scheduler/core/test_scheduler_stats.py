@@ -43,6 +43,8 @@ def test_running_and_queued_requests_are_reported_with_their_ranks_and_tenants()
     assert stats.running_ranks == (64,) and stats.waiting_ranks == (8, 0)
     assert stats.num_waiting_prompt_tokens == 6 + 2
     assert stats.num_waiting_by_tenant == {"t1": 1, "": 1}  # no tenant: fair share's anonymous tenant
+    assert stats.num_running_by_adapter == {"r64": 1}
+    assert stats.num_waiting_by_adapter == {"r8": 1}  # the base-model request is not an adapter's
     assert stats.num_adapter_misses == 1 and stats.num_adapter_prefetches == 1  # the queued r8's copy started
     assert stats.device_adapters == ("r64", "r8")
     assert stats.num_cpu_assisted_prefills == 1  # its prefill ran on the host copy while it copied
