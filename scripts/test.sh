@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command: set up the virtualenv, start PostgreSQL/Redis if needed, start a moto S3 server,
-# check package boundaries, lint, format and types, and run the whole test suite. Extra arguments go to pytest.
+# check package boundaries, lint, format and types, and run the whole test suite, then the engine contract suite
+# on vLLM in its own venv (scripts/test_vllm.sh). Extra arguments go to pytest (and skip the vLLM step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -37,4 +38,11 @@ set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing"; exit 1
 fi
-exit "$rc"
+[ "$rc" -eq 0 ] || exit "$rc"
+
+# The engine contract suite on vLLM, in its own venv (skip with LORAHOST_SKIP_VLLM=1, or when pytest got
+# arguments: a selection of the main suite).
+if [ "${LORAHOST_SKIP_VLLM:-0}" != "1" ] && [ "$#" -eq 0 ]; then
+  echo "== the engine contract suite on vLLM (scripts/test_vllm.sh) =="
+  bash scripts/test_vllm.sh
+fi

