@@ -135,6 +135,15 @@ def dev_cluster(
     ] = False,
     max_workers: Annotated[int, typer.Option(help="Most workers the scaler starts")] = 8,
     scaler_interval_s: Annotated[float, typer.Option(help="Seconds between scaler polls")] = 2.0,
+    engines: Annotated[
+        str | None,
+        typer.Option(
+            help="The workers' engines in turn, e.g. native,vllm (default: LORAHOST_ENGINE_BACKEND)"
+        ),
+    ] = None,
+    vllm_python: Annotated[
+        Path | None, typer.Option(help="The Python of vLLM workers (a venv with vllm and lorahost)")
+    ] = None,
 ) -> None:
     """Run the distributed topology as local processes: API replicas, workers, Celery worker + beat, against
     PostgreSQL, Redis and S3 (moto). Ctrl-C / SIGTERM stops everything."""
@@ -148,15 +157,22 @@ def dev_cluster(
 
     if num_workers < 0 or num_api < 1 or max_workers < 0:
         raise typer.BadParameter("need --num-api >= 1, --num-workers >= 0 and --max-workers >= 0")
+    if vllm_python is not None and not vllm_python.is_file():
+        raise typer.BadParameter(f"--vllm-python {vllm_python} is not a file (a venv's bin/python with vllm)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the health polls
-    config = DevClusterConfig(
-        data_dir=data_dir, base_model=base_model, num_api=num_api, num_workers=num_workers,
-        api_base_port=api_port or None, worker_base_port=worker_port or None, database_url=database_url,
-        postgres_admin_url=postgres_admin_url, is_database_kept=keep_database, redis_url=redis_url,
-        s3_endpoint=s3_endpoint, admin_key=admin_key, is_jobs_enabled=jobs, is_autoscale=autoscale,
-        max_workers=max_workers, scaler_interval_s=scaler_interval_s,
-    )  # fmt: skip
+    try:
+        config = DevClusterConfig(
+            data_dir=data_dir, base_model=base_model, num_api=num_api, num_workers=num_workers,
+            api_base_port=api_port or None, worker_base_port=worker_port or None, database_url=database_url,
+            postgres_admin_url=postgres_admin_url, is_database_kept=keep_database, redis_url=redis_url,
+            s3_endpoint=s3_endpoint, admin_key=admin_key, is_jobs_enabled=jobs, is_autoscale=autoscale,
+            max_workers=max_workers, scaler_interval_s=scaler_interval_s,
+            worker_engines=tuple(e.strip() for e in engines.split(",") if e.strip()) if engines else (),
+            vllm_python=vllm_python,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     cluster = DevCluster(config)
     typer.echo(f"lorahost dev-cluster: starting (logs in {data_dir / 'logs'})")

@@ -12,14 +12,15 @@ from pathlib import Path
 CHOICES = ("auto", "smollm2", "tiny")
 
 
-def tiny_demo_model(data_dir: Path, echo: Callable[[str], None] = print) -> Path:
-    """DATA_DIR/demo/base: the tiny seeded model and two adapters, generated on first use."""
-    demo = Path(data_dir) / "demo"
+def tiny_demo_model(data_dir: Path, echo: Callable[[str], None] = print, size: str = "tiny") -> Path:
+    """DATA_DIR/demo/base: the tiny seeded model and two adapters, generated on first use (`size` "tiny64":
+    DATA_DIR/demo-tiny64/base, the tiny model vLLM's CPU attention accepts)."""
+    demo = Path(data_dir) / ("demo" if size == "tiny" else f"demo-{size}")
     if not (demo / "base" / "config.json").exists():
         from gpu_workers.engine.demo_model import generate_demo
 
-        echo(f"lorahost: generating the tiny demo model into {demo} (first start)")
-        generate_demo(demo, size="tiny", num_adapters=2, seed=0)
+        echo(f"lorahost: generating the {size} demo model into {demo} (first start)")
+        generate_demo(demo, size=size, num_adapters=2, seed=0)
     return (demo / "base").resolve()
 
 

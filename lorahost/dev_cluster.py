@@ -30,10 +30,18 @@ from pathlib import Path
 from typing import Any, Self
 
 from lorahost import dev_services
-from lorahost.dev_cluster_commands import api_command, child_env, jobs_command, worker_command
+from lorahost.dev_cluster_commands import (
+    api_command,
+    child_env,
+    jobs_command,
+    worker_command,
+    worker_engine,
+    worker_python,
+)
 from lorahost.dev_cluster_config import DevClusterConfig
 from lorahost.processes import (
     ChildProcess,
+    child_state,
     free_port,
     http_ok,
     log_contains,
@@ -55,6 +63,7 @@ class WorkerHandle:
     worker_id: str
     url: str
     process: ChildProcess
+    engine: str = "native"
 
 
 class DevCluster:
@@ -162,19 +171,24 @@ class DevCluster:
 
     # ---- workers -----------------------------------------------------------------------------------------
 
-    def start_worker(self, *, worker_id: str | None = None, wait: bool = True) -> WorkerHandle:
-        """Start one worker process (a new id unless worker_id is given: a restart under the same id);
-        wait=True returns once it is ready (registered in Redis)."""
+    def start_worker(
+        self, *, worker_id: str | None = None, engine: str | None = None, wait: bool = True
+    ) -> WorkerHandle:
+        """Start one worker process (a new id unless worker_id is given: a restart under the same id) with
+        `engine` (default: config.worker_engines in turn, else the environment's); wait=True returns once it
+        is ready (registered in Redis)."""
         index = next(self._num_worker_starts)
         worker_id = worker_id or f"dev-worker-{index}"
         base = self.config.worker_base_port
         port = base + index if base is not None else free_port(self.config.host)
         url = f"http://{self.config.host}:{port}"
-        command = worker_command(self.config.host, port, url, worker_id)
         data_dir = self.data_dir / "workers" / f"{worker_id}-{index}"
         env = {**self._env(), "LORAHOST_DATA_DIR": str(data_dir)}
+        engine = engine or worker_engine(self.config, index, env)
+        env["LORAHOST_ENGINE_BACKEND"] = engine
+        command = worker_command(self.config.host, port, url, worker_id, worker_python(self.config, engine))
         process = spawn(worker_id, command, env, self._log_path(f"{worker_id}-{index}"), url=url)
-        handle = WorkerHandle(worker_id, url, process)
+        handle = WorkerHandle(worker_id, url, process, engine)
         with self._lock:
             self._workers.append(handle)
         if wait:
@@ -257,15 +271,15 @@ class DevCluster:
         token = {"Authorization": f"Bearer {self.internal_token}"}
         status: dict[str, str] = {}
         for api in self.apis:
-            status[api.name] = _state(api, http_ok(f"{api.url}/v1/health"))
+            status[api.name] = child_state(api, http_ok(f"{api.url}/v1/health"))
         for worker in self.workers:
-            status[worker.worker_id] = _state(
+            status[worker.worker_id] = child_state(
                 worker.process, http_ok(worker.url + INTERNAL_READY_PATH, token)
             )
         if self.jobs is not None:
-            status[self.jobs.name] = _state(self.jobs, True)
+            status[self.jobs.name] = child_state(self.jobs, True)
         if self._s3 is not None:
-            status[self._s3.name] = _state(self._s3, http_ok(f"{self._s3.url}/"))
+            status[self._s3.name] = child_state(self._s3, http_ok(f"{self._s3.url}/"))
         return status
 
     def describe(self) -> str:
@@ -273,11 +287,11 @@ class DevCluster:
         lines = [f"lorahost dev-cluster (run {self.run_id}, data {self.data_dir})"]
         lines += [f"  API        {url}" for url in self.api_urls]
         lines.append(f"  admin key  {self.admin_key}")
-        lines += [f"  worker     {w.worker_id} at {w.url}" for w in self.workers]
+        lines += [f"  worker     {w.worker_id} at {w.url} ({w.engine} engine)" for w in self.workers]
         lines.append(
             f"  jobs       {'celery worker + beat, queue ' + self.celery_queue if self.jobs else 'off'}"
         )
-        lines.append(f"  database   {_redact(self.database_url or '')}")
+        lines.append(f"  database   {dev_services.redact_url(self.database_url or '')}")
         lines.append(f"  redis      {self.config.redis_url} (keys under {self.key_prefix})")
         lines.append(f"  s3         {self.s3_endpoint} bucket {self.config.bucket}")
         lines.append(f"  base model {self.config.base_model_name} = {self.base_model}")
@@ -297,7 +311,12 @@ class DevCluster:
         if self.base_model is None:
             from lorahost.default_model import tiny_demo_model
 
-            self.base_model = tiny_demo_model(self.data_dir, echo=log.info)
+            engines = {
+                *self.config.worker_engines,
+                worker_engine(self.config, 0, {**os.environ, **self.config.env}),
+            }
+            size = "tiny64" if "vllm" in engines else "tiny"  # vLLM's CPU attention refuses head dim 16
+            self.base_model = tiny_demo_model(self.data_dir, echo=log.info, size=size)
         if self.database_url is None:
             self.database_url = dev_services.create_database(self.config.postgres_admin_url)
             self._is_database_created = True
@@ -381,15 +400,3 @@ class DevCluster:
         if self._is_database_created and not self.config.is_database_kept and self.database_url:
             dev_services.drop_database(self.config.postgres_admin_url, self.database_url)
             self._is_database_created = False
-
-
-def _state(child: ChildProcess, is_ok: bool) -> str:
-    if not child.is_running:
-        return f"exited({child.popen.returncode})"
-    return "ok" if is_ok else "down"
-
-
-def _redact(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True) if url else "-"

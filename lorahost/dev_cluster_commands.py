@@ -1,5 +1,5 @@
 """The command line and environment of each process `lorahost dev-cluster` starts (lorahost/dev_cluster.py):
-API replicas and workers through `lorahost.cli`, the jobs process as a Celery worker with embedded beat."""
+API replicas and workers through `lorahost.cli` (each worker with its engine and that engine's Python), the jobs process as a Celery worker with embedded beat."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lorahost import dev_services
+
+if TYPE_CHECKING:
+    from lorahost.dev_cluster_config import DevClusterConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,12 +22,28 @@ def api_command(host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "lorahost.cli", "api", "--host", host, "--port", str(port)]
 
 
-def worker_command(host: str, port: int, advertise_url: str, worker_id: str) -> list[str]:
-    """`lorahost worker` on host:port, registered as worker_id at advertise_url."""
+def worker_command(
+    host: str, port: int, advertise_url: str, worker_id: str, python: str = sys.executable
+) -> list[str]:
+    """`lorahost worker` on host:port, registered as worker_id at advertise_url, run by `python`."""
     return [
-        sys.executable, "-m", "lorahost.cli", "worker", "--host", host, "--port", str(port),
+        python, "-m", "lorahost.cli", "worker", "--host", host, "--port", str(port),
         "--advertise-url", advertise_url, "--worker-id", worker_id,
     ]  # fmt: skip
+
+
+def worker_engine(config: DevClusterConfig, index: int, env: Mapping[str, str]) -> str:
+    """The engine of the cluster's worker number `index`: config.worker_engines in turn, else the environment's
+    LORAHOST_ENGINE_BACKEND, else native."""
+    engines = config.worker_engines
+    return engines[index % len(engines)] if engines else env.get("LORAHOST_ENGINE_BACKEND", "native")
+
+
+def worker_python(config: DevClusterConfig, engine: str) -> str:
+    """The Python that runs a worker with `engine`: config.vllm_python for vLLM when set, else this one."""
+    if engine == "vllm" and config.vllm_python is not None:
+        return str(config.vllm_python)
+    return sys.executable
 
 
 def jobs_command(celery_queue: str, beat_schedule: Path) -> list[str]:

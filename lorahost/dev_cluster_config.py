@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lorahost import dev_services
+from settings.engine import ENGINE_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,18 @@ class DevClusterConfig:
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every child
+    # the engine of each worker started, in turn (worker n: worker_engines[n % len]); () = the environment's
+    # LORAHOST_ENGINE_BACKEND (native by default)
+    worker_engines: tuple[str, ...] = ()
+    vllm_python: Path | None = (
+        None  # the Python that runs vLLM workers (None: this one, which must have vllm)
+    )
 
     def __post_init__(self) -> None:
         if self.num_api < 1:
             raise ValueError("num_api must be >= 1 (the cluster is reached through its API replicas)")
         if self.num_workers < 0 or self.max_workers < 0:
             raise ValueError("num_workers and max_workers must be >= 0")
+        unknown = sorted(set(self.worker_engines) - set(ENGINE_BACKENDS))
+        if unknown:
+            raise ValueError(f"unknown worker engine(s) {unknown}; choose from {list(ENGINE_BACKENDS)}")

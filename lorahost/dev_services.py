@@ -17,6 +17,13 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 MOTO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
+def redact_url(url: str) -> str:
+    """A database URL with its password hidden ("-" for none)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True) if url else "-"
+
+
 def create_database(admin_url: str, prefix: str = "lorahost_dev") -> str:
     """Create a uniquely named PostgreSQL database through admin_url; returns its URL."""
     from sqlalchemy import make_url

@@ -158,6 +158,13 @@ def http_ok(url: str, headers: Mapping[str, str] | None = None) -> bool:
         return False
 
 
+def child_state(child: ChildProcess, is_ok: bool) -> str:
+    """A child's health as printed: exited(<code>), ok or down (`is_ok`: its health check passed)."""
+    if not child.is_running:
+        return f"exited({child.popen.returncode})"
+    return "ok" if is_ok else "down"
+
+
 def log_contains(child: ChildProcess, text: str) -> bool:
     """True once the child's log contains text."""
     return text in child.log_tail(max_chars=1 << 20)

