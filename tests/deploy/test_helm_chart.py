@@ -46,6 +46,8 @@ def custom_values() -> dict[str, Any]:
                 "minReplicas": 0,
                 "maxReplicas": 8,
                 "env": {"LORAHOST_ENGINE_DTYPE": "bfloat16"},
+                "engine": "vllm",
+                "image": {"repository": "registry.example.com/lorahost-vllm"},
             },
             {
                 "name": "qwen-7b",
@@ -130,6 +132,20 @@ def test_one_gpu_worker_deployment_and_service_per_base_model() -> None:
         ]
         == "bfloat16"
     )
+
+
+def test_each_base_model_chooses_its_engine_and_worker_image() -> None:
+    objects = render(custom_values())
+    for model, engine, image in (
+        ("llama-8b", "vllm", "registry.example.com/lorahost-vllm:1.2.3"),  # its own image, the chart's tag
+        ("qwen-7b", "native", "registry.example.com/lorahost:1.2.3"),  # the default engine and image
+    ):
+        deployment = named(objects, "Deployment", worker_name(model))
+        worker = containers(deployment)[0]
+        assert f"--engine={engine}" in worker["args"] and worker["image"] == image
+        assert deployment["metadata"]["labels"]["lorahost.dev/engine"] == engine
+    api = containers(named(objects, "Deployment", "lorahost-api"))[0]
+    assert api["image"] == "registry.example.com/lorahost:1.2.3"  # only workers take a model's image
 
 
 def test_default_worker_requests_a_gpu() -> None:
@@ -272,10 +288,25 @@ def test_cli_commands_in_the_chart_exist() -> None:
             },
             "name",
         ),
+        (
+            {
+                "baseModels": [
+                    {
+                        "name": "llama-8b",
+                        "volume": {"emptyDir": {}},
+                        "resources": {},
+                        "minReplicas": 0,
+                        "maxReplicas": 1,
+                        "engine": "tgi",
+                    }
+                ]
+            },
+            "engine",
+        ),
         ({"secrets": {"existingSecret": ""}}, "adminKey"),
         ({"api": {"replicas": 0}}, "replicas"),
     ],
-    ids=["bad-base-model-name", "missing-secret-values", "no-api"],
+    ids=["bad-base-model-name", "unknown-engine", "missing-secret-values", "no-api"],
 )
 def test_bad_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
     helm = require("helm_python")

@@ -47,6 +47,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{- /* A base model's worker image: its own `image` when set (a vLLM image), else the chart's. */}}
+{{- define "lorahost.workerImage" -}}
+{{- $image := default dict .model.image }}
+{{- printf "%s:%s" (default .root.Values.image.repository $image.repository) (default (default .root.Chart.AppVersion .root.Values.image.tag) $image.tag) }}
+{{- end }}
+
 {{- define "lorahost.secretName" -}}
 {{- default (printf "%s-secrets" (include "lorahost.fullname" .)) .Values.secrets.existingSecret }}
 {{- end }}
