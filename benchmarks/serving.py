@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = time.strftime("%Y%m%dT%H%M%S")
     common = {
         "run_id": run_id,
-        "model_size": args.model_size,
+        "model_size": args.real_model or args.model_size,
         "num_adapters": len(names),
         "rps": args.rps,
         "arrival": args.arrival,

@@ -56,6 +56,18 @@ class VllmClient(Protocol):
         ...
 
 
+def engine_prompt_of(prompt: str | list[int], cache_namespace: str | None) -> dict[str, Any]:
+    """vLLM's prompt for a request: its tokens (or text) and, for a tenant's request, its prefix-cache namespace
+    as vLLM's `cache_salt` (vLLM reuses cached KV blocks only between requests with the same salt, as the native
+    engine keeps prefix hits within a namespace: no tenant learns from time to first token what another sent)."""
+    engine_prompt: dict[str, Any] = (
+        {"prompt_token_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
+    )
+    if cache_namespace is not None:
+        engine_prompt["cache_salt"] = cache_namespace
+    return engine_prompt
+
+
 class LoraIds:
     """vLLM's integer adapter ids: one per adapter files (by resolved path, which in the worker's
     content-addressed cache names the content), from 1 up, never reused."""
@@ -130,6 +142,8 @@ class VllmBackend:
         self._base_lora_id = None if base_adapter_path is None else self._ids.id_for(base_adapter_path)
         self._base_adapter_path = base_adapter_path
         self.num_finished = 0
+        self.num_prefix_cache_hit_tokens = 0  # vLLM's prefix-cache hits over the prompts it was sent
+        self.num_prefix_cache_query_tokens = 0
 
     # ---- requests -----------------------------------------------------------------------------------
 
@@ -174,7 +188,7 @@ class VllmBackend:
             if pending.is_aborted:
                 yield self._final(waiting, [], "abort", None)
                 return
-            async for output in self._run(waiting, prompt, sampling_params, adapter):
+            async for output in self._run(waiting, prompt, sampling_params, adapter, cache_namespace):
                 yield output
         finally:
             self._waiting.pop(request_id, None)
@@ -190,6 +204,7 @@ class VllmBackend:
         prompt: str | list[int],
         sampling_params: SamplingParams,
         adapter: _Adapter | None,
+        cache_namespace: str | None,
     ) -> AsyncIterator[RequestOutput]:
         lora_request = None
         if adapter is not None:
@@ -201,17 +216,21 @@ class VllmBackend:
             lora_request = self._make_lora_request(
                 BASE_SLOT, self._base_lora_id, str(self._base_adapter_path)
             )
-        engine_prompt = {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
+        engine_prompt = engine_prompt_of(prompt, cache_namespace)
         params = self._make_sampling_params(sampling_params)
         first_token_time = None
         num_sent = 0
         text_sent = ""
-        is_done = False
+        is_done = is_prompt_counted = False
         try:
             async for out in self.client.generate(
                 engine_prompt, params, waiting.request_id, lora_request=lora_request
             ):
                 completion = out.outputs[0]
+                if not is_prompt_counted:  # the first output: the prompt's prefix-cache hits
+                    is_prompt_counted = True
+                    self.num_prefix_cache_query_tokens += len(out.prompt_token_ids or ())
+                    self.num_prefix_cache_hit_tokens += int(getattr(out, "num_cached_tokens", 0) or 0)
                 token_ids = list(completion.token_ids)
                 new = token_ids[num_sent:]
                 num_sent = len(token_ids)
@@ -384,6 +403,8 @@ class VllmBackend:
             "num_host_adapters": len(self._adapters) - len(device),
             "adapter_ranks": ranks,
             "num_finished": self.num_finished,
+            "num_prefix_cache_hit_tokens": self.num_prefix_cache_hit_tokens,
+            "num_prefix_cache_query_tokens": self.num_prefix_cache_query_tokens,
         }
 
     def shutdown(self) -> None:

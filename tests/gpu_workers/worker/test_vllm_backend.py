@@ -34,6 +34,7 @@ class FakeVllm:
         self.pinned: set[int] = set()
         self.num_steps = 0
         self.tick = asyncio.Event()
+        self.prompts: dict[str, Any] = {}
 
     def step(self) -> None:
         """Let every running request make one token (the waiters hold this step's event; later ones the next)."""
@@ -49,6 +50,7 @@ class FakeVllm:
     async def generate(
         self, prompt: Any, sampling_params: Any, request_id: str, *, lora_request: Any = None
     ) -> AsyncIterator[Any]:
+        self.prompts[request_id] = prompt
         self.running[request_id] = lora_request
         self.seen_loras.append(lora_request)
         self.started.append(request_id)
@@ -323,3 +325,22 @@ def test_fair_share_is_charged_for_the_tokens_vllm_makes(tmp_path: Path) -> None
         return policy
 
     assert asyncio.run(main()).served == {"r0": 3, "r1": 3}
+
+
+def test_a_tenants_prefix_cache_namespace_reaches_vllm_as_its_cache_salt() -> None:
+    async def main() -> FakeVllm:
+        fake = FakeVllm()
+        backend = _backend(fake)
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+
+        async def run(request_id: str, namespace: str | None) -> None:
+            async for _ in backend.generate_stream(request_id, [1, 2], params, cache_namespace=namespace):
+                pass
+
+        tasks = [asyncio.create_task(run("a", "tenant:t1")), asyncio.create_task(run("b", None))]
+        await _drive(fake, tasks)
+        return fake
+
+    fake = asyncio.run(main())
+    assert fake.prompts["a"] == {"prompt_token_ids": [1, 2], "cache_salt": "tenant:t1"}
+    assert fake.prompts["b"] == {"prompt_token_ids": [1, 2]}  # no tenant: direct engine use, no salt
