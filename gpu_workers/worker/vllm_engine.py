@@ -51,6 +51,7 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         "max_loras": engine.max_loras,
         "max_lora_rank": settings.resolved_max_lora_rank(),
         "max_cpu_loras": max(engine.max_cpu_loras, engine.max_loras + 1),
+        "enable_prefix_caching": engine.enable_prefix_caching,
     }
 
 

@@ -122,6 +122,15 @@ def test_the_adapter_eviction_policy_setting_reaches_the_engine_config(
     assert builder.engine_config_from_settings(settings).adapter_eviction_policy == "fastlibra"
 
 
+def test_the_engine_rank_limit_is_its_own_setting_else_the_upload_limit(tmp_path: Path) -> None:
+    assert (
+        builder.engine_config_from_settings(Settings(base_model_path=tmp_path, max_rank=64)).max_lora_rank
+        == 64
+    )
+    settings = Settings(base_model_path=tmp_path, max_rank=64, engine_max_lora_rank=16)
+    assert builder.engine_config_from_settings(settings).max_lora_rank == 16
+
+
 def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_choices(tmp_path: Path) -> None:
     from gpu_workers.engine.config import EngineConfig
 

@@ -13,6 +13,12 @@ from settings import Settings
 def test_vllm_engine_args_follow_the_settings(tmp_path: Path) -> None:
     args = vllm_engine_args(Settings(base_model_path=tmp_path, engine_max_loras=3, engine_max_cpu_loras=2))
     assert args["max_loras"] == 3 and args["max_cpu_loras"] == 4 and args["enable_lora"]
+    assert args["max_lora_rank"] == 256 and args["enable_prefix_caching"]
+    limited = Settings(
+        base_model_path=tmp_path, engine_max_lora_rank=16, engine_enable_prefix_caching=False, max_rank=64
+    )
+    args = vllm_engine_args(limited)
+    assert args["max_lora_rank"] == 16 and not args["enable_prefix_caching"]
     assert args["model"] == str(tmp_path) and args["max_num_seqs"] == Settings().engine.max_num_seqs
 
 
