@@ -37,6 +37,16 @@ def busy_cores(seconds: float = 2.0) -> float:
     return (cpu_busy_s() - b0) / (time.monotonic() - t0)
 
 
+def wait_until_idle(max_busy_cores: float = 0.3, timeout_s: float = 90.0, seconds: float = 2.0) -> float:
+    """Busy cores once they are at most `max_busy_cores` (e.g. the previous system's processes have exited),
+    or the last reading after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    busy = busy_cores(seconds)
+    while busy > max_busy_cores and time.monotonic() < deadline:
+        busy = busy_cores(seconds)
+    return busy
+
+
 def wait_with_timeout(proc: subprocess.Popen, timeout_s: float) -> tuple[int, Any, bool]:
     """Wait for a child (killed after timeout_s): (wait status, its rusage, whether it timed out)."""
     deadline = time.monotonic() + timeout_s

@@ -42,7 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from child_process import busy_cores
+from child_process import wait_until_idle
 from model_dirs import ensure_model, ensure_real_model, real_model_dir
 from serving_client import request_body, run_load, warmup
 from serving_metrics import serving_metrics, summary_line
@@ -84,7 +84,7 @@ def run_system(
     sink: Path,
     common: dict,
 ) -> dict | None:
-    foreign = round(busy_cores(2.0), 2)
+    foreign = round(wait_until_idle(), 2)  # the previous system's processes may still be exiting
     is_lorahost = system.startswith("lorahost")
     if is_lorahost:
         engine = system.removeprefix("lorahost").removeprefix("-") or "native"

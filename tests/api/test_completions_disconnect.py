@@ -24,6 +24,7 @@ from settings import Settings
 from tests.api.asgi_support import run
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, usage_rows
+from tests.polling import wait_for
 
 MAX_TOKENS = 1000
 pytestmark = pytest.mark.slow
@@ -81,15 +82,6 @@ def _leave_once_generating(worker: RunningWorker, num_tokens: int = 10) -> Calla
     return leave
 
 
-def _wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_client_leaving_a_plain_request_aborts_it_and_bills_the_tokens_produced_as_aborted(
     api: TestClient,
     worker: RunningWorker,
@@ -109,7 +101,7 @@ def test_client_leaving_a_plain_request_aborts_it_and_bills_the_tokens_produced_
     [row] = usage_rows(db_session, tenant.id)
     assert row.status == "aborted", (row.status, row.error_message)
     assert 0 < row.completion_tokens < MAX_TOKENS and row.prompt_tokens > 0
-    assert _wait_until(lambda: _engine_stats(worker)["num_running"] == 0), "the engine request still runs"
+    assert wait_for(lambda: _engine_stats(worker)["num_running"] == 0), "the engine request still runs"
     assert _engine_stats(worker)["num_aborted"] == aborted_before + 1
 
 

@@ -28,6 +28,7 @@ from cluster.protocol import INTERNAL_PREFIX, WorkerStats
 from gpu_workers.worker.testing import RunningWorker, free_port, worker_process
 from registry.models import UsageRecord
 from settings import Settings
+from tests.polling import wait_for
 
 ADMIN_KEY = "e2e-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -289,7 +290,7 @@ def test_client_disconnect_mid_stream_aborts_and_meters_delivered_tokens_once(st
     row = _wait_for_row(stack, key)
     assert row.status == "aborted", row.error_message
     assert 3 <= row.completion_tokens < 900 and row.prompt_tokens > 0
-    assert _wait(lambda: stack.directory.list_live()[0].num_running == 0), (
+    assert wait_for(lambda: stack.directory.list_live()[0].num_running == 0), (
         "the engine request was not aborted"
     )
     assert len(rows_of(stack, key)) == 1
@@ -374,17 +375,8 @@ def test_metrics_expose_requests_and_worker_gauges(stack: Stack) -> None:
     assert ("lorahost_worker_queue_depth", (("worker", stack.worker.worker_id),)) in samples
 
 
-def _wait(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _wait_for_row(stack: Stack, key: str) -> UsageRecord:
     """The request's usage row once it is closed (it is written in_progress when the request starts)."""
     is_closed = lambda: [r.status for r in rows_of(stack, key)] not in ([], ["in_progress"])
-    assert _wait(is_closed), "no usage row was closed"
+    assert wait_for(is_closed), "no usage row was closed"
     return rows_of(stack, key)[0]

@@ -5,7 +5,6 @@ GET /v1/admin/predictor, and the timers that reload and train."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.api.test_completions_support import (
     tokens_events,
     usage_rows,
 )
+from tests.polling import wait_for
 from tests.registry.predictor_rows import MAX_TOKENS, MEDIANS, T0, distinct_specs, insert_rows
 
 LOGGER = "api.inference.learned_predictor"
@@ -279,13 +279,6 @@ def test_a_reload_keeps_observations_since_the_training_and_local_histories_of_u
 # ---- GET /v1/admin/predictor -------------------------------------------------------------------------------
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 30) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
-
-
 def test_the_lifespan_timer_loads_the_newest_artifact(
     make_client: Callable[..., TestClient], blob_store: LocalBlobStore
 ) -> None:
@@ -293,9 +286,9 @@ def test_the_lifespan_timer_loads_the_newest_artifact(
     before = num_timer_threads("predictor-reload")
     predictor = _services(make_client(predictor_reload_interval_s=0.05)).predictor
     assert num_timer_threads("predictor-reload") == before + 1
-    assert _wait_for(lambda: predictor.model_version == "v1")
+    assert wait_for(lambda: predictor.model_version == "v1")
     write_predictor(blob_store, "v2", _fitted_artifact("v2"), {"version": "v2"})
-    assert _wait_for(lambda: predictor.model_version == "v2")
+    assert wait_for(lambda: predictor.model_version == "v2")
 
 
 def test_a_zero_reload_interval_never_reads_artifacts(
@@ -342,5 +335,5 @@ def test_the_inline_training_timer_trains_and_this_process_serves_the_model(
             predictor_reload_interval_s=3600,
         )
     ).predictor
-    assert _wait_for(lambda: blob_store.exists(POINTER_KEY) and predictor.model_version is not None)
+    assert wait_for(lambda: blob_store.exists(POINTER_KEY) and predictor.model_version is not None)
     assert predictor.model_version == read_pointer(blob_store).version

@@ -32,6 +32,7 @@ from tests.cluster.cluster_client import (
     upload_ready,
     usage_rows,
 )
+from tests.polling import wait_for
 from tests.registry.db_fixtures import redis_url  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow  # starts a dev cluster whose worker processes are killed
@@ -72,15 +73,6 @@ def _worker_streaming_now(database_url: str, tenant_id: str) -> str:
             return flowing.most_common(1)[0][0]
         time.sleep(0.05)
     raise AssertionError("no request was seen delivering tokens")
-
-
-def _wait_for(predicate, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
 
 
 def _as_utc(moment: datetime) -> datetime:
@@ -142,7 +134,7 @@ def test_kill_9_a_worker_under_load_no_request_lost_usage_once_and_the_restarted
 
         load = _start_load(cluster, key, models, NUM_LOAD_REQUESTS, LOAD_MAX_TOKENS, seed0=0)
         load_started = time.monotonic()
-        assert _wait_for(lambda: load.num_streamed_tokens() > 0), "no stream got a token"
+        assert wait_for(lambda: load.num_streamed_tokens() > 0), "no stream got a token"
         victim = _worker_streaming_now(cluster.database_url or "", tenant_id)
         num_tokens_at_kill = load.num_streamed_tokens()
         cluster.kill_worker(victim)

@@ -4,7 +4,6 @@ starts one; scale-down to zero drains it; a dead worker still in the routing vie
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from tests.cluster.cluster_client import (
     running_cluster,
     usage_rows,
 )
+from tests.polling import wait_for
 from tests.registry.db_fixtures import redis_url  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow  # starts a dev cluster whose workers are started and killed
@@ -57,15 +57,6 @@ class Desired:
         return ScalingTarget(base_model=BASE_MODEL, desired_workers=self.num_workers, reason="test")
 
 
-def _wait_for(predicate, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return bool(predicate())
-
-
 def test_a_request_with_no_live_worker_waits_for_the_scaler_to_start_one_then_scale_to_zero_drains_it(
     cluster: DevCluster,
 ) -> None:
@@ -76,7 +67,7 @@ def test_a_request_with_no_live_worker_waits_for_the_scaler_to_start_one_then_sc
 
     load = Load()
     load.start(cluster, key, BASE_MODEL, is_stream=True, max_tokens=8, seed=1)
-    assert _wait_for(
+    assert wait_for(
         lambda: any(r.status == "in_progress" for r in usage_rows(cluster.database_url or "", tenant_id))
     )
     desired.num_workers = 1  # the demand the scaling endpoint would report
@@ -88,7 +79,7 @@ def test_a_request_with_no_live_worker_waits_for_the_scaler_to_start_one_then_sc
 
     desired.num_workers = 0
     assert len(scaler.step().stop_ids) == 1 and cluster.worker_ids() == []
-    assert _wait_for(lambda: cluster.live_worker_ids() == [])  # drained and deregistered
+    assert wait_for(lambda: cluster.live_worker_ids() == [])  # drained and deregistered
 
 
 def test_a_worker_killed_before_the_first_token_is_retried_on_another(cluster: DevCluster) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import pytest
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, WorkerStats, prefix_cache_namespace
 from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_process
 from registry.digests import sha256_file
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow  # starts worker processes
 
@@ -148,15 +148,6 @@ def _stats(worker: RunningWorker) -> WorkerStats:
         return WorkerStats.model_validate(client.get("/stats").json())
 
 
-def _wait_for(predicate: Any, timeout_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_the_worker_says_which_engine_serves_and_its_rank_limit(engine_worker: RunningWorker) -> None:
     stats = _stats(engine_worker)
     assert stats.engine == engine_worker.settings.engine.backend
@@ -198,7 +189,7 @@ def test_more_adapters_in_flight_than_lora_slots_all_complete(
         assert status == 200, (rid, error)
         assert events[-1].type == "final", (rid, events[-1])
         assert _tokens(events) == oracle_tokens[(i, name)], rid
-    assert _wait_for(lambda: _stats(engine_worker).num_active == 0)
+    assert wait_for(lambda: _stats(engine_worker).num_active == 0)
 
 
 def test_closing_a_stream_aborts_its_request(engine_worker: RunningWorker, oracle_tokens: dict) -> None:
@@ -211,7 +202,7 @@ def test_closing_a_stream_aborts_its_request(engine_worker: RunningWorker, oracl
         first = next(line for line in response.iter_lines() if line)
         assert GenerateEvent.model_validate_json(first).type == "delta"
     # the worker saw the disconnect: nothing of the request is left running or counted active
-    assert _wait_for(lambda: (s := _stats(engine_worker)).num_running == 0 and s.num_active == 0)
+    assert wait_for(lambda: (s := _stats(engine_worker)).num_running == 0 and s.num_active == 0)
     [(status, events, _)] = _run(engine_worker, [_body("after-abort", PROMPTS[1], None)])
     assert status == 200 and _tokens(events) == oracle_tokens[(1, None)]
 

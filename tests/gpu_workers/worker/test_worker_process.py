@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cluster.protocol import GenerateEvent, GenerateRequest
 from gpu_workers.worker.testing import RunningWorker, worker_process
+from tests.polling import wait_for
 from tests.services import REDIS_URL, redis_with_prefix
 
 pytestmark = pytest.mark.slow  # starts worker subprocesses (SIGTERM drain, refused start)
@@ -41,15 +40,6 @@ def _stream_events(
     return events
 
 
-def _wait_for(predicate: Any, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_sigterm_drains_in_flight_stream_then_exits_0_and_deregisters(
     base_model_dir: Path, tmp_path: Path, redis_prefix: str
 ) -> None:
@@ -57,7 +47,7 @@ def test_sigterm_drains_in_flight_stream_then_exits_0_and_deregisters(
         base_model_dir, tmp_path / "blobs", redis_url=REDIS_URL, worker_key_prefix=redis_prefix
     ) as worker:
         assert worker.directory is not None and worker.process is not None
-        assert _wait_for(lambda: [r.worker_id for r in worker.directory.list_live()] == [worker.worker_id])
+        assert wait_for(lambda: [r.worker_id for r in worker.directory.list_live()] == [worker.worker_id])
 
         first_delta = threading.Event()
         result: list[list[GenerateEvent]] = []
@@ -67,7 +57,7 @@ def test_sigterm_drains_in_flight_stream_then_exits_0_and_deregisters(
         worker.process.send_signal(signal.SIGTERM)
 
         with worker.client(timeout=10) as client:
-            assert _wait_for(lambda: client.get("/ready").status_code == 503)
+            assert wait_for(lambda: client.get("/ready").status_code == 503)
             assert client.get("/ready").json()["status"] == "draining"
             refused = client.post("/generate", json={"request_id": "late", "prompt": "hi"})
             assert refused.status_code == 503 and refused.json()["error"]["type"] == "draining"
