@@ -19,6 +19,7 @@ from api.inference.learned_predictor import LearnedLengthPredictor
 from api.routes import (
     adapters,
     admin,
+    base_models,
     completions,
     health,
     models,
@@ -53,6 +54,7 @@ def metrics(request: Request, _: MetricsAccessDep) -> Response:
 DEFAULT_ROUTERS: tuple[APIRouter, ...] = (
     health.router,
     admin.router,
+    base_models.router,
     adapters.router,
     models.router,
     completions.router,

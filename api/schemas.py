@@ -281,6 +281,24 @@ class AdapterDeleted(BaseModel):
     deleted: bool = True
 
 
+class CatalogModelPublic(BaseModel):
+    """A base model of the catalog (GET /v1/admin/models)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    model_type: str
+    shape: dict[str, int]
+    dtype: str
+    files: list[dict[str, Any]]
+    num_bytes: int
+    engines: list[str]
+    aliases: list[str]
+    status: str
+    created_at: datetime
+    num_ready_adapters: int = 0
+
+
 class ListResponse(BaseModel):
     """OpenAI-style list envelope."""
 

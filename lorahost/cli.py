@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from lorahost.models_cli import app as models_app
 from lorahost.plan_cli import plan as plan_command
 from lorahost.profile_cli import profile as profile_command
 from lorahost.reports_cli import app as reports_app
@@ -20,6 +21,7 @@ app = typer.Typer(help="lorahost: serverless multi-tenant LoRA adapter hosting."
 db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(reports_app, name="report")
+app.add_typer(models_app, name="models")
 app.command("plan")(plan_command)
 app.command("profile")(profile_command)
 app.command("tune")(tune_command)

@@ -150,6 +150,40 @@ class ApiKey(Base):
     tenant: Mapped[Tenant] = relationship()
 
 
+BASE_MODEL_STATUSES = ("ready", "removed")
+
+
+class CatalogModel(Base):
+    """A base model of the catalog: its shape, its files in the blob store (content-addressed, with digests) and
+    the engines that may serve it. Removed models keep their row (status "removed") for usage history."""
+
+    __tablename__ = "base_models"
+    __table_args__ = (
+        CheckConstraint(_in_check("status", BASE_MODEL_STATUSES), name="status"),
+        # One live model per name; a removed name can be added again.
+        Index(
+            "uq_base_models_name_live",
+            "name",
+            unique=True,
+            postgresql_where=text("status = 'ready'"),
+            sqlite_where=text("status = 'ready'"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64))
+    model_type: Mapped[str] = mapped_column(String(32))  # config.json's model_type: llama, mistral, qwen2
+    shape: Mapped[dict[str, int]] = mapped_column(JSON)  # hidden_size, num_layers, heads, vocab_size, ...
+    dtype: Mapped[str] = mapped_column(String(16))
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{path, sha256, num_bytes, blob_key}]
+    num_bytes: Mapped[int] = mapped_column(BigInteger)
+    engines: Mapped[list[str]] = mapped_column(JSON)  # engine backends that may serve it
+    aliases: Mapped[list[str]] = mapped_column(JSON)  # other names adapters' configs use for it
+    status: Mapped[str] = mapped_column(String(16), default="ready")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
 class Adapter(Base):
     """A named LoRA adapter of one tenant; its files live in versions. Soft-deleted via deleted_at."""
 

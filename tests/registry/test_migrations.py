@@ -21,7 +21,15 @@ from tests.registry.db_fixtures import (
     require_service,
 )
 
-TABLES = {"price_plans", "tenants", "api_keys", "adapters", "adapter_versions", "usage_records"}
+TABLES = {
+    "price_plans",
+    "tenants",
+    "api_keys",
+    "adapters",
+    "adapter_versions",
+    "usage_records",
+    "base_models",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -52,7 +60,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0014"
+    assert current_revision(empty_db_url) == "0015"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:

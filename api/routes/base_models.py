@@ -1,0 +1,50 @@
+"""/v1/admin/models: the base-model catalog (admin key only): list, look up, remove. Models are added with
+`lorahost models add` (it imports, verifies and uploads the files: registry/base_model_catalog.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from api.deps import AdminDep, SessionDep
+from api.schemas import PRINTABLE_TEXT, CatalogModelPublic, ListResponse
+from registry import base_model_catalog
+from registry.db import run_in_write_transaction
+
+router = APIRouter(prefix="/v1/admin/models", tags=["admin"])
+ModelName = Annotated[str, Path(pattern=PRINTABLE_TEXT)]
+
+
+def _public(session: SessionDep, model: object) -> CatalogModelPublic:
+    card = CatalogModelPublic.model_validate(model)
+    return card.model_copy(
+        update={"num_ready_adapters": base_model_catalog.num_ready_adapters(session, card.name)}
+    )
+
+
+@router.get("", response_model=ListResponse)
+def list_models(_: AdminDep, session: SessionDep) -> ListResponse:
+    """The catalog's live base models, by name."""
+    return ListResponse(data=[_public(session, m) for m in base_model_catalog.list_base_models(session)])
+
+
+@router.get("/{name}", response_model=CatalogModelPublic)
+def get_model(name: ModelName, _: AdminDep, session: SessionDep) -> CatalogModelPublic:
+    """One base model: shape, files with digests, engines, aliases, adapters bound to it."""
+    return _public(session, base_model_catalog.get_base_model(session, name))
+
+
+@router.delete("/{name}", response_model=CatalogModelPublic)
+def remove_model(
+    name: ModelName,
+    _: AdminDep,
+    session: SessionDep,
+    force: Annotated[bool, Query(description="Remove even with ready adapters bound to it")] = False,
+) -> CatalogModelPublic:
+    """Remove a base model (409 while ready adapters are bound to it, unless force=true)."""
+    session.commit()
+    model = run_in_write_transaction(
+        session, lambda s: base_model_catalog.remove_base_model(s, name, is_forced=force)
+    )
+    return _public(session, model)
