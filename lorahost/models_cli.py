@@ -167,13 +167,16 @@ def remove(
     data_dir: DataDirOption = None,
 ) -> None:
     """Remove a base model from the catalog (refused while ready adapters are bound to it, unless --force)."""
-    from registry.base_model_catalog import remove_base_model
+    from registry.base_model_catalog import remove_base_model, unpublish_manifest
+    from registry.blob_locations import make_blob_store
     from registry.errors import RegistryError
 
-    with _session(_settings(data_dir)) as session:
+    settings = _settings(data_dir)
+    with _session(settings) as session:
         try:
             remove_base_model(session, name, is_forced=force)
             session.commit()
+            unpublish_manifest(make_blob_store(settings), name)
         except RegistryError as exc:
             typer.echo(f"lorahost models remove: {exc}", err=True)
             raise typer.Exit(2) from exc

@@ -168,7 +168,10 @@ def worker(
     if not settings.internal_token:
         raise typer.BadParameter("set LORAHOST_INTERNAL_TOKEN (the shared secret API servers send)")
     if settings.base_model_path is None:
-        raise typer.BadParameter("pass --base-model or set LORAHOST_BASE_MODEL_PATH")
+        typer.echo(
+            f"lorahost worker: no --base-model: fetching base model {settings.base_model_name!r} from the blob "
+            "store's catalog (lorahost models add)"
+        )
     if not settings.storage.redis_url:
         typer.echo("lorahost worker: no LORAHOST_REDIS_URL; registered in memory only (direct calls only)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

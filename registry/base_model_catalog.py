@@ -2,21 +2,25 @@
 
 A model is a Hugging Face directory (config.json of a supported Llama-family type, safetensors weights, the
 tokenizer files). `add_base_model` checks its config, digests every file, stores each under a content-addressed
-key (`models/<name>/<sha256>/<file>`: a worker verifies what it fetches against the recorded digest) and records
-the row only once every file is stored, so a failed add leaves no catalog entry. Removing a model with ready
+key (`models/<name>/<sha256>/<file>`: a worker verifies what it fetches against the recorded digest), writes the
+manifest workers read by name (registry/base_model_manifest.py), and records the row only once every file is
+stored, so a failed add leaves no catalog entry. Removing a model with ready
 adapters bound to it is refused unless forced; a removed model keeps its row (usage history names it).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from registry.base_model_manifest import ModelFile, dump_manifest, file_key, manifest_key
 from registry.digests import sha256_file
 from registry.errors import ConflictError, InvalidRequestError, NotFoundError
 from registry.models import Adapter, AdapterVersion, CatalogModel, utcnow
@@ -33,7 +37,6 @@ MODEL_FILE_PATTERNS = (
     "tokenizer*",
     "special_tokens_map.json",
 )
-BLOB_PREFIX = "models"
 
 
 def check_model_name(name: str) -> str:
@@ -80,15 +83,15 @@ def add_base_model(
         )
     if not any(p.name == "tokenizer.json" for p in files):
         raise InvalidRequestError(f"{model_dir} has no tokenizer.json: the API tokenizes prompts with it")
-    records = []
+    stored = []
     for path in files:
         digest = sha256_file(path)
-        key = f"{BLOB_PREFIX}/{name}/{digest}/{path.name}"
+        key = file_key(name, digest, path.name)
         if not store.exists(key):
             store.put_file(key, path)
-        records.append(
-            {"path": path.name, "sha256": digest, "num_bytes": path.stat().st_size, "blob_key": key}
-        )
+        stored.append(ModelFile(path.name, digest, path.stat().st_size, key))
+    store.put_stream(manifest_key(name), io.BytesIO(dump_manifest(name, stored)))  # last: workers read it
+    records = [asdict(f) for f in stored]
     model = CatalogModel(
         name=name,
         model_type=spec.model_type,
@@ -181,3 +184,9 @@ def remove_base_model(session: Session, name: str, *, is_forced: bool = False) -
     model.removed_at = utcnow()
     session.flush()
     return model
+
+
+def unpublish_manifest(store: BlobStore, name: str) -> None:
+    """Delete a removed model's manifest, so no new worker starts on it (its files stay: running workers and
+    a re-add of the same files reuse them)."""
+    store.delete(manifest_key(name))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from api.deps import AdminDep, SessionDep
+from api.deps import AdminDep, ServicesDep, SessionDep
 from api.schemas import PRINTABLE_TEXT, CatalogModelPublic, ListResponse
 from registry import base_model_catalog
 from registry.db import run_in_write_transaction
@@ -40,6 +40,7 @@ def remove_model(
     name: ModelName,
     _: AdminDep,
     session: SessionDep,
+    services: ServicesDep,
     force: Annotated[bool, Query(description="Remove even with ready adapters bound to it")] = False,
 ) -> CatalogModelPublic:
     """Remove a base model (409 while ready adapters are bound to it, unless force=true)."""
@@ -47,4 +48,5 @@ def remove_model(
     model = run_in_write_transaction(
         session, lambda s: base_model_catalog.remove_base_model(s, name, is_forced=force)
     )
+    base_model_catalog.unpublish_manifest(services.blob_store, name)  # after the commit: no new worker on it
     return _public(session, model)

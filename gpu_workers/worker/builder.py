@@ -71,9 +71,15 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
     from registry.blob_locations import make_blob_store
 
     build_backend = backend_factory(settings)
-    if settings.base_model_path is None:
-        raise ValueError("no base model: set LORAHOST_BASE_MODEL_PATH or pass --base-model")
     blob_store = make_blob_store(settings)
+
+    def read_blob(key: str) -> bytes | None:
+        if not blob_store.exists(key):
+            return None
+        with blob_store.open(key) as f:
+            return bytes(f.read())
+
+    settings = with_local_base_model(settings, read_blob, blob_store.download_to)
     host_cache = HostAdapterCache(
         settings.resolved_host_cache_dir(),
         blob_store.download_to,
@@ -87,6 +93,23 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
         max_num_seqs=settings.engine.max_num_seqs,
         perf_model=load_perf_profile(settings),
     )
+
+
+def with_local_base_model(
+    settings: Settings, read_blob: Callable[[str], bytes | None], download: Callable[[str, Path], None]
+) -> Settings:
+    """The settings with a local base model directory: LORAHOST_BASE_MODEL_PATH when set (development), else
+    base model `base_model_name` fetched from the blob store's catalog into DATA_DIR/base-models
+    (gpu_workers/worker/base_model_fetch.py; BaseModelFetchError saying what to do when it cannot be)."""
+    from gpu_workers.worker.base_model_fetch import fetch_base_model
+    from registry.base_model_manifest import manifest_key
+
+    if settings.base_model_path is not None:
+        return settings
+    name = settings.base_model_name
+    root = settings.data_dir / "base-models"
+    path = fetch_base_model(name, lambda: read_blob(manifest_key(name)), download, root)
+    return settings.model_copy(update={"base_model_path": path})
 
 
 def load_perf_profile(settings: Settings) -> dict[str, Any] | None:

@@ -18,7 +18,9 @@ from registry.base_model_catalog import (
     list_base_models,
     num_ready_adapters,
     remove_base_model,
+    unpublish_manifest,
 )
+from registry.base_model_manifest import ModelFile, manifest_key, parse_manifest
 from registry.digests import sha256_file
 from registry.errors import ConflictError, InvalidRequestError, NotFoundError
 from registry.storage import LocalBlobStore
@@ -48,6 +50,8 @@ def test_a_model_is_stored_by_content_and_recorded_with_its_shape(
         assert store.size(record["blob_key"]) == record["num_bytes"]
     assert model.num_bytes == sum(f["num_bytes"] for f in model.files)
     assert [m.name for m in list_base_models(db_session)] == ["tiny-a"]
+    with store.open(manifest_key("tiny-a")) as f:  # what workers read by name
+        assert parse_manifest(f.read()) == ("tiny-a", [ModelFile(**r) for r in model.files])
     assert get_base_model(db_session, "tiny-a").engines == ["native", "vllm"] and model.aliases == ["x/y"]
 
 
@@ -112,6 +116,8 @@ def test_removal_waits_for_its_adapters_unless_forced_and_frees_the_name(
     with pytest.raises(ConflictError, match="1 ready adapter"):
         remove_base_model(db_session, "tiny-a")
     removed = remove_base_model(db_session, "tiny-a", is_forced=True)
+    unpublish_manifest(store, "tiny-a")
+    assert not store.exists(manifest_key("tiny-a"))  # no new worker starts on it
     assert removed.status == "removed" and removed.removed_at is not None
     assert list_base_models(db_session) == []
     again = add_base_model(db_session, store, "tiny-a", base_model_dir)  # the name is free again
