@@ -28,7 +28,10 @@ else
   # Install the CPU torch first so the resolver keeps it.
   "${PIP[@]}" install "$TORCH_SPEC"
   echo "[setup_vllm_venv] dry run of $VLLM_SPEC"
-  plan="$("${PIP[@]}" install --dry-run "$VLLM_SPEC" "$TORCH_SPEC" 2>&1 | grep -v 'is ignored' | tee /dev/stderr | grep -i '^Would install' || true)"
+  # (not `tee /dev/stderr`: when stderr is a file, reopening it truncates what the caller logged before)
+  dry_run="$("${PIP[@]}" install --dry-run "$VLLM_SPEC" "$TORCH_SPEC" 2>&1 | grep -v 'is ignored' || true)"
+  echo "$dry_run" >&2
+  plan="$(echo "$dry_run" | grep -i '^Would install' || true)"
   if echo "$plan" | grep -Eo 'torch-[^ ]+' | grep -qv '+cpu'; then
     echo "[setup_vllm_venv] refusing: dry run would install a non-CPU torch: $plan" >&2
     exit 1
