@@ -4,8 +4,8 @@ The platform's admission runs in front of vLLM: a request waits here until `sche
 releases it (the configured batch policy decides the order; vLLM's `max_num_seqs` and `max_loras` bound what is
 in flight), so a request is never refused because vLLM's LoRA slots are full. Adapters go to vLLM as
 `LoRARequest(adapter_id, int_id, path)`: the path is the worker's verified local copy, and the integer id is
-unique per worker and never reused for other files (`LoraIds`). vLLM is reached through `VllmClient`, the part
-of `AsyncLLM` this module uses, so tests drive it with a fake; `build_vllm_client` imports vLLM lazily.
+unique per worker and never reused for other files (`LoraIds`). vLLM is reached through `VllmClient`
+(gpu_workers/worker/vllm_client.py), so tests drive it with a fake; vllm_engine.py builds the real one.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError
 from gpu_workers.engine.outputs import RequestOutput
+from gpu_workers.worker.vllm_client import LoraIds, VllmClient, engine_prompt_of
 from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import count_by_adapter
@@ -28,59 +29,6 @@ from scheduler.fair_share import ANONYMOUS_TENANT
 
 _UNBOUNDED = 1 << 40  # vLLM owns its memory: the policy sees no token or block bound
 BASE_SLOT = "\0base"  # the LoRA slot base-model requests take when they run on the zero adapter
-
-
-class VllmClient(Protocol):
-    """What this backend calls on vLLM's `AsyncLLM` (vllm/v1/engine/async_llm.py)."""
-
-    def generate(
-        self, prompt: Any, sampling_params: Any, request_id: str, *, lora_request: Any = None
-    ) -> AsyncIterator[Any]:
-        """Outputs of one request (cumulative token ids in `outputs[0].token_ids`)."""
-        ...
-
-    async def abort(self, request_id: str) -> None:
-        """Stop a request."""
-        ...
-
-    async def add_lora(self, lora_request: Any) -> bool:
-        """Load an adapter into vLLM's adapter cache."""
-        ...
-
-    async def remove_lora(self, lora_id: int) -> bool:
-        """Drop an adapter."""
-        ...
-
-    def shutdown(self) -> None:
-        """Stop the engine process."""
-        ...
-
-
-def engine_prompt_of(prompt: str | list[int], cache_namespace: str | None) -> dict[str, Any]:
-    """vLLM's prompt for a request: its tokens (or text) and, for a tenant's request, its prefix-cache namespace
-    as vLLM's `cache_salt` (vLLM reuses cached KV blocks only between requests with the same salt, as the native
-    engine keeps prefix hits within a namespace: no tenant learns from time to first token what another sent)."""
-    engine_prompt: dict[str, Any] = (
-        {"prompt_token_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
-    )
-    if cache_namespace is not None:
-        engine_prompt["cache_salt"] = cache_namespace
-    return engine_prompt
-
-
-class LoraIds:
-    """vLLM's integer adapter ids: one per adapter files (by resolved path, which in the worker's
-    content-addressed cache names the content), from 1 up, never reused."""
-
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-
-    def id_for(self, path: Path) -> int:
-        """The id of the files at `path` (a new one for files never seen)."""
-        key = str(Path(path).resolve())
-        if key not in self._ids:
-            self._ids[key] = len(self._ids) + 1
-        return self._ids[key]
 
 
 @dataclass
