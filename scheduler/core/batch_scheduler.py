@@ -3,7 +3,7 @@
 Running sequences go first (oldest first): each takes its next token or its next prompt chunk. When a
 running sequence needs a KV page and none is free, unreferenced cached prefix blocks are evicted (leaves,
 LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
-sequence is preempted (pages freed, recomputed later). Then waiting requests are admitted in the order a
+sequence is preempted (pages freed, recomputed later); a sequence's pages are `core/sequence_blocks.py`'s. Then waiting requests are admitted in the order a
 `BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last, and, when
 `max_running_tokens` is set, while the running batch's tokens stay within it (scheduler/running_budget.py); a request whose
 adapter is only on the host gets an adapter copy planned (evicting idle adapters,
@@ -40,6 +40,7 @@ from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.scheduler_stats import SchedulerStats, make_stats
 from scheduler.core.sequence import Sequence, SequenceStatus
+from scheduler.core.sequence_blocks import SequenceBlocks
 from scheduler.core.step_output import StepUpdate, TextStop, update_from_output
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 from scheduler.core.waiting_view import describe_waiting
@@ -85,6 +86,7 @@ class BatchScheduler:
         self.num_adapter_misses = 0  # admissions that planned their adapter's load
         self.num_adapter_prefetches = 0  # loads planned for waiting requests before their admission
         self.prefix_cache = prefix_cache
+        self.blocks = SequenceBlocks(pool, residency, prefix_cache)
         if prefix_cache is not None:
             residency.on_leave_device.append(prefix_cache.drop_adapter)
 
@@ -115,8 +117,7 @@ class BatchScheduler:
 
     def num_reclaimable_blocks(self) -> int:
         """KV pages a new sequence could get: free ones plus unreferenced cached blocks."""
-        cache = self.prefix_cache
-        return self.pool.num_free_blocks + (cache.num_evictable_blocks if cache is not None else 0)
+        return self.blocks.num_reclaimable_blocks()
 
     def make_stats(self) -> SchedulerStats:
         """The core's counters and state now: queues, pages, residency, the router's inputs."""
@@ -126,7 +127,7 @@ class BatchScheduler:
         """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop
         it from the queues."""
         if reason != "error":
-            self._cache_computed(seq)
+            self.blocks.cache_computed(seq)
         if seq.adapter_id is not None and not seq.is_finished:
             self.residency.unpin(seq.adapter_id, is_running=seq.status is SequenceStatus.RUNNING)
         seq.status = SequenceStatus.FINISHED
@@ -135,45 +136,8 @@ class BatchScheduler:
         self.copy_gate.forget(seq.request_id)
         if seq in self.running:
             self.running.remove(seq)
-        self._free_blocks(seq)
+        self.blocks.free(seq)
         self.policy.on_finished(seq.request_id, now=self.clock())
-
-    def _free_blocks(self, seq: Sequence) -> None:
-        """Release seq's cached blocks and free its own pages."""
-        if seq.num_cached_blocks:
-            assert self.prefix_cache is not None
-            self.prefix_cache.release(seq.block_table[: seq.num_cached_blocks])
-        if seq.block_table:
-            self.pool.free(seq.block_table[seq.num_cached_blocks :])
-            seq.block_table = []
-        seq.num_cached_blocks = 0
-
-    def _cache_computed(self, seq: Sequence) -> None:
-        """Hand seq's computed full prompt blocks to the prefix cache (seq keeps a reference to each)."""
-        cache = self.prefix_cache
-        if cache is None or seq.is_finished:
-            return
-        num_full = min(seq.num_computed_tokens, seq.num_prompt_tokens) // self.pool.block_size
-        if num_full > seq.num_cached_blocks:
-            seq.num_cached_blocks = cache.insert(
-                seq.adapter_id,
-                seq.token_ids,
-                seq.block_table,
-                seq.num_cached_blocks,
-                num_full,
-                namespace=seq.cache_namespace,
-            )
-
-    def _reuse_cached_prefix(self, seq: Sequence) -> None:
-        """Start a waiting seq from the longest cached prefix of its adapter in its cache namespace (at least one
-        token stays)."""
-        if self.prefix_cache is None:
-            return
-        pages = self.prefix_cache.match(seq.adapter_id, seq.token_ids, namespace=seq.cache_namespace)
-        self.prefix_cache.acquire(pages)
-        seq.block_table = list(pages)
-        seq.num_cached_blocks = len(pages)
-        seq.num_computed_tokens = len(pages) * self.pool.block_size
 
     # ---- one step -----------------------------------------------------------------------------------
 
@@ -184,7 +148,7 @@ class BatchScheduler:
         budget = self.max_num_batched_tokens
         is_preempted = False
         for seq in self.running:
-            self._cache_computed(seq)
+            self.blocks.cache_computed(seq)
         for seq in list(self.running):
             if seq not in self.running or budget == 0:
                 continue
@@ -214,7 +178,7 @@ class BatchScheduler:
 
     def _grow_or_preempt(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
         """Give `seq` pages for num_new more tokens, preempting the youngest others; False if seq itself went."""
-        while not self._append_slots(seq, num_new, plan):
+        while not self.blocks.append_slots(seq, num_new, plan):
             victim = self.running[-1]
             self._preempt(victim)
             plan.preemptions.append(victim.request_id)
@@ -222,29 +186,12 @@ class BatchScheduler:
                 return False
         return True
 
-    def _append_slots(self, seq: Sequence, num_new: int, plan: StepPlan) -> bool:
-        """Grow seq's block table (evicting unreferenced cached blocks, then idle adapters from
-        KV-addressable pages, if needed)."""
-        num_tokens_after = seq.num_computed_tokens + num_new
-        if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
-            return True
-        num_missing = self.pool.num_blocks_for_tokens(num_tokens_after) - len(seq.block_table)
-        if self.prefix_cache is not None and self.prefix_cache.num_evictable_blocks:
-            self.prefix_cache.evict_leaves(num_missing - self.pool.num_free_blocks)
-            if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
-                return True
-        evicted = self.residency.evict_for_kv(num_missing, keep=seq.adapter_id)
-        if not evicted:
-            return False
-        plan.adapter_evictions.extend(evicted)
-        return self.pool.append_slots(seq.block_table, num_tokens_after) is not None
-
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's pages and put it back to waiting (its KV is recomputed later, but its
         computed full prompt blocks stay cached while nothing needs their room)."""
-        self._cache_computed(seq)
+        self.blocks.cache_computed(seq)
         self.running.remove(seq)
-        self._free_blocks(seq)
+        self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -295,10 +242,10 @@ class BatchScheduler:
                 continue
             if not self.copy_gate.may_run(seq, plan):
                 continue  # its adapter's copy is under way: not a shortage, so it blocks nobody behind it
-            self._reuse_cached_prefix(seq)
+            self.blocks.reuse_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._append_slots(seq, num_new, plan):
-                self._free_blocks(seq)
+            if not self.blocks.append_slots(seq, num_new, plan):
+                self.blocks.free(seq)
                 seq.num_computed_tokens = 0
                 is_memory_short = True
                 gate.on_short(request_id, is_adapter_short=False)
@@ -379,7 +326,7 @@ class BatchScheduler:
             return False
         state = self.residency.get(adapter_id)
         victims = self.residency.plan_load(adapter_id, may_evict_waiting, min_free_kv_blocks)
-        if victims is None and may_evict_waiting and self._drop_cached_blocks_for_adapters():
+        if victims is None and may_evict_waiting and self.blocks.drop_cached_blocks_for_adapters():
             victims = self.residency.plan_load(adapter_id, may_evict_waiting, min_free_kv_blocks)
         if victims is None:
             return False
@@ -387,14 +334,6 @@ class BatchScheduler:
         if residency is Residency.HOST:
             plan.adapter_loads.append(AdapterLoad(adapter_id, state.host_path if state else None))
         return True
-
-    def _drop_cached_blocks_for_adapters(self) -> bool:
-        """In a unified pool, unreferenced cached prefix blocks may hold the pages (or break up the run) an
-        adapter load needs: a request's load outranks cached KV, so evict them all; True if any went."""
-        cache = self.prefix_cache
-        if cache is None or not self.pool.is_unified or not cache.num_evictable_blocks:
-            return False
-        return cache.evict_leaves(cache.num_evictable_blocks) > 0
 
     def on_adapter_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
         """A planned copy landed on the device (in `load_seconds`, when measured); from then on its sequences

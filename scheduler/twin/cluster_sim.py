@@ -34,14 +34,9 @@ overloaded/draining retry); usage counts completion tokens as produced.
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import IntEnum
 
 from cluster.model_load import model_loads, scaling_policy
 from cluster.placement_table import (
@@ -64,6 +59,8 @@ from scheduler.twin.cluster_run import (
     WorkerSummary,
 )
 from scheduler.twin.cost_model import CostModel
+from scheduler.twin.event_queue import EventKind, EventQueue
+from scheduler.twin.front_door import HeldRequest, next_poll_s
 from scheduler.twin.profile import TwinProfile
 from scheduler.twin.request_record import RequestRecord
 from scheduler.twin.sim_clock import SimClock
@@ -73,24 +70,6 @@ from scheduler.twin.worker_sim import SimulatedWorker
 from settings import Settings
 
 COLD_START_TIMEOUT_CODE = "cold_start_timeout"
-
-
-class _Kind(IntEnum):
-    """Event kinds; the value orders events of the same time."""
-
-    READY = 0
-    PLACEMENT = 1
-    SCALING = 2
-    FETCHED = 3
-    POLL = 4
-    ARRIVAL = 5
-    TIMEOUT = 6
-
-
-@dataclass
-class _Held:
-    request: TraceRequest
-    since_s: float
 
 
 _Payload = TraceRequest | str | ClusterNode | tuple[ClusterNode, TraceRequest] | None
@@ -122,11 +101,10 @@ class ClusterSim:
         self.policy = scaling_policy(settings)
         self.store = InMemoryRoutingTableStore()
         self.nodes: dict[str, ClusterNode] = {}
-        self.held: dict[str, _Held] = {}
+        self.held: dict[str, HeldRequest] = {}
         self.refused: dict[str, RequestRecord] = {}
         self.result = ClusterResult([], [], [])
-        self._events: list[tuple[float, int, int, _Kind, _Payload]] = []
-        self._order = itertools.count()
+        self._events: EventQueue[_Payload] = EventQueue()
         self._num_pending = 0  # arrivals not yet processed plus fetches not landed
         self._usage: list[RequestRecord] = []  # records the placement history may still count
         self._wait_start: dict[str, float] = {}  # held requests' first wait (their cold-start deadline)
@@ -145,14 +123,14 @@ class ClusterSim:
             self._start_node(0.0).ready_s = 0.0
         self._sample(0.0)
         for request in trace:
-            self._push(request.arrival_s, _Kind.ARRIVAL, request)
+            self._events.push(request.arrival_s, EventKind.ARRIVAL, request)
         self._num_pending = len(trace)
         if self.settings.jobs.placement_interval_s > 0:
-            self._push(self.settings.jobs.placement_interval_s, _Kind.PLACEMENT, None)
+            self._events.push(self.settings.jobs.placement_interval_s, EventKind.PLACEMENT, None)
         if self.options.is_autoscaling:
-            self._push(self.options.scaling_interval_s, _Kind.SCALING, None)
+            self._events.push(self.options.scaling_interval_s, EventKind.SCALING, None)
         while self._events and (self._num_pending or self.held):
-            moment, _, _, kind, payload = heapq.heappop(self._events)
+            moment, kind, payload = self._events.pop()
             self._advance(moment)
             self._handle(moment, kind, payload)
         end = self._drain_all()
@@ -162,40 +140,37 @@ class ClusterSim:
         self.result.workers = [self._summary(n) for n in self.nodes.values()]
         return self.result
 
-    def _push(self, moment: float, kind: _Kind, payload: _Payload) -> None:
-        heapq.heappush(self._events, (moment, int(kind), next(self._order), kind, payload))
-
     def _advance(self, moment: float) -> None:
         for node in self._running_nodes():
             node.sim.step_until(moment)
         self._retire_idle_draining(moment)
 
-    def _handle(self, moment: float, kind: _Kind, payload: _Payload) -> None:
-        if kind is _Kind.ARRIVAL:
+    def _handle(self, moment: float, kind: EventKind, payload: _Payload) -> None:
+        if kind is EventKind.ARRIVAL:
             assert isinstance(payload, TraceRequest)
             self._num_pending -= 1
             self._route(payload, moment)
-        elif kind is _Kind.POLL:
+        elif kind is EventKind.POLL:
             assert isinstance(payload, str)
             if payload in self.held:
                 self._route(self.held.pop(payload).request, moment)
-        elif kind is _Kind.TIMEOUT:
+        elif kind is EventKind.TIMEOUT:
             assert isinstance(payload, str)
             if payload in self.held:
                 self._refuse(self.held.pop(payload).request, moment)
-        elif kind is _Kind.FETCHED:
+        elif kind is EventKind.FETCHED:
             assert isinstance(payload, tuple)
             node, request = payload
             self._land(node, request, moment)
-        elif kind is _Kind.READY:
+        elif kind is EventKind.READY:
             assert isinstance(payload, ClusterNode)
             self._on_ready(payload, moment)
-        elif kind is _Kind.PLACEMENT:
+        elif kind is EventKind.PLACEMENT:
             self._place(moment)
-            self._push(moment + self.settings.jobs.placement_interval_s, _Kind.PLACEMENT, None)
+            self._events.push(moment + self.settings.jobs.placement_interval_s, EventKind.PLACEMENT, None)
         else:
             self._scale(moment)
-            self._push(moment + self.options.scaling_interval_s, _Kind.SCALING, None)
+            self._events.push(moment + self.options.scaling_interval_s, EventKind.SCALING, None)
 
     def _drain_all(self) -> float:
         """Run every worker until idle; the time the last one finished."""
@@ -216,7 +191,9 @@ class ClusterSim:
         if chosen is None:
             if request.request_id not in self._wait_start:
                 self._wait_start[request.request_id] = moment
-                self._push(moment + self.settings.api.cold_start_timeout_s, _Kind.TIMEOUT, request.request_id)
+                self._events.push(
+                    moment + self.settings.api.cold_start_timeout_s, EventKind.TIMEOUT, request.request_id
+                )
             self._hold(request, moment)
             return
         self._wait_start.pop(request.request_id, None)
@@ -239,18 +216,13 @@ class ClusterSim:
 
     def _hold(self, request: TraceRequest, moment: float) -> None:
         """Wait at the front door; polls are scheduled once a worker is ready (here or in `_on_ready`)."""
-        held = self.held[request.request_id] = _Held(request, self._wait_start[request.request_id])
+        held = self.held[request.request_id] = HeldRequest(request, self._wait_start[request.request_id])
         if any(n.is_ready for n in self.nodes.values()):
             self._schedule_poll(held, moment, strictly_after=True)
 
-    def _schedule_poll(self, held: _Held, moment: float, strictly_after: bool = False) -> None:
-        """The held request's first poll at or after `moment` (its polls fall every poll interval after its
-        wait began)."""
-        poll = self.settings.api.cold_start_poll_interval_s
-        num_polls = math.ceil((moment - held.since_s) / poll - 1e-9)
-        if strictly_after and held.since_s + num_polls * poll <= moment:
-            num_polls += 1
-        self._push(held.since_s + max(1, num_polls) * poll, _Kind.POLL, held.request.request_id)
+    def _schedule_poll(self, held: HeldRequest, moment: float, strictly_after: bool = False) -> None:
+        poll_s = next_poll_s(held, moment, self.settings.api.cold_start_poll_interval_s, strictly_after)
+        self._events.push(poll_s, EventKind.POLL, held.request.request_id)
 
     def _refuse(self, request: TraceRequest, moment: float) -> None:
         self._wait_start.pop(request.request_id, None)
@@ -279,7 +251,7 @@ class ClusterSim:
             node.fetch_done_at[key] = moment + self._fetch_s
         node.num_fetching += 1
         self._num_pending += 1
-        self._push(node.fetch_done_at[key], _Kind.FETCHED, (node, request))
+        self._events.push(node.fetch_done_at[key], EventKind.FETCHED, (node, request))
 
     def _land(self, node: ClusterNode, request: TraceRequest, moment: float) -> None:
         assert request.adapter_id is not None
@@ -334,7 +306,7 @@ class ClusterSim:
         if plan.is_noop:
             return
         for _ in range(plan.num_to_start):
-            self._push(moment + self.options.cold_start_s, _Kind.READY, self._start_node(moment))
+            self._events.push(moment + self.options.cold_start_s, EventKind.READY, self._start_node(moment))
         for worker_id in plan.stop_ids:
             self._stop(self.nodes[worker_id], moment)
         self._sample(moment)
