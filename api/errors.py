@@ -55,6 +55,9 @@ REQUEST_SHAPE_CODES = frozenset(
         "invalid_archive_layout",
         "unsupported_archive",
         "unsupported_archive_member",
+        "unknown_base_model",
+        "base_model_required",
+        "base_model_mismatch",
     }
 )
 

@@ -192,6 +192,12 @@ class AdapterImport(BaseModel):
     )
     visibility: Literal["private", "public"] | None = None
     credentials: S3ImportCredentials | None = None
+    base_model: str | None = Field(
+        default=None,
+        max_length=200,
+        description="the base model the adapter is for (GET /v1/models); default: the one its "
+        "adapter_config.json names, or the only one served",
+    )
 
 
 class AdapterVersionPublic(BaseModel):

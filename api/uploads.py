@@ -44,6 +44,7 @@ class ReceivedUpload:
     name: str
     visibility: str | None
     filenames: list[str]
+    base_model: str | None = None  # the base model the adapter is for (name or alias); None: from its config
 
 
 def upload_scratch_dir(settings: Settings) -> Path:
@@ -110,7 +111,8 @@ async def _bounded(request: Request, max_bytes: int) -> AsyncGenerator[bytes, No
 
 
 async def receive_upload(request: Request, upload_dir: Path, max_bytes: int) -> ReceivedUpload:
-    """Parse the multipart body (`name`, optional `visibility`, one or more `files`) into `upload_dir`."""
+    """Parse the multipart body (`name`, optional `visibility` and `base_model`, one or more `files`) into
+    `upload_dir`."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -136,11 +138,16 @@ async def receive_upload(request: Request, upload_dir: Path, max_bytes: int) -> 
 async def _save_form(form: object, upload_dir: Path) -> ReceivedUpload:
     name = form.get("name")  # type: ignore[attr-defined]
     visibility = form.get("visibility")  # type: ignore[attr-defined]
+    base_model = form.get("base_model")  # type: ignore[attr-defined]
     files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]  # type: ignore[attr-defined]
     if not isinstance(name, str) or not name:
         raise ApiError(400, "invalid_request", "form field 'name' is required (the adapter name)")
     if visibility is not None and not isinstance(visibility, str):
         raise ApiError(400, "invalid_request", "form field 'visibility' must be 'private' or 'public'")
+    if base_model is not None and (not isinstance(base_model, str) or not base_model.strip()):
+        raise ApiError(
+            400, "invalid_request", "form field 'base_model' must name a base model (GET /v1/models)"
+        )
     if not files:
         raise ApiError(
             400,
@@ -151,7 +158,9 @@ async def _save_form(form: object, upload_dir: Path) -> ReceivedUpload:
     filenames = [safe_basename(f.filename or "") for f in files]
     check_incoming_names(filenames)
     await run_in_threadpool(_write_files, files, filenames, upload_dir)
-    return ReceivedUpload(name=name, visibility=visibility or None, filenames=filenames)
+    return ReceivedUpload(
+        name=name, visibility=visibility or None, filenames=filenames, base_model=base_model or None
+    )
 
 
 def _write_files(files: list[UploadFile], filenames: list[str], upload_dir: Path) -> None:

@@ -3,7 +3,8 @@ validation job (step 4, registry/validation_job.py), with the context they share
 
 Flow (the API calls the first three; a job runner, inline or Celery, calls `validation_job.run_validation_job`):
   1. `prepare_adapter_dir`: filenames checked, an archive extracted -> a directory of adapter files.
-  2. `validate_adapter_files`: the full pure validation against the base model (raises
+  2. `validate_adapter_files`: the full pure validation against the adapter's base model (registry/
+     base_model_choice.py: the upload's `base_model`, else the one adapter_config.json names; raises
      AdapterValidationError; nothing has been stored yet).
   3. `stage_upload`: blobs under `uploads/<version id>/`, then the row `status=validating` in one short
      write transaction (retried when a concurrent upload of the same name wins the adapter row or the
@@ -11,7 +12,7 @@ Flow (the API calls the first three; a job runner, inline or Celery, calls `vali
   4. `run_validation_job`: download, verify both files' sha256, re-validate, copy blobs to
      `adapters/<tenant>/<adapter>/<version>/`, mark `ready`, then delete the staging blobs; or mark
      `failed` with the reason and delete every blob of that version.
-Imports (`accept_import`) read their source at request time (registry/import_sources.py: which locations, with
+Imports (registry/adapter_import.py `accept_import`) read their source at request time (registry/import_sources.py: which locations, with
 whose credentials), then take steps 1-4 like an upload.
 
 Invariant after every step, whatever fails or runs concurrently: each version row's blobs exist, and each
@@ -21,7 +22,7 @@ blob belongs to a row. No transaction is held open across file or network I/O (S
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 
@@ -30,16 +31,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from registry import repository, upload_quota
 from registry.archive import extract_archive, is_archive_name
+from registry.base_model_choice import (
+    BaseModelChoice,
+    available_base_models,
+    choose_base_model,
+    names_of,
+    peek_config_base,
+    validate_for_base,
+)
 from registry.blob_locations import make_blob_store
 from registry.db import is_insert_conflict, make_engine, make_session_factory, run_in_write_transaction
 from registry.digests import sha256_file
-from registry.errors import ConflictError
-from registry.import_sources import (
-    S3Credentials,
-    check_import_allowed,
-    parse_import_source,
-    read_import_source,
-)
+from registry.errors import ConflictError, StorageQuotaError
 from registry.models import AdapterVersion, new_id
 from registry.storage import BlobStore
 from registry.validation import (
@@ -50,7 +53,6 @@ from registry.validation import (
     BaseModelSpec,
     ValidationLimits,
     check_upload_filenames,
-    validate_adapter_dir,
 )
 from settings import Settings
 
@@ -84,18 +86,21 @@ class AdapterJobContext:
     limits: ValidationLimits
 
     @cached_property
-    def base_model_spec(self) -> BaseModelSpec:
-        """The configured base model's dimensions (read from its config.json on first use)."""
+    def local_base_spec(self) -> BaseModelSpec | None:
+        """The configured local base model's dimensions (its config.json, read on first use); None when no
+        local model is configured (the catalog's models only)."""
         if self.settings.base_model_path is None:
-            raise AdapterValidationError(
-                "no_base_model", "the server has no base model configured; set LORAHOST_BASE_MODEL_PATH"
-            )
+            return None
         return BaseModelSpec.from_model_dir(self.settings.base_model_path)
 
-    @property
-    def base_model_name(self) -> str:
-        """The served base model's public name."""
-        return self.settings.base_model_name
+    def base_model_choices(self, session: Session) -> list[BaseModelChoice]:
+        """The base models adapters may be bound to now (the catalog's and the configured one)."""
+        return available_base_models(session, self.settings, self.local_base_spec)
+
+    def read_base_model_choices(self) -> list[BaseModelChoice]:
+        """`base_model_choices` in a short read of its own."""
+        with self.session_factory() as session:
+            return self.base_model_choices(session)
 
 
 # ---- steps 1-2: local files ----------------------------------------------------------------------
@@ -126,9 +131,20 @@ def prepare_adapter_dir(upload_dir: Path, names: list[str], limits: ValidationLi
     return dest
 
 
-def validate_adapter_files(adapter_dir: Path, ctx: AdapterJobContext) -> AdapterInfo:
-    """Full pure validation of an adapter directory against the base model (AdapterValidationError)."""
-    return validate_adapter_dir(adapter_dir, ctx.base_model_spec, ctx.limits)
+def validate_adapter_files(
+    adapter_dir: Path,
+    ctx: AdapterJobContext,
+    base_model: str | None = None,
+    choices: list[BaseModelChoice] | None = None,
+) -> tuple[AdapterInfo, BaseModelChoice]:
+    """Full pure validation of an adapter directory against its base model: `base_model` (the adapter's, or
+    the upload's choice), else the one adapter_config.json names, else the only one (AdapterValidationError
+    listing the available bases). Returns what was validated and the base it is for."""
+    choices = ctx.read_base_model_choices() if choices is None else choices
+    chosen = choose_base_model(
+        choices, requested=None, bound=base_model, config_base=peek_config_base(adapter_dir)
+    )
+    return validate_for_base(adapter_dir, chosen, choices, ctx.limits), chosen
 
 
 def file_digests(adapter_dir: Path) -> dict[str, str]:
@@ -164,10 +180,12 @@ def stage_upload(
     visibility: str | None,
     adapter_dir: Path,
     info: AdapterInfo,
+    base_model_name: str,
     source_uri: str | None = None,
 ) -> AdapterVersion:
     """Store a validated adapter under temporary keys and commit its `validating` version row
-    (`source_uri`: where an import came from, without credentials or query string).
+    (`base_model_name`: the base it was validated against; `source_uri`: where an import came from, without
+    credentials or query string).
 
     On any failure the blobs are deleted and the transaction rolled back: nothing is left stored.
     """
@@ -182,6 +200,7 @@ def stage_upload(
             tenant_id=tenant_id,
             name=name,
             visibility=visibility,
+            base_model_name=base_model_name,
             id=version_id,
             status="validating",
             config_blob_key=keys[CONFIG_FILENAME],
@@ -204,9 +223,11 @@ def _insert_version(
     tenant_id: str,
     name: str,
     visibility: str | None,
+    base_model_name: str,
     **fields: object,
 ) -> AdapterVersion:
-    """Get or create the adapter and add its next version in one short write transaction.
+    """Get or create the adapter (bound to `base_model_name`) and add its next version in one short write
+    transaction (ConflictError when the adapter exists bound to another base model).
 
     The plan's adapter-count and stored-bytes quotas are checked in the same transaction, after locking the
     tenant's row (registry/upload_quota.py): concurrent uploads cannot pass a quota together.
@@ -214,7 +235,7 @@ def _insert_version(
     version number (uq_adapter_versions_adapter_number); the loser's transaction is rolled back and run
     again, when it finds the winner's rows.
     """
-    repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
+    repository.check_adapter_name(name, reserved=(base_model_name,))
 
     def insert(session: Session) -> AdapterVersion:
         quota = upload_quota.lock_tenant_quota(session, tenant_id)  # first: concurrent uploads count in turn
@@ -226,8 +247,13 @@ def _insert_version(
             num_bytes=int(fields["num_bytes"]),  # type: ignore[call-overload]  # known: imports are read first
         )
         adapter = repository.get_or_create_adapter(
-            session, tenant_id, name, base_model_name=ctx.base_model_name, visibility=visibility
+            session, tenant_id, name, base_model_name=base_model_name, visibility=visibility
         )
+        if adapter.base_model_name != base_model_name:  # created meanwhile by an upload for another base
+            raise ConflictError(
+                f"adapter {name!r} is bound to base model {adapter.base_model_name!r}, not {base_model_name!r}; "
+                "upload this one under another name"
+            )
         return repository.add_adapter_version(session, tenant_id, adapter, **fields)
 
     try:
@@ -278,15 +304,23 @@ def accept_upload(
     upload_dir: Path,
     names: list[str],
     source_uri: str | None = None,
+    base_model: str | None = None,
 ) -> AdapterVersion:
-    """Steps 1-3 for files already on local disk: prepare, fully validate, then stage (blocking)."""
-    repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
+    """Steps 1-3 for files already on local disk: prepare, fully validate against the adapter's base model
+    (`base_model`: the upload's choice, a name or alias; registry/base_model_choice.py), then stage
+    (blocking)."""
+    choices, bound = _read_bases(session, ctx, tenant_id, name)
     if visibility is not None:
         repository.check_visibility(visibility)
     check_incoming_names(names)
-    precheck_quota(session, tenant_id, name, num_bytes=_sent_weights_bytes(upload_dir, names))
-    adapter_dir = prepare_adapter_dir(upload_dir, names, ctx.limits)
-    info = validate_adapter_files(adapter_dir, ctx)
+    num_bytes_left = upload_quota.precheck_quota(
+        session, tenant_id, name, num_bytes=upload_quota.sent_weights_bytes(upload_dir, names)
+    )
+    adapter_dir = _prepare_within_quota(upload_dir, names, ctx.limits, num_bytes_left)
+    chosen = choose_base_model(
+        choices, requested=base_model, bound=bound, config_base=peek_config_base(adapter_dir)
+    )
+    info = validate_for_base(adapter_dir, chosen, choices, ctx.limits)
     return stage_upload(
         session,
         ctx,
@@ -295,59 +329,39 @@ def accept_upload(
         visibility=visibility,
         adapter_dir=adapter_dir,
         info=info,
+        base_model_name=chosen.name,
         source_uri=source_uri,
     )
 
 
-def accept_import(
-    session: Session,
-    ctx: AdapterJobContext,
-    *,
-    tenant_id: str,
-    name: str,
-    visibility: str | None,
-    source: str,
-    credentials: S3Credentials | None,
-    work_dir: Path,
-) -> AdapterVersion:
-    """An import: refuse what this tenant may not read before reading anything, read the source into
-    `work_dir` (registry/import_sources.py), then steps 1-3 as for an upload, its quotas included (blocking)."""
-    repository.check_adapter_name(name, reserved=(ctx.base_model_name,))
-    if visibility is not None:
-        repository.check_visibility(visibility)
-    parsed = parse_import_source(source, ctx.settings)
-    check_import_allowed(parsed, credentials, ctx.settings)
-    names = read_import_source(
-        parsed, credentials, ctx.settings, work_dir, ctx.settings.limits.max_upload_bytes
-    )
-    return accept_upload(
-        session,
-        ctx,
-        tenant_id=tenant_id,
-        name=name,
-        visibility=visibility,
-        upload_dir=work_dir,
-        names=names,
-        source_uri=parsed.redacted,
-    )
-
-
-def precheck_quota(session: Session, tenant_id: str, name: str, *, num_bytes: int) -> None:
-    """Refuse early (before extracting and validating) an upload the plan's quotas have no room for.
-
-    A read only, ended before returning; `_insert_version` checks again in its write transaction (the
-    authoritative check: uploads running meanwhile may have used the room).
-    """
+def _prepare_within_quota(
+    upload_dir: Path, names: list[str], limits: ValidationLimits, num_bytes_left: int | None
+) -> Path:
+    """`prepare_adapter_dir` with an archive's weights bounded by what the plan's max_stored_bytes leaves (the
+    member's declared size is checked before a byte is written, and extraction stops at the bound)."""
+    if num_bytes_left is None or num_bytes_left >= limits.max_adapter_bytes:
+        return prepare_adapter_dir(upload_dir, names, limits)
     try:
-        quota = upload_quota.read_quota(session, tenant_id)
-        is_new_adapter = repository.get_own_adapter(session, tenant_id, name) is None
-        upload_quota.check_upload_quota(
-            session, tenant_id, quota, is_new_adapter=is_new_adapter, num_bytes=num_bytes
-        )
+        return prepare_adapter_dir(upload_dir, names, replace(limits, max_adapter_bytes=num_bytes_left))
+    except AdapterValidationError as exc:
+        if not exc.code.endswith("too_large"):
+            raise
+        raise StorageQuotaError(
+            f"this adapter's weights are larger than the {num_bytes_left} bytes your plan's max_stored_bytes "
+            "leaves; delete adapters you no longer need, upload a smaller adapter, or ask the operator for a "
+            "plan with more"
+        ) from None
+
+
+def _read_bases(
+    session: Session, ctx: AdapterJobContext, tenant_id: str, name: str
+) -> tuple[list[BaseModelChoice], str | None]:
+    """The available base models and the base the tenant's adapter `name` is bound to (None for a new one),
+    in a read ended before returning; refuses an adapter name that is a base model's."""
+    try:
+        choices = ctx.base_model_choices(session)
+        repository.check_adapter_name(name, reserved=tuple(names_of(choices)))
+        adapter = repository.get_own_adapter(session, tenant_id, name)
+        return choices, adapter.base_model_name if adapter is not None else None
     finally:
-        session.commit()  # end the read: staging starts a write transaction of its own
-
-
-def _sent_weights_bytes(upload_dir: Path, names: list[str]) -> int:
-    """Size of adapter_model.safetensors when sent as is (0 for an archive: known once extracted)."""
-    return (upload_dir / WEIGHTS_FILENAME).stat().st_size if WEIGHTS_FILENAME in names else 0
+        session.commit()

@@ -16,12 +16,15 @@ writers), so concurrent uploads of one tenant are counted one after another and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from registry import repository
 from registry.errors import AdapterQuotaError, StorageQuotaError
 from registry.models import Adapter, AdapterVersion, PricePlan, Tenant
+from registry.validation import WEIGHTS_FILENAME
 
 STORED_STATUSES = ("uploading", "validating", "ready")
 
@@ -113,3 +116,26 @@ def check_upload_quota(
     """Both checks for one upload (adapter count first)."""
     check_adapter_count(session, tenant_id, quota, is_new_adapter=is_new_adapter)
     check_stored_bytes(session, tenant_id, quota, num_bytes)
+
+
+def precheck_quota(session: Session, tenant_id: str, name: str, *, num_bytes: int) -> int | None:
+    """Refuse early (before extracting and validating) an upload the plan's quotas have no room for; returns
+    the stored bytes the plan leaves after it (None: no limit), which bounds an archive's extraction.
+
+    A read only, ended before returning; the version row's write transaction checks again (the authoritative
+    check: uploads running meanwhile may have used the room).
+    """
+    try:
+        quota = read_quota(session, tenant_id)
+        is_new_adapter = repository.get_own_adapter(session, tenant_id, name) is None
+        check_upload_quota(session, tenant_id, quota, is_new_adapter=is_new_adapter, num_bytes=num_bytes)
+        if quota.max_stored_bytes is None:
+            return None
+        return max(0, quota.max_stored_bytes - num_stored_bytes(session, tenant_id))
+    finally:
+        session.commit()  # end the read: staging starts a write transaction of its own
+
+
+def sent_weights_bytes(upload_dir: Path, names: list[str]) -> int:
+    """Size of adapter_model.safetensors when sent as is (0 for an archive: known once extracted)."""
+    return (upload_dir / WEIGHTS_FILENAME).stat().st_size if WEIGHTS_FILENAME in names else 0

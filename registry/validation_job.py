@@ -50,6 +50,7 @@ class StagedVersion:
     status: str
     tenant_id: str
     adapter_id: str
+    base_model_name: str
     number: int
     source_uri: str | None
     config_blob_key: str | None
@@ -95,6 +96,7 @@ def _load_staged(ctx: AdapterJobContext, version_id: str) -> StagedVersion:
             status=version.status,
             tenant_id=version.adapter.tenant_id,
             adapter_id=version.adapter_id,
+            base_model_name=version.adapter.base_model_name,
             number=version.number,
             source_uri=version.source_uri,
             config_blob_key=version.config_blob_key,
@@ -138,7 +140,7 @@ def _fetch_and_validate(
                 "credentials; import it again (a presigned https URL, or s3:// with your own credentials)",
             )
         adapter_dir = _fetch_staged(ctx, staged, work)
-        info = validate_adapter_files(adapter_dir, ctx)
+        info, _ = validate_adapter_files(adapter_dir, ctx, staged.base_model_name)
         digests = file_digests(adapter_dir)
         for filename, key in dest.items():
             ctx.blob_store.put_file(key, adapter_dir / filename)

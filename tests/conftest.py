@@ -46,6 +46,17 @@ def base_model_dir(demo_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wide_demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second base model of another shape (size tiny64: hidden 128, head dim 64) in wide_demo_dir/base and
+    2 PEFT adapters for it in wide_demo_dir/adapters/<name>: for tests of several base models."""
+    from gpu_workers.engine.demo_model import generate_demo
+
+    out = tmp_path_factory.mktemp("wide-demo")
+    generate_demo(out, size="tiny64", num_adapters=2, seed=1)
+    return out
+
+
+@pytest.fixture(scope="session")
 def adapter_dirs(demo_dir: Path) -> dict[str, Path]:
     """Demo adapter name -> its PEFT directory."""
     return {p.name: p for p in sorted((demo_dir / "adapters").iterdir()) if p.is_dir()}

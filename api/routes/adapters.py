@@ -27,7 +27,7 @@ from api.schemas import (
 from api.services import Services
 from api.upload_rate import admit_upload
 from api.uploads import client_disconnected, receive_upload, upload_scratch_dir
-from registry import adapter_pipeline, repository, upload_quota
+from registry import adapter_import, adapter_pipeline, repository, upload_quota
 from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion
 
@@ -44,6 +44,7 @@ UPLOAD_OPENAPI = {
                     "properties": {
                         "name": {"type": "string"},
                         "visibility": {"type": "string", "enum": ["private", "public"]},
+                        "base_model": {"type": "string"},
                         "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
                     },
                 }
@@ -96,6 +97,7 @@ async def _accept_multipart(
             visibility=received.visibility,
             upload_dir=Path(tmp),
             names=received.filenames,
+            base_model=received.base_model,
         )
 
 
@@ -113,12 +115,12 @@ async def _accept_import(
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
     # the plan's quotas before the source is touched (its bytes are checked again once they are known)
-    await run_in_threadpool(adapter_pipeline.precheck_quota, session, tenant_id, payload.name, num_bytes=0)
+    await run_in_threadpool(upload_quota.precheck_quota, session, tenant_id, payload.name, num_bytes=0)
     credentials = payload.credentials.to_credentials() if payload.credentials else None
     scratch = upload_scratch_dir(services.settings)
     with tempfile.TemporaryDirectory(prefix="lorahost-import-", dir=scratch) as tmp:
         return await run_in_threadpool(
-            adapter_pipeline.accept_import,
+            adapter_import.accept_import,
             session,
             services.job_context,
             tenant_id=tenant_id,
@@ -127,6 +129,7 @@ async def _accept_import(
             source=payload.source,
             credentials=credentials,
             work_dir=Path(tmp),
+            base_model=payload.base_model,
         )
 
 

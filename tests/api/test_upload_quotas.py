@@ -156,6 +156,28 @@ def test_zip_declaring_weights_over_the_limit_is_refused_before_extraction(
     assert [p for p in scratch.rglob("*") if p.is_file()] == []
 
 
+def test_zip_declaring_more_than_the_plans_stored_bytes_leave_is_refused_before_extraction(
+    client: TestClient, new_tenant: NewTenant, tmp_path: Path
+) -> None:
+    """The platform's max_adapter_bytes (512 MiB) would let this 2 MiB member through; the plan leaves 64 KiB:
+    the declared size is refused against what the plan leaves, before a byte of it is written (413)."""
+    tenant = _tenant_on_plan(client, new_tenant, max_stored_bytes=64 * 1024)
+    archive = tmp_path / "big.zip"
+    config = json.dumps(lora_config()).encode()
+    write_raw_zip(archive, [(CONFIG.encode(), config, 0, None), (WEIGHTS.encode(), b"\x03\x00", 8, 2 << 20)])
+    response = client.post(
+        "/v1/adapters",
+        data={"name": "big"},
+        files=[("files", ("big.zip", archive.read_bytes(), "application/zip"))],
+        headers=tenant.headers,
+    )
+    status, type_, message = _error(response)
+    assert (status, type_) == (413, "storage_quota_exceeded")
+    assert f"{64 * 1024} bytes your plan's max_stored_bytes leaves" in message
+    scratch = client.app.state.services.settings.resolved_upload_tmp_dir()  # type: ignore[attr-defined]
+    assert [p for p in scratch.rglob("*") if p.is_file()] == []
+
+
 def test_upload_rate_is_shared_through_redis_across_api_replicas(
     make_client: Callable[..., TestClient], new_tenant: NewTenant, demo_adapter: Path, redis_url: str
 ) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from registry import adapter_import, repository, validation_job
 from registry import adapter_pipeline as pipeline
-from registry import repository, validation_job
 from registry.digests import sha256_file
 from registry.errors import InvalidRequestError
 from registry.import_sources import S3Credentials, SourceUnreadableError
@@ -56,9 +56,16 @@ def tenant_id(db_session: Session) -> str:
 def _stage(
     db_session: Session, ctx, tenant_id: str, adapter_dir: Path, name: str = "my-lora"
 ) -> AdapterVersion:
-    info = pipeline.validate_adapter_files(adapter_dir, ctx)
+    info, base = pipeline.validate_adapter_files(adapter_dir, ctx)
     return pipeline.stage_upload(
-        db_session, ctx, tenant_id=tenant_id, name=name, visibility=None, adapter_dir=adapter_dir, info=info
+        db_session,
+        ctx,
+        tenant_id=tenant_id,
+        name=name,
+        visibility=None,
+        adapter_dir=adapter_dir,
+        info=info,
+        base_model_name=base.name,
     )
 
 
@@ -118,7 +125,7 @@ def test_job_is_idempotent_for_finished_versions(db_session, ctx, tenant_id, ada
 
 def test_staging_failure_leaves_no_blob_and_no_row(db_session, ctx, tenant_id, adapter_dirs, tmp_path):
     adapter_dir = _adapter_dir(adapter_dirs, tmp_path)
-    info = pipeline.validate_adapter_files(adapter_dir, ctx)
+    info, base = pipeline.validate_adapter_files(adapter_dir, ctx)
     with pytest.raises(InvalidRequestError):
         pipeline.stage_upload(
             db_session,
@@ -128,6 +135,7 @@ def test_staging_failure_leaves_no_blob_and_no_row(db_session, ctx, tenant_id, a
             visibility=None,
             adapter_dir=adapter_dir,
             info=info,
+            base_model_name=base.name,
         )
     assert ctx.blob_store.list_keys() == []
     assert repository.count_rows(db_session, AdapterVersion) == 0
@@ -155,13 +163,14 @@ def test_accept_upload_refuses_invalid_adapter_before_storing(
     assert ctx.blob_store.list_keys() == [] and repository.count_rows(db_session, AdapterVersion) == 0
 
 
-def test_no_base_model_configured_is_a_clear_error(tmp_path, db_session_factory):
+def test_no_base_model_at_all_is_a_clear_error(tmp_path, db_session_factory, adapter_dirs):
     settings = Settings(data_dir=tmp_path)
     ctx = pipeline.AdapterJobContext(
         settings, db_session_factory, LocalBlobStore(tmp_path), pipeline.limits_from_settings(settings)
     )
-    with pytest.raises(AdapterValidationError, match="LORAHOST_BASE_MODEL_PATH"):
-        _ = ctx.base_model_spec
+    with pytest.raises(AdapterValidationError, match="lorahost models add") as caught:
+        pipeline.validate_adapter_files(_adapter_dir(adapter_dirs, tmp_path), ctx)
+    assert caught.value.code == "no_base_model"
 
 
 # ---- imports (registry/import_sources.py decides who may read what) ------------------------------------
@@ -184,7 +193,7 @@ TENANT_CREDENTIALS = S3Credentials(access_key_id="tenant", secret_access_key="te
 def _import(db_session, ctx, tenant_id: str, source: str, tmp_path: Path) -> AdapterVersion:
     work = tmp_path / "import-work"
     work.mkdir()
-    version = pipeline.accept_import(
+    version = adapter_import.accept_import(
         db_session, ctx, tenant_id=tenant_id, name="imported", visibility=None, source=source,
         credentials=TENANT_CREDENTIALS, work_dir=work,
     )  # fmt: skip
@@ -223,7 +232,7 @@ def test_import_of_missing_source_is_refused_and_stores_nothing(
 
 def test_import_source_must_be_a_url_or_an_s3_uri(db_session, ctx, tenant_id, tmp_path):
     with pytest.raises(InvalidRequestError, match="s3://bucket/folder"):
-        pipeline.accept_import(
+        adapter_import.accept_import(
             db_session, ctx, tenant_id=tenant_id, name="x", visibility=None, source="/etc/passwd",
             credentials=None, work_dir=tmp_path,
         )  # fmt: skip

@@ -102,10 +102,10 @@ def test_concurrent_uploads_whose_validation_fails_leave_no_orphans(
     validate = pipeline.validate_adapter_files
     num_calls = iter(range(10_000))
 
-    def flaky_in_job(adapter_dir: Path, ctx: pipeline.AdapterJobContext):  # type: ignore[no-untyped-def]
+    def flaky_in_job(adapter_dir: Path, ctx: pipeline.AdapterJobContext, *args):  # type: ignore[no-untyped-def]
         if "lorahost-job-" in str(adapter_dir) and next(num_calls) % 2:
             raise AdapterValidationError("injected", "injected failure in the validation job")
-        return validate(adapter_dir, ctx)
+        return validate(adapter_dir, ctx, *args)
 
     monkeypatch.setattr(validation_job, "validate_adapter_files", flaky_in_job)
     statuses = _run_concurrently(lambda n: _upload_and_validate(real_ctx, tenant_id, n, upload_dir), _names())

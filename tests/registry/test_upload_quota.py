@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from registry import adapter_import, repository, upload_quota, validation_job
 from registry import adapter_pipeline as pipeline
-from registry import repository, upload_quota, validation_job
 from registry.errors import AdapterQuotaError, StorageQuotaError
 from registry.models import AdapterVersion
 from registry.s3_storage import S3BlobStore
@@ -103,7 +103,7 @@ def _import(
     source = f"s3://{ctx.settings.api.import_allowed_buckets[0]}/lora"
     work_dir = tmp_path / f"import-{len(list(tmp_path.glob('import-*')))}"
     work_dir.mkdir()
-    version = pipeline.accept_import(
+    version = adapter_import.accept_import(
         db_session, ctx, tenant_id=tenant_id, name=name, visibility=None, source=source, credentials=None,
         work_dir=work_dir,
     )  # fmt: skip
