@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import secrets
 import signal
 import threading
@@ -39,6 +38,7 @@ from lorahost.dev_cluster_commands import (
     worker_python,
 )
 from lorahost.dev_cluster_config import DevClusterConfig
+from lorahost.dev_cluster_services import DevServices
 from lorahost.processes import (
     ChildProcess,
     child_state,
@@ -77,22 +77,33 @@ class DevCluster:
         self.celery_queue = f"lorahost-dev-{self.run_id}"
         self.admin_key = config.admin_key or secrets.token_urlsafe(24)
         self.internal_token = secrets.token_urlsafe(24)
-        self.database_url: str | None = config.database_url
-        self.s3_endpoint: str | None = config.s3_endpoint
-        self.base_model: Path | None = Path(config.base_model).resolve() if config.base_model else None
+        self.services = DevServices(config, self.data_dir)
         self.apis: list[ChildProcess] = []
         self.jobs: ChildProcess | None = None
         self.scaler: ProcessScaler | None = None
-        self._s3: ChildProcess | None = None
         self._workers: list[WorkerHandle] = []
         self._draining: list[WorkerHandle] = []
         self._num_worker_starts = itertools.count()
         self._api_turn = itertools.count()
         self._lock = threading.RLock()
-        self._is_database_created = False
         self._is_started = False
 
     # ---- properties --------------------------------------------------------------------------------------
+
+    @property
+    def database_url(self) -> str | None:
+        """This run's PostgreSQL database (None before start)."""
+        return self.services.database_url
+
+    @property
+    def s3_endpoint(self) -> str | None:
+        """The S3 endpoint of this run (moto's unless config.s3_endpoint)."""
+        return self.services.s3_endpoint
+
+    @property
+    def base_model(self) -> Path | None:
+        """The base model directory the workers serve."""
+        return self.services.base_model
 
     @property
     def api_urls(self) -> list[str]:
@@ -139,7 +150,7 @@ class DevCluster:
         """Services, migrations, then every process in parallel; returns once all are healthy (else stops
         what started and raises ChildFailedError / RuntimeError with the reason)."""
         try:
-            self._start_services()
+            self.services.start(self._log_path)
             self._spawn_processes()
             self._wait_healthy()
         except BaseException:
@@ -166,7 +177,7 @@ class DevCluster:
             children += [self.jobs] if self.jobs else []
             self.apis, self._workers, self._draining, self.jobs = [], [], [], None
         codes = stop_all(children, self.config.stop_timeout_s)
-        self._stop_services()
+        self.services.stop([f"{self.key_prefix}*", f"*{self.celery_queue}*"])
         return codes
 
     # ---- workers -----------------------------------------------------------------------------------------
@@ -278,8 +289,9 @@ class DevCluster:
             )
         if self.jobs is not None:
             status[self.jobs.name] = child_state(self.jobs, True)
-        if self._s3 is not None:
-            status[self._s3.name] = child_state(self._s3, http_ok(f"{self._s3.url}/"))
+        s3 = self.services.s3
+        if s3 is not None:
+            status[s3.name] = child_state(s3, http_ok(f"{s3.url}/"))
         return status
 
     def describe(self) -> str:
@@ -302,33 +314,6 @@ class DevCluster:
         return "\n".join(lines)
 
     # ---- internals ---------------------------------------------------------------------------------------
-
-    def _start_services(self) -> None:
-        from migrations.runner import upgrade
-
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        dev_services.check_redis(self.config.redis_url)
-        if self.base_model is None:
-            from lorahost.default_model import tiny_demo_model
-
-            engines = {
-                *self.config.worker_engines,
-                worker_engine(self.config, 0, {**os.environ, **self.config.env}),
-            }
-            size = "tiny64" if "vllm" in engines else "tiny"  # vLLM's CPU attention refuses head dim 16
-            self.base_model = tiny_demo_model(self.data_dir, echo=log.info, size=size)
-        if self.database_url is None:
-            self.database_url = dev_services.create_database(self.config.postgres_admin_url)
-            self._is_database_created = True
-        upgrade(self.database_url)
-        if self.s3_endpoint is None:
-            for name, value in dev_services.MOTO_CREDENTIALS.items():
-                os.environ.setdefault(name, value)  # this process talks to moto too (bucket, tests)
-            self._s3 = dev_services.start_moto(
-                self.config.host, self._log_path("s3"), self.config.start_timeout_s
-            )
-            self.s3_endpoint = self._s3.url
-        dev_services.ensure_bucket(self.s3_endpoint or "", self.config.bucket)
 
     def _spawn_processes(self) -> None:
         for _ in range(self.config.num_workers):
@@ -384,19 +369,7 @@ class DevCluster:
             "LORAHOST_BASE_MODEL_PATH": str(self.base_model),
             "LORAHOST_BASE_MODEL_NAME": self.config.base_model_name,
         }
-        return child_env(self.config.env, owned, is_moto=self._s3 is not None)
+        return child_env(self.config.env, owned, is_moto=self.services.s3 is not None)
 
     def _log_path(self, name: str) -> Path:
         return self.data_dir / "logs" / f"{name}.log"
-
-    def _stop_services(self) -> None:
-        if self._s3 is not None:
-            self._s3.stop(5)
-            self._s3 = None
-            self.s3_endpoint = self.config.s3_endpoint
-        dev_services.delete_redis_keys(
-            self.config.redis_url, [f"{self.key_prefix}*", f"*{self.celery_queue}*"]
-        )
-        if self._is_database_created and not self.config.is_database_kept and self.database_url:
-            dev_services.drop_database(self.config.postgres_admin_url, self.database_url)
-            self._is_database_created = False

@@ -57,6 +57,7 @@ def tune(
             for op, c in tuner.choices.items()
         },
         "plan": {
+            "linear_weights": plan.linear_weights,
             "prefill_gemm": plan.prefill_gemm,
             "decode_attention": plan.decode_attention,
             "decode_lora": plan.decode_lora,

@@ -30,6 +30,7 @@ ENGINE_BACKENDS = ("native", "vllm")  # gpu_workers/worker/builder.py BACKENDS h
 MEMORY_MODES = ("unified", "static")
 # Forced kernel choices (gpu_workers/engine/kernel_plan.py): setting -> its forms (= the ops' forms in gpu_workers/engine/layers/)
 KERNEL_FORMS = {
+    "linear_weights": ("plain", "packed"),
     "prefill_gemm": ("packed", "fp32_upcast", "plain"),
     "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel"),
     "decode_lora_form": ("segmented", "stacked", "kernel"),
@@ -168,6 +169,11 @@ class EngineSettings(BaseModel):
         default=None,
         description="JSON cache of the CPU kernels chosen by measurement (gpu_workers/engine/kernel_tuner.py); "
         "default ~/.cache/lorahost/kernel_choices.json",
+    )
+    linear_weights: str | None = Field(
+        default=None,
+        description="force the form of the projections' weights on CPU (plain / packed: oneDNN-packed); default: "
+        "chosen by measurement at worker start where oneDNN can pack the dtype (`lorahost tune`)",
     )
     prefill_gemm: str | None = Field(
         default=None,

@@ -11,7 +11,17 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "registry", "cluster", "scheduler", "gpu_workers", "jobs", "lorahost", "migrations")
+PACKAGES = (
+    "api",
+    "registry",
+    "cluster",
+    "scheduler",
+    "gpu_workers",
+    "jobs",
+    "lorahost",
+    "migrations",
+    "settings",
+)
 
 
 def _module_name(path: Path) -> str:

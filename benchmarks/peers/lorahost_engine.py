@@ -70,6 +70,7 @@ def main() -> None:
     if args.threads and "num_threads" in fields:
         cfg_kw["num_threads"] = args.threads
     for name in (
+        "linear_weights",
         "prefill_gemm",
         "decode_attention",
         "decode_lora_form",

@@ -45,7 +45,8 @@ def main() -> None:
     max_batched = max(2048, args.num_requests * (args.prompt_len + args.max_tokens))
     kw = {
         "model": str(base_dir),
-        "dtype": "bfloat16",
+        # the same dtype as the lorahost peer (float32 where the CPU has no fast bf16)
+        "dtype": os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
         "seed": 0,
         "max_model_len": args.prompt_len + args.max_tokens + 16,
         "max_num_seqs": max(args.num_requests, 16),

@@ -2,6 +2,8 @@
 config, else measured by the kernel tuner on the model's own shapes (gpu_workers/engine/kernel_tuner.py, cached).
 
 Ops and their candidates (simplest first; each candidate gives the same tokens, see the parity tests):
+- linear_weights (layers/linear.py): "plain" / "packed" (the projections' weights oneDNN-packed), where oneDNN
+  can pack this dtype; forced by `packed_linears`;
 - prefill_gemm (layers/linear.py): "packed" / "fp32_upcast" / "plain", for products of >= WIDE_GEMM_MIN_ROWS
   rows of a packed bf16 model (smaller ones, decode, always run on the packed weight);
 - decode_attention (layers/attention.py): "sdpa" / "sdpa_fp32" / "grouped_matmul" / "c_kernel";
@@ -23,10 +25,14 @@ from gpu_workers.engine.layers.attention import (
     is_decode_form_usable,
 )
 from gpu_workers.engine.layers.linear import (
+    LINEAR_WEIGHTS_FORMS,
+    LINEAR_WEIGHTS_OP,
+    LINEAR_WEIGHTS_TUNING_ROWS,
     PREFILL_GEMM_FORMS,
     PREFILL_GEMM_OP,
     WIDE_GEMM_MIN_ROWS,
     can_pack_linear,
+    linear_weights_candidates,
     prefill_gemm_candidates,
 )
 from gpu_workers.engine.layers.lora_forms import (
@@ -54,6 +60,12 @@ class KernelPlan:
     prefill_gemm: str
     decode_attention: str
     decode_lora: str
+    linear_weights: str = "plain"
+
+    @property
+    def is_packed_linears(self) -> bool:
+        """True when the model's projections run on oneDNN-packed weights."""
+        return self.linear_weights == "packed"
 
     @property
     def wide_gemm_dtype(self) -> torch.dtype | None:
@@ -66,10 +78,20 @@ class KernelPlan:
         return torch.float32 if self.prefill_gemm == "fp32_upcast" else None
 
 
-def uses_packed_linears(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> bool:
-    """True when the model's projections run on oneDNN-packed weights (config, else auto: bf16 where it can)."""
-    auto_pack = dtype == torch.bfloat16 and config.packed_linears is None
-    return bool(config.packed_linears or auto_pack) and can_pack_linear(dtype, device)
+def _linear_weights(
+    tuner: KernelTuner, config: EngineConfig, args: ModelArgs, dtype: torch.dtype, device: torch.device
+) -> str:
+    """The projections' weights, "packed" or "plain": forced by config.linear_weights (or the code knob
+    packed_linears), else measured on the MLP's shape."""
+    forms = LINEAR_WEIGHTS_FORMS if can_pack_linear(dtype, device) else ("plain",)
+    forced = config.linear_weights
+    if forced is None and config.packed_linears is not None:
+        forced = "packed" if config.packed_linears else "plain"
+    if forced not in forms:
+        forced = None  # packing asked for where oneDNN cannot: plain, the only form
+    shape = (*LINEAR_WEIGHTS_TUNING_ROWS, args.hidden_size, args.intermediate_size)
+    build = lambda: linear_weights_candidates(forms, args.intermediate_size, args.hidden_size, dtype)
+    return tuner.choose(LINEAR_WEIGHTS_OP, forms, build, shape, dtype, forced=forced).choice
 
 
 def tune_for_config(config: EngineConfig, tuner: KernelTuner) -> KernelPlan:
@@ -80,23 +102,21 @@ def tune_for_config(config: EngineConfig, tuner: KernelTuner) -> KernelPlan:
         tuner.machine = {**tuner.machine, "threads": str(torch.get_num_threads())}
     device, dtype = config.resolved_device(), config.resolved_dtype()
     args = ModelArgs.from_hf_config(read_hf_config(config.model_path))
-    return plan_kernels(tuner, config, args, dtype, device, uses_packed_linears(config, dtype, device))
+    return plan_kernels(tuner, config, args, dtype, device)
 
 
 def plan_kernels(
-    tuner: KernelTuner,
-    config: EngineConfig,
-    args: ModelArgs,
-    dtype: torch.dtype,
-    device: torch.device,
-    use_packed_linears: bool,
+    tuner: KernelTuner, config: EngineConfig, args: ModelArgs, dtype: torch.dtype, device: torch.device
 ) -> KernelPlan:
     """Each op's implementation: the config's forced choice, else the tuner's (measured here or cached).
     Ops with a single usable candidate on this device and dtype are not measured."""
+    linear_weights = _linear_weights(tuner, config, args, dtype, device)
+    use_packed_linears = linear_weights == "packed"
     return KernelPlan(
         prefill_gemm=_prefill_gemm(tuner, config, args, dtype, use_packed_linears),
         decode_attention=_decode_attention(tuner, config, args, dtype, device),
         decode_lora=_decode_lora(tuner, config, args, dtype, device, use_packed_linears),
+        linear_weights=linear_weights,
     )
 
 

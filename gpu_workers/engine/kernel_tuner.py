@@ -57,7 +57,9 @@ def default_cache_path() -> Path:
 
 
 def machine_fingerprint() -> dict[str, str]:
-    """What a choice depends on besides the op: CPU model, CPU flags digest, torch version, thread count."""
+    """What a choice depends on besides the op: CPU model, CPU flags digest, torch version, thread count, and
+    the instruction sets torch and oneDNN may use (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA cap them below the
+    CPU's flags)."""
     model, flags = platform.processor() or platform.machine(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -72,6 +74,7 @@ def machine_fingerprint() -> dict[str, str]:
         "flags": hashlib.sha256(flags.encode()).hexdigest()[:16],
         "torch": torch.__version__,
         "threads": str(torch.get_num_threads()),
+        "isa": f"{torch.backends.cpu.get_cpu_capability()}/{os.environ.get('ONEDNN_MAX_CPU_ISA', '')}",
     }
 
 
@@ -118,7 +121,7 @@ class KernelTuner:
             return self._record(KernelChoice(op, forced, source="forced"))
         if len(names) == 1:
             return self._record(KernelChoice(op, names[0], source="only"))
-        key = self._key(op, shape, dtype)
+        key = self._key(op, names, shape, dtype)
         cached = self._load().get(key) if self.is_reusing_cache else None
         if cached is not None and cached.get("choice") in names:
             return self._record(KernelChoice(op, cached["choice"], source="cached"))
@@ -149,8 +152,15 @@ class KernelTuner:
         self.choices[choice.op] = choice
         return choice
 
-    def _key(self, op: str, shape: tuple[int, ...], dtype: torch.dtype) -> str:
-        parts = {**self.machine, "dtype": str(dtype).replace("torch.", ""), "op": op, "shape": list(shape)}
+    def _key(self, op: str, names: Sequence[str], shape: tuple[int, ...], dtype: torch.dtype) -> str:
+        """The cache key: the machine, the op on its shape and dtype, and the candidates (a new one measures)."""
+        parts = {
+            **self.machine,
+            "candidates": sorted(names),
+            "dtype": str(dtype).replace("torch.", ""),
+            "op": op,
+            "shape": list(shape),
+        }
         return json.dumps(parts, sort_keys=True)
 
     def _load(self) -> dict[str, dict]:

@@ -14,7 +14,7 @@ from gpu_workers.engine.adapter_transfers import AdapterTransfers
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.engine_stats import runner_stats
 from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
-from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels, uses_packed_linears
+from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels
 from gpu_workers.engine.kernel_tuner import KernelTuner
 from gpu_workers.engine.layers import cpu_kernels
 from gpu_workers.engine.layers.host_lora import HostLora
@@ -47,12 +47,12 @@ class ModelRunner:
             keep_large_allocations_on_heap()
         hf_config = read_hf_config(config.model_path)
         self.args = ModelArgs.from_hf_config(hf_config)
-        self.use_packed_linears = uses_packed_linears(config, self.dtype, self.device)
         # CPU kernels chosen by measurement on this machine and the model's shapes (cached, gpu_workers/engine/kernel_plan.py)
         self.kernel_tuner = KernelTuner(config.kernel_choices_path)
         self.kernel_plan: KernelPlan = plan_kernels(
-            self.kernel_tuner, config, self.args, self.dtype, self.device, self.use_packed_linears
+            self.kernel_tuner, config, self.args, self.dtype, self.device
         )
+        self.use_packed_linears = self.kernel_plan.is_packed_linears
         self.wide_gemm_dtype = self.kernel_plan.wide_gemm_dtype if self.use_packed_linears else None
         self.model = self._load_model()
         self.block_size = config.block_size

@@ -141,10 +141,14 @@ def test_client_that_leaves_while_waiting_is_metered_aborted_once_with_zero_toke
     _scripted(client)
     body = json.dumps({"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 3}).encode()
     headers = {**tenant.headers, "content-type": "application/json"}
-    leave_at = time.monotonic() + 0.3
+    registry = client.app.state.services.metrics.registry  # type: ignore[attr-defined]
+    labels = {"base_model": BASE_MODEL}
 
-    async def leave() -> None:  # called again after each poll: the client leaves at one fixed time
-        await anyio.sleep(max(0.0, leave_at - time.monotonic()))
+    async def leave() -> None:  # the client leaves once its request is in the cold-start wait (the gauge)
+        deadline = time.monotonic() + 30
+        while not registry.get_sample_value("lorahost_cold_start_waiting_requests", labels):
+            assert time.monotonic() < deadline, "the request never reached the cold-start wait"
+            await anyio.sleep(0.01)
 
     exchange = asgi_support.run(client, "/v1/completions", headers, [body], leave=leave)
     assert exchange.status == 499

@@ -27,6 +27,7 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_MAX_LORAS",
     "LORAHOST_ENGINE_MAX_CPU_LORAS",
     "LORAHOST_ENGINE_MAX_LORA_RANK",
+    "LORAHOST_ENGINE_LINEAR_WEIGHTS",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
@@ -39,6 +40,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "engine_memory_mode": ("static", "static"),
     "engine_dtype": ("float32", "float32"),
     "engine_device": ("cpu", "cpu"),
+    "engine_linear_weights": ("packed", "packed"),
     "engine_prefill_gemm": ("plain", "plain"),
     "engine_decode_attention": ("c_kernel", "c_kernel"),
     "engine_decode_lora_form": ("stacked", "stacked"),

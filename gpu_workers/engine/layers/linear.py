@@ -10,10 +10,8 @@ from torch import nn
 
 
 def can_pack_linear(dtype: torch.dtype, device: torch.device) -> bool:
-    """True when oneDNN can run linears on pre-packed (blocked) weights here: CPU, bf16 with native support.
-
-    Packed weights stream ~1.5x faster at decode batch sizes (memory-bound) and are never slower for prefill.
-    """
+    """True when oneDNN can run linears on pre-packed (blocked) weights here: CPU, fp32, or bf16 with native
+    support. Whether packing pays is measured (kernel_plan's linear_weights op)."""
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return False
     try:
@@ -24,6 +22,30 @@ def can_pack_linear(dtype: torch.dtype, device: torch.device) -> bool:
         )
     except (AttributeError, RuntimeError):
         return False
+
+
+LINEAR_WEIGHTS_OP = "linear_weights"
+LINEAR_WEIGHTS_FORMS = ("plain", "packed")
+# the products a packing choice is measured on: a decode batch and a prefill chunk of rows
+LINEAR_WEIGHTS_TUNING_ROWS = (16, 512)
+
+
+def linear_weights_candidates(
+    forms: tuple[str, ...], out_features: int, in_features: int, dtype: torch.dtype
+) -> dict[str, Callable[[], object]]:
+    """The forms of the model's weights for gpu_workers/engine/kernel_tuner.py, each timed on a decode batch and
+    a prefill chunk of this shape (LINEAR_WEIGHTS_TUNING_ROWS): "plain" (F.linear on the dense weight) and
+    "packed" (packed_linear on the oneDNN-packed weight). On an AMD EPYC without AVX-512 (fp32) packed was
+    ~1.3x faster at 16 rows; on avx512_bf16 CPUs packed bf16 is the fast path."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randn(n, in_features, generator=generator).to(dtype) for n in LINEAR_WEIGHTS_TUNING_ROWS]
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+    packed = pack_linear_weight(weight) if "packed" in forms else weight
+    all_forms: dict[str, Callable[[], object]] = {
+        "plain": lambda: [F.linear(x, weight) for x in rows],
+        "packed": lambda: [packed_linear(x, packed) for x in rows],
+    }
+    return {form: all_forms[form] for form in forms}
 
 
 PREFILL_GEMM_OP = "prefill_gemm"

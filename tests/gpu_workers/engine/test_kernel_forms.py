@@ -228,13 +228,22 @@ def test_forced_forms_win_without_measuring(
     monkeypatch.setattr(KernelTuner, "measure", no_measure)
     path = tmp_path / "choices.json"
     engine = make_cpu_engine(
-        decode_attention="grouped_matmul", decode_lora_form="segmented", kernel_choices_path=path
+        decode_attention="grouped_matmul",
+        decode_lora_form="segmented",
+        linear_weights="plain",
+        kernel_choices_path=path,
     )
     plan = engine.runner.kernel_plan
-    assert (plan.decode_attention, plan.decode_lora) == ("grouped_matmul", "segmented")
+    assert (plan.decode_attention, plan.decode_lora, plan.linear_weights) == (
+        "grouped_matmul",
+        "segmented",
+        "plain",
+    )
+    assert not engine.runner.use_packed_linears
     assert engine_stats(engine)["kernel_choice_sources"] == {
         "decode_attention": "forced",
         "decode_lora": "forced",
+        "linear_weights": "forced",
     }
     assert not path.exists()
 
@@ -244,6 +253,8 @@ def test_a_form_that_is_not_one_is_refused(base_model_dir: Path) -> None:
         EngineConfig(model_path=base_model_dir, decode_attention="flash")
     with pytest.raises(ValueError, match="decode_lora_form must be one of"):
         EngineConfig(model_path=base_model_dir, decode_lora_form="bgmv")
+    with pytest.raises(ValueError, match="linear_weights must be one of"):
+        EngineConfig(model_path=base_model_dir, linear_weights="blocked")
 
 
 def test_a_forced_form_that_cannot_run_here_is_refused(

@@ -93,7 +93,8 @@ def test_pick_candidate_is_best_of_with_margin() -> None:
 
 def test_a_cached_choice_is_never_measured_again(tmp_path: Path) -> None:
     """A second start with the same key calls no candidate (a busy machine cannot flip the choice); another
-    thread count, torch version, shape or dtype measures again."""
+    thread count, torch version, CPU, flags, instruction-set cap, shape, dtype or candidate list measures
+    again."""
     path, clock = tmp_path / "choices.json", FakeClock()
     first: list[str] = []
     _tuner(path, clock).choose(
@@ -113,6 +114,8 @@ def test_a_cached_choice_is_never_measured_again(tmp_path: Path) -> None:
         ({"threads": "4"}, SHAPE, torch.bfloat16),
         ({"torch": "2.1"}, SHAPE, torch.bfloat16),
         ({"cpu": "Other CPU"}, SHAPE, torch.bfloat16),
+        ({"flags": "another-digest"}, SHAPE, torch.bfloat16),  # same model name, other flags (AMD EPYC kinds)
+        ({"isa": "AVX2/AVX2"}, SHAPE, torch.bfloat16),
         ({}, (256, 64, 128), torch.bfloat16),
         ({}, SHAPE, torch.float16),
     ):
@@ -121,8 +124,13 @@ def test_a_cached_choice_is_never_measured_again(tmp_path: Path) -> None:
             "op", *_candidates(clock, {"simple": 1.0, "fancy": 9.0}, calls), shape, dtype
         )
         assert calls and (choice.choice, choice.source) == ("simple", "measured")
+    calls = []
+    choice = _tuner(path, clock).choose(
+        "op", *_candidates(clock, {"simple": 1.0, "fancy": 9.0, "newer": 0.5}, calls), SHAPE, torch.bfloat16
+    )
+    assert calls and (choice.choice, choice.source) == ("newer", "measured")  # a new candidate is measured
     entries = json.loads(path.read_text())["choices"]
-    assert len(entries) == 6  # every key kept side by side
+    assert len(entries) == 9  # every key kept side by side
 
 
 @pytest.mark.parametrize("content", ["{not json", '{"version": 1, "choices": []}', '["x"]', ""])

@@ -1,4 +1,5 @@
 import hashlib
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,14 +39,17 @@ def _adapter(
 
 
 class CountingFetch:
-    def __init__(self, blobs: dict[str, bytes], delay_s: float = 0.0) -> None:
-        self.blobs, self.delay_s, self.calls = blobs, delay_s, []
+    """Writes the blob and records the key; with `release`, each fetch first waits until it is set."""
+
+    def __init__(self, blobs: dict[str, bytes], release: threading.Event | None = None) -> None:
+        self.blobs, self.release, self.calls = blobs, release, []
         self.lock = threading.Lock()
 
     def __call__(self, key: str, dest: Path) -> None:
         with self.lock:
             self.calls.append(key)
-        time.sleep(self.delay_s)
+        if self.release is not None:
+            assert self.release.wait(timeout=30)
         dest.write_bytes(self.blobs[key])
 
 
@@ -53,14 +57,35 @@ def _served(path: Path) -> tuple[bytes, bytes]:
     return (path / "adapter_config.json").read_bytes(), (path / "adapter_model.safetensors").read_bytes()
 
 
+def _num_waiting_in_get(threads: list[threading.Thread]) -> int:
+    """How many of `threads` wait in HostAdapterCache.get for another thread's download (their stacks say so)."""
+    frames = sys._current_frames()
+    num_waiting = 0
+    for thread in threads:
+        frame = frames.get(thread.ident or -1)
+        names = []
+        while frame is not None:
+            names.append((Path(frame.f_code.co_filename).name, frame.f_code.co_name))
+            frame = frame.f_back
+        num_waiting += ("host_cache.py", "get") in names and ("threading.py", "wait") in names
+    return num_waiting
+
+
 def test_concurrent_gets_of_one_adapter_download_once(tmp_path: Path) -> None:
+    """The first get downloads; the download is held until the 7 others provably wait for it (no timing)."""
     blobs, files = _adapter("a", b"w" * 1000)
-    fetch = CountingFetch(blobs, delay_s=0.05)
+    release = threading.Event()
+    fetch = CountingFetch(blobs, release=release)
     cache = HostAdapterCache(tmp_path / "cache", fetch)
     results: list[Path] = []
     threads = [threading.Thread(target=lambda: results.append(cache.get(files))) for _ in range(8)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 30
+    while _num_waiting_in_get(threads) < 7:
+        assert time.monotonic() < deadline, "the other gets never waited for the download"
+        time.sleep(0.001)
+    release.set()
     for t in threads:
         t.join()
     assert fetch.calls == ["a/config", "a/weights"]
