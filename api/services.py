@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.base_tokenizers import CatalogTokenizers
 from api.caches import ResolvedModel, TenantAuth, TtlCache
 from api.inference.learned_predictor import make_length_predictor
 from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor
@@ -55,7 +56,8 @@ class Services:
     job_context: AdapterJobContext
     jobs: JobDispatcher
     # the inference path (api/inference/)
-    tokenizer: BaseModelTokenizer | None  # None: no base model configured (inference answers 503)
+    tokenizer: BaseModelTokenizer | None  # the configured base model's (None: none configured)
+    catalog_tokenizers: CatalogTokenizers  # the catalog models' (api/base_tokenizers.py)
     rate_limiter: RateLimiter  # Redis when settings.storage.redis_url, else in memory
     metrics: ApiMetrics  # worker gauges read from worker_directory at scrape time
     usage_ledger: UsageLedger
@@ -130,6 +132,7 @@ def build_services(
         job_context=ctx,
         jobs=jobs or make_job_dispatcher(settings, ctx),
         tokenizer=load_base_tokenizer(settings.base_model_path),
+        catalog_tokenizers=CatalogTokenizers(session_factory, blob_store, settings.data_dir / "tokenizers"),
         rate_limiter=make_rate_limiter(settings),
         metrics=metrics,
         usage_ledger=UsageLedger(

@@ -36,6 +36,8 @@ MODEL_FILE_PATTERNS = (
     "*.safetensors",
     "tokenizer*",
     "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 
 

@@ -36,6 +36,7 @@ from api.request_meter import RequestMeter
 from api.services import Services
 from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
 from registry import repository
+from registry.base_model_catalog import get_live_model
 from scheduler.router import RouteRequest
 from settings import Settings
 
@@ -96,7 +97,7 @@ async def prepare(
     resolved = await resolve(services, tenant.tenant_id, model)
     meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
     check_prompt_bounds(body, services.settings)
-    tokenizer = base_tokenizer(services)
+    tokenizer = await base_tokenizer(services, resolved.base_model)
     if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
         prompt_ids = prompt_token_ids(tokenizer, body)
     else:
@@ -235,6 +236,10 @@ async def resolve(services: Services, tenant_id: str, model: str) -> ResolvedMod
 
 def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedModel:
     with services.session_factory() as session:
+        if (
+            get_live_model(session, model) is not None
+        ):  # a catalog base model by name (adapters cannot take one)
+            return ResolvedModel(base_model=model)
         adapter, version = repository.resolve_model(session, tenant_id, model)
         ref = AdapterRef(
             adapter_key=version.id,
@@ -248,15 +253,18 @@ def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedMo
         return ResolvedModel(adapter.base_model_name, ref, adapter.id, version.id)
 
 
-def base_tokenizer(services: Services) -> BaseModelTokenizer:
-    """The base model's tokenizer; 503 when this API server has none configured."""
-    tokenizer = services.tokenizer
+async def base_tokenizer(services: Services, base_model: str) -> BaseModelTokenizer:
+    """The tokenizer of the base model a request runs on: the configured model's, else the catalog's (fetched
+    and loaded on first use, api/base_tokenizers.py); 503 when this API server has none for it."""
+    if base_model == services.settings.base_model_name and services.tokenizer is not None:
+        return services.tokenizer
+    tokenizer = await run_in_threadpool(services.catalog_tokenizers.get, base_model)
     if tokenizer is None:
         raise ApiError(
             503,
             "unavailable",
-            "no base model tokenizer is configured on this API server "
-            "(set LORAHOST_BASE_MODEL_PATH to the base model directory)",
+            f"no tokenizer for base model {base_model!r} on this API server (a catalog model needs its "
+            "tokenizer.json: `lorahost models add`; the configured one LORAHOST_BASE_MODEL_PATH)",
         )
     return tokenizer
 

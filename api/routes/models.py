@@ -1,14 +1,17 @@
-"""/v1/models: the base model and every ready adapter the tenant may use, OpenAI-style."""
+"""/v1/models: the base models (the configured one and the catalog's) and every ready adapter the tenant may use,
+OpenAI-style; an adapter's `parent` is its base model (as vLLM does)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 from fastapi import APIRouter
+from sqlalchemy.orm import Session
 
 from api.deps import CurrentTenant, SessionDep, SettingsDep
 from api.schemas import ListResponse, ModelCard
 from registry import repository
+from registry.base_model_catalog import list_base_models
 from registry.models import Adapter, AdapterVersion
 from settings import Settings
 
@@ -21,10 +24,15 @@ def _timestamp(value: datetime) -> int:
     return int(value.timestamp())
 
 
-def _base_card(settings: Settings) -> ModelCard:
-    return ModelCard(
-        id=settings.base_model_name, created=0, owned_by="lorahost", root=settings.base_model_name
-    )
+def _base_card(name: str, created: int = 0) -> ModelCard:
+    return ModelCard(id=name, created=created, owned_by="lorahost", root=name)
+
+
+def _base_cards(session: Session, settings: Settings) -> dict[str, ModelCard]:
+    """name -> card of every base model served: the catalog's live models and the configured one."""
+    cards = {m.name: _base_card(m.name, _timestamp(m.created_at)) for m in list_base_models(session)}
+    cards.setdefault(settings.base_model_name, _base_card(settings.base_model_name))
+    return dict(sorted(cards.items()))
 
 
 def _adapter_card(adapter: Adapter, version: AdapterVersion) -> ModelCard:
@@ -41,17 +49,18 @@ def _adapter_card(adapter: Adapter, version: AdapterVersion) -> ModelCard:
 
 @router.get("", response_model=ListResponse)
 def list_models(tenant: CurrentTenant, session: SessionDep, settings: SettingsDep) -> ListResponse:
-    """The base model plus each visible adapter with a ready version (its latest ready version)."""
-    cards = [_base_card(settings)]
+    """The base models plus each visible adapter with a ready version (its latest ready version)."""
+    cards = list(_base_cards(session, settings).values())
     cards += [_adapter_card(a, v) for a, v in repository.list_ready_models(session, tenant.id)]
     return ListResponse(data=cards)
 
 
 @router.get("/{model}", response_model=ModelCard)
 def get_model(model: str, tenant: CurrentTenant, session: SessionDep, settings: SettingsDep) -> ModelCard:
-    """One model: the base model, an adapter (latest ready version) or `name@N`."""
-    if model == settings.base_model_name:
-        return _base_card(settings)
+    """One model: a base model, an adapter (latest ready version) or `name@N`."""
+    base_cards = _base_cards(session, settings)
+    if model in base_cards:
+        return base_cards[model]
     adapter, version = repository.resolve_model(session, tenant.id, model)
     card = _adapter_card(adapter, version)
     return card.model_copy(update={"id": model})

@@ -16,6 +16,8 @@ from api.main import create_app
 from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY
 
+pytestmark = pytest.mark.slow  # threads racing admin writes through the database
+
 NUM_ROUNDS = 6  # each round sends one of every admin write below, all at once
 
 

@@ -22,6 +22,8 @@ from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, adapter_paths, upload
 from tests.registry.upload_invariants import assert_no_orphans, assert_numbered_without_gaps
 
+pytestmark = pytest.mark.slow  # threads racing uploads through the database
+
 NUM_UPLOADS = 16
 NUM_SAME_NAME = 8  # the other uploads each use a name of their own
 WRITES = (

@@ -14,6 +14,8 @@ from registry.models import UsageRecord, utcnow
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import add_ready_version
 
+pytestmark = pytest.mark.slow  # the planner over recorded demand runs the twin
+
 FAST: dict[str, Any] = {"num_samples": 8, "check_s": 3.0}
 
 

@@ -60,6 +60,7 @@ def _assert_refused(
     assert repository.count_rows(db_session, Adapter) == 0
 
 
+@pytest.mark.slow  # every malformed case over HTTP; tests/registry/test_validation.py has them without HTTP
 @pytest.mark.parametrize("case", MALFORMED_CASES, ids=[c.case_id for c in MALFORMED_CASES])
 def test_malformed_upload_is_refused_and_nothing_is_stored(
     case: MalformedCase,

@@ -23,6 +23,8 @@ from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord, utcnow
 from registry.usage import close_expired_usage
 
+pytestmark = pytest.mark.slow  # the real ledger writer and its timers, over real seconds
+
 FAR_S = 3600.0  # an interval that never elapses in a test: checkpoints are called explicitly
 
 

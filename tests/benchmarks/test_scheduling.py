@@ -34,6 +34,8 @@ from scheduling_workload import (
 )
 from serving_workload import read_trace
 
+pytestmark = pytest.mark.slow  # runs the scheduling benchmark end to end
+
 ADAPTERS = [f"adapter-{i:02d}" for i in range(20)]
 TRACE_GENERATED = [8, 16, 40, 120, 130, 140, 400, 420, 450, 600]  # short and long tasks, like the trace
 

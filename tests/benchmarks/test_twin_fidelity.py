@@ -14,6 +14,8 @@ from scheduler.twin.profile import profile_from_dict
 from scheduler.twin.run_metrics import COMPARED
 from tests.scheduler.twin.profile_helpers import tiny_profile_dict
 
+pytestmark = pytest.mark.slow  # runs the real engine and the twin on the same trace
+
 REPO = Path(__file__).resolve().parents[2]
 CONV = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 

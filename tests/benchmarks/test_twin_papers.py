@@ -18,6 +18,8 @@ from scheduler.twin.profile import load_profile
 from scheduler.twin.request_record import RequestRecord
 from scheduler.twin.trace import TraceRequest
 
+pytestmark = pytest.mark.slow  # every paper section runs the cluster twin
+
 
 @pytest.fixture(scope="module", autouse=True)
 def conv_trace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

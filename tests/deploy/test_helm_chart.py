@@ -22,6 +22,8 @@ from tests.deploy.manifests import (
     validate_keda,
 )
 
+pytestmark = pytest.mark.slow  # renders the chart with helm and validates every manifest
+
 SENTINELS = {
     "adminKey": "sentinel-admin-key-5f1c",
     "internalToken": "sentinel-internal-token-9a2e",

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from lorahost.cli import app
 
+pytestmark = pytest.mark.slow  # the planner trains its surrogate and re-runs plans in the twin
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "plan-workload.yaml"
 FAST = ["--samples", "12", "--check-s", "3"]
 

@@ -21,6 +21,8 @@ from tests.registry.db_fixtures import (
     require_service,
 )
 
+pytestmark = pytest.mark.slow  # every migration up and down on a fresh database
+
 TABLES = {
     "price_plans",
     "tenants",

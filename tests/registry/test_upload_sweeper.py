@@ -28,6 +28,8 @@ from registry.upload_sweeper import (
 )
 from settings import Settings
 
+pytestmark = pytest.mark.slow  # sweeps against real blob-store ages
+
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 MIN_AGE_S = 600.0
 OLD = NOW - timedelta(hours=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,8 @@ from scheduler.twin.planner.workload import Workload, workload_from_dict
 from scheduler.twin.profile import TwinProfile
 from settings.engine import EngineSettings
 from tests.scheduler.twin.planner.conftest import SMALL_TRAINING
+
+pytestmark = pytest.mark.slow  # each plan is checked in the twin (many simulated runs)
 
 SHORT = {
     "prompt_tokens": {"p50": 200, "p90": 600, "max": 2000},
