@@ -44,6 +44,7 @@ class RequestMeter:
 
     tenant_id: str
     model_name: str = ""
+    base_model_name: str | None = None  # the base model the request runs on, once resolved
     request_id: str = field(default_factory=lambda: f"req-{new_id()}")
     adapter_id: str | None = None
     adapter_version_id: str | None = None
@@ -114,6 +115,7 @@ class RequestMeter:
             "adapter_id": self.adapter_id,
             "adapter_version_id": self.adapter_version_id,
             "model_name": self.model_name or "unknown",
+            "base_model_name": self.base_model_name,
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "predicted_output_tokens": self.predicted_output_tokens,
@@ -165,6 +167,7 @@ class RequestMeter:
             "adapter_id": self.adapter_id,
             "adapter_version_id": self.adapter_version_id,
             "model_name": self.model_name or "unknown",
+            "base_model_name": self.base_model_name,
             "prompt_tokens": self.billed_prompt_tokens(status),
             "completion_tokens": delivered,
             "predicted_output_tokens": self.predicted_output_tokens,

@@ -302,7 +302,26 @@ class CatalogModelPublic(BaseModel):
     aliases: list[str]
     status: str
     created_at: datetime
+    prices: dict[str, dict[str, str]] | None = None
     num_ready_adapters: int = 0
+
+
+class TokenPrices(BaseModel):
+    """A base model's own token prices for a plan (currency units per 1M tokens; unset: the plan's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_1m_prompt: Decimal | None = Field(default=None, ge=0, le=Decimal(10**9))
+    per_1m_completion: Decimal | None = Field(default=None, ge=0, le=Decimal(10**9))
+
+
+class CatalogModelUpdate(BaseModel):
+    """PATCH /v1/admin/models/{name}: the model's own prices, by plan name or "*" (every plan); null: the plans'
+    prices again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prices: dict[Annotated[str, Field(min_length=1, max_length=64)], TokenPrices] | None
 
 
 class ListResponse(BaseModel):

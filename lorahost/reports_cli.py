@@ -53,7 +53,7 @@ def billing(
     from rich.console import Console
     from rich.table import Table
 
-    from registry.usage_reports import billing_report, invoice_to_json, invoices_to_csv
+    from registry.billing import billing_report, invoice_to_json, invoices_to_csv
 
     lo, hi = _period(start, end)
     with _session(data_dir) as session:

@@ -188,6 +188,14 @@ def remove_base_model(session: Session, name: str, *, is_forced: bool = False) -
     return model
 
 
+def set_prices(session: Session, name: str, prices: dict[str, dict[str, str]] | None) -> CatalogModel:
+    """Set (or clear, with None) the live model's own token prices per plan name or "*"."""
+    model = get_base_model(session, name)
+    model.prices = prices
+    session.flush()
+    return model
+
+
 def unpublish_manifest(store: BlobStore, name: str) -> None:
     """Delete a removed model's manifest, so no new worker starts on it (its files stay: running workers and
     a re-add of the same files reuse them)."""

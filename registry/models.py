@@ -179,6 +179,8 @@ class CatalogModel(Base):
     num_bytes: Mapped[int] = mapped_column(BigInteger)
     engines: Mapped[list[str]] = mapped_column(JSON)  # engine backends that may serve it
     aliases: Mapped[list[str]] = mapped_column(JSON)  # other names adapters' configs use for it
+    # plan name or "*" -> {"per_1m_prompt": "0.1", "per_1m_completion": "0.2"}; None: the plans' prices
+    prices: Mapped[dict[str, dict[str, str]] | None] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="ready")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -269,6 +271,7 @@ class UsageRecord(Base):
         ForeignKey("adapter_versions.id", ondelete="SET NULL")
     )
     model_name: Mapped[str] = mapped_column(String(200))
+    base_model_name: Mapped[str | None] = mapped_column(String(200))  # NULL: base requests from before 0016
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     # The output length the API predicted when it admitted the request (api/inference/predict.py; max_tokens

@@ -36,7 +36,7 @@ from registry.models import (
 )
 
 GroupBy = Literal["tenant", "adapter", "hour"]
-GROUP_BYS: tuple[str, ...] = ("tenant", "adapter", "hour")
+GROUP_BYS: tuple[str, ...] = ("tenant", "adapter", "base_model", "hour")
 JUDGED_STATUSES = ("ok", "error", INTERRUPTED_USAGE_STATUS)
 FAILED_STATUSES = ("error", INTERRUPTED_USAGE_STATUS)
 # Rows a final update may still close: open ones, and ones a sweep closed while the API still served them.

@@ -1,11 +1,5 @@
-"""Reports over the usage ledger (registry/usage.py): billing invoices, a tenant's own usage, SLO aggregation.
-
-Billing rule: every token recorded is billed once — prompt tokens of every request that was prefilled and
-completion tokens that were delivered, whatever the status (an aborted stream pays for what it got; a
-rejected request has zero tokens; an interrupted one pays for its last checkpoint, within one checkpoint
-interval of what reached the client; an `in_progress` row counts what it has checkpointed so far, so a
-report never shows less than was delivered, and grows as the request goes on). Storage is billed per
-adapter-day a live adapter existed in the period.
+"""Reports over the usage ledger (registry/usage.py): a tenant's own usage, SLO aggregation; the rows they and
+billing (registry/billing.py) read.
 
 SLO rule: a request attains its SLO when it finished `ok` with TTFT <= the plan's TTFT target and mean
 TPOT <= the plan's TPOT target (a missing target always holds). Attainment = attained / judged, judged =
@@ -16,13 +10,10 @@ judged.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal
 
 import numpy as np
 from sqlalchemy import select
@@ -31,12 +22,10 @@ from sqlalchemy.orm import Session
 from registry.models import (
     INTERRUPTED_USAGE_STATUS,
     OPEN_USAGE_STATUS,
-    Adapter,
-    PricePlan,
     Tenant,
     UsageRecord,
 )
-from registry.usage import CENT, FAILED_STATUSES, GROUP_BYS, JUDGED_STATUSES, as_utc
+from registry.usage import FAILED_STATUSES, GROUP_BYS, JUDGED_STATUSES, as_utc
 
 
 @dataclass(frozen=True)
@@ -46,6 +35,7 @@ class UsageRow:
     tenant_id: str
     adapter_id: str | None
     model_name: str
+    base_model: str  # "" for base-model requests recorded before usage rows named their base model
     prompt_tokens: int
     completion_tokens: int
     ttft_ms: float | None
@@ -75,6 +65,7 @@ def load_rows(
             r.tenant_id,
             r.adapter_id,
             r.model_name,
+            r.base_model_name or "",
             r.prompt_tokens,
             r.completion_tokens,
             r.ttft_ms,
@@ -85,121 +76,6 @@ def load_rows(
         )
         for r in session.scalars(query)
     ]
-
-
-# ---- billing -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prices:
-    """A plan's prices (Decimal currency units)."""
-
-    plan_name: str = "none"
-    per_1m_prompt: Decimal = Decimal(0)
-    per_1m_completion: Decimal = Decimal(0)
-    per_adapter_day: Decimal = Decimal(0)
-
-
-@dataclass(frozen=True)
-class InvoiceLine:
-    """One tenant's bill for a period."""
-
-    tenant_id: str
-    tenant_name: str
-    plan_name: str
-    num_requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    adapter_days: Decimal
-    prompt_cost: Decimal
-    completion_cost: Decimal
-    storage_cost: Decimal
-    total: Decimal
-
-
-def adapter_days(
-    created_at: datetime, deleted_at: datetime | None, start: datetime, end: datetime
-) -> Decimal:
-    """How many days (fractional) an adapter existed inside [start, end)."""
-    lo = max(as_utc(created_at), start)
-    hi = min(as_utc(deleted_at), end) if deleted_at is not None else end
-    if hi <= lo:
-        return Decimal(0)
-    return Decimal((hi - lo).total_seconds()) / Decimal(86400)
-
-
-def price_tokens(num_tokens: int, per_1m: Decimal) -> Decimal:
-    """Cost of num_tokens at a per-million price, rounded to 1e-6."""
-    return (Decimal(num_tokens) * per_1m / Decimal(1_000_000)).quantize(CENT, rounding=ROUND_HALF_UP)
-
-
-def compute_invoice(
-    tenant_id: str, tenant_name: str, prices: Prices, rows: Iterable[UsageRow], num_adapter_days: Decimal
-) -> InvoiceLine:
-    """One tenant's invoice line from its usage rows and adapter-days."""
-    rows = list(rows)
-    prompt = sum(r.prompt_tokens for r in rows)
-    completion = sum(r.completion_tokens for r in rows)
-    prompt_cost = price_tokens(prompt, prices.per_1m_prompt)
-    completion_cost = price_tokens(completion, prices.per_1m_completion)
-    storage_cost = (num_adapter_days * prices.per_adapter_day).quantize(CENT, rounding=ROUND_HALF_UP)
-    return InvoiceLine(
-        tenant_id,
-        tenant_name,
-        prices.plan_name,
-        len(rows),
-        prompt,
-        completion,
-        num_adapter_days.quantize(CENT, rounding=ROUND_HALF_UP),
-        prompt_cost,
-        completion_cost,
-        storage_cost,
-        prompt_cost + completion_cost + storage_cost,
-    )
-
-
-def _prices(plan: PricePlan | None) -> Prices:
-    if plan is None:
-        return Prices()
-    return Prices(
-        plan.name,
-        Decimal(plan.price_per_1m_prompt_tokens),
-        Decimal(plan.price_per_1m_completion_tokens),
-        Decimal(plan.price_storage_per_adapter_day),
-    )
-
-
-def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:
-    """Invoice lines for every tenant with usage or stored adapters in [start, end), by tenant name."""
-    start, end = as_utc(start), as_utc(end)
-    rows_by_tenant: dict[str, list[UsageRow]] = defaultdict(list)
-    for row in load_rows(session, start, end):
-        rows_by_tenant[row.tenant_id].append(row)
-    days_by_tenant: dict[str, Decimal] = defaultdict(Decimal)
-    for adapter in session.scalars(select(Adapter).where(Adapter.created_at < end)):
-        days_by_tenant[adapter.tenant_id] += adapter_days(adapter.created_at, adapter.deleted_at, start, end)
-    lines = []
-    for tenant in session.scalars(select(Tenant)):
-        rows, days = rows_by_tenant.get(tenant.id, []), days_by_tenant.get(tenant.id, Decimal(0))
-        if rows or days > 0:
-            lines.append(compute_invoice(tenant.id, tenant.name, _prices(tenant.plan), rows, days))
-    return sorted(lines, key=lambda line: (line.tenant_name, line.tenant_id))
-
-
-def invoice_to_json(line: InvoiceLine) -> dict[str, object]:
-    """JSON-ready dict (Decimals as strings, exact)."""
-    return {k: (str(v) if isinstance(v, Decimal) else v) for k, v in asdict(line).items()}
-
-
-def invoices_to_csv(lines: Sequence[InvoiceLine]) -> str:
-    """CSV text with a header row."""
-    out = io.StringIO()
-    names = [f.name for f in fields(InvoiceLine)]
-    writer = csv.DictWriter(out, fieldnames=names)
-    writer.writeheader()
-    for line in lines:
-        writer.writerow(invoice_to_json(line))
-    return out.getvalue()
 
 
 # ---- own usage -----------------------------------------------------------------------------------------
@@ -215,6 +91,7 @@ def usage_by_adapter_day(rows: Iterable[UsageRow]) -> list[dict[str, object]]:
             {
                 "day": key[0],
                 "model": key[1],
+                "base_model": r.base_model or None,
                 "num_requests": 0,
                 "prompt_tokens": 0,
                 "completion_tokens": 0,
@@ -283,6 +160,8 @@ def group_key(row: UsageRow, group_by: str) -> str:
         return row.tenant_id
     if group_by == "adapter":
         return row.model_name
+    if group_by == "base_model":
+        return row.base_model or "unknown"
     if group_by == "hour":
         return row.started_at.replace(minute=0, second=0, microsecond=0).isoformat()
     raise ValueError(f"group_by must be one of {', '.join(GROUP_BYS)}, not {group_by!r}")

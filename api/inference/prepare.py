@@ -96,6 +96,7 @@ async def prepare(
     meter.model_name = repository.parse_model_ref(model).name
     resolved = await resolve(services, tenant.tenant_id, model)
     meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
+    meter.base_model_name = resolved.base_model
     check_prompt_bounds(body, services.settings)
     tokenizer = await base_tokenizer(services, resolved.base_model)
     if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:

@@ -1,4 +1,4 @@
-"""/v1/admin/models: the base-model catalog (admin key only): list, look up, remove. Models are added with
+"""/v1/admin/models: the base-model catalog (admin key only): list, look up, set prices, remove. Models are added with
 `lorahost models add` (it imports, verifies and uploads the files: registry/base_model_catalog.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from api.deps import AdminDep, ServicesDep, SessionDep
-from api.schemas import PRINTABLE_TEXT, CatalogModelPublic, ListResponse
+from api.schemas import PRINTABLE_TEXT, CatalogModelPublic, CatalogModelUpdate, ListResponse
 from registry import base_model_catalog
 from registry.db import run_in_write_transaction
 
@@ -33,6 +33,22 @@ def list_models(_: AdminDep, session: SessionDep) -> ListResponse:
 def get_model(name: ModelName, _: AdminDep, session: SessionDep) -> CatalogModelPublic:
     """One base model: shape, files with digests, engines, aliases, adapters bound to it."""
     return _public(session, base_model_catalog.get_base_model(session, name))
+
+
+@router.patch("/{name}", response_model=CatalogModelPublic)
+def update_model(
+    name: ModelName, body: CatalogModelUpdate, _: AdminDep, session: SessionDep
+) -> CatalogModelPublic:
+    """Set the model's own token prices per plan (billing uses them on its invoice lines; registry/billing.py)."""
+    prices = None
+    if body.prices is not None:
+        prices = {
+            plan: {k: str(v) for k, v in p.model_dump(exclude_none=True).items()}
+            for plan, p in body.prices.items()
+        }
+    session.commit()
+    model = run_in_write_transaction(session, lambda s: base_model_catalog.set_prices(s, name, prices))
+    return _public(session, model)
 
 
 @router.delete("/{name}", response_model=CatalogModelPublic)

@@ -12,8 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import AdminDep, SessionDep
 from api.errors import ApiError
 from api.query_dates import parse_period
+from registry.billing import billing_report, invoice_to_json, invoices_to_csv
 from registry.usage import GROUP_BYS
-from registry.usage_reports import billing_report, invoice_to_json, invoices_to_csv, slo_report
+from registry.usage_reports import slo_report
 
 router = APIRouter(prefix="/v1/admin", tags=["reports"])
 BILLING_FORMATS = ("json", "csv")

@@ -66,7 +66,7 @@ def test_slo_groups_by_tenant_adapter_and_hour(client: TestClient, db_session: S
 @pytest.mark.parametrize(
     ("path", "params", "expected"),
     [
-        ("/v1/admin/slo", {"group_by": "day"}, "group_by must be one of tenant, adapter, hour"),
+        ("/v1/admin/slo", {"group_by": "day"}, "group_by must be one of tenant, adapter, base_model, hour"),
         ("/v1/admin/slo", {"start": "yesterday"}, "ISO 8601"),
         ("/v1/admin/billing", {"end": "2026-13-01"}, "ISO 8601"),
         ("/v1/admin/billing", {"format": "xml"}, "format must be one of json, csv"),

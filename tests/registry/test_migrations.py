@@ -62,7 +62,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0015"
+    assert current_revision(empty_db_url) == "0016"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -358,3 +358,28 @@ def test_0014_adds_the_tenant_prefix_cache_namespace_null_for_existing_tenants_a
     downgrade(empty_db_url, "0013")
     assert "prefix_cache_namespace" not in _tenant_columns(empty_db_url)
     assert current_revision(empty_db_url) == "0013"
+
+
+def test_0016_names_the_base_model_of_old_adapter_rows_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0015")
+    _insert_usage(empty_db_url, "r-base", "ok")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO adapters (id, tenant_id, name, visibility, base_model_name, created_at) "
+                "VALUES ('a', 't', 'writer', 'private', 'wide', CURRENT_TIMESTAMP)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO usage_records (id, request_id, tenant_id, adapter_id, model_name, prompt_tokens, "
+                "completion_tokens, status, started_at) VALUES ('r-a', 'r-a', 't', 'a', 'writer', 0, 0, 'ok', "
+                "CURRENT_TIMESTAMP)"
+            )
+        upgrade(empty_db_url, "0016")
+        with engine.connect() as conn:
+            bases = dict(conn.exec_driver_sql("SELECT request_id, base_model_name FROM usage_records").all())
+    finally:
+        engine.dispose()
+    assert bases == {"r-base": None, "r-a": "wide"}  # an adapter's rows take its base; base requests stay NULL
+    downgrade(empty_db_url, "0015")
+    assert "base_model_name" not in _usage_columns(empty_db_url)

@@ -13,9 +13,10 @@ import pytest
 from sqlalchemy.orm import Session
 
 from registry import repository
+from registry.billing import billing_report
 from registry.models import Adapter, new_id
 from registry.usage import DuplicateUsageError, record_usage
-from registry.usage_reports import billing_report, load_rows, slo_report
+from registry.usage_reports import load_rows, slo_report
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 END = datetime(2026, 1, 3, tzinfo=UTC)
@@ -41,6 +42,7 @@ def _usage(
     tpot: float | None = None,
     model: str = "writer",
     adapter_id: str | None = None,
+    base_model: str = "lorahost-base",
 ) -> None:
     record_usage(
         session,
@@ -48,6 +50,7 @@ def _usage(
         tenant_id=tenant_id,
         adapter_id=adapter_id,
         model_name=model,
+        base_model_name=base_model,
         prompt_tokens=prompt,
         completion_tokens=completion,
         ttft_ms=ttft,

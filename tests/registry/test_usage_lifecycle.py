@@ -10,6 +10,7 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from registry import repository, usage
+from registry.billing import billing_report
 from registry.models import UsageRecord, new_id
 from registry.usage import (
     OpenUsage,
@@ -24,7 +25,7 @@ from registry.usage import (
     orphaned_request_ids,
     renew_usage_leases,
 )
-from registry.usage_reports import billing_report, load_rows, slo_report, usage_by_adapter_day
+from registry.usage_reports import load_rows, slo_report, usage_by_adapter_day
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -3,14 +3,11 @@ from decimal import Decimal
 
 import pytest
 
+from registry.billing import Prices, adapter_days, base_model_prices, compute_invoice, invoices_to_csv
 from registry.usage_reports import (
-    Prices,
     SloTargets,
     UsageRow,
-    adapter_days,
-    compute_invoice,
     compute_slo,
-    invoices_to_csv,
     percentile,
     usage_by_adapter_day,
 )
@@ -19,9 +16,18 @@ T0 = datetime(2026, 11, 1, 10, 0, tzinfo=UTC)
 
 
 def _row(
-    status="ok", ttft=100.0, tpot=20.0, e2e=500.0, prompt=10, completion=5, tenant="t1", model="m", at=T0
+    status="ok",
+    ttft=100.0,
+    tpot=20.0,
+    e2e=500.0,
+    prompt=10,
+    completion=5,
+    tenant="t1",
+    model="m",
+    at=T0,
+    base="",
 ) -> UsageRow:
-    return UsageRow(tenant, None, model, prompt, completion, ttft, tpot, e2e, status, at)
+    return UsageRow(tenant, None, model, base, prompt, completion, ttft, tpot, e2e, status, at)
 
 
 def test_invoice_bills_every_recorded_token_at_plan_prices() -> None:
@@ -110,3 +116,25 @@ def test_usage_by_day_sums_tokens_per_model() -> None:
     out = usage_by_adapter_day(rows)
     assert out[0]["model"] == "m" and out[0]["prompt_tokens"] == 5 and out[0]["completion_tokens"] == 5
     assert out[0]["by_status"] == {"ok": 1, "error": 1}
+
+
+def test_a_base_models_own_prices_replace_the_plans_token_prices_for_its_plan_or_every_plan() -> None:
+    plan = Prices("pro", Decimal("1.0"), Decimal("2.0"), Decimal("0.5"))
+    assert (
+        base_model_prices(plan, None) is plan
+        and base_model_prices(plan, {"basic": {"per_1m_prompt": "9"}}) is plan
+    )
+    own = base_model_prices(
+        plan, {"pro": {"per_1m_prompt": "4", "per_1m_completion": "8"}, "*": {"per_1m_prompt": "7"}}
+    )
+    assert (own.per_1m_prompt, own.per_1m_completion, own.per_adapter_day) == (
+        Decimal(4),
+        Decimal(8),
+        Decimal("0.5"),
+    )
+    anyone = base_model_prices(plan, {"*": {"per_1m_prompt": "7"}})
+    assert (anyone.per_1m_prompt, anyone.per_1m_completion) == (Decimal(7), Decimal("2.0"))
+    line = compute_invoice(
+        "t1", "acme", own, [_row(prompt=1_000_000, completion=500_000, base="wide")], Decimal(0), "wide"
+    )
+    assert (line.base_model, line.prompt_cost, line.completion_cost) == ("wide", Decimal(4), Decimal(4))

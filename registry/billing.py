@@ -1,0 +1,171 @@
+"""Billing over the usage ledger: invoice lines per tenant and base model, CSV and JSON.
+
+Billing rule: every token recorded is billed once — prompt tokens of every request that was prefilled and
+completion tokens that were delivered, whatever the status (an aborted stream pays for what it got; a
+rejected request has zero tokens; an interrupted one pays for its last checkpoint, within one checkpoint
+interval of what reached the client; an `in_progress` row counts what it has checkpointed so far, so a
+report never shows less than was delivered, and grows as the request goes on). Storage is billed per
+adapter-day a live adapter existed in the period. A tenant gets one invoice line per base model it used or stored
+adapters for; a catalog model's own prices for the tenant's plan (base_models.prices: the plan's name, else "*")
+replace the plan's token prices on that line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from registry.models import Adapter, CatalogModel, PricePlan, Tenant
+from registry.usage import CENT, as_utc
+from registry.usage_reports import UsageRow, load_rows
+
+
+@dataclass(frozen=True)
+class Prices:
+    """A plan's prices (Decimal currency units)."""
+
+    plan_name: str = "none"
+    per_1m_prompt: Decimal = Decimal(0)
+    per_1m_completion: Decimal = Decimal(0)
+    per_adapter_day: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class InvoiceLine:
+    """One tenant's bill for a period."""
+
+    tenant_id: str
+    tenant_name: str
+    plan_name: str
+    num_requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    adapter_days: Decimal
+    prompt_cost: Decimal
+    completion_cost: Decimal
+    storage_cost: Decimal
+    total: Decimal
+    base_model: str = ""  # the base model of this line's requests and adapters
+
+
+def adapter_days(
+    created_at: datetime, deleted_at: datetime | None, start: datetime, end: datetime
+) -> Decimal:
+    """How many days (fractional) an adapter existed inside [start, end)."""
+    lo = max(as_utc(created_at), start)
+    hi = min(as_utc(deleted_at), end) if deleted_at is not None else end
+    if hi <= lo:
+        return Decimal(0)
+    return Decimal((hi - lo).total_seconds()) / Decimal(86400)
+
+
+def price_tokens(num_tokens: int, per_1m: Decimal) -> Decimal:
+    """Cost of num_tokens at a per-million price, rounded to 1e-6."""
+    return (Decimal(num_tokens) * per_1m / Decimal(1_000_000)).quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def compute_invoice(
+    tenant_id: str,
+    tenant_name: str,
+    prices: Prices,
+    rows: Iterable[UsageRow],
+    num_adapter_days: Decimal,
+    base_model: str = "",
+) -> InvoiceLine:
+    """One tenant's invoice line (of one base model) from its usage rows and adapter-days."""
+    rows = list(rows)
+    prompt = sum(r.prompt_tokens for r in rows)
+    completion = sum(r.completion_tokens for r in rows)
+    prompt_cost = price_tokens(prompt, prices.per_1m_prompt)
+    completion_cost = price_tokens(completion, prices.per_1m_completion)
+    storage_cost = (num_adapter_days * prices.per_adapter_day).quantize(CENT, rounding=ROUND_HALF_UP)
+    return InvoiceLine(
+        tenant_id,
+        tenant_name,
+        prices.plan_name,
+        len(rows),
+        prompt,
+        completion,
+        num_adapter_days.quantize(CENT, rounding=ROUND_HALF_UP),
+        prompt_cost,
+        completion_cost,
+        storage_cost,
+        prompt_cost + completion_cost + storage_cost,
+        base_model,
+    )
+
+
+def _prices(plan: PricePlan | None) -> Prices:
+    if plan is None:
+        return Prices()
+    return Prices(
+        plan.name,
+        Decimal(plan.price_per_1m_prompt_tokens),
+        Decimal(plan.price_per_1m_completion_tokens),
+        Decimal(plan.price_storage_per_adapter_day),
+    )
+
+
+def base_model_prices(plan_prices: Prices, base_prices: dict[str, dict[str, str]] | None) -> Prices:
+    """The token prices on a base model's line: the model's own for this plan (its name, else "*"), else the
+    plan's; storage stays the plan's."""
+    own = (base_prices or {}).get(plan_prices.plan_name) or (base_prices or {}).get("*")
+    if not own:
+        return plan_prices
+    return Prices(
+        plan_prices.plan_name,
+        Decimal(own.get("per_1m_prompt", plan_prices.per_1m_prompt)),
+        Decimal(own.get("per_1m_completion", plan_prices.per_1m_completion)),
+        plan_prices.per_adapter_day,
+    )
+
+
+def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:
+    """Invoice lines for every (tenant, base model) with usage or stored adapters in [start, end), by tenant
+    name, then base model."""
+    start, end = as_utc(start), as_utc(end)
+    rows_by_key: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
+    for row in load_rows(session, start, end):
+        rows_by_key[(row.tenant_id, row.base_model)].append(row)
+    days_by_key: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for adapter in session.scalars(select(Adapter).where(Adapter.created_at < end)):
+        days = adapter_days(adapter.created_at, adapter.deleted_at, start, end)
+        days_by_key[(adapter.tenant_id, adapter.base_model_name)] += days
+    prices_by_base = {m.name: m.prices for m in session.scalars(select(CatalogModel)) if m.status == "ready"}
+    lines = []
+    for tenant in session.scalars(select(Tenant)):
+        plan_prices = _prices(tenant.plan)
+        bases = {b for t, b in (*rows_by_key, *days_by_key) if t == tenant.id}
+        for base in sorted(bases):
+            rows, days = (
+                rows_by_key.get((tenant.id, base), []),
+                days_by_key.get((tenant.id, base), Decimal(0)),
+            )
+            if rows or days > 0:
+                prices = base_model_prices(plan_prices, prices_by_base.get(base))
+                lines.append(compute_invoice(tenant.id, tenant.name, prices, rows, days, base))
+    return sorted(lines, key=lambda line: (line.tenant_name, line.tenant_id, line.base_model))
+
+
+def invoice_to_json(line: InvoiceLine) -> dict[str, object]:
+    """JSON-ready dict (Decimals as strings, exact)."""
+    return {k: (str(v) if isinstance(v, Decimal) else v) for k, v in asdict(line).items()}
+
+
+def invoices_to_csv(lines: Sequence[InvoiceLine]) -> str:
+    """CSV text with a header row."""
+    out = io.StringIO()
+    names = [f.name for f in fields(InvoiceLine)]
+    writer = csv.DictWriter(out, fieldnames=names)
+    writer.writeheader()
+    for line in lines:
+        writer.writerow(invoice_to_json(line))
+    return out.getvalue()
