@@ -38,9 +38,11 @@ def serve(
     import uvicorn
 
     from api.main import create_app
+    from api.scaling_view import cold_start_waiting
     from api.services import build_services
     from cluster.membership import InMemoryWorkerDirectory
     from gpu_workers.worker.embedded import EmbeddedWorker
+    from lorahost.embedded_models import EmbeddedModelPool
     from migrations.runner import upgrade
     from settings import Settings
 
@@ -69,6 +71,10 @@ def serve(
     services.worker_directory = directory
     services.internal_token = worker.internal_token
     services.worker_transport = worker.transport  # in-process: no HTTP hop to the worker
+    # the catalog's other base models: an in-process worker each, started on demand, stopped when idle
+    pool = EmbeddedModelPool(
+        settings, directory, services.session_factory, lambda: cold_start_waiting(services.metrics)
+    ).start()
     _close_interrupted_usage(services)
     _remove_abandoned_upload_dirs(services)
     _sweep_uploads(services)
@@ -79,6 +85,7 @@ def serve(
     try:
         uvicorn.run(create_app(settings, services=services), host=settings.api.host, port=settings.api.port)
     finally:
+        pool.close()
         worker.stop()
         services.close()
 

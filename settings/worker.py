@@ -75,3 +75,16 @@ class WorkerSettings(BaseModel):
     def resolved_heartbeat_ttl_s(self) -> float:
         """How long a worker's membership lives without a heartbeat (default 3x the interval)."""
         return self.heartbeat_ttl_s if self.heartbeat_ttl_s is not None else 3 * self.heartbeat_interval_s
+
+    embedded_memory_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="`lorahost serve`: the most bytes of base-model weights its in-process workers hold at once (one "
+        "worker per base model served; idle catalog models are stopped to make room; unset: no bound)",
+    )
+    embedded_idle_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="`lorahost serve`: a catalog model's in-process worker stops after this long with nothing to do "
+        "(the configured base model's stays)",
+    )

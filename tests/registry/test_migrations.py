@@ -380,6 +380,9 @@ def test_0016_names_the_base_model_of_old_adapter_rows_and_downgrades(empty_db_u
             bases = dict(conn.exec_driver_sql("SELECT request_id, base_model_name FROM usage_records").all())
     finally:
         engine.dispose()
-    assert bases == {"r-base": None, "r-a": "wide"}  # an adapter's rows take its base; base requests stay NULL
+    assert bases == {
+        "r-base": None,
+        "r-a": "wide",
+    }  # an adapter's rows take its base; base requests stay NULL
     downgrade(empty_db_url, "0015")
     assert "base_model_name" not in _usage_columns(empty_db_url)

@@ -28,6 +28,8 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_MAX_CPU_LORAS",
     "LORAHOST_ENGINE_MAX_LORA_RANK",
     "LORAHOST_ENGINE_LINEAR_WEIGHTS",
+    "LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES",
+    "LORAHOST_WORKER_EMBEDDED_IDLE_S",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

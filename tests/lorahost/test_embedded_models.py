@@ -1,0 +1,155 @@
+"""`lorahost serve` with several base models (lorahost/embedded_models.py): a catalog model's in-process worker
+starts when requests wait for it, stops when idle, within the memory budget; for real, a request for the second
+model is held, its worker fetches the model from the blob store and serves it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.deps import get_session
+from api.main import create_app
+from api.scaling_view import cold_start_waiting
+from api.services import build_services
+from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
+from gpu_workers.worker.embedded import EmbeddedWorker
+from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
+from lorahost.embedded_models import EmbeddedModelPool
+from registry.base_model_catalog import add_base_model
+from registry.storage import LocalBlobStore
+from settings import Settings
+from tests.api.conftest import ADMIN, ADMIN_KEY
+
+WIDE = "wide"
+
+
+class FakeWorker:
+    def __init__(self, settings: Settings, directory: WorkerDirectory) -> None:
+        self.settings = settings
+        self.stopped = threading.Event()
+
+    def stop(self, drain: bool = True) -> None:
+        self.stopped.set()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def catalog(db_session: Session, tmp_path: Path, wide_demo_dir: Path) -> LocalBlobStore:
+    store = LocalBlobStore(tmp_path / "blobs")
+    add_base_model(db_session, store, WIDE, wide_demo_dir / "base")
+    db_session.commit()
+    return store
+
+
+def test_a_waited_for_model_starts_with_its_own_settings_and_stops_when_idle(
+    tmp_path: Path,
+    base_model_dir: Path,
+    catalog: LocalBlobStore,
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    settings = Settings(data_dir=tmp_path, base_model_path=base_model_dir, worker_embedded_idle_s=60)
+    directory, waiting, clock = InMemoryWorkerDirectory(), {WIDE: 0}, Clock()
+    pool = EmbeddedModelPool(
+        settings, directory, db_session_factory, lambda: dict(waiting), start_worker=FakeWorker, clock=clock
+    )
+    assert pool.step().to_start == ()  # nothing waits: nothing starts
+    waiting[WIDE] = 2
+    assert pool.step().to_start == (WIDE,)
+    worker = pool.workers[WIDE]
+    assert isinstance(worker, FakeWorker)
+    assert (
+        worker.settings.base_model_name == WIDE and worker.settings.base_model_path is None
+    )  # from the catalog
+    assert worker.settings.worker.id == f"embedded-{WIDE}"
+    assert worker.settings.resolved_host_cache_dir() == tmp_path / "workers" / WIDE / "host_cache"
+    waiting[WIDE] = 0
+    directory.heartbeat(WorkerRecord("embedded-wide", "http://w", WIDE, num_running=1), ttl_s=3600)
+    clock.now = 1000.0
+    assert pool.step().to_stop == ()  # busy: never stopped
+    directory.heartbeat(WorkerRecord("embedded-wide", "http://w", WIDE, num_running=0), ttl_s=3600)
+    pool.step()  # idle from now on
+    clock.now = 1059.0
+    assert pool.step().to_stop == ()
+    clock.now = 1061.0
+    assert pool.step().to_stop == (WIDE,)
+    assert worker.stopped.wait(5) and WIDE not in pool.workers
+
+
+def test_a_model_over_the_memory_budget_waits(
+    tmp_path: Path, base_model_dir: Path, catalog: LocalBlobStore, db_session_factory: sessionmaker[Session]
+) -> None:
+    settings = Settings(data_dir=tmp_path, base_model_path=base_model_dir, worker_embedded_memory_bytes=1)
+    pool = EmbeddedModelPool(
+        settings, InMemoryWorkerDirectory(), db_session_factory, lambda: {WIDE: 3}, start_worker=FakeWorker
+    )
+    assert pool.step().to_start == () and pool.workers == {}
+
+
+@pytest.fixture
+def served(
+    tmp_path: Path,
+    base_model_dir: Path,
+    catalog: LocalBlobStore,
+    db_session: Session,
+    db_session_factory: sessionmaker[Session],
+) -> Iterator[tuple[TestClient, EmbeddedModelPool]]:
+    settings = Settings(
+        **TEST_ENGINE_SETTINGS,
+        data_dir=tmp_path,
+        admin_key=ADMIN_KEY,
+        base_model_path=base_model_dir,
+        blob_store=str(tmp_path / "blobs"),
+        internal_token="embedded-models-token",
+        cold_start_timeout_s=120,
+    )
+    directory = InMemoryWorkerDirectory()
+    worker = EmbeddedWorker(settings, directory).start()
+    services = build_services(settings, session_factory=db_session_factory, blob_store=catalog)
+    services.worker_directory, services.worker_transport = directory, worker.transport
+    services.internal_token = worker.internal_token
+    pool = EmbeddedModelPool(
+        settings, directory, db_session_factory, lambda: cold_start_waiting(services.metrics), poll_s=0.1
+    ).start()
+    app = create_app(settings, services=services)
+    app.dependency_overrides[get_session] = lambda: db_session
+    try:
+        with TestClient(app) as client:
+            yield client, pool
+    finally:
+        pool.close()
+        worker.stop(drain=False)
+
+
+@pytest.mark.slow
+def test_a_second_base_model_is_served_by_its_own_worker_started_on_demand(
+    served: tuple[TestClient, EmbeddedModelPool],
+) -> None:
+    client, pool = served
+    tenant = client.post("/v1/admin/tenants", json={"name": "two-bases"}, headers=ADMIN).json()
+    key = client.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()["key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    assert WIDE not in pool.workers
+    response = client.post(
+        "/v1/completions", json={"model": WIDE, "prompt": "hello world", "max_tokens": 4}, headers=headers
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 4
+    assert WIDE in pool.workers  # started for the held request, fetched from the blob store
+    records = {r.worker_id: r.base_model for r in pool.directory.list_live()}
+    assert records.get(f"embedded-{WIDE}") == WIDE
+    base = client.post(
+        "/v1/completions", json={"model": "lorahost-base", "prompt": "hi", "max_tokens": 2}, headers=headers
+    )
+    assert base.status_code == 200, base.text
