@@ -17,7 +17,7 @@ from cluster.protocol import INTERNAL_PREFIX
 from tests.deploy.manifests import REPO_ROOT, require
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
-ONE_SHOT = {"minio-init", "migrate"}
+ONE_SHOT = {"minio-init", "migrate", "models-add"}
 
 
 def compose_binary() -> Path:
@@ -121,7 +121,7 @@ def test_every_long_running_service_has_a_health_check_and_waits_for_health(
 
 def test_platform_services_share_cluster_settings(services: dict[str, dict[str, Any]]) -> None:
     platform = {name: s for name, s in services.items() if s.get("image") == "lorahost:dev"}
-    assert len(platform) == 8  # migrate, 2 APIs, 3 workers, Celery worker, beat
+    assert len(platform) == 9  # migrate, models-add, 2 APIs, 3 workers, Celery worker, beat
     tokens = {s["environment"]["LORAHOST_INTERNAL_TOKEN"] for s in platform.values()}
     assert len(tokens) == 1
     for name, service in platform.items():
@@ -157,3 +157,20 @@ def test_the_workers_engine_and_the_images_extras_are_chosen_at_up(
     chosen = json.loads(result.stdout)["services"]
     assert chosen["worker-1"]["environment"]["LORAHOST_ENGINE_BACKEND"] == "vllm"
     assert chosen["worker-1"]["build"]["args"]["LORAHOST_EXTRAS"] == "vllm"
+
+
+def test_only_the_catalog_one_shot_reads_the_model_directory(services: dict[str, dict[str, Any]]) -> None:
+    """Workers fetch the base model from the catalog by name; no long-running service mounts a model."""
+    for name, service in services.items():
+        env = service.get("environment") or {}
+        assert "LORAHOST_BASE_MODEL_PATH" not in env, name
+        mounts = " ".join(str(v) for v in service.get("volumes") or [])
+        assert ("/models" in mounts) == (name == "models-add"), name
+    assert "lorahost models add lorahost-base --from /models/base" in " ".join(
+        command_of(services["models-add"])
+    )
+    workers = [s for s in services.values() if command_of(s)[:2] == ["lorahost", "worker"]]
+    assert all(w["environment"]["LORAHOST_BASE_MODEL_NAME"] == "lorahost-base" for w in workers)
+    assert all(
+        w["depends_on"]["models-add"]["condition"] == "service_completed_successfully" for w in workers
+    )

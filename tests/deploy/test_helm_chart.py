@@ -136,6 +136,24 @@ def test_one_gpu_worker_deployment_and_service_per_base_model() -> None:
     )
 
 
+def test_a_model_without_a_volume_is_fetched_from_the_catalog_and_nothing_mounts_it() -> None:
+    """The default values: no model volume on the worker, the API or the Celery worker (they read the catalog);
+    the worker's data volume, where it fetches the model, is bounded."""
+    objects = render()
+    deployment = named(objects, "Deployment", worker_name("lorahost-base"))
+    worker = containers(deployment)[0]
+    env = env_of(worker)
+    assert (
+        env["LORAHOST_BASE_MODEL_NAME"]["value"] == "lorahost-base" and "LORAHOST_BASE_MODEL_PATH" not in env
+    )
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert set(volumes) == {"data"} and volumes["data"]["emptyDir"]["sizeLimit"] == "64Gi"
+    for name in ("lorahost-api", "lorahost-celery-worker"):
+        platform = named(objects, "Deployment", name)
+        assert "LORAHOST_BASE_MODEL_PATH" not in env_of(containers(platform)[0])
+        assert "model" not in {v["name"] for v in platform["spec"]["template"]["spec"]["volumes"]}
+
+
 def test_each_base_model_chooses_its_engine_and_worker_image() -> None:
     objects = render(custom_values())
     for model, engine, image in (

@@ -103,8 +103,10 @@ variable below; the S3 keys are optional in the Secret (absent = boto3's default
 {{- $model := first .Values.baseModels }}
 - name: LORAHOST_BASE_MODEL_NAME
   value: {{ include "lorahost.baseModelName" $model | quote }}
+{{- if $model.volume }}
 - name: LORAHOST_BASE_MODEL_PATH
   value: {{ include "lorahost.modelPath" $model | quote }}
+{{- end }}
 {{- end }}
 
 {{- define "lorahost.podMeta" -}}
@@ -129,16 +131,23 @@ securityContext:
 {{- end }}
 
 {{/* Volumes of the first base model's files, for the API and the Celery worker. */}}
+{{/* The first base model's volume for the API and the Celery worker, only when it has one (without, they read
+shapes, tokenizers and chat templates from the catalog in the blob store). */}}
 {{- define "lorahost.defaultModelVolume" -}}
 {{- $model := first .Values.baseModels }}
+{{- if $model.volume }}
 - name: model
   {{- toYaml $model.volume | nindent 2 }}
 {{- end }}
+{{- end }}
 
 {{- define "lorahost.defaultModelMount" -}}
+{{- $model := first .Values.baseModels }}
+{{- if $model.volume }}
 - name: model
-  mountPath: {{ include "lorahost.modelPath" (first .Values.baseModels) }}
+  mountPath: {{ include "lorahost.modelPath" $model }}
   readOnly: true
+{{- end }}
 {{- end }}
 
 {{/* An exec probe against the worker's internal API (it needs the internal token, which httpGet cannot read). */}}
