@@ -146,6 +146,13 @@ def dev_cluster(
     vllm_python: Annotated[
         Path | None, typer.Option(help="The Python of vLLM workers (a venv with vllm and lorahost)")
     ] = None,
+    catalog_model: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=DIR: another base model, added to the catalog, with its own workers (repeat)"
+        ),
+    ] = None,
+    catalog_workers: Annotated[int, typer.Option(help="Workers started per catalog model")] = 1,
 ) -> None:
     """Run the distributed topology as local processes: API replicas, workers, Celery worker + beat, against
     PostgreSQL, Redis and S3 (moto). Ctrl-C / SIGTERM stops everything."""
@@ -159,6 +166,9 @@ def dev_cluster(
 
     if num_workers < 0 or num_api < 1 or max_workers < 0:
         raise typer.BadParameter("need --num-api >= 1, --num-workers >= 0 and --max-workers >= 0")
+    pairs = [item.partition("=") for item in catalog_model or []]
+    if any(not name or not sep or not path for name, sep, path in pairs):
+        raise typer.BadParameter("--catalog-model takes NAME=DIR (a model name and its directory)")
     if vllm_python is not None and not vllm_python.is_file():
         raise typer.BadParameter(f"--vllm-python {vllm_python} is not a file (a venv's bin/python with vllm)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -171,7 +181,8 @@ def dev_cluster(
             s3_endpoint=s3_endpoint, admin_key=admin_key, is_jobs_enabled=jobs, is_autoscale=autoscale,
             max_workers=max_workers, scaler_interval_s=scaler_interval_s,
             worker_engines=tuple(e.strip() for e in engines.split(",") if e.strip()) if engines else (),
-            vllm_python=vllm_python,
+            vllm_python=vllm_python, catalog_models={name: Path(path) for name, _, path in pairs},
+            num_catalog_workers=catalog_workers,
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -64,6 +64,7 @@ class WorkerHandle:
     url: str
     process: ChildProcess
     engine: str = "native"
+    base_model: str = ""  # its base model's catalog name ("" before this field: the configured one)
 
 
 class DevCluster:
@@ -150,7 +151,7 @@ class DevCluster:
         """Services, migrations, then every process in parallel; returns once all are healthy (else stops
         what started and raises ChildFailedError / RuntimeError with the reason)."""
         try:
-            self.services.start(self._log_path)
+            self.services.start(self._log_path, self.child_env)
             self._spawn_processes()
             self._wait_healthy()
         except BaseException:
@@ -183,23 +184,33 @@ class DevCluster:
     # ---- workers -----------------------------------------------------------------------------------------
 
     def start_worker(
-        self, *, worker_id: str | None = None, engine: str | None = None, wait: bool = True
+        self,
+        *,
+        worker_id: str | None = None,
+        engine: str | None = None,
+        base_model: str | None = None,
+        wait: bool = True,
     ) -> WorkerHandle:
         """Start one worker process (a new id unless worker_id is given: a restart under the same id) with
-        `engine` (default: config.worker_engines in turn, else the environment's); wait=True returns once it
-        is ready (registered in Redis)."""
+        `engine` (default: config.worker_engines in turn, else the environment's) for `base_model` (default the
+        configured one; another name: a catalog model, fetched by the worker from the blob store); wait=True
+        returns once it is ready (registered in Redis)."""
         index = next(self._num_worker_starts)
         worker_id = worker_id or f"dev-worker-{index}"
         base = self.config.worker_base_port
         port = base + index if base is not None else free_port(self.config.host)
         url = f"http://{self.config.host}:{port}"
         data_dir = self.data_dir / "workers" / f"{worker_id}-{index}"
-        env = {**self._env(), "LORAHOST_DATA_DIR": str(data_dir)}
+        env = {**self.child_env(), "LORAHOST_DATA_DIR": str(data_dir)}
+        base_model = base_model or self.config.base_model_name
+        if base_model != self.config.base_model_name:  # a catalog model: fetched by name, no local path
+            env["LORAHOST_BASE_MODEL_NAME"] = base_model
+            env.pop("LORAHOST_BASE_MODEL_PATH", None)
         engine = engine or worker_engine(self.config, index, env)
         env["LORAHOST_ENGINE_BACKEND"] = engine
         command = worker_command(self.config.host, port, url, worker_id, worker_python(self.config, engine))
         process = spawn(worker_id, command, env, self._log_path(f"{worker_id}-{index}"), url=url)
-        handle = WorkerHandle(worker_id, url, process, engine)
+        handle = WorkerHandle(worker_id, url, process, engine, base_model)
         with self._lock:
             self._workers.append(handle)
         if wait:
@@ -299,7 +310,9 @@ class DevCluster:
         lines = [f"lorahost dev-cluster (run {self.run_id}, data {self.data_dir})"]
         lines += [f"  API        {url}" for url in self.api_urls]
         lines.append(f"  admin key  {self.admin_key}")
-        lines += [f"  worker     {w.worker_id} at {w.url} ({w.engine} engine)" for w in self.workers]
+        lines += [
+            f"  worker     {w.worker_id} at {w.url} ({w.engine} engine, {w.base_model})" for w in self.workers
+        ]
         lines.append(
             f"  jobs       {'celery worker + beat, queue ' + self.celery_queue if self.jobs else 'off'}"
         )
@@ -307,6 +320,7 @@ class DevCluster:
         lines.append(f"  redis      {self.config.redis_url} (keys under {self.key_prefix})")
         lines.append(f"  s3         {self.s3_endpoint} bucket {self.config.bucket}")
         lines.append(f"  base model {self.config.base_model_name} = {self.base_model}")
+        lines += [f"  catalog    {name} = {path}" for name, path in self.config.catalog_models.items()]
         lines.append(
             f"  autoscale  {'on (max ' + str(self.config.max_workers) + ' workers)' if self.config.is_autoscale else 'off'}"
         )
@@ -318,6 +332,9 @@ class DevCluster:
     def _spawn_processes(self) -> None:
         for _ in range(self.config.num_workers):
             self.start_worker(wait=False)
+        for name in self.config.catalog_models:
+            for _ in range(self.config.num_catalog_workers):
+                self.start_worker(base_model=name, wait=False)
         for index in range(self.config.num_api):
             self.apis.append(self._spawn_api(index))
         if self.config.is_jobs_enabled:
@@ -328,7 +345,7 @@ class DevCluster:
         port = base + index if base is not None else free_port(self.config.host)
         url = f"http://{self.config.host}:{port}"
         env = {
-            **self._env(),
+            **self.child_env(),
             "LORAHOST_DATA_DIR": str(self.data_dir / f"api-{index}"),
             "LORAHOST_API_INSTANCE_ID": f"dev-api-{index}",
         }
@@ -339,7 +356,7 @@ class DevCluster:
         jobs_dir = self.data_dir / "jobs"
         jobs_dir.mkdir(parents=True, exist_ok=True)
         command = jobs_command(self.celery_queue, jobs_dir / "celerybeat-schedule")
-        env = {**self._env(), "LORAHOST_DATA_DIR": str(jobs_dir)}
+        env = {**self.child_env(), "LORAHOST_DATA_DIR": str(jobs_dir)}
         return spawn("jobs", command, env, self._log_path("jobs"), cwd=jobs_dir)
 
     def _wait_healthy(self) -> None:
@@ -353,7 +370,7 @@ class DevCluster:
         if jobs is not None:
             wait_until(jobs, lambda: log_contains(jobs, " ready."), timeout_s, "ready")
 
-    def _env(self) -> dict[str, str]:
+    def child_env(self) -> dict[str, str]:
         """The environment of every child: the parent's, config.env, then what this cluster owns."""
         owned = {
             "LORAHOST_DATABASE_URL": self.database_url or "",

@@ -43,12 +43,19 @@ class DevClusterConfig:
     vllm_python: Path | None = (
         None  # the Python that runs vLLM workers (None: this one, which must have vllm)
     )
+    # more base models, added to the catalog at start (name -> model directory); their workers fetch them by name
+    catalog_models: Mapping[str, Path] = field(default_factory=dict)
+    num_catalog_workers: int = 1  # workers started per catalog model (0: none until start_worker asks)
 
     def __post_init__(self) -> None:
         if self.num_api < 1:
             raise ValueError("num_api must be >= 1 (the cluster is reached through its API replicas)")
-        if self.num_workers < 0 or self.max_workers < 0:
-            raise ValueError("num_workers and max_workers must be >= 0")
+        if self.num_workers < 0 or self.max_workers < 0 or self.num_catalog_workers < 0:
+            raise ValueError("num_workers, num_catalog_workers and max_workers must be >= 0")
+        if self.base_model_name in self.catalog_models:
+            raise ValueError(
+                f"catalog_models must not name the configured base model {self.base_model_name!r}"
+            )
         unknown = sorted(set(self.worker_engines) - set(ENGINE_BACKENDS))
         if unknown:
             raise ValueError(f"unknown worker engine(s) {unknown}; choose from {list(ENGINE_BACKENDS)}")

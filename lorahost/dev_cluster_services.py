@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from lorahost import dev_services
@@ -29,8 +29,9 @@ class DevServices:
         self.s3: ChildProcess | None = None  # the moto server started here, if any
         self._is_database_created = False
 
-    def start(self, log_path: Callable[[str], Path]) -> None:
-        """Check Redis, make the base model, create and migrate the database, start moto, create the bucket."""
+    def start(self, log_path: Callable[[str], Path], child_env: Callable[[], dict[str, str]]) -> None:
+        """Check Redis, make the base model, create and migrate the database, start moto, create the bucket, add
+        config.catalog_models to the catalog (with the settings the children get from `child_env()`)."""
         from migrations.runner import upgrade
 
         config = self.config
@@ -52,6 +53,8 @@ class DevServices:
             self.s3 = dev_services.start_moto(config.host, log_path("s3"), config.start_timeout_s)
             self.s3_endpoint = self.s3.url
         dev_services.ensure_bucket(self.s3_endpoint or "", config.bucket)
+        if config.catalog_models:
+            add_catalog_models(config.catalog_models, child_env())
 
     def stop(self, redis_patterns: list[str]) -> None:
         """Stop moto, delete this run's Redis keys (`redis_patterns`), drop the database this run created."""
@@ -63,3 +66,10 @@ class DevServices:
         if self._is_database_created and not self.config.is_database_kept and self.database_url:
             dev_services.drop_database(self.config.postgres_admin_url, self.database_url)
             self._is_database_created = False
+
+
+def add_catalog_models(models: Mapping[str, Path], env: Mapping[str, str]) -> None:
+    """`lorahost models add NAME --from DIR` for each model, against the database and blob store in `env` (a
+    child's environment: the cluster's LORAHOST_* settings and S3 credentials)."""
+    for name, path in models.items():
+        dev_services.run_cli(["models", "add", name, "--from", str(path)], env)

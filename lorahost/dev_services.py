@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from lorahost.processes import ChildProcess, free_port, http_ok, spawn, wait_until
@@ -120,3 +122,20 @@ def check_redis(redis_url: str) -> None:
         ) from exc
     finally:
         client.close()
+
+
+def run_cli(args: list[str], env: Mapping[str, str], timeout_s: float = 300.0) -> str:
+    """Run `lorahost ARGS` with `env`; what it printed, or RuntimeError with its output when it fails."""
+    result = subprocess.run(
+        [sys.executable, "-m", "lorahost.cli", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"lorahost {' '.join(args)} failed ({result.returncode}): {result.stdout}{result.stderr}"
+        )
+    return result.stdout
