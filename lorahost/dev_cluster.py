@@ -49,7 +49,7 @@ from lorahost.processes import (
     stop_all,
     wait_until,
 )
-from lorahost.scaler import ProcessScaler, fetch_scaling
+from lorahost.scaler import ModelWorkers, ProcessScaler, fetch_scaling
 
 log = logging.getLogger("lorahost.dev_cluster")
 
@@ -64,7 +64,7 @@ class WorkerHandle:
     url: str
     process: ChildProcess
     engine: str = "native"
-    base_model: str = ""  # its base model's catalog name ("" before this field: the configured one)
+    base_model: str = ""  # the name of the base model it serves
 
 
 class DevCluster:
@@ -81,7 +81,7 @@ class DevCluster:
         self.services = DevServices(config, self.data_dir)
         self.apis: list[ChildProcess] = []
         self.jobs: ChildProcess | None = None
-        self.scaler: ProcessScaler | None = None
+        self.scalers: dict[str, ProcessScaler] = {}  # base model -> its scaler (with is_autoscale)
         self._workers: list[WorkerHandle] = []
         self._draining: list[WorkerHandle] = []
         self._num_worker_starts = itertools.count()
@@ -95,16 +95,6 @@ class DevCluster:
     def database_url(self) -> str | None:
         """This run's PostgreSQL database (None before start)."""
         return self.services.database_url
-
-    @property
-    def s3_endpoint(self) -> str | None:
-        """The S3 endpoint of this run (moto's unless config.s3_endpoint)."""
-        return self.services.s3_endpoint
-
-    @property
-    def base_model(self) -> Path | None:
-        """The base model directory the workers serve."""
-        return self.services.base_model
 
     @property
     def api_urls(self) -> list[str]:
@@ -131,9 +121,18 @@ class DevCluster:
         with self._lock:
             return list(self._workers)
 
+    @property
+    def scaler(self) -> ProcessScaler | None:
+        """The configured base model's scaler (with is_autoscale)."""
+        return self.scalers.get(self.config.base_model_name)
+
     def worker_ids(self) -> list[str]:
-        """Ids of `workers` (the scaler's view)."""
+        """Ids of `workers`."""
         return [w.worker_id for w in self.workers]
+
+    def model_worker_ids(self, base_model: str) -> list[str]:
+        """Ids of the `workers` of one base model (its scaler's view)."""
+        return [w.worker_id for w in self.workers if w.base_model == base_model]
 
     def admin_headers(self) -> dict[str, str]:
         """Authorization header with the admin key."""
@@ -158,21 +157,22 @@ class DevCluster:
             self.stop()
             raise
         self._is_started = True
-        if self.config.is_autoscale:
-            self.scaler = ProcessScaler(
-                lambda: fetch_scaling(self.next_api_url(), self.admin_key, self.config.base_model_name),
-                self,
-                max_workers=self.config.max_workers,
-                interval_s=self.config.scaler_interval_s,
-            ).start()
+        if self.config.is_autoscale:  # one scaler per base model: each scales from zero on its own
+            for model in (self.config.base_model_name, *self.config.catalog_models):
+                self.scalers[model] = ProcessScaler(
+                    lambda model=model: fetch_scaling(self.next_api_url(), self.admin_key, model),  # type: ignore[misc]
+                    ModelWorkers(self, model),
+                    max_workers=self.config.max_workers,
+                    interval_s=self.config.scaler_interval_s,
+                ).start()
         return self
 
     def stop(self) -> dict[str, int]:
         """Stop the scaler, then every process (SIGTERM, drain, SIGKILL after stop_timeout_s), then the
         services of this run; returns name -> exit code. Safe to call twice."""
-        if self.scaler is not None:
-            self.scaler.stop()
-            self.scaler = None
+        for scaler in self.scalers.values():
+            scaler.stop()
+        self.scalers = {}
         with self._lock:
             children = [*self.apis, *(w.process for w in self._workers + self._draining)]
             children += [self.jobs] if self.jobs else []
@@ -318,8 +318,8 @@ class DevCluster:
         )
         lines.append(f"  database   {dev_services.redact_url(self.database_url or '')}")
         lines.append(f"  redis      {self.config.redis_url} (keys under {self.key_prefix})")
-        lines.append(f"  s3         {self.s3_endpoint} bucket {self.config.bucket}")
-        lines.append(f"  base model {self.config.base_model_name} = {self.base_model}")
+        lines.append(f"  s3         {self.services.s3_endpoint} bucket {self.config.bucket}")
+        lines.append(f"  base model {self.config.base_model_name} = {self.services.base_model}")
         lines += [f"  catalog    {name} = {path}" for name, path in self.config.catalog_models.items()]
         lines.append(
             f"  autoscale  {'on (max ' + str(self.config.max_workers) + ' workers)' if self.config.is_autoscale else 'off'}"
@@ -376,14 +376,14 @@ class DevCluster:
             "LORAHOST_DATABASE_URL": self.database_url or "",
             "LORAHOST_REDIS_URL": self.config.redis_url,
             "LORAHOST_BLOB_STORE": f"s3://{self.config.bucket}/{self.run_id}",
-            "LORAHOST_S3_ENDPOINT_URL": self.s3_endpoint or "",
+            "LORAHOST_S3_ENDPOINT_URL": self.services.s3_endpoint or "",
             "LORAHOST_IS_INLINE_JOBS": "false",
             "LORAHOST_CELERY_KEY_PREFIX": self.key_prefix,
             "LORAHOST_CELERY_QUEUE": self.celery_queue,
             "LORAHOST_WORKER_KEY_PREFIX": self.worker_key_prefix,
             "LORAHOST_INTERNAL_TOKEN": self.internal_token,
             "LORAHOST_ADMIN_KEY": self.admin_key,
-            "LORAHOST_BASE_MODEL_PATH": str(self.base_model),
+            "LORAHOST_BASE_MODEL_PATH": str(self.services.base_model),
             "LORAHOST_BASE_MODEL_NAME": self.config.base_model_name,
         }
         return child_env(self.config.env, owned, is_moto=self.services.s3 is not None)

@@ -70,6 +70,43 @@ class WorkerPool(Protocol):
         ...
 
 
+class ModelWorkerProcesses(Protocol):
+    """Worker processes of several base models (lorahost/dev_cluster.py's DevCluster)."""
+
+    def model_worker_ids(self, base_model: str) -> list[str]:
+        """The running or starting workers of `base_model`, oldest first."""
+        ...
+
+    def start_worker(self, *, base_model: str | None = None, wait: bool = True) -> object:
+        """Start one worker process of `base_model`."""
+        ...
+
+    def stop_worker(self, worker: int | str, *, wait: bool = True) -> object:
+        """SIGTERM one worker."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelWorkers:
+    """The workers of one base model, as the `WorkerPool` of that model's scaler (each model scales from zero
+    on its own)."""
+
+    processes: ModelWorkerProcesses
+    base_model: str
+
+    def worker_ids(self) -> list[str]:
+        """This model's managed workers, oldest first."""
+        return self.processes.model_worker_ids(self.base_model)
+
+    def start_worker(self, *, wait: bool = True) -> object:
+        """Start one worker of this model."""
+        return self.processes.start_worker(base_model=self.base_model, wait=wait)
+
+    def stop_worker(self, worker: int | str, *, wait: bool = True) -> object:
+        """SIGTERM one worker (of this model: the scaler only names its own)."""
+        return self.processes.stop_worker(worker, wait=wait)
+
+
 def parse_target(body: object) -> ScalingTarget:
     """A ScalingTarget from the endpoint's JSON; ValueError when a field is missing or of the wrong type."""
     if not isinstance(body, dict):

@@ -8,7 +8,15 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lorahost.scaler import ProcessScaler, ScalePlan, ScalingTarget, fetch_scaling, parse_target, plan_scaling
+from lorahost.scaler import (
+    ModelWorkers,
+    ProcessScaler,
+    ScalePlan,
+    ScalingTarget,
+    fetch_scaling,
+    parse_target,
+    plan_scaling,
+)
 
 
 class FakePool:
@@ -149,3 +157,44 @@ def test_parse_target_rejects_a_non_integer_desired_count() -> None:
         assert "desired_workers" in str(exc) or "many" in str(exc)
     else:
         raise AssertionError("a bad desired_workers was accepted")
+
+
+class FakeModelProcesses:
+    """Worker processes of several base models: id -> base model."""
+
+    def __init__(self, workers: dict[str, str]) -> None:
+        self.workers = dict(workers)
+        self._next = len(workers)
+
+    def model_worker_ids(self, base_model: str) -> list[str]:
+        return [w for w, model in self.workers.items() if model == base_model]
+
+    def start_worker(self, *, base_model: str | None = None, wait: bool = True) -> str:
+        assert base_model is not None and wait is False
+        worker_id = f"w{self._next}"
+        self._next += 1
+        self.workers[worker_id] = base_model
+        return worker_id
+
+    def stop_worker(self, worker: int | str, *, wait: bool = True) -> str:
+        assert isinstance(worker, str)
+        del self.workers[worker]
+        return worker
+
+
+def test_each_base_model_scales_from_zero_on_its_own() -> None:
+    processes = FakeModelProcesses({"w0": "base", "w1": "base"})
+    targets = {"base": 0, "wide": 2}
+    scalers = {
+        model: ProcessScaler(
+            lambda model=model: ScalingTarget(model, targets[model], reason="test"),
+            ModelWorkers(processes, model),
+            max_workers=4,
+            interval_s=60,
+        )
+        for model in targets
+    }
+    for scaler in scalers.values():
+        scaler.step()
+    assert sorted(processes.model_worker_ids("wide")) == ["w2", "w3"]  # started from zero for wide only
+    assert processes.model_worker_ids("base") == []  # base scaled to zero; wide's workers untouched
