@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from registry.base_model_manifest import ModelFile, dump_manifest, file_key, manifest_key
+from registry.base_norms import base_weight_norms, norms_to_json
 from registry.digests import sha256_file
 from registry.errors import ConflictError, InvalidRequestError, NotFoundError
 from registry.models import Adapter, AdapterVersion, CatalogModel, utcnow
@@ -112,6 +113,7 @@ def add_base_model(
         num_bytes=sum(r["num_bytes"] for r in records),
         engines=list(engines),
         aliases=sorted(set(aliases) - {name}),
+        weight_norms=norms_to_json(base_weight_norms(model_dir)),
         status="ready",
     )
     session.add(model)

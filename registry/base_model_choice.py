@@ -5,8 +5,8 @@ at `settings.base_model_path`, the embedded default). An upload names its base w
 without it, adapter_config.json's `base_model_name_or_path` is matched against every model's name and aliases
 (case-insensitive); without a match, the only available model is taken, and with several the upload is refused
 with the list. A new version keeps the base of its adapter. Shapes come from the catalog row; the relative
-bounds on an adapter's update (registry/base_norms.py) need the weights, so they apply where the model's files
-are local (the configured model).
+bounds on an adapter's update (registry/base_norms.py) use the norms the catalog recorded when the model was added
+(or the local weights of the configured model).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from registry.base_model_catalog import list_base_models
+from registry.base_norms import norms_from_json
 from registry.models import CatalogModel
 from registry.validation import (
     CONFIG_FILENAME,
@@ -60,6 +61,7 @@ def catalog_spec(model: CatalogModel) -> BaseModelSpec:
         num_kv_heads=int(shape["num_kv_heads"]),
         head_dim=int(shape["head_dim"]),
         vocab_size=int(shape["vocab_size"]),
+        stored_norms=norms_from_json(model.weight_norms),
     )
 
 

@@ -93,3 +93,19 @@ def _sum_of_squares(f: Any, dtype: str, num_bytes: int) -> float:
             values = (values.astype(np.uint32) << 16).view(np.float32)
         total += float(np.square(values, dtype=np.float64).sum())
     return total
+
+
+def norms_to_json(norms: BaseWeightNorms | None) -> dict[str, float] | None:
+    """The norms as a JSON object: "<layer>.<module>" -> norm."""
+    return (
+        None
+        if norms is None
+        else {f"{layer}.{module}": value for (layer, module), value in sorted(norms.items())}
+    )
+
+
+def norms_from_json(data: dict[str, float] | None) -> BaseWeightNorms | None:
+    """`norms_to_json`'s inverse."""
+    if not data:
+        return None
+    return {(int(key.split(".", 1)[0]), key.split(".", 1)[1]): float(value) for key, value in data.items()}

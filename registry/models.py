@@ -181,6 +181,8 @@ class CatalogModel(Base):
     aliases: Mapped[list[str]] = mapped_column(JSON)  # other names adapters' configs use for it
     # plan name or "*" -> {"per_1m_prompt": "0.1", "per_1m_completion": "0.2"}; None: the plans' prices
     prices: Mapped[dict[str, dict[str, str]] | None] = mapped_column(JSON)
+    # "<layer>.<module>" -> Frobenius norm of the base weight: bounds adapters' updates without the weights
+    weight_norms: Mapped[dict[str, float] | None] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="ready")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -1,6 +1,8 @@
 """Usage rows carry the base model they ran on (usage_records.base_model_name; rows of adapter requests from
 before are filled from their adapter's base, base-model requests stay NULL), and a catalog model may have its
-own token prices per plan (base_models.prices: plan name or "*" -> per-1M-token prompt and completion prices).
+own token prices per plan (base_models.prices: plan name or "*" -> per-1M-token prompt and completion prices) and
+records its base weights' norms (base_models.weight_norms: adapters' updates are bounded relative to them where the
+weights are not local; NULL for models added before, which get the absolute bounds only).
 
 Revision ID: 0016
 Revises: 0015
@@ -30,10 +32,12 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("base_models", schema=None) as batch_op:
         batch_op.add_column(sa.Column("prices", sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column("weight_norms", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("base_models", schema=None) as batch_op:
+        batch_op.drop_column("weight_norms")
         batch_op.drop_column("prices")
     with op.batch_alter_table("usage_records", schema=None) as batch_op:
         batch_op.drop_column("base_model_name")

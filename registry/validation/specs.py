@@ -91,6 +91,8 @@ class BaseModelSpec:
     head_dim: int
     vocab_size: int
     model_dir: Path | None = field(default=None, compare=False, repr=False)  # for the base weight norms
+    # the base weight norms recorded when the model was added to the catalog (its weights need not be local)
+    stored_norms: BaseWeightNorms | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_hf_config(cls, config: dict) -> BaseModelSpec:
@@ -127,6 +129,8 @@ class BaseModelSpec:
     @property
     def weight_norms(self) -> BaseWeightNorms | None:
         """(layer, module) -> Frobenius norm of the base weight; None without readable base weights."""
+        if self.stored_norms is not None:
+            return self.stored_norms
         return base_weight_norms(self.model_dir) if self.model_dir is not None else None
 
     def module_shape(self, module: str) -> tuple[int, int]:

@@ -7,13 +7,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry import adapter_pipeline as pipeline
 from registry import repository, validation_job
 from registry.base_model_catalog import add_base_model
 from registry.base_model_choice import BaseModelChoice, choose_base_model
+from registry.base_norms import base_weight_norms
 from registry.models import AdapterVersion
 from registry.storage import LocalBlobStore
 from registry.validation import AdapterValidationError, BaseModelSpec
@@ -171,3 +174,22 @@ def test_choose_base_model_order_of_precedence() -> None:
         choose_base_model([one], requested=None, bound="gone", config_base=None)
     with pytest.raises(AdapterValidationError, match="lorahost models add"):
         choose_base_model([], requested=None, bound=None, config_base=None)
+
+
+def test_a_catalog_models_recorded_norms_bound_adapter_updates_without_its_weights(
+    db_session, ctx, tenant_id, wide_adapter, wide_demo_dir, tmp_path
+):
+    """The catalog stored the base weights' norms at add: a catalog-only model bounds updates like a local one."""
+    [wide] = [c for c in ctx.base_model_choices(db_session) if c.name == WIDE]
+    assert wide.spec.model_dir is None
+    assert wide.spec.weight_norms == base_weight_norms(wide_demo_dir / "base")
+    adapter_dir = _copy_adapter(wide_adapter, tmp_path / "a")
+    config = json.loads((adapter_dir / pipeline.CONFIG_FILENAME).read_text())
+    config["lora_alpha"] = config["r"]  # scale 1
+    (adapter_dir / pipeline.CONFIG_FILENAME).write_text(json.dumps(config))
+    weights_path = adapter_dir / pipeline.WEIGHTS_FILENAME
+    # every value 100: within the absolute bound (256) but ||B|| * ||A|| is far above 1024x any base weight's norm
+    save_file({k: np.full_like(v, 100.0) for k, v in load_file(weights_path).items()}, weights_path)
+    with pytest.raises(AdapterValidationError) as caught:
+        _upload(db_session, ctx, tenant_id, adapter_dir, "w", base_model=WIDE)
+    assert caught.value.code == "update_too_large"
