@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.deps import get_session
 from api.main import create_app
 from api.scaling_view import cold_start_waiting
 from api.services import build_services
@@ -20,10 +20,12 @@ from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerR
 from gpu_workers.worker.embedded import EmbeddedWorker
 from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
 from lorahost.embedded_models import EmbeddedModelPool
+from migrations.runner import upgrade
 from registry.base_model_catalog import add_base_model
 from registry.storage import LocalBlobStore
 from settings import Settings
-from tests.api.conftest import ADMIN, ADMIN_KEY
+from tests.api.conftest import ADAPTER_FILES, ADMIN, ADMIN_KEY
+from tests.api.test_completions_support import usage_rows
 
 WIDE = "wide"
 
@@ -97,14 +99,19 @@ def test_a_model_over_the_memory_budget_waits(
     assert pool.step().to_start == () and pool.workers == {}
 
 
+@dataclass
+class Served:
+    """An embedded server of its own (a file SQLite database: the pool's thread and the requests each open
+    sessions, as under `lorahost serve`)."""
+
+    client: TestClient
+    pool: EmbeddedModelPool
+    session_factory: sessionmaker[Session]
+    blob_store: LocalBlobStore
+
+
 @pytest.fixture
-def served(
-    tmp_path: Path,
-    base_model_dir: Path,
-    catalog: LocalBlobStore,
-    db_session: Session,
-    db_session_factory: sessionmaker[Session],
-) -> Iterator[tuple[TestClient, EmbeddedModelPool]]:
+def served(tmp_path: Path, base_model_dir: Path) -> Iterator[Served]:
     settings = Settings(
         **TEST_ENGINE_SETTINGS,
         data_dir=tmp_path,
@@ -114,42 +121,59 @@ def served(
         internal_token="embedded-models-token",
         cold_start_timeout_s=120,
     )
+    upgrade(settings.resolved_database_url())
     directory = InMemoryWorkerDirectory()
     worker = EmbeddedWorker(settings, directory).start()
-    services = build_services(settings, session_factory=db_session_factory, blob_store=catalog)
+    services = build_services(settings)
     services.worker_directory, services.worker_transport = directory, worker.transport
     services.internal_token = worker.internal_token
     pool = EmbeddedModelPool(
-        settings, directory, db_session_factory, lambda: cold_start_waiting(services.metrics), poll_s=0.1
+        settings,
+        directory,
+        services.session_factory,
+        lambda: cold_start_waiting(services.metrics),
+        poll_s=0.1,
     ).start()
-    app = create_app(settings, services=services)
-    app.dependency_overrides[get_session] = lambda: db_session
     try:
-        with TestClient(app) as client:
-            yield client, pool
+        with TestClient(create_app(settings, services=services)) as client:
+            yield Served(client, pool, services.session_factory, LocalBlobStore(tmp_path / "blobs"))
     finally:
         pool.close()
         worker.stop(drain=False)
+        services.close()
 
 
 @pytest.mark.slow
-def test_a_second_base_model_is_served_by_its_own_worker_started_on_demand(
-    served: tuple[TestClient, EmbeddedModelPool],
+def test_a_model_added_while_serving_gets_its_own_worker_on_demand_and_its_adapters_run_there(
+    served: Served, wide_demo_dir: Path, adapter_dirs: dict[str, Path]
 ) -> None:
-    client, pool = served
+    client, pool = served.client, served.pool
     tenant = client.post("/v1/admin/tenants", json={"name": "two-bases"}, headers=ADMIN).json()
     key = client.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()["key"]
     headers = {"Authorization": f"Bearer {key}"}
-    assert WIDE not in pool.workers
-    response = client.post(
-        "/v1/completions", json={"model": WIDE, "prompt": "hello world", "max_tokens": 4}, headers=headers
+    with served.session_factory() as session:  # while serving
+        add_base_model(session, served.blob_store, WIDE, wide_demo_dir / "base")
+        session.commit()
+    wide_adapter, local_adapter = (
+        min((wide_demo_dir / "adapters").iterdir()),
+        next(iter(adapter_dirs.values())),
     )
-    assert response.status_code == 200, response.text
-    assert response.json()["usage"]["completion_tokens"] == 4
-    assert WIDE in pool.workers  # started for the held request, fetched from the blob store
-    records = {r.worker_id: r.base_model for r in pool.directory.list_live()}
-    assert records.get(f"embedded-{WIDE}") == WIDE
-    base = client.post(
-        "/v1/completions", json={"model": "lorahost-base", "prompt": "hi", "max_tokens": 2}, headers=headers
-    )
-    assert base.status_code == 200, base.text
+    for name, adapter_dir, base in (("w", wide_adapter, WIDE), ("l", local_adapter, "lorahost-base")):
+        files = [("files", (n, (adapter_dir / n).read_bytes())) for n in ADAPTER_FILES]
+        accepted = client.post(
+            "/v1/adapters", data={"name": name, "base_model": base}, files=files, headers=headers
+        )
+        assert accepted.status_code == 202 and accepted.json()["version"]["status"] == "ready", accepted.text
+    assert WIDE not in pool.workers  # scaled to zero until a request waits for it
+    for model in ("w", "l", WIDE):
+        body = {"model": model, "prompt": "hello world", "max_tokens": 4, "ignore_eos": True}
+        response = client.post("/v1/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 4
+    assert WIDE in pool.workers  # started for the held request; it fetched the model from the blob store
+    with served.session_factory() as session:
+        rows = usage_rows(session, tenant["id"])
+    served_by = {(r.model_name, r.base_model_name, r.worker_id) for r in rows}
+    assert {(m, b) for m, b, _ in served_by} == {("w", WIDE), ("l", "lorahost-base"), (WIDE, WIDE)}
+    assert {w for m, _, w in served_by if m in ("w", WIDE)} == {f"embedded-{WIDE}"}  # the wide model's worker
+    assert {w for m, _, w in served_by if m == "l"} != {f"embedded-{WIDE}"}
