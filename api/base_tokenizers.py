@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.caches import TtlCache
 from api.prompting import BaseModelTokenizer
 from registry.base_model_catalog import get_live_model
 from registry.digests import sha256_file
@@ -39,16 +40,26 @@ class CatalogTokenizers:
     """Catalog base model name -> its tokenizer (None for a name that is no live catalog model)."""
 
     def __init__(
-        self, session_factory: sessionmaker[Session], blob_store: BlobStore, cache_dir: Path
+        self,
+        session_factory: sessionmaker[Session],
+        blob_store: BlobStore,
+        cache_dir: Path,
+        ttl_s: float = 0.0,
     ) -> None:
+        """`ttl_s`: how long a model's tokenizer is used without reading the catalog again (the API's
+        model_cache_ttl_s: a model removed or re-added is seen within it)."""
         self.session_factory = session_factory
         self.blob_store = blob_store
         self.cache_dir = cache_dir
         self._loaded: dict[tuple[str, str], BaseModelTokenizer] = {}
+        self._recent: TtlCache[str, BaseModelTokenizer] = TtlCache(ttl_s)
         self._lock = threading.Lock()
 
     def get(self, name: str) -> BaseModelTokenizer | None:
         """The tokenizer of catalog model `name` (blocking; on first use its files are fetched)."""
+        recent = self._recent.get(name)  # the request path reads the catalog at most once per ttl_s
+        if recent is not None:
+            return recent
         with self.session_factory() as session:
             model = get_live_model(session, name)
             files = {f["path"]: f for f in model.files} if model is not None else {}
@@ -58,7 +69,9 @@ class CatalogTokenizers:
         with self._lock:  # one fetch per model: concurrent first requests wait for it
             if key not in self._loaded:
                 self._loaded[key] = BaseModelTokenizer.load(self._fetch(key, files))
-            return self._loaded[key]
+            tokenizer = self._loaded[key]
+        self._recent.put(name, tokenizer)
+        return tokenizer
 
     def _fetch(self, key: tuple[str, str], files: dict[str, dict]) -> Path:
         """The model's tokenizer files in a local directory, each verified against its recorded digest."""

@@ -132,7 +132,9 @@ def build_services(
         job_context=ctx,
         jobs=jobs or make_job_dispatcher(settings, ctx),
         tokenizer=load_base_tokenizer(settings.base_model_path),
-        catalog_tokenizers=CatalogTokenizers(session_factory, blob_store, settings.data_dir / "tokenizers"),
+        catalog_tokenizers=CatalogTokenizers(
+            session_factory, blob_store, settings.data_dir / "tokenizers", settings.api.model_cache_ttl_s
+        ),
         rate_limiter=make_rate_limiter(settings),
         metrics=metrics,
         usage_ledger=UsageLedger(

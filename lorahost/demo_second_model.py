@@ -6,10 +6,11 @@ its in-process worker on the first request (lorahost/embedded_models.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from lorahost.dev_services import run_cli
 
 SECOND_MODEL = "tiny-second"
 
@@ -34,19 +35,13 @@ def prepare_second_model(data_dir: Path) -> SecondModel:
     return SecondModel(SECOND_MODEL, out / "base", adapter_dir)
 
 
-def lorahost_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run `lorahost ARGS` (this Python) and return what it printed; CalledProcessError on failure."""
-    return subprocess.run(
-        [sys.executable, "-m", "lorahost.cli", *args], capture_output=True, text=True, check=True
-    )
-
-
 def add_to_catalog(data_dir: Path, model: SecondModel) -> str:
     """`lorahost models add NAME --from DIR` unless the catalog has it; returns what the command printed."""
-    printed = lorahost_cli("models", "list", "--json", "--data-dir", str(data_dir)).stdout
+    env = dict(os.environ)
+    printed = run_cli(["models", "list", "--json", "--data-dir", str(data_dir)], env)
     if any(json.loads(line)["name"] == model.name for line in printed.splitlines() if line.strip()):
         return f"{model.name} is already in the catalog"
-    added = lorahost_cli(
-        "models", "add", model.name, "--from", str(model.base_dir), "--data-dir", str(data_dir)
+    added = run_cli(
+        ["models", "add", model.name, "--from", str(model.base_dir), "--data-dir", str(data_dir)], env
     )
-    return added.stdout.strip()
+    return added.strip()
