@@ -19,8 +19,8 @@ from api.caches import TenantAuth, key_digest
 from api.errors import ApiError
 from api.ratelimit import RateLimits
 from api.services import Services
-from registry import keys, repository
-from registry.models import Tenant
+from registry import api_keys, keys
+from registry.models import ApiKey, Tenant
 from registry.storage import BlobStore
 from settings import Settings
 
@@ -67,7 +67,7 @@ def get_current_tenant(session: SessionDep, credentials: BearerDep) -> Tenant:
     """The active tenant owning the bearer key; 401 for a missing/invalid/revoked key, 403 if disabled."""
     if credentials is None:
         raise _unauthorized("missing API key: send 'Authorization: Bearer <your lh_... key>'")
-    row = repository.find_api_key(session, credentials.credentials)
+    row = api_keys.find_api_key(session, credentials.credentials)
     if row is None:
         raise _unauthorized("invalid or revoked API key: ask your operator for a new key")
     if not row.tenant.is_active:
@@ -99,24 +99,27 @@ async def get_inference_tenant(services: ServicesDep, credentials: BearerDep) ->
 
 def _load_tenant_auth(services: Services, presented: str) -> TenantAuth | None:
     with services.session_factory() as session:
-        row = repository.find_api_key(session, presented)
-        if row is None:
-            return None
-        tenant, plan = row.tenant, row.tenant.plan
-        limits = (
-            RateLimits(plan.requests_per_min, plan.tokens_per_min, plan.max_concurrent_requests)
-            if plan
-            else RateLimits()
-        )
-        weight = plan.fair_share_weight if plan and plan.fair_share_weight is not None else 1.0
-        return TenantAuth(
-            tenant_id=tenant.id,
-            key_id=row.id,
-            is_active=tenant.is_active,
-            limits=limits,
-            fair_share_weight=weight,
-            shared_cache_namespace=tenant.prefix_cache_namespace,
-        )
+        row = api_keys.find_api_key(session, presented)
+        return None if row is None else tenant_auth_of(row)
+
+
+def tenant_auth_of(row: ApiKey) -> TenantAuth:
+    """What the inference path needs of a verified key's tenant and plan."""
+    tenant, plan = row.tenant, row.tenant.plan
+    limits = (
+        RateLimits(plan.requests_per_min, plan.tokens_per_min, plan.max_concurrent_requests)
+        if plan
+        else RateLimits()
+    )
+    weight = plan.fair_share_weight if plan and plan.fair_share_weight is not None else 1.0
+    return TenantAuth(
+        tenant_id=tenant.id,
+        key_id=row.id,
+        is_active=tenant.is_active,
+        limits=limits,
+        fair_share_weight=weight,
+        shared_cache_namespace=tenant.prefix_cache_namespace,
+    )
 
 
 def require_admin(services: ServicesDep, credentials: BearerDep) -> None:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from api.console.router import install_console
 from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.inference.learned_predictor import LearnedLengthPredictor
@@ -107,6 +108,8 @@ def create_app(
     install_error_handlers(app)
     for router in (*routers, *extra_routers):
         app.include_router(router)
+    if settings.api.is_console_enabled:
+        install_console(app)
     return app
 
 
@@ -157,11 +160,12 @@ def _start_predictor_training(services: Services) -> PeriodicJob | None:
 
 def _start_routing_table_refresh(services: Services) -> PeriodicJob:
     """Read the published routing table into memory now and every settings.routing.table_refresh_s (a failed
-    read keeps the last copy), and publish this server's cold-start waiters for the autoscaler."""
+    read keeps the last copy), publish this server's cold-start waiters for the autoscaler and sample the
+    scaling decisions (the console's history)."""
 
     def refresh() -> None:
         services.routing_table.refresh()
-        services.scaling.publish_waiting()
+        services.scaling.sample()  # publishes this server's waiters and keeps the decisions for the console
 
     return PeriodicJob(
         "routing-table-refresh", services.settings.routing.table_refresh_s, refresh, is_run_at_start=True

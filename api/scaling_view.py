@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from api.metrics import ApiMetrics
+from api.scaling_history import ScalingHistory
 from cluster.membership import WorkerRecord
 from cluster.model_load import model_loads, scaling_policy
 from cluster.routing_table import CachedRoutingTable
@@ -48,6 +49,9 @@ class ScalingView:
     routing_table: CachedRoutingTable
     waiting_requests: WaitingRequests
     list_workers: Callable[[], list[WorkerRecord]]
+    history: ScalingHistory = field(
+        default_factory=ScalingHistory
+    )  # sampled by `sample` (the console's chart)
 
     def publish_waiting(self) -> dict[str, int]:
         """Publish this API server's cold-start waiters (for the other replicas); returns them."""
@@ -78,6 +82,11 @@ class ScalingView:
             extra_models,
         )
         return [decide_scaling(load, policy) for load in loads]
+
+    def sample(self) -> None:
+        """Publish this server's waiters, decide, and keep the decisions in `history` (the refresh timer)."""
+        now_s = time.time()
+        self.history.record(self.decisions(now_s=now_s), now_s)
 
     def desired_workers(self) -> list[tuple[str, int]]:
         """(base model, desired workers) pairs of the decisions (the lorahost_desired_workers gauge)."""

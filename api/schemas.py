@@ -41,6 +41,9 @@ class TenantUpdate(BaseModel):
     is_active: bool | None = None
     plan_id: RecordId | None = None
     prefix_cache_namespace: str | None = Field(default=None, description=PREFIX_CACHE_NAMESPACE_DOC)
+    can_manage_keys: bool | None = Field(
+        default=None, description="let the tenant create and revoke its own API keys in the console"
+    )
 
 
 class TenantPublic(BaseModel):
@@ -53,6 +56,7 @@ class TenantPublic(BaseModel):
     is_active: bool
     plan_id: str | None
     prefix_cache_namespace: str | None  # null: the tenant's own namespace (cached KV shared with no one)
+    can_manage_keys: bool  # the tenant may create and revoke its own keys in the console
     created_at: datetime
 
 

@@ -12,6 +12,7 @@ Assign a field to replace a component (a fake tokenizer, a clock-driven rate lim
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.base_tokenizers import CatalogTokenizers
 from api.caches import ResolvedModel, TenantAuth, TtlCache
+from api.console.session import derive_console_secret
 from api.inference.learned_predictor import make_length_predictor
 from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor
 from api.live_workers import live_workers
@@ -79,6 +81,8 @@ class Services:
     # the live workers of a shared (Redis) directory, read once per settings.resolved_worker_view_cache_s()
     worker_listing: CachedWorkerListing = field(default_factory=lambda: CachedWorkerListing(0.5))
     admin_key_hash: str | None = None
+    # signs console sessions and CSRF tokens (api/console/session.py derive_console_secret)
+    console_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     engine: Engine | None = None
     # published by whoever runs or knows the workers (see the module docstring)
     worker_directory: WorkerDirectory | None = None
@@ -125,6 +129,7 @@ def build_services(
     metrics = ApiMetrics(list_workers=list_workers)
     routing_table = CachedRoutingTable(make_routing_table_store(settings))
     waiting_requests = make_waiting_requests(settings)
+    admin_key_hash = None if settings.api.admin_key else keys.read_admin_key_hash(settings.data_dir)
     services = Services(
         settings=settings,
         session_factory=session_factory,
@@ -154,7 +159,10 @@ def build_services(
         waiting_requests=waiting_requests,
         scaling=ScalingView(settings, metrics, routing_table, waiting_requests, list_workers),
         predictor=make_length_predictor(settings, blob_store),
-        admin_key_hash=None if settings.api.admin_key else keys.read_admin_key_hash(settings.data_dir),
+        admin_key_hash=admin_key_hash,
+        console_secret=derive_console_secret(
+            settings.api.console_secret, settings.api.admin_key or admin_key_hash
+        ),
         engine=engine,
         worker_listing=CachedWorkerListing(settings.resolved_worker_view_cache_s()),
     )

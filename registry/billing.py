@@ -103,7 +103,8 @@ def compute_invoice(
     )
 
 
-def _prices(plan: PricePlan | None) -> Prices:
+def prices_of_plan(plan: PricePlan | None) -> Prices:
+    """A plan's prices (no plan: everything free)."""
     if plan is None:
         return Prices()
     return Prices(
@@ -128,6 +129,11 @@ def base_model_prices(plan_prices: Prices, base_prices: dict[str, dict[str, str]
     )
 
 
+def catalog_prices(session: Session) -> dict[str, dict[str, dict[str, str]] | None]:
+    """Each ready catalog model's own prices per plan name (base_models.prices)."""
+    return {m.name: m.prices for m in session.scalars(select(CatalogModel)) if m.status == "ready"}
+
+
 def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:
     """Invoice lines for every (tenant, base model) with usage or stored adapters in [start, end), by tenant
     name, then base model."""
@@ -139,10 +145,10 @@ def billing_report(session: Session, start: datetime, end: datetime) -> list[Inv
     for adapter in session.scalars(select(Adapter).where(Adapter.created_at < end)):
         days = adapter_days(adapter.created_at, adapter.deleted_at, start, end)
         days_by_key[(adapter.tenant_id, adapter.base_model_name)] += days
-    prices_by_base = {m.name: m.prices for m in session.scalars(select(CatalogModel)) if m.status == "ready"}
+    prices_by_base = catalog_prices(session)
     lines = []
     for tenant in session.scalars(select(Tenant)):
-        plan_prices = _prices(tenant.plan)
+        plan_prices = prices_of_plan(tenant.plan)
         bases = {b for t, b in (*rows_by_key, *days_by_key) if t == tenant.id}
         for base in sorted(bases):
             rows, days = (

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -130,6 +131,8 @@ class Tenant(Base):
     # The shared prefix-cache namespace an operator put this tenant in (admin API only, never the tenant's own
     # choice); NULL: the tenant's own namespace, so no other tenant can hit (and time) its cached KV blocks.
     prefix_cache_namespace: Mapped[str | None] = mapped_column(String(64))
+    # The operator lets the tenant create and revoke its own API keys in the console (default: only the operator)
+    can_manage_keys: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     plan: Mapped[PricePlan | None] = relationship()

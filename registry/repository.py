@@ -8,20 +8,19 @@ A tenant sees its own adapters and the public adapters of active tenants; anothe
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, selectinload
 
-from registry import keys
 from registry.errors import ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from registry.models import (
     MAX_INTEGER_COLUMN,
     VISIBILITIES,
     Adapter,
     AdapterVersion,
-    ApiKey,
     PricePlan,
     Tenant,
     utcnow,
@@ -109,9 +108,10 @@ def update_tenant(
     is_active: bool | None = None,
     plan_id: str | None = UNSET,
     prefix_cache_namespace: str | None = UNSET,
+    can_manage_keys: bool | None = None,
 ) -> Tenant:
-    """Enable/disable a tenant, change its plan (plan_id=None clears it) and/or its shared prefix-cache
-    namespace (None: back to its own)."""
+    """Enable/disable a tenant, change its plan (plan_id=None clears it), its shared prefix-cache
+    namespace (None: back to its own) and/or whether it may manage its own API keys."""
     if prefix_cache_namespace is not UNSET:
         check_prefix_cache_namespace(prefix_cache_namespace)
     tenant = get_tenant(session, tenant_id)
@@ -123,45 +123,10 @@ def update_tenant(
         tenant.plan_id = plan_id
     if prefix_cache_namespace is not UNSET:
         tenant.prefix_cache_namespace = prefix_cache_namespace
+    if can_manage_keys is not None:
+        tenant.can_manage_keys = can_manage_keys
     session.flush()
     return tenant
-
-
-def create_api_key(session: Session, tenant_id: str) -> tuple[ApiKey, str]:
-    """Create a key for the tenant; returns the row and the full key (the only time it exists in clear)."""
-    get_tenant(session, tenant_id)
-    secret, salt = keys.new_secret(), keys.new_salt()
-    row = ApiKey(tenant_id=tenant_id, salt=salt, secret_hash=keys.hash_secret(secret, salt))
-    session.add(row)
-    session.flush()
-    return row, keys.format_key(row.id, secret)
-
-
-def revoke_api_key(session: Session, key_id: str) -> ApiKey:
-    """Mark a key revoked (idempotent)."""
-    row = session.get(ApiKey, key_id)
-    if row is None:
-        raise NotFoundError(f"API key {key_id!r} does not exist")
-    if row.revoked_at is None:
-        row.revoked_at = utcnow()
-        session.flush()
-    return row
-
-
-def find_api_key(session: Session, presented: str) -> ApiKey | None:
-    """The unrevoked key row matching a presented bearer key (secret checked in constant time), else None.
-
-    The caller still checks `row.tenant.is_active`.
-    """
-    parsed = keys.parse_key(presented)
-    if parsed is None:
-        return None
-    row = session.get(ApiKey, parsed.key_id)
-    if row is None or row.revoked_at is not None:
-        return None
-    if not keys.verify_secret(parsed.secret, row.salt, row.secret_hash):
-        return None
-    return row
 
 
 # ---- adapter names -----------------------------------------------------------------------------
@@ -375,3 +340,17 @@ def get_version(session: Session, version_id: str) -> AdapterVersion:
 def count_rows(session: Session, model: type) -> int:
     """Number of rows in a table (tests and admin stats)."""
     return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def version_labels(session: Session, version_ids: Iterable[str]) -> dict[str, str]:
+    """Operator-facing labels `tenant/adapter@N` of adapter version ids (unknown ids are left out)."""
+    ids = set(version_ids)
+    if not ids:
+        return {}
+    query = (
+        select(AdapterVersion.id, Tenant.name, Adapter.name, AdapterVersion.number)
+        .join(Adapter, AdapterVersion.adapter_id == Adapter.id)
+        .join(Tenant, Adapter.tenant_id == Tenant.id)
+        .where(AdapterVersion.id.in_(ids))
+    )
+    return {vid: f"{tenant}/{adapter}@{number}" for vid, tenant, adapter, number in session.execute(query)}

@@ -79,6 +79,18 @@ class ApiSettings(BaseModel):
         "tenants",
     )
 
+    is_console_enabled: bool = Field(
+        default=True, description="API: serve the web console at /console (api/console/)"
+    )
+    console_secret: str | None = Field(
+        default=None,
+        description="API: the secret that signs console session cookies (the same on every replica). Default: "
+        "derived from the admin key; with neither, random per process (sessions end on restart)",
+    )
+    console_session_ttl_s: float = Field(
+        default=12 * 3600.0, gt=0, description="API: how long a console sign-in lasts"
+    )
+
     @field_validator("import_allowed_buckets", mode="before")
     @classmethod
     def _split_bucket_names(cls, value: object) -> object:

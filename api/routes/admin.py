@@ -26,7 +26,7 @@ from api.schemas import (
     TenantPublic,
     TenantUpdate,
 )
-from registry import repository
+from registry import api_keys, repository
 from registry.db import is_insert_conflict, is_transient_error, run_in_write_transaction
 from registry.errors import ConflictError
 from registry.models import PricePlan
@@ -88,7 +88,7 @@ def update_tenant(
 @router.post("/tenants/{tenant_id}/keys", status_code=201, response_model=ApiKeyCreated)
 def create_key(tenant_id: PathId, _: AdminDep, session: SessionDep) -> ApiKeyCreated:
     """Create an API key; the response is the only time the key is shown."""
-    row, key = _write(session, lambda s: repository.create_api_key(s, tenant_id))
+    row, key = _write(session, lambda s: api_keys.create_api_key(s, tenant_id))
     return ApiKeyCreated(id=row.id, tenant_id=row.tenant_id, key=key, created_at=row.created_at)
 
 
@@ -96,7 +96,7 @@ def create_key(tenant_id: PathId, _: AdminDep, session: SessionDep) -> ApiKeyCre
 def revoke_key(key_id: PathId, _: AdminDep, session: SessionDep, services: ServicesDep) -> ApiKeyRevoked:
     """Revoke an API key: it stops authenticating at once on this API process and within
     settings.api.auth_cache_ttl_s on the other replicas (their in-process auth caches)."""
-    row = _write(session, lambda s: repository.revoke_api_key(s, key_id))
+    row = _write(session, lambda s: api_keys.revoke_api_key(s, key_id))
     forget_key(services.auth_cache, key_id)
     return ApiKeyRevoked(id=row.id, tenant_id=row.tenant_id, revoked_at=row.revoked_at)
 

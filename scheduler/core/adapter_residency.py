@@ -69,6 +69,7 @@ class AdapterState:
     num_waiting: int = 0
     last_use: float = 0.0  # clock seconds of the last access, pin or load
     load_seconds: float | None = None  # measured host-to-device load time (None until one is measured)
+    num_loads: int = 0  # copies to the device since it was registered (its cold starts on this worker)
 
     @property
     def is_pinned(self) -> bool:
@@ -367,6 +368,7 @@ class AdapterResidency:
         state = self._states[adapter_id]
         state.residency = Residency.DEVICE
         self.num_loads += 1
+        state.num_loads += 1
         if load_seconds is not None:
             state.load_seconds = load_seconds
             self.num_timed_loads += 1

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scheduler.fair_share import ANONYMOUS_TENANT, base_policy
 
 if TYPE_CHECKING:
+    from scheduler.core.adapter_residency import AdapterResidency
     from scheduler.core.batch_scheduler import BatchScheduler
     from scheduler.core.sequence import Sequence
 
@@ -76,6 +77,10 @@ class SchedulerStats(BaseModel):
     # per-adapter gauges, the same from every engine
     num_running_by_adapter: dict[str, int] = Field(default_factory=dict)
     num_waiting_by_adapter: dict[str, int] = Field(default_factory=dict)
+    # registered adapters -> copies to the device since registration, and the last measured copy's seconds
+    # (the console's per-adapter cold starts and load time)
+    adapter_num_loads: dict[str, int] = Field(default_factory=dict)
+    adapter_load_seconds: dict[str, float] = Field(default_factory=dict)
 
 
 def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
@@ -118,7 +123,19 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
         num_waiting_by_tenant=_waiting_by_tenant(waiting),
         num_running_by_adapter=count_by_adapter(s.adapter_id for s in scheduler.running),
         num_waiting_by_adapter=count_by_adapter(s.adapter_id for s in waiting),
+        adapter_num_loads=_num_loads_by_adapter(residency, ranks),
+        adapter_load_seconds=_load_seconds_by_adapter(residency, ranks),
     )
+
+
+def _num_loads_by_adapter(residency: AdapterResidency, adapter_ids: Iterable[str]) -> dict[str, int]:
+    states = (residency.get(a) for a in adapter_ids)
+    return {s.adapter_id: s.num_loads for s in states if s is not None and s.num_loads}
+
+
+def _load_seconds_by_adapter(residency: AdapterResidency, adapter_ids: Iterable[str]) -> dict[str, float]:
+    states = (residency.get(a) for a in adapter_ids)
+    return {s.adapter_id: s.load_seconds for s in states if s is not None and s.load_seconds is not None}
 
 
 def _rank(ranks: dict[str, int], seq: Sequence) -> int:

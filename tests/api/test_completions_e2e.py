@@ -86,10 +86,10 @@ class Stack:
         return openai.OpenAI(api_key=key, base_url=f"{self.url}/v1", max_retries=0, timeout=60)
 
     def tenant_id_of(self, key: str) -> str:
-        from registry import repository
+        from registry import api_keys
 
         with self.services.session_factory() as session:
-            row = repository.find_api_key(session, key)
+            row = api_keys.find_api_key(session, key)
             assert row is not None
             return row.tenant_id
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from registry import repository
+from registry import api_keys
 from tests.registry.test_usage_db import seed_ledger
 
 PERIOD = {"start": "2026-01-01", "end": "2026-01-03"}
 
 
 def _key(session: Session, tenant_id: str) -> dict[str, str]:
-    _, key = repository.create_api_key(session, tenant_id)
+    _, key = api_keys.create_api_key(session, tenant_id)
     session.commit()
     return {"Authorization": f"Bearer {key}"}
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from registry import repository
+from registry import api_keys, repository
 from registry.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
 from registry.models import AdapterVersion, ApiKey
 
@@ -43,17 +43,17 @@ def test_unknown_tenant_or_plan_is_not_found(db_session: Session) -> None:
 
 def test_api_key_is_stored_only_as_salted_hash_and_authenticates(db_session: Session) -> None:
     tenant = repository.create_tenant(db_session, "acme")
-    row, key = repository.create_api_key(db_session, tenant.id)
+    row, key = api_keys.create_api_key(db_session, tenant.id)
     secret = key.split("_", 2)[2]
     stored = db_session.execute(text("SELECT salt, secret_hash FROM api_keys")).all()
     assert all(secret not in "".join(r) and key not in "".join(r) for r in stored)
-    assert repository.find_api_key(db_session, key).id == row.id
+    assert api_keys.find_api_key(db_session, key).id == row.id
 
 
 def test_two_keys_with_same_secret_get_different_hashes(db_session: Session) -> None:
     tenant = repository.create_tenant(db_session, "acme")
-    repository.create_api_key(db_session, tenant.id)
-    repository.create_api_key(db_session, tenant.id)
+    api_keys.create_api_key(db_session, tenant.id)
+    api_keys.create_api_key(db_session, tenant.id)
     salts = db_session.scalars(select(ApiKey.salt)).all()
     assert len(set(salts)) == 2
 
@@ -63,15 +63,15 @@ def test_two_keys_with_same_secret_get_different_hashes(db_session: Session) -> 
 )
 def test_wrong_key_does_not_authenticate(db_session: Session, mangle) -> None:
     tenant = repository.create_tenant(db_session, "acme")
-    _, key = repository.create_api_key(db_session, tenant.id)
-    assert repository.find_api_key(db_session, mangle(key)) is None
+    _, key = api_keys.create_api_key(db_session, tenant.id)
+    assert api_keys.find_api_key(db_session, mangle(key)) is None
 
 
 def test_revoked_key_does_not_authenticate(db_session: Session) -> None:
     tenant = repository.create_tenant(db_session, "acme")
-    row, key = repository.create_api_key(db_session, tenant.id)
-    repository.revoke_api_key(db_session, row.id)
-    assert repository.find_api_key(db_session, key) is None
+    row, key = api_keys.create_api_key(db_session, tenant.id)
+    api_keys.revoke_api_key(db_session, row.id)
+    assert api_keys.find_api_key(db_session, key) is None
 
 
 def test_reupload_numbers_versions_consecutively(db_session: Session) -> None:

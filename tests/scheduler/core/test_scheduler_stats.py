@@ -55,3 +55,19 @@ def test_stats_are_frozen_and_serialise_to_json_lists() -> None:
     assert stats.model_dump(mode="json")["running_ranks"] == [8, 0]
     with pytest.raises(ValidationError):
         stats.num_running = 3  # type: ignore[misc]
+
+
+def test_each_registered_adapter_reports_its_copies_and_last_load_time() -> None:
+    scheduler = _scheduler()
+    residency = scheduler.residency
+    for seconds in (0.5, 0.25):
+        assert residency.plan_load("r8", may_evict_waiting=False) is not None
+        residency.mark_loaded("r8", seconds)
+        residency.evict("r8")
+    assert residency.plan_load("r64", may_evict_waiting=False) is not None
+    residency.mark_loaded("r64")  # not timed
+    stats = scheduler.make_stats()
+    assert stats.adapter_num_loads == {"r8": 2, "r64": 1}
+    assert stats.adapter_load_seconds == {"r8": 0.25}
+    residency.forget("r8")
+    assert "r8" not in scheduler.make_stats().adapter_num_loads  # forgotten with its registration

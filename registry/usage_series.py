@@ -1,0 +1,100 @@
+"""Time series over the usage ledger for the console's charts: a tenant's usage per day and adapter (tokens,
+token cost, TTFT/TPOT percentiles, SLO attainment) and the operator's SLO per hour or day and group.
+
+The same rows, prices and SLO math as billing and the SLO report (registry/billing.py,
+registry/usage_reports.py): a chart never disagrees with the invoice or /v1/admin/slo for the same period.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy.orm import Session
+
+from registry.billing import base_model_prices, catalog_prices, price_tokens, prices_of_plan
+from registry.models import Tenant
+from registry.usage import as_utc
+from registry.usage_reports import (
+    SloGroup,
+    SloTargets,
+    UsageRow,
+    group_key,
+    load_rows,
+    slo_targets_by_tenant,
+    summarize_group,
+)
+
+SERIES_GROUP_BYS: tuple[str, ...] = ("tenant", "adapter", "base_model")
+BUCKETS: tuple[str, ...] = ("hour", "day")
+
+
+@dataclass(frozen=True)
+class UsagePoint:
+    """One tenant's requests of one adapter (model name) on one UTC day."""
+
+    day: str  # YYYY-MM-DD
+    model: str
+    base_model: str
+    prompt_tokens: int
+    completion_tokens: int
+    token_cost: Decimal  # prompt + completion tokens at the tenant's prices for that base model
+    slo: SloGroup  # counts, percentiles (ms) and attainment; slo.key == model
+
+
+@dataclass(frozen=True)
+class SloPoint:
+    """The SLO of one group (tenant id, adapter name or base model) in one hour or day."""
+
+    bucket: str  # ISO start of the hour or day (UTC)
+    slo: SloGroup  # slo.key is the group
+
+
+def bucket_start(moment: datetime, bucket: str) -> str:
+    """The ISO start of the hour or day (UTC) that holds moment."""
+    moment = as_utc(moment).replace(minute=0, second=0, microsecond=0)
+    if bucket == "day":
+        moment = moment.replace(hour=0)
+    elif bucket != "hour":
+        raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
+    return moment.isoformat()
+
+
+def tenant_usage_series(session: Session, tenant_id: str, start: datetime, end: datetime) -> list[UsagePoint]:
+    """The tenant's usage in [start, end) per (day, model name), sorted by day then model."""
+    tenant = session.get(Tenant, tenant_id)
+    plan = prices_of_plan(tenant.plan if tenant is not None else None)
+    prices_by_base = catalog_prices(session)
+    targets = slo_targets_by_tenant(session).get(tenant_id, SloTargets())
+    groups: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
+    for row in load_rows(session, as_utc(start), as_utc(end), tenant_id):
+        groups[(row.started_at.date().isoformat(), row.model_name)].append(row)
+    points = []
+    for (day, model), rows in sorted(groups.items()):
+        base = rows[0].base_model
+        prices = base_model_prices(plan, prices_by_base.get(base))
+        prompt, completion = sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)
+        cost = price_tokens(prompt, prices.per_1m_prompt) + price_tokens(completion, prices.per_1m_completion)
+        slo = summarize_group(model, rows, {tenant_id: targets})
+        points.append(UsagePoint(day, model, base, prompt, completion, cost, slo))
+    return points
+
+
+def slo_series(
+    session: Session, start: datetime, end: datetime, group_by: str, bucket: str
+) -> list[SloPoint]:
+    """Every tenant's requests in [start, end) per (hour or day, group), sorted by bucket then group."""
+    if group_by not in SERIES_GROUP_BYS:
+        raise ValueError(f"group_by must be one of {', '.join(SERIES_GROUP_BYS)}, not {group_by!r}")
+    targets = slo_targets_by_tenant(session)
+    groups: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
+    for row in load_rows(session, as_utc(start), as_utc(end)):
+        groups[(bucket_start(row.started_at, bucket), group_key(row, group_by))].append(row)
+    return [SloPoint(b, summarize_group(key, rows, targets)) for (b, key), rows in sorted(groups.items())]
+
+
+def total_cost(points: list[UsagePoint]) -> Decimal:
+    """The token cost of all points."""
+    return sum((p.token_cost for p in points), Decimal(0))

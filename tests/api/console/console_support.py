@@ -1,0 +1,32 @@
+"""Console test helpers: sign in through the form as a browser does, and read the page's CSRF token."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from api.console.session import LOGIN_CSRF_COOKIE, SESSION_COOKIE
+
+CSRF_RE = re.compile(r'data-csrf="([^"]+)"')
+
+
+def sign_in(client: TestClient, key: str) -> str:
+    """Sign `client` in with `key` through the login form; returns the session's CSRF token."""
+    client.cookies.clear()
+    form = client.get("/console/login")
+    assert form.status_code == 200, form.text
+    token = client.cookies.get(LOGIN_CSRF_COOKIE)
+    response = client.post("/console/login", data={"key": key, "csrf_token": token}, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    assert client.cookies.get(SESSION_COOKIE)
+    page = client.get(response.headers["location"])
+    assert page.status_code == 200, page.text
+    return csrf_of(page.text)
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token a console page carries."""
+    match = CSRF_RE.search(html)
+    assert match is not None, "the page has no CSRF token"
+    return match.group(1)

@@ -1,0 +1,125 @@
+"""The operator's console pages: tenants and plans (with changes made through the admin handlers), billing
+and its CSV, SLO over time, workers, placement and scaling, predictor accuracy and the planner's what-if."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
+from registry.models import Tenant
+from tests.api.conftest import ADMIN_KEY, TenantHandle
+from tests.api.console.console_support import sign_in
+from tests.api.test_completions_support import BASE_MODEL, add_ready_version
+from tests.registry.test_usage_db import seed_ledger
+
+PERIOD = {"start": "2026-01-01", "end": "2026-01-03T00:00:00Z"}
+
+
+def test_tenants_page_creates_tenants_and_plans_and_changes_them(
+    client: TestClient, tenant: TenantHandle, db_session: Session
+) -> None:
+    csrf = sign_in(client, ADMIN_KEY)
+    page = client.get("/console/admin/tenants")
+    assert page.status_code == 200 and f'data-tenant="{tenant.name}"' in page.text
+    plan = client.post(
+        "/console/admin/plans",
+        data={"csrf_token": csrf, "name": "pro", "price_per_1m_prompt_tokens": "1.5", "slo_ttft_ms": "200"},
+    )
+    assert plan.status_code == 200 and "created plan pro" in plan.text
+    bad_plan = client.post(
+        "/console/admin/plans", data={"csrf_token": csrf, "name": "x", "slo_ttft_ms": "-1"}
+    )
+    assert bad_plan.status_code == 400 and "slo_ttft_ms" in bad_plan.text
+    created = client.post("/console/admin/tenants", data={"csrf_token": csrf, "name": "newco"})
+    assert created.status_code == 200 and "created tenant newco" in created.text
+    allowed = client.post(
+        f"/console/admin/tenants/{tenant.id}", data={"csrf_token": csrf, "can_manage_keys": "true"}
+    )
+    assert allowed.status_code == 200
+    disabled = client.post(
+        f"/console/admin/tenants/{tenant.id}", data={"csrf_token": csrf, "is_active": "false"}
+    )
+    assert disabled.status_code == 200
+    db_session.expire_all()
+    row = db_session.get(Tenant, tenant.id)
+    assert row is not None and row.can_manage_keys and not row.is_active
+    assert client.get("/v1/adapters", headers=tenant.headers).status_code == 403  # the cache was invalidated
+    issued = client.post(f"/console/admin/tenants/{tenant.id}/keys", data={"csrf_token": csrf})
+    assert 'id="new-key">lh_' in issued.text
+    missing = client.post("/console/admin/tenants/nope/keys", data={"csrf_token": csrf})
+    assert missing.status_code == 404 and "does not exist" in missing.text
+
+
+def test_billing_page_and_csv_match_the_invoice(client: TestClient, db_session: Session) -> None:
+    seed_ledger(db_session)
+    sign_in(client, ADMIN_KEY)
+    page = client.get("/console/admin/billing", params=PERIOD)
+    assert page.status_code == 200 and "gold-corp" in page.text and "1.0055" in page.text
+    download = client.get("/console/admin/billing.csv", params=PERIOD)
+    assert download.status_code == 200 and "attachment" in download.headers["content-disposition"]
+    rows = list(csv.DictReader(io.StringIO(download.text)))
+    assert [(r["tenant_name"], r["total"]) for r in rows] == [
+        ("free-corp", "0.000000"),
+        ("gold-corp", "1.005480"),
+    ]
+    assert 'href="/console/admin/billing.csv?start=2026-01-01T00:00:00%2B00:00' in page.text
+
+
+def test_slo_page_charts_attainment_and_percentiles_by_group(client: TestClient, db_session: Session) -> None:
+    seed_ledger(db_session)
+    sign_in(client, ADMIN_KEY)
+    by_tenant = client.get("/console/admin/slo", params={**PERIOD, "bucket": "day"})
+    assert by_tenant.status_code == 200 and "gold-corp" in by_tenant.text  # ids shown by name
+    assert by_tenant.text.count("data-chart=") == 5 and "33.3%" in by_tenant.text
+    by_adapter = client.get("/console/admin/slo", params={**PERIOD, "group_by": "adapter"})
+    assert "<td>writer</td>" in by_adapter.text
+
+
+def test_workers_page_shows_queues_pages_and_resident_adapters_by_name(
+    client: TestClient, tenant: TenantHandle, db_session: Session
+) -> None:
+    version = add_ready_version(db_session, tenant.id, "hot")
+    directory = InMemoryWorkerDirectory()
+    directory.heartbeat(
+        WorkerRecord(
+            "w1", "http://w1", BASE_MODEL, num_waiting=2, num_waiting_by_queue=(1, 1), num_pool_pages=100,
+            num_kv_pages_used=30, num_adapter_pages=10, num_free_pool_pages=60, device_adapters=(version.id,),
+        ),
+        ttl_s=3600,
+    )  # fmt: skip
+    client.app.state.services.worker_directory = directory  # type: ignore[attr-defined]
+    sign_in(client, ADMIN_KEY)
+    page = client.get("/console/admin/workers")
+    assert page.status_code == 200 and "<code>w1</code>" in page.text
+    assert "30 / 10 / 60 / 100" in page.text and "1 / 1" in page.text
+    assert f"{tenant.name}/hot@1" in page.text and "data-chart=" in page.text
+
+
+def test_placement_page_shows_the_table_and_the_scaling_history(client: TestClient) -> None:
+    services = client.app.state.services  # type: ignore[attr-defined]
+    services.scaling.sample()
+    sign_in(client, ADMIN_KEY)
+    page = client.get("/console/admin/placement")
+    assert page.status_code == 200 and "No placement published yet" in page.text
+    assert "Desired vs live workers" in page.text
+
+
+def test_predictor_page_reports_the_served_model(client: TestClient) -> None:
+    sign_in(client, ADMIN_KEY)
+    page = client.get("/console/admin/predictor")
+    assert page.status_code == 200 and "Serving" in page.text
+    bad = client.get("/console/admin/predictor", params={"window_s": -1})
+    assert bad.status_code == 200 and "window_s must be in" in bad.text
+
+
+def test_planner_refuses_a_bad_slo_or_no_demand_with_a_message(client: TestClient) -> None:
+    csrf = sign_in(client, ADMIN_KEY)
+    assert client.get("/console/admin/planner").status_code == 200
+    bad = client.post("/console/admin/planner", data={"slo": "fast please"}, headers={"X-CSRF-Token": csrf})
+    assert bad.status_code == 400 and 'class="error"' in bad.text
+    empty = client.post("/console/admin/planner", data={"window_s": "60"}, headers={"X-CSRF-Token": csrf})
+    assert empty.status_code == 400 and 'class="error"' in empty.text

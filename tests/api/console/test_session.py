@@ -1,0 +1,48 @@
+"""Console session cookies and CSRF tokens: signed, expiring, bound to one session."""
+
+from __future__ import annotations
+
+from api.console.session import (
+    OPERATOR,
+    TENANT,
+    csrf_token,
+    decode_session,
+    derive_console_secret,
+    encode_session,
+    is_csrf_valid,
+    new_session,
+)
+
+SECRET = b"s" * 32
+
+
+def test_a_session_round_trips_and_expires() -> None:
+    session = new_session(TENANT, 60, key_id="k1")
+    value = encode_session(session, SECRET)
+    assert decode_session(value, SECRET) == session
+    assert decode_session(value, SECRET, now_s=session.expires_at_s + 1) is None
+
+
+def test_a_session_signed_with_another_secret_or_altered_is_refused() -> None:
+    value = encode_session(new_session(OPERATOR, 60, admin_fingerprint="f"), SECRET)
+    assert decode_session(value, b"t" * 32) is None
+    payload, _, signature = value.rpartition(".")
+    assert (
+        decode_session(payload[:-1] + ("A" if payload[-1] != "A" else "B") + "." + signature, SECRET) is None
+    )
+    for junk in (None, "", "no-dot", ".", "a.b.c"):
+        assert decode_session(junk, SECRET) is None
+
+
+def test_csrf_tokens_are_per_session() -> None:
+    one, two = new_session(TENANT, 60, key_id="k"), new_session(TENANT, 60, key_id="k")
+    assert is_csrf_valid(one, SECRET, csrf_token(one, SECRET))
+    assert not is_csrf_valid(one, SECRET, csrf_token(two, SECRET))
+    assert not is_csrf_valid(one, SECRET, None)
+
+
+def test_the_secret_is_configured_else_derived_from_the_admin_key_else_random() -> None:
+    assert derive_console_secret("x", "admin") == derive_console_secret("x", "other")
+    assert derive_console_secret(None, "admin") == derive_console_secret(None, "admin")
+    assert derive_console_secret(None, "admin") != derive_console_secret(None, "other")
+    assert derive_console_secret(None, None) != derive_console_secret(None, None)

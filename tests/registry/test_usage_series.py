@@ -1,0 +1,60 @@
+"""The console's usage and SLO series agree with billing and the SLO report on the same rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from sqlalchemy.orm import Session
+
+from registry.usage_series import bucket_start, slo_series, tenant_usage_series, total_cost
+from tests.registry.test_usage_db import seed_ledger
+
+START, END = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
+
+
+def test_tenant_series_has_its_tokens_cost_and_attainment_per_day_and_adapter(db_session: Session) -> None:
+    seeded = seed_ledger(db_session)
+    [point] = tenant_usage_series(db_session, seeded.gold_tenant_id, START, END)
+    assert (point.day, point.model, point.base_model) == ("2026-01-01", "writer", "lorahost-base")
+    assert (point.prompt_tokens, point.completion_tokens) == (1600, 570)  # the row at END is outside
+    assert point.token_cost == Decimal("0.005480")  # the invoice's prompt + completion cost
+    assert point.slo.num_requests == 5 and point.slo.attainment == pytest.approx(1 / 3)
+    assert point.slo.ttft_p50 == pytest.approx(100.0)
+    assert total_cost([point, point]) == Decimal("0.010960")
+
+
+def test_tenant_series_holds_only_that_tenants_rows(db_session: Session) -> None:
+    seeded = seed_ledger(db_session)
+    [point] = tenant_usage_series(db_session, seeded.free_tenant_id, START, END)
+    assert (point.day, point.model, point.prompt_tokens, point.token_cost) == (
+        "2026-01-02",
+        "lorahost-base",
+        10,
+        0,
+    )
+
+
+def test_slo_series_groups_per_bucket_and_group(db_session: Session) -> None:
+    seeded = seed_ledger(db_session)
+    hourly = slo_series(db_session, START, END, "tenant", "hour")
+    assert [(p.bucket, p.slo.key) for p in hourly] == [
+        ("2026-01-01T10:00:00+00:00", seeded.gold_tenant_id),
+        ("2026-01-02T01:00:00+00:00", seeded.free_tenant_id),
+    ]
+    daily = slo_series(db_session, START, END, "adapter", "day")
+    assert [(p.bucket, p.slo.key, p.slo.num_requests) for p in daily] == [
+        ("2026-01-01T00:00:00+00:00", "writer", 5),
+        ("2026-01-02T00:00:00+00:00", "lorahost-base", 1),
+    ]
+    with pytest.raises(ValueError, match="group_by must be one of"):
+        slo_series(db_session, START, END, "hour", "hour")
+
+
+def test_bucket_start_floors_to_the_hour_or_day() -> None:
+    moment = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    assert bucket_start(moment, "hour") == "2026-03-04T05:00:00+00:00"
+    assert bucket_start(moment, "day") == "2026-03-04T00:00:00+00:00"
+    with pytest.raises(ValueError, match="bucket must be one of"):
+        bucket_start(moment, "week")
