@@ -26,6 +26,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from lorahost.demo_console import visit_console
 from lorahost.demo_second_model import add_to_catalog, prepare_second_model
 
 console = Console()
@@ -303,9 +304,10 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool, model: str = 
         console.print(f"(the {second.name} model has seeded random weights: its text is gibberish by design)")
         compare_answers(base_url, key, ["second-a"], base_name=second.name)
         print_reports(base_url, admin_key, key)
+        visit_console(base_url, key, admin_key)
         if keep_serving:
             console.print(
-                f"[bold green]serving[/] on {base_url}  admin key: {admin_key}  tenant key: {key}  (Ctrl-C stops)"
+                f"[bold green]serving[/] on {base_url} (console: {base_url}/console)  admin key: {admin_key}  tenant key: {key}  (Ctrl-C stops)"
             )
             proc.wait()
         console.print("[bold green]demo finished[/]")

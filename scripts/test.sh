@@ -11,6 +11,8 @@ PY="$VENV/bin/python"
 
 # moto's S3 server on a free local port, stopped when this script exits.
 source scripts/moto.sh
+# Debian's chromium for the console's browser tests (Playwright never downloads a browser here).
+bash scripts/chromium.sh
 
 echo "== import boundaries (import-linter) =="
 "$VENV/bin/lint-imports"

@@ -27,7 +27,7 @@ def _pct(value: float | None) -> str:
 
 
 def _money(value: Decimal | str | float | None) -> str:
-    return "–" if value is None else f"{Decimal(str(value)):,.4f}"
+    return "–" if value is None else f"{Decimal(str(value)):,.6f}"
 
 
 def _moment(value: datetime | float | None) -> str:

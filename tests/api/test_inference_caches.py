@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.caches import TtlCache
-from registry import api_keys, repository
+from registry import api_keys
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version
 
@@ -58,7 +58,7 @@ def test_a_verified_key_is_not_read_from_the_db_again_within_the_ttl(
 ) -> None:
     calls: list[str] = []
     real = api_keys.find_api_key
-    monkeypatch.setattr(repository, "find_api_key", lambda s, k: calls.append(k) or real(s, k))
+    monkeypatch.setattr(api_keys, "find_api_key", lambda s, k: calls.append(k) or real(s, k))
     clock = _fake_clock_cache(client, "auth_cache", 5.0)
     assert [_complete(client, tenant) for _ in range(3)] == [200, 200, 200]
     assert len(calls) == 1

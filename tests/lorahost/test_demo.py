@@ -42,5 +42,6 @@ def test_demo_runs_platform_end_to_end_and_bills_what_it_served(tmp_path: Path) 
     assert {cells[2].strip() for cells in bill_lines} == {"lorahost-base", "tiny-second"}, (
         out
     )  # a line per base
+    assert "/console (sign in with the tenant or the admin key): 3 ready adapter versions" in out
     assert "demo finished" in out
     assert (tmp_path / "data" / "lorahost.db").exists()

@@ -30,6 +30,9 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_LINEAR_WEIGHTS",
     "LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES",
     "LORAHOST_WORKER_EMBEDDED_IDLE_S",
+    "LORAHOST_IS_CONSOLE_ENABLED",
+    "LORAHOST_CONSOLE_SECRET",
+    "LORAHOST_CONSOLE_SESSION_TTL_S",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from fastapi.testclient import TestClient
 
 from api.console.session import LOGIN_CSRF_COOKIE, SESSION_COOKIE
+from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
+from tests.api.test_completions_support import BASE_MODEL
 
 CSRF_RE = re.compile(r'data-csrf="([^"]+)"')
 
@@ -30,3 +33,10 @@ def csrf_of(html: str) -> str:
     match = CSRF_RE.search(html)
     assert match is not None, "the page has no CSRF token"
     return match.group(1)
+
+
+def publish_worker(client: TestClient, **stats: Any) -> None:
+    """Publish one live worker `w1` with these stats as the app's worker directory."""
+    directory = InMemoryWorkerDirectory()
+    directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL, **stats), ttl_s=3600)
+    client.app.state.services.worker_directory = directory  # type: ignore[attr-defined]

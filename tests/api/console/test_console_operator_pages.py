@@ -9,11 +9,10 @@ import io
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from registry.models import Tenant
 from tests.api.conftest import ADMIN_KEY, TenantHandle
-from tests.api.console.console_support import sign_in
-from tests.api.test_completions_support import BASE_MODEL, add_ready_version
+from tests.api.console.console_support import publish_worker, sign_in
+from tests.api.test_completions_support import add_ready_version
 from tests.registry.test_usage_db import seed_ledger
 
 PERIOD = {"start": "2026-01-01", "end": "2026-01-03T00:00:00Z"}
@@ -58,7 +57,7 @@ def test_billing_page_and_csv_match_the_invoice(client: TestClient, db_session: 
     seed_ledger(db_session)
     sign_in(client, ADMIN_KEY)
     page = client.get("/console/admin/billing", params=PERIOD)
-    assert page.status_code == 200 and "gold-corp" in page.text and "1.0055" in page.text
+    assert page.status_code == 200 and "gold-corp" in page.text and "1.005480" in page.text
     download = client.get("/console/admin/billing.csv", params=PERIOD)
     assert download.status_code == 200 and "attachment" in download.headers["content-disposition"]
     rows = list(csv.DictReader(io.StringIO(download.text)))
@@ -83,15 +82,10 @@ def test_workers_page_shows_queues_pages_and_resident_adapters_by_name(
     client: TestClient, tenant: TenantHandle, db_session: Session
 ) -> None:
     version = add_ready_version(db_session, tenant.id, "hot")
-    directory = InMemoryWorkerDirectory()
-    directory.heartbeat(
-        WorkerRecord(
-            "w1", "http://w1", BASE_MODEL, num_waiting=2, num_waiting_by_queue=(1, 1), num_pool_pages=100,
-            num_kv_pages_used=30, num_adapter_pages=10, num_free_pool_pages=60, device_adapters=(version.id,),
-        ),
-        ttl_s=3600,
+    publish_worker(
+        client, num_waiting=2, num_waiting_by_queue=(1, 1), num_pool_pages=100,
+        num_kv_pages_used=30, num_adapter_pages=10, num_free_pool_pages=60, device_adapters=(version.id,),
     )  # fmt: skip
-    client.app.state.services.worker_directory = directory  # type: ignore[attr-defined]
     sign_in(client, ADMIN_KEY)
     page = client.get("/console/admin/workers")
     assert page.status_code == 200 and "<code>w1</code>" in page.text

@@ -10,9 +10,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.console.session import SESSION_COOKIE
-from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from tests.api.conftest import ADMIN, TenantHandle, adapter_paths, multipart_files
-from tests.api.console.console_support import sign_in
+from tests.api.console.console_support import publish_worker, sign_in
 from tests.api.test_completions_support import (
     BASE_MODEL,
     ScriptedWorkers,
@@ -73,15 +72,10 @@ def test_residency_cold_starts_and_load_time_come_from_the_live_workers(
     client: TestClient, tenant: TenantHandle, db_session: Session
 ) -> None:
     version = add_ready_version(db_session, tenant.id, "hot")
-    directory = InMemoryWorkerDirectory()
-    directory.heartbeat(
-        WorkerRecord(
-            "w1", "http://w1", BASE_MODEL, device_adapters=(version.id,),
+    publish_worker(
+        client, device_adapters=(version.id,),
             adapter_num_loads={version.id: 3}, adapter_load_seconds={version.id: 0.0125},
-        ),
-        ttl_s=3600,
     )  # fmt: skip
-    client.app.state.services.worker_directory = directory  # type: ignore[attr-defined]
     sign_in(client, tenant.key)
     page = client.get("/console/adapters/hot")
     assert 'tier-device">device' in page.text and "(1 workers)" in page.text
