@@ -74,7 +74,7 @@ def test_residency_cold_starts_and_load_time_come_from_the_live_workers(
     version = add_ready_version(db_session, tenant.id, "hot")
     publish_worker(
         client, device_adapters=(version.id,),
-            adapter_num_loads={version.id: 3}, adapter_load_seconds={version.id: 0.0125},
+        adapter_num_loads={version.id: 3}, adapter_load_seconds={version.id: 0.0125},
     )  # fmt: skip
     sign_in(client, tenant.key)
     page = client.get("/console/adapters/hot")
