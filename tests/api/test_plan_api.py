@@ -25,7 +25,10 @@ def plan_client(client: TestClient) -> TestClient:
     return client
 
 
-def _record(session: Session, tenant_id: str, version_id: str | None, n: int, ago_s: float = 10.0) -> None:
+def record_demand(
+    session: Session, tenant_id: str, version_id: str | None, n: int, ago_s: float = 10.0
+) -> None:
+    """n finished requests of the version, started ago_s seconds ago (the demand the planner reads)."""
     for i in range(n):
         session.add(
             UsageRecord(
@@ -47,9 +50,9 @@ def test_plan_from_recorded_demand(
 ) -> None:
     hot = add_ready_version(db_session, tenant.id, "hot", rank=16)
     cold = add_ready_version(db_session, tenant.id, "cold", rank=8)
-    _record(db_session, tenant.id, hot.id, 30)
-    _record(db_session, tenant.id, cold.id, 3)
-    _record(db_session, tenant.id, cold.id, 50, ago_s=7200.0)  # outside the window
+    record_demand(db_session, tenant.id, hot.id, 30)
+    record_demand(db_session, tenant.id, cold.id, 3)
+    record_demand(db_session, tenant.id, cold.id, 50, ago_s=7200.0)  # outside the window
     body = {**FAST, "window_s": 60.0, "slo": "ttft_p99=2s"}
     response = plan_client.post("/v1/admin/plan", json=body, headers=ADMIN)
     assert response.status_code == 200, response.text

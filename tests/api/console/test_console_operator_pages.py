@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
@@ -13,6 +14,7 @@ from registry.models import Tenant
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.console.console_support import publish_worker, sign_in
 from tests.api.test_completions_support import add_ready_version
+from tests.api.test_plan_api import record_demand
 from tests.registry.test_usage_db import seed_ledger
 
 PERIOD = {"start": "2026-01-01", "end": "2026-01-03T00:00:00Z"}
@@ -117,3 +119,17 @@ def test_planner_refuses_a_bad_slo_or_no_demand_with_a_message(client: TestClien
     assert bad.status_code == 400 and 'class="error"' in bad.text
     empty = client.post("/console/admin/planner", data={"window_s": "60"}, headers={"X-CSRF-Token": csrf})
     assert empty.status_code == 400 and 'class="error"' in empty.text
+
+
+@pytest.mark.slow  # the planner trains its surrogate on twin runs and checks every GPU in the twin
+def test_planner_answers_how_many_gpus_the_recorded_demand_needs(
+    client: TestClient, tenant: TenantHandle, db_session: Session
+) -> None:
+    hot = add_ready_version(db_session, tenant.id, "hot", rank=16)
+    record_demand(db_session, tenant.id, hot.id, 30)
+    csrf = sign_in(client, ADMIN_KEY)
+    form = {"window_s": "60", "slo": "ttft_p99=2s", "num_samples": "8", "check_s": "3"}
+    response = client.post("/console/admin/planner", data=form, headers={"X-CSRF-Token": csrf})
+    assert response.status_code == 200, response.text
+    assert 'id="plan-gpus"' in response.text and "within the SLO" in response.text
+    assert f'"adapter_id": "{hot.id}"' in response.text  # the full plan, in the details
