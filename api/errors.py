@@ -91,7 +91,8 @@ def validation_error_status(code: str) -> int:
     return 422
 
 
-def _registry_status(exc: RegistryError) -> int:
+def registry_status(exc: RegistryError) -> int:
+    """The HTTP status of a registry error (its class or nearest base in REGISTRY_STATUS; else 400)."""
     for cls in type(exc).__mro__:
         if cls in REGISTRY_STATUS:
             return REGISTRY_STATUS[cls]
@@ -105,7 +106,7 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _registry_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RegistryError)
-    return error_response(_registry_status(exc), exc.code, exc.message)
+    return error_response(registry_status(exc), exc.code, exc.message)
 
 
 async def _adapter_validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -5,7 +5,7 @@ form for a page, 401 for a fetch) and to a forbidden page (403)."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from api.console import (
@@ -17,8 +17,8 @@ from api.console import (
     tenant_routes,
 )
 from api.console.auth import ConsoleForbidden, SignInRequired
-from api.console.security import apply_security_headers
-from api.console.templating import STATIC_DIR, render
+from api.console.security import apply_security_headers, error_page, is_page_request
+from api.console.templating import STATIC_DIR
 
 ROUTERS = (
     login_routes.router,
@@ -30,13 +30,8 @@ ROUTERS = (
 )
 
 
-def _is_page_request(request: Request) -> bool:
-    """A browser navigation (not htmx, not a fetch of JSON or a stream)."""
-    return request.method == "GET" and "HX-Request" not in request.headers
-
-
 async def _sign_in_required(request: Request, _: Exception) -> Response:
-    if _is_page_request(request):
+    if is_page_request(request):
         return apply_security_headers(RedirectResponse("/console/login", status_code=303))
     response = JSONResponse(
         {"error": {"type": "authentication_error", "message": "your console session ended: sign in again"}},
@@ -48,11 +43,10 @@ async def _sign_in_required(request: Request, _: Exception) -> Response:
 
 async def _forbidden(request: Request, exc: Exception) -> Response:
     message = exc.message if isinstance(exc, ConsoleForbidden) else "forbidden"
-    if not _is_page_request(request):
-        body = {"error": {"type": "permission_error", "message": message}}
-        return apply_security_headers(JSONResponse(body, status_code=403))
-    page: HTMLResponse = render(request, "forbidden.html", None, 403, message=message)
-    return apply_security_headers(page)
+    if is_page_request(request):
+        return error_page(request, 403, message)
+    body = {"error": {"type": "permission_error", "message": message}}
+    return apply_security_headers(JSONResponse(body, status_code=403))
 
 
 def install_console(app: FastAPI) -> None:

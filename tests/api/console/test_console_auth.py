@@ -168,3 +168,13 @@ def test_the_vendored_scripts_are_served(client: TestClient) -> None:
     for path in ("/console/static/vendor/htmx.min.js", "/console/static/vendor/chart.umd.min.js",
                  "/console/static/console.js", "/console/static/console.css"):  # fmt: skip
         assert client.get(path).status_code == 200, path
+
+
+def test_a_form_posted_after_the_session_ended_goes_to_sign_in(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    csrf = sign_in(client, tenant.key)
+    client.delete(f"/v1/admin/keys/{tenant.key_id}", headers=ADMIN)
+    html = {"Accept": "text/html,application/xhtml+xml"}
+    response = client.post("/console/keys", data={"csrf_token": csrf}, headers=html, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/console/login"

@@ -90,7 +90,10 @@ def test_another_tenants_adapters_are_neither_listed_nor_opened(
     sign_in(client, other.key)
     assert "secret-sauce" not in client.get("/console/adapters").text
     response = client.get("/console/adapters/secret-sauce")
-    assert response.status_code == 404 and "secret-sauce" in response.json()["error"]["message"]
+    assert response.status_code == 404 and "you have no adapter named &#39;secret-sauce&#39;" in response.text
+    assert response.headers["content-security-policy"]  # an error page is a console page
+    fragment = client.get("/console/adapters/secret-sauce", headers={"HX-Request": "true"})
+    assert fragment.status_code == 404 and "secret-sauce" in fragment.json()["error"]["message"]
     assert "secret-sauce" not in client.get("/console/playground").text
 
 
