@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.console.auth import ConsoleTenant, CsrfChecked
+from api.console.auth import ConsoleTenant, CsrfChecked, SignInRequired
 from api.console.charts import chart, series_by
 from api.console.periods import read_period
 from api.console.residency import VersionResidency, version_residency
@@ -73,7 +73,9 @@ async def upload(
 ) -> Response:
     """The drop zone's upload (multipart: name, base_model, files): POST /v1/adapters for this tenant."""
     tenant = db.get(Tenant, user.tenant_id)
-    accepted = await upload_adapter(request, tenant, db, services)  # type: ignore[arg-type]
+    if tenant is None:  # deleted since the session check
+        raise SignInRequired()
+    accepted = await upload_adapter(request, tenant, db, services)
     return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
 
 

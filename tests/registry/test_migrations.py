@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,8 @@ from typer.testing import CliRunner
 from migrations.runner import current_revision, downgrade, upgrade
 from registry.db import make_engine
 from registry.models import Base
-from tests.registry.db_fixtures import (
-    create_postgres_database,
-    drop_postgres_database,
-    postgres_reachable,
-    require_service,
-)
+from tests.registry.migration_support import *  # the empty_db_url fixture
+from tests.registry.migration_support import insert_usage_row
 
 pytestmark = pytest.mark.slow  # every migration up and down on a fresh database
 
@@ -34,22 +29,6 @@ TABLES = {
 }
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A brand-new empty database on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'empty.db'}"
-        return
-    reason = postgres_reachable()
-    if reason:
-        require_service(reason)
-    url = create_postgres_database()
-    try:
-        yield url
-    finally:
-        drop_postgres_database(url)
-
-
 def _tables(url: str) -> set[str]:
     engine = make_engine(url)
     try:
@@ -62,7 +41,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert _tables(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0016"
+    assert current_revision(empty_db_url) == "0017"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -110,38 +89,21 @@ def test_cli_db_upgrade_migrates_the_configured_database(tmp_path: Path) -> None
     assert _tables(url) == TABLES
 
 
-def _insert_usage(url: str, request_id: str, status: str) -> None:
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t', 't', true, "
-                "CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING"
-            )
-            conn.exec_driver_sql(
-                "INSERT INTO usage_records (id, request_id, tenant_id, model_name, prompt_tokens, completion_tokens, "
-                f"status, started_at) VALUES ('{request_id}', '{request_id}', 't', 'm', 0, 0, '{status}', "
-                "CURRENT_TIMESTAMP)"
-            )
-    finally:
-        engine.dispose()
-
-
 def test_0004_allows_in_progress_and_interrupted_rows_and_downgrades(empty_db_url: str) -> None:
     from sqlalchemy.exc import IntegrityError
 
     upgrade(empty_db_url, "0001")
     with pytest.raises(IntegrityError):
-        _insert_usage(empty_db_url, "r0", "in_progress")
-    _insert_usage(empty_db_url, "r1", "ok")
+        insert_usage_row(empty_db_url, "r0", "in_progress")
+    insert_usage_row(empty_db_url, "r1", "ok")
     upgrade(empty_db_url, "0004")
-    _insert_usage(empty_db_url, "r2", "in_progress")
-    _insert_usage(empty_db_url, "r3", "interrupted")
+    insert_usage_row(empty_db_url, "r2", "in_progress")
+    insert_usage_row(empty_db_url, "r3", "interrupted")
     with pytest.raises(IntegrityError):
-        _insert_usage(empty_db_url, "r4", "bogus")
+        insert_usage_row(empty_db_url, "r4", "bogus")
     downgrade(empty_db_url, "0001")
     with pytest.raises(IntegrityError):
-        _insert_usage(empty_db_url, "r5", "in_progress")
+        insert_usage_row(empty_db_url, "r5", "in_progress")
     engine = make_engine(empty_db_url)
     try:
         with engine.connect() as conn:
@@ -161,11 +123,11 @@ def _usage_columns(url: str) -> set[str]:
 
 def test_0005_adds_the_usage_lease_column_keeping_open_rows_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0004")
-    _insert_usage(empty_db_url, "r1", "in_progress")
+    insert_usage_row(empty_db_url, "r1", "in_progress")
     assert "lease_renewed_at" not in _usage_columns(empty_db_url)
     upgrade(empty_db_url, "0005")
     assert "lease_renewed_at" in _usage_columns(empty_db_url)
-    _insert_usage(empty_db_url, "r2", "in_progress")
+    insert_usage_row(empty_db_url, "r2", "in_progress")
     downgrade(empty_db_url, "0004")
     assert "lease_renewed_at" not in _usage_columns(empty_db_url)
     engine = make_engine(empty_db_url)
@@ -179,7 +141,7 @@ def test_0005_adds_the_usage_lease_column_keeping_open_rows_and_downgrades(empty
 
 def test_0006_adds_the_predicted_output_tokens_column_keeping_rows_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0005")
-    _insert_usage(empty_db_url, "r1", "ok")
+    insert_usage_row(empty_db_url, "r1", "ok")
     assert "predicted_output_tokens" not in _usage_columns(empty_db_url)
     upgrade(empty_db_url, "0006")
     assert "predicted_output_tokens" in _usage_columns(empty_db_url)
@@ -200,7 +162,7 @@ FEATURE_COLUMNS = {"max_tokens", "is_chat", "has_stop", "prompt_features"}
 
 def test_0007_adds_the_prediction_feature_columns_keeping_rows_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0006")
-    _insert_usage(empty_db_url, "r1", "ok")
+    insert_usage_row(empty_db_url, "r1", "ok")
     assert not FEATURE_COLUMNS & _usage_columns(empty_db_url)
     upgrade(empty_db_url, "0007")
     assert FEATURE_COLUMNS <= _usage_columns(empty_db_url)
@@ -260,7 +222,7 @@ def test_0011_adds_nullable_upload_quotas_keeping_plans_and_downgrades(empty_db_
 
 def test_0012_clears_the_stored_prompt_histograms_keeping_the_rest_of_each_row(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0007")
-    _insert_usage(empty_db_url, "r1", "ok")
+    insert_usage_row(empty_db_url, "r1", "ok")
     engine = make_engine(empty_db_url)
     try:
         with engine.begin() as conn:
@@ -319,50 +281,9 @@ def test_0013_adds_the_nullable_fair_share_weight_to_plans_keeping_them_and_down
     assert "fair_share_weight" not in _plan_columns(empty_db_url)
 
 
-def _tenant_rows(url: str) -> list[tuple]:
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            rows = conn.exec_driver_sql("SELECT id, prefix_cache_namespace FROM tenants ORDER BY id").all()
-        return [tuple(r) for r in rows]
-    finally:
-        engine.dispose()
-
-
-def _tenant_columns(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return {c["name"] for c in inspect(engine).get_columns("tenants")}
-    finally:
-        engine.dispose()
-
-
-def test_0014_adds_the_tenant_prefix_cache_namespace_null_for_existing_tenants_and_downgrades(
-    empty_db_url: str,
-) -> None:
-    upgrade(empty_db_url, "0013")
-    _insert_usage(empty_db_url, "r1", "ok")  # creates tenant 't'
-    assert "prefix_cache_namespace" not in _tenant_columns(empty_db_url)
-    upgrade(empty_db_url, "0014")
-    engine = make_engine(empty_db_url)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO tenants (id, name, is_active, created_at, prefix_cache_namespace) VALUES "
-                "('u', 'u', true, CURRENT_TIMESTAMP, 'team')"
-            )
-    finally:
-        engine.dispose()
-    # existing tenants keep their own namespace (NULL): nothing becomes shared by the upgrade
-    assert _tenant_rows(empty_db_url) == [("t", None), ("u", "team")]
-    downgrade(empty_db_url, "0013")
-    assert "prefix_cache_namespace" not in _tenant_columns(empty_db_url)
-    assert current_revision(empty_db_url) == "0013"
-
-
 def test_0016_names_the_base_model_of_old_adapter_rows_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0015")
-    _insert_usage(empty_db_url, "r-base", "ok")
+    insert_usage_row(empty_db_url, "r-base", "ok")
     engine = make_engine(empty_db_url)
     try:
         with engine.begin() as conn:

@@ -1,0 +1,53 @@
+"""Migration test fixtures: a brand-new empty database on each backend, and a usage row written in raw SQL
+(the schema of any revision since 0004)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from registry.db import make_engine
+from tests.registry.db_fixtures import (
+    create_postgres_database,
+    drop_postgres_database,
+    postgres_reachable,
+    require_service,
+)
+
+__all__ = ["empty_db_url", "insert_usage_row"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A brand-new empty database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    reason = postgres_reachable()
+    if reason:
+        require_service(reason)
+    url = create_postgres_database()
+    try:
+        yield url
+    finally:
+        drop_postgres_database(url)
+
+
+def insert_usage_row(url: str, request_id: str, status: str) -> None:
+    """One usage row of tenant 't' (created if missing) with this request id and status."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO tenants (id, name, is_active, created_at) VALUES ('t', 't', true, "
+                "CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO usage_records (id, request_id, tenant_id, model_name, prompt_tokens, completion_tokens, "
+                f"status, started_at) VALUES ('{request_id}', '{request_id}', 't', 'm', 0, 0, '{status}', "
+                "CURRENT_TIMESTAMP)"
+            )
+    finally:
+        engine.dispose()
