@@ -56,8 +56,21 @@ class SloTargets:
 def load_rows(
     session: Session, start: datetime, end: datetime, tenant_id: str | None = None
 ) -> list[UsageRow]:
-    """Usage rows with start <= started_at < end, optionally for one tenant."""
-    query = select(UsageRecord).where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
+    """Usage rows with start <= started_at < end, optionally for one tenant (only the columns reports read:
+    no ORM objects, no prompt features)."""
+    query = select(
+        UsageRecord.tenant_id,
+        UsageRecord.adapter_id,
+        UsageRecord.model_name,
+        UsageRecord.base_model_name,
+        UsageRecord.prompt_tokens,
+        UsageRecord.completion_tokens,
+        UsageRecord.ttft_ms,
+        UsageRecord.tpot_ms,
+        UsageRecord.e2e_ms,
+        UsageRecord.status,
+        UsageRecord.started_at,
+    ).where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
     if tenant_id is not None:
         query = query.where(UsageRecord.tenant_id == tenant_id)
     return [
@@ -74,7 +87,7 @@ def load_rows(
             r.status,
             as_utc(r.started_at),
         )
-        for r in session.scalars(query)
+        for r in session.execute(query)
     ]
 
 
