@@ -190,6 +190,10 @@ def test_operator_sees_the_bill_and_downloads_the_csv(browser: Any, served: Serv
         tab.shot(shots, shot)
     page.goto("/console/admin/workers")
     assert "lorahost-base" in page.inner_text("#workers")
+    page.goto("/console/admin/planner")
+    page.fill("input[name=slo]", "fast please")
+    page.click("#planner-form button[type=submit]")
+    assert "slo" in page.inner_text("#plan-result .error").lower()  # a 400 is shown where the plan would be
     assert tab.violations == []
     tab.close()
 
