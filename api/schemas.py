@@ -70,10 +70,20 @@ class ApiKeyCreated(BaseModel):
 
 
 class ApiKeyRevoked(BaseModel):
-    """DELETE /v1/admin/keys/{id}."""
+    """DELETE /v1/admin/keys/{id} and DELETE /v1/keys/{id}."""
 
     id: str
     tenant_id: str
+    revoked_at: datetime | None
+
+
+class ApiKeyPublic(BaseModel):
+    """One of the tenant's keys as GET /v1/keys lists it (never the key itself)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    created_at: datetime
     revoked_at: datetime | None
 
 

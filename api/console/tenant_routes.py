@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -19,7 +19,7 @@ from api.console.security import ConsoleRoute
 from api.console.templating import render
 from api.deps import ServicesDep, SessionDep
 from api.live_workers import live_workers
-from api.routes.adapters import upload_adapter
+from api.routes.adapters import delete_adapter, upload_adapter
 from api.schemas import AdapterPublic
 from api.services import Services
 from registry import repository
@@ -77,6 +77,18 @@ async def upload(
         raise SignInRequired()
     accepted = await upload_adapter(request, tenant, db, services)
     return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
+
+
+@router.post("/adapters/{name}/delete")
+def delete(
+    name: str, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
+) -> RedirectResponse:
+    """Delete one of the tenant's adapters (DELETE /v1/adapters/{name}); back to the list."""
+    tenant = db.get(Tenant, user.tenant_id)
+    if tenant is None:  # deleted since the session check
+        raise SignInRequired()
+    delete_adapter(name, tenant, db, services)
+    return RedirectResponse("/console/adapters", status_code=303)
 
 
 @router.get("/usage", response_class=HTMLResponse)

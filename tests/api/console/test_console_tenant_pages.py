@@ -154,3 +154,18 @@ def test_playground_streams_a_chat_completion_billed_to_the_tenant(
     assert text == "t0 t1 t2 "
     [row] = usage_rows(db_session, tenant.id)
     assert row.status == "ok" and row.completion_tokens == 3
+
+
+def test_an_adapter_is_deleted_from_its_page_by_its_owner_only(
+    client: TestClient, tenant: TenantHandle, new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    add_ready_version(db_session, tenant.id, "old")
+    other = new_tenant("other")
+    other_csrf = sign_in(client, other.key)
+    assert client.post("/console/adapters/old/delete", data={"csrf_token": other_csrf}).status_code == 404
+    csrf = sign_in(client, tenant.key)
+    assert 'id="delete-adapter"' in client.get("/console/adapters/old").text
+    response = client.post("/console/adapters/old/delete", data={"csrf_token": csrf}, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/console/adapters"
+    assert "old@1" not in client.get("/console/adapters").text
+    assert client.get("/v1/models/old", headers=tenant.headers).status_code == 404
