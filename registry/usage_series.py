@@ -7,6 +7,8 @@ registry/usage_reports.py): a chart never disagrees with the invoice or /v1/admi
 
 from __future__ import annotations
 
+import csv
+import io
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -93,6 +95,27 @@ def slo_series(
     for row in load_rows(session, as_utc(start), as_utc(end)):
         groups[(bucket_start(row.started_at, bucket), group_key(row, group_by))].append(row)
     return [SloPoint(b, summarize_group(key, rows, targets)) for (b, key), rows in sorted(groups.items())]
+
+
+CSV_COLUMNS = (
+    "day", "model", "base_model", "num_requests", "prompt_tokens", "completion_tokens", "token_cost",
+    "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_attainment",
+)  # fmt: skip
+
+
+def usage_points_to_csv(points: list[UsagePoint]) -> str:
+    """The points as CSV (CSV_COLUMNS; empty cells where a percentile or attainment has no value)."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for p in points:
+        slo = p.slo
+        writer.writerow((
+            p.day, p.model, p.base_model, slo.num_requests, p.prompt_tokens, p.completion_tokens, p.token_cost,
+            *("" if v is None else round(v, 3) for v in (slo.ttft_p50, slo.ttft_p99, slo.tpot_p50, slo.tpot_p99)),
+            "" if slo.attainment is None else round(slo.attainment, 4),
+        ))  # fmt: skip
+    return out.getvalue()
 
 
 def total_cost(points: list[UsagePoint]) -> Decimal:

@@ -90,6 +90,12 @@ class ApiSettings(BaseModel):
     console_session_ttl_s: float = Field(
         default=12 * 3600.0, gt=0, description="API: how long a console sign-in lasts"
     )
+    console_max_sign_ins_per_min: int = Field(
+        default=10,
+        gt=0,
+        description="API: console sign-in attempts allowed per client address and minute (429 beyond; shared "
+        "across replicas through Redis when configured)",
+    )
 
     @field_validator("import_allowed_buckets", mode="before")
     @classmethod

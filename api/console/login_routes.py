@@ -25,6 +25,7 @@ from api.console.session import (
 )
 from api.console.templating import render
 from api.deps import ServicesDep
+from api.ratelimit import RateLimits
 from api.services import Services
 from registry import api_keys, keys
 
@@ -59,6 +60,9 @@ async def login(
     expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
     if not expected or not hmac.compare_digest(csrf_token, expected):
         return _login_page(request, "the sign-in form expired: try again", status_code=403)
+    refusal = await run_in_threadpool(_admit_sign_in, services, request)
+    if refusal is not None:
+        return refusal
     session = await run_in_threadpool(_session_for_key, services, key.strip())
     if session is None:
         return _login_page(request, "unknown, revoked or disabled key: check it and try again", 401)
@@ -81,6 +85,20 @@ def logout(_: CsrfChecked, user: ConsoleUserDep) -> RedirectResponse:
     """End the session (the cookie is removed)."""
     response = RedirectResponse("/console/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH)
+    return response
+
+
+def _admit_sign_in(services: Services, request: Request) -> Response | None:
+    """Charge one attempt to the client address's budget (settings.api.console_max_sign_ins_per_min); the
+    refusal page (429 + Retry-After) when it is spent."""
+    address = request.client.host if request.client else "unknown"
+    limits = RateLimits(max_requests_per_min=services.settings.api.console_max_sign_ins_per_min)
+    decision = services.rate_limiter.acquire(f"console-sign-in:{address}", 0, limits)
+    if decision.is_allowed:
+        return None
+    message = f"too many sign-in attempts from your address: retry in {decision.retry_after_s} s"
+    response = _login_page(request, message, status_code=429)
+    response.headers["Retry-After"] = str(decision.retry_after_s)
     return response
 
 

@@ -33,6 +33,7 @@ NEW_NAMES = [
     "LORAHOST_IS_CONSOLE_ENABLED",
     "LORAHOST_CONSOLE_SECRET",
     "LORAHOST_CONSOLE_SESSION_TTL_S",
+    "LORAHOST_CONSOLE_MAX_SIGN_INS_PER_MIN",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

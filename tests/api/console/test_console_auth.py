@@ -178,3 +178,16 @@ def test_a_form_posted_after_the_session_ended_goes_to_sign_in(
     html = {"Accept": "text/html,application/xhtml+xml"}
     response = client.post("/console/keys", data={"csrf_token": csrf}, headers=html, follow_redirects=False)
     assert response.status_code == 303 and response.headers["location"] == "/console/login"
+
+
+def test_sign_in_attempts_are_limited_per_client_address(
+    make_client: Callable[..., TestClient], tenant: TenantHandle
+) -> None:
+    client = make_client(console_max_sign_ins_per_min=3)
+    client.get("/console/login")
+    form = {"key": "lh_wrong", "csrf_token": client.cookies.get(LOGIN_CSRF_COOKIE)}
+    assert [client.post("/console/login", data=form).status_code for _ in range(3)] == [401, 401, 401]
+    refused = client.post("/console/login", data={**form, "key": tenant.key})  # even the right key, now
+    assert refused.status_code == 429 and "too many sign-in attempts" in refused.text
+    assert int(refused.headers["Retry-After"]) > 0
+    assert client.cookies.get(SESSION_COOKIE) is None

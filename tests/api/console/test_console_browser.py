@@ -151,6 +151,10 @@ def test_tenant_uploads_watches_it_become_ready_runs_the_playground_and_sees_usa
     page.wait_for_function("() => typeof Chart !== 'undefined'")
     assert _charts_drawn(page) == 4
     tab.shot(shots, "tenant-usage")
+    with page.expect_download() as download_info:
+        page.click("#usage-csv")
+    usage = list(csv.DictReader(io.StringIO(Path(download_info.value.path()).read_text())))
+    assert {r["model"] for r in usage} >= {"browser-writer", "lorahost-base"}
     page.goto("/console/keys")
     tab.shot(shots, "tenant-keys")
     page.goto("/console/adapters")

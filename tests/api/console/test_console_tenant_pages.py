@@ -3,6 +3,8 @@ keys; never another tenant's data."""
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Callable
 from pathlib import Path
 
@@ -169,3 +171,18 @@ def test_an_adapter_is_deleted_from_its_page_by_its_owner_only(
     assert response.status_code == 303 and response.headers["location"] == "/console/adapters"
     assert "old@1" not in client.get("/console/adapters").text
     assert client.get("/v1/models/old", headers=tenant.headers).status_code == 404
+
+
+def test_usage_csv_holds_the_tables_rows(
+    client: TestClient, tenant: TenantHandle, workers: ScriptedWorkers
+) -> None:
+    workers.add("w1", events=tokens_events(3))
+    body = {"model": BASE_MODEL, "prompt": "hi", "max_tokens": 3}
+    assert client.post("/v1/completions", json=body, headers=tenant.headers).status_code == 200
+    sign_in(client, tenant.key)
+    assert 'id="usage-csv" href="/console/usage.csv?start=' in client.get("/console/usage").text
+    response = client.get("/console/usage.csv")
+    assert response.status_code == 200 and "attachment" in response.headers["content-disposition"]
+    [row] = list(csv.DictReader(io.StringIO(response.text)))
+    assert (row["model"], row["num_requests"], row["completion_tokens"]) == (BASE_MODEL, "1", "3")
+    assert client.get("/console/usage.csv", params={"start": "soon"}).status_code == 400
