@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from api.console.templating import TEMPLATES
 from registry.models import Tenant
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.console.console_support import publish_worker, sign_in
@@ -133,3 +134,12 @@ def test_planner_answers_how_many_gpus_the_recorded_demand_needs(
     assert response.status_code == 200, response.text
     assert 'id="plan-gpus"' in response.text and "within the SLO" in response.text
     assert f'"adapter_id": "{hot.id}"' in response.text  # the full plan, in the details
+
+
+def test_a_plan_whose_twin_check_saw_no_request_says_so() -> None:
+    twin = {"num_requests": 0, "throughput_tok_s": 0.0, "ttft_p99_s": 0.0}
+    result = {"num_gpus": 1, "objective": "throughput", "notes": [], "gpus": [{"adapters": [], "twin": twin}]}
+    html = TEMPLATES.get_template("admin_plan_result.html").render(result=result)
+    assert 'id="plan-vacuous"' in html
+    twin["num_requests"] = 12
+    assert 'id="plan-vacuous"' not in TEMPLATES.get_template("admin_plan_result.html").render(result=result)
