@@ -67,9 +67,10 @@ def bucket_start(moment: datetime, bucket: str) -> str:
 def tenant_usage_series(session: Session, tenant_id: str, start: datetime, end: datetime) -> list[UsagePoint]:
     """The tenant's usage in [start, end) per (day, model name), sorted by day then model."""
     tenant = session.get(Tenant, tenant_id)
-    plan = prices_of_plan(tenant.plan if tenant is not None else None)
+    plan_row = tenant.plan if tenant is not None else None
+    plan = prices_of_plan(plan_row)
     prices_by_base = catalog_prices(session)
-    targets = slo_targets_by_tenant(session).get(tenant_id, SloTargets())
+    targets = SloTargets(plan_row.slo_ttft_ms, plan_row.slo_tpot_ms) if plan_row else SloTargets()
     groups: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
     for row in load_rows(session, as_utc(start), as_utc(end), tenant_id):
         groups[(row.started_at.date().isoformat(), row.model_name)].append(row)

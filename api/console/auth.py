@@ -23,7 +23,7 @@ from api.console.session import (
 )
 from api.deps import ServicesDep, SessionDep, tenant_auth_of
 from api.services import Services
-from registry.models import ApiKey
+from registry.models import ApiKey, Tenant
 
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
@@ -92,6 +92,14 @@ def _live_key(session: Session, key_id: str | None) -> ApiKey | None:
     if key is None or key.revoked_at is not None or not key.tenant.is_active:
         return None
     return key
+
+
+def tenant_row(db: Session, user: ConsoleUser) -> Tenant:
+    """The signed-in tenant's row, for the REST handlers the console calls; SignInRequired when it is gone."""
+    tenant = db.get(Tenant, user.tenant_id) if user.tenant_id else None
+    if tenant is None:  # deleted since the session check
+        raise SignInRequired()
+    return tenant
 
 
 def get_console_tenant(user: Annotated[ConsoleUser, Depends(get_console_user)]) -> ConsoleUser:

@@ -8,22 +8,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.orm import Session
 
-from api.console.auth import ConsoleTenant, ConsoleUser, CsrfChecked, SignInRequired
+from api.console.auth import ConsoleTenant, ConsoleUser, CsrfChecked, tenant_row
 from api.console.security import ConsoleRoute
 from api.console.templating import render
 from api.deps import ServicesDep, SessionDep
 from api.routes import keys
 from registry import api_keys
-from registry.models import Tenant
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
-
-
-def _tenant(db: Session, user: ConsoleUser) -> Tenant:
-    tenant = db.get(Tenant, user.tenant_id)
-    if tenant is None:  # deleted since the session check
-        raise SignInRequired()
-    return tenant
 
 
 def _keys_page(request: Request, user: ConsoleUser, db: Session, new_key: str | None = None) -> Response:
@@ -40,7 +32,7 @@ def keys_page(request: Request, user: ConsoleTenant, db: SessionDep) -> Response
 @router.post("/keys", response_class=HTMLResponse)
 def create_key(request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep) -> Response:
     """Create a key (POST /v1/keys) and show it once."""
-    created = keys.create_key(_tenant(db, user), db)
+    created = keys.create_key(tenant_row(db, user), db)
     return _keys_page(request, user, db, new_key=created.key)
 
 
@@ -49,5 +41,5 @@ def revoke_key(
     key_id: str, request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> Response:
     """Revoke one of the tenant's own keys (DELETE /v1/keys/{id}; another tenant's key id is a 404)."""
-    keys.revoke_key(key_id, _tenant(db, user), db, services)
+    keys.revoke_key(key_id, tenant_row(db, user), db, services)
     return _keys_page(request, user, db)

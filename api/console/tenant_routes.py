@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.console.auth import ConsoleTenant, CsrfChecked, SignInRequired
+from api.console.auth import ConsoleTenant, CsrfChecked, tenant_row
 from api.console.charts import chart, series_by
 from api.console.periods import read_period
 from api.console.residency import VersionResidency, version_residency
@@ -26,7 +26,6 @@ from api.services import Services
 from registry import repository
 from registry.base_model_catalog import list_base_models
 from registry.errors import NotFoundError
-from registry.models import Tenant
 from registry.usage_series import UsagePoint, tenant_usage_series, total_cost, usage_points_to_csv
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
@@ -73,10 +72,7 @@ async def upload(
     request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> Response:
     """The drop zone's upload (multipart: name, base_model, files): POST /v1/adapters for this tenant."""
-    tenant = db.get(Tenant, user.tenant_id)
-    if tenant is None:  # deleted since the session check
-        raise SignInRequired()
-    accepted = await upload_adapter(request, tenant, db, services)
+    accepted = await upload_adapter(request, tenant_row(db, user), db, services)
     return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
 
 
@@ -85,10 +81,7 @@ def delete(
     name: str, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> RedirectResponse:
     """Delete one of the tenant's adapters (DELETE /v1/adapters/{name}); back to the list."""
-    tenant = db.get(Tenant, user.tenant_id)
-    if tenant is None:  # deleted since the session check
-        raise SignInRequired()
-    delete_adapter(name, tenant, db, services)
+    delete_adapter(name, tenant_row(db, user), db, services)
     return RedirectResponse("/console/adapters", status_code=303)
 
 
