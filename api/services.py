@@ -31,6 +31,7 @@ from api.metrics import ApiMetrics
 from api.prompting import BaseModelTokenizer, load_base_tokenizer
 from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from api.scaling_view import ScalingView
+from api.sliding_ratelimit import InMemorySlidingLimiter, RedisSlidingLimiter, SlidingWindowLimiter
 from api.worker_client import LocalWorkerTransport, WorkerClient
 from cluster.membership import WorkerDirectory, WorkerRecord
 from cluster.routing_table import CachedRoutingTable
@@ -81,6 +82,9 @@ class Services:
     # the live workers of a shared (Redis) directory, read once per settings.resolved_worker_view_cache_s()
     worker_listing: CachedWorkerListing = field(default_factory=lambda: CachedWorkerListing(0.5))
     admin_key_hash: str | None = None
+    # the console's sign-in attempts per client address (settings.api.console_max_sign_ins_per_min): a sliding
+    # window, Redis when settings.storage.redis_url
+    sign_in_limiter: SlidingWindowLimiter = field(default_factory=InMemorySlidingLimiter)
     # signs console sessions and CSRF tokens (api/console/session.py derive_console_secret)
     console_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     engine: Engine | None = None
@@ -160,6 +164,7 @@ def build_services(
         scaling=ScalingView(settings, metrics, routing_table, waiting_requests, list_workers),
         predictor=make_length_predictor(settings, blob_store),
         admin_key_hash=admin_key_hash,
+        sign_in_limiter=make_sign_in_limiter(settings),
         console_secret=derive_console_secret(
             settings.api.console_secret, settings.api.admin_key or admin_key_hash
         ),
@@ -200,6 +205,19 @@ def make_rate_limiter(settings: Settings, clock: Callable[[], float] = time.time
             slot_lease_s=settings.metering.lease_timeout_s,
         )
     return InMemoryRateLimiter(clock, slot_lease_s=settings.metering.lease_timeout_s)
+
+
+def make_sign_in_limiter(settings: Settings, clock: Callable[[], float] = time.time) -> SlidingWindowLimiter:
+    """The console's sign-in limiter: shared by every API replica in Redis when configured, else this process's."""
+    if settings.storage.redis_url:
+        import redis
+
+        return RedisSlidingLimiter(
+            redis.Redis.from_url(settings.storage.redis_url),
+            key_prefix=f"{settings.jobs.celery_key_prefix}lorahost:sign-in:",
+            clock=clock,
+        )
+    return InMemorySlidingLimiter(clock)
 
 
 def make_waiting_requests(settings: Settings) -> WaitingRequests:

@@ -153,6 +153,27 @@ class ApiKey(Base):
     tenant: Mapped[Tenant] = relationship()
 
 
+CONSOLE_ROLES = ("tenant", "operator")
+
+
+class ConsoleSessionRecord(Base):
+    """A signed-in console session (api/console/session.py), server side so that it can end: only a SHA-256 of
+    its random session id is stored (the cookie carries the id, signed). A tenant's session names the key it
+    signed in with; the operator's names neither tenant nor key. Sign-out sets revoked_at; rows that expired
+    or were revoked are deleted on later sign-ins (registry/console_sessions.py)."""
+
+    __tablename__ = "console_sessions"
+    __table_args__ = (CheckConstraint(_in_check("role", CONSOLE_ROLES), name="role"),)
+
+    session_id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
 BASE_MODEL_STATUSES = ("ready", "removed")
 
 

@@ -1,6 +1,7 @@
 """Who is signed in to the console: the session cookie (api/console/session.py) checked against the database
-on every request, as the REST API checks a bearer key: a revoked key or a disabled tenant ends the session,
-and a changed admin key ends operator sessions. Pages take `ConsoleTenant` or `ConsoleOperator`; every
+on every request: its server-side row (registry/console_sessions.py) must be neither revoked (sign-out) nor
+expired, and, as the REST API checks a bearer key, a revoked key or a disabled tenant ends the session and a
+changed admin key ends operator sessions. Pages take `ConsoleTenant` or `ConsoleOperator`; every
 state-changing route also takes `CsrfChecked`.
 """
 
@@ -23,6 +24,7 @@ from api.console.session import (
 )
 from api.deps import ServicesDep, SessionDep, tenant_auth_of
 from api.services import Services
+from registry.console_sessions import find_live_session
 from registry.models import ApiKey, Tenant
 
 CSRF_HEADER = "X-CSRF-Token"
@@ -71,7 +73,7 @@ def read_session(request: Request, services: Services) -> ConsoleSession | None:
 def get_console_user(request: Request, services: ServicesDep, session: SessionDep) -> ConsoleUser:
     """The signed-in user, re-verified: SignInRequired when the session or what it stands on is gone."""
     console_session = read_session(request, services)
-    if console_session is None:
+    if console_session is None or not _is_recorded(session, console_session):
         raise SignInRequired()
     token = csrf_token(console_session, services.console_secret)
     if console_session.is_operator:
@@ -85,6 +87,12 @@ def get_console_user(request: Request, services: ServicesDep, session: SessionDe
         raise SignInRequired()
     tenant = key.tenant
     return ConsoleUser(console_session, token, tenant.id, tenant.name, key.id, tenant.can_manage_keys)
+
+
+def _is_recorded(session: Session, console_session: ConsoleSession) -> bool:
+    """The session's row is live (not signed out, not expired) and names what the cookie names."""
+    row = find_live_session(session, console_session.session_id)
+    return row is not None and row.role == console_session.role and row.api_key_id == console_session.key_id
 
 
 def _live_key(session: Session, key_id: str | None) -> ApiKey | None:

@@ -1,6 +1,7 @@
 """Mount the console on an app: its routers, its static files (/console/static: our CSS and JS, and htmx and
-Chart.js vendored from their npm packages) and the answers to a missing session (a redirect to the sign-in
-form for a page, 401 for a fetch) and to a forbidden page (403)."""
+Chart.js vendored from their npm packages), the answers to a missing session (a redirect to the sign-in
+form for a page, 401 for a fetch) and to a forbidden page (403), and the security headers of every response
+under /console (api/console/security.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from api.console import (
     tenant_routes,
 )
 from api.console.auth import ConsoleForbidden, SignInRequired
-from api.console.security import apply_security_headers, error_page, is_page_request
+from api.console.security import (
+    ConsoleHeadersMiddleware,
+    error_page,
+    is_page_request,
+    with_console_headers,
+)
 from api.console.templating import STATIC_DIR
 
 ROUTERS = (
@@ -32,13 +38,12 @@ ROUTERS = (
 
 async def _sign_in_required(request: Request, _: Exception) -> Response:
     if is_page_request(request):
-        return apply_security_headers(RedirectResponse("/console/login", status_code=303))
-    response = JSONResponse(
+        return RedirectResponse("/console/login", status_code=303)
+    return JSONResponse(
         {"error": {"type": "authentication_error", "message": "your console session ended: sign in again"}},
         status_code=401,
         headers={"HX-Redirect": "/console/login"},
     )
-    return apply_security_headers(response)
 
 
 async def _forbidden(request: Request, exc: Exception) -> Response:
@@ -46,13 +51,18 @@ async def _forbidden(request: Request, exc: Exception) -> Response:
     if is_page_request(request):
         return error_page(request, 403, message)
     body = {"error": {"type": "permission_error", "message": message}}
-    return apply_security_headers(JSONResponse(body, status_code=403))
+    return JSONResponse(body, status_code=403)
 
 
 def install_console(app: FastAPI) -> None:
-    """Add the console's routes, static files and error answers to `app`."""
+    """Add the console's routes, static files, error answers and security headers to `app` (after
+    api/errors.py install_error_handlers: its 500 handler is wrapped)."""
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.add_exception_handler(SignInRequired, _sign_in_required)
     app.add_exception_handler(ConsoleForbidden, _forbidden)
+    unhandled = app.exception_handlers.get(Exception)
+    if unhandled is not None:
+        app.add_exception_handler(Exception, with_console_headers(unhandled))
+    app.add_middleware(ConsoleHeadersMiddleware)

@@ -7,25 +7,33 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from api.console.session import LOGIN_CSRF_COOKIE, SESSION_COOKIE
+from api.console.session import SESSION_COOKIE
 from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from tests.api.test_completions_support import BASE_MODEL
 
 CSRF_RE = re.compile(r'data-csrf="([^"]+)"')
+LOGIN_CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 def sign_in(client: TestClient, key: str) -> str:
     """Sign `client` in with `key` through the login form; returns the session's CSRF token."""
     client.cookies.clear()
-    form = client.get("/console/login")
-    assert form.status_code == 200, form.text
-    token = client.cookies.get(LOGIN_CSRF_COOKIE)
+    token = login_form_token(client)
     response = client.post("/console/login", data={"key": key, "csrf_token": token}, follow_redirects=False)
     assert response.status_code == 303, response.text
     assert client.cookies.get(SESSION_COOKIE)
     page = client.get(response.headers["location"])
     assert page.status_code == 200, page.text
     return csrf_of(page.text)
+
+
+def login_form_token(client: TestClient) -> str:
+    """Open the sign-in form (which sets the pre-session cookie) and return the token it carries."""
+    form = client.get("/console/login")
+    assert form.status_code == 200, form.text
+    match = LOGIN_CSRF_RE.search(form.text)
+    assert match is not None, "the sign-in form has no CSRF token"
+    return match.group(1)
 
 
 def csrf_of(html: str) -> str:

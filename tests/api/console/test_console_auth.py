@@ -9,16 +9,15 @@ from collections.abc import Callable
 from fastapi.testclient import TestClient
 
 from api.console.security import CONTENT_SECURITY_POLICY
-from api.console.session import LOGIN_CSRF_COOKIE, SESSION_COOKIE
+from api.console.session import SESSION_COOKIE
 from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle
-from tests.api.console.console_support import sign_in
+from tests.api.console.console_support import login_form_token, sign_in
 
 
 def test_sign_in_sets_an_http_only_strict_cookie_that_holds_no_key(
     client: TestClient, tenant: TenantHandle
 ) -> None:
-    client.get("/console/login")
-    token = client.cookies.get(LOGIN_CSRF_COOKIE)
+    token = login_form_token(client)
     response = client.post(
         "/console/login", data={"key": tenant.key, "csrf_token": token}, follow_redirects=False
     )
@@ -37,10 +36,10 @@ def test_sign_in_over_https_marks_the_cookie_secure(
 ) -> None:
     https = make_client()
     https.base_url = https.base_url.copy_with(scheme="https")
-    https.get("/console/login")
+    token = login_form_token(https)
     response = https.post(
         "/console/login",
-        data={"key": tenant.key, "csrf_token": https.cookies.get(LOGIN_CSRF_COOKIE)},
+        data={"key": tenant.key, "csrf_token": token},
         follow_redirects=False,
     )
     set_cookie = next(v for v in response.headers.get_list("set-cookie") if v.startswith(SESSION_COOKIE))
@@ -50,8 +49,7 @@ def test_sign_in_over_https_marks_the_cookie_secure(
 def test_a_wrong_key_is_refused_with_a_message_and_no_session(
     client: TestClient, tenant: TenantHandle
 ) -> None:
-    client.get("/console/login")
-    token = client.cookies.get(LOGIN_CSRF_COOKIE)
+    token = login_form_token(client)
     response = client.post("/console/login", data={"key": tenant.key + "x", "csrf_token": token})
     assert response.status_code == 401 and "unknown, revoked or disabled key" in response.text
     assert client.cookies.get(SESSION_COOKIE) is None
@@ -184,8 +182,7 @@ def test_sign_in_attempts_are_limited_per_client_address(
     make_client: Callable[..., TestClient], tenant: TenantHandle
 ) -> None:
     client = make_client(console_max_sign_ins_per_min=3)
-    client.get("/console/login")
-    form = {"key": "lh_wrong", "csrf_token": client.cookies.get(LOGIN_CSRF_COOKIE)}
+    form = {"key": "lh_wrong", "csrf_token": login_form_token(client)}
     assert [client.post("/console/login", data=form).status_code for _ in range(3)] == [401, 401, 401]
     refused = client.post("/console/login", data={**form, "key": tenant.key})  # even the right key, now
     assert refused.status_code == 429 and "too many sign-in attempts" in refused.text
