@@ -35,8 +35,7 @@ def serve(
     import secrets
     import socket
 
-    import uvicorn
-
+    from api.http_server import serve_api
     from api.main import create_app
     from api.scaling_view import cold_start_waiting
     from api.services import build_services
@@ -83,7 +82,7 @@ def serve(
         f"(in-process worker at {worker.url})"
     )
     try:
-        uvicorn.run(create_app(settings, services=services), host=settings.api.host, port=settings.api.port)
+        serve_api(create_app(settings, services=services), settings)
     finally:
         pool.close()
         worker.stop()
@@ -100,8 +99,7 @@ def api_server(
     first); workers run with `lorahost worker` and the same Redis URL and token.
     """
     import redis
-    import uvicorn
-
+    from api.http_server import serve_api
     from api.main import create_app
     from api.services import build_services
     from cluster.membership import RedisWorkerDirectory
@@ -124,7 +122,7 @@ def api_server(
         f"lorahost: API on http://{settings.api.host}:{settings.api.port}; workers from {_redact_redis(settings)}"
     )
     try:
-        uvicorn.run(create_app(settings, services=services), host=settings.api.host, port=settings.api.port)
+        serve_api(create_app(settings, services=services), settings)
     finally:
         services.close()
 

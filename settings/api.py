@@ -3,6 +3,7 @@ picks its worker (`routing`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -96,12 +97,40 @@ class ApiSettings(BaseModel):
         description="API: console sign-in attempts allowed per client address and minute (429 beyond; shared "
         "across replicas through Redis when configured)",
     )
+    forwarded_allow_ips: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="API: the proxies (addresses or networks, comma-separated, e.g. 10.0.0.0/8) whose "
+        "X-Forwarded-For/-Proto uvicorn trusts: a request from one of them is taken to come from the address it "
+        "forwarded (the console's sign-in limit is per client address) and over its scheme (the session cookie "
+        "is Secure over https). Default none: every client is its connection's address, whatever headers it "
+        "sends. `lorahost serve` and `lorahost api` pass it to uvicorn (api/http_server.py)",
+    )
 
     @field_validator("import_allowed_buckets", mode="before")
     @classmethod
     def _split_bucket_names(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
+
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _split_proxy_addresses(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_proxy_addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{item!r} is not an IP address or network: list the proxies' addresses or networks (e.g. "
+                    "10.0.0.0/8); '*' is not accepted, it would let any client choose its address"
+                ) from None
         return value
 
     def resolved_api_instance_id(self, default: str | None = None) -> str:

@@ -332,3 +332,19 @@ def test_bad_values_fail_with_a_message(values: dict[str, Any], message: str) ->
     helm = require("helm_python")
     with pytest.raises(helm.HelmError, match=message):
         render(values)
+
+
+def test_the_api_trusts_forwarded_headers_only_from_the_ingress_networks_or_as_set() -> None:
+    """Issue 33 item 7: never uvicorn's FORWARDED_ALLOW_IPS nor "*"; with the chart's ingress, the private
+    networks of its controller's pods; an explicit value wins; without ingress and value, nobody."""
+
+    def api_env(values: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+        return env_of(containers(named(render(values), "Deployment", "lorahost-api"))[0])
+
+    plain = api_env(None)
+    assert "FORWARDED_ALLOW_IPS" not in plain and "LORAHOST_FORWARDED_ALLOW_IPS" not in plain
+    behind_ingress = api_env(custom_values())["LORAHOST_FORWARDED_ALLOW_IPS"]["value"]
+    assert behind_ingress == "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"
+    narrowed = custom_values()
+    narrowed["api"]["forwardedAllowIps"] = "10.42.0.0/16"
+    assert api_env(narrowed)["LORAHOST_FORWARDED_ALLOW_IPS"]["value"] == "10.42.0.0/16"

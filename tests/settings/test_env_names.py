@@ -34,6 +34,7 @@ NEW_NAMES = [
     "LORAHOST_CONSOLE_SECRET",
     "LORAHOST_CONSOLE_SESSION_TTL_S",
     "LORAHOST_CONSOLE_MAX_SIGN_INS_PER_MIN",
+    "LORAHOST_FORWARDED_ALLOW_IPS",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
@@ -51,6 +52,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "engine_decode_attention": ("c_kernel", "c_kernel"),
     "engine_decode_lora_form": ("stacked", "stacked"),
     "import_allowed_buckets": ("a, b", ("a", "b")),
+    "forwarded_allow_ips": ("10.0.0.0/8, 127.0.0.1", ("10.0.0.0/8", "127.0.0.1")),
     "worker_operating_points": ('{"8": 900}', {8: 900.0}),
 }
 
