@@ -10,6 +10,9 @@ from api.console.session import (
     derive_console_secret,
     encode_session,
     is_csrf_valid,
+    is_login_csrf_valid,
+    login_csrf_token,
+    new_login_nonce,
     new_session,
 )
 
@@ -46,3 +49,13 @@ def test_the_secret_is_configured_else_derived_from_the_admin_key_else_random() 
     assert derive_console_secret(None, "admin") == derive_console_secret(None, "admin")
     assert derive_console_secret(None, "admin") != derive_console_secret(None, "other")
     assert derive_console_secret(None, None) != derive_console_secret(None, None)
+
+
+def test_a_sign_in_token_is_good_only_with_its_nonce_and_secret() -> None:
+    nonce = new_login_nonce()
+    token = login_csrf_token(nonce, SECRET)
+    assert token != nonce and is_login_csrf_valid(nonce, SECRET, token)
+    assert not is_login_csrf_valid(new_login_nonce(), SECRET, token)
+    assert not is_login_csrf_valid(nonce, b"t" * 32, token)
+    assert not is_login_csrf_valid(nonce, SECRET, nonce)  # the old double-submit: the cookie's own value
+    assert not is_login_csrf_valid(None, SECRET, token) and not is_login_csrf_valid(nonce, SECRET, None)
