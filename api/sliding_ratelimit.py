@@ -41,7 +41,9 @@ class SlidingWindowLimiter(Protocol):
 
 def _refusal(max_per_window: int, window_s: float, oldest_s: float, now_s: float) -> RateDecision:
     retry = max(1, math.ceil(oldest_s + window_s - now_s))
-    return RateDecision(False, retry, f"limit of {max_per_window} per {window_s:g} s reached; retry in {retry} s")
+    return RateDecision(
+        False, retry, f"limit of {max_per_window} per {window_s:g} s reached; retry in {retry} s"
+    )
 
 
 class InMemorySlidingLimiter:
@@ -68,7 +70,9 @@ class InMemorySlidingLimiter:
         return RateDecision(True)
 
     def _forget_idle_keys(self, now: float) -> None:
-        for key in [k for k, events in self._events.items() if not events or events[-1] <= now - self.window_s]:
+        for key in [
+            k for k, events in self._events.items() if not events or events[-1] <= now - self.window_s
+        ]:
             del self._events[key]
 
 
@@ -109,11 +113,14 @@ class RedisSlidingLimiter:
         now = self._clock()
         try:
             oldest = self._script(
-                keys=[f"{self._prefix}{key}"], args=[now, self.window_s, max_per_window, f"{now}:{uuid.uuid4().hex}"]
+                keys=[f"{self._prefix}{key}"],
+                args=[now, self.window_s, max_per_window, f"{now}:{uuid.uuid4().hex}"],
             )
         except RedisError as exc:
             if not self.is_degraded:
-                log.warning("sliding limits: Redis unreachable (%s); counting in this process until it answers", exc)
+                log.warning(
+                    "sliding limits: Redis unreachable (%s); counting in this process until it answers", exc
+                )
             self.is_degraded = True
             return self._fallback.acquire(key, max_per_window)
         if self.is_degraded:

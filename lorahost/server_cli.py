@@ -99,6 +99,7 @@ def api_server(
     first); workers run with `lorahost worker` and the same Redis URL and token.
     """
     import redis
+
     from api.http_server import serve_api
     from api.main import create_app
     from api.services import build_services

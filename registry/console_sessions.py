@@ -72,7 +72,10 @@ def delete_ended_sessions(session: Session, now: datetime | None = None) -> int:
     """Delete the rows of sessions that expired or were revoked; returns how many. The caller commits."""
     result = session.execute(
         delete(ConsoleSessionRecord).where(
-            or_(ConsoleSessionRecord.expires_at <= (now or utcnow()), ConsoleSessionRecord.revoked_at.is_not(None))
+            or_(
+                ConsoleSessionRecord.expires_at <= (now or utcnow()),
+                ConsoleSessionRecord.revoked_at.is_not(None),
+            )
         )
     )
     return int(getattr(result, "rowcount", 0))

@@ -7,6 +7,7 @@ htmx requests keep the API's JSON error)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -71,14 +72,16 @@ class ConsoleHeadersMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
-def with_console_headers(
-    handler: Callable[[Request, Exception], Awaitable[Response]],
-) -> Callable[[Request, Exception], Awaitable[Response]]:
+ExceptionHandler = Callable[[Request, Any], Response | Awaitable[Response]]
+
+
+def with_console_headers(handler: ExceptionHandler) -> Callable[[Request, Exception], Awaitable[Response]]:
     """An exception handler whose responses to /console requests carry the console's headers (for the 500
     handler, which Starlette calls outside every middleware)."""
 
     async def handle(request: Request, exc: Exception) -> Response:
-        response = await handler(request, exc)
+        result = handler(request, exc)
+        response = await result if inspect.isawaitable(result) else result
         if is_console_path(request.url.path):
             _set_missing_headers(response.headers, request.url.path)
         return response

@@ -32,7 +32,10 @@ def upgrade() -> None:
         sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("role IN ('tenant', 'operator')", name=op.f("ck_console_sessions_role")),
         sa.ForeignKeyConstraint(
-            ["tenant_id"], ["tenants.id"], name=op.f("fk_console_sessions_tenant_id_tenants"), ondelete="CASCADE"
+            ["tenant_id"],
+            ["tenants.id"],
+            name=op.f("fk_console_sessions_tenant_id_tenants"),
+            ondelete="CASCADE",
         ),
         sa.ForeignKeyConstraint(
             ["api_key_id"],

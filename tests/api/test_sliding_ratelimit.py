@@ -3,7 +3,8 @@ minute boundary too, in process memory and in Redis (shared by replicas), with a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,7 +25,7 @@ def limiter_and_clock(request: pytest.FixtureRequest) -> Iterator[tuple[SlidingW
     if request.param == "memory":
         yield InMemorySlidingLimiter(clock), clock
         return
-    gen = redis_with_prefix()
+    gen: Generator[tuple[Any, str]] = redis_with_prefix()  # type: ignore[assignment]
     client, prefix = next(gen)
     yield RedisSlidingLimiter(client, key_prefix=prefix, clock=clock), clock
     gen.close()
@@ -72,13 +73,11 @@ def test_the_fixed_window_limiter_would_admit_twice_the_limit_there() -> None:
 
 
 def test_replicas_share_the_log_in_redis() -> None:
-    gen = redis_with_prefix()
-    client, prefix = next(gen)
-    clock = FakeClock()
-    one, two = (RedisSlidingLimiter(client, key_prefix=prefix, clock=clock) for _ in range(2))
-    assert one.acquire("a", 2).is_allowed and two.acquire("a", 2).is_allowed
-    assert not one.acquire("a", 2).is_allowed and not two.acquire("a", 2).is_allowed
-    gen.close()
+    for client, prefix in redis_with_prefix():
+        clock = FakeClock()
+        one, two = (RedisSlidingLimiter(client, key_prefix=prefix, clock=clock) for _ in range(2))
+        assert one.acquire("a", 2).is_allowed and two.acquire("a", 2).is_allowed
+        assert not one.acquire("a", 2).is_allowed and not two.acquire("a", 2).is_allowed
 
 
 class _DownRedis:

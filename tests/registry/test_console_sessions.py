@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from registry import console_sessions
@@ -49,11 +49,10 @@ def test_a_new_sign_in_deletes_the_ended_sessions_only(db_session: Session) -> N
     console_sessions.record_session(db_session, "live", "operator", now + timedelta(hours=1))
     console_sessions.revoke_session(db_session, "revoked")
     db_session.execute(
-        ConsoleSessionRecord.__table__.update()
+        update(ConsoleSessionRecord)
         .where(ConsoleSessionRecord.session_id_hash == console_sessions.hash_session_id("expired"))
         .values(expires_at=now - timedelta(seconds=1))
     )
     console_sessions.record_session(db_session, "new", "operator", now + timedelta(hours=1))
     kept = set(db_session.scalars(select(ConsoleSessionRecord.session_id_hash)))
     assert kept == {console_sessions.hash_session_id(s) for s in ("live", "new")}
-

@@ -30,9 +30,17 @@ def test_0020_creates_console_sessions_keyed_by_hash_and_downgrades(empty_db_url
     try:
         columns = {c["name"] for c in inspect(engine).get_columns("console_sessions")}
         assert columns == {
-            "session_id_hash", "role", "tenant_id", "api_key_id", "created_at", "expires_at", "revoked_at"
+            "session_id_hash",
+            "role",
+            "tenant_id",
+            "api_key_id",
+            "created_at",
+            "expires_at",
+            "revoked_at",
         }
-        assert inspect(engine).get_pk_constraint("console_sessions")["constrained_columns"] == ["session_id_hash"]
+        assert inspect(engine).get_pk_constraint("console_sessions")["constrained_columns"] == [
+            "session_id_hash"
+        ]
         with engine.begin() as conn:
             conn.exec_driver_sql(
                 "INSERT INTO console_sessions (session_id_hash, role, tenant_id, created_at, expires_at) VALUES "

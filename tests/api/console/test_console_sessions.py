@@ -25,7 +25,10 @@ def _signed_out_copy(client: TestClient, key: str) -> str:
     """Sign in with `key`, keep a copy of the session cookie, sign out; returns the copy."""
     csrf = sign_in(client, key)
     copied = client.cookies.get(SESSION_COOKIE)
-    assert client.post("/console/logout", data={"csrf_token": csrf}, follow_redirects=False).status_code == 303
+    assert copied is not None
+    assert (
+        client.post("/console/logout", data={"csrf_token": csrf}, follow_redirects=False).status_code == 303
+    )
     return copied
 
 
@@ -50,10 +53,10 @@ def test_sign_out_on_one_replica_ends_the_session_on_another(
 ) -> None:
     one, two = make_client(console_secret="shared"), make_client(console_secret="shared")
     sign_in(one, tenant.key)
-    two.cookies.set(SESSION_COOKIE, one.cookies.get(SESSION_COOKIE))
+    two.cookies.set(SESSION_COOKIE, one.cookies.get(SESSION_COOKIE) or "")
     assert two.get("/console/adapters").status_code == 200  # the other replica accepts the session...
     csrf = sign_in(one, tenant.key)
-    two.cookies.set(SESSION_COOKIE, one.cookies.get(SESSION_COOKIE))
+    two.cookies.set(SESSION_COOKIE, one.cookies.get(SESSION_COOKIE) or "")
     one.post("/console/logout", data={"csrf_token": csrf})
     assert two.get("/console/adapters", follow_redirects=False).status_code == 303  # ...until it is ended
 
@@ -66,7 +69,12 @@ def test_only_a_hash_of_the_session_id_is_stored_with_who_signed_in(
     assert session is not None
     row = db_session.get(ConsoleSessionRecord, hash_session_id(session.session_id))
     assert row is not None and row.session_id_hash != session.session_id
-    assert (row.role, row.tenant_id, row.api_key_id, row.revoked_at) == ("tenant", tenant.id, tenant.key_id, None)
+    assert (row.role, row.tenant_id, row.api_key_id, row.revoked_at) == (
+        "tenant",
+        tenant.id,
+        tenant.key_id,
+        None,
+    )
     assert timedelta(hours=11) < row.expires_at - row.created_at <= timedelta(hours=12)
     stored = db_session.scalars(select(ConsoleSessionRecord)).all()
     assert all(session.session_id not in (r.session_id_hash, r.tenant_id, r.api_key_id) for r in stored)
@@ -104,7 +112,9 @@ def test_the_sign_in_token_must_be_the_one_issued_for_the_cookie_nonce(
     login_form_token(client)
     mismatched = client.post("/console/login", data={"key": tenant.key, "csrf_token": token})
     assert mismatched.status_code == 403 and client.cookies.get(SESSION_COOKIE) is None
-    other_response = other.post("/console/login", data={"key": tenant.key, "csrf_token": token}, follow_redirects=False)
+    other_response = other.post(
+        "/console/login", data={"key": tenant.key, "csrf_token": token}, follow_redirects=False
+    )
     assert other_response.status_code == 303
 
 
@@ -129,4 +139,7 @@ def test_sign_ins_are_limited_over_a_sliding_minute_not_per_calendar_minute(
     refused = client.post("/console/login", data={**form, "key": tenant.key})
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "58"
     clock.now = 1_000_079.0  # 60 s after the first attempt
-    assert client.post("/console/login", data={**form, "key": tenant.key}, follow_redirects=False).status_code == 303
+    assert (
+        client.post("/console/login", data={**form, "key": tenant.key}, follow_redirects=False).status_code
+        == 303
+    )
