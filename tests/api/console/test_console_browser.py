@@ -232,4 +232,15 @@ def test_another_tenant_opens_nothing_and_a_post_without_csrf_is_refused(
         headers={"X-CSRF-Token": "guessed"},
     )
     assert cross.status == 403
+    # sign-out ends the session on the server: a copy of the cookie taken before it no longer opens a page
+    copied = tab.context.cookies()
+    page.goto("/console/adapters")
+    page.click("form.signout button[type=submit]")
+    page.wait_for_load_state()
+    assert "/console/login" in page.url
+    thief = Tab(browser, served.url)
+    thief.context.add_cookies(copied)
+    thief.page.goto("/console/adapters")
+    assert "/console/login" in thief.page.url
+    thief.close()
     tab.close()
