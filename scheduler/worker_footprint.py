@@ -71,13 +71,20 @@ class WorkerFootprint:
         )
 
     def describe(self) -> str:
-        """One line for logs and errors: the total and each part in GiB."""
+        """One line for logs and errors: the total and each part."""
         parts = (
-            f"weights {self.weight_bytes / GIB:.2f}, KV pool {self.kv_pool_bytes / GIB:.2f} "
-            f"({self.num_kv_blocks} blocks), adapter pool {self.adapter_pool_bytes / GIB:.2f}, host adapter tier "
-            f"{self.host_tier_bytes / GIB:.2f}, activations {self.activation_bytes / GIB:.2f}"
+            f"weights {gib(self.weight_bytes)}, KV pool {gib(self.kv_pool_bytes)} ({self.num_kv_blocks} blocks), "
+            f"adapter pool {gib(self.adapter_pool_bytes)}, host adapter tier {gib(self.host_tier_bytes)}, "
+            f"activations {gib(self.activation_bytes)}"
         )
-        return f"{self.num_bytes / GIB:.2f} GiB ({parts})"
+        return f"{gib(self.num_bytes)} ({parts})"
+
+
+def gib(num_bytes: int) -> str:
+    """Bytes for people: GiB with two decimals, MiB below one GiB."""
+    if num_bytes >= GIB:
+        return f"{num_bytes / GIB:.2f} GiB"
+    return f"{num_bytes / (1 << 20):.1f} MiB"
 
 
 def configured_kv_blocks(shape: ModelShape, element_size: int, knobs: PoolKnobs) -> int:
