@@ -120,7 +120,8 @@ class ModelSizing:
     def from_catalog(
         cls, shape: dict[str, int], dtype: str, files: list[dict[str, Any]], element_size: int
     ) -> ModelSizing:
-        """From a catalog row's shape, dtype and file records (registry.models.CatalogModel)."""
+        """From a catalog row's shape, dtype and file records (registry.models.CatalogModel; the files' sizes
+        include their safetensors headers, a few KiB over the tensors)."""
         num_bytes = sum(int(f["num_bytes"]) for f in files if str(f["path"]).endswith(".safetensors"))
         return cls(_catalog_shape(shape), _rescaled(num_bytes, dtype, element_size))
 
@@ -130,7 +131,7 @@ class ModelSizing:
         import json
 
         config = json.loads((Path(model_dir) / "config.json").read_text())
-        num_bytes = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+        num_bytes = sum(_tensor_bytes(p) for p in Path(model_dir).glob("*.safetensors"))
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
         return cls(ModelShape.from_hf_config(config), _rescaled(num_bytes, dtype, element_size))
 
@@ -163,6 +164,13 @@ def sized_settings(settings: Settings, footprint: WorkerFootprint) -> Settings:
         engine_num_kv_blocks=footprint.num_kv_blocks,
         engine_host_adapter_cache_bytes=footprint.host_tier_bytes,
     )
+
+
+def _tensor_bytes(path: Path) -> int:
+    """The tensor bytes of a safetensors file: its size less its header (an 8-byte length, then JSON)."""
+    with path.open("rb") as f:
+        header = int.from_bytes(f.read(8), "little")
+    return max(0, path.stat().st_size - 8 - header)
 
 
 def _catalog_shape(shape: dict[str, int]) -> ModelShape:
