@@ -145,7 +145,9 @@ class EmbeddedModelPool:
         self.refusals = refusals if refusals is not None else ModelStartRefusals()
         self.budget_bytes = embedded_budget_bytes(settings, read_memory)
         self.element_size = engine_element_size(settings)
-        if pinned is None:  # the configured model's worker as `lorahost serve` sizes it (at least its smallest)
+        if (
+            pinned is None
+        ):  # the configured model's worker as `lorahost serve` sizes it (at least its smallest)
             pinned = pinned_footprint(settings, self.budget_bytes, self.element_size)
         self.pinned = pinned
         self.footprints: dict[str, WorkerFootprint] = {}  # each started catalog worker's, as sized

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.core.memory_geometry import ModelShape
-from scheduler.worker_footprint import PoolKnobs, WorkerFootprint, fit_worker, smallest_worker, worker_footprint
+from scheduler.worker_footprint import (
+    PoolKnobs,
+    WorkerFootprint,
+    fit_worker,
+    smallest_worker,
+    worker_footprint,
+)
 from settings import Settings
 
 ReadText = Callable[[str], str | None]

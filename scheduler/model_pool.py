@@ -27,7 +27,9 @@ class PooledModel:
     """What the pool knows of one base model now."""
 
     name: str
-    num_bytes: int  # the memory its worker holds (running) or asks for at its configured pool sizes (not running)
+    num_bytes: (
+        int  # the memory its worker holds (running) or asks for at its configured pool sizes (not running)
+    )
     is_running: bool  # its worker is started (loading or ready)
     num_waiting: int = 0  # requests held at the front door for it
     num_active: int = 0  # requests its worker is running or queueing
@@ -99,7 +101,11 @@ def plan_model_pool(
         if room < model.smallest_bytes:
             blocked.append(
                 BlockedModel(
-                    model.name, model.smallest_bytes, room, budget_bytes, model.smallest_bytes > budget_bytes - pinned
+                    model.name,
+                    model.smallest_bytes,
+                    room,
+                    budget_bytes,
+                    model.smallest_bytes > budget_bytes - pinned,
                 )
             )
             continue  # nothing stops for it: it waits, or is refused when it can never fit

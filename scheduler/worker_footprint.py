@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from scheduler.core.page_pool import num_pages_for_adapter
 
-MIN_CONTEXT_TOKENS = 2048  # the smallest KV pool serves one request of this many tokens (or the model's context)
+MIN_CONTEXT_TOKENS = (
+    2048  # the smallest KV pool serves one request of this many tokens (or the model's context)
+)
 ACTIVATION_ROWS_PER_TOKEN = 3  # residual stream, its norm and one projection's output live at once per layer
 LOGIT_ELEMENT_BYTES = 4  # logits are sampled in fp32
 GIB = 1 << 30
@@ -57,7 +59,9 @@ class WorkerFootprint:
     adapter_pool_bytes: int  # a static split's adapter-only pages, at their most; 0 in a unified pool
     host_tier_bytes: int  # the host adapter tier, at its most
     activation_bytes: int  # the largest step's temporaries (estimate)
-    num_kv_blocks: int  # the KV budget in blocks to configure (engine_num_kv_blocks; without unified adapter pages)
+    num_kv_blocks: (
+        int  # the KV budget in blocks to configure (engine_num_kv_blocks; without unified adapter pages)
+    )
 
     @property
     def num_bytes(self) -> int:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 from fastapi.testclient import TestClient
@@ -51,7 +52,7 @@ def _once_waiting(
     return thread
 
 
-def _complete(client: TestClient, tenant: TenantHandle) -> object:
+def _complete(client: TestClient, tenant: TenantHandle) -> Any:
     body = {"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 3}
     return client.post("/v1/completions", json=body, headers=tenant.headers)
 
@@ -161,12 +162,16 @@ def test_client_that_leaves_while_waiting_is_metered_aborted_once_with_zero_toke
 def test_a_model_whose_worker_can_never_start_is_refused_at_once_saying_what_to_change(
     make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session
 ) -> None:
-    client = make_client(cold_start_timeout_s=3600)  # a refusal that waited for the timeout would hang the test
+    client = make_client(
+        cold_start_timeout_s=3600
+    )  # a refusal that waited for the timeout would hang the test
     tenant = new_tenant("too-big")
     _scripted(client)
     refusals = client.app.state.services.model_refusals  # type: ignore[attr-defined]
     message = "base model too large for the budget; raise LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES"
-    arrival = _once_waiting(client, lambda: refusals.replace({BASE_MODEL: ModelRefusal(message, is_final=True)}))
+    arrival = _once_waiting(
+        client, lambda: refusals.replace({BASE_MODEL: ModelRefusal(message, is_final=True)})
+    )
     response = _complete(client, tenant)
     arrival.join()
     assert response.status_code == 503 and "retry-after" not in response.headers  # retrying does not help

@@ -99,10 +99,18 @@ def test_a_model_over_the_memory_budget_waits(
     )
     assert pool.step().to_start == () and pool.workers == {}
     refusal = pool.refusals.get(WIDE)  # it can never start: its held requests are refused at once, saying why
-    assert refusal is not None and refusal.is_final and "LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES" in refusal.message
+    assert (
+        refusal is not None
+        and refusal.is_final
+        and "LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES" in refusal.message
+    )
 
 
-SMALL_POOLS = {"engine_dtype": "float32", "engine_host_adapter_cache_bytes": 4 << 20, "engine_max_lora_rank": 8}
+SMALL_POOLS = {
+    "engine_dtype": "float32",
+    "engine_host_adapter_cache_bytes": 4 << 20,
+    "engine_max_lora_rank": 8,
+}
 MEMINFO = "MemTotal: 1000000 kB\n"
 
 
@@ -119,10 +127,14 @@ def test_every_worker_counts_whole_and_a_second_model_gets_the_kv_pool_that_is_l
     tmp_path: Path, base_model_dir: Path, catalog: LocalBlobStore, db_session_factory: sessionmaker[Session]
 ) -> None:
     roomy = Settings(data_dir=tmp_path, base_model_path=base_model_dir, **SMALL_POOLS)
-    probe = _pool(roomy, db_session_factory, {}, read_memory=lambda path: MEMINFO if path == "/proc/meminfo" else None)
+    probe = _pool(
+        roomy, db_session_factory, {}, read_memory=lambda path: MEMINFO if path == "/proc/meminfo" else None
+    )
     assert probe.budget_bytes == 1000000 * 1024 // 2  # default: half the machine's memory
     pinned = probe.pinned
-    assert pinned is not None and pinned.kv_pool_bytes > pinned.weight_bytes  # the KV pool counts, not weights only
+    assert (
+        pinned is not None and pinned.kv_pool_bytes > pinned.weight_bytes
+    )  # the KV pool counts, not weights only
     assert probe.step().to_start == ()
     wide_full = probe.observe()[1].num_bytes
     # room for the pinned worker and 3/4 of the wide model's configured footprint
@@ -138,7 +150,11 @@ def test_every_worker_counts_whole_and_a_second_model_gets_the_kv_pool_that_is_l
     full_blocks = _pool(roomy, db_session_factory, {WIDE: 1}, pinned=pinned)
     full_blocks.step()
     assert full_blocks.footprints[WIDE].num_bytes == wide_full  # with room: its configured pools
-    assert worker.settings.engine.num_kv_blocks == started.num_kv_blocks < full_blocks.footprints[WIDE].num_kv_blocks
+    assert (
+        worker.settings.engine.num_kv_blocks
+        == started.num_kv_blocks
+        < full_blocks.footprints[WIDE].num_kv_blocks
+    )
 
 
 def test_an_idle_model_is_stopped_for_a_new_one_and_busy_ones_make_it_wait_saying_why(
@@ -151,7 +167,10 @@ def test_an_idle_model_is_stopped_for_a_new_one_and_busy_ones_make_it_wait_sayin
     add_base_model(db_session, catalog, "other", base_model_dir)
     db_session.commit()
     roomy = Settings(data_dir=tmp_path, base_model_path=base_model_dir, **SMALL_POOLS)
-    pinned, models = _pool(roomy, db_session_factory, {}).pinned, _pool(roomy, db_session_factory, {}).observe()
+    pinned, models = (
+        _pool(roomy, db_session_factory, {}).pinned,
+        _pool(roomy, db_session_factory, {}).observe(),
+    )
     assert pinned is not None
     full = {m.name: m for m in models}
     # the pinned worker and one catalog worker fit, not two

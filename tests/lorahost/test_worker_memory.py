@@ -95,7 +95,9 @@ def test_the_default_budget_is_a_share_of_the_memory_the_process_may_use() -> No
     cgroup_v1 = _reader({MEMINFO: MEMINFO_16G, CGROUP_V1_LIMIT: "9223372036854771712\n"})  # v1: no limit
     assert machine_memory_bytes(cgroup_v1) == 16384000 * 1024
     cgroup_v1_set = _reader({MEMINFO: MEMINFO_16G, CGROUP_V1_LIMIT: f"{6 * GIB}\n"})
-    assert embedded_budget_bytes(Settings(worker_embedded_memory_fraction=0.25), cgroup_v1_set) == 6 * GIB // 4
+    assert (
+        embedded_budget_bytes(Settings(worker_embedded_memory_fraction=0.25), cgroup_v1_set) == 6 * GIB // 4
+    )
     assert machine_memory_bytes(_reader({}), physical=lambda: 8 * GIB) == 8 * GIB  # no /proc: sysconf
     explicit = Settings(worker_embedded_memory_bytes=3 * GIB)
     assert embedded_budget_bytes(explicit, cgroup_v2) == 3 * GIB  # an operator's number wins

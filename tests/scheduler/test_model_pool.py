@@ -98,7 +98,9 @@ def test_plans_keep_the_budget_and_never_stop_pinned_or_busy_models(
         - sum(by_name[n].num_bytes for n in plan.to_stop)
         + sum(plan.granted(n) or 0 for n in plan.to_start)
     )
-    assert all(by_name[n].smallest_bytes <= (plan.granted(n) or 0) <= by_name[n].num_bytes for n in plan.to_start)
+    assert all(
+        by_name[n].smallest_bytes <= (plan.granted(n) or 0) <= by_name[n].num_bytes for n in plan.to_start
+    )
     if plan.to_start and budget is not None:
         assert after <= budget  # a start never takes the pool past its budget
     assert not {b.name for b in plan.blocked} & set(plan.to_start)
