@@ -6,6 +6,8 @@ settings.api.cold_start_poll_interval_s, until one is ready or settings.api.cold
 began waiting; then it runs, or is refused with 503 + Retry-After (`ColdStartTimeout`). A worker that refuses
 the request as unavailable (draining, overloaded, gone) puts it back to waiting within the same deadline.
 A client that disconnects while waiting ends the wait with `ClientDisconnected` (metered `aborted`, 0 tokens).
+A model whose worker cannot start (cluster/model_refusals.py: the embedded model pool's memory budget) ends the
+wait at once with `ModelCannotStart` when it never will, else its reason ends the timeout's message.
 Requests that had to wait are observed in the `lorahost_cold_start_wait_seconds` histogram; the ones waiting
 now are the `lorahost_cold_start_waiting_requests` gauge (the demand signal a scale-from-zero acts on).
 Which workers count as ready is the scheduler's decision (`scheduler.router.ready_workers`).
@@ -23,13 +25,23 @@ from api.disconnect import run_until_disconnect
 from api.metrics import ApiMetrics
 from api.worker_client import num_ready_workers
 from cluster.membership import WorkerRecord
+from cluster.model_refusals import ModelRefusal
 from settings import Settings
 
 ListRecords = Callable[[], Awaitable[list[WorkerRecord]]]
+CurrentRefusal = Callable[[], ModelRefusal | None]
+
+
+def _no_refusal() -> ModelRefusal | None:
+    return None
 
 
 class ColdStartTimeout(Exception):
     """No worker of the base model became ready within cold_start_timeout_s."""
+
+
+class ModelCannotStart(Exception):
+    """The base model's worker will never start as the server is configured (the message says what to change)."""
 
 
 class ColdStartWait:
@@ -54,11 +66,18 @@ class ColdStartWait:
         """Seconds spent waiting so far (0 if it never waited)."""
         return 0.0 if self._started_s is None else time.monotonic() - self._started_s
 
-    async def ready_records(self, list_records: ListRecords) -> list[WorkerRecord]:
-        """The live records, once at least one ready worker serves the base model (waits until then)."""
+    async def ready_records(
+        self, list_records: ListRecords, refusal: CurrentRefusal = _no_refusal
+    ) -> list[WorkerRecord]:
+        """The live records, once at least one ready worker serves the base model (waits until then);
+        ModelCannotStart when `refusal()` says its worker never will."""
         records = await list_records()
         while num_ready_workers(self.base_model, records) == 0:
-            await self.pause()
+            why = refusal()
+            if why is not None and why.is_final:
+                self.observe()
+                raise ModelCannotStart(why.message)
+            await self.pause(why.message if why is not None else None)
             records = await list_records()
         return records
 

@@ -34,6 +34,7 @@ from api.scaling_view import ScalingView
 from api.sliding_ratelimit import InMemorySlidingLimiter, RedisSlidingLimiter, SlidingWindowLimiter
 from api.worker_client import LocalWorkerTransport, WorkerClient
 from cluster.membership import WorkerDirectory, WorkerRecord
+from cluster.model_refusals import ModelStartRefusals
 from cluster.routing_table import CachedRoutingTable
 from cluster.waiting_requests import LocalWaitingRequests, RedisWaitingRequests, WaitingRequests
 from cluster.worker_listing import CachedWorkerListing
@@ -93,6 +94,8 @@ class Services:
     internal_token: str | None = None
     worker_transport: LocalWorkerTransport | None = None
     worker_client: WorkerClient | None = None
+    # why a base model's worker cannot start (written by `lorahost serve`'s model pool; read by cold starts)
+    model_refusals: ModelStartRefusals = field(default_factory=ModelStartRefusals)
 
     def resolved_internal_token(self) -> str | None:
         """The token sent to workers: the published one, else settings.internal_token (read at send time)."""

@@ -7,6 +7,13 @@ model (the API's cold-start gauge), and each worker's running and queued request
 starts an `EmbeddedWorker` for a model (it fetches its files from the blob store by name, verified; it joins the
 directory once loaded, and the held requests route to it) or drains and stops one. The configured model's worker
 is the server's own: pinned, counted in the budget, never stopped here.
+
+Memory (issue 33 item 4; lorahost/worker_memory.py): every worker is counted whole (weights, KV and adapter
+pools, host adapter tier, activations) against one budget (LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES, default a share
+of the machine's memory); a catalog model's worker starts with its pools sized to what the policy grants it (what
+is left of the budget, down to its smallest pools), and a model that cannot start is published in `refusals`
+(cluster/model_refusals.py) so its held requests are refused with a 503 saying what to change, or told why they
+waited.
 """
 
 from __future__ import annotations
@@ -21,8 +28,18 @@ from typing import Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from cluster.membership import WorkerDirectory
+from cluster.model_refusals import ModelRefusal, ModelStartRefusals
+from lorahost.worker_memory import (
+    ModelSizing,
+    ReadText,
+    embedded_budget_bytes,
+    engine_element_size,
+    read_text,
+    sized_settings,
+)
 from registry.base_model_catalog import list_base_models
-from scheduler.model_pool import PooledModel, PoolPlan, plan_model_pool
+from scheduler.model_pool import BlockedModel, PooledModel, PoolPlan, plan_model_pool
+from scheduler.worker_footprint import WorkerFootprint, gib
 from settings import Settings
 
 log = logging.getLogger("lorahost.embedded_models")
@@ -45,11 +62,58 @@ def start_embedded_worker(settings: Settings, directory: WorkerDirectory) -> Mod
     return EmbeddedWorker(settings, directory).start()
 
 
-def directory_bytes(path: Path | None) -> int:
-    """The size of a local model directory's files (0 when there is none)."""
-    if path is None or not Path(path).is_dir():
-        return 0
-    return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())
+class ModelTooLarge(ValueError):
+    """The configured base model's smallest worker does not fit the in-process workers' memory budget."""
+
+
+def pinned_footprint(
+    settings: Settings, budget_bytes: int | None, element_size: int
+) -> WorkerFootprint | None:
+    """The configured model's worker footprint within the budget, at least its smallest (None without a local
+    model directory)."""
+    if settings.base_model_path is None or not Path(settings.base_model_path).is_dir():
+        return None
+    sizing = ModelSizing.from_model_dir(settings.base_model_path, element_size)
+    return sizing.fit(settings, element_size, budget_bytes) or sizing.smallest(settings, element_size)
+
+
+def size_pinned_worker(
+    settings: Settings, budget_bytes: int | None, element_size: int | None = None
+) -> tuple[Settings, WorkerFootprint | None]:
+    """The configured model's worker settings with its pools sized to fit the budget, and its footprint (None
+    without a local model directory); ModelTooLarge saying what to change when even its smallest pools do not fit."""
+    if settings.base_model_path is None or not Path(settings.base_model_path).is_dir():
+        return settings, None
+    element_size = element_size or engine_element_size(settings)
+    sizing = ModelSizing.from_model_dir(settings.base_model_path, element_size)
+    footprint = sizing.fit(settings, element_size, budget_bytes)
+    if footprint is None:
+        smallest = sizing.smallest(settings, element_size)
+        raise ModelTooLarge(
+            f"the configured base model needs at least {smallest.describe()} but the in-process workers' memory "
+            f"budget is {gib(budget_bytes or 0)}: raise LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES (or "
+            "LORAHOST_WORKER_EMBEDDED_MEMORY_FRACTION), or lower LORAHOST_ENGINE_MAX_NUM_BATCHED_TOKENS"
+        )
+    return sized_settings(settings, footprint), footprint
+
+
+def refusal_of(blocked: BlockedModel, smallest: WorkerFootprint | None) -> ModelRefusal:
+    """The message a held request for a model that cannot start gets (what to change, or why it waited)."""
+    needs = smallest.describe() if smallest is not None else gib(blocked.min_bytes)
+    budget = gib(blocked.budget_bytes)
+    if blocked.is_final:
+        return ModelRefusal(
+            f"base model {blocked.name!r} cannot be served by this server: its smallest worker needs {needs}, "
+            f"more than the in-process workers' memory budget of {budget} leaves beside the configured model; "
+            "ask the operator to raise LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES (or "
+            "LORAHOST_WORKER_EMBEDDED_MEMORY_FRACTION) or to serve it on a worker of its own",
+            is_final=True,
+        )
+    return ModelRefusal(
+        f"base model {blocked.name!r} waits for memory: its smallest worker needs {needs} and busy models leave "
+        f"{gib(max(blocked.room_bytes, 0))} of the {budget} budget; retry once their requests finish",
+        is_final=False,
+    )
 
 
 class EmbeddedModelPool:
@@ -65,6 +129,9 @@ class EmbeddedModelPool:
         start_worker: Callable[[Settings, WorkerDirectory], ModelWorker] = start_embedded_worker,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.5,
+        refusals: ModelStartRefusals | None = None,
+        pinned: WorkerFootprint | None = None,
+        read_memory: ReadText = read_text,
     ) -> None:
         self.settings = settings
         self.directory = directory
@@ -75,7 +142,16 @@ class EmbeddedModelPool:
         self.poll_s = poll_s
         self.workers: dict[str, ModelWorker] = {}
         self._idle_since: dict[str, float] = {}
-        self._pinned_bytes = directory_bytes(settings.base_model_path)
+        self.refusals = refusals if refusals is not None else ModelStartRefusals()
+        self.budget_bytes = embedded_budget_bytes(settings, read_memory)
+        self.element_size = engine_element_size(settings)
+        if (
+            pinned is None
+        ):  # the configured model's worker as `lorahost serve` sizes it (at least its smallest)
+            pinned = pinned_footprint(settings, self.budget_bytes, self.element_size)
+        self.pinned = pinned
+        self.footprints: dict[str, WorkerFootprint] = {}  # each started catalog worker's, as sized
+        self._sizings: dict[str, ModelSizing] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lorahost-model-pool", daemon=True)
 
@@ -96,7 +172,7 @@ class EmbeddedModelPool:
         """Observe, decide (scheduler/model_pool.py) and carry the plan out."""
         plan = plan_model_pool(
             self.observe(),
-            budget_bytes=self.settings.worker.embedded_memory_bytes,
+            budget_bytes=self.budget_bytes,
             idle_timeout_s=self.settings.worker.embedded_idle_s,
             now_s=self.clock(),
         )
@@ -104,20 +180,50 @@ class EmbeddedModelPool:
             log.info("base model %s: idle, stopping its in-process worker", name)
             worker = self.workers.pop(name)
             self._idle_since.pop(name, None)
+            self.footprints.pop(name, None)
             threading.Thread(target=worker.stop, name=f"lorahost-stop-{name}", daemon=True).start()
         for name in plan.to_start:
-            log.info("base model %s: requests wait for it, starting an in-process worker", name)
-            self.workers[name] = self.start_worker(self._worker_settings(name), self.directory)
+            self._start(name, plan.granted(name))
+        self.refusals.replace({b.name: self._refusal(b) for b in plan.blocked})
         return plan
+
+    def used_bytes(self) -> int:
+        """The memory the running workers hold (the pinned one's included), as counted against the budget."""
+        pinned = self.pinned.num_bytes if self.pinned is not None else 0
+        return pinned + sum(f.num_bytes for f in self.footprints.values())
+
+    def _start(self, name: str, granted: int | None) -> None:
+        footprint = self._sizings[name].fit(self.settings, self.element_size, granted)
+        if footprint is None:  # the policy granted at least the smallest size: not reached
+            raise RuntimeError(f"base model {name}: {granted} bytes granted, below its smallest worker")
+        self.footprints[name] = footprint
+        budget = "unbounded" if self.budget_bytes is None else gib(self.budget_bytes)
+        log.info(
+            "base model %s: requests wait for it, starting an in-process worker of %s; the workers now hold "
+            "%s of the %s budget",
+            name,
+            footprint.describe(),
+            gib(self.used_bytes()),
+            budget,
+        )
+        worker_settings = sized_settings(self._worker_settings(name), footprint)
+        self.workers[name] = self.start_worker(worker_settings, self.directory)
+
+    def _refusal(self, blocked: BlockedModel) -> ModelRefusal:
+        sizing = self._sizings.get(blocked.name)
+        refusal = refusal_of(blocked, sizing.smallest(self.settings, self.element_size) if sizing else None)
+        log.warning("%s", refusal.message)
+        return refusal
 
     def observe(self) -> list[PooledModel]:
         """The pool's view now: the pinned configured model and each live catalog model the native engine serves."""
         with self.session_factory() as session:
             catalog = {
-                m.name: m.num_bytes
+                m.name: ModelSizing.from_catalog(m.shape, m.dtype, m.files, self.element_size)
                 for m in list_base_models(session)
                 if EMBEDDED_ENGINE in (m.engines or [EMBEDDED_ENGINE])
             }
+        self._sizings = catalog
         waiting = self.waiting()
         active: dict[str, int] = {}
         for record in self.directory.list_live():
@@ -125,9 +231,10 @@ class EmbeddedModelPool:
                 active.get(record.base_model, 0) + record.num_running + record.num_waiting
             )
         pinned = self.settings.base_model_name
-        models = [PooledModel(pinned, self._pinned_bytes, is_running=True, is_pinned=True)]
+        pinned_bytes = self.pinned.num_bytes if self.pinned is not None else 0
+        models = [PooledModel(pinned, pinned_bytes, is_running=True, is_pinned=True)]
         now = self.clock()
-        for name, num_bytes in sorted(catalog.items()):
+        for name, sizing in sorted(catalog.items()):
             if name == pinned:
                 continue
             is_running = name in self.workers
@@ -136,10 +243,12 @@ class EmbeddedModelPool:
                 self._idle_since.setdefault(name, now)
             else:
                 self._idle_since.pop(name, None)
+            full = self.footprints.get(name) or sizing.full(self.settings, self.element_size)
             models.append(
                 PooledModel(
                     name,
-                    num_bytes,
+                    full.num_bytes,
+                    min_bytes=sizing.smallest(self.settings, self.element_size).num_bytes,
                     is_running=is_running,
                     num_waiting=num_waiting,
                     num_active=num_active,

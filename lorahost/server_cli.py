@@ -15,6 +15,7 @@ import typer
 if TYPE_CHECKING:
     from api.services import Services
     from gpu_workers.worker.embedded import EmbeddedWorker
+    from scheduler.worker_footprint import WorkerFootprint
     from settings import Settings
 
 
@@ -41,7 +42,8 @@ def serve(
     from api.services import build_services
     from cluster.membership import InMemoryWorkerDirectory
     from gpu_workers.worker.embedded import EmbeddedWorker
-    from lorahost.embedded_models import EmbeddedModelPool
+    from lorahost.embedded_models import EmbeddedModelPool, ModelTooLarge, size_pinned_worker
+    from lorahost.worker_memory import embedded_budget_bytes
     from migrations.runner import upgrade
     from settings import Settings
 
@@ -63,8 +65,14 @@ def serve(
     ensure_sqlite_dir(url)
     upgrade(url)
     _announce_admin_key(settings)
+    budget_bytes = embedded_budget_bytes(settings)
+    try:  # the configured model's worker counts against the in-process workers' budget too
+        worker_settings, pinned = size_pinned_worker(settings, budget_bytes)
+    except ModelTooLarge as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _announce_memory(budget_bytes, pinned)
     directory = InMemoryWorkerDirectory()
-    worker = EmbeddedWorker(settings, directory).start()
+    worker = EmbeddedWorker(worker_settings, directory).start()
     _announce_when_ready(worker)
     services = build_services(settings)
     services.worker_directory = directory
@@ -72,7 +80,12 @@ def serve(
     services.worker_transport = worker.transport  # in-process: no HTTP hop to the worker
     # the catalog's other base models: an in-process worker each, started on demand, stopped when idle
     pool = EmbeddedModelPool(
-        settings, directory, services.session_factory, lambda: cold_start_waiting(services.metrics)
+        settings,
+        directory,
+        services.session_factory,
+        lambda: cold_start_waiting(services.metrics),
+        refusals=services.model_refusals,
+        pinned=pinned,
     ).start()
     _close_interrupted_usage(services)
     _remove_abandoned_upload_dirs(services)
@@ -219,6 +232,18 @@ def _sweep_uploads(services: Services) -> None:
             f"deleted {len(result.deleted_blob_keys)} orphaned blob(s) and removed "
             f"{len(result.removed_job_dirs)} job scratch folder(s) left by killed processes"
         )
+
+
+def _announce_memory(budget_bytes: int | None, pinned: WorkerFootprint | None) -> None:
+    """Print the in-process workers' memory budget and the configured model's worker's share of it."""
+    from scheduler.worker_footprint import gib
+
+    budget = "unbounded" if budget_bytes is None else gib(budget_bytes)
+    share = f"; the configured model's worker: {pinned.describe()}" if pinned is not None else ""
+    typer.echo(
+        f"lorahost: in-process workers' memory budget {budget} (LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES / "
+        f"_FRACTION){share}"
+    )
 
 
 def _announce_when_ready(worker: EmbeddedWorker) -> None:

@@ -79,8 +79,18 @@ class WorkerSettings(BaseModel):
     embedded_memory_bytes: int | None = Field(
         default=None,
         gt=0,
-        description="`lorahost serve`: the most bytes of base-model weights its in-process workers hold at once (one "
-        "worker per base model served; idle catalog models are stopped to make room; unset: no bound)",
+        description="`lorahost serve`: the most bytes its in-process workers (one per base model served, the "
+        "configured one included) hold at once, each counted whole: weights, KV and adapter pools, host adapter "
+        "tier and an activation estimate (scheduler/worker_footprint.py); a catalog model starts with what is "
+        "left (smaller pools, down to one request's worth), idle catalog models are stopped to make room, a "
+        "model that can never fit is refused with a 503; unset: embedded_memory_fraction of the machine's memory",
+    )
+    embedded_memory_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="`lorahost serve`, when embedded_memory_bytes is unset: the budget is this share of the memory "
+        "available to the process (the cgroup's memory.max / memory.limit_in_bytes when set, else MemTotal)",
     )
     embedded_idle_s: float = Field(
         default=300.0,

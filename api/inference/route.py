@@ -3,7 +3,8 @@
 The routing policy is services.router (settings.routing.policy, scheduler/router.py), applied by the worker
 client (api/worker_client.py), which retries once on another worker. While no worker of the base model is
 ready, or every worker refuses as unavailable, the request waits (api/cold_start.py) and is then refused
-with 503 + Retry-After. A request whose adapter rank is above every ready worker's `max_lora_rank` is refused
+with 503 + Retry-After; at once with a 503 when the base model's worker can never start (the embedded memory
+budget, cluster/model_refusals.py). A request whose adapter rank is above every ready worker's `max_lora_rank` is refused
 at once with a 400 naming the limit (`scheduler.router.rank_limit_refusal`). A worker that refuses the request before its first token becomes an HTTP error with
 the status of its code (cluster.protocol.tenant_status: one status per code, on both sides).
 """
@@ -15,7 +16,7 @@ import logging
 import anyio
 from starlette.types import Receive
 
-from api.cold_start import ColdStartTimeout, ColdStartWait
+from api.cold_start import ColdStartTimeout, ColdStartWait, ModelCannotStart
 from api.errors import ApiError
 from api.inference.prepare import Prepared
 from api.live_workers import cached_live_workers, live_workers
@@ -61,7 +62,9 @@ async def _open_when_ready(
     wait = ColdStartWait(services.settings, prepared.route.base_model, receive, services.metrics)
     try:
         while True:
-            records = await wait.ready_records(lambda: live_records(services))
+            records = await wait.ready_records(
+                lambda: live_records(services), lambda: services.model_refusals.get(prepared.route.base_model)
+            )
             refusal = rank_limit_refusal(prepared.route, [worker_view(r) for r in records])
             if refusal is not None:  # waiting would not help: no live worker's engine takes this rank
                 raise ApiError(400, "invalid_request", refusal)
@@ -70,6 +73,8 @@ async def _open_when_ready(
             except WorkerUnavailableError as exc:
                 log.info("request %s waits for a worker: %s", prepared.generate.request_id, exc)
                 await wait.pause(str(exc))
+    except ModelCannotStart as exc:  # the same status as a worker that does not start in time, no Retry-After
+        raise ApiError(503, "unavailable", str(exc)) from exc
     except ColdStartTimeout as exc:
         raise ApiError(
             503,

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 from fastapi.testclient import TestClient
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.cold_start import ColdStartTimeout, ColdStartWait
 from cluster.membership import WorkerRecord
+from cluster.model_refusals import ModelRefusal
 from settings import Settings
 from tests.api import asgi_support
 from tests.api.conftest import ADMIN_KEY, TenantHandle
@@ -50,7 +52,7 @@ def _once_waiting(
     return thread
 
 
-def _complete(client: TestClient, tenant: TenantHandle) -> object:
+def _complete(client: TestClient, tenant: TenantHandle) -> Any:
     body = {"model": BASE_MODEL, "prompt": "hello world", "max_tokens": 3}
     return client.post("/v1/completions", json=body, headers=tenant.headers)
 
@@ -155,6 +157,40 @@ def test_client_that_leaves_while_waiting_is_metered_aborted_once_with_zero_toke
     [row] = usage_rows(db_session, tenant.id)
     assert (row.status, row.prompt_tokens, row.completion_tokens) == ("aborted", 0, 0)
     assert _cold_start_waits(client) == 1
+
+
+def test_a_model_whose_worker_can_never_start_is_refused_at_once_saying_what_to_change(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    client = make_client(
+        cold_start_timeout_s=3600
+    )  # a refusal that waited for the timeout would hang the test
+    tenant = new_tenant("too-big")
+    _scripted(client)
+    refusals = client.app.state.services.model_refusals  # type: ignore[attr-defined]
+    message = "base model too large for the budget; raise LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES"
+    arrival = _once_waiting(
+        client, lambda: refusals.replace({BASE_MODEL: ModelRefusal(message, is_final=True)})
+    )
+    response = _complete(client, tenant)
+    arrival.join()
+    assert response.status_code == 503 and "retry-after" not in response.headers  # retrying does not help
+    assert response.json()["error"]["message"] == message
+    [row] = usage_rows(db_session, tenant.id)
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == ("rejected", 0, 0)
+
+
+def test_a_model_waiting_for_memory_says_so_when_its_wait_ends(
+    make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle]
+) -> None:
+    client = make_client(cold_start_timeout_s=0.3)
+    tenant = new_tenant("waits")
+    _scripted(client)
+    refusals = client.app.state.services.model_refusals  # type: ignore[attr-defined]
+    refusals.replace({BASE_MODEL: ModelRefusal("waits for memory: busy models", is_final=False)})
+    response = _complete(client, tenant)
+    assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+    assert "waits for memory: busy models" in response.json()["error"]["message"]
 
 
 def test_ready_route_reports_each_base_model(make_client: Callable[..., TestClient]) -> None:

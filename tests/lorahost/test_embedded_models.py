@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -97,6 +98,98 @@ def test_a_model_over_the_memory_budget_waits(
         settings, InMemoryWorkerDirectory(), db_session_factory, lambda: {WIDE: 3}, start_worker=FakeWorker
     )
     assert pool.step().to_start == () and pool.workers == {}
+    refusal = pool.refusals.get(WIDE)  # it can never start: its held requests are refused at once, saying why
+    assert (
+        refusal is not None
+        and refusal.is_final
+        and "LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES" in refusal.message
+    )
+
+
+SMALL_POOLS = {
+    "engine_dtype": "float32",
+    "engine_host_adapter_cache_bytes": 4 << 20,
+    "engine_max_lora_rank": 8,
+}
+MEMINFO = "MemTotal: 1000000 kB\n"
+
+
+def _pool(
+    settings: Settings, session_factory: sessionmaker[Session], waiting: dict[str, int], **kwargs: Any
+) -> EmbeddedModelPool:
+    return EmbeddedModelPool(
+        settings, kwargs.pop("directory", InMemoryWorkerDirectory()), session_factory, lambda: dict(waiting),
+        start_worker=FakeWorker, **kwargs,
+    )  # fmt: skip
+
+
+def test_every_worker_counts_whole_and_a_second_model_gets_the_kv_pool_that_is_left(
+    tmp_path: Path, base_model_dir: Path, catalog: LocalBlobStore, db_session_factory: sessionmaker[Session]
+) -> None:
+    roomy = Settings(data_dir=tmp_path, base_model_path=base_model_dir, **SMALL_POOLS)
+    probe = _pool(
+        roomy, db_session_factory, {}, read_memory=lambda path: MEMINFO if path == "/proc/meminfo" else None
+    )
+    assert probe.budget_bytes == 1000000 * 1024 // 2  # default: half the machine's memory
+    pinned = probe.pinned
+    assert (
+        pinned is not None and pinned.kv_pool_bytes > pinned.weight_bytes
+    )  # the KV pool counts, not weights only
+    assert probe.step().to_start == ()
+    wide_full = probe.observe()[1].num_bytes
+    # room for the pinned worker and 3/4 of the wide model's configured footprint
+    budget = pinned.num_bytes + wide_full * 3 // 4
+    tight = roomy.updated(worker_embedded_memory_bytes=budget)
+    pool = _pool(tight, db_session_factory, {WIDE: 1}, pinned=pinned)
+    assert pool.step().to_start == (WIDE,)
+    worker = pool.workers[WIDE]
+    assert isinstance(worker, FakeWorker)
+    started = pool.footprints[WIDE]
+    assert started.num_bytes <= budget - pinned.num_bytes and pool.used_bytes() <= budget
+    assert worker.settings.engine.host_adapter_cache_bytes == 0  # the host tier shrinks first
+    full_blocks = _pool(roomy, db_session_factory, {WIDE: 1}, pinned=pinned)
+    full_blocks.step()
+    assert full_blocks.footprints[WIDE].num_bytes == wide_full  # with room: its configured pools
+    assert (
+        worker.settings.engine.num_kv_blocks
+        == started.num_kv_blocks
+        < full_blocks.footprints[WIDE].num_kv_blocks
+    )
+
+
+def test_an_idle_model_is_stopped_for_a_new_one_and_busy_ones_make_it_wait_saying_why(
+    tmp_path: Path,
+    base_model_dir: Path,
+    catalog: LocalBlobStore,
+    db_session: Session,
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    add_base_model(db_session, catalog, "other", base_model_dir)
+    db_session.commit()
+    roomy = Settings(data_dir=tmp_path, base_model_path=base_model_dir, **SMALL_POOLS)
+    pinned, models = (
+        _pool(roomy, db_session_factory, {}).pinned,
+        _pool(roomy, db_session_factory, {}).observe(),
+    )
+    assert pinned is not None
+    full = {m.name: m for m in models}
+    # the pinned worker and one catalog worker fit, not two
+    budget = pinned.num_bytes + max(full["other"].num_bytes, full[WIDE].num_bytes) + 1
+    settings = roomy.updated(worker_embedded_memory_bytes=budget, worker_embedded_idle_s=3600)
+    directory, waiting, clock = InMemoryWorkerDirectory(), {"other": 1}, Clock()
+    pool = _pool(settings, db_session_factory, waiting, pinned=pinned, directory=directory, clock=clock)
+    assert pool.step().to_start == ("other",)
+    directory.heartbeat(WorkerRecord("embedded-other", "http://o", "other", num_running=1), ttl_s=3600)
+    waiting.update({"other": 0, WIDE: 2})
+    busy = pool.step()
+    assert busy.to_start == () and busy.to_stop == ()  # never stops a busy model
+    refusal = pool.refusals.get(WIDE)
+    assert refusal is not None and not refusal.is_final and "waits for memory" in refusal.message
+    directory.heartbeat(WorkerRecord("embedded-other", "http://o", "other", num_running=0), ttl_s=3600)
+    clock.now = 10.0
+    idle = pool.step()  # idle long before its timeout, but the least recently used idle model makes room
+    assert (idle.to_start, idle.to_stop) == ((WIDE,), ("other",))
+    assert pool.refusals.get(WIDE) is None and pool.used_bytes() <= budget
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.model_pool import PooledModel, plan_model_pool
+from scheduler.model_pool import BlockedModel, PooledModel, plan_model_pool
 
 GB = 1 << 30
 
@@ -38,6 +38,32 @@ def test_room_is_made_by_stopping_the_longest_idle_model_and_a_model_without_roo
     assert (waits.to_start, waits.to_stop) == ((), ())  # stopping a and b would not make room: nothing stops
 
 
+def test_a_second_model_starts_with_what_the_budget_has_left_down_to_its_smallest_size() -> None:
+    base = PooledModel("base", 3 * GB, is_running=True, is_pinned=True)
+    wide = PooledModel("wide", 4 * GB, is_running=False, num_waiting=1, min_bytes=GB)
+    plan = plan_model_pool([base, wide], budget_bytes=6 * GB, idle_timeout_s=600.0, now_s=0.0)
+    assert plan.to_start == ("wide",) and plan.granted("wide") == 3 * GB  # 4 GiB asked, 3 left
+    roomy = plan_model_pool([base, wide], budget_bytes=8 * GB, idle_timeout_s=600.0, now_s=0.0)
+    assert roomy.granted("wide") == 4 * GB  # its configured pools when they fit
+    tight = plan_model_pool([base, wide], budget_bytes=3 * GB + GB // 2, idle_timeout_s=600.0, now_s=0.0)
+    assert tight.to_start == () and tight.blocked == (
+        BlockedModel("wide", GB, GB // 2, 3 * GB + GB // 2, is_final=True),
+    )  # below its smallest size beside the pinned model: it can never start
+
+
+def test_idle_models_are_stopped_least_recently_used_first_for_a_full_size_and_busy_ones_block() -> None:
+    base = PooledModel("base", GB, is_running=True, is_pinned=True)
+    old = PooledModel("old", GB, is_running=True, idle_since_s=5.0)
+    recent = PooledModel("recent", GB, is_running=True, idle_since_s=30.0)
+    wide = PooledModel("wide", 2 * GB, is_running=False, num_waiting=1, min_bytes=GB // 2)
+    plan = plan_model_pool([base, old, recent, wide], budget_bytes=4 * GB, idle_timeout_s=600.0, now_s=40.0)
+    assert (plan.to_stop, plan.granted("wide")) == (("old",), 2 * GB)  # the least recently used stops
+    busy = PooledModel("busy", 3 * GB, is_running=True, num_active=3)
+    waits = plan_model_pool([base, busy, wide], budget_bytes=4 * GB, idle_timeout_s=600.0, now_s=40.0)
+    assert waits.to_start == () and waits.to_stop == ()
+    assert waits.blocked[0].name == "wide" and not waits.blocked[0].is_final  # it starts once busy is idle
+
+
 models_strategy = st.lists(
     st.builds(
         PooledModel,
@@ -48,6 +74,7 @@ models_strategy = st.lists(
         num_active=st.integers(0, 2),
         idle_since_s=st.one_of(st.none(), st.floats(0, 100)),
         is_pinned=st.booleans(),
+        min_bytes=st.one_of(st.none(), st.integers(1, 4)),
     ),
     max_size=8,
     unique_by=lambda m: m.name,
@@ -69,9 +96,13 @@ def test_plans_keep_the_budget_and_never_stop_pinned_or_busy_models(
     after = (
         before
         - sum(by_name[n].num_bytes for n in plan.to_stop)
-        + sum(by_name[n].num_bytes for n in plan.to_start)
+        + sum(plan.granted(n) or 0 for n in plan.to_start)
+    )
+    assert all(
+        by_name[n].smallest_bytes <= (plan.granted(n) or 0) <= by_name[n].num_bytes for n in plan.to_start
     )
     if plan.to_start and budget is not None:
         assert after <= budget  # a start never takes the pool past its budget
+    assert not {b.name for b in plan.blocked} & set(plan.to_start)
     if budget is None:
         assert {m.name for m in models if not m.is_running and m.num_waiting} == set(plan.to_start)
