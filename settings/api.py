@@ -96,6 +96,12 @@ class ApiSettings(BaseModel):
         description="API: console sign-in attempts allowed per client address and minute (429 beyond; shared "
         "across replicas through Redis when configured)",
     )
+    max_keys_per_tenant: int = Field(
+        default=20,
+        gt=0,
+        description="API: live (unrevoked) API keys a tenant may hold; creating one more, by the tenant (/v1/keys, "
+        "the console) or the operator (/v1/admin/tenants/{id}/keys), is a 409 until one is revoked",
+    )
 
     @field_validator("import_allowed_buckets", mode="before")
     @classmethod
