@@ -22,7 +22,9 @@ def charge_request(limiter: RateLimiter, tenant_id: str, max_requests_per_min: i
     Retry-After when the budget is spent."""
     if max_requests_per_min is None:
         return
-    refuse_unless_allowed(limiter.acquire(tenant_id, 0, RateLimits(max_requests_per_min=max_requests_per_min)))
+    refuse_unless_allowed(
+        limiter.acquire(tenant_id, 0, RateLimits(max_requests_per_min=max_requests_per_min))
+    )
 
 
 def refuse_unless_allowed(decision: RateDecision) -> None:
