@@ -3,7 +3,9 @@ tenant's concurrent requests (a plan's max_concurrent_requests).
 
 Two implementations behind one interface: `InMemoryRateLimiter` (embedded mode, one process) and
 `RedisRateLimiter` (distributed: every API replica shares the counters; one atomic Lua script per check).
-A request is admitted only if BOTH budgets have room; a refused request consumes nothing.
+A request is admitted only if BOTH budgets have room; a refused request consumes nothing. A caller may charge
+the two apart (`num_requests=0` charges tokens only): the inference path charges the request on arrival,
+whatever then becomes of it, and its tokens once it is sized (api/request_charge.py, api/inference/prepare.py).
 While Redis is unreachable, `RedisRateLimiter` counts in process memory instead (each replica then enforces
 the whole budget on its own, so the cluster admits up to one budget per replica) rather than failing the
 request: a brief Redis outage must not stop inference. It returns to Redis once Redis answers.
@@ -64,8 +66,11 @@ class RateDecision:
 class RateLimiter(Protocol):
     """Checks and consumes a tenant's per-minute budgets atomically."""
 
-    def acquire(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
-        """Admit one request costing num_tokens, or refuse it without consuming anything."""
+    def acquire(
+        self, tenant_id: str, num_tokens: int, limits: RateLimits, *, num_requests: int = 1
+    ) -> RateDecision:
+        """Admit `num_requests` (1, or 0 to charge tokens only) costing num_tokens, or refuse them without
+        consuming anything. With num_requests=0 the requests budget is neither checked nor charged."""
         ...
 
     def acquire_slot(self, tenant_id: str, request_id: str, max_concurrent_requests: int) -> RateDecision:
@@ -108,19 +113,23 @@ class InMemoryRateLimiter:
         self._windows: dict[str, tuple[int, int, int]] = {}  # tenant -> (window, requests, tokens)
         self._slots: dict[str, dict[str, float]] = {}  # tenant -> {request id: when its slot was taken}
 
-    def acquire(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
-        """Admit one request costing num_tokens, or refuse it without consuming anything."""
+    def acquire(
+        self, tenant_id: str, num_tokens: int, limits: RateLimits, *, num_requests: int = 1
+    ) -> RateDecision:
+        """Admit `num_requests` (1, or 0 to charge tokens only) costing num_tokens, or refuse them without
+        consuming anything."""
         now = self._clock()
         window = int(now // WINDOW_SECONDS)
         with self._lock:
-            start, num_requests, tokens = self._windows.get(tenant_id, (window, 0, 0))
+            start, num_counted, tokens = self._windows.get(tenant_id, (window, 0, 0))
             if start != window:
-                num_requests, tokens = 0, 0
-            if limits.max_requests_per_min is not None and num_requests + 1 > limits.max_requests_per_min:
-                return _refusal("requests", limits.max_requests_per_min, now)
+                num_counted, tokens = 0, 0
+            max_requests = limits.max_requests_per_min
+            if num_requests and max_requests is not None and num_counted + num_requests > max_requests:
+                return _refusal("requests", max_requests, now)
             if limits.max_tokens_per_min is not None and tokens + num_tokens > limits.max_tokens_per_min:
                 return _refusal("tokens", limits.max_tokens_per_min, now)
-            self._windows[tenant_id] = (window, num_requests + 1, tokens + num_tokens)
+            self._windows[tenant_id] = (window, num_counted + num_requests, tokens + num_tokens)
         return RateDecision(True)
 
     def acquire_slot(self, tenant_id: str, request_id: str, max_concurrent_requests: int) -> RateDecision:
@@ -163,15 +172,17 @@ class InMemoryRateLimiter:
             return sum(taken > now - self.slot_lease_s for taken in self._slots.get(tenant_id, {}).values())
 
 
-# KEYS[1] = request counter, KEYS[2] = token counter; ARGV = max_requests, max_tokens, num_tokens, ttl
-# (a negative limit means unlimited). Returns 0 = allowed, 1 = requests exceeded, 2 = tokens exceeded.
+# KEYS[1] = request counter, KEYS[2] = token counter; ARGV = max_requests, max_tokens, num_tokens, ttl,
+# num_requests (a negative limit means unlimited; num_requests 0 leaves the request counter alone).
+# Returns 0 = allowed, 1 = requests exceeded, 2 = tokens exceeded.
 _LUA_ACQUIRE = """
 local r = tonumber(redis.call('GET', KEYS[1]) or '0')
 local t = tonumber(redis.call('GET', KEYS[2]) or '0')
 local max_r = tonumber(ARGV[1]); local max_t = tonumber(ARGV[2]); local n = tonumber(ARGV[3])
-if max_r >= 0 and r + 1 > max_r then return 1 end
+local num_r = tonumber(ARGV[5])
+if num_r > 0 and max_r >= 0 and r + num_r > max_r then return 1 end
 if max_t >= 0 and t + n > max_t then return 2 end
-redis.call('INCR', KEYS[1]); redis.call('EXPIRE', KEYS[1], ARGV[4])
+if num_r > 0 then redis.call('INCRBY', KEYS[1], num_r); redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 redis.call('INCRBY', KEYS[2], n); redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 0
 """
@@ -227,14 +238,16 @@ class RedisRateLimiter:
         )  # used while Redis is unreachable
         self.is_degraded = False
 
-    def acquire(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
-        """Admit one request costing num_tokens, or refuse it without consuming anything (counted in this
-        process while Redis is unreachable)."""
+    def acquire(
+        self, tenant_id: str, num_tokens: int, limits: RateLimits, *, num_requests: int = 1
+    ) -> RateDecision:
+        """Admit `num_requests` (1, or 0 to charge tokens only) costing num_tokens, or refuse them without
+        consuming anything (counted in this process while Redis is unreachable)."""
         try:
-            decision = self._acquire_in_redis(tenant_id, num_tokens, limits)
+            decision = self._acquire_in_redis(tenant_id, num_tokens, limits, num_requests)
         except RedisError as exc:
             self._on_redis_error(exc)
-            return self._fallback.acquire(tenant_id, num_tokens, limits)
+            return self._fallback.acquire(tenant_id, num_tokens, limits, num_requests=num_requests)
         self._on_redis_answered()
         return decision
 
@@ -302,13 +315,15 @@ class RedisRateLimiter:
             log.warning("rate limits: Redis answers again; counting there")
             self.is_degraded = False
 
-    def _acquire_in_redis(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
+    def _acquire_in_redis(
+        self, tenant_id: str, num_tokens: int, limits: RateLimits, num_requests: int
+    ) -> RateDecision:
         now = self._clock()
         window = int(now // WINDOW_SECONDS)
         keys = [f"{self._prefix}{tenant_id}:{window}:req", f"{self._prefix}{tenant_id}:{window}:tok"]
         max_r = -1 if limits.max_requests_per_min is None else limits.max_requests_per_min
         max_t = -1 if limits.max_tokens_per_min is None else limits.max_tokens_per_min
-        code = int(self._script(keys=keys, args=[max_r, max_t, num_tokens, WINDOW_SECONDS * 2]))
+        code = int(self._script(keys=keys, args=[max_r, max_t, num_tokens, WINDOW_SECONDS * 2, num_requests]))
         if code == 1:
             return _refusal("requests", max_r, now)
         if code == 2:

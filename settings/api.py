@@ -105,6 +105,12 @@ class ApiSettings(BaseModel):
         "is Secure over https). Default none: every client is its connection's address, whatever headers it "
         "sends. `lorahost serve` and `lorahost api` pass it to uvicorn (api/http_server.py)",
     )
+    max_keys_per_tenant: int = Field(
+        default=20,
+        gt=0,
+        description="API: live (unrevoked) API keys a tenant may hold; creating one more, by the tenant (/v1/keys, "
+        "the console) or the operator (/v1/admin/tenants/{id}/keys), is a 409 until one is revoked",
+    )
 
     @field_validator("import_allowed_buckets", mode="before")
     @classmethod

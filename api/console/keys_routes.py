@@ -30,9 +30,11 @@ def keys_page(request: Request, user: ConsoleTenant, db: SessionDep) -> Response
 
 
 @router.post("/keys", response_class=HTMLResponse)
-def create_key(request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep) -> Response:
+def create_key(
+    request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
+) -> Response:
     """Create a key (POST /v1/keys) and show it once."""
-    created = keys.create_key(tenant_row(db, user), db)
+    created = keys.create_key(tenant_row(db, user), db, services)
     return _keys_page(request, user, db, new_key=created.key)
 
 

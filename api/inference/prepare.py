@@ -1,8 +1,9 @@
 """Preparing an inference request: everything between authentication and routing.
 
-parse the body (bounded: api/request_limits.py) -> refuse fields this server cannot honour -> resolve the
-model (`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt ->
-rate limit (prompt + max_tokens). The result is a `Prepared` request (its output-length prediction is
+charge the request to requests_per_min (on arrival, whatever its outcome: api/request_charge.py) -> parse the
+body (bounded: api/request_limits.py) -> refuse fields this server cannot honour -> resolve the model
+(`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt -> take a
+concurrency slot and charge tokens_per_min (prompt + max_tokens). The result is a `Prepared` request (its output-length prediction is
 filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
 Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
 (`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
@@ -30,7 +31,8 @@ from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.prompting import BaseModelTokenizer, PromptError
-from api.ratelimit import InMemoryRateLimiter, RateDecision, RateLimits
+from api.ratelimit import InMemoryRateLimiter, RateLimits
+from api.request_charge import charge_request, refuse_unless_allowed
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.request_meter import RequestMeter
 from api.services import Services
@@ -90,6 +92,7 @@ async def prepare(
     path_model: str | None,
 ) -> Prepared:
     """Validate, resolve, size-check and rate-limit a request (the meter learns the model and prompt size)."""
+    await charge_on_arrival(services, tenant)
     body = await parse_body(request, services.settings, kind)
     refuse_unsupported(body)
     model = model_ref(body.model, path_model)
@@ -115,6 +118,15 @@ async def prepare(
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
+
+
+async def charge_on_arrival(services: Services, tenant: TenantAuth) -> None:
+    """Count the request against requests_per_min before anything else is done for it (429 when spent)."""
+    args = (services.rate_limiter, tenant.tenant_id, tenant.limits.max_requests_per_min)
+    if isinstance(services.rate_limiter, InMemoryRateLimiter) or args[2] is None:
+        charge_request(*args)
+    else:
+        await run_in_threadpool(charge_request, *args)
 
 
 def _prepared(
@@ -340,22 +352,19 @@ def admit(
     services: Services, tenant_id: str, num_tokens: int, limits: RateLimits, meter: RequestMeter | None = None
 ) -> None:
     """Take one of the tenant's concurrent-request slots (when its plan caps them; the meter releases it when
-    the request is recorded) and charge its rate limits for `num_tokens`; 429 with Retry-After naming the
-    limit when over one (nothing is then held or charged)."""
+    the request is recorded) and charge its tokens_per_min for `num_tokens` (the request itself was charged on
+    arrival: charge_on_arrival); 429 with Retry-After naming the limit when over one (nothing is then held or
+    charged)."""
     limiter = services.rate_limiter
     cap = limits.max_concurrent_requests
     if cap is not None and meter is not None:
-        _refuse_unless_allowed(limiter.acquire_slot(tenant_id, meter.request_id, cap))
+        refuse_unless_allowed(limiter.acquire_slot(tenant_id, meter.request_id, cap))
         meter.release_slot = partial(limiter.release_slot, tenant_id, meter.request_id)
-    decision = limiter.acquire(tenant_id, num_tokens, limits)
+    if limits.max_tokens_per_min is None:
+        return
+    tokens_only = RateLimits(max_tokens_per_min=limits.max_tokens_per_min)
+    decision = limiter.acquire(tenant_id, num_tokens, tokens_only, num_requests=0)
     if not decision.is_allowed and meter is not None and meter.release_slot is not None:
         meter.release_slot()
         meter.release_slot = None
-    _refuse_unless_allowed(decision)
-
-
-def _refuse_unless_allowed(decision: RateDecision) -> None:
-    if not decision.is_allowed:
-        raise ApiError(
-            429, "rate_limited", decision.reason, headers={"Retry-After": str(decision.retry_after_s)}
-        )
+    refuse_unless_allowed(decision)

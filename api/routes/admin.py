@@ -86,9 +86,11 @@ def update_tenant(
 
 
 @router.post("/tenants/{tenant_id}/keys", status_code=201, response_model=ApiKeyCreated)
-def create_key(tenant_id: PathId, _: AdminDep, session: SessionDep) -> ApiKeyCreated:
-    """Create an API key; the response is the only time the key is shown."""
-    row, key = _write(session, lambda s: api_keys.create_api_key(s, tenant_id))
+def create_key(tenant_id: PathId, _: AdminDep, session: SessionDep, services: ServicesDep) -> ApiKeyCreated:
+    """Create an API key; the response is the only time the key is shown. 409 when the tenant already holds
+    settings.api.max_keys_per_tenant live keys (revoke one first)."""
+    max_live_keys = services.settings.api.max_keys_per_tenant
+    row, key = _write(session, lambda s: api_keys.create_api_key(s, tenant_id, max_live_keys=max_live_keys))
     return ApiKeyCreated(id=row.id, tenant_id=row.tenant_id, key=key, created_at=row.created_at)
 
 

@@ -259,6 +259,43 @@ def test_every_unreadable_import_source_gets_the_same_error_and_stores_nothing(
     _assert_nothing_stored(db_session, blob_store)
 
 
+NAT64_METADATA = "64:ff9b::a9fe:a9fe"  # a NAT64 gateway turns it into 169.254.169.254
+
+
+def test_imports_and_s3_endpoints_inside_ipv6_get_the_generic_error_and_connect_nowhere(
+    make_client, new_tenant, monkeypatch, db_session, blob_store
+) -> None:
+    """Issue 33 item 3: an IPv4 address inside IPv6 is checked as that IPv4 address, whichever way in."""
+    import boto3
+    import httpx
+
+    from registry import public_addresses
+
+    names = {"nat64.example": [NAT64_METADATA], "site-local.example": ["fec0::1"]}
+    monkeypatch.setattr(public_addresses, "system_resolve", lambda host, port: names.get(host, [host]))
+    connections: list[object] = []
+    monkeypatch.setattr(httpx.Client, "send", lambda *args, **kwargs: connections.append(args))
+    monkeypatch.setattr(boto3.session.Session, "client", lambda *args, **kwargs: connections.append(args))
+    client = make_client()
+    tenant = new_tenant("prober")
+    urls = [f"https://[{NAT64_METADATA}]", "https://[::ffff:0:a9fe:a9fe]", "https://[::a9fe:a9fe]",
+            "https://[64:ff9b:1::a9fe:a9fe]", "https://[2002:a9fe:a9fe::1]", "https://[fec0::1]",
+            "https://nat64.example", "https://site-local.example"]  # fmt: skip
+    bodies = [{"name": "probe", "source": f"{url}/lora.zip"} for url in urls] + [
+        {
+            "name": "probe",
+            "source": "s3://tenant-bucket/lora",
+            "credentials": TENANT_CREDENTIALS | {"endpoint_url": url},
+        }
+        for url in urls
+    ]
+    responses = [client.post("/v1/adapters", json=body, headers=tenant.headers) for body in bodies]
+    assert {(r.status_code, r.json()["error"]["type"]) for r in responses} == {(400, "source_unreadable")}
+    assert len({r.text for r in responses}) == 1
+    assert connections == []
+    _assert_nothing_stored(db_session, blob_store)
+
+
 def test_public_adapter_shows_its_owner_name_and_not_its_tenant_id_to_others(
     client, new_tenant, demo_adapter
 ) -> None:

@@ -70,6 +70,17 @@ def test_unlimited_plan_always_admits(limiter_and_clock: Any) -> None:
         assert limiter.acquire("t1", 10_000, RateLimits()).is_allowed
 
 
+def test_a_tokens_only_charge_neither_checks_nor_counts_requests(limiter_and_clock: Any) -> None:
+    limiter, _ = limiter_and_clock
+    limits = RateLimits(max_requests_per_min=1, max_tokens_per_min=100)
+    assert limiter.acquire("t1", 0, limits).is_allowed  # the request, charged on arrival
+    assert limiter.acquire("t1", 60, limits, num_requests=0).is_allowed  # its tokens, once sized
+    refused = limiter.acquire("t1", 60, limits, num_requests=0)
+    assert not refused.is_allowed and "tokens per minute" in refused.reason
+    assert limiter.acquire("t1", 40, limits, num_requests=0).is_allowed
+    assert "requests per minute" in limiter.acquire("t1", 0, limits).reason  # still one request counted
+
+
 class FlakyRedis:
     """A Redis client stand-in whose script fails while `is_down` (connection refused), else admits."""
 

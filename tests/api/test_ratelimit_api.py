@@ -68,6 +68,41 @@ def test_requests_per_minute_limit_is_a_429_with_retry_after(
     assert [(r.status, r.completion_tokens) for r in rows] == [("ok", 2), ("ok", 2), ("rejected", 0)]
 
 
+def test_refused_requests_count_against_requests_per_min_on_arrival(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle], db_session: Session
+) -> None:
+    """Issue 33 item 8: a 400 (bad body) or 404 (unknown model) is charged like an admitted request."""
+    ScriptedWorkers().install(client)
+    tenant = _tenant_on_plan(client, new_tenant, requests_per_min=5)
+    bad = [
+        {"model": BASE_MODEL, "prompt": "hi", "n": 3},  # unsupported field: 400
+        {"model": BASE_MODEL, "prompt": "hi", "max_tokens": -1},  # invalid value: 400
+        {"prompt": "hi"},  # no model: 400
+        {"model": "no-such-adapter", "prompt": "hi"},  # unknown model: 404
+        {"model": "no-such-adapter@7", "prompt": "hi"},
+    ]
+    statuses = [client.post("/v1/completions", json=body, headers=tenant.headers).status_code for body in bad]
+    assert statuses == [400, 400, 400, 404, 404]
+    refused = _complete(client, tenant)  # a valid request: the budget is spent
+    assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= 60
+    assert client.post("/v1/completions", json=bad[0], headers=tenant.headers).status_code == 429
+    assert client.post("/v1/chat/completions", content=b"{", headers=tenant.headers).status_code == 429
+
+
+def test_refused_and_admitted_requests_are_each_charged_once(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle]
+) -> None:
+    ScriptedWorkers().install(client)  # no worker: admitted, then 503
+    tenant = _tenant_on_plan(client, new_tenant, requests_per_min=3, tokens_per_min=1000)
+    bad = client.post("/v1/completions", json={"prompt": "hi"}, headers=tenant.headers)
+    assert [bad.status_code] + [_complete(client, tenant).status_code for _ in range(3)] == [
+        400,
+        503,
+        503,
+        429,
+    ]
+
+
 def test_tokens_per_minute_counts_prompt_plus_max_tokens_at_admission(
     client: TestClient, new_tenant: Callable[[str], TenantHandle], db_session: Session
 ) -> None:

@@ -36,6 +36,7 @@ NEW_NAMES = [
     "LORAHOST_CONSOLE_SESSION_TTL_S",
     "LORAHOST_CONSOLE_MAX_SIGN_INS_PER_MIN",
     "LORAHOST_FORWARDED_ALLOW_IPS",
+    "LORAHOST_MAX_KEYS_PER_TENANT",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

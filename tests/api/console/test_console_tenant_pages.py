@@ -140,6 +140,20 @@ def test_keys_are_managed_by_the_tenant_only_when_the_operator_allows_it(
     assert client.cookies.get(SESSION_COOKIE)  # the cookie is still there, but it opens nothing
 
 
+def test_revoking_the_last_key_in_the_console_shows_why_it_is_refused(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    """Issue 33 item 8: the console's keys page calls the /v1/keys handler, which refuses the last live key."""
+    client.patch(f"/v1/admin/tenants/{tenant.id}", json={"can_manage_keys": True}, headers=ADMIN)
+    csrf = sign_in(client, tenant.key)
+    refused = client.post(
+        f"/console/keys/{tenant.key_id}/revoke", data={"csrf_token": csrf}, headers={"Accept": "text/html"}
+    )
+    assert refused.status_code == 409 and "Create another key first" in refused.text
+    assert client.get("/console/keys").status_code == 200  # still signed in
+    assert client.get("/v1/adapters", headers=tenant.headers).status_code == 200
+
+
 def test_playground_streams_a_chat_completion_billed_to_the_tenant(
     client: TestClient, tenant: TenantHandle, workers: ScriptedWorkers, db_session: Session
 ) -> None:
