@@ -18,6 +18,7 @@ from api.console.periods import read_period
 from api.console.security import ConsoleRoute
 from api.console.templating import render
 from api.deps import ServicesDep, SessionDep
+from api.errors import registry_status
 from api.routes import admin, reports
 from api.schemas import PricePlanCreate, TenantCreate, TenantUpdate
 from registry import repository
@@ -94,13 +95,19 @@ async def update_tenant(
 
 @router.post("/tenants/{tenant_id}/keys", response_class=HTMLResponse)
 def create_key(
-    tenant_id: str, request: Request, _: CsrfChecked, user: ConsoleOperator, db: SessionDep
+    tenant_id: str,
+    request: Request,
+    _: CsrfChecked,
+    user: ConsoleOperator,
+    db: SessionDep,
+    services: ServicesDep,
 ) -> Response:
-    """Issue a key for a tenant (POST /v1/admin/tenants/{id}/keys); shown once."""
+    """Issue a key for a tenant (POST /v1/admin/tenants/{id}/keys); shown once. A missing tenant is a 404, a
+    tenant at its key limit a 409 with the API's message."""
     try:
-        created = admin.create_key(tenant_id, None, db)
+        created = admin.create_key(tenant_id, None, db, services)
     except RegistryError as exc:
-        return _tenants_page(request, user, db, error=_error_text(exc), status_code=404)
+        return _tenants_page(request, user, db, error=_error_text(exc), status_code=registry_status(exc))
     return _tenants_page(request, user, db, new_key=(tenant_id, created.key))
 
 
