@@ -9,10 +9,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
-from fastapi.routing import APIRoute
 
 from api.console.templating import render
 from api.errors import ApiError, registry_status
+from api.request_text import TextCheckedRoute
 from registry.errors import RegistryError
 
 CONTENT_SECURITY_POLICY = (
@@ -47,7 +47,7 @@ def error_page(request: Request, status_code: int, message: str) -> Response:
     return apply_security_headers(render(request, "error.html", None, status_code, message=message))
 
 
-class ConsoleRoute(APIRoute):
+class ConsoleRoute(TextCheckedRoute):
     """An APIRoute whose responses all carry the console's security headers, and whose page navigations show
     an API or registry error as a page."""
 
