@@ -27,7 +27,9 @@ BOUNDARY = "lorahost-boundary"
 def post_json(client: TestClient, path: str, body: Any, headers: dict[str, str], method: str = "POST") -> Any:
     """Send `body` as JSON with \\uXXXX escapes (httpx's own encoder cannot encode a lone surrogate)."""
     content = json.dumps(body).encode()  # ensure_ascii: "\ud800" goes out as the 6-character escape
-    return client.request(method, path, content=content, headers={**headers, "Content-Type": "application/json"})
+    return client.request(
+        method, path, content=content, headers={**headers, "Content-Type": "application/json"}
+    )
 
 
 def multipart_body(fields: dict[str, bytes], files: list[tuple[str, bytes]]) -> bytes:
@@ -38,13 +40,17 @@ def multipart_body(fields: dict[str, bytes], files: list[tuple[str, bytes]]) -> 
     ]
     parts += [
         f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
-        "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n"
+        "Content-Type: application/octet-stream\r\n\r\n".encode()
+        + data
+        + b"\r\n"
         for name, data in files
     ]
     return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
 
 
-def post_utf7_form(client: TestClient, path: str, fields: dict[str, bytes], headers: dict[str, str], files=()):  # type: ignore[no-untyped-def]
+def post_utf7_form(
+    client: TestClient, path: str, fields: dict[str, bytes], headers: dict[str, str], files=()
+):  # type: ignore[no-untyped-def]
     content_type = f"multipart/form-data; boundary={BOUNDARY}; charset=utf-7"
     return client.post(
         path, content=multipart_body(fields, list(files)), headers={**headers, "Content-Type": content_type}
@@ -72,7 +78,11 @@ CHAT = {"model": BASE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
         ("/v1/completions", {**COMPLETION, "stop": [LONE]}, "stop.0"),
         ("/v1/completions", {**COMPLETION, "user": LONE}, "user"),
         ("/v1/completions", {**COMPLETION, LONE: 1}, "<key>"),
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": LONE}]}, "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": LONE}]},
+            "messages.0.content",
+        ),
         (
             "/v1/chat/completions",
             {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": LONE}]}]},
@@ -172,7 +182,9 @@ def test_undecodable_path_and_query_bytes_are_4xx_not_500(
 ) -> None:
     """Percent-encoded surrogate bytes decode to U+FFFD (the ASGI server's unquote), never to a surrogate."""
     workers.add("w1")
-    response = client.request(method, path, json={"prompt": "hi"} if method == "POST" else None, headers=tenant.headers)
+    response = client.request(
+        method, path, json={"prompt": "hi"} if method == "POST" else None, headers=tenant.headers
+    )
     assert 400 <= response.status_code < 500, response.text
 
 
@@ -181,7 +193,12 @@ def test_path_and_query_values_are_checked_by_the_route_class() -> None:
         check_pairs_text([("include_public", LONE)], "query")
     assert caught.value.status_code == 400 and caught.value.param == "query.include_public"
     assert find_invalid_text({"a": [{"b": "ok"}, {"c": LONE}]}) == "a.1.c"
-    assert find_invalid_text({"a": ["\U0001f600", "\ud83d\ude00".encode("utf-16", "surrogatepass").decode("utf-16")]}) is None
+    assert (
+        find_invalid_text(
+            {"a": ["\U0001f600", "\ud83d\ude00".encode("utf-16", "surrogatepass").decode("utf-16")]}
+        )
+        is None
+    )
 
 
 def test_every_route_of_the_app_checks_its_text(make_client: Callable[..., TestClient]) -> None:
