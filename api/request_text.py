@@ -12,7 +12,8 @@ store all refuse with an exception (a 500). This module is the one check, on dec
                       (api/uploads.py).
 
 The 400 is `invalid_request` with `param` naming the field as a dotted path (`messages.0.content`,
-`query.name`, `path.name`, `form.name`).
+`query.name`, `path.name`, `form.name`). Path, query and form values (names and identifiers, looked up in the
+database) may not hold a NUL either: PostgreSQL text cannot (JSON bodies may: prompts are never stored).
 tests/api/test_request_text.py checks that every route of the app uses the route class.
 """
 
@@ -78,15 +79,25 @@ def check_json_text(value: Any, path: str = "") -> None:
         raise invalid_text_error(bad)
 
 
+def nul_error(param: str) -> ApiError:
+    """The 400 for a NUL character in a path, query or form value (PostgreSQL text cannot hold one)."""
+    return ApiError(
+        400, "invalid_request", f"{param} contains a NUL character (\\u0000); remove it", param=param
+    )
+
+
 def check_pairs_text(pairs: Iterable[tuple[str, Any]], prefix: str) -> None:
     """Raise the 400 for the first name or string value of `pairs` (query, path or form items) that is not
-    valid Unicode; an uploaded file is checked by its file name."""
+    valid Unicode or holds a NUL (these are names and identifiers, looked up in the database); an uploaded
+    file is checked by its file name."""
     for name, value in pairs:
-        if not is_valid_text(name):
+        if not is_valid_text(name) or "\x00" in name:
             raise invalid_text_error(f"{prefix}.<name>")
         text = value.filename if isinstance(value, UploadFile) else value
         if isinstance(text, str) and not is_valid_text(text):
             raise invalid_text_error(f"{prefix}.{name}")
+        if isinstance(text, str) and "\x00" in text:
+            raise nul_error(f"{prefix}.{name}")
 
 
 def check_form_text(form: FormData) -> None:

@@ -13,11 +13,11 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from api.errors import ApiError
 from api.main import create_app
 from api.request_text import TextCheckedRoute, check_pairs_text, find_invalid_text
-from api.errors import ApiError
 from settings import Settings
-from tests.api.conftest import ADMIN, ADAPTER_FILES, TenantHandle
+from tests.api.conftest import ADAPTER_FILES, ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, usage_rows
 
 LONE = "\ud800"
@@ -172,6 +172,9 @@ def test_a_console_form_with_a_lone_surrogate_is_a_400_not_a_500(client: TestCli
     ("method", "path"),
     [
         ("GET", "/v1/adapters/%ED%A0%80"),
+        ("GET", "/v1/adapters/a%00b"),
+        ("DELETE", "/v1/adapters/a%00b"),
+        ("GET", "/v1/usage?start=%00"),
         ("DELETE", "/v1/adapters/%ED%A0%80"),
         ("GET", "/v1/adapters?include_public=%ED%A0%80"),
         ("POST", "/v1/adapters/%ED%A0%80/completions"),
