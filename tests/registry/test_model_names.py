@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from registry import model_names, repository
@@ -17,11 +18,33 @@ from registry.db import make_engine, make_session_factory
 from registry.errors import ConflictError, InvalidRequestError
 from registry.models import BaseModelName, CatalogModel
 from registry.storage import LocalBlobStore
+from tests.registry.db_fixtures import (
+    create_postgres_database,
+    drop_postgres_database,
+    postgres_reachable,
+    require_service,
+)
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> LocalBlobStore:
     return LocalBlobStore(tmp_path / "blobs")
+
+
+@pytest.fixture
+def own_postgres_url() -> Iterator[str]:
+    """A migrated PostgreSQL database of this test's own (its work really commits), dropped afterwards."""
+    from migrations.runner import upgrade
+
+    reason = postgres_reachable()
+    if reason:
+        require_service(reason)
+    url = create_postgres_database()
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        drop_postgres_database(url)
 
 
 BAD_NAMES = [
@@ -134,12 +157,12 @@ def test_a_live_adapter_name_is_refused_as_a_model_name_or_alias(
 
 @pytest.mark.slow
 def test_two_concurrent_adds_cannot_both_take_an_alias(
-    postgres_url: str, store: LocalBlobStore, base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    own_postgres_url: str, store: LocalBlobStore, base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The friendly pre-check is switched off: the primary key alone must refuse the second add, whether it
     inserts while the first is uncommitted (it waits, then fails) or after."""
     monkeypatch.setattr("registry.base_model_catalog.check_names_free", lambda *_: None)
-    engine = make_engine(postgres_url)
+    engine = make_engine(own_postgres_url)
     factory = make_session_factory(engine)
     tag = uuid.uuid4().hex[:8]
     shared = f"org/shared-{tag}"
@@ -166,5 +189,50 @@ def test_two_concurrent_adds_cannot_both_take_an_alias(
         with factory() as session:
             row = session.get(BaseModelName, shared)
             assert row is not None and row.model.name == f"race-a-{tag}"
+    finally:
+        engine.dispose()
+
+
+def _is_waiting_for_a_lock(session: Session) -> bool:
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    return bool(session.scalar(query))
+
+
+@pytest.mark.slow
+def test_a_model_add_racing_an_adapters_creation_waits_and_sees_the_adapter(
+    own_postgres_url: str, store: LocalBlobStore, base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter's write transaction holds base_model_names in SHARE mode: the add's insert waits for it to
+    commit, then its adapter check sees the adapter (without the lock both would be created)."""
+    monkeypatch.setattr("registry.base_model_catalog.check_names_free", lambda *_: None)
+    engine = make_engine(own_postgres_url)
+    factory = make_session_factory(engine)
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    outcome: list[BaseException | None] = []
+
+    def add_model() -> None:
+        with factory() as session:
+            try:
+                add_base_model(session, store, name, base_model_dir)
+                session.commit()
+                outcome.append(None)
+            except ConflictError as exc:
+                session.rollback()
+                outcome.append(exc)
+
+    try:
+        with factory() as creating, factory() as watcher:
+            tenant = repository.create_tenant(creating, f"t-{name}")
+            model_names.check_adapter_name_free(creating, name, is_locked=True)
+            repository.get_or_create_adapter(creating, tenant.id, name, base_model_name="x")
+            racer = threading.Thread(target=add_model)
+            racer.start()
+            while racer.is_alive() and not _is_waiting_for_a_lock(watcher):
+                watcher.rollback()  # a fresh snapshot of pg_stat_activity each time
+            creating.commit()
+            racer.join()
+        assert len(outcome) == 1 and isinstance(outcome[0], ConflictError), outcome
     finally:
         engine.dispose()
