@@ -13,7 +13,8 @@ store all refuse with an exception (a 500). This module is the one check, on dec
 
 The 400 is `invalid_request` with `param` naming the field as a dotted path (`messages.0.content`,
 `query.name`, `path.name`, `form.name`). Path, query and form values (names and identifiers, looked up in the
-database) may not hold a NUL either: PostgreSQL text cannot (JSON bodies may: prompts are never stored).
+database) may not hold a NUL either (422, as the admin API's patterns answer a control character): PostgreSQL
+text cannot hold one (JSON bodies may: prompts are never stored).
 tests/api/test_request_text.py checks that every route of the app uses the route class.
 """
 
@@ -80,9 +81,10 @@ def check_json_text(value: Any, path: str = "") -> None:
 
 
 def nul_error(param: str) -> ApiError:
-    """The 400 for a NUL character in a path, query or form value (PostgreSQL text cannot hold one)."""
+    """The 422 for a NUL character in a path, query or form value (PostgreSQL text cannot hold one): the status
+    the admin API's patterns already give a control character in a name or id."""
     return ApiError(
-        400, "invalid_request", f"{param} contains a NUL character (\\u0000); remove it", param=param
+        422, "invalid_request", f"{param} contains a NUL character (\\u0000); remove it", param=param
     )
 
 
