@@ -1,4 +1,4 @@
-"""Domain errors -> JSON errors `{"error": {"type", "message"}}`, FastAPI's own 404/405/422 included."""
+"""Domain errors -> JSON errors `{"error": {"type", "message"[, "param"]}}`, FastAPI's own 404/405/422 included."""
 
 from __future__ import annotations
 
@@ -65,21 +65,35 @@ REQUEST_SHAPE_CODES = frozenset(
 class ApiError(Exception):
     """An HTTP error with a machine-readable type and a message saying what to change."""
 
-    def __init__(self, status_code: int, type_: str, message: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status_code: int,
+        type_: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        *,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status_code = status_code
         self.type = type_
         self.message = message
         self.headers = headers
+        self.param = param  # the request field at fault (OpenAI's `param`), when one is
 
 
 def error_response(
-    status_code: int, type_: str, message: str, headers: dict[str, str] | None = None
+    status_code: int,
+    type_: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> JSONResponse:
-    """The one JSON error shape."""
-    return JSONResponse(
-        {"error": {"type": type_, "message": message}}, status_code=status_code, headers=headers
-    )
+    """The one JSON error shape (`param`, naming the field at fault, only when there is one)."""
+    error: dict[str, str] = {"type": type_, "message": message}
+    if param is not None:
+        error["param"] = param
+    return JSONResponse({"error": error}, status_code=status_code, headers=headers)
 
 
 def validation_error_status(code: str) -> int:
@@ -101,7 +115,7 @@ def registry_status(exc: RegistryError) -> int:
 
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status_code, exc.type, exc.message, exc.headers)
+    return error_response(exc.status_code, exc.type, exc.message, exc.headers, exc.param)
 
 
 async def _registry_error(_: Request, exc: Exception) -> JSONResponse:

@@ -17,6 +17,7 @@ from api.console.router import install_console
 from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.inference.learned_predictor import LearnedLengthPredictor
+from api.request_text import TextCheckedRoute
 from api.routes import (
     adapters,
     admin,
@@ -43,7 +44,7 @@ from settings import Settings
 # /metrics holds aggregate counters and worker ids (no tenant, adapter or key data). Worker ids describe the
 # deployment, so by default it needs the admin key or settings.api.metrics_token (a Prometheus scrape config's
 # `authorization: {credentials: ...}`); settings.api.is_metrics_public opens it for private-network setups.
-metrics_router = APIRouter(tags=["metrics"])
+metrics_router = APIRouter(tags=["metrics"], route_class=TextCheckedRoute)
 
 
 @metrics_router.get("/metrics", include_in_schema=False)

@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect
 from api.errors import ApiError
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.prompting import PromptError
+from api.request_text import check_json_text
 from settings import Settings
 
 MAX_JSON_DEPTH = 64  # OpenAI request bodies nest a handful of levels (messages -> content parts -> part)
@@ -82,7 +83,8 @@ def _too_deep() -> ApiError:
 
 
 async def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; 400 for invalid JSON, another top-level type or too deep a nesting."""
+    """The body as a JSON object; 400 for invalid JSON, another top-level type, too deep a nesting or a string
+    that is not valid Unicode (api/request_text.py)."""
     try:
         value = (
             json.loads(raw) if len(raw) <= MAX_INLINE_JSON_BYTES else await run_in_threadpool(json.loads, raw)
@@ -95,6 +97,7 @@ async def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, "invalid_request", "the body must be a JSON object")
     if exceeds_depth(value, MAX_JSON_DEPTH):
         raise _too_deep()
+    check_json_text(value)
     return value
 
 

@@ -34,8 +34,17 @@ from typing import Any
 from registry.models import OPEN_USAGE_STATUS, new_id, utcnow
 
 MAX_ERROR_MESSAGE_CHARS = 1000
+MAX_MODEL_NAME_CHARS = 200  # UsageRecord.model_name is a VARCHAR(200)
 # Columns written with the open row that the final update leaves alone (RequestMeter.admission_values).
 ADMISSION_FIELDS = frozenset({"max_tokens", "is_chat", "has_stop"})
+
+
+def storable_text(text: str, max_chars: int) -> str:
+    """`text` as any database stores it: at most `max_chars` characters, a lone surrogate or a NUL (PostgreSQL
+    text cannot hold one) replaced by U+FFFD. The row of a request is written whatever text the client sent
+    (a model name, or an error message quoting it)."""
+    cleaned = text[:max_chars].encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return cleaned.replace("\x00", "\ufffd")[:max_chars]
 
 
 @dataclass
@@ -114,7 +123,7 @@ class RequestMeter:
             "tenant_id": self.tenant_id,
             "adapter_id": self.adapter_id,
             "adapter_version_id": self.adapter_version_id,
-            "model_name": self.model_name or "unknown",
+            "model_name": storable_text(self.model_name or "unknown", MAX_MODEL_NAME_CHARS),
             "base_model_name": self.base_model_name,
             "prompt_tokens": 0,
             "completion_tokens": 0,
@@ -166,7 +175,7 @@ class RequestMeter:
             "tenant_id": self.tenant_id,
             "adapter_id": self.adapter_id,
             "adapter_version_id": self.adapter_version_id,
-            "model_name": self.model_name or "unknown",
+            "model_name": storable_text(self.model_name or "unknown", MAX_MODEL_NAME_CHARS),
             "base_model_name": self.base_model_name,
             "prompt_tokens": self.billed_prompt_tokens(status),
             "completion_tokens": delivered,
@@ -177,7 +186,7 @@ class RequestMeter:
             "e2e_ms": e2e,
             "status": status,
             "worker_id": self.worker_id,
-            "error_message": error_message[:MAX_ERROR_MESSAGE_CHARS] if error_message else None,
+            "error_message": storable_text(error_message, MAX_ERROR_MESSAGE_CHARS) if error_message else None,
             "started_at": self.started_at,
             "finished_at": utcnow(),
         }

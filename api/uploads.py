@@ -22,11 +22,12 @@ from pathlib import Path
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from api.errors import ApiError
+from api.request_text import check_form_text
 from registry.adapter_pipeline import check_incoming_names, safe_basename
 from settings import Settings
 
@@ -135,11 +136,12 @@ async def receive_upload(request: Request, upload_dir: Path, max_bytes: int) -> 
         await form.close()
 
 
-async def _save_form(form: object, upload_dir: Path) -> ReceivedUpload:
-    name = form.get("name")  # type: ignore[attr-defined]
-    visibility = form.get("visibility")  # type: ignore[attr-defined]
-    base_model = form.get("base_model")  # type: ignore[attr-defined]
-    files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]  # type: ignore[attr-defined]
+async def _save_form(form: FormData, upload_dir: Path) -> ReceivedUpload:
+    check_form_text(form)
+    name = form.get("name")
+    visibility = form.get("visibility")
+    base_model = form.get("base_model")
+    files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
     if not isinstance(name, str) or not name:
         raise ApiError(400, "invalid_request", "form field 'name' is required (the adapter name)")
     if visibility is not None and not isinstance(visibility, str):

@@ -98,7 +98,13 @@ def add(
     from registry.base_model_catalog import add_base_model
     from registry.blob_locations import make_blob_store
     from registry.errors import RegistryError
+    from registry.model_names import check_model_name, model_aliases
 
+    try:  # the name rule before anything is imported or stored (registry/model_names.py)
+        check_model_name(name)
+        model_aliases(name, alias or ())
+    except RegistryError as exc:
+        raise _refuse(str(exc)) from exc
     settings = _settings(data_dir)
     with _model_dir(source) as model_dir, _session(settings) as session:
         try:

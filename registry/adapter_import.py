@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from registry import repository
+from registry import model_names, repository
 from registry.adapter_pipeline import AdapterJobContext, accept_upload
 from registry.base_model_choice import names_of
 from registry.import_sources import (
@@ -35,6 +35,7 @@ def accept_import(
     """An import: refuse what this tenant may not read before reading anything, read the source into
     `work_dir` (registry/import_sources.py), then steps 1-3 as for an upload, its quotas included (blocking)."""
     repository.check_adapter_name(name, reserved=tuple(names_of(ctx.base_model_choices(session))))
+    model_names.check_adapter_name_free(session, name)  # base-model names, removed ones included
     session.commit()  # end the read: nothing is held open while the source is read
     if visibility is not None:
         repository.check_visibility(visibility)

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from registry import repository, upload_quota
+from registry import model_names, repository, upload_quota
 from registry.archive import extract_archive, is_archive_name
 from registry.base_model_choice import (
     BaseModelChoice,
@@ -239,6 +239,7 @@ def _insert_version(
 
     def insert(session: Session) -> AdapterVersion:
         quota = upload_quota.lock_tenant_quota(session, tenant_id)  # first: concurrent uploads count in turn
+        model_names.check_adapter_name_free(session, name, is_locked=True)  # no model add meanwhile
         upload_quota.check_upload_quota(
             session,
             tenant_id,
@@ -361,6 +362,7 @@ def _read_bases(
     try:
         choices = ctx.base_model_choices(session)
         repository.check_adapter_name(name, reserved=tuple(names_of(choices)))
+        model_names.check_adapter_name_free(session, name)  # base-model names, removed ones included
         adapter = repository.get_own_adapter(session, tenant_id, name)
         return choices, adapter.base_model_name if adapter is not None else None
     finally:

@@ -4,7 +4,8 @@ A model is a Hugging Face directory (config.json of a supported Llama-family typ
 tokenizer files). `add_base_model` checks its config, digests every file, stores each under a content-addressed
 key (`models/<name>/<sha256>/<file>`: a worker verifies what it fetches against the recorded digest), writes the
 manifest workers read by name (registry/base_model_manifest.py), and records the row only once every file is
-stored, so a failed add leaves no catalog entry. Removing a model with ready
+stored, so a failed add leaves no catalog entry. Names and aliases follow one rule and are unique across the
+catalog, removed models included (registry/model_names.py: table base_model_names). Removing a model with ready
 adapters bound to it is refused unless forced; a removed model keeps its row (usage history names it).
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,18 @@ from registry.base_model_manifest import ModelFile, dump_manifest, file_key, man
 from registry.base_norms import base_weight_norms, norms_to_json
 from registry.digests import sha256_file
 from registry.errors import ConflictError, InvalidRequestError, NotFoundError
+from registry.model_names import (
+    check_model_name,
+    check_names_free,
+    check_no_adapter_named,
+    find_name,
+    model_aliases,
+    reserve_names,
+)
 from registry.models import Adapter, AdapterVersion, CatalogModel, utcnow
 from registry.storage import BlobStore
 from registry.validation import AdapterValidationError, BaseModelSpec
 
-NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,62}[a-z0-9])?$")
 ENGINES = ("native", "vllm")
 # the files of a model directory that belong to the model (weights, config, tokenizer, chat template)
 MODEL_FILE_PATTERNS = (
@@ -40,16 +47,6 @@ MODEL_FILE_PATTERNS = (
     "chat_template.jinja",
     "chat_template.json",
 )
-
-
-def check_model_name(name: str) -> str:
-    """A catalog name: lowercase letters, digits, '-' and '.', 1-64 characters (it names Kubernetes objects)."""
-    if not NAME_PATTERN.match(name):
-        raise InvalidRequestError(
-            f"invalid base model name {name!r}: use 1-64 lowercase letters, digits, '-' or '.', starting and "
-            "ending with a letter or digit"
-        )
-    return name
 
 
 def model_files(model_dir: Path) -> list[Path]:
@@ -67,9 +64,12 @@ def add_base_model(
     engines: tuple[str, ...] = ("native",),
     aliases: tuple[str, ...] = (),
 ) -> CatalogModel:
-    """Store the model's files and record it (ConflictError when a live model has the name,
-    InvalidRequestError when the directory is not a servable model)."""
+    """Store the model's files and record it with its names (ConflictError when the name or an alias is another
+    model's name or alias, removed models included, or a live adapter's; InvalidRequestError when a name breaks
+    the rule of registry/model_names.py or the directory is not a servable model). Names are checked before
+    anything is stored."""
     check_model_name(name)
+    aliases = tuple(model_aliases(name, aliases))
     unknown = sorted(set(engines) - set(ENGINES))
     if not engines or unknown:
         raise InvalidRequestError(f"unknown engine(s) {unknown or '(none)'}; choose from {list(ENGINES)}")
@@ -77,6 +77,7 @@ def add_base_model(
         raise ConflictError(
             f"base model {name!r} is already in the catalog; remove it first or choose a name"
         )
+    check_names_free(session, name, aliases)
     model_dir = Path(model_dir)
     spec, config = _read_spec(model_dir)
     files = model_files(model_dir)
@@ -112,12 +113,14 @@ def add_base_model(
         files=records,
         num_bytes=sum(r["num_bytes"] for r in records),
         engines=list(engines),
-        aliases=sorted(set(aliases) - {name}),
+        aliases=list(aliases),
         weight_norms=norms_to_json(base_weight_norms(model_dir)),
         status="ready",
     )
     session.add(model)
     session.flush()
+    reserve_names(session, model)  # the primary key of base_model_names decides a race between two adds
+    check_no_adapter_named(session, (name, *aliases))  # after the insert: an adapter's transaction waited
     return model
 
 
@@ -142,6 +145,26 @@ def get_live_model(session: Session, name: str) -> CatalogModel | None:
     return session.scalars(
         select(CatalogModel).where(CatalogModel.name == name, CatalogModel.status == "ready")
     ).first()
+
+
+def resolve_base_model_name(session: Session, ref: str) -> str | None:
+    """The live base model a request's `model` names (its name or an alias), None when `ref` is no base model's
+    name; NotFoundError when it names a removed model (or pins a version: a base model has none). A base-model
+    name, removed or not, is never looked up as an adapter."""
+    name, _, version = ref.partition("@")
+    row = find_name(session, name)
+    if row is None:
+        return None
+    model = row.model
+    if model.status != "ready":
+        raise NotFoundError(
+            f"base model {model.name!r} was removed from the catalog; available: "
+            f"{[m.name for m in list_base_models(session)]}",
+            code="model_removed",
+        )
+    if version:
+        raise NotFoundError(f"{ref!r}: base model {model.name!r} has no versions; use {model.name!r}")
+    return model.name
 
 
 def get_base_model(session: Session, name: str) -> CatalogModel:
@@ -175,8 +198,8 @@ def num_ready_adapters(session: Session, name: str) -> int:
 
 
 def remove_base_model(session: Session, name: str, *, is_forced: bool = False) -> CatalogModel:
-    """Mark the model removed (its blobs stay until no version needs them); ConflictError while ready adapters
-    are bound to it, unless forced."""
+    """Mark the model removed (its blobs stay until no version needs them; its names stay reserved);
+    ConflictError while ready adapters are bound to it, unless forced."""
     model = get_base_model(session, name)
     num_adapters = num_ready_adapters(session, name)
     if num_adapters and not is_forced:

@@ -212,6 +212,19 @@ class CatalogModel(Base):
     removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
+class BaseModelName(Base):
+    """A name or alias of a base model, case-folded (registry/model_names.py): the primary key makes every
+    name and alias unique across the catalog, removed models included (their names stay reserved)."""
+
+    __tablename__ = "base_model_names"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("base_models.id", ondelete="CASCADE"), index=True)
+    is_alias: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    model: Mapped[CatalogModel] = relationship()
+
+
 class Adapter(Base):
     """A named LoRA adapter of one tenant; its files live in versions. Soft-deleted via deleted_at."""
 

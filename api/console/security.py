@@ -12,12 +12,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
-from fastapi.routing import APIRoute
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.console.templating import render
 from api.errors import ApiError, registry_status
+from api.request_text import TextCheckedRoute
 from registry.errors import RegistryError
 
 CONTENT_SECURITY_POLICY = (
@@ -101,8 +101,9 @@ def error_page(request: Request, status_code: int, message: str) -> Response:
     return render(request, "error.html", None, status_code, message=message)
 
 
-class ConsoleRoute(APIRoute):
-    """An APIRoute whose page navigations show an API or registry error as a page."""
+class ConsoleRoute(TextCheckedRoute):
+    """An APIRoute whose page navigations show an API or registry error as a page, and whose parameters and
+    bodies are checked for valid text (api/request_text.py)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         """The route's handler, wrapped to turn errors into pages."""

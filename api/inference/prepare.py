@@ -38,7 +38,9 @@ from api.request_meter import RequestMeter
 from api.services import Services
 from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
 from registry import repository
-from registry.base_model_catalog import get_live_model
+from registry.base_model_catalog import resolve_base_model_name
+from registry.errors import NotFoundError
+from registry.model_names import could_name_a_model
 from scheduler.router import RouteRequest
 from settings import Settings
 
@@ -248,11 +250,17 @@ async def resolve(services: Services, tenant_id: str, model: str) -> ResolvedMod
 
 
 def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedModel:
+    name = repository.parse_model_ref(model).name
+    if not could_name_a_model(name):  # no adapter or model has it: nothing to ask the database
+        raise NotFoundError(
+            f"no model {name[:80]!r}: use an adapter name, name@N or a base model", code="model_not_found"
+        )
     with services.session_factory() as session:
+        base = resolve_base_model_name(session, model)
         if (
-            get_live_model(session, model) is not None
-        ):  # a catalog base model by name (adapters cannot take one)
-            return ResolvedModel(base_model=model)
+            base is not None
+        ):  # a base model's name or alias never reaches an adapter (registry/model_names.py)
+            return ResolvedModel(base_model=base)
         adapter, version = repository.resolve_model(session, tenant_id, model)
         ref = AdapterRef(
             adapter_key=version.id,

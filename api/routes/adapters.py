@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from api.caches import forget_model_name
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.openapi import inline_json_schema
+from api.request_text import TextCheckedRoute, check_json_text
 from api.schemas import (
     AdapterDeleted,
     AdapterImport,
@@ -31,7 +33,7 @@ from registry import adapter_import, adapter_pipeline, repository, upload_quota
 from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion
 
-router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+router = APIRouter(prefix="/v1/adapters", tags=["adapters"], route_class=TextCheckedRoute)
 MAX_JSON_BYTES = 64 * 1024
 
 UPLOAD_OPENAPI = {
@@ -111,7 +113,12 @@ async def _accept_import(
     if len(body) > MAX_JSON_BYTES:
         raise ApiError(413, "payload_too_large", f"JSON body larger than {MAX_JSON_BYTES} bytes")
     try:
-        payload = AdapterImport.model_validate_json(body)
+        raw = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_request", f"the body must be JSON: {exc}") from None
+    check_json_text(raw)  # before pydantic: a lone surrogate is a 400 naming the field
+    try:
+        payload = AdapterImport.model_validate(raw)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
     # the plan's quotas before the source is touched (its bytes are checked again once they are known)

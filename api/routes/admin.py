@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from api.caches import forget_adapters, forget_key, forget_tenant
 from api.deps import AdminDep, ServicesDep, SessionDep
+from api.request_text import TextCheckedRoute
 from api.schemas import (
     PRINTABLE_TEXT,
     ApiKeyCreated,
@@ -31,7 +32,7 @@ from registry.db import is_insert_conflict, is_transient_error, run_in_write_tra
 from registry.errors import ConflictError
 from registry.models import PricePlan
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRoute)
 T = TypeVar("T")
 PathId = Annotated[
     str, Path(pattern=PRINTABLE_TEXT)

@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from api.deps import AdminDep, ServicesDep, SessionDep
+from api.request_text import TextCheckedRoute
 from api.schemas import PRINTABLE_TEXT, CatalogModelPublic, CatalogModelUpdate, ListResponse
 from registry import base_model_catalog
 from registry.db import run_in_write_transaction
 
-router = APIRouter(prefix="/v1/admin/models", tags=["admin"])
+router = APIRouter(prefix="/v1/admin/models", tags=["admin"], route_class=TextCheckedRoute)
 ModelName = Annotated[str, Path(pattern=PRINTABLE_TEXT)]
 
 

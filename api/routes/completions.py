@@ -34,11 +34,12 @@ from api.inference.schemas import ChatCompletionRequest, CompletionRequest
 from api.metering import record_quietly
 from api.openapi import json_request_body
 from api.prompting import PromptError
+from api.request_text import TextCheckedRoute
 from api.services import Services
 from api.worker_client import WorkerStream
 from registry.errors import RegistryError
 
-router = APIRouter(prefix="/v1", tags=["completions"])
+router = APIRouter(prefix="/v1", tags=["completions"], route_class=TextCheckedRoute)
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the response (never received)
 

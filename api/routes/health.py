@@ -16,9 +16,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import ServicesDep, SessionDep
 from api.live_workers import live_workers
+from api.request_text import TextCheckedRoute
 from api.worker_client import num_ready_workers
 
-router = APIRouter(prefix="/v1", tags=["health"])
+router = APIRouter(prefix="/v1", tags=["health"], route_class=TextCheckedRoute)
 
 
 @router.get("/health")

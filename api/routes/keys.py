@@ -15,13 +15,14 @@ from api.caches import forget_key
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.request_charge import charge_request
+from api.request_text import TextCheckedRoute
 from api.schemas import ApiKeyCreated, ApiKeyPublic, ApiKeyRevoked, ListResponse
 from api.services import Services
 from registry import api_keys
 from registry.db import run_in_write_transaction
 from registry.models import Tenant
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=TextCheckedRoute)
 KEYS_MANAGED_BY_OPERATOR = "your operator manages your API keys: ask them for a new key or a revocation"
 
 

@@ -9,13 +9,14 @@ from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
 from api.deps import CurrentTenant, SessionDep, SettingsDep
+from api.request_text import TextCheckedRoute
 from api.schemas import ListResponse, ModelCard
 from registry import repository
 from registry.base_model_catalog import list_base_models
 from registry.models import Adapter, AdapterVersion
 from settings import Settings
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], route_class=TextCheckedRoute)
 
 
 def _timestamp(value: datetime) -> int:

@@ -17,11 +17,12 @@ from api.report_schemas import (
     ScalingReport,
     WorkerPlacementPublic,
 )
+from api.request_text import TextCheckedRoute
 from api.services import Services
 from cluster.routing_table import RoutingTable
 from scheduler.scaling import ScalingDecision
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRoute)
 
 
 @router.get("/placement", response_model=PlacementReport)

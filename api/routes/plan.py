@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from api.deps import AdminDep, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.report_schemas import PlanRequest
+from api.request_text import TextCheckedRoute
 from registry.plan_demand import read_plan_demand
 from scheduler.twin.planner.plan import PlanOptions
 from scheduler.twin.planner.profile_lookup import resolve_profile
@@ -26,7 +27,7 @@ from scheduler.twin.planner.surrogate import TrainingConfig
 from scheduler.twin.planner.workload import Workload, workload_from_dict
 from scheduler.twin.profile import ProfileError
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRoute)
 
 
 @router.post("/plan")

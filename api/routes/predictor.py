@@ -19,11 +19,12 @@ from api.report_schemas import (
     PredictorModelPublic,
     PredictorReport,
 )
+from api.request_text import TextCheckedRoute
 from registry.models import utcnow
 from registry.prediction_accuracy import PredictionAccuracy, prediction_accuracy
 from scheduler.length_predictor import BUCKET_EDGES
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRoute)
 DEFAULT_WINDOW_S = 86400.0
 MAX_WINDOW_S = 90 * 86400.0
 

@@ -12,11 +12,12 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import AdminDep, SessionDep
 from api.errors import ApiError
 from api.query_dates import parse_period
+from api.request_text import TextCheckedRoute
 from registry.billing import billing_report, invoice_to_json, invoices_to_csv
 from registry.usage import GROUP_BYS
 from registry.usage_reports import slo_report
 
-router = APIRouter(prefix="/v1/admin", tags=["reports"])
+router = APIRouter(prefix="/v1/admin", tags=["reports"], route_class=TextCheckedRoute)
 BILLING_FORMATS = ("json", "csv")
 
 

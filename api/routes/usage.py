@@ -9,9 +9,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentTenant, SessionDep
 from api.query_dates import parse_period
+from api.request_text import TextCheckedRoute
 from registry.usage_reports import load_rows, usage_by_adapter_day
 
-router = APIRouter(prefix="/v1", tags=["usage"])
+router = APIRouter(prefix="/v1", tags=["usage"], route_class=TextCheckedRoute)
 
 
 @router.get("/usage")

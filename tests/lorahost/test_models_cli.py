@@ -52,3 +52,28 @@ def test_a_source_that_is_not_a_model_is_refused(tmp_path: Path) -> None:
     code, out = _run("models", "add", "x", "--from", str(empty), *data)
     assert code == 2 and "no config.json" in out
     assert "no base models" in _run("models", "list", *data)[1]
+
+
+def test_add_refuses_bad_names_and_aliases_before_importing_anything(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 33 item 6: `models add $'evil\\n'` created a blob folder named with a newline; aliases were not
+    checked at all."""
+    data = ["--data-dir", str(tmp_path)]
+    source = ["--from", str(base_model_dir)]
+    for args in (
+        ["evil\n"],
+        ["tiny-a", "--alias", "../../etc"],
+        ["tiny-a", "--alias", "<img src=x onerror=alert(1)>"],
+        ["tiny-a", "--alias", "org/ok", "--alias", "bad\n"],
+    ):
+        code, out = _run("models", "add", *args, *source, *data)
+        assert code == 2 and "invalid base model" in out, out
+    assert not (tmp_path / "blobs" / "models").exists()  # nothing stored under any name
+    code, out = _run("models", "add", "tiny-a", "--alias", "org/Tiny", *source, *data)
+    assert code == 0, out
+    for alias in ("ORG/tiny", "tiny-a"):  # another model's alias (case-insensitive) or name
+        code, out = _run("models", "add", "tiny-b", "--alias", alias, *source, *data)
+        assert code == 2 and "of base model 'tiny-a'" in out, out
+    code, out = _run("models", "add", "org", *source, *data)  # a name like an alias's first part is fine
+    assert code == 0, out

@@ -27,6 +27,7 @@ TABLES = {
     "usage_records",
     "base_models",
     "console_sessions",
+    "base_model_names",
 }
 
 
