@@ -109,6 +109,12 @@ class EmbeddedPlanRunner:
         if done is not None:
             done.wait(CANCEL_WAIT_S)
 
+    def wait(self, job_id: str, timeout_s: float) -> bool:
+        """Wait until the job has left this runner (finished, failed, cancelled); False on timeout."""
+        with self._condition:
+            done = self._done.get(job_id)
+        return done is None or done.wait(timeout_s)
+
     def child_pid(self, job_id: str) -> int | None:
         """The pid of the job's child process while it runs (None otherwise)."""
         with self._condition:
