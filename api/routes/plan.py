@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import AdminDep, ServicesDep, SessionDep
 from api.errors import ApiError
@@ -57,9 +58,10 @@ def create_capacity_plan(
 
 
 @router.get("/plan/{job_id}")
-def get_capacity_plan(job_id: str, _: AdminDep, session: SessionDep) -> dict[str, Any]:
+async def get_capacity_plan(job_id: str, _: AdminDep, session: SessionDep) -> dict[str, Any]:
     """The job: its status, and the plan (`result`) once it succeeded or the reason (`error`) once it failed."""
-    return plan_job_public(_job_or_404(session, job_id))
+    job = await run_in_threadpool(_job_or_404, session, job_id)
+    return plan_job_public(job)
 
 
 @router.delete("/plan/{job_id}")

@@ -251,7 +251,9 @@ def test_jobs_a_dead_process_left_running_are_failed_at_start(make_app: Callable
     with app.services.session_factory() as session:
         statuses = {job.runner: job.status for job in session.scalars(select(PlanJob))}
     assert statuses == {"embedded": "failed", "celery": "running"}  # the celery job fails by its deadline
-    assert app.client.get(f"/v1/admin/plan/{_job_of(app, 'celery')}", headers=ADMIN).json()["status"] == "failed"
+    assert (
+        app.client.get(f"/v1/admin/plan/{_job_of(app, 'celery')}", headers=ADMIN).json()["status"] == "failed"
+    )
 
 
 def _job_of(app: PlanApp, runner: str) -> str:
@@ -288,7 +290,9 @@ def test_bad_bodies_say_what_to_fix_and_queue_nothing(
     assert app.num_jobs() == 0
 
 
-@pytest.mark.parametrize("name", ["/etc/passwd", "/etc/hostname", "../profiles/a100-llama3.1-8b-vllm", "/nope"])
+@pytest.mark.parametrize(
+    "name", ["/etc/passwd", "/etc/hostname", "../profiles/a100-llama3.1-8b-vllm", "/nope"]
+)
 def test_the_profile_field_never_reads_a_server_path(app: PlanApp, tmp_path: Path, name: str) -> None:
     secret = tmp_path / "secret.json"
     secret.write_text('{"version": 1, "hardware": "TOP-SECRET-VALUE"}')
