@@ -26,6 +26,7 @@ TABLES = {
     "adapter_versions",
     "usage_records",
     "base_models",
+    "plan_jobs",
 }
 
 
