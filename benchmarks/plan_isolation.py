@@ -30,6 +30,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.child_process import busy_cores
+from benchmarks.run_info import cpu_model
+
 REPO = Path(__file__).resolve().parent.parent
 ADMIN_KEY = "plan-isolation-admin"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -39,14 +42,6 @@ HEAVY_PLAN = {
     "workload": {"prompt_tokens": {"p50": 100}, "output_tokens": {"p50": 20},
                  "adapters": [{"name": "a", "rank": 8, "rate": 2.0}]},
 }  # fmt: skip
-
-
-def cpu_name() -> str:
-    """The CPU's model name (lscpu)."""
-    for line in subprocess.run(["lscpu"], check=False, capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def start_server(repo: Path, data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
@@ -135,7 +130,13 @@ def run(args: argparse.Namespace) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_server(Path(args.repo).resolve(), data_dir, port, data_dir / "serve.log")
-    common = {"repo": str(args.repo), "cpu": cpu_name(), "num_cpus": os.cpu_count()}
+    # the machine may be shared: cores busy with other work before the server starts, with each result
+    common = {
+        "repo": str(args.repo),
+        "cpu": cpu_model(),
+        "num_cpus": os.cpu_count(),
+        "other_load_cores": round(busy_cores(), 2),
+    }
     try:
         wait_ready(url, proc)
         with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON lines only
