@@ -37,6 +37,7 @@ from api.worker_client import WorkerClient
 from jobs.placement import http_dropper
 from jobs.usage_sweep import PeriodicJob, sweep_usage
 from registry.placement_job import run_placement
+from registry.plan_jobs import fail_plan_jobs_of_owner
 from registry.predictor_training import run_predictor_training
 from registry.upload_sweeper import run_upload_sweeps
 from settings import Settings
@@ -85,6 +86,7 @@ def create_app(
         owned = services is None
         app.state.services = services or build_services(settings)
         worker_client = _open_worker_client(app.state.services)
+        _fail_abandoned_plan_jobs(app.state.services)
         started = (
             _start_usage_sweep(app.state.services),
             _start_upload_sweep(app.state.services),
@@ -97,6 +99,7 @@ def create_app(
         try:
             yield
         finally:
+            app.state.services.plan_runner.close()  # running plans' child processes are killed now
             for timer in timers:
                 timer.stop()
             if worker_client is not None:
@@ -199,6 +202,14 @@ def _train_predictor(services: Services) -> None:
     is_reloading = services.settings.predictor.reload_interval_s > 0
     if run is not None and is_reloading and isinstance(predictor, LearnedLengthPredictor):
         predictor.reload()
+
+
+def _fail_abandoned_plan_jobs(services: Services) -> None:
+    """Fail the plan jobs a previous embedded process of this API instance left queued or running (it died)."""
+    if services.plan_runner.name != "embedded":
+        return
+    with services.session_factory() as session:
+        fail_plan_jobs_of_owner(session, services.settings.api.resolved_api_instance_id())
 
 
 def _sweep_usage(services: Services) -> None:

@@ -115,14 +115,17 @@ class ScalingReport(BaseModel):
 
 class PlanRequest(BaseModel):
     """POST /v1/admin/plan: plan GPUs for the demand recorded over the last `window_s` (or for `workload`, a
-    workload file's content, scheduler/twin/planner/workload.py) on a twin `profile` (a shipped profile's name
-    or a file; default settings.placement.planner_profile), within `slo` ("ttft_p99=2s")."""
+    workload file's content, scheduler/twin/planner/workload.py) on a twin `profile` (a NAME: a shipped
+    profile's or settings.placement.planner_profile's file name, its default; never a path), within `slo`
+    ("ttft_p99=2s"). Queued as a job (api/routes/plan.py)."""
 
     model_config = {"extra": "forbid"}
 
     window_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
     workload: dict[str, object] | None = None
-    profile: str | None = Field(default=None, min_length=1, max_length=500)
+    profile: str | None = Field(
+        default=None, min_length=1, max_length=200, description="A twin profile's name (not a path)"
+    )
     slo: str | None = Field(default=None, max_length=100)
     objective: Literal["throughput", "latency"] = "throughput"
     form: Literal["forest", "tree"] = "forest"

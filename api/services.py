@@ -40,6 +40,7 @@ from cluster.waiting_requests import LocalWaitingRequests, RedisWaitingRequests,
 from cluster.worker_listing import CachedWorkerListing
 from jobs.dispatch import JobDispatcher, make_job_dispatcher
 from jobs.placement import make_routing_table_store
+from jobs.plan_runner import PlanRunner, make_plan_runner
 from registry import keys
 from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.blob_locations import make_blob_store
@@ -59,6 +60,8 @@ class Services:
     blob_store: BlobStore
     job_context: AdapterJobContext
     jobs: JobDispatcher
+    # capacity-plan jobs (POST /v1/admin/plan): child processes of this process, or Celery tasks
+    plan_runner: PlanRunner
     # the inference path (api/inference/)
     tokenizer: BaseModelTokenizer | None  # the configured base model's (None: none configured)
     catalog_tokenizers: CatalogTokenizers  # the catalog models' (api/base_tokenizers.py)
@@ -143,6 +146,7 @@ def build_services(
         blob_store=blob_store,
         job_context=ctx,
         jobs=jobs or make_job_dispatcher(settings, ctx),
+        plan_runner=make_plan_runner(settings, session_factory),
         tokenizer=load_base_tokenizer(settings.base_model_path),
         catalog_tokenizers=CatalogTokenizers(
             session_factory, blob_store, settings.data_dir / "tokenizers", settings.api.model_cache_ttl_s

@@ -8,16 +8,19 @@ DB engine and blob store of a worker are built on its first task.
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from celery import Celery
 
 from cluster.membership import RedisWorkerDirectory
 from jobs.celery_client import make_celery_client
 from jobs.placement import http_dropper, make_routing_table_store
+from jobs.plan_task import BUSY, run_plan_job
 from jobs.task_names import (
     CLOSE_ORPHANED_USAGE_TASK,
     COMPUTE_PLACEMENT_TASK,
     FAIL_STALE_VERSIONS_TASK,
+    RUN_CAPACITY_PLAN_TASK,
     SWEEP_ORPHANED_BLOBS_TASK,
     TRAIN_LENGTH_PREDICTOR_TASK,
     VALIDATE_ADAPTER_TASK,
@@ -30,6 +33,8 @@ from registry.placement_job import run_placement
 from registry.predictor_training import run_predictor_training
 from registry.upload_sweeper import sweep_orphaned_blobs
 from settings import Settings
+
+PLAN_RETRY_S = 2.0  # a plan job waiting for a free slot (planner_max_running) is retried this often
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -103,6 +108,15 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
         store = make_routing_table_store(settings, client)
         drop = http_dropper(settings.internal_token)
         return run_placement(context().session_factory, directory, store, settings, drop=drop).version
+
+    @app.task(name=RUN_CAPACITY_PLAN_TASK, shared=False, bind=True, max_retries=None)
+    def run_capacity_plan(task: Any, job_id: str) -> str:
+        """Run a capacity-plan job (POST /v1/admin/plan) in a child process and write its row; retried while
+        settings.placement.planner_max_running plans run already."""
+        status = run_plan_job(context().session_factory, settings, job_id)
+        if status == BUSY:
+            raise task.retry(countdown=PLAN_RETRY_S)
+        return status
 
     @app.task(name=CLOSE_ORPHANED_USAGE_TASK, shared=False)
     def close_orphaned_usage() -> int:

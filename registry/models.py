@@ -342,3 +342,33 @@ class UsageRecord(Base):
     # `interrupted` by the usage sweep (its owner died, or came back under another api_instance_id).
     lease_renewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+# A capacity plan job (POST /v1/admin/plan): queued -> running -> succeeded | failed | cancelled.
+PLAN_JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+PLAN_JOB_ACTIVE_STATUSES = ("queued", "running")
+
+
+class PlanJob(Base):
+    """One capacity-planner run (jobs/plan_runner.py): the inputs the API resolved and checked (the job needs
+    no DB), its status and, when it succeeded, the plan; the first terminal status written wins."""
+
+    __tablename__ = "plan_jobs"
+    __table_args__ = (
+        CheckConstraint(_in_check("status", PLAN_JOB_STATUSES), name="status"),
+        Index("ix_plan_jobs_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    runner: Mapped[str] = mapped_column(String(16))  # "embedded" (a child of an API process) or "celery"
+    # The embedded runner's API process (settings.api.api_instance_id): on start it fails what it left behind.
+    owner: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Past this an unfinished job's runner is taken for dead: the job reads as failed (registry/plan_jobs.py).
+    deadline_at: Mapped[datetime] = mapped_column(UTCDateTime())

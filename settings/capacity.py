@@ -38,7 +38,27 @@ class PlacementSettings(BaseModel):
     planner_profile: str = Field(
         default="h100-llama3.1-8b-vllm",
         description="Capacity planner (lorahost plan, POST /v1/admin/plan): a shipped twin profile's name "
-        "(scheduler/twin/profiles/NAME.json) or a profile file's path",
+        "(scheduler/twin/profiles/NAME.json) or a profile file's path chosen by the operator (POST /v1/admin/plan "
+        "takes profile names only: the shipped ones and this one's file name without .json)",
+    )
+    planner_max_running: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Capacity planner jobs (POST /v1/admin/plan): how many plans run at once (child processes in "
+        "embedded mode, Celery tasks otherwise); the others wait in the queue",
+    )
+    planner_max_queued: int = Field(
+        default=4,
+        ge=0,
+        le=1000,
+        description="Capacity planner jobs: how many plans may wait beyond the running ones; past it a new plan is "
+        "refused with 429 (wait for one to finish or cancel one)",
+    )
+    planner_time_limit_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="Capacity planner jobs: seconds a plan may run; past it the job is killed and fails saying so",
     )
     planner_cache_dir: Path | None = Field(
         default=None,

@@ -111,14 +111,42 @@ def planner_page(request: Request, user: ConsoleOperator, services: ServicesDep)
 async def run_planner(
     request: Request, _: CsrfChecked, user: ConsoleOperator, db: SessionDep, services: ServicesDep
 ) -> Response:
-    """Plan GPUs for the recorded demand within the SLO (POST /v1/admin/plan); the result fragment."""
+    """Queue a plan of the recorded demand within the SLO (POST /v1/admin/plan); the job fragment, which polls
+    itself until the plan is done."""
     form = await request.form()
     values = {k: v for k, v in form.items() if k in PLAN_FORM_FIELDS and v != ""}
     try:
         body = PlanRequest.model_validate(values)
-        result = await run_in_threadpool(plan.create_capacity_plan, body, None, services, db)
+        job = await run_in_threadpool(plan.submit_plan, body, services, db)
     except ValidationError as exc:
         return render(request, "admin_plan_result.html", user, 400, error=str(exc.errors()[0]["msg"]))
     except ApiError as exc:
         return render(request, "admin_plan_result.html", user, exc.status_code, error=exc.message)
-    return render(request, "admin_plan_result.html", user, result=result)
+    return render(request, "admin_plan_job.html", user, job=plan.plan_job_public(job))
+
+
+@router.get("/planner/jobs/{job_id}", response_class=HTMLResponse)
+async def planner_job(request: Request, job_id: str, user: ConsoleOperator, db: SessionDep) -> Response:
+    """The plan job's fragment: progress while it waits or runs (htmx polls it), then the plan or the reason."""
+    try:
+        job = await plan.get_capacity_plan(job_id, None, db)
+    except ApiError as exc:
+        return render(request, "admin_plan_result.html", user, exc.status_code, error=exc.message)
+    return render(request, "admin_plan_job.html", user, job=job)
+
+
+@router.post("/planner/jobs/{job_id}/cancel", response_class=HTMLResponse)
+async def cancel_planner_job(
+    request: Request,
+    job_id: str,
+    _: CsrfChecked,
+    user: ConsoleOperator,
+    db: SessionDep,
+    services: ServicesDep,
+) -> Response:
+    """Cancel the plan job (DELETE /v1/admin/plan/{id}); its fragment."""
+    try:
+        job = await run_in_threadpool(plan.cancel_plan, job_id, services, db)
+    except ApiError as exc:
+        return render(request, "admin_plan_result.html", user, exc.status_code, error=exc.message)
+    return render(request, "admin_plan_job.html", user, job=plan.plan_job_public(job))

@@ -28,6 +28,7 @@ TABLES = {
     "base_models",
     "console_sessions",
     "base_model_names",
+    "plan_jobs",
 }
 
 

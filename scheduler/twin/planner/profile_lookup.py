@@ -1,4 +1,5 @@
-"""`resolve_profile`: a twin profile from a file path or the name of a shipped one (scheduler/twin/profiles/)."""
+"""`resolve_profile`: a twin profile from a file path or the name of a shipped one (scheduler/twin/profiles/),
+for the operator (CLI, settings); `resolve_profile_name`: by name only, for requests (POST /v1/admin/plan)."""
 
 from __future__ import annotations
 
@@ -27,4 +28,31 @@ def resolve_profile(name_or_path: str) -> TwinProfile:
     raise ProfileError(
         f"{name_or_path}: no such profile file, nor a shipped profile of that name "
         f"(shipped: {', '.join(shipped_profile_names())})"
+    )
+
+
+def configured_profile_name(configured: str) -> str:
+    """The name the operator's configured profile (a shipped name or a file path) goes by: its file name
+    without the suffix."""
+    name = Path(configured).name
+    for suffix in (".json", ".yaml", ".yml"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def resolve_profile_name(name: str | None, configured: str) -> TwinProfile:
+    """The profile a request names: None for the operator's `configured` one, else a shipped profile's name or
+    the configured profile's name (configured_profile_name). A request never names a file: anything else is a
+    ProfileError listing the valid names, and no file is looked at (nothing of the server's files leaks)."""
+    if name is None:
+        return resolve_profile(configured)
+    key = name.removesuffix(".json")
+    if key == configured_profile_name(configured):
+        return resolve_profile(configured)
+    if key in shipped_profile_names():
+        return load_profile(SHIPPED_DIR / f"{key}.json")
+    valid = sorted({configured_profile_name(configured), *shipped_profile_names()})
+    raise ProfileError(
+        f"no profile named {name!r}: name a profile, not a file (shipped: {', '.join(shipped_profile_names())}; "
+        f"valid here: {', '.join(valid)})"
     )

@@ -1,5 +1,6 @@
-"""`plan_workload`: the planner end to end, what `lorahost plan` and POST /v1/admin/plan call: the surrogate
-from cached (or new) twin training runs, the plan and its twin check, and optionally the baselines."""
+"""`plan_workload`: the planner end to end, what `lorahost plan` and POST /v1/admin/plan's jobs
+(scheduler/twin/planner/plan_inputs.py) call: the surrogate from cached (or new) twin training runs, the plan
+and its twin check, and optionally the baselines."""
 
 from __future__ import annotations
 

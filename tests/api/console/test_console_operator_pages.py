@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import io
+import re
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -15,7 +17,7 @@ from registry.models import Tenant
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.console.console_support import publish_worker, sign_in
 from tests.api.test_completions_support import add_ready_version
-from tests.api.test_plan_api import record_demand
+from tests.api.test_plan_api import process_is_gone, record_demand
 from tests.registry.test_usage_db import seed_ledger
 
 PERIOD = {"start": "2026-01-01", "end": "2026-01-03T00:00:00Z"}
@@ -122,6 +124,12 @@ def test_planner_refuses_a_bad_slo_or_no_demand_with_a_message(client: TestClien
     assert empty.status_code == 400 and 'class="error"' in empty.text
 
 
+def _plan_job_id(html: str) -> str:
+    match = re.search(r'hx-get="/console/admin/planner/jobs/([0-9a-f-]+)" hx-trigger="every 1s"', html)
+    assert match, html
+    return match.group(1)
+
+
 @pytest.mark.slow  # the planner trains its surrogate on twin runs and checks every GPU in the twin
 def test_planner_answers_how_many_gpus_the_recorded_demand_needs(
     client: TestClient, tenant: TenantHandle, db_session: Session
@@ -132,8 +140,43 @@ def test_planner_answers_how_many_gpus_the_recorded_demand_needs(
     form = {"window_s": "60", "slo": "ttft_p99=2s", "num_samples": "8", "check_s": "3"}
     response = client.post("/console/admin/planner", data=form, headers={"X-CSRF-Token": csrf})
     assert response.status_code == 200, response.text
-    assert 'id="plan-gpus"' in response.text and "within the SLO" in response.text
-    assert f'"adapter_id": "{hot.id}"' in response.text  # the full plan, in the details
+    job_id = _plan_job_id(response.text)  # the fragment polls its job every second while it waits or runs
+    assert 'id="plan-cancel"' in response.text
+    assert client.app.state.services.plan_runner.wait(job_id, 300.0)  # type: ignore[attr-defined]
+    done = client.get(f"/console/admin/planner/jobs/{job_id}")
+    assert 'id="plan-gpus"' in done.text and "within the SLO" in done.text
+    assert f'"adapter_id": "{hot.id}"' in done.text  # the full plan, in the details
+    assert "every 1s" not in done.text  # done: no more polling
+
+
+@pytest.mark.slow  # a plan's child process starts
+def test_planner_job_is_cancelled_from_its_fragment(
+    client: TestClient, tenant: TenantHandle, db_session: Session
+) -> None:
+    hot = add_ready_version(db_session, tenant.id, "hot", rank=16)
+    record_demand(db_session, tenant.id, hot.id, 30)
+    csrf = sign_in(client, ADMIN_KEY)
+    form = {"window_s": "60", "num_samples": "2000", "check_s": "600"}  # minutes of twin runs
+    job_id = _plan_job_id(
+        client.post("/console/admin/planner", data=form, headers={"X-CSRF-Token": csrf}).text
+    )
+    runner = client.app.state.services.plan_runner  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 300.0
+    while (pid := runner.child_pid(job_id)) is None:
+        assert time.monotonic() < deadline, "the plan's process never started"
+        time.sleep(0.05)
+    cancelled = client.post(f"/console/admin/planner/jobs/{job_id}/cancel", headers={"X-CSRF-Token": csrf})
+    assert cancelled.status_code == 200 and 'data-status="cancelled"' in cancelled.text, cancelled.text
+    assert "every 1s" not in cancelled.text
+    assert process_is_gone(pid)
+
+
+def test_planner_cancel_needs_csrf_and_unknown_jobs_are_404(client: TestClient) -> None:
+    csrf = sign_in(client, ADMIN_KEY)
+    assert client.post("/console/admin/planner/jobs/nope/cancel").status_code == 403
+    missing = client.post("/console/admin/planner/jobs/nope/cancel", headers={"X-CSRF-Token": csrf})
+    assert missing.status_code == 404 and 'class="error"' in missing.text
+    assert client.get("/console/admin/planner/jobs/nope").status_code == 404
 
 
 def test_a_plan_whose_twin_check_saw_no_request_says_so() -> None:
