@@ -9,15 +9,19 @@ import httpx
 from rich.console import Console
 
 console = Console()
+# The sign-in form's token: bound to the nonce in the pre-session cookie the same GET set.
+LOGIN_TOKEN_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 def signed_in(base_url: str, key: str) -> httpx.Client:
     """A client signed in to the console with `key` (its cookie jar holds the session)."""
     client = httpx.Client(base_url=base_url, timeout=60, follow_redirects=True)
-    client.get("/console/login").raise_for_status()
-    response = client.post(
-        "/console/login", data={"key": key, "csrf_token": client.cookies.get("lh_console_login", "")}
-    )
+    form = client.get("/console/login")
+    form.raise_for_status()
+    token = LOGIN_TOKEN_RE.search(form.text)
+    if token is None:
+        raise RuntimeError("console sign-in form has no token")
+    response = client.post("/console/login", data={"key": key, "csrf_token": token.group(1)})
     response.raise_for_status()
     if "/console/login" in str(response.url):
         raise RuntimeError(f"console sign-in failed: {response.status_code}")

@@ -98,9 +98,11 @@ class WorkerRuntime:
         service = service or self.service
         if self.directory is None or service is None:
             return
-        record = service.record(self.url, await service.engine_stats())
         try:
             async with self._directory_lock:
+                # The record is built under the lock: a beat that started before a drain cannot publish
+                # is_draining=False after the drain's own beat.
+                record = service.record(self.url, await service.engine_stats())
                 if not self._is_deregistered:
                     await asyncio.to_thread(self.directory.heartbeat, record, self.heartbeat_ttl_s)
         except Exception:  # a directory outage must not kill the worker; the next beat retries

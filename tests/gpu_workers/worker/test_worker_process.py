@@ -61,6 +61,8 @@ def test_sigterm_drains_in_flight_stream_then_exits_0_and_deregisters(
             assert client.get("/ready").json()["status"] == "draining"
             refused = client.post("/generate", json={"request_id": "late", "prompt": "hi"})
             assert refused.status_code == 503 and refused.json()["error"]["type"] == "draining"
+            # /ready flips before the drain's heartbeat reaches the directory: wait for that beat.
+            assert wait_for(lambda: [r.is_draining for r in worker.directory.list_live()] == [True])
             [record] = worker.directory.list_live()
             assert record.is_draining and not record.is_ready
 
