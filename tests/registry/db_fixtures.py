@@ -14,6 +14,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,13 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A migrated PostgreSQL database of its own, dropped at the end of the session."""
+    with migrated_postgres_database() as url:
+        yield url
+
+
+@contextmanager
+def migrated_postgres_database() -> Iterator[str]:
+    """A new migrated PostgreSQL database (its URL), dropped on exit; skips (fails under CI) without one."""
     from migrations.runner import upgrade
 
     reason = postgres_reachable()
@@ -146,15 +154,8 @@ def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         upgrade(url)
         yield url
         return
-    reason = postgres_reachable()
-    if reason:
-        require_service(reason)
-    url = create_postgres_database()
-    try:
-        upgrade(url)
+    with migrated_postgres_database() as url:
         yield url
-    finally:
-        drop_postgres_database(url)
 
 
 @pytest.fixture(scope="session")

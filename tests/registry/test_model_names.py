@@ -18,12 +18,7 @@ from registry.db import make_engine, make_session_factory
 from registry.errors import ConflictError, InvalidRequestError
 from registry.models import BaseModelName, CatalogModel
 from registry.storage import LocalBlobStore
-from tests.registry.db_fixtures import (
-    create_postgres_database,
-    drop_postgres_database,
-    postgres_reachable,
-    require_service,
-)
+from tests.registry.db_fixtures import migrated_postgres_database
 
 
 @pytest.fixture
@@ -34,17 +29,8 @@ def store(tmp_path: Path) -> LocalBlobStore:
 @pytest.fixture
 def own_postgres_url() -> Iterator[str]:
     """A migrated PostgreSQL database of this test's own (its work really commits), dropped afterwards."""
-    from migrations.runner import upgrade
-
-    reason = postgres_reachable()
-    if reason:
-        require_service(reason)
-    url = create_postgres_database()
-    try:
-        upgrade(url)
+    with migrated_postgres_database() as url:
         yield url
-    finally:
-        drop_postgres_database(url)
 
 
 BAD_NAMES = [
