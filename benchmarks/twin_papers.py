@@ -1,7 +1,7 @@
 """The five papers' headline effects at GPU scale, in the digital twin (issue 22 item 6).
 
 Each section replays Azure-conversation-length traces (../shared/data/azure_llm_2023_conv.csv, Poisson
-arrivals, Zipf(1) adapter popularity) through the twin (scheduler/twin/: the engine's own core over a cost
+arrivals, Zipf(1) adapter popularity) through the twin (twin/: the engine's own core over a cost
 model priced by a GPU profile, or N of them behind the production router/placement), with the baseline and
 the paper's mechanism switched by the same settings production reads, and prints the twin's value beside the
 paper's own number:
@@ -20,7 +20,7 @@ paper's own number:
     .venv/bin/python benchmarks/twin_papers.py --quick            # ~1 minute smoke run
     .venv/bin/python benchmarks/twin_papers.py --sections chameleon,caraserve
 
-Every number comes from one profile (default scheduler/twin/profiles/h100-llama3.1-8b-vllm.json; its sources
+Every number comes from one profile (default twin/profiles/h100-llama3.1-8b-vllm.json; its sources
 are printed); memory-bound and memory-scarce cases shrink the profile's device bytes (printed per section):
 the full H100 pool (~467k KV tokens of Llama-3.1-8B) is never the bottleneck at these rates.
 """
@@ -45,14 +45,14 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
-from scheduler.twin.cluster_sim import ClusterOptions, simulate_cluster
-from scheduler.twin.cost_model import CostModel
-from scheduler.twin.profile import TwinProfile, load_profile
-from scheduler.twin.request_record import RequestRecord
-from scheduler.twin.trace import AdapterSpec, TraceRequest
-from scheduler.twin.worker_sim import SimulatedWorker
 from settings import Settings
 from settings.engine import EngineSettings
+from twin.cluster_sim import ClusterOptions, simulate_cluster
+from twin.cost_model import CostModel
+from twin.profile import TwinProfile, load_profile
+from twin.request_record import RequestRecord
+from twin.trace import AdapterSpec, TraceRequest
+from twin.worker_sim import SimulatedWorker
 
 # ../shared/data beside the main checkout (/work/main), or two levels up from a worktree (/work/wt/<name>)
 _TRACE_NAME = Path("shared") / "data" / "azure_llm_2023_conv.csv"
@@ -60,7 +60,7 @@ CONV_TRACE = next(
     (d / _TRACE_NAME for d in (REPO.parent, REPO.parent.parent) if (d / _TRACE_NAME).exists()),
     REPO.parent / _TRACE_NAME,
 )
-PROFILES = REPO / "scheduler" / "twin" / "profiles"
+PROFILES = REPO / "twin" / "profiles"
 DEFAULT_PROFILE = PROFILES / "h100-llama3.1-8b-vllm.json"
 GIB = 1 << 30
 SECTIONS = ("chameleon", "fastlibra", "eviction", "caraserve", "loraserve")
@@ -654,7 +654,7 @@ def section_caraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
         (
             f"the twin caps a step's host part at the landing of the host-assisted adapters' copies (the engine's "
             "layer switch to a landed device copy, gpu_workers/engine/adapter_transfers.py host_lora / LayerSwitch; "
-            "scheduler/twin/simulated_executor.py run_step). With the H100 profile a rank-64 copy takes "
+            "twin/simulated_executor.py run_step). With the H100 profile a rank-64 copy takes "
             f"{copy_s * 1000:.1f} ms, far less than one CPU worker's full delta ({host_us * 512 * CARA_RANK / 1e6:.2f} s "
             "for 512 tokens), so the host part always ends at the copy: a CPU-assisted cold prefill runs in the step "
             "it arrives for and pays at most the copy, inside a step of >= 5.75 ms; on-demand skips one step for the "
@@ -861,7 +861,7 @@ def _prefill_shape(num_tokens: int, rank: int) -> Any:
     from scheduler.core.sampling import SamplingParams
     from scheduler.core.sequence import BatchEntry
     from scheduler.core.sequence import Sequence as CoreSequence
-    from scheduler.twin.step_shape import StepShape
+    from twin.step_shape import StepShape
 
     seq = CoreSequence("p", list(range(num_tokens)), SamplingParams(max_tokens=1), "x", 1)
     return StepShape.of([BatchEntry(seq, num_tokens)], {"x": rank}, set())

@@ -1,6 +1,6 @@
 """The autoscaler's inputs, per base model: `BaseModelLoad`s from the published demand (routing table), the
 live worker records and the cold-start waiters, and the `ScalingPolicy` from settings. Pure: the API's
-scaling view (api/scaling_view.py) and the cluster twin (scheduler/twin/cluster_sim.py) both build the
+scaling view (api/scaling_view.py) and the cluster twin (twin/cluster_sim.py) both build the
 decision's inputs here and call scheduler/scaling.py `decide_scaling`.
 """
 

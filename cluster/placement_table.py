@@ -1,6 +1,6 @@
 """The placement job's pure half: usage history -> demand forecast -> placement per base model -> the routing
 table to publish, and which adapters workers should drop. No database or HTTP: registry/placement_job.py reads
-the usage rows and the ready versions and publishes; the cluster twin (scheduler/twin/cluster_sim.py) feeds
+the usage rows and the ready versions and publishes; the cluster twin (twin/cluster_sim.py) feeds
 it the simulated usage and workers. Rules in registry/placement_job.py's module docstring.
 """
 

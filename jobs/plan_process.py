@@ -2,7 +2,7 @@
 
 `run_plan_process` spawns a child (the `spawn` start method: nothing of a threaded parent is inherited), which
 lowers its own priority (os.nice, so API requests win the CPU on a small box), runs
-scheduler/twin/planner/plan_inputs.run_plan_inputs and sends the answer back over a pipe. The parent waits on
+twin/planner/plan_inputs.run_plan_inputs and sends the answer back over a pipe. The parent waits on
 the pipe and the child's sentinel, and kills the child when `should_stop()` turns true (cancellation,
 shutdown) or the time limit passes. The child also exits by itself when its parent dies (it watches its
 parent's pid), so no plan outlives the process that asked for it.
@@ -101,7 +101,7 @@ def _child_main(
     """The child: low priority, exit with the parent, plan, send ("ok", plan) or ("error", reason)."""
     os.nice(CHILD_NICE)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-    from scheduler.twin.planner.plan_inputs import run_plan_inputs
+    from twin.planner.plan_inputs import run_plan_inputs
 
     try:
         answer: tuple[str, Any] = ("ok", run_plan_inputs(inputs, engine, Path(cache_dir)))

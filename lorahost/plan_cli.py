@@ -3,7 +3,7 @@
     lorahost plan WORKLOAD.yaml [--profile NAME|PATH] [--slo ttft_p99=2s] [--objective throughput|latency]
                   [--baselines] [--json]
 
-The surrogate (scheduler/twin/planner/) is trained on twin runs of one worker with the profile and this
+The surrogate (twin/planner/) is trained on twin runs of one worker with the profile and this
 deployment's engine settings, cached under --cache-dir (first run: a few minutes; later runs: a refit). Every
 plan printed was re-run in the twin, GPU by GPU; the exit status is 1 when the twin check still fails.
 """
@@ -41,14 +41,14 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables")] = False,
 ) -> None:
     """Plan GPUs, adapter placement and adapter caches for a workload, checked in the digital twin."""
-    from scheduler.twin.planner.plan import PlanOptions
-    from scheduler.twin.planner.profile_lookup import resolve_profile
-    from scheduler.twin.planner.run_planner import plan_workload
-    from scheduler.twin.planner.slo import parse_slo
-    from scheduler.twin.planner.surrogate import TrainingConfig
-    from scheduler.twin.planner.workload import WorkloadError, load_workload
-    from scheduler.twin.profile import ProfileError
     from settings import Settings
+    from twin.planner.plan import PlanOptions
+    from twin.planner.profile_lookup import resolve_profile
+    from twin.planner.run_planner import plan_workload
+    from twin.planner.slo import parse_slo
+    from twin.planner.surrogate import TrainingConfig
+    from twin.planner.workload import WorkloadError, load_workload
+    from twin.profile import ProfileError
 
     settings = Settings()
     try:

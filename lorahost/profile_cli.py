@@ -7,7 +7,7 @@
 The engine is built from the same settings as `lorahost worker` (LORAHOST_ENGINE_*, LORAHOST_BASE_MODEL_PATH);
 point the worker at the file with LORAHOST_WORKER_PROFILE_PATH. Runs on the hardware it profiles.
 `--twin-output` also measures what the digital twin's cost model needs (mixed prefill+decode steps, decode
-context, distinct adapters, copy rate, scheduler time) and writes a twin profile (scheduler/twin/profile.py;
+context, distinct adapters, copy rate, scheduler time) and writes a twin profile (twin/profile.py;
 `.yaml` or `.json`).
 """
 
@@ -56,8 +56,8 @@ def profile(
     (sum-of-ranks or max-rank term, whichever fits better) and write the profile file."""
     from gpu_workers.engine.profiler import ProfileGrid, describe, run_profile
     from scheduler.perf_model import PerfModel
-    from scheduler.twin.profile import save_profile
     from settings import Settings
+    from twin.profile import save_profile
 
     grid = ProfileGrid(
         ranks=_ints(ranks, "--ranks"),

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry.models import AdapterVersion, UsageRecord
-from scheduler.twin.planner.recorded_demand import UsageSample
+from twin.planner.recorded_demand import UsageSample
 
 
 def read_plan_demand(session: Session, now: datetime, window_s: float) -> list[UsageSample]:

@@ -1,6 +1,6 @@
 """How a scaler acts on a desired worker count: how many workers to start and which to stop (the newest
 first: the older ones hold warm adapters). Pure: the local process scaler (lorahost/scaler.py, as KEDA does
-in production) and the cluster twin (scheduler/twin/cluster_sim.py) both apply it.
+in production) and the cluster twin (twin/cluster_sim.py) both apply it.
 """
 
 from __future__ import annotations

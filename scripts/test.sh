@@ -21,7 +21,7 @@ echo "== lint (ruff check, ruff format --check) =="
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 
-echo "== types (mypy: checked everywhere, strict on scheduler/ and cluster/; pyproject.toml [tool.mypy]) =="
+echo "== types (mypy: checked everywhere, strict on scheduler/, cluster/ and twin/; pyproject.toml [tool.mypy]) =="
 "$VENV/bin/mypy"
 
 echo "== tests =="

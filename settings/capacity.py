@@ -38,7 +38,7 @@ class PlacementSettings(BaseModel):
     planner_profile: str = Field(
         default="h100-llama3.1-8b-vllm",
         description="Capacity planner (lorahost plan, POST /v1/admin/plan): a shipped twin profile's name "
-        "(scheduler/twin/profiles/NAME.json) or a profile file's path chosen by the operator (POST /v1/admin/plan "
+        "(twin/profiles/NAME.json) or a profile file's path chosen by the operator (POST /v1/admin/plan "
         "takes profile names only: the shipped ones and this one's file name without .json)",
     )
     planner_max_running: int = Field(

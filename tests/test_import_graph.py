@@ -21,6 +21,7 @@ PACKAGES = (
     "lorahost",
     "migrations",
     "settings",
+    "twin",
 )
 
 

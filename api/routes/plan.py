@@ -1,4 +1,4 @@
-"""Capacity-plan jobs (admin key only): the planner (scheduler/twin/planner/) on recorded demand (usage rows over a
+"""Capacity-plan jobs (admin key only): the planner (twin/planner/) on recorded demand (usage rows over a
 window, registry/plan_demand.py) or on a given workload, with a twin profile, run as a JOB out of the request
 path (jobs/plan_runner.py: a low-priority child process in embedded mode, a Celery task otherwise).
 
@@ -36,12 +36,12 @@ from registry.plan_jobs import (
     finish_plan_job,
     get_plan_job,
 )
-from scheduler.twin.planner.plan_inputs import plan_inputs
-from scheduler.twin.planner.profile_lookup import resolve_profile_name
-from scheduler.twin.planner.recorded_demand import workload_from_usage
-from scheduler.twin.planner.slo import parse_slo
-from scheduler.twin.planner.workload import Workload, workload_from_dict
-from scheduler.twin.profile import ProfileError
+from twin.planner.plan_inputs import plan_inputs
+from twin.planner.profile_lookup import resolve_profile_name
+from twin.planner.recorded_demand import workload_from_usage
+from twin.planner.slo import parse_slo
+from twin.planner.workload import Workload, workload_from_dict
+from twin.profile import ProfileError
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRoute)
 RETRY_AFTER_S = 30  # the Retry-After of a 429: plans take seconds to minutes

@@ -10,7 +10,7 @@ rank alone, and (batches of 2+) one request of the largest rank with the rest at
 alternation of both: mixed batches are what tells a "sum of ranks" kernel from a "max rank" one.
 With `twin=True` the same engine is also measured for the digital twin (gpu_workers/engine/twin_profiler.py:
 mixed prefill+decode steps, decode context, distinct adapters, copy rate, scheduler time) and a
-`scheduler.twin.profile.TwinProfile` is fitted beside the router's model.
+`twin.profile.TwinProfile` is fitted beside the router's model.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 from gpu_workers.engine.profile_grid import ProfileGrid, unique_prompt
 from scheduler.perf_model import LatencySample, PerfModel, fit_latency, fit_load
-from scheduler.twin.profile import TwinProfile
 from settings import Settings
+from twin.profile import TwinProfile
 
 Echo = Callable[[str], None]
 WARMUP_PROMPT_TOKENS = 16

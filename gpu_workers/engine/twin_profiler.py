@@ -6,7 +6,7 @@ On the engine `lorahost profile` built, every step is recorded as the core's own
 the profiler's rank mixes (prefill step, then decode steps at growing context), a mixed step (the batch
 decoding while one new prompt prefills in the same step), and (batches of 2+) one adapter per request
 (copies of the smallest rank under distinct ids), so the fit can tell distinct adapters from rank. Each
-distinct shape keeps its best time. The step coefficients come from `scheduler.twin.fit.fit_step_cost`; the
+distinct shape keeps its best time. The step coefficients come from `twin.fit.fit_step_cost`; the
 copy costs from each rank's adapter timed in two parts (preparing its host copy in the engine thread: read,
 validate, pack; then the copy to the device: a clone on a CPU engine, PCIe on CUDA); memory from the engine's
 KV pool; the model shape from config.json.
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_workers.engine.kernel_tuner import machine_fingerprint
-from scheduler.twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
-from scheduler.twin.profile import ProfileModel, TwinProfile
-from scheduler.twin.step_shape import StepShape
 from settings import Settings
+from twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
+from twin.profile import ProfileModel, TwinProfile
+from twin.step_shape import StepShape
 
 if TYPE_CHECKING:
     from gpu_workers.engine.profile_grid import ProfileGrid

@@ -1,4 +1,4 @@
-"""The torch-free engine core: the engine (gpu_workers/engine/llm_engine.py) and the digital twin (scheduler/twin/)
+"""The torch-free engine core: the engine (gpu_workers/engine/llm_engine.py) and the digital twin (twin/)
 run this same code; only the executor differs (the model runner vs a cost model).
 
 Modules:

@@ -1,6 +1,6 @@
 """EngineCore: one engine's step loop over an `Executor`, torch-free, shared by the native engine
 (gpu_workers/engine/llm_engine.py, whose executor is the torch `ModelRunner`) and the digital twin
-(scheduler/twin/, whose executor is simulated).
+(twin/, whose executor is simulated).
 
 It owns the page pool (sized from the executor's `MemoryGeometry`), the adapter residency, the prefix cache
 and the `BatchScheduler`. Each `step()`: report the adapter copies that landed, `schedule()`, carry out the

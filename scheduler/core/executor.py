@@ -2,7 +2,7 @@
 
 The engine core decides (admission, pages, adapter residency, copies to start, evictions); an executor runs
 a step's entries and moves adapter copies. The torch `ModelRunner` (gpu_workers/engine/model_runner.py) is
-one executor; the digital twin's `SimulatedExecutor` (scheduler/twin/) is another, whose steps take the
+one executor; the digital twin's `SimulatedExecutor` (twin/) is another, whose steps take the
 time a cost model says. Both serve the same `EngineCore`, so the twin runs the engine's own scheduling code.
 """
 

@@ -1,6 +1,6 @@
 """Memory geometry of one engine: the model's shape (from its config.json) and how the device memory budget
 cuts into KV blocks and adapter pages. Torch-free and parsed once, so the engine's model runner, the engine
-core and the digital twin (scheduler/twin/) size the same page pool from the same numbers.
+core and the digital twin (twin/) size the same page pool from the same numbers.
 
 Pages: one page holds one KV block (K and V of `block_size` tokens across all layers). In a static split the
 pool is `num_kv_pages` KV pages plus `num_adapter_pages` pages only adapters use; in a unified pool adapters

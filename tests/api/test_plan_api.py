@@ -24,9 +24,9 @@ from api.main import create_app
 from api.services import Services, build_services
 from jobs.plan_runner import EmbeddedPlanRunner
 from registry.models import Base, PlanJob, Tenant, UsageRecord, utcnow
-from scheduler.twin.planner.plan_inputs import run_plan_inputs
 from settings import Settings
 from tests.api.test_completions_support import add_ready_version
+from twin.planner.plan_inputs import run_plan_inputs
 
 pytestmark = pytest.mark.slow  # the planner runs the twin in a child process
 
@@ -309,7 +309,7 @@ def test_the_profile_field_never_reads_a_server_path(app: PlanApp, tmp_path: Pat
 def test_the_operators_configured_profile_file_goes_by_its_name(
     make_app: Callable[..., PlanApp], tmp_path: Path
 ) -> None:
-    from scheduler.twin.planner.profile_lookup import SHIPPED_DIR
+    from twin.planner.profile_lookup import SHIPPED_DIR
 
     path = tmp_path / "site-gpu.json"
     path.write_text((SHIPPED_DIR / "a100-llama3.1-8b-vllm.json").read_text())

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.twin.profile import profile_from_dict
-from scheduler.twin.run_metrics import COMPARED
-from tests.scheduler.twin.profile_helpers import tiny_profile_dict
+from tests.twin.profile_helpers import tiny_profile_dict
+from twin.profile import profile_from_dict
+from twin.run_metrics import COMPARED
 
 pytestmark = pytest.mark.slow  # runs the real engine and the twin on the same trace
 

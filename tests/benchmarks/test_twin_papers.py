@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import twin_papers as tp
-from scheduler.twin.profile import load_profile
-from scheduler.twin.request_record import RequestRecord
-from scheduler.twin.trace import TraceRequest
+from twin.profile import load_profile
+from twin.request_record import RequestRecord
+from twin.trace import TraceRequest
 
 pytestmark = pytest.mark.slow  # every paper section runs the cluster twin
 

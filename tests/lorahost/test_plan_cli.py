@@ -23,7 +23,7 @@ def _plan(tmp_path: Path, *args: str):  # type: ignore[no-untyped-def]
 
 
 def test_plan_places_the_example_workload_and_checks_it_in_the_twin(tmp_path: Path) -> None:
-    from scheduler.twin.planner.workload import load_workload
+    from twin.planner.workload import load_workload
 
     args = [str(EXAMPLE), "--profile", "h100-llama3.1-8b-vllm", "--slo", "ttft_p99=2s", *FAST]
     result = _plan(tmp_path, *args, "--json", "--baselines")

@@ -94,9 +94,9 @@ def test_profile_needs_a_base_model(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_profile_also_writes_a_twin_profile_the_cost_model_loads(
     base_model_dir: Path, tmp_path: Path
 ) -> None:
-    from scheduler.twin.cost_model import CostModel
-    from scheduler.twin.profile import load_profile
-    from scheduler.twin.step_shape import StepShape
+    from twin.cost_model import CostModel
+    from twin.profile import load_profile
+    from twin.step_shape import StepShape
 
     output, twin = tmp_path / "profile.json", tmp_path / "twin" / "cpu.yaml"
     result = _invoke(

@@ -1,6 +1,6 @@
 """The engine core's step loop over a scripted executor (no tensors): tokens, stops, times, copies that land
 or fail, rows without a token, aborts. The native engine runs the same loop over its model runner
-(tests/gpu_workers/engine/); the digital twin over its simulated executor (tests/scheduler/twin/)."""
+(tests/gpu_workers/engine/); the digital twin over its simulated executor (tests/twin/)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,129 @@
+"""The worker twin on tiny scenarios, every time worked out by hand from a profile of round numbers: a step
+costs 1 ms fixed + 0.1 ms per prefill token + 0.5 ms per decode row (nothing else), an adapter copy of
+1 MB takes 0.5 s (2 MB/s link)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler.core.engine_core import EngineCore
+from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
+from settings.engine import EngineSettings
+from tests.twin.profile_helpers import round_cost_model
+from twin.trace import AdapterSpec, TraceRequest
+from twin.worker_sim import SimulatedWorker
+
+SHAPE = ModelShape(2, 64, 4, 2, 16, 176, 512, 4096)
+MB = 1_000_000
+
+
+def _worker(
+    adapters: list[AdapterSpec] = (),  # type: ignore[assignment]
+    prepare_gbps: float | None = None,
+    **engine: Any,
+) -> SimulatedWorker:
+    settings = EngineSettings(**({"cpu_prefill_workers": 0, "enable_prefix_caching": False} | engine))
+    geometry = MemoryGeometry.plan(
+        SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
+        adapter_cache_bytes=4 * MB, max_lora_rank=64,
+    )  # fmt: skip
+    return SimulatedWorker(settings, geometry, round_cost_model(prepare_gbps=prepare_gbps), adapters)
+
+
+def test_one_request_prefills_then_decodes_at_the_profiles_step_times() -> None:
+    [record] = _worker().run([TraceRequest("r", 0.0, num_prompt_tokens=10, num_output_tokens=3)])
+    # prefill 1 + 0.1*10 = 2 ms; each decode 1 + 0.5 = 1.5 ms
+    assert record.token_times == pytest.approx([0.002, 0.0035, 0.005])
+    assert record.ttft_s == pytest.approx(0.002) and record.finish_s == pytest.approx(0.005)
+    assert record.queueing_s == 0.0 and record.finish_reason == "length"
+
+
+def test_a_request_arriving_mid_step_joins_the_next_step_with_the_running_decode() -> None:
+    a = TraceRequest("a", 0.0, num_prompt_tokens=10, num_output_tokens=2)
+    b = TraceRequest("b", 0.001, num_prompt_tokens=10, num_output_tokens=1)
+    rec_a, rec_b = _worker().run([a, b])
+    # step 1 [0, 2 ms): a's prefill; step 2 from 2 ms: a's decode + b's prefill = 1 + 0.5 + 1 = 2.5 ms
+    assert rec_a.token_times == pytest.approx([0.002, 0.0045])
+    assert rec_b.first_scheduled_s == pytest.approx(0.002) and rec_b.queueing_s == pytest.approx(0.001)
+    assert rec_b.ttft_s == pytest.approx(0.0035)
+
+
+def test_a_cold_adapter_waits_for_its_copy_while_a_base_request_runs_meanwhile() -> None:
+    adapter = AdapterSpec("a", rank=8, num_bytes=MB)
+    cold = TraceRequest("cold", 0.0, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")
+    base = TraceRequest("base", 0.1, num_prompt_tokens=10, num_output_tokens=1)
+    worker = _worker([adapter])
+    rec_cold, rec_base = worker.run([cold, base])
+    assert rec_base.token_times == pytest.approx([0.102])  # runs at its arrival, during the copy
+    assert rec_cold.ttft_s == pytest.approx(0.502)  # the 0.5 s copy, then a 2 ms prefill
+    assert worker.executor.num_copies == 1 and worker.core.stats()["num_adapter_copies"] == 1
+    again = worker.run([TraceRequest("warm", 1.0, 10, 1, adapter_id="a")])[0]
+    assert again.ttft_s == pytest.approx(0.002)  # still on the device: no copy
+
+
+def test_preparing_a_cold_adapters_host_copy_holds_up_the_running_decodes() -> None:
+    """As in the native engine, the host copy (read, validate, pack) is made in the engine thread before the
+    copy starts: 1 MB at 0.01 GB/s = 0.1 s during which no step runs."""
+    adapter = AdapterSpec("a", rank=8, num_bytes=MB)
+    base = TraceRequest("base", 0.0, num_prompt_tokens=10, num_output_tokens=3)
+    cold = TraceRequest("cold", 0.001, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")
+    worker = _worker([adapter], prepare_gbps=0.01)
+    rec_base, rec_cold = worker.run([base, cold])
+    # base: prefill [0, 2 ms); at 2 ms the step that starts a's copy first prepares it (0.1 s), then decodes
+    # base (1.5 ms); the copy (0.5 s) starts at 102 ms and lands at 602 ms, then cold prefills (2 ms)
+    assert rec_base.token_times == pytest.approx([0.002, 0.1035, 0.105])
+    assert rec_cold.token_times == pytest.approx([0.604])
+    assert worker.executor.prepare_seconds == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(("host_cache_bytes", "num_prepares"), [(4 * MB, 1), (0, 2)])
+def test_the_host_tier_spares_a_second_copy_its_preparation(host_cache_bytes: int, num_prepares: int) -> None:
+    worker = _worker(
+        [AdapterSpec("a", rank=8, num_bytes=MB)], prepare_gbps=0.01, host_adapter_cache_bytes=host_cache_bytes
+    )
+    executor = worker.executor
+    for _ in range(2):
+        executor.start_adapter_copy("a", None, [])
+        executor.wait_for_copy(10.0)
+        executor.take_finished_copies()
+    assert executor.prepare_seconds == pytest.approx(0.1 * num_prepares)
+    assert worker.clock() == pytest.approx(0.1 * num_prepares + 2 * 0.5)
+
+
+def test_the_batch_limit_makes_a_request_wait_its_turn_in_the_policys_order() -> None:
+    trace = [TraceRequest(f"r{i}", 0.0, num_prompt_tokens=10, num_output_tokens=2) for i in range(3)]
+    records = _worker(max_num_seqs=2).run(trace)
+    # steps: r0+r1 prefill (1 + 2 ms) = 3 ms; decode both 1 + 1 = 2 ms (both finish at 5 ms); r2 from 5 ms
+    assert [r.finish_s for r in records[:2]] == pytest.approx([0.005, 0.005])
+    assert records[2].first_scheduled_s == pytest.approx(0.005)
+    assert records[2].token_times == pytest.approx([0.007, 0.0085])
+
+
+def test_the_twin_runs_the_engines_own_core() -> None:
+    from gpu_workers.engine import llm_engine
+
+    assert llm_engine.EngineCore is EngineCore  # the engine imports the very class the twin runs
+    assert type(_worker().core) is EngineCore
+
+
+def test_an_unregistered_adapter_is_refused() -> None:
+    with pytest.raises(ValueError, match="unregistered adapter 'x'"):
+        _worker().run([TraceRequest("r", 0.0, 4, 1, adapter_id="x")])
+
+
+def test_a_cpu_assisted_prefill_switches_to_the_device_copy_when_it_lands() -> None:
+    # 10 tokens x rank 8: 80 ms on the host copy; the copy of 40 kB takes 20 ms
+    cost_model = round_cost_model(host_prefill_per_token_rank_us=1000.0)
+    settings = EngineSettings(cpu_prefill_workers=1, enable_prefix_caching=False)
+    geometry = MemoryGeometry.plan(
+        SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
+        adapter_cache_bytes=4 * MB, max_lora_rank=64,
+    )  # fmt: skip
+    worker = SimulatedWorker(settings, geometry, cost_model, [AdapterSpec("a", 8, 40_000)])
+    [record] = worker.run([TraceRequest("r", 0.0, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")])
+    # the prefill starts at once on the host copy; its host part ends when the copy lands at 20 ms, the
+    # device part (2 ms) is shorter: the step ends at 20 ms, not at 80 ms
+    assert record.ttft_s == pytest.approx(0.020)
+    assert worker.core.scheduler.copy_gate.num_cpu_assisted_prefills == 1

@@ -1,0 +1,138 @@
+"""`ClusterNode`: one worker of the cluster twin: a `SimulatedWorker` plus what the worker process adds around
+its engine (gpu_workers/worker/worker_service.py, adapter_manager.py): its lifecycle (starting, ready,
+draining, stopped), its host cache of adapter files, fetches in flight, adapter drops, and its published
+state, built as `WorkerService.stats` builds it (the engine's stats dict by key, then the worker's fields)
+and read by the router through the one conversion `cluster.worker_view.worker_view`.
+
+Invariants: an adapter is in `host_cached` once its fetch has landed and stays there (drops unload the
+device copy only, as the worker's do); a request is submitted to the engine only once its adapter's files
+are in `host_cached`; `num_fetching` counts requests routed here whose fetch has not landed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cluster.membership import WorkerRecord
+from cluster.protocol import WorkerStats
+from cluster.worker_view import worker_view
+from scheduler.core.adapter_residency import Residency
+from scheduler.router import WorkerView
+from twin.trace import AdapterSpec, TraceRequest
+from twin.worker_sim import SimulatedWorker
+
+
+class ClusterNode:
+    """One simulated worker process (module doc). `ready_s` None while it starts; `stopped_s` once gone."""
+
+    def __init__(self, sim: SimulatedWorker, base_model: str, max_num_seqs: int, started_s: float) -> None:
+        self.sim = sim
+        self.base_model = base_model
+        self.max_num_seqs = max_num_seqs
+        self.started_s = started_s
+        self.ready_s: float | None = None
+        self.stopped_s: float | None = None
+        self.is_draining = False
+        self.host_cached: dict[str, AdapterSpec] = {}
+        self.fetch_done_at: dict[str, float] = {}  # adapter -> when its files land here
+        self.num_fetching = 0
+        self.num_adapter_unloads = 0
+        self._cache_key: tuple[object, ...] | None = None
+        self._record: WorkerRecord | None = None
+        self._view: WorkerView | None = None
+
+    @property
+    def worker_id(self) -> str:
+        """The worker's id (its SimulatedWorker's)."""
+        return self.sim.worker_id
+
+    @property
+    def is_ready(self) -> bool:
+        """Routable: started, not draining, not stopped."""
+        return self.ready_s is not None and not self.is_draining and self.stopped_s is None
+
+    @property
+    def is_busy(self) -> bool:
+        """True while a request runs, waits in the engine or waits for its adapter's files."""
+        return self.num_fetching > 0 or self.sim.is_busy
+
+    # ---- requests and adapters ------------------------------------------------------------------------
+
+    def submit(self, request: TraceRequest, now: float) -> None:
+        """Hand a request to the engine at `now` (its adapter's files are here): the engine sees its receipt
+        time as the arrival, the record keeps the front door's arrival (TTFT is measured from there)."""
+        spec = self.host_cached.get(request.adapter_id) if request.adapter_id is not None else None
+        if spec is not None and self.sim.core.residency.get(spec.adapter_id) is None:
+            self.sim.register_adapter(spec)  # after a drop: re-registered from the host cache
+        self.sim.submit(replace(request, arrival_s=now))
+        self.sim.records[request.request_id].arrival_s = request.arrival_s
+
+    def land_fetch(self, adapter: AdapterSpec) -> None:
+        """The adapter's files are in the host cache now."""
+        self.host_cached.setdefault(adapter.adapter_id, adapter)
+        self.fetch_done_at.pop(adapter.adapter_id, None)
+
+    def drop(self, adapter_id: str) -> bool:
+        """The placement job's drop (AdapterManager.drop -> LLMEngine.unload_adapter): unload the device copy
+        unless requests use it or it is not on the device; True if unloaded."""
+        core = self.sim.core
+        if adapter_id in self.fetch_done_at or core.residency.residency(adapter_id) != Residency.DEVICE:
+            return False
+        if core.scheduler.is_adapter_in_use(adapter_id):
+            return False
+        core.residency.forget(adapter_id)
+        self.sim.executor.drop_adapter(adapter_id)
+        self.num_adapter_unloads += 1
+        return True
+
+    # ---- published state ------------------------------------------------------------------------------
+
+    def stats(self) -> WorkerStats:
+        """The worker's published state, as `WorkerService.stats` builds it from its engine's stats."""
+        engine_stats = self.sim.core.stats()
+        device = list(engine_stats["device_adapters"])
+        on_device = set(device)
+        host = sorted(k for k in self.host_cached if k not in on_device)
+        known_ranks = {k: self.host_cached[k].rank for k in host if self.host_cached[k].rank > 0}
+        return WorkerStats.model_validate(
+            {
+                **engine_stats,
+                "num_adapter_unloads": self.num_adapter_unloads,
+                "worker_id": self.worker_id,
+                "base_model": self.base_model,
+                "max_num_seqs": self.max_num_seqs,
+                "device_adapters": device,
+                "host_adapters": host,
+                "num_active": self.num_fetching
+                + len(self.sim.core.scheduler.running)
+                + len(self.sim.core.scheduler.waiting),
+                "adapter_ranks": {**known_ranks, **(engine_stats.get("adapter_ranks") or {})},
+                "is_ready": self.is_ready,
+                "is_draining": self.is_draining,
+            }
+        )
+
+    def record(self) -> WorkerRecord:
+        """The heartbeat record (stats + a twin URL), rebuilt only when the worker's state changed."""
+        key = (
+            self.sim.clock() if self.sim.is_busy else None,  # an idle worker's state does not change
+            self.sim.executor.num_steps,
+            len(self.sim.records),
+            len(self.host_cached),
+            self.num_fetching,
+            self.num_adapter_unloads,
+            self.is_ready,
+            self.is_draining,
+        )
+        if key != self._cache_key or self._record is None:
+            self._record = WorkerRecord.from_stats(self.stats(), f"twin://{self.worker_id}")
+            self._view = None
+            self._cache_key = key
+        return self._record
+
+    def view(self) -> WorkerView:
+        """What the router reads of this worker (the one conversion, cluster/worker_view.py)."""
+        record = self.record()
+        if self._view is None:
+            self._view = worker_view(record)
+        return self._view

@@ -1,0 +1,116 @@
+"""`CostModel`: how long one engine step and one adapter copy take, from a `TwinProfile`.
+
+With the profile's step coefficients (microseconds; twin/profile.py `StepCost`) and a `StepShape`:
+
+    dense   = max(min_dense, per_prefill_token * P + per_decode_seq * D)
+    attn    = per_prefill_attention * prefill_attention_tokens + per_decode_context_token * decode_context_tokens
+    lora    = lora_per_token_rank * W + lora_per_adapter * A + lora_per_adapter_rank * sum(adapter ranks)
+              + lora_step * [A > 0]
+              W = sum_i tokens_i * rank_i ("sum": segmented kernels, S-LoRA MBGMV / Punica SGMV)
+                  or (sum_i tokens_i) * max_i rank_i ("max": kernels padded to the largest rank, BGMV)
+    device  = (fixed + dense + attn + lora) * m,   m = lora_multiplier_base + lora_multiplier_per_adapter * A
+                                                   when A > 0, else 1 (the Agullo et al. multiplicative form)
+    host    = host_prefill_per_token_rank * max_j tokens_j * rank_j   over host-assisted entries (one CPU
+              worker each, in parallel with the device, which waits for their deltas layer by layer)
+    step    = scheduler + max(device, host)          (0 for an empty step: no step runs)
+
+P: prefill tokens, D: decode rows, A: distinct adapters whose delta runs on the device. Prefill is priced
+explicitly (tokens and quadratic attention), unlike the digital-twin paper's model, which charges only per
+sequence and so misses TTFT. A copy of `n` bytes takes per_copy + n / host_to_device bandwidth; preparing its
+host copy first (when the profile has `copy.prepare_gbps`) takes prepare + n / prepare bandwidth of the engine
+thread, so the step that starts the copy waits for it.
+"""
+
+from __future__ import annotations
+
+from twin.profile import TwinProfile
+from twin.step_shape import StepShape, TokenRanks
+
+_US = 1e-6
+
+
+class CostModel:
+    """Step and copy times (seconds) of one profile (module doc)."""
+
+    def __init__(self, profile: TwinProfile) -> None:
+        self.profile = profile
+        self.step_cost = profile.step
+        self._bytes_per_second = profile.copy_link.host_to_device_gbps * 1e9
+        self._per_copy_s = profile.copy_link.per_copy_us * _US
+        prepare_gbps = profile.copy_link.prepare_gbps
+        self._prepare_bytes_per_second = None if prepare_gbps is None else prepare_gbps * 1e9
+        self._per_prepare_s = profile.copy_link.prepare_us * _US
+
+    def step_seconds(self, shape: StepShape, max_host_seconds: float | None = None) -> float:
+        """Simulated wall time of one step of `shape`; 0 when it computes nothing. `max_host_seconds`: when
+        the host-assisted adapters' copies land (the engine switches to the device copy between layers, so
+        the host's part ends there at the latest; None: it runs to the end)."""
+        if shape.is_empty:
+            return 0.0
+        device = self.device_seconds(shape)
+        host = self.host_prefill_seconds(shape)
+        if max_host_seconds is not None:
+            host = min(host, max(max_host_seconds, 0.0))
+        return self.step_cost.scheduler_us * _US + max(device, host)
+
+    def device_seconds(self, shape: StepShape) -> float:
+        """The device's part of the step (fixed + dense + attention + LoRA, times the adapter multiplier)."""
+        c = self.step_cost
+        dense = max(
+            c.min_dense_us,
+            c.per_prefill_token_us * shape.num_prefill_tokens + c.per_decode_seq_us * shape.num_decode_seqs,
+        )
+        attention = (
+            c.per_prefill_attention_us * shape.prefill_attention_tokens
+            + c.per_decode_context_token_us * shape.decode_context_tokens
+        )
+        return (c.fixed_us + dense + attention + self.lora_us(shape)) * self.multiplier(shape) * _US
+
+    def lora_us(self, shape: StepShape) -> float:
+        """The additive LoRA term of the step, microseconds."""
+        c = self.step_cost
+        if not shape.adapter_ranks:
+            return 0.0
+        return (
+            c.lora_per_token_rank_us * lora_work(shape.lora_token_ranks, c.lora_form)
+            + c.lora_per_adapter_us * shape.num_distinct_adapters
+            + c.lora_per_adapter_rank_us * sum(shape.adapter_ranks)
+            + c.lora_step_us
+        )
+
+    def multiplier(self, shape: StepShape) -> float:
+        """The multiplicative LoRA factor of the step's device time (1 without device adapters)."""
+        if not shape.adapter_ranks:
+            return 1.0
+        c = self.step_cost
+        return c.lora_multiplier_base + c.lora_multiplier_per_adapter * shape.num_distinct_adapters
+
+    def host_prefill_seconds(self, shape: StepShape) -> float:
+        """The slowest CPU worker's LoRA delta for the host-assisted entries (0 when none)."""
+        work = max((tokens * rank for tokens, rank in shape.host_token_ranks), default=0)
+        return self.step_cost.host_prefill_per_token_rank_us * work * _US
+
+    def copy_seconds(self, num_bytes: int) -> float:
+        """Host -> device copy of `num_bytes` (0 for nothing to copy)."""
+        if num_bytes <= 0:
+            return 0.0
+        return self._per_copy_s + num_bytes / self._bytes_per_second
+
+    def prepare_seconds(self, num_bytes: int) -> float:
+        """Host work in the engine thread before a copy of `num_bytes` (0 when the profile has none)."""
+        if self._prepare_bytes_per_second is None or num_bytes <= 0:
+            return 0.0
+        return self._per_prepare_s + num_bytes / self._prepare_bytes_per_second
+
+    def adapter_copy_seconds(self, rank: int) -> float:
+        """Copy of a rank-`rank` adapter on every projection of the profile's model."""
+        return self.copy_seconds(self.profile.model.adapter_bytes(rank))
+
+
+def lora_work(token_ranks: TokenRanks, form: str) -> float:
+    """Token x rank work of the entries: "sum" of tokens*rank, or ("max") total tokens x largest rank."""
+    if not token_ranks:
+        return 0.0
+    if form == "sum":
+        return float(sum(tokens * rank for tokens, rank in token_ranks))
+    return float(sum(tokens for tokens, _ in token_ranks) * max(rank for _, rank in token_ranks))
