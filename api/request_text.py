@@ -8,7 +8,7 @@ store all refuse with an exception (a 500). This module is the one check, on dec
                       and, for a route whose body FastAPI parses (a JSON model or Form fields), the parsed body,
                       before the handler runs (FastAPI then reuses the parsed body the request cached).
   `check_json_text`   for the routes that read their body themselves (inference: api/request_limits.py, the
-                      adapter import: api/routes/adapters.py); `check_form_text` for the multipart upload
+                      adapter import: api/upload_request.py); `check_form_text` for the multipart upload
                       (api/uploads.py).
 
 The 400 is `invalid_request` with `param` naming the field as a dotted path (`messages.0.content`,

@@ -64,6 +64,11 @@ def get_price_plan(session: Session, plan_id: str) -> PricePlan:
     return plan
 
 
+def list_price_plans(session: Session) -> list[PricePlan]:
+    """All price plans, by name."""
+    return list(session.scalars(select(PricePlan).order_by(PricePlan.name)))
+
+
 def check_prefix_cache_namespace(namespace: str | None) -> str | None:
     """Return `namespace` if it is None or a valid shared namespace name, else InvalidRequestError saying the
     rule."""

@@ -94,33 +94,34 @@ def load_rows(
 # ---- own usage -----------------------------------------------------------------------------------------
 
 
+def rows_by_day_and_model(rows: Iterable[UsageRow]) -> list[tuple[str, str, list[UsageRow]]]:
+    """The rows per (UTC day, model name), sorted by day then model; each group's rows in their given order.
+    The one grouping behind a tenant's usage report (usage_by_adapter_day) and its charts
+    (registry/usage_series.py)."""
+    groups: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
+    for row in rows:
+        groups[(row.started_at.date().isoformat(), row.model_name)].append(row)
+    return [(day, model, group) for (day, model), group in sorted(groups.items())]
+
+
 def usage_by_adapter_day(rows: Iterable[UsageRow]) -> list[dict[str, object]]:
     """Totals per (day, model_name): requests, prompt and completion tokens, by status."""
-    groups: dict[tuple[str, str], dict[str, object]] = {}
+    return [_usage_totals(day, model, group) for day, model, group in rows_by_day_and_model(rows)]
+
+
+def _usage_totals(day: str, model: str, rows: list[UsageRow]) -> dict[str, object]:
+    by_status: defaultdict[str, int] = defaultdict(int)
     for r in rows:
-        key = (r.started_at.date().isoformat(), r.model_name)
-        g = groups.setdefault(
-            key,
-            {
-                "day": key[0],
-                "model": key[1],
-                "base_model": r.base_model or None,
-                "num_requests": 0,
-                "prompt_tokens": 0,
-                "completion_tokens": 0,
-                "by_status": defaultdict(int),
-            },
-        )
-        g["num_requests"] += 1  # type: ignore[operator]
-        g["prompt_tokens"] += r.prompt_tokens  # type: ignore[operator]
-        g["completion_tokens"] += r.completion_tokens  # type: ignore[operator]
-        g["by_status"][r.status] += 1  # type: ignore[index]
-    result = []
-    for key in sorted(groups):
-        g = groups[key]
-        g["by_status"] = dict(g["by_status"])  # type: ignore[call-overload]
-        result.append(g)
-    return result
+        by_status[r.status] += 1
+    return {
+        "day": day,
+        "model": model,
+        "base_model": rows[0].base_model or None,
+        "num_requests": len(rows),
+        "prompt_tokens": sum(r.prompt_tokens for r in rows),
+        "completion_tokens": sum(r.completion_tokens for r in rows),
+        "by_status": dict(by_status),
+    }
 
 
 # ---- SLO -----------------------------------------------------------------------------------------------

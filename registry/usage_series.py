@@ -25,6 +25,7 @@ from registry.usage_reports import (
     UsageRow,
     group_key,
     load_rows,
+    rows_by_day_and_model,
     slo_targets_by_tenant,
     summarize_group,
 )
@@ -71,11 +72,8 @@ def tenant_usage_series(session: Session, tenant_id: str, start: datetime, end: 
     plan = prices_of_plan(plan_row)
     prices_by_base = catalog_prices(session)
     targets = SloTargets(plan_row.slo_ttft_ms, plan_row.slo_tpot_ms) if plan_row else SloTargets()
-    groups: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
-    for row in load_rows(session, as_utc(start), as_utc(end), tenant_id):
-        groups[(row.started_at.date().isoformat(), row.model_name)].append(row)
     points = []
-    for (day, model), rows in sorted(groups.items()):
+    for day, model, rows in rows_by_day_and_model(load_rows(session, as_utc(start), as_utc(end), tenant_id)):
         base = rows[0].base_model
         prices = base_model_prices(plan, prices_by_base.get(base))
         prompt, completion = sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)

@@ -103,7 +103,7 @@ def _live_key(session: Session, key_id: str | None) -> ApiKey | None:
 
 
 def tenant_row(db: Session, user: ConsoleUser) -> Tenant:
-    """The signed-in tenant's row, for the REST handlers the console calls; SignInRequired when it is gone."""
+    """The signed-in tenant's row, for the actions the console calls; SignInRequired when it is gone."""
     tenant = db.get(Tenant, user.tenant_id) if user.tenant_id else None
     if tenant is None:  # deleted since the session check
         raise SignInRequired()

@@ -1,5 +1,5 @@
 """A tenant's API keys in the console: listed always; created and revoked only when the operator allows it
-(tenants.can_manage_keys), through the REST handlers of /v1/keys (api/routes/keys.py). A new key is shown once,
+(tenants.can_manage_keys), through the actions of /v1/keys (api/actions/keys.py). A new key is shown once,
 on the page that created it. Revoking the key the session signed in with ends the session."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.orm import Session
 
+from api.actions import keys
 from api.console.auth import ConsoleTenant, ConsoleUser, CsrfChecked, tenant_row
 from api.console.security import ConsoleRoute
 from api.console.templating import render
 from api.deps import ServicesDep, SessionDep
-from api.routes import keys
 from registry import api_keys
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
@@ -34,7 +34,7 @@ def create_key(
     request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> Response:
     """Create a key (POST /v1/keys) and show it once."""
-    created = keys.create_key(tenant_row(db, user), db, services)
+    created = keys.create_own_key(tenant_row(db, user), db, services)
     return _keys_page(request, user, db, new_key=created.key)
 
 
@@ -43,5 +43,5 @@ def revoke_key(
     key_id: str, request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> Response:
     """Revoke one of the tenant's own keys (DELETE /v1/keys/{id}; another tenant's key id is a 404)."""
-    keys.revoke_key(key_id, tenant_row(db, user), db, services)
+    keys.revoke_own_key(key_id, tenant_row(db, user), db, services)
     return _keys_page(request, user, db)

@@ -1,6 +1,6 @@
 """The operator's business pages: tenants and plans (create, enable/disable, key management, issue a key), billing
 by period with CSV download, and SLO attainment and latency percentiles over time by tenant, adapter or base
-model. Changes go through the admin REST handlers themselves (api/routes/admin.py), so the console applies the
+model. Changes go through the admin actions (api/actions/tenants.py) as /v1/admin does, so the console applies the
 same validation and cache invalidation."""
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from api.actions import reports, tenants
 from api.console.auth import ConsoleOperator, ConsoleUser, CsrfChecked
 from api.console.charts import chart, series_by
 from api.console.periods import read_period
 from api.console.security import ConsoleRoute
 from api.console.templating import render
+from api.csv_download import csv_download
 from api.deps import ServicesDep, SessionDep
 from api.errors import registry_status
-from api.routes import admin, reports
+from api.query_dates import parse_period
 from api.schemas import PricePlanCreate, TenantCreate, TenantUpdate
 from registry import repository
 from registry.billing import billing_report
 from registry.errors import RegistryError
-from registry.models import PricePlan
 from registry.usage_series import BUCKETS, SERIES_GROUP_BYS, SloPoint, slo_series
 
 router = APIRouter(prefix="/console/admin", route_class=ConsoleRoute, include_in_schema=False)
@@ -35,10 +36,10 @@ def _tenants_page(
     request: Request, user: ConsoleUser, db: SessionDep, *, message: str | None = None,
     error: str | None = None, new_key: tuple[str, str] | None = None, status_code: int = 200,
 ) -> Response:  # fmt: skip
-    tenants = repository.list_tenants(db)
-    plans = db.query(PricePlan).order_by(PricePlan.name).all()
+    rows = repository.list_tenants(db)
+    plans = repository.list_price_plans(db)
     return render(
-        request, "admin_tenants.html", user, status_code, tenants=tenants, plans=plans, message=message,
+        request, "admin_tenants.html", user, status_code, tenants=rows, plans=plans, message=message,
         error=error, new_key=new_key, plan_fields=PLAN_FIELDS,
     )  # fmt: skip
 
@@ -62,7 +63,7 @@ def create_tenant(
 ) -> Response:  # fmt: skip
     """Create a tenant (POST /v1/admin/tenants)."""
     try:
-        tenant = admin.create_tenant(TenantCreate(name=name, plan_id=plan_id or None), None, db)
+        tenant = tenants.create_tenant(TenantCreate(name=name, plan_id=plan_id or None), db)
     except (ValidationError, RegistryError) as exc:
         return _tenants_page(request, user, db, error=_error_text(exc), status_code=400)
     return _tenants_page(request, user, db, message=f"created tenant {tenant.name} ({tenant.id})")
@@ -87,7 +88,7 @@ async def update_tenant(
         changes["plan_id"] = form["plan_id"] or None
     try:
         body = TenantUpdate(**changes)
-        tenant = await run_in_threadpool(admin.update_tenant, tenant_id, body, None, db, services)
+        tenant = await run_in_threadpool(tenants.update_tenant, tenant_id, body, db, services)
     except (ValidationError, RegistryError) as exc:
         return _tenants_page(request, user, db, error=_error_text(exc), status_code=400)
     return _tenants_page(request, user, db, message=f"updated tenant {tenant.name}")
@@ -105,7 +106,7 @@ def create_key(
     """Issue a key for a tenant (POST /v1/admin/tenants/{id}/keys); shown once. A missing tenant is a 404, a
     tenant at its key limit a 409 with the API's message."""
     try:
-        created = admin.create_key(tenant_id, None, db, services)
+        created = tenants.create_tenant_key(tenant_id, db, services)
     except RegistryError as exc:
         return _tenants_page(request, user, db, error=_error_text(exc), status_code=registry_status(exc))
     return _tenants_page(request, user, db, new_key=(tenant_id, created.key))
@@ -117,7 +118,7 @@ async def create_plan(request: Request, _: CsrfChecked, user: ConsoleOperator, d
     form = await request.form()
     values = {k: v for k, v in form.items() if k in PLAN_FIELDS and v != ""}
     try:
-        plan = admin.create_plan(PricePlanCreate.model_validate(values), None, db)
+        plan = tenants.create_plan(PricePlanCreate.model_validate(values), db)
     except (ValidationError, RegistryError) as exc:
         return _tenants_page(request, user, db, error=_error_text(exc), status_code=400)
     return _tenants_page(request, user, db, message=f"created plan {plan.name}")
@@ -139,7 +140,8 @@ async def billing_csv(
     user: ConsoleOperator, db: SessionDep, start: str | None = None, end: str | None = None
 ) -> Response:
     """The period's invoice lines as CSV (GET /v1/admin/billing?format=csv)."""
-    return await reports.get_billing(None, db, start=start, end=end, format="csv")  # type: ignore[return-value]
+    lo, hi = parse_period(start, end)
+    return csv_download(await run_in_threadpool(reports.billing_csv, db, lo, hi))
 
 
 @router.get("/slo", response_class=HTMLResponse)

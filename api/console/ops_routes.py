@@ -1,6 +1,7 @@
 """The operator's serving pages: workers (resident adapters, pool pages by use, queues), the placement table
 and scaling state (desired vs live workers over time), the length predictor's accuracy, and the capacity
-planner's what-if. Each reads what the REST admin routes read (api/routes/placement.py, predictor.py, plan.py)."""
+planner's what-if. Each calls the actions the REST admin routes call (api/actions/placement.py, predictor.py,
+plan_jobs.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from api.actions import placement, plan_jobs, predictor
 from api.console.auth import ConsoleOperator, CsrfChecked
 from api.console.charts import chart, series_by
 from api.console.security import ConsoleRoute
@@ -20,7 +22,6 @@ from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
 from api.live_workers import live_workers
 from api.report_schemas import PlanRequest
-from api.routes import placement, plan, predictor
 from api.scaling_history import ScalingSample
 from registry.repository import version_labels
 
@@ -56,8 +57,8 @@ async def placement_page(
     request: Request, user: ConsoleOperator, db: SessionDep, services: ServicesDep
 ) -> Response:
     """The routing table, the workers' planned load, and desired vs live workers per base model over time."""
-    report = await placement.get_placement(None, services)
-    scaling = await placement.get_scaling(None, services)
+    report = await run_in_threadpool(placement.placement_report, services)
+    scaling = await run_in_threadpool(placement.scaling_report, services)
     labels = await run_in_threadpool(version_labels, db, report.table)
     history = _scaling_chart(services.scaling.history.samples())
     return render(
@@ -81,9 +82,9 @@ async def predictor_page(
     """The served length predictor and its accuracy on the recorded requests of the window."""
     error = None
     try:
-        report = await predictor.get_predictor(None, db, services, window_s=window_s)
+        report = await run_in_threadpool(predictor.predictor_report, db, services, window_s)
     except ApiError as exc:
-        error, report = exc.message, await predictor.get_predictor(None, db, services)
+        error, report = exc.message, await run_in_threadpool(predictor.predictor_report, db, services)
     recall = chart(
         "bar",
         [f"≤{edge}" for edge in report.bucket_edges] + [f">{report.bucket_edges[-1]}"],
@@ -117,22 +118,22 @@ async def run_planner(
     values = {k: v for k, v in form.items() if k in PLAN_FORM_FIELDS and v != ""}
     try:
         body = PlanRequest.model_validate(values)
-        job = await run_in_threadpool(plan.submit_plan, body, services, db)
+        job = await run_in_threadpool(plan_jobs.submit_plan, body, services, db)
     except ValidationError as exc:
         return render(request, "admin_plan_result.html", user, 400, error=str(exc.errors()[0]["msg"]))
     except ApiError as exc:
         return render(request, "admin_plan_result.html", user, exc.status_code, error=exc.message)
-    return render(request, "admin_plan_job.html", user, job=plan.plan_job_public(job))
+    return render(request, "admin_plan_job.html", user, job=plan_jobs.plan_job_public(job))
 
 
 @router.get("/planner/jobs/{job_id}", response_class=HTMLResponse)
 async def planner_job(request: Request, job_id: str, user: ConsoleOperator, db: SessionDep) -> Response:
     """The plan job's fragment: progress while it waits or runs (htmx polls it), then the plan or the reason."""
     try:
-        job = await plan.get_capacity_plan(job_id, None, db)
+        job = await run_in_threadpool(plan_jobs.get_plan, job_id, db)
     except ApiError as exc:
         return render(request, "admin_plan_result.html", user, exc.status_code, error=exc.message)
-    return render(request, "admin_plan_job.html", user, job=job)
+    return render(request, "admin_plan_job.html", user, job=plan_jobs.plan_job_public(job))
 
 
 @router.post("/planner/jobs/{job_id}/cancel", response_class=HTMLResponse)
@@ -146,7 +147,7 @@ async def cancel_planner_job(
 ) -> Response:
     """Cancel the plan job (DELETE /v1/admin/plan/{id}); its fragment."""
     try:
-        job = await run_in_threadpool(plan.cancel_plan, job_id, services, db)
+        job = await run_in_threadpool(plan_jobs.cancel_plan, job_id, services, db)
     except ApiError as exc:
         return render(request, "admin_plan_result.html", user, exc.status_code, error=exc.message)
-    return render(request, "admin_plan_job.html", user, job=plan.plan_job_public(job))
+    return render(request, "admin_plan_job.html", user, job=plan_jobs.plan_job_public(job))

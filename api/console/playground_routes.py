@@ -1,5 +1,5 @@
 """The playground: one prompt, the adapter's answer streamed beside the base model's. Each side is an ordinary
-chat completion of the signed-in tenant (api/routes/completions.py `serve`): the same checks, rate limits,
+chat completion of the signed-in tenant (api/inference/serve.py `serve`, as /v1/chat/completions): the same checks, rate limits,
 scheduling and metering as the REST API, billed to the tenant like any request."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from api.console.auth import ConsoleTenant, CsrfChecked, tenant_auth_for
 from api.console.security import ConsoleRoute
 from api.console.templating import render
 from api.deps import ServicesDep, SessionDep
-from api.routes.completions import serve
+from api.inference.serve import serve
 from registry import repository
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)

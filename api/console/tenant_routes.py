@@ -11,22 +11,25 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.actions import adapters
+from api.actions.usage import tenant_usage_csv
 from api.console.auth import ConsoleTenant, CsrfChecked, tenant_row
 from api.console.charts import chart, series_by
 from api.console.periods import read_period
 from api.console.residency import VersionResidency, version_residency
 from api.console.security import ConsoleRoute
 from api.console.templating import render
+from api.csv_download import csv_download
 from api.deps import ServicesDep, SessionDep
 from api.live_workers import live_workers
 from api.query_dates import parse_period
-from api.routes.adapters import delete_adapter, upload_adapter
 from api.schemas import AdapterPublic
 from api.services import Services
+from api.upload_request import upload_from_request
 from registry import repository
 from registry.base_model_catalog import list_base_models
 from registry.errors import NotFoundError
-from registry.usage_series import UsagePoint, tenant_usage_series, total_cost, usage_points_to_csv
+from registry.usage_series import UsagePoint, tenant_usage_series, total_cost
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
@@ -34,14 +37,14 @@ router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schem
 def _adapters_with_residency(
     db: Session, services: Services, tenant_id: str, name: str | None = None
 ) -> list[tuple[AdapterPublic, dict[str, VersionResidency]]]:
-    adapters = repository.list_own_adapters(db, tenant_id)
+    own = repository.list_own_adapters(db, tenant_id)
     if name is not None:
-        adapters = [a for a in adapters if a.name == name]
-        if not adapters:
+        own = [a for a in own if a.name == name]
+        if not own:
             raise NotFoundError(f"you have no adapter named {name!r}")
     workers = live_workers(services.worker_directory, services.worker_listing)
     rows = []
-    for adapter in adapters:
+    for adapter in own:
         public = AdapterPublic.from_row(adapter, viewer_tenant_id=tenant_id)
         where = {v.id: version_residency(workers, v.id, v.status == "ready") for v in public.versions}
         rows.append((public, where))
@@ -71,8 +74,8 @@ def adapter_page(
 async def upload(
     request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> Response:
-    """The drop zone's upload (multipart: name, base_model, files): POST /v1/adapters for this tenant."""
-    accepted = await upload_adapter(request, tenant_row(db, user), db, services)
+    """The drop zone's upload (multipart: name, base_model, files): as POST /v1/adapters, for this tenant."""
+    accepted = await upload_from_request(request, tenant_row(db, user), db, services)
     return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
 
 
@@ -81,7 +84,7 @@ def delete(
     name: str, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> RedirectResponse:
     """Delete one of the tenant's adapters (DELETE /v1/adapters/{name}); back to the list."""
-    delete_adapter(name, tenant_row(db, user), db, services)
+    adapters.delete_adapter(name, tenant_row(db, user).id, db, services)
     return RedirectResponse("/console/adapters", status_code=303)
 
 
@@ -111,13 +114,7 @@ async def usage_csv(
 ) -> Response:
     """The usage table of the period as CSV (a bad date: 400, as the REST reports answer)."""
     lo, hi = parse_period(start, end)
-    points = await run_in_threadpool(tenant_usage_series, db, user.tenant_id or "", lo, hi)
-    filename = f"usage_{lo:%Y%m%d}_{hi:%Y%m%d}.csv"
-    return Response(
-        usage_points_to_csv(points),
-        media_type="text/csv; charset=utf-8",
-        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
-    )
+    return csv_download(await run_in_threadpool(tenant_usage_csv, db, user.tenant_id or "", lo, hi))
 
 
 def _usage_charts(points: list[UsagePoint], chosen: str | None) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The inference path behind api/routes/completions.py, one job per module, in the order a request runs:
+"""The inference path behind api/routes/completions.py (api/inference/serve.py runs it), one job per module, in the order a request runs:
 
   prepare.py  parse the body, refuse what cannot be honoured, resolve the model, tokenize, size-check,
               rate-limit -> a `Prepared` request

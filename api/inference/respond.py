@@ -89,7 +89,7 @@ async def collect(
 
     Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering).
     A worker error withdraws them (the client gets no text). Cancellation (the client disconnected: see
-    run_until_disconnect in api/routes/completions.py) closes the worker stream, which aborts the engine
+    run_until_disconnect in api/inference/serve.py) closes the worker stream, which aborts the engine
     request, and meters it `aborted` with the tokens produced until then, as a streamed request that loses
     its client is.
     """

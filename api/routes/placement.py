@@ -1,26 +1,15 @@
 """/v1/admin/placement and /v1/admin/scaling: the published routing table and the autoscaling decisions
-(admin key only). Both re-read the published table first (admin calls are rare; requests read the cached
-copy)."""
+(admin key only). The work: api/actions/placement.py."""
 
 from __future__ import annotations
-
-from datetime import UTC, datetime
 
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
+from api.actions import placement
 from api.deps import AdminDep, ServicesDep
-from api.report_schemas import (
-    PlacementReport,
-    RoutingWeightPublic,
-    ScalingDecisionPublic,
-    ScalingReport,
-    WorkerPlacementPublic,
-)
+from api.report_schemas import PlacementReport, ScalingDecisionPublic, ScalingReport
 from api.request_text import TextCheckedRoute
-from api.services import Services
-from cluster.routing_table import RoutingTable
-from scheduler.scaling import ScalingDecision
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRoute)
 
@@ -29,19 +18,7 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRo
 async def get_placement(_: AdminDep, services: ServicesDep) -> PlacementReport:
     """The routing table (adapter version id -> [(worker, weight)]), its version and computed_at, per-worker
     load (1 = capacity) and max rank, and the adapters the last run moved. Version 0 before any run."""
-    table = await run_in_threadpool(_refreshed_table, services)
-    if table is None:
-        return PlacementReport(version=0, computed_at=None, table={}, workers=[], moved=[])
-    return PlacementReport(
-        version=table.version,
-        computed_at=datetime.fromtimestamp(table.computed_at, tz=UTC),
-        table={
-            k: [RoutingWeightPublic(worker_id=w, weight=p) for w, p in row]
-            for k, row in sorted(table.rows.items())
-        },
-        workers=[WorkerPlacementPublic(**vars(w)) for w in table.workers],
-        moved=list(table.moved),
-    )
+    return await run_in_threadpool(placement.placement_report, services)
 
 
 @router.get("/scaling", response_model=ScalingReport | ScalingDecisionPublic)
@@ -50,29 +27,6 @@ async def get_scaling(
 ) -> ScalingReport | ScalingDecisionPublic:
     """Desired workers per base model: `{"base_models": [...]}`, or with `?base_model=NAME` that model's
     object alone (any name: one with no worker, demand or waiting request gets 0 and says so)."""
-    decisions = await run_in_threadpool(_decisions, services, base_model)
     if base_model is not None:
-        return _public(next(d for d in decisions if d.base_model == base_model))
-    return ScalingReport(base_models=[_public(d) for d in decisions])
-
-
-def _refreshed_table(services: Services) -> RoutingTable | None:
-    try:
-        return services.routing_table.refresh()
-    except Exception:  # noqa: BLE001 - the store is away: report the last copy
-        return services.routing_table.table
-
-
-def _decisions(services: Services, base_model: str | None) -> list[ScalingDecision]:
-    _refreshed_table(services)
-    return services.scaling.decisions(extra_models=() if base_model is None else (base_model,))
-
-
-def _public(decision: ScalingDecision) -> ScalingDecisionPublic:
-    return ScalingDecisionPublic(
-        base_model=decision.base_model,
-        desired_workers=decision.desired_workers,
-        live_workers=decision.live_workers,
-        demand_tokens_per_s=decision.demand_tokens_per_s,
-        reason=decision.reason,
-    )
+        return await run_in_threadpool(placement.scaling_decision, services, base_model)
+    return await run_in_threadpool(placement.scaling_report, services)

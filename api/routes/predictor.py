@@ -1,32 +1,19 @@
 """/v1/admin/predictor: the output-length predictor this API process serves and how accurate the recorded
-predictions were (admin key only)."""
+predictions were (admin key only). The work: api/actions/predictor.py."""
 
 from __future__ import annotations
-
-from datetime import timedelta
-from typing import Any
 
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
+from api.actions import predictor
+from api.actions.predictor import DEFAULT_WINDOW_S
 from api.deps import AdminDep, ServicesDep, SessionDep
-from api.errors import ApiError
-from api.inference.learned_predictor import describe_predictor
 from api.query_dates import parse_moment
-from api.report_schemas import (
-    AdapterPredictionAccuracy,
-    PredictionAccuracyPublic,
-    PredictorModelPublic,
-    PredictorReport,
-)
+from api.report_schemas import PredictorReport
 from api.request_text import TextCheckedRoute
-from registry.models import utcnow
-from registry.prediction_accuracy import PredictionAccuracy, prediction_accuracy
-from scheduler.length_predictor import BUCKET_EDGES
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=TextCheckedRoute)
-DEFAULT_WINDOW_S = 86400.0
-MAX_WINDOW_S = 90 * 86400.0
 
 
 @router.get("/predictor", response_model=PredictorReport)
@@ -41,53 +28,6 @@ async def get_predictor(
     rows of requests that finished `ok` and started in the `window_s` seconds (default one day) before `end`
     (ISO 8601; default now), the number of requests, MAE, bucket accuracy, rank correlation with the true
     lengths and per-bucket recall of their predictions per adapter version and overall."""
-    if not 0 < window_s <= MAX_WINDOW_S:
-        raise ApiError(
-            400, "invalid_request", f"window_s must be in (0, {MAX_WINDOW_S:.0f}] seconds, not {window_s}"
-        )
-    end_at = parse_moment(end, "end") or utcnow()
-    start_at = end_at - timedelta(seconds=window_s)
-    overall, groups = await run_in_threadpool(prediction_accuracy, session, start_at, end_at)
-    return PredictorReport(
-        model=served_model(describe_predictor(services.predictor)),
-        start=start_at,
-        end=end_at,
-        bucket_edges=list(BUCKET_EDGES),
-        overall=_public(overall),
-        data=[
-            AdapterPredictionAccuracy(
-                **_public(g).model_dump(),
-                adapter_version_id=g.adapter_version_id,
-                adapter_id=g.adapter_id,
-                adapter_name=g.model_name,
-            )
-            for g in groups
-        ],
-    )
-
-
-def _public(accuracy: PredictionAccuracy) -> PredictionAccuracyPublic:
-    return PredictionAccuracyPublic(
-        num_samples=accuracy.num_samples,
-        mae=accuracy.mae,
-        bucket_accuracy=accuracy.bucket_accuracy,
-        spearman=accuracy.spearman,
-        bucket_recall=list(accuracy.bucket_recall),
-        bucket_num_samples=list(accuracy.bucket_num_samples),
-    )
-
-
-def served_model(described: dict[str, Any]) -> PredictorModelPublic:
-    """The served model's description (api/inference/learned_predictor.describe_predictor) as the response."""
-    metadata = described["metadata"]
-    heldout = metadata.get("heldout") or {}
-    return PredictorModelPublic(
-        kind=described["kind"],
-        version=described["version"],
-        trained_at=metadata.get("trained_at"),
-        num_samples=metadata.get("num_samples"),
-        num_training_samples=metadata.get("num_training_samples"),
-        num_heldout_samples=metadata.get("num_heldout_samples"),
-        heldout=heldout.get("overall"),
-        heldout_per_adapter=heldout.get("per_adapter", []),
-    )
+    predictor.check_window_s(window_s)
+    end_at = parse_moment(end, "end")
+    return await run_in_threadpool(predictor.predictor_report, session, services, window_s, end_at)

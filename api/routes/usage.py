@@ -1,4 +1,5 @@
-"""/v1/usage: the calling tenant's own usage per day and adapter (model name), from the usage ledger."""
+"""/v1/usage: the calling tenant's own usage per day and adapter (model name), from the usage ledger. The work:
+api/actions/usage.py."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
+from api.actions.usage import tenant_usage
 from api.deps import CurrentTenant, SessionDep
 from api.query_dates import parse_period
 from api.request_text import TextCheckedRoute
-from registry.usage_reports import load_rows, usage_by_adapter_day
 
 router = APIRouter(prefix="/v1", tags=["usage"], route_class=TextCheckedRoute)
 
@@ -26,13 +27,4 @@ async def get_usage(
     `by_status`.
     """
     lo, hi = parse_period(start, end)
-    rows = await run_in_threadpool(load_rows, session, lo, hi, tenant.id)
-    data = usage_by_adapter_day(rows)
-    return {
-        "object": "list",
-        "start": lo.isoformat(),
-        "end": hi.isoformat(),
-        "total_prompt_tokens": sum(int(d["prompt_tokens"]) for d in data),  # type: ignore[call-overload]
-        "total_completion_tokens": sum(int(d["completion_tokens"]) for d in data),  # type: ignore[call-overload]
-        "data": data,
-    }
+    return await run_in_threadpool(tenant_usage, session, tenant.id, lo, hi)

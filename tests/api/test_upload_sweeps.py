@@ -43,7 +43,7 @@ def test_an_upload_is_received_in_the_instances_scratch_folder_and_leaves_it_emp
     make_client: Callable[..., TestClient], new_tenant: Callable[[str], TenantHandle], demo_adapter: Path,
     tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:  # fmt: skip
-    import api.routes.adapters as routes
+    import api.upload_request as routes
 
     seen: list[Path] = []
     real = routes.upload_scratch_dir

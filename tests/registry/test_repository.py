@@ -193,3 +193,9 @@ def test_version_rows_keep_lora_metadata(db_session: Session) -> None:
     row = db_session.scalars(select(AdapterVersion)).one()
     assert (row.rank, row.alpha, row.target_modules, row.num_bytes) == (8, 16.0, ["q_proj"], 10)
     assert row.created_at.tzinfo is not None
+
+
+def test_lists_price_plans_by_name(db_session: Session) -> None:
+    repository.create_price_plan(db_session, "pro")
+    repository.create_price_plan(db_session, "basic")
+    assert [p.name for p in repository.list_price_plans(db_session)] == ["basic", "pro"]

@@ -58,3 +58,23 @@ def test_bucket_start_floors_to_the_hour_or_day() -> None:
     assert bucket_start(moment, "day") == "2026-03-04T00:00:00+00:00"
     with pytest.raises(ValueError, match="bucket must be one of"):
         bucket_start(moment, "week")
+
+
+def test_usage_report_and_series_share_one_grouping_per_day_and_model(db_session: Session) -> None:
+    from registry.usage_reports import load_rows, rows_by_day_and_model, usage_by_adapter_day
+
+    seeded = seed_ledger(db_session)
+    rows = load_rows(db_session, START, END)
+    groups = rows_by_day_and_model(rows)
+    assert [(day, model) for day, model, _ in groups] == sorted(
+        {(r.started_at.date().isoformat(), r.model_name) for r in rows}
+    )
+    report = usage_by_adapter_day(rows)
+    assert [(g["day"], g["model"], g["num_requests"]) for g in report] == [
+        (d, m, len(rs)) for d, m, rs in groups
+    ]
+    points = tenant_usage_series(db_session, seeded.gold_tenant_id, START, END)
+    gold = usage_by_adapter_day(load_rows(db_session, START, END, seeded.gold_tenant_id))
+    assert [(p.day, p.model, p.prompt_tokens) for p in points] == [
+        (g["day"], g["model"], g["prompt_tokens"]) for g in gold
+    ]

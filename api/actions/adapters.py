@@ -1,0 +1,110 @@
+"""A tenant's adapters: upload (received files or an import from a URL or s3:// location), list, read, soft
+delete (/v1/adapters and the console's adapter pages). The HTTP side of an upload (reading the multipart body
+or the JSON import into typed parts) is api/upload_request.py."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from api.caches import forget_model_name
+from api.errors import ApiError
+from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, AdapterVersionPublic, UploadAccepted
+from api.services import Services
+from api.upload_rate import admit_upload
+from api.uploads import ReceivedUpload, upload_scratch_dir
+from registry import adapter_import, adapter_pipeline, repository, upload_quota
+from registry.db import run_in_write_transaction
+from registry.models import AdapterVersion, Tenant
+
+
+def admit_upload_of(tenant: Tenant, session: Session, services: Services) -> None:
+    """Before the body is read: the plan's uploads_per_min (429); ends the auth read transaction so nothing is
+    held open while the body streams in."""
+    quota = upload_quota.read_quota(session, tenant.id)
+    session.commit()
+    admit_upload(services.rate_limiter, tenant.id, quota)
+
+
+def accept_files(
+    received: ReceivedUpload, upload_dir: Path, tenant_id: str, session: Session, services: Services
+) -> AdapterVersion:
+    """Store the received files of `upload_dir` as a new `validating` version (quotas: 403/413)."""
+    return adapter_pipeline.accept_upload(
+        session,
+        services.job_context,
+        tenant_id=tenant_id,
+        name=received.name,
+        visibility=received.visibility,
+        upload_dir=upload_dir,
+        names=received.filenames,
+        base_model=received.base_model,
+    )
+
+
+def accept_import(
+    payload: AdapterImport, tenant_id: str, session: Session, services: Services
+) -> AdapterVersion:
+    """Fetch the import's source (quotas checked before it is touched) into a scratch folder and store it as a
+    new `validating` version."""
+    upload_quota.precheck_quota(session, tenant_id, payload.name, num_bytes=0)
+    credentials = payload.credentials.to_credentials() if payload.credentials else None
+    scratch = upload_scratch_dir(services.settings)
+    with tempfile.TemporaryDirectory(prefix="lorahost-import-", dir=scratch) as tmp:
+        return adapter_import.accept_import(
+            session,
+            services.job_context,
+            tenant_id=tenant_id,
+            name=payload.name,
+            visibility=payload.visibility,
+            source=payload.source,
+            credentials=credentials,
+            work_dir=Path(tmp),
+            base_model=payload.base_model,
+        )
+
+
+def start_validation(version_id: str, session: Session, services: Services) -> UploadAccepted:
+    """Queue (or, embedded, run) the version's validation job; the accepted version as it is now."""
+    services.jobs.validate_adapter_version(version_id)
+    session.expire_all()  # the job may have changed the row through another session
+    version = repository.get_version(session, version_id)
+    adapter = version.adapter
+    return UploadAccepted(
+        adapter=adapter.name,
+        adapter_id=adapter.id,
+        visibility=adapter.visibility,
+        version=AdapterVersionPublic.from_row(adapter, version),
+    )
+
+
+def list_adapters(tenant_id: str, session: Session, include_public: bool = False) -> list[AdapterPublic]:
+    """The tenant's adapters (and everyone's public adapters with include_public)."""
+    if include_public:
+        adapters = repository.list_visible_adapters(session, tenant_id)
+    else:
+        adapters = repository.list_own_adapters(session, tenant_id)
+    return [AdapterPublic.from_row(a, viewer_tenant_id=tenant_id) for a in adapters]
+
+
+def get_adapter(ref: str, tenant_id: str, session: Session) -> AdapterPublic:
+    """One adapter visible to the tenant with its versions; `name@N` shows only version N."""
+    parsed = repository.parse_model_ref(ref)
+    adapter = repository.find_visible_adapter(session, tenant_id, parsed.name)
+    if parsed.version is None:
+        return AdapterPublic.from_row(adapter, viewer_tenant_id=tenant_id)
+    version = repository.pick_version(adapter, parsed.version, is_ready_only=False)
+    return AdapterPublic.from_row(adapter, [version], viewer_tenant_id=tenant_id)
+
+
+def delete_adapter(name: str, tenant_id: str, session: Session, services: Services) -> AdapterDeleted:
+    """Soft-delete one of the tenant's adapters (all its versions stop being served: at once through this API
+    process, within settings.api.model_cache_ttl_s through the others)."""
+    if "@" in name:
+        raise ApiError(400, "invalid_request", "delete removes a whole adapter: use its name without @N")
+    session.commit()  # end the auth read: the delete runs in a write transaction of its own
+    adapter = run_in_write_transaction(session, lambda s: repository.soft_delete_adapter(s, tenant_id, name))
+    forget_model_name(services.model_cache, name)
+    return AdapterDeleted(id=adapter.id, name=adapter.name)

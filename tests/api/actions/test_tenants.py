@@ -1,0 +1,14 @@
+"""The tenant and plan actions run on a session alone: no Request, no auth dependency."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from api.actions import tenants
+from registry import repository
+
+
+def test_list_plans_returns_the_api_shape_by_name_without_a_request(db_session: Session) -> None:
+    repository.create_price_plan(db_session, "pro")
+    repository.create_price_plan(db_session, "basic")
+    assert [p.name for p in tenants.list_plans(db_session)] == ["basic", "pro"]
