@@ -203,7 +203,7 @@ def run_worker(
     started = time.perf_counter()
     worker = SimulatedWorker(engine, geometry, CostModel(profile), adapters)
     records = worker.run(trace)
-    stats = worker.core.stats()
+    stats = worker.core.stats().to_dict()
     stats["num_kv_blocks_geometry"] = geometry.num_kv_blocks
     return WorkerRun(records, stats, time.perf_counter() - started)
 

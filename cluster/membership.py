@@ -19,7 +19,7 @@ class WorkerRecord(WorkerStats):
     """A worker's advertised state (refreshed on every heartbeat): its WorkerStats plus the URL it is reached at.
 
     Built on the worker with `from_stats`. Stored as flat JSON (WorkerStats' fields and `url`); `from_json`
-    ignores keys it does not know (a newer worker's fields) and reads the counters an older worker kept in
+    drops keys it does not know (a newer worker's fields) and reads the counters an older worker kept in
     an `extra` dict. `WorkerRecord(worker_id, url, base_model, **stats)` builds one directly.
     """
 
@@ -39,14 +39,18 @@ class WorkerRecord(WorkerStats):
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> WorkerRecord:
-        """Parse a stored record (unknown keys are ignored; a legacy `extra` dict fills the counters; a null
-        list is empty)."""
+        """Parse a stored record (the keys this build does not know, a newer worker's fields, are dropped
+        here, the one place that drops any; a legacy `extra` dict fills the counters; a null list is empty)."""
         data: dict[str, Any] = json.loads(raw)
         legacy = data.pop("extra", None)
         if isinstance(legacy, dict):
             data = {**legacy, **data}
         return cls.model_validate(
-            {k: v for k, v in data.items() if not (v is None and k in _SEQUENCE_FIELDS)}
+            {
+                k: v
+                for k, v in data.items()
+                if k in cls.model_fields and not (v is None and k in _SEQUENCE_FIELDS)
+            }
         )
 
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.core.scheduler_stats import SchedulerStats
 
@@ -178,10 +178,14 @@ class WorkerStats(SchedulerStats):
 
     The one typed model of worker state, composed: the engine core's `SchedulerStats` (queues, pages,
     residency, the router's inputs; scheduler/core/scheduler_stats.py), the engine's own measurements, and
-    the worker's. The worker builds it from its engine's stats dict by key (`WorkerService.stats`); the
-    heartbeat record is this plus the worker's URL (`cluster.membership.WorkerRecord`), and the router's
-    view is read from that record by field name (`cluster.worker_view.worker_view`).
+    the worker's. The worker and the twin build it from the engine's typed `EngineStats` with the one
+    conversion `cluster.worker_stats.build_worker_stats`; the heartbeat record is this plus the worker's URL
+    (`cluster.membership.WorkerRecord`), and the router's view is read from that record by field name
+    (`cluster.worker_view.worker_view`). Unknown fields are refused (extra="forbid"): nothing is dropped
+    silently (`WorkerRecord.from_json` drops a newer worker's fields explicitly).
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     worker_id: str
     base_model: str
@@ -196,7 +200,7 @@ class WorkerStats(SchedulerStats):
     num_load_failures: int = 0  # fetch, verification, registration and copy failures
     engine: str = "native"  # the engine behind the worker (settings engine_backend: native or vllm)
     max_lora_rank: int = 0  # the largest adapter rank its engine serves (0: not published, no limit known)
-    # the engine's measurements (gpu_workers/engine/engine_stats.py)
+    # the engine's measurements (scheduler/core/engine_stats.py EngineStats, ExecutorStats)
     decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
     prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
     # op -> implementation the kernel tuner chose on this machine (gpu_workers/engine/kernel_plan.py), and its cost

@@ -1,8 +1,7 @@
 """`ClusterNode`: one worker of the cluster twin: a `SimulatedWorker` plus what the worker process adds around
 its engine (gpu_workers/worker/worker_service.py, adapter_manager.py): its lifecycle (starting, ready,
 draining, stopped), its host cache of adapter files, fetches in flight, adapter drops, and its published
-state, built as `WorkerService.stats` builds it (the engine's stats dict by key, then the worker's fields)
-and read by the router through the one conversion `cluster.worker_view.worker_view`.
+state, built by the worker's own conversion (`cluster.worker_stats.build_worker_stats`) and read by the router through the one conversion `cluster.worker_view.worker_view`.
 
 Invariants: an adapter is in `host_cached` once its fetch has landed and stays there (drops unload the
 device copy only, as the worker's do); a request is submitted to the engine only once its adapter's files
@@ -15,6 +14,7 @@ from dataclasses import replace
 
 from cluster.membership import WorkerRecord
 from cluster.protocol import WorkerStats
+from cluster.worker_stats import WorkerState, build_worker_stats
 from cluster.worker_view import worker_view
 from scheduler.core.adapter_residency import Residency
 from scheduler.router import WorkerView
@@ -88,29 +88,24 @@ class ClusterNode:
     # ---- published state ------------------------------------------------------------------------------
 
     def stats(self) -> WorkerStats:
-        """The worker's published state, as `WorkerService.stats` builds it from its engine's stats."""
+        """The worker's published state, built as the worker builds it (`cluster.worker_stats.build_worker_stats`)."""
         engine_stats = self.sim.core.stats()
-        device = list(engine_stats["device_adapters"])
-        on_device = set(device)
+        on_device = set(engine_stats.device_adapters)
         host = sorted(k for k in self.host_cached if k not in on_device)
-        known_ranks = {k: self.host_cached[k].rank for k in host if self.host_cached[k].rank > 0}
-        return WorkerStats.model_validate(
-            {
-                **engine_stats,
-                "num_adapter_unloads": self.num_adapter_unloads,
-                "worker_id": self.worker_id,
-                "base_model": self.base_model,
-                "max_num_seqs": self.max_num_seqs,
-                "device_adapters": device,
-                "host_adapters": host,
-                "num_active": self.num_fetching
-                + len(self.sim.core.scheduler.running)
-                + len(self.sim.core.scheduler.waiting),
-                "adapter_ranks": {**known_ranks, **(engine_stats.get("adapter_ranks") or {})},
-                "is_ready": self.is_ready,
-                "is_draining": self.is_draining,
-            }
+        worker = WorkerState(
+            worker_id=self.worker_id,
+            base_model=self.base_model,
+            max_num_seqs=self.max_num_seqs,
+            host_adapters=host,
+            known_ranks={k: self.host_cached[k].rank for k in host if self.host_cached[k].rank > 0},
+            num_active=self.num_fetching
+            + len(self.sim.core.scheduler.running)
+            + len(self.sim.core.scheduler.waiting),
+            num_adapter_unloads=self.num_adapter_unloads,
+            is_ready=self.is_ready,
+            is_draining=self.is_draining,
         )
+        return build_worker_stats(engine_stats, worker)
 
     def record(self) -> WorkerRecord:
         """The heartbeat record (stats + a twin URL), rebuilt only when the worker's state changed."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
 
+from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.executor import CopyResult
 from scheduler.core.host_tier import HostTier
 from scheduler.core.memory_geometry import MemoryGeometry
@@ -120,12 +120,22 @@ class SimulatedExecutor:
     def release_request(self, request_id: str) -> None:
         """Nothing is kept per request."""
 
-    def stats(self) -> dict[str, Any]:
-        """Copies and busy time, under the engine's stats keys where they exist."""
-        return {
-            "num_adapter_copies": self.num_copies,
-            "adapter_copy_seconds_total": self.copy_seconds,
-            "adapter_prepare_seconds_total": self.prepare_seconds,
-            "busy_seconds": self.busy_seconds,
-            "device": "twin",
-        }
+    def stats(self) -> SimulatedExecutorStats:
+        """Copies and busy time, under the engine's stats names where they exist."""
+        return SimulatedExecutorStats(
+            num_adapter_copies=self.num_copies,
+            adapter_copy_seconds_total=self.copy_seconds,
+            adapter_prepare_seconds_total=self.prepare_seconds,
+            busy_seconds=self.busy_seconds,
+            device="twin",
+        )
+
+
+class SimulatedExecutorStats(ExecutorStats):
+    """What the simulated executor measures: copies over the modelled link and its busy time."""
+
+    num_adapter_copies: int = 0
+    adapter_copy_seconds_total: float = 0.0
+    adapter_prepare_seconds_total: float = 0.0
+    busy_seconds: float = 0.0
+    device: str = "twin"

@@ -18,6 +18,7 @@ from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.errors import request_error
 from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.outputs import RequestOutput
+from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 
 
@@ -203,9 +204,14 @@ class AsyncLLMEngine:
         """Ids of the loaded adapters."""
         return self._locked(self.engine.loaded_adapters)
 
+    def engine_stats(self) -> EngineStats:
+        """Engine stats, typed."""
+        stats: EngineStats = self._locked(self.engine.engine_stats)
+        return stats
+
     def stats(self) -> dict[str, Any]:
-        """Engine stats."""
-        return self._locked(self.engine.stats)
+        """Engine stats in their flat JSON form."""
+        return self.engine_stats().to_dict()
 
     def shutdown(self) -> None:
         """Stop the loop thread (pending requests are left as they are)."""

@@ -1,57 +1,79 @@
-"""The engine's statistics: the plain JSON-able dict `LLMEngine.stats()` returns (what the worker's /stats,
-heartbeats, the router and the benchmarks read).
-
-The dict is the engine core's (scheduler/core/engine_core.py `EngineCore.stats`: the scheduler's
-`SchedulerStats`, step counts and timings, the memory geometry) plus the model runner's own part
-(`runner_stats`, its `Executor.stats`): adapter copies, host tier, LoRA forms and kernels. The worker reads it
-into `cluster.protocol.WorkerStats` by key, so the keys shared with WorkerStats are its field names.
+"""The engine's statistics: the typed `EngineStats` (scheduler/core/engine_stats.py) that `LLMEngine` returns
+(what the worker's /stats and heartbeats are built from, `cluster.worker_stats.build_worker_stats`), with the
+model runner's own part typed here (`RunnerStats`, its `Executor.stats`): adapter copies, host tier, LoRA
+forms and kernels. `LLMEngine.stats()` is its flat JSON form (benchmarks, diagnostics).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pydantic import Field
 
 from scheduler.core.engine_counters import RECENT_STEPS, EngineCounters, median_ms
+from scheduler.core.engine_stats import EngineStats, ExecutorStats
 
 if TYPE_CHECKING:
     from gpu_workers.engine.llm_engine import LLMEngine
     from gpu_workers.engine.model_runner import ModelRunner
 
-__all__ = ["RECENT_STEPS", "EngineCounters", "engine_stats", "median_ms", "runner_stats"]
+__all__ = ["RECENT_STEPS", "EngineCounters", "RunnerStats", "engine_stats", "median_ms", "runner_stats"]
 
 
-def engine_stats(engine: LLMEngine) -> dict[str, Any]:
+class RunnerStats(ExecutorStats):
+    """What the model runner measures itself (its `Executor.stats`)."""
+
+    num_loaded_adapters: int = 0
+    adapter_bytes: int = 0
+    num_adapter_copies: int = 0
+    num_host_tier_adapters: int = 0
+    host_tier_bytes: int = 0
+    num_host_tier_hits: int = 0
+    num_host_tier_misses: int = 0
+    adapter_copy_seconds_total: float = 0.0
+    adapter_copy_seconds_max: float = 0.0
+    num_lora_stack_builds: int = 0
+    lora_stack_bytes: int = 0
+    lora_kernel: bool = False
+    cpu_kernels_compile_s: float | None = None  # None: loaded from the cache
+    fp32_prefill_gemms: bool = False
+    # op -> measured / cached / forced / only (ops with nothing to choose on this device are absent)
+    kernel_choice_sources: dict[str, str] = Field(default_factory=dict)
+    dtype: str = ""
+    device: str = ""
+
+
+def engine_stats(engine: LLMEngine) -> EngineStats:
     """The engine core's stats with the model runner's part (module doc)."""
     return engine.core.stats()
 
 
-def runner_stats(runner: ModelRunner) -> dict[str, Any]:
+def runner_stats(runner: ModelRunner) -> RunnerStats:
     """What the model runner measures itself: device adapters and copies, host tier, LoRA forms, kernels."""
     transfers = runner.transfers
-    return {
-        "num_loaded_adapters": len(runner.adapters),
-        "adapter_bytes": sum(a.num_bytes for a in runner.adapters.values()),
-        "num_adapter_copies": transfers.copier.num_copies,
-        "num_host_tier_adapters": len(transfers.host_tier),
-        "host_tier_bytes": transfers.host_tier.num_bytes,
-        "num_host_tier_hits": transfers.host_tier.num_hits,
-        "num_host_tier_misses": transfers.host_tier.num_misses,
-        "adapter_copy_seconds_total": transfers.copier.copy_seconds,
-        "adapter_copy_seconds_max": transfers.copier.max_copy_seconds,
-        "num_lora_stack_builds": runner.lora_forms.num_lora_stack_builds,
-        "lora_stack_bytes": runner.lora_forms.lora_stack_bytes(),
-        "lora_kernel": runner.lora_forms.use_lora_kernel,
-        "cpu_kernels_compile_s": runner.cpu_kernels_compile_s,  # None: loaded from the cache
-        "fp32_prefill_gemms": runner.kernel_plan.prefill_gemm == "fp32_upcast",
-        "kernel_choices": dataclasses.asdict(
+    return RunnerStats(
+        num_loaded_adapters=len(runner.adapters),
+        adapter_bytes=sum(a.num_bytes for a in runner.adapters.values()),
+        num_adapter_copies=transfers.copier.num_copies,
+        num_host_tier_adapters=len(transfers.host_tier),
+        host_tier_bytes=transfers.host_tier.num_bytes,
+        num_host_tier_hits=transfers.host_tier.num_hits,
+        num_host_tier_misses=transfers.host_tier.num_misses,
+        adapter_copy_seconds_total=transfers.copier.copy_seconds,
+        adapter_copy_seconds_max=transfers.copier.max_copy_seconds,
+        num_lora_stack_builds=runner.lora_forms.num_lora_stack_builds,
+        lora_stack_bytes=runner.lora_forms.lora_stack_bytes(),
+        lora_kernel=runner.lora_forms.use_lora_kernel,
+        cpu_kernels_compile_s=runner.cpu_kernels_compile_s,
+        fp32_prefill_gemms=runner.kernel_plan.prefill_gemm == "fp32_upcast",
+        kernel_choices=dataclasses.asdict(
             runner.kernel_plan
         ),  # op -> form (gpu_workers/engine/kernel_plan.py)
-        # op -> measured / cached / forced / only (ops with nothing to choose on this device are absent)
-        "kernel_choice_sources": {op: choice.source for op, choice in runner.kernel_tuner.choices.items()},
-        "kernel_tuner_s": runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
-        "engine": "native",
-        "max_lora_rank": runner.config.max_lora_rank,
-        "dtype": str(runner.dtype).replace("torch.", ""),
-        "device": str(runner.device),
-    }
+        kernel_choice_sources={op: choice.source for op, choice in runner.kernel_tuner.choices.items()},
+        kernel_tuner_s=runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
+        engine="native",
+        max_lora_rank=runner.config.max_lora_rank,
+        dtype=str(runner.dtype).replace("torch.", ""),
+        device=str(runner.device),
+    )

@@ -41,6 +41,7 @@ from registry.validation import AdapterInfo
 from scheduler.admission import BatchPolicy
 from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import EngineCore, SeqDelta
+from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import Sequence
 
@@ -300,7 +301,10 @@ class LLMEngine:
 
     # ---- introspection ------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """Counts, KV usage, adapter cache counters and step timings (plain JSON-able values; see
-        gpu_workers/engine/engine_stats.py)."""
+    def engine_stats(self) -> EngineStats:
+        """Counts, KV usage, adapter cache counters and step timings, typed (gpu_workers/engine/engine_stats.py)."""
         return engine_stats(self)
+
+    def stats(self) -> dict[str, Any]:
+        """`engine_stats()` in its flat JSON form (benchmarks, diagnostics)."""
+        return engine_stats(self).to_dict()

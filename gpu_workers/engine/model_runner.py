@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from gpu_workers.engine.adapter_transfers import AdapterTransfers
 from gpu_workers.engine.config import EngineConfig
-from gpu_workers.engine.engine_stats import runner_stats
+from gpu_workers.engine.engine_stats import RunnerStats, runner_stats
 from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
 from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels
 from gpu_workers.engine.kernel_tuner import KernelTuner
@@ -238,7 +237,7 @@ class ModelRunner:
         self.adapters.pop(adapter_id, None)
         self.forget_adapter(adapter_id)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> RunnerStats:
         """What the runner measures itself (gpu_workers/engine/engine_stats.py `runner_stats`)."""
         return runner_stats(self)
 

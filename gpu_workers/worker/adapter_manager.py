@@ -19,6 +19,7 @@ from gpu_workers.engine.errors import AdapterCapacityError, AdapterInUseError, A
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.host_cache import AdapterFiles, HostAdapterCache
 from gpu_workers.worker.worker_errors import AdapterUnavailableError
+from scheduler.core.engine_stats import EngineStats
 
 
 @dataclass
@@ -144,10 +145,10 @@ class AdapterManager:
         self.counters.num_adapter_unloads += 1
         return True
 
-    def device_adapters(self, engine_stats: dict[str, Any] | None = None) -> list[str]:
+    def device_adapters(self, engine_stats: EngineStats | None = None) -> list[str]:
         """Adapter keys on the engine's device, least recently used first (from `engine_stats` if given)."""
-        if engine_stats is not None and "device_adapters" in engine_stats:
-            return list(engine_stats["device_adapters"])
+        if engine_stats is not None:
+            return list(engine_stats.device_adapters)
         return self._engine.device_adapters()
 
     def host_adapters(self, device: list[str] | None = None) -> list[str]:

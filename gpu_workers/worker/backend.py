@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpu_workers.engine.outputs import RequestOutput
+from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 
 
@@ -77,8 +78,12 @@ class InferenceBackend(Protocol):
         """Ids of the loaded adapters."""
         ...
 
+    def engine_stats(self) -> EngineStats:
+        """Engine state, counters and timings, typed (scheduler/core/engine_stats.py)."""
+        ...
+
     def stats(self) -> dict[str, Any]:
-        """Engine counters and timings."""
+        """`engine_stats()` in its flat form (diagnostics, tests)."""
         ...
 
     def shutdown(self) -> None:

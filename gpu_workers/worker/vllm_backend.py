@@ -22,6 +22,7 @@ from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, Adapt
 from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.vllm_client import LoraIds, VllmClient, engine_prompt_of
 from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
+from scheduler.core.engine_stats import EngineStats, ExecutorStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import count_by_adapter
 from scheduler.external_release import ReleaseLimits, release_now
@@ -326,35 +327,49 @@ class VllmBackend:
 
     # ---- introspection ------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """The native engine's routing keys that this backend knows (the worker fills in the rest)."""
+    def engine_stats(self) -> EngineStats:
+        """The native engine's routing signals that this backend knows (the others keep their defaults)."""
         device = self.device_adapters()
         queued = [p.request for p in self._waiting.values() if not p.released.is_set()]
         running = [p.request for p in self._waiting.values() if p.released.is_set() and not p.is_aborted]
         ranks = {name: a.rank for name, a in self._adapters.items()}
-        return {
-            "engine": "vllm",
-            "num_running": sum(self._in_flight.values()),
-            "is_base_on_zero_adapter": self._base_lora_id is not None,
-            "num_waiting": len(queued),
-            "num_running_by_adapter": count_by_adapter(r.adapter_id for r in running),
-            "num_waiting_by_adapter": count_by_adapter(r.adapter_id for r in queued),
-            "num_waiting_by_tenant": dict(Counter(r.tenant_id or ANONYMOUS_TENANT for r in queued)),
-            "running_ranks": tuple(ranks.get(r.adapter_id, 0) if r.adapter_id else 0 for r in running),
-            "waiting_ranks": tuple(ranks.get(r.adapter_id, 0) if r.adapter_id else 0 for r in queued),
-            "num_waiting_prompt_tokens": sum(r.num_prompt_tokens for r in queued),
-            "max_model_len": self.limits.max_model_len,
-            "max_lora_rank": self.limits.max_lora_rank,
-            "max_loras": self.limits.max_loras,
-            "device_adapters": tuple(device),
-            "num_device_adapters": len(device),
-            "num_host_adapters": len(self._adapters) - len(device),
-            "adapter_ranks": ranks,
-            "num_finished": self.num_finished,
-            "num_prefix_cache_hit_tokens": self.num_prefix_cache_hit_tokens,
-            "num_prefix_cache_query_tokens": self.num_prefix_cache_query_tokens,
-        }
+        return EngineStats(
+            num_running=sum(self._in_flight.values()),
+            num_waiting=len(queued),
+            num_running_by_adapter=count_by_adapter(r.adapter_id for r in running),
+            num_waiting_by_adapter=count_by_adapter(r.adapter_id for r in queued),
+            num_waiting_by_tenant=dict(Counter(r.tenant_id or ANONYMOUS_TENANT for r in queued)),
+            running_ranks=tuple(ranks.get(r.adapter_id, 0) if r.adapter_id else 0 for r in running),
+            waiting_ranks=tuple(ranks.get(r.adapter_id, 0) if r.adapter_id else 0 for r in queued),
+            num_waiting_prompt_tokens=sum(r.num_prompt_tokens for r in queued),
+            max_model_len=self.limits.max_model_len,
+            device_adapters=tuple(device),
+            num_device_adapters=len(device),
+            num_host_adapters=len(self._adapters) - len(device),
+            adapter_ranks=ranks,
+            num_finished=self.num_finished,
+            num_prefix_cache_hit_tokens=self.num_prefix_cache_hit_tokens,
+            num_prefix_cache_query_tokens=self.num_prefix_cache_query_tokens,
+            executor=VllmStats(
+                engine="vllm",
+                max_lora_rank=self.limits.max_lora_rank,
+                max_loras=self.limits.max_loras,
+                is_base_on_zero_adapter=self._base_lora_id is not None,
+            ),
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """`engine_stats()` in its flat form (Python values: tuples stay tuples)."""
+        return self.engine_stats().to_dict(mode="python")
 
     def shutdown(self) -> None:
         """Stop vLLM's engine process."""
         self.client.shutdown()
+
+
+class VllmStats(ExecutorStats):
+    """What the vLLM backend publishes of its own: vLLM's LoRA slots and whether the base model runs on
+    a zero adapter."""
+
+    max_loras: int = 0
+    is_base_on_zero_adapter: bool = False

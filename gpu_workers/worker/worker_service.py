@@ -11,7 +11,6 @@ for adapter room. Everything here runs on the worker's event loop; blocking work
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -20,12 +19,14 @@ from typing import Any, cast
 
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats, prefix_cache_namespace
+from cluster.worker_stats import WorkerState, build_worker_stats
 from gpu_workers.engine.errors import AdapterLoadFailedError, AdapterNotLoadedError, PromptTooLongError
 from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.adapter_manager import AdapterManager
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_errors import BadRequestError, DrainingError
+from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 
 
@@ -67,7 +68,7 @@ class WorkerService:
         self.worker_id = worker_id
         self.base_model = base_model
         self.max_num_seqs = max_num_seqs
-        self.max_model_len = int(engine.stats()["max_model_len"])
+        self.max_model_len = engine.engine_stats().max_model_len
         self.adapters = AdapterManager(engine, host_cache)
         self.is_ready = True
         self.is_draining = False
@@ -180,39 +181,38 @@ class WorkerService:
 
     # ---- introspection ------------------------------------------------------------------------------
 
-    async def engine_stats(self) -> dict[str, Any]:
+    async def engine_stats(self) -> EngineStats:
         """The engine's stats, read off the event loop (it waits for the current step)."""
-        return await asyncio.to_thread(self.engine.stats)
+        return await asyncio.to_thread(self.engine.engine_stats)
 
-    def stats(self, engine_stats: dict[str, Any] | None = None) -> WorkerStats:
+    def stats(self, engine_stats: EngineStats | None = None) -> WorkerStats:
         """Load, residency and counters as WorkerStats (pass `await engine_stats()` to avoid blocking the loop).
 
-        The engine's stats dict is read by key (what a backend does not publish keeps its default), then the
-        worker's own fields: its identity, host cache, leases and adapter counters, the ranks the API sent
-        for host-cached adapters the engine does not know, and its profile.
+        The engine's typed stats and the worker's own state (its identity, host cache, leases and adapter
+        counters, the ranks the API sent for host-cached adapters, its profile) through the one conversion
+        `cluster.worker_stats.build_worker_stats`.
         """
-        engine_stats = self.engine.stats() if engine_stats is None else engine_stats
+        engine_stats = self.engine.engine_stats() if engine_stats is None else engine_stats
         device = self.adapters.device_adapters(engine_stats)
-        counters = dataclasses.asdict(self.adapters.counters)
-        counters["num_load_failures"] += int(engine_stats.get("num_adapter_load_failures", 0))  # its copies'
-        return WorkerStats.model_validate(
-            {
-                **engine_stats,
-                **counters,
-                "worker_id": self.worker_id,
-                "base_model": self.base_model,
-                "max_num_seqs": self.max_num_seqs,
-                "device_adapters": device,
-                "host_adapters": self.adapters.host_adapters(device),
-                "num_active": self.num_active,
-                "adapter_ranks": {**self.adapters.known_ranks(), **(engine_stats.get("adapter_ranks") or {})},
-                "perf_model": self.perf_model,
-                "is_ready": self.is_ready and not self.is_draining,
-                "is_draining": self.is_draining,
-            }
+        counters = self.adapters.counters
+        worker = WorkerState(
+            worker_id=self.worker_id,
+            base_model=self.base_model,
+            max_num_seqs=self.max_num_seqs,
+            host_adapters=self.adapters.host_adapters(device),
+            known_ranks=self.adapters.known_ranks(),
+            num_active=self.num_active,
+            num_cache_hits=counters.num_cache_hits,
+            num_cache_misses=counters.num_cache_misses,
+            num_adapter_unloads=counters.num_adapter_unloads,
+            num_load_failures=counters.num_load_failures,
+            perf_model=self.perf_model,
+            is_ready=self.is_ready,
+            is_draining=self.is_draining,
         )
+        return build_worker_stats(engine_stats, worker)
 
-    def record(self, url: str, engine_stats: dict[str, Any] | None = None) -> WorkerRecord:
+    def record(self, url: str, engine_stats: EngineStats | None = None) -> WorkerRecord:
         """The membership record advertised in heartbeats: these stats plus the worker's URL."""
         return WorkerRecord.from_stats(self.stats(engine_stats), url)
 

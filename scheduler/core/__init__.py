@@ -18,6 +18,8 @@ Modules:
   and sampled tokens, stop token / EOS / length stops, first-scheduled / first-token / finish times.
 - scheduler_stats.py: `SchedulerStats`, the core's counters and the router's inputs
   (`BatchScheduler.make_stats()`), the innermost part of a worker's stats (cluster/protocol.py `WorkerStats`).
+- engine_stats.py: `EngineStats`, what `EngineCore.stats()` returns (SchedulerStats, the core's counters and
+  the executor's typed `ExecutorStats`).
 - copy_gate.py: `CopyGate`, which sequences of a still-copying adapter run this step (CPU-assisted prefills)
   and which wait for the copy.
 - admission_gate.py: `AdmissionGate`, which planned requests a memory shortfall blocks (all, the group's, or

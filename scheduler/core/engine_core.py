@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
 
 from scheduler.admission import BatchPolicy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
-from scheduler.core.engine_counters import EngineCounters, core_stats
+from scheduler.core.engine_counters import EngineCounters
+from scheduler.core.engine_stats import EngineStats, engine_stats
 from scheduler.core.executor import Executor
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.page_pool import PagePool
@@ -221,15 +221,16 @@ class EngineCore:
 
     # ---- introspection ------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         """The scheduler's stats, counts and step timings, the memory geometry and the executor's own stats
-        (plain JSON-able values; the routing signals of a worker)."""
-        return {
-            **core_stats(self.scheduler.make_stats(), self.counters),
-            "memory_mode": self.geometry.memory_mode,
-            "max_model_len": self.geometry.max_model_len,
-            **self.executor.stats(),
-        }
+        (typed; the routing signals of a worker; scheduler/core/engine_stats.py)."""
+        return engine_stats(
+            self.scheduler.make_stats(),
+            self.counters,
+            self.executor.stats(),
+            memory_mode=self.geometry.memory_mode,
+            max_model_len=self.geometry.max_model_len,
+        )
 
     def page_ids(self, adapter_id: str) -> list[int]:
         """The pages the core reserved for an adapter (views of the KV cache in a unified pool)."""

@@ -1,17 +1,12 @@
-"""The engine core's cumulative counters and recent step timings, and the core's part of the engine stats
-dict (`core_stats`): the scheduler's `SchedulerStats` (scheduler/core/scheduler_stats.py, in its JSON form)
-plus step counts and timings. The executor adds what it measures itself (`Executor.stats`); the worker reads
-the whole dict into `cluster.protocol.WorkerStats` by key, so the keys shared with WorkerStats are its field
-names."""
+"""The engine core's cumulative counters and recent step timings (read into the typed `EngineStats`,
+scheduler/core/engine_stats.py)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
-from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.core.sequence import BatchEntry
 
 RECENT_STEPS = 32
@@ -51,29 +46,3 @@ class EngineCounters:
 def median_ms(seconds: deque[float]) -> float | None:
     """Median of recent step durations in milliseconds (None before the first such step)."""
     return statistics.median(seconds) * 1000 if seconds else None
-
-
-def core_stats(core: SchedulerStats, c: EngineCounters) -> dict[str, Any]:
-    """The scheduler's stats plus counts and step timings (plain JSON-able values)."""
-    return {
-        **core.model_dump(mode="json"),
-        "num_kv_blocks": core.num_total_kv_blocks,
-        "adapter_load_seconds_mean": (
-            core.adapter_load_seconds_total / core.num_timed_adapter_loads
-            if core.num_timed_adapter_loads
-            else 0.0
-        ),
-        "decode_step_ms": median_ms(c.recent_decode_seconds),
-        "prefill_step_ms": median_ms(c.recent_prefill_seconds),
-        "num_finished": c.num_finished,
-        "num_aborted": c.num_aborted,
-        "num_steps": c.num_steps,
-        "num_prompt_tokens": c.num_prompt_tokens,
-        "num_output_tokens": c.num_output_tokens,
-        "num_batched_tokens": c.num_batched_tokens,
-        "step_seconds_total": c.step_seconds,
-        "step_seconds_mean": c.step_seconds / c.num_steps if c.num_steps else 0.0,
-        "step_seconds_max": c.max_step_seconds,
-        "num_adapter_load_failures": c.num_adapter_load_failures,
-        "num_adapter_copy_failures": c.num_adapter_copy_failures,
-    }

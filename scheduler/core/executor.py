@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.sequence import BatchEntry
 
@@ -64,6 +65,6 @@ class Executor(Protocol):
         """Drop per-request state (a finished request)."""
         ...
 
-    def stats(self) -> dict[str, Any]:
-        """What the executor itself measures (copies, host tier, kernels), plain JSON-able values."""
+    def stats(self) -> ExecutorStats:
+        """What the executor itself measures (copies, host tier, kernels): an `ExecutorStats` subclass."""
         ...

@@ -2,12 +2,14 @@
 and the prefix cache count and hold, built by `BatchScheduler.make_stats()` (vLLM v1's
 `Scheduler.make_stats()`).
 
-One typed model, composed outwards: `cluster.protocol.WorkerStats` is these fields plus the engine's step
-timings and kernels and the worker's own (what GET /stats answers), `cluster.membership.WorkerRecord` is
+One typed model, composed outwards: the engine's `EngineStats` (scheduler/core/engine_stats.py) is these
+fields plus the core's counters and the executor's typed stats; `cluster.protocol.WorkerStats` is these fields
+plus the engine's step timings and kernels and the worker's own (what GET /stats answers, built by
+`cluster.worker_stats.build_worker_stats`), `cluster.membership.WorkerRecord` is
 WorkerStats plus the worker's URL (what heartbeats carry) and the router reads its `WorkerView` off a
 record by field name (`cluster.worker_view.worker_view`). A routing signal the core computes is a field
 here, filled in `make_stats` below, and a field of `scheduler.router.WorkerView` that a policy reads: two
-files. Field names are JSON names (the engine's stats dict, /stats and heartbeats use them); every field
+files. Field names are JSON names (the engine's flat stats, /stats and heartbeats use them); every field
 has a default, so a worker whose engine publishes less still parses.
 """
 

@@ -58,7 +58,7 @@ def test_a_cold_adapter_waits_for_its_copy_while_a_base_request_runs_meanwhile()
     rec_cold, rec_base = worker.run([cold, base])
     assert rec_base.token_times == pytest.approx([0.102])  # runs at its arrival, during the copy
     assert rec_cold.ttft_s == pytest.approx(0.502)  # the 0.5 s copy, then a 2 ms prefill
-    assert worker.executor.num_copies == 1 and worker.core.stats()["num_adapter_copies"] == 1
+    assert worker.executor.num_copies == 1 and worker.core.stats().to_dict()["num_adapter_copies"] == 1
     again = worker.run([TraceRequest("warm", 1.0, 10, 1, adapter_id="a")])[0]
     assert again.ttft_s == pytest.approx(0.002)  # still on the device: no copy
 

@@ -14,6 +14,7 @@ from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker import builder
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
+from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 from settings import Settings
 
@@ -68,6 +69,9 @@ class _FakeBackend:
 
     def stats(self) -> dict[str, Any]:
         return {"max_model_len": 128}
+
+    def engine_stats(self) -> EngineStats:
+        return EngineStats(max_model_len=128)
 
     def shutdown(self) -> None:
         return None

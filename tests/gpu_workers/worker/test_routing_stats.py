@@ -18,6 +18,7 @@ from gpu_workers.worker import builder
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_service import WorkerService
+from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
@@ -63,6 +64,9 @@ class _StatsBackend:
 
     def stats(self) -> dict[str, Any]:
         return self._stats
+
+    def engine_stats(self) -> EngineStats:
+        return EngineStats.model_validate(self._stats)
 
     def device_adapters(self) -> list[str]:
         return list(self._stats.get("device_adapters", []))
@@ -147,6 +151,9 @@ class _Backend:
 
     def stats(self) -> dict[str, Any]:
         return {"max_model_len": 128}
+
+    def engine_stats(self) -> EngineStats:
+        return EngineStats(max_model_len=128)
 
 
 def _settings(tmp_path: Path, **overrides: Any) -> Settings:

@@ -15,6 +15,7 @@ from cluster.protocol import GenerateRequest
 from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_service import WorkerService
+from scheduler.core.engine_stats import EngineStats
 
 
 class _RecordingBackend:
@@ -25,6 +26,9 @@ class _RecordingBackend:
 
     def stats(self) -> dict[str, Any]:
         return {"max_model_len": 128}
+
+    def engine_stats(self) -> EngineStats:
+        return EngineStats(max_model_len=128)
 
     async def generate_stream(
         self,

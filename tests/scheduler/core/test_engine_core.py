@@ -11,6 +11,7 @@ from typing import Any
 from scheduler.batch_policy import FifoPolicy
 from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import CoreLimits, EngineCore
+from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.executor import CopyResult
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from scheduler.core.sequence import BatchEntry, Sequence
@@ -65,8 +66,12 @@ class ScriptedExecutor:
     def release_request(self, request_id: str) -> None:
         self.released.append(request_id)
 
-    def stats(self) -> dict[str, Any]:
-        return {"num_copies_started": len(self.copies)}
+    def stats(self) -> ScriptedExecutorStats:
+        return ScriptedExecutorStats(num_copies_started=len(self.copies))
+
+
+class ScriptedExecutorStats(ExecutorStats):
+    num_copies_started: int = 0
 
 
 def _core(clock: ManualClock, **limits: Any) -> tuple[EngineCore, ScriptedExecutor]:
@@ -103,7 +108,7 @@ def test_prefill_then_decode_until_the_length_stop_with_times_from_the_clock() -
     assert executor.steps == [[("r", 5)], [("r", 1)], [("r", 1)]]
     assert (seq.first_scheduled_time, seq.first_token_time, seq.finish_time) == (11.0, 11.0, 13.0)
     assert seq.finish_reason == "length" and executor.released == ["r"]
-    stats = core.stats()
+    stats = core.stats().to_dict()
     assert (stats["num_steps"], stats["num_output_tokens"], stats["num_prompt_tokens"]) == (3, 3, 5)
     assert (
         stats["num_finished"] == 1 and stats["num_copies_started"] == 0 and stats["memory_mode"] == "unified"
@@ -136,7 +141,7 @@ def test_a_failed_copy_ends_only_its_adapters_requests() -> None:
     assert ("ra", [], True) in deltas and a_seq.error_code == "adapter_unavailable"
     assert "link reset" in (a_seq.error or "")
     assert base_seq.finish_reason == "length" and base_seq.error is None
-    assert core.stats()["num_adapter_copy_failures"] == 1
+    assert core.stats().num_adapter_copy_failures == 1
 
 
 def test_a_copy_that_cannot_start_fails_its_requests() -> None:
@@ -172,4 +177,4 @@ def test_an_abort_comes_back_in_the_next_step_and_is_counted() -> None:
     assert core.abort("r") and not core.abort("r")
     assert core.has_pending_deltas()
     assert _run(core, clock, 1) == [("r", [], True)]
-    assert seq.finish_reason == "abort" and seq.finish_time == 5.0 and core.stats()["num_aborted"] == 1
+    assert seq.finish_reason == "abort" and seq.finish_time == 5.0 and core.stats().num_aborted == 1
