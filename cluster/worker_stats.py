@@ -1,6 +1,6 @@
 """The one conversion from an engine's typed stats plus the worker's own state to the published
 `WorkerStats` (what /stats answers and heartbeats carry), called by the worker
-(gpu_workers/worker/worker_service.py) and by the twin's simulated worker (scheduler/twin/cluster_node.py).
+(gpu_workers/worker/worker_service.py) and by the twin's simulated worker (twin/cluster_node.py).
 
 Pure. Every engine field is either published (a `WorkerStats` field of the same name, copied here) or named
 in `UNPUBLISHED_ENGINE_FIELDS` (local diagnostics: `LLMEngine.stats()` and the benchmarks read them), so no
@@ -60,7 +60,7 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "kernel_choice_sources",
         "dtype",
         "device",
-        # the twin's simulated executor (scheduler/twin/simulated_executor.py SimulatedExecutorStats)
+        # the twin's simulated executor (twin/simulated_executor.py SimulatedExecutorStats)
         "adapter_prepare_seconds_total",
         "busy_seconds",
         # the vLLM backend's (gpu_workers/worker/vllm_backend.py VllmStats)

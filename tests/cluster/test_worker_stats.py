@@ -13,7 +13,7 @@ from gpu_workers.engine.engine_stats import RunnerStats
 from gpu_workers.worker.vllm_backend import VllmStats
 from scheduler.core.engine_stats import EngineStats, ExecutorStats
 from scheduler.router import WorkerView
-from scheduler.twin.simulated_executor import SimulatedExecutorStats
+from twin.simulated_executor import SimulatedExecutorStats
 
 EXECUTORS = (RunnerStats, SimulatedExecutorStats, VllmStats)
 # WorkerStats fields the console pages and /metrics read (api/console/residency.py, api/metrics.py)
