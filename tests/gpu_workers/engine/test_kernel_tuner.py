@@ -219,7 +219,6 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     """Unforced, the engine's prefill GEMM path is the tuner's measured choice on the model's MLP shape (not the
     CPU's flags), shown in the engine stats; a second engine on the same cache measures nothing."""
     from gpu_workers.engine import kernel_tuner
-    from gpu_workers.engine.engine_stats import engine_stats
 
     measured: list[list[str]] = []
 
@@ -232,7 +231,7 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     engine = make_cpu_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
     assert engine.runner.wide_gemm_dtype == wide
     assert measured[0] == ["packed", "fp32_upcast", "plain"]
-    stats = engine_stats(engine)
+    stats = engine.stats()
     assert stats["kernel_choices"][PREFILL_GEMM_OP] == fastest
     assert stats["kernel_choice_sources"][PREFILL_GEMM_OP] == "measured"
     assert stats["fp32_prefill_gemms"] is (fastest == "fp32_upcast")
@@ -245,7 +244,7 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     num_measured = len(measured)
     cached = make_cpu_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
     assert len(measured) == num_measured and cached.runner.wide_gemm_dtype == wide
-    assert engine_stats(cached)["kernel_tuner_s"] == 0.0
+    assert cached.stats()["kernel_tuner_s"] == 0.0
 
 
 @needs_bf16_packing
