@@ -53,6 +53,7 @@ from adapter_memory_plan import (
     sweep_rates,
 )
 from adapter_memory_replay import run_one
+from bench_dtype import add_dtype_arg
 from child_process import ChildClock, busy_cores, child_env, wait_with_timeout
 from run_info import git_state
 from serving_workload import build_workload, summarize
@@ -322,7 +323,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttft-target-ms", type=float, default=0.0, help="default: 5x the unloaded mean TTFT")
     add_workload_args(p, max_prompt_tokens=128, max_output_tokens=16, length_scale=0.125)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="auto")
+    add_dtype_arg(p)
     p.add_argument(
         "--threads", type=int, default=1, help="engine num_threads (0: torch default; 1 resists foreign load)"
     )

@@ -26,6 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.bench_dtype import add_dtype_arg
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--copy-seconds", type=float, default=0.5)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--cpu-prefill-workers", type=int, default=2)
-    parser.add_argument("--dtype", default="auto")
+    add_dtype_arg(parser)
     parser.add_argument("--num-threads", type=int, default=None)
     args = parser.parse_args()
     adapter_dir = args.model_dir / "adapters" / args.adapter
@@ -133,6 +134,7 @@ def main() -> None:
                 "adapter_bytes": num_bytes,
                 "adapter_link_gbps": link_gbps,
                 "prompt_tokens": args.prompt_tokens,
+                "dtype": args.dtype,
                 "ttft_ms_median": summary,
                 "ttft_ratio": ttft_ratios(summary),
                 "prefix_caching": False,

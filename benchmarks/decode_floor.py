@@ -111,17 +111,19 @@ def decode_floor(
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
     import common
+    from bench_dtype import DTYPE_HELP, bench_dtype
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", type=Path, required=True, help="dir with base/ and adapters/")
     p.add_argument("--num-requests", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(ELEMENT_BYTES))
+    p.add_argument("--dtype", default=None, choices=sorted(ELEMENT_BYTES), help=DTYPE_HELP)
     p.add_argument(
         "--threads", type=int, default=0, help="threads of the bandwidth test (0: torch's default)"
     )
     args = p.parse_args(argv)
+    args.dtype = args.dtype or bench_dtype()
     bandwidth = measure_read_bandwidth(args.threads)
     import torch
 

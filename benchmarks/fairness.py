@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.bench_dtype import add_dtype_arg
 from benchmarks.model_dirs import ensure_model
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
@@ -115,7 +116,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--batch-policy", default="fifo")
-    parser.add_argument("--dtype", default="auto")
+    add_dtype_arg(parser)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -166,6 +167,7 @@ def main() -> None:
                 "prompt_tokens": args.prompt_tokens,
                 "max_tokens": args.max_tokens,
                 "batch_policy": args.batch_policy,
+                "dtype": args.dtype,
                 "fair_share_p99_ratio": round(results["fair_share"]["p99"] / results["alone"]["p99"], 2),
                 "fifo_p99_ratio": round(results["fifo"]["p99"] / results["alone"]["p99"], 2),
             }

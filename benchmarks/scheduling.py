@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))  # this tree's scheduler/, not an installed copy
 
 from adapter_memory import ensure_model
+from bench_dtype import add_dtype_arg
 from run_info import git_state
 from scheduling_bench import SchedulingBench, log
 from scheduling_metrics import report_text, summarize_systems
@@ -88,9 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="requests per load point (48: the default run takes ~25 min on 2 cores)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--dtype", default="auto", help="engine dtype (auto: bfloat16 on a CPU with fast bf16, else float32)"
-    )
+    add_dtype_arg(p)
     p.add_argument(
         "--model-dir", type=Path, help="a dir with base/ and adapters/ (default: the --size demo model)"
     )

@@ -42,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from bench_dtype import bench_dtype
 from child_process import wait_until_idle
 from model_dirs import ensure_model, ensure_real_model, real_model_dir
 from serving_client import request_body, run_load, warmup
@@ -254,13 +255,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lorahost-threads", type=int, default=0, help="LORAHOST_ENGINE_NUM_THREADS (0: torch default)"
     )
     add_vllm_args(p)
-    p.add_argument("--vllm-dtype", default=None, help="default bfloat16 (small), float32 (tiny)")
+    p.add_argument(
+        "--vllm-dtype",
+        default=None,
+        help="dtype of both systems; default float32 (tiny), else $LORAHOST_BENCH_DTYPE or the engine's auto dtype",
+    )
     p.add_argument("--vllm-max-model-len", type=int, default=1024)
     p.add_argument("--vllm-start-timeout-s", type=float, default=300.0)
     p.add_argument("--print-workload", action="store_true", help="print the request list and exit")
     args = p.parse_args(argv)
     if args.vllm_dtype is None:
-        args.vllm_dtype = "bfloat16" if args.model_size == "small" or args.real_model else "float32"
+        is_small = args.model_size == "small" or args.real_model
+        args.vllm_dtype = bench_dtype() if is_small else "float32"
     return args
 
 
@@ -302,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         "rps": args.rps,
         "arrival": args.arrival,
         "prompt_format": args.prompt_format,
+        "dtype": args.vllm_dtype,
     }
     emit(
         {

@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.bench_dtype import add_dtype_arg
 from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
 from twin.request_record import RequestRecord
@@ -87,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=32, help="slot-bound cases (memory-bound: 4x)")
     p.add_argument("--memory-kv-blocks", type=int, default=192, help="KV blocks of the memory-bound cases")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtype", default="auto")
+    add_dtype_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--twin-only", action="store_true", help="skip the real engine (the twin's side only)")
     p.add_argument("--output", type=Path, default=None)

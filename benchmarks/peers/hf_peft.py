@@ -1,7 +1,8 @@
 """transformers (+ peft) peer for benchmarks/engine_throughput.py. Run with the project venv.
 
 Modes:
-  base  plain AutoModelForCausalLM, one left-padded batch of all requests, greedy, bf16.
+  base  plain AutoModelForCausalLM, one left-padded batch of all requests, greedy, in
+        $LORAHOST_BENCH_DTYPE (engine_throughput.py sets it), else the engine's auto dtype for this CPU.
   lora  PeftModel with every adapter loaded (load_adapter), all requests in ONE batch with
         `generate(..., adapter_names=[...])` (peft mixed-batch inference).
 
@@ -17,8 +18,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import common
+from bench_dtype import bench_dtype
 
 
 def main() -> None:
@@ -35,7 +38,8 @@ def main() -> None:
     base_dir = args.model_dir / "base"
     # the engine's device=auto rule: CUDA when there is one, so both peers run on the same device
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.bfloat16)
+    dtype = bench_dtype()
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=getattr(torch, dtype))
     names = common.adapter_names(args.model_dir, args.num_requests)
     distinct = sorted(set(names))
     if args.mode == "lora":
@@ -113,6 +117,7 @@ def main() -> None:
         adapters=len(distinct) if args.mode == "lora" else 0,
         torch_threads=torch.get_num_threads(),
         device=str(device),
+        dtype=dtype,
         load_s=round(load_s, 3),
         **common.summarize_runs(runs, args.num_requests * args.max_tokens),
         peak_rss_mb=round(common.peak_rss_mb_self(), 1),

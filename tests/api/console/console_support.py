@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from typing import Any
 
@@ -9,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from api.console.session import SESSION_COOKIE
 from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
+from registry.keys import parse_key
 from tests.api.test_completions_support import BASE_MODEL
 
 CSRF_RE = re.compile(r'data-csrf="([^"]+)"')
@@ -25,6 +28,20 @@ def sign_in(client: TestClient, key: str) -> str:
     page = client.get(response.headers["location"])
     assert page.status_code == 200, page.text
     return csrf_of(page.text)
+
+
+def assert_holds_no_key(set_cookie: str, key: str) -> None:
+    """The session cookie (a Set-Cookie header) holds neither `key` nor its secret (registry/keys.py's parser:
+    a secret may itself contain `_`), in its raw value or in its decoded payload; nothing depends on what a
+    random key happens to contain."""
+    parsed = parse_key(key)
+    assert parsed is not None, f"not a tenant key: {key!r}"
+    value = set_cookie.split(";", 1)[0].partition("=")[2]
+    payload = base64.urlsafe_b64decode(value.rpartition(".")[0] + "==").decode()
+    data = json.loads(payload)
+    for secret in (key, parsed.secret):
+        assert secret not in set_cookie and secret not in payload
+        assert secret not in {str(v) for v in data.values()}
 
 
 def login_form_token(client: TestClient) -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from api.console.session import (
     OPERATOR,
+    SESSION_COOKIE,
     TENANT,
     csrf_token,
     decode_session,
@@ -15,6 +18,8 @@ from api.console.session import (
     new_login_nonce,
     new_session,
 )
+from registry.keys import format_key
+from tests.api.console.console_support import assert_holds_no_key
 
 SECRET = b"s" * 32
 
@@ -59,3 +64,16 @@ def test_a_sign_in_token_is_good_only_with_its_nonce_and_secret() -> None:
     assert not is_login_csrf_valid(nonce, b"t" * 32, token)
     assert not is_login_csrf_valid(nonce, SECRET, nonce)  # the old double-submit: the cookie's own value
     assert not is_login_csrf_valid(None, SECRET, token) and not is_login_csrf_valid(nonce, SECRET, None)
+
+
+def test_holds_no_key_check_does_not_depend_on_the_keys_random_content() -> None:
+    """A secret ending in `_x` (token_urlsafe may give one): the check looks for the parsed secret, not for what
+    follows the key's last `_` (an `x` that a cookie may well contain)."""
+    key = format_key("k1", "A" * 40 + "_x")
+    cookie = encode_session(new_session(TENANT, 60, key_id="k1"), SECRET)
+    header = f"{SESSION_COOKIE}={cookie}; HttpOnly; Max-Age=60; Path=/console; SameSite=strict"
+    assert key.split("_")[-1] in header  # what the old check looked for: it failed on this cookie
+    assert_holds_no_key(header, key)
+    leaked = encode_session(new_session(TENANT, 60, key_id=key), SECRET)
+    with pytest.raises(AssertionError):
+        assert_holds_no_key(f"{SESSION_COOKIE}={leaked}; HttpOnly", key)
