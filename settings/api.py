@@ -14,7 +14,7 @@ from pydantic_settings import NoDecode
 from settings.section import named_choice, section_config
 
 DEFAULT_ROUTER_POLICY = (
-    "residency_least_loaded"  # checked against scheduler/router_policies.py ROUTER_POLICIES
+    "residency_least_loaded"  # checked against scheduler/routing/router_policies.py ROUTER_POLICIES
 )
 
 
@@ -177,7 +177,7 @@ class RoutingSettings(BaseModel):
 
     policy: str = Field(
         default=DEFAULT_ROUTER_POLICY,
-        description="API: how a request picks its worker, one of scheduler/router_policies.py ROUTER_POLICIES",
+        description="API: how a request picks its worker, one of scheduler/routing/router_policies.py ROUTER_POLICIES",
     )
     slo_tpot_ms: float | None = Field(
         default=None,
@@ -210,6 +210,6 @@ class RoutingSettings(BaseModel):
     @classmethod
     def _check_policy(cls, value: str) -> str:
         # numpy: loaded when settings are built, not when the package is imported
-        from scheduler.router_policies import ROUTER_POLICIES
+        from scheduler.routing.router_policies import ROUTER_POLICIES
 
         return named_choice(value, ROUTER_POLICIES, "router policy")
