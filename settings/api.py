@@ -13,6 +13,9 @@ from pydantic_settings import NoDecode
 
 from settings.section import named_choice, section_config
 
+# the default ceiling on an adapter's LoRA rank: the upload limit, and so the engine's (resolved_max_lora_rank)
+DEFAULT_MAX_LORA_RANK = 256
+
 DEFAULT_ROUTER_POLICY = (
     "residency_least_loaded"  # checked against scheduler/routing/router_policies.py ROUTER_POLICIES
 )
@@ -151,7 +154,7 @@ class LimitsSettings(BaseModel):
 
     max_upload_bytes: int = 512 * 1024 * 1024
     max_uncompressed_bytes: int = 1024 * 1024 * 1024
-    max_rank: int = 256
+    max_rank: int = DEFAULT_MAX_LORA_RANK
     max_adapter_bytes: int = 512 * 1024 * 1024
     max_archive_members: int = 8
     max_prompt_tokens: int = 4096

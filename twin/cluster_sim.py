@@ -391,7 +391,7 @@ def simulate_cluster(
         geometry = cost_model.profile.geometry(
             engine.memory_mode,
             adapter_cache_bytes=engine.adapter_cache_bytes,
-            max_lora_rank=settings.limits.max_rank,
+            max_lora_rank=settings.resolved_max_lora_rank(),
             max_model_len=engine.max_model_len,
         )
     return ClusterSim(settings, geometry, cost_model, adapters, options).run(trace)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from pydantic import ValidationInfo, field_validator
 
+from settings.api import DEFAULT_MAX_LORA_RANK
 from settings.engine import DTYPE_NAMES, EngineSettings
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -83,7 +84,7 @@ class EngineConfig(EngineSettings):
     """
 
     model_path: Path
-    max_lora_rank: int = 256
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     block_size: int = 16
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None
