@@ -89,7 +89,7 @@ class TenantAuth:
     is_active: bool
     limits: RateLimits
     fair_share_weight: float = (
-        1.0  # its plan's weight under fair share (scheduler/fair_share.py); 1 when unset
+        1.0  # its plan's weight under fair share (scheduler/admission/fair_share.py); 1 when unset
     )
     shared_cache_namespace: str | None = None  # Tenant.prefix_cache_namespace (set by an operator only)
 

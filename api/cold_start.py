@@ -10,7 +10,7 @@ A model whose worker cannot start (cluster/model_refusals.py: the embedded model
 wait at once with `ModelCannotStart` when it never will, else its reason ends the timeout's message.
 Requests that had to wait are observed in the `lorahost_cold_start_wait_seconds` histogram; the ones waiting
 now are the `lorahost_cold_start_waiting_requests` gauge (the demand signal a scale-from-zero acts on).
-Which workers count as ready is the scheduler's decision (`scheduler.router.ready_workers`).
+Which workers count as ready is the scheduler's decision (`scheduler.routing.router.ready_workers`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 class PredictionAccuracyPublic(BaseModel):
     """How close output-length predictions came: MAE in tokens and bucket accuracy (prediction and truth in
     the same `bucket_edges` class), both null without samples; and what ordering requests by size needs
-    (scheduler/length_metrics.py): `spearman`, the rank correlation of predicted and true lengths (1: the same
+    (scheduler/length/length_metrics.py): `spearman`, the rank correlation of predicted and true lengths (1: the same
     order; null with fewer than 2 samples or a constant side, or in a model trained before it was reported),
     `bucket_recall[b]`, the share of requests truly in bucket b that were predicted there (null: no such
     request), and `bucket_num_samples[b]`, how many requests were truly in bucket b (one entry per bucket:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler.scaling import ScalingDecision
+from scheduler.scaling.scaling import ScalingDecision
 
 MAX_SAMPLES = 4096  # decisions kept (one per base model per refresh: ~1.1 h at 1 s and one model)
 

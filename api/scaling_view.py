@@ -3,7 +3,7 @@
 Inputs: the demand the placement job published with the routing table (forecast and cooldown-peak tokens/s per
 rank, last request per base model; cluster/routing_table.py), the live workers and their queues (the worker
 directory) and the requests waiting in this API server's cold starts (lorahost_cold_start_waiting_requests).
-The decision itself is scheduler/scaling.py, its inputs are built by cluster/model_load.py (pure: the cluster
+The decision itself is scheduler/scaling/scaling.py, its inputs are built by cluster/model_load.py (pure: the cluster
 twin builds them the same way). Every base model with a live worker, published demand or a
 waiting request is reported (so a request waiting for a model with no worker asks for a scale-up from zero).
 """
@@ -21,7 +21,7 @@ from cluster.membership import WorkerRecord
 from cluster.model_load import model_loads, scaling_policy
 from cluster.routing_table import CachedRoutingTable
 from cluster.waiting_requests import WaitingRequests
-from scheduler.scaling import ScalingDecision, decide_scaling
+from scheduler.scaling.scaling import ScalingDecision, decide_scaling
 from settings import Settings
 
 log = logging.getLogger(__name__)

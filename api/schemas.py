@@ -94,7 +94,7 @@ Price = Annotated[
     Decimal, Field(ge=0, max_digits=PRICE_DIGITS, decimal_places=PRICE_PLACES, allow_inf_nan=False)
 ]
 SloTargetMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-# A plan's fair-share weight (scheduler/fair_share.py): its tenants' share of each engine relative to weight 1.
+# A plan's fair-share weight (scheduler/admission/fair_share.py): its tenants' share of each engine relative to weight 1.
 # Bounded both ways so one plan's tenants get at most a million times another's share (the counters divide
 # by the weight: a weight near 0 would make one tenant's counter jump past everyone's on its first token).
 MIN_FAIR_SHARE_WEIGHT, MAX_FAIR_SHARE_WEIGHT = 0.001, 1000.0

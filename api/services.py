@@ -46,8 +46,8 @@ from registry.adapter_pipeline import AdapterJobContext, limits_from_settings
 from registry.blob_locations import make_blob_store
 from registry.db import make_engine, make_session_factory
 from registry.storage import BlobStore
-from scheduler.router import Router, RouterOptions
-from scheduler.router_policies import make_router
+from scheduler.routing.router import Router, RouterOptions
+from scheduler.routing.router_policies import make_router
 from settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""Talking to workers: pick one (scheduler.router) and stream a generation from it.
+"""Talking to workers: pick one (scheduler.routing.router) and stream a generation from it.
 
 The contract is `cluster.protocol`: POST {url}/internal/v1/generate with the bearer internal token
 returns zero or more `delta` events then exactly one `final` or `error` event. Closing the HTTP stream
@@ -30,8 +30,8 @@ from api.worker_ndjson import HttpEventSource, error_fields, ndjson_lines
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
 from cluster.worker_view import worker_view
-from scheduler.router import Router, RouteRequest, ready_workers
-from scheduler.router_policies import make_router
+from scheduler.routing.router import Router, RouteRequest, ready_workers
+from scheduler.routing.router_policies import make_router
 
 log = logging.getLogger(__name__)
 

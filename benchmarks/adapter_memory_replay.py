@@ -195,7 +195,7 @@ def replay(spec: dict) -> dict[str, Any]:
     stats = engine.stats()
     result = summarize_records(list(records.values()), stats)
     result["replay_wall_s"] = round(time.time() - t0, 2)
-    from scheduler.fair_share import base_policy
+    from scheduler.admission.fair_share import base_policy
 
     result["policy_state"] = _policy_state(base_policy(engine.scheduler.policy))
     if spec.get("return_records"):
@@ -215,7 +215,7 @@ def prime_policy(engine, history: list[dict], t0: float) -> None:
     """
     if not history:
         return
-    from scheduler.admission import BatchBudget, WaitingRequest
+    from scheduler.admission.admission import BatchBudget, WaitingRequest
 
     scheduler = engine.scheduler
     waiting = []

@@ -5,7 +5,7 @@ Tenant b sends `--rate` requests/s (Poisson), tenant a `--flood-factor` times as
 dir with base/ and adapters/ made by `lorahost demo-model`, generated when missing). Cases:
   alone       b alone (its TTFT without contention),
   fifo        b + a's flood, admission by the batch policy alone (LORAHOST_ENGINE_FAIR_SHARE=false),
-  fair_share  b + a's flood, with the tenants' fair share (scheduler/fair_share.py, the default).
+  fair_share  b + a's flood, with the tenants' fair share (scheduler/admission/fair_share.py, the default).
 Open loop: requests are added at their scheduled time by the thread that steps the engine (as the worker's
 loop does); TTFT = the step that returns the first token - the scheduled arrival. Each case runs
 `--duration-s` of arrivals, then the rest of a's queue is aborted once every b request has its first token.

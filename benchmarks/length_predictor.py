@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from scheduler.length_models import MODEL_KINDS
-from scheduler.length_predictor import (
+from scheduler.length.length_models import MODEL_KINDS
+from scheduler.length.length_predictor import (
     LengthPredictor,
     LengthSample,
     RequestFeatures,

@@ -9,7 +9,7 @@ same distributions (held-out MAE and bucket accuracy are reported); the engine o
 the API cap, and the replay stops each request at its true length.
 
 Systems, side by side in one run, each (system, load) in its own process (benchmarks/adapter_memory.py's
-child runner and open-loop replay): every name of --policies registered in scheduler/batch_policy.py
+child runner and open-loop replay): every name of --policies registered in scheduler/admission/batch_policy.py
 BATCH_POLICIES (others are skipped with a note), each with the adapter cache (`is_caching_idle_adapters`)
 and without it (an adapter leaves the device as soon as no request uses it: the S-LoRA baseline).
 
@@ -47,7 +47,7 @@ from scheduling_bench import SchedulingBench, log
 from scheduling_metrics import report_text, summarize_systems
 from workload_args import add_workload_args
 
-from scheduler.batch_policy import BATCH_POLICIES
+from scheduler.admission.batch_policy import BATCH_POLICIES
 
 DEFAULT_LOADS = "0.3,0.6,0.8,1.0,1.2,1.5"
 DEFAULT_POLICIES = "fifo,sjf,multiqueue"

@@ -33,7 +33,7 @@ from typing import Any
 from serving_metrics import pct
 from serving_workload import read_trace, zipf_weights
 
-from scheduler.length_predictor import (
+from scheduler.length.length_predictor import (
     BUCKET_EDGES,
     LengthPredictor,
     LengthSample,

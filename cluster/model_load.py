@@ -1,7 +1,7 @@
 """The autoscaler's inputs, per base model: `BaseModelLoad`s from the published demand (routing table), the
 live worker records and the cold-start waiters, and the `ScalingPolicy` from settings. Pure: the API's
 scaling view (api/scaling_view.py) and the cluster twin (twin/cluster_sim.py) both build the
-decision's inputs here and call scheduler/scaling.py `decide_scaling`.
+decision's inputs here and call scheduler/scaling/scaling.py `decide_scaling`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from cluster.membership import WorkerRecord
 from cluster.routing_table import ModelDemand, RoutingTable
-from scheduler.scaling import BaseModelLoad, ScalingPolicy
+from scheduler.scaling.scaling import BaseModelLoad, ScalingPolicy
 from settings import Settings
 
 

@@ -14,9 +14,9 @@ from datetime import datetime
 
 from cluster.membership import WorkerRecord
 from cluster.routing_table import ModelDemand, RoutingRow, RoutingTable, WorkerPlacement
-from scheduler.demand_forecast import forecast_rate
-from scheduler.placement import AdapterDemand, PlacementConfig
-from scheduler.placement_baselines import PLACEMENT_POLICIES
+from scheduler.placement.demand_forecast import forecast_rate
+from scheduler.placement.placement import AdapterDemand, PlacementConfig
+from scheduler.placement.placement_baselines import PLACEMENT_POLICIES
 from settings import Settings
 
 log = logging.getLogger(__name__)

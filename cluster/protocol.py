@@ -127,7 +127,7 @@ class GenerateRequest(BaseModel):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     predicted_output_tokens: int | None = None
     tenant_id: str | None = None
-    # The tenant's fair-share weight (its plan's; scheduler/fair_share.py): its share of the engine relative to 1.
+    # The tenant's fair-share weight (its plan's; scheduler/admission/fair_share.py): its share of the engine relative to 1.
     tenant_weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     # Prefix-cache namespace chosen by the API (`prefix_cache_namespace`: the tenant's own, or a namespace an
     # operator shares); None: the tenant's own. Cached KV blocks are reused only within one namespace.
@@ -206,6 +206,8 @@ class WorkerStats(SchedulerStats):
     # op -> implementation the kernel tuner chose on this machine (gpu_workers/engine/kernel_plan.py), and its cost
     kernel_choices: dict[str, str] = Field(default_factory=dict)
     kernel_tuner_s: float = 0.0
-    perf_model: dict[str, Any] | None = None  # the worker's profile (scheduler.perf_model.PerfModel.to_dict)
+    perf_model: dict[str, Any] | None = (
+        None  # the worker's profile (scheduler.routing.perf_model.PerfModel.to_dict)
+    )
     is_ready: bool = True
     is_draining: bool = False

@@ -1,6 +1,6 @@
 """The one conversion from a worker's published state to what the router reads of it.
 
-`worker_view` fills every field of `scheduler.router.WorkerView` from the field of the same name of a
+`worker_view` fills every field of `scheduler.routing.router.WorkerView` from the field of the same name of a
 `WorkerStats` (a heartbeat `WorkerRecord` is one), so a routing signal is declared where it is computed
 (`scheduler/core/scheduler_stats.py` for the core's) and in WorkerView, and nowhere in between. Lists become
 tuples, the adapter lists frozensets; a draining worker is not ready; a profile that does not parse is
@@ -14,8 +14,8 @@ import logging
 from typing import Any
 
 from cluster.protocol import WorkerStats
-from scheduler.perf_model import PerfModel
-from scheduler.router import WorkerView
+from scheduler.routing.perf_model import PerfModel
+from scheduler.routing.router import WorkerView
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """`lorahost serve` serves every catalog base model (issue 24 item 5): one in-process worker per model, started
 when requests wait for it and stopped when idle, within a memory budget.
 
-The decision is scheduler/model_pool.py's (pure); this module observes and carries it out: every `poll_s` it
+The decision is scheduler/scaling/model_pool.py's (pure); this module observes and carries it out: every `poll_s` it
 reads the catalog's live models that the native engine may serve, the requests held at the front door per base
 model (the API's cold-start gauge), and each worker's running and queued requests (the worker directory), then
 starts an `EmbeddedWorker` for a model (it fetches its files from the blob store by name, verified; it joins the
@@ -38,8 +38,8 @@ from lorahost.worker_memory import (
     sized_settings,
 )
 from registry.base_model_catalog import list_base_models
-from scheduler.model_pool import BlockedModel, PooledModel, PoolPlan, plan_model_pool
-from scheduler.worker_footprint import WorkerFootprint, gib
+from scheduler.scaling.model_pool import BlockedModel, PooledModel, PoolPlan, plan_model_pool
+from scheduler.scaling.worker_footprint import WorkerFootprint, gib
 from settings import Settings
 
 log = logging.getLogger("lorahost.embedded_models")
@@ -169,7 +169,7 @@ class EmbeddedModelPool:
             self.workers.pop(name).stop()
 
     def step(self) -> PoolPlan:
-        """Observe, decide (scheduler/model_pool.py) and carry the plan out."""
+        """Observe, decide (scheduler/scaling/model_pool.py) and carry the plan out."""
         plan = plan_model_pool(
             self.observe(),
             budget_bytes=self.budget_bytes,

@@ -63,7 +63,7 @@ def plan(
         raise typer.Exit(2)
     options = PlanOptions(
         slo=parsed_slo, objective=objective, form=form,  # type: ignore[arg-type]
-        check_duration_s=check_s, max_lora_rank=settings.limits.max_rank,
+        check_duration_s=check_s, max_lora_rank=settings.resolved_max_lora_rank(),
     )  # fmt: skip
     report = plan_workload(
         workload,

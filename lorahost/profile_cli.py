@@ -55,7 +55,7 @@ def profile(
     """Time the engine's prefill and decode steps on a grid of batch sizes x LoRA ranks, fit the latency model
     (sum-of-ranks or max-rank term, whichever fits better) and write the profile file."""
     from gpu_workers.engine.profiler import ProfileGrid, describe, run_profile
-    from scheduler.perf_model import PerfModel
+    from scheduler.routing.perf_model import PerfModel
     from settings import Settings
     from twin.profile import save_profile
 

@@ -3,7 +3,7 @@
 The decision of how many workers a base model needs is the platform's (scheduler/, served by the API as
 `{"base_model", "desired_workers", "live_workers", "demand_tokens_per_s", "reason"}`); this module only
 turns it into process actions, as KEDA does in production:
-- `plan_scaling` (pure, scheduler/scale_plan.py; the cluster twin runs it too): given the desired count and the workers this scaler manages (oldest first), how
+- `plan_scaling` (pure, scheduler/scaling/scale_plan.py; the cluster twin runs it too): given the desired count and the workers this scaler manages (oldest first), how
   many to start and which to stop (the newest first: the older ones hold warm adapters).
 - `ProcessScaler.step`: one poll (`fetch`) and one plan applied to a `WorkerPool` (DevCluster implements
   it: start a worker process without waiting for it, SIGTERM one so it drains). No answer (an API that
@@ -20,7 +20,7 @@ from typing import Protocol
 
 import httpx
 
-from scheduler.scale_plan import DEFAULT_INTERVAL_S, ScalePlan, plan_scaling
+from scheduler.scaling.scale_plan import DEFAULT_INTERVAL_S, ScalePlan, plan_scaling
 
 log = logging.getLogger("lorahost.scaler")
 __all__ = [

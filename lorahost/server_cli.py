@@ -15,7 +15,7 @@ import typer
 if TYPE_CHECKING:
     from api.services import Services
     from gpu_workers.worker.embedded import EmbeddedWorker
-    from scheduler.worker_footprint import WorkerFootprint
+    from scheduler.scaling.worker_footprint import WorkerFootprint
     from settings import Settings
 
 
@@ -236,7 +236,7 @@ def _sweep_uploads(services: Services) -> None:
 
 def _announce_memory(budget_bytes: int | None, pinned: WorkerFootprint | None) -> None:
     """Print the in-process workers' memory budget and the configured model's worker's share of it."""
-    from scheduler.worker_footprint import gib
+    from scheduler.scaling.worker_footprint import gib
 
     budget = "unbounded" if budget_bytes is None else gib(budget_bytes)
     share = f"; the configured model's worker: {pinned.describe()}" if pinned is not None else ""

@@ -1,6 +1,6 @@
 """The memory side of `lorahost serve`'s in-process workers (issue 33 item 4): the machine's memory, the budget,
 and each model's worker footprint from the settings and the model's shape (the arithmetic is
-scheduler/worker_footprint.py, pure).
+scheduler/scaling/worker_footprint.py, pure).
 
 The budget is `settings.worker.embedded_memory_bytes` (LORAHOST_WORKER_EMBEDDED_MEMORY_BYTES) when set, else
 `embedded_memory_fraction` (default 0.5) of the memory available to this process: the cgroup's limit when one is
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.core.memory_geometry import ModelShape
-from scheduler.worker_footprint import (
+from scheduler.scaling.worker_footprint import (
     PoolKnobs,
     WorkerFootprint,
     fit_worker,
@@ -142,7 +142,7 @@ class ModelSizing:
         return cls(ModelShape.from_hf_config(config), _rescaled(num_bytes, dtype, element_size))
 
     def fit(self, settings: Settings, element_size: int, max_bytes: int | None) -> WorkerFootprint | None:
-        """The largest footprint within `max_bytes` (scheduler/worker_footprint.py fit_worker)."""
+        """The largest footprint within `max_bytes` (scheduler/scaling/worker_footprint.py fit_worker)."""
         return fit_worker(
             self.shape,
             element_size=element_size,

@@ -107,7 +107,7 @@ class PricePlan(Base):
     requests_per_min: Mapped[int | None] = mapped_column(Integer)
     tokens_per_min: Mapped[int | None] = mapped_column(Integer)
     max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)  # a tenant's requests in flight
-    # a tenant's share of each engine under fair share (scheduler/fair_share.py); None = 1, an equal share
+    # a tenant's share of each engine under fair share (scheduler/admission/fair_share.py); None = 1, an equal share
     fair_share_weight: Mapped[float | None] = mapped_column(Float)
     slo_ttft_ms: Mapped[float | None] = mapped_column(Float)
     slo_tpot_ms: Mapped[float | None] = mapped_column(Float)

@@ -5,7 +5,7 @@ by an inline timer in the API with inline jobs (api/main.py). Its pure half (ste
 cluster/placement_table.py, which the cluster twin runs too. One run:
 1. token counts (prompt + completion, by start time) per adapter version and per bucket of
    settings.placement.bucket_s, over the history (forecast) and the scale-down cooldown (peak) windows;
-2. the demand forecast (scheduler/demand_forecast.py) and, per base model, `compute_placement` over its live,
+2. the demand forecast (scheduler/placement/demand_forecast.py) and, per base model, `compute_placement` over its live,
    ready, non-draining workers with the previous table as the starting point (versions no longer `ready`
    leave the table);
 3. publish (routing table, per-worker load and max rank, moved adapters, per base model demand for the

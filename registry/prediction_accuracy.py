@@ -3,8 +3,8 @@
 Over the `ok` rows that started in [start, end) and carry a prediction, per adapter version (the predictor's
 key; None: the base model) and overall: the number of requests, the MAE in tokens between
 predicted_output_tokens and the true completion_tokens, the bucket accuracy (both in the same
-scheduler.length_predictor.BUCKET_EDGES class), Spearman's rank correlation of predicted and true lengths
-and the recall of each true bucket (scheduler/length_metrics.py), the metrics the training job reports on
+scheduler.length.length_predictor.BUCKET_EDGES class), Spearman's rank correlation of predicted and true lengths
+and the recall of each true bucket (scheduler/length/length_metrics.py), the metrics the training job reports on
 its held-out split. Aggregated in SQL (GROUP BYs with exact integer sums; the ranks by window functions,
 ties sharing their mean rank, summed for Pearson's r of the ranks), so a long window never loads its rows.
 """
@@ -19,8 +19,8 @@ from sqlalchemy import Float, Integer, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from registry.models import UsageRecord
-from scheduler.length_metrics import pearson_from_sums, recall_from_counts
-from scheduler.length_predictor import BUCKET_EDGES
+from scheduler.length.length_metrics import pearson_from_sums, recall_from_counts
+from scheduler.length.length_predictor import BUCKET_EDGES
 
 JUDGED_STATUS = "ok"  # finished: completion_tokens is the true output length
 NUM_BUCKETS = len(BUCKET_EDGES) + 1
@@ -45,7 +45,7 @@ class PredictionAccuracy:
 
 
 def _bucket(column: Any) -> Any:
-    """The BUCKET_EDGES class of a token count, as SQL (scheduler.length_predictor.length_bucket)."""
+    """The BUCKET_EDGES class of a token count, as SQL (scheduler.length.length_predictor.length_bucket)."""
     return case(*[(column < edge, index) for index, edge in enumerate(BUCKET_EDGES)], else_=len(BUCKET_EDGES))
 
 

@@ -1,7 +1,7 @@
 """Length predictor artifacts in the blob store: versioned models, their metadata and a pointer to the newest.
 
 Layout (keys):
-  predictors/length/<version>.bin   LengthPredictor.to_bytes() (scheduler/length_predictor_artifact.py: JSON)
+  predictors/length/<version>.bin   LengthPredictor.to_bytes() (scheduler/length/length_predictor_artifact.py: JSON)
   predictors/length/<version>.json  metadata: version, trained_at, sample counts, held-out metrics
   predictors/length/current         the pointer: {"version", "artifact_key", "metadata_key"}
 The training job (registry/predictor_training.py) writes the model, then its metadata, then the pointer, so
@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from registry.storage import BlobNotFoundError, BlobStore
-from scheduler.length_predictor_artifact import PredictorArtifactError
+from scheduler.length.length_predictor_artifact import PredictorArtifactError
 
 PREFIX = "predictors/length/"
 POINTER_KEY = f"{PREFIX}current"

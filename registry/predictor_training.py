@@ -10,7 +10,7 @@ trained on are what serving computes, one tenant's traffic never in another's hi
 its size (prompt_tokens) only; UsageRecord.prompt_features is neither written nor read. The newest
 settings.predictor.max_training_samples rows that started within settings.predictor.training_window_s are
 split chronologically: the model is fitted on the older part and judged on the newer HOLDOUT_FRACTION
-(MAE and bucket accuracy, overall and per adapter: scheduler.length_predictor.evaluate), then the held-out
+(MAE and bucket accuracy, overall and per adapter: scheduler.length.length_predictor.evaluate), then the held-out
 lengths are fed to its histories, so the shipped model knows each tenant's latest requests on each adapter.
 With fewer than settings.predictor.min_training_samples rows nothing is written (a log line says why).
 
@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from registry.models import UsageRecord, utcnow
 from registry.predictor_artifacts import PredictorPointer, new_version, write_predictor
 from registry.storage import BlobStore
-from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures, evaluate
+from scheduler.length.length_predictor import LengthPredictor, LengthSample, RequestFeatures, evaluate
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def chronological_split(
 def train_and_evaluate(
     samples: Sequence[LengthSample], version: str
 ) -> tuple[LengthPredictor, dict[str, Any]]:
-    """Fit on the older part, evaluate on the held-out newer part (scheduler.length_predictor.evaluate's
+    """Fit on the older part, evaluate on the held-out newer part (scheduler.length.length_predictor.evaluate's
     dict), then feed the held-out lengths to the histories."""
     train, heldout = chronological_split(samples)
     predictor = LengthPredictor().fit(train, model_version=version)

@@ -111,7 +111,8 @@ class Settings(BaseSettings):
         return self.api.upload_tmp_dir or (self.data_dir / "upload-tmp")
 
     def resolved_max_lora_rank(self) -> int:
-        """The largest adapter rank a worker's engine serves: engine_max_lora_rank, else the upload limit."""
+        """The largest adapter rank a worker's engine serves: engine_max_lora_rank, else the upload limit. The one
+        place it is resolved: the engine, the vLLM backend, the twin and the capacity planner all read it here."""
         return self.engine.max_lora_rank or self.limits.max_rank
 
     def resolved_host_cache_dir(self) -> Path:

@@ -13,8 +13,11 @@ from pydantic_settings import NoDecode
 
 from settings.section import named_choice, section_config
 
+# the default ceiling on an adapter's LoRA rank: the upload limit, and so the engine's (resolved_max_lora_rank)
+DEFAULT_MAX_LORA_RANK = 256
+
 DEFAULT_ROUTER_POLICY = (
-    "residency_least_loaded"  # checked against scheduler/router_policies.py ROUTER_POLICIES
+    "residency_least_loaded"  # checked against scheduler/routing/router_policies.py ROUTER_POLICIES
 )
 
 
@@ -151,7 +154,7 @@ class LimitsSettings(BaseModel):
 
     max_upload_bytes: int = 512 * 1024 * 1024
     max_uncompressed_bytes: int = 1024 * 1024 * 1024
-    max_rank: int = 256
+    max_rank: int = DEFAULT_MAX_LORA_RANK
     max_adapter_bytes: int = 512 * 1024 * 1024
     max_archive_members: int = 8
     max_prompt_tokens: int = 4096
@@ -177,7 +180,7 @@ class RoutingSettings(BaseModel):
 
     policy: str = Field(
         default=DEFAULT_ROUTER_POLICY,
-        description="API: how a request picks its worker, one of scheduler/router_policies.py ROUTER_POLICIES",
+        description="API: how a request picks its worker, one of scheduler/routing/router_policies.py ROUTER_POLICIES",
     )
     slo_tpot_ms: float | None = Field(
         default=None,
@@ -210,6 +213,6 @@ class RoutingSettings(BaseModel):
     @classmethod
     def _check_policy(cls, value: str) -> str:
         # numpy: loaded when settings are built, not when the package is imported
-        from scheduler.router_policies import ROUTER_POLICIES
+        from scheduler.routing.router_policies import ROUTER_POLICIES
 
         return named_choice(value, ROUTER_POLICIES, "router policy")

@@ -1,5 +1,5 @@
-"""The capacity model's sections: adapter placement (`placement`, LoRAServe, scheduler/placement.py),
-autoscaling (`scaling`, scheduler/scaling.py) and the output-length predictor (`predictor`)."""
+"""The capacity model's sections: adapter placement (`placement`, LoRAServe, scheduler/placement/placement.py),
+autoscaling (`scaling`, scheduler/scaling/scaling.py) and the output-length predictor (`predictor`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class PlacementSettings(BaseModel):
     policy: str = Field(
         default="loraserve",
         description="loraserve (rank-bucketed fractional placement), or the baselines random | contiguous "
-        "(one holder per adapter, scheduler/placement_baselines.py)",
+        "(one holder per adapter, scheduler/placement/placement_baselines.py)",
     )
     min_phi: float = Field(
         default=0.05,
@@ -85,7 +85,9 @@ class PlacementSettings(BaseModel):
     @field_validator("policy")
     @classmethod
     def _check_policy(cls, value: str) -> str:
-        from scheduler.placement_baselines import PLACEMENT_POLICIES  # numpy: loaded when built, not imported
+        from scheduler.placement.placement_baselines import (
+            PLACEMENT_POLICIES,  # numpy: loaded when built, not imported
+        )
 
         return named_choice(value, PLACEMENT_POLICIES, "placement policy")
 
@@ -100,8 +102,8 @@ class PlacementSettings(BaseModel):
 
     def resolved_operating_points(self) -> dict[int, float]:
         """The capacity model: rank bucket -> tokens/s per worker (worker_operating_points, else the default
-        derivation from worker_tokens_per_s, scheduler.placement.default_operating_points)."""
-        from scheduler.placement import default_operating_points
+        derivation from worker_tokens_per_s, scheduler.placement.placement.default_operating_points)."""
+        from scheduler.placement.placement import default_operating_points
 
         return dict(self.worker_operating_points or default_operating_points(self.worker_tokens_per_s))
 

@@ -12,16 +12,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from scheduler.admission import BatchPolicy
-from scheduler.batch_policy import BATCH_POLICIES, make_admission_policy
-from scheduler.core.engine_core import CoreLimits
-from scheduler.eviction import (
+from scheduler.admission.admission import BatchPolicy
+from scheduler.admission.batch_policy import BATCH_POLICIES, make_admission_policy
+from scheduler.cache.eviction import (
     DEFAULT_EVICTION_POLICY,
     EVICTION_POLICIES,
     EvictionPolicy,
     make_eviction_policy,
 )
-from scheduler.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
+from scheduler.core.engine_core import CoreLimits
+from scheduler.multiqueue.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
 from settings.section import env_name, section_config
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -74,7 +74,7 @@ class EngineSettings(BaseModel):
         default=None,
         description="Bound on the running batch: a request is admitted only while the running sequences' "
         "tokens (prompt and output so far) plus its prompt stay within it, so requests wait where the batch "
-        "policy orders them when compute, not memory, is the bottleneck (scheduler/running_budget.py); "
+        "policy orders them when compute, not memory, is the bottleneck (scheduler/admission/running_budget.py); "
         "default: no bound (admission stops only for slots, the step's token budget or KV pages)",
     )
     max_model_len: int | None = Field(default=None, description="Default: the model's context length")
@@ -94,13 +94,13 @@ class EngineSettings(BaseModel):
     batch_policy: str = Field(
         default="fifo",
         description="Admission order of waiting requests, one of "
-        f"{sorted(BATCH_POLICIES)} (scheduler/batch_policy.py: fifo = arrival order with head-of-line blocking; "
+        f"{sorted(BATCH_POLICIES)} (scheduler/admission/batch_policy.py: fifo = arrival order with head-of-line blocking; "
         "sjf = fewest predicted output tokens first; multiqueue = Chameleon's size-class queues with token "
-        "quotas, scheduler/multiqueue.py)",
+        "quotas, scheduler/multiqueue/multiqueue.py)",
     )
     fair_share: bool = Field(
         default=True,
-        description="Fair share of each engine between tenants (scheduler/fair_share.py, the Virtual Token "
+        description="Fair share of each engine between tenants (scheduler/admission/fair_share.py, the Virtual Token "
         "Counter of Sheng et al., OSDI'24): the least-served tenant's waiting request is admitted first, in "
         "the batch policy's order within a tenant; false admits in the batch policy's order alone. No effect "
         "while one tenant sends requests.",
@@ -130,7 +130,7 @@ class EngineSettings(BaseModel):
         default=DEFAULT_EVICTION_POLICY,
         validation_alias="adapter_eviction_policy",
         description="Worker: which idle device adapter is evicted first when a step needs pages, one of "
-        f"{sorted(EVICTION_POLICIES)} (scheduler/eviction.py: least recently used; Chameleon's "
+        f"{sorted(EVICTION_POLICIES)} (scheduler/cache/eviction.py: least recently used; Chameleon's "
         "frequency/recency/size score; FastLibra's reload cost x reuse probability x recency decay)",
     )
     is_caching_idle_adapters: bool = Field(
@@ -277,7 +277,7 @@ class EngineSettings(BaseModel):
 
     def admission_policy(self) -> BatchPolicy:
         """The engine's admission policy: `batch_policy` with its options, inside the tenants' fair share when
-        `fair_share` (scheduler/batch_policy.py make_admission_policy)."""
+        `fair_share` (scheduler/admission/batch_policy.py make_admission_policy)."""
         return make_admission_policy(
             self.batch_policy,
             self.batch_policy_options(),
@@ -287,7 +287,7 @@ class EngineSettings(BaseModel):
         )
 
     def eviction_policy(self) -> EvictionPolicy:
-        """The order in which idle adapters leave the device (scheduler/eviction.py)."""
+        """The order in which idle adapters leave the device (scheduler/cache/eviction.py)."""
         return make_eviction_policy(self.adapter_eviction_policy)
 
     def core_limits(self) -> CoreLimits:

@@ -81,7 +81,7 @@ class WorkerSettings(BaseModel):
         gt=0,
         description="`lorahost serve`: the most bytes its in-process workers (one per base model served, the "
         "configured one included) hold at once, each counted whole: weights, KV and adapter pools, host adapter "
-        "tier and an activation estimate (scheduler/worker_footprint.py); a catalog model starts with what is "
+        "tier and an activation estimate (scheduler/scaling/worker_footprint.py); a catalog model starts with what is "
         "left (smaller pools, down to one request's worth), idle catalog models are stopped to make room, a "
         "model that can never fit is refused with a 503; unset: embedded_memory_fraction of the machine's memory",
     )

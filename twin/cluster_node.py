@@ -17,7 +17,7 @@ from cluster.protocol import WorkerStats
 from cluster.worker_stats import WorkerState, build_worker_stats
 from cluster.worker_view import worker_view
 from scheduler.core.adapter_residency import Residency
-from scheduler.router import WorkerView
+from scheduler.routing.router import WorkerView
 from twin.trace import AdapterSpec, TraceRequest
 from twin.worker_sim import SimulatedWorker
 

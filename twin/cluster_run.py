@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from cluster.protocol import WorkerStats
 from cluster.routing_table import RoutingTable
-from scheduler.scale_plan import DEFAULT_INTERVAL_S
-from scheduler.scaling import ScalingDecision
+from scheduler.scaling.scale_plan import DEFAULT_INTERVAL_S
+from scheduler.scaling.scaling import ScalingDecision
 from twin.request_record import RequestRecord
 
 # No setting or profile says how long a worker takes to become ready (process start, base model load, kernel

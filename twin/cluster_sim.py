@@ -20,7 +20,7 @@ Events, in time order (ties: worker ready, placement, scaling, fetch landed, hel
   twin/usage_history.py), published to a real `InMemoryRoutingTableStore`; then its drops
   (`drop_unassigned`: device copies unloaded unless in use). Workers pull adapters on their first request,
   as in production (no prefetch);
-- scaling, every `scaling_interval_s` (the dev-cluster scaler's poll, scheduler/scale_plan.py), when
+- scaling, every `scaling_interval_s` (the dev-cluster scaler's poll, scheduler/scaling/scale_plan.py), when
   `is_autoscaling`: `decide_scaling` on `cluster.model_load.model_loads` (published demand, live workers,
   front-door waiters), applied by `plan_scaling` (start new workers; drain the newest). A new worker is
   routable `cold_start_s` after it starts, with no adapter anywhere; a draining worker takes no request
@@ -47,10 +47,10 @@ from cluster.placement_table import (
 )
 from cluster.routing_table import InMemoryRoutingTableStore
 from scheduler.core.memory_geometry import MemoryGeometry
-from scheduler.router import RouteRequest, RouterOptions
-from scheduler.router_policies import make_router
-from scheduler.scale_plan import plan_scaling
-from scheduler.scaling import decide_scaling
+from scheduler.routing.router import RouteRequest, RouterOptions
+from scheduler.routing.router_policies import make_router
+from scheduler.scaling.scale_plan import plan_scaling
+from scheduler.scaling.scaling import decide_scaling
 from settings import Settings
 from twin.cluster_node import ClusterNode
 from twin.cluster_run import (
@@ -391,7 +391,7 @@ def simulate_cluster(
         geometry = cost_model.profile.geometry(
             engine.memory_mode,
             adapter_cache_bytes=engine.adapter_cache_bytes,
-            max_lora_rank=settings.limits.max_rank,
+            max_lora_rank=settings.resolved_max_lora_rank(),
             max_model_len=engine.max_model_len,
         )
     return ClusterSim(settings, geometry, cost_model, adapters, options).run(trace)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
+from settings.api import DEFAULT_MAX_LORA_RANK
 from twin.model_file import YAML_SUFFIXES, read_file_content, validate_file_content, yaml_module
 
 PROFILE_VERSION = 1
@@ -183,7 +184,7 @@ class TwinProfile(_Frozen):
         memory_mode: str,
         *,
         adapter_cache_bytes: int | None = None,
-        max_lora_rank: int = 256,
+        max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
         max_model_len: int | None = None,
     ) -> MemoryGeometry:
         """The device's paging under this profile: `memory.device_bytes` is the whole budget; a static split

@@ -15,7 +15,7 @@ from api.report_schemas import (
 )
 from api.services import Services
 from cluster.routing_table import RoutingTable
-from scheduler.scaling import ScalingDecision
+from scheduler.scaling.scaling import ScalingDecision
 
 
 def placement_report(services: Services) -> PlacementReport:

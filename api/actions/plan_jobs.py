@@ -88,7 +88,7 @@ def _checked_inputs(body: PlanRequest, services: Services, session: Session) -> 
     return plan_inputs(
         workload, profile, slo, objective=body.objective, form=body.form, check_s=body.check_s,
         num_samples=body.num_samples, with_baselines=body.baselines,
-        window_s=None if body.workload else body.window_s, max_lora_rank=settings.limits.max_rank,
+        window_s=None if body.workload else body.window_s, max_lora_rank=settings.resolved_max_lora_rank(),
     )  # fmt: skip
 
 

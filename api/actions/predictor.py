@@ -19,7 +19,7 @@ from api.report_schemas import (
 from api.services import Services
 from registry.models import utcnow
 from registry.prediction_accuracy import PredictionAccuracy, prediction_accuracy
-from scheduler.length_predictor import BUCKET_EDGES
+from scheduler.length.length_predictor import BUCKET_EDGES
 
 DEFAULT_WINDOW_S = 86400.0
 MAX_WINDOW_S = 90 * 86400.0

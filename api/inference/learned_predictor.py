@@ -1,4 +1,4 @@
-"""The learned output-length predictor of an API process: scheduler.length_predictor.LengthPredictor behind
+"""The learned output-length predictor of an API process: scheduler.length.length_predictor.LengthPredictor behind
 the `OutputLengthPredictor` seam (api/inference/predict.py), hot-reloaded from the blob store.
 
 - `predict` (event loop, per request): the served model's prediction from the request's features and the
@@ -30,7 +30,7 @@ from typing import Any
 from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor, PredictionInput
 from registry.predictor_artifacts import POINTER_KEY, read_blob, read_metadata, read_pointer
 from registry.storage import BlobStore
-from scheduler.length_predictor import HistoryKey, LengthPredictor, PerAdapterHistory, RequestFeatures
+from scheduler.length.length_predictor import HistoryKey, LengthPredictor, PerAdapterHistory, RequestFeatures
 from settings import Settings
 
 log = logging.getLogger(__name__)

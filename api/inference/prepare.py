@@ -41,7 +41,7 @@ from registry import repository
 from registry.base_model_catalog import resolve_base_model_name
 from registry.errors import NotFoundError
 from registry.model_names import could_name_a_model
-from scheduler.router import RouteRequest
+from scheduler.routing.router import RouteRequest
 from settings import Settings
 
 Kind = Literal["text", "chat"]

@@ -1,11 +1,11 @@
 """Routing a prepared request: wait through a cold start, pick a worker, open its stream, read the first event.
 
-The routing policy is services.router (settings.routing.policy, scheduler/router.py), applied by the worker
+The routing policy is services.router (settings.routing.policy, scheduler/routing/router.py), applied by the worker
 client (api/worker_client.py), which retries once on another worker. While no worker of the base model is
 ready, or every worker refuses as unavailable, the request waits (api/cold_start.py) and is then refused
 with 503 + Retry-After; at once with a 503 when the base model's worker can never start (the embedded memory
 budget, cluster/model_refusals.py). A request whose adapter rank is above every ready worker's `max_lora_rank` is refused
-at once with a 400 naming the limit (`scheduler.router.rank_limit_refusal`). A worker that refuses the request before its first token becomes an HTTP error with
+at once with a 400 naming the limit (`scheduler.routing.router.rank_limit_refusal`). A worker that refuses the request before its first token becomes an HTTP error with
 the status of its code (cluster.protocol.tenant_status: one status per code, on both sides).
 """
 
@@ -27,7 +27,7 @@ from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, tenant_status
 from cluster.worker_view import worker_view
-from scheduler.router import rank_limit_refusal
+from scheduler.routing.router import rank_limit_refusal
 
 log = logging.getLogger(__name__)
 

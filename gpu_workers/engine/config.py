@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from pydantic import ValidationInfo, field_validator
 
+from settings.api import DEFAULT_MAX_LORA_RANK
 from settings.engine import DTYPE_NAMES, EngineSettings
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -20,7 +21,7 @@ class EngineConfig(EngineSettings):
 
     KV memory: `num_kv_blocks` wins when set, else `kv_cache_bytes` is divided into blocks.
     `max_num_batched_tokens` is the per-step token budget (prefill chunks + decodes).
-    `max_running_tokens` bounds the running batch's tokens at admission (scheduler/running_budget.py; None:
+    `max_running_tokens` bounds the running batch's tokens at admission (scheduler/admission/running_budget.py; None:
     no bound), so requests wait where the batch policy orders them.
     `max_model_len` None means the model's max_position_embeddings (capped by the KV capacity).
     `lora_stack_cache_size`: how many stacked adapter sets (one per batch composition, used by decode-sized
@@ -52,15 +53,15 @@ class EngineConfig(EngineSettings):
       borrows from the other.
     Either way the pool is the only limit on how many adapters are on the device: a request whose adapter
     does not fit right now waits in the engine's queue.
-    `batch_policy` names the admission policy (scheduler/batch_policy.py BATCH_POLICIES); the
-    `multiqueue_*` knobs configure "multiqueue" (scheduler/multiqueue.py): the TTFT SLO of its M/M/1 quota
+    `batch_policy` names the admission policy (scheduler/admission/batch_policy.py BATCH_POLICIES); the
+    `multiqueue_*` knobs configure "multiqueue" (scheduler/multiqueue/multiqueue.py): the TTFT SLO of its M/M/1 quota
     rule, how often its size classes and quotas are refreshed, and its most queues (Kmax);
-    `fair_share`: wrap that policy in the tenants' fair share (scheduler/fair_share.py: the least-served
+    `fair_share`: wrap that policy in the tenants' fair share (scheduler/admission/fair_share.py: the least-served
     tenant's requests first, in the policy's order within a tenant; no effect with one tenant), keeping
     `fair_share_reserved_seqs` batch slots for a tenant with nothing running (a newcomer is admitted at the
     next step instead of waiting for another tenant's request to finish; at most max_num_seqs - 1);
     `adapter_eviction_policy` the order in which idle adapters leave the device when pages are needed
-    (scheduler/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
+    (scheduler/cache/eviction.py EVICTION_POLICIES: lru, chameleon, fastlibra).
     `is_caching_idle_adapters`: keep adapters no request uses on the device while pages are free (the
     adapter cache, default); False evicts an adapter as soon as no running or waiting request (or lease)
     uses it, so every later request for it copies it again (the S-LoRA / no-cache baseline of
@@ -83,7 +84,7 @@ class EngineConfig(EngineSettings):
     """
 
     model_path: Path
-    max_lora_rank: int = 256
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     block_size: int = 16
     lora_stack_cache_size: int = 2
     packed_linears: bool | None = None

@@ -38,7 +38,7 @@ from gpu_workers.engine.layers.lora import LoraAdapter
 from gpu_workers.engine.model_runner import ModelRunner
 from gpu_workers.engine.outputs import CompletionOutput, RequestOutput
 from registry.validation import AdapterInfo
-from scheduler.admission import BatchPolicy
+from scheduler.admission.admission import BatchPolicy
 from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import EngineCore, SeqDelta
 from scheduler.core.engine_stats import EngineStats

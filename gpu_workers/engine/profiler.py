@@ -3,7 +3,7 @@
 Builds the native engine exactly as a worker does (gpu_workers.worker.builder.engine_config_from_settings), writes
 seeded PEFT adapters of the grid's ranks (gpu_workers.engine.demo_model.generate_adapter, every target module),
 times their loads, then for every (batch size, prompt length, rank mix) queues one request per batch slot,
-times the step that prefills them all and the next decode steps, and fits `scheduler.perf_model` on the
+times the step that prefills them all and the next decode steps, and fits `scheduler.routing.perf_model` on the
 timings; each point is run `num_repeats` times and its best time kept (a shared CPU's scheduling spikes are
 10x a tiny model's step, and only ever add time). Rank mixes per batch size: the base model alone, each grid
 rank alone, and (batches of 2+) one request of the largest rank with the rest at the smallest, and an
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_workers.engine.profile_grid import ProfileGrid, unique_prompt
-from scheduler.perf_model import LatencySample, PerfModel, fit_latency, fit_load
+from scheduler.routing.perf_model import LatencySample, PerfModel, fit_latency, fit_load
 from settings import Settings
 from twin.profile import TwinProfile
 

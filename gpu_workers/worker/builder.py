@@ -115,7 +115,7 @@ def with_local_base_model(
 def load_perf_profile(settings: Settings) -> dict[str, Any] | None:
     """The model of the profile at settings.worker.profile_path (what heartbeats publish: the fit, not the raw
     samples), or None when unset; ValueError saying what to do when it cannot be read."""
-    from scheduler.perf_model import PerfModel
+    from scheduler.routing.perf_model import PerfModel
 
     path = settings.worker.profile_path
     if path is None:

@@ -1,6 +1,6 @@
 """`VllmBackend`: vLLM's async engine (`AsyncLLM`) behind the worker's `InferenceBackend` (issue 23).
 
-The platform's admission runs in front of vLLM: a request waits here until `scheduler/external_release.py`
+The platform's admission runs in front of vLLM: a request waits here until `scheduler/admission/external_release.py`
 releases it (the configured batch policy decides the order; vLLM's `max_num_seqs` and `max_loras` bound what is
 in flight), so a request is never refused because vLLM's LoRA slots are full. Adapters go to vLLM as
 `LoRARequest(adapter_id, int_id, path)`: the path is the worker's verified local copy, and the integer id is
@@ -21,12 +21,12 @@ from typing import Any
 from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError
 from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.vllm_client import LoraIds, VllmClient, engine_prompt_of
-from scheduler.admission import BatchBudget, BatchPolicy, WaitingRequest
+from scheduler.admission.admission import BatchBudget, BatchPolicy, WaitingRequest
+from scheduler.admission.external_release import ReleaseLimits, release_now
+from scheduler.admission.fair_share import ANONYMOUS_TENANT
 from scheduler.core.engine_stats import EngineStats, ExecutorStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import count_by_adapter
-from scheduler.external_release import ReleaseLimits, release_now
-from scheduler.fair_share import ANONYMOUS_TENANT
 
 _UNBOUNDED = 1 << 40  # vLLM owns its memory: the policy sees no token or block bound
 BASE_SLOT = "\0base"  # the LoRA slot base-model requests take when they run on the zero adapter

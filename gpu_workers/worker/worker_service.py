@@ -62,7 +62,7 @@ class WorkerService:
     ) -> None:
         self.engine = engine
         self.perf_model = (
-            perf_model  # the profile published in heartbeats (scheduler.perf_model.PerfModel.to_dict)
+            perf_model  # the profile published in heartbeats (scheduler.routing.perf_model.PerfModel.to_dict)
         )
         self.host_cache = host_cache
         self.worker_id = worker_id

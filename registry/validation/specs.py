@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.base_norms import BaseWeightNorms, base_weight_norms
+from settings.api import DEFAULT_MAX_LORA_RANK
 
 SUPPORTED_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -155,7 +156,7 @@ class BaseModelSpec:
 class ValidationLimits:
     """Upper bounds on what a tenant may upload."""
 
-    max_rank: int = 256
+    max_rank: int = DEFAULT_MAX_LORA_RANK
     max_adapter_bytes: int = 512 * 1024 * 1024
     max_uncompressed_bytes: int = 1024 * 1024 * 1024
     max_archive_members: int = 8

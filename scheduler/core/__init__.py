@@ -6,14 +6,14 @@ Modules:
 - sequence.py: `Sequence` and `SequenceStatus` (one request's state), `BatchEntry` (its share of a step).
 - page_pool.py: `PagePool`, one integer-only pool of device pages for KV blocks and adapter weights.
 - adapter_residency.py: `AdapterResidency` (none/host/copying/device, pins, access statistics) over the pool;
-  eviction order from an `EvictionPolicy` (scheduler/eviction.py: lru, chameleon, fastlibra).
+  eviction order from an `EvictionPolicy` (scheduler/cache/eviction.py: lru, chameleon, fastlibra).
 - prefix_cache.py: `PrefixCache`, prefix KV blocks per namespace and adapter (root -> (namespace, adapter) ->
   blocks), ref-counted, LRU leaf eviction, dropped with their adapter.
 - byte_budget_lru.py: `ByteBudgetLRU`, keys with sizes in LRU order evicted down to a byte budget (pins stay);
   under host_tier.py (`HostTier`, the packed host copies) and the worker's host file cache.
 - step_plan.py: `StepPlan` (entries, adapter loads, adapter evictions, preemptions), `AdapterLoad`.
 - batch_scheduler.py: `BatchScheduler.schedule()` -> StepPlan, admission order from a `BatchPolicy`
-  (scheduler/batch_policy.py), then prefetch of waiting requests' adapters.
+  (scheduler/admission/batch_policy.py), then prefetch of waiting requests' adapters.
 - step_output.py: `update_from_output` (`BatchScheduler.update_from_output`), the update after a step: computed
   and sampled tokens, stop token / EOS / length stops, first-scheduled / first-token / finish times.
 - scheduler_stats.py: `SchedulerStats`, the core's counters and the router's inputs

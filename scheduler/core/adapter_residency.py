@@ -8,7 +8,7 @@ has a host copy (`host_path`, fetched and verified by the worker) and a state:
 Pins: `num_running` counts running sequences (never evicted), `num_waiting` counts waiting sequences and
 external leases (a worker request between admission and entering the engine, a prefetch): evicted only when
 memory forces it. Idle adapters (no pin) are the adapter cache: they stay on the device while pages are
-free and go first when pages are needed, in the order of an `EvictionPolicy` (scheduler/eviction.py: lru,
+free and go first when pages are needed, in the order of an `EvictionPolicy` (scheduler/cache/eviction.py: lru,
 chameleon, fastlibra); the waiting-only class comes after them, in the same policy's order.
 With `is_caching_idle_adapters` False there is no adapter cache (the S-LoRA / no-cache baseline):
 `drop_idle_adapters` evicts every device adapter as soon as nothing pins it (the batch scheduler calls it
@@ -32,8 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from scheduler.core.page_pool import PagePool, num_pages_for_adapter
-from scheduler.eviction import (
+from scheduler.cache.eviction import (
     ACCESS_WINDOW_S,
     BATCH_SIZE_WINDOW_S,
     DEFAULT_LINK_BYTES_PER_S,
@@ -43,6 +42,7 @@ from scheduler.eviction import (
     LruPolicy,
     estimated_load_seconds,
 )
+from scheduler.core.page_pool import PagePool, num_pages_for_adapter
 
 
 class Residency(Enum):

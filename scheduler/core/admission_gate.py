@@ -10,7 +10,7 @@ An `AdmissionPlan` says how a request that does not fit for lack of memory affec
 
 from __future__ import annotations
 
-from scheduler.admission import AdmissionPlan
+from scheduler.admission.admission import AdmissionPlan
 
 
 class AdmissionGate:

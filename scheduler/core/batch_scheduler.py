@@ -4,15 +4,15 @@ Running sequences go first (oldest first): each takes its next token or its next
 running sequence needs a KV page and none is free, unreferenced cached prefix blocks are evicted (leaves,
 LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
 sequence is preempted (pages freed, recomputed later); a sequence's pages are `core/sequence_blocks.py`'s. Then waiting requests are admitted in the order a
-`BatchPolicy` (scheduler/batch_policy.py) decides, while sequences, tokens and pages last, and, when
-`max_running_tokens` is set, while the running batch's tokens stay within it (scheduler/running_budget.py); a request whose
+`BatchPolicy` (scheduler/admission/batch_policy.py) decides, while sequences, tokens and pages last, and, when
+`max_running_tokens` is set, while the running batch's tokens stay within it (scheduler/admission/running_budget.py); a request whose
 adapter is only on the host gets an adapter copy planned (evicting idle adapters,
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
 that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
 or only those of its group when the plan has groups; `core/admission_gate.py`). The policy hears of each
 actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`, and of the
 output tokens each planned step computes per request (`on_tokens_served`: fair share,
-scheduler/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False)
+scheduler/admission/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False)
 each step starts by evicting the adapters no request uses any more. While its adapter is COPYING, a
 sequence runs only as a CPU-assisted prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries;
 decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
@@ -32,7 +32,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 
-from scheduler.admission import BatchBudget, BatchPolicy
+from scheduler.admission.admission import BatchBudget, BatchPolicy
+from scheduler.admission.running_budget import RunningBudget
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate
@@ -44,7 +45,6 @@ from scheduler.core.sequence_blocks import SequenceBlocks
 from scheduler.core.step_output import StepUpdate, TextStop, update_from_output
 from scheduler.core.step_plan import AdapterLoad, StepPlan
 from scheduler.core.waiting_view import describe_waiting
-from scheduler.running_budget import RunningBudget
 
 
 class BatchScheduler:
@@ -66,7 +66,7 @@ class BatchScheduler:
         """`clock`: the clock of `Sequence.arrival_time` (wall time by default; the residency's clock too);
         the policy sees its reading as `BatchBudget.now` and as the admission and finish times of requests.
         `eos_token_ids`: the model's end-of-sequence tokens (a stop unless a request sets `ignore_eos`).
-        `max_running_tokens`: the running batch's token bound (scheduler/running_budget.py; None: none)."""
+        `max_running_tokens`: the running batch's token bound (scheduler/admission/running_budget.py; None: none)."""
         self.pool = pool
         self.residency = residency
         self.policy = policy

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from scheduler.admission import BatchPolicy
+from scheduler.admission.admission import BatchPolicy
+from scheduler.cache.eviction import EvictionPolicy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.engine_counters import EngineCounters
@@ -29,7 +30,6 @@ from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sequence import Sequence
 from scheduler.core.step_output import TextStop
 from scheduler.core.step_plan import StepPlan
-from scheduler.eviction import EvictionPolicy
 
 COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
 
@@ -51,7 +51,9 @@ class CoreLimits:
     enable_prefix_caching: bool = True
     num_cpu_prefill_workers: int = 0
     is_caching_idle_adapters: bool = True
-    max_running_tokens: int | None = None  # the running batch's token bound (scheduler/running_budget.py)
+    max_running_tokens: int | None = (
+        None  # the running batch's token bound (scheduler/admission/running_budget.py)
+    )
 
 
 class EngineCore:

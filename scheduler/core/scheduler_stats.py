@@ -8,7 +8,7 @@ plus the engine's step timings and kernels and the worker's own (what GET /stats
 `cluster.worker_stats.build_worker_stats`), `cluster.membership.WorkerRecord` is
 WorkerStats plus the worker's URL (what heartbeats carry) and the router reads its `WorkerView` off a
 record by field name (`cluster.worker_view.worker_view`). A routing signal the core computes is a field
-here, filled in `make_stats` below, and a field of `scheduler.router.WorkerView` that a policy reads: two
+here, filled in `make_stats` below, and a field of `scheduler.routing.router.WorkerView` that a policy reads: two
 files. Field names are JSON names (the engine's flat stats, /stats and heartbeats use them); every field
 has a default, so a worker whose engine publishes less still parses.
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler.fair_share import ANONYMOUS_TENANT, base_policy
+from scheduler.admission.fair_share import ANONYMOUS_TENANT, base_policy
 
 if TYPE_CHECKING:
     from scheduler.core.adapter_residency import AdapterResidency
@@ -65,7 +65,7 @@ class SchedulerStats(BaseModel):
     # cold adapters: prefills run on the host copy while the copy lands (CPU-assisted), requests that waited
     num_cpu_assisted_prefills: int = 0
     num_copy_waits: int = 0
-    # routing state (scheduler/router.py, scheduler/rank_aware_router.py)
+    # routing state (scheduler/routing/router.py, scheduler/routing/caraserve_router.py)
     adapter_ranks: dict[str, int] = Field(
         default_factory=dict
     )  # registered adapters (device and host) -> rank
@@ -73,7 +73,7 @@ class SchedulerStats(BaseModel):
     waiting_ranks: tuple[int, ...] = ()  # one per queued request
     num_waiting_prompt_tokens: int = 0  # prompt tokens the queued requests have yet to prefill
     num_waiting_by_queue: tuple[int, ...] = ()  # queued requests per size class (multiqueue policies)
-    # queued requests per tenant id (the router's fair-share load estimate, scheduler/router.py `tenant_load`)
+    # queued requests per tenant id (the router's fair-share load estimate, scheduler/routing/router.py `tenant_load`)
     num_waiting_by_tenant: dict[str, int] = Field(default_factory=dict)
     # running and queued requests per adapter id (base-model requests are not counted): Prometheus's
     # per-adapter gauges, the same from every engine

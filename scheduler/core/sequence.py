@@ -35,7 +35,7 @@ class Sequence:
     tenant_id: str | None = (
         None  # who sent it (fair share between tenants); None: not known (direct engine use)
     )
-    tenant_weight: float = 1.0  # its tenant's fair-share weight (scheduler/fair_share.py)
+    tenant_weight: float = 1.0  # its tenant's fair-share weight (scheduler/admission/fair_share.py)
     cache_namespace: str | None = None  # prefix-cache namespace: blocks are shared only within one namespace
     arrival_time: float = field(default_factory=time.time)
     token_ids: list[int] = field(default_factory=list)

@@ -1,8 +1,8 @@
-"""What the batch policy sees of a waiting sequence (scheduler/admission.py WaitingRequest)."""
+"""What the batch policy sees of a waiting sequence (scheduler/admission/admission.py WaitingRequest)."""
 
 from __future__ import annotations
 
-from scheduler.admission import WaitingRequest
+from scheduler.admission.admission import WaitingRequest
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.sequence import Sequence
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from api.inference.predict import MaxTokensPredictor, PredictionInput
 from cluster.membership import WorkerRecord
 from cluster.protocol import WORKER_ERROR_STATUS, tenant_status
-from scheduler.router import ResidencyThenLeastLoaded
+from scheduler.routing.router import ResidencyThenLeastLoaded
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
 
@@ -190,7 +190,7 @@ def test_settings_router_policy_picks_the_services_router(
     tmp_path, db_session_factory, blob_store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from api.services import build_services
-    from scheduler import router_policies
+    from scheduler.routing import router_policies
     from settings import Settings
 
     monkeypatch.setitem(router_policies.ROUTER_POLICIES, "first_worker", FirstWorkerRouter)

@@ -20,7 +20,7 @@ from api.main import _start_predictor_reload, _start_predictor_training
 from registry.predictor_artifacts import POINTER_KEY, read_pointer, write_predictor
 from registry.predictor_training import run_predictor_training
 from registry.storage import LocalBlobStore
-from scheduler.length_predictor import LengthPredictor, LengthSample, RequestFeatures
+from scheduler.length.length_predictor import LengthPredictor, LengthSample, RequestFeatures
 from settings import Settings
 from tests.api.conftest import ADMIN, TenantHandle, num_timer_threads
 from tests.api.test_completions_support import (

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from cluster.membership import WorkerRecord
 from cluster.routing_table import ModelDemand, RoutingTable, WorkerPlacement
-from scheduler.router import RouteRequest, WorkerView
+from scheduler.routing.router import RouteRequest, WorkerView
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version
 

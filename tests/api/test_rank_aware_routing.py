@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 from api.live_workers import cached_live_workers, live_workers
 from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from cluster.worker_view import worker_view
-from scheduler.perf_model import DEFAULT_PERF_MODEL, LinearLatency, PerfModel
-from scheduler.rank_aware_router import RankAwareRouter
-from scheduler.router import RouteRequest, WorkerView
+from scheduler.routing.caraserve_router import RankAwareRouter
+from scheduler.routing.perf_model import DEFAULT_PERF_MODEL, LinearLatency, PerfModel
+from scheduler.routing.router import RouteRequest, WorkerView
 from tests.api.conftest import TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version, usage_rows
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from api.scaling_history import ScalingHistory
-from scheduler.scaling import ScalingDecision
+from scheduler.scaling.scaling import ScalingDecision
 
 
 def _decision(base_model: str, desired: int, live: int) -> ScalingDecision:

@@ -19,7 +19,7 @@ from api.worker_client import WorkerClient
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateRequest
 from gpu_workers.worker.testing import free_port
-from scheduler.router import RouteRequest
+from scheduler.routing.router import RouteRequest
 
 
 @pytest.fixture

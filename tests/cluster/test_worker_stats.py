@@ -12,7 +12,7 @@ from cluster.worker_stats import UNPUBLISHED_ENGINE_FIELDS, WorkerState, build_w
 from gpu_workers.engine.engine_stats import RunnerStats
 from gpu_workers.worker.vllm_backend import VllmStats
 from scheduler.core.engine_stats import EngineStats, ExecutorStats
-from scheduler.router import WorkerView
+from scheduler.routing.router import WorkerView
 from twin.simulated_executor import SimulatedExecutorStats
 
 EXECUTORS = (RunnerStats, SimulatedExecutorStats, VllmStats)

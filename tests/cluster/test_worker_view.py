@@ -8,8 +8,8 @@ import dataclasses
 from cluster.membership import WorkerRecord
 from cluster.protocol import WorkerStats
 from cluster.worker_view import worker_view
-from scheduler.perf_model import DEFAULT_PERF_MODEL
-from scheduler.router import WorkerView
+from scheduler.routing.perf_model import DEFAULT_PERF_MODEL
+from scheduler.routing.router import WorkerView
 
 
 def test_every_view_field_is_published_by_the_workers_stats() -> None:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lorahost.cli import app
-from scheduler.perf_model import PerfModel
+from scheduler.routing.perf_model import PerfModel
 
 ENV = {
     "LORAHOST_ENGINE_NUM_KV_BLOCKS": "256",

@@ -1,4 +1,4 @@
-"""A worker's memory counted whole (lorahost/worker_memory.py, scheduler/worker_footprint.py): the footprint of a
+"""A worker's memory counted whole (lorahost/worker_memory.py, scheduler/scaling/worker_footprint.py): the footprint of a
 tiny engine equals the tensors the built engine allocates, pools shrink to what is left down to one request's
 worth, and the default budget is a share of the memory the process may use (cgroup limit, else MemTotal)."""
 
@@ -20,7 +20,7 @@ from lorahost.worker_memory import (
     pool_knobs,
     sized_settings,
 )
-from scheduler.worker_footprint import MIN_CONTEXT_TOKENS, activation_bytes, min_kv_blocks
+from scheduler.scaling.worker_footprint import MIN_CONTEXT_TOKENS, activation_bytes, min_kv_blocks
 from settings import Settings
 
 GIB = 1 << 30

@@ -22,7 +22,7 @@ from registry.predictor_artifacts import (
 )
 from registry.predictor_training import chronological_split, load_length_samples, run_predictor_training
 from registry.storage import LocalBlobStore
-from scheduler.length_predictor import LengthPredictor, RequestFeatures
+from scheduler.length.length_predictor import LengthPredictor, RequestFeatures
 from settings import Settings
 from tests.registry.predictor_rows import (
     MAX_TOKENS,
@@ -170,7 +170,7 @@ def test_predictor_settings_are_validated(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_pointer_is_a_predictor_artifact_error(store: LocalBlobStore) -> None:
-    from scheduler.length_predictor_artifact import PredictorArtifactError
+    from scheduler.length.length_predictor_artifact import PredictorArtifactError
 
     store.put_stream(POINTER_KEY, io.BytesIO(b"{not json"))
     with pytest.raises(PredictorArtifactError, match="pointer is corrupt"):

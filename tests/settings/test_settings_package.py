@@ -69,7 +69,7 @@ def test_an_interval_of_0_disables_the_job_in_celery_beat_and_in_the_inline_time
 
 
 def test_the_default_router_policy_is_the_schedulers_default() -> None:
-    from scheduler.router_policies import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
+    from scheduler.routing.router_policies import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 
     assert Settings().routing.policy == DEFAULT_ROUTER_POLICY
     assert DEFAULT_ROUTER_POLICY in ROUTER_POLICIES

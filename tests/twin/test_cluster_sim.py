@@ -5,6 +5,7 @@ random traces: every request finishes once, on one worker, and no worker runs mo
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,3 +190,26 @@ def test_every_request_finishes_once_on_one_worker_within_its_batch_limit(
         assert node.stats().num_preemptions == 0  # so [first scheduled, finish) is when a request runs
         assert _concurrency(list(node.sim.records.values())) <= max_num_seqs
     assert result.simulated_s_per_wall_s > 0
+
+
+def test_the_twin_sizes_its_workers_for_the_rank_production_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The twin and the planner page a worker's memory for the rank its engine would serve
+    (`Settings.resolved_max_lora_rank`: engine_max_lora_rank, else the upload limit), as the worker builder does;
+    they read the upload limit alone before (issue 34)."""
+    from gpu_workers.engine.config import EngineConfig
+    from twin.profile import TwinProfile
+
+    settings_ = _settings(engine_max_lora_rank=16, max_rank=256, engine_memory_mode="static")
+    ranks: list[int] = []
+    real_geometry = TwinProfile.geometry
+
+    def spy(self: TwinProfile, *args: Any, **kwargs: Any) -> MemoryGeometry:
+        ranks.append(kwargs["max_lora_rank"])
+        return real_geometry(self, *args, **kwargs)
+
+    monkeypatch.setattr(TwinProfile, "geometry", spy)
+    simulate_cluster([], ADAPTERS, settings_, round_cost_model())
+    production = EngineConfig.from_section(
+        settings_.engine, model_path=Path("."), max_lora_rank=settings_.resolved_max_lora_rank()
+    )
+    assert ranks == [production.max_lora_rank] == [16]

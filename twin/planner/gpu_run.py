@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from settings.api import DEFAULT_MAX_LORA_RANK
 from settings.engine import EngineSettings
 from twin.cost_model import CostModel
 from twin.planner.memory_check import adapter_device_bytes
@@ -84,7 +85,7 @@ def run_gpu(
     *,
     duration_s: float,
     seed: int = 0,
-    max_lora_rank: int = 256,
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
 ) -> GpuOutcome:
     """Replay `setup`'s share of `workload` on one simulated worker (module doc)."""
     started = time.perf_counter()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from settings.api import DEFAULT_MAX_LORA_RANK
 from settings.engine import EngineSettings
 from twin.planner.gpu_features import gpu_features
 from twin.planner.gpu_run import STARVED_FRACTION, GpuOutcome, GpuSetup, run_gpu
@@ -57,7 +58,7 @@ class PlanOptions:
     check_seed: int = 12345
     max_rounds: int = 8
     min_kv_sequences: int = DEFAULT_MIN_KV_SEQUENCES
-    max_lora_rank: int = 256
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
 
 @dataclass(frozen=True)

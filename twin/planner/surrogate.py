@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from settings.api import DEFAULT_MAX_LORA_RANK
 from settings.engine import EngineSettings
 from twin.planner.gpu_features import FEATURE_NAMES, capacity_req_s, gpu_features
 from twin.planner.gpu_run import GpuSetup, run_gpu
@@ -77,7 +78,7 @@ def training_samples(
     config: TrainingConfig = TrainingConfig(),
     *,
     cache_dir: Path | None = None,
-    max_lora_rank: int = 256,
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Sample]:
     """Twin runs (module doc), read from `cache_dir` when a file of the same key is there, else run and written."""

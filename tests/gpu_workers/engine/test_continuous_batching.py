@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.admission.fair_share import base_policy
 from scheduler.core.sampling import SamplingParams
-from scheduler.fair_share import base_policy
-from scheduler.multiqueue import MultiQueuePolicy
+from scheduler.multiqueue.multiqueue import MultiQueuePolicy
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 ADAPTERS = [None, "adapter-00", "adapter-02", "adapter-03"]
@@ -193,6 +193,8 @@ def test_tenants_of_weight_two_and_one_are_served_two_to_one_while_both_are_back
     num_a = sum(request_id.startswith("a") for request_id in order)
     assert abs(num_a - 2 * (len(order) - num_a)) <= max_num_seqs
     policy = engine.scheduler.policy
-    bound = len(prompt_ids[0]) + 2 * max_num_seqs * GREEDY.max_tokens  # scheduler/fair_share.py, w_min = 1
+    bound = (
+        len(prompt_ids[0]) + 2 * max_num_seqs * GREEDY.max_tokens
+    )  # scheduler/admission/fair_share.py, w_min = 1
     assert abs(policy.counter("a") - policy.counter("b")) <= bound
     drain(engine)

@@ -148,8 +148,8 @@ def test_an_unknown_adapter_eviction_policy_is_refused_naming_the_setting_and_ch
 
 def test_the_multiqueue_settings_reach_the_engine_config_and_its_policy(tmp_path: Path) -> None:
     from gpu_workers.engine.config import EngineConfig
-    from scheduler.batch_policy import make_batch_policy
-    from scheduler.multiqueue import MultiQueuePolicy
+    from scheduler.admission.batch_policy import make_batch_policy
+    from scheduler.multiqueue.multiqueue import MultiQueuePolicy
 
     settings = _settings(
         tmp_path,

@@ -279,7 +279,7 @@ def test_a_stopped_worker_loop_is_unavailable(worker: RunningWorker) -> None:
 
 
 def _route(worker: RunningWorker) -> Any:
-    from scheduler.router import RouteRequest
+    from scheduler.routing.router import RouteRequest
 
     return RouteRequest(base_model=_record(worker).base_model)
 

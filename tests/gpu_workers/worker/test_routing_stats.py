@@ -21,7 +21,7 @@ from gpu_workers.worker.worker_service import WorkerService
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import SchedulerStats
-from scheduler.perf_model import DEFAULT_PERF_MODEL, PerfModel
+from scheduler.routing.perf_model import DEFAULT_PERF_MODEL, PerfModel
 from settings import Settings
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)

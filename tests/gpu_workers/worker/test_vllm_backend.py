@@ -16,7 +16,7 @@ import pytest
 from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
-from scheduler.batch_policy import FifoPolicy
+from scheduler.admission.batch_policy import FifoPolicy
 from scheduler.core.sampling import SamplingParams
 
 

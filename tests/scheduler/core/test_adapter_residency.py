@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.cache.eviction import EVICTION_POLICIES, make_eviction_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.page_pool import PagePool
-from scheduler.eviction import EVICTION_POLICIES, make_eviction_policy
 from tests.scheduler.core.scheduler_helpers import PAGE_BYTES, ManualClock
 
 

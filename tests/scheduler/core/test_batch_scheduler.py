@@ -14,13 +14,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.batch_policy import FifoPolicy
+from scheduler.admission.batch_policy import FifoPolicy
+from scheduler.cache.eviction import EVICTION_POLICIES, make_eviction_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
 from scheduler.core.sequence import Sequence
 from scheduler.core.waiting_view import describe_waiting
-from scheduler.eviction import EVICTION_POLICIES, make_eviction_policy
 from tests.scheduler.core.scheduler_helpers import (
     BLOCK_SIZE,
     PAGE_BYTES,

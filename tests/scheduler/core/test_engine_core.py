@@ -8,7 +8,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.batch_policy import FifoPolicy
+from scheduler.admission.batch_policy import FifoPolicy
 from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import CoreLimits, EngineCore
 from scheduler.core.engine_stats import ExecutorStats

@@ -5,15 +5,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.admission import AdmissionPlan, BatchPolicy
-from scheduler.batch_policy import FifoPolicy
+from scheduler.admission.admission import AdmissionPlan, BatchPolicy
+from scheduler.admission.batch_policy import FifoPolicy
 from scheduler.core.adapter_residency import AdapterResidency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
 from scheduler.core.sequence import Sequence
 from scheduler.core.step_plan import StepPlan
-from scheduler.multiqueue import MultiQueuePolicy
+from scheduler.multiqueue.multiqueue import MultiQueuePolicy
 from tests.scheduler.core.scheduler_helpers import (
     BLOCK_SIZE,
     PAGE_BYTES,

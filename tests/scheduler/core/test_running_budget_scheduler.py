@@ -3,12 +3,12 @@ policy orders them, so the policy decides who runs first; without it (the defaul
 
 from __future__ import annotations
 
-from scheduler.admission import BatchPolicy
-from scheduler.batch_policy import FifoPolicy, SjfPolicy
+from scheduler.admission.admission import BatchPolicy
+from scheduler.admission.batch_policy import FifoPolicy, SjfPolicy
 from scheduler.core.adapter_residency import AdapterResidency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.page_pool import PagePool
-from scheduler.multiqueue import MultiQueuePolicy
+from scheduler.multiqueue.multiqueue import MultiQueuePolicy
 from tests.scheduler.core.scheduler_helpers import BLOCK_SIZE, PAGE_BYTES, ManualClock
 from tests.scheduler.core.test_multiqueue_scheduler import drain, run_step, seq, warm_up
 

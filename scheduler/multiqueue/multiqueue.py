@@ -1,0 +1,378 @@
+"""Chameleon's non-preemptive multi-queue scheduler as a `BatchPolicy` (engine_batch_policy="multiqueue").
+
+Requests are put in size classes (queues) by their weighted request size (scheduler/multiqueue/request_size.py), with
+the classes found by exact K-means over the sizes of a sliding window of recently seen requests and a K
+selection that can choose fewer than `max_queues` (scheduler/multiqueue/queue_clustering.py). Each queue holds a
+token quota (scheduler/multiqueue/queue_quotas.py: M/M/1 minimum for the TTFT SLO, the rest by demand); each step's
+admissions are formed in two phases with a progress rule and an opportunistic adapter bypass
+(scheduler/multiqueue/queue_admission.py).
+
+State kept here:
+- the window (`window_size` requests, in the order first seen): each request's prompt tokens, predicted
+  output tokens, adapter bytes, need in tokens, arrival time and, once it finished, its service duration
+  (admission to finish, on the scheduler's clock);
+- the classes and per-queue loads, refreshed every `refresh_s` seconds once the window holds
+  `min_samples` requests (until then: one queue holding the whole capacity). A request keeps the queue it
+  was put in when first seen; when a refresh leaves fewer queues, requests of a vanished queue move to the
+  largest remaining one;
+- per request: its queue, its need, and whether its need is charged. The need is charged when the
+  scheduler admits it (`on_admitted`), exactly once even if it is preempted and admitted again, and
+  returned when it finishes or is aborted (`on_finished`).
+
+Capacity, in the binding resource: the KV pool's tokens (`BatchBudget.num_total_blocks * block_size`; the
+running batch's token bound `BatchBudget.max_running_tokens` instead when that is smaller), or,
+when sequence slots run out first (`max_num_seqs` requests of the window's mean need fit in the pool), the
+`max_num_seqs` slots: then every request is charged one slot and the M/M/1 rule runs with S = 1 slot.
+Quotas are in the unit that forms the queue, so they add up to what the engine can actually run (quotas in
+tokens against a slot-bound engine would either never bind or leave slots idle). A request's need is what it
+takes of the KV pool in the configured memory mode (`charged_adapter_tokens`): its prompt and predicted
+output tokens, plus, in a unified pool (`BatchBudget.is_adapter_memory_shared`), its adapter's bytes as KV
+tokens (`num_bytes_per_block`) when the adapter was not on the device (nor being copied) when the policy
+first saw the request. With a static adapter share (engine_memory_mode "static") adapters never take KV
+pages, so they are charged nothing against the KV quotas: their own share is the residency's to manage
+(a request whose adapter finds no room there is blocked and may be bypassed, below). Charging them as KV
+tokens (the old rule) counted a rank-128 adapter as ~3,400 tokens of a 3,072-token pool and left KV
+blocks idle while requests waited.
+For the bypass, a running request gives back what a blocked adapter needs: its need (unified: adapter pages
+come out of the KV pool), or its adapter's pages (static: out of the adapter share).
+Time estimates for the bypass: a request's run time is its predicted output tokens times the measured
+seconds per predicted output token (the window's total service time over its total predicted output of
+finished requests; `default_seconds_per_token` before any finished); prefill time is not modelled.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.admission.admission import AdmissionPlan, BatchBudget, WaitingRequest
+from scheduler.multiqueue.queue_admission import QueuedRequest, RunningRequest, bypass_ids, two_phase_order
+from scheduler.multiqueue.queue_clustering import DEFAULT_MAX_SPLIT_RATIO, QueueLayout, fit_queue_layout
+from scheduler.multiqueue.queue_quotas import QueueLoad, split_quotas
+from scheduler.multiqueue.request_size import (
+    INPUT_WEIGHT,
+    OUTPUT_WEIGHT,
+    RequestShape,
+    SizeScale,
+    num_adapter_tokens,
+    weighted_request_size,
+)
+
+DEFAULT_MAX_QUEUES = 4  # Chameleon's Kmax
+DEFAULT_SLO_S = 5.0  # TTFT SLO of the quota rule
+DEFAULT_REFRESH_S = 300.0  # Chameleon's T_refresh (5 min)
+DEFAULT_WINDOW_SIZE = 1000
+DEFAULT_MIN_SAMPLES = 50  # fewer recent requests than this: one queue (K-means on a handful says little)
+DEFAULT_SECONDS_PER_TOKEN = 0.02
+READY_RESIDENCIES = ("device", "copying")
+
+
+@dataclass
+class _Sample:
+    """One request of the window."""
+
+    arrival_time: float
+    shape: RequestShape
+    adapter_tokens: int  # its adapter's device memory in KV tokens
+    charged_adapter_tokens: int  # the part of it taken from the KV pool (module doc)
+    duration_s: float | None = None  # admission to finish, once finished
+
+    @property
+    def need_tokens(self) -> int:
+        """Its quota charge: prompt + predicted output + the adapter tokens taken from the KV pool."""
+        return self.shape.num_prompt_tokens + self.shape.num_output_tokens + self.charged_adapter_tokens
+
+
+@dataclass
+class _Tracked:
+    """A request the policy has seen and not yet seen finish."""
+
+    sample: _Sample
+    queue: int
+    seen_order: int
+    admitted_at: float | None = None  # set on the first admission: the need is charged from then on
+    is_running: bool = False  # admitted and not back in the waiting queue (a preemption)
+
+    @property
+    def is_charged(self) -> bool:
+        return self.admitted_at is not None
+
+
+class MultiQueuePolicy:
+    """Size-class queues with token quotas, two-phase admission and adapter bypass (module doc)."""
+
+    def __init__(
+        self,
+        max_queues: int = DEFAULT_MAX_QUEUES,
+        slo_s: float = DEFAULT_SLO_S,
+        refresh_s: float = DEFAULT_REFRESH_S,
+        window_size: int = DEFAULT_WINDOW_SIZE,
+        min_samples: int = DEFAULT_MIN_SAMPLES,
+        max_split_ratio: float = DEFAULT_MAX_SPLIT_RATIO,
+        default_seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN,
+        input_weight: float = INPUT_WEIGHT,
+        output_weight: float = OUTPUT_WEIGHT,
+    ) -> None:
+        if max_queues < 1 or window_size < 1 or min_samples < 1:
+            raise ValueError(
+                f"max_queues, window_size and min_samples must be >= 1, got {max_queues}, {window_size}, {min_samples}"
+            )
+        if min(slo_s, refresh_s, max_split_ratio, default_seconds_per_token) <= 0:
+            raise ValueError(
+                "slo_s, refresh_s, max_split_ratio and default_seconds_per_token must be positive"
+            )
+        if input_weight < 0 or output_weight < 0 or input_weight + output_weight <= 0:
+            raise ValueError("input_weight and output_weight must be >= 0 and not both 0")
+        self.max_queues = max_queues
+        self.slo_s = slo_s
+        self.refresh_s = refresh_s
+        self.min_samples = min_samples
+        self.max_split_ratio = max_split_ratio
+        self.default_seconds_per_token = default_seconds_per_token
+        self.input_weight = input_weight
+        self.output_weight = output_weight
+        self._window: deque[_Sample] = deque(maxlen=window_size)
+        self._tracked: dict[str, _Tracked] = {}
+        self._seen = itertools.count()
+        self._scale = SizeScale()
+        self._layout = QueueLayout()
+        self._loads: list[QueueLoad] = [QueueLoad(0.0, 0.0, 0.0)]
+        self._last_refresh: float | None = None
+        self._now = 0.0
+        self._quotas: tuple[float, ...] = ()
+        self._is_slot_bound = False
+        self._is_adapter_memory_shared = True
+        self.num_refreshes = 0
+
+    # ---- what tests, benchmarks and stats may read ---------------------------------------------------
+
+    @property
+    def layout(self) -> QueueLayout:
+        """The current size classes (centroids and cut-offs of the weighted request size)."""
+        return self._layout
+
+    @property
+    def num_queues(self) -> int:
+        """How many queues the last refresh chose (1 until the window holds `min_samples` requests)."""
+        return self._layout.num_queues
+
+    @property
+    def quota_tokens(self) -> tuple[float, ...]:
+        """Each queue's quota at the last `plan` (empty before the first)."""
+        return self._quotas
+
+    @property
+    def is_slot_bound(self) -> bool:
+        """True when the last `plan` found sequence slots scarcer than KV tokens: quotas count slots."""
+        return self._is_slot_bound
+
+    def charged_tokens(self) -> list[float]:
+        """Quota units charged to each queue now (admitted requests not yet finished): tokens, or slots when
+        `is_slot_bound`."""
+        charged = [0.0] * self.num_queues
+        for tracked in self._tracked.values():
+            if tracked.is_charged:
+                charged[tracked.queue] += self._need(tracked.sample)
+        return charged
+
+    def queue_of(self, request_id: str) -> int | None:
+        """The queue of a request the policy has seen and not seen finish, else None."""
+        tracked = self._tracked.get(request_id)
+        return tracked.queue if tracked is not None else None
+
+    def need_tokens(self, request_id: str) -> int | None:
+        """The quota charge of a request the policy has seen and not seen finish, else None."""
+        tracked = self._tracked.get(request_id)
+        return tracked.sample.need_tokens if tracked is not None else None
+
+    # ---- BatchPolicy ----------------------------------------------------------------------------------
+
+    def plan(self, waiting: Sequence[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
+        """Track new requests, refresh classes and loads when due, then plan the two-phase admission."""
+        self._now = (
+            budget.now if budget.now is not None else max([self._now, *(r.arrival_time for r in waiting)])
+        )
+        self._is_adapter_memory_shared = budget.is_adapter_memory_shared
+        new = [r for r in waiting if r.request_id not in self._tracked]
+        samples = [self._sample(r, budget) for r in new]
+        self._window.extend(samples)
+        self._maybe_refresh()
+        for request, sample in zip(new, samples, strict=True):
+            self._tracked[request.request_id] = _Tracked(
+                sample, self._classify(sample.shape), next(self._seen)
+            )
+        for request in waiting:
+            self._tracked[request.request_id].is_running = False  # a preempted request is back here
+        pool_tokens = self._pool_tokens(budget)
+        self._is_slot_bound = self._slots_bind(budget, pool_tokens)
+        charged = self.charged_tokens()
+        capacity = float(budget.max_num_seqs) if self._is_slot_bound else pool_tokens
+        self._quotas = tuple(split_quotas(self._unit_loads(), capacity, self.slo_s))
+        if budget.num_free_seqs <= 0 or budget.num_free_tokens <= 0:
+            return AdmissionPlan(request_ids=())
+        seconds_per_token = self._seconds_per_token()
+        planned = two_phase_order(self._queues(waiting, seconds_per_token), self._quotas, charged)
+        return AdmissionPlan(
+            request_ids=tuple(r.request_id for r, _ in planned),
+            is_head_of_line_blocking=True,
+            group_ids=tuple(q for _, q in planned),
+            bypass_ids=bypass_ids(planned, self._running(seconds_per_token)),
+        )
+
+    def on_admitted(self, request_id: str, now: float | None = None) -> None:
+        """Charge the request's need to its queue on its first admission (a readmission charges nothing)."""
+        tracked = self._tracked.get(request_id)
+        if tracked is None:
+            raise ValueError(f"request {request_id!r} was admitted but never planned by this policy")
+        if tracked.admitted_at is None:
+            tracked.admitted_at = self._now if now is None else now
+        tracked.is_running = True
+
+    def on_finished(self, request_id: str, now: float | None = None) -> None:
+        """Return the request's charge and record its service duration (unknown ids are ignored)."""
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is None or tracked.admitted_at is None:
+            return
+        tracked.sample.duration_s = max(0.0, (self._now if now is None else now) - tracked.admitted_at)
+
+    def on_tokens_served(self, num_output_tokens: Mapping[str, int]) -> None:
+        """Quotas charge a request's predicted need at admission, not tokens as served: nothing to do."""
+        return
+
+    # ---- helpers --------------------------------------------------------------------------------------
+
+    def _sample(self, request: WaitingRequest, budget: BatchBudget) -> _Sample:
+        shape = RequestShape(
+            request.num_prompt_tokens, request.num_predicted_output_tokens, request.adapter_num_bytes
+        )
+        adapter_tokens = num_adapter_tokens(
+            shape.num_adapter_bytes, budget.num_bytes_per_block, budget.block_size
+        )
+        return _Sample(request.arrival_time, shape, adapter_tokens, charged_adapter_tokens(request, budget))
+
+    def _classify(self, shape: RequestShape) -> int:
+        size = weighted_request_size(shape, self._scale, self.input_weight, self.output_weight)
+        return self._layout.queue_of(size)
+
+    def _pool_tokens(self, budget: BatchBudget) -> float:
+        """The KV pool in tokens (without `num_total_blocks`: free blocks plus what is charged), or the running
+        batch's token bound when that is smaller."""
+        if budget.num_total_blocks > 0:
+            pool = float(budget.num_total_blocks * budget.block_size)
+        else:
+            charged = sum(t.sample.need_tokens for t in self._tracked.values() if t.is_charged)
+            pool = float(budget.num_free_blocks * budget.block_size + charged)
+        return min(pool, float(budget.max_running_tokens)) if budget.max_running_tokens > 0 else pool
+
+    def _slots_bind(self, budget: BatchBudget, pool_tokens: float) -> bool:
+        """Sequence slots run out before KV tokens: `max_num_seqs` requests of the window's mean need fit."""
+        if budget.max_num_seqs <= 0 or not self._window:
+            return False
+        mean_need = sum(s.need_tokens for s in self._window) / len(self._window)
+        return budget.max_num_seqs * mean_need < pool_tokens
+
+    def _need(self, sample: _Sample) -> int:
+        """A request's quota charge in the binding resource's units: one slot, or its need in tokens."""
+        return 1 if self._is_slot_bound else sample.need_tokens
+
+    def _unit_loads(self) -> list[QueueLoad]:
+        """The queues' loads in the binding resource's units (S = one slot per request when slot-bound)."""
+        if not self._is_slot_bound:
+            return self._loads
+        return [
+            QueueLoad(1.0 if load.arrival_rate > 0 else 0.0, load.mean_service_s, load.arrival_rate)
+            for load in self._loads
+        ]
+
+    def _maybe_refresh(self) -> None:
+        if len(self._window) < self.min_samples:
+            return
+        if self._last_refresh is not None and self._now - self._last_refresh < self.refresh_s:
+            return
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """New classes from the window's sizes, and each class's load from the window's requests."""
+        samples = list(self._window)
+        scale = SizeScale.of(s.shape for s in samples)
+        sizes = [
+            weighted_request_size(s.shape, scale, self.input_weight, self.output_weight) for s in samples
+        ]
+        layout = fit_queue_layout(sizes, self.max_queues, self.max_split_ratio)
+        classes = [layout.queue_of(size) for size in sizes]
+        self._scale, self._layout, self._last_refresh = scale, layout, self._now
+        self._loads = [
+            self._load([s for s, c in zip(samples, classes, strict=True) if c == q], samples)
+            for q in range(layout.num_queues)
+        ]
+        for tracked in self._tracked.values():
+            tracked.queue = min(tracked.queue, layout.num_queues - 1)
+        self.num_refreshes += 1
+
+    def _load(self, members: list[_Sample], window: list[_Sample]) -> QueueLoad:
+        """S, D and lambda of one class; D falls back to the whole window's mean duration (then 0)."""
+        span = max(self._now - min(s.arrival_time for s in window), 1e-9)
+        durations = [s.duration_s for s in members if s.duration_s is not None]
+        if not durations:
+            durations = [s.duration_s for s in window if s.duration_s is not None]
+        return QueueLoad(
+            mean_need_tokens=sum(s.need_tokens for s in members) / len(members) if members else 0.0,
+            mean_service_s=sum(durations) / len(durations) if durations else 0.0,
+            arrival_rate=len(members) / span,
+        )
+
+    def _seconds_per_token(self) -> float:
+        """Measured service seconds per predicted output token over the window's finished requests."""
+        finished = [s for s in self._window if s.duration_s is not None]
+        num_tokens = sum(max(1, s.shape.num_output_tokens) for s in finished)
+        return (
+            sum(s.duration_s or 0.0 for s in finished) / num_tokens
+            if finished
+            else self.default_seconds_per_token
+        )
+
+    def _queues(
+        self, waiting: Sequence[WaitingRequest], seconds_per_token: float
+    ) -> list[list[QueuedRequest]]:
+        """Each queue's waiting requests in FIFO order (already charged ones, i.e. preempted, first)."""
+        keyed: list[list[tuple[tuple[bool, float, int], QueuedRequest]]] = [
+            [] for _ in range(self.num_queues)
+        ]
+        for request in waiting:
+            tracked = self._tracked[request.request_id]
+            queued = QueuedRequest(
+                request_id=request.request_id,
+                arrival_time=request.arrival_time,
+                charge_tokens=0 if tracked.is_charged else self._need(tracked.sample),
+                adapter_tokens=tracked.sample.adapter_tokens,
+                is_adapter_ready=request.adapter_id is None or request.adapter_residency in READY_RESIDENCIES,
+                predicted_run_s=seconds_per_token * request.num_predicted_output_tokens,
+            )
+            key = (not tracked.is_charged, request.arrival_time, tracked.seen_order)
+            keyed[tracked.queue].append((key, queued))
+        return [[queued for _, queued in sorted(members, key=lambda m: m[0])] for members in keyed]
+
+    def _running(self, seconds_per_token: float) -> list[RunningRequest]:
+        """Admitted requests still running, with their predicted remaining time."""
+        running = []
+        for tracked in self._tracked.values():
+            if tracked.is_running and tracked.admitted_at is not None:
+                finish = tracked.admitted_at + seconds_per_token * tracked.sample.shape.num_output_tokens
+                returned = (
+                    tracked.sample.need_tokens
+                    if self._is_adapter_memory_shared
+                    else tracked.sample.adapter_tokens
+                )
+                running.append(RunningRequest(max(0.0, finish - self._now), returned))
+        return running
+
+
+def charged_adapter_tokens(request: WaitingRequest, budget: BatchBudget) -> int:
+    """The KV tokens a request's adapter takes from the KV pool: its bytes as KV tokens in a unified pool
+    when it is not on the device (nor being copied) yet; 0 when resident, without an adapter, or with a
+    static adapter share (adapters never use KV pages there)."""
+    if not budget.is_adapter_memory_shared or request.adapter_residency in READY_RESIDENCIES:
+        return 0
+    return num_adapter_tokens(request.adapter_num_bytes, budget.num_bytes_per_block, budget.block_size)
