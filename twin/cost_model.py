@@ -19,12 +19,21 @@ explicitly (tokens and quadratic attention), unlike the digital-twin paper's mod
 sequence and so misses TTFT. A copy of `n` bytes takes per_copy + n / host_to_device bandwidth; preparing its
 host copy first (when the profile has `copy.prepare_gbps`) takes prepare + n / prepare bandwidth of the engine
 thread, so the step that starts the copy waits for it.
+
+The token terms (per_prefill_token x P + per_decode_seq x D) and the LoRA work term (lora_per_token_rank x W)
+are the step-cost terms shared with the router's performance model (scheduler/core/step_cost.py).
 """
 
 from __future__ import annotations
 
+from scheduler.core.step_cost import StepCostTerms, lora_work
 from twin.profile import TwinProfile
-from twin.step_shape import StepShape, TokenRanks
+from twin.step_shape import StepShape
+
+__all__ = [
+    "CostModel",
+    "lora_work",
+]  # lora_work: re-exported (its one definition is scheduler.core.step_cost)
 
 _US = 1e-6
 
@@ -35,6 +44,12 @@ class CostModel:
     def __init__(self, profile: TwinProfile) -> None:
         self.profile = profile
         self.step_cost = profile.step
+        self.terms = StepCostTerms(
+            per_token=profile.step.per_prefill_token_us,
+            per_seq=profile.step.per_decode_seq_us,
+            per_token_rank=profile.step.lora_per_token_rank_us,
+            lora_form=profile.step.lora_form,
+        )
         self._bytes_per_second = profile.copy_link.host_to_device_gbps * 1e9
         self._per_copy_s = profile.copy_link.per_copy_us * _US
         prepare_gbps = profile.copy_link.prepare_gbps
@@ -56,10 +71,7 @@ class CostModel:
     def device_seconds(self, shape: StepShape) -> float:
         """The device's part of the step (fixed + dense + attention + LoRA, times the adapter multiplier)."""
         c = self.step_cost
-        dense = max(
-            c.min_dense_us,
-            c.per_prefill_token_us * shape.num_prefill_tokens + c.per_decode_seq_us * shape.num_decode_seqs,
-        )
+        dense = max(c.min_dense_us, self.terms.token_cost(shape.num_prefill_tokens, shape.num_decode_seqs))
         attention = (
             c.per_prefill_attention_us * shape.prefill_attention_tokens
             + c.per_decode_context_token_us * shape.decode_context_tokens
@@ -72,7 +84,7 @@ class CostModel:
         if not shape.adapter_ranks:
             return 0.0
         return (
-            c.lora_per_token_rank_us * lora_work(shape.lora_token_ranks, c.lora_form)
+            self.terms.lora_cost(shape.lora_token_ranks)
             + c.lora_per_adapter_us * shape.num_distinct_adapters
             + c.lora_per_adapter_rank_us * sum(shape.adapter_ranks)
             + c.lora_step_us
@@ -105,12 +117,3 @@ class CostModel:
     def adapter_copy_seconds(self, rank: int) -> float:
         """Copy of a rank-`rank` adapter on every projection of the profile's model."""
         return self.copy_seconds(self.profile.model.adapter_bytes(rank))
-
-
-def lora_work(token_ranks: TokenRanks, form: str) -> float:
-    """Token x rank work of the entries: "sum" of tokens*rank, or ("max") total tokens x largest rank."""
-    if not token_ranks:
-        return 0.0
-    if form == "sum":
-        return float(sum(tokens * rank for tokens, rank in token_ranks))
-    return float(sum(tokens for tokens, _ in token_ranks) * max(rank for _, rank in token_ranks))

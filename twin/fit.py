@@ -10,7 +10,8 @@ fitted by least squares of the RELATIVE error (each step weighted by 1 / its tim
 shorter than prefills, and an absolute fit prices them by the prefills' residuals; measured on the tiny model,
 an absolute fit put a decode step at 25x its time) with every coefficient >= 0 (a column whose coefficient
 comes out negative, noise or collinearity, is dropped and the rest refit). Both LoRA forms are fitted (W as sum or max); the one with
-the smaller residual is kept ("sum" on a tie), and both R^2 are reported. Pure: numpy for the fit only.
+the smaller residual is kept ("sum" on a tie; scheduler.core.step_cost.pick_form, shared with the router's
+fit), and both R^2 are reported. Pure: numpy for the fit only.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from twin.cost_model import lora_work
-from twin.profile import LoraForm, StepCost
+from scheduler.core.step_cost import LORA_FORMS, LoraForm, lora_work, pick_form
+from twin.profile import StepCost
 from twin.step_shape import StepShape
 
 COLUMNS = (
@@ -34,7 +35,6 @@ COLUMNS = (
     "lora_per_adapter_us",
     "lora_per_adapter_rank_us",
 )
-LORA_FORMS: tuple[LoraForm, ...] = ("sum", "max")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def fit_step_cost(samples: Sequence[TimedStep], *, scheduler_us: float = 0.0) ->
         form: nonnegative_lstsq(np.array([features(s.shape, form) for s in samples], dtype=float), y, weights)
         for form in LORA_FORMS
     }
-    best: LoraForm = "max" if fits["max"][1] < fits["sum"][1] * (1 - 1e-9) else "sum"
+    best = pick_form({form: fit[1] for form, fit in fits.items()})
     coef, _, r2 = fits[best]
     values = {name: float(c) for name, c in zip(COLUMNS, coef)}
     step = StepCost(**values, lora_form=best, scheduler_us=scheduler_us)

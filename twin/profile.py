@@ -14,16 +14,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
+from scheduler.core.step_cost import LoraForm
 from settings.api import DEFAULT_MAX_LORA_RANK
 from twin.model_file import YAML_SUFFIXES, read_file_content, validate_file_content, yaml_module
 
 PROFILE_VERSION = 1
-LoraForm = Literal["sum", "max"]
 
 
 class ProfileError(ValueError):

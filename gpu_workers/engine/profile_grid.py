@@ -1,5 +1,6 @@
-"""What `lorahost profile` times (`ProfileGrid`) and the prompts it times them with (`unique_prompt`): shared by
-the router's profile (gpu_workers/engine/profiler.py) and the twin's (gpu_workers/engine/twin_profiler.py)."""
+"""What `lorahost profile` times (`ProfileGrid`) and the prompts it times them with (`unique_prompt`): the
+one measuring pass (gpu_workers/engine/grid_timer.py) that both the router's profile
+(gpu_workers/engine/profiler.py) and the twin's (gpu_workers/engine/twin_profiler.py) are fitted on."""
 
 from __future__ import annotations
 

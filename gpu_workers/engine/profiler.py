@@ -2,15 +2,16 @@
 
 Builds the native engine exactly as a worker does (gpu_workers.worker.builder.engine_config_from_settings), writes
 seeded PEFT adapters of the grid's ranks (gpu_workers.engine.demo_model.generate_adapter, every target module),
-times their loads, then for every (batch size, prompt length, rank mix) queues one request per batch slot,
-times the step that prefills them all and the next decode steps, and fits `scheduler.routing.perf_model` on the
-timings; each point is run `num_repeats` times and its best time kept (a shared CPU's scheduling spikes are
-10x a tiny model's step, and only ever add time). Rank mixes per batch size: the base model alone, each grid
-rank alone, and (batches of 2+) one request of the largest rank with the rest at the smallest, and an
-alternation of both: mixed batches are what tells a "sum of ranks" kernel from a "max rank" one.
-With `twin=True` the same engine is also measured for the digital twin (gpu_workers/engine/twin_profiler.py:
-mixed prefill+decode steps, decode context, distinct adapters, copy rate, scheduler time) and a
-`twin.profile.TwinProfile` is fitted beside the router's model.
+times their loads, then times the grid once (gpu_workers/engine/grid_timer.py: for every batch size, prompt
+length and rank mix, one request per batch slot, the step that prefills them all and the next decode steps)
+and fits `scheduler.routing.perf_model` on the timings; each point is run `num_repeats` times and its best
+time kept (a shared CPU's scheduling spikes are 10x a tiny model's step, and only ever add time). Rank mixes per batch
+size: the base model alone, each grid rank alone, and (batches of 2+) one request of the largest rank with the
+rest at the smallest, and an alternation of both: mixed batches are what tells a "sum of ranks" kernel from a
+"max rank" one. With `twin=True` the same pass also times the digital twin's extra batches (distinct adapters,
+mixed prefill+decode steps) and gpu_workers/engine/twin_profiler.py fits a `twin.profile.TwinProfile` from
+every step of it (decode context, scheduler time), beside the router's model, which reads the rank-mix
+batches only.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpu_workers.engine.profile_grid import ProfileGrid, unique_prompt
+from gpu_workers.engine.grid_timer import TimedBatch, run_untimed, time_grid
+from gpu_workers.engine.profile_grid import ProfileGrid
 from scheduler.routing.perf_model import LatencySample, PerfModel, fit_latency, fit_load
 from settings import Settings
 from twin.profile import TwinProfile
@@ -64,14 +66,14 @@ def run_profile(
     echo(f"writing {len(grid.ranks)} adapters (ranks {list(grid.ranks)}) under {work_dir}")
     adapter_dirs = write_adapters(Path(settings.base_model_path), grid.ranks, work_dir)
     engine = LLMEngine(config)
-    samples = time_engine(engine, grid, adapter_dirs, echo)
+    samples, batches = time_engine(engine, grid, adapter_dirs, echo, twin=twin)
     stats = engine.stats()
     model = fit_profile(samples, _meta(settings, stats, grid))
     twin_profile = None
     if twin:
         from gpu_workers.engine.twin_profiler import measure_twin
 
-        twin_profile = measure_twin(engine, settings, grid, adapter_dirs, echo)
+        twin_profile = measure_twin(engine, settings, grid, adapter_dirs, batches, echo)
     return ProfileRun({**model.to_dict(), "samples": _samples_json(samples)}, twin_profile)
 
 
@@ -98,25 +100,50 @@ def write_adapters(base_dir: Path, ranks: tuple[int, ...], work_dir: Path) -> di
     return dirs
 
 
-def time_engine(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path], echo: Echo) -> ProfileSamples:
-    """Load the adapters (timed), warm up, then time every grid point's prefill and decode steps."""
+def time_engine(
+    engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path], echo: Echo, *, twin: bool = False
+) -> tuple[ProfileSamples, list[TimedBatch]]:
+    """Load the adapters (timed), warm up, then time the grid (with `twin`, also the twin's extra batches, on
+    the adapter copies twin_profiler loads): the router's samples and every timed batch."""
     samples = ProfileSamples(prefill=[], decode=[], load=[])
     for rank, path in adapter_dirs.items():
         samples.load.append((rank, _timed_load(engine, f"rank-{rank}", path, grid.num_repeats)))
-    _run_batch(engine, grid, (0,) + tuple(grid.ranks), WARMUP_PROMPT_TOKENS)
-    for batch_size in grid.batch_sizes:
-        for num_tokens in grid.prompt_tokens:
-            for ranks in grid.rank_mixes(batch_size):
-                runs = [_run_batch(engine, grid, ranks, num_tokens) for _ in range(grid.num_repeats)]
-                samples.prefill.append(
-                    LatencySample(tuple((num_tokens, r) for r in ranks), min(p for p, _ in runs))
-                )
-                decode_ms = min(ms for _, steps in runs for ms in steps)
-                samples.decode.append(LatencySample(tuple((1, r) for r in ranks), decode_ms))
+    run_untimed(engine, grid, [None] + [f"rank-{r}" for r in grid.ranks], WARMUP_PROMPT_TOKENS)
+    ranks = {f"rank-{r}": r for r in adapter_dirs}
+    if twin:
+        from gpu_workers.engine.twin_profiler import load_copies
+
+        ranks.update(load_copies(engine, grid, adapter_dirs))
+    batches = time_grid(engine, grid, ranks, twin_batches=twin)
+    samples.prefill, samples.decode = router_samples(batches, grid)
     echo(
         f"timed {len(samples.prefill)} grid points x {grid.num_repeats} repeats (best of each), {len(samples.load)} loads"
     )
-    return samples
+    return samples, batches
+
+
+def router_samples(
+    batches: list[TimedBatch], grid: ProfileGrid
+) -> tuple[list[LatencySample], list[LatencySample]]:
+    """The router's prefill and decode samples, one per rank-mix grid point in grid order: the best prefill
+    step over the repeats, and the best decode step over the repeats and decode steps (milliseconds, the
+    whole engine step)."""
+    prefill: dict[tuple[int, tuple[int, ...]], float] = {}
+    decode: dict[tuple[int, tuple[int, ...]], float] = {}
+    for batch in batches:
+        if batch.ranks is None:
+            continue
+        key = (batch.num_tokens, batch.ranks)
+        step_ms = [step.seconds * 1000 for step in batch.steps[: 1 + grid.num_decode_steps]]
+        prefill[key] = min(step_ms[0], prefill.get(key, float("inf")))
+        decode[key] = min(min(step_ms[1:]), decode.get(key, float("inf")))
+    return (
+        [
+            LatencySample(tuple((num_tokens, r) for r in ranks), ms)
+            for (num_tokens, ranks), ms in prefill.items()
+        ],
+        [LatencySample(tuple((1, r) for r in ranks), ms) for (_, ranks), ms in decode.items()],
+    )
 
 
 def _timed_load(engine: Any, adapter_id: str, path: Path, num_repeats: int) -> float:
@@ -129,31 +156,6 @@ def _timed_load(engine: Any, adapter_id: str, path: Path, num_repeats: int) -> f
         engine.load_adapter(adapter_id, path)
         best = min(best, (time.perf_counter() - started) * 1000)
     return best
-
-
-def _run_batch(
-    engine: Any, grid: ProfileGrid, ranks: tuple[int, ...], num_tokens: int
-) -> tuple[float, list[float]]:
-    """Queue one request per rank, time the prefill step and the decode steps (ms), then abort them."""
-    from scheduler.core.sampling import SamplingParams
-
-    params = SamplingParams(max_tokens=grid.num_decode_steps + 4, temperature=0.0, ignore_eos=True)
-    request_ids = [f"profile-{time.perf_counter_ns()}-{i}" for i in range(len(ranks))]
-    for i, (request_id, rank) in enumerate(zip(request_ids, ranks)):
-        prompt = unique_prompt(num_tokens, i)
-        engine.add_request(request_id, prompt, params, f"rank-{rank}" if rank else None)
-    prefill_ms = _timed_step(engine)
-    decode_ms = [_timed_step(engine) for _ in range(grid.num_decode_steps)]
-    for request_id in request_ids:
-        engine.abort(request_id)
-    engine.step()  # collect the aborted outputs
-    return prefill_ms, decode_ms
-
-
-def _timed_step(engine: Any) -> float:
-    started = time.perf_counter()
-    engine.step()
-    return (time.perf_counter() - started) * 1000
 
 
 def _meta(settings: Settings, stats: dict[str, Any], grid: ProfileGrid) -> dict[str, str]:

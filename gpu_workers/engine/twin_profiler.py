@@ -1,12 +1,12 @@
-"""Measuring this engine for the digital twin (`lorahost profile --twin-output PATH`).
+"""Fitting the digital twin's profile on `lorahost profile`'s measuring pass (`--twin-output PATH`).
 
-On the engine `lorahost profile` built, every step is recorded as the core's own `StepShape` (captured when
-`BatchScheduler.schedule()` returns, before the step updates the sequences) with its wall time less the time
-`schedule()` took (that is the profile's `scheduler_us`, the median). The grid, per batch size x prompt length:
-the profiler's rank mixes (prefill step, then decode steps at growing context), a mixed step (the batch
+The steps are timed once, for both fits, by gpu_workers/engine/grid_timer.py: the router's rank mixes
+(prefill step, then decode steps at growing context), a mixed step after each batch's decode steps (the batch
 decoding while one new prompt prefills in the same step), and (batches of 2+) one adapter per request
-(copies of the smallest rank under distinct ids), so the fit can tell distinct adapters from rank. Each
-distinct shape keeps its best time. The step coefficients come from `twin.fit.fit_step_cost`; the
+(`load_copies`: copies of the smallest rank, and copies cycling through the ranks, under distinct ids), so
+the fit can tell distinct adapters from rank. Each step is the core's own `StepShape` with its wall time less
+the time `schedule()` took (that is the profile's `scheduler_us`, the median); each distinct shape keeps its
+best time. The step coefficients come from `twin.fit.fit_step_cost`; the
 copy costs from each rank's adapter timed in two parts (preparing its host copy in the engine thread: read,
 validate, pack; then the copy to the device: a clone on a CPU engine, PCIe on CUDA); memory from the engine's
 KV pool; the model shape from config.json.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,38 +31,11 @@ from twin.profile import ProfileModel, TwinProfile
 from twin.step_shape import StepShape
 
 if TYPE_CHECKING:
+    from gpu_workers.engine.grid_timer import TimedBatch
     from gpu_workers.engine.profile_grid import ProfileGrid
 
 Echo = Callable[[str], None]
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-class StepRecorder:
-    """Wraps an engine's `scheduler.schedule` to record each plan's StepShape and the time schedule() took."""
-
-    def __init__(self, engine: Any, ranks: dict[str, int]) -> None:
-        self.engine, self.ranks = engine, ranks
-        self.shape = StepShape()
-        self.schedule_seconds = 0.0
-        self._schedule = engine.scheduler.schedule
-        engine.scheduler.schedule = self._recording_schedule
-
-    def _recording_schedule(self) -> Any:
-        started = time.perf_counter()
-        plan = self._schedule()
-        self.schedule_seconds = time.perf_counter() - started
-        self.shape = StepShape.of(plan.entries, self.ranks, plan.host_assisted_adapters)
-        return plan
-
-    def timed_step(self) -> tuple[StepShape, float]:
-        """Run one engine step: its shape and its seconds less the scheduling time."""
-        started = time.perf_counter()
-        self.engine.step()
-        return self.shape, time.perf_counter() - started - self.schedule_seconds
-
-    def close(self) -> None:
-        """Give the engine its own schedule() back."""
-        self.engine.scheduler.schedule = self._schedule
 
 
 def measure_twin(
@@ -70,23 +43,19 @@ def measure_twin(
     settings: Settings,
     grid: ProfileGrid,
     adapter_dirs: dict[int, Path],
+    batches: Sequence[TimedBatch],
     echo: Echo,
 ) -> TwinProfile:
-    """Time the twin grid on `engine` (adapters of `adapter_dirs` already loaded as "rank-<r>") and fit the
-    twin profile."""
-    ranks = {f"rank-{r}": r for r in adapter_dirs}
-    ranks.update(_load_copies(engine, grid, adapter_dirs))
-    recorder = StepRecorder(engine, ranks)
+    """Fit the twin profile on the timed `batches` (grid_timer.time_grid with the twin's batches) and time
+    the adapter copies of `adapter_dirs` on `engine`."""
     best: dict[StepShape, float] = {}
     schedule_us: list[float] = []
-    try:
-        for _ in range(grid.num_repeats):
-            for shape, seconds in _run_grid(engine, recorder, grid, ranks):
-                if not shape.is_empty:
-                    best[shape] = min(seconds, best.get(shape, float("inf")))
-                    schedule_us.append(recorder.schedule_seconds * 1e6)
-    finally:
-        recorder.close()
+    for batch in batches:
+        for step in batch.steps:
+            if not step.shape.is_empty:
+                seconds = step.seconds - step.schedule_seconds
+                best[step.shape] = min(seconds, best.get(step.shape, float("inf")))
+                schedule_us.append(step.schedule_seconds * 1e6)
     samples = [TimedStep(shape, seconds) for shape, seconds in best.items()]
     fit = fit_step_cost(samples, scheduler_us=statistics.median(schedule_us))
     echo(
@@ -102,7 +71,7 @@ def measure_twin(
     return _profile(engine, settings, fit, copy_link, len(samples))
 
 
-def _load_copies(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path]) -> dict[str, int]:
+def load_copies(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path]) -> dict[str, int]:
     """Distinct adapter ids, one per slot of the largest batch, twice: copies of the smallest-rank adapter, and
     copies cycling through the grid's ranks (batches of many distinct adapters of mixed ranks are what a
     multi-adapter workload runs; without them the per-adapter terms are fitted on the smallest rank only)."""
@@ -119,52 +88,6 @@ def _load_copies(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path]) 
 def _cycled_rank(grid: ProfileGrid, i: int) -> int:
     ranks = sorted(grid.ranks)
     return ranks[i % len(ranks)]
-
-
-def _run_grid(
-    engine: Any, recorder: StepRecorder, grid: ProfileGrid, ranks: dict[str, int]
-) -> list[tuple[StepShape, float]]:
-    """One pass over the twin grid (module doc): the timed steps."""
-    low = min(grid.ranks)
-    timed: list[tuple[StepShape, float]] = []
-    for batch_size in grid.batch_sizes:
-        for num_tokens in grid.prompt_tokens:
-            batches: list[list[str | None]] = [
-                [f"rank-{r}" if r else None for r in mix] for mix in grid.rank_mixes(batch_size)
-            ]
-            if batch_size > 1:
-                batches.append([f"rank-{low}-copy-{i}" for i in range(batch_size)])
-                batches.append([f"mixed-copy-{i}" for i in range(batch_size)])
-            for adapters in batches:
-                timed += _run_batch(engine, recorder, grid, adapters, num_tokens)
-    return timed
-
-
-def _run_batch(
-    engine: Any, recorder: StepRecorder, grid: ProfileGrid, adapters: list[str | None], num_tokens: int
-) -> list[tuple[StepShape, float]]:
-    """Prefill one request per adapter, decode, then add one prompt to the decoding batch (a mixed step) when
-    the engine has a slot for it; abort them all."""
-    from scheduler.core.sampling import SamplingParams
-
-    params = SamplingParams(max_tokens=grid.num_decode_steps + 4, temperature=0.0, ignore_eos=True)
-    request_ids = [_add(engine, params, adapter, num_tokens, i) for i, adapter in enumerate(adapters)]
-    timed = [recorder.timed_step() for _ in range(1 + grid.num_decode_steps)]
-    if len(adapters) < engine.config.max_num_seqs:
-        request_ids.append(_add(engine, params, adapters[0], num_tokens, len(adapters)))
-        timed.append(recorder.timed_step())
-    for request_id in request_ids:
-        engine.abort(request_id)
-    engine.step()  # collect the aborted outputs
-    return timed
-
-
-def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int) -> str:
-    from gpu_workers.engine.profile_grid import unique_prompt
-
-    request_id = f"twin-{time.perf_counter_ns()}-{i}"
-    engine.add_request(request_id, unique_prompt(num_tokens, i), params, adapter)
-    return request_id
 
 
 def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], num_repeats: int) -> dict[str, float]:

@@ -14,6 +14,8 @@ profile with only single-rank batches, where both terms are equal, keeps "sum"),
 are non-negative: a column whose least-squares slope comes out negative (noise) is dropped and the rest refit.
 `PerfModel` holds the prefill and decode models (and optionally the adapter load time against rank); it is
 plain JSON (`to_dict` / `from_dict`): the profile file `lorahost profile` writes, and what heartbeats carry.
+The per-unit and rank terms are the step-cost terms shared with the digital twin's cost model
+(scheduler/core/step_cost.py: `rank_term` is its `lora_work` over every request, base-model ones included).
 Pure: numpy for the fit only.
 """
 
@@ -21,23 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 
-RankForm = Literal["sum", "max"]
-RANK_FORMS: tuple[RankForm, ...] = ("sum", "max")
+from scheduler.core.step_cost import LORA_FORMS, LoraForm, StepCostTerms, lora_work, pick_form
+
+RankForm = LoraForm
+RANK_FORMS: tuple[RankForm, ...] = LORA_FORMS
 PROFILE_VERSION = 1
 Batch = Sequence[tuple[int, int]]  # (num_tokens, rank) per request
 
 
 def rank_term(batch: Batch, form: RankForm) -> float:
     """The LoRA work of a batch in `form` (token-weighted sum of ranks, or total tokens x max rank)."""
-    if not batch:
-        return 0.0
-    if form == "sum":
-        return float(sum(tokens * rank for tokens, rank in batch))
-    return float(sum(tokens for tokens, _ in batch) * max(rank for _, rank in batch))
+    return lora_work(batch, form)
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,20 @@ class LinearLatency:
         """Predicted step latency of `batch` in milliseconds."""
         if not batch:
             return 0.0
-        x = sum(tokens for tokens, _ in batch) if self.per_token else len(batch)
-        return self.intercept_ms + self.per_unit_ms * x + self.per_rank_ms * rank_term(batch, self.rank_form)
+        terms = self.terms
+        num_tokens = sum(tokens for tokens, _ in batch) if self.per_token else 0
+        return self.intercept_ms + terms.token_cost(num_tokens, len(batch)) + terms.lora_cost(batch)
+
+    @cached_property
+    def terms(self) -> StepCostTerms:
+        """The shared step-cost terms of this model: per_unit_ms per token (prefill) or per sequence (decode),
+        per_rank_ms per unit of the rank term."""
+        return StepCostTerms(
+            per_token=self.per_unit_ms if self.per_token else 0.0,
+            per_seq=0.0 if self.per_token else self.per_unit_ms,
+            per_token_rank=self.per_rank_ms,
+            lora_form=self.rank_form,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values."""
@@ -195,7 +208,7 @@ def fit_latency(samples: Sequence[LatencySample], *, per_token: bool) -> LinearL
     fits = {
         form: _fit_columns(x, np.array([rank_term(s.batch, form) for s in samples]), y) for form in RANK_FORMS
     }
-    best: RankForm = "max" if fits["max"][1] < fits["sum"][1] * (1 - 1e-9) else "sum"
+    best = pick_form({form: fit[1] for form, fit in fits.items()})
     other: RankForm = "sum" if best == "max" else "max"
     coef, _, r2 = fits[best]
     return LinearLatency(

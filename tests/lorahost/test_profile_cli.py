@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -124,3 +125,29 @@ def test_profile_also_writes_a_twin_profile_the_cost_model_loads(
     assert (
         model.step_seconds(small) > 0 and model.step_seconds(large) > 0
     )  # noisy timings: no order between them
+
+
+def test_the_router_and_the_twin_fit_one_measuring_pass(
+    base_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_workers.engine import profiler
+
+    passes: list[bool] = []
+    time_grid = profiler.time_grid
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        passes.append(kwargs["twin_batches"])
+        return time_grid(*args, **kwargs)
+
+    monkeypatch.setattr(profiler, "time_grid", counted)
+    output, twin = tmp_path / "profile.json", tmp_path / "twin.json"
+    result = _invoke(
+        tmp_path,
+        *("--base-model", str(base_model_dir), "--output", str(output), "--twin-output", str(twin)),
+        *("--ranks", "4,16", "--batch-sizes", "1,3", "--prompt-tokens", "8", "--decode-steps", "1"),
+        *("--repeats", "1", "--work-dir", str(tmp_path / "adapters")),
+    )
+    assert result.exit_code == 0, result.output
+    assert passes == [True]  # one pass, with the twin's batches, for both fits
+    assert PerfModel.from_dict(json.loads(output.read_text())).prefill.num_samples == 3 + 5
+    assert twin.exists()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.core.step_cost import StepCostTerms
+from scheduler.routing.perf_model import LinearLatency
 from tests.twin.profile_helpers import tiny_profile
 from twin.cost_model import CostModel
 from twin.step_shape import StepShape
@@ -80,3 +82,13 @@ def test_copies_pay_a_latency_and_the_link_bandwidth() -> None:
     # tiny shape: per layer (8+8) + 2*(8+4) + (8+8) + 2*(8+16) + (16+8) = 128 params per rank, x 2 layers x 2 bytes
     assert tiny_profile().model.adapter_bytes(4) == 4 * 512
     assert model.adapter_copy_seconds(4) == pytest.approx(10e-6 + 2048 / 2e9)
+
+
+def test_the_twin_prices_tokens_and_lora_work_with_the_routers_shared_terms() -> None:
+    model = CostModel(tiny_profile(lora_form="max"))
+    assert model.terms == StepCostTerms(per_token=2.0, per_seq=5.0, per_token_rank=0.05, lora_form="max")
+    token_ranks = ((10, 8), (30, 16))
+    router = LinearLatency(
+        intercept_ms=0.0, per_unit_ms=0.0, per_rank_ms=0.05, rank_form="max", per_token=True
+    )
+    assert model.terms.lora_cost(token_ranks) == router.predict_ms(token_ranks)
