@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_workers.engine.profile_grid import ProfileGrid, unique_prompt
+from scheduler.core.engine_request import EngineRequest
 from scheduler.perf_model import LatencySample, PerfModel, fit_latency, fit_load
 from settings import Settings
 from twin.profile import TwinProfile
@@ -141,7 +142,7 @@ def _run_batch(
     request_ids = [f"profile-{time.perf_counter_ns()}-{i}" for i in range(len(ranks))]
     for i, (request_id, rank) in enumerate(zip(request_ids, ranks)):
         prompt = unique_prompt(num_tokens, i)
-        engine.add_request(request_id, prompt, params, f"rank-{rank}" if rank else None)
+        engine.add_request(EngineRequest(request_id, tuple(prompt), params, f"rank-{rank}" if rank else None))
     prefill_ms = _timed_step(engine)
     decode_ms = [_timed_step(engine) for _ in range(grid.num_decode_steps)]
     for request_id in request_ids:

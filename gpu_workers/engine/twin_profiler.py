@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_workers.engine.kernel_tuner import machine_fingerprint
+from scheduler.core.engine_request import EngineRequest
 from settings import Settings
 from twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
 from twin.profile import ProfileModel, TwinProfile
@@ -163,7 +164,7 @@ def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int)
     from gpu_workers.engine.profile_grid import unique_prompt
 
     request_id = f"twin-{time.perf_counter_ns()}-{i}"
-    engine.add_request(request_id, unique_prompt(num_tokens, i), params, adapter)
+    engine.add_request(EngineRequest(request_id, tuple(unique_prompt(num_tokens, i)), params, adapter))
     return request_id
 
 
