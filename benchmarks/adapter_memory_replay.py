@@ -30,6 +30,8 @@ from typing import Any
 from pydantic import ValidationError
 from serving_metrics import pct  # one percentile definition for every benchmark
 
+from scheduler.core.engine_request import EngineRequest
+
 STAT_KEYS = (
     "num_adapter_hits",
     "num_adapter_misses",
@@ -129,7 +131,9 @@ def _make_engine(spec: dict):
 
 def _warm_up(engine, sampling_cls) -> None:
     engine.add_request(
-        "warmup", list(range(10, 42)), sampling_cls(max_tokens=2, ignore_eos=True, temperature=0)
+        EngineRequest(
+            "warmup", list(range(10, 42)), sampling_cls(max_tokens=2, ignore_eos=True, temperature=0)
+        )
     )
     while engine.has_unfinished_requests():
         engine.step()
@@ -172,12 +176,14 @@ def replay(spec: dict) -> dict[str, Any]:
             max_tokens = r.get("max_tokens", r["output_tokens"])
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
             engine.add_request(
-                rid,
-                r["prompt_token_ids"],
-                params,
-                adapter_id=adapter,
-                arrival_time=t0 + r["arrival_s"],
-                predicted_output_tokens=r.get("predicted_output_tokens"),
+                EngineRequest(
+                    rid,
+                    r["prompt_token_ids"],
+                    params,
+                    adapter_id=adapter,
+                    arrival_time=t0 + r["arrival_s"],
+                    predicted_output_tokens=r.get("predicted_output_tokens"),
+                )
             )
             i += 1
         if engine.has_unfinished_requests():
@@ -284,11 +290,13 @@ def calibrate(spec: dict) -> dict[str, Any]:
     for r in spec["requests"][: int(spec.get("num_calibration", 8))]:
         t = time.time()
         engine.add_request(
-            f"c{r['index']}",
-            r["prompt_token_ids"],
-            SamplingParams(max_tokens=1, ignore_eos=True, temperature=0),
-            adapter_id=r["adapter"],
-            arrival_time=t,
+            EngineRequest(
+                f"c{r['index']}",
+                r["prompt_token_ids"],
+                SamplingParams(max_tokens=1, ignore_eos=True, temperature=0),
+                adapter_id=r["adapter"],
+                arrival_time=t,
+            )
         )
         first = None
         while engine.has_unfinished_requests():

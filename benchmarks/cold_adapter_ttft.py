@@ -29,6 +29,7 @@ from pathlib import Path
 from benchmarks.bench_dtype import add_dtype_arg
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 
@@ -52,7 +53,7 @@ def ttft(engine: LLMEngine, request_id: str, prompt: list[int], adapter_id: str)
     """Seconds from add_request to the step that returns the first token (then runs to the end)."""
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     started = time.perf_counter()
-    engine.add_request(request_id, prompt, params, adapter_id)
+    engine.add_request(EngineRequest(request_id, prompt, params, adapter_id))
     first = None
     while engine.has_unfinished_requests():
         for out in engine.step():

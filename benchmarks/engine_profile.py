@@ -26,6 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from scheduler.core.engine_request import EngineRequest
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
@@ -176,10 +178,12 @@ def profile_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
         for i, prompt in enumerate(prompts):
             adapter = names[i] if mode == "lora" else None
             engine.add_request(
-                f"{tag}-{i}",
-                prompt,
-                SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                adapter_id=adapter,
+                EngineRequest(
+                    f"{tag}-{i}",
+                    prompt,
+                    SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                    adapter_id=adapter,
+                )
             )
 
     add("warm", 4)

@@ -32,6 +32,7 @@ from benchmarks.bench_dtype import add_dtype_arg
 from benchmarks.model_dirs import ensure_model
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 
@@ -74,7 +75,7 @@ def run_case(engine: LLMEngine, arrivals: list[Arrival], prompt: list[int], para
         now = time.perf_counter() - start
         while pending and pending[0].at_s <= now:
             a = pending.pop(0)
-            engine.add_request(a.request_id, prompt, params, tenant_id=a.tenant)
+            engine.add_request(EngineRequest(a.request_id, prompt, params, tenant_id=a.tenant))
             added_at_step[a.request_id] = num_steps
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, min(0.01, pending[0].at_s - now)) if pending else 0.0)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_dtype import add_dtype_arg
 from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
+from scheduler.core.engine_request import EngineRequest
 from twin.request_record import RequestRecord
 from twin.run_metrics import COMPARED, RunSummary, compare, summarize
 from twin.trace import AdapterSpec, TraceRequest
@@ -173,7 +174,7 @@ def warm_up(engine: Any, trace: list[TraceRequest], vocab: int) -> None:
     lengths = sorted({r.num_prompt_tokens for r in trace})
     for i in range(min(engine.config.max_num_seqs, 16)):
         prompt = [rng.randrange(10, vocab) for _ in range(lengths[(i * 7) % len(lengths)])]
-        engine.add_request(f"warm-up-{i}", prompt, params)
+        engine.add_request(EngineRequest(f"warm-up-{i}", prompt, params))
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -193,7 +194,14 @@ def run_real(engine: Any, clock: RelativeClock, trace: list[TraceRequest], vocab
             prompt = [rng.randrange(10, vocab) for _ in range(r.num_prompt_tokens)]
             params = SamplingParams(max_tokens=r.num_output_tokens, temperature=0.0, ignore_eos=True)
             engine.add_request(
-                r.request_id, prompt, params, r.adapter_id, arrival_time=r.arrival_s, tenant_id=r.tenant_id
+                EngineRequest(
+                    r.request_id,
+                    prompt,
+                    params,
+                    r.adapter_id,
+                    arrival_time=r.arrival_s,
+                    tenant_id=r.tenant_id,
+                )
             )
             records[r.request_id] = RequestRecord(
                 r.request_id, r.arrival_s, r.num_prompt_tokens, r.adapter_id, r.tenant_id

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from scheduler.core.engine_core import EngineCore
+from scheduler.core.engine_request import EngineRequest, new_sequence
 from scheduler.core.host_tier import HostTier
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.sampling import SamplingParams
-from scheduler.core.sequence import Sequence as CoreSequence
 from settings.engine import EngineSettings
 from twin.cost_model import CostModel
 from twin.request_record import RequestRecord
@@ -95,18 +95,17 @@ class SimulatedWorker:
         self._num_requests += 1
         max_tokens = min(request.num_output_tokens, max_model_len - num_prompt)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        seq = CoreSequence(
+        engine_request = EngineRequest(
             request.request_id,
-            prompt,
+            tuple(prompt),
             params,
             request.adapter_id,
-            max_tokens,
-            request.predicted_output_tokens,
+            predicted_output_tokens=request.predicted_output_tokens,
             tenant_id=request.tenant_id,
             cache_namespace=request.tenant_id,
             arrival_time=request.arrival_s,
         )
-        self.core.add(seq)
+        self.core.add(new_sequence(engine_request, max_model_len, request.arrival_s))
         self.records[request.request_id] = RequestRecord(
             request.request_id,
             request.arrival_s,

@@ -119,6 +119,9 @@ def main() -> None:
             rid_index[rid] = i
             kw = {}
             aid = adapter_ids[i] if adapter_ids else None
+            if hasattr(engine, "make_request"):  # add_request(request): one EngineRequest
+                engine.add_request(engine.make_request(rid, prompt, params(n), aid))
+                continue
             for key in ("adapter_id", "adapter_name", "lora"):
                 if key in add_sig.parameters:  # type: ignore[union-attr]
                     kw[key] = aid

@@ -18,8 +18,8 @@ from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.errors import request_error
 from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.outputs import RequestOutput
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats
-from scheduler.core.sampling import SamplingParams
 
 
 class AsyncLLMEngine:
@@ -84,42 +84,21 @@ class AsyncLLMEngine:
 
     # ---- public API ---------------------------------------------------------------------------------
 
-    async def generate_stream(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        sampling_params: SamplingParams,
-        adapter_id: str | None = None,
-        *,
-        adapter_path: Path | None = None,
-        predicted_output_tokens: int | None = None,
-        tenant_id: str | None = None,
-        tenant_weight: float = 1.0,
-        cache_namespace: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate_stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Yield deltas for one request until it finishes; cancellation or early exit aborts it.
 
-        The adapter may be host-only (registered, or `adapter_path` given): the engine loads it first,
-        and the request waits in the engine's queue until its adapter fits.
+        The adapter may be host-only (registered, or `request.adapter_path` given): the engine loads it
+        first, and the request waits in the engine's queue until its adapter fits.
 
         When the engine stops this request (other requests keep running) the stream raises the
         `errors.RequestFailedError` of its RequestOutput.error_code: NumericOverflowError (a ValueError)
         when its logits went non-finite, AdapterLoadFailedError when the planned copy of its adapter failed.
         """
+        request_id = request.request_id
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._has_work:
             self._apply_pins()
-            self.engine.add_request(
-                request_id,
-                prompt,
-                sampling_params,
-                adapter_id,
-                adapter_path=adapter_path,
-                predicted_output_tokens=predicted_output_tokens,
-                tenant_id=tenant_id,
-                tenant_weight=tenant_weight,
-                cache_namespace=cache_namespace,
-            )
+            self.engine.add_request(request)
             self._streams[request_id] = (asyncio.get_running_loop(), queue)
             self._has_work.notify()
         is_finished = False

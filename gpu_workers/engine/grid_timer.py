@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scheduler.core.engine_request import EngineRequest
 from twin.step_shape import StepShape
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int)
     from gpu_workers.engine.profile_grid import unique_prompt
 
     request_id = f"profile-{time.perf_counter_ns()}-{i}"
-    engine.add_request(request_id, unique_prompt(num_tokens, i), params, adapter)
+    engine.add_request(EngineRequest(request_id, tuple(unique_prompt(num_tokens, i)), params, adapter))
     return request_id
 
 

@@ -41,6 +41,7 @@ from registry.validation import AdapterInfo
 from scheduler.admission.admission import BatchPolicy
 from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import EngineCore, SeqDelta
+from scheduler.core.engine_request import EngineRequest, new_sequence, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import Sequence
@@ -93,58 +94,39 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        sampling_params: SamplingParams,
-        adapter_id: str | None = None,
-        arrival_time: float | None = None,
-        adapter_path: Path | str | None = None,
-        predicted_output_tokens: int | None = None,
-        *,
-        tenant_id: str | None = None,
-        tenant_weight: float = 1.0,
-        cache_namespace: str | None = None,
-    ) -> None:
+    def add_request(self, request: EngineRequest) -> None:
         """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError.
 
-        The adapter may be only on the host: pass `adapter_path` (or register it first); the core plans
-        its copy to the device before the request's first step. `predicted_output_tokens` (default
-        max_tokens) is what the batch policy sees as the expected output length. `tenant_id` is who sent it,
-        `tenant_weight` its tenant's fair-share weight and `cache_namespace` the prefix-cache namespace its
-        blocks are shared in (see `Sequence`).
+        The adapter may be only on the host: give `request.adapter_path` (or register it first); the core
+        plans its copy to the device before the request's first step. The prompt's size is checked by the
+        rule the worker's prepare applies (`prompt_size_error`): a guard for callers that skip the worker.
         """
+        request_id, adapter_id = request.request_id, request.adapter_id
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
+        adapter_path = request.adapter_path
         if adapter_id is not None and adapter_path is not None and self.residency.get(adapter_id) is None:
             self.register_adapter(adapter_id, adapter_path)
         if adapter_id is not None and self.residency.residency(adapter_id) is Residency.NONE:
             raise AdapterNotLoadedError(
                 f"adapter {adapter_id!r} is not loaded; call load_adapter or register_adapter first"
             )
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not token_ids:
-            raise ValueError("prompt is empty; send at least one token")
-        if len(token_ids) >= self.max_model_len:
-            raise PromptTooLongError(
-                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}; "
-                f"shorten it to at most {self.max_model_len - 1} tokens"
-            )
-        max_tokens = min(sampling_params.max_tokens, self.max_model_len - len(token_ids))
-        seq = Sequence(
-            request_id,
-            token_ids,
-            sampling_params,
-            adapter_id,
-            max_tokens,
-            predicted_output_tokens,
-            tenant_id=tenant_id,
-            tenant_weight=tenant_weight,
-            arrival_time=self.clock() if arrival_time is None else arrival_time,
-            cache_namespace=cache_namespace,
-        )
-        self.core.add(seq)
+        size_error = prompt_size_error(request.num_prompt_tokens, self.max_model_len)
+        if size_error is not None:
+            raise PromptTooLongError(size_error)
+        arrival_time = self.clock() if request.arrival_time is None else request.arrival_time
+        self.core.add(new_sequence(request, self.max_model_len, arrival_time))
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        adapter_id: str | None = None,
+    ) -> EngineRequest:
+        """An EngineRequest for offline use (`generate`): a text prompt is tokenized with the engine's tokenizer."""
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        return EngineRequest(request_id, tuple(token_ids), sampling_params, adapter_id)
 
     def abort(self, request_id: str) -> bool:
         """Finish a request now (reason "abort"), freeing its pages; False if it is not in the engine."""
@@ -198,7 +180,7 @@ class LLMEngine:
         seqs: dict[str, Sequence] = {}
         prompt_list: list[str | list[int]] = list(prompts)
         for request_id, prompt, p, adapter_id in zip(ids, prompt_list, params, adapters):
-            self.add_request(request_id, prompt, p, adapter_id)
+            self.add_request(self.make_request(request_id, prompt, p, adapter_id))
             seqs[request_id] = self.scheduler.get(request_id)  # type: ignore[assignment]
         while any(not s.is_finished for s in seqs.values()):
             self.step()

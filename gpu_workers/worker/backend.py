@@ -11,28 +11,18 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpu_workers.engine.outputs import RequestOutput
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats
-from scheduler.core.sampling import SamplingParams
 
 
 @runtime_checkable
 class InferenceBackend(Protocol):
     """Async, thread-safe serving interface over one base model with many LoRA adapters."""
 
-    def generate_stream(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        sampling_params: SamplingParams,
-        adapter_id: str | None = None,
-        *,
-        adapter_path: Path | None = None,
-        predicted_output_tokens: int | None = None,
-        tenant_id: str | None = None,
-        tenant_weight: float = 1.0,
-        cache_namespace: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    def generate_stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Yield token deltas until the request finishes; cancelling the iteration aborts the request.
+
+        The one request shape (scheduler/core/engine_request.py), built once by the worker's prepare.
 
         A request the engine stops raises an `errors.RequestFailedError` whose `code` says why
         ("adapter_unavailable": the adapter's planned copy failed; "numeric_overflow")."""

@@ -21,7 +21,8 @@ from starlette.background import BackgroundTask
 from cluster.protocol import INTERNAL_PREFIX, WORKER_ERROR_STATUS, AdapterRef, GenerateRequest, WorkerStats
 from gpu_workers.worker.runtime import WorkerRuntime
 from gpu_workers.worker.worker_errors import WorkerError
-from gpu_workers.worker.worker_service import PreparedRequest, WorkerService
+from gpu_workers.worker.worker_service import WorkerService
+from scheduler.core.engine_request import EngineRequest
 
 NDJSON = "application/x-ndjson"
 
@@ -132,11 +133,11 @@ def _router(runtime: WorkerRuntime) -> APIRouter:
     return router
 
 
-async def _release(service: WorkerService, prepared: PreparedRequest) -> None:
+async def _release(service: WorkerService, prepared: EngineRequest) -> None:
     """Release the request's lease even if the stream never started (async: stays on the event loop)."""
     service.finish(prepared)
 
 
-async def _ndjson(service: WorkerService, prepared: PreparedRequest) -> AsyncIterator[bytes]:
+async def _ndjson(service: WorkerService, prepared: EngineRequest) -> AsyncIterator[bytes]:
     async for event in service.stream(prepared):
         yield (event.model_dump_json(exclude_defaults=True) + "\n").encode()

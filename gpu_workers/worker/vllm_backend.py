@@ -24,6 +24,7 @@ from gpu_workers.worker.vllm_client import LoraIds, VllmClient, engine_prompt_of
 from scheduler.admission.admission import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.admission.external_release import ReleaseLimits, release_now
 from scheduler.admission.fair_share import ANONYMOUS_TENANT
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats, ExecutorStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import count_by_adapter
@@ -96,38 +97,26 @@ class VllmBackend:
 
     # ---- requests -----------------------------------------------------------------------------------
 
-    async def generate_stream(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        sampling_params: SamplingParams,
-        adapter_id: str | None = None,
-        *,
-        adapter_path: Path | None = None,
-        predicted_output_tokens: int | None = None,
-        tenant_id: str | None = None,
-        tenant_weight: float = 1.0,
-        cache_namespace: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate_stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Wait for release, then stream vLLM's tokens as deltas; cancelling aborts the request."""
+        request_id, adapter_id = request.request_id, request.adapter_id
         if adapter_id is not None and adapter_id not in self._adapters:
-            if adapter_path is None:
+            if request.adapter_path is None:
                 raise AdapterNotLoadedError(adapter_id)
-            await self.register_adapter(adapter_id, adapter_path)
+            await self.register_adapter(adapter_id, request.adapter_path)
         arrival = self._clock()
         adapter = self._adapters.get(adapter_id) if adapter_id is not None else None
-        num_prompt_tokens = len(prompt) if isinstance(prompt, list) else 0
         waiting = WaitingRequest(
             request_id,
             arrival,
-            num_prompt_tokens,
-            sampling_params.max_tokens,
+            request.num_prompt_tokens,
+            request.sampling_params.max_tokens,
             adapter_id=adapter_id,
             adapter_rank=adapter.rank if adapter is not None else 0,
-            predicted_output_tokens=predicted_output_tokens,
+            predicted_output_tokens=request.predicted_output_tokens,
             adapter_residency=self.adapter_residency(adapter_id) if adapter_id is not None else "none",
-            tenant_id=tenant_id,
-            tenant_weight=tenant_weight,
+            tenant_id=request.tenant_id,
+            tenant_weight=request.tenant_weight,
         )
         pending = _Pending(waiting)
         self._waiting[request_id] = pending
@@ -137,7 +126,7 @@ class VllmBackend:
             if pending.is_aborted:
                 yield self._final(waiting, [], "abort", None)
                 return
-            async for output in self._run(waiting, prompt, sampling_params, adapter, cache_namespace):
+            async for output in self._run(waiting, request, adapter):
                 yield output
         finally:
             self._waiting.pop(request_id, None)
@@ -150,10 +139,8 @@ class VllmBackend:
     async def _run(
         self,
         waiting: WaitingRequest,
-        prompt: str | list[int],
-        sampling_params: SamplingParams,
+        request: EngineRequest,
         adapter: _Adapter | None,
-        cache_namespace: str | None,
     ) -> AsyncIterator[RequestOutput]:
         lora_request = None
         if adapter is not None:
@@ -165,8 +152,8 @@ class VllmBackend:
             lora_request = self._make_lora_request(
                 BASE_SLOT, self._base_lora_id, str(self._base_adapter_path)
             )
-        engine_prompt = engine_prompt_of(prompt, cache_namespace)
-        params = self._make_sampling_params(sampling_params)
+        engine_prompt = engine_prompt_of(list(request.prompt_token_ids), request.cache_namespace)
+        params = self._make_sampling_params(request.sampling_params)
         first_token_time = None
         num_sent = 0
         text_sent = ""

@@ -14,7 +14,6 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any, cast
 
 from cluster.membership import WorkerRecord
@@ -26,25 +25,9 @@ from gpu_workers.worker.adapter_manager import AdapterManager
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_errors import BadRequestError, DrainingError
+from scheduler.core.engine_request import EngineRequest, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    """A generate request checked against the engine, holding its adapter lease."""
-
-    request_id: str
-    token_ids: list[int]
-    sampling_params: SamplingParams
-    adapter_key: str | None
-    received_at: float  # time.time() when the worker received the request
-    predicted_output_tokens: int | None = None  # the API's prediction (policy input); None: max_tokens
-    tenant_id: str | None = None
-    tenant_weight: float = 1.0  # the tenant's fair-share weight (GenerateRequest.tenant_weight)
-    cache_namespace: str | None = (
-        None  # prefix-cache namespace (GenerateRequest.cache_namespace, else the tenant's)
-    )
 
 
 class WorkerService:
@@ -78,8 +61,11 @@ class WorkerService:
 
     # ---- generate -----------------------------------------------------------------------------------
 
-    async def prepare(self, request: GenerateRequest, received_at: float | None = None) -> PreparedRequest:
-        """Check and admit a request (draining, sampling, prompt, adapter); raises a WorkerError subclass."""
+    async def prepare(self, request: GenerateRequest, received_at: float | None = None) -> EngineRequest:
+        """Check and admit a request (draining, sampling, prompt, adapter); raises a WorkerError subclass.
+
+        Builds the one `EngineRequest` the backend receives (the adapter's engine id is the wire's
+        `AdapterRef.adapter_key`), holding the adapter's lease until `finish`."""
         received_at = time.time() if received_at is None else received_at
         if self.is_draining:
             raise DrainingError(f"worker {self.worker_id} is draining; send the request to another worker")
@@ -87,53 +73,40 @@ class WorkerService:
             raise BadRequestError(f"request id {request.request_id!r} is already running on this worker")
         params = sampling_params_from_spec(request.sampling)
         token_ids = self._prompt_token_ids(request)
-        adapter_key = await self.adapters.acquire(request.adapter) if request.adapter else None
+        adapter_id = await self.adapters.acquire(request.adapter) if request.adapter else None
         self._active.add(request.request_id)
         self._idle.clear()
-        return PreparedRequest(
+        return EngineRequest(
             request.request_id,
             token_ids,
             params,
-            adapter_key,
-            received_at,
-            request.predicted_output_tokens,
+            adapter_id,
+            predicted_output_tokens=request.predicted_output_tokens,
             tenant_id=request.tenant_id,
             tenant_weight=request.tenant_weight,
             cache_namespace=request.cache_namespace or prefix_cache_namespace(request.tenant_id),
+            received_at=received_at,
         )
 
-    def _prompt_token_ids(self, request: GenerateRequest) -> list[int]:
+    def _prompt_token_ids(self, request: GenerateRequest) -> tuple[int, ...]:
+        """The prompt's token ids (a text prompt tokenized here), within this engine's max_model_len."""
         if (request.prompt is None) == (request.prompt_token_ids is None):
             raise BadRequestError("send exactly one of prompt and prompt_token_ids")
         if request.prompt is not None:
-            token_ids = list(self.engine.tokenizer.encode(request.prompt))  # type: ignore[attr-defined]
+            token_ids = tuple(self.engine.tokenizer.encode(request.prompt))  # type: ignore[attr-defined]
         else:
-            token_ids = [int(t) for t in request.prompt_token_ids or ()]
-        if not token_ids:
-            raise BadRequestError("the prompt is empty; send at least one token")
-        max_model_len = self.max_model_len
-        if len(token_ids) >= max_model_len:
-            raise BadRequestError(
-                f"prompt has {len(token_ids)} tokens but this worker's max_model_len is {max_model_len}; "
-                f"shorten it to at most {max_model_len - 1} tokens"
-            )
+            token_ids = tuple(int(t) for t in request.prompt_token_ids or ())
+        size_error = prompt_size_error(len(token_ids), self.max_model_len)
+        if size_error is not None:
+            raise BadRequestError(size_error)
         return token_ids
 
-    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[GenerateEvent]:
+    async def stream(self, prepared: EngineRequest) -> AsyncIterator[GenerateEvent]:
         """Deltas, then one final or error event. Closing the iterator early aborts the engine request."""
         last: RequestOutput | None = None
         stream = cast(  # backends return async generators: aclose() aborts the engine request
             AsyncGenerator[RequestOutput, None],
-            self.engine.generate_stream(
-                prepared.request_id,
-                prepared.token_ids,
-                prepared.sampling_params,
-                prepared.adapter_key,
-                predicted_output_tokens=prepared.predicted_output_tokens,
-                tenant_id=prepared.tenant_id,
-                tenant_weight=prepared.tenant_weight,
-                cache_namespace=prepared.cache_namespace,
-            ),
+            self.engine.generate_stream(prepared),
         )
         try:
             async with aclosing(stream):  # closing this iterator early closes the engine stream
@@ -153,13 +126,13 @@ class WorkerService:
         finally:
             self.finish(prepared)
 
-    def finish(self, prepared: PreparedRequest) -> None:
+    def finish(self, prepared: EngineRequest) -> None:
         """Release a prepared request's adapter lease and slot (idempotent)."""
         if prepared.request_id not in self._active:
             return
         self._active.discard(prepared.request_id)
-        if prepared.adapter_key is not None:
-            self.adapters.release(prepared.adapter_key)
+        if prepared.adapter_id is not None:
+            self.adapters.release(prepared.adapter_id)
         if not self._active:
             self._idle.set()
 
@@ -234,8 +207,10 @@ def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
         raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
 
 
-def final_event(last: RequestOutput, received_at: float) -> GenerateEvent:
-    """The terminal event with token counts and timings (ms, measured from the worker's receipt)."""
+def final_event(last: RequestOutput, received_at: float | None) -> GenerateEvent:
+    """The terminal event with token counts and timings (ms, measured from the worker's receipt; from the
+    engine's arrival when there was none)."""
+    received_at = last.arrival_time if received_at is None else received_at
     finished = last.finish_time or time.time()
     first = last.first_token_time
     num_output = last.num_output_tokens

@@ -30,6 +30,7 @@ from registry.validation import (
     ValidationLimits,
     validate_adapter_dir,
 )
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry
 from tests.registry.upload_builders import lora_config, lora_tensors, safetensors_bytes, tensor_name
@@ -85,7 +86,7 @@ def _run(engine: LLMEngine, requests: list[Request], prompt: list[int]) -> dict:
     """Run the requests on one prompt; id -> (stacked logits of its sampled steps, finish reason)."""
     engine.recorded.clear()
     for request_id, params, adapter in requests:
-        engine.add_request(request_id, prompt, params, adapter)
+        engine.add_request(EngineRequest(request_id, prompt, params, adapter))
     finish: dict[str, str | None] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():

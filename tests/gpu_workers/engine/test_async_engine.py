@@ -11,6 +11,7 @@ import pytest
 from gpu_workers.engine.async_engine import AsyncLLMEngine
 from gpu_workers.engine.errors import AdapterInUseError
 from gpu_workers.worker.backend import InferenceBackend
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
@@ -35,7 +36,9 @@ def test_concurrent_streams_match_offline_generate(
 
     async def collect(i: int) -> tuple[list[int], str, str | None]:
         ids, text, reason = [], "", None
-        async for out in async_engine.generate_stream(f"s{i}", prompt_ids[i], GREEDY, adapters[i]):
+        async for out in async_engine.generate_stream(
+            EngineRequest(f"s{i}", prompt_ids[i], GREEDY, adapters[i])
+        ):
             ids.extend(out.new_token_ids)
             text += out.new_text
             reason = out.finish_reason
@@ -56,7 +59,7 @@ def test_cancelling_a_stream_aborts_the_request_and_frees_pages(
 
     async def main() -> None:
         params = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)
-        stream = async_engine.generate_stream("cancel-me", prompt_ids[0], params, "adapter-01")
+        stream = async_engine.generate_stream(EngineRequest("cancel-me", prompt_ids[0], params, "adapter-01"))
         async for _ in stream:
             break
         await stream.aclose()
@@ -72,7 +75,7 @@ def test_adapter_management_while_streaming(
     async def main() -> None:
         # far more tokens than the checks below take to run on any device; the request ends by abort
         params = SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)
-        stream = async_engine.generate_stream("busy", prompt_ids[0], params, "adapter-02")
+        stream = async_engine.generate_stream(EngineRequest("busy", prompt_ids[0], params, "adapter-02"))
         await stream.__anext__()
         with pytest.raises(AdapterInUseError):
             await async_engine.unload_adapter("adapter-02")
@@ -92,7 +95,7 @@ def test_abort_ends_the_stream_with_abort(async_engine: AsyncLLMEngine, prompt_i
     async def main() -> str | None:
         params = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)
         last = None
-        async for out in async_engine.generate_stream("a", prompt_ids[1], params):
+        async for out in async_engine.generate_stream(EngineRequest("a", prompt_ids[1], params)):
             if last is None:
                 await async_engine.abort("a")
             last = out
@@ -108,14 +111,16 @@ def test_the_tenant_and_its_fair_share_weight_reach_the_engines_add_request(
     seen: list[tuple[str | None, float]] = []
     add_request = engine.add_request
 
-    def recording_add_request(*args: Any, **kwargs: Any) -> Any:
-        seen.append((kwargs.get("tenant_id"), kwargs.get("tenant_weight", 1.0)))
-        return add_request(*args, **kwargs)
+    def recording_add_request(request: EngineRequest) -> Any:
+        seen.append((request.tenant_id, request.tenant_weight))
+        return add_request(request)
 
     monkeypatch.setattr(engine, "add_request", recording_add_request)
 
     async def main() -> None:
-        stream = async_engine.generate_stream("w1", prompt_ids[0], GREEDY, tenant_id="t1", tenant_weight=2.5)
+        stream = async_engine.generate_stream(
+            EngineRequest("w1", prompt_ids[0], GREEDY, tenant_id="t1", tenant_weight=2.5)
+        )
         async for _ in stream:
             pass
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.admission.fair_share import base_policy
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 from scheduler.multiqueue.multiqueue import MultiQueuePolicy
 
@@ -30,15 +31,17 @@ def test_requests_joining_and_leaving_mid_stream_match_running_alone(
 ) -> None:
     expected = {f"r{i}": run_alone(fp32_engine, prompt_ids[i], ADAPTERS[i]) for i in range(4)}
     tokens: dict[str, list[int]] = {}
-    fp32_engine.add_request("r0", prompt_ids[0], GREEDY, ADAPTERS[0])
+    fp32_engine.add_request(EngineRequest("r0", prompt_ids[0], GREEDY, ADAPTERS[0]))
     fp32_engine.add_request(
-        "r1", prompt_ids[1], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), ADAPTERS[1]
+        EngineRequest(
+            "r1", prompt_ids[1], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), ADAPTERS[1]
+        )
     )
     for step in range(30):
         if step == 3:
-            fp32_engine.add_request("r2", prompt_ids[2], GREEDY, ADAPTERS[2])
+            fp32_engine.add_request(EngineRequest("r2", prompt_ids[2], GREEDY, ADAPTERS[2]))
         if step == 7:
-            fp32_engine.add_request("r3", prompt_ids[3], GREEDY, ADAPTERS[3])
+            fp32_engine.add_request(EngineRequest("r3", prompt_ids[3], GREEDY, ADAPTERS[3]))
         for out in fp32_engine.step():
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
     tokens.update({k: tokens.get(k, []) + v for k, v in drain(fp32_engine).items()})
@@ -75,7 +78,7 @@ def test_full_kv_budget_queues_requests_and_preempts_without_failing(
 def test_max_num_seqs_limits_the_batch(make_engine: Any, prompt_ids: list[list[int]]) -> None:
     engine = make_engine(max_num_seqs=2)
     for i in range(4):
-        engine.add_request(f"r{i}", prompt_ids[i], GREEDY)
+        engine.add_request(EngineRequest(f"r{i}", prompt_ids[i], GREEDY))
     engine.step()
     assert engine.stats()["num_running"] == 2 and engine.stats()["num_waiting"] == 2
     assert len(drain(engine)) == 4
@@ -87,7 +90,9 @@ def test_sjf_admits_the_shortest_predicted_request_first_with_unchanged_tokens(
     engine = make_engine(batch_policy="sjf", max_num_seqs=1)
     predictions = {"long": 12, "short": 2, "mid": 6}
     for i, (request_id, predicted) in enumerate(predictions.items()):
-        engine.add_request(request_id, prompt_ids[i], GREEDY, predicted_output_tokens=predicted)
+        engine.add_request(
+            EngineRequest(request_id, prompt_ids[i], GREEDY, predicted_output_tokens=predicted)
+        )
     first_tokens: list[str] = []
     tokens: dict[str, list[int]] = {r: [] for r in predictions}
     while engine.has_unfinished_requests():
@@ -133,9 +138,9 @@ def test_one_tenants_queue_does_not_delay_another_tenants_request(
     for is_fair in (True, False):
         engine = make_engine(max_num_seqs=2, fair_share=is_fair)
         for i in range(12):
-            engine.add_request(f"a{i}", prompt_ids[i % 4], GREEDY, tenant_id="tenant-a")
+            engine.add_request(EngineRequest(f"a{i}", prompt_ids[i % 4], GREEDY, tenant_id="tenant-a"))
         engine.step()
-        engine.add_request("b0", prompt_ids[0], GREEDY, tenant_id="tenant-b")
+        engine.add_request(EngineRequest("b0", prompt_ids[0], GREEDY, tenant_id="tenant-b"))
         orders[is_fair] = first_token_order(engine)
     assert orders[True].index("b0") <= 3  # a0 and a1 ran; b0 is level with a and goes with or after a2
     assert orders[False].index("b0") == 12  # without fair share it waits for all of a's queue
@@ -151,11 +156,11 @@ def test_a_reserved_slot_lets_a_newcomer_start_at_the_next_step_while_a_flood_fi
     for num_reserved in (1, 0):
         engine = make_engine(max_num_seqs=4, fair_share_reserved_seqs=num_reserved)
         for i in range(12):
-            engine.add_request(f"a{i}", prompt_ids[i % 4], GREEDY, tenant_id="tenant-a")
+            engine.add_request(EngineRequest(f"a{i}", prompt_ids[i % 4], GREEDY, tenant_id="tenant-a"))
         engine.step()
         engine.step()
         assert len(engine.scheduler.running) == 4 - num_reserved
-        engine.add_request("b0", prompt_ids[0], GREEDY, tenant_id="tenant-b")
+        engine.add_request(EngineRequest("b0", prompt_ids[0], GREEDY, tenant_id="tenant-b"))
         num_steps = 1
         while not any(out.request_id == "b0" and out.new_token_ids for out in engine.step()):
             num_steps += 1
@@ -185,8 +190,8 @@ def test_tenants_of_weight_two_and_one_are_served_two_to_one_while_both_are_back
     max_num_seqs = 3
     engine = make_engine(max_num_seqs=max_num_seqs)
     for i in range(24):
-        engine.add_request(f"a{i}", prompt_ids[0], GREEDY, tenant_id="a", tenant_weight=2.0)
-        engine.add_request(f"b{i}", prompt_ids[0], GREEDY, tenant_id="b", tenant_weight=1.0)
+        engine.add_request(EngineRequest(f"a{i}", prompt_ids[0], GREEDY, tenant_id="a", tenant_weight=2.0))
+        engine.add_request(EngineRequest(f"b{i}", prompt_ids[0], GREEDY, tenant_id="b", tenant_weight=1.0))
     served, order = served_while_both_backlogged(engine)
     assert served["b"] > 0
     assert abs(served["a"] - 2 * served["b"]) <= max_num_seqs * GREEDY.max_tokens

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry
 
@@ -45,7 +46,7 @@ def run(engine: LLMEngine, requests: list[tuple[str, list[int], str | None]]) ->
     """Add requests and step to the end; per request: tokens, finish reason, error and the adapter's
     residency when its first token came out."""
     for request_id, prompt, adapter in requests:
-        engine.add_request(request_id, prompt, GREEDY, adapter)
+        engine.add_request(EngineRequest(request_id, prompt, GREEDY, adapter))
     result: dict[str, dict[str, Any]] = {r: {"tokens": []} for r, _, _ in requests}
     adapters = {r: a for r, _, a in requests}
     while engine.has_unfinished_requests():

@@ -14,6 +14,7 @@ from gpu_workers.engine.errors import (
     PromptTooLongError,
 )
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
@@ -21,7 +22,7 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
 def test_abort_frees_blocks_and_reports_abort(fp32_engine: LLMEngine, prompt_ids: list[list[int]]) -> None:
     num_free = fp32_engine.stats()["num_free_kv_blocks"]
-    fp32_engine.add_request("abort-me", prompt_ids[3], GREEDY, "adapter-01")
+    fp32_engine.add_request(EngineRequest("abort-me", prompt_ids[3], GREEDY, "adapter-01"))
     fp32_engine.step()
     assert fp32_engine.stats()["num_free_kv_blocks"] < num_free
     assert fp32_engine.abort("abort-me")
@@ -35,20 +36,20 @@ def test_abort_frees_blocks_and_reports_abort(fp32_engine: LLMEngine, prompt_ids
 def test_prompt_longer_than_max_model_len_is_refused(make_engine: Any) -> None:
     engine = make_engine(max_model_len=32)
     with pytest.raises(PromptTooLongError, match="max_model_len"):
-        engine.add_request("long", list(range(10, 50)), GREEDY)
+        engine.add_request(EngineRequest("long", list(range(10, 50)), GREEDY))
     assert not engine.has_unfinished_requests()
 
 
 def test_unknown_adapter_is_refused(fp32_engine: LLMEngine) -> None:
     with pytest.raises(AdapterNotLoadedError):
-        fp32_engine.add_request("x", [1, 2, 3], GREEDY, "no-such-adapter")
+        fp32_engine.add_request(EngineRequest("x", [1, 2, 3], GREEDY, "no-such-adapter"))
 
 
 def test_unload_of_adapter_in_use_is_refused_then_allowed(
     make_engine: Any, adapter_dirs: dict[str, Path], prompt_ids: list[list[int]]
 ) -> None:
     engine = make_engine()
-    engine.add_request("pinned", prompt_ids[0], GREEDY, "adapter-02")
+    engine.add_request(EngineRequest("pinned", prompt_ids[0], GREEDY, "adapter-02"))
     with pytest.raises(AdapterInUseError):
         engine.unload_adapter("adapter-02")
     with pytest.raises(AdapterInUseError):
@@ -111,7 +112,7 @@ def test_stop_string_ends_generation_and_is_not_in_the_text(
 def test_streamed_text_deltas_concatenate_to_the_final_text(
     fp32_engine: LLMEngine, prompt_ids: list[list[int]]
 ) -> None:
-    fp32_engine.add_request("stream", prompt_ids[0], GREEDY, "adapter-04")
+    fp32_engine.add_request(EngineRequest("stream", prompt_ids[0], GREEDY, "adapter-04"))
     pieces, ids = [], []
     while fp32_engine.has_unfinished_requests():
         for out in fp32_engine.step():
@@ -152,8 +153,8 @@ def test_first_scheduled_time_ends_the_queueing_of_a_request_that_waited(
     make_engine: Any, prompt_ids: list[list[int]]
 ) -> None:
     engine = make_engine(max_num_seqs=1)  # the second request waits for the first to finish
-    engine.add_request("first", prompt_ids[0], GREEDY, "adapter-01")
-    engine.add_request("second", prompt_ids[1], GREEDY, "adapter-02")
+    engine.add_request(EngineRequest("first", prompt_ids[0], GREEDY, "adapter-01"))
+    engine.add_request(EngineRequest("second", prompt_ids[1], GREEDY, "adapter-02"))
     last: dict[str, Any] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():

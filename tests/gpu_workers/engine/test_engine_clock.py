@@ -8,6 +8,7 @@ from pathlib import Path
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.outputs import RequestOutput
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 
@@ -35,8 +36,10 @@ def test_engine_stamps_times_and_last_use_from_its_clock(
 
     clock.now = 100.0
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-    engine.add_request("timed", [1, 5, 9, 13], params, "adapter-01")
-    engine.add_request("aborted", [1, 6, 10], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    engine.add_request(EngineRequest("timed", [1, 5, 9, 13], params, "adapter-01"))
+    engine.add_request(
+        EngineRequest("aborted", [1, 6, 10], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    )
     assert adapter.last_use == 100.0  # the request's arrival is an access
     outputs: list[RequestOutput] = []
     for step_time in (200.0, 300.0, 400.0):
@@ -66,7 +69,7 @@ def test_engine_keeps_a_given_arrival_time(base_model_dir: Path) -> None:
         EngineConfig(model_path=base_model_dir, dtype="float32", num_kv_blocks=32), clock=clock
     )
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    engine.add_request("given", [1, 2, 3], params, arrival_time=3.5)
+    engine.add_request(EngineRequest("given", [1, 2, 3], params, arrival_time=3.5))
     clock.now = 8.0
     [out] = engine.step()
     assert out.arrival_time == 3.5 and out.first_scheduled_time == 8.0 and out.finish_time == 8.0

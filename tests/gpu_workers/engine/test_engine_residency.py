@@ -14,6 +14,7 @@ from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.errors import AdapterCapacityError, AdapterLoadError
 from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.worker.host_cache import WEIGHTS_NAME
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.page_pool import num_pages_for_adapter
 from scheduler.core.sampling import SamplingParams
 
@@ -50,7 +51,7 @@ def test_add_request_takes_the_adapter_host_path(
 ) -> None:
     engine = make_engine()
     name = sorted(adapter_dirs)[1]
-    engine.add_request("cold", prompt_ids[0], GREEDY, "fresh", adapter_path=adapter_dirs[name])
+    engine.add_request(EngineRequest("cold", prompt_ids[0], GREEDY, "fresh", adapter_path=adapter_dirs[name]))
     assert engine.adapter_residency("fresh") == "host"
     tokens: list[int] = []
     while engine.has_unfinished_requests():
@@ -133,7 +134,7 @@ def test_unified_pool_under_load_with_more_adapters_than_fit_keeps_tokens_and_th
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(8)]
     adapters = [names[i % len(names)] for i in range(8)]
     for i, (prompt, adapter) in enumerate(zip(prompts, adapters)):
-        engine.add_request(f"r{i}", prompt, GREEDY, adapter)
+        engine.add_request(EngineRequest(f"r{i}", prompt, GREEDY, adapter))
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(8)}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -168,7 +169,7 @@ def test_explicit_load_when_every_device_adapter_is_in_use_is_refused_before_bui
     engine = one_big_adapter_engine(make_engine, fp32_engine)
     busy, other = BIG[1], BIG[0]
     assert busy in engine.device_adapters()
-    engine.add_request("holds", prompt_ids[0], GREEDY, busy)
+    engine.add_request(EngineRequest("holds", prompt_ids[0], GREEDY, busy))
     engine.step()  # running: its adapter cannot be evicted
     builds: list[str] = []
     build = engine.runner.transfers.load_adapter
@@ -209,8 +210,8 @@ def test_planned_load_failure_ends_its_requests_with_adapter_unavailable(
     engine = make_engine()
     copy = tmp_path / "vanishing"
     shutil.copytree(adapter_dirs["adapter-04"], copy)
-    engine.add_request("doomed", prompt_ids[0], GREEDY, "vanishing", adapter_path=copy)
-    engine.add_request("neighbour", prompt_ids[1], GREEDY, "adapter-00")
+    engine.add_request(EngineRequest("doomed", prompt_ids[0], GREEDY, "vanishing", adapter_path=copy))
+    engine.add_request(EngineRequest("neighbour", prompt_ids[1], GREEDY, "adapter-00"))
     (copy / WEIGHTS_NAME).unlink()  # the host copy vanished after registration
     outputs: dict[str, list[Any]] = {}
     while engine.has_unfinished_requests():
@@ -246,8 +247,8 @@ def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_d
     cold, idle = "adapter-02", "adapter-03"
     assert engine.adapter_residency(idle) == "device" and engine.adapter_residency(cold) == "host"
     warm = next(a for a in engine.device_adapters() if a != idle)  # a small adapter that stayed resident
-    engine.add_request("warm", prompt_ids[0], GREEDY, warm)
-    engine.add_request("cold", prompt_ids[1], GREEDY, cold)
+    engine.add_request(EngineRequest("warm", prompt_ids[0], GREEDY, warm))
+    engine.add_request(EngineRequest("cold", prompt_ids[1], GREEDY, cold))
     engine.step()  # "warm" runs; "cold" waits and its adapter is prefetched (evicting the idle big one)
     # the copy runs beside the step: landed, or still in flight on a loaded machine (never waited for here)
     assert (

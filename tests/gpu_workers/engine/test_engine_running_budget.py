@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 
@@ -17,7 +18,7 @@ def test_engine_admits_a_second_request_only_within_the_running_token_bound(base
         )
         engine = LLMEngine(config)
         assert engine.scheduler.running_budget.max_running_tokens == bound
-        engine.add_request("a", [1, 5, 9, 13, 17, 21], params)
-        engine.add_request("b", [1, 6, 10, 14, 18, 22], params)
+        engine.add_request(EngineRequest("a", [1, 5, 9, 13, 17, 21], params))
+        engine.add_request(EngineRequest("b", [1, 6, 10, 14, 18, 22], params))
         engine.step()
         assert len(engine.scheduler.running) == expected_running  # 6 + 6 tokens exceed a bound of 10

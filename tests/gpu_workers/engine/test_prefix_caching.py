@@ -11,6 +11,7 @@ import pytest
 
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 from settings import Settings
 
@@ -118,7 +119,9 @@ def hit_tokens_as(
     """Run one request of `tenant` in `namespace` to completion; returns (its prefix-cache hit tokens, tokens)."""
     before = engine.stats()["num_prefix_cache_hit_tokens"]
     request_id = f"{tenant}-{next(engine._request_counter)}"
-    engine.add_request(request_id, prompt, GREEDY, adapter, tenant_id=tenant, cache_namespace=namespace)
+    engine.add_request(
+        EngineRequest(request_id, prompt, GREEDY, adapter, tenant_id=tenant, cache_namespace=namespace)
+    )
     seq = engine.scheduler.get(request_id)
     assert seq is not None
     while not seq.is_finished:

@@ -25,6 +25,7 @@ from gpu_workers.engine.layers.lora import (
 )
 from gpu_workers.engine.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
 from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 HUGE = 3e38
@@ -94,7 +95,7 @@ Request = tuple[str, list[int], SamplingParams, str | None]  # (id, prompt, para
 def _run(engine: LLMEngine, requests: list[Request]) -> dict[str, Any]:
     """Add the requests in order, step to completion; request id -> (tokens, finish_reason, error, code)."""
     for request_id, prompt, params, adapter in requests:
-        engine.add_request(request_id, prompt, params, adapter)
+        engine.add_request(EngineRequest(request_id, prompt, params, adapter))
     tokens: dict[str, list[int]] = {r[0]: [] for r in requests}
     result: dict[str, Any] = {}
     while engine.has_unfinished_requests():
@@ -167,7 +168,9 @@ def test_async_stream_of_an_overflowing_request_raises_and_neighbours_finish(
     async def collect(request_id: str, prompt: list[int], adapter: str) -> tuple[list[int], str | None]:
         ids: list[int] = []
         reason = None
-        async for out in async_engine.generate_stream(request_id, prompt, _params(1.0), adapter):
+        async for out in async_engine.generate_stream(
+            EngineRequest(request_id, prompt, _params(1.0), adapter)
+        ):
             ids.extend(out.new_token_ids)
             reason = out.finish_reason
         return ids, reason

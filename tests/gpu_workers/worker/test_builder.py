@@ -14,8 +14,8 @@ from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker import builder
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats
-from scheduler.core.sampling import SamplingParams
 from settings import Settings
 
 
@@ -25,19 +25,7 @@ class _FakeBackend:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    def generate_stream(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        sampling_params: SamplingParams,
-        adapter_id: str | None = None,
-        *,
-        adapter_path: Path | None = None,
-        predicted_output_tokens: int | None = None,
-        tenant_id: str | None = None,
-        tenant_weight: float = 1.0,
-        cache_namespace: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    def generate_stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         raise NotImplementedError
 
     async def register_adapter(self, adapter_id: str, path: Path) -> None:

@@ -18,6 +18,7 @@ from gpu_workers.worker import builder
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_service import WorkerService
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.scheduler_stats import SchedulerStats
@@ -35,9 +36,9 @@ def test_engine_stats_publish_ranks_queue_tokens_and_recent_step_times(
     stats = engine.stats()
     assert stats["adapter_ranks"] == DEMO_RANKS
     assert stats["decode_step_ms"] is None and stats["prefill_step_ms"] is None
-    engine.add_request("r32", [1, 5, 6, 7, 8], GREEDY, "adapter-03")
-    engine.add_request("r4", [1, 5, 6], GREEDY, "adapter-00")
-    engine.add_request("base", [1, 9], GREEDY)
+    engine.add_request(EngineRequest("r32", [1, 5, 6, 7, 8], GREEDY, "adapter-03"))
+    engine.add_request(EngineRequest("r4", [1, 5, 6], GREEDY, "adapter-00"))
+    engine.add_request(EngineRequest("base", [1, 9], GREEDY))
     stats = engine.stats()
     assert sorted(stats["waiting_ranks"]) == [0, 4, 32] and stats["running_ranks"] == []
     assert stats["num_waiting_by_tenant"] == {"": 3}  # no tenant given: fair share's anonymous tenant
@@ -192,7 +193,7 @@ def test_an_unreadable_profile_is_refused_before_the_worker_starts(
 def test_engine_stats_publish_the_queued_requests_per_tenant(make_engine: Callable[..., LLMEngine]) -> None:
     engine = make_engine(max_num_seqs=1)
     for request_id, tenant in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("a3", "a")):
-        engine.add_request(request_id, [1, 5, 6], GREEDY, tenant_id=tenant)
+        engine.add_request(EngineRequest(request_id, [1, 5, 6], GREEDY, tenant_id=tenant))
     assert engine.stats()["num_waiting_by_tenant"] == {"a": 3, "b": 1}
     engine.step()  # one of them runs (one slot)
     assert sum(engine.stats()["num_waiting_by_tenant"].values()) == engine.stats()["num_waiting"] == 3

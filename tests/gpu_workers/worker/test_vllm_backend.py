@@ -17,6 +17,7 @@ from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, Adapt
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
 from scheduler.admission.batch_policy import FifoPolicy
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.sampling import SamplingParams
 
 
@@ -128,7 +129,7 @@ def _backend(fake: FakeVllm, max_num_seqs: int = 8, max_loras: int = 2) -> VllmB
 
 async def _collect(backend: VllmBackend, request_id: str, adapter: str | None, n: int = 2) -> list[Any]:
     params = SamplingParams(max_tokens=n, temperature=0.0)
-    return [o async for o in backend.generate_stream(request_id, [1, 2, 3], params, adapter)]
+    return [o async for o in backend.generate_stream(EngineRequest(request_id, [1, 2, 3], params, adapter))]
 
 
 async def _drive(fake: FakeVllm, tasks: list[asyncio.Task[Any]]) -> None:
@@ -285,7 +286,9 @@ def test_running_and_waiting_requests_are_counted_per_adapter_and_tenant(tmp_pat
         params = SamplingParams(max_tokens=2, temperature=0.0)
 
         async def run(request_id: str, adapter: str, tenant: str) -> None:
-            async for _ in backend.generate_stream(request_id, [1, 2, 3], params, adapter, tenant_id=tenant):
+            async for _ in backend.generate_stream(
+                EngineRequest(request_id, [1, 2, 3], params, adapter, tenant_id=tenant)
+            ):
                 pass
 
         tasks = [
@@ -334,7 +337,9 @@ def test_a_tenants_prefix_cache_namespace_reaches_vllm_as_its_cache_salt() -> No
         params = SamplingParams(max_tokens=1, temperature=0.0)
 
         async def run(request_id: str, namespace: str | None) -> None:
-            async for _ in backend.generate_stream(request_id, [1, 2], params, cache_namespace=namespace):
+            async for _ in backend.generate_stream(
+                EngineRequest(request_id, [1, 2], params, cache_namespace=namespace)
+            ):
                 pass
 
         tasks = [asyncio.create_task(run("a", "tenant:t1")), asyncio.create_task(run("b", None))]

@@ -15,14 +15,15 @@ from cluster.protocol import GenerateRequest
 from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_service import WorkerService
+from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats
 
 
 class _RecordingBackend:
-    """A backend that records each generate_stream call's keyword arguments and finishes at once."""
+    """A backend that records each generate_stream call's request and finishes at once."""
 
     def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[EngineRequest] = []
 
     def stats(self) -> dict[str, Any]:
         return {"max_model_len": 128}
@@ -30,17 +31,12 @@ class _RecordingBackend:
     def engine_stats(self) -> EngineStats:
         return EngineStats(max_model_len=128)
 
-    async def generate_stream(
-        self,
-        request_id: str,
-        prompt: list[int],
-        sampling_params: Any,
-        adapter_id: str | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[RequestOutput]:
-        self.calls.append(kwargs)
+    async def generate_stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        self.calls.append(request)
         now = time.time()
-        yield RequestOutput(request_id, [7], "x", True, "length", len(prompt), 1, now, now, now)
+        yield RequestOutput(
+            request.request_id, [7], "x", True, "length", request.num_prompt_tokens, 1, now, now, now
+        )
 
 
 def _service(tmp_path: Path, backend: _RecordingBackend) -> WorkerService:
@@ -62,7 +58,7 @@ def test_the_tenant_and_its_fair_share_weight_reach_the_engine(tmp_path: Path) -
         "delta",
         "final",
     ]
-    assert [(c["tenant_id"], c["tenant_weight"]) for c in backend.calls] == [("t1", 2.5), ("t2", 1.0)]
+    assert [(c.tenant_id, c.tenant_weight) for c in backend.calls] == [("t1", 2.5), ("t2", 1.0)]
 
 
 @pytest.mark.parametrize("weight", [0, -1.0, float("inf"), float("nan")])
