@@ -1,4 +1,12 @@
-"""The engine section: every knob of the native engine an operator sets (LORAHOST_ENGINE_*).
+"""The engine section: every knob of the native engine an operator sets (LORAHOST_ENGINE_*), one class per concern.
+
+EngineSettings composes five concern classes, as vLLM composes its config from one class per concern: memory
+(device and host budgets, the page pool's layout, prefix caching), batching (the step's limits and the admission
+order), LoRA (adapter ranks, eviction, copies), kernels (dtype, device, threads and the forced CPU kernel forms)
+and vLLM (the backend choice and vLLM's own LoRA knobs). Each concern class declares its fields, checks them and
+derives its policies; EngineSettings inherits them all, so a field keeps one flat name (`engine.max_num_seqs`,
+LORAHOST_ENGINE_MAX_NUM_SEQS, `Settings(engine_max_num_seqs=...)`): sections nest one level (settings/env.py),
+and the engine reads its EngineConfig, a subclass, flat.
 
 gpu_workers.engine.config.EngineConfig is this model plus what the worker adds (the model path, the rank limit, and
 knobs only code sets); its docstring explains the memory layout and the policies. Validation errors name the
@@ -37,48 +45,48 @@ KERNEL_FORMS = {
 }
 
 
-class EngineSettings(BaseModel):
-    """The native engine's operator knobs (section `engine`; flat names engine_*)."""
+class _EngineSection(BaseModel):
+    """What the engine's concern classes share: the section's flat names (engine_*) and its error messages."""
 
     model_config = section_config("engine_")
 
-    backend: str | None = Field(
-        default=None,
-        description="The engine behind the worker: native or vllm (`lorahost worker --engine`); default: "
-        "worker_backend, itself native",
-    )
-    dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
-    device: str = Field(default="auto", description="cpu, cuda or auto")
+    @classmethod
+    def _choice(cls, value: str, choices: tuple[str, ...], info: ValidationInfo) -> str:
+        if value not in choices:
+            raise ValueError(
+                f"{info.field_name} must be one of {sorted(choices)}, got {value!r}: set {cls._env(info)} to one of "
+                f"{', '.join(sorted(choices))}"
+            )
+        return value
+
+    @classmethod
+    def _positive(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and not value > 0:
+            raise ValueError(f"{info.field_name} must be positive, got {value} ({cls._env(info)})")
+        return value
+
+    @classmethod
+    def _not_negative(cls, value: int, info: ValidationInfo) -> int:
+        if value < 0:
+            raise ValueError(
+                f"{info.field_name} must be >= 0 (0 turns it off), got {value} ({cls._env(info)})"
+            )
+        return value
+
+    @classmethod
+    def _env(cls, info: ValidationInfo) -> str:
+        """The environment variable of the field being validated."""
+        field = cls.model_fields.get(str(info.field_name))
+        return env_name(str(field.validation_alias)) if field else str(info.field_name)
+
+
+class EngineMemorySettings(_EngineSection):
+    """Memory: the KV and adapter budgets on the device, the page pool's layout, the host tier, prefix caching."""
+
     kv_cache_bytes: int = Field(
         default=1 << 30, description="KV cache budget (bytes); in a unified pool KV and adapters share it"
     )
     num_kv_blocks: int | None = Field(default=None, description="KV blocks; overrides the byte budget")
-    max_num_seqs: int = Field(default=64, description="Max requests running in one batch")
-    max_num_batched_tokens: int = Field(default=4096, description="Per-step token budget")
-    max_loras: int = Field(
-        default=8,
-        description="vLLM backend: distinct adapters in one batch (vLLM's max_loras; the worker holds requests "
-        "beyond it in the batch policy's order)",
-    )
-    max_lora_rank: int | None = Field(
-        default=None,
-        ge=1,
-        description="Largest adapter rank this worker serves (vLLM's max_lora_rank; vLLM sizes its LoRA slots by "
-        "it); the router refuses an adapter above every live worker's limit with a 400 naming it; default: "
-        "the upload limit (LORAHOST_MAX_RANK)",
-    )
-    max_cpu_loras: int = Field(
-        default=32, description="vLLM backend: adapters vLLM keeps in its host cache (vLLM's max_cpu_loras)"
-    )
-    max_running_tokens: int | None = Field(
-        default=None,
-        description="Bound on the running batch: a request is admitted only while the running sequences' "
-        "tokens (prompt and output so far) plus its prompt stay within it, so requests wait where the batch "
-        "policy orders them when compute, not memory, is the bottleneck (scheduler/admission/running_budget.py); "
-        "default: no bound (admission stops only for slots, the step's token budget or KV pages)",
-    )
-    max_model_len: int | None = Field(default=None, description="Default: the model's context length")
-    num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
     adapter_cache_bytes: int | None = Field(
         default=None,
         description="Device bytes for adapters in the page pool, on top of the KV cache (the only limit on how "
@@ -91,6 +99,45 @@ class EngineSettings(BaseModel):
         "budget (adapters stored in the KV cache's pages); static = fixed adapter share beside the KV cache "
         "(the vLLM-style baseline)",
     )
+    host_adapter_cache_bytes: int = Field(
+        default=2 << 30,
+        description="Host memory for packed adapter copies (the tier between the device and the disk cache; "
+        "a copy to the device from it skips reading and validating files); 0: off",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="Reuse the KV of prompt prefixes shared by requests of the same adapter version",
+    )
+
+    @field_validator("memory_mode")
+    @classmethod
+    def _check_memory_mode(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, MEMORY_MODES, info)
+
+    @field_validator("kv_cache_bytes", "num_kv_blocks", "adapter_cache_bytes")
+    @classmethod
+    def _check_positive_memory(cls, value: int | None, info: ValidationInfo) -> float | None:
+        return cls._positive(value, info)
+
+    @field_validator("host_adapter_cache_bytes")
+    @classmethod
+    def _check_not_negative_memory(cls, value: int, info: ValidationInfo) -> int:
+        return cls._not_negative(value, info)
+
+
+class EngineBatchingSettings(_EngineSection):
+    """Batching: the step's and the batch's limits and the order in which waiting requests are admitted."""
+
+    max_num_seqs: int = Field(default=64, description="Max requests running in one batch")
+    max_num_batched_tokens: int = Field(default=4096, description="Per-step token budget")
+    max_running_tokens: int | None = Field(
+        default=None,
+        description="Bound on the running batch: a request is admitted only while the running sequences' "
+        "tokens (prompt and output so far) plus its prompt stay within it, so requests wait where the batch "
+        "policy orders them when compute, not memory, is the bottleneck (scheduler/admission/running_budget.py); "
+        "default: no bound (admission stops only for slots, the step's token budget or KV pages)",
+    )
+    max_model_len: int | None = Field(default=None, description="Default: the model's context length")
     batch_policy: str = Field(
         default="fifo",
         description="Admission order of waiting requests, one of "
@@ -126,6 +173,61 @@ class EngineSettings(BaseModel):
         le=16,
         description="multiqueue: the most size classes (Kmax); its K selection may choose fewer",
     )
+
+    @field_validator("batch_policy")
+    @classmethod
+    def _check_batch_policy(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, tuple(BATCH_POLICIES), info)
+
+    @field_validator(
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_running_tokens",
+        "multiqueue_slo_s",
+        "multiqueue_refresh_s",
+        "multiqueue_max_queues",
+    )
+    @classmethod
+    def _check_positive_batching(cls, value: float | None, info: ValidationInfo) -> float | None:
+        return cls._positive(value, info)
+
+    @field_validator("fair_share_reserved_seqs")
+    @classmethod
+    def _check_not_negative_batching(cls, value: int, info: ValidationInfo) -> int:
+        return cls._not_negative(value, info)
+
+    def admission_policy(self) -> BatchPolicy:
+        """The engine's admission policy: `batch_policy` with its options, inside the tenants' fair share when
+        `fair_share` (scheduler/admission/batch_policy.py make_admission_policy)."""
+        return make_admission_policy(
+            self.batch_policy,
+            self.batch_policy_options(),
+            is_fair_share=self.fair_share,
+            num_reserved_seqs=self.fair_share_reserved_seqs,
+            max_num_seqs=self.max_num_seqs,
+        )
+
+    def batch_policy_options(self) -> dict[str, Any]:
+        """Constructor knobs of the named batch policy (none for fifo and sjf)."""
+        if self.batch_policy != "multiqueue":
+            return {}
+        return {
+            "slo_s": self.multiqueue_slo_s,
+            "refresh_s": self.multiqueue_refresh_s,
+            "max_queues": self.multiqueue_max_queues,
+        }
+
+
+class EngineLoraSettings(_EngineSection):
+    """LoRA: the largest rank served, which idle adapter leaves the device, and how adapters are copied there."""
+
+    max_lora_rank: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest adapter rank this worker serves (vLLM's max_lora_rank; vLLM sizes its LoRA slots by "
+        "it); the router refuses an adapter above every live worker's limit with a 400 naming it; default: "
+        "the upload limit (LORAHOST_MAX_RANK)",
+    )
     adapter_eviction_policy: str = Field(
         default=DEFAULT_EVICTION_POLICY,
         validation_alias="adapter_eviction_policy",
@@ -140,15 +242,6 @@ class EngineSettings(BaseModel):
         "false evicts an adapter as soon as no running or waiting request uses it (the S-LoRA / no-cache "
         "baseline: every later request for it copies it again, and prefetch hints last one step)",
     )
-    enable_prefix_caching: bool = Field(
-        default=True,
-        description="Reuse the KV of prompt prefixes shared by requests of the same adapter version",
-    )
-    host_adapter_cache_bytes: int = Field(
-        default=2 << 30,
-        description="Host memory for packed adapter copies (the tier between the device and the disk cache; "
-        "a copy to the device from it skips reading and validating files); 0: off",
-    )
     adapter_link_gbps: float | None = Field(
         default=None,
         description="Emulated host->device adapter link bandwidth in GB/s (a copy of n bytes takes at least "
@@ -159,6 +252,33 @@ class EngineSettings(BaseModel):
         description="CPU threads computing the LoRA delta of prefills whose adapter is still being copied "
         "(CPU-assisted prefill); 0: such requests wait for the copy",
     )
+
+    @field_validator("adapter_eviction_policy")
+    @classmethod
+    def _check_adapter_eviction_policy(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, tuple(EVICTION_POLICIES), info)
+
+    @field_validator("adapter_link_gbps")
+    @classmethod
+    def _check_positive_lora(cls, value: float | None, info: ValidationInfo) -> float | None:
+        return cls._positive(value, info)
+
+    @field_validator("cpu_prefill_workers")
+    @classmethod
+    def _check_not_negative_lora(cls, value: int, info: ValidationInfo) -> int:
+        return cls._not_negative(value, info)
+
+    def eviction_policy(self) -> EvictionPolicy:
+        """The order in which idle adapters leave the device (scheduler/cache/eviction.py)."""
+        return make_eviction_policy(self.adapter_eviction_policy)
+
+
+class EngineKernelSettings(_EngineSection):
+    """Kernels: the compute dtype, the device, the CPU threads and the forced forms of the engine's ops."""
+
+    dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
+    device: str = Field(default="auto", description="cpu, cuda or auto")
+    num_threads: int | None = Field(default=None, description="torch CPU threads (default: torch's)")
     fp32_prefill_gemms: bool | None = Field(
         default=None,
         description="bf16 model on CPU: prefill-sized products (>= 128 rows) in fp32 upcasts; default: chosen by "
@@ -201,94 +321,50 @@ class EngineSettings(BaseModel):
     def _check_dtype(cls, value: str, info: ValidationInfo) -> str:
         return cls._choice(value, (*DTYPE_NAMES, "auto"), info)
 
-    @field_validator("backend")
-    @classmethod
-    def _check_backend(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else cls._choice(value, ENGINE_BACKENDS, info)
-
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str, info: ValidationInfo) -> str:
         return cls._choice(value, DEVICES, info)
-
-    @field_validator("memory_mode")
-    @classmethod
-    def _check_memory_mode(cls, value: str, info: ValidationInfo) -> str:
-        return cls._choice(value, MEMORY_MODES, info)
-
-    @field_validator("batch_policy")
-    @classmethod
-    def _check_batch_policy(cls, value: str, info: ValidationInfo) -> str:
-        return cls._choice(value, tuple(BATCH_POLICIES), info)
-
-    @field_validator("adapter_eviction_policy")
-    @classmethod
-    def _check_adapter_eviction_policy(cls, value: str, info: ValidationInfo) -> str:
-        return cls._choice(value, tuple(EVICTION_POLICIES), info)
 
     @field_validator(*KERNEL_FORMS)
     @classmethod
     def _check_kernel_form(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else cls._choice(value, KERNEL_FORMS[str(info.field_name)], info)
 
-    @field_validator(
-        "kv_cache_bytes",
-        "max_num_seqs",
-        "max_loras",
-        "max_cpu_loras",
-        "max_num_batched_tokens",
-        "max_running_tokens",
-        "num_kv_blocks",
-        "adapter_cache_bytes",
-        "multiqueue_slo_s",
-        "multiqueue_refresh_s",
-        "multiqueue_max_queues",
-        "adapter_link_gbps",
+
+class EngineVllmSettings(_EngineSection):
+    """vLLM: which engine runs behind the worker, and the knobs only the vLLM backend reads."""
+
+    backend: str | None = Field(
+        default=None,
+        description="The engine behind the worker: native or vllm (`lorahost worker --engine`); default: "
+        "worker_backend, itself native",
     )
+    max_loras: int = Field(
+        default=8,
+        description="vLLM backend: distinct adapters in one batch (vLLM's max_loras; the worker holds requests "
+        "beyond it in the batch policy's order)",
+    )
+    max_cpu_loras: int = Field(
+        default=32, description="vLLM backend: adapters vLLM keeps in its host cache (vLLM's max_cpu_loras)"
+    )
+
+    @field_validator("backend")
     @classmethod
-    def _check_positive(cls, value: float | None, info: ValidationInfo) -> float | None:
-        if value is not None and not value > 0:
-            raise ValueError(f"{info.field_name} must be positive, got {value} ({cls._env(info)})")
-        return value
+    def _check_backend(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else cls._choice(value, ENGINE_BACKENDS, info)
 
-    @field_validator("fair_share_reserved_seqs", "host_adapter_cache_bytes", "cpu_prefill_workers")
+    @field_validator("max_loras", "max_cpu_loras")
     @classmethod
-    def _check_not_negative(cls, value: int, info: ValidationInfo) -> int:
-        if value < 0:
-            raise ValueError(
-                f"{info.field_name} must be >= 0 (0 turns it off), got {value} ({cls._env(info)})"
-            )
-        return value
+    def _check_positive_vllm(cls, value: int, info: ValidationInfo) -> float | None:
+        return cls._positive(value, info)
 
-    @classmethod
-    def _choice(cls, value: str, choices: tuple[str, ...], info: ValidationInfo) -> str:
-        if value not in choices:
-            raise ValueError(
-                f"{info.field_name} must be one of {sorted(choices)}, got {value!r}: set {cls._env(info)} to one of "
-                f"{', '.join(sorted(choices))}"
-            )
-        return value
 
-    @classmethod
-    def _env(cls, info: ValidationInfo) -> str:
-        """The environment variable of the field being validated."""
-        field = EngineSettings.model_fields.get(str(info.field_name))
-        return env_name(str(field.validation_alias)) if field else str(info.field_name)
-
-    def admission_policy(self) -> BatchPolicy:
-        """The engine's admission policy: `batch_policy` with its options, inside the tenants' fair share when
-        `fair_share` (scheduler/admission/batch_policy.py make_admission_policy)."""
-        return make_admission_policy(
-            self.batch_policy,
-            self.batch_policy_options(),
-            is_fair_share=self.fair_share,
-            num_reserved_seqs=self.fair_share_reserved_seqs,
-            max_num_seqs=self.max_num_seqs,
-        )
-
-    def eviction_policy(self) -> EvictionPolicy:
-        """The order in which idle adapters leave the device (scheduler/cache/eviction.py)."""
-        return make_eviction_policy(self.adapter_eviction_policy)
+class EngineSettings(
+    EngineVllmSettings, EngineKernelSettings, EngineLoraSettings, EngineBatchingSettings, EngineMemorySettings
+):
+    """The native engine's operator knobs (section `engine`; flat names engine_*): every concern's fields, flat
+    (bases listed last concern first, so the fields read memory, batching, LoRA, kernels, vLLM)."""
 
     def core_limits(self) -> CoreLimits:
         """The engine core's scheduling limits and switches (scheduler/core/engine_core.py)."""
@@ -300,13 +376,3 @@ class EngineSettings(BaseModel):
             is_caching_idle_adapters=self.is_caching_idle_adapters,
             max_running_tokens=self.max_running_tokens,
         )
-
-    def batch_policy_options(self) -> dict[str, Any]:
-        """Constructor knobs of the named batch policy (none for fifo and sjf)."""
-        if self.batch_policy != "multiqueue":
-            return {}
-        return {
-            "slo_s": self.multiqueue_slo_s,
-            "refresh_s": self.multiqueue_refresh_s,
-            "max_queues": self.multiqueue_max_queues,
-        }
