@@ -290,7 +290,3 @@ class LLMEngine:
     def runner_stats(self) -> RunnerStats:
         """The model runner's part of `engine_stats()` (its `executor`): copies, host tier, LoRA forms, kernels."""
         return runner_part(engine_stats(self))
-
-    def stats(self) -> dict[str, Any]:
-        """`engine_stats()` in its flat JSON form (benchmarks, diagnostics)."""
-        return engine_stats(self).to_dict()
