@@ -198,7 +198,7 @@ def replay(spec: dict) -> dict[str, Any]:
                     _record_output(engine, rec, out, time.time() - t0, t0)
         elif i < len(reqs):
             time.sleep(max(0.0, min(reqs[i]["arrival_s"] - (time.time() - t0), 0.5)))
-    stats = engine.stats()
+    stats = engine.engine_stats().model_dump(mode="json", include=set(STAT_KEYS))  # the JSON it writes
     result = summarize_records(list(records.values()), stats)
     result["replay_wall_s"] = round(time.time() - t0, 2)
     from scheduler.admission.fair_share import base_policy

@@ -112,15 +112,15 @@ def main() -> None:
             prompt = distinct_prompt(next(prompt_index), args.prompt_tokens, vocab_size)
             results[mode].append(ttft(engine, f"r{i}", prompt, adapter_id))
     for mode, engine in engines.items():
-        stats = engine.stats()
+        stats, runner = engine.engine_stats(), engine.runner_stats()
         print(
             json.dumps(
                 {
                     "mode": mode,
-                    "num_cpu_assisted_prefills": stats["num_cpu_assisted_prefills"],
-                    "num_copy_waits": stats["num_copy_waits"],
-                    "num_adapter_copies": stats["num_adapter_copies"],
-                    "adapter_copy_seconds_total": round(stats["adapter_copy_seconds_total"], 3),
+                    "num_cpu_assisted_prefills": stats.num_cpu_assisted_prefills,
+                    "num_copy_waits": stats.num_copy_waits,
+                    "num_adapter_copies": runner.num_adapter_copies,
+                    "adapter_copy_seconds_total": round(runner.adapter_copy_seconds_total, 3),
                 }
             )
         )

@@ -87,7 +87,7 @@ def run_case(engine: LLMEngine, arrivals: list[Arrival], prompt: list[int], para
             if arrival.tenant == "b" and out.new_token_ids and out.request_id not in ttft:
                 ttft[out.request_id] = time.perf_counter() - start - arrival.at_s
                 steps_to_first.append(num_steps - added_at_step[out.request_id])
-    stats = engine.stats()
+    num_waiting = engine.engine_stats().num_waiting
     num_a_left = sum(1 for a in arrivals if a.tenant == "a" and engine.abort(a.request_id))
     while engine.has_unfinished_requests():
         engine.step()
@@ -96,7 +96,7 @@ def run_case(engine: LLMEngine, arrivals: list[Arrival], prompt: list[int], para
         "ttft": sorted(ttft.values()),
         "steps_to_first": sorted(steps_to_first),
         "num_a_left": num_a_left,
-        "num_waiting_at_end": stats["num_waiting"],
+        "num_waiting_at_end": num_waiting,
         "mean_step_ms": 1000 * elapsed_s / max(1, num_steps),
     }
 

@@ -45,12 +45,14 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
+from scheduler.core.engine_stats import EngineStats
 from settings import Settings
 from settings.engine import EngineSettings
 from twin.cluster_sim import ClusterOptions, simulate_cluster
 from twin.cost_model import CostModel
 from twin.profile import TwinProfile, load_profile
 from twin.request_record import RequestRecord
+from twin.simulated_executor import SimulatedExecutorStats
 from twin.trace import AdapterSpec, TraceRequest
 from twin.worker_sim import SimulatedWorker
 
@@ -180,10 +182,11 @@ def with_copy_gbps(profile: TwinProfile, gbps: float, per_copy_us: float = 0.0) 
 
 @dataclass
 class WorkerRun:
-    """One worker-twin run: its records and the core's final stats."""
+    """One worker-twin run: its records, the core's final stats and the geometry's KV blocks."""
 
     records: list[RequestRecord]
-    stats: dict[str, Any]
+    stats: EngineStats
+    num_kv_blocks_geometry: int
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -203,9 +206,7 @@ def run_worker(
     started = time.perf_counter()
     worker = SimulatedWorker(engine, geometry, CostModel(profile), adapters)
     records = worker.run(trace)
-    stats = worker.core.stats().to_dict()
-    stats["num_kv_blocks_geometry"] = geometry.num_kv_blocks
-    return WorkerRun(records, stats, time.perf_counter() - started)
+    return WorkerRun(records, worker.core.stats(), geometry.num_kv_blocks, time.perf_counter() - started)
 
 
 def check_run(trace: Sequence[TraceRequest], records: Sequence[RequestRecord]) -> None:
@@ -508,7 +509,15 @@ def hit_rate(run: WorkerRun, trace: Sequence[TraceRequest]) -> float:
     """Share of adapter requests that caused no device copy (1 - copies / adapter requests; requests that
     share an in-flight copy count as hits)."""
     num_adapter_requests = sum(r.adapter_id is not None for r in trace)
-    return 1.0 - run.stats["num_adapter_copies"] / max(num_adapter_requests, 1)
+    return 1.0 - num_adapter_copies(run) / max(num_adapter_requests, 1)
+
+
+def num_adapter_copies(run: WorkerRun) -> int:
+    """The device copies the simulated executor made in `run`."""
+    executor = run.stats.executor
+    if not isinstance(executor, SimulatedExecutorStats):
+        raise TypeError(f"not the twin's executor stats: {type(executor).__name__}")
+    return executor.num_adapter_copies
 
 
 def section_fastlibra(profile: TwinProfile, scale: Scale) -> SectionResult:
@@ -538,7 +547,7 @@ def section_fastlibra(profile: TwinProfile, scale: Scale) -> SectionResult:
             )
             got[mode].append(m)
             result.runs.append({"seed": seed, "mode": mode, "rate_rps": 0.9 * capacity, "metrics": m,
-                                "num_kv_blocks": run.stats["num_kv_blocks_geometry"], "wall_s": run.wall_s})  # fmt: skip
+                                "num_kv_blocks": run.num_kv_blocks_geometry, "wall_s": run.wall_s})  # fmt: skip
     for mode in ("static", "unified"):
         result.rows.append(Row(mode, "P99 TTFT s", mean([m["ttft_p99_s"] for m in got[mode]])))
         result.rows.append(Row(mode, "mean TTFT s", mean([m["ttft_mean_s"] for m in got[mode]])))
@@ -705,7 +714,7 @@ def _caraserve_case(
                 cold_got[key].append(mean(slowed))
                 result.runs.append({"case": label, "seed": seed, "rate_rps": rate, "cpu_prefill_workers": workers,
                                     "mean_ttft_s": got[key][-1], "oracle_mean_ttft_s": got["oracle"][-1],
-                                    "num_slowed": len(slowed), "num_adapter_copies": run.stats["num_adapter_copies"],
+                                    "num_slowed": len(slowed), "num_adapter_copies": num_adapter_copies(run),
                                     "wall_s": run.wall_s})  # fmt: skip
         oracle_mean = mean(got["oracle"])
         result.rows.append(Row(f"{label}: {rate:g} rps oracle (instant copy)", "mean TTFT s", oracle_mean))

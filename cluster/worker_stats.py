@@ -3,7 +3,7 @@
 (gpu_workers/worker/worker_service.py) and by the twin's simulated worker (twin/cluster_node.py).
 
 Pure. Every engine field is either published (a `WorkerStats` field of the same name, copied here) or named
-in `UNPUBLISHED_ENGINE_FIELDS` (local diagnostics: `LLMEngine.stats()` and the benchmarks read them), so no
+in `UNPUBLISHED_ENGINE_FIELDS` (local diagnostics: `LLMEngine.engine_stats()` and the benchmarks read them), so no
 field is dropped silently; tests/cluster/test_worker_stats.py holds the engine, WorkerStats, the router's
 `WorkerView` and the console's reads against each other.
 """

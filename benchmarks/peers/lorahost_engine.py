@@ -6,7 +6,7 @@ Modes:
 
 When the engine exposes add_request/step (the vLLM-shaped loop), the timed run drives it step by step and
 reports prefill (steps until every request has its first token) and decode step times; otherwise it times
-engine.generate as a whole. engine.stats() is attached when present. Prints one JSON line.
+engine.generate as a whole. engine.engine_stats().to_dict() is attached when present. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -191,11 +191,11 @@ def main() -> None:
         runs.append(run)
 
     extra = {}
-    if hasattr(engine, "stats"):
+    if hasattr(engine, "engine_stats"):
         try:
-            extra["engine_stats"] = _jsonable(engine.stats())
+            extra["engine_stats"] = _jsonable(engine.engine_stats().to_dict())  # the flat JSON export
         except Exception as exc:  # noqa: BLE001
-            extra["engine_stats"] = f"stats() failed: {exc!r}"
+            extra["engine_stats"] = f"engine_stats() failed: {exc!r}"
     summary = common.summarize_runs(runs, args.num_requests * args.max_tokens)
     summary.pop("engine_stats", None)
     res = common.base_result(

@@ -188,10 +188,6 @@ class AsyncLLMEngine:
         stats: EngineStats = self._locked(self.engine.engine_stats)
         return stats
 
-    def stats(self) -> dict[str, Any]:
-        """Engine stats in their flat JSON form."""
-        return self.engine_stats().to_dict()
-
     def shutdown(self) -> None:
         """Stop the loop thread (pending requests are left as they are)."""
         with self._has_work:

@@ -1,7 +1,8 @@
 """The engine's statistics: the typed `EngineStats` (scheduler/core/engine_stats.py) that `LLMEngine` returns
 (what the worker's /stats and heartbeats are built from, `cluster.worker_stats.build_worker_stats`), with the
 model runner's own part typed here (`RunnerStats`, its `Executor.stats`): adapter copies, host tier, LoRA
-forms and kernels. `LLMEngine.stats()` is its flat JSON form (benchmarks, diagnostics).
+forms and kernels. `runner_part` narrows an `EngineStats`'s executor part to `RunnerStats` (what
+`LLMEngine.runner_stats()` returns); readers use attributes, JSON writers `model_dump()`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ if TYPE_CHECKING:
     from gpu_workers.engine.llm_engine import LLMEngine
     from gpu_workers.engine.model_runner import ModelRunner
 
-__all__ = ["RECENT_STEPS", "EngineCounters", "RunnerStats", "engine_stats", "median_ms", "runner_stats"]
+__all__ = [
+    "RECENT_STEPS",
+    "EngineCounters",
+    "RunnerStats",
+    "engine_stats",
+    "median_ms",
+    "runner_part",
+    "runner_stats",
+]
 
 
 class RunnerStats(ExecutorStats):
@@ -47,6 +56,13 @@ class RunnerStats(ExecutorStats):
 def engine_stats(engine: LLMEngine) -> EngineStats:
     """The engine core's stats with the model runner's part (module doc)."""
     return engine.core.stats()
+
+
+def runner_part(stats: EngineStats) -> RunnerStats:
+    """The model runner's part of `stats` (its `executor`), typed; TypeError if another executor made it."""
+    if not isinstance(stats.executor, RunnerStats):
+        raise TypeError(f"not the model runner's stats: {type(stats.executor).__name__}")
+    return stats.executor
 
 
 def runner_stats(runner: ModelRunner) -> RunnerStats:

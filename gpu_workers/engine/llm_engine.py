@@ -27,7 +27,7 @@ from typing import Any
 from gpu_workers.engine.adapter_placer import AdapterPlacer
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.detokenizer import append_text, find_stop_string, num_held_back_chars
-from gpu_workers.engine.engine_stats import engine_stats
+from gpu_workers.engine.engine_stats import RunnerStats, engine_stats, runner_part
 from gpu_workers.engine.errors import (
     AdapterInUseError,
     AdapterNotLoadedError,
@@ -287,6 +287,6 @@ class LLMEngine:
         """Counts, KV usage, adapter cache counters and step timings, typed (gpu_workers/engine/engine_stats.py)."""
         return engine_stats(self)
 
-    def stats(self) -> dict[str, Any]:
-        """`engine_stats()` in its flat JSON form (benchmarks, diagnostics)."""
-        return engine_stats(self).to_dict()
+    def runner_stats(self) -> RunnerStats:
+        """The model runner's part of `engine_stats()` (its `executor`): copies, host tier, LoRA forms, kernels."""
+        return runner_part(engine_stats(self))

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpu_workers.engine.engine_stats import RunnerStats
 from gpu_workers.engine.grid_timer import TimedBatch, run_untimed, time_grid
 from gpu_workers.engine.profile_grid import ProfileGrid
 from scheduler.routing.perf_model import LatencySample, PerfModel, fit_latency, fit_load
@@ -67,8 +68,7 @@ def run_profile(
     adapter_dirs = write_adapters(Path(settings.base_model_path), grid.ranks, work_dir)
     engine = LLMEngine(config)
     samples, batches = time_engine(engine, grid, adapter_dirs, echo, twin=twin)
-    stats = engine.stats()
-    model = fit_profile(samples, _meta(settings, stats, grid))
+    model = fit_profile(samples, _meta(settings, engine.runner_stats(), grid))
     twin_profile = None
     if twin:
         from gpu_workers.engine.twin_profiler import measure_twin
@@ -158,14 +158,14 @@ def _timed_load(engine: Any, adapter_id: str, path: Path, num_repeats: int) -> f
     return best
 
 
-def _meta(settings: Settings, stats: dict[str, Any], grid: ProfileGrid) -> dict[str, str]:
+def _meta(settings: Settings, runner: RunnerStats, grid: ProfileGrid) -> dict[str, str]:
     return {
         "base_model": settings.base_model_name,
         "base_model_path": str(settings.base_model_path),
-        "device": str(stats.get("device", "")),
-        "dtype": str(stats.get("dtype", "")),
+        "device": runner.device,
+        "dtype": runner.dtype,
         "num_threads": str(settings.engine.num_threads or ""),
-        "lora_kernel": str(stats.get("lora_kernel", "")),
+        "lora_kernel": str(runner.lora_kernel),
         "grid": str(asdict(grid)),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

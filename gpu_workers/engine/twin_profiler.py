@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_workers.engine.engine_stats import runner_part
 from gpu_workers.engine.kernel_tuner import machine_fingerprint
 from settings import Settings
 from twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
@@ -132,18 +133,19 @@ def _profile(
     engine: Any, settings: Settings, fit: StepFit, copy_link: dict[str, float], num_samples: int
 ) -> TwinProfile:
     """The twin profile of the measured engine (every constant's source names this run)."""
-    stats = engine.stats()
+    stats = engine.engine_stats()
+    runner = runner_part(stats)
     base = Path(str(settings.base_model_path))
     config = json.loads((base / "config.json").read_text())
-    dtype = str(stats.get("dtype", "float32"))
+    dtype = runner.dtype
     kv_block_bytes = engine.runner.kv_bytes_per_block()
-    where = f"lorahost profile on {machine_fingerprint()['cpu']} ({stats.get('device')}, {dtype}, {settings.engine.num_threads or 'default'} threads), {datetime.now(UTC):%Y-%m-%d}"
+    where = f"lorahost profile on {machine_fingerprint()['cpu']} ({runner.device}, {dtype}, {settings.engine.num_threads or 'default'} threads), {datetime.now(UTC):%Y-%m-%d}"
     fit_source = f"{where}: non-negative least squares over {num_samples} timed steps, R^2 {fit.r2:.3f} ({fit.step.lora_form} form; other form {fit.other_r2:.3f})"
     return TwinProfile.model_validate(
         {
             "hardware": {
                 "name": machine_fingerprint()["cpu"],
-                "device": str(stats.get("device", "")),
+                "device": runner.device,
                 "engine": "lorahost",
             },
             "model": ProfileModel.from_hf_config(
@@ -152,7 +154,7 @@ def _profile(
             "step": fit.step.model_dump(),
             "copy": copy_link,
             "memory": {
-                "device_bytes": int(stats["num_kv_blocks"]) * kv_block_bytes,
+                "device_bytes": stats.num_kv_blocks * kv_block_bytes,
                 "block_size": engine.config.block_size,
                 "kv_bytes_per_token": kv_block_bytes // engine.config.block_size,
             },

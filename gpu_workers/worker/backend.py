@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from gpu_workers.engine.outputs import RequestOutput
 from scheduler.core.engine_request import EngineRequest
@@ -70,10 +70,6 @@ class InferenceBackend(Protocol):
 
     def engine_stats(self) -> EngineStats:
         """Engine state, counters and timings, typed (scheduler/core/engine_stats.py)."""
-        ...
-
-    def stats(self) -> dict[str, Any]:
-        """`engine_stats()` in its flat form (diagnostics, tests)."""
         ...
 
     def shutdown(self) -> None:

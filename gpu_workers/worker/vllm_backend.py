@@ -345,10 +345,6 @@ class VllmBackend:
             ),
         )
 
-    def stats(self) -> dict[str, Any]:
-        """`engine_stats()` in its flat form (Python values: tuples stay tuples)."""
-        return self.engine_stats().to_dict(mode="python")
-
     def shutdown(self) -> None:
         """Stop vLLM's engine process."""
         self.client.shutdown()

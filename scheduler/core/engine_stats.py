@@ -6,7 +6,9 @@ cumulative counters and recent step timings (`EngineCounters`), the memory geome
 measurements as a typed `ExecutorStats` (each executor extends it: the model runner's `RunnerStats`,
 gpu_workers/engine/engine_stats.py; the twin's `SimulatedExecutorStats`; the vLLM backend's `VllmStats`).
 The worker and the twin turn it into the published `cluster.protocol.WorkerStats` with the one conversion
-`cluster.worker_stats.build_worker_stats`. `to_dict` is its flat JSON form (benchmarks, tests, diagnostics).
+`cluster.worker_stats.build_worker_stats`. Readers use its attributes (the executor's part narrowed with
+isinstance, e.g. `gpu_workers.engine.engine_stats.runner_part`); `to_dict` is its one flat JSON export, for
+where JSON is written (benchmarks/peers/lorahost_engine.py), never read back by key.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class EngineStats(SchedulerStats):
     executor: SerializeAsAny[ExecutorStats] = Field(default_factory=ExecutorStats)
 
     def to_dict(self, mode: Literal["json", "python"] = "json") -> dict[str, Any]:
-        """The flat form: the core's fields, then the fields the executor set (its JSON keys)."""
+        """The flat JSON export: the core's fields, then the fields the executor set (write it, don't read it)."""
         return {
             **self.model_dump(mode=mode, exclude={"executor"}),
             **self.executor.model_dump(mode=mode, exclude_unset=True),

@@ -20,6 +20,7 @@ from api.main import create_app
 from api.services import build_services
 from gpu_workers.worker.testing import RunningWorker, worker_in_thread
 from registry.storage import LocalBlobStore
+from scheduler.core.engine_stats import EngineStats
 from settings import Settings
 from tests.api.asgi_support import run
 from tests.api.conftest import ADMIN_KEY, TenantHandle
@@ -61,20 +62,21 @@ def api(
         yield client
 
 
-def _engine_stats(worker: RunningWorker) -> dict[str, Any]:
-    return worker.extra["embedded"].runtime.service.engine.stats()
+def _engine_stats(worker: RunningWorker) -> EngineStats:
+    stats: EngineStats = worker.extra["embedded"].runtime.service.engine.engine_stats()
+    return stats
 
 
 def _leave_once_generating(worker: RunningWorker, num_tokens: int = 10) -> Callable[[], Any]:
     """Leave as soon as the engine has produced `num_tokens` more tokens: long before the request can finish
     (a fixed linger raced a fast machine, which finished all MAX_TOKENS before the client left)."""
-    produced_before = _engine_stats(worker)["num_output_tokens"]
+    produced_before = _engine_stats(worker).num_output_tokens
 
     async def leave() -> None:
         deadline = time.monotonic() + 30
         while True:
             stats = await anyio.to_thread.run_sync(_engine_stats, worker)
-            if stats["num_running"] > 0 and stats["num_output_tokens"] - produced_before >= num_tokens:
+            if stats.num_running > 0 and stats.num_output_tokens - produced_before >= num_tokens:
                 return
             assert time.monotonic() < deadline, "the request never started on the worker"
             await anyio.sleep(0.002)
@@ -90,7 +92,7 @@ def test_client_leaving_a_plain_request_aborts_it_and_bills_the_tokens_produced_
 ) -> None:
     tenant = new_tenant("leaver")
     body = {"model": BASE_MODEL, "prompt": "hello world", "max_tokens": MAX_TOKENS, "ignore_eos": True}
-    aborted_before = _engine_stats(worker)["num_aborted"]
+    aborted_before = _engine_stats(worker).num_aborted
     run(
         api,
         "/v1/completions",
@@ -101,8 +103,8 @@ def test_client_leaving_a_plain_request_aborts_it_and_bills_the_tokens_produced_
     [row] = usage_rows(db_session, tenant.id)
     assert row.status == "aborted", (row.status, row.error_message)
     assert 0 < row.completion_tokens < MAX_TOKENS and row.prompt_tokens > 0
-    assert wait_for(lambda: _engine_stats(worker)["num_running"] == 0), "the engine request still runs"
-    assert _engine_stats(worker)["num_aborted"] == aborted_before + 1
+    assert wait_for(lambda: _engine_stats(worker).num_running == 0), "the engine request still runs"
+    assert _engine_stats(worker).num_aborted == aborted_before + 1
 
 
 def test_a_client_that_stays_gets_the_whole_completion(

@@ -162,9 +162,9 @@ def embedded(
 def hit_tokens(api: TestClient, worker: EmbeddedWorker, tenant: TenantHandle, model: str) -> int:
     """Send PROMPT as `tenant` to `model`; the prompt tokens the engine found in its prefix cache."""
     service = worker.runtime.require_service()
-    before = service.engine.stats()["num_prefix_cache_hit_tokens"]
+    before = service.engine.engine_stats().num_prefix_cache_hit_tokens
     assert complete(api, tenant, model=model) == 200
-    return service.engine.stats()["num_prefix_cache_hit_tokens"] - before
+    return service.engine.engine_stats().num_prefix_cache_hit_tokens - before
 
 
 def make_tenant(api: TestClient, name: str, **fields: str) -> TenantHandle:

@@ -83,7 +83,7 @@ def test_a_worker_run_finishes_every_request_once_under_both_policies() -> None:
         run = tp.run_worker(profile, tp.chameleon_engine(policy), adapters, trace)
         tp.check_run(trace, run.records)
         assert [r.request_id for r in run.records] == [r.request_id for r in trace]
-        assert run.stats["num_finished"] == len(trace)
+        assert run.stats.num_finished == len(trace)
 
 
 def test_check_run_refuses_a_missing_a_duplicated_or_an_unfinished_request() -> None:

@@ -53,9 +53,9 @@ def test_tune_measures_caches_and_a_worker_start_measures_nothing(
             kernel_choices_path=tmp_path / "choices.json",
         )
     )
-    stats = engine.stats()
-    assert stats["kernel_tuner_s"] == 0.0
-    assert stats["kernel_choices"] == report["plan"]
+    stats = engine.runner_stats()
+    assert stats.kernel_tuner_s == 0.0
+    assert stats.kernel_choices == report["plan"]
 
     retuned = json.loads(_tune(tmp_path, "--base-model", str(base_model_dir), "--json", "--retune").output)
     assert retuned["choices"]["decode_attention"]["source"] == "measured"

@@ -12,6 +12,7 @@ from scheduler.core.engine_core import EngineCore
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from settings.engine import EngineSettings
 from tests.twin.profile_helpers import round_cost_model
+from twin.simulated_executor import SimulatedExecutorStats
 from twin.trace import AdapterSpec, TraceRequest
 from twin.worker_sim import SimulatedWorker
 
@@ -58,7 +59,9 @@ def test_a_cold_adapter_waits_for_its_copy_while_a_base_request_runs_meanwhile()
     rec_cold, rec_base = worker.run([cold, base])
     assert rec_base.token_times == pytest.approx([0.102])  # runs at its arrival, during the copy
     assert rec_cold.ttft_s == pytest.approx(0.502)  # the 0.5 s copy, then a 2 ms prefill
-    assert worker.executor.num_copies == 1 and worker.core.stats().to_dict()["num_adapter_copies"] == 1
+    executor_stats = worker.core.stats().executor
+    assert isinstance(executor_stats, SimulatedExecutorStats)
+    assert worker.executor.num_copies == 1 and executor_stats.num_adapter_copies == 1
     again = worker.run([TraceRequest("warm", 1.0, 10, 1, adapter_id="a")])[0]
     assert again.ttft_s == pytest.approx(0.002)  # still on the device: no copy
 

@@ -55,7 +55,7 @@ def test_concurrent_streams_match_offline_generate(
 def test_cancelling_a_stream_aborts_the_request_and_frees_pages(
     async_engine: AsyncLLMEngine, prompt_ids: list[list[int]]
 ) -> None:
-    num_free = async_engine.engine.stats()["num_free_kv_blocks"]
+    num_free = async_engine.engine.engine_stats().num_free_kv_blocks
 
     async def main() -> None:
         params = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)
@@ -66,7 +66,7 @@ def test_cancelling_a_stream_aborts_the_request_and_frees_pages(
 
     asyncio.run(main())
     assert not async_engine.engine.has_unfinished_requests()
-    assert async_engine.engine.stats()["num_free_kv_blocks"] == num_free
+    assert async_engine.engine.engine_stats().num_free_kv_blocks == num_free
 
 
 def test_adapter_management_while_streaming(

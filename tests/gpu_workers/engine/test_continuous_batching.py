@@ -59,7 +59,7 @@ def test_chunked_prefill_gives_the_same_tokens_as_unchunked(
     expected = fp32_engine.generate(prompts, GREEDY, adapter_ids=adapters)
     got = chunked.generate(prompts, GREEDY, adapter_ids=adapters)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
-    assert chunked.stats()["num_steps"] > GREEDY.max_tokens  # prompts really were split into chunks
+    assert chunked.engine_stats().num_steps > GREEDY.max_tokens  # prompts really were split into chunks
 
 
 def test_full_kv_budget_queues_requests_and_preempts_without_failing(
@@ -71,8 +71,8 @@ def test_full_kv_budget_queues_requests_and_preempts_without_failing(
     expected = fp32_engine.generate(prompts, GREEDY, adapter_ids=ADAPTERS)
     got = small.generate(prompts, GREEDY, adapter_ids=ADAPTERS)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
-    assert small.stats()["num_free_kv_blocks"] == 6  # free or cached and unreferenced: nothing leaked
-    assert small.stats()["num_preemptions"] > 0
+    assert small.engine_stats().num_free_kv_blocks == 6  # free or cached and unreferenced: nothing leaked
+    assert small.engine_stats().num_preemptions > 0
 
 
 def test_max_num_seqs_limits_the_batch(make_engine: Any, prompt_ids: list[list[int]]) -> None:
@@ -80,7 +80,7 @@ def test_max_num_seqs_limits_the_batch(make_engine: Any, prompt_ids: list[list[i
     for i in range(4):
         engine.add_request(EngineRequest(f"r{i}", prompt_ids[i], GREEDY))
     engine.step()
-    assert engine.stats()["num_running"] == 2 and engine.stats()["num_waiting"] == 2
+    assert engine.engine_stats().num_running == 2 and engine.engine_stats().num_waiting == 2
     assert len(drain(engine)) == 4
 
 

@@ -108,7 +108,7 @@ def test_switching_to_the_device_copy_at_any_layer_gives_the_resident_run(
     else:  # the host layers ran on the CPU, the resident run's on the GPU: same math, other rounding
         torch.testing.assert_close(steps[0][2], warm_logits, atol=1e-5, rtol=1e-5)
     assert got["tokens"] == warm_tokens
-    assert engine.stats()["num_cpu_assisted_prefills"] == 1
+    assert engine.engine_stats().num_cpu_assisted_prefills == 1
 
 
 def test_chunked_cold_prefill_gives_the_resident_tokens(
@@ -130,9 +130,11 @@ def test_first_token_arrives_before_the_copy_lands_only_with_cpu_assistance(
     assert got["residency_at_first_token"] == "copying" and got["tokens"] == warm_steps[0]
     got = run(waiting, [("r", prompt_ids[3], "cold")])["r"]
     assert got["residency_at_first_token"] == "device" and got["tokens"] == warm_steps[0]
-    assert waiting.stats()["num_cpu_assisted_prefills"] == 0 and waiting.stats()["num_copy_waits"] == 1
-    assert assisted.stats()["num_adapter_copies"] == waiting.stats()["num_adapter_copies"] == 1
-    assert assisted.stats()["adapter_copy_seconds_total"] >= 1.0
+    assert (
+        waiting.engine_stats().num_cpu_assisted_prefills == 0 and waiting.engine_stats().num_copy_waits == 1
+    )
+    assert assisted.runner_stats().num_adapter_copies == waiting.runner_stats().num_adapter_copies == 1
+    assert assisted.runner_stats().adapter_copy_seconds_total >= 1.0
 
 
 def test_decode_waits_for_the_device_copy_and_never_runs_on_the_host_copy(
@@ -149,7 +151,7 @@ def test_decode_waits_for_the_device_copy_and_never_runs_on_the_host_copy(
                 assert num_computed < num_prompt  # prefill only
     # the base request kept decoding while "r" waited for the copy after its prefill
     assert any(not host and [r for r, *_ in rows] == ["base"] for rows, host, _ in steps)
-    assert engine.stats()["num_copy_waits"] == 1
+    assert engine.engine_stats().num_copy_waits == 1
 
 
 def test_busy_cpu_pool_falls_back_to_waiting_for_the_copy(
@@ -164,7 +166,9 @@ def test_busy_cpu_pool_falls_back_to_waiting_for_the_copy(
     }  # the one worker was taken: "second" waited
     assert got["first"]["residency_at_first_token"] == "copying"
     assert got["first"]["tokens"] == got["second"]["tokens"] == warm_steps[0]
-    assert engine.stats()["num_copy_waits"] == 2  # "second" for the worker, "first" before its first decode
+    assert (
+        engine.engine_stats().num_copy_waits == 2
+    )  # "second" for the worker, "first" before its first decode
 
 
 def test_removed_adapter_files_fail_only_that_adapters_requests(
@@ -197,4 +201,4 @@ def test_a_copy_failing_on_the_link_fails_only_that_adapters_requests(
     got = run(engine, [("bad", prompt_ids[3], "cold"), ("ok", prompt_ids[0], ADAPTER)])
     assert got["bad"]["finish_reason"] == "error" and "device out of memory" in got["bad"]["error"]
     assert got["ok"]["tokens"] == want
-    assert engine.adapter_residency("cold") == "host" and engine.stats()["num_adapter_copy_failures"] == 1
+    assert engine.adapter_residency("cold") == "host" and engine.engine_stats().num_adapter_copy_failures == 1

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpu_workers.engine.engine_stats import runner_part
 from gpu_workers.engine.errors import (
     AdapterInUseError,
     AdapterLoadError,
@@ -21,12 +22,12 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
 
 def test_abort_frees_blocks_and_reports_abort(fp32_engine: LLMEngine, prompt_ids: list[list[int]]) -> None:
-    num_free = fp32_engine.stats()["num_free_kv_blocks"]
+    num_free = fp32_engine.engine_stats().num_free_kv_blocks
     fp32_engine.add_request(EngineRequest("abort-me", prompt_ids[3], GREEDY, "adapter-01"))
     fp32_engine.step()
-    assert fp32_engine.stats()["num_free_kv_blocks"] < num_free
+    assert fp32_engine.engine_stats().num_free_kv_blocks < num_free
     assert fp32_engine.abort("abort-me")
-    assert fp32_engine.stats()["num_free_kv_blocks"] == num_free
+    assert fp32_engine.engine_stats().num_free_kv_blocks == num_free
     [out] = fp32_engine.step()
     assert out.is_finished and out.finish_reason == "abort"
     assert not fp32_engine.has_unfinished_requests()
@@ -144,9 +145,9 @@ def test_invalid_sampling_params_are_refused(kwargs: dict) -> None:
 
 
 def test_stats_report_counts_and_timings(fp32_engine: LLMEngine) -> None:
-    stats = fp32_engine.stats()
-    assert stats["num_steps"] > 0 and stats["step_seconds_total"] > 0
-    assert stats["num_loaded_adapters"] >= 4 and stats["num_running"] == 0
+    stats = fp32_engine.engine_stats()
+    assert stats.num_steps > 0 and stats.step_seconds_total > 0
+    assert runner_part(stats).num_loaded_adapters >= 4 and stats.num_running == 0
 
 
 def test_first_scheduled_time_ends_the_queueing_of_a_request_that_waited(

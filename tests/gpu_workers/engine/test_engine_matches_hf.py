@@ -93,13 +93,13 @@ def test_stacked_decode_lora_matches_segment_loop_and_peft(
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
     stacked = make_engine(decode_lora_form="stacked")
     outs = stacked.generate(prompts, GREEDY, adapter_ids=adapters)
-    builds = stacked.stats()["num_lora_stack_builds"]
+    builds = stacked.runner_stats().num_lora_stack_builds
     assert builds >= 1
     assert builds < NUM_TOKENS  # reused across decode steps of the same batch composition
-    assert stacked.stats()["lora_stack_bytes"] > 0
+    assert stacked.runner_stats().lora_stack_bytes > 0
     looped = make_engine(decode_lora_form="segmented")
     outs_loop = looped.generate(prompts, GREEDY, adapter_ids=adapters)
-    assert looped.stats()["num_lora_stack_builds"] == 0
+    assert looped.runner_stats().num_lora_stack_builds == 0
     for prompt, adapter, out, out_loop in zip(prompts, adapters, outs, outs_loop):
         assert out.token_ids == out_loop.token_ids == hf_oracle.greedy(prompt, adapter, NUM_TOKENS), adapter
 
@@ -139,6 +139,6 @@ def test_packed_linears_match_peft(
             assert (logits[i] - expected).abs().max() < 0.05 * expected.abs().max() + 0.05
     if dtype == "float32":
         outs = engine.generate(prompts, GREEDY, adapter_ids=adapters)
-        assert engine.stats()["num_lora_stack_builds"] >= 1
+        assert engine.runner_stats().num_lora_stack_builds >= 1
         for prompt, adapter, out in zip(prompts, adapters, outs):
             assert out.token_ids == hf_oracle.greedy(prompt, adapter, NUM_TOKENS), adapter

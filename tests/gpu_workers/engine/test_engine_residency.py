@@ -68,11 +68,11 @@ def test_requests_of_more_adapters_than_fit_all_finish_with_the_same_tokens(
     engine = one_big_adapter_engine(make_engine, fp32_engine)
     names = [BIG[0], BIG[1], BIG[0]]
     prompts = [prompt_ids[i % len(prompt_ids)] for i in range(3)]
-    evictions = engine.stats()["num_adapter_evictions"]
+    evictions = engine.engine_stats().num_adapter_evictions
     got = engine.generate(prompts, GREEDY, adapter_ids=names)
     want = fp32_engine.generate(prompts, GREEDY, adapter_ids=names)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert engine.stats()["num_adapter_evictions"] - evictions >= 2
+    assert engine.engine_stats().num_adapter_evictions - evictions >= 2
 
 
 def test_static_split_adapter_pages_come_from_their_own_share(make_engine: Any) -> None:
@@ -142,7 +142,7 @@ def test_unified_pool_under_load_with_more_adapters_than_fit_keeps_tokens_and_th
         _assert_exact_device_memory(engine)
     want = fp32_engine.generate(prompts, GREEDY, adapter_ids=adapters)
     assert [tokens[f"r{i}"] for i in range(8)] == [o.token_ids for o in want]
-    assert engine.stats()["num_adapter_evictions"] > 0
+    assert engine.engine_stats().num_adapter_evictions > 0
 
 
 def test_default_static_adapter_share_holds_64_adapters_of_max_rank(
@@ -225,7 +225,7 @@ def test_planned_load_failure_ends_its_requests_with_adapter_unavailable(
     assert neighbour[-1].finish_reason == "length" and neighbour[-1].error_code is None
     [want] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=["adapter-00"])
     assert [t for o in neighbour for t in o.new_token_ids] == want.token_ids
-    assert engine.stats()["num_adapter_load_failures"] == 1
+    assert engine.engine_stats().num_adapter_load_failures == 1
 
 
 @pytest.mark.parametrize("policy", ["lru", "chameleon", "fastlibra"])
@@ -260,20 +260,19 @@ def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_d
             tokens[out.request_id] += out.new_token_ids
     [want] = fp32_engine.generate([prompt_ids[1]], GREEDY, adapter_ids=[cold])
     assert tokens["cold"] == want.token_ids
-    stats = engine.stats()
-    assert stats["adapter_eviction_policy"] == policy
-    assert (stats["num_adapter_hits"], stats["num_adapter_misses"], stats["num_adapter_prefetches"]) == (
+    stats = engine.engine_stats()
+    assert stats.adapter_eviction_policy == policy
+    assert (stats.num_adapter_hits, stats.num_adapter_misses, stats.num_adapter_prefetches) == (
         2,
         0,
         1,
     )
     assert (
-        stats["num_timed_adapter_loads"] == stats["num_adapter_loads"] > 0
-        and stats["adapter_load_seconds_total"] > 0
+        stats.num_timed_adapter_loads == stats.num_adapter_loads > 0 and stats.adapter_load_seconds_total > 0
     )
-    assert stats["num_device_adapters"] + stats["num_host_adapters"] == len(adapter_dirs)
-    assert stats["num_kv_pages_used"] == 0
-    assert stats["num_adapter_pages"] + stats["num_free_pool_pages"] == stats["num_pool_pages"]
+    assert stats.num_device_adapters + stats.num_host_adapters == len(adapter_dirs)
+    assert stats.num_kv_pages_used == 0
+    assert stats.num_adapter_pages + stats.num_free_pool_pages == stats.num_pool_pages
 
 
 @pytest.mark.parametrize("host_bytes", [2 << 30, 0])
@@ -291,14 +290,14 @@ def test_an_adapter_copied_back_to_the_device_comes_from_the_host_tier(
     got = [engine.generate([prompt_ids[0]], GREEDY, adapter_ids=[name])[0].token_ids for name in order]
     want = {n: fp32_engine.generate([prompt_ids[0]], GREEDY, adapter_ids=[n])[0].token_ids for n in BIG}
     assert got == [want[n] for n in order]
-    stats = engine.stats()
-    assert stats["num_adapter_copies"] == 4  # every request copied its adapter back
+    stats = engine.runner_stats()
+    assert stats.num_adapter_copies == 4  # every request copied its adapter back
     if host_bytes:  # the first copy of each read the files; the second came from host memory
-        assert (stats["num_host_tier_hits"], stats["num_host_tier_misses"]) == (2, 2)
-        assert stats["num_host_tier_adapters"] == 2 and stats["host_tier_bytes"] > 0
+        assert (stats.num_host_tier_hits, stats.num_host_tier_misses) == (2, 2)
+        assert stats.num_host_tier_adapters == 2 and stats.host_tier_bytes > 0
     else:
-        assert (stats["num_host_tier_hits"], stats["num_host_tier_misses"]) == (0, 4)
-        assert stats["num_host_tier_adapters"] == 0
+        assert (stats.num_host_tier_hits, stats.num_host_tier_misses) == (0, 4)
+        assert stats.num_host_tier_adapters == 0
 
 
 def test_an_adapter_that_would_leave_no_kv_page_in_a_unified_pool_is_refused_not_queued_forever(

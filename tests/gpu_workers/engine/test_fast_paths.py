@@ -214,7 +214,7 @@ def test_kernel_decode_matches_peft_and_the_torch_forms(
     kernel = make_cpu_engine(dtype=dtype, decode_lora_form="kernel")
     assert kernel.runner.lora_forms.use_lora_kernel
     outs = kernel.generate(prompts, params, adapter_ids=adapters)
-    assert kernel.runner.lora_forms.kernel_sets and kernel.stats()["num_lora_stack_builds"] == 0
+    assert kernel.runner.lora_forms.kernel_sets and kernel.runner_stats().num_lora_stack_builds == 0
     looped = make_cpu_engine(dtype=dtype, lora_kernel=False, lora_stack_cache_size=0)
     outs_loop = looped.generate(prompts, params, adapter_ids=adapters)
     for prompt, adapter, out, out_loop in zip(prompts, adapters, outs, outs_loop):

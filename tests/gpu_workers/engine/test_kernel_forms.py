@@ -159,7 +159,7 @@ def test_every_decode_lora_form_gives_peft_tokens(
     ):
         assert out.token_ids == hf_oracle.greedy(prompt, adapter, 8), (form, adapter)
     if form == "segmented":
-        assert engine.stats()["num_lora_stack_builds"] == 0 and not engine.runner.lora_forms.kernel_sets
+        assert engine.runner_stats().num_lora_stack_builds == 0 and not engine.runner.lora_forms.kernel_sets
 
 
 needs_bf16_packing = pytest.mark.skipif(
@@ -176,7 +176,7 @@ def test_every_prefill_gemm_form_matches_peft(make_cpu_engine: Any, hf_oracle: A
     prompt = [1] + [7 + (i * 37) % 500 for i in range(300)]
     engine = make_cpu_engine(dtype="bfloat16", packed_linears=True, prefill_gemm=form)
     assert engine.runner.kernel_plan.prefill_gemm == form
-    assert engine.stats()["kernel_choices"]["prefill_gemm"] == form
+    assert engine.runner_stats().kernel_choices["prefill_gemm"] == form
     for adapter in (None, "adapter-02"):
         expected = hf_oracle.logits(prompt, adapter)
         logits = _prefill_logits(engine, prompt, adapter)
@@ -207,15 +207,15 @@ def test_the_plan_follows_the_measurement_and_a_second_start_measures_nothing(
     engine = make_cpu_engine(kernel_choices_path=path)
     assert getattr(engine.runner.kernel_plan, op) == fastest
     assert list(usable) in measured.values()
-    stats = engine.stats()
-    assert stats["kernel_choices"][op] == fastest and stats["kernel_choice_sources"][op] == "measured"
+    stats = engine.runner_stats()
+    assert stats.kernel_choices[op] == fastest and stats.kernel_choice_sources[op] == "measured"
     keys = [json.loads(k) for k in json.loads(path.read_text())["choices"]]
     assert any(k["op"] == op and k["dtype"] == "float32" for k in keys)
     calls_before = len(measured)
     again = make_cpu_engine(kernel_choices_path=path)
     assert getattr(again.runner.kernel_plan, op) == fastest
-    assert again.stats()["kernel_tuner_s"] == 0.0 and len(measured) == calls_before
-    assert again.stats()["kernel_choice_sources"][op] == "cached"
+    assert again.runner_stats().kernel_tuner_s == 0.0 and len(measured) == calls_before
+    assert again.runner_stats().kernel_choice_sources[op] == "cached"
 
 
 def test_forced_forms_win_without_measuring(
@@ -239,7 +239,7 @@ def test_forced_forms_win_without_measuring(
         "plain",
     )
     assert not engine.runner.use_packed_linears
-    assert engine.stats()["kernel_choice_sources"] == {
+    assert engine.runner_stats().kernel_choice_sources == {
         "decode_attention": "forced",
         "decode_lora": "forced",
         "linear_weights": "forced",

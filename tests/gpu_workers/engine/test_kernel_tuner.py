@@ -231,10 +231,10 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     engine = make_cpu_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
     assert engine.runner.wide_gemm_dtype == wide
     assert measured[0] == ["packed", "fp32_upcast", "plain"]
-    stats = engine.stats()
-    assert stats["kernel_choices"][PREFILL_GEMM_OP] == fastest
-    assert stats["kernel_choice_sources"][PREFILL_GEMM_OP] == "measured"
-    assert stats["fp32_prefill_gemms"] is (fastest == "fp32_upcast")
+    stats = engine.runner_stats()
+    assert stats.kernel_choices[PREFILL_GEMM_OP] == fastest
+    assert stats.kernel_choice_sources[PREFILL_GEMM_OP] == "measured"
+    assert stats.fp32_prefill_gemms is (fastest == "fp32_upcast")
     keys = [json.loads(k) for k in json.loads(path.read_text())["choices"]]
     args = engine.runner.args
     assert [k["shape"] for k in keys if k["op"] == PREFILL_GEMM_OP] == [
@@ -244,7 +244,7 @@ def test_the_engine_prefill_gemm_follows_the_tuner(
     num_measured = len(measured)
     cached = make_cpu_engine(dtype="bfloat16", packed_linears=True, kernel_choices_path=path)
     assert len(measured) == num_measured and cached.runner.wide_gemm_dtype == wide
-    assert cached.stats()["kernel_tuner_s"] == 0.0
+    assert cached.runner_stats().kernel_tuner_s == 0.0
 
 
 @needs_bf16_packing

@@ -44,15 +44,15 @@ def test_shared_prefix_gives_the_same_tokens_and_computes_fewer_prompt_tokens(
     assert run_one_after_another(cached, prompts, params, adapter) == run_one_after_another(
         plain, prompts, params, adapter
     )
-    on, off = cached.stats(), plain.stats()
+    on, off = cached.engine_stats(), plain.engine_stats()
     num_shared_blocks = (len(prompts[0]) - len(prompts[0]) % BLOCK_SIZE) // BLOCK_SIZE
-    assert on["num_prefix_cache_hit_tokens"] >= (num_shared_blocks - 1) * BLOCK_SIZE > 0
-    assert on["num_prefix_cache_query_tokens"] == sum(len(p) for p in prompts)
-    assert on["num_batched_tokens"] == off["num_batched_tokens"] - on["num_prefix_cache_hit_tokens"]
-    assert off["num_prefix_cache_hit_tokens"] == 0 and off["num_cached_blocks"] == 0
-    assert on["num_cached_blocks"] > 0
+    assert on.num_prefix_cache_hit_tokens >= (num_shared_blocks - 1) * BLOCK_SIZE > 0
+    assert on.num_prefix_cache_query_tokens == sum(len(p) for p in prompts)
+    assert on.num_batched_tokens == off.num_batched_tokens - on.num_prefix_cache_hit_tokens
+    assert off.num_prefix_cache_hit_tokens == 0 and off.num_cached_blocks == 0
+    assert on.num_cached_blocks > 0
     # cached blocks are reclaimable; resident adapters hold the rest (unified pool)
-    assert on["num_free_kv_blocks"] == on["num_kv_blocks"] - on["num_adapter_pages"]
+    assert on.num_free_kv_blocks == on.num_kv_blocks - on.num_adapter_pages
 
 
 def test_concurrent_requests_sharing_a_prefix_match_prefix_caching_off(
@@ -68,7 +68,7 @@ def test_concurrent_requests_sharing_a_prefix_match_prefix_caching_off(
     got = [o.token_ids for o in cached.generate(batch, params, adapter_ids=adapters)]
     want = [o.token_ids for o in plain.generate(batch, params, adapter_ids=adapters)]
     assert got == want
-    assert cached.stats()["num_prefix_cache_hit_tokens"] > 0
+    assert cached.engine_stats().num_prefix_cache_hit_tokens > 0
 
 
 def test_another_adapter_or_a_new_adapter_version_gets_no_hit(
@@ -76,13 +76,13 @@ def test_another_adapter_or_a_new_adapter_version_gets_no_hit(
 ) -> None:
     engine = make_engine(block_size=BLOCK_SIZE)
     engine.generate([prompts[0]], GREEDY, adapter_ids=["adapter-00"])
-    assert engine.stats()["num_prefix_cache_hit_tokens"] == 0
+    assert engine.engine_stats().num_prefix_cache_hit_tokens == 0
     engine.load_adapter("adapter-00@v2", adapter_dirs["adapter-00"])  # same files, another version id
     for adapter in ("adapter-01", "adapter-00@v2", None):
         engine.generate([prompts[0]], GREEDY, adapter_ids=[adapter])
-        assert engine.stats()["num_prefix_cache_hit_tokens"] == 0, adapter
+        assert engine.engine_stats().num_prefix_cache_hit_tokens == 0, adapter
     engine.generate([prompts[0]], GREEDY, adapter_ids=["adapter-00"])
-    assert engine.stats()["num_prefix_cache_hit_tokens"] > 0
+    assert engine.engine_stats().num_prefix_cache_hit_tokens > 0
 
 
 def test_after_its_adapter_leaves_the_device_a_request_recomputes(
@@ -90,13 +90,13 @@ def test_after_its_adapter_leaves_the_device_a_request_recomputes(
 ) -> None:
     engine = make_engine(block_size=BLOCK_SIZE)
     [first] = engine.generate([prompts[0]], GREEDY, adapter_ids=["adapter-03"])
-    num_cached = engine.stats()["num_cached_blocks"]
+    num_cached = engine.engine_stats().num_cached_blocks
     assert num_cached > 0
     engine.unload_adapter("adapter-03")  # its KV goes with it
-    assert engine.stats()["num_cached_blocks"] == 0
+    assert engine.engine_stats().num_cached_blocks == 0
     engine.load_adapter("adapter-03", adapter_dirs["adapter-03"])
     [again] = engine.generate([prompts[0]], GREEDY, adapter_ids=["adapter-03"])
-    assert engine.stats()["num_prefix_cache_hit_tokens"] == 0 and again.token_ids == first.token_ids
+    assert engine.engine_stats().num_prefix_cache_hit_tokens == 0 and again.token_ids == first.token_ids
 
 
 def test_evicting_an_adapter_for_another_one_drops_its_cached_blocks(
@@ -110,14 +110,14 @@ def test_evicting_an_adapter_for_another_one_drops_its_cached_blocks(
     engine.generate([prompts[0]], GREEDY, adapter_ids=[big])  # evicts adapter-00 (no room for both)
     assert engine.adapter_residency("adapter-00") == "host"
     engine.generate([prompts[0]], GREEDY, adapter_ids=["adapter-00"])  # copied back: computes again
-    assert engine.stats()["num_prefix_cache_hit_tokens"] == 0
+    assert engine.engine_stats().num_prefix_cache_hit_tokens == 0
 
 
 def hit_tokens_as(
     engine: LLMEngine, tenant: str, namespace: str | None, prompt: list[int], adapter: str | None
 ) -> tuple[int, list[int]]:
     """Run one request of `tenant` in `namespace` to completion; returns (its prefix-cache hit tokens, tokens)."""
-    before = engine.stats()["num_prefix_cache_hit_tokens"]
+    before = engine.engine_stats().num_prefix_cache_hit_tokens
     request_id = f"{tenant}-{next(engine._request_counter)}"
     engine.add_request(
         EngineRequest(request_id, prompt, GREEDY, adapter, tenant_id=tenant, cache_namespace=namespace)
@@ -126,7 +126,7 @@ def hit_tokens_as(
     assert seq is not None
     while not seq.is_finished:
         engine.step()
-    return engine.stats()["num_prefix_cache_hit_tokens"] - before, seq.output_token_ids
+    return engine.engine_stats().num_prefix_cache_hit_tokens - before, seq.output_token_ids
 
 
 @pytest.mark.parametrize("adapter", [None, "adapter-01"], ids=["base-model", "public-adapter"])
@@ -135,7 +135,7 @@ def test_another_tenant_gets_no_hit_on_a_prompt_a_tenant_sent_but_its_own_repeat
 ) -> None:
     engine = make_engine(block_size=BLOCK_SIZE)
     hits_a, tokens_a = hit_tokens_as(engine, "a", "tenant:a", prompts[0], adapter)
-    assert hits_a == 0 and engine.stats()["num_cached_blocks"] > 0
+    assert hits_a == 0 and engine.engine_stats().num_cached_blocks > 0
     hits_b, tokens_b = hit_tokens_as(engine, "b", "tenant:b", prompts[0], adapter)
     assert hits_b == 0, "tenant b hit blocks tenant a computed: b's TTFT tells that a sent this prompt"
     hits_a_again, tokens_a_again = hit_tokens_as(engine, "a", "tenant:a", prompts[0], adapter)

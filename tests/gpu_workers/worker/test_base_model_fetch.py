@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.protocol import GenerateEvent, GenerateRequest
+from cluster.protocol import GenerateEvent, GenerateRequest, WorkerStats
 from gpu_workers.worker.base_model_fetch import BaseModelFetchError, fetch_base_model
 from gpu_workers.worker.testing import worker_in_thread
 from registry.base_model_catalog import model_files
@@ -111,8 +111,8 @@ def test_a_worker_without_a_local_model_serves_the_catalogs(base_model_dir: Path
         ).model_dump(mode="json")
         with worker.client(timeout=60) as client:
             response = client.post("/generate", json=body)
-            stats = client.get("/stats").json()
+            stats = WorkerStats.model_validate(client.get("/stats").json())
     events = [GenerateEvent.model_validate_json(line) for line in response.text.splitlines() if line]
     assert events[-1].type == "final" and events[-1].num_output_tokens == 4
-    assert stats["base_model"] == NAME
+    assert stats.base_model == NAME
     assert any((worker.settings.data_dir / "base-models").rglob("model.safetensors"))

@@ -55,9 +55,6 @@ class _FakeBackend:
     def loaded_adapters(self) -> list[str]:
         return []
 
-    def stats(self) -> dict[str, Any]:
-        return {"max_model_len": 128}
-
     def engine_stats(self) -> EngineStats:
         return EngineStats(max_model_len=128)
 

@@ -21,6 +21,7 @@ from gpu_workers.worker.embedded import EmbeddedWorker
 from gpu_workers.worker.inproc_transport import InProcessWorkerTransport
 from gpu_workers.worker.testing import RunningWorker, put_adapter
 from gpu_workers.worker.worker_service import WorkerService
+from scheduler.core.engine_stats import EngineStats
 
 PROMPT = "hello world the river"
 
@@ -78,15 +79,16 @@ def _open_outcome(worker: RunningWorker, request: GenerateRequest, *, local: boo
     return _with_client(worker, local, run)
 
 
-def _wait_idle(worker: RunningWorker) -> dict[str, Any]:
-    engine_stats = _embedded(worker).runtime.service.engine.stats  # type: ignore[union-attr]
+def _wait_idle(worker: RunningWorker) -> EngineStats:
+    engine_stats = _embedded(worker).runtime.service.engine.engine_stats  # type: ignore[union-attr]
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        stats = engine_stats()
-        if not stats["num_running"] and not stats["num_waiting"]:
+        stats: EngineStats = engine_stats()
+        if not stats.num_running and not stats.num_waiting:
             return stats
         time.sleep(0.02)
-    return engine_stats()
+    last: EngineStats = engine_stats()
+    return last
 
 
 def test_serves_only_its_own_worker(worker: RunningWorker) -> None:
@@ -125,7 +127,7 @@ def test_close_mid_stream_aborts_the_engine_request_and_frees_everything(
     service = _embedded(worker).runtime.service
     assert service is not None
     ref = put_adapter(blob_dir, "v-abort", adapter_dirs["adapter-02"])
-    num_aborted = service.engine.stats()["num_aborted"]
+    num_aborted = service.engine.engine_stats().num_aborted
 
     async def run(client: WorkerClient) -> WorkerStream:
         stream = await client.open(_record(worker), _request("abort-1", ref, max_tokens=900))
@@ -139,9 +141,9 @@ def test_close_mid_stream_aborts_the_engine_request_and_frees_everything(
     stream = _with_client(worker, True, run)
     assert stream.is_closed and not stream.has_ended
     stats = _wait_idle(worker)
-    assert stats["num_running"] == stats["num_waiting"] == 0
-    assert stats["num_kv_pages_used"] == 0  # no KV page held (idle adapters may stay cached)
-    assert stats["num_aborted"] == num_aborted + 1
+    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_kv_pages_used == 0  # no KV page held (idle adapters may stay cached)
+    assert stats.num_aborted == num_aborted + 1
     _wait_no_active(service)
     assert service.num_active == 0
     assert not service.adapters._leases.get("v-abort")  # the lease was released
@@ -150,7 +152,7 @@ def test_close_mid_stream_aborts_the_engine_request_and_frees_everything(
 def test_cancelling_the_caller_aborts_too(worker: RunningWorker) -> None:
     service = _embedded(worker).runtime.service
     assert service is not None
-    num_aborted = service.engine.stats()["num_aborted"]
+    num_aborted = service.engine.engine_stats().num_aborted
 
     async def run(client: WorkerClient) -> None:
         stream = await client.open(_record(worker), _request("cancel-1", max_tokens=900))
@@ -172,8 +174,8 @@ def test_cancelling_the_caller_aborts_too(worker: RunningWorker) -> None:
 
     _with_client(worker, True, run)
     stats = _wait_idle(worker)
-    assert stats["num_aborted"] == num_aborted + 1
-    assert stats["num_kv_pages_used"] == 0  # no KV page held (idle adapters may stay cached)
+    assert stats.num_aborted == num_aborted + 1
+    assert stats.num_kv_pages_used == 0  # no KV page held (idle adapters may stay cached)
 
 
 @pytest.mark.parametrize(

@@ -33,44 +33,42 @@ def test_engine_stats_publish_ranks_queue_tokens_and_recent_step_times(
     make_engine: Callable[..., LLMEngine],
 ) -> None:
     engine = make_engine()
-    stats = engine.stats()
-    assert stats["adapter_ranks"] == DEMO_RANKS
-    assert stats["decode_step_ms"] is None and stats["prefill_step_ms"] is None
+    stats = engine.engine_stats()
+    assert stats.adapter_ranks == DEMO_RANKS
+    assert stats.decode_step_ms is None and stats.prefill_step_ms is None
     engine.add_request(EngineRequest("r32", [1, 5, 6, 7, 8], GREEDY, "adapter-03"))
     engine.add_request(EngineRequest("r4", [1, 5, 6], GREEDY, "adapter-00"))
     engine.add_request(EngineRequest("base", [1, 9], GREEDY))
-    stats = engine.stats()
-    assert sorted(stats["waiting_ranks"]) == [0, 4, 32] and stats["running_ranks"] == []
-    assert stats["num_waiting_by_tenant"] == {"": 3}  # no tenant given: fair share's anonymous tenant
-    assert stats["num_waiting_prompt_tokens"] == 5 + 3 + 2
+    stats = engine.engine_stats()
+    assert sorted(stats.waiting_ranks) == [0, 4, 32] and stats.running_ranks == ()
+    assert stats.num_waiting_by_tenant == {"": 3}  # no tenant given: fair share's anonymous tenant
+    assert stats.num_waiting_prompt_tokens == 5 + 3 + 2
     engine.step()  # the prefill of all three
-    stats = engine.stats()
-    assert sorted(stats["running_ranks"]) == [0, 4, 32] and stats["waiting_ranks"] == []
-    assert stats["num_waiting_by_tenant"] == {}
-    assert stats["num_waiting_prompt_tokens"] == 0
-    assert stats["prefill_step_ms"] > 0 and stats["decode_step_ms"] is None
+    stats = engine.engine_stats()
+    assert sorted(stats.running_ranks) == [0, 4, 32] and stats.waiting_ranks == ()
+    assert stats.num_waiting_by_tenant == {}
+    assert stats.num_waiting_prompt_tokens == 0
+    assert stats.prefill_step_ms is not None and stats.prefill_step_ms > 0 and stats.decode_step_ms is None
     engine.step()
-    assert engine.stats()["decode_step_ms"] > 0
+    decode_step_ms = engine.engine_stats().decode_step_ms
+    assert decode_step_ms is not None and decode_step_ms > 0
     for request_id in ("r32", "r4", "base"):
         engine.abort(request_id)
     engine.step()
-    assert engine.stats()["running_ranks"] == []
+    assert engine.engine_stats().running_ranks == ()
 
 
 class _StatsBackend:
-    """Only what WorkerService.stats reads: an engine stats dict."""
+    """Only what WorkerService.stats reads: the engine's stats."""
 
     def __init__(self, stats: dict[str, Any]) -> None:
-        self._stats = stats
-
-    def stats(self) -> dict[str, Any]:
-        return self._stats
+        self._stats = EngineStats.model_validate(stats)
 
     def engine_stats(self) -> EngineStats:
-        return EngineStats.model_validate(self._stats)
+        return self._stats
 
     def device_adapters(self) -> list[str]:
-        return list(self._stats.get("device_adapters", []))
+        return list(self._stats.device_adapters)
 
 
 def _service(tmp_path: Path, stats: dict[str, Any], perf_model: dict[str, Any] | None) -> WorkerService:
@@ -150,9 +148,6 @@ class _Backend:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    def stats(self) -> dict[str, Any]:
-        return {"max_model_len": 128}
-
     def engine_stats(self) -> EngineStats:
         return EngineStats(max_model_len=128)
 
@@ -194,8 +189,8 @@ def test_engine_stats_publish_the_queued_requests_per_tenant(make_engine: Callab
     engine = make_engine(max_num_seqs=1)
     for request_id, tenant in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("a3", "a")):
         engine.add_request(EngineRequest(request_id, [1, 5, 6], GREEDY, tenant_id=tenant))
-    assert engine.stats()["num_waiting_by_tenant"] == {"a": 3, "b": 1}
+    assert engine.engine_stats().num_waiting_by_tenant == {"a": 3, "b": 1}
     engine.step()  # one of them runs (one slot)
-    assert sum(engine.stats()["num_waiting_by_tenant"].values()) == engine.stats()["num_waiting"] == 3
+    assert sum(engine.engine_stats().num_waiting_by_tenant.values()) == engine.engine_stats().num_waiting == 3
     for request_id in ("a1", "a2", "b1", "a3"):
         engine.abort(request_id)

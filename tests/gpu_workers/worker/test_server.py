@@ -133,18 +133,18 @@ def test_bad_requests_are_400_before_any_stream(
 def test_client_disconnect_mid_stream_aborts_and_frees_blocks(
     worker: RunningWorker, client: httpx.Client
 ) -> None:
-    engine_stats = _service(worker).engine.stats
-    num_aborted = engine_stats()["num_aborted"]
+    engine_stats = _service(worker).engine.engine_stats
+    num_aborted = engine_stats().num_aborted
     with client.stream("POST", "/generate", json=_body("disconnect-1", max_tokens=900)) as response:
         lines = response.iter_lines()
         assert json.loads(next(lines))["type"] == "delta"
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and engine_stats()["num_running"] + engine_stats()["num_waiting"]:
+    while time.monotonic() < deadline and engine_stats().num_running + engine_stats().num_waiting:
         time.sleep(0.05)
     stats = engine_stats()
-    assert stats["num_running"] == stats["num_waiting"] == 0
-    assert stats["num_kv_pages_used"] == 0  # no KV page held (idle adapters may stay cached)
-    assert stats["num_aborted"] == num_aborted + 1
+    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_kv_pages_used == 0  # no KV page held (idle adapters may stay cached)
+    assert stats.num_aborted == num_aborted + 1
     deadline = time.monotonic() + 10
     while _service(worker).num_active and time.monotonic() < deadline:  # bookkeeping after the engine's abort
         time.sleep(0.01)
@@ -156,7 +156,7 @@ def test_concurrent_first_requests_fetch_and_load_the_adapter_once(
 ) -> None:
     ref = put_adapter(blob_dir, "v-concurrent", adapter_dirs["adapter-02"])
     service = _service(worker)
-    fetches, loads = service.host_cache.stats().num_fetches, service.engine.stats()["num_adapter_loads"]
+    fetches, loads = service.host_cache.stats().num_fetches, service.engine.engine_stats().num_adapter_loads
 
     def run(i: int) -> list[GenerateEvent]:
         with worker.client(timeout=60) as c:
@@ -168,7 +168,7 @@ def test_concurrent_first_requests_fetch_and_load_the_adapter_once(
     assert all(r[-1].type == "final" and r[-1].num_output_tokens == 4 for r in results)
     assert len({tuple(t for e in r for t in e.token_ids) for r in results}) == 1
     assert service.host_cache.stats().num_fetches == fetches + 1
-    assert service.engine.stats()["num_adapter_loads"] == loads + 1  # one copy to the device
+    assert service.engine.engine_stats().num_adapter_loads == loads + 1  # one copy to the device
     assert _stats(worker.client(timeout=30)).num_adapter_loads == loads + 1
     assert "v-concurrent" in service.adapters.device_adapters()
 

@@ -18,6 +18,7 @@ from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
 from scheduler.admission.batch_policy import FifoPolicy
 from scheduler.core.engine_request import EngineRequest
+from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
 
 
@@ -226,7 +227,7 @@ def test_aborting_a_waiting_request_ends_its_stream_without_reaching_vllm() -> N
         await asyncio.sleep(0)
         await backend.abort("r1")
         await _drive(fake, [first, second])
-        assert backend.stats()["num_running"] == 0 and backend.stats()["num_waiting"] == 0
+        assert backend.engine_stats().num_running == 0 and backend.engine_stats().num_waiting == 0
         return fake, second.result()
 
     fake, outs = asyncio.run(main())
@@ -234,7 +235,7 @@ def test_aborting_a_waiting_request_ends_its_stream_without_reaching_vllm() -> N
 
 
 def test_stats_show_residency_by_tier(tmp_path: Path) -> None:
-    async def main() -> dict[str, Any]:
+    async def main() -> EngineStats:
         fake = FakeVllm()
         backend = _backend(fake)
         await backend.register_adapter("host-only", _adapter(tmp_path, "h"))
@@ -242,11 +243,11 @@ def test_stats_show_residency_by_tier(tmp_path: Path) -> None:
         backend.pin_adapter("on-vllm")  # a request's lease: vLLM's pin_lora would hold a batch slot for good
         await asyncio.sleep(0)
         assert fake.pinned == set()
-        return backend.stats()
+        return backend.engine_stats()
 
     stats = asyncio.run(main())
-    assert stats["device_adapters"] == ("on-vllm",) and stats["num_host_adapters"] == 1
-    assert stats["adapter_ranks"] == {"host-only": 8, "on-vllm": 8} and stats["engine"] == "vllm"
+    assert stats.device_adapters == ("on-vllm",) and stats.num_host_adapters == 1
+    assert stats.adapter_ranks == {"host-only": 8, "on-vllm": 8} and stats.executor.engine == "vllm"
 
 
 def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: Path) -> None:
@@ -278,7 +279,7 @@ def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: P
 
 
 def test_running_and_waiting_requests_are_counted_per_adapter_and_tenant(tmp_path: Path) -> None:
-    async def main() -> dict[str, Any]:
+    async def main() -> EngineStats:
         fake = FakeVllm()
         backend = _backend(fake, max_num_seqs=8, max_loras=1)
         for name in "ab":
@@ -298,15 +299,15 @@ def test_running_and_waiting_requests_are_counted_per_adapter_and_tenant(tmp_pat
         ]
         for _ in range(5):
             await asyncio.sleep(0)
-        stats = backend.stats()
+        stats = backend.engine_stats()
         await _drive(fake, tasks)
         return stats
 
     stats = asyncio.run(main())
-    assert stats["num_running_by_adapter"] == {"a": 2} and stats["num_waiting_by_adapter"] == {"b": 1}
-    assert stats["num_waiting_by_tenant"] == {"t2": 1}
-    assert stats["running_ranks"] == (8, 8) and stats["waiting_ranks"] == (8,)
-    assert stats["num_waiting_prompt_tokens"] == 3 and stats["engine"] == "vllm"
+    assert stats.num_running_by_adapter == {"a": 2} and stats.num_waiting_by_adapter == {"b": 1}
+    assert stats.num_waiting_by_tenant == {"t2": 1}
+    assert stats.running_ranks == (8, 8) and stats.waiting_ranks == (8,)
+    assert stats.num_waiting_prompt_tokens == 3 and stats.executor.engine == "vllm"
 
 
 def test_fair_share_is_charged_for_the_tokens_vllm_makes(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ def test_concurrent_requests_for_more_adapters_than_fit_all_finish_with_solo_tok
     files = {f"six-{i}": BIG_ADAPTERS[i % 2] for i in range(6)}  # 6 adapter versions, 2 weight files
     refs = {key: put_adapter(blobs, key, adapter_dirs[name]) for key, name in files.items()}
     service = _service(two_slot_worker)
-    evictions_before = service.engine.stats()["num_adapter_evictions"]
+    evictions_before = service.engine.engine_stats().num_adapter_evictions
 
     def run(key: str) -> tuple[int, Any]:
         body = _request(f"req-{key}", refs[key]).model_dump(mode="json")
@@ -118,9 +118,9 @@ def test_concurrent_requests_for_more_adapters_than_fit_all_finish_with_solo_tok
         assert status == 200, (key, events)  # none refused
         assert events[-1].type == "final" and events[-1].num_output_tokens == MAX_TOKENS, (key, events[-1])
         assert _tokens(events) == solo[files[key]]
-    stats = service.engine.stats()
-    assert len(stats["device_adapters"]) <= 2
-    assert stats["num_adapter_evictions"] - evictions_before >= 4  # 6 adapters went through 2 places
+    stats = service.engine.engine_stats()
+    assert len(stats.device_adapters) <= 2
+    assert stats.num_adapter_evictions - evictions_before >= 4  # 6 adapters went through 2 places
 
 
 def test_prepare_returns_with_the_adapter_on_the_host_and_the_stream_loads_it(

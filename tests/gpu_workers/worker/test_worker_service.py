@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -24,9 +23,6 @@ class _RecordingBackend:
 
     def __init__(self) -> None:
         self.calls: list[EngineRequest] = []
-
-    def stats(self) -> dict[str, Any]:
-        return {"max_model_len": 128}
 
     def engine_stats(self) -> EngineStats:
         return EngineStats(max_model_len=128)

@@ -108,10 +108,11 @@ def test_prefill_then_decode_until_the_length_stop_with_times_from_the_clock() -
     assert executor.steps == [[("r", 5)], [("r", 1)], [("r", 1)]]
     assert (seq.first_scheduled_time, seq.first_token_time, seq.finish_time) == (11.0, 11.0, 13.0)
     assert seq.finish_reason == "length" and executor.released == ["r"]
-    stats = core.stats().to_dict()
-    assert (stats["num_steps"], stats["num_output_tokens"], stats["num_prompt_tokens"]) == (3, 3, 5)
+    stats = core.stats()
+    assert (stats.num_steps, stats.num_output_tokens, stats.num_prompt_tokens) == (3, 3, 5)
+    assert isinstance(stats.executor, ScriptedExecutorStats)
     assert (
-        stats["num_finished"] == 1 and stats["num_copies_started"] == 0 and stats["memory_mode"] == "unified"
+        stats.num_finished == 1 and stats.executor.num_copies_started == 0 and stats.memory_mode == "unified"
     )
 
 
