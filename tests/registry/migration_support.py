@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import inspect
 
 from registry.db import make_engine
 from tests.registry.db_fixtures import (
@@ -16,7 +17,7 @@ from tests.registry.db_fixtures import (
     require_service,
 )
 
-__all__ = ["empty_db_url", "insert_usage_row"]
+__all__ = ["empty_db_url", "insert_usage_row", "table_names"]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -49,5 +50,14 @@ def insert_usage_row(url: str, request_id: str, status: str) -> None:
                 f"status, started_at) VALUES ('{request_id}', '{request_id}', 't', 'm', 0, 0, '{status}', "
                 "CURRENT_TIMESTAMP)"
             )
+    finally:
+        engine.dispose()
+
+
+def table_names(url: str) -> set[str]:
+    """The tables of the database at `url`, Alembic's own version table left out."""
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
     finally:
         engine.dispose()

@@ -14,7 +14,7 @@ from migrations.runner import current_revision, downgrade, upgrade
 from registry.db import make_engine
 from registry.models import Base
 from tests.registry.migration_support import *  # the empty_db_url fixture
-from tests.registry.migration_support import insert_usage_row
+from tests.registry.migration_support import insert_usage_row, table_names
 
 pytestmark = pytest.mark.slow  # every migration up and down on a fresh database
 
@@ -32,18 +32,10 @@ TABLES = {
 }
 
 
-def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return set(inspect(engine).get_table_names()) - {"alembic_version"}
-    finally:
-        engine.dispose()
-
-
 def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> None:
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
-    assert _tables(empty_db_url) == TABLES
+    assert table_names(empty_db_url) == TABLES
     assert current_revision(empty_db_url) == "0020"
 
 
@@ -78,9 +70,9 @@ def test_0002_adds_a_nullable_config_sha256_and_downgrades(empty_db_url: str) ->
 def test_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
     upgrade(empty_db_url)
     downgrade(empty_db_url, "base")
-    assert _tables(empty_db_url) == set()
+    assert table_names(empty_db_url) == set()
     upgrade(empty_db_url)
-    assert _tables(empty_db_url) == TABLES
+    assert table_names(empty_db_url) == TABLES
 
 
 def test_cli_db_upgrade_migrates_the_configured_database(tmp_path: Path) -> None:
@@ -89,7 +81,7 @@ def test_cli_db_upgrade_migrates_the_configured_database(tmp_path: Path) -> None
     url = f"sqlite:///{tmp_path / 'nested' / 'cli.db'}"
     result = CliRunner().invoke(app, ["db", "upgrade", "--database-url", url])
     assert result.exit_code == 0, result.output
-    assert _tables(url) == TABLES
+    assert table_names(url) == TABLES
 
 
 def test_0004_allows_in_progress_and_interrupted_rows_and_downgrades(empty_db_url: str) -> None:

@@ -8,23 +8,15 @@ from sqlalchemy import inspect
 from migrations.runner import current_revision, downgrade, upgrade
 from registry.db import make_engine
 from tests.registry.migration_support import *  # the empty_db_url fixture
-from tests.registry.migration_support import insert_usage_row
+from tests.registry.migration_support import insert_usage_row, table_names
 
 pytestmark = pytest.mark.slow  # migrations up and down on a fresh database
-
-
-def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return set(inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
 
 
 def test_0020_creates_console_sessions_keyed_by_hash_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0019")
     insert_usage_row(empty_db_url, "r1", "ok")  # creates tenant 't'
-    assert "console_sessions" not in _tables(empty_db_url)
+    assert "console_sessions" not in table_names(empty_db_url)
     upgrade(empty_db_url, "0020")
     engine = make_engine(empty_db_url)
     try:
@@ -51,6 +43,6 @@ def test_0020_creates_console_sessions_keyed_by_hash_and_downgrades(empty_db_url
     finally:
         engine.dispose()
     downgrade(empty_db_url, "0019")
-    assert "console_sessions" not in _tables(empty_db_url)
+    assert "console_sessions" not in table_names(empty_db_url)
     assert current_revision(empty_db_url) == "0019"
-    assert "tenants" in _tables(empty_db_url)
+    assert "tenants" in table_names(empty_db_url)

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import inspect
 
 from migrations.runner import current_revision, downgrade, upgrade
 from registry.db import make_engine
 from tests.registry.migration_support import *  # the empty_db_url fixture
+from tests.registry.migration_support import table_names
 
 pytestmark = pytest.mark.slow  # migrations up and down on a fresh database
 
 
-def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return set(inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
-
-
 def test_0018_creates_plan_jobs_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0017")
-    assert "plan_jobs" not in _tables(empty_db_url)
+    assert "plan_jobs" not in table_names(empty_db_url)
     upgrade(empty_db_url, "0018")
     engine = make_engine(empty_db_url)
     try:
@@ -39,5 +31,5 @@ def test_0018_creates_plan_jobs_and_downgrades(empty_db_url: str) -> None:
     finally:
         engine.dispose()
     downgrade(empty_db_url, "0017")
-    assert "plan_jobs" not in _tables(empty_db_url)
+    assert "plan_jobs" not in table_names(empty_db_url)
     assert current_revision(empty_db_url) == "0017"
