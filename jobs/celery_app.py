@@ -28,6 +28,7 @@ from jobs.task_names import (
 from jobs.usage_sweep import sweep_usage
 from registry import adapter_pipeline as pipeline
 from registry import validation_job
+from registry.db import is_transient_error
 from registry.job_scratch import remove_abandoned_job_dirs
 from registry.placement_job import run_placement
 from registry.predictor_training import run_predictor_training
@@ -112,8 +113,14 @@ def _register_tasks(app: Celery, settings: Settings) -> None:
     @app.task(name=RUN_CAPACITY_PLAN_TASK, shared=False, bind=True, max_retries=None)
     def run_capacity_plan(task: Any, job_id: str) -> str:
         """Run a capacity-plan job (POST /v1/admin/plan) in a child process and write its row; retried while
-        settings.placement.planner_max_running plans run already."""
-        status = run_plan_job(context().session_factory, settings, job_id)
+        settings.placement.planner_max_running plans run already, or after a transient database error (the job
+        row stays queued: it must not be left there by a failed task)."""
+        try:
+            status = run_plan_job(context().session_factory, settings, job_id)
+        except Exception as exc:
+            if not is_transient_error(exc):
+                raise
+            raise task.retry(exc=exc, countdown=PLAN_RETRY_S) from exc
         if status == BUSY:
             raise task.retry(countdown=PLAN_RETRY_S)
         return status

@@ -14,12 +14,7 @@ from typing import TYPE_CHECKING
 from jobs.plan_process import PlanOutcome, run_plan_process
 from jobs.plan_runner import planner_cache_dir, running_deadline_s
 from registry.models import PlanJob
-from registry.plan_jobs import (
-    count_running_plan_jobs,
-    finish_plan_job,
-    mark_plan_job_running,
-    plan_job_status,
-)
+from registry.plan_jobs import claim_plan_job, finish_plan_job, plan_job_status
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -32,14 +27,15 @@ BUSY = "busy"  # as many plans as allowed run already: retry the task later
 def run_plan_job(session_factory: sessionmaker[Session], settings: Settings, job_id: str) -> str:
     """Run job `job_id` to its end; its final status (or BUSY, or "gone" for a job no longer queued)."""
     with session_factory() as session:
+        claim = claim_plan_job(
+            session, job_id, settings.placement.planner_max_running, running_deadline_s(settings)
+        )
+        if claim != "claimed":
+            return BUSY if claim == "busy" else "gone"
         job = session.get(PlanJob, job_id)
-        if job is None or job.status != "queued":
+        if job is None:
             return "gone"
-        if count_running_plan_jobs(session) >= settings.placement.planner_max_running:
-            return BUSY
         inputs = job.inputs
-        if not mark_plan_job_running(session, job_id, running_deadline_s(settings)):
-            return "gone"
 
     def should_stop() -> bool:
         with session_factory() as session:
