@@ -56,10 +56,12 @@ class ModelWorker(Protocol):
 
 
 def start_embedded_worker(settings: Settings, directory: WorkerDirectory) -> ModelWorker:
-    """An in-process worker for `settings.base_model_name`, loading in the background."""
+    """An in-process worker for `settings.base_model_name`, loading in the background from the configured blob
+    store."""
     from gpu_workers.worker.embedded import EmbeddedWorker
+    from registry.blob_locations import make_blob_store
 
-    return EmbeddedWorker(settings, directory).start()
+    return EmbeddedWorker(settings, directory, blobs=make_blob_store(settings)).start()
 
 
 class ModelTooLarge(ValueError):

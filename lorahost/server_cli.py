@@ -45,6 +45,7 @@ def serve(
     from lorahost.embedded_models import EmbeddedModelPool, ModelTooLarge, size_pinned_worker
     from lorahost.worker_memory import embedded_budget_bytes
     from migrations.runner import upgrade
+    from registry.blob_locations import make_blob_store
     from settings import Settings
 
     overrides = {"host": host, "port": port, "data_dir": data_dir, "base_model_path": base_model}
@@ -72,7 +73,7 @@ def serve(
         raise typer.BadParameter(str(exc)) from exc
     _announce_memory(budget_bytes, pinned)
     directory = InMemoryWorkerDirectory()
-    worker = EmbeddedWorker(worker_settings, directory).start()
+    worker = EmbeddedWorker(worker_settings, directory, blobs=make_blob_store(worker_settings)).start()
     _announce_when_ready(worker)
     services = build_services(settings)
     services.worker_directory = directory
@@ -169,6 +170,7 @@ def worker(
     import logging
 
     from gpu_workers.worker.server import run_worker
+    from registry.blob_locations import make_blob_store
     from settings import Settings
 
     overrides = {
@@ -194,7 +196,11 @@ def worker(
     if not settings.storage.redis_url:
         typer.echo("lorahost worker: no LORAHOST_REDIS_URL; registered in memory only (direct calls only)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_worker(settings)
+    try:
+        blobs = make_blob_store(settings)
+    except ValueError as exc:  # a malformed s3:// location
+        raise typer.BadParameter(str(exc)) from exc
+    run_worker(settings, blobs=blobs)
 
 
 def _close_interrupted_usage(services: Services) -> None:

@@ -5,8 +5,9 @@ LORAHOST_WORKER_BACKEND; default "native") to a factory returning an `InferenceB
 (gpu_workers/worker/backend.py). A new backend (e.g. vLLM) is one module implementing that protocol plus one entry
 here; the runtime, the HTTP app and the server do not change.
 
-The only engine-side module that touches the blob store: `build_worker_service` injects the blob store's
-`download_to` into the host adapter cache (import-linter exception in pyproject.toml).
+The blob store is injected: `build_worker_service` and `make_runtime` take a `BlobSource` (blob_source.py)
+that the composition root built from Settings, and wire its `download_to` into the host adapter cache and the
+base model fetch; nothing here imports a blob store.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
 from gpu_workers.worker.backend import InferenceBackend
+from gpu_workers.worker.blob_source import BlobSource, read_blob
 from gpu_workers.worker.runtime import WorkerRuntime
 from gpu_workers.worker.worker_service import WorkerService
 from settings import Settings
@@ -65,24 +67,16 @@ def backend_factory(settings: Settings) -> BackendFactory:
     return factory
 
 
-def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService:
-    """Load the base model into the configured backend and wire the host cache to the blob store (blocking)."""
+def build_worker_service(settings: Settings, *, blobs: BlobSource, worker_id: str) -> WorkerService:
+    """Load the base model into the configured backend and wire the host cache to the blob store `blobs`
+    (blocking)."""
     from gpu_workers.worker.host_cache import HostAdapterCache
-    from registry.blob_locations import make_blob_store
 
     build_backend = backend_factory(settings)
-    blob_store = make_blob_store(settings)
-
-    def read_blob(key: str) -> bytes | None:
-        if not blob_store.exists(key):
-            return None
-        with blob_store.open(key) as f:
-            return bytes(f.read())
-
-    settings = with_local_base_model(settings, read_blob, blob_store.download_to)
+    settings = with_local_base_model(settings, blobs)
     host_cache = HostAdapterCache(
         settings.resolved_host_cache_dir(),
-        blob_store.download_to,
+        blobs.download_to,
         max_bytes=settings.worker.host_cache_max_bytes,
     )
     return WorkerService(
@@ -95,9 +89,7 @@ def build_worker_service(settings: Settings, *, worker_id: str) -> WorkerService
     )
 
 
-def with_local_base_model(
-    settings: Settings, read_blob: Callable[[str], bytes | None], download: Callable[[str, Path], None]
-) -> Settings:
+def with_local_base_model(settings: Settings, blobs: BlobSource) -> Settings:
     """The settings with a local base model directory: LORAHOST_BASE_MODEL_PATH when set (development), else
     base model `base_model_name` fetched from the blob store's catalog into DATA_DIR/base-models
     (gpu_workers/worker/base_model_fetch.py; BaseModelFetchError saying what to do when it cannot be)."""
@@ -108,7 +100,7 @@ def with_local_base_model(
         return settings
     name = settings.base_model_name
     root = settings.data_dir / "base-models"
-    path = fetch_base_model(name, lambda: read_blob(manifest_key(name)), download, root)
+    path = fetch_base_model(name, lambda: read_blob(blobs, manifest_key(name)), blobs.download_to, root)
     return settings.model_copy(update={"base_model_path": path})
 
 
@@ -166,9 +158,15 @@ def make_directory(settings: Settings) -> WorkerDirectory:
 
 
 def make_runtime(
-    settings: Settings, sock: socket.socket, directory: WorkerDirectory | None, internal_token: str
+    settings: Settings,
+    sock: socket.socket,
+    directory: WorkerDirectory | None,
+    internal_token: str,
+    *,
+    blobs: BlobSource,
 ) -> WorkerRuntime:
-    """A runtime for a worker listening on `sock` (its id defaults to <hostname>-<port>).
+    """A runtime for a worker listening on `sock` (its id defaults to <hostname>-<port>) whose service reads
+    adapter and base model files from `blobs`.
 
     An unknown settings.worker.backend or an unreadable worker_profile_path fails here, before the server
     starts, not later in /ready.
@@ -178,7 +176,7 @@ def make_runtime(
     port = sock.getsockname()[1]
     worker_id = settings.worker.id or f"{socket.gethostname()}-{port}"
     return WorkerRuntime(
-        lambda: build_worker_service(settings, worker_id=worker_id),
+        lambda: build_worker_service(settings, blobs=blobs, worker_id=worker_id),
         internal_token=internal_token,
         url=advertise_url(settings, port),
         directory=directory,

@@ -14,6 +14,7 @@ import time
 import uvicorn
 
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory
+from gpu_workers.worker.blob_source import BlobSource
 from gpu_workers.worker.builder import make_runtime
 from gpu_workers.worker.http_app import create_worker_app
 from gpu_workers.worker.inproc_transport import InProcessWorkerTransport
@@ -41,7 +42,8 @@ _EMBEDDED_LOG_FILTER = _QuietThread(_EMBEDDED_THREAD_NAME)
 class EmbeddedWorker:
     """An in-process worker for `lorahost serve` and tests: uvicorn on 127.0.0.1 in a daemon thread.
 
-    `start()` returns once the port listens; the model loads in the background (/ready says when).
+    `start()` returns once the port listens; the model loads in the background (/ready says when), its adapter
+    and base model files read from `blobs` (the caller builds the blob store from Settings).
     The token is settings.internal_token, or a generated one. The port is settings.worker.port when it was
     set (LORAHOST_WORKER_PORT), else a free one.
     """
@@ -51,6 +53,7 @@ class EmbeddedWorker:
         settings: Settings,
         directory: WorkerDirectory | None = None,
         *,
+        blobs: BlobSource,
         service: WorkerService | None = None,
         host: str = "127.0.0.1",
     ) -> None:
@@ -64,6 +67,7 @@ class EmbeddedWorker:
             self._sock,
             self.directory,
             self.internal_token,
+            blobs=blobs,
         )
         if service is not None:  # a prebuilt service (tests): not shut down with the worker
             self.runtime.adopt_service(service)

@@ -15,8 +15,8 @@ one download in progress. Files are downloaded into a temporary directory, both 
 renamed into place — a reader never sees a partial or unverified adapter. On startup only entries of this
 layout whose manifest matches their name and config file are kept; anything else (an older cache keyed by
 the weights' sha256 alone, a partial download) is deleted.
-The fetch function is injected (gpu_workers/worker/builder.py passes the blob store's download), so this module does
-no I/O of its own beyond the local cache directory.
+The fetch function is injected (gpu_workers/worker/builder.py passes the injected blob store's `download_to`),
+so this module does no I/O of its own beyond the local cache directory.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """The worker process (`lorahost worker`): uvicorn serving the worker's HTTP app, drained on SIGTERM.
 
-`run_worker(settings)` binds the socket, builds the runtime (builder.py) and serves `create_worker_app`
-(http_app.py) until SIGTERM/SIGINT, then drains and exits 0 (a second signal forces).
+`run_worker(settings, blobs=...)` binds the socket, builds the runtime (builder.py) and serves
+`create_worker_app` (http_app.py) until SIGTERM/SIGINT, then drains and exits 0 (a second signal forces). The
+blob store comes from the caller (`lorahost worker` builds it from Settings).
 
 Where the rest of the worker lives:
 - runtime.py: `WorkerRuntime`, the lifecycle (load in the background, heartbeat, drain, deregister).
 - http_app.py: `create_worker_app`, the internal HTTP API of cluster/protocol.py.
 - inproc_transport.py: `InProcessWorkerTransport`, the same generate call without HTTP (`lorahost serve`).
 - embedded.py: `EmbeddedWorker`, the in-process worker of `lorahost serve` (uvicorn in a thread).
-- builder.py: everything built from Settings (backend by name, service, directory, runtime); the only
-  module here that touches the blob store.
+- builder.py: everything built from Settings (backend by name, service, directory, runtime); it wires the
+  injected blob store (blob_source.py `BlobSource`) into the host adapter cache and the base model fetch.
 - worker_service.py: what each call does (request streams, the worker's stats), without HTTP;
   adapter_manager.py: the host tier of adapter files; worker_errors.py: the errors a call reports.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import uvicorn
 
+from gpu_workers.worker.blob_source import BlobSource
 from gpu_workers.worker.builder import make_directory, make_runtime
 from gpu_workers.worker.http_app import create_worker_app
 from gpu_workers.worker.runtime import WorkerRuntime
@@ -61,11 +63,12 @@ class _DrainingServer(uvicorn.Server):
         self._runtime.request_drain()
 
 
-def run_worker(settings: Settings) -> None:
-    """Serve a worker until SIGTERM/SIGINT, then drain, deregister and return (blocking)."""
+def run_worker(settings: Settings, *, blobs: BlobSource) -> None:
+    """Serve a worker reading adapter and base model files from `blobs` until SIGTERM/SIGINT, then drain,
+    deregister and return (blocking)."""
     if not settings.internal_token:
         raise ValueError("a worker needs LORAHOST_INTERNAL_TOKEN (the API servers send the same token)")
     sock = bind_socket(settings.worker.host, settings.worker.resolved_port())
-    runtime = make_runtime(settings, sock, make_directory(settings), settings.internal_token)
+    runtime = make_runtime(settings, sock, make_directory(settings), settings.internal_token, blobs=blobs)
     config = uvicorn.Config(create_worker_app(runtime), log_level="info", timeout_graceful_shutdown=5)
     _DrainingServer(config, runtime).run(sockets=[sock])

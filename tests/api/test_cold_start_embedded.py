@@ -19,11 +19,11 @@ from api.main import create_app
 from api.services import build_services
 from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.worker.embedded import EmbeddedWorker
-from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
 from registry.storage import LocalBlobStore
 from settings import Settings
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, usage_rows
+from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,9 @@ def settings(tmp_path: Path, base_model_dir: Path) -> Settings:
 
 @pytest.fixture
 def unstarted_worker(settings: Settings) -> Iterator[EmbeddedWorker]:
-    worker = EmbeddedWorker(settings, InMemoryWorkerDirectory())
+    worker = EmbeddedWorker(
+        settings, InMemoryWorkerDirectory(), blobs=LocalBlobStore(settings.storage.blob_store)
+    )
     yield worker
     worker.stop(drain=False)
 

@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import get_session
 from api.main import create_app
 from api.services import build_services
-from gpu_workers.worker.testing import RunningWorker, worker_in_thread
 from registry.storage import LocalBlobStore
 from scheduler.core.engine_stats import EngineStats
 from settings import Settings
@@ -26,6 +25,7 @@ from tests.api.asgi_support import run
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, usage_rows
 from tests.polling import wait_for
+from tests.worker_harness import RunningWorker, worker_in_thread
 
 MAX_TOKENS = 1000
 pytestmark = pytest.mark.slow

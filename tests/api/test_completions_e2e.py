@@ -25,10 +25,10 @@ from api.main import create_app
 from api.services import Services, build_services
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, WorkerStats
-from gpu_workers.worker.testing import RunningWorker, free_port, worker_process
 from registry.models import UsageRecord
 from settings import Settings
 from tests.polling import wait_for
+from tests.worker_harness import RunningWorker, free_port, worker_process
 
 ADMIN_KEY = "e2e-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

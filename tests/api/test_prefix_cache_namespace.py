@@ -20,11 +20,11 @@ from api.main import create_app
 from api.services import build_services
 from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.worker.embedded import EmbeddedWorker
-from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
 from registry.storage import LocalBlobStore
 from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, upload
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers
+from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 PROMPT = "the tenant cache memory batch queue worker latency " * 8  # several full KV blocks
 
@@ -143,7 +143,9 @@ def embedded(
         cold_start_timeout_s=120,
         placement_interval_s=0.0,
     )
-    worker = EmbeddedWorker(settings, InMemoryWorkerDirectory()).start()
+    worker = EmbeddedWorker(
+        settings, InMemoryWorkerDirectory(), blobs=LocalBlobStore(settings.storage.blob_store)
+    ).start()
     services = build_services(
         settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.storage.blob_store)
     )

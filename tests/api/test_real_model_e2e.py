@@ -21,10 +21,10 @@ import uvicorn
 
 from api.main import create_app
 from api.services import build_services
-from gpu_workers.worker.testing import worker_in_thread
 from lorahost.smollm2 import INSTALL_HINT, ensure_smollm2
 from settings import Settings
 from tests.conftest import is_ci
+from tests.worker_harness import worker_in_thread
 
 pytestmark = pytest.mark.slow
 ADMIN_KEY = "real-model-admin-key"

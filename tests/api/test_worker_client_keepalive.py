@@ -18,8 +18,8 @@ from starlette.routing import Route
 from api.worker_client import WorkerClient
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateRequest
-from gpu_workers.worker.testing import free_port
 from scheduler.routing.router import RouteRequest
+from tests.worker_harness import free_port
 
 
 @pytest.fixture

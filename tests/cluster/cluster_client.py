@@ -17,13 +17,13 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
 from lorahost.demo import setup_tenant
 from lorahost.dev_cluster import DevCluster
 from lorahost.dev_cluster_config import DevClusterConfig
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord
 from tests.registry.db_fixtures import postgres_reachable, require_service
+from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 BASE_MODEL = "lorahost-base"
 REQUEST_TIMEOUT_S = 90.0  # per request: a hung request shows up as a client timeout, never as a stuck test

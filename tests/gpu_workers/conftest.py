@@ -11,7 +11,7 @@ import torch
 
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
-from gpu_workers.worker.testing import RunningWorker, worker_in_thread
+from tests.worker_harness import RunningWorker, worker_in_thread
 
 PROMPTS = [
     "hello world the river",

@@ -19,7 +19,6 @@ from api.scaling_view import cold_start_waiting
 from api.services import build_services
 from cluster.membership import InMemoryWorkerDirectory, WorkerDirectory, WorkerRecord
 from gpu_workers.worker.embedded import EmbeddedWorker
-from gpu_workers.worker.testing import TEST_ENGINE_SETTINGS
 from lorahost.embedded_models import EmbeddedModelPool
 from migrations.runner import upgrade
 from registry.base_model_catalog import add_base_model
@@ -27,6 +26,7 @@ from registry.storage import LocalBlobStore
 from settings import Settings
 from tests.api.conftest import ADAPTER_FILES, ADMIN, ADMIN_KEY
 from tests.api.test_completions_support import usage_rows
+from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 WIDE = "wide"
 
@@ -216,7 +216,7 @@ def served(tmp_path: Path, base_model_dir: Path) -> Iterator[Served]:
     )
     upgrade(settings.resolved_database_url())
     directory = InMemoryWorkerDirectory()
-    worker = EmbeddedWorker(settings, directory).start()
+    worker = EmbeddedWorker(settings, directory, blobs=LocalBlobStore(tmp_path / "blobs")).start()
     services = build_services(settings)
     services.worker_directory, services.worker_transport = directory, worker.transport
     services.internal_token = worker.internal_token

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
-from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_in_thread
 from tests.gpu_workers.conftest import PROMPTS, HfOracle
+from tests.worker_harness import RunningWorker, put_adapter, worker_in_thread
 
 NUM_TOKENS = 8
 ALPHAS = {"alpha-low": 1, "alpha-high": 64}  # same weights (r=8): scale 0.125 vs 8

@@ -11,11 +11,11 @@ import pytest
 
 from cluster.protocol import GenerateEvent, GenerateRequest, WorkerStats
 from gpu_workers.worker.base_model_fetch import BaseModelFetchError, fetch_base_model
-from gpu_workers.worker.testing import worker_in_thread
 from registry.base_model_catalog import model_files
 from registry.base_model_manifest import ModelFile, dump_manifest, file_key, manifest_key
 from registry.digests import sha256_file
 from registry.storage import LocalBlobStore
+from tests.worker_harness import worker_in_thread
 
 NAME = "tiny-a"
 

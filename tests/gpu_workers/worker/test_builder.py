@@ -14,6 +14,7 @@ from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker import builder
 from gpu_workers.worker.backend import InferenceBackend
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
+from registry.storage import LocalBlobStore
 from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats
 from settings import Settings
@@ -88,7 +89,13 @@ def test_an_unknown_backend_is_refused_before_the_worker_starts_naming_the_setti
     tmp_path: Path, sock: socket.socket
 ) -> None:
     with pytest.raises(ValueError, match=r"unknown worker backend 'nope'.*LORAHOST_WORKER_BACKEND.*native"):
-        make_runtime(_settings(tmp_path, worker_backend="nope"), sock, None, "t")
+        make_runtime(
+            _settings(tmp_path, worker_backend="nope"),
+            sock,
+            None,
+            "t",
+            blobs=LocalBlobStore(tmp_path / "blobs"),
+        )
 
 
 def test_a_backend_registered_by_name_is_what_the_service_serves_with(
@@ -96,7 +103,7 @@ def test_a_backend_registered_by_name_is_what_the_service_serves_with(
 ) -> None:
     monkeypatch.setattr(builder, "BACKENDS", {**BACKENDS, "fake": _FakeBackend})
     settings = _settings(tmp_path, worker_backend="fake", engine_max_num_seqs=7)
-    service = build_worker_service(settings, worker_id="w1")
+    service = build_worker_service(settings, blobs=LocalBlobStore(tmp_path / "blobs"), worker_id="w1")
     assert isinstance(service.engine, _FakeBackend) and isinstance(service.engine, InferenceBackend)
     assert service.engine.settings is settings
     assert service.worker_id == "w1" and service.max_model_len == 128 and service.max_num_seqs == 7

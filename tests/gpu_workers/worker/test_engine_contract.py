@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest, WorkerStats, prefix_cache_namespace
-from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_process
 from registry.digests import sha256_file
 from tests.polling import wait_for
+from tests.worker_harness import RunningWorker, put_adapter, worker_process
 
 pytestmark = pytest.mark.slow  # starts worker processes
 

@@ -19,9 +19,9 @@ from cluster.membership import WorkerRecord
 from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
 from gpu_workers.worker.embedded import EmbeddedWorker
 from gpu_workers.worker.inproc_transport import InProcessWorkerTransport
-from gpu_workers.worker.testing import RunningWorker, put_adapter
 from gpu_workers.worker.worker_service import WorkerService
 from scheduler.core.engine_stats import EngineStats
+from tests.worker_harness import RunningWorker, put_adapter
 
 PROMPT = "hello world the river"
 

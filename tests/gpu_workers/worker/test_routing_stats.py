@@ -18,6 +18,7 @@ from gpu_workers.worker import builder
 from gpu_workers.worker.builder import BACKENDS, build_worker_service, make_runtime
 from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_service import WorkerService
+from registry.storage import LocalBlobStore
 from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
@@ -167,7 +168,9 @@ def test_the_worker_profile_setting_is_published(tmp_path: Path, monkeypatch: py
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(DEFAULT_PERF_MODEL.to_dict()))
     service = build_worker_service(
-        _settings(tmp_path, worker_backend="fake", worker_profile_path=path), worker_id="w"
+        _settings(tmp_path, worker_backend="fake", worker_profile_path=path),
+        blobs=LocalBlobStore(tmp_path / "blobs"),
+        worker_id="w",
     )
     assert service.perf_model == DEFAULT_PERF_MODEL.to_dict()
 
@@ -182,7 +185,9 @@ def test_an_unreadable_profile_is_refused_before_the_worker_starts(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         with pytest.raises(ValueError, match=r"cannot use the worker profile.*lorahost profile --output"):
-            make_runtime(_settings(tmp_path, worker_profile_path=path), sock, None, "t")
+            make_runtime(
+                _settings(tmp_path, worker_profile_path=path), sock, None, "t", blobs=LocalBlobStore(tmp_path)
+            )
 
 
 def test_engine_stats_publish_the_queued_requests_per_tenant(make_engine: Callable[..., LLMEngine]) -> None:

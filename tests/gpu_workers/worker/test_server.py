@@ -16,8 +16,8 @@ import pytest
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, AdapterRef, GenerateEvent, GenerateRequest, WorkerStats
 from gpu_workers.worker.embedded import EmbeddedWorker
-from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_in_thread
 from scheduler.core.sampling import SamplingParams
+from tests.worker_harness import RunningWorker, put_adapter, worker_in_thread
 
 PROMPT = "hello world the river"
 

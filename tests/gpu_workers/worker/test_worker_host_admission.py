@@ -22,9 +22,9 @@ from cluster.protocol import AdapterRef, GenerateEvent, GenerateRequest
 from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.worker.adapter_manager import adapter_files
 from gpu_workers.worker.host_cache import CONFIG_NAME, WEIGHTS_NAME
-from gpu_workers.worker.testing import RunningWorker, put_adapter, worker_in_thread
 from scheduler.core.page_pool import num_pages_for_adapter
 from scheduler.core.sampling import SamplingParams
+from tests.worker_harness import RunningWorker, put_adapter, worker_in_thread
 
 PROMPT = "hello world the river"
 BIG_ADAPTERS = ("adapter-02", "adapter-03")  # the two largest demo adapters (same page count)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol import GenerateEvent, GenerateRequest
-from gpu_workers.worker.testing import RunningWorker, worker_process
 from tests.polling import wait_for
 from tests.services import REDIS_URL, redis_with_prefix
+from tests.worker_harness import RunningWorker, worker_process
 
 pytestmark = pytest.mark.slow  # starts worker subprocesses (SIGTERM drain, refused start)
 

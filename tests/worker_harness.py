@@ -1,8 +1,9 @@
 """Real workers for tests (no mocks): a worker subprocess, or an in-thread worker for speed.
 
-For API end-to-end tests (API inference engineer), e.g.:
+A test harness, not product code: it builds the worker's blob store (registry/blob_locations.py) as the
+`lorahost` commands do and stores adapters with registry/storage.py, which the engine side may not import. E.g.:
 
-    from gpu_workers.worker.testing import worker_process, worker_in_thread
+    from tests.worker_harness import worker_process, worker_in_thread
 
     def test_completion_streams(base_model_dir, tmp_path):
         blob_dir = tmp_path / "blobs"                       # the API's blob store (settings.storage.blob_store)
@@ -146,11 +147,16 @@ def worker_in_thread(
 ) -> Iterator[RunningWorker]:
     """A real worker (uvicorn + engine) in a thread of this process; yields once it is ready."""
     from gpu_workers.worker.embedded import EmbeddedWorker
+    from registry.blob_locations import make_blob_store
 
     token = internal_token or secrets.token_urlsafe(16)
     data_dir = data_dir or Path(blob_dir).parent / f"worker-{secrets.token_hex(4)}"
     settings = _settings(base_model_dir, blob_dir, data_dir, token, **settings_overrides)
-    worker = EmbeddedWorker(settings, directory if directory is not None else InMemoryWorkerDirectory())
+    worker = EmbeddedWorker(
+        settings,
+        directory if directory is not None else InMemoryWorkerDirectory(),
+        blobs=make_blob_store(settings),
+    )
     worker.start()
     try:
         worker.wait_ready()
