@@ -40,7 +40,8 @@ MEMORY_MODES = ("unified", "static")
 KERNEL_FORMS = {
     "linear_weights": ("plain", "packed"),
     "prefill_gemm": ("packed", "fp32_upcast", "plain"),
-    "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel"),
+    "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel", "triton"),
+    "prefill_attention": ("sdpa", "triton"),
     "decode_lora_form": ("segmented", "stacked", "kernel"),
 }
 
@@ -302,8 +303,13 @@ class EngineKernelSettings(_EngineSection):
     )
     decode_attention: str | None = Field(
         default=None,
-        description="force the decode attention form (sdpa / sdpa_fp32 / grouped_matmul / c_kernel); default: chosen "
-        "by measurement at worker start",
+        description="force the decode attention form (sdpa / sdpa_fp32 / grouped_matmul / c_kernel: CPU / triton: "
+        "CUDA with triton); default: chosen by measurement at worker start",
+    )
+    prefill_attention: str | None = Field(
+        default=None,
+        description="force the prefill attention form (sdpa / triton: one varlen kernel over the KV pages, CUDA "
+        "with triton); default: sdpa where it is the only usable form, else chosen by measurement at worker start",
     )
     decode_lora_form: str | None = Field(
         default=None,

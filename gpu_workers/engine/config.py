@@ -37,10 +37,11 @@ class EngineConfig(EngineSettings):
     packed ones: 2x their memory); None = auto: chosen by measurement on this machine and the model's shapes
     (gpu_workers/engine/kernel_tuner.py; cached in `kernel_choices_path`, default
     $LORAHOST_ENGINE_KERNEL_CHOICES_PATH or ~/.cache/lorahost/kernel_choices.json).
-    `prefill_gemm`, `decode_attention`, `decode_lora_form` force the implementation of those ops (one of
-    PREFILL_GEMM_FORMS, DECODE_ATTENTION_FORMS, DECODE_LORA_FORMS; gpu_workers/engine/kernel_plan.py); None = chosen by
-    the kernel tuner. `prefill_gemm` wins over `fp32_prefill_gemms` (True = "fp32_upcast", False = "packed");
-    `lora_kernel` True = decode_lora_form "kernel", False = never the kernel.
+    `prefill_gemm`, `decode_attention`, `prefill_attention`, `decode_lora_form` force the implementation of those
+    ops (one of PREFILL_GEMM_FORMS, DECODE_ATTENTION_FORMS, PREFILL_ATTENTION_FORMS, DECODE_LORA_FORMS;
+    gpu_workers/engine/kernel_plan.py); None = chosen by the kernel tuner. `prefill_gemm` wins over
+    `fp32_prefill_gemms` (True = "fp32_upcast", False = "packed"); `lora_kernel` True = decode_lora_form
+    "kernel", False = never the kernel.
 
     Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block; `memory_mode`:
     - "unified" (default; S-LoRA / FastLibra): one budget of KV pages (`num_kv_blocks`, else

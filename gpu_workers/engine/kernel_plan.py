@@ -6,12 +6,17 @@ Ops and their candidates (simplest first; each candidate gives the same tokens, 
   can pack this dtype; forced by `packed_linears`;
 - prefill_gemm (layers/linear.py): "packed" / "fp32_upcast" / "plain", for products of >= WIDE_GEMM_MIN_ROWS
   rows of a packed bf16 model (smaller ones, decode, always run on the packed weight);
-- decode_attention (layers/attention.py): "sdpa" / "sdpa_fp32" / "grouped_matmul" / "c_kernel";
+- decode_attention (layers/attention.py): "sdpa" / "sdpa_fp32" / "grouped_matmul" / "c_kernel" (CPU) /
+  "triton" (CUDA with triton: layers/triton_attention.py);
+- prefill_attention (layers/attention.py): "sdpa" / "triton" (CUDA with triton), not measured where sdpa is the
+  only usable form (every CPU);
 - decode_lora (layers/lora_forms.py): "segmented" / "stacked" / "kernel".
+On CUDA the measured choices are keyed by the GPU's name too (kernel_tuner.py times each call to its end).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +26,14 @@ from gpu_workers.engine.kernel_tuner import KernelTuner
 from gpu_workers.engine.layers.attention import (
     DECODE_ATTENTION_FORMS,
     DECODE_ATTENTION_OP,
+    PREFILL_ATTENTION_FORMS,
+    PREFILL_ATTENTION_OP,
+    TRITON_FORM,
     decode_attention_candidates,
     is_decode_form_usable,
+    is_prefill_form_usable,
+    prefill_attention_candidates,
+    triton_unusable_reason,
 )
 from gpu_workers.engine.layers.linear import (
     LINEAR_WEIGHTS_FORMS,
@@ -46,11 +57,18 @@ from gpu_workers.engine.layers.lora_forms import (
 from gpu_workers.engine.loader import read_hf_config
 from gpu_workers.engine.models.llama import ModelArgs
 
+logger = logging.getLogger(__name__)
+
 # The decode batch the tuner measures on: this many sequences (at most max_num_seqs) of this many tokens, its
 # K/V cycling through one page pool per layer up to TUNING_KV_BYTES (beyond the CPU's caches: cold pages).
 TUNING_NUM_SEQS = 16
 TUNING_CONTEXT_LEN = 256
 TUNING_KV_BYTES = 96 << 20
+# On a GPU, a decode batch that keeps it busy: (sequences, tokens each).
+TUNING_GPU_DECODE = (64, 1024)
+# The prefill step the tuner measures attention on (CUDA only): (new tokens, context length) per chunk; whole
+# prompts of different lengths and one chunk after cached tokens.
+TUNING_PREFILL_CHUNKS = ((512, 512), (256, 256), (128, 128), (37, 37), (256, 1024))
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,7 @@ class KernelPlan:
     decode_attention: str
     decode_lora: str
     linear_weights: str = "plain"
+    prefill_attention: str = "sdpa"
 
     @property
     def is_packed_linears(self) -> bool:
@@ -110,6 +129,11 @@ def plan_kernels(
 ) -> KernelPlan:
     """Each op's implementation: the config's forced choice, else the tuner's (measured here or cached).
     Ops with a single usable candidate on this device and dtype are not measured."""
+    if device.type == "cuda":
+        tuner.machine = {**tuner.machine, "gpu": torch.cuda.get_device_name(device)}
+        reason = triton_unusable_reason(device, dtype)
+        if reason is not None:
+            logger.info("triton attention forms are not candidates: %s", reason)
     linear_weights = _linear_weights(tuner, config, args, dtype, device)
     use_packed_linears = linear_weights == "packed"
     return KernelPlan(
@@ -117,7 +141,22 @@ def plan_kernels(
         decode_attention=_decode_attention(tuner, config, args, dtype, device),
         decode_lora=_decode_lora(tuner, config, args, dtype, device, use_packed_linears),
         linear_weights=linear_weights,
+        prefill_attention=_prefill_attention(tuner, config, args, dtype, device),
     )
+
+
+def _usable_forms(
+    op: str, forms: tuple[str, ...], forced: str | None, device: torch.device, dtype: torch.dtype
+) -> tuple[str, ...]:
+    """The attention forms of `op` that can run here; a forced one that cannot is refused, with the reason."""
+    is_usable = is_decode_form_usable if op == DECODE_ATTENTION_OP else is_prefill_form_usable
+    usable = tuple(f for f in forms if is_usable(f, device, dtype))
+    if forced is not None and forced not in usable:
+        reason = triton_unusable_reason(device, dtype) if forced == TRITON_FORM else None
+        raise ValueError(
+            f"{op} {forced!r} cannot run here; usable: {list(usable)}" + (f" ({reason})" if reason else "")
+        )
+    return usable
 
 
 def _prefill_gemm(
@@ -140,24 +179,14 @@ def _prefill_gemm(
 def _decode_attention(
     tuner: KernelTuner, config: EngineConfig, args: ModelArgs, dtype: torch.dtype, device: torch.device
 ) -> str:
-    forms = tuple(f for f in DECODE_ATTENTION_FORMS if is_decode_form_usable(f, device, dtype))
-    if config.decode_attention is not None and config.decode_attention not in forms:
-        raise ValueError(
-            f"decode_attention {config.decode_attention!r} cannot run here; usable: {list(forms)}"
-        )
-    if device.type != "cpu":
-        return config.decode_attention or "sdpa"  # one GPU form until a GPU run measures the others
-    num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
-    shape = (
-        num_seqs,
-        TUNING_CONTEXT_LEN,
-        args.num_heads,
-        args.num_kv_heads,
-        args.head_dim,
-        config.block_size,
-    )
+    forms = _usable_forms(DECODE_ATTENTION_OP, DECODE_ATTENTION_FORMS, config.decode_attention, device, dtype)
+    if device.type == "cpu":
+        num_seqs, context_len = min(TUNING_NUM_SEQS, config.max_num_seqs), TUNING_CONTEXT_LEN
+    else:
+        num_seqs, context_len = min(TUNING_GPU_DECODE[0], config.max_num_seqs), TUNING_GPU_DECODE[1]
+    shape = (num_seqs, context_len, args.num_heads, args.num_kv_heads, args.head_dim, config.block_size)
 
-    pool_bytes = 2 * num_seqs * TUNING_CONTEXT_LEN * args.num_kv_heads * args.head_dim * dtype.itemsize
+    pool_bytes = 2 * num_seqs * context_len * args.num_kv_heads * args.head_dim * dtype.itemsize
     num_pools = max(1, min(args.num_layers, TUNING_KV_BYTES // pool_bytes))
 
     def build() -> dict:
@@ -170,13 +199,43 @@ def _decode_attention(
             device,
             config.block_size,
             num_seqs,
-            TUNING_CONTEXT_LEN,
+            context_len,
             num_pools,
         )
 
     return tuner.choose(
         DECODE_ATTENTION_OP, forms, build, shape, dtype, forced=config.decode_attention
     ).choice
+
+
+def _prefill_attention(
+    tuner: KernelTuner, config: EngineConfig, args: ModelArgs, dtype: torch.dtype, device: torch.device
+) -> str:
+    forced = config.prefill_attention
+    forms = _usable_forms(PREFILL_ATTENTION_OP, PREFILL_ATTENTION_FORMS, forced, device, dtype)
+    if forced is None and len(forms) == 1:
+        return forms[0]  # nothing to choose (sdpa: every CPU, a GPU without triton)
+    shape = (
+        args.num_heads,
+        args.num_kv_heads,
+        args.head_dim,
+        config.block_size,
+        *sum(TUNING_PREFILL_CHUNKS, ()),
+    )
+
+    def build() -> dict:
+        return prefill_attention_candidates(
+            forms,
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            dtype,
+            device,
+            config.block_size,
+            TUNING_PREFILL_CHUNKS,
+        )
+
+    return tuner.choose(PREFILL_ATTENTION_OP, forms, build, shape, dtype, forced=forced).choice
 
 
 def _decode_lora(

@@ -78,6 +78,12 @@ def machine_fingerprint() -> dict[str, str]:
     }
 
 
+def _wait_for_device() -> None:
+    """Wait for queued CUDA work (a launch returns before its kernel ends); nothing where CUDA is unused."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class KernelTuner:
     """Chooses among named candidate callables of an op (see `choose`); `seconds` is the time spent measuring."""
 
@@ -136,15 +142,17 @@ class KernelTuner:
 
     def measure(self, candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
         """Best-of-num_repeats seconds per candidate after one warm-up call each, interleaved (other load on
-        the machine hits every candidate alike)."""
+        the machine hits every candidate alike); on CUDA each call is timed to the end of its kernels."""
         with torch.inference_mode():
             for fn in candidates.values():
                 fn()
             best = dict.fromkeys(candidates, float("inf"))
             for _ in range(self.num_repeats):
                 for name, fn in candidates.items():
+                    _wait_for_device()
                     start = self.clock()
                     fn()
+                    _wait_for_device()
                     best[name] = min(best[name], self.clock() - start)
         return best
 

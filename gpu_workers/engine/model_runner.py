@@ -244,8 +244,10 @@ class ModelRunner:
     def prepare(self, entries: list[BatchEntry], host_assisted: frozenset[str] = frozenset()) -> StepInputs:
         """Build token ids, positions, slot mappings, attention and LoRA segment metadata for one step."""
         lora = self._lora_batch(entries, host_assisted)
-        decode_form = self.kernel_plan.decode_attention
-        return build_step_inputs(entries, lora, self.block_size, decode_form, self.device)
+        plan = self.kernel_plan
+        return build_step_inputs(
+            entries, lora, self.block_size, plan.decode_attention, self.device, plan.prefill_attention
+        )
 
     def _lora_batch(self, entries: list[BatchEntry], host_assisted: frozenset[str]) -> LoraBatch:
         """Contiguous token ranges per adapter (entries are already sorted by adapter) in the form

@@ -3,11 +3,18 @@ scheduled batch (the LoRA side is built by gpu_workers/engine/lora_form_choice.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from gpu_workers.engine.layers.attention import AttentionMetadata, PrefillChunk
+from gpu_workers.engine.layers.attention import (
+    IN_PLACE_DECODE_FORMS,
+    TRITON_FORM,
+    AttentionMetadata,
+    PrefillChunk,
+    prefill_chunk,
+    varlen_prefill,
+)
 from gpu_workers.engine.layers.lora import LoraBatch
 from scheduler.core.sequence import BatchEntry
 
@@ -32,15 +39,32 @@ class _DecodeRows:
     lens: list[int]
 
 
+@dataclass
+class _PrefillRows:
+    """The prefill entries of a step for the varlen kernel: first batch row, new tokens, context length,
+    block table."""
+
+    rows: list[int]
+    num_new: list[int]
+    lens: list[int]
+    tables: list[list[int]]
+
+
 def build_step_inputs(
-    entries: list[BatchEntry], lora: LoraBatch, block_size: int, decode_form: str, device: torch.device
+    entries: list[BatchEntry],
+    lora: LoraBatch,
+    block_size: int,
+    decode_form: str,
+    device: torch.device,
+    prefill_form: str = "sdpa",
 ) -> StepInputs:
-    """Token ids, positions, slot mappings and attention metadata for one step; `decode_form` is the kernel
-    plan's decode attention form."""
+    """Token ids, positions, slot mappings and attention metadata for one step; `decode_form` and
+    `prefill_form` are the kernel plan's attention forms."""
     ids: list[int] = []
     positions: list[torch.Tensor] = []
     slots: list[torch.Tensor] = []
     prefills: list[PrefillChunk] = []
+    varlen = _PrefillRows([], [], [], [])
     decodes = _DecodeRows([], [], [])
     sample_rows: list[int] = []
     for entry in entries:
@@ -56,32 +80,30 @@ def build_step_inputs(
             decodes.rows.append(row)
             decodes.tables.append(seq.block_table)
             decodes.lens.append(end)
+        elif prefill_form == TRITON_FORM:  # K/V read from the pages in place: nothing gathered here
+            varlen.rows.append(row)
+            varlen.num_new.append(entry.num_new_tokens)
+            varlen.lens.append(end)
+            varlen.tables.append(seq.block_table)
         else:
-            prefills.append(_prefill_chunk(row, start, end, context_slots, device))
+            prefills.append(prefill_chunk(row, start, end, context_slots, device))
         if entry.is_sampling:
             sample_rows.append(row + entry.num_new_tokens - 1)
     slot_mapping = torch.cat(slots).to(device)
     prefills = _batch_equal_prefills(prefills)
+    attention = _attention_metadata(
+        slot_mapping, prefills, decodes, len(ids), block_size, decode_form, device
+    )
+    if varlen.rows:
+        chunks = varlen_prefill(varlen.rows, varlen.num_new, varlen.lens, varlen.tables, block_size, device)
+        attention = replace(attention, varlen_prefill=chunks)
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.cat(positions).to(device),
-        attention=_attention_metadata(
-            slot_mapping, prefills, decodes, len(ids), block_size, decode_form, device
-        ),
+        attention=attention,
         lora=lora,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
     )
-
-
-def _prefill_chunk(
-    row: int, start: int, end: int, context_slots: torch.Tensor, device: torch.device
-) -> PrefillChunk:
-    num_new = end - start
-    if start == 0:
-        return PrefillChunk(start=row, end=row + num_new, context_slots=None, mask=None)
-    q_pos = torch.arange(start, end).unsqueeze(1)  # [num_new, 1]
-    mask = torch.arange(end).unsqueeze(0) <= q_pos  # [num_new, end]
-    return PrefillChunk(row, row + num_new, context_slots.to(device), mask.to(device))
 
 
 def _attention_metadata(
@@ -101,7 +123,7 @@ def _attention_metadata(
         n = min(len(table), max_blocks)
         tables[i, :n] = torch.tensor(table[:n], dtype=torch.long)
     lens = torch.tensor(decodes.lens, dtype=torch.long)
-    if decode_form == "c_kernel":  # reads positions < lens in place: no padding to mask
+    if decode_form in IN_PLACE_DECODE_FORMS:  # reads positions < lens in place: no padding to mask
         pad_rows = is_real = torch.empty(0, dtype=torch.long)
     else:
         pos = torch.arange(max_blocks * block_size)

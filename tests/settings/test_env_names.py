@@ -40,6 +40,7 @@ NEW_NAMES = [
     "LORAHOST_CONSOLE_MAX_SIGN_INS_PER_MIN",
     "LORAHOST_FORWARDED_ALLOW_IPS",
     "LORAHOST_MAX_KEYS_PER_TENANT",
+    "LORAHOST_ENGINE_PREFILL_ATTENTION",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
@@ -55,6 +56,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "engine_linear_weights": ("packed", "packed"),
     "engine_prefill_gemm": ("plain", "plain"),
     "engine_decode_attention": ("c_kernel", "c_kernel"),
+    "engine_prefill_attention": ("triton", "triton"),
     "engine_decode_lora_form": ("stacked", "stacked"),
     "import_allowed_buckets": ("a, b", ("a", "b")),
     "forwarded_allow_ips": ("10.0.0.0/8, 127.0.0.1", ("10.0.0.0/8", "127.0.0.1")),

@@ -1,14 +1,19 @@
-"""Paged-KV attention: write new K/V into the page pool, causal SDPA for prefill chunks (adjacent
-whole-prompt chunks of equal length in one batched call), one call for all decode tokens in the form the
-kernel tuner chose for this machine (DECODE_ATTENTION_FORMS; gpu_workers/engine/kernel_tuner.py).
+"""Paged-KV attention: write new K/V into the page pool, then prefill chunks and decode tokens in the forms
+the kernel plan chose for this machine (gpu_workers/engine/kernel_tuner.py):
+- prefill (PREFILL_ATTENTION_FORMS): "sdpa", causal SDPA per chunk (adjacent whole-prompt chunks of equal length
+  in one batched call; a chunk after cached or earlier-computed tokens gathers its context from the pages), or
+  "triton", every chunk of the step in one varlen kernel reading K/V from the pages in place (CUDA);
+- decode (DECODE_ATTENTION_FORMS): one call for all decode tokens.
 
 KV cache per layer: k_cache, v_cache [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of
-[num_blocks, block_size, num_kv_heads, head_dim]); slot = block_id * block_size + offset. Decode gathers
-whole pages (one contiguous block_size * num_kv_heads * head_dim run per page).
+[num_blocks, block_size, num_kv_heads, head_dim]); slot = block_id * block_size + offset. The gathering decode
+forms copy whole pages (one contiguous block_size * num_kv_heads * head_dim run per page); IN_PLACE_DECODE_FORMS
+read the positions below each sequence's length where they are.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -21,10 +26,17 @@ DECODE_ATTENTION_OP = "decode_attention"
 # The forms of decode attention, simplest first: "sdpa" (SDPA over the gathered pages in the model dtype),
 # "sdpa_fp32" (the same on fp32 upcasts), "grouped_matmul" (per kv head, its query heads' scores as one batched
 # matmul, softmax in fp32, as transformers' eager attention), "c_kernel" (layers/attention_kernel.c: reads the
-# pages in place, fp32 throughout; CPU only). Which is fastest depends on the CPU: on an AMD EPYC (avx512_bf16,
-# 2 threads, B=16, context 224) bf16 SDPA took 1.77 ms per layer, fp32 SDPA 0.26, the grouped matmul 0.19.
-DECODE_ATTENTION_FORMS = ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel")
+# pages in place, fp32 throughout; CPU only), "triton" (layers/triton_attention.py: reads the pages in place, one
+# program per sequence and kv head, fp32 softmax, split over long contexts; CUDA only). Which is fastest depends
+# on the machine: on an AMD EPYC (avx512_bf16, 2 threads, B=16, context 224) bf16 SDPA took 1.77 ms per layer,
+# fp32 SDPA 0.26, the grouped matmul 0.19.
+DECODE_ATTENTION_FORMS = ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel", "triton")
+IN_PLACE_DECODE_FORMS = ("c_kernel", "triton")  # read the pages in place: no gathered copy, no padding mask
+PREFILL_ATTENTION_OP = "prefill_attention"
+PREFILL_ATTENTION_FORMS = ("sdpa", "triton")
+TRITON_FORM = "triton"
 _C_KERNELS = {torch.bfloat16: "decode_attention_bf16", torch.float32: "decode_attention_f32"}
+_TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,59 @@ class PrefillChunk:
     num_seqs: int = 1
 
 
+def prefill_chunk(
+    row: int, start: int, end: int, context_slots: torch.Tensor, device: torch.device
+) -> PrefillChunk:
+    """Batch rows [row, row + end - start) computing positions [start, end) of a sequence whose context slots
+    are `context_slots` ([end]): a whole prompt (start 0) attends to this step's K/V, a later chunk to its
+    context gathered from the pages under a causal mask."""
+    num_new = end - start
+    if start == 0:
+        return PrefillChunk(start=row, end=row + num_new, context_slots=None, mask=None)
+    q_pos = torch.arange(start, end).unsqueeze(1)  # [num_new, 1]
+    mask = torch.arange(end).unsqueeze(0) <= q_pos  # [num_new, end]
+    return PrefillChunk(row, row + num_new, context_slots.to(device), mask.to(device))
+
+
+@dataclass(frozen=True)
+class VarlenPrefill:
+    """Every prefill chunk of a step for one varlen kernel call ("triton" prefill form): chunk i is batch rows
+    [q_starts[i], q_starts[i] + q_lens[i]), positions [context_lens[i] - q_lens[i], context_lens[i]) of its
+    sequence, whose K/V (cached prefix, earlier chunks and this chunk, all in the pool before attention runs)
+    are read in place from the pages of block_tables[i].
+
+    q_starts, q_lens, context_lens: [num_chunks] int32; block_tables: [num_chunks, max_blocks] int64 (padding
+    page 0 is never read); max_q_len: the longest chunk (a host int: the kernel's launch grid).
+    """
+
+    q_starts: torch.Tensor
+    q_lens: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    max_q_len: int
+
+
+def varlen_prefill(
+    q_starts: list[int],
+    q_lens: list[int],
+    context_lens: list[int],
+    tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+) -> VarlenPrefill:
+    """The VarlenPrefill of chunks given as host lists (`tables`: each chunk's sequence's block table, at least
+    its context's pages)."""
+    max_blocks = max(-(-n // block_size) for n in context_lens)
+    block_tables = torch.zeros(len(tables), max_blocks, dtype=torch.long)  # padding: page 0, never read
+    for i, (table, n) in enumerate(zip(tables, context_lens)):
+        used = -(-n // block_size)
+        block_tables[i, :used] = torch.tensor(table[:used], dtype=torch.long)
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.int32, device=device)
+    return VarlenPrefill(
+        as_tensor(q_starts), as_tensor(q_lens), as_tensor(context_lens), block_tables.to(device), max(q_lens)
+    )
+
+
 @dataclass(frozen=True)
 class AttentionMetadata:
     """Per-step attention inputs, shared by every layer.
@@ -56,8 +121,9 @@ class AttentionMetadata:
     decode_pad_rows: [num_padding] rows of the gathered [num_decodes * max_blocks * block_size] positions that
         are padding (~decode_mask), or None.
     block_size: tokens per KV page.
-    decode_lens: [num_decodes] int64 context length of each decode (the C kernel reads positions below it).
+    decode_lens: [num_decodes] int64 context length of each decode (the in-place forms read positions below it).
     decode_form: one of DECODE_ATTENTION_FORMS.
+    varlen_prefill: the step's prefill chunks for the "triton" prefill form (then `prefills` is empty), or None.
 
     Isolation: a padding position's K (another sequence's page, or a stale slot of a freed page) is *set* to
     0 in the gathered copy before scoring, so its score is exactly q . 0 = 0 before the mask makes it -inf
@@ -75,6 +141,7 @@ class AttentionMetadata:
     block_size: int
     decode_lens: torch.Tensor | None = None
     decode_form: str = "sdpa"
+    varlen_prefill: VarlenPrefill | None = None
 
 
 def paged_attention(
@@ -91,6 +158,9 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, torch.nan_to_num(k))
     v_cache.index_copy_(0, meta.slot_mapping, torch.nan_to_num(v))
     out = torch.empty_like(q) if not meta.is_all_decode else None
+    if meta.varlen_prefill is not None:
+        assert out is not None
+        _varlen_prefill_attention(q, k_cache, v_cache, meta, scale, out)
     for chunk in meta.prefills:
         assert out is not None
         out[chunk.start : chunk.end] = _prefill_attention(q, k, v, k_cache, v_cache, chunk, scale)
@@ -130,14 +200,63 @@ def _prefill_attention(
     return o.transpose(1, 2).reshape(chunk.end - chunk.start, num_heads, head_dim)
 
 
+def _varlen_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Every prefill chunk in one triton varlen launch, written into its rows of `out`."""
+    from gpu_workers.engine.layers import triton_attention  # needs triton: only when this form runs
+
+    varlen = meta.varlen_prefill
+    assert varlen is not None
+    triton_attention.paged_prefill_attention(
+        q,
+        k_cache,
+        v_cache,
+        varlen.block_tables,
+        varlen.q_starts,
+        varlen.q_lens,
+        varlen.context_lens,
+        varlen.max_q_len,
+        meta.block_size,
+        scale,
+        out=out,
+    )
+
+
+def triton_unusable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the triton forms cannot run here (None: they can): they need CUDA, triton and a bf16/fp16/fp32 model
+    (Triton's CPU interpreter is a test tool, never a candidate)."""
+    if device.type != "cuda":
+        return f"the triton attention kernels need CUDA (this engine runs on {device.type})"
+    if importlib.util.find_spec("triton") is None:
+        return "the triton attention kernels need the triton package (not installed)"
+    if dtype not in _TRITON_DTYPES:
+        return f"the triton attention kernels take bf16, fp16 or fp32, not {dtype}"
+    return None
+
+
 def is_decode_form_usable(form: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """True when `form` can run here (the C kernel: CPU, bf16 or fp32, and a C compiler to build it;
-    sdpa_fp32 only where the model dtype is narrower: for an fp32 model it is sdpa)."""
+    """True when `form` can run here (the C kernel: CPU, bf16 or fp32, and a C compiler to build it; triton:
+    see triton_unusable_reason; sdpa_fp32 only where the model dtype is narrower: for an fp32 model it is sdpa)."""
     if form == "sdpa_fp32":
         return dtype != torch.float32
     if form == "c_kernel":
         return device.type == "cpu" and dtype in _C_KERNELS and load_cpu_kernels() is not None
+    if form == TRITON_FORM:
+        return triton_unusable_reason(device, dtype) is None
     return form in DECODE_ATTENTION_FORMS
+
+
+def is_prefill_form_usable(form: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """True when prefill attention `form` can run here (sdpa everywhere; triton: see triton_unusable_reason)."""
+    if form == TRITON_FORM:
+        return triton_unusable_reason(device, dtype) is None
+    return form in PREFILL_ATTENTION_FORMS
 
 
 def _decode_attention(
@@ -145,13 +264,15 @@ def _decode_attention(
 ) -> torch.Tensor:
     """All single-token queries at once -> [num_decodes, Hq, D], in the form meta.decode_form.
 
-    All forms but the C kernel gather whole pages with one index_select per K and V ([B, max_context, Hkv, D],
+    All forms but the in-place ones (IN_PLACE_DECODE_FORMS) gather whole pages with one index_select per K and V ([B, max_context, Hkv, D],
     the cache layout) and serve each query head group from its kv head (GQA).
     """
     assert meta.decode_blocks is not None and meta.decode_token_idx is not None
     q_d = q if meta.is_all_decode else q.index_select(0, meta.decode_token_idx)  # [B, Hq, D]
     if meta.decode_form == "c_kernel":
         return _c_kernel_decode(q_d, k_cache, v_cache, meta, scale)
+    if meta.decode_form == TRITON_FORM:
+        return _triton_decode(q_d, k_cache, v_cache, meta, scale)
     num_decodes, max_blocks = meta.decode_blocks.shape
     _, num_kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
@@ -213,6 +334,18 @@ def _c_kernel_decode(
     return out
 
 
+def _triton_decode(
+    q_d: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """layers/triton_attention.py over the pages in place -> [num_decodes, Hq, D]."""
+    from gpu_workers.engine.layers import triton_attention  # needs triton: only when this form runs
+
+    assert meta.decode_blocks is not None and meta.decode_lens is not None
+    return triton_attention.paged_decode_attention(
+        q_d, k_cache, v_cache, meta.decode_blocks, meta.decode_lens, meta.block_size, scale
+    )
+
+
 def decode_attention_candidates(
     forms: tuple[str, ...],
     num_heads: int,
@@ -266,3 +399,51 @@ def decode_attention_candidates(
         return lambda: _decode_attention(q, k_cache, v_cache, metas[next(calls) % num_pools], scale)
 
     return {form: run(form) for form in forms}
+
+
+def prefill_attention_candidates(
+    forms: tuple[str, ...],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_size: int,
+    chunks: tuple[tuple[int, int], ...],
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each prefill form's attention of one step of `chunks` ((q_len, context_len): a whole prompt when equal,
+    else a chunk after context_len - q_len cached tokens) over a shuffled page pool of random K/V, writing the new
+    K/V as a step does (for gpu_workers/engine/kernel_tuner.py), in the order of `forms`."""
+    generator = torch.Generator().manual_seed(0)
+    randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype=dtype, device=device)
+    num_pages = [-(-context_len // block_size) for _, context_len in chunks]
+    k_cache, v_cache = (randn(sum(num_pages) * block_size, num_kv_heads, head_dim) for _ in range(2))
+    order = torch.randperm(sum(num_pages), generator=generator).tolist()
+    num_tokens = sum(q_len for q_len, _ in chunks)
+    q = randn(num_tokens, num_heads, head_dim)
+    k, v = (randn(num_tokens, num_kv_heads, head_dim) for _ in range(2))
+    tables: list[list[int]] = []
+    q_starts: list[int] = []
+    sdpa_chunks: list[PrefillChunk] = []
+    new_slots: list[torch.Tensor] = []
+    row = 0
+    for (q_len, context_len), pages in zip(chunks, num_pages):
+        table, order = order[:pages], order[pages:]
+        pos = torch.arange(context_len)
+        slots = torch.tensor(table)[pos // block_size] * block_size + pos % block_size  # [context_len]
+        sdpa_chunks.append(prefill_chunk(row, context_len - q_len, context_len, slots, device))
+        new_slots.append(slots[context_len - q_len :])
+        tables.append(table)
+        q_starts.append(row)
+        row += q_len
+    q_lens, context_lens = [q_len for q_len, _ in chunks], [context_len for _, context_len in chunks]
+    base = AttentionMetadata(torch.cat(new_slots).to(device), (), None, None, None, None, False, block_size)
+    metas = {
+        "sdpa": replace(base, prefills=tuple(sdpa_chunks)),
+        TRITON_FORM: replace(
+            base, varlen_prefill=varlen_prefill(q_starts, q_lens, context_lens, tables, block_size, device)
+        ),
+    }
+    scale = head_dim**-0.5
+    run = lambda meta: lambda: paged_attention(q, k, v, k_cache, v_cache, meta, scale)
+    return {form: run(metas[form]) for form in forms}
