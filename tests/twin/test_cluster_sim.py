@@ -187,7 +187,8 @@ def test_every_request_finishes_once_on_one_worker_within_its_batch_limit(
         assert record.finish_reason == "length" and record.num_output_tokens == request.num_output_tokens
         assert record.arrival_s == request.arrival_s
     for node in sim.nodes.values():
-        assert node.stats().num_preemptions == 0  # so [first scheduled, finish) is when a request runs
+        # no preemption, so [first scheduled, finish) is when a request runs
+        assert node.stats().scheduler.num_preemptions == 0
         assert _concurrency(list(node.sim.records.values())) <= max_num_seqs
     assert result.simulated_s_per_wall_s > 0
 
