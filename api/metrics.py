@@ -80,28 +80,31 @@ class WorkerCollector(Collector):
             labels=["worker", "adapter"],
         )
         for w in self._list_workers():
-            info.add_metric([w.worker_id, w.base_model, w.engine], 1)
-            for adapter, num in sorted(w.num_running_by_adapter.items()):
+            core = w.scheduler
+            info.add_metric([w.worker_id, w.base_model, w.engine.backend], 1)
+            for adapter, num in sorted(core.num_running_by_adapter.items()):
                 adapter_running.add_metric([w.worker_id, adapter], num)
-            for adapter, num in sorted(w.num_waiting_by_adapter.items()):
+            for adapter, num in sorted(core.num_waiting_by_adapter.items()):
                 adapter_waiting.add_metric([w.worker_id, adapter], num)
-            running.add_metric([w.worker_id], w.num_running)
-            waiting.add_metric([w.worker_id], w.num_waiting)
-            resident.add_metric([w.worker_id, "device"], len(w.device_adapters))
+            running.add_metric([w.worker_id], core.num_running)
+            waiting.add_metric([w.worker_id], core.num_waiting)
+            resident.add_metric([w.worker_id, "device"], len(core.device_adapters))
             resident.add_metric([w.worker_id, "host"], len(w.host_adapters))
             hits.add_metric([w.worker_id], float(w.num_cache_hits))
             misses.add_metric([w.worker_id], float(w.num_cache_misses))
-            loads.add_metric([w.worker_id], float(w.num_adapter_loads))
-            device_cache["hits"].add_metric([w.worker_id], float(w.num_adapter_hits))
-            device_cache["misses"].add_metric([w.worker_id], float(w.num_adapter_misses))
-            device_cache["evictions"].add_metric([w.worker_id], float(w.num_adapter_evictions))
-            device_cache["prefetches"].add_metric([w.worker_id], float(w.num_adapter_prefetches))
-            cold["cpu_assisted_prefills"].add_metric([w.worker_id], float(w.num_cpu_assisted_prefills))
-            cold["adapter_copy_waits"].add_metric([w.worker_id], float(w.num_copy_waits))
-            load_seconds.add_metric([w.worker_id], w.num_timed_adapter_loads, w.adapter_load_seconds_total)
-            pool_pages.add_metric([w.worker_id, "kv"], w.num_kv_pages_used)
-            pool_pages.add_metric([w.worker_id, "adapter"], w.num_adapter_pages)
-            pool_pages.add_metric([w.worker_id, "free"], w.num_free_pool_pages)
+            loads.add_metric([w.worker_id], float(core.num_adapter_loads))
+            device_cache["hits"].add_metric([w.worker_id], float(core.num_adapter_hits))
+            device_cache["misses"].add_metric([w.worker_id], float(core.num_adapter_misses))
+            device_cache["evictions"].add_metric([w.worker_id], float(core.num_adapter_evictions))
+            device_cache["prefetches"].add_metric([w.worker_id], float(core.num_adapter_prefetches))
+            cold["cpu_assisted_prefills"].add_metric([w.worker_id], float(core.num_cpu_assisted_prefills))
+            cold["adapter_copy_waits"].add_metric([w.worker_id], float(core.num_copy_waits))
+            load_seconds.add_metric(
+                [w.worker_id], core.num_timed_adapter_loads, core.adapter_load_seconds_total
+            )
+            pool_pages.add_metric([w.worker_id, "kv"], core.num_kv_pages_used)
+            pool_pages.add_metric([w.worker_id, "adapter"], core.num_adapter_pages)
+            pool_pages.add_metric([w.worker_id, "free"], core.num_free_pool_pages)
         yield from (
             info,
             running,

@@ -235,7 +235,9 @@ def run_twin(
     from twin.worker_sim import SimulatedWorker
 
     started = time.perf_counter()
-    worker = SimulatedWorker(config, geometry, CostModel(profile), adapters)
+    worker = SimulatedWorker(
+        config, geometry, CostModel(profile), adapters, max_lora_rank=config.max_lora_rank
+    )
     records = worker.run(trace)
     return records, time.perf_counter() - started
 

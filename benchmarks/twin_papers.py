@@ -204,7 +204,7 @@ def run_worker(
         engine.memory_mode, adapter_cache_bytes=engine.adapter_cache_bytes, max_lora_rank=max_lora_rank
     )
     started = time.perf_counter()
-    worker = SimulatedWorker(engine, geometry, CostModel(profile), adapters)
+    worker = SimulatedWorker(engine, geometry, CostModel(profile), adapters, max_lora_rank=max_lora_rank)
     records = worker.run(trace)
     return WorkerRun(records, worker.core.stats(), geometry.num_kv_blocks, time.perf_counter() - started)
 

@@ -12,15 +12,21 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from cluster.protocol import WorkerStats
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from cluster.protocol import EngineSummary, WorkerStats
+from scheduler.core.scheduler_stats import SchedulerStats
 
 
 class WorkerRecord(WorkerStats):
     """A worker's advertised state (refreshed on every heartbeat): its WorkerStats plus the URL it is reached at.
 
-    Built on the worker with `from_stats`. Stored as flat JSON (WorkerStats' fields and `url`); `from_json`
-    drops keys it does not know (a newer worker's fields) and reads the counters an older worker kept in
-    an `extra` dict. `WorkerRecord(worker_id, url, base_model, **stats)` builds one directly.
+    Built on the worker with `from_stats`. Stored as JSON of the same nested shape (WorkerStats' fields, its
+    `scheduler` and `engine` parts, and `url`); `from_json` drops keys it does not know at any level (a newer
+    worker's fields), nests the flat record an older worker wrote (before WorkerStats had parts) and reads
+    the counters a still older one kept in an `extra` dict. `WorkerRecord(worker_id, url, base_model,
+    **stats)` builds one directly (`scheduler=SchedulerStats(...)`, `engine=EngineSummary(...)`).
     """
 
     url: str
@@ -40,23 +46,53 @@ class WorkerRecord(WorkerStats):
     @classmethod
     def from_json(cls, raw: str | bytes) -> WorkerRecord:
         """Parse a stored record (the keys this build does not know, a newer worker's fields, are dropped
-        here, the one place that drops any; a legacy `extra` dict fills the counters; a null list is empty)."""
+        here, the one place that drops any; an older worker's flat record is nested and its legacy `extra`
+        dict fills the counters; a null list is empty)."""
         data: dict[str, Any] = json.loads(raw)
         legacy = data.pop("extra", None)
         if isinstance(legacy, dict):
             data = {**legacy, **data}
-        return cls.model_validate(
-            {
-                k: v
-                for k, v in data.items()
-                if k in cls.model_fields and not (v is None and k in _SEQUENCE_FIELDS)
-            }
-        )
+        return cls.model_validate(_known_fields(cls, _nest_flat_record(data)))
 
 
-_SEQUENCE_FIELDS = frozenset(
-    name for name, f in WorkerRecord.model_fields.items() if isinstance(f.default, tuple) or f.default_factory
-)
+def _nest_flat_record(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the engine parts' fields an older worker wrote at the top level moved into `scheduler` and
+    `engine` (its engine name, a string under `engine`, becomes `engine.backend`); a nested record is
+    returned unchanged."""
+    if isinstance(data.get("scheduler"), dict) or isinstance(data.get("engine"), dict):
+        return data
+    own: dict[str, Any] = {}
+    core: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "engine":
+            engine["backend"] = value
+        elif key in SchedulerStats.model_fields:
+            core[key] = value
+        elif key in EngineSummary.model_fields:
+            engine[key] = value
+        else:
+            own[key] = value  # the worker's own fields (and unknown keys, which _known_fields drops)
+    return {**own, "scheduler": core, "engine": engine}
+
+
+def _known_fields(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without the keys `model` does not declare, in its nested parts too; a null list or mapping is
+    dropped (it takes its default, empty)."""
+    known: dict[str, Any] = {}
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None or (value is None and _is_collection(field)):
+            continue
+        part = field.annotation
+        if isinstance(value, dict) and isinstance(part, type) and issubclass(part, BaseModel):
+            value = _known_fields(part, value)
+        known[key] = value
+    return known
+
+
+def _is_collection(field: FieldInfo) -> bool:
+    return isinstance(field.default, tuple) or field.default_factory is not None
 
 
 class WorkerDirectory(Protocol):

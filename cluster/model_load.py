@@ -50,7 +50,7 @@ def _load(
 ) -> BaseModelLoad:
     last = demand.last_request_at if demand else None
     idle_s = None if last is None else max(0.0, now_s - last)
-    if any(r.num_running or r.num_waiting or r.num_active for r in workers):
+    if any(r.scheduler.num_running or r.scheduler.num_waiting or r.num_active for r in workers):
         idle_s = 0.0  # serving now, whatever the last published demand says
     return BaseModelLoad(
         base_model=name,
@@ -58,5 +58,5 @@ def _load(
         demand_by_rank=dict(demand.demand_by_rank) if demand else {},
         peak_demand_by_rank=dict(demand.peak_demand_by_rank) if demand else {},
         idle_s=idle_s,
-        num_waiting=num_cold + sum(r.num_waiting for r in workers),
+        num_waiting=num_cold + sum(r.scheduler.num_waiting for r in workers),
     )

@@ -127,7 +127,7 @@ def drop_unassigned(
     neither `table` nor `previous`; returns the (worker, adapter) pairs it dropped."""
     dropped = []
     for record in records:
-        for key in sorted(set(record.device_adapters) | set(record.host_adapters)):
+        for key in sorted(set(record.scheduler.device_adapters) | set(record.host_adapters)):
             is_unassigned = _is_unassigned(record.worker_id, key, table)
             was_unassigned = previous is not None and _is_unassigned(record.worker_id, key, previous)
             if is_unassigned and was_unassigned and _try_drop(drop, record, key):

@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.scheduler_stats import SchedulerStats
 
 INTERNAL_PREFIX = "/internal/v1"
@@ -173,16 +174,32 @@ class WorkerRefusedError(Exception):
         self.status_code = status_code
 
 
-class WorkerStats(SchedulerStats):
-    """A worker's load, residency and counters: what /stats answers and what every heartbeat carries.
+class EngineSummary(ExecutorStats):
+    """What a worker publishes of its engine's own measurements (`WorkerStats.engine`): the fields every
+    executor has (`ExecutorStats`: the backend, its largest adapter rank, the kernel tuner's choices and cost)
+    and the core's recent step timings. One fixed type, so the published JSON parses back: an executor's own
+    fields (`RunnerStats`, `SimulatedExecutorStats`, `VllmStats`) stay local diagnostics
+    (`cluster.worker_stats.UNPUBLISHED_ENGINE_FIELDS`)."""
 
-    The one typed model of worker state, composed: the engine core's `SchedulerStats` (queues, pages,
-    residency, the router's inputs; scheduler/core/scheduler_stats.py), the engine's own measurements, and
-    the worker's. The worker and the twin build it from the engine's typed `EngineStats` with the one
-    conversion `cluster.worker_stats.build_worker_stats`; the heartbeat record is this plus the worker's URL
-    (`cluster.membership.WorkerRecord`), and the router's view is read from that record by field name
-    (`cluster.worker_view.worker_view`). Unknown fields are refused (extra="forbid"): nothing is dropped
-    silently (`WorkerRecord.from_json` drops a newer worker's fields explicitly).
+    decode_step_ms: float | None = None  # median of the engine's recent decode-only steps (None: none yet)
+    prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
+
+
+class WorkerStats(BaseModel):
+    """A worker's state: what /stats answers and what every heartbeat carries.
+
+    The one typed model of worker state, composed of three parts: the worker process's own fields (below),
+    `scheduler`, the engine core's `SchedulerStats` (queues, pages, residency, the router's inputs;
+    scheduler/core/scheduler_stats.py), and `engine`, the engine's published measurements (`EngineSummary`).
+    Two fields merge the worker's and the engine's counts, each where a reader looks for it:
+    `num_load_failures` (the worker's fetch, verification and registration failures plus the engine's failed
+    copies to the device) and `scheduler.adapter_ranks` (the engine's registered adapters plus the adapters
+    whose files only the worker's host cache holds: every adapter the router may find resident here).
+    The worker and the twin build it from the engine's typed `EngineStats` with the one conversion
+    `cluster.worker_stats.build_worker_stats`; the heartbeat record is this plus the worker's URL
+    (`cluster.membership.WorkerRecord`), and the router's view is read from it by
+    `cluster.worker_view.worker_view`. Unknown fields are refused at every level (extra="forbid"): nothing is
+    dropped silently (`WorkerRecord.from_json` drops a newer worker's fields explicitly).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -197,17 +214,13 @@ class WorkerStats(SchedulerStats):
     num_cache_hits: int = 0  # requests whose adapter was on the device (or being copied) at admission
     num_cache_misses: int = 0  # requests whose adapter was not (it is copied before their first step)
     num_adapter_unloads: int = 0
-    num_load_failures: int = 0  # fetch, verification, registration and copy failures
-    engine: str = "native"  # the engine behind the worker (settings engine_backend: native or vllm)
-    max_lora_rank: int = 0  # the largest adapter rank its engine serves (0: not published, no limit known)
-    # the engine's measurements (scheduler/core/engine_stats.py EngineStats, ExecutorStats)
-    decode_step_ms: float | None = None  # median of the engine's recent decode-only steps
-    prefill_step_ms: float | None = None  # median of its recent steps with prefill tokens
-    # op -> implementation the kernel tuner chose on this machine (gpu_workers/engine/kernel_plan.py), and its cost
-    kernel_choices: dict[str, str] = Field(default_factory=dict)
-    kernel_tuner_s: float = 0.0
-    perf_model: dict[str, Any] | None = (
-        None  # the worker's profile (scheduler.routing.perf_model.PerfModel.to_dict)
-    )
+    # the worker's fetch, verification and registration failures + the engine's failed copies to the device
+    num_load_failures: int = 0
+    # the worker's profile (scheduler.routing.perf_model.PerfModel.to_dict)
+    perf_model: dict[str, Any] | None = None
     is_ready: bool = True
     is_draining: bool = False
+    # the engine core's state (its adapter_ranks also holds the host cache's adapters: class doc)
+    scheduler: SchedulerStats = Field(default_factory=SchedulerStats)
+    # the engine's backend, rank limit, kernels and step timings
+    engine: EngineSummary = Field(default_factory=EngineSummary)

@@ -2,9 +2,10 @@
 `WorkerStats` (what /stats answers and heartbeats carry), called by the worker
 (gpu_workers/worker/worker_service.py) and by the twin's simulated worker (twin/cluster_node.py).
 
-Pure. Every engine field is either published (a `WorkerStats` field of the same name, copied here) or named
-in `UNPUBLISHED_ENGINE_FIELDS` (local diagnostics: `LLMEngine.engine_stats()` and the benchmarks read them), so no
-field is dropped silently; tests/cluster/test_worker_stats.py holds the engine, WorkerStats, the router's
+Pure. Every engine field is either published (a field of the same name in one of WorkerStats' engine parts,
+`WorkerStats.scheduler` (SchedulerStats) or `WorkerStats.engine` (EngineSummary), copied here) or named in
+`UNPUBLISHED_ENGINE_FIELDS` (local diagnostics: `LLMEngine.engine_stats()` and the benchmarks read them), so
+no field is dropped silently; tests/cluster/test_worker_stats.py holds the engine, WorkerStats, the router's
 `WorkerView` and the console's reads against each other.
 """
 
@@ -14,13 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.protocol import WorkerStats
+from cluster.protocol import EngineSummary, WorkerStats
 from scheduler.core.engine_stats import EngineStats, ExecutorStats
-
-# The executor fields every worker publishes (ExecutorStats' own).
-_EXECUTOR_FIELDS = tuple(ExecutorStats.model_fields)
-# The engine core's fields WorkerStats publishes under the same name (the worker overrides some below).
-_CORE_FIELDS = tuple(n for n in EngineStats.model_fields if n in WorkerStats.model_fields)
+from scheduler.core.scheduler_stats import SchedulerStats
 
 # Engine fields the worker does not publish (diagnostics read off the engine itself), by where they come from.
 UNPUBLISHED_ENGINE_FIELDS = frozenset(
@@ -37,11 +34,11 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "step_seconds_total",
         "step_seconds_mean",
         "step_seconds_max",
-        "num_adapter_load_failures",  # published summed into num_load_failures
+        "num_adapter_load_failures",  # published summed into WorkerStats.num_load_failures
         "num_adapter_copy_failures",
         "memory_mode",
         "max_model_len",
-        "executor",  # published field by field (ExecutorStats' own fields)
+        "executor",  # published as WorkerStats.engine (EngineSummary): ExecutorStats' own fields
         # the model runner's (gpu_workers/engine/engine_stats.py RunnerStats)
         "num_loaded_adapters",
         "adapter_bytes",
@@ -90,11 +87,10 @@ class WorkerState:
 
 
 def build_worker_stats(engine: EngineStats, worker: WorkerState) -> WorkerStats:
-    """The published state of a worker whose engine reports `engine` (module doc)."""
-    executor = engine.executor
-    published = {name: getattr(engine, name) for name in _CORE_FIELDS}
-    published.update({name: getattr(executor, name) for name in _EXECUTOR_FIELDS})
-    published.update(
+    """The published state of a worker whose engine reports `engine` (module doc). Merged: the worker's load
+    failures and the engine's failed copies in `num_load_failures`; the host cache's known ranks and the
+    engine's registered adapters' in `scheduler.adapter_ranks` (the engine's rank wins)."""
+    return WorkerStats(
         worker_id=worker.worker_id,
         base_model=worker.base_model,
         max_num_seqs=worker.max_num_seqs,
@@ -104,9 +100,24 @@ def build_worker_stats(engine: EngineStats, worker: WorkerState) -> WorkerStats:
         num_cache_misses=worker.num_cache_misses,
         num_adapter_unloads=worker.num_adapter_unloads,
         num_load_failures=worker.num_load_failures + engine.num_adapter_load_failures,
-        adapter_ranks={**worker.known_ranks, **engine.adapter_ranks},
         perf_model=worker.perf_model,
         is_ready=worker.is_ready and not worker.is_draining,
         is_draining=worker.is_draining,
+        scheduler=_scheduler_part(engine, adapter_ranks={**worker.known_ranks, **engine.adapter_ranks}),
+        engine=_engine_part(engine),
     )
-    return WorkerStats(**published)
+
+
+def _scheduler_part(engine: EngineStats, **merged: Any) -> SchedulerStats:
+    """The engine core's `SchedulerStats` fields of `engine`, with the worker's merged values."""
+    return SchedulerStats(
+        **{**{name: getattr(engine, name) for name in SchedulerStats.model_fields}, **merged}
+    )
+
+
+def _engine_part(engine: EngineStats) -> EngineSummary:
+    """The executor's common fields (whatever executor measured them) and the core's step timings."""
+    common = {name: getattr(engine.executor, name) for name in ExecutorStats.model_fields}
+    return EngineSummary(
+        **common, decode_step_ms=engine.decode_step_ms, prefill_step_ms=engine.prefill_step_ms
+    )

@@ -230,7 +230,7 @@ class EmbeddedModelPool:
         active: dict[str, int] = {}
         for record in self.directory.list_live():
             active[record.base_model] = (
-                active.get(record.base_model, 0) + record.num_running + record.num_waiting
+                active.get(record.base_model, 0) + record.scheduler.num_running + record.scheduler.num_waiting
             )
         pinned = self.settings.base_model_name
         pinned_bytes = self.pinned.num_bytes if self.pinned is not None else 0

@@ -314,7 +314,12 @@ class ClusterSim:
     def _start_node(self, moment: float) -> ClusterNode:
         worker_id = f"twin-{len(self.nodes):03d}"
         sim = SimulatedWorker(
-            self.settings.engine, self.geometry, self.cost_model, worker_id=worker_id, clock=SimClock(moment)
+            self.settings.engine,
+            self.geometry,
+            self.cost_model,
+            max_lora_rank=self.settings.resolved_max_lora_rank(),  # what production's workers publish
+            worker_id=worker_id,
+            clock=SimClock(moment),
         )
         node = ClusterNode(sim, self.base_model, self.settings.engine.max_num_seqs, moment)
         self.nodes[worker_id] = node

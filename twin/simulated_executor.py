@@ -31,7 +31,9 @@ class _Copy:
 
 class SimulatedExecutor:
     """Steps and copies in simulated time (module doc). `ranks` and `adapter_bytes`: per adapter id, what
-    the cost model and the copy time need (the twin registers each adapter with both)."""
+    the cost model and the copy time need (the twin registers each adapter with both). `max_lora_rank`: the
+    largest adapter rank the simulated engine serves, published in its stats as the model runner publishes
+    its own (production resolves it with `Settings.resolved_max_lora_rank`)."""
 
     def __init__(
         self,
@@ -41,8 +43,11 @@ class SimulatedExecutor:
         ranks: Mapping[str, int],
         adapter_bytes: Mapping[str, int],
         host_tier: HostTier | None = None,
+        *,
+        max_lora_rank: int,
     ) -> None:
         self._geometry = geometry
+        self.max_lora_rank = max_lora_rank
         self.cost_model = cost_model
         self.clock = clock
         self.ranks = ranks
@@ -128,6 +133,7 @@ class SimulatedExecutor:
             adapter_prepare_seconds_total=self.prepare_seconds,
             busy_seconds=self.busy_seconds,
             device="twin",
+            max_lora_rank=self.max_lora_rank,
         )
 
 

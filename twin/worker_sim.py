@@ -1,6 +1,7 @@
 """`SimulatedWorker`: one worker of the digital twin, the engine's own core (scheduler/core/engine_core.py:
 admission policy, page pool, adapter residency, prefix cache, batch scheduler) over a `SimulatedExecutor`,
-built from the same engine settings section as the real engine (settings/engine.py).
+built from the same engine settings section as the real engine (settings/engine.py) and the rank limit the
+real engine gets (`max_lora_rank`: `Settings.resolved_max_lora_rank()`, resolved by the caller).
 
 `run(trace)` replays a trace alone: requests are added when the simulated clock reaches their arrival (a
 request that arrives during a step joins at the next step, as in the engine), the core steps while it has
@@ -37,6 +38,7 @@ class SimulatedWorker:
         cost_model: CostModel,
         adapters: Iterable[AdapterSpec] = (),
         *,
+        max_lora_rank: int,
         worker_id: str = "twin-0",
         clock: SimClock | None = None,
     ) -> None:
@@ -51,6 +53,7 @@ class SimulatedWorker:
             self.ranks,
             self.adapter_bytes,
             HostTier(engine.host_adapter_cache_bytes),  # the engine's host tier, same budget
+            max_lora_rank=max_lora_rank,
         )
         self.core = EngineCore(
             self.executor,

@@ -35,15 +35,15 @@ async def workers_page(
 ) -> Response:
     """Live workers: readiness, queues, pool pages by use and resident adapters (device and host)."""
     workers = await run_in_threadpool(live_workers, services.worker_directory, services.worker_listing)
-    ids = {a for w in workers for a in (*w.device_adapters, *w.host_adapters)}
+    ids = {a for w in workers for a in (*w.scheduler.device_adapters, *w.host_adapters)}
     labels = await run_in_threadpool(version_labels, db, ids)
     pages = chart(
         "bar",
         [w.worker_id for w in workers],
         {
-            "KV pages": [w.num_kv_pages_used for w in workers],
-            "adapter pages": [w.num_adapter_pages for w in workers],
-            "free pages": [w.num_free_pool_pages for w in workers],
+            "KV pages": [w.scheduler.num_kv_pages_used for w in workers],
+            "adapter pages": [w.scheduler.num_adapter_pages for w in workers],
+            "free pages": [w.scheduler.num_free_pool_pages for w in workers],
         },
         title="Pool pages by use",
         y_title="pages",

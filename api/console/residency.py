@@ -30,9 +30,13 @@ class VersionResidency:
 def version_residency(workers: Iterable[WorkerRecord], version_id: str, is_ready: bool) -> VersionResidency:
     """Where `version_id` is now (is_ready: its status is `ready`, so its files are in the blob store)."""
     workers = list(workers)
-    on_device = [w for w in workers if version_id in w.device_adapters]
+    on_device = [w for w in workers if version_id in w.scheduler.device_adapters]
     on_host = [w for w in workers if version_id in w.host_adapters]
-    loads = [w.adapter_load_seconds[version_id] for w in workers if version_id in w.adapter_load_seconds]
+    loads = [
+        w.scheduler.adapter_load_seconds[version_id]
+        for w in workers
+        if version_id in w.scheduler.adapter_load_seconds
+    ]
     if on_device:
         tier = "device"
     elif on_host:
@@ -42,6 +46,6 @@ def version_residency(workers: Iterable[WorkerRecord], version_id: str, is_ready
     return VersionResidency(
         tier,
         len(on_device),
-        sum(w.adapter_num_loads.get(version_id, 0) for w in workers),
+        sum(w.scheduler.adapter_num_loads.get(version_id, 0) for w in workers),
         max(loads) if loads else None,
     )

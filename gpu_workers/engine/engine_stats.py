@@ -88,7 +88,7 @@ def runner_stats(runner: ModelRunner) -> RunnerStats:
         ),  # op -> form (gpu_workers/engine/kernel_plan.py)
         kernel_choice_sources={op: choice.source for op, choice in runner.kernel_tuner.choices.items()},
         kernel_tuner_s=runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
-        engine="native",
+        backend="native",
         max_lora_rank=runner.config.max_lora_rank,
         dtype=str(runner.dtype).replace("torch.", ""),
         device=str(runner.device),

@@ -338,7 +338,7 @@ class VllmBackend:
             num_prefix_cache_hit_tokens=self.num_prefix_cache_hit_tokens,
             num_prefix_cache_query_tokens=self.num_prefix_cache_query_tokens,
             executor=VllmStats(
-                engine="vllm",
+                backend="vllm",
                 max_lora_rank=self.limits.max_lora_rank,
                 max_loras=self.limits.max_loras,
                 is_base_on_zero_adapter=self._base_lora_id is not None,

@@ -17,7 +17,7 @@ Modules:
 - step_output.py: `update_from_output` (`BatchScheduler.update_from_output`), the update after a step: computed
   and sampled tokens, stop token / EOS / length stops, first-scheduled / first-token / finish times.
 - scheduler_stats.py: `SchedulerStats`, the core's counters and the router's inputs
-  (`BatchScheduler.make_stats()`), the innermost part of a worker's stats (cluster/protocol.py `WorkerStats`).
+  (`BatchScheduler.make_stats()`), a worker's stats' `scheduler` part (cluster/protocol.py `WorkerStats`).
 - engine_stats.py: `EngineStats`, what `EngineCore.stats()` returns (SchedulerStats, the core's counters and
   the executor's typed `ExecutorStats`).
 - copy_gate.py: `CopyGate`, which sequences of a still-copying adapter run this step (CPU-assisted prefills)

@@ -6,7 +6,8 @@ cumulative counters and recent step timings (`EngineCounters`), the memory geome
 measurements as a typed `ExecutorStats` (each executor extends it: the model runner's `RunnerStats`,
 gpu_workers/engine/engine_stats.py; the twin's `SimulatedExecutorStats`; the vLLM backend's `VllmStats`).
 The worker and the twin turn it into the published `cluster.protocol.WorkerStats` with the one conversion
-`cluster.worker_stats.build_worker_stats`. Readers use its attributes (the executor's part narrowed with
+`cluster.worker_stats.build_worker_stats` (its SchedulerStats fields nested as `scheduler`; the executor's
+`ExecutorStats` fields and the step timings as `engine`, an `EngineSummary`). Readers use its attributes (the executor's part narrowed with
 isinstance, e.g. `gpu_workers.engine.engine_stats.runner_part`); `to_dict` is its one flat JSON export, for
 where JSON is written (benchmarks/peers/lorahost_engine.py), never read back by key.
 """
@@ -26,7 +27,7 @@ class ExecutorStats(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    engine: str = "native"  # the engine behind the worker (native or vllm)
+    backend: str = "native"  # the engine behind the worker (settings engine.backend: native or vllm)
     max_lora_rank: int = 0  # the largest adapter rank it serves (0: not published)
     # op -> implementation the kernel tuner chose (gpu_workers/engine/kernel_plan.py), and the tuning's cost
     kernel_choices: dict[str, str] = Field(default_factory=dict)

@@ -3,14 +3,15 @@ and the prefix cache count and hold, built by `BatchScheduler.make_stats()` (vLL
 `Scheduler.make_stats()`).
 
 One typed model, composed outwards: the engine's `EngineStats` (scheduler/core/engine_stats.py) is these
-fields plus the core's counters and the executor's typed stats; `cluster.protocol.WorkerStats` is these fields
-plus the engine's step timings and kernels and the worker's own (what GET /stats answers, built by
-`cluster.worker_stats.build_worker_stats`), `cluster.membership.WorkerRecord` is
+fields plus the core's counters and the executor's typed stats; `cluster.protocol.WorkerStats` holds these
+fields as its `scheduler` part, next to the engine's `EngineSummary` and the worker's own fields (what GET
+/stats answers, built by `cluster.worker_stats.build_worker_stats`), `cluster.membership.WorkerRecord` is
 WorkerStats plus the worker's URL (what heartbeats carry) and the router reads its `WorkerView` off a
-record by field name (`cluster.worker_view.worker_view`). A routing signal the core computes is a field
-here, filled in `make_stats` below, and a field of `scheduler.routing.router.WorkerView` that a policy reads: two
-files. Field names are JSON names (the engine's flat stats, /stats and heartbeats use them); every field
-has a default, so a worker whose engine publishes less still parses.
+record (`cluster.worker_view.worker_view`). A routing signal the core computes is a field here, filled in
+`make_stats` below, a field of `scheduler.routing.router.WorkerView` that a policy reads, and one line of
+`worker_view` (tests/cluster/test_worker_view.py fails while it is missing). Field names are JSON names
+(the engine's flat export and the `scheduler` object of /stats and heartbeats use them); every field has a
+default, so a worker whose engine publishes less still parses; unknown fields are refused.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 class SchedulerStats(BaseModel):
     """Queues, page pool split, adapter residency and cache counters, and the router's inputs."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     # queues
     num_running: int = 0

@@ -290,7 +290,7 @@ def test_client_disconnect_mid_stream_aborts_and_meters_delivered_tokens_once(st
     row = _wait_for_row(stack, key)
     assert row.status == "aborted", row.error_message
     assert 3 <= row.completion_tokens < 900 and row.prompt_tokens > 0
-    assert wait_for(lambda: stack.directory.list_live()[0].num_running == 0), (
+    assert wait_for(lambda: stack.directory.list_live()[0].scheduler.num_running == 0), (
         "the engine request was not aborted"
     )
     assert len(rows_of(stack, key)) == 1

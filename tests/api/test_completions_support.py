@@ -21,6 +21,7 @@ from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
 from cluster.protocol import GenerateRequest
 from registry import repository
 from registry.models import AdapterVersion, UsageRecord
+from scheduler.core.scheduler_stats import SchedulerStats
 
 if TYPE_CHECKING:
     from tests.api.conftest import TenantHandle
@@ -87,9 +88,8 @@ class ScriptedWorkers:
             worker_id,
             worker.url,
             base_model,
-            num_running=num_running,
             max_num_seqs=8,
-            device_adapters=device_adapters,
+            scheduler=SchedulerStats(num_running=num_running, device_adapters=device_adapters),
         )
         self.directory.heartbeat(record, ttl_s=3600)
         return worker

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from api.inference.predict import MaxTokensPredictor, PredictionInput
 from cluster.membership import WorkerRecord
 from cluster.protocol import WORKER_ERROR_STATUS, tenant_status
+from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.routing.router import ResidencyThenLeastLoaded
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
@@ -83,10 +84,10 @@ def test_the_default_router_keeps_a_light_tenant_on_a_worker_where_only_a_floode
             worker_id,
             worker.url,
             BASE_MODEL,
-            num_running=running,
-            num_waiting=sum(queued.values()),
             max_num_seqs=8,
-            num_waiting_by_tenant=queued,
+            scheduler=SchedulerStats(
+                num_running=running, num_waiting=sum(queued.values()), num_waiting_by_tenant=queued
+            ),
         )
         workers.directory.heartbeat(record, ttl_s=3600)
     assert _complete(client, tenant).status_code == 200

@@ -2,6 +2,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import ApiMetrics
 from cluster.membership import WorkerRecord
+from cluster.protocol import EngineSummary
+from scheduler.core.scheduler_stats import SchedulerStats
 
 
 def _samples(text: bytes) -> dict[tuple[str, tuple], float]:
@@ -29,11 +31,9 @@ def test_worker_gauges_come_from_live_worker_records() -> None:
         "w1",
         "http://x",
         "base",
-        num_running=2,
-        num_waiting=3,
-        device_adapters=("a", "b"),
         host_adapters=("c",),
         num_cache_hits=7,
+        scheduler=SchedulerStats(num_running=2, num_waiting=3, device_adapters=("a", "b")),
     )
     samples = _samples(ApiMetrics(lambda: [record]).render())
     assert samples[("lorahost_worker_queue_depth", (("worker", "w1"),))] == 3
@@ -47,17 +47,19 @@ def test_worker_device_adapter_cache_counters_load_time_and_page_split_are_expor
         "w1",
         "http://x",
         "base",
-        num_adapter_hits=9,
-        num_adapter_misses=2,
-        num_adapter_evictions=4,
-        num_adapter_prefetches=3,
-        num_timed_adapter_loads=5,
-        adapter_load_seconds_total=0.5,
-        num_kv_pages_used=10,
-        num_adapter_pages=6,
-        num_free_pool_pages=20,
-        num_cpu_assisted_prefills=8,
-        num_copy_waits=1,
+        scheduler=SchedulerStats(
+            num_adapter_hits=9,
+            num_adapter_misses=2,
+            num_adapter_evictions=4,
+            num_adapter_prefetches=3,
+            num_timed_adapter_loads=5,
+            adapter_load_seconds_total=0.5,
+            num_kv_pages_used=10,
+            num_adapter_pages=6,
+            num_free_pool_pages=20,
+            num_cpu_assisted_prefills=8,
+            num_copy_waits=1,
+        ),
     )
     samples = _samples(ApiMetrics(lambda: [record]).render())
     worker = (("worker", "w1"),)
@@ -75,9 +77,18 @@ def test_worker_device_adapter_cache_counters_load_time_and_page_split_are_expor
 
 def test_each_workers_engine_and_its_requests_per_adapter_are_exported() -> None:
     native = WorkerRecord(
-        "w1", "http://x", "base", num_running_by_adapter={"a": 2}, num_waiting_by_adapter={"b": 1}
+        "w1",
+        "http://x",
+        "base",
+        scheduler=SchedulerStats(num_running_by_adapter={"a": 2}, num_waiting_by_adapter={"b": 1}),
     )
-    vllm = WorkerRecord("w2", "http://y", "base", engine="vllm", num_running_by_adapter={"b": 3})
+    vllm = WorkerRecord(
+        "w2",
+        "http://y",
+        "base",
+        engine=EngineSummary(backend="vllm"),
+        scheduler=SchedulerStats(num_running_by_adapter={"b": 3}),
+    )
     samples = _samples(ApiMetrics(lambda: [native, vllm]).render())
     for worker, engine in (("w1", "native"), ("w2", "vllm")):
         labels = (("base_model", "base"), ("engine", engine), ("worker", worker))

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from cluster.membership import WorkerRecord
 from cluster.routing_table import ModelDemand, RoutingTable, WorkerPlacement
+from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.routing.router import RouteRequest, WorkerView
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, add_ready_version
@@ -131,7 +132,7 @@ def test_idle_model_scales_to_zero_and_unknown_model_reports_zero(make_client) -
     services.worker_directory = workers.directory
     item = client.get("/v1/admin/scaling", params={"base_model": BASE_MODEL}, headers=ADMIN).json()
     assert (item["desired_workers"], item["live_workers"]) == (0, 1) and item["reason"].startswith("idle")
-    busy = WorkerRecord("w1", "http://w1", BASE_MODEL, num_running=2)
+    busy = WorkerRecord("w1", "http://w1", BASE_MODEL, scheduler=SchedulerStats(num_running=2))
     workers.directory.heartbeat(busy, 60)
     item = client.get("/v1/admin/scaling", params={"base_model": BASE_MODEL}, headers=ADMIN).json()
     assert item["desired_workers"] == 1  # serving now: not idle, whatever the last published demand says

@@ -12,7 +12,9 @@ from sqlalchemy.orm import Session
 
 from api.live_workers import cached_live_workers, live_workers
 from cluster.membership import InMemoryWorkerDirectory, WorkerRecord
+from cluster.protocol import EngineSummary
 from cluster.worker_view import worker_view
+from scheduler.core.scheduler_stats import SchedulerStats
 from scheduler.routing.caraserve_router import RankAwareRouter
 from scheduler.routing.perf_model import DEFAULT_PERF_MODEL, LinearLatency, PerfModel
 from scheduler.routing.router import RouteRequest, WorkerView
@@ -70,11 +72,9 @@ def test_the_rank_aware_policy_keeps_a_low_rank_request_off_the_high_rank_worker
                 worker_id,
                 worker.url,
                 BASE_MODEL,
-                num_running=2,
                 max_num_seqs=8,
-                device_adapters=(version.id,),
-                running_ranks=ranks,
                 perf_model=_max_form_profile(),
+                scheduler=SchedulerStats(num_running=2, device_adapters=(version.id,), running_ranks=ranks),
             ),
             ttl_s=3600,
         )
@@ -89,7 +89,11 @@ def test_an_adapter_above_every_workers_rank_limit_is_refused_with_a_400_naming_
     narrow, wide = workers.add("narrow"), workers.add("wide")
     for worker_id, worker, limit in (("narrow", narrow, 16), ("wide", wide, 32)):
         record = WorkerRecord(
-            worker_id, worker.url, BASE_MODEL, max_num_seqs=8, engine="vllm", max_lora_rank=limit
+            worker_id,
+            worker.url,
+            BASE_MODEL,
+            max_num_seqs=8,
+            engine=EngineSummary(backend="vllm", max_lora_rank=limit),
         )
         workers.directory.heartbeat(record, ttl_s=3600)
     response = _complete(client, tenant, "wide")
@@ -105,16 +109,16 @@ def test_worker_view_carries_the_routing_state_and_parses_the_profile() -> None:
         "w1",
         "http://w1",
         "base",
-        num_running=1,
-        running_ranks=(64,),
-        waiting_ranks=(8, 0),
-        num_waiting_prompt_tokens=30,
-        adapter_ranks={"a": 64},
-        num_free_pool_pages=5,
-        decode_step_ms=7.0,
-        prefill_step_ms=20.0,
         perf_model=DEFAULT_PERF_MODEL.to_dict(),
-        max_lora_rank=32,
+        scheduler=SchedulerStats(
+            num_running=1,
+            running_ranks=(64,),
+            waiting_ranks=(8, 0),
+            num_waiting_prompt_tokens=30,
+            adapter_ranks={"a": 64},
+            num_free_pool_pages=5,
+        ),
+        engine=EngineSummary(decode_step_ms=7.0, prefill_step_ms=20.0, max_lora_rank=32),
     )
     view = worker_view(record)
     assert view.max_lora_rank == 32

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cluster.protocol import WorkerStats
 from lorahost.dev_cluster import DevCluster
 from tests.cluster.cluster_client import (
     BASE_MODEL,
@@ -79,21 +80,21 @@ def _complete(cluster: DevCluster, key: str, model: str) -> dict[str, Any]:
     return dict(response.json())
 
 
-def _worker_stats(cluster: DevCluster, index: int) -> dict[str, Any]:
+def _worker_stats(cluster: DevCluster, index: int) -> WorkerStats:
     worker = cluster.workers[index]
     response = httpx.get(
         f"{worker.url}/internal/v1/stats",
         headers={"Authorization": f"Bearer {cluster.internal_token}"},
         timeout=30,
     )
-    return dict(response.json())
+    return WorkerStats.model_validate_json(response.content)
 
 
 def test_one_native_and_one_vllm_worker_serve_the_same_adapters_metered_once(
     cluster: DevCluster, tiny64: Path
 ) -> None:
     assert [w.engine for w in cluster.workers] == ["vllm", "native"]
-    assert [_worker_stats(cluster, i)["engine"] for i in (0, 1)] == ["vllm", "native"]
+    assert [_worker_stats(cluster, i).engine.backend for i in (0, 1)] == ["vllm", "native"]
     tenant_id, key = new_tenant(cluster)
     adapters = tiny64 / "adapters"
     for name in ("adapter-00", "adapter-01"):

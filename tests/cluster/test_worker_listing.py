@@ -9,7 +9,9 @@ import logging
 import pytest
 
 from cluster.membership import InMemoryWorkerDirectory, RedisWorkerDirectory, WorkerRecord
+from cluster.protocol import EngineSummary
 from cluster.worker_listing import CachedWorkerListing
+from scheduler.core.scheduler_stats import SchedulerStats
 from tests.services import redis_with_prefix
 
 
@@ -37,7 +39,9 @@ class CountingDirectory(InMemoryWorkerDirectory):
 
 
 def _record(worker_id: str, running: int = 0) -> WorkerRecord:
-    return WorkerRecord(worker_id, f"http://{worker_id}", "base", num_running=running)
+    return WorkerRecord(
+        worker_id, f"http://{worker_id}", "base", scheduler=SchedulerStats(num_running=running)
+    )
 
 
 def test_listing_is_read_once_per_ttl() -> None:
@@ -82,7 +86,7 @@ def test_a_failing_directory_keeps_the_last_view_logs_once_and_retries_once_per_
         clock.now += 0.5
         for _ in range(10):  # ten requests per TTL: one read attempt
             records = listing.list_live(directory)
-            assert [(r.worker_id, r.num_running) for r in records] == [("w1", 3)]
+            assert [(r.worker_id, r.scheduler.num_running) for r in records] == [("w1", 3)]
     assert listing.is_stale
     assert directory.num_reads == 1 + 5
     unreadable = [r for r in caplog.records if "unreadable" in r.getMessage()]
@@ -131,14 +135,15 @@ def test_routing_fields_round_trip_through_redis() -> None:
             "w1",
             "http://w1",
             "base",
-            adapter_ranks={"a": 64},
-            running_ranks=(64, 0),
-            waiting_ranks=(8,),
-            num_waiting_prompt_tokens=12,
-            num_waiting_by_queue=(1,),
-            decode_step_ms=9.5,
-            prefill_step_ms=None,
             perf_model={"version": 1},
+            scheduler=SchedulerStats(
+                adapter_ranks={"a": 64},
+                running_ranks=(64, 0),
+                waiting_ranks=(8,),
+                num_waiting_prompt_tokens=12,
+                num_waiting_by_queue=(1,),
+            ),
+            engine=EngineSummary(decode_step_ms=9.5, prefill_step_ms=None),
         )
         directory.heartbeat(record, ttl_s=30)
         assert directory.list_live() == [record]
@@ -149,5 +154,7 @@ def test_routing_fields_round_trip_through_redis() -> None:
 def test_records_of_older_workers_parse_with_the_routing_defaults() -> None:
     raw = json.dumps({"worker_id": "w1", "url": "http://w1", "base_model": "base", "num_running": 2})
     record = WorkerRecord.from_json(raw)
-    assert record.running_ranks == () and record.adapter_ranks == {} and record.perf_model is None
-    assert record.decode_step_ms is None and record.num_waiting_by_queue == ()
+    core = record.scheduler
+    assert core.num_running == 2 and core.running_ranks == () and core.adapter_ranks == {}
+    assert record.perf_model is None and record.engine.decode_step_ms is None
+    assert core.num_waiting_by_queue == ()

@@ -23,6 +23,7 @@ from lorahost.embedded_models import EmbeddedModelPool
 from migrations.runner import upgrade
 from registry.base_model_catalog import add_base_model
 from registry.storage import LocalBlobStore
+from scheduler.core.scheduler_stats import SchedulerStats
 from settings import Settings
 from tests.api.conftest import ADAPTER_FILES, ADMIN, ADMIN_KEY
 from tests.api.test_completions_support import usage_rows
@@ -78,10 +79,10 @@ def test_a_waited_for_model_starts_with_its_own_settings_and_stops_when_idle(
     assert worker.settings.worker.id == f"embedded-{WIDE}"
     assert worker.settings.resolved_host_cache_dir() == tmp_path / "workers" / WIDE / "host_cache"
     waiting[WIDE] = 0
-    directory.heartbeat(WorkerRecord("embedded-wide", "http://w", WIDE, num_running=1), ttl_s=3600)
+    directory.heartbeat(_busy("embedded-wide", "http://w", WIDE, 1), ttl_s=3600)
     clock.now = 1000.0
     assert pool.step().to_stop == ()  # busy: never stopped
-    directory.heartbeat(WorkerRecord("embedded-wide", "http://w", WIDE, num_running=0), ttl_s=3600)
+    directory.heartbeat(_busy("embedded-wide", "http://w", WIDE, 0), ttl_s=3600)
     pool.step()  # idle from now on
     clock.now = 1059.0
     assert pool.step().to_stop == ()
@@ -112,6 +113,11 @@ SMALL_POOLS = {
     "engine_max_lora_rank": 8,
 }
 MEMINFO = "MemTotal: 1000000 kB\n"
+
+
+def _busy(worker_id: str, url: str, base_model: str, num_running: int) -> WorkerRecord:
+    """A live worker's record with `num_running` requests running."""
+    return WorkerRecord(worker_id, url, base_model, scheduler=SchedulerStats(num_running=num_running))
 
 
 def _pool(
@@ -179,13 +185,13 @@ def test_an_idle_model_is_stopped_for_a_new_one_and_busy_ones_make_it_wait_sayin
     directory, waiting, clock = InMemoryWorkerDirectory(), {"other": 1}, Clock()
     pool = _pool(settings, db_session_factory, waiting, pinned=pinned, directory=directory, clock=clock)
     assert pool.step().to_start == ("other",)
-    directory.heartbeat(WorkerRecord("embedded-other", "http://o", "other", num_running=1), ttl_s=3600)
+    directory.heartbeat(_busy("embedded-other", "http://o", "other", 1), ttl_s=3600)
     waiting.update({"other": 0, WIDE: 2})
     busy = pool.step()
     assert busy.to_start == () and busy.to_stop == ()  # never stops a busy model
     refusal = pool.refusals.get(WIDE)
     assert refusal is not None and not refusal.is_final and "waits for memory" in refusal.message
-    directory.heartbeat(WorkerRecord("embedded-other", "http://o", "other", num_running=0), ttl_s=3600)
+    directory.heartbeat(_busy("embedded-other", "http://o", "other", 0), ttl_s=3600)
     clock.now = 10.0
     idle = pool.step()  # idle long before its timeout, but the least recently used idle model makes room
     assert (idle.to_start, idle.to_stop) == ((WIDE,), ("other",))

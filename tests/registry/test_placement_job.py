@@ -14,6 +14,7 @@ from registry import repository
 from registry.models import AdapterVersion, new_id
 from registry.placement_job import run_placement
 from registry.usage import open_usage
+from scheduler.core.scheduler_stats import SchedulerStats
 from settings import Settings
 
 BASE = "lorahost-base"
@@ -71,7 +72,12 @@ def add_usage(
 def directory_with(*workers: tuple[str, tuple[str, ...]]) -> InMemoryWorkerDirectory:
     directory = InMemoryWorkerDirectory()
     for worker_id, device in workers:
-        directory.heartbeat(WorkerRecord(worker_id, f"http://{worker_id}", BASE, device_adapters=device), 60)
+        directory.heartbeat(
+            WorkerRecord(
+                worker_id, f"http://{worker_id}", BASE, scheduler=SchedulerStats(device_adapters=device)
+            ),
+            60,
+        )
     return directory
 
 
@@ -173,7 +179,12 @@ def test_old_holder_is_asked_to_drop_only_after_a_full_period(
     # w1 holds both adapters (and one no table places) from before placement ran; each adapter it is not
     # assigned is dropped once two tables in a row leave it out
     directory = directory_with(("w0", ()), ("w1", ()))
-    directory.heartbeat(WorkerRecord("w1", "http://w1", BASE, device_adapters=(hot, warm, "unplaced")), 60)
+    directory.heartbeat(
+        WorkerRecord(
+            "w1", "http://w1", BASE, scheduler=SchedulerStats(device_adapters=(hot, warm, "unplaced"))
+        ),
+        60,
+    )
     first = run_placement(db_session_factory, directory, store, SETTINGS, now=NOW, drop=drop)
     assert calls == []  # no previous table: API servers may still route anywhere
     holders = {k: {w for w, _ in row} for k, row in first.rows.items()}

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cluster.worker_view import worker_view
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from settings import Settings
 from tests.twin.profile_helpers import round_cost_model
@@ -187,7 +188,8 @@ def test_every_request_finishes_once_on_one_worker_within_its_batch_limit(
         assert record.finish_reason == "length" and record.num_output_tokens == request.num_output_tokens
         assert record.arrival_s == request.arrival_s
     for node in sim.nodes.values():
-        assert node.stats().num_preemptions == 0  # so [first scheduled, finish) is when a request runs
+        # no preemption, so [first scheduled, finish) is when a request runs
+        assert node.stats().scheduler.num_preemptions == 0
         assert _concurrency(list(node.sim.records.values())) <= max_num_seqs
     assert result.simulated_s_per_wall_s > 0
 
@@ -213,3 +215,24 @@ def test_the_twin_sizes_its_workers_for_the_rank_production_resolves(monkeypatch
         settings_.engine, model_path=Path("."), max_lora_rank=settings_.resolved_max_lora_rank()
     )
     assert ranks == [production.max_lora_rank] == [16]
+
+
+@pytest.mark.parametrize(
+    ("flat", "rank"), [({"engine_max_lora_rank": 16, "max_rank": 256}, 16), ({"max_rank": 64}, 64)]
+)
+def test_the_twins_workers_publish_the_rank_limit_production_resolves(
+    flat: dict[str, Any], rank: int
+) -> None:
+    """The router reads each worker's published max_lora_rank (`serves_rank`, `rank_limit_refusal`): the twin's
+    workers publish the rank production's engine gets (`Settings.resolved_max_lora_rank` -> `EngineConfig`
+    -> `RunnerStats`); they published 0, "no limit", before (issue 34)."""
+    from gpu_workers.engine.config import EngineConfig
+
+    settings_ = _settings(**flat)
+    production = EngineConfig.from_section(
+        settings_.engine, model_path=Path("."), max_lora_rank=settings_.resolved_max_lora_rank()
+    )
+    trace = [TraceRequest("a1", 0.0, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")]
+    [worker] = _run(trace, settings_, num_initial_workers=1, is_autoscaling=False).workers
+    assert worker.stats.engine.max_lora_rank == production.max_lora_rank == rank
+    assert worker_view(worker.stats).max_lora_rank == rank

@@ -30,7 +30,8 @@ def _worker(
         SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
         adapter_cache_bytes=4 * MB, max_lora_rank=64,
     )  # fmt: skip
-    return SimulatedWorker(settings, geometry, round_cost_model(prepare_gbps=prepare_gbps), adapters)
+    cost_model = round_cost_model(prepare_gbps=prepare_gbps)
+    return SimulatedWorker(settings, geometry, cost_model, adapters, max_lora_rank=64)
 
 
 def test_one_request_prefills_then_decodes_at_the_profiles_step_times() -> None:
@@ -124,7 +125,7 @@ def test_a_cpu_assisted_prefill_switches_to_the_device_copy_when_it_lands() -> N
         SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
         adapter_cache_bytes=4 * MB, max_lora_rank=64,
     )  # fmt: skip
-    worker = SimulatedWorker(settings, geometry, cost_model, [AdapterSpec("a", 8, 40_000)])
+    worker = SimulatedWorker(settings, geometry, cost_model, [AdapterSpec("a", 8, 40_000)], max_lora_rank=64)
     [record] = worker.run([TraceRequest("r", 0.0, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")])
     # the prefill starts at once on the host copy; its host part ends when the copy lands at 20 ms, the
     # device part (2 ms) is shorter: the step ends at 20 ms, not at 80 ms

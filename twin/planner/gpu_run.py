@@ -98,7 +98,7 @@ def run_gpu(
     except ValueError as exc:
         return _overflow(str(exc), started)
     specs = [AdapterSpec(a.adapter_id, a.rank, adapter_device_bytes(profile, a)) for a in setup.adapters]
-    worker = SimulatedWorker(settings, geometry, CostModel(profile), specs)
+    worker = SimulatedWorker(settings, geometry, CostModel(profile), specs, max_lora_rank=max_lora_rank)
     measured = generate_trace(
         workload, setup.adapters, duration_s, seed=seed, max_model_len=geometry.max_model_len
     )

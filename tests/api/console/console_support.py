@@ -61,7 +61,8 @@ def csrf_of(html: str) -> str:
 
 
 def publish_worker(client: TestClient, **stats: Any) -> None:
-    """Publish one live worker `w1` with these stats as the app's worker directory."""
+    """Publish one live worker `w1` with these stats (WorkerStats fields: `scheduler=SchedulerStats(...)`
+    for the engine core's) as the app's worker directory."""
     directory = InMemoryWorkerDirectory()
     directory.heartbeat(WorkerRecord("w1", "http://w1", BASE_MODEL, **stats), ttl_s=3600)
     client.app.state.services.worker_directory = directory  # type: ignore[attr-defined]

@@ -13,7 +13,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.console.templating import TEMPLATES
+from cluster.protocol import EngineSummary
 from registry.models import Tenant
+from scheduler.core.scheduler_stats import SchedulerStats
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.console.console_support import publish_worker, sign_in
 from tests.api.test_completions_support import add_ready_version
@@ -87,14 +89,19 @@ def test_workers_page_shows_queues_pages_and_resident_adapters_by_name(
     client: TestClient, tenant: TenantHandle, db_session: Session
 ) -> None:
     version = add_ready_version(db_session, tenant.id, "hot")
-    publish_worker(
-        client, num_waiting=2, num_waiting_by_queue=(1, 1), num_pool_pages=100,
-        num_kv_pages_used=30, num_adapter_pages=10, num_free_pool_pages=60, device_adapters=(version.id,),
+    core = SchedulerStats(
+        num_running=3, num_waiting=2, num_waiting_by_queue=(1, 1), num_pool_pages=100, num_kv_pages_used=30,
+        num_adapter_pages=10, num_free_pool_pages=60, device_adapters=(version.id,), num_adapter_hits=7,
+        num_adapter_misses=4,
     )  # fmt: skip
+    engine = EngineSummary(backend="vllm", decode_step_ms=12.5, prefill_step_ms=40.0)
+    publish_worker(client, scheduler=core, engine=engine)
     sign_in(client, ADMIN_KEY)
     page = client.get("/console/admin/workers")
     assert page.status_code == 200 and "<code>w1</code>" in page.text
-    assert "30 / 10 / 60 / 100" in page.text and "1 / 1" in page.text
+    assert "30 / 10 / 60 / 100" in page.text and "1 / 1" in page.text and "7 / 4" in page.text
+    assert "<td>vllm</td>" in page.text and "<td>3</td><td>2</td>" in page.text
+    assert "12.5 ms / 40.0 ms" in page.text and "Device</b> (1)" in page.text
     assert f"{tenant.name}/hot@1" in page.text and "data-chart=" in page.text
 
 

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.console.session import SESSION_COOKIE
+from scheduler.core.scheduler_stats import SchedulerStats
 from tests.api.conftest import ADMIN, TenantHandle, adapter_paths, multipart_files
 from tests.api.console.console_support import publish_worker, sign_in
 from tests.api.test_completions_support import (
@@ -75,9 +76,13 @@ def test_residency_cold_starts_and_load_time_come_from_the_live_workers(
 ) -> None:
     version = add_ready_version(db_session, tenant.id, "hot")
     publish_worker(
-        client, device_adapters=(version.id,),
-        adapter_num_loads={version.id: 3}, adapter_load_seconds={version.id: 0.0125},
-    )  # fmt: skip
+        client,
+        scheduler=SchedulerStats(
+            device_adapters=(version.id,),
+            adapter_num_loads={version.id: 3},
+            adapter_load_seconds={version.id: 0.0125},
+        ),
+    )
     sign_in(client, tenant.key)
     page = client.get("/console/adapters/hot")
     assert 'tier-device">device' in page.text and "(1 workers)" in page.text

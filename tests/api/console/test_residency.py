@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from api.console.residency import version_residency
 from cluster.membership import WorkerRecord
+from scheduler.core.scheduler_stats import SchedulerStats
 
 
-def _worker(worker_id: str, **stats: object) -> WorkerRecord:
-    return WorkerRecord(worker_id, f"http://{worker_id}", "base", **stats)
+def _worker(worker_id: str, host_adapters: tuple[str, ...] = (), **core: Any) -> WorkerRecord:
+    scheduler = SchedulerStats(**core)
+    return WorkerRecord(
+        worker_id, f"http://{worker_id}", "base", host_adapters=host_adapters, scheduler=scheduler
+    )
 
 
 def test_the_best_tier_wins_and_counts_add_up_across_workers() -> None:

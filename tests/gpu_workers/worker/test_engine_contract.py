@@ -150,8 +150,8 @@ def _stats(worker: RunningWorker) -> WorkerStats:
 
 def test_the_worker_says_which_engine_serves_and_its_rank_limit(engine_worker: RunningWorker) -> None:
     stats = _stats(engine_worker)
-    assert stats.engine == engine_worker.settings.engine.backend
-    assert stats.max_lora_rank == MAX_LORA_RANK
+    assert stats.engine.backend == engine_worker.settings.engine.backend
+    assert stats.engine.max_lora_rank == MAX_LORA_RANK
 
 
 @pytest.mark.parametrize("adapter", [None, *SERVED])
@@ -202,7 +202,7 @@ def test_closing_a_stream_aborts_its_request(engine_worker: RunningWorker, oracl
         first = next(line for line in response.iter_lines() if line)
         assert GenerateEvent.model_validate_json(first).type == "delta"
     # the worker saw the disconnect: nothing of the request is left running or counted active
-    assert wait_for(lambda: (s := _stats(engine_worker)).num_running == 0 and s.num_active == 0)
+    assert wait_for(lambda: (s := _stats(engine_worker)).scheduler.num_running == 0 and s.num_active == 0)
     [(status, events, _)] = _run(engine_worker, [_body("after-abort", PROMPTS[1], None)])
     assert status == 200 and _tokens(events) == oracle_tokens[(1, None)]
 
@@ -213,12 +213,13 @@ def test_prefetch_and_drop_show_in_residency(engine_worker: RunningWorker) -> No
         response = client.post("/adapters/prefetch", json=ref.model_dump())
         assert response.status_code == 200 and response.json()["residency"] == "device"
         stats = _stats(engine_worker)
-        assert ref.adapter_key in stats.device_adapters and stats.adapter_ranks[ref.adapter_key] == 16
+        core = stats.scheduler
+        assert ref.adapter_key in core.device_adapters and core.adapter_ranks[ref.adapter_key] == 16
         assert client.post("/adapters/drop", json={"adapter_key": ref.adapter_key}).json() == {
             "dropped": True
         }
     stats = _stats(engine_worker)
-    assert ref.adapter_key not in stats.device_adapters
+    assert ref.adapter_key not in stats.scheduler.device_adapters
     assert ref.adapter_key in stats.host_adapters  # the verified files stay in the worker's host cache
 
 
@@ -256,8 +257,8 @@ def test_a_bad_or_over_rank_adapter_fails_alone(
     assert s_base == 200 and _tokens(base) == oracle_tokens[(2, None)]
     stats = _stats(engine_worker)
     assert (
-        broken.adapter_key not in stats.device_adapters
-        and refs["adapter-03"].adapter_key not in stats.device_adapters
+        broken.adapter_key not in stats.scheduler.device_adapters
+        and refs["adapter-03"].adapter_key not in stats.scheduler.device_adapters
     )
 
 
@@ -270,9 +271,9 @@ def test_prefix_cache_hits_stay_within_a_tenant(engine_worker: RunningWorker) ->
             engine_worker, [_body(request_id, prompt, None, max_tokens=2, tenant_id=tenant)]
         )
         assert status == 200, error
-        return _stats(engine_worker).num_prefix_cache_hit_tokens
+        return _stats(engine_worker).scheduler.num_prefix_cache_hit_tokens
 
-    before = _stats(engine_worker).num_prefix_cache_hit_tokens
+    before = _stats(engine_worker).scheduler.num_prefix_cache_hit_tokens
     first = hits_after("prefix-a1", "tenant-a")
     assert first == before  # nothing cached yet
     again = hits_after("prefix-a2", "tenant-a")

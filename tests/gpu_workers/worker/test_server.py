@@ -169,7 +169,7 @@ def test_concurrent_first_requests_fetch_and_load_the_adapter_once(
     assert len({tuple(t for e in r for t in e.token_ids) for r in results}) == 1
     assert service.host_cache.stats().num_fetches == fetches + 1
     assert service.engine.engine_stats().num_adapter_loads == loads + 1  # one copy to the device
-    assert _stats(worker.client(timeout=30)).num_adapter_loads == loads + 1
+    assert _stats(worker.client(timeout=30)).scheduler.num_adapter_loads == loads + 1
     assert "v-concurrent" in service.adapters.device_adapters()
 
 
@@ -185,7 +185,7 @@ def test_sha_mismatch_or_missing_blob_is_adapter_unavailable(
         assert response.status_code == 424
         error = response.json()["error"]
         assert error["type"] == "adapter_unavailable" and ref.adapter_key in error["message"]
-        assert ref.adapter_key not in _stats(client).device_adapters
+        assert ref.adapter_key not in _stats(client).scheduler.device_adapters
 
 
 def test_prefetch_drop_and_residency(
@@ -195,14 +195,14 @@ def test_prefetch_drop_and_residency(
     response = client.post("/adapters/prefetch", json=ref.model_dump())
     assert response.json() == {"adapter_key": "v-prefetch", "residency": "device"}
     loaded = _stats(client)
-    assert "v-prefetch" in loaded.device_adapters
+    assert "v-prefetch" in loaded.scheduler.device_adapters
     # the engine's adapter cache counters and page split reach /stats
-    assert loaded.num_timed_adapter_loads >= 1 and loaded.adapter_load_seconds_total > 0
-    assert loaded.num_adapter_pages > 0 and loaded.num_free_pool_pages > 0
+    assert loaded.scheduler.num_timed_adapter_loads >= 1 and loaded.scheduler.adapter_load_seconds_total > 0
+    assert loaded.scheduler.num_adapter_pages > 0 and loaded.scheduler.num_free_pool_pages > 0
     assert client.post("/adapters/drop", json={"adapter_key": "v-prefetch"}).json() == {"dropped": True}
     stats = _stats(client)
-    assert "v-prefetch" not in stats.device_adapters and "v-prefetch" in stats.host_adapters
-    assert stats.num_adapter_evictions > loaded.num_adapter_evictions
+    assert "v-prefetch" not in stats.scheduler.device_adapters and "v-prefetch" in stats.host_adapters
+    assert stats.scheduler.num_adapter_evictions > loaded.scheduler.num_adapter_evictions
     assert client.post("/adapters/drop", json={"adapter_key": "v-prefetch"}).json() == {"dropped": False}
 
 
@@ -211,21 +211,15 @@ def test_health_ready_stats_and_heartbeat_record(worker: RunningWorker, client: 
     assert client.get("/ready").status_code == 200
     stats = _stats(client)
     assert stats.worker_id == worker.worker_id and stats.is_ready and not stats.is_draining
-    assert stats.num_total_kv_blocks == 256
+    assert stats.scheduler.num_total_kv_blocks == 256
     # the kernels this machine's tuner chose for the worker's model (gpu_workers/engine/kernel_plan.py)
-    assert set(stats.kernel_choices) == {
-        "linear_weights",
-        "prefill_gemm",
-        "decode_attention",
-        "decode_lora",
-        "prefill_attention",
-    }
-    assert stats.kernel_tuner_s >= 0.0
+    kernels = {"linear_weights", "prefill_gemm", "decode_attention", "decode_lora", "prefill_attention"}
+    assert set(stats.engine.kernel_choices) == kernels and stats.engine.kernel_tuner_s >= 0.0
     [record] = worker.directory.list_live()
     assert record.worker_id == worker.worker_id and record.url == worker.url and record.is_ready
     # the record is the worker's stats plus its URL, typed (one model: WorkerRecord.from_stats)
     assert set(WorkerRecord.model_fields) == set(WorkerStats.model_fields) | {"url"}
-    assert record.num_total_kv_blocks == 256 and record.max_num_seqs == stats.max_num_seqs
+    assert record.scheduler.num_total_kv_blocks == 256 and record.max_num_seqs == stats.max_num_seqs
 
 
 def test_prefetch_evicts_idle_adapters_first_and_never_refuses_for_room(

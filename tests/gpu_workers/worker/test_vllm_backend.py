@@ -247,7 +247,7 @@ def test_stats_show_residency_by_tier(tmp_path: Path) -> None:
 
     stats = asyncio.run(main())
     assert stats.device_adapters == ("on-vllm",) and stats.num_host_adapters == 1
-    assert stats.adapter_ranks == {"host-only": 8, "on-vllm": 8} and stats.executor.engine == "vllm"
+    assert stats.adapter_ranks == {"host-only": 8, "on-vllm": 8} and stats.executor.backend == "vllm"
 
 
 def test_base_model_requests_run_on_the_zero_adapter_and_take_a_slot(tmp_path: Path) -> None:
@@ -307,7 +307,7 @@ def test_running_and_waiting_requests_are_counted_per_adapter_and_tenant(tmp_pat
     assert stats.num_running_by_adapter == {"a": 2} and stats.num_waiting_by_adapter == {"b": 1}
     assert stats.num_waiting_by_tenant == {"t2": 1}
     assert stats.running_ranks == (8, 8) and stats.waiting_ranks == (8,)
-    assert stats.num_waiting_prompt_tokens == 3 and stats.executor.engine == "vllm"
+    assert stats.num_waiting_prompt_tokens == 3 and stats.executor.backend == "vllm"
 
 
 def test_fair_share_is_charged_for_the_tokens_vllm_makes(tmp_path: Path) -> None:

@@ -128,7 +128,7 @@ def test_prepare_returns_with_the_adapter_on_the_host_and_the_stream_loads_it(
 ) -> None:
     ref = put_adapter(two_slot_worker.extra["blobs"], "host-first", adapter_dirs["adapter-01"])
     service = _service(two_slot_worker)
-    loads_before = service.stats(service.engine.engine_stats()).num_adapter_loads
+    loads_before = service.stats(service.engine.engine_stats()).scheduler.num_adapter_loads
     prepared = _on_worker_loop(two_slot_worker, service.prepare(_request("host-first-1", ref)))
     assert service.adapters.residency("host-first") == "host"  # registered, nothing on the device yet
     assert "host-first" not in service.engine.device_adapters()
@@ -137,7 +137,7 @@ def test_prepare_returns_with_the_adapter_on_the_host_and_the_stream_loads_it(
     assert events[-1].type == "final" and _tokens(events) == _solo_tokens(fp32_engine, "adapter-01")
     assert service.adapters.residency("host-first") == "device"
     assert (
-        service.stats(service.engine.engine_stats()).num_adapter_loads == loads_before + 1
+        service.stats(service.engine.engine_stats()).scheduler.num_adapter_loads == loads_before + 1
     )  # the engine's copy
 
     hits_before = service.adapters.counters.num_cache_hits
