@@ -12,11 +12,11 @@ import torch
 from gpu_workers.engine.kernel_plan import KernelPlan
 from gpu_workers.engine.layers.host_lora import HostLora
 from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch, LoraSegment, lora_batch, segmented_step
+from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
 from gpu_workers.engine.layers.lora_kernel import (
     MAX_KERNEL_SEGMENT_TOKENS,
     KernelLora,
     KernelStep,
-    adapter_descriptors,
     build_kernel_lora,
 )
 from gpu_workers.engine.layers.stacked_lora import StackedLora, StackedStep, build_stacked_lora, stacked_masks

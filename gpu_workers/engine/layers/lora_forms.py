@@ -24,9 +24,9 @@ from gpu_workers.engine.layers.lora import (
     build_lora_projection,
     lora_batch,
 )
+from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
 from gpu_workers.engine.layers.lora_kernel import (
     KernelStep,
-    adapter_descriptors,
     build_kernel_lora,
     is_kernel_usable,
 )
