@@ -7,7 +7,8 @@ Ops and their candidates (simplest first; each candidate gives the same tokens, 
 - prefill_gemm (layers/linear.py): "packed" / "fp32_upcast" / "plain", for products of >= WIDE_GEMM_MIN_ROWS
   rows of a packed bf16 model (smaller ones, decode, always run on the packed weight);
 - decode_attention (layers/attention.py): "sdpa" / "sdpa_fp32" / "grouped_matmul" / "c_kernel";
-- decode_lora (layers/lora_forms.py): "segmented" / "stacked" / "kernel".
+- decode_lora (layers/lora_forms.py): "segmented" / "stacked" / "kernel" (CPU) / "sgmv" / "bgmv" (CUDA, Triton),
+  measured on CPU and on CUDA; forms that cannot run here are no candidates, with why in the choice's `skipped`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from gpu_workers.engine.layers.lora_forms import (
     DECODE_LORA_OP,
     TUNING_RANKS,
     decode_lora_candidates,
-    is_lora_form_usable,
+    lora_form_unusable_reason,
     projection_slices,
 )
 from gpu_workers.engine.loader import read_hf_config
@@ -187,18 +188,14 @@ def _decode_lora(
     device: torch.device,
     use_packed_linears: bool,
 ) -> str:
-    turned_off = {"kernel"} if config.lora_kernel is False else set()
-    turned_off |= {"stacked"} if config.lora_stack_cache_size <= 0 else set()
-    forms = tuple(
-        f for f in DECODE_LORA_FORMS if f not in turned_off and is_lora_form_usable(f, device, dtype)
-    )
+    skipped = _unusable_lora_forms(config, dtype, device)
+    forms = tuple(f for f in DECODE_LORA_FORMS if f not in skipped)
     forced = config.decode_lora_form or ("kernel" if config.lora_kernel else None)
     if forced is not None and forced not in forms:
         raise ValueError(
-            f"decode_lora_form {forced!r} cannot run here or is turned off; usable: {list(forms)}"
+            f"decode_lora_form {forced!r} cannot run here or is turned off ({skipped.get(forced)}); "
+            f"usable: {list(forms)}"
         )
-    if device.type != "cpu":
-        return forced or forms[0]
     num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
     ranks = tuple(min(TUNING_RANKS[i % len(TUNING_RANKS)], config.max_lora_rank) for i in range(num_seqs))
     slices = projection_slices(
@@ -213,4 +210,21 @@ def _decode_lora(
         *ranks,
     )
     build = lambda: decode_lora_candidates(forms, slices, ranks, dtype, device, use_packed_linears)
-    return tuner.choose(DECODE_LORA_OP, forms, build, shape, dtype, forced=forced).choice
+    choice = tuner.choose(
+        DECODE_LORA_OP, forms, build, shape, dtype, forced=forced, skipped=skipped, device=device
+    )
+    return choice.choice
+
+
+def _unusable_lora_forms(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> dict[str, str]:
+    """The LoRA forms that are no candidates here (turned off by the config, or unable to run), with why."""
+    turned_off = {}
+    if config.lora_kernel is False:
+        turned_off["kernel"] = "turned off (lora_kernel=False)"
+    if config.lora_stack_cache_size <= 0:
+        turned_off["stacked"] = "turned off (lora_stack_cache_size=0)"
+    reasons = {
+        form: turned_off.get(form) or lora_form_unusable_reason(form, device, dtype)
+        for form in DECODE_LORA_FORMS
+    }
+    return {form: reason for form, reason in reasons.items() if reason is not None}
