@@ -55,6 +55,7 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "cpu_kernels_compile_s",
         "fp32_prefill_gemms",
         "kernel_choice_sources",
+        "kernel_choice_skipped",
         "dtype",
         "device",
         # the twin's simulated executor (twin/simulated_executor.py SimulatedExecutorStats)

@@ -53,6 +53,7 @@ def tune(
                 "choice": c.choice,
                 "source": c.source,
                 "ms": {k: round(v * 1e3, 4) for k, v in c.timings.items()},
+                "skipped": c.skipped,
             }
             for op, c in tuner.choices.items()
         },
@@ -77,4 +78,7 @@ def tune(
         table.add_row(op, entry["choice"], entry["source"], timings)
     console = Console()
     console.print(table)
+    for op, entry in report["choices"].items():
+        for name, why in entry["skipped"].items():
+            console.print(f"{op}: {name} is no candidate here: {why}", markup=False)
     console.print(f"measured in {tuner.seconds:.3f} s; cached in {tuner.cache_path}")

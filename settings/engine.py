@@ -42,7 +42,7 @@ KERNEL_FORMS = {
     "prefill_gemm": ("packed", "fp32_upcast", "plain"),
     "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel", "triton"),
     "prefill_attention": ("sdpa", "triton"),
-    "decode_lora_form": ("segmented", "stacked", "kernel"),
+    "decode_lora_form": ("segmented", "stacked", "kernel", "sgmv", "bgmv"),
 }
 
 
@@ -313,8 +313,8 @@ class EngineKernelSettings(_EngineSection):
     )
     decode_lora_form: str | None = Field(
         default=None,
-        description="force the LoRA form of decode-sized segments (segmented / stacked / kernel); default: chosen "
-        "by measurement at worker start",
+        description="force the LoRA form of a step (segmented / stacked / kernel: CPU / sgmv / bgmv: CUDA, Triton); "
+        "default: chosen by measurement at worker start among the forms that can run there",
     )
     lora_kernel: bool | None = Field(
         default=None,

@@ -49,6 +49,8 @@ class RunnerStats(ExecutorStats):
     fp32_prefill_gemms: bool = False
     # op -> measured / cached / forced / only (ops with nothing to choose on this device are absent)
     kernel_choice_sources: dict[str, str] = Field(default_factory=dict)
+    # op -> {form: why it was no candidate here} (e.g. the Triton LoRA forms on a CPU worker)
+    kernel_choice_skipped: dict[str, dict[str, str]] = Field(default_factory=dict)
     dtype: str = ""
     device: str = ""
 
@@ -87,6 +89,9 @@ def runner_stats(runner: ModelRunner) -> RunnerStats:
             runner.kernel_plan
         ),  # op -> form (gpu_workers/engine/kernel_plan.py)
         kernel_choice_sources={op: choice.source for op, choice in runner.kernel_tuner.choices.items()},
+        kernel_choice_skipped={
+            op: dict(choice.skipped) for op, choice in runner.kernel_tuner.choices.items() if choice.skipped
+        },
         kernel_tuner_s=runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
         backend="native",
         max_lora_rank=runner.config.max_lora_rank,

@@ -10,8 +10,10 @@ Ops and their candidates (simplest first; each candidate gives the same tokens, 
   "triton" (CUDA with triton: layers/triton_attention.py);
 - prefill_attention (layers/attention.py): "sdpa" / "triton" (CUDA with triton), not measured where sdpa is the
   only usable form (every CPU);
-- decode_lora (layers/lora_forms.py): "segmented" / "stacked" / "kernel".
-On CUDA the measured choices are keyed by the GPU's name too (kernel_tuner.py times each call to its end).
+- decode_lora (layers/lora_forms.py): "segmented" / "stacked" / "kernel" (CPU) / "sgmv" / "bgmv" (CUDA, Triton),
+  measured on CPU and on CUDA; forms that cannot run here are no candidates, with why in the choice's `skipped`.
+On CUDA the measured choices are keyed by the GPU's name, CUDA and triton versions too (kernel_tuner.py times
+each call to its end).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from gpu_workers.engine.config import EngineConfig
-from gpu_workers.engine.kernel_tuner import KernelTuner
+from gpu_workers.engine.kernel_tuner import KernelTuner, accelerator_fingerprint
 from gpu_workers.engine.layers.attention import (
     DECODE_ATTENTION_FORMS,
     DECODE_ATTENTION_OP,
@@ -51,7 +53,7 @@ from gpu_workers.engine.layers.lora_forms import (
     DECODE_LORA_OP,
     TUNING_RANKS,
     decode_lora_candidates,
-    is_lora_form_usable,
+    lora_form_unusable_reason,
     projection_slices,
 )
 from gpu_workers.engine.loader import read_hf_config
@@ -130,7 +132,7 @@ def plan_kernels(
     """Each op's implementation: the config's forced choice, else the tuner's (measured here or cached).
     Ops with a single usable candidate on this device and dtype are not measured."""
     if device.type == "cuda":
-        tuner.machine = {**tuner.machine, "gpu": torch.cuda.get_device_name(device)}
+        tuner.machine = {**tuner.machine, **accelerator_fingerprint(device)}
         reason = triton_unusable_reason(device, dtype)
         if reason is not None:
             logger.info("triton attention forms are not candidates: %s", reason)
@@ -246,18 +248,14 @@ def _decode_lora(
     device: torch.device,
     use_packed_linears: bool,
 ) -> str:
-    turned_off = {"kernel"} if config.lora_kernel is False else set()
-    turned_off |= {"stacked"} if config.lora_stack_cache_size <= 0 else set()
-    forms = tuple(
-        f for f in DECODE_LORA_FORMS if f not in turned_off and is_lora_form_usable(f, device, dtype)
-    )
+    skipped = _unusable_lora_forms(config, dtype, device)
+    forms = tuple(f for f in DECODE_LORA_FORMS if f not in skipped)
     forced = config.decode_lora_form or ("kernel" if config.lora_kernel else None)
     if forced is not None and forced not in forms:
         raise ValueError(
-            f"decode_lora_form {forced!r} cannot run here or is turned off; usable: {list(forms)}"
+            f"decode_lora_form {forced!r} cannot run here or is turned off ({skipped.get(forced)}); "
+            f"usable: {list(forms)}"
         )
-    if device.type != "cpu":
-        return forced or forms[0]
     num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
     ranks = tuple(min(TUNING_RANKS[i % len(TUNING_RANKS)], config.max_lora_rank) for i in range(num_seqs))
     slices = projection_slices(
@@ -272,4 +270,19 @@ def _decode_lora(
         *ranks,
     )
     build = lambda: decode_lora_candidates(forms, slices, ranks, dtype, device, use_packed_linears)
-    return tuner.choose(DECODE_LORA_OP, forms, build, shape, dtype, forced=forced).choice
+    choice = tuner.choose(DECODE_LORA_OP, forms, build, shape, dtype, forced=forced, skipped=skipped)
+    return choice.choice
+
+
+def _unusable_lora_forms(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> dict[str, str]:
+    """The LoRA forms that are no candidates here (turned off by the config, or unable to run), with why."""
+    turned_off = {}
+    if config.lora_kernel is False:
+        turned_off["kernel"] = "turned off (lora_kernel=False)"
+    if config.lora_stack_cache_size <= 0:
+        turned_off["stacked"] = "turned off (lora_stack_cache_size=0)"
+    reasons = {
+        form: turned_off.get(form) or lora_form_unusable_reason(form, device, dtype)
+        for form in DECODE_LORA_FORMS
+    }
+    return {form: reason for form, reason in reasons.items() if reason is not None}

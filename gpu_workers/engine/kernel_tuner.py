@@ -3,12 +3,14 @@ shapes, keep the fastest (the simplest on a near tie), and cache the choice so l
 
 The cache (a JSON file, default ~/.cache/lorahost/kernel_choices.json; `LORAHOST_ENGINE_KERNEL_CHOICES_PATH`)
 is keyed by the CPU model, a digest of its flags, the torch version, the thread count, the dtype and the op's
-shape: a later start with the same key never re-measures, so a busy machine at start cannot flip a choice.
+shape (and, for an op measured on a GPU, the GPU's name, CUDA and triton versions): a later start with the same
+key never re-measures, so a busy machine at start cannot flip a choice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -33,12 +35,13 @@ _CACHE_VERSION = 1
 class KernelChoice:
     """The implementation chosen for one op; `timings`: best seconds per candidate when measured now (empty
     when the choice came from the cache or was forced); `source`: "measured", "cached", "forced" or "only" (the
-    one usable candidate here)."""
+    one usable candidate here); `skipped`: the op's forms that were no candidates here, each with why."""
 
     op: str
     choice: str
     timings: dict[str, float] = field(default_factory=dict)
     source: str = "measured"
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def pick_candidate(timings: Mapping[str, float], margin: float = DEFAULT_MARGIN) -> str:
@@ -84,6 +87,22 @@ def _wait_for_device() -> None:
         torch.cuda.synchronize()
 
 
+def accelerator_fingerprint(device: torch.device | None) -> dict[str, str]:
+    """What a choice measured on a GPU depends on besides the host: the GPU's name, CUDA and triton versions
+    (nothing for a CPU device, so CPU choices keep their keys)."""
+    if device is None or device.type != "cuda":
+        return {}
+    try:
+        triton_version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton_version = ""
+    return {
+        "gpu": torch.cuda.get_device_name(device),
+        "cuda": str(torch.version.cuda),
+        "triton": triton_version,
+    }
+
+
 class KernelTuner:
     """Chooses among named candidate callables of an op (see `choose`); `seconds` is the time spent measuring."""
 
@@ -117,25 +136,29 @@ class KernelTuner:
         shape: tuple[int, ...],
         dtype: torch.dtype,
         forced: str | None = None,
+        *,
+        skipped: Mapping[str, str] | None = None,
     ) -> KernelChoice:
         """The candidate to use for `op` among `names` (the simplest first): `forced` when given, else the
         cached choice for this machine/dtype/shape, else measured now on `build()` (name -> callable; built
-        only when measuring) and cached."""
+        only when measuring) and cached. `skipped`: the op's forms that cannot run here, with why (kept on the
+        choice). On a GPU the caller adds `accelerator_fingerprint` to `machine` (kernel_plan.plan_kernels)."""
+        skipped = dict(skipped or {})
         if forced is not None:
             if forced not in names:
                 raise ValueError(f"{op}: forced choice {forced!r} is not one of {list(names)}")
-            return self._record(KernelChoice(op, forced, source="forced"))
+            return self._record(KernelChoice(op, forced, source="forced", skipped=skipped))
         if len(names) == 1:
-            return self._record(KernelChoice(op, names[0], source="only"))
+            return self._record(KernelChoice(op, names[0], source="only", skipped=skipped))
         key = self._key(op, names, shape, dtype)
         cached = self._load().get(key) if self.is_reusing_cache else None
         if cached is not None and cached.get("choice") in names:
-            return self._record(KernelChoice(op, cached["choice"], source="cached"))
+            return self._record(KernelChoice(op, cached["choice"], source="cached", skipped=skipped))
         started = time.perf_counter()
         candidates = build()
         timings = self.measure({name: candidates[name] for name in names})
         self.seconds += time.perf_counter() - started
-        choice = KernelChoice(op, pick_candidate(timings, self.margin), timings)
+        choice = KernelChoice(op, pick_candidate(timings, self.margin), timings, skipped=skipped)
         self._load()[key] = {"op": op, "choice": choice.choice, "timings": timings}
         self._save()
         return self._record(choice)
@@ -161,7 +184,8 @@ class KernelTuner:
         return choice
 
     def _key(self, op: str, names: Sequence[str], shape: tuple[int, ...], dtype: torch.dtype) -> str:
-        """The cache key: the machine, the op on its shape and dtype, and the candidates (a new one measures)."""
+        """The cache key: the machine (and GPU), the op on its shape and dtype, and the candidates (a new one
+        measures)."""
         parts = {
             **self.machine,
             "candidates": sorted(names),

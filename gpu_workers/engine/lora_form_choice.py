@@ -1,32 +1,42 @@
 """The LoRA side of a step: contiguous token ranges per adapter, and the form the multi-LoRA delta takes —
-per-segment GEMMs, the stacked (owner-masked) form, or the CPU kernel for decode-sized segments — with the
-caches each form keeps (stacked adapter sets, kernel descriptor sets, per-adapter costs)."""
+per-segment GEMMs, the stacked (owner-masked) form, the CPU kernel for decode-sized segments, or the grouped
+Triton kernels on CUDA — with the caches each form keeps (stacked adapter sets, kernel and Triton descriptor
+sets, per-adapter costs)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import TypeVar
 
 import torch
 
 from gpu_workers.engine.kernel_plan import KernelPlan
 from gpu_workers.engine.layers.host_lora import HostLora
 from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch, LoraSegment, lora_batch, segmented_step
+from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
 from gpu_workers.engine.layers.lora_kernel import (
     MAX_KERNEL_SEGMENT_TOKENS,
     KernelLora,
     KernelStep,
-    adapter_descriptors,
     build_kernel_lora,
 )
 from gpu_workers.engine.layers.stacked_lora import StackedLora, StackedStep, build_stacked_lora, stacked_masks
+from gpu_workers.engine.layers.triton_lora import (
+    MAX_BGMV_SEGMENT_ROWS,
+    TRITON_LORA_FORMS,
+    TritonLora,
+    TritonStep,
+    build_triton_lora,
+)
 from scheduler.core.sequence import BatchEntry
 
 # Cost model for choosing the LoRA form of a step (CPU-tuned, rough): a matmul-sized op costs ~20 us of
 # fixed overhead; the stacked form multiplies every token by every adapter of the batch (wasted flops).
 _OP_SECONDS = 20e-6
 _FLOPS_PER_SECOND = 2.5e11
-_KERNEL_SET_CACHE_SIZE = 64  # adapter sets whose kernel descriptors are kept (a few KiB each)
+SetT = TypeVar("SetT")
+_KERNEL_SET_CACHE_SIZE = 64  # adapter sets whose kernel (or Triton) descriptors are kept (a few KiB each)
 
 
 def lora_segments(
@@ -82,6 +92,7 @@ class LoraForms:
         self.lora_stacks: OrderedDict[tuple[int, ...], StackedLora] = OrderedDict()  # LRU
         self.num_lora_stack_builds = 0
         self.kernel_sets: OrderedDict[tuple[int, ...], KernelLora] = OrderedDict()  # LRU
+        self.triton_sets: OrderedDict[tuple[int, ...], TritonLora] = OrderedDict()  # LRU, on the device
         self._kernel_descriptors: dict[int, tuple[LoraAdapter, torch.Tensor | None]] = {}
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
 
@@ -89,6 +100,8 @@ class LoraForms:
         """The step's LoraBatch over device `segments` (sorted by adapter) and the host-assisted part."""
         if self.use_lora_kernel:
             return self._kernel_lora_batch(segments, host)
+        if self.kernel_plan.decode_lora in TRITON_LORA_FORMS:
+            return self._triton_lora_batch(segments, host)
         if self.kernel_plan.decode_lora == "segmented" or not self._use_stacked(segments, num_tokens):
             return lora_batch(segmented_step(tuple(segments), self.kernel_plan.lora_wide_dtype), host)
         stacked = self._stacked_lora(tuple(seg.adapter for seg in segments))
@@ -104,10 +117,9 @@ class LoraForms:
             k for k, v in self.lora_stacks.items() if any(a.adapter_id == adapter_id for a in v.adapters)
         ]:
             del self.lora_stacks[key]
-        for key in [
-            k for k, v in self.kernel_sets.items() if any(a.adapter_id == adapter_id for a in v.adapters)
-        ]:
-            del self.kernel_sets[key]
+        for sets in (self.kernel_sets, self.triton_sets):
+            for key in [k for k, v in sets.items() if any(a.adapter_id == adapter_id for a in v.adapters)]:
+                del sets[key]
         for object_id in [k for k, (a, _) in self._kernel_descriptors.items() if a.adapter_id == adapter_id]:
             del self._kernel_descriptors[object_id]
         # Costs are keyed by id(adapter), which a later adapter object may reuse once this one is freed.
@@ -182,6 +194,39 @@ class LoraForms:
         if kernel is not None:
             self.kernel_sets.move_to_end(key)
             return kernel
+        descriptors = self._descriptors(adapters)
+        if descriptors is None:
+            return None
+        kernel = build_kernel_lora(adapters, descriptors)
+        _put_lru(self.kernel_sets, key, kernel)
+        return kernel
+
+    def _triton_lora_batch(self, segments: list[LoraSegment], host: HostLora | None) -> LoraBatch:
+        """Every segment through the Triton kernels: decode-sized ones through BGMV when the plan chose "bgmv",
+        the rest through SGMV (per-segment GEMMs when an adapter's tensors do not fit the descriptors)."""
+        adapters = tuple({id(seg.adapter): seg.adapter for seg in segments}.values())
+        lora = self._triton_lora(adapters) if adapters else None
+        if lora is None:
+            return lora_batch(segmented_step(tuple(segments), self.kernel_plan.lora_wide_dtype), host)
+        max_bgmv_rows = MAX_BGMV_SEGMENT_ROWS if self.kernel_plan.decode_lora == "bgmv" else 0
+        return lora_batch(TritonStep.of(lora, tuple(segments), max_bgmv_rows), host)
+
+    def _triton_lora(self, adapters: tuple[LoraAdapter, ...]) -> TritonLora | None:
+        """Device descriptors of an ordered adapter set (LRU-cached), or None when they do not fit."""
+        key = tuple(id(a) for a in adapters)
+        lora = self.triton_sets.get(key)
+        if lora is not None:
+            self.triton_sets.move_to_end(key)
+            return lora
+        descriptors = self._descriptors(adapters)
+        if descriptors is None:
+            return None
+        lora = build_triton_lora(adapters, descriptors, self.device)
+        _put_lru(self.triton_sets, key, lora)
+        return lora
+
+    def _descriptors(self, adapters: tuple[LoraAdapter, ...]) -> list[torch.Tensor] | None:
+        """Each adapter's descriptors (cached per adapter object), or None when one does not fit."""
         descriptors = []
         for adapter in adapters:
             cached = self._kernel_descriptors.get(id(adapter))
@@ -191,8 +236,10 @@ class LoraForms:
             if cached[1] is None:
                 return None
             descriptors.append(cached[1])
-        kernel = build_kernel_lora(adapters, descriptors)
-        self.kernel_sets[key] = kernel
-        while len(self.kernel_sets) > _KERNEL_SET_CACHE_SIZE:
-            self.kernel_sets.popitem(last=False)
-        return kernel
+        return descriptors
+
+
+def _put_lru(sets: OrderedDict[tuple[int, ...], SetT], key: tuple[int, ...], value: SetT) -> None:
+    sets[key] = value
+    while len(sets) > _KERNEL_SET_CACHE_SIZE:
+        sets.popitem(last=False)

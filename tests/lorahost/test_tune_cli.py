@@ -39,6 +39,7 @@ def test_tune_measures_caches_and_a_worker_start_measures_nothing(
     assert attention["source"] == "measured" and attention["choice"] in attention["ms"]
     assert all(ms > 0 for ms in attention["ms"].values())
     assert report["tuner_s"] > 0
+    assert "CUDA" in report["choices"]["decode_lora"]["skipped"]["sgmv"]  # a CPU worker: no Triton forms
 
     again = json.loads(_tune(tmp_path, "--base-model", str(base_model_dir), "--json").output)
     assert again["tuner_s"] == 0.0 and again["plan"] == report["plan"]
@@ -71,6 +72,7 @@ def test_tune_keeps_a_forced_form_and_prints_a_table(base_model_dir: Path, tmp_p
         and "grouped_matmul" in result.output
         and "forced" in result.output
     )
+    assert "decode_lora: bgmv is no candidate here" in result.output
 
 
 def test_tune_refuses_a_directory_without_a_model(tmp_path: Path) -> None:

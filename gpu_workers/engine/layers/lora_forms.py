@@ -4,8 +4,10 @@
 "stacked": the batch's adapters concatenated once per adapter set, every token times every adapter, then a
 mask (layers/stacked_lora.py; the runner still takes it only where its cost model says it beats the segment
 loop);
-"kernel": the C/OpenMP kernel, one call per projection (layers/lora_kernel.py; CPU, when it builds).
-Which is fastest depends on the CPU, the thread count and the model's shapes, so it is measured.
+"kernel": the C/OpenMP kernel, one call per projection (layers/lora_kernel.py; CPU, when it builds);
+"sgmv" / "bgmv": the grouped Triton kernels, one shrink and one expand launch per projection (layers/triton_lora.py;
+CUDA, when triton is installed).
+Which is fastest depends on the machine, the thread count and the model's shapes, so it is measured.
 """
 
 from __future__ import annotations
@@ -24,24 +26,41 @@ from gpu_workers.engine.layers.lora import (
     build_lora_projection,
     lora_batch,
 )
+from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
 from gpu_workers.engine.layers.lora_kernel import (
     KernelStep,
-    adapter_descriptors,
     build_kernel_lora,
     is_kernel_usable,
 )
 from gpu_workers.engine.layers.stacked_lora import StackedStep, build_stacked_lora, stacked_masks
+from gpu_workers.engine.layers.triton_lora import (
+    MAX_BGMV_SEGMENT_ROWS,
+    TRITON_LORA_FORMS,
+    TritonStep,
+    build_triton_lora,
+    triton_unusable_reason,
+)
 
 DECODE_LORA_OP = "decode_lora"
-DECODE_LORA_FORMS = ("segmented", "stacked", "kernel")
+DECODE_LORA_FORMS = ("segmented", "stacked", "kernel", *TRITON_LORA_FORMS)
 TUNING_RANKS = (8, 16, 32, 64)  # ranks of the tuning batch's adapters, cycled (capped by the max rank)
 
 
-def is_lora_form_usable(form: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """True when `form` can run here (the kernel: CPU, bf16 or fp32, and a C compiler to build it)."""
+def lora_form_unusable_reason(form: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why `form` cannot run here, or None when it can (the kernel: CPU, bf16 or fp32, and a C compiler to
+    build it; the Triton forms: CUDA and triton, see layers/triton_lora.triton_unusable_reason)."""
     if form == "kernel":
-        return is_kernel_usable(device, dtype)
-    return form in DECODE_LORA_FORMS
+        if is_kernel_usable(device, dtype):
+            return None
+        return "the C/OpenMP kernel runs on CPU in bfloat16 or float32 and needs a C compiler to build"
+    if form in TRITON_LORA_FORMS:
+        return triton_unusable_reason(device, dtype)
+    return None if form in DECODE_LORA_FORMS else f"{form!r} is not a LoRA form"
+
+
+def is_lora_form_usable(form: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """True when `form` can run here (see lora_form_unusable_reason)."""
+    return lora_form_unusable_reason(form, device, dtype) is None
 
 
 def projection_slices(
@@ -96,6 +115,8 @@ def decode_lora_candidates(
         def step() -> None:
             for projection in PROJECTIONS:
                 add_lora_delta(out[projection], x[projection], batch, 0, projection)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the tuner's clock times the kernels, not their launches
 
         return step
 
@@ -103,6 +124,8 @@ def decode_lora_candidates(
         "segmented": lambda: lora_batch(SegmentedStep(segments)),
         "stacked": lambda: _stacked_batch(segments, is_packed, device),
         "kernel": lambda: _kernel_batch(segments),
+        "sgmv": lambda: _triton_batch(segments, 0, device),
+        "bgmv": lambda: _triton_batch(segments, MAX_BGMV_SEGMENT_ROWS, device),
     }
     return {form: run(batches[form]()) for form in forms}
 
@@ -115,8 +138,18 @@ def _stacked_batch(segments: tuple[LoraSegment, ...], is_packed: bool, device: t
 
 def _kernel_batch(segments: tuple[LoraSegment, ...]) -> LoraBatch:
     adapters = tuple(seg.adapter for seg in segments)
+    kernel = build_kernel_lora(adapters, _tuning_descriptors(adapters))
+    return lora_batch(KernelStep.of(kernel, segments))
+
+
+def _triton_batch(segments: tuple[LoraSegment, ...], max_bgmv_rows: int, device: torch.device) -> LoraBatch:
+    adapters = tuple(seg.adapter for seg in segments)
+    lora = build_triton_lora(adapters, _tuning_descriptors(adapters), device)
+    return lora_batch(TritonStep.of(lora, segments, max_bgmv_rows))
+
+
+def _tuning_descriptors(adapters: tuple[LoraAdapter, ...]) -> list[torch.Tensor]:
     descriptors = [adapter_descriptors(a) for a in adapters]
     if any(d is None for d in descriptors):
-        raise ValueError("the tuning adapters do not fit the LoRA kernel")
-    kernel = build_kernel_lora(adapters, [d for d in descriptors if d is not None])
-    return lora_batch(KernelStep.of(kernel, segments))
+        raise ValueError("the tuning adapters do not fit the LoRA kernels' descriptors")
+    return [d for d in descriptors if d is not None]

@@ -20,38 +20,16 @@ import torch
 
 from gpu_workers.engine.layers.cpu_kernels import load_cpu_kernels
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraSegment
+from gpu_workers.engine.layers.lora_descriptors import DESC_STRIDE, PROJECTION_INDEX
 
-MAX_PARTS = 3  # = MAX_PARTS in lora_kernel.c (q, k, v)
-DESC_STRIDE = 4 + 6 * MAX_PARTS
-MAX_RANK_COLS = 3072  # = MAX_RANK_COLS in lora_kernel.c
 # Segments of at most this many tokens go through the kernel; longer ones (prefill) through GEMMs.
 MAX_KERNEL_SEGMENT_TOKENS = 16
-PROJECTION_INDEX = {name: i for i, name in enumerate(PROJECTIONS)}
 _KERNEL_DTYPES = {torch.bfloat16: "lora_delta_bf16", torch.float32: "lora_delta_f32"}
 
 
 def is_kernel_usable(device: torch.device, dtype: torch.dtype) -> bool:
     """True when the kernel serves this device and dtype (CPU, bf16 or fp32) and it could be built."""
     return device.type == "cpu" and dtype in _KERNEL_DTYPES and load_cpu_kernels() is not None
-
-
-def adapter_descriptors(adapter: LoraAdapter) -> torch.Tensor | None:
-    """[num_layers, len(PROJECTIONS), DESC_STRIDE] int64 kernel descriptors of one adapter's tensors, or None
-    when a tensor's layout does not fit the kernel (rows not contiguous, too many rank columns)."""
-    num_layers = len(adapter.layers)
-    desc = torch.zeros(num_layers, len(PROJECTIONS), DESC_STRIDE, dtype=torch.int64)
-    for layer_idx, layer in enumerate(adapter.layers):
-        for name, proj in layer.items():
-            a = proj.a_t
-            if a.stride(1) != 1 or a.shape[1] > MAX_RANK_COLS or len(proj.parts) > MAX_PARTS:
-                return None
-            row = [a.data_ptr(), a.stride(0), a.shape[1], len(proj.parts)]
-            for r0, r1, c0, c1, b_t in proj.parts:
-                if b_t.stride(1) != 1:
-                    return None
-                row += [r0, r1, c0, c1, b_t.data_ptr(), b_t.stride(0)]
-            desc[layer_idx, PROJECTION_INDEX[name], : len(row)] = torch.tensor(row, dtype=torch.int64)
-    return desc
 
 
 @dataclass(frozen=True)

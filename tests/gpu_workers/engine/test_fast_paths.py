@@ -151,7 +151,8 @@ def test_kernel_delta_equals_the_segment_form(
         add_lora_delta,
         map_lora_tensors,
     )
-    from gpu_workers.engine.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
+    from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
+    from gpu_workers.engine.layers.lora_kernel import KernelStep, build_kernel_lora
 
     _kernel_or_skip()
     names = ["adapter-02", "adapter-00", "adapter-03"]  # every module / q,v / gate,up,down
@@ -183,7 +184,8 @@ def test_kernel_delta_equals_the_segment_form(
 
 def test_kernel_rows_of_a_normal_adapter_ignore_an_overflowing_neighbour(cpu_fp32_engine: Any) -> None:
     from gpu_workers.engine.layers.lora import LoraBatch, LoraSegment, SegmentedStep, add_lora_delta
-    from gpu_workers.engine.layers.lora_kernel import KernelStep, adapter_descriptors, build_kernel_lora
+    from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
+    from gpu_workers.engine.layers.lora_kernel import KernelStep, build_kernel_lora
     from tests.gpu_workers.engine.test_row_isolation import overflowing_copy
 
     _kernel_or_skip()

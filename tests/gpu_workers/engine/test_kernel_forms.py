@@ -255,7 +255,7 @@ def test_a_form_that_is_not_one_is_refused(base_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="decode_attention must be one of"):
         EngineConfig(model_path=base_model_dir, decode_attention="flash")
     with pytest.raises(ValueError, match="decode_lora_form must be one of"):
-        EngineConfig(model_path=base_model_dir, decode_lora_form="bgmv")
+        EngineConfig(model_path=base_model_dir, decode_lora_form="punica")
     with pytest.raises(ValueError, match="linear_weights must be one of"):
         EngineConfig(model_path=base_model_dir, linear_weights="blocked")
 
