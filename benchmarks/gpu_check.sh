@@ -66,7 +66,7 @@ workload=$!
 
 if has tests; then
   step tests
-  # TRITON_INTERPRET=0: the Triton LoRA kernels' parity tests run compiled on the GPU, not interpreted on the CPU
+  # TRITON_INTERPRET=0: the Triton kernels' parity tests run compiled on the GPU, not interpreted on the CPU
   TRITON_INTERPRET=0 timeout "${TESTS_S:-150}" $PY -m pytest -q -p no:cacheprovider tests/gpu_workers/engine --tb=short \
     --junitxml="$OUT/engine_tests.xml" >"$OUT/engine_tests.log" 2>&1
   echo "tests rc=$?"

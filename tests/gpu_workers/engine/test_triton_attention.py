@@ -2,21 +2,18 @@
 exact attention: decode and varlen prefill against float64 attention over each sequence's own positions, a mixed
 step against the engine's SDPA forms, and an engine forced to them against transformers + peft. On CUDA the
 kernels run compiled; without CUDA under Triton's interpreter, which must be chosen before triton itself is
-imported (its standard library is jit-decorated at import): this module sets TRITON_INTERPRET=1 first."""
+imported (its standard library is jit-decorated at import): tests/gpu_workers/engine/triton_interpreter.py sets
+TRITON_INTERPRET=1 first."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 
 import torch
 
-DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-_IS_TRITON_IMPORTED_COMPILED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if DEVICE.type == "cpu" and not _IS_TRITON_IMPORTED_COMPILED:
-    os.environ["TRITON_INTERPRET"] = "1"  # kept for the session: without CUDA triton only ever interprets
+from tests.gpu_workers.engine.triton_interpreter import KERNEL_DEVICE, WHY_NO_KERNEL_DEVICE
+
+DEVICE = KERNEL_DEVICE or torch.device("cpu")
 
 from collections.abc import Callable
 from types import ModuleType
@@ -49,10 +46,8 @@ NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 2, 16, 8
 @pytest.fixture(scope="module")
 def kernels() -> ModuleType:
     """The kernels module (compiled on CUDA, interpreted on the CPU); skips without triton."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the triton attention forms cannot run")
-    if DEVICE.type == "cpu" and _IS_TRITON_IMPORTED_COMPILED:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 before this module: no interpreter here")
+    if KERNEL_DEVICE is None:
+        pytest.skip(WHY_NO_KERNEL_DEVICE)
     module = importlib.import_module(KERNELS_MODULE)
     assert module.IS_INTERPRETED == (DEVICE.type == "cpu")
     return module

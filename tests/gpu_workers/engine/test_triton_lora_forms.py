@@ -87,8 +87,15 @@ def test_on_cuda_every_usable_form_is_measured_and_a_gpu_keys_its_choice(
     assert names_measured == [("segmented", "stacked", "sgmv", "bgmv")] and form == "bgmv"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
     assert accelerator_fingerprint(CUDA)["gpu"] == "NVIDIA H200" and accelerator_fingerprint(CPU) == {}
-    key = functools.partial(KernelTuner(machine={"cpu": "test"})._key, DECODE_LORA_OP, ("segmented",), (1,))
-    assert key(torch.bfloat16, CUDA) != key(torch.bfloat16, CPU) == key(torch.bfloat16)  # CPU keys unchanged
+    # plan_kernels adds the GPU's identity to the tuner's machine; CPU keys are unchanged
+    key = lambda device: KernelTuner(machine={"cpu": "test", **accelerator_fingerprint(device)})._key(
+        DECODE_LORA_OP, ("segmented",), (1,), torch.bfloat16
+    )
+    assert (
+        key(CUDA)
+        != key(CPU)
+        == KernelTuner(machine={"cpu": "test"})._key(DECODE_LORA_OP, ("segmented",), (1,), torch.bfloat16)
+    )
 
 
 def test_forcing_a_triton_form_where_it_cannot_run_is_refused_with_why(make_cpu_engine: Any) -> None:
