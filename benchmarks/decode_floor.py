@@ -41,6 +41,45 @@ def measure_read_bandwidth(num_threads: int, num_bytes: int = BANDWIDTH_BYTES, r
     return num_bytes / best
 
 
+def measure_copy_bandwidth(num_bytes: int = 2 * 2**30, repeats: int = 10) -> float:
+    """A CUDA device's memory bandwidth in bytes/s: device-to-device copies of a `num_bytes` tensor (far beyond
+    the L2 cache) timed with CUDA events, counting the bytes read and written (as CUDA's bandwidthTest counts
+    a device-to-device copy); best of 3 rounds of `repeats` copies."""
+    import torch
+
+    src = torch.empty(num_bytes // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch
+    best = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1000 / repeats)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * num_bytes / best
+
+
+def step_floor(
+    weight_elems: int, adapter_elems: int, kv_elems: int, element_size: int, read_bytes_per_s: float
+) -> dict[str, Any]:
+    """Bytes a decode step reads (weights, the batch's distinct adapters, K and V) and the floor ms they take
+    at `read_bytes_per_s`."""
+    weights, adapters, kv = (n * element_size for n in (weight_elems, adapter_elems, kv_elems))
+    total = weights + adapters + kv
+    return {
+        "weight_mb": round(weights / 1e6, 1),
+        "adapter_mb": round(adapters / 1e6, 1),
+        "kv_mb": round(kv / 1e6, 1),
+        "total_mb": round(total / 1e6, 1),
+        "floor_ms": round(1000 * total / read_bytes_per_s, 3),
+    }
+
+
 def weight_elements(cfg: dict[str, Any]) -> int:
     """Elements a decode step reads from the base model: every projection of every layer, the norms and the
     LM head (tied or not: the vocab x hidden matrix is read once)."""
@@ -88,24 +127,12 @@ def decode_floor(
     """Bytes and floor ms of the median decode step (context prompt_len + max_tokens // 2) of
     `num_requests` sequences, with the distinct `adapter_names` in the batch (empty: base model)."""
     cfg = json.loads((model_dir / "base" / "config.json").read_text())
-    elem = ELEMENT_BYTES[dtype]
-    weights = weight_elements(cfg) * elem
-    adapters = (
-        sum(
-            safetensors_lora_elements(model_dir / "adapters" / name / "adapter_model.safetensors")
-            for name in sorted(set(adapter_names))
-        )
-        * elem
+    adapter_elems = sum(
+        safetensors_lora_elements(model_dir / "adapters" / name / "adapter_model.safetensors")
+        for name in sorted(set(adapter_names))
     )
-    kv = kv_elements(cfg, [prompt_len + max_tokens // 2] * num_requests) * elem
-    total = weights + adapters + kv
-    return {
-        "weight_mb": round(weights / 1e6, 1),
-        "adapter_mb": round(adapters / 1e6, 1),
-        "kv_mb": round(kv / 1e6, 1),
-        "total_mb": round(total / 1e6, 1),
-        "floor_ms": round(1000 * total / read_bytes_per_s, 3),
-    }
+    kv_elems = kv_elements(cfg, [prompt_len + max_tokens // 2] * num_requests)
+    return step_floor(weight_elements(cfg), adapter_elems, kv_elems, ELEMENT_BYTES[dtype], read_bytes_per_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The native engine on a CUDA machine (a lent GPU, see the device tool): the engine tests on CUDA, lorahost vs
 # transformers + peft throughput on the same GPU in the same run, the twin profile of this engine on that GPU,
-# and the twin's fidelity against it. Logs and JSON go to $GPU_CHECK_WORK/out; at the end $OUT (default
+# and the twin's fidelity against it; apart, `gpu_engine`: lorahost vs transformers + peft on an 8B-shaped Llama
+# and the small demo model with 16/64/256 adapters against the HBM floor (benchmarks/gpu_engine_bench.py, one
+# table, ~7 minutes: run it alone). Logs and JSON go to $GPU_CHECK_WORK/out; at the end $OUT (default
 # /tmp/gpu-check) gets the main results and one archive of everything (the device tool returns 8 files at most).
 #
-#   bash benchmarks/gpu_check.sh [STEPS]     STEPS: comma list of tests,throughput,profile,fidelity (all)
+#   bash benchmarks/gpu_check.sh [STEPS]     STEPS: comma list of tests,throughput,profile,fidelity (the default)
+#                                            and gpu_engine
 #
 # The machine needs python3 with torch (CUDA), transformers, peft, safetensors, tokenizers, numpy, pytest and
 # hypothesis; any other package the project imports is installed from wheels in .whl/ when that folder exists
@@ -12,7 +15,7 @@
 # `small` demo model (hidden 1024, 8 layers, bf16) with 16 adapters of ranks 8-128 on q/k/v/o, built on the
 # machine's CPU while the tests use the GPU. The conversation trace is read from $GPU_CHECK_TRACE (default
 # .gpu/azure_llm_2023_conv.csv: copy ../shared/data/azure_llm_2023_conv.csv there, since only the checkout
-# travels). Each step has its own time limit (seconds: TESTS_S, THROUGHPUT_S, PROFILE_S, FIDELITY_S).
+# travels). Each step has its own time limit (seconds: TESTS_S, THROUGHPUT_S, PROFILE_S, FIDELITY_S, GPU_ENGINE_S).
 set -u
 FINAL_OUT=${OUT:-/tmp/gpu-check}
 STEPS=${1:-tests,throughput,profile,fidelity}
@@ -24,7 +27,8 @@ TRACE=${GPU_CHECK_TRACE:-.gpu/azure_llm_2023_conv.csv}
 mkdir -p "$OUT" "$WORK" "$FINAL_OUT"
 
 collect() {
-  for f in device.txt engine_tests.log engine_throughput.jsonl twin-profile.json twin_fidelity.json fidelity.log; do
+  for f in device.txt engine_tests.log engine_throughput.jsonl twin-profile.json twin_fidelity.json fidelity.log \
+    gpu_engine.json; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL_OUT/"
   done
   tar czf "$FINAL_OUT/gpu-check-all.tgz" -C "$WORK" out
@@ -56,13 +60,28 @@ else:
 print("cpu", platform.processor() or platform.machine())
 EOF
 
-# The workload on the CPU, in the background, while the tests use the GPU.
-(
-  if [ ! -f "$MODEL/adapters/adapter-15/adapter_model.safetensors" ]; then
-    $PY -m lorahost.cli demo-model "$MODEL" --size small --num-adapters 16 --target-modules q_proj,k_proj,v_proj,o_proj
-  fi
-) >"$OUT/workload.log" 2>&1 &
-workload=$!
+if has gpu_engine; then
+  step gpu_engine
+  # Before anything else runs on the host: the peers are launch-bound, a busy CPU would slow them. The models and
+  # adapters are made on the GPU (nothing to build); the table goes to stdout, the peers' logs to the archive.
+  # GPU_ENGINE_ARGS: more options (e.g. --smoke on a CPU, --models 8b, --batch 64).
+  limit=${GPU_ENGINE_S:-430}
+  # shellcheck disable=SC2086
+  timeout "$limit" $PY benchmarks/gpu_engine_bench.py --time-limit $((limit - 20)) --work-dir "$WORK/gpu_engine" \
+    --out "$OUT/gpu_engine.json" ${GPU_ENGINE_ARGS:-} 2>"$OUT/gpu_engine.log" | tee "$OUT/gpu_engine.txt"
+  echo "gpu_engine rc=${PIPESTATUS[0]}"
+fi
+
+# The workload on the CPU, in the background, while the tests use the GPU (only the other steps need it).
+workload=
+if has throughput || has profile || has fidelity; then
+  (
+    if [ ! -f "$MODEL/adapters/adapter-15/adapter_model.safetensors" ]; then
+      $PY -m lorahost.cli demo-model "$MODEL" --size small --num-adapters 16 --target-modules q_proj,k_proj,v_proj,o_proj
+    fi
+  ) >"$OUT/workload.log" 2>&1 &
+  workload=$!
+fi
 
 if has tests; then
   step tests
@@ -73,7 +92,9 @@ if has tests; then
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/engine_tests.log" | tail -40
 fi
 
-wait $workload || { echo "gpu_check: the workload failed"; tail -20 "$OUT/workload.log"; exit 1; }
+if [ -n "$workload" ]; then
+  wait $workload || { echo "gpu_check: the workload failed"; tail -20 "$OUT/workload.log"; exit 1; }
+fi
 
 if has throughput; then
   step throughput

@@ -59,3 +59,11 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
+
+
+def device_name(device: object) -> str:
+    """The card's name (torch.cuda.get_device_name) for a CUDA device, else "CPU <model>"."""
+    import torch
+
+    dev = torch.device(device)  # type: ignore[call-overload]
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU {cpu_model()}"

@@ -15,7 +15,9 @@ import inspect
 import os
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -34,6 +36,64 @@ def _jsonable(obj, depth: int = 0):
     if hasattr(obj, "__dataclass_fields__"):
         return {k: _jsonable(getattr(obj, k), depth + 1) for k in obj.__dataclass_fields__}
     return str(obj)
+
+
+KERNEL_FORM_FIELDS = ("linear_weights", "prefill_gemm", "decode_attention", "decode_lora_form")
+
+
+def forced_kernel_forms(fields: Iterable[str], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """EngineConfig field -> form for the kernel forms forced with LORAHOST_ENGINE_<FIELD> (as the worker's
+    settings), among the config's `fields`."""
+    forced = {}
+    for name in KERNEL_FORM_FIELDS:
+        value = environ.get(f"LORAHOST_ENGINE_{name.upper()}")
+        if value and name in fields:
+            forced[name] = value
+    return forced
+
+
+def run_engine_steps(
+    engine: Any,
+    prompts: list[list[int]],
+    adapter_ids: list[str] | None,
+    params: Any,
+    tag: str,
+    max_steps: int,
+) -> dict:
+    """Add one request per prompt (request i on adapter_ids[i]) and step the engine until all finished:
+    total_s, prefill_s and prefill_steps (steps until every request has its first token), decode_step_s (the
+    later steps), tokens (per request)."""
+    rid_index = {}
+    for i, prompt in enumerate(prompts):
+        rid = f"{tag}-{i}"
+        rid_index[rid] = i
+        aid = adapter_ids[i] if adapter_ids else None
+        engine.add_request(engine.make_request(rid, prompt, params, aid))
+    tokens: list[list[int]] = [[] for _ in prompts]
+    step_t: list[float] = []
+    prefill_steps = 0
+    t0 = time.perf_counter()
+    prev = t0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        step_t.append(now - prev)
+        prev = now
+        for o in outs:
+            index = rid_index.get(o.request_id)
+            if index is not None:
+                tokens[index].extend(o.new_token_ids)
+        if prefill_steps == 0 and all(tokens):
+            prefill_steps = len(step_t)
+        if len(step_t) > max_steps:
+            raise SystemExit("engine did not finish the requests")
+    return {
+        "total_s": time.perf_counter() - t0,
+        "prefill_s": sum(step_t[:prefill_steps]),
+        "prefill_steps": prefill_steps,
+        "decode_step_s": step_t[prefill_steps:],
+        "tokens": tokens,
+    }
 
 
 def main() -> None:
@@ -69,15 +129,7 @@ def main() -> None:
         cfg_kw["max_num_batched_tokens"] = max(4096, args.num_requests * (args.prompt_len + args.max_tokens))
     if args.threads and "num_threads" in fields:
         cfg_kw["num_threads"] = args.threads
-    for name in (
-        "linear_weights",
-        "prefill_gemm",
-        "decode_attention",
-        "decode_lora_form",
-    ):  # forced kernel forms, as the worker's
-        value = os.environ.get(f"LORAHOST_ENGINE_{name.upper()}")
-        if value and name in fields:
-            cfg_kw[name] = value
+    cfg_kw.update(forced_kernel_forms(fields))  # forced kernel forms, as the worker's
     config = EngineConfig(**cfg_kw)
     engine = LLMEngine(config)
 
@@ -110,66 +162,9 @@ def main() -> None:
     use_step = args.mode_loop == "step" or (
         args.mode_loop == "auto" and hasattr(engine, "add_request") and hasattr(engine, "step")
     )
-    add_sig = inspect.signature(engine.add_request) if use_step else None
 
     def run_steps(n: int, tag: str) -> dict:
-        rid_index = {}
-        for i, prompt in enumerate(prompts):
-            rid = f"{tag}-{i}"
-            rid_index[rid] = i
-            kw = {}
-            aid = adapter_ids[i] if adapter_ids else None
-            if hasattr(engine, "make_request"):  # add_request(request): one EngineRequest
-                engine.add_request(engine.make_request(rid, prompt, params(n), aid))
-                continue
-            for key in ("adapter_id", "adapter_name", "lora"):
-                if key in add_sig.parameters:  # type: ignore[union-attr]
-                    kw[key] = aid
-                    break
-            else:
-                if aid is not None:
-                    raise SystemExit("engine.add_request takes no adapter argument")
-            ps = add_sig.parameters  # type: ignore[union-attr]
-            if "request_id" in ps:  # add_request(request_id, prompt, sampling_params, adapter_id=None)
-                engine.add_request(rid, prompt, params(n), **kw)
-            else:
-                ret = engine.add_request(prompt, params(n), **kw)
-                rid_index[getattr(ret, "request_id", ret)] = i
-        ntok = [0] * len(prompts)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        step_t: list[float] = []
-        prefill_steps = 0
-        t0 = time.perf_counter()
-        prev = t0
-        has_unfinished = getattr(engine, "has_unfinished_requests", None)
-        while True:
-            outs = engine.step()
-            now = time.perf_counter()
-            step_t.append(now - prev)
-            prev = now
-            for o in outs:
-                i = rid_index.get(o.request_id)
-                if i is None:
-                    continue
-                tokens[i].extend(o.new_token_ids)
-                ntok[i] = len(tokens[i])
-            if prefill_steps == 0 and all(k > 0 for k in ntok):
-                prefill_steps = len(step_t)
-            done = all(k >= n for k in ntok)
-            if has_unfinished is not None:
-                done = done and not has_unfinished()
-            if done:
-                break
-            if len(step_t) > 100 * (n + args.prompt_len):
-                raise SystemExit("engine did not finish the requests")
-        total = time.perf_counter() - t0
-        return {
-            "total_s": total,
-            "prefill_s": sum(step_t[:prefill_steps]),
-            "prefill_steps": prefill_steps,
-            "decode_step_s": step_t[prefill_steps:],
-            "tokens": tokens,
-        }
+        return run_engine_steps(engine, prompts, adapter_ids, params(n), tag, 100 * (n + args.prompt_len))
 
     # Warm-up: same prompts and adapters, few output tokens.
     if use_step:

@@ -47,13 +47,29 @@ def load_lora_adapter(
     output_slices[projection][module] = (col_start, col_end) in that merged projection's output.
     """
     per_layer = _read_lora_tensors(Path(path) / WEIGHTS_FILENAME, num_layers)
+    return pack_lora_adapter(
+        adapter_id, per_layer, info.rank, info.scale, tuple(info.target_modules), output_slices, dtype, device
+    )
+
+
+def pack_lora_adapter(
+    adapter_id: str,
+    per_layer: list[dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    rank: int,
+    scale: float,
+    target_modules: tuple[str, ...],
+    output_slices: dict[str, dict[str, tuple[int, int]]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LoraAdapter:
+    """Pack per-layer HF pairs (module -> (lora_A [r, in], lora_B [out, r])) per merged projection, the scale
+    folded into B: the files' tensors (load_lora_adapter) or tensors a caller made (benchmarks generate them
+    on the device)."""
     layers: list[dict[str, LoraProjection]] = []
     for modules in per_layer:
         packed: dict[str, LoraProjection] = {}
         for projection in PROJECTIONS:
-            proj = build_lora_projection(
-                modules, projection, output_slices[projection], info.scale, dtype, device
-            )
+            proj = build_lora_projection(modules, projection, output_slices[projection], scale, dtype, device)
             if proj is not None:
                 packed[projection] = proj
         layers.append(packed)
@@ -64,9 +80,9 @@ def load_lora_adapter(
     )
     return LoraAdapter(
         adapter_id=adapter_id,
-        rank=info.rank,
-        scale=info.scale,
-        target_modules=tuple(info.target_modules),
+        rank=rank,
+        scale=scale,
+        target_modules=target_modules,
         layers=tuple(layers),
         num_bytes=num_bytes,
     )

@@ -17,7 +17,7 @@ from gpu_workers.engine.adapter_layout import (
     num_pages_for_layout,
     place_adapter,
 )
-from gpu_workers.engine.adapter_loader import load_lora_adapter, validate_adapter
+from gpu_workers.engine.adapter_loader import load_lora_adapter, pack_lora_adapter, validate_adapter
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.layers.host_lora import HostLora, LayerSwitch
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraSegment
@@ -79,6 +79,21 @@ class AdapterTransfers:
         device = torch.device("cpu") if self.is_unified else self.device
         return load_lora_adapter(
             adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, device
+        )
+
+    def pack_adapter(
+        self,
+        adapter_id: str,
+        per_layer: list[dict[str, tuple[torch.Tensor, torch.Tensor]]],
+        rank: int,
+        scale: float,
+    ) -> LoraAdapter:
+        """Pack an adapter from tensors instead of files (per layer: module -> (lora_A [r, in], lora_B [out, r]),
+        not validated), on this device, for `LLMEngine.install_adapter`: benchmarks generate random adapters
+        on the device (benchmarks/gpu_engine_bench.py)."""
+        target_modules = tuple(sorted({m for modules in per_layer for m in modules}))
+        return pack_lora_adapter(
+            adapter_id, per_layer, rank, scale, target_modules, self._output_slices(), self.dtype, self.device
         )
 
     def adapter_num_pages(self, info: AdapterInfo) -> int | None:

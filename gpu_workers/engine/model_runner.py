@@ -4,6 +4,7 @@ the engine core (scheduler/core/); the engine changes `adapters` only when it ca
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
@@ -34,9 +35,15 @@ class ModelRunner:
     """Weights + KV cache + adapters on one device; `execute` runs one scheduled batch. Adapter loading,
     placement and host -> device copies are in `transfers` (gpu_workers/engine/adapter_transfers.py); the LoRA form
     of each step in `lora_forms` (gpu_workers/engine/lora_form_choice.py). The engine core's `Executor`
-    (scheduler/core/executor.py): `run_step`, the adapter copy methods, `geometry` and `stats`."""
+    (scheduler/core/executor.py): `run_step`, the adapter copy methods, `geometry` and `stats`.
 
-    def __init__(self, config: EngineConfig) -> None:
+    `weights`: HF-named tensors to load instead of the safetensors files under `config.model_path` (which then
+    needs only its config.json); benchmarks hand in random weights made on the device, so an 8B-shaped model
+    needs no 16 GB checkpoint (benchmarks/gpu_engine_bench.py)."""
+
+    def __init__(
+        self, config: EngineConfig, weights: Iterable[tuple[str, torch.Tensor]] | None = None
+    ) -> None:
         self.config = config
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype()
@@ -53,7 +60,7 @@ class ModelRunner:
         )
         self.use_packed_linears = self.kernel_plan.is_packed_linears
         self.wide_gemm_dtype = self.kernel_plan.wide_gemm_dtype if self.use_packed_linears else None
-        self.model = self._load_model()
+        self.model = self._load_model(weights)
         self.block_size = config.block_size
         self.geometry = MemoryGeometry.plan(
             ModelShape.from_hf_config(hf_config),
@@ -92,9 +99,11 @@ class ModelRunner:
 
     # ---- setup -------------------------------------------------------------------------------------
 
-    def _load_model(self) -> LlamaForCausalLM:
+    def _load_model(self, weights: Iterable[tuple[str, torch.Tensor]] | None) -> LlamaForCausalLM:
         model = LlamaForCausalLM(self.args, self.dtype, self.device)
-        model.load_weights(iter_safetensors(safetensors_files(self.config.model_path)))
+        if weights is None:
+            weights = iter_safetensors(safetensors_files(self.config.model_path))
+        model.load_weights(weights)
         if self.use_packed_linears:
             model.pack_linears(self.wide_gemm_dtype)
         return model.eval()
