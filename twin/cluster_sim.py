@@ -39,12 +39,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from cluster.model_load import model_loads, scaling_policy
-from cluster.placement_table import (
-    VersionInfo,
-    build_table,
-    drop_unassigned,
-    num_history_buckets,
-)
+from cluster.placement_table import VersionInfo, build_table, drop_unassigned, num_history_buckets
 from cluster.routing_table import InMemoryRoutingTableStore
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.routing.router import RouteRequest, RouterOptions
@@ -53,12 +48,7 @@ from scheduler.scaling.scale_plan import plan_scaling
 from scheduler.scaling.scaling import decide_scaling
 from settings import Settings
 from twin.cluster_node import ClusterNode
-from twin.cluster_run import (
-    ClusterOptions,
-    ClusterResult,
-    WorkerCountSample,
-    WorkerSummary,
-)
+from twin.cluster_run import ClusterOptions, ClusterResult, WorkerCountSample, WorkerSummary
 from twin.cost_model import CostModel
 from twin.event_queue import EventKind, EventQueue
 from twin.front_door import HeldRequest, next_poll_s

@@ -31,11 +31,13 @@ from gpu_workers.engine.layers.attention import (
     PREFILL_ATTENTION_FORMS,
     PREFILL_ATTENTION_OP,
     TRITON_FORM,
-    decode_attention_candidates,
     is_decode_form_usable,
     is_prefill_form_usable,
-    prefill_attention_candidates,
     triton_unusable_reason,
+)
+from gpu_workers.engine.layers.attention_candidates import (
+    decode_attention_candidates,
+    prefill_attention_candidates,
 )
 from gpu_workers.engine.layers.linear import (
     LINEAR_WEIGHTS_FORMS,

@@ -19,7 +19,7 @@ from gpu_workers.engine.kernel_tuner import KernelTuner
 from gpu_workers.engine.layers.attention import (
     DECODE_ATTENTION_FORMS,
     AttentionMetadata,
-    _decode_attention,
+    decode_attention,
     is_decode_form_usable,
 )
 from gpu_workers.engine.layers.linear import can_pack_linear
@@ -102,7 +102,7 @@ def test_every_decode_attention_form_is_exact_attention(
     q, k_cache, v_cache, meta, expected, scale = _decode_case(dtype, lens, num_extra_rows)
     tolerance = 2e-5 if dtype == torch.float32 else 0.05
     for form in _usable_attention_forms(dtype):
-        out = _decode_attention(q, k_cache, v_cache, replace(meta, decode_form=form), scale)
+        out = decode_attention(q, k_cache, v_cache, replace(meta, decode_form=form), scale)
         assert out.shape == expected.shape and out.dtype == dtype
         assert torch.isfinite(out).all(), form
         err = (out.double() - expected).abs().max().item()

@@ -25,10 +25,12 @@ from gpu_workers.engine.layers import attention
 from gpu_workers.engine.layers.attention import (
     DECODE_ATTENTION_FORMS,
     PREFILL_ATTENTION_FORMS,
-    decode_attention_candidates,
     is_decode_form_usable,
     is_prefill_form_usable,
     paged_attention,
+)
+from gpu_workers.engine.layers.attention_candidates import (
+    decode_attention_candidates,
     prefill_attention_candidates,
 )
 from gpu_workers.engine.layers.lora import LoraBatch
