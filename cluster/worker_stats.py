@@ -39,6 +39,10 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "step_seconds_max",
         "num_adapter_load_failures",  # published summed into num_load_failures
         "num_adapter_copy_failures",
+        "num_adapter_prepare_failures",
+        "num_adapter_preparations",
+        "adapter_prepare_seconds_total",
+        "adapter_prepare_seconds_max",
         "memory_mode",
         "max_model_len",
         "executor",  # published field by field (ExecutorStats' own fields)
@@ -61,7 +65,6 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "dtype",
         "device",
         # the twin's simulated executor (twin/simulated_executor.py SimulatedExecutorStats)
-        "adapter_prepare_seconds_total",
         "busy_seconds",
         # the vLLM backend's (gpu_workers/worker/vllm_backend.py VllmStats)
         "max_loras",
