@@ -18,8 +18,8 @@ The adapters are generated once (seeded PEFT adapters over `--target-modules`, r
 `--adapters-dir` (default MODEL_DIR/cold-r<rank>). Any engine tree can run this script: to compare an older
 commit, export it and run this file with PYTHONPATH pointing at that tree (the summary names the commit).
 
-    python benchmarks/engine_workload.py smollm2 ~/.cache/lorahost/bench-smollm2-16 --num-adapters 16
-    PYTHONPATH=. .venv/bin/python benchmarks/cold_adapter_gaps.py --model-dir ~/.cache/lorahost/bench-smollm2-16
+    python benchmarks/engine_workload.py smollm2 ~/.cache/lorahost/bench-smollm2-0 --num-adapters 0
+    PYTHONPATH=. .venv/bin/python benchmarks/cold_adapter_gaps.py --model-dir ~/.cache/lorahost/bench-smollm2-0
 
 Output: one JSON line per run (`--runs`), then a summary line.
 """

@@ -4,8 +4,8 @@ built from the same engine settings section as the real engine (settings/engine.
 
 `run(trace)` replays a trace alone: requests are added when the simulated clock reaches their arrival (a
 request that arrives during a step joins at the next step, as in the engine), the core steps while it has
-work, and an idle worker jumps to the next arrival, host copy ready or copy landing. The cluster twin drives many workers
-through `submit` / `step_until` instead.
+work, and an idle worker jumps to the next arrival, host copy ready or copy landing. The cluster twin drives
+many workers through `submit` / `step_until` instead.
 """
 
 from __future__ import annotations

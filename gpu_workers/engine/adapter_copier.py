@@ -125,7 +125,8 @@ class AdapterCopier:
         return bool(self._jobs)
 
     def wait_any(self, timeout: float) -> None:
-        """Block until some load has a result to take (host copy made, copy done) or `timeout` seconds passed."""
+        """Block until some load has a result to take (host copy made, copy done) or `timeout` seconds
+        passed."""
         with self._changed:
             if not any(self._has_news(j) for j in self._jobs.values()):
                 self._changed.wait(timeout)

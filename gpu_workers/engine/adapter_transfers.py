@@ -1,7 +1,7 @@
 """The model runner's adapter side: validating and packing adapters, placing them in their reserved pages
 (views of the KV cache in a unified pool), the host tier of packed host copies, and the asynchronous loads
-(host copy prepared off the step loop, then copied host -> device) behind CPU-assisted prefill. Owned by `ModelRunner` (gpu_workers/engine/model_runner.py) as
-`runner.transfers`."""
+(host copy prepared off the step loop, then copied host -> device) behind CPU-assisted prefill. Owned by
+`ModelRunner` (gpu_workers/engine/model_runner.py) as `runner.transfers`."""
 
 from __future__ import annotations
 

@@ -173,8 +173,8 @@ class AsyncLLMEngine:
                 self.engine.pin_adapter(adapter_id)
 
     def adapter_residency(self, adapter_id: str) -> str:
-        """ "none", "host", "preparing", "copying" or "device" (a snapshot read without waiting for the current
-        step)."""
+        """ "none", "host", "preparing", "copying" or "device" (a snapshot read without waiting for the
+        current step)."""
         return self.engine.adapter_residency(adapter_id)
 
     def device_adapters(self) -> list[str]:

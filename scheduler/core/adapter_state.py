@@ -1,5 +1,5 @@
-"""The plain data of adapter residency (scheduler/core/adapter_residency.py, which owns the transitions): where
-an adapter's weights are, and what the core tracks per adapter."""
+"""The plain data of adapter residency (scheduler/core/adapter_residency.py owns the transitions): where an
+adapter's weights are, and what the core tracks per adapter."""
 
 from __future__ import annotations
 

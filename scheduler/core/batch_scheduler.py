@@ -24,8 +24,9 @@ that prefixes its tokens (only the rest costs token budget), and its computed fu
 join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
 An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
 `schedule()` returns a plain `StepPlan`; the engine carries it out and hands the sampled tokens to
-`update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Loads are asynchronous: which
-sequences of an adapter still being loaded run is `core/copy_gate.py`'s decision (CPU-assisted prefills).
+`update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Loads are
+asynchronous: which sequences of an adapter still being loaded run is `core/copy_gate.py`'s decision
+(CPU-assisted prefills).
 """
 
 from __future__ import annotations
@@ -309,7 +310,7 @@ class BatchScheduler:
     def _plan_adapter(self, seq: Sequence, plan: StepPlan) -> bool:
         """Make sure seq's adapter is on the device or being copied there; False if no room.
 
-        Whether seq may run while the adapter is being loaded is the copy gate's decision (`CopyGate.may_run`).
+        Whether seq may run while its adapter is being loaded is the copy gate's call (`CopyGate.may_run`).
         """
         if seq.adapter_id is None:
             return True

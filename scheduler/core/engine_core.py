@@ -222,7 +222,8 @@ class EngineCore:
                 self.fail_adapter(result.adapter_id, f"copy to the device failed: {result.error}")
 
     def _on_prepared(self, result: PrepareResult) -> None:
-        """A planned load's host copy is ready (PREPARING -> COPYING), or could not be made (its requests fail)."""
+        """A planned load's host copy is ready (PREPARING -> COPYING), or could not be made (its requests
+        fail)."""
         if self.residency.residency(result.adapter_id) is not Residency.PREPARING:
             return  # replaced meanwhile (an explicit load)
         if result.error is not None:

@@ -2,9 +2,10 @@
 
 The engine core decides (admission, pages, adapter residency, loads to start, evictions); an executor runs
 a step's entries and carries out adapter loads off the step loop: it prepares an adapter's host copy (reads,
-validates and packs its files) and then copies it to the device, reporting each stage as it ends. The torch `ModelRunner` (gpu_workers/engine/model_runner.py) is
-one executor; the digital twin's `SimulatedExecutor` (twin/) is another, whose steps take the
-time a cost model says. Both serve the same `EngineCore`, so the twin runs the engine's own scheduling code.
+validates and packs its files) and then copies it to the device, reporting each stage as it ends. The torch
+`ModelRunner` (gpu_workers/engine/model_runner.py) is one executor; the digital twin's `SimulatedExecutor`
+(twin/) is another, whose steps take the time a cost model says. Both serve the same `EngineCore`, so the
+twin runs the engine's own scheduling code.
 """
 
 from __future__ import annotations

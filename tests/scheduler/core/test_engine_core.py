@@ -1,6 +1,7 @@
 """The engine core's step loop over a scripted executor (no tensors): tokens, stops, times, adapter loads
-whose host copy is prepared (or not) and whose copy lands (or fails), rows without a token, aborts. The native engine runs the same loop over its model runner
-(tests/gpu_workers/engine/); the digital twin over its simulated executor (tests/twin/)."""
+whose host copy is prepared (or not) and whose copy lands (or fails), rows without a token, aborts. The
+native engine runs the same loop over its model runner (tests/gpu_workers/engine/); the digital twin over its
+simulated executor (tests/twin/)."""
 
 from __future__ import annotations
 
