@@ -36,6 +36,10 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "step_seconds_max",
         "num_adapter_load_failures",  # published summed into WorkerStats.num_load_failures
         "num_adapter_copy_failures",
+        "num_adapter_prepare_failures",
+        "num_adapter_preparations",
+        "adapter_prepare_seconds_total",
+        "adapter_prepare_seconds_max",
         "memory_mode",
         "max_model_len",
         "executor",  # published as WorkerStats.engine (EngineSummary): ExecutorStats' own fields
@@ -59,7 +63,6 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "dtype",
         "device",
         # the twin's simulated executor (twin/simulated_executor.py SimulatedExecutorStats)
-        "adapter_prepare_seconds_total",
         "busy_seconds",
         # the vLLM backend's (gpu_workers/worker/vllm_backend.py VllmStats)
         "max_loras",

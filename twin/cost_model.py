@@ -17,8 +17,9 @@ With the profile's step coefficients (microseconds; twin/profile.py `StepCost`) 
 P: prefill tokens, D: decode rows, A: distinct adapters whose delta runs on the device. Prefill is priced
 explicitly (tokens and quadratic attention), unlike the digital-twin paper's model, which charges only per
 sequence and so misses TTFT. A copy of `n` bytes takes per_copy + n / host_to_device bandwidth; preparing its
-host copy first (when the profile has `copy.prepare_gbps`) takes prepare + n / prepare bandwidth of the engine
-thread, so the step that starts the copy waits for it.
+host copy first (when the profile has `copy.prepare_gbps`) takes prepare + n / prepare bandwidth of the
+engine's preparer thread, off the step loop (twin/simulated_executor.py: the adapter's requests wait for
+it, the steps of the others do not).
 
 The token terms (per_prefill_token x P + per_decode_seq x D) and the LoRA work term (lora_per_token_rank x W)
 are the step-cost terms shared with the router's performance model (scheduler/core/step_cost.py).
@@ -109,7 +110,8 @@ class CostModel:
         return self._per_copy_s + num_bytes / self._bytes_per_second
 
     def prepare_seconds(self, num_bytes: int) -> float:
-        """Host work in the engine thread before a copy of `num_bytes` (0 when the profile has none)."""
+        """Host work (on the preparer, off the step loop) before a copy of `num_bytes` (0 when the profile has
+        none)."""
         if self._prepare_bytes_per_second is None or num_bytes <= 0:
             return 0.0
         return self._per_prepare_s + num_bytes / self._prepare_bytes_per_second

@@ -126,9 +126,10 @@ class StepCost(_Frozen):
 class CopyCost(_Frozen):
     """The host -> device link adapters are copied over, and the host work before a copy.
 
-    `prepare_*`: reading, validating and packing an adapter's host copy before its copy starts, in the
-    engine's own thread (the native engine's step loop waits for it; a host-tier hit skips it). None: host
-    copies are ready when a copy starts (no step waits), as in the published GPU profiles."""
+    `prepare_*`: reading, validating and packing an adapter's host copy before its copy starts, on the
+    engine's preparer thread (off the step loop: the adapter's requests wait for it, the others keep
+    stepping; a host-tier hit skips it). None: host copies are ready when a copy starts, as in the published
+    GPU profiles."""
 
     host_to_device_gbps: float = Field(gt=0)
     per_copy_us: float = Field(default=0.0, ge=0)

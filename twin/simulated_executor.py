@@ -1,9 +1,11 @@
 """`SimulatedExecutor`: the digital twin's `Executor` (scheduler/core/executor.py). It runs no model: a step
 takes the time the cost model gives its `StepShape` (the simulated clock moves by that much) and samples a
-fixed token; adapter copies go one after another over one link (as the engine's copier thread does) and
-land when the clock reaches their end. Before a copy, the adapter's host copy is prepared in the engine
-thread (the clock moves by the cost model's prepare time) unless the host tier (scheduler/core/host_tier.py,
-the engine's own) still holds it. The engine core above it is the engine's own (scheduler/core/)."""
+fixed token. Adapter loads run off the step loop, as in the engine (gpu_workers/engine/adapter_copier.py):
+one preparer makes the host copies (read, validate, pack: the cost model's prepare time) one after another,
+unless the host tier (scheduler/core/host_tier.py, the engine's own) still holds the copy; one link copies
+them one after another, each from the moment its host copy is ready (in that order: a host-tier hit does not
+wait behind preparations), taking the cost model's copy time. The core hears of a host copy ready and of a
+copy landed when the clock reaches them. The engine core above it is the engine's own (scheduler/core/)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from scheduler.core.engine_stats import ExecutorStats
-from scheduler.core.executor import CopyResult
+from scheduler.core.executor import CopyResult, PrepareResult
 from scheduler.core.host_tier import HostTier
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.sequence import BatchEntry
@@ -24,15 +26,28 @@ SAMPLED_TOKEN = 1  # what every simulated row samples (requests replay known len
 
 
 @dataclass
-class _Copy:
-    started_at: float
-    done_at: float
+class _Load:
+    """One adapter's load: host copy ready at `prepared_at` (after `prepare_seconds`; at once from the host
+    tier), then copied over the link from `started_at` to `done_at` (planned by `_schedule_link`)."""
+
+    order: int
+    prepared_at: float
+    prepare_seconds: float
+    copy_seconds: float
+    is_from_host_tier: bool
+    started_at: float | None = None
+    done_at: float = 0.0
+    is_prepare_taken: bool = False
+
+    def has_started(self, now: float) -> bool:
+        """True once its copy holds the link (it keeps it until `done_at`)."""
+        return self.started_at is not None and self.started_at <= now
 
 
 class SimulatedExecutor:
-    """Steps and copies in simulated time (module doc). `ranks` and `adapter_bytes`: per adapter id, what
-    the cost model and the copy time need (the twin registers each adapter with both). `max_lora_rank`: the
-    largest adapter rank the simulated engine serves, published in its stats as the model runner publishes
+    """Steps and adapter loads in simulated time (module doc). `ranks` and `adapter_bytes`: per adapter id,
+    what the cost model and the load times need (the twin registers each adapter with both). `max_lora_rank`:
+    the largest adapter rank the simulated engine serves, published in its stats as the model runner publishes
     its own (production resolves it with `Settings.resolved_max_lora_rank`)."""
 
     def __init__(
@@ -53,13 +68,15 @@ class SimulatedExecutor:
         self.ranks = ranks
         self.adapter_bytes = adapter_bytes
         self.host_tier = host_tier if host_tier is not None else HostTier(0)
-        self._copies: dict[str, _Copy] = {}
-        self._link_free_at = 0.0
+        self._loads: dict[str, _Load] = {}
+        self._num_loads_started = 0
+        self._preparer_free_at = 0.0
+        self._link_free_at = 0.0  # the end of the last copy that started and left `_loads`
         self.num_steps = 0
         self.busy_seconds = 0.0
         self.num_copies = 0
         self.copy_seconds = 0.0
-        self.prepare_seconds = 0.0
+        self.num_results_taken = 0  # host copies ready and copies landed reported to the core
 
     @property
     def geometry(self) -> MemoryGeometry:
@@ -71,7 +88,7 @@ class SimulatedExecutor:
         until the last of those adapters' copies lands at most (the engine switches to a landed device copy
         between layers)."""
         shape = StepShape.of(entries, self.ranks, host_assisted)
-        landing = [self._copies[a].done_at for a in host_assisted if a in self._copies]
+        landing = [self._loads[a].done_at for a in host_assisted if a in self._loads]
         max_host = max(landing) - self.clock() if landing else None
         seconds = self.cost_model.step_seconds(shape, max_host)
         self.clock.advance(seconds)
@@ -80,57 +97,102 @@ class SimulatedExecutor:
         return [SAMPLED_TOKEN for e in entries if e.is_sampling]
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
-        """Prepare the host copy in the engine thread (unless the host tier has it), then queue the copy on
-        the link: it starts when the link is free and takes the cost model's time."""
+        """Queue the load: the host copy from the host tier at once, else on the preparer when it is free
+        (the cost model's prepare time); then the copy over the link (the step loop does not wait)."""
         num_bytes = self.adapter_bytes[adapter_id]
-        if not self.host_tier.lookup(adapter_id):
-            seconds = self.cost_model.prepare_seconds(num_bytes)
-            self.clock.advance(seconds)
-            self.busy_seconds += seconds
-            self.prepare_seconds += seconds
-            self.host_tier.add(adapter_id, num_bytes)
-        started = max(self.clock(), self._link_free_at)
-        done = started + self.cost_model.copy_seconds(num_bytes)
-        self._copies[adapter_id] = _Copy(started, done)
-        self._link_free_at = done
+        now = self.clock()
+        is_from_host_tier = self.host_tier.lookup(adapter_id)
+        prepare_seconds, prepared_at = 0.0, now
+        if not is_from_host_tier:
+            prepare_seconds = self.cost_model.prepare_seconds(num_bytes)
+            prepared_at = self._preparer_free_at = max(now, self._preparer_free_at) + prepare_seconds
+        self._num_loads_started += 1
+        self._loads[adapter_id] = _Load(
+            self._num_loads_started,
+            prepared_at,
+            prepare_seconds,
+            self.cost_model.copy_seconds(num_bytes),
+            is_from_host_tier,
+        )
+        self._schedule_link()
+
+    def _schedule_link(self) -> None:
+        """(Re)plan the copies that have not started by now: one at a time, in the order their host copies
+        became ready, each once its host copy is ready and the link is free."""
+        now = self.clock()
+        started = [load for load in self._loads.values() if load.has_started(now)]
+        free_at = max([self._link_free_at, *(load.done_at for load in started)])
+        pending = [load for load in self._loads.values() if not load.has_started(now)]
+        for load in sorted(pending, key=lambda load: (load.prepared_at, load.order)):
+            load.started_at = max(load.prepared_at, free_at)
+            load.done_at = free_at = load.started_at + load.copy_seconds
+
+    def take_prepared_copies(self) -> list[PrepareResult]:
+        """The host copies the clock has reached (kept in the host tier, as the engine does)."""
+        now = self.clock()
+        ready = [
+            (a, load)
+            for a, load in self._loads.items()
+            if not load.is_prepare_taken and load.prepared_at <= now
+        ]
+        self.num_results_taken += len(ready)
+        for adapter_id, load in ready:
+            load.is_prepare_taken = True
+            if not load.is_from_host_tier:
+                self.host_tier.add(adapter_id, self.adapter_bytes[adapter_id])
+        return [
+            PrepareResult(a, load.prepare_seconds, is_from_host_tier=load.is_from_host_tier)
+            for a, load in ready
+        ]
 
     def take_finished_copies(self) -> list[CopyResult]:
-        """The copies whose end the clock has reached."""
+        """The copies whose end the clock has reached (of loads whose host copy was reported)."""
         now = self.clock()
-        landed = [(a, c) for a, c in self._copies.items() if c.done_at <= now]
-        for adapter_id, copy in landed:
-            del self._copies[adapter_id]
+        landed = [
+            (a, load) for a, load in self._loads.items() if load.is_prepare_taken and load.done_at <= now
+        ]
+        self.num_results_taken += len(landed)
+        for adapter_id, load in landed:
+            del self._loads[adapter_id]
+            self._link_free_at = max(self._link_free_at, load.done_at)
             self.num_copies += 1
-            self.copy_seconds += copy.done_at - copy.started_at
-        return [CopyResult(a, c.done_at - c.started_at) for a, c in landed]
+            self.copy_seconds += load.copy_seconds
+        return [CopyResult(a, load.copy_seconds) for a, load in landed]
 
     def has_copies_in_flight(self) -> bool:
-        """True while a copy has not been taken."""
-        return bool(self._copies)
+        """True while a load (preparing or copying) has not been taken."""
+        return bool(self._loads)
 
-    def next_copy_done_at(self) -> float | None:
-        """When the next copy lands (None when none is in flight)."""
-        return min((c.done_at for c in self._copies.values()), default=None)
+    def next_transfer_at(self) -> float | None:
+        """When the next host copy is ready or copy lands (None when no load is in flight)."""
+        return min(
+            (load.done_at if load.is_prepare_taken else load.prepared_at for load in self._loads.values()),
+            default=None,
+        )
 
     def wait_for_copy(self, timeout_s: float) -> None:
-        """Idle until the next copy lands, at most `timeout_s`."""
-        done_at = self.next_copy_done_at()
-        if done_at is not None:
-            self.clock.advance_to(min(done_at, self.clock() + timeout_s))
+        """Idle until the next host copy is ready or copy lands, at most `timeout_s`."""
+        moment = self.next_transfer_at()
+        if moment is not None:
+            self.clock.advance_to(min(moment, self.clock() + timeout_s))
 
     def drop_adapter(self, adapter_id: str) -> None:
-        """Forget the adapter's copy (the link time it already took stays taken)."""
-        self._copies.pop(adapter_id, None)
+        """Forget the adapter's load (a copy under way keeps the link until its end; one not started yet
+        frees its turn; the preparer's time stays taken)."""
+        load = self._loads.pop(adapter_id, None)
+        if load is not None and load.has_started(self.clock()):
+            self._link_free_at = max(self._link_free_at, load.done_at)
+        self._schedule_link()
 
     def release_request(self, request_id: str) -> None:
         """Nothing is kept per request."""
 
     def stats(self) -> SimulatedExecutorStats:
-        """Copies and busy time, under the engine's stats names where they exist."""
+        """Copies and busy time, under the engine's stats names where they exist (the core counts the
+        preparations)."""
         return SimulatedExecutorStats(
             num_adapter_copies=self.num_copies,
             adapter_copy_seconds_total=self.copy_seconds,
-            adapter_prepare_seconds_total=self.prepare_seconds,
             busy_seconds=self.busy_seconds,
             device="twin",
             max_lora_rank=self.max_lora_rank,
@@ -142,6 +204,5 @@ class SimulatedExecutorStats(ExecutorStats):
 
     num_adapter_copies: int = 0
     adapter_copy_seconds_total: float = 0.0
-    adapter_prepare_seconds_total: float = 0.0
     busy_seconds: float = 0.0
     device: str = "twin"

@@ -5,8 +5,8 @@ real engine gets (`max_lora_rank`: `Settings.resolved_max_lora_rank()`, resolved
 
 `run(trace)` replays a trace alone: requests are added when the simulated clock reaches their arrival (a
 request that arrives during a step joins at the next step, as in the engine), the core steps while it has
-work, and an idle worker jumps to the next arrival or copy landing. The cluster twin drives many workers
-through `submit` / `step_until` instead.
+work, and an idle worker jumps to the next arrival, host copy ready or copy landing. The cluster twin drives
+many workers through `submit` / `step_until` instead.
 """
 
 from __future__ import annotations
@@ -126,9 +126,10 @@ class SimulatedWorker:
         return self.core.has_unfinished_requests() or self.core.has_pending_deltas()
 
     def step(self, until: float | None = None) -> None:
-        """One engine-core step at the clock's time; when it ran nothing (every request waits for a copy),
-        the clock moves to the next copy landing, or to `until` (the next arrival) when that comes first."""
-        steps_before = self.executor.num_steps
+        """One engine-core step at the clock's time; when it ran nothing and heard of no adapter load (every
+        request waits for one), the clock moves to the next host copy ready or copy landing, or to `until`
+        (the next arrival) when that comes first."""
+        steps_before, results_before = self.executor.num_steps, self.executor.num_results_taken
         started = self.clock()
         for delta in self.core.step():
             record = self.records[delta.seq.request_id]
@@ -141,16 +142,17 @@ class SimulatedWorker:
                     seq.finish_reason,
                     seq.error_code,
                 )
-        if self.executor.num_steps == steps_before and self.clock() == started:
+        is_idle = self.executor.num_steps == steps_before and self.clock() == started
+        if is_idle and self.executor.num_results_taken == results_before:
             if not self.core.has_unfinished_requests():
                 return
-            done_at = self.executor.next_copy_done_at()
-            if done_at is None:
+            moment = self.executor.next_transfer_at()
+            if moment is None:
                 raise RuntimeError(
-                    f"{self.worker_id}: requests wait but nothing can run and no copy is in flight "
+                    f"{self.worker_id}: requests wait but nothing can run and no adapter load is in flight "
                     "(an adapter that can never fit?)"
                 )
-            self.clock.advance_to(done_at if until is None else min(done_at, until))
+            self.clock.advance_to(moment if until is None else min(moment, until))
 
     def step_until(self, moment: float) -> None:
         """Step while busy and the clock is before `moment`; an idle worker's clock moves to `moment`."""

@@ -1,10 +1,17 @@
-"""Asynchronous host -> device adapter copies (the mechanism behind the core's COPYING state).
+"""Adapter loads off the step loop (the mechanism behind the core's PREPARING and COPYING states).
 
-One background thread is the link: copies queue on it in start order. On CUDA a copy runs on a side
-stream from pinned host memory and the thread waits on its event, so the engine thread never blocks on
-it; on a CPU device the "device copy" is a clone. `link_gbps` (GB/s, 10^9 bytes per second) emulates a
-slower link: a copy of n bytes lands no earlier than n / (link_gbps * 1e9) seconds after it started, so
-the cost of cold adapters is real and measurable on a CPU-only machine (None: as fast as the machine).
+A load has two stages, each on a background thread of its own, so the engine thread never waits on a cold
+adapter: the preparer thread makes its host copy (`prepare`: read, validate and pack its files; skipped when
+the host tier holds the copy), then the copy thread (the link) copies it to the device. Each stage serves
+its jobs in order (a host-tier hit goes straight to the link; a prepared copy joins the link's queue when
+its preparation ends), so a preparation overlaps the copy before it. On CUDA a copy runs on a side stream
+from pinned host memory and the copy thread waits on its event; on a CPU device the "device copy" is a
+clone. `link_gbps` (GB/s, 10^9 bytes per second) emulates a slower link: a copy of n bytes lands no earlier
+than n / (link_gbps * 1e9) seconds after it started, so the cost of cold adapters is real and measurable on
+a CPU-only machine (None: as fast as the machine).
+
+The engine thread starts loads and takes their results (`take_prepared`, then `take_finished`); the worker
+threads only fill in a job's fields and set its events.
 """
 
 from __future__ import annotations
@@ -22,20 +29,30 @@ from gpu_workers.engine.layers.lora import LoraAdapter, map_lora_tensors
 
 @dataclass
 class CopyJob:
-    """One adapter's copy; `done` is set when it landed (`device_copy`) or failed (`error`)."""
+    """One adapter's load. `prepared` is set when its host copy is ready (`host_copy`) or its preparation
+    failed (`error`, no copy follows); `done` when the copy landed (`device_copy`) or failed (`error`)."""
 
     adapter_id: str
-    host_copy: LoraAdapter
+    host_copy: LoraAdapter | None = None  # given at start (host tier) or made by `prepare`
+    prepare: Callable[[], LoraAdapter] | None = None  # makes the host copy (preparer thread)
     place: Callable[[LoraAdapter], LoraAdapter] | None = None  # writes into reserved device memory
     device_copy: LoraAdapter | None = None
     error: str | None = None
+    prepare_seconds: float = 0.0  # making the host copy (0 from the host tier)
     seconds: float = 0.0  # from the start of the transfer to landing
     is_cancelled: bool = False
+    is_prepare_taken: bool = False  # engine thread: `take_prepared` returned it
+    prepared: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def is_from_host_tier(self) -> bool:
+        """True when the host copy was given at start (nothing was read or packed)."""
+        return self.prepare is None
 
 
 class AdapterCopier:
-    """Starts copies, reports the ones that landed or failed; thread-safe."""
+    """Starts loads, reports the host copies made and the copies that landed or failed; thread-safe."""
 
     def __init__(self, device: torch.device, link_gbps: float | None = None) -> None:
         if link_gbps is not None and link_gbps <= 0:
@@ -43,9 +60,10 @@ class AdapterCopier:
         self.device = device
         self.link_gbps = link_gbps
         self._jobs: dict[str, CopyJob] = {}
-        self._queue: queue.SimpleQueue[CopyJob] = queue.SimpleQueue()
-        self._finished = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._prepare_queue: queue.SimpleQueue[CopyJob] = queue.SimpleQueue()
+        self._copy_queue: queue.SimpleQueue[CopyJob] = queue.SimpleQueue()
+        self._changed = threading.Condition()  # notified when a job is prepared or done
+        self._threads: list[threading.Thread] = []
         self.num_copies = 0
         self.copy_seconds = 0.0
         self.max_copy_seconds = 0.0
@@ -53,29 +71,48 @@ class AdapterCopier:
     # ---- engine thread ------------------------------------------------------------------------------
 
     def start(
-        self, host_copy: LoraAdapter, place: Callable[[LoraAdapter], LoraAdapter] | None = None
+        self,
+        adapter_id: str,
+        *,
+        host_copy: LoraAdapter | None = None,
+        prepare: Callable[[], LoraAdapter] | None = None,
+        place: Callable[[LoraAdapter], LoraAdapter] | None = None,
     ) -> None:
-        """Queue the copy of an adapter's host copy (replacing an unfinished copy of the same id).
+        """Queue an adapter's load (replacing an unfinished load of the same id): from its `host_copy`, or
+        from the host copy `prepare` makes on the preparer thread (exactly one of the two).
 
         `place`: copies the host tensors into device memory reserved for them (the adapter's pages of the
         unified pool) and returns the adapter as views there; None: the copy allocates tensors of its own.
         """
-        self.cancel(host_copy.adapter_id)
-        job = CopyJob(host_copy.adapter_id, host_copy, place)
-        self._jobs[job.adapter_id] = job
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="adapter-copier", daemon=True)
-            self._thread.start()
-        self._queue.put(job)
+        if (host_copy is None) == (prepare is None):
+            raise ValueError("give exactly one of host_copy and prepare")
+        self.cancel(adapter_id)
+        job = CopyJob(adapter_id, host_copy, prepare, place)
+        self._jobs[adapter_id] = job
+        self._start_threads()
+        if host_copy is None:
+            self._prepare_queue.put(job)
+            return
+        job.prepared.set()
+        self._copy_queue.put(job)
+
+    def _start_threads(self) -> None:
+        if self._threads:
+            return
+        for target, name in ((self._run_prepares, "adapter-preparer"), (self._run_copies, "adapter-copier")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def cancel(self, adapter_id: str) -> None:
-        """Forget an unfinished copy (its result is dropped)."""
+        """Forget an unfinished load (its results are dropped; a copy not started yet never starts)."""
         job = self._jobs.pop(adapter_id, None)
         if job is not None:
             job.is_cancelled = True
 
     def landed(self, adapter_id: str, wait: bool = False) -> LoraAdapter | None:
-        """The device copy once the copy landed, else None (wait=True: block until it landed or failed)."""
+        """The device copy once the copy landed, else None (wait=True: block until it landed or failed; only
+        for a load whose host copy is ready)."""
         job = self._jobs.get(adapter_id)
         if job is None:
             return None
@@ -84,18 +121,34 @@ class AdapterCopier:
         return job.device_copy if job.done.is_set() else None
 
     def has_in_flight(self) -> bool:
-        """True while a started copy has not been taken by `take_finished`."""
+        """True while a started load has not been taken by `take_finished` (or failed in `take_prepared`)."""
         return bool(self._jobs)
 
     def wait_any(self, timeout: float) -> None:
-        """Block until some copy finished or `timeout` seconds passed."""
-        with self._finished:
-            if not any(j.done.is_set() for j in self._jobs.values()):
-                self._finished.wait(timeout)
+        """Block until some load has a result to take (host copy made, copy done) or `timeout` seconds
+        passed."""
+        with self._changed:
+            if not any(self._has_news(j) for j in self._jobs.values()):
+                self._changed.wait(timeout)
+
+    @staticmethod
+    def _has_news(job: CopyJob) -> bool:
+        return job.done.is_set() if job.is_prepare_taken else job.prepared.is_set()
+
+    def take_prepared(self) -> list[CopyJob]:
+        """Return the loads whose host copy was made (their copy runs on) or failed since the last call; the
+        failed ones are removed (reported here only)."""
+        prepared = [j for j in self._jobs.values() if not j.is_prepare_taken and j.prepared.is_set()]
+        for job in prepared:
+            job.is_prepare_taken = True
+            if job.host_copy is None:
+                del self._jobs[job.adapter_id]
+        return prepared
 
     def take_finished(self) -> list[CopyJob]:
-        """Remove and return the copies that landed or failed since the last call."""
-        finished = [j for j in self._jobs.values() if j.done.is_set()]
+        """Remove and return the copies that landed or failed since the last call (of loads `take_prepared`
+        returned)."""
+        finished = [j for j in self._jobs.values() if j.is_prepare_taken and j.done.is_set()]
         for job in finished:
             del self._jobs[job.adapter_id]
             if job.error is None:
@@ -104,12 +157,35 @@ class AdapterCopier:
                 self.max_copy_seconds = max(self.max_copy_seconds, job.seconds)
         return finished
 
+    # ---- preparer thread ----------------------------------------------------------------------------
+
+    def _run_prepares(self) -> None:
+        while True:
+            job = self._prepare_queue.get()
+            prepare = job.prepare
+            if job.is_cancelled or prepare is None:
+                continue
+            started = time.perf_counter()
+            try:
+                job.host_copy = prepare()
+            except Exception as exc:  # noqa: BLE001 (reported to the engine, which fails that adapter's requests)
+                job.error = f"{type(exc).__name__}: {exc}"
+            job.prepare_seconds = time.perf_counter() - started
+            if job.host_copy is not None and not job.is_cancelled:
+                self._copy_queue.put(job)
+            self._notify(job.prepared)
+
+    def _notify(self, event: threading.Event) -> None:
+        with self._changed:
+            event.set()
+            self._changed.notify_all()
+
     # ---- copy thread --------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run_copies(self) -> None:
         while True:
-            job = self._queue.get()
-            if job.is_cancelled:
+            job = self._copy_queue.get()
+            if job.is_cancelled or job.host_copy is None:
                 continue
             started = time.perf_counter()
             try:
@@ -121,9 +197,7 @@ class AdapterCopier:
             except Exception as exc:  # noqa: BLE001 (reported to the engine, which fails that adapter's requests)
                 job.error = f"{type(exc).__name__}: {exc}"
             job.seconds = time.perf_counter() - started
-            with self._finished:
-                job.done.set()
-                self._finished.notify_all()
+            self._notify(job.done)
 
     def copy(
         self, host_copy: LoraAdapter, place: Callable[[LoraAdapter], LoraAdapter] | None = None

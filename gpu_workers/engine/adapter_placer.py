@@ -16,6 +16,7 @@ from collections.abc import Callable
 from gpu_workers.engine.errors import AdapterCapacityError, AdapterInUseError, AdapterLoadError
 from gpu_workers.engine.layers.lora import LoraAdapter
 from gpu_workers.engine.model_runner import ModelRunner
+from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import EngineCore
 from scheduler.core.step_plan import StepPlan
 
@@ -66,7 +67,8 @@ class AdapterPlacer:
         that would have to go are in use, AdapterLoadError when the build fails (the adapter stays on the
         host). `load_seconds`: how long building it took when the caller built it (else measured here).
         """
-        if adapter_id in self.runner.adapters or adapter_id in self.runner.transfers.host_copies:
+        is_loading = self.residency.residency(adapter_id) in (Residency.PREPARING, Residency.COPYING)
+        if adapter_id in self.runner.adapters or is_loading:
             if self.scheduler.is_adapter_in_use(adapter_id):
                 raise AdapterInUseError(
                     f"adapter {adapter_id!r} is used by running or waiting requests; reload it after they finish"

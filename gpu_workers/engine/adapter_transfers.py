@@ -1,7 +1,7 @@
 """The model runner's adapter side: validating and packing adapters, placing them in their reserved pages
-(views of the KV cache in a unified pool), the host tier of packed host copies, and the asynchronous
-host -> device copies behind CPU-assisted prefill. Owned by `ModelRunner` (gpu_workers/engine/model_runner.py) as
-`runner.transfers`."""
+(views of the KV cache in a unified pool), the host tier of packed host copies, and the asynchronous loads
+(host copy prepared off the step loop, then copied host -> device) behind CPU-assisted prefill. Owned by
+`ModelRunner` (gpu_workers/engine/model_runner.py) as `runner.transfers`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ class AdapterTransfers:
         self.host_copies: dict[str, LoraAdapter] = {}  # adapters whose copy to the device is in flight
         self.host_tier = HostTier(config.host_adapter_cache_bytes)  # packed host copies kept for later copies
         self._host_tier_copies: dict[str, LoraAdapter] = {}
+        self._host_tier_keys: dict[str, str] = {}  # adapter id -> host tier key of its load being prepared
         self._cpu_pool: ThreadPoolExecutor | None = None
 
     # ---- adapters ----------------------------------------------------------------------------------
@@ -127,20 +128,26 @@ class AdapterTransfers:
         return place_adapter(adapter, self.kv_caches, page_ids, self.page_numel)
 
     def start_adapter_copy(self, adapter_id: str, path: Path, page_ids: list[int] | None = None) -> None:
-        """Pack an adapter's host copy (pinned on CUDA) and start its asynchronous copy to the device: into
-        its reserved `page_ids` of the KV cache in a unified pool, as tensors of its own in a static split.
-
-        Raises AdapterLoadError when its files are invalid or gone (nothing started).
-        """
-        host_copy = self._host_copy(adapter_id, path)
-        self.host_copies[adapter_id] = host_copy
+        """Start loading an adapter off the step loop: its host copy comes from the host tier, or is read,
+        validated and packed (pinned on CUDA) on the copier's preparer thread; then it is copied to the
+        device: into its reserved `page_ids` of the KV cache in a unified pool, as tensors of its own in a
+        static split. Never reads the files here: invalid or vanished files fail the preparation, reported by
+        `take_prepared_copies`."""
+        key = _host_tier_key(adapter_id, path)
         pages = list(page_ids or [])
         place = (lambda adapter: self.place_adapter(adapter, pages)) if self.is_unified else None
-        self.copier.start(host_copy, place)
+        self._host_tier_keys[adapter_id] = key
+        if self.host_tier.lookup(key):
+            self.copier.start(adapter_id, host_copy=self._host_tier_copies[key], place=place)
+        else:
+            self.copier.start(
+                adapter_id, prepare=lambda: self.prepare_host_copy(adapter_id, path), place=place
+            )
 
     def prepare_host_copy(self, adapter_id: str, path: Path) -> LoraAdapter:
         """Read, validate and pack an adapter's files into a host copy (pinned on CUDA); the host tier is
-        neither read nor filled. Raises AdapterLoadError when its files are invalid."""
+        neither read nor filled. Raises AdapterLoadError when its files are invalid. Thread-safe (the
+        copier's preparer thread calls it)."""
         info = self.validate_adapter(path)
         host_copy = load_lora_adapter(
             adapter_id,
@@ -153,19 +160,25 @@ class AdapterTransfers:
         )
         return pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
 
-    def _host_copy(self, adapter_id: str, path: Path) -> LoraAdapter:
-        """The adapter's packed host copy: from the host tier, else read, validated and packed from its files
-        (and kept in the tier when it fits its byte budget)."""
-        key = f"{adapter_id}\0{path}"
-        if self.host_tier.lookup(key):
-            return self._host_tier_copies[key]
-        host_copy = self.prepare_host_copy(adapter_id, path)
+    def take_prepared_copies(self) -> list[CopyJob]:
+        """Loads whose host copy was made (now in `host_copies`, and kept in the host tier when it fits its
+        byte budget) or could not be made (`error`) since the last call."""
+        prepared = self.copier.take_prepared()
+        for job in prepared:
+            key = self._host_tier_keys.pop(job.adapter_id, None)
+            if job.host_copy is None:
+                continue
+            self.host_copies[job.adapter_id] = job.host_copy
+            if key is not None and not job.is_from_host_tier:
+                self._keep_in_host_tier(key, job.host_copy)
+        return prepared
+
+    def _keep_in_host_tier(self, key: str, host_copy: LoraAdapter) -> None:
         victims = self.host_tier.add(key, host_copy.num_bytes)
         if victims is not None:
             for victim in victims:
                 self._host_tier_copies.pop(victim, None)
             self._host_tier_copies[key] = host_copy
-        return host_copy
 
     def forget_host_copies(self, adapter_id: str) -> None:
         """Drop an adapter's host-tier entries (it was unloaded or replaced)."""
@@ -174,9 +187,10 @@ class AdapterTransfers:
             del self._host_tier_copies[key]
 
     def cancel_adapter_copy(self, adapter_id: str) -> None:
-        """Drop an unfinished copy and its host copy."""
+        """Drop an unfinished load (preparing or copying) and its host copy."""
         self.copier.cancel(adapter_id)
         self.host_copies.pop(adapter_id, None)
+        self._host_tier_keys.pop(adapter_id, None)
 
     def take_finished_copies(self) -> list[CopyJob]:
         """Copies that landed (now in `adapters`) or failed since the last call; their host copies go."""
@@ -203,3 +217,8 @@ class AdapterTransfers:
             num_workers = max(self.config.cpu_prefill_workers, 1)
             self._cpu_pool = ThreadPoolExecutor(num_workers, thread_name_prefix="cpu-prefill")
         return self._cpu_pool
+
+
+def _host_tier_key(adapter_id: str, path: Path) -> str:
+    """The host tier's key of an adapter's files (another version or other files never reuse an entry)."""
+    return f"{adapter_id}\0{path}"

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,14 +132,22 @@ class AsyncLLMEngine:
             self._has_work.notify()
 
     async def load_adapter(self, adapter_id: str, path: Path) -> None:
-        """Put an adapter on the device now without blocking the event loop; AdapterCapacityError when the
-        adapters that would have to go are in use.
+        """Put an adapter on the device now without blocking the event loop or the step loop;
+        AdapterCapacityError when the adapters that would have to go are in use.
 
-        The files are validated off the engine lock; the pool's approval and the tensor build happen under
-        it, between steps, like a planned load (an adapter marked COPYING must have its tensors before any
-        step runs its requests)."""
+        The files are validated, read and packed off the engine lock (steps go on meanwhile); the pool's
+        approval and the placement of the packed tensors happen under it, between steps."""
         info = await asyncio.to_thread(self.engine.inspect_adapter, path)
-        await asyncio.to_thread(self._locked, self.engine.load_adapter, adapter_id, path, info)
+        started = time.perf_counter()
+        packed = await asyncio.to_thread(
+            self.engine.runner.transfers.load_adapter, adapter_id, Path(path), info
+        )
+        load = partial(
+            self.engine.load_adapter,
+            packed=packed,
+            load_seconds=time.perf_counter() - started,
+        )
+        await asyncio.to_thread(self._locked, load, adapter_id, path, info)
 
     async def register_adapter(self, adapter_id: str, path: Path) -> None:
         """Make a verified host copy known to the engine without blocking the event loop (validated off the
@@ -163,7 +173,8 @@ class AsyncLLMEngine:
                 self.engine.pin_adapter(adapter_id)
 
     def adapter_residency(self, adapter_id: str) -> str:
-        """ "none", "host", "copying" or "device" (a snapshot read without waiting for the current step)."""
+        """ "none", "host", "preparing", "copying" or "device" (a snapshot read without waiting for the
+        current step)."""
         return self.engine.adapter_residency(adapter_id)
 
     def device_adapters(self) -> list[str]:

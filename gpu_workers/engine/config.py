@@ -75,13 +75,14 @@ class EngineConfig(EngineSettings):
     `host_adapter_cache_bytes`: the host tier below the device (scheduler/core/host_tier.py): packed host
     copies of recently copied adapters, so a later copy skips reading, validating and packing the files
     (0 disables it; the worker's disk cache is the tier below).
-    Adapter copies host -> device are asynchronous (gpu_workers/engine/adapter_copier.py). `adapter_link_gbps`
-    emulates the link's bandwidth in GB/s (10^9 bytes/s; a copy of n bytes takes at least n / bandwidth
-    seconds; None = as fast as the machine copies). `cpu_prefill_workers` CPU threads compute the LoRA delta
-    of prefills whose adapter is still copying from its host copy (CPU-assisted prefill, one worker per
-    prefill entry); 0 disables it: such requests wait for the copy. Default 2: two cores of the host are
-    enough for a few concurrent cold prompts of a small rank (CaraServe), and take little from the CPU
-    device's own threads otherwise.
+    Adapter loads run off the step loop (gpu_workers/engine/adapter_copier.py: the host copy is read,
+    validated and packed on a preparer thread, then copied host -> device on a copy thread).
+    `adapter_link_gbps` emulates the link's bandwidth in GB/s (10^9 bytes/s; a copy of n bytes takes at least
+    n / bandwidth seconds; None = as fast as the machine copies). `cpu_prefill_workers` CPU threads compute
+    the LoRA delta of prefills whose adapter is still copying from its host copy (CPU-assisted prefill, one
+    worker per prefill entry); 0 disables it: such requests wait for the copy. Default 2: two cores of the
+    host are enough for a few concurrent cold prompts of a small rank (CaraServe), and take little from the
+    CPU device's own threads otherwise.
     """
 
     model_path: Path

@@ -1,19 +1,22 @@
 """LLMEngine: add_request / step / abort over the torch-free engine core (scheduler/core/engine_core.py) with
-the model runner as its executor (single-threaded; see async_engine.py for the thread-safe streaming
+the model runner as its executor (one engine thread; see async_engine.py for the thread-safe streaming
 wrapper). The engine adds what needs the tokenizer and tensors: tokenizing prompts, detokenizing outputs and
 stop strings, output deltas, and explicit adapter loads (gpu_workers/engine/adapter_placer.py).
 
 Each step the core's `BatchScheduler.schedule()` returns a `StepPlan`; the core carries it out on the
-runner: drops the evicted adapters' device copies and starts the planned adapter copies (asynchronous,
-gpu_workers/engine/adapter_copier.py), then runs the entries (those of a still-copying adapter as CPU-assisted
-prefills, layers/host_lora.py). Finished copies are polled at step start, between layers (the runner
-switches to a landed device copy) and after the forward.
+runner: drops the evicted adapters' device copies and starts the planned adapter loads (off the step loop,
+gpu_workers/engine/adapter_copier.py: the host copy is read, validated and packed on the preparer thread,
+then copied on the copy thread; the engine thread never waits on a cold adapter), then runs the entries
+(those of an adapter whose host copy is ready but still copying as CPU-assisted prefills,
+layers/host_lora.py; those of an adapter still preparing wait). Prepared host copies and finished copies
+are polled at step start and after the forward, landed copies also between layers (the runner switches to
+a landed device copy).
 The page pool is the one owner of device memory: KV blocks and adapter pages come from
 it, and it alone decides how many adapters are on the device (there is no count cap). A request whose
-adapter does not fit right now waits in the queue; a copy that fails ends that adapter's requests with
-error_code "adapter_unavailable". With prefix caching, the core's `PrefixCache` owns the pages of cached
-prompt blocks; a request starting from cached blocks only computes the rest of its prompt (the model runner
-reads the block table as usual).
+adapter does not fit right now waits in the queue; a load that fails (files changed or vanished, or the
+copy failed) ends that adapter's requests with error_code "adapter_unavailable". With prefix caching, the
+core's `PrefixCache` owns the pages of cached prompt blocks; a request starting from cached blocks only
+computes the rest of its prompt (the model runner reads the block table as usual).
 """
 
 from __future__ import annotations
@@ -204,24 +207,38 @@ class LLMEngine:
             adapter_id, str(path), info.rank, num_bytes, self.runner.transfers.adapter_num_pages(info)
         )
 
-    def load_adapter(self, adapter_id: str, path: Path | str, info: AdapterInfo | None = None) -> None:
+    def load_adapter(
+        self,
+        adapter_id: str,
+        path: Path | str,
+        info: AdapterInfo | None = None,
+        *,
+        packed: LoraAdapter | None = None,
+        load_seconds: float | None = None,
+    ) -> None:
         """Validate and put (or reload) an adapter on the device now, through the core's plan (`info` as
-        in register_adapter).
+        in register_adapter; `packed`: its tensors as `transfers.load_adapter(adapter_id, path, info)` built
+        them off the engine lock, in `load_seconds`).
 
-        The pool approves first (idle adapters may be evicted), then the device tensors are built; a build
-        that fails cancels the load (AdapterLoadError, the adapter stays on the host). Raises
-        AdapterInUseError when reloading one that requests use and AdapterCapacityError when the adapters
-        that would have to go are in use.
+        The pool approves first (idle adapters may be evicted), then the device tensors are built (or the
+        packed ones placed); a build that fails cancels the load (AdapterLoadError, the adapter stays on the
+        host). Raises AdapterInUseError when reloading one that requests use and AdapterCapacityError when
+        the adapters that would have to go are in use.
         """
         info = self.inspect_adapter(path) if info is None else info
         transfers = self.runner.transfers
+
+        def build() -> LoraAdapter:
+            return packed if packed is not None else transfers.load_adapter(adapter_id, Path(path), info)
+
         self.placer.place(
             adapter_id,
             str(path),
             info.rank,
             self.runner.adapter_device_bytes(info),
             transfers.adapter_num_pages(info),
-            lambda: transfers.load_adapter(adapter_id, Path(path), info),
+            build,
+            load_seconds,
         )
 
     def prepare_adapter(self, adapter_id: str, path: Path | str) -> LoraAdapter:
@@ -270,7 +287,7 @@ class LLMEngine:
         self.residency.unpin(adapter_id)
 
     def adapter_residency(self, adapter_id: str) -> str:
-        """ "none", "host", "copying" or "device"."""
+        """ "none", "host", "preparing", "copying" or "device"."""
         return self.residency.residency(adapter_id).value
 
     def loaded_adapters(self) -> list[str]:

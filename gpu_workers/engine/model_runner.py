@@ -26,7 +26,7 @@ from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
 from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
 from registry.validation import AdapterInfo, BaseModelSpec
-from scheduler.core.executor import CopyResult
+from scheduler.core.executor import CopyResult, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from scheduler.core.sequence import BatchEntry, Sequence
 
@@ -222,8 +222,20 @@ class ModelRunner:
         return tokens
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
-        """Start the asynchronous copy of an adapter's host copy into its reserved pages."""
+        """Start an adapter's load off the step loop: its host copy prepared, then copied into its pages."""
         self.transfers.start_adapter_copy(adapter_id, Path(host_path or ""), page_ids)
+
+    def take_prepared_copies(self) -> list[PrepareResult]:
+        """The host copies made (or that could not be made) since the last call."""
+        return [
+            PrepareResult(
+                job.adapter_id,
+                job.prepare_seconds,
+                job.error if job.host_copy is None else None,
+                is_from_host_tier=job.is_from_host_tier,
+            )
+            for job in self.transfers.take_prepared_copies()
+        ]
 
     def take_finished_copies(self) -> list[CopyResult]:
         """The copies that landed or failed since the last call."""
@@ -233,11 +245,11 @@ class ModelRunner:
         ]
 
     def has_copies_in_flight(self) -> bool:
-        """True while a started copy has not been taken."""
+        """True while a started load (preparing or copying) has not been taken."""
         return self.transfers.copier.has_in_flight()
 
     def wait_for_copy(self, timeout_s: float) -> None:
-        """Block until some copy finished or `timeout_s` passed."""
+        """Block until some preparation or copy finished or `timeout_s` passed."""
         self.transfers.copier.wait_any(timeout_s)
 
     def drop_adapter(self, adapter_id: str) -> None:

@@ -93,8 +93,8 @@ def _cycled_rank(grid: ProfileGrid, i: int) -> int:
 
 def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], num_repeats: int) -> dict[str, float]:
     """The two parts of a cold adapter's copy, each timed per rank (best of `num_repeats`) and fitted as
-    fixed + bytes / bandwidth: preparing the host copy (read, validate, pack: in the engine thread, the step
-    loop waits) and the copy to the device (on the copier's thread)."""
+    fixed + bytes / bandwidth: preparing the host copy (read, validate, pack: on the copier's preparer thread,
+    off the step loop) and the copy to the device (on the copier's copy thread)."""
     transfers = engine.runner.transfers
     prepare: list[tuple[int, float]] = []
     link: list[tuple[int, float]] = []

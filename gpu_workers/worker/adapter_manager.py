@@ -21,6 +21,9 @@ from gpu_workers.worker.host_cache import AdapterFiles, HostAdapterCache
 from gpu_workers.worker.worker_errors import AdapterUnavailableError
 from scheduler.core.engine_stats import EngineStats
 
+# An engine's residencies of an adapter on the device or planned there (a request for it is a cache hit).
+LOADED_OR_LOADING = ("device", "copying", "preparing")
+
 
 @dataclass
 class AdapterCounters:
@@ -83,7 +86,7 @@ class AdapterManager:
         its residency afterwards."""
         key = await self.acquire(ref)
         try:
-            if self._engine.adapter_residency(key) not in ("device", "copying"):
+            if self._engine.adapter_residency(key) not in LOADED_OR_LOADING:
                 path = self._host_cache.path_for(adapter_files(ref).cache_key)
                 try:
                     await self._engine.load_adapter(key, path)
@@ -102,7 +105,7 @@ class AdapterManager:
         key = ref.adapter_key
         self._refs[key] = ref
         task = self._registering.get(key)
-        is_on_device = self._engine.adapter_residency(key) in ("device", "copying")
+        is_on_device = self._engine.adapter_residency(key) in LOADED_OR_LOADING
         if is_on_device:
             self.counters.num_cache_hits += 1
         else:
@@ -165,7 +168,7 @@ class AdapterManager:
         return {k: self._refs[k].rank for k in self.host_adapters([]) if self._refs[k].rank > 0}
 
     def residency(self, key: str) -> str:
-        """ "device", "copying", "host" or "none"."""
+        """ "device", "copying", "preparing", "host" or "none"."""
         residency = self._engine.adapter_residency(key)
         if residency != "none":
             return residency

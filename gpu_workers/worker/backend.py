@@ -53,7 +53,7 @@ class InferenceBackend(Protocol):
         ...
 
     def adapter_residency(self, adapter_id: str) -> str:
-        """ "none", "host", "copying" or "device"."""
+        """ "none", "host", "preparing", "copying" or "device"."""
         ...
 
     def device_adapters(self) -> list[str]:

@@ -17,8 +17,9 @@ class WaitingRequest:
 
     `predicted_output_tokens`: the predicted output length (max_tokens until a predictor fills it);
     `adapter_num_bytes`: device bytes of its adapter (0 without one); `adapter_residency`: where the
-    adapter is now, "none" | "host" | "copying" | "device"; `tenant_id`: who sent it (None: not known, direct
-    engine use); `tenant_weight`: that tenant's share weight (scheduler/admission/fair_share.py; default 1).
+    adapter is now, "none" | "host" | "preparing" | "copying" | "device"; `tenant_id`: who sent it (None: not
+    known, direct engine use); `tenant_weight`: that tenant's share weight (scheduler/admission/fair_share.py;
+    default 1).
     """
 
     request_id: str

@@ -5,8 +5,9 @@ Modules:
 - sampling.py: `SamplingParams` (per-request sampling, plain data).
 - sequence.py: `Sequence` and `SequenceStatus` (one request's state), `BatchEntry` (its share of a step).
 - page_pool.py: `PagePool`, one integer-only pool of device pages for KV blocks and adapter weights.
-- adapter_residency.py: `AdapterResidency` (none/host/copying/device, pins, access statistics) over the pool;
-  eviction order from an `EvictionPolicy` (scheduler/cache/eviction.py: lru, chameleon, fastlibra).
+- adapter_residency.py: `AdapterResidency` (none/host/preparing/copying/device, pins, access statistics) over
+  the pool; eviction order from an `EvictionPolicy` (scheduler/cache/eviction.py: lru, chameleon, fastlibra);
+  adapter_state.py: its plain data (`Residency`, `AdapterState`).
 - prefix_cache.py: `PrefixCache`, prefix KV blocks per namespace and adapter (root -> (namespace, adapter) ->
   blocks), ref-counted, LRU leaf eviction, dropped with their adapter.
 - byte_budget_lru.py: `ByteBudgetLRU`, keys with sizes in LRU order evicted down to a byte budget (pins stay);
@@ -20,8 +21,8 @@ Modules:
   (`BatchScheduler.make_stats()`), a worker's stats' `scheduler` part (cluster/protocol.py `WorkerStats`).
 - engine_stats.py: `EngineStats`, what `EngineCore.stats()` returns (SchedulerStats, the core's counters and
   the executor's typed `ExecutorStats`).
-- copy_gate.py: `CopyGate`, which sequences of a still-copying adapter run this step (CPU-assisted prefills)
-  and which wait for the copy.
+- copy_gate.py: `CopyGate`, which sequences of an adapter still being loaded run this step (CPU-assisted
+  prefills) and which wait for its preparation or its copy.
 - admission_gate.py: `AdmissionGate`, which planned requests a memory shortfall blocks (all, the group's, or
   the group's except its bypass ids).
 

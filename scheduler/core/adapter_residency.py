@@ -3,7 +3,13 @@
 The core (not the worker, not the model runner) decides what is resident. Every adapter the engine knows
 has a host copy (`host_path`, fetched and verified by the worker) and a state:
 
-    NONE -> HOST (registered) -> COPYING (pages reserved, copy planned) -> DEVICE -> HOST (evicted)
+    NONE -> HOST (registered) -> PREPARING (pages reserved, load planned: its host copy is being read,
+    validated and packed off the step loop) -> COPYING (host copy ready, copy to the device under way)
+    -> DEVICE -> HOST (evicted)
+
+The load is planned as one move (`plan_load`: pages reserved, PREPARING); the engine reports the host copy
+ready (`mark_prepared`: COPYING, so CPU-assisted prefill may start on it) and then the copy landed
+(`mark_loaded`: DEVICE), or a failure of either (`cancel_load`: back to HOST).
 
 Pins: `num_running` counts running sequences (never evicted), `num_waiting` counts waiting sequences and
 external leases (a worker request between admission and entering the engine, a prefetch): evicted only when
@@ -29,8 +35,6 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 
 from scheduler.cache.eviction import (
     ACCESS_WINDOW_S,
@@ -42,39 +46,10 @@ from scheduler.cache.eviction import (
     LruPolicy,
     estimated_load_seconds,
 )
+from scheduler.core.adapter_state import RESERVED_RESIDENCIES, AdapterState, Residency
 from scheduler.core.page_pool import PagePool, num_pages_for_adapter
 
-
-class Residency(Enum):
-    """Where an adapter's weights are."""
-
-    NONE = "none"
-    HOST = "host"
-    COPYING = "copying"
-    DEVICE = "device"
-
-
-@dataclass
-class AdapterState:
-    """What the core tracks per adapter (plain data; the engine holds the tensors)."""
-
-    adapter_id: str
-    host_path: str | None
-    rank: int
-    num_bytes: int  # device bytes (used for its pages)
-    num_pages: int | None = None  # exact pages from the engine's tensor layout; None: cut by rank rows
-    residency: Residency = Residency.HOST
-    page_ids: list[int] = field(default_factory=list)
-    num_running: int = 0
-    num_waiting: int = 0
-    last_use: float = 0.0  # clock seconds of the last access, pin or load
-    load_seconds: float | None = None  # measured host-to-device load time (None until one is measured)
-    num_loads: int = 0  # copies to the device since it was registered (its cold starts on this worker)
-
-    @property
-    def is_pinned(self) -> bool:
-        """True while any request or lease uses the adapter."""
-        return self.num_running > 0 or self.num_waiting > 0
+__all__ = ["RESERVED_RESIDENCIES", "AdapterResidency", "AdapterState", "Residency"]
 
 
 class AdapterResidency:
@@ -103,7 +78,7 @@ class AdapterResidency:
         self.access_window_s = access_window_s
         self.is_caching_idle_adapters = is_caching_idle_adapters
         self._states: dict[str, AdapterState] = {}
-        # Device-side adapters (COPYING or DEVICE), least recently used first.
+        # Device-side adapters (PREPARING, COPYING or DEVICE), least recently used first.
         self._on_device: OrderedDict[str, None] = OrderedDict()
         # Accesses within the window, oldest first, and their count per adapter.
         self._accesses: deque[tuple[float, str]] = deque()
@@ -152,7 +127,7 @@ class AdapterResidency:
         return Residency.NONE if state is None else state.residency
 
     def device_adapters(self) -> list[str]:
-        """Adapters on the device or being copied there, least recently used first."""
+        """Adapters on the device or being loaded there (preparing or copying), least recently used first."""
         return list(self._on_device)
 
     def adapter_ranks(self) -> dict[str, int]:
@@ -160,7 +135,7 @@ class AdapterResidency:
         return {a: s.rank for a, s in self._states.items() if s.residency is not Residency.NONE}
 
     def num_device_bytes(self) -> int:
-        """Bytes of the adapters on the device (or being copied)."""
+        """Bytes of the adapters on the device (or being loaded there)."""
         return sum(self._states[a].num_bytes for a in self._on_device)
 
     def num_host_adapters(self) -> int:
@@ -264,15 +239,15 @@ class AdapterResidency:
     def plan_load(
         self, adapter_id: str, may_evict_waiting: bool, min_free_kv_blocks: int = 0
     ) -> list[str] | None:
-        """Reserve room for a host adapter and mark it COPYING; returns the adapters evicted to make room.
+        """Reserve room for a host adapter and mark it PREPARING; returns the adapters evicted to make room.
 
         Idle adapters go first (in the policy's order), then, when `may_evict_waiting`, adapters only
         waiting requests use. `min_free_kv_blocks`: KV pages that must stay free afterwards (a prefetch
         leaves room for the running sequences). None (and nothing changed) when it cannot fit; an adapter
-        already on the device returns [].
+        already on the device (or being loaded there) returns [].
         """
         state = self._states[adapter_id]
-        if state.residency in (Residency.COPYING, Residency.DEVICE):
+        if state.residency in RESERVED_RESIDENCIES:
             self.touch(adapter_id)
             return []
         num_pages = self.num_pages_for(state)
@@ -283,7 +258,7 @@ class AdapterResidency:
             self.evict(victim)
         page_ids = self.pool.reserve(num_pages)
         assert page_ids is not None, "victims were chosen so that the pages fit"
-        state.page_ids, state.residency = page_ids, Residency.COPYING
+        state.page_ids, state.residency = page_ids, Residency.PREPARING
         self._on_device[adapter_id] = None
         self.touch(adapter_id)
         return victims
@@ -315,7 +290,7 @@ class AdapterResidency:
         """Evictable device adapters, first to go first: idle ones in the policy's order, then (when
         `may_evict_waiting`) waiting-only ones in the policy's order.
 
-        Never an adapter of a running request, nor one still COPYING.
+        Never an adapter of a running request, nor one still PREPARING or COPYING.
         """
         device = [self._states[a] for a in self._on_device]  # least recently used first
         done = [s for s in device if s.residency is Residency.DEVICE and s.num_running == 0]
@@ -336,7 +311,7 @@ class AdapterResidency:
 
     def drop_idle_adapters(self) -> list[str]:
         """Without the adapter cache: evict every device adapter that no request or lease pins; returns their
-        ids (always [] when caching idle adapters). A COPYING adapter stays until its copy lands."""
+        ids (always [] when caching idle adapters). An adapter being loaded stays until its copy lands."""
         if self.is_caching_idle_adapters:
             return []
         idle = [
@@ -363,6 +338,12 @@ class AdapterResidency:
 
     # ---- carrying out ---------------------------------------------------------------------------------
 
+    def mark_prepared(self, adapter_id: str) -> None:
+        """The engine made the adapter's host copy (PREPARING -> COPYING): its copy to the device runs."""
+        state = self._states[adapter_id]
+        if state.residency is Residency.PREPARING:
+            state.residency = Residency.COPYING
+
     def mark_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
         """The engine finished copying the adapter to the device (in `load_seconds`, when it measured)."""
         state = self._states[adapter_id]
@@ -375,7 +356,7 @@ class AdapterResidency:
             self.load_seconds_total += load_seconds
 
     def cancel_load(self, adapter_id: str) -> None:
-        """A planned copy failed: release its pages; the adapter stays on the host."""
+        """A planned load failed (its preparation or its copy): release its pages; it stays on the host."""
         self._drop_from_device(self._states[adapter_id])
 
     def evict(self, adapter_id: str) -> None:

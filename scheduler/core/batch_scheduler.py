@@ -13,9 +13,10 @@ or only those of its group when the plan has groups; `core/admission_gate.py`). 
 actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`, and of the
 output tokens each planned step computes per request (`on_tokens_served`: fair share,
 scheduler/admission/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False)
-each step starts by evicting the adapters no request uses any more. While its adapter is COPYING, a
-sequence runs only as a CPU-assisted prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries;
-decodes wait for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
+each step starts by evicting the adapters no request uses any more. While its adapter is PREPARING (its
+host copy is read, validated and packed off the step loop) a sequence waits; while it is COPYING, it runs
+only as a CPU-assisted prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries; decodes wait for the
+copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
 adapter, in its cache namespace (`Sequence.cache_namespace`: its tenant's own unless an operator shares one),
@@ -23,8 +24,9 @@ that prefixes its tokens (only the rest costs token budget), and its computed fu
 join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
 An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
 `schedule()` returns a plain `StepPlan`; the engine carries it out and hands the sampled tokens to
-`update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Copies are asynchronous: which
-sequences of a still-copying adapter run is `core/copy_gate.py`'s decision (CPU-assisted prefills).
+`update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Loads are
+asynchronous: which sequences of an adapter still being loaded run is `core/copy_gate.py`'s decision
+(CPU-assisted prefills).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Callable, Collection
 
 from scheduler.admission.admission import BatchBudget, BatchPolicy
 from scheduler.admission.running_budget import RunningBudget
-from scheduler.core.adapter_residency import AdapterResidency, Residency
+from scheduler.core.adapter_residency import RESERVED_RESIDENCIES, AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate
 from scheduler.core.page_pool import PagePool
@@ -80,10 +82,10 @@ class BatchScheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_preemptions = 0
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
-        self.num_adapter_hits = (
-            0  # admissions whose adapter needed no load (on the device or already copying)
-        )
+        self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or loading)
         self.num_adapter_misses = 0  # admissions that planned their adapter's load
+        # request id -> whether its adapter was on the device (or loading) when admission first tried it
+        self._is_hit_at_first_try: dict[str, bool] = {}
         self.num_adapter_prefetches = 0  # loads planned for waiting requests before their admission
         self.prefix_cache = prefix_cache
         self.blocks = SequenceBlocks(pool, residency, prefix_cache)
@@ -134,6 +136,7 @@ class BatchScheduler:
         seq.finish_reason = reason
         self.waiting.pop(seq.request_id, None)
         self.copy_gate.forget(seq.request_id)
+        self._is_hit_at_first_try.pop(seq.request_id, None)
         if seq in self.running:
             self.running.remove(seq)
         self.blocks.free(seq)
@@ -235,7 +238,8 @@ class BatchScheduler:
             if not self.running_budget.may_admit(num_running_tokens, seq.num_tokens, len(self.running)):
                 gate.on_short(request_id, is_adapter_short=False)  # the batch is full: not a memory shortage
                 continue
-            is_hit = self._is_adapter_resident(seq)
+            # a request that waits for the load it planned is still a miss when it is admitted later
+            is_hit = self._is_hit_at_first_try.setdefault(request_id, self._is_adapter_resident(seq))
             if not self._plan_adapter(seq, plan):
                 is_memory_short = True
                 gate.on_short(request_id, is_adapter_short=True)
@@ -260,11 +264,11 @@ class BatchScheduler:
         return is_memory_short
 
     def _is_adapter_resident(self, seq: Sequence) -> bool:
-        """True when seq's adapter needs no new load (on the device, or its copy already planned)."""
-        residency = self.residency.residency(seq.adapter_id) if seq.adapter_id is not None else None
-        return residency in (Residency.DEVICE, Residency.COPYING)
+        """True when seq's adapter needs no new load (on the device, or its load already planned)."""
+        return seq.adapter_id is not None and self.residency.residency(seq.adapter_id) in RESERVED_RESIDENCIES
 
     def _count_adapter_access(self, seq: Sequence, is_hit: bool) -> None:
+        self._is_hit_at_first_try.pop(seq.request_id, None)
         if seq.adapter_id is None:
             return
         if is_hit:
@@ -306,7 +310,7 @@ class BatchScheduler:
     def _plan_adapter(self, seq: Sequence, plan: StepPlan) -> bool:
         """Make sure seq's adapter is on the device or being copied there; False if no room.
 
-        Whether seq may run while the adapter is COPYING is the copy gate's decision (`CopyGate.may_run`).
+        Whether seq may run while its adapter is being loaded is the copy gate's call (`CopyGate.may_run`).
         """
         if seq.adapter_id is None:
             return True
@@ -334,6 +338,11 @@ class BatchScheduler:
         if residency is Residency.HOST:
             plan.adapter_loads.append(AdapterLoad(adapter_id, state.host_path if state else None))
         return True
+
+    def on_adapter_prepared(self, adapter_id: str) -> None:
+        """A planned load's host copy is ready (PREPARING -> COPYING): its copy to the device runs, and its
+        prefills may run on the host copy meanwhile (CPU-assisted)."""
+        self.residency.mark_prepared(adapter_id)
 
     def on_adapter_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
         """A planned copy landed on the device (in `load_seconds`, when measured); from then on its sequences

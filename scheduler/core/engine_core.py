@@ -3,11 +3,16 @@
 (twin/, whose executor is simulated).
 
 It owns the page pool (sized from the executor's `MemoryGeometry`), the adapter residency, the prefix cache
-and the `BatchScheduler`. Each `step()`: report the adapter copies that landed, `schedule()`, carry out the
-plan's adapter side on the executor (drop evicted device copies, start planned copies), run the runnable
-entries, hand the sampled tokens to `BatchScheduler.update_from_output`, count the step. A planned copy that
-fails ends that adapter's requests with error_code "adapter_unavailable"; a row without a token (non-finite
-logits) ends alone with "numeric_overflow". Every sequence that produced a token, finished or failed
+and the `BatchScheduler`. Each `step()`: report the adapter host copies that became ready and the copies that
+landed, `schedule()`, carry out the plan's adapter side on the executor (drop evicted device copies, start
+planned loads), run the runnable entries, hand the sampled tokens to `BatchScheduler.update_from_output`,
+count the step. A planned load runs off the step loop in two stages, both on the executor's threads: its
+host copy is prepared (files read, validated, packed; the adapter is PREPARING and its requests wait while
+every other request keeps stepping), then copied (COPYING: CPU-assisted prefill on the host copy). The
+step loop never waits on a cold adapter, except an idle step that has nothing else to run (at most
+`COPY_WAIT_SECONDS`). A planned load that fails at either stage ends that adapter's requests with
+error_code "adapter_unavailable" (counted once); a row without a token (non-finite logits) ends alone with
+"numeric_overflow". Every sequence that produced a token, finished or failed
 comes back as a `SeqDelta`, in the order it happened; the caller (the engine) turns them into outputs.
 """
 
@@ -23,7 +28,7 @@ from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.engine_counters import EngineCounters
 from scheduler.core.engine_stats import EngineStats, engine_stats
-from scheduler.core.executor import Executor
+from scheduler.core.executor import Executor, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
@@ -31,7 +36,7 @@ from scheduler.core.sequence import Sequence
 from scheduler.core.step_output import TextStop
 from scheduler.core.step_plan import StepPlan
 
-COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter copy (new requests wait that long)
+COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter load (new requests wait that long)
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class EngineCore:
         entries = plan.runnable_entries()  # a failed adapter load ends its requests
         if not entries:
             if plan.copy_waits and self.executor.has_copies_in_flight():
-                self.executor.wait_for_copy(COPY_WAIT_SECONDS)  # nothing else to run: let the copy land
+                self.executor.wait_for_copy(COPY_WAIT_SECONDS)  # nothing else to run: let the load go on
                 self.poll_copies()
             return self._take_pending()
         started = self.step_timer()
@@ -185,11 +190,11 @@ class EngineCore:
                 deltas.append(SeqDelta(row.seq, [row.token_id]))
         return deltas
 
-    # ---- adapter copies -----------------------------------------------------------------------------
+    # ---- adapter loads ------------------------------------------------------------------------------
 
     def _carry_out(self, plan: StepPlan) -> None:
-        """Drop evicted device copies, then start the planned copies (they land in `poll_copies`); a copy
-        that cannot start (files changed or vanished) fails its adapter's requests."""
+        """Drop evicted device copies, then start the planned loads (their stages end in `poll_copies`); a
+        load that cannot start fails its adapter's requests."""
         for adapter_id in plan.adapter_evictions:
             self.executor.drop_adapter(adapter_id)
         for load in plan.adapter_loads:
@@ -197,24 +202,42 @@ class EngineCore:
                 self.executor.start_adapter_copy(
                     load.adapter_id, load.host_path, self.page_ids(load.adapter_id)
                 )
-            except Exception as exc:  # noqa: BLE001 (files changed or vanished: fail its requests only)
+            except Exception as exc:  # noqa: BLE001 (the load could not start: fail its requests only)
+                self.counters.num_adapter_copy_failures += 1
                 self.fail_adapter(load.adapter_id, str(exc))
 
     def poll_copies(self) -> None:
-        """Report the copies that landed to the core (their sequences use the device copy from now on); fail
-        the requests of those that failed."""
+        """Report the host copies that became ready (their prefills may run on them from now on) and the
+        copies that landed (their sequences use the device copy from now on) to the core; fail the requests
+        of the loads that failed."""
+        for prepared in self.executor.take_prepared_copies():
+            self._on_prepared(prepared)
         for result in self.executor.take_finished_copies():
             if self.residency.residency(result.adapter_id) is not Residency.COPYING:
                 continue  # replaced meanwhile (an explicit load)
             if result.error is None:
                 self.scheduler.on_adapter_loaded(result.adapter_id, result.seconds)
             else:
+                self.counters.num_adapter_copy_failures += 1
                 self.fail_adapter(result.adapter_id, f"copy to the device failed: {result.error}")
 
+    def _on_prepared(self, result: PrepareResult) -> None:
+        """A planned load's host copy is ready (PREPARING -> COPYING), or could not be made (its requests
+        fail)."""
+        if self.residency.residency(result.adapter_id) is not Residency.PREPARING:
+            return  # replaced meanwhile (an explicit load)
+        if result.error is not None:
+            self.counters.num_adapter_prepare_failures += 1
+            self.fail_adapter(result.adapter_id, result.error)
+            return
+        if not result.is_from_host_tier:
+            self.counters.record_preparation(result.seconds)
+        self.scheduler.on_adapter_prepared(result.adapter_id)
+
     def fail_adapter(self, adapter_id: str, reason: str) -> None:
-        """A planned copy failed (files changed or vanished after they were verified, or the link failed):
-        end that adapter's requests only, with error_code "adapter_unavailable"."""
-        self.counters.num_adapter_copy_failures += 1
+        """A planned load failed (files changed or vanished after they were verified, or the link failed):
+        end that adapter's requests only, with error_code "adapter_unavailable" (one load failure; the
+        caller counts the stage that failed)."""
         self.counters.num_adapter_load_failures += 1
         for seq in self.scheduler.on_adapter_load_failed(adapter_id):
             message = f"adapter {adapter_id!r} could not be loaded from its host copy: {reason}"

@@ -24,8 +24,13 @@ class EngineCounters:
     num_batched_tokens: int = 0
     step_seconds: float = 0.0
     max_step_seconds: float = 0.0
-    num_adapter_load_failures: int = 0  # planned or explicit copies to the device that failed
+    num_adapter_load_failures: int = 0  # planned or explicit loads to the device that failed
     num_adapter_copy_failures: int = 0  # planned (asynchronous) copies that failed
+    num_adapter_prepare_failures: int = 0  # planned loads whose host copy could not be made (bad files)
+    # host copies read, validated and packed off the step loop (host tier hits are not counted)
+    num_adapter_preparations: int = 0
+    adapter_prepare_seconds: float = 0.0
+    max_adapter_prepare_seconds: float = 0.0
     # the last RECENT_STEPS step durations (seconds): decode-only steps, and steps with prefill tokens
     recent_decode_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     recent_prefill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
@@ -41,6 +46,12 @@ class EngineCounters:
             e.seq.num_computed_tokens - e.num_new_tokens >= e.seq.num_prompt_tokens for e in entries
         )
         (self.recent_decode_seconds if is_decode else self.recent_prefill_seconds).append(seconds)
+
+    def record_preparation(self, seconds: float) -> None:
+        """Count one host copy prepared off the step loop in `seconds`."""
+        self.num_adapter_preparations += 1
+        self.adapter_prepare_seconds += seconds
+        self.max_adapter_prepare_seconds = max(self.max_adapter_prepare_seconds, seconds)
 
 
 def median_ms(seconds: deque[float]) -> float | None:

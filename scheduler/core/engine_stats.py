@@ -52,8 +52,13 @@ class EngineStats(SchedulerStats):
     step_seconds_total: float = 0.0
     step_seconds_mean: float = 0.0
     step_seconds_max: float = 0.0
-    num_adapter_load_failures: int = 0  # planned or explicit copies to the device that failed
+    num_adapter_load_failures: int = 0  # planned or explicit loads to the device that failed
     num_adapter_copy_failures: int = 0  # planned (asynchronous) copies that failed
+    num_adapter_prepare_failures: int = 0  # planned loads whose host copy could not be made
+    # host copies read, validated and packed off the step loop (the executor's preparer; not host tier hits)
+    num_adapter_preparations: int = 0
+    adapter_prepare_seconds_total: float = 0.0
+    adapter_prepare_seconds_max: float = 0.0
     # memory geometry
     memory_mode: str = ""
     max_model_len: int = 0
@@ -98,6 +103,10 @@ def engine_stats(
         step_seconds_max=c.max_step_seconds,
         num_adapter_load_failures=c.num_adapter_load_failures,
         num_adapter_copy_failures=c.num_adapter_copy_failures,
+        num_adapter_prepare_failures=c.num_adapter_prepare_failures,
+        num_adapter_preparations=c.num_adapter_preparations,
+        adapter_prepare_seconds_total=c.adapter_prepare_seconds,
+        adapter_prepare_seconds_max=c.max_adapter_prepare_seconds,
         memory_mode=memory_mode,
         max_model_len=max_model_len,
         executor=executor,

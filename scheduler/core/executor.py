@@ -1,9 +1,11 @@
 """The `Executor` protocol: what carries out the engine core's plans (scheduler/core/engine_core.py).
 
-The engine core decides (admission, pages, adapter residency, copies to start, evictions); an executor runs
-a step's entries and moves adapter copies. The torch `ModelRunner` (gpu_workers/engine/model_runner.py) is
-one executor; the digital twin's `SimulatedExecutor` (twin/) is another, whose steps take the
-time a cost model says. Both serve the same `EngineCore`, so the twin runs the engine's own scheduling code.
+The engine core decides (admission, pages, adapter residency, loads to start, evictions); an executor runs
+a step's entries and carries out adapter loads off the step loop: it prepares an adapter's host copy (reads,
+validates and packs its files) and then copies it to the device, reporting each stage as it ends. The torch
+`ModelRunner` (gpu_workers/engine/model_runner.py) is one executor; the digital twin's `SimulatedExecutor`
+(twin/) is another, whose steps take the time a cost model says. Both serve the same `EngineCore`, so the
+twin runs the engine's own scheduling code.
 """
 
 from __future__ import annotations
@@ -15,6 +17,18 @@ from typing import Protocol
 from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.sequence import BatchEntry
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """An adapter's host copy that became ready after `seconds` of preparation (its copy to the device follows
+    on its own), or failed with `error` (no copy follows). `is_from_host_tier`: ready at once, the host tier
+    held it (nothing was read or packed)."""
+
+    adapter_id: str
+    seconds: float
+    error: str | None = None
+    is_from_host_tier: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,20 +55,27 @@ class Executor(Protocol):
         ...
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
-        """Start copying an adapter's host copy into its reserved pages (asynchronous); raises when the
-        copy cannot start (its files changed or vanished)."""
+        """Start loading an adapter into its reserved pages, off the step loop: prepare its host copy (from
+        `host_path`'s files, or the host tier), then copy it. Never waits on the files; a failure of either
+        stage is reported by `take_prepared_copies` or `take_finished_copies`."""
+        ...
+
+    def take_prepared_copies(self) -> list[PrepareResult]:
+        """Remove and return the host copies that became ready, or failed, since the last call (a failed
+        preparation is reported here only)."""
         ...
 
     def take_finished_copies(self) -> list[CopyResult]:
-        """Remove and return the copies that landed or failed since the last call."""
+        """Remove and return the copies that landed or failed since the last call (only of loads whose
+        preparation `take_prepared_copies` already returned)."""
         ...
 
     def has_copies_in_flight(self) -> bool:
-        """True while a started copy has not been taken by `take_finished_copies`."""
+        """True while a started load (preparing or copying) has not been taken by `take_finished_copies`."""
         ...
 
     def wait_for_copy(self, timeout_s: float) -> None:
-        """Block until some copy finished or `timeout_s` passed (nothing else to run)."""
+        """Block until some preparation or copy finished or `timeout_s` passed (nothing else to run)."""
         ...
 
     def drop_adapter(self, adapter_id: str) -> None:

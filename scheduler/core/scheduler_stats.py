@@ -66,6 +66,7 @@ class SchedulerStats(BaseModel):
     # cold adapters: prefills run on the host copy while the copy lands (CPU-assisted), requests that waited
     num_cpu_assisted_prefills: int = 0
     num_copy_waits: int = 0
+    num_prepare_waits: int = 0  # requests that waited for their adapter's host copy (read, validate, pack)
     # routing state (scheduler/routing/router.py, scheduler/routing/caraserve_router.py)
     adapter_ranks: dict[str, int] = Field(
         default_factory=dict
@@ -118,6 +119,7 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
         adapter_load_seconds_total=residency.load_seconds_total,
         num_cpu_assisted_prefills=scheduler.copy_gate.num_cpu_assisted_prefills,
         num_copy_waits=scheduler.copy_gate.num_copy_waits,
+        num_prepare_waits=scheduler.copy_gate.num_prepare_waits,
         adapter_ranks=ranks,
         running_ranks=tuple(_rank(ranks, s) for s in scheduler.running),
         waiting_ranks=tuple(_rank(ranks, s) for s in waiting),

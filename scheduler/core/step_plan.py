@@ -1,5 +1,5 @@
 """The plain result of one `BatchScheduler.schedule()` call, which the engine carries out in order:
-evict adapters, start the adapter copies, then run the entries (preemptions are already reflected in the
+evict adapters, start the adapter loads, then run the entries (preemptions are already reflected in the
 queues)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from scheduler.core.sequence import BatchEntry
 
 @dataclass(frozen=True)
 class AdapterLoad:
-    """Start copying an adapter from its host copy to the device (asynchronously; it lands in a later step or
-    between two layers of this one)."""
+    """Start loading an adapter to the device: preparing its host copy (read, validate, pack) and then copying
+    it, both off the step loop (the host copy is ready in a later step; the copy lands in a later step or
+    between two layers of one)."""
 
     adapter_id: str
     host_path: str | None
@@ -23,14 +24,16 @@ class StepPlan:
     """One step's work.
 
     `adapter_evictions`: adapters whose device copy the engine drops first (their pages are already free
-    in the pool); `adapter_loads`: copies to start (pages already reserved; the engine reports each with
-    `BatchScheduler.on_adapter_loaded` when it lands or `on_adapter_load_failed`); `entries`: sorted by adapter
+    in the pool); `adapter_loads`: loads to start (pages already reserved; the engine reports each with
+    `BatchScheduler.on_adapter_prepared` when its host copy is ready, `on_adapter_loaded` when it lands, or
+    `on_adapter_load_failed`); `entries`: sorted by adapter
     (tokens of one adapter contiguous); `preemptions`: request ids sent back to waiting this step.
 
     CPU-assisted prefill: `host_assisted_adapters` are adapters still COPYING whose entries (prefill chunks
     only, one CPU worker each) run this step with their LoRA delta computed from the host copy until the
-    device copy lands; `copy_waits` are request ids skipped this step because their adapter is still COPYING
-    and they cannot run on the host copy (a decode, no CPU assistance, or every CPU worker taken).
+    device copy lands; `copy_waits` are request ids skipped this step because their adapter is still
+    PREPARING (no host copy yet), or COPYING and they cannot run on the host copy (a decode, no CPU
+    assistance, or every CPU worker taken).
 
     `start_time`: the scheduler's clock when `schedule()` planned the step (when its entries start running).
     """

@@ -66,7 +66,7 @@ DEFAULT_REFRESH_S = 300.0  # Chameleon's T_refresh (5 min)
 DEFAULT_WINDOW_SIZE = 1000
 DEFAULT_MIN_SAMPLES = 50  # fewer recent requests than this: one queue (K-means on a handful says little)
 DEFAULT_SECONDS_PER_TOKEN = 0.02
-READY_RESIDENCIES = ("device", "copying")
+READY_RESIDENCIES = ("device", "copying", "preparing")  # its pages are reserved (a load is planned)
 
 
 @dataclass

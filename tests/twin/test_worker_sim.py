@@ -12,7 +12,7 @@ from scheduler.core.engine_core import EngineCore
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from settings.engine import EngineSettings
 from tests.twin.profile_helpers import round_cost_model
-from twin.simulated_executor import SimulatedExecutorStats
+from twin.simulated_executor import SimulatedExecutor, SimulatedExecutorStats
 from twin.trace import AdapterSpec, TraceRequest
 from twin.worker_sim import SimulatedWorker
 
@@ -67,19 +67,32 @@ def test_a_cold_adapter_waits_for_its_copy_while_a_base_request_runs_meanwhile()
     assert again.ttft_s == pytest.approx(0.002)  # still on the device: no copy
 
 
-def test_preparing_a_cold_adapters_host_copy_holds_up_the_running_decodes() -> None:
-    """As in the native engine, the host copy (read, validate, pack) is made in the engine thread before the
-    copy starts: 1 MB at 0.01 GB/s = 0.1 s during which no step runs."""
+def test_preparing_a_cold_adapters_host_copy_runs_beside_the_running_decodes() -> None:
+    """As in the native engine, the host copy (read, validate, pack) is made off the step loop before the copy
+    starts: 1 MB at 0.01 GB/s = 0.1 s during which the other requests keep stepping."""
     adapter = AdapterSpec("a", rank=8, num_bytes=MB)
     base = TraceRequest("base", 0.0, num_prompt_tokens=10, num_output_tokens=3)
     cold = TraceRequest("cold", 0.001, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")
     worker = _worker([adapter], prepare_gbps=0.01)
     rec_base, rec_cold = worker.run([base, cold])
-    # base: prefill [0, 2 ms); at 2 ms the step that starts a's copy first prepares it (0.1 s), then decodes
-    # base (1.5 ms); the copy (0.5 s) starts at 102 ms and lands at 602 ms, then cold prefills (2 ms)
-    assert rec_base.token_times == pytest.approx([0.002, 0.1035, 0.105])
+    # base: prefill [0, 2 ms), then decodes of 1.5 ms, undisturbed; a's load is planned at 2 ms: its host
+    # copy is ready at 102 ms, the copy (0.5 s) lands at 602 ms, then cold prefills (2 ms)
+    assert rec_base.token_times == pytest.approx([0.002, 0.0035, 0.005])
     assert rec_cold.token_times == pytest.approx([0.604])
-    assert worker.executor.prepare_seconds == pytest.approx(0.1)
+    stats = worker.core.stats()
+    assert stats.num_adapter_preparations == 1 and stats.adapter_prepare_seconds_total == pytest.approx(0.1)
+    assert stats.num_prepare_waits == 1 and worker.executor.busy_seconds == pytest.approx(0.005 + 0.002)
+
+
+def _load_all(executor: SimulatedExecutor) -> tuple[dict[str, float], dict[str, float]]:
+    """Idle until every started load landed -> when each host copy was ready and each copy landed."""
+    prepared: dict[str, float] = {}
+    landed: dict[str, float] = {}
+    while executor.has_copies_in_flight():
+        executor.wait_for_copy(10.0)
+        prepared |= {r.adapter_id: executor.clock() for r in executor.take_prepared_copies()}
+        landed |= {r.adapter_id: executor.clock() for r in executor.take_finished_copies()}
+    return prepared, landed
 
 
 @pytest.mark.parametrize(("host_cache_bytes", "num_prepares"), [(4 * MB, 1), (0, 2)])
@@ -90,10 +103,22 @@ def test_the_host_tier_spares_a_second_copy_its_preparation(host_cache_bytes: in
     executor = worker.executor
     for _ in range(2):
         executor.start_adapter_copy("a", None, [])
-        executor.wait_for_copy(10.0)
-        executor.take_finished_copies()
-    assert executor.prepare_seconds == pytest.approx(0.1 * num_prepares)
+        _load_all(executor)
+    assert executor.host_tier.num_misses == num_prepares
     assert worker.clock() == pytest.approx(0.1 * num_prepares + 2 * 0.5)
+
+
+def test_preparations_overlap_the_copies_and_a_host_tier_hit_takes_the_link_first() -> None:
+    adapters = [AdapterSpec(name, rank=8, num_bytes=MB) for name in ("a", "b", "hit")]
+    executor = _worker(adapters, prepare_gbps=0.01, host_adapter_cache_bytes=4 * MB).executor
+    executor.host_tier.add("hit", MB)
+    for name in ("a", "b", "hit"):
+        executor.start_adapter_copy(name, None, [])
+    prepared, landed = _load_all(executor)
+    # one preparer (0.1 s each), one link (0.5 s each), in the order the host copies are ready: "hit" at
+    # once (0 - 0.5 s), then "a" (ready at 0.1 s: 0.5 - 1.0 s), then "b" (ready at 0.2 s: 1.0 - 1.5 s)
+    assert prepared == pytest.approx({"hit": 0.0, "a": 0.1, "b": 0.2})
+    assert landed == pytest.approx({"hit": 0.5, "a": 1.0, "b": 1.5})
 
 
 def test_the_batch_limit_makes_a_request_wait_its_turn_in_the_policys_order() -> None:

@@ -1,6 +1,7 @@
 """CPU-assisted prefill (CaraServe): a request whose adapter is still being copied to the device runs its
-prefill at once, the LoRA delta from the adapter's host copy on CPU workers, switching to the device copy at
-a layer boundary once it lands. Outputs equal a fully resident run; decodes never use the host copy."""
+prefill as soon as the adapter's host copy is prepared (off the step loop), the LoRA delta from the host copy
+on CPU workers, switching to the device copy at a layer boundary once it lands. Outputs equal a fully
+resident run; decodes never use the host copy."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def test_switching_to_the_device_copy_at_any_layer_gives_the_resident_run(
     warm_steps: Any,
     switch_layer: int,
 ) -> None:
-    engine = cold_engine(make_engine, adapter_dirs, None)
+    engine = cold_engine(make_engine, adapter_dirs, 0.5)  # still copying when its prefill runs
     assert switch_layer <= engine.runner.args.num_layers == 2
     engine.runner.host_switch_layer = switch_layer  # layers [0, k) on the host copy, then the device copy
     steps = record_steps(engine)

@@ -250,10 +250,10 @@ def test_a_queued_requests_adapter_is_prefetched_under_every_policy_and_tokens_d
     engine.add_request(EngineRequest("warm", prompt_ids[0], GREEDY, warm))
     engine.add_request(EngineRequest("cold", prompt_ids[1], GREEDY, cold))
     engine.step()  # "warm" runs; "cold" waits and its adapter is prefetched (evicting the idle big one)
-    # the copy runs beside the step: landed, or still in flight on a loaded machine (never waited for here)
-    assert (
-        engine.adapter_residency(cold) in ("copying", "device") and engine.adapter_residency(idle) == "host"
-    )
+    # the load runs beside the step: landed, or still preparing or copying on a loaded machine (never waited
+    # for here)
+    assert engine.adapter_residency(cold) in ("preparing", "copying", "device")
+    assert engine.adapter_residency(idle) == "host"
     tokens: dict[str, list[int]] = {"warm": [], "cold": []}
     while engine.has_unfinished_requests():
         for out in engine.step():

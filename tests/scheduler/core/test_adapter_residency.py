@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.cache.eviction import EVICTION_POLICIES, make_eviction_policy
-from scheduler.core.adapter_residency import AdapterResidency, Residency
+from scheduler.core.adapter_residency import RESERVED_RESIDENCIES, AdapterResidency, Residency
 from scheduler.core.page_pool import PagePool
 from tests.scheduler.core.scheduler_helpers import PAGE_BYTES, ManualClock
 
@@ -47,7 +47,7 @@ def fill_cache(policy: str) -> tuple[AdapterResidency, ManualClock]:
 def test_the_policy_picks_which_idle_adapter_makes_room(policy: str, victim: str) -> None:
     residency, _ = fill_cache(policy)
     assert residency.plan_load("new", may_evict_waiting=False, min_free_kv_blocks=3) == [victim]
-    assert residency.residency(victim) is Residency.HOST and residency.residency("new") is Residency.COPYING
+    assert residency.residency(victim) is Residency.HOST and residency.residency("new") is Residency.PREPARING
 
 
 def test_fastlibra_evicts_the_adapter_that_reloads_fastest_per_expected_use() -> None:
@@ -93,26 +93,29 @@ def test_a_static_adapter_share_never_takes_kv_pages() -> None:
 
 
 def test_without_the_adapter_cache_idle_adapters_leave_the_device_and_used_ones_stay() -> None:
-    pool = PagePool(16, 4, 8)
+    pool = PagePool(18, 4, 8)  # 10 adapter pages: five adapters of 2 pages
     residency = AdapterResidency(pool, PAGE_BYTES, is_caching_idle_adapters=False)
     for name in ("idle", "running", "queued"):
         load(residency, name, 200)
     residency.pin("running", is_running=True)
     residency.pin("queued")
-    residency.register("copying", "/host/copying", rank=2, num_bytes=200)
-    assert residency.plan_load("copying", may_evict_waiting=False) == []  # its copy has not landed
+    for name in ("preparing", "copying"):
+        residency.register(name, f"/host/{name}", rank=2, num_bytes=200)
+        assert residency.plan_load(name, may_evict_waiting=False) == []  # its load has not landed
+    residency.mark_prepared("copying")
     num_free = pool.num_free_pages
     assert residency.drop_idle_adapters() == ["idle"]
     assert residency.residency("idle") is Residency.HOST and pool.num_free_pages == num_free + 2
-    assert [residency.residency(a) for a in ("running", "queued", "copying")] == [
+    assert [residency.residency(a) for a in ("running", "queued", "preparing", "copying")] == [
         Residency.DEVICE,
         Residency.DEVICE,
+        Residency.PREPARING,
         Residency.COPYING,
     ]
     residency.unpin("running", is_running=True)
     residency.mark_loaded("copying")
     assert sorted(residency.drop_idle_adapters()) == ["copying", "running"]
-    assert residency.device_adapters() == ["queued"] and residency.num_evictions == 3
+    assert residency.device_adapters() == ["queued", "preparing"] and residency.num_evictions == 3
 
 
 def test_with_the_adapter_cache_idle_adapters_stay_on_the_device() -> None:
@@ -154,6 +157,7 @@ ADAPTERS = [f"a{i}" for i in range(5)]
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("plan_load"), st.sampled_from(ADAPTERS), st.booleans(), st.integers(0, 3)),
+        st.tuples(st.just("mark_prepared"), st.sampled_from(ADAPTERS)),
         st.tuples(st.just("mark_loaded"), st.sampled_from(ADAPTERS), st.floats(0.0, 1.0)),
         st.tuples(st.just("pin"), st.sampled_from(ADAPTERS), st.booleans()),
         st.tuples(st.just("unpin"), st.sampled_from(ADAPTERS), st.booleans()),
@@ -174,9 +178,7 @@ def check_invariants(residency: AdapterResidency, num_pages: int) -> None:
     assert pool.num_used_pages + pool.num_free_pages == num_pages
     adapter_pages = [p for a in residency.device_adapters() for p in residency.get(a).page_ids]  # type: ignore[union-attr]
     assert len(adapter_pages) == len(set(adapter_pages)) == pool.num_adapter_pages
-    assert all(
-        residency.residency(a) in (Residency.COPYING, Residency.DEVICE) for a in residency.device_adapters()
-    )
+    assert all(residency.residency(a) in RESERVED_RESIDENCIES for a in residency.device_adapters())
 
 
 @settings(max_examples=150, deadline=None)
@@ -212,6 +214,8 @@ def test_random_operations_keep_the_budget_the_partition_and_running_pins(
                     assert all(not residency.get(v).num_waiting for v in victims)  # type: ignore[union-attr]
             if victims is not None and was_on_host:
                 assert residency.pool.num_free_blocks >= min_free
+        elif kind == "mark_prepared" and residency.residency(args[0]) is Residency.PREPARING:
+            residency.mark_prepared(args[0])
         elif kind == "mark_loaded" and residency.residency(args[0]) is Residency.COPYING:
             residency.mark_loaded(args[0], args[1])
         elif kind == "pin":

@@ -59,6 +59,12 @@ def make_scheduler(
     )
 
 
+def make_resident(residency: AdapterResidency, adapter_id: str) -> None:
+    """Put a registered adapter on the device (a load planned and landed)."""
+    assert residency.plan_load(adapter_id, may_evict_waiting=False) == []
+    residency.mark_loaded(adapter_id)
+
+
 setups = st.builds(
     Setup,
     num_kv_pages=st.integers(6, 24),
@@ -111,13 +117,18 @@ def test_request_with_host_only_adapter_gets_a_load_and_runs_once_it_lands() -> 
     plan = scheduler.schedule()
     assert [load.adapter_id for load in plan.adapter_loads] == ["cold"]
     assert plan.entries == [] and plan.copy_waits == ["r"]
+    assert scheduler.residency.residency("cold") is Residency.PREPARING
+    waiting = describe_waiting(make_seq("w", 3, 9, "cold", 1.0), scheduler.residency)
+    assert waiting.adapter_residency == "preparing"
+    scheduler.on_adapter_prepared("cold")  # the host copy is ready: the copy runs
+    plan = scheduler.schedule()
+    assert plan.entries == [] and plan.copy_waits == ["r"] and not plan.adapter_loads
     assert scheduler.residency.residency("cold") is Residency.COPYING
-    assert (
-        describe_waiting(make_seq("w", 3, 9, "cold", 1.0), scheduler.residency).adapter_residency == "copying"
-    )
     scheduler.on_adapter_loaded("cold")
     plan = scheduler.schedule()
     assert [e.seq.request_id for e in plan.entries] == ["r"] and not plan.host_assisted_adapters
+    assert (scheduler.copy_gate.num_prepare_waits, scheduler.copy_gate.num_copy_waits) == (1, 1)
+    assert (scheduler.num_adapter_hits, scheduler.num_adapter_misses) == (0, 1)  # it waited for its own load
 
 
 @pytest.mark.parametrize("is_caching", [True, False])
@@ -127,7 +138,8 @@ def test_without_the_adapter_cache_a_finished_requests_adapter_leaves_at_the_nex
     scheduler = make_scheduler(Setup(8, 4, 4, 64), is_caching_idle_adapters=is_caching)
     scheduler.residency.register("a", "/host/a", rank=4, num_bytes=100)
     scheduler.add(make_seq("r1", 4, 1, "a", 0.0))
-    carry_out(scheduler, scheduler.schedule())  # loads "a", prefills r1 and samples its only token
+    carry_out(scheduler, scheduler.schedule())  # loads "a" (r1 waits while its host copy is prepared)
+    carry_out(scheduler, scheduler.schedule())  # prefills r1 and samples its only token
     assert scheduler.residency.residency("a") is Residency.DEVICE and not scheduler.has_unfinished()
     idle_step = scheduler.schedule()  # nothing to run; "a" is idle now
     assert idle_step.adapter_evictions == ([] if is_caching else ["a"])
@@ -135,8 +147,10 @@ def test_without_the_adapter_cache_a_finished_requests_adapter_leaves_at_the_nex
     plan = scheduler.schedule()
     if is_caching:  # kept while idle: r2's admission is a hit
         assert not plan.adapter_loads and (scheduler.num_adapter_hits, scheduler.num_adapter_misses) == (1, 1)
-    else:  # copied again for r2
+    else:  # copied again for r2, admitted once it landed: a miss
         assert [load.adapter_id for load in plan.adapter_loads] == ["a"]
+        carry_out(scheduler, plan)
+        carry_out(scheduler, scheduler.schedule())
         assert (scheduler.num_adapter_hits, scheduler.num_adapter_misses) == (0, 2)
 
 
@@ -144,7 +158,8 @@ def test_without_the_adapter_cache_an_adapter_a_waiting_request_uses_stays() -> 
     scheduler = make_scheduler(Setup(8, 4, 4, 64), is_caching_idle_adapters=False)
     scheduler.residency.register("a", "/host/a", rank=4, num_bytes=100)
     scheduler.add(make_seq("r1", 4, 1, "a", 0.0))
-    carry_out(scheduler, scheduler.schedule())
+    carry_out(scheduler, scheduler.schedule())  # loads "a"
+    carry_out(scheduler, scheduler.schedule())  # runs r1 to its end
     scheduler.add(make_seq("r2", 4, 1, "a", 1.0))  # arrives before the next step
     plan = scheduler.schedule()
     assert not plan.adapter_evictions and not plan.adapter_loads and scheduler.num_adapter_hits == 1
@@ -169,6 +184,7 @@ def test_adapter_of_running_request_blocks_a_load_that_needs_its_room() -> None:
     scheduler = make_scheduler(Setup(12, 0, 4, 64))  # unified, 12 pages: one adapter of 8 pages and r1's KV
     scheduler.residency.register("busy", "/host/busy", rank=8, num_bytes=8 * PAGE_BYTES)
     scheduler.residency.register("other", "/host/other", rank=8, num_bytes=8 * PAGE_BYTES)
+    make_resident(scheduler.residency, "busy")
     scheduler.add(make_seq("r1", 4, 8, "busy", 0.0))
     scheduler.add(make_seq("r2", 4, 1, "other", 1.0))
     carry_out(scheduler, first := scheduler.schedule())
@@ -227,22 +243,20 @@ def test_a_queued_requests_adapter_is_prefetched_and_its_admission_is_a_hit() ->
     scheduler = make_scheduler(Setup(8, 8, 1, 64))  # one sequence at a time
     for name in ("first", "second"):
         scheduler.residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+    make_resident(scheduler.residency, "first")
     scheduler.add(make_seq("r1", 4, 2, "first", 0.0))
     scheduler.add(make_seq("r2", 4, 2, "second", 1.0))
     plan = scheduler.schedule()
     assert [e.seq.request_id for e in plan.entries] == ["r1"]
-    assert [load.adapter_id for load in plan.adapter_loads] == [
-        "first",
-        "second",
-    ]  # r2 waits, its adapter loads
-    assert (scheduler.num_adapter_misses, scheduler.num_adapter_prefetches) == (1, 1)
+    assert [load.adapter_id for load in plan.adapter_loads] == ["second"]  # r2 waits, its adapter loads
+    assert (scheduler.num_adapter_hits, scheduler.num_adapter_prefetches) == (1, 1)
     carry_out(scheduler, plan)
     while "r2" in scheduler.waiting:
         carry_out(scheduler, later := scheduler.schedule())
         assert not later.adapter_loads
     assert (scheduler.num_adapter_hits, scheduler.num_adapter_misses, scheduler.num_adapter_prefetches) == (
-        1,
-        1,
+        2,
+        0,
         1,
     )
 
@@ -252,29 +266,29 @@ def test_a_prefetch_evicts_idle_adapters_but_never_a_running_or_queued_requests_
     residency = scheduler.residency
     for name in ("idle", "busy", "queued", "later"):
         residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
-    assert residency.plan_load("idle", may_evict_waiting=False) == []
-    residency.mark_loaded("idle")
+    make_resident(residency, "idle")
+    make_resident(residency, "busy")
     scheduler.add(make_seq("r1", 4, 4, "busy", 0.0))
     scheduler.add(make_seq("r2", 4, 2, "queued", 1.0))
     scheduler.add(make_seq("r3", 4, 2, "later", 2.0))
     plan = scheduler.schedule()
     assert [e.seq.request_id for e in plan.entries] == ["r1"]
     assert plan.adapter_evictions == ["idle"]  # made room for r2's prefetch
-    assert [load.adapter_id for load in plan.adapter_loads] == ["busy", "queued"]
+    assert [load.adapter_id for load in plan.adapter_loads] == ["queued"]
     # r3's prefetch would have to evict "busy" (running) or "queued" (waiting): it is not planned.
     assert residency.residency("later") is Residency.HOST and scheduler.num_adapter_prefetches == 1
 
 
 def test_no_prefetch_in_a_step_that_is_short_of_pages() -> None:
-    scheduler = make_scheduler(Setup(2, 2, 4, 64))  # two KV pages: r1 takes both
-    for name in ("a", "b"):
+    scheduler = make_scheduler(Setup(2, 3, 4, 64))  # two KV pages: r1 takes both
+    for name in ("a", "b", "c"):
         scheduler.residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+    for name in ("a", "b"):
+        make_resident(scheduler.residency, name)
     scheduler.add(make_seq("r1", 8, 1, "a", 0.0))
-    scheduler.add(make_seq("r2", 4, 1, "b", 1.0))
+    scheduler.add(make_seq("r2", 4, 1, "b", 1.0))  # short of KV pages
+    scheduler.add(make_seq("r3", 4, 1, "c", 2.0))  # behind r2 (FIFO): not tried
     plan = scheduler.schedule()
-    assert [e.seq.request_id for e in plan.entries] == ["r1"]
-    assert [load.adapter_id for load in plan.adapter_loads] == [
-        "a",
-        "b",
-    ]  # r2's adapter loaded on admission try
+    assert [e.seq.request_id for e in plan.entries] == ["r1"] and not plan.adapter_loads
     assert "r2" in scheduler.waiting and scheduler.num_adapter_prefetches == 0
+    assert scheduler.residency.residency("c") is Residency.HOST  # no prefetch in a step short of pages

@@ -1,6 +1,7 @@
-"""The engine core's step loop over a scripted executor (no tensors): tokens, stops, times, copies that land
-or fail, rows without a token, aborts. The native engine runs the same loop over its model runner
-(tests/gpu_workers/engine/); the digital twin over its simulated executor (tests/twin/)."""
+"""The engine core's step loop over a scripted executor (no tensors): tokens, stops, times, adapter loads
+whose host copy is prepared (or not) and whose copy lands (or fails), rows without a token, aborts. The
+native engine runs the same loop over its model runner (tests/gpu_workers/engine/); the digital twin over its
+simulated executor (tests/twin/)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from scheduler.admission.batch_policy import FifoPolicy
 from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import CoreLimits, EngineCore
 from scheduler.core.engine_stats import ExecutorStats
-from scheduler.core.executor import CopyResult
+from scheduler.core.executor import CopyResult, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from scheduler.core.sequence import BatchEntry, Sequence
 from tests.scheduler.core.scheduler_helpers import ManualClock, make_seq
@@ -22,13 +23,14 @@ SHAPE = ModelShape(2, 64, 4, 2, 16, 176, 512, 1024)
 
 @dataclass
 class ScriptedExecutor:
-    """Samples `token` for every row (None for the request ids in `failing_rows`); copies land when the test
-    says so; records what the core asked of it."""
+    """Samples `token` for every row (None for the request ids in `failing_rows`); host copies are ready and
+    copies land when the test says so; records what the core asked of it."""
 
     geometry: MemoryGeometry
     token: int = 7
     failing_rows: set[str] = field(default_factory=set)
     copies: dict[str, list[int]] = field(default_factory=dict)
+    prepared: list[PrepareResult] = field(default_factory=list)
     finished: list[CopyResult] = field(default_factory=list)
     refused_copies: set[str] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)
@@ -46,9 +48,18 @@ class ScriptedExecutor:
             raise FileNotFoundError(f"{host_path} vanished")
         self.copies[adapter_id] = page_ids
 
+    def prepare(self, adapter_id: str, error: str | None = None, is_from_host_tier: bool = False) -> None:
+        if error is not None:
+            self.copies.pop(adapter_id)
+        self.prepared.append(PrepareResult(adapter_id, 0.25, error, is_from_host_tier))
+
     def land(self, adapter_id: str, error: str | None = None) -> None:
         self.copies.pop(adapter_id)
         self.finished.append(CopyResult(adapter_id, 0.5, error))
+
+    def take_prepared_copies(self) -> list[PrepareResult]:
+        done, self.prepared = self.prepared, []
+        return done
 
     def take_finished_copies(self) -> list[CopyResult]:
         done, self.finished = self.finished, []
@@ -121,12 +132,71 @@ def test_a_request_waits_for_its_adapter_copy_and_runs_once_it_landed() -> None:
     core, executor = _core(clock)
     core.residency.register("a", "/host/a", 4, 2000)
     core.add(make_seq("r", 4, 1, "a", 0.0))
-    assert _run(core, clock, 2) == []  # the copy started, nothing ran (no CPU-assisted prefill)
-    assert "a" in executor.copies and core.residency.residency("a") is Residency.COPYING
+    assert _run(core, clock, 2) == []  # the load started, nothing ran (its host copy is being prepared)
+    assert "a" in executor.copies and core.residency.residency("a") is Residency.PREPARING
     assert executor.copies["a"] == core.page_ids("a") and executor.copies["a"]
+    executor.prepare("a")
+    assert _run(core, clock, 1) == []  # copying (no CPU-assisted prefill)
+    assert core.residency.residency("a") is Residency.COPYING
     executor.land("a")
     assert _run(core, clock, 1) == [("r", [7], True)]
     assert core.residency.residency("a") is Residency.DEVICE
+    stats = core.stats()
+    assert (stats.num_adapter_preparations, stats.adapter_prepare_seconds_total) == (1, 0.25)
+    assert (stats.num_prepare_waits, stats.num_copy_waits, stats.num_adapter_hits) == (1, 1, 0)
+
+
+def test_the_others_keep_stepping_while_an_adapters_host_copy_is_prepared() -> None:
+    clock = ManualClock()
+    core, executor = _core(clock, num_cpu_prefill_workers=1)
+    core.residency.register("a", "/host/a", 4, 2000)
+    core.add(make_seq("base", 4, 8, None, 0.0))
+    _run(core, clock, 1)  # base's prefill
+    core.add(make_seq("cold", 4, 2, "a", 1.0))
+    deltas = _run(core, clock, 4)
+    assert deltas == [("base", [7], False)] * 4  # a token every step; cold waits for its host copy
+    assert core.residency.residency("a") is Residency.PREPARING
+    executor.prepare("a")
+    deltas = _run(core, clock, 1)  # cold's prefill runs on the host copy while it is copied
+    assert ("cold", [7], False) in deltas and ("base", [7], False) in deltas
+    assert executor.steps[-1] == [("base", 1), ("cold", 4)]
+    assert core.stats().num_cpu_assisted_prefills == 1
+
+
+def test_a_failed_preparation_ends_only_its_adapters_requests_and_counts_once() -> None:
+    clock = ManualClock()
+    core, executor = _core(clock)
+    core.residency.register("a", "/host/a", 4, 2000)
+    a_seq, other_a, base_seq = (
+        make_seq("ra", 4, 2, "a", 0.0),
+        make_seq("ra2", 4, 2, "a", 0.0),
+        make_seq("rb", 4, 2, None, 0.0),
+    )
+    for seq in (a_seq, other_a, base_seq):
+        core.add(seq)
+    _run(core, clock, 1)
+    executor.prepare("a", error="AdapterLoadError: adapter at /host/a is invalid: lora_B is not finite")
+    deltas = _run(core, clock, 2)
+    assert ("ra", [], True) in deltas and ("ra2", [], True) in deltas
+    for seq in (a_seq, other_a):
+        assert seq.error_code == "adapter_unavailable" and "lora_B is not finite" in (seq.error or "")
+    assert base_seq.finish_reason == "length" and base_seq.error is None
+    assert core.residency.residency("a") is Residency.HOST and not core.page_ids("a")
+    stats = core.stats()
+    assert (stats.num_adapter_load_failures, stats.num_adapter_prepare_failures) == (1, 1)
+    assert (stats.num_adapter_copy_failures, stats.num_adapter_preparations) == (0, 0)
+
+
+def test_a_host_tier_hit_is_not_counted_as_a_preparation() -> None:
+    clock = ManualClock()
+    core, executor = _core(clock)
+    core.residency.register("a", "/host/a", 4, 2000)
+    core.add(make_seq("r", 4, 1, "a", 0.0))
+    _run(core, clock, 1)
+    executor.prepare("a", is_from_host_tier=True)
+    executor.land("a")
+    _run(core, clock, 2)
+    assert core.residency.residency("a") is Residency.DEVICE and core.stats().num_adapter_preparations == 0
 
 
 def test_a_failed_copy_ends_only_its_adapters_requests() -> None:
@@ -137,6 +207,7 @@ def test_a_failed_copy_ends_only_its_adapters_requests() -> None:
     core.add(a_seq)
     core.add(base_seq)
     _run(core, clock, 1)
+    executor.prepare("a")
     executor.land("a", error="link reset")
     deltas = _run(core, clock, 2)
     assert ("ra", [], True) in deltas and a_seq.error_code == "adapter_unavailable"

@@ -30,8 +30,9 @@ BS = 4
 def make_scheduler(
     num_kv_pages: int, num_adapter_pages: int, max_num_seqs: int, max_tokens: int
 ) -> BatchScheduler:
-    """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split. One CPU prefill worker: a
-    cold adapter's first prefill runs in the step that plans its copy (CPU-assisted)."""
+    """num_adapter_pages 0: a unified pool of num_kv_pages; else a static split. One CPU prefill worker; the
+    stand-in executor (`carry_out`) lands a planned load at once, so a cold adapter's requests run from the
+    step after the one that planned it."""
     pool = PagePool(num_kv_pages + num_adapter_pages, BS, num_kv_pages)
     residency = AdapterResidency(pool, PAGE_BYTES)
     return BatchScheduler(
@@ -183,6 +184,7 @@ def test_second_request_reuses_the_shared_prefix_and_only_its_rest_costs_budget(
     prefix = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # two full blocks + 2
     first = make_seq("first", prefix + [7], 1, "a")
     scheduler.add(first)
+    carry_out(scheduler, scheduler.schedule(), kv)  # plans (and lands) "a"'s load
     carry_out(scheduler, scheduler.schedule(), kv)
     assert first.is_finished
     second = make_seq("second", prefix + [8, 8], 1, "a")
@@ -225,8 +227,9 @@ def test_kv_pressure_evicts_unreferenced_cached_blocks_before_adapters_and_preem
     carry_out(scheduler, scheduler.schedule(), kv)
     cache = scheduler.prefix_cache
     assert cache is not None and cache.num_cached_blocks == 4 and scheduler.pool.num_free_blocks == 2
-    scheduler.add(make_seq("idle-adapter", [1], 1, "a"))
-    carry_out(scheduler, scheduler.schedule(), kv)  # "a" stays on the device, idle
+    scheduler.add(idle := make_seq("idle-adapter", [1], 1, "a"))
+    while not idle.is_finished:
+        carry_out(scheduler, scheduler.schedule(), kv)  # "a" stays on the device, idle
     big = make_seq("big", [9] * 16, 1, None)  # needs 4 pages: only the cached blocks can make room
     scheduler.add(big)
     plan = scheduler.schedule()
@@ -237,6 +240,8 @@ def test_kv_pressure_evicts_unreferenced_cached_blocks_before_adapters_and_preem
 def test_a_prompt_another_namespace_cached_gets_no_hit_but_the_same_namespace_repeat_does() -> None:
     scheduler = make_scheduler(32, 8, 4, 64)
     scheduler.residency.register("public", "/host/public", rank=2, num_bytes=150)
+    assert scheduler.residency.plan_load("public", may_evict_waiting=False) == []
+    scheduler.residency.mark_loaded("public")
     kv = KvModel({}, {None: 0, "public": 0})
     prompt = list(range(9))  # two full blocks + 1
     cache = scheduler.prefix_cache

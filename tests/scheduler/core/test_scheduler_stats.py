@@ -35,9 +35,12 @@ def test_running_and_queued_requests_are_reported_with_their_ranks_and_tenants()
     first = make_seq("first", 5, 3, "r64", 0.0)
     second, third = make_seq("second", 6, 3, "r8", 1.0), make_seq("third", 2, 3, None, 2.0)
     second.tenant_id = "t1"
-    for seq in (first, second, third):
+    scheduler.add(first)
+    scheduler.schedule()  # plans r64's load; "first" waits for its host copy
+    scheduler.on_adapter_prepared("r64")
+    for seq in (second, third):
         scheduler.add(seq)
-    scheduler.schedule()  # one slot: "first" runs, the others wait
+    scheduler.schedule()  # one slot: "first" runs (on the host copy), the others wait
     stats = scheduler.make_stats()
     assert (stats.num_running, stats.num_waiting) == (1, 2)
     assert stats.running_ranks == (64,) and stats.waiting_ranks == (8, 0)
@@ -48,6 +51,7 @@ def test_running_and_queued_requests_are_reported_with_their_ranks_and_tenants()
     assert stats.num_adapter_misses == 1 and stats.num_adapter_prefetches == 1  # the queued r8's copy started
     assert stats.device_adapters == ("r64", "r8")
     assert stats.num_cpu_assisted_prefills == 1  # its prefill ran on the host copy while it copied
+    assert stats.num_prepare_waits == 1  # and waited one step for that host copy
 
 
 def test_stats_are_frozen_and_serialise_to_json_lists() -> None:
