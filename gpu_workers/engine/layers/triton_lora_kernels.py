@@ -86,6 +86,18 @@ def sgmv_shrink(
 
 
 @triton.jit
+def _expand_part(part_desc, col_block, out_ptr, BLOCK_N: tl.constexpr):
+    """One output part of an adapter for an expand program (its descriptor at `part_desc`): the part's first
+    rank column and rank, its first and end output columns, this program's first output column, B's pointer
+    and row stride (B in the dtype of out_ptr)."""
+    r0 = tl.load(part_desc)
+    c0 = tl.load(part_desc + 2)
+    b_ptr = tl.load(part_desc + 4).to(tl.pointer_type(out_ptr.dtype.element_ty))
+    rank, c1, b_stride = tl.load(part_desc + 1) - r0, tl.load(part_desc + 3), tl.load(part_desc + 5)
+    return r0, rank, c0, c1, c0 + col_block * BLOCK_N, b_ptr, b_stride
+
+
+@triton.jit
 def sgmv_expand(
     h_ptr,
     h_stride,
@@ -115,17 +127,12 @@ def sgmv_expand(
     part = tl.program_id(2) // num_col_blocks
     if part >= tl.load(desc + 3):
         return
-    part_desc = desc + 4 + part * 6
-    r0 = tl.load(part_desc)
-    rank = tl.load(part_desc + 1) - r0
-    c0 = tl.load(part_desc + 2)
-    c1 = tl.load(part_desc + 3)
-    col0 = c0 + (tl.program_id(2) % num_col_blocks) * BLOCK_N
+    r0, rank, c0, c1, col0, b_ptr, b_stride = _expand_part(
+        desc + 4 + part * 6, tl.program_id(2) % num_col_blocks, out_ptr, BLOCK_N
+    )
     if col0 >= c1:
         return
     dtype = out_ptr.dtype.element_ty
-    b_ptr = tl.load(part_desc + 4).to(tl.pointer_type(dtype))
-    b_stride = tl.load(part_desc + 5)
     rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = col0 + tl.arange(0, BLOCK_N)
     row_mask = rows < end
@@ -218,17 +225,12 @@ def bgmv_expand(
     part = tl.program_id(1) // num_col_blocks
     if part >= tl.load(desc + 3):
         return
-    part_desc = desc + 4 + part * 6
-    r0 = tl.load(part_desc)
-    rank = tl.load(part_desc + 1) - r0
-    c0 = tl.load(part_desc + 2)
-    c1 = tl.load(part_desc + 3)
-    col0 = c0 + (tl.program_id(1) % num_col_blocks) * BLOCK_N
+    r0, rank, c0, c1, col0, b_ptr, b_stride = _expand_part(
+        desc + 4 + part * 6, tl.program_id(1) % num_col_blocks, out_ptr, BLOCK_N
+    )
     if col0 >= c1:
         return
     dtype = out_ptr.dtype.element_ty
-    b_ptr = tl.load(part_desc + 4).to(tl.pointer_type(dtype))
-    b_stride = tl.load(part_desc + 5)
     cols = col0 + tl.arange(0, BLOCK_N)
     col_mask = cols < c1
     acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
