@@ -10,6 +10,7 @@ best-of-5, the simplest kept on a near tie; the choices go to the cache a worker
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -57,12 +58,7 @@ def tune(
             }
             for op, c in tuner.choices.items()
         },
-        "plan": {
-            "linear_weights": plan.linear_weights,
-            "prefill_gemm": plan.prefill_gemm,
-            "decode_attention": plan.decode_attention,
-            "decode_lora": plan.decode_lora,
-        },
+        "plan": dataclasses.asdict(plan),  # op -> form, as the engine stats' kernel_choices
     }
     if as_json:
         typer.echo(json.dumps(report, sort_keys=True))

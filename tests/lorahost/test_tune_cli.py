@@ -34,7 +34,14 @@ def test_tune_measures_caches_and_a_worker_start_measures_nothing(
     assert first.exit_code == 0, first.output
     report = json.loads(first.output)
     assert report["machine"]["threads"] == "1" and report["cache"] == str(tmp_path / "choices.json")
-    assert set(report["plan"]) == {"linear_weights", "prefill_gemm", "decode_attention", "decode_lora"}
+    assert set(report["plan"]) == {
+        "linear_weights",
+        "prefill_gemm",
+        "decode_attention",
+        "decode_lora",
+        "prefill_attention",
+        "decode_step",
+    }
     attention = report["choices"]["decode_attention"]
     assert attention["source"] == "measured" and attention["choice"] in attention["ms"]
     assert all(ms > 0 for ms in attention["ms"].values())
