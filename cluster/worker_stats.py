@@ -60,6 +60,13 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "fp32_prefill_gemms",
         "kernel_choice_sources",
         "kernel_choice_skipped",
+        "captured_batch_sizes",
+        "graph_capture_s",
+        "graph_pool_bytes",
+        "num_graph_replays",
+        "num_eager_decode_steps",
+        "graphs_off_reason",
+        "decode_step_compile_s",
         "dtype",
         "device",
         # the twin's simulated executor (twin/simulated_executor.py SimulatedExecutorStats)

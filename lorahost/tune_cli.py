@@ -58,7 +58,7 @@ def tune(
             }
             for op, c in tuner.choices.items()
         },
-        "plan": dataclasses.asdict(plan),  # what a worker's stats publish as kernel_choices
+        "plan": dataclasses.asdict(plan),  # op -> form, as the engine stats' kernel_choices
     }
     if as_json:
         typer.echo(json.dumps(report, sort_keys=True))

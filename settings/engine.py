@@ -43,6 +43,7 @@ KERNEL_FORMS = {
     "decode_attention": ("sdpa", "sdpa_fp32", "grouped_matmul", "c_kernel", "triton"),
     "prefill_attention": ("sdpa", "triton"),
     "decode_lora_form": ("segmented", "stacked", "kernel", "sgmv", "bgmv"),
+    "decode_step": ("eager", "compiled"),
 }
 
 
@@ -275,7 +276,8 @@ class EngineLoraSettings(_EngineSection):
 
 
 class EngineKernelSettings(_EngineSection):
-    """Kernels: the compute dtype, the device, the CPU threads and the forced forms of the engine's ops."""
+    """Kernels: the compute dtype, the device, the CPU threads, the forced forms of the engine's ops, and how
+    decode steps are captured (CUDA graphs) or compiled (CPU)."""
 
     dtype: str = Field(default="auto", description="bfloat16, float16, float32 or auto")
     device: str = Field(default="auto", description="cpu, cuda or auto")
@@ -321,6 +323,38 @@ class EngineKernelSettings(_EngineSection):
         description="C/OpenMP CPU kernel for decode-sized LoRA segments (built at start with the system C "
         "compiler, cached); default: on where it builds; false: the torch forms",
     )
+    decode_step: str | None = Field(
+        default=None,
+        description="force how a CPU worker runs a decode step's elementwise work (eager / compiled: "
+        "torch.compile'd norms, rotary and SwiGLU); default: chosen by measurement at worker start on CPU "
+        "(cached; eager on CUDA, where decode steps are captured instead)",
+    )
+    compile_budget_s: float = Field(
+        default=120.0,
+        description="CPU: the most seconds the kernel tuner lets compiling the decode step take; a slower "
+        "compile loses the measurement (the choice is cached, so later starts do not compile again)",
+    )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="CUDA: capture decode steps in CUDA graphs at worker start, one per padded batch-size "
+        "bucket, adapter slots and page tables as graph inputs (docs/engines.md, 'Captured decode steps'); "
+        "false: every step runs eagerly. No effect on CPU",
+    )
+    cuda_graph_max_batch_size: int = Field(
+        default=64,
+        description="CUDA: the largest decode batch captured (buckets 1, 2, 4, 8, 16, 24, ... up to it and "
+        "engine_max_num_seqs); larger batches run eagerly",
+    )
+    cuda_graph_capture_budget_s: float = Field(
+        default=60.0,
+        description="CUDA: seconds the capture at worker start may take; buckets left when it is spent run "
+        "eagerly",
+    )
+    cuda_graph_max_pool_bytes: int = Field(
+        default=1 << 30,
+        description="CUDA: device bytes the captured graphs' shared memory pool may take; capture stops "
+        "once it is reached",
+    )
 
     @field_validator("dtype")
     @classmethod
@@ -336,6 +370,16 @@ class EngineKernelSettings(_EngineSection):
     @classmethod
     def _check_kernel_form(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else cls._choice(value, KERNEL_FORMS[str(info.field_name)], info)
+
+    @field_validator(
+        "compile_budget_s",
+        "cuda_graph_max_batch_size",
+        "cuda_graph_capture_budget_s",
+        "cuda_graph_max_pool_bytes",
+    )
+    @classmethod
+    def _check_positive_kernels(cls, value: float, info: ValidationInfo) -> float | None:
+        return cls._positive(value, info)
 
 
 class EngineVllmSettings(_EngineSection):

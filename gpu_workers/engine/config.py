@@ -41,7 +41,12 @@ class EngineConfig(EngineSettings):
     ops (one of PREFILL_GEMM_FORMS, DECODE_ATTENTION_FORMS, PREFILL_ATTENTION_FORMS, DECODE_LORA_FORMS;
     gpu_workers/engine/kernel_plan.py); None = chosen by the kernel tuner. `prefill_gemm` wins over
     `fp32_prefill_gemms` (True = "fp32_upcast", False = "packed"); `lora_kernel` True = decode_lora_form
-    "kernel", False = never the kernel.
+    "kernel", False = never the kernel. `decode_step` forces "eager" / "compiled" (CPU: a decoder layer's
+    elementwise runs through torch.compile, layers/pointwise.py; measured otherwise, the compile bounded by
+    `compile_budget_s`).
+    `cuda_graphs`, `cuda_graph_max_batch_size`, `cuda_graph_capture_budget_s`, `cuda_graph_max_pool_bytes`: decode
+    steps captured in CUDA graphs at start, one per padded batch-size bucket (gpu_workers/engine/decode_graphs.py);
+    no effect on CPU.
 
     Device memory is one page pool (scheduler/core/page_pool.py), a page being one KV block; `memory_mode`:
     - "unified" (default; S-LoRA / FastLibra): one budget of KV pages (`num_kv_blocks`, else

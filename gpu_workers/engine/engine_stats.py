@@ -51,6 +51,17 @@ class RunnerStats(ExecutorStats):
     kernel_choice_sources: dict[str, str] = Field(default_factory=dict)
     # op -> {form: why it was no candidate here} (e.g. the Triton LoRA forms on a CPU worker)
     kernel_choice_skipped: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # captured decode steps (gpu_workers/engine/decode_graphs.py): the buckets recorded at start, how long that
+    # took, the graphs' device memory, decode steps replayed vs run eagerly, and why nothing is captured
+    captured_batch_sizes: list[int] = Field(default_factory=list)
+    graph_capture_s: float = 0.0
+    graph_pool_bytes: int = 0
+    num_graph_replays: int = 0
+    num_eager_decode_steps: int = 0
+    graphs_off_reason: str | None = None
+    decode_step_compile_s: float | None = (
+        None  # CPU: the compiled decode step's compile at start (None: eager)
+    )
     dtype: str = ""
     device: str = ""
 
@@ -69,7 +80,7 @@ def runner_part(stats: EngineStats) -> RunnerStats:
 
 def runner_stats(runner: ModelRunner) -> RunnerStats:
     """What the model runner measures itself: device adapters and copies, host tier, LoRA forms, kernels."""
-    transfers = runner.transfers
+    transfers, graphs = runner.transfers, runner.decode_graphs
     return RunnerStats(
         num_loaded_adapters=len(runner.adapters),
         adapter_bytes=sum(a.num_bytes for a in runner.adapters.values()),
@@ -92,6 +103,13 @@ def runner_stats(runner: ModelRunner) -> RunnerStats:
         kernel_choice_skipped={
             op: dict(choice.skipped) for op, choice in runner.kernel_tuner.choices.items() if choice.skipped
         },
+        captured_batch_sizes=list(graphs.captured_sizes) if graphs else [],
+        graph_capture_s=graphs.capture_seconds if graphs else 0.0,
+        graph_pool_bytes=graphs.pool_bytes if graphs else 0,
+        num_graph_replays=graphs.num_replays if graphs else 0,
+        num_eager_decode_steps=graphs.num_eager_steps if graphs else 0,
+        graphs_off_reason=runner.graphs_off_reason,
+        decode_step_compile_s=runner.decode_step_compile_s,
         kernel_tuner_s=runner.kernel_tuner.seconds,  # 0 when every choice was cached or forced
         backend="native",
         max_lora_rank=runner.config.max_lora_rank,

@@ -11,7 +11,11 @@ Ops and their candidates (simplest first; each candidate gives the same tokens, 
 - prefill_attention (layers/attention.py): "sdpa" / "triton" (CUDA with triton), not measured where sdpa is the
   only usable form (every CPU);
 - decode_lora (layers/lora_forms.py): "segmented" / "stacked" / "kernel" (CPU) / "sgmv" / "bgmv" (CUDA, Triton),
-  measured on CPU and on CUDA; forms that cannot run here are no candidates, with why in the choice's `skipped`.
+  measured on CPU and on CUDA; forms that cannot run here are no candidates, with why in the choice's `skipped`;
+- decode_step (layers/pointwise.py, gpu_workers/engine/compiled_decode.py): "eager" / "compiled" (a decoder layer's
+  elementwise runs through torch.compile), measured on CPU on one layer's decode step with the plan's linears and
+  decode attention, the compile bounded by `compile_budget_s`; eager on CUDA (decode steps are captured there,
+  gpu_workers/engine/decode_graphs.py).
 On CUDA the measured choices are keyed by the GPU's name, CUDA and triton versions too (kernel_tuner.py times
 each call to its end).
 """
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_workers.engine.compiled_decode import decode_step_candidates
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.kernel_tuner import KernelTuner, accelerator_fingerprint
 from gpu_workers.engine.layers.attention import (
@@ -58,6 +63,7 @@ from gpu_workers.engine.layers.lora_forms import (
     lora_form_unusable_reason,
     projection_slices,
 )
+from gpu_workers.engine.layers.pointwise import DECODE_STEP_FORMS, DECODE_STEP_OP
 from gpu_workers.engine.loader import read_hf_config
 from gpu_workers.engine.models.llama import ModelArgs
 
@@ -84,6 +90,7 @@ class KernelPlan:
     decode_lora: str
     linear_weights: str = "plain"
     prefill_attention: str = "sdpa"
+    decode_step: str = "eager"
 
     @property
     def is_packed_linears(self) -> bool:
@@ -140,12 +147,15 @@ def plan_kernels(
             logger.info("triton attention forms are not candidates: %s", reason)
     linear_weights = _linear_weights(tuner, config, args, dtype, device)
     use_packed_linears = linear_weights == "packed"
+    prefill_gemm = _prefill_gemm(tuner, config, args, dtype, use_packed_linears)
+    decode_attention = _decode_attention(tuner, config, args, dtype, device)
     return KernelPlan(
-        prefill_gemm=_prefill_gemm(tuner, config, args, dtype, use_packed_linears),
-        decode_attention=_decode_attention(tuner, config, args, dtype, device),
+        prefill_gemm=prefill_gemm,
+        decode_attention=decode_attention,
         decode_lora=_decode_lora(tuner, config, args, dtype, device, use_packed_linears),
         linear_weights=linear_weights,
         prefill_attention=_prefill_attention(tuner, config, args, dtype, device),
+        decode_step=_decode_step(tuner, config, args, dtype, device, use_packed_linears, decode_attention),
     )
 
 
@@ -288,3 +298,53 @@ def _unusable_lora_forms(config: EngineConfig, dtype: torch.dtype, device: torch
         for form in DECODE_LORA_FORMS
     }
     return {form: reason for form, reason in reasons.items() if reason is not None}
+
+
+def _decode_step(
+    tuner: KernelTuner,
+    config: EngineConfig,
+    args: ModelArgs,
+    dtype: torch.dtype,
+    device: torch.device,
+    use_packed_linears: bool,
+    decode_attention: str,
+) -> str:
+    """The decode step's form ("eager" or "compiled"): config.decode_step, else measured on CPU (compiled_decode.py)."""
+    skipped = {}
+    if device.type != "cpu":
+        skipped["compiled"] = (
+            "on CUDA decode steps are captured in CUDA graphs instead (LORAHOST_ENGINE_CUDA_GRAPHS)"
+        )
+    forms = tuple(f for f in DECODE_STEP_FORMS if f not in skipped)
+    forced = config.decode_step
+    if forced is not None and forced not in forms:
+        raise ValueError(f"decode_step {forced!r} cannot run here ({skipped[forced]}); usable: {list(forms)}")
+    num_seqs = min(TUNING_NUM_SEQS, config.max_num_seqs)
+    shape = (
+        args.hidden_size,
+        args.intermediate_size,
+        args.num_heads,
+        args.num_kv_heads,
+        args.head_dim,
+        num_seqs,
+        TUNING_CONTEXT_LEN,
+        config.block_size,
+        int(use_packed_linears),
+        DECODE_ATTENTION_FORMS.index(decode_attention),
+    )
+
+    def build() -> dict:
+        return decode_step_candidates(
+            forms,
+            args,
+            dtype,
+            device,
+            use_packed_linears,
+            decode_attention,
+            num_seqs,
+            TUNING_CONTEXT_LEN,
+            config.block_size,
+            config.compile_budget_s,
+        )
+
+    return tuner.choose(DECODE_STEP_OP, forms, build, shape, dtype, forced=forced, skipped=skipped).choice

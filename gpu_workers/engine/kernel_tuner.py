@@ -44,6 +44,14 @@ class KernelChoice:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Unusable:
+    """A candidate that turned out unable to run while it was built (e.g. its compile outran its budget): `choose`
+    measures the others and keeps this reason in the choice's `skipped` (and in the cache)."""
+
+    reason: str
+
+
 def pick_candidate(timings: Mapping[str, float], margin: float = DEFAULT_MARGIN) -> str:
     """The fastest candidate, unless the simplest (the first) is within `margin` of it: then the simplest."""
     if not timings:
@@ -132,7 +140,7 @@ class KernelTuner:
         self,
         op: str,
         names: Sequence[str],
-        build: Callable[[], Mapping[str, Callable[[], object]]],
+        build: Callable[[], Mapping[str, Callable[[], object] | Unusable]],
         shape: tuple[int, ...],
         dtype: torch.dtype,
         forced: str | None = None,
@@ -141,8 +149,9 @@ class KernelTuner:
     ) -> KernelChoice:
         """The candidate to use for `op` among `names` (the simplest first): `forced` when given, else the
         cached choice for this machine/dtype/shape, else measured now on `build()` (name -> callable; built
-        only when measuring) and cached. `skipped`: the op's forms that cannot run here, with why (kept on the
-        choice). On a GPU the caller adds `accelerator_fingerprint` to `machine` (kernel_plan.plan_kernels)."""
+        only when measuring; a candidate built as `Unusable` is not measured) and cached. `skipped`: the op's forms
+        that cannot run here, with why (kept on the choice). On a GPU the caller adds `accelerator_fingerprint` to
+        `machine` (kernel_plan.plan_kernels)."""
         skipped = dict(skipped or {})
         if forced is not None:
             if forced not in names:
@@ -153,13 +162,24 @@ class KernelTuner:
         key = self._key(op, names, shape, dtype)
         cached = self._load().get(key) if self.is_reusing_cache else None
         if cached is not None and cached.get("choice") in names:
+            skipped.update(cached.get("skipped") or {})
             return self._record(KernelChoice(op, cached["choice"], source="cached", skipped=skipped))
         started = time.perf_counter()
         candidates = build()
-        timings = self.measure({name: candidates[name] for name in names})
+        usable: dict[str, Callable[[], object]] = {}
+        unusable: dict[str, str] = {}
+        for name in names:
+            candidate = candidates[name]
+            if isinstance(candidate, Unusable):
+                unusable[name] = candidate.reason
+            else:
+                usable[name] = candidate
+        timings = self.measure(usable)
         self.seconds += time.perf_counter() - started
-        choice = KernelChoice(op, pick_candidate(timings, self.margin), timings, skipped=skipped)
-        self._load()[key] = {"op": op, "choice": choice.choice, "timings": timings}
+        choice = KernelChoice(
+            op, pick_candidate(timings, self.margin), timings, skipped={**skipped, **unusable}
+        )
+        self._load()[key] = {"op": op, "choice": choice.choice, "timings": timings, "skipped": unusable}
         self._save()
         return self._record(choice)
 

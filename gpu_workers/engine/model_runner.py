@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 
 from gpu_workers.engine.adapter_transfers import AdapterTransfers
+from gpu_workers.engine.compiled_decode import compile_pointwise
 from gpu_workers.engine.config import EngineConfig
+from gpu_workers.engine.decode_graphs import DecodeGraphs, build_decode_graphs, graphs_unusable_reason
 from gpu_workers.engine.engine_stats import RunnerStats, runner_stats
 from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
 from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels
@@ -24,6 +26,7 @@ from gpu_workers.engine.layers.sampler import sample_tokens
 from gpu_workers.engine.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
+from gpu_workers.engine.step_graph import CudaStepGraphs, StepGraphsFactory
 from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
 from registry.validation import AdapterInfo, BaseModelSpec
 from scheduler.core.executor import CopyResult, PrepareResult
@@ -39,10 +42,19 @@ class ModelRunner:
 
     `weights`: HF-named tensors to load instead of the safetensors files under `config.model_path` (which then
     needs only its config.json); benchmarks hand in random weights made on the device, so an 8B-shaped model
-    needs no 16 GB checkpoint (benchmarks/gpu_engine_bench.py)."""
+    needs no 16 GB checkpoint (benchmarks/gpu_engine_bench.py).
+
+    Decode steps are replayed from recordings where they can be (`decode_graphs`, gpu_workers/engine/decode_graphs.py:
+    CUDA graphs on a GPU); `step_graphs` makes the recordings instead of the device's own backend (the CPU tests'
+    eager replay, gpu_workers/engine/step_graph.py). `graphs_off_reason` says why nothing is captured.
+    """
 
     def __init__(
-        self, config: EngineConfig, weights: Iterable[tuple[str, torch.Tensor]] | None = None
+        self,
+        config: EngineConfig,
+        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+        *,
+        step_graphs: StepGraphsFactory | None = None,
     ) -> None:
         self.config = config
         self.device = config.resolved_device()
@@ -78,7 +90,12 @@ class ModelRunner:
         self.rotary = RotaryEmbedding(
             self.args.head_dim, max(self.max_model_len, 1), self.args.rope, self.dtype, self.device
         )
-        self.kv_caches = self._allocate_kv_cache()
+        self.graphs_off_reason = graphs_unusable_reason(
+            config, self.device, self.dtype, self.kernel_plan, is_device_backend=step_graphs is None
+        )
+        # captured steps' padding rows write their K/V to one extra page, past the pool's pages
+        num_padding_pages = 1 if self.graphs_off_reason is None else 0
+        self.kv_caches = self._allocate_kv_cache(self.num_kv_blocks + num_padding_pages)
         self.adapters: dict[str, LoraAdapter] = {}
         self.cpu_kernels_compile_s = cpu_kernels.compile_seconds  # None: loaded from the cache (or none)
         self.lora_forms = LoraForms(
@@ -96,6 +113,17 @@ class ModelRunner:
         self.last_switched_at: dict[str, int] = {}  # last host-assisted step: adapter -> first device layer
         self.generators: dict[str, torch.Generator] = {}
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.decode_step_compile_s: float | None = None  # None: the decode step runs eagerly
+        if self.kernel_plan.decode_step == "compiled":
+            ops, self.decode_step_compile_s = compile_pointwise(self.args, self.dtype, self.device)
+            self.model.use_pointwise(ops)
+        self.decode_graphs: DecodeGraphs | None = None
+        if self.graphs_off_reason is None:
+            make_graphs = step_graphs or CudaStepGraphs
+            self.decode_graphs = build_decode_graphs(
+                make_graphs(self.device), config, self.model, self.rotary, self.kv_caches, self.kernel_plan,
+                pad_page=self.num_kv_blocks, max_model_len=self.max_model_len,
+            )  # fmt: skip
 
     # ---- setup -------------------------------------------------------------------------------------
 
@@ -137,9 +165,9 @@ class ModelRunner:
     def _element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
 
-    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        # Per layer: [num_blocks * block_size, num_kv_heads, head_dim] (flat slot view of the page pool).
-        shape = (self.num_kv_blocks * self.block_size, self.args.num_kv_heads, self.args.head_dim)
+    def _allocate_kv_cache(self, num_pages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Per layer: [num_pages * block_size, num_kv_heads, head_dim] (flat slot view of the page pool).
+        shape = (num_pages * self.block_size, self.args.num_kv_heads, self.args.head_dim)
         return [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -159,12 +187,30 @@ class ModelRunner:
     ) -> tuple[list[int | None], torch.Tensor | None]:
         """Run one batch (entries sorted by adapter) -> sampled token per sampling entry (+ their logits).
 
-        Entries of a `host_assisted` adapter (still being copied; prefills only) get their LoRA delta from
-        the adapter's host copy on the CPU pool until its device copy lands (then from the next layer on).
-        A row whose logits are not all finite (an adapter whose weights overflow) gets None instead of a
-        token and is not sampled, so it cannot fail its batch neighbours' sampling.
+        A pure decode step is replayed from its bucket's recording where one fits (`decode_graphs`), else every
+        step runs eagerly (`forward`). Entries of a `host_assisted` adapter (still being copied; prefills only)
+        get their LoRA delta from the adapter's host copy on the CPU pool until its device copy lands (then from
+        the next layer on). A row whose logits are not all finite (an adapter whose weights overflow) gets None
+        instead of a token and is not sampled, so it cannot fail its batch neighbours' sampling.
         """
-        inputs = self.prepare(entries, frozenset(host_assisted))
+        hidden = None
+        if self.decode_graphs is not None and not host_assisted:
+            hidden = self.decode_graphs.run(entries, self.adapters)  # [num_entries, hidden]: all sample
+        if hidden is None:
+            hidden = self.forward(entries, frozenset(host_assisted))  # [num_sampling, hidden]
+        sampling = [e for e in entries if e.is_sampling]
+        if not sampling:
+            return [], None
+        logits = self.model.logits(hidden)  # [num_sampling, vocab]
+        # one check for all sampled rows: x * 0 is 0 for finite x and NaN for inf / NaN (a sum cannot overflow)
+        is_finite = torch.isfinite(logits.mul(0.0).sum(dim=-1)).tolist()
+        tokens = self._sample(logits, sampling, is_finite)
+        return tokens, (logits if return_logits else None)
+
+    @torch.inference_mode()
+    def forward(self, entries: list[BatchEntry], host_assisted: frozenset[str] = frozenset()) -> torch.Tensor:
+        """The step run eagerly -> final hidden states of the sampling entries [num_sampling, hidden]."""
+        inputs = self.prepare(entries, host_assisted)
         cos_sin = self.rotary.lookup(inputs.positions)
         hidden = self.model(
             inputs.input_ids,
@@ -178,14 +224,7 @@ class ModelRunner:
         if host is not None:
             switched_at = host.switch.switched_at
             self.last_switched_at = {a: switched_at.get(a, self.args.num_layers) for a in host_assisted}
-        sampling = [e for e in entries if e.is_sampling]
-        if not sampling:
-            return [], None
-        logits = self.model.logits(hidden)  # [num_sampling, vocab]
-        # one check for all sampled rows: x * 0 is 0 for finite x and NaN for inf / NaN (a sum cannot overflow)
-        is_finite = torch.isfinite(logits.mul(0.0).sum(dim=-1)).tolist()
-        tokens = self._sample(logits, sampling, is_finite)
-        return tokens, (logits if return_logits else None)
+        return hidden
 
     def _sample(
         self, logits: torch.Tensor, sampling: list[BatchEntry], is_finite: list[bool]
@@ -282,5 +321,8 @@ class ModelRunner:
         return self.lora_forms.batch(segments, num_tokens, host)
 
     def forget_adapter(self, adapter_id: str) -> None:
-        """Drop cached LoRA forms that include an adapter (call when it is unloaded or replaced)."""
+        """Drop cached LoRA forms and the captured steps' slot of an adapter (call when it is unloaded or
+        replaced)."""
         self.lora_forms.forget(adapter_id)
+        if self.decode_graphs is not None:
+            self.decode_graphs.forget(adapter_id)

@@ -23,11 +23,14 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def make_engine(base_model_dir: Path, adapter_dirs: dict[str, Path]) -> Callable[..., LLMEngine]:
-    """Factory: an engine over the tiny model with every demo adapter loaded (kwargs go to EngineConfig)."""
+    """Factory: an engine over the tiny model with every demo adapter loaded (kwargs go to EngineConfig). The decode
+    step is eager unless a test asks otherwise: measuring it compiles (seconds; tests/gpu_workers/engine/
+    test_compiled_decode.py tests that choice)."""
 
     def make(**kwargs: Any) -> LLMEngine:
         kwargs.setdefault("dtype", "float32")
         kwargs.setdefault("num_kv_blocks", 256)
+        kwargs.setdefault("decode_step", "eager")
         engine = LLMEngine(EngineConfig(model_path=base_model_dir, **kwargs))
         for name, path in adapter_dirs.items():
             engine.load_adapter(name, path)

@@ -40,6 +40,7 @@ def test_tune_measures_caches_and_a_worker_start_measures_nothing(
         "decode_attention",
         "decode_lora",
         "prefill_attention",
+        "decode_step",
     }
     attention = report["choices"]["decode_attention"]
     assert attention["source"] == "measured" and attention["choice"] in attention["ms"]

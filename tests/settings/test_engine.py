@@ -43,6 +43,7 @@ def test_the_composed_section_keeps_every_concerns_flat_names() -> None:
         (EngineBatchingSettings, "max_num_seqs", 0, "LORAHOST_ENGINE_MAX_NUM_SEQS"),
         (EngineLoraSettings, "cpu_prefill_workers", -1, "LORAHOST_ENGINE_CPU_PREFILL_WORKERS"),
         (EngineKernelSettings, "decode_attention", "x", "LORAHOST_ENGINE_DECODE_ATTENTION"),
+        (EngineKernelSettings, "cuda_graph_max_batch_size", 0, "LORAHOST_ENGINE_CUDA_GRAPH_MAX_BATCH_SIZE"),
         (EngineVllmSettings, "max_loras", 0, "LORAHOST_ENGINE_MAX_LORAS"),
     ],
 )

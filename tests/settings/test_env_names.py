@@ -41,6 +41,12 @@ NEW_NAMES = [
     "LORAHOST_FORWARDED_ALLOW_IPS",
     "LORAHOST_MAX_KEYS_PER_TENANT",
     "LORAHOST_ENGINE_PREFILL_ATTENTION",
+    "LORAHOST_ENGINE_DECODE_STEP",
+    "LORAHOST_ENGINE_COMPILE_BUDGET_S",
+    "LORAHOST_ENGINE_CUDA_GRAPHS",
+    "LORAHOST_ENGINE_CUDA_GRAPH_MAX_BATCH_SIZE",
+    "LORAHOST_ENGINE_CUDA_GRAPH_CAPTURE_BUDGET_S",
+    "LORAHOST_ENGINE_CUDA_GRAPH_MAX_POOL_BYTES",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
@@ -58,6 +64,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "engine_decode_attention": ("c_kernel", "c_kernel"),
     "engine_prefill_attention": ("triton", "triton"),
     "engine_decode_lora_form": ("stacked", "stacked"),
+    "engine_decode_step": ("compiled", "compiled"),
     "import_allowed_buckets": ("a, b", ("a", "b")),
     "forwarded_allow_ips": ("10.0.0.0/8, 127.0.0.1", ("10.0.0.0/8", "127.0.0.1")),
     "worker_operating_points": ('{"8": 900}', {8: 900.0}),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from gpu_workers.engine.layers.pointwise import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -20,5 +21,4 @@ class RMSNorm(nn.Module):
 
         F.rms_norm on the fp32 upcast is x32 * rsqrt(mean(x32^2) + eps) in one fused kernel (HF's formula).
         """
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)

@@ -17,7 +17,8 @@ from gpu_workers.engine.layers.attention import AttentionMetadata, paged_attenti
 from gpu_workers.engine.layers.linear import MergedLinear, pack_linear_weight, packed_linear
 from gpu_workers.engine.layers.lora import LoraBatch, add_lora_delta, select_lora_rows
 from gpu_workers.engine.layers.norm import RMSNorm
-from gpu_workers.engine.layers.rotary import apply_rotary, rope_parameters
+from gpu_workers.engine.layers.pointwise import EAGER_POINTWISE, PointwiseOps
+from gpu_workers.engine.layers.rotary import rope_parameters
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -94,6 +95,9 @@ class DecoderLayer(nn.Module):
             hidden, {"gate_proj": inter, "up_proj": inter}, args.has_mlp_bias, dtype, device
         )
         self.down = MergedLinear(inter, {"down_proj": hidden}, args.has_mlp_bias, dtype, device)
+        self.pointwise: PointwiseOps = (
+            EAGER_POINTWISE  # the elementwise runs, eager or compiled (layers/pointwise.py)
+        )
 
     def forward(
         self,
@@ -111,14 +115,17 @@ class DecoderLayer(nn.Module):
         outputs are read).
         """
         if keep is None:
-            h = h + self._attention(self.input_layernorm(h), cos_sin, kv_cache, meta, lora)
-            return h + self._mlp(self.post_attention_layernorm(h), lora)
+            h = h + self._attention(self._norm(self.input_layernorm, h), cos_sin, kv_cache, meta, lora)
+            return h + self._mlp(self._norm(self.post_attention_layernorm, h), lora)
         rows, kept_lora = keep
-        o = self._attention_heads(self.input_layernorm(h), cos_sin, kv_cache, meta, lora)
+        o = self._attention_heads(self._norm(self.input_layernorm, h), cos_sin, kv_cache, meta, lora)
         if rows.shape[0] == 0:
             return h[:0]
         h = h.index_select(0, rows) + self._project("o", o.index_select(0, rows), kept_lora)
-        return h + self._mlp(self.post_attention_layernorm(h), kept_lora)
+        return h + self._mlp(self._norm(self.post_attention_layernorm, h), kept_lora)
+
+    def _norm(self, norm: RMSNorm, h: torch.Tensor) -> torch.Tensor:
+        return self.pointwise.rms_norm(h, norm.weight, norm.eps)
 
     def _project(self, name: str, x: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         out = getattr(self, name)(x)
@@ -149,7 +156,7 @@ class DecoderLayer(nn.Module):
         num_tokens = x.shape[0]
         qkv = self._project("qkv", x, lora)  # [T, q_size + 2 * kv_size]
         # q and k rotated in one pass over their adjacent columns: [T, Hq + Hkv, D]
-        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), *cos_sin)
+        qk = self.pointwise.rotate_qk(qkv, *cos_sin, self.q_size + self.kv_size, self.head_dim)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, Hq, D]
@@ -157,8 +164,7 @@ class DecoderLayer(nn.Module):
 
     def _mlp(self, x: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         gate_up = self._project("gate_up", x, lora)  # [T, 2 * intermediate]
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self._project("down", F.silu(gate).mul_(up), lora)
+        return self._project("down", self.pointwise.silu_mul(gate_up), lora)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -210,6 +216,11 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head_packed is not None:
             return packed_linear(self.norm(hidden), self.lm_head_packed).float()
         return F.linear(self.norm(hidden), self.lm_head_weight).float()
+
+    def use_pointwise(self, ops: PointwiseOps) -> None:
+        """Run every layer's elementwise runs through `ops` (layers/pointwise.py: eager or compiled)."""
+        for layer in self.layers:
+            cast(DecoderLayer, layer).pointwise = ops
 
     def pack_linears(self, wide_dtype: torch.dtype | None = None) -> None:
         """Switch every projection and the LM head to oneDNN-packed weights (after load_weights); wide_dtype:

@@ -247,6 +247,7 @@ def test_forced_forms_win_without_measuring(
         "decode_attention": "forced",
         "decode_lora": "forced",
         "linear_weights": "forced",
+        "decode_step": "forced",  # the fixture's eager decode step
     }
     assert not path.exists()
 
