@@ -8,7 +8,8 @@ import torch
 from pydantic import ValidationInfo, field_validator
 
 from settings.api import DEFAULT_MAX_LORA_RANK
-from settings.engine import DTYPE_NAMES, EngineSettings
+from settings.engine import EngineSettings
+from settings.engine_kernels import DTYPE_NAMES
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 # Default adapter room (adapter_cache_bytes None): this many adapters of max_lora_rank on every projection.

@@ -38,7 +38,7 @@ from gpu_workers.engine.llm_engine import LLMEngine
 from gpu_workers.engine.step_inputs import build_step_inputs
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.sequence import BatchEntry, Sequence
-from settings.engine import KERNEL_FORMS
+from settings.engine_kernels import KERNEL_FORMS
 
 KERNELS_MODULE = "gpu_workers.engine.layers.triton_attention"
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 0.03}

@@ -213,7 +213,14 @@ def test_health_ready_stats_and_heartbeat_record(worker: RunningWorker, client: 
     assert stats.worker_id == worker.worker_id and stats.is_ready and not stats.is_draining
     assert stats.scheduler.num_total_kv_blocks == 256
     # the kernels this machine's tuner chose for the worker's model (gpu_workers/engine/kernel_plan.py)
-    kernels = {"linear_weights", "prefill_gemm", "decode_attention", "decode_lora", "prefill_attention"}
+    kernels = {
+        "linear_weights",
+        "prefill_gemm",
+        "decode_attention",
+        "decode_lora",
+        "prefill_attention",
+        "decode_step",
+    }
     assert set(stats.engine.kernel_choices) == kernels and stats.engine.kernel_tuner_s >= 0.0
     [record] = worker.directory.list_live()
     assert record.worker_id == worker.worker_id and record.url == worker.url and record.is_ready
