@@ -43,6 +43,7 @@ def sgmv_shrink(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """SGMV shrink: h[rows of a segment, its adapter's rank columns] = x @ A^T, one tile per program."""
     # grid: (num_segments, cdiv(max segment rows, BLOCK_M), cdiv(max rank_cols, BLOCK_R))
     seg = tl.program_id(0)
     start = tl.load(seg_ptr + seg * 3)
@@ -115,6 +116,7 @@ def sgmv_expand(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """SGMV expand: out[rows of a segment, a part's columns] += scale * h @ B^T, one tile per program."""
     # grid: (num_segments, cdiv(max segment rows, BLOCK_M), max parts * num_col_blocks)
     seg = tl.program_id(0)
     start = tl.load(seg_ptr + seg * 3)
@@ -173,6 +175,7 @@ def bgmv_shrink(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
+    """BGMV shrink: h[row, its adapter's rank columns] = x[row] @ A^T, one row per program."""
     # grid: (num_rows, cdiv(max rank_cols, BLOCK_R))
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(row_adapter_ptr + row)
@@ -216,6 +219,7 @@ def bgmv_expand(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
+    """BGMV expand: out[row, a part's columns] += scale * h[row] @ B^T, one row per program."""
     # grid: (num_rows, max parts * num_col_blocks)
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(row_adapter_ptr + row)
