@@ -144,9 +144,16 @@ def test_invalid_sampling_params_are_refused(kwargs: dict) -> None:
         SamplingParams(**kwargs)
 
 
-def test_stats_report_counts_and_timings(fp32_engine: LLMEngine) -> None:
+def test_stats_report_counts_and_timings(fp32_engine: LLMEngine, prompt_ids: list[list[int]]) -> None:
+    # the shared engine's counters so far depend on which tests ran before: compare with its own request
+    before = fp32_engine.engine_stats()
+    fp32_engine.add_request(EngineRequest("stats", prompt_ids[0], GREEDY, "adapter-01"))
+    while fp32_engine.has_unfinished_requests():
+        fp32_engine.step()
     stats = fp32_engine.engine_stats()
-    assert stats.num_steps > 0 and stats.step_seconds_total > 0
+    assert stats.num_steps > before.num_steps and stats.step_seconds_total > before.step_seconds_total
+    assert stats.num_finished == before.num_finished + 1
+    assert stats.num_output_tokens == before.num_output_tokens + GREEDY.max_tokens
     assert runner_part(stats).num_loaded_adapters >= 4 and stats.num_running == 0
 
 
