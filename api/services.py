@@ -185,7 +185,9 @@ def build_services(
 def router_options(settings: Settings) -> RouterOptions:
     """What the routing policies read from settings."""
     return RouterOptions(
-        slo_tpot_ms=settings.routing.slo_tpot_ms, cold_fetch_ms=settings.routing.cold_fetch_ms
+        slo_tpot_ms=settings.routing.slo_tpot_ms,
+        cold_fetch_ms=settings.routing.cold_fetch_ms,
+        max_load_gap=settings.routing.max_load_gap,
     )
 
 

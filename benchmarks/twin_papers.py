@@ -46,9 +46,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
 from scheduler.core.engine_stats import EngineStats
-from settings import Settings
 from settings.engine import EngineSettings
-from twin.cluster_sim import ClusterOptions, simulate_cluster
 from twin.cost_model import CostModel
 from twin.profile import TwinProfile, load_profile
 from twin.request_record import RequestRecord
@@ -733,188 +731,12 @@ def _caraserve_case(
 
 # ---- 5. LoRAServe -----------------------------------------------------------------------------------
 
-LORASERVE_RANKS = (8, 16, 32, 64, 128)
-LORASERVE_SLO_S = 10.0
-LORASERVE_CONFIGS = (
-    ("loraserve", "placement_weighted"),
-    ("loraserve", "residency_least_loaded"),
-    ("loraserve", "rank_aware"),
-    ("random", "placement_weighted"),
-    ("contiguous", "placement_weighted"),
-    ("none", "residency_least_loaded"),
-    ("none", "rank_aware"),
-)
-
 
 def section_loraserve(profile: TwinProfile, scale: Scale) -> SectionResult:
-    """Placements and routers on a cluster with heterogeneous ranks."""
-    num_adapters = 100 if scale.num_cluster_requests > 500 else 20
-    loads = LORASERVE_LOADS if scale.num_cluster_requests > 500 else LORASERVE_LOADS[-1:]
-    seeds = scale.seeds[:2]
-    result = SectionResult(
-        "loraserve",
-        "5. LoRAServe: rank-aware placement and routing on a cluster",
-        f"{scale.num_workers} workers (no autoscaling), {num_adapters} adapters of ranks {LORASERVE_RANKS} "
-        f"(LoRAServe: 50-200 adapters, power-law popularity, 4-12 servers), Zipf(1), conv-trace lengths "
-        f"(outputs <= 512), {scale.num_cluster_requests} requests per run at loads {list(loads)} of the cluster's "
-        f"saturated rate (workers x one worker's), seeds {list(seeds)}; the profile's lora_form is "
-        f"'{profile.step.lora_form}' (max = kernels padded to the batch's largest rank); placement every "
-        f"{LORASERVE_PLACEMENT_S:g} s over {LORASERVE_PLACEMENT_S:g} s buckets; 'none' = no placement job (routing "
-        "alone); adapter fetch to a worker 50 ms. P95 TTFT SLO 10 s (LoRAServe's).",
-    )
-    started = time.perf_counter()
-    engine = EngineSettings(
-        max_num_seqs=128, cpu_prefill_workers=0, enable_prefix_caching=False, fair_share=False
-    )
-    got: dict[tuple[float, str, str], list[dict[str, float]]] = {}
-    for seed in seeds:
-        adapters = make_adapters(profile, rank_mix(num_adapters, LORASERVE_RANKS, seed))
-        ranks = {a.adapter_id: a.rank for a in adapters}
-        lengths = conv_lengths(scale.num_cluster_requests, seed, max_output=512)
-        base = poisson_trace(lengths, list(ranks), 1.0, seed)
-        one = saturated_rps(profile, engine, adapters, base[: max(100, len(base) // scale.num_workers)])
-        for load in loads:
-            trace = at_rate(base, load * one * scale.num_workers, seed)
-            for placement, router in LORASERVE_CONFIGS:
-                m = _cluster_run(profile, adapters, ranks, trace, placement, router, scale.num_workers)
-                got.setdefault((load, placement, router), []).append(m)
-                result.runs.append({"seed": seed, "load": load, "placement": placement, "router": router,
-                                    "rate_rps": load * one * scale.num_workers, "metrics": m,
-                                    "trace_fingerprint": fingerprint(trace)})  # fmt: skip
-    # what-if: the LoRA term scaled so that a 2000-token rank-128 prefill costs LoRAServe's 2.7x rank 8
-    cost = CostModel(profile)
-    prefill = {r: cost.step_seconds(_prefill_shape(2000, r)) for r in (8, 128)}
-    scale_lora = 1.0 + (2.7 * prefill[8] - prefill[128]) / max(prefill[128] - prefill[8], 1e-12)
-    padded = profile.model_copy(
-        update={"step": profile.step.model_copy(update={"lora_per_token_rank_us": profile.step.lora_per_token_rank_us * scale_lora})}
-    )  # fmt: skip
-    for seed in seeds:
-        adapters = make_adapters(profile, rank_mix(num_adapters, LORASERVE_RANKS, seed))
-        ranks = {a.adapter_id: a.rank for a in adapters}
-        base = poisson_trace(
-            conv_lengths(scale.num_cluster_requests, seed, max_output=512), list(ranks), 1.0, seed
-        )
-        one = saturated_rps(padded, engine, adapters, base[: max(100, len(base) // scale.num_workers)])
-        trace = at_rate(base, loads[-1] * one * scale.num_workers, seed)
-        for placement, router in LORASERVE_WHAT_IF_CONFIGS:
-            m = _cluster_run(padded, adapters, ranks, trace, placement, router, scale.num_workers)
-            got.setdefault((-loads[-1], placement, router), []).append(m)
-            result.runs.append({"seed": seed, "load": loads[-1], "what_if_lora_scale": scale_lora,
-                                "placement": placement, "router": router, "metrics": m})  # fmt: skip
-    for (load, placement, router), ms in got.items():
-        name = (
-            f"what-if 2.7x padding, load {-load:g}" if load < 0 else f"load {load:g}"
-        ) + f" {placement} + {router}"
-        result.rows.append(Row(name, "P95 TTFT s", mean([m["ttft_p95_s"] for m in ms])))
-        result.rows.append(Row(name, "P95 TTFT rank<=16 s", mean([m["low_rank_ttft_p95_s"] for m in ms])))
-        result.rows.append(Row(name, "goodput req/s (TTFT<=10s)", mean([m["goodput_rps"] for m in ms])))
-        result.rows.append(
-            Row(
-                name,
-                "adapters per worker (arrivals >= 2 periods)",
-                mean([m["adapters_per_worker_late"] for m in ms]),
-            )
-        )
-    for load in loads:
-        lora = got[(load, "loraserve", "placement_weighted")]
-        rand = got[(load, "random", "placement_weighted")]
-        result.rows.append(
-            Row(
-                f"load {load:g} loraserve vs random",
-                "P95 TTFT random/loraserve",
-                mean([m["ttft_p95_s"] for m in rand]) / max(mean([m["ttft_p95_s"] for m in lora]), 1e-9),
-                9.0,
-                "up to 9x lower TTFT (vs S-LoRA)",
-            )
-        )
-        result.rows.append(Row(f"load {load:g} loraserve vs random", "goodput loraserve/random", mean([m["goodput_rps"] for m in lora]) / max(mean([m["goodput_rps"] for m in rand]), 1e-9), 2.0, "up to 2x throughput (vs S-LoRA)"))  # fmt: skip
-    for load in [x for x in loads[-1:]]:
-        lora = got[(-load, "loraserve", "placement_weighted")]
-        rand = got[(-load, "random", "placement_weighted")]
-        result.rows.append(Row(f"what-if 2.7x padding, load {load:g} loraserve vs random", "P95 TTFT random/loraserve", mean([m["ttft_p95_s"] for m in rand]) / max(mean([m["ttft_p95_s"] for m in lora]), 1e-9), 9.0, "up to 9x lower TTFT (vs S-LoRA)"))  # fmt: skip
-    result.notes.append(
-        f"what-if rows: step.lora_per_token_rank_us x{scale_lora:.1f} ({padded.step.lora_per_token_rank_us:.3f} us) so that "
-        "the cost model's rank-128 / rank-8 prefill ratio is LoRAServe's 2.7x; the load's unit is recomputed "
-        "with it. A constant chosen to match the paper, not a measurement."
-    )
-    result.rows.append(
-        Row(
-            "cost model, 2000-token prefill",
-            "rank-128 / rank-8 step time",
-            prefill[128] / prefill[8],
-            2.7,
-            "LoRAServe, Llama-7B",
-        )
-    )
-    result.notes.append(
-        f"padding is what rank-aware placement saves: with this profile a 2000-token rank-128 prefill step costs "
-        f"{prefill[128] * 1000:.1f} ms against {prefill[8] * 1000:.1f} ms at rank 8 ({prefill[128] / prefill[8]:.2f}x; "
-        "LoRAServe measured 2.7x): the LoRA term (step.lora_per_token_rank_us, a roofline estimate at 10% of peak) is "
-        "small beside the dense 17 us per token, so there is little padding to remove and the placement's "
-        "restriction of where an adapter may run costs load balance instead."
-    )  # fmt: skip
-    result.wall_s = time.perf_counter() - started
-    return result
+    """Placements and routers on a cluster with heterogeneous ranks (benchmarks/twin_loraserve.py)."""
+    from benchmarks.twin_loraserve import section_loraserve as run_section  # it imports this module
 
-
-LORASERVE_LOADS = (0.85, 1.0)
-LORASERVE_WHAT_IF_CONFIGS = (
-    ("loraserve", "placement_weighted"),
-    ("random", "placement_weighted"),
-    ("none", "residency_least_loaded"),
-)
-LORASERVE_PLACEMENT_S = 5.0
-
-
-def _prefill_shape(num_tokens: int, rank: int) -> Any:
-    from scheduler.core.sampling import SamplingParams
-    from scheduler.core.sequence import BatchEntry
-    from scheduler.core.sequence import Sequence as CoreSequence
-    from twin.step_shape import StepShape
-
-    seq = CoreSequence("p", list(range(num_tokens)), SamplingParams(max_tokens=1), "x", 1)
-    return StepShape.of([BatchEntry(seq, num_tokens)], {"x": rank}, set())
-
-
-def _cluster_run(
-    profile: TwinProfile,
-    adapters: Sequence[AdapterSpec],
-    ranks: dict[str, int],
-    trace: Sequence[TraceRequest],
-    placement: str,
-    router: str,
-    num_workers: int,
-) -> dict[str, float]:
-    flat: dict[str, Any] = {
-        "engine_max_num_seqs": 128, "engine_cpu_prefill_workers": 0, "engine_enable_prefix_caching": False,
-        "engine_fair_share": False, "router_policy": router,
-        "placement_interval_s": 0 if placement == "none" else LORASERVE_PLACEMENT_S,
-        "placement_bucket_s": LORASERVE_PLACEMENT_S,
-    }  # fmt: skip
-    if placement != "none":
-        flat["placement_policy"] = placement
-    options = ClusterOptions(num_initial_workers=num_workers, is_autoscaling=False, adapter_fetch_s=0.05)
-    cluster = simulate_cluster(trace, adapters, Settings(**flat), profile, options=options)
-    check_run(trace, cluster.records)
-    ttft = ttfts(cluster.records)
-    m = metrics(cluster.records, LORASERVE_SLO_S) | {"ttft_p95_s": pct(ttft, 95)}
-    low = [
-        r.ttft_s for r in cluster.records if r.ttft_s is not None and ranks.get(r.adapter_id or "", 0) <= 16
-    ]
-    m["low_rank_ttft_p95_s"] = pct(low, 95)
-    late = [r for r in cluster.records if r.arrival_s >= 2 * LORASERVE_PLACEMENT_S]
-    m["adapters_per_worker_late"] = mean(
-        [len({r.adapter_id for r in late if r.worker_id == w.worker_id}) for w in cluster.workers]
-    )
-    m["num_tables"] = float(len(cluster.routing_tables))
-    return m
-
-
-def _rank(adapters: Sequence[AdapterSpec], adapter_id: str | None) -> int:
-    for a in adapters:
-        if a.adapter_id == adapter_id:
-            return a.rank
-    return 0
+    return run_section(profile, scale)
 
 
 SECTION_FUNCS: dict[str, Callable[[TwinProfile, Scale], SectionResult]] = {

@@ -62,7 +62,14 @@ def build_table(
     now: datetime,
 ) -> RoutingTable:
     """The unpublished table (version 0): placement per base model plus the demand the autoscaler reads."""
-    config = PlacementConfig(settings.placement.resolved_operating_points(), settings.placement.min_phi)
+    section = settings.placement
+    config = PlacementConfig(
+        section.resolved_operating_points(),
+        section.min_phi,
+        section.replication_headroom,
+        section.replication_hysteresis,
+        section.max_worker_rank_sum,
+    )
     rates = {
         key: _forecast(tokens, settings) for key, tokens in history.adapter_tokens.items() if key in versions
     }

@@ -194,6 +194,14 @@ class RoutingSettings(BaseModel):
         description="API, rank_aware router: the estimated fetch (ms) of an adapter a worker holds nowhere, on top "
         "of its profiled host -> device load",
     )
+    max_load_gap: float | None = Field(
+        default=None,
+        ge=0,
+        description="API: how much busier (requests per batch slot) the router's preferred worker (a holder of the "
+        "adapter, a worker with it resident) may be than the least-loaded ready worker before the request goes to "
+        "that one instead (scheduler/routing/router.py yield_to_load). None: residency_least_loaded never yields "
+        "(the old behaviour), holders_least_loaded uses 0.125",
+    )
     worker_view_cache_s: float = Field(
         default=0.5,
         ge=0,

@@ -26,8 +26,26 @@ class PlacementSettings(BaseModel):
     ewma_alpha: float = Field(default=0.5, gt=0, le=1, description="EWMA smoothing of the demand forecast")
     policy: str = Field(
         default="loraserve",
-        description="loraserve (rank-bucketed fractional placement), or the baselines random | contiguous "
-        "(one holder per adapter, scheduler/placement/placement_baselines.py)",
+        description="loraserve (rank-bucketed fractional placement), replicated (holders per adapter follow its "
+        "demand, scheduler/placement/replicated_placement.py; route with holders_least_loaded), or the baselines "
+        "random | contiguous (one holder per adapter, scheduler/placement/placement_baselines.py)",
+    )
+    replication_headroom: float = Field(
+        default=1.5,
+        gt=0,
+        description="replicated placement: an adapter's holders = ceil(its share of the demand x workers x this)",
+    )
+    replication_hysteresis: float = Field(
+        default=0.25,
+        ge=0,
+        lt=1,
+        description="replicated placement: an adapter keeps its h holders until its need falls below h - 1 - this",
+    )
+    max_worker_rank_sum: int | None = Field(
+        default=None,
+        gt=0,
+        description="replicated placement: adapter memory per worker, as the sum of the LoRA ranks of the adapters "
+        "placed on it (an adapter's bytes are proportional to its rank for one base model); None = no limit",
     )
     min_phi: float = Field(
         default=0.05,

@@ -85,7 +85,9 @@ class ClusterSim:
         self.router = make_router(
             settings.routing.policy,
             RouterOptions(
-                slo_tpot_ms=settings.routing.slo_tpot_ms, cold_fetch_ms=settings.routing.cold_fetch_ms
+                slo_tpot_ms=settings.routing.slo_tpot_ms,
+                cold_fetch_ms=settings.routing.cold_fetch_ms,
+                max_load_gap=settings.routing.max_load_gap,
             ),
         )
         self.policy = scaling_policy(settings)

@@ -50,6 +50,7 @@ RANK_COST_PER_UNIT = (
     0.016  # (1 + 0.016 * 128) / (1 + 0.016 * 8) = 2.7: LoRAServe's rank-128 vs rank-8 prefill
 )
 DEFAULT_MIN_PHI = 0.05
+DEFAULT_REPLICATION_HEADROOM, DEFAULT_REPLICATION_HYSTERESIS = 1.5, 0.25  # replicated_placement.py
 _EPS = 1e-12
 
 RoutingRow = tuple[tuple[str, float], ...]
@@ -81,16 +82,28 @@ class AdapterDemand:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """operating_points: rank bucket -> tokens/s one worker sustains within the SLO (keys = the buckets)."""
+    """operating_points: rank bucket -> tokens/s one worker sustains within the SLO (keys = the buckets).
+
+    The replicated placement (scheduler/placement/replicated_placement.py) also reads: replication_headroom
+    (holders = ceil(demand share x workers x this)), replication_hysteresis (how far below its current holder
+    count an adapter's need must fall before it loses one) and max_worker_rank_sum (adapter memory per
+    worker: the sum of the ranks of the adapters it holds; None = no limit)."""
 
     operating_points: Mapping[int, float]
     min_phi: float = DEFAULT_MIN_PHI
+    replication_headroom: float = DEFAULT_REPLICATION_HEADROOM
+    replication_hysteresis: float = DEFAULT_REPLICATION_HYSTERESIS
+    max_worker_rank_sum: int | None = None
 
     def __post_init__(self) -> None:
         if not self.operating_points or min(self.operating_points.values()) <= 0:
             raise ValueError("operating_points needs at least one bucket, every one with a positive tokens/s")
         if not 0 <= self.min_phi < 0.5:
             raise ValueError(f"min_phi must be in [0, 0.5), not {self.min_phi}")
+        if self.replication_headroom <= 0 or not 0 <= self.replication_hysteresis < 1:
+            raise ValueError(f"need replication_headroom > 0, hysteresis in [0, 1), not {self!r}")
+        if (self.max_worker_rank_sum or 1) <= 0:
+            raise ValueError(f"max_worker_rank_sum must be positive or None, not {self.max_worker_rank_sum}")
 
     def load(self, rank: int, demand_tokens_per_s: float) -> float:
         """Server-equivalents of `demand_tokens_per_s` at `rank`."""

@@ -1,4 +1,6 @@
-"""Baseline placements the LoRAServe placement is compared with (benchmarks/cluster.py), chosen by name.
+"""Baseline placements the LoRAServe placement is compared with (benchmarks/cluster.py), and the table of
+every placement policy by name (`PLACEMENT_POLICIES`: loraserve, random, contiguous, and replicated,
+scheduler/placement/replicated_placement.py).
 
 Both give every adapter exactly one holder, ignore demand and rank, and are stable (the same adapters and
 workers give the same table, so they never move anything by themselves):
@@ -20,6 +22,7 @@ from scheduler.placement.placement import (
     placement_of_table,
     rank_bucket,
 )
+from scheduler.placement.replicated_placement import compute_replicated_placement
 
 PlacementPolicy = Callable[
     [Sequence[AdapterDemand], Sequence[str], Mapping[str, RoutingRow], PlacementConfig], Placement
@@ -85,5 +88,6 @@ PLACEMENT_POLICIES: dict[str, PlacementPolicy] = {
     "loraserve": compute_placement,
     "random": random_placement,
     "contiguous": contiguous_placement,
+    "replicated": compute_replicated_placement,
 }
 DEFAULT_PLACEMENT_POLICY = "loraserve"

@@ -8,6 +8,7 @@ placement's assigned ones (RouteRequest.assigned_workers) when any of them is li
   deterministic).
 - `placement_weighted`: LoRAServe's routing, a random draw by the placement weights, blind to live load.
 - `rank_aware` (scheduler/routing/caraserve_router.py): CaraServe's least added per-token cost.
+- `holders_least_loaded` (scheduler/routing/holder_router.py): the least-loaded holder, yielding to load.
 Policies are chosen by name (settings.routing.policy) from the table in scheduler/routing/router_policies.py.
 """
 
@@ -19,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler.routing.perf_model import PerfModel
+
+# One eighth of the batch slots: at max_num_seqs 128, 16 requests more than the least-loaded worker.
+DEFAULT_MAX_LOAD_GAP = 0.125
 
 
 @dataclass(frozen=True)
@@ -151,9 +155,75 @@ def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> li
     return assigned if assigned else [(w, 1.0) for w in ready]
 
 
+def rank_mismatch(worker: WorkerView, rank: int) -> tuple[int, int]:
+    """How badly a request of LoRA `rank` fits the worker's batches (running and queued requests), with
+    kernels padded to the batch's largest rank m: (2, rank - m) when it raises m (every request there pays
+    more), (1, m - rank) when it is padded up to m (it alone pays more), (0, 0) when rank == m or the worker
+    has no request. Smaller is better."""
+    ranks = (*worker.running_ranks, *worker.waiting_ranks)
+    if not ranks or rank == max(ranks):
+        return (0, 0)
+    largest = max(ranks)
+    return (2, rank - largest) if rank > largest else (1, largest - rank)
+
+
+def best_fit(request: RouteRequest, candidates: Sequence[WorkerView]) -> WorkerView:
+    """Of `candidates` (non-empty), the one whose batches the request's rank fits best (`rank_mismatch`),
+    then residency, then the tenant's load, then worker id."""
+    tenant = request.tenant_id
+    return min(
+        candidates,
+        key=lambda w: (
+            rank_mismatch(w, request.adapter_rank),
+            residency_tier(request, w),
+            tenant_load(w, tenant),
+            w.worker_id,
+        ),
+    )
+
+
+def within_gap(request: RouteRequest, workers: Sequence[WorkerView], max_load_gap: float) -> list[WorkerView]:
+    """The workers whose load for the request's tenant is within `max_load_gap` of the least of them."""
+    tenant = request.tenant_id
+    least = min(tenant_load(w, tenant) for w in workers)
+    return [w for w in workers if tenant_load(w, tenant) <= least + max_load_gap]
+
+
+def routable(request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    """The ready workers of the request's base model whose engine serves its adapter's rank."""
+    return [w for w in ready_workers(request.base_model, workers) if serves_rank(w, request.adapter_rank)]
+
+
+def yield_to_load(
+    chosen: WorkerView, request: RouteRequest, workers: Sequence[WorkerView], max_load_gap: float
+) -> WorkerView:
+    """`chosen`, unless its load for the request's tenant exceeds the least-loaded routable worker's by more
+    than `max_load_gap`: then the `best_fit` of the workers within the gap of that least load (a spilled
+    request should not undo the placement's separation of ranks)."""
+    pool = routable(request, workers)
+    if not pool:
+        return chosen
+    tenant = request.tenant_id
+    if tenant_load(chosen, tenant) <= min(tenant_load(w, tenant) for w in pool) + max_load_gap:
+        return chosen
+    return best_fit(request, within_gap(request, pool, max_load_gap))
+
+
 class ResidencyThenLeastLoaded:
     """Router v1: among the eligible workers (the placement's, see `eligible_workers`), prefer adapter
-    residency, then the least loaded worker for the request's tenant (`tenant_load`)."""
+    residency, then the least loaded worker for the request's tenant (`tenant_load`). With `max_load_gap`
+    set, the choice yields to the least-loaded ready worker once it is busier by more than the gap
+    (`yield_to_load`); None (the default) never yields."""
+
+    def __init__(self, max_load_gap: float | None = None) -> None:
+        if max_load_gap is not None and max_load_gap < 0:
+            raise ValueError(f"max_load_gap must be >= 0 or None, not {max_load_gap}")
+        self.max_load_gap = max_load_gap
+
+    @classmethod
+    def from_options(cls, options: RouterOptions) -> ResidencyThenLeastLoaded:
+        """Built from settings: `options.max_load_gap` (None: never yields to load)."""
+        return cls(options.max_load_gap)
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
         """Pick the best eligible worker serving the request's base model, or None."""
@@ -164,6 +234,8 @@ class ResidencyThenLeastLoaded:
         best = min(
             candidates, key=lambda w: (residency_tier(request, w), tenant_load(w, tenant), w.worker_id)
         )
+        if self.max_load_gap is not None:
+            best = yield_to_load(best, request, workers, self.max_load_gap)
         return best.worker_id
 
 
@@ -193,7 +265,7 @@ class PlacementWeightedRandom:
 
 @dataclass(frozen=True)
 class RouterOptions:
-    """Settings a policy may read (from settings.routing: slo_tpot_ms, cold_fetch_ms).
+    """Settings a policy may read (from settings.routing: slo_tpot_ms, cold_fetch_ms, max_load_gap).
 
     slo_tpot_ms: the time-per-output-token SLO of the rank-aware cost's penalty (None: per worker, 1.5x its
     single-request decode step at the request's rank, CaraServe's rule). cold_fetch_ms: the estimated fetch
@@ -202,3 +274,4 @@ class RouterOptions:
 
     slo_tpot_ms: float | None = None
     cold_fetch_ms: float = 50.0
+    max_load_gap: float | None = None

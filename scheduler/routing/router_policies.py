@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler.routing.caraserve_router import RankAwareRouter
+from scheduler.routing.holder_router import HoldersLeastLoaded
 from scheduler.routing.router import PlacementWeightedRandom, ResidencyThenLeastLoaded, Router, RouterOptions
 
 ROUTER_POLICIES: dict[str, type[Any]] = {
     "residency_least_loaded": ResidencyThenLeastLoaded,
     "placement_weighted": PlacementWeightedRandom,
     "rank_aware": RankAwareRouter,
+    "holders_least_loaded": HoldersLeastLoaded,
 }
 DEFAULT_ROUTER_POLICY = "residency_least_loaded"
 
