@@ -193,7 +193,7 @@ def _cluster_run(
         r.ttft_s for r in cluster.records if r.ttft_s is not None and ranks.get(r.adapter_id or "", 0) <= 16
     ]
     m["low_rank_ttft_p95_s"] = tp.pct(low, 95)
-    late = [r for r in cluster.records if r.arrival_s >= 2 * LORASERVE_PLACEMENT_S]
+    late = [r for r in cluster.records if r.arrival_s >= 2 * LORASERVE_PLACEMENT_S] or cluster.records
     ids = [w.worker_id for w in cluster.workers]
     m["adapters_per_worker_late"] = tp.mean(
         [len({r.adapter_id for r in late if r.worker_id == w}) for w in ids]

@@ -12,7 +12,9 @@ Every period, for the adapters of one base model on its N live workers:
 
   load_a = demand_a / OP[bucket(a)]        server-equivalents (placement.py's capacity model)
   u*     = sum_a load_a / N                every worker's target load
-  x_a    = load_a / u* x headroom          = the adapter's share of the load x N x headroom
+  x_a    = demand_a / sum demand x N x headroom    (its share of the demand in tokens/s, not of the
+                                           load: a capacity model that misprices a rank must not leave
+                                           a hot adapter with too few holders)
   h_a    = min(N, max(1, ceil(x_a)))       holders; hysteresis: an adapter with h_prev live holders keeps
                                            them while h_prev - 1 - hysteresis < x_a <= h_prev
 
@@ -87,15 +89,17 @@ def compute_replicated_placement(
         if a.demand_tokens_per_s > 0
     }
     target = sum(loads.values()) / len(workers)
+    demand = {a.adapter_key: a.demand_tokens_per_s for a in adapters if a.adapter_key in loads}
+    total_demand = sum(demand.values())
     live = set(workers)
     counts = {
         key: holder_count(
-            load / target * config.replication_headroom,
+            demand[key] / total_demand * len(workers) * config.replication_headroom,
             sum(1 for w, _ in previous.get(key, ()) if w in live),
             len(workers),
             config.replication_hysteresis,
         )
-        for key, load in loads.items()
+        for key in loads
     }
     rank_sums = [0] * len(workers)
     bins = _replicate(loads, counts, bucket_of, rank_of, rank_sums, target, config.max_worker_rank_sum)
