@@ -32,7 +32,7 @@ LORASERVE_LOADS = (0.85, 1.0)
 LORASERVE_PLACEMENT_S = 5.0
 HOT_SHARE = 0.2
 HOT_RANK = 128
-MAX_LOAD_GAP = 0.125  # the residency router's yield bound in the yielding config (= holders' default)
+MAX_LOAD_GAP = 0.0625  # the residency router's yield bound in the yielding config (= holders' default)
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,7 @@ class RoutingSettings(BaseModel):
         description="API: how much busier (requests per batch slot) the router's preferred worker (a holder of the "
         "adapter, a worker with it resident) may be than the least-loaded ready worker before the request goes to "
         "that one instead (scheduler/routing/router.py yield_to_load). None: residency_least_loaded never yields "
-        "(the old behaviour), holders_least_loaded uses 0.125",
+        "(the old behaviour), holders_least_loaded uses 0.0625",
     )
     worker_view_cache_s: float = Field(
         default=0.5,

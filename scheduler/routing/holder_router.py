@@ -20,8 +20,10 @@ Why load and not the placement's weights: weights come from a forecast and a cap
 be wrong (LoRAServe's table priced rank 128 at 2.7x rank 8 on a profile where it costs 1.32x, and the
 hottest adapter's single worker took 211 of 486 requests, benchmarks/RESULTS.md), while load is measured.
 Why a band and not strict least-loaded: within a few queued requests, fitting the rank (no padding for a
-whole batch) and a resident copy are worth more than the last bit of balance. 0.125 (DEFAULT_MAX_LOAD_GAP)
-is 16 requests at max_num_seqs 128, about one prefill chunk's worth of waiting on the H100 profile.
+whole batch) and a resident copy are worth more than the last bit of balance. DEFAULT_MAX_LOAD_GAP 0.0625
+(8 requests at max_num_seqs 128) was the best of 0.0625 / 0.125 / 0.25 in the cluster twin on both seeds
+(benchmarks/twin_loraserve.py, H100 profile): at 0.25 the band costs balance (up to 1.6x the mean load per
+worker in the 2.7x-padding what-if) for no TTFT gain; 0.0625 was no worse than 0.125 anywhere.
 Least-loaded is exact when views are fresh (the cluster twin); with views cached for
 `routing.worker_view_cache_s`, requests in one window pile onto one worker (power of two choices is the
 usual remedy; not implemented).

@@ -21,8 +21,9 @@ from typing import Protocol
 
 from scheduler.routing.perf_model import PerfModel
 
-# One eighth of the batch slots: at max_num_seqs 128, 16 requests more than the least-loaded worker.
-DEFAULT_MAX_LOAD_GAP = 0.125
+# A sixteenth of the batch slots: at max_num_seqs 128, 8 requests more than the least-loaded worker
+# (scheduler/routing/holder_router.py says why).
+DEFAULT_MAX_LOAD_GAP = 0.0625
 
 
 @dataclass(frozen=True)
