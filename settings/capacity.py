@@ -28,7 +28,8 @@ class PlacementSettings(BaseModel):
         default="loraserve",
         description="loraserve (rank-bucketed fractional placement), replicated (holders per adapter follow its "
         "demand, scheduler/placement/replicated_placement.py; route with holders_least_loaded), or the baselines "
-        "random | contiguous (one holder per adapter, scheduler/placement/placement_baselines.py)",
+        "random | contiguous (one holder per adapter, scheduler/placement/placement_baselines.py), or none (no "
+        "routing rows: the router alone picks among all ready workers; demand is still published for autoscaling)",
     )
     replication_headroom: float = Field(
         default=1.5,

@@ -1,6 +1,6 @@
 """Baseline placements the LoRAServe placement is compared with (benchmarks/cluster.py), and the table of
-every placement policy by name (`PLACEMENT_POLICIES`: loraserve, random, contiguous, and replicated,
-scheduler/placement/replicated_placement.py).
+every placement policy by name (`PLACEMENT_POLICIES`: loraserve, random, contiguous, replicated
+(scheduler/placement/replicated_placement.py), and none: no rows, routing alone, demand still published).
 
 Both give every adapter exactly one holder, ignore demand and rank, and are stable (the same adapters and
 workers give the same table, so they never move anything by themselves):
@@ -84,10 +84,23 @@ def _single_holder_placement(
     return placement_of_table(table, workers, previous, loads, bucket_of)
 
 
+def no_placement(
+    adapters: Sequence[AdapterDemand],
+    worker_ids: Sequence[str],
+    previous: Mapping[str, RoutingRow],
+    config: PlacementConfig,
+) -> Placement:
+    """No routing rows at all: every ready worker is eligible for every adapter and the router alone decides
+    (the placement job still publishes the demand the autoscaler reads). Per-worker load is 0: nothing is
+    placed."""
+    return _single_holder_placement(adapters, sorted(set(worker_ids)), previous, config, {})
+
+
 PLACEMENT_POLICIES: dict[str, PlacementPolicy] = {
     "loraserve": compute_placement,
     "random": random_placement,
     "contiguous": contiguous_placement,
     "replicated": compute_replicated_placement,
+    "none": no_placement,
 }
 DEFAULT_PLACEMENT_POLICY = "loraserve"
