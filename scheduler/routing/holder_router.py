@@ -4,16 +4,15 @@ out. Loads are `tenant_load` (requests per batch slot, `WorkerView.load`'s unit)
 
   holders = the placement's row for the adapter (`eligible_workers`: every ready worker when no row is
             published or none of its holders is live)
-  if the least-loaded holder is busier than the least-loaded routable worker by more than max_load_gap:
-      candidates = every routable worker (the request spills; that worker pulls the adapter on first use,
-                   the placement's lazy migration)
-  else: candidates = the holders
-  choice = `best_fit` of the candidates within max_load_gap of the least loaded of them: the worker whose
-           batches the request's rank fits best (`rank_mismatch`: raising the batch's largest rank costs
-           every request there with padded kernels), then adapter residency, then load, then id.
+  bound      = the least load of the routable workers (ready, base model, rank served) + max_load_gap
+  candidates = the holders within the bound; if none, every routable worker within the bound (the request
+               spills; that worker pulls the adapter on first use, the placement's lazy migration)
+  choice     = `best_fit` of the candidates: the worker whose batches the request's rank fits best
+               (`rank_mismatch`: raising the batch's largest rank costs every request there with padded
+               kernels), then adapter residency, then load, then id.
 
-So a request never goes to a non-holder while some holder is within the bound of the least-loaded worker,
-and no worker it picks is busier than the least-loaded candidate by more than the bound.
+So a request never goes to a non-holder while some holder is within the bound, and no worker it picks is
+busier than the least-loaded routable worker by more than the bound.
 `residency_least_loaded` applies the same bound when `max_load_gap` is set (`yield_to_load`).
 
 Why load and not the placement's weights: weights come from a forecast and a capacity model that can both
@@ -68,7 +67,7 @@ class HoldersLeastLoaded:
             return None
         tenant = request.tenant_id
         pool = routable(request, workers) or holders
-        least_holder = min(tenant_load(w, tenant) for w in holders)
-        if least_holder > min(tenant_load(w, tenant) for w in pool) + self.max_load_gap:
-            holders = pool  # every holder is past the bound: yield to load
-        return best_fit(request, within_gap(request, holders, self.max_load_gap)).worker_id
+        bound = min(tenant_load(w, tenant) for w in pool) + self.max_load_gap
+        near = [w for w in holders if tenant_load(w, tenant) <= bound]
+        # every holder past the bound: yield to load (the least-loaded workers anywhere)
+        return best_fit(request, near or within_gap(request, pool, self.max_load_gap)).worker_id

@@ -58,8 +58,7 @@ def test_a_non_holder_is_chosen_only_when_every_holder_is_past_the_bound(
     least = min(load.values())
     if any(load[h] <= least + gap for h in holders):
         assert chosen in holders
-    candidates = holders if chosen in holders else list(load)
-    assert load[chosen] <= min(load[c] for c in candidates) + gap + 1e-12
+    assert load[chosen] <= least + gap + 1e-12  # never busier than the least-loaded worker + the bound
 
 
 def test_requests_of_a_hot_adapter_with_one_holder_spread_within_the_bound() -> None:
