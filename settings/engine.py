@@ -94,6 +94,15 @@ class EngineBatchingSettings(EngineSection):
         "default: no bound (admission stops only for slots, the step's token budget or KV pages)",
     )
     max_model_len: int | None = Field(default=None, description="Default: the model's context length")
+    num_scheduler_steps: int = Field(
+        default=1,
+        description="Multi-step scheduling (vLLM's num_scheduler_steps): one plan of decodes runs for up to this "
+        "many engine steps while no request waits, no adapter load is under way and no sequence can finish by "
+        "length, so the scheduler plans once per window (scheduler/core/multi_step.py); anything that could "
+        "change the batch (an arrival, a finish, a copy landing) ends the window before the next step, so "
+        "tokens and times are those of 1 (a plan per step); the digital twin runs with "
+        "TWIN_SCHEDULER_STEPS (twin/worker_sim.py) when this is 1",
+    )
     batch_policy: str = Field(
         default="fifo",
         description="Admission order of waiting requests, one of "
@@ -139,6 +148,7 @@ class EngineBatchingSettings(EngineSection):
         "max_num_seqs",
         "max_num_batched_tokens",
         "max_running_tokens",
+        "num_scheduler_steps",
         "multiqueue_slo_s",
         "multiqueue_refresh_s",
         "multiqueue_max_queues",
@@ -272,4 +282,5 @@ class EngineSettings(
             num_cpu_prefill_workers=self.cpu_prefill_workers,
             is_caching_idle_adapters=self.is_caching_idle_adapters,
             max_running_tokens=self.max_running_tokens,
+            num_scheduler_steps=self.num_scheduler_steps,
         )

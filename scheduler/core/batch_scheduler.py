@@ -26,7 +26,8 @@ An adapter leaving the device takes its cached blocks with it (`AdapterResidency
 `schedule()` returns a plain `StepPlan`; the engine carries it out and hands the sampled tokens to
 `update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Loads are
 asynchronous: which sequences of an adapter still being loaded run is `core/copy_gate.py`'s decision
-(CPU-assisted prefills).
+(CPU-assisted prefills). With `max_num_steps` > 1 a plan of decodes that nothing can change runs for several
+steps (a multi-step window, `core/multi_step.py`): `schedule()` returns it again, its rows' pages grown.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from scheduler.admission.running_budget import RunningBudget
 from scheduler.core.adapter_residency import RESERVED_RESIDENCIES, AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate
+from scheduler.core.multi_step import DecodeWindow, num_window_steps
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.scheduler_stats import SchedulerStats, make_stats
@@ -64,11 +66,13 @@ class BatchScheduler:
         clock: Callable[[], float] = time.time,
         eos_token_ids: Collection[int] = frozenset(),
         max_running_tokens: int | None = None,
+        max_num_steps: int = 1,
     ) -> None:
         """`clock`: the clock of `Sequence.arrival_time` (wall time by default; the residency's clock too);
         the policy sees its reading as `BatchBudget.now` and as the admission and finish times of requests.
         `eos_token_ids`: the model's end-of-sequence tokens (a stop unless a request sets `ignore_eos`).
-        `max_running_tokens`: the running batch's token bound (scheduler/admission/running_budget.py; None: none)."""
+        `max_running_tokens`: the running batch's token bound (scheduler/admission/running_budget.py; None: none).
+        `max_num_steps`: the most engine steps one plan of decodes runs (core/multi_step.py; 1: a plan per step)."""
         self.pool = pool
         self.residency = residency
         self.policy = policy
@@ -81,6 +85,8 @@ class BatchScheduler:
         self.clock = clock
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_preemptions = 0
+        self.max_num_steps = max_num_steps
+        self.window = DecodeWindow()  # the open multi-step window (core/multi_step.py)
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
         self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or loading)
         self.num_adapter_misses = 0  # admissions that planned their adapter's load
@@ -96,6 +102,7 @@ class BatchScheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; its adapter (if any) must be registered with the residency."""
+        self.window.close()
         if seq.adapter_id is not None:
             self.residency.pin(seq.adapter_id)
             self.residency.record_access(seq.adapter_id)
@@ -128,6 +135,7 @@ class BatchScheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop
         it from the queues."""
+        self.window.close()
         if reason != "error":
             self.blocks.cache_computed(seq)
         if seq.adapter_id is not None and not seq.is_finished:
@@ -145,7 +153,20 @@ class BatchScheduler:
     # ---- one step -----------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        """Pick this step's work: entries (sorted by adapter), adapter loads/evictions and preemptions."""
+        """Pick this step's work: entries (sorted by adapter), adapter loads/evictions and preemptions; the
+        open multi-step window's plan again while it lasts (core/multi_step.py)."""
+        plan = self.window.next_plan(self.running, self.pool)
+        if plan is not None:
+            plan.start_time = self.clock()
+            self.residency.record_batch_size(len(plan.entries))
+            self.policy.on_tokens_served(plan.num_output_tokens_by_request())
+            return plan
+        plan = self._plan_step()
+        self.window.open(plan, num_window_steps(plan, self.running, len(self.waiting), self.max_num_steps))
+        return plan
+
+    def _plan_step(self) -> StepPlan:
+        """One step's plan in full: running sequences first, then admissions and prefetches."""
         plan = StepPlan(start_time=self.clock())
         plan.adapter_evictions.extend(self.residency.drop_idle_adapters())  # no-op with the adapter cache
         budget = self.max_num_batched_tokens
@@ -325,6 +346,7 @@ class BatchScheduler:
         used outside `schedule()` for an explicit load (a worker's prefetch), with may_evict_waiting False.
         `min_free_kv_blocks`: KV pages that must stay free after the load.
         """
+        self.window.close()
         residency = self.residency.residency(adapter_id)
         if residency is Residency.NONE:
             return False
@@ -342,14 +364,17 @@ class BatchScheduler:
     def on_adapter_prepared(self, adapter_id: str) -> None:
         """A planned load's host copy is ready (PREPARING -> COPYING): its copy to the device runs, and its
         prefills may run on the host copy meanwhile (CPU-assisted)."""
+        self.window.close()
         self.residency.mark_prepared(adapter_id)
 
     def on_adapter_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
         """A planned copy landed on the device (in `load_seconds`, when measured); from then on its sequences
         use the device copy."""
+        self.window.close()
         self.residency.mark_loaded(adapter_id, load_seconds)
 
     def on_adapter_load_failed(self, adapter_id: str) -> list[Sequence]:
         """A planned load failed: release its pages; returns the unfinished sequences using it."""
+        self.window.close()
         self.residency.cancel_load(adapter_id)
         return [s for s in (*self.waiting.values(), *self.running) if s.adapter_id == adapter_id]

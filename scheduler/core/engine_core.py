@@ -41,10 +41,12 @@ COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter load (new
 
 @dataclass(frozen=True)
 class SeqDelta:
-    """A sequence that changed in a step: its new token (none when it finished, failed or was aborted)."""
+    """A sequence that changed in a step: its new token (none when it finished, failed or was aborted) and
+    `time`, the core's clock when the step that produced it ended (0.0 for a delta without a token)."""
 
     seq: Sequence
     new_token_ids: list[int] = field(default_factory=list)
+    time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class CoreLimits:
     max_running_tokens: int | None = (
         None  # the running batch's token bound (scheduler/admission/running_budget.py)
     )
+    num_scheduler_steps: int = 1  # engine steps one plan of decodes may run (scheduler/core/multi_step.py)
 
 
 class EngineCore:
@@ -105,6 +108,7 @@ class EngineCore:
             clock=clock,
             eos_token_ids=eos_token_ids,
             max_running_tokens=limits.max_running_tokens,
+            max_num_steps=limits.num_scheduler_steps,
         )
         self.counters = EngineCounters()
         self._pending: list[SeqDelta] = []
@@ -152,8 +156,18 @@ class EngineCore:
 
     # ---- stepping -----------------------------------------------------------------------------------
 
-    def step(self) -> list[SeqDelta]:
-        """Run one batch; return a delta for every sequence that produced a token, finished or failed."""
+    def step(self, horizon: float | None = None) -> list[SeqDelta]:
+        """Run one batch; return a delta for every sequence that produced a token, finished or failed.
+
+        `horizon` (a simulation, which knows its next event): go on stepping while a multi-step window is
+        open (scheduler/core/multi_step.py) and `step_timer()` is before it; the steps are those that one call
+        per step would run until the timer reaches the horizon, and each delta carries its step's end time."""
+        deltas = self._step_once()
+        while horizon is not None and self.scheduler.window.is_open and self.step_timer() < horizon:
+            deltas += self._step_once()
+        return deltas
+
+    def _step_once(self) -> list[SeqDelta]:
         self.poll_copies()
         plan = self.scheduler.schedule()
         self._carry_out(plan)
@@ -178,7 +192,8 @@ class EngineCore:
 
     def _process(self, plan: StepPlan, tokens: list[int | None]) -> list[SeqDelta]:
         """Hand the sampled tokens to the core (stops, times), fail the rows without a token, build deltas."""
-        update = self.scheduler.update_from_output(plan, tokens, self.clock(), text_stop=self.text_stop)
+        now = self.clock()
+        update = self.scheduler.update_from_output(plan, tokens, now, text_stop=self.text_stop)
         for seq in update.finished:
             self._release(seq)
         deltas = []
@@ -187,7 +202,7 @@ class EngineCore:
                 self.fail(row.seq, overflow_message(row.seq), "numeric_overflow")
                 deltas.append(SeqDelta(row.seq))
             else:
-                deltas.append(SeqDelta(row.seq, [row.token_id]))
+                deltas.append(SeqDelta(row.seq, [row.token_id], now))
         return deltas
 
     # ---- adapter loads ------------------------------------------------------------------------------
