@@ -129,6 +129,8 @@ class SimulatedExecutor:
 
     def take_prepared_copies(self) -> list[PrepareResult]:
         """The host copies the clock has reached (kept in the host tier, as the engine does)."""
+        if not self._loads:
+            return []
         now = self.clock()
         ready = [
             (a, load)
@@ -147,6 +149,8 @@ class SimulatedExecutor:
 
     def take_finished_copies(self) -> list[CopyResult]:
         """The copies whose end the clock has reached (of loads whose host copy was reported)."""
+        if not self._loads:
+            return []
         now = self.clock()
         landed = [
             (a, load) for a, load in self._loads.items() if load.is_prepare_taken and load.done_at <= now

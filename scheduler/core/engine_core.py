@@ -178,7 +178,9 @@ class EngineCore:
                 self.poll_copies()
             return self._take_pending()
         started = self.step_timer()
-        host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
+        host_assisted = plan.host_assisted_adapters
+        if host_assisted:
+            host_assisted = host_assisted & {e.seq.adapter_id for e in entries}
         tokens = self.executor.run_step(entries, host_assisted)
         deltas = self._take_pending() + self._process(plan, tokens)
         num_sampled = sum(t is not None for t in tokens)

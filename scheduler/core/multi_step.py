@@ -103,6 +103,9 @@ def grow_for_next_step(running: list[Sequence], pool: PagePool) -> bool:
     block_size = pool.block_size
     for seq in running:
         num_after = seq.num_computed_tokens + 1
-        if len(seq.block_table) * block_size < num_after and pool.append_slots(seq.block_table, num_after) is None:
+        if (
+            len(seq.block_table) * block_size < num_after
+            and pool.append_slots(seq.block_table, num_after) is None
+        ):
             return False
     return True

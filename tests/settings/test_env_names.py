@@ -21,6 +21,7 @@ OLD_NAMES = [
 # Settings added since the split (each environment name is a contract from its first release on).
 NEW_NAMES = [
     "LORAHOST_ENGINE_MAX_RUNNING_TOKENS",
+    "LORAHOST_ENGINE_NUM_SCHEDULER_STEPS",
     "LORAHOST_PLACEMENT_PLANNER_PROFILE",
     "LORAHOST_PLACEMENT_PLANNER_CACHE_DIR",
     "LORAHOST_PLACEMENT_PLANNER_MAX_RUNNING",

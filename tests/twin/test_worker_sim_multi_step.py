@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-import twin.worker_sim as worker_sim
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from settings import Settings
 from settings.engine import EngineSettings
 from tests.twin.profile_helpers import round_cost_model
+from twin import worker_sim
 from twin.cluster_sim import ClusterOptions, simulate_cluster
 from twin.request_record import RequestRecord
 from twin.trace import AdapterSpec, TraceRequest

@@ -106,7 +106,9 @@ def _replay(num_steps: int, requests: list[Any], aborts: list[Any], blocks: int,
 
 
 requests = st.lists(
-    st.tuples(st.integers(1, 9), st.integers(1, 24), st.integers(0, 30), st.booleans()), min_size=1, max_size=8
+    st.tuples(st.integers(1, 9), st.integers(1, 24), st.integers(0, 30), st.booleans()),
+    min_size=1,
+    max_size=8,
 )
 
 
@@ -121,7 +123,7 @@ def test_windows_give_the_results_of_a_plan_per_step(
     requests: list[Any], aborts: list[Any], num_kv_blocks: int, stop_every: int
 ) -> None:
     single, _ = _replay(1, requests, aborts, num_kv_blocks, stop_every)
-    multi, core = _replay(8, requests, aborts, num_kv_blocks, stop_every)
+    multi, _ = _replay(8, requests, aborts, num_kv_blocks, stop_every)
     assert multi == single
 
 
@@ -159,7 +161,9 @@ def test_horizon_runs_the_window_until_the_timer_reaches_it() -> None:
 
 
 def _decode(request_id: str, num_prompt: int, num_out: int, max_tokens: int) -> Sequence:
-    seq = Sequence(request_id, list(range(num_prompt)), SamplingParams(max_tokens=max_tokens), None, max_tokens)
+    seq = Sequence(
+        request_id, list(range(num_prompt)), SamplingParams(max_tokens=max_tokens), None, max_tokens
+    )
     seq.token_ids += [1] * num_out
     seq.num_computed_tokens = seq.num_tokens - 1
     seq.status = SequenceStatus.RUNNING
@@ -167,7 +171,9 @@ def _decode(request_id: str, num_prompt: int, num_out: int, max_tokens: int) -> 
 
 
 @given(
-    rows=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=8),
+    rows=st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=8
+    ),
     num_waiting=st.integers(0, 2),
     max_steps=st.integers(1, 64),
     has_load=st.booleans(),
