@@ -143,8 +143,7 @@ class SimulatedWorker:
         for delta in self.core.step(horizon=math.inf if until is None else until):
             record = self.records[delta.seq.request_id]
             seq = delta.seq
-            if delta.new_token_ids:
-                record.token_times.extend([delta.time] * len(delta.new_token_ids))
+            record.token_times.extend(delta.token_times)
             record.first_scheduled_s = seq.first_scheduled_time
             if seq.is_finished:
                 record.finish_s, record.finish_reason, record.error_code = (

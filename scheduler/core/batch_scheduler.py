@@ -165,6 +165,19 @@ class BatchScheduler:
         self.window.open(plan, num_window_steps(plan, self.running, len(self.waiting), self.max_num_steps))
         return plan
 
+    def advance_window(self, step_starts: list[float]) -> StepPlan:
+        """Take one step of the open window per planning time in `step_starts` at once (core/multi_step.py),
+        as that many `schedule()` calls would: pages, batch sizes, tokens served; returns its plan."""
+        plan = self.window.plan
+        assert plan is not None, "no window is open"
+        self.window.take_steps(self.running, self.pool, len(step_starts))
+        served = plan.num_output_tokens_by_request()
+        for start in step_starts:
+            self.residency.record_batch_size(len(plan.entries), now=start)
+            self.policy.on_tokens_served(served)
+        plan.start_time = step_starts[-1]
+        return plan
+
     def _plan_step(self) -> StepPlan:
         """One step's plan in full: running sequences first, then admissions and prefetches."""
         plan = StepPlan(start_time=self.clock())

@@ -28,12 +28,13 @@ from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.engine_counters import EngineCounters
 from scheduler.core.engine_stats import EngineStats, engine_stats
-from scheduler.core.executor import Executor, PrepareResult
+from scheduler.core.executor import DecodeStepsExecutor, Executor, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry
+from scheduler.core.multi_step import are_finishes_known, num_steps_with_pages
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sequence import Sequence
-from scheduler.core.step_output import TextStop
+from scheduler.core.step_output import TextStop, update_from_decode_steps
 from scheduler.core.step_plan import StepPlan
 
 COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter load (new requests wait that long)
@@ -41,12 +42,12 @@ COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter load (new
 
 @dataclass(frozen=True)
 class SeqDelta:
-    """A sequence that changed in a step: its new token (none when it finished, failed or was aborted) and
-    `time`, the core's clock when the step that produced it ended (0.0 for a delta without a token)."""
+    """A sequence that changed in a step: its new tokens (none when it finished, failed or was aborted; several
+    from a multi-step window run at once) and `token_times`, the core's clock when each token's step ended."""
 
     seq: Sequence
     new_token_ids: list[int] = field(default_factory=list)
-    time: float = 0.0
+    token_times: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class EngineCore:
         )
         self.counters = EngineCounters()
         self._pending: list[SeqDelta] = []
+        # an executor that runs a window's steps in one call (the twin's; scheduler/core/multi_step.py)
+        self._decode_steps = executor if isinstance(executor, DecodeStepsExecutor) else None
+        self._known_finishes: tuple[StepPlan | None, bool] = (None, False)  # per window plan
 
     # ---- requests -----------------------------------------------------------------------------------
 
@@ -162,9 +166,43 @@ class EngineCore:
         `horizon` (a simulation, which knows its next event): go on stepping while a multi-step window is
         open (scheduler/core/multi_step.py) and `step_timer()` is before it; the steps are those that one call
         per step would run until the timer reaches the horizon, and each delta carries its step's end time."""
-        deltas = self._step_once()
-        while horizon is not None and self.scheduler.window.is_open and self.step_timer() < horizon:
-            deltas += self._step_once()
+        deltas: list[SeqDelta] = []
+        while True:
+            batch = self._run_window_steps(horizon) if horizon is not None else None
+            deltas += batch if batch is not None else self._step_once()
+            if horizon is None or not self.scheduler.window.is_open or self.step_timer() >= horizon:
+                return deltas
+
+    def _run_window_steps(self, horizon: float) -> list[SeqDelta] | None:
+        """Run the open window's next steps in one executor call, up to `horizon` (scheduler/core/multi_step.py);
+        None when the executor cannot, a token could end a row early or no step's pages are free."""
+        executor = self._decode_steps
+        if executor is None or not self.scheduler.window.is_open:
+            return None
+        self.poll_copies()  # what one step would hear first (a report closes the window)
+        plan, running = self.scheduler.window.plan, self.scheduler.running
+        if plan is None or self._pending:
+            return None
+        entries = plan.runnable_entries()
+        if self._known_finishes[0] is not plan:  # once per window
+            known = are_finishes_known(entries, self.scheduler.eos_token_ids, self.text_stop is not None)
+            self._known_finishes = (plan, known)
+        if not self._known_finishes[1]:
+            return None
+        max_steps = num_steps_with_pages(running, self.pool, self.scheduler.window.num_steps_left)
+        if max_steps == 0:
+            return None
+        started = self.step_timer()
+        out = executor.run_decode_steps(entries, max_steps, horizon)
+        ends = out.end_times
+        starts = [started, *ends[:-1]]
+        self.scheduler.advance_window(starts)
+        update = update_from_decode_steps(plan, out.tokens, ends[-1], self.scheduler.finish)
+        for seq in update.finished:
+            self._release(seq)
+        self.counters.record_decode_steps(len(entries), [end - start for start, end in zip(starts, ends)])
+        deltas = [SeqDelta(e.seq, row, ends) for e, row in zip(entries, out.tokens)]
+        self.poll_copies()
         return deltas
 
     def _step_once(self) -> list[SeqDelta]:
@@ -204,7 +242,7 @@ class EngineCore:
                 self.fail(row.seq, overflow_message(row.seq), "numeric_overflow")
                 deltas.append(SeqDelta(row.seq))
             else:
-                deltas.append(SeqDelta(row.seq, [row.token_id], now))
+                deltas.append(SeqDelta(row.seq, [row.token_id], [now]))
         return deltas
 
     # ---- adapter loads ------------------------------------------------------------------------------

@@ -21,12 +21,22 @@ result: the tokens, times and pages are those of one plan per step (tests/schedu
 the engine calls `step()` once per engine step as before, so a request that arrives mid-window ends it and is
 admitted at the next step, as without windows. What it saves is `schedule()`'s work (admission, policy,
 residency and copy checks, sorting) on every step but the first of a window.
+
+Several steps at once: an executor that prices steps without running a model (the twin's,
+`scheduler.core.executor.DecodeStepsExecutor`) may run a window's steps in one call up to a horizon (the
+simulation's next event) when no token can end a row early (`are_finishes_known`: no stop token, no EOS that
+counts, no stop strings; finishes by length are the window's own bound). The core then accounts those steps
+at once exactly as one call per step would (`DecodeWindow.take_steps`: the same pages in the same order,
+only as many steps as the free pages cover, `num_steps_with_pages`; counters, batch sizes and tokens served
+per step; tokens and their times per row), so records stay equal while per-step Python work disappears.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from scheduler.core.page_pool import PagePool
-from scheduler.core.sequence import Sequence
+from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
 
 
@@ -82,6 +92,23 @@ class DecodeWindow:
         """End the window (something changed: the next `schedule()` plans in full)."""
         self.plan, self.num_steps_left = None, 0
 
+    def take_steps(self, running: list[Sequence], pool: PagePool, num_steps: int) -> None:
+        """Take `num_steps` (<= `num_steps_with_pages`) of the window's steps at once, before the rows' tokens
+        are applied: the pages they need in the order one step at a time takes them (step, then running
+        order)."""
+        block_size = pool.block_size
+        crossings = []
+        for index, seq in enumerate(running):
+            # step i (1-based) needs room for num_computed + i tokens; the first step past the table's room
+            first = len(seq.block_table) * block_size - seq.num_computed_tokens + 1
+            crossings.extend((step, index) for step in range(max(first, 1), num_steps + 1, block_size))
+        for step, index in sorted(crossings):
+            seq = running[index]
+            if pool.append_slots(seq.block_table, seq.num_computed_tokens + step) is None:
+                raise RuntimeError("take_steps beyond the free pages (num_steps_with_pages bounds it)")
+        self.num_steps_left -= num_steps
+        self.num_window_steps += num_steps
+
     def next_plan(self, running: list[Sequence], pool: PagePool) -> StepPlan | None:
         """The window's plan for its next step, its rows' next KV slots taken; None (the window closed) when
         none is open, it is used up or a row's page cannot be had."""
@@ -107,5 +134,39 @@ def grow_for_next_step(running: list[Sequence], pool: PagePool) -> bool:
             len(seq.block_table) * block_size < num_after
             and pool.append_slots(seq.block_table, num_after) is None
         ):
+            return False
+    return True
+
+
+def num_steps_with_pages(running: list[Sequence], pool: PagePool, max_steps: int) -> int:
+    """The most steps (<= max_steps, from the rows' state now) whose new KV pages the free pool covers."""
+    block_size, num_free = pool.block_size, pool.num_free_blocks
+    rows = [(len(s.block_table), s.num_computed_tokens) for s in running]
+
+    def num_needed(num_steps: int) -> int:
+        return sum(max(0, -(-(done + num_steps) // block_size) - have) for have, done in rows)
+
+    if num_needed(max_steps) <= num_free:
+        return max_steps
+    low, high = 0, max_steps
+    while low < high:  # num_needed grows with the steps: the largest that fits
+        mid = (low + high + 1) // 2
+        if num_needed(mid) <= num_free:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def are_finishes_known(
+    entries: list[BatchEntry], eos_token_ids: Collection[int], has_text_stop: bool
+) -> bool:
+    """True when no sampled token can end a row: no stop strings, and no row has stop tokens or counts an EOS
+    id (only `max_tokens` ends them, which the window's length bounds)."""
+    if has_text_stop:
+        return False
+    for entry in entries:
+        params = entry.seq.sampling_params
+        if params.stop_token_ids or (eos_token_ids and not params.ignore_eos):
             return False
     return True
