@@ -77,6 +77,7 @@ class SimulatedExecutor:
         self.num_copies = 0
         self.copy_seconds = 0.0
         self.num_results_taken = 0  # host copies ready and copies landed reported to the core
+        self.num_decode_step_calls = 0  # `run_decode_steps` calls (multi-step windows run at once)
 
     @property
     def geometry(self) -> MemoryGeometry:
@@ -100,6 +101,7 @@ class SimulatedExecutor:
         """Up to `max_steps` decode steps of `entries` (a multi-step window, no host-assisted row), each priced
         as `run_step` prices it (the rows' context one token longer per step), until a step's end reaches
         `horizon` or the next host copy ready or copy landing."""
+        self.num_decode_step_calls += 1
         shape = StepShape.of(entries, self.ranks)
         transfer = self.next_transfer_at()
         limit = horizon if transfer is None else min(horizon, transfer)

@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from settings import Settings
@@ -22,6 +24,7 @@ from twin.worker_sim import SimulatedWorker
 
 SHAPE = ModelShape(2, 64, 4, 2, 16, 176, 512, 4096)
 MB = 1_000_000
+DEFAULT_STEPS = worker_sim.TWIN_SCHEDULER_STEPS
 ADAPTERS = [AdapterSpec(f"a{i}", rank=8 * (1 + i % 3), num_bytes=MB // 2) for i in range(6)]
 
 
@@ -49,11 +52,12 @@ def _key(records: list[RequestRecord]) -> list[tuple[Any, ...]]:
 
 
 def _worker_run(trace: list[TraceRequest], num_kv_blocks: int) -> tuple[list[RequestRecord], int]:
-    settings = EngineSettings(max_num_seqs=8, cpu_prefill_workers=1)
+    engine = EngineSettings(max_num_seqs=8, cpu_prefill_workers=1)
     worker = SimulatedWorker(
-        settings, _geometry(num_kv_blocks), round_cost_model(prepare_gbps=0.5), ADAPTERS, max_lora_rank=64
+        engine, _geometry(num_kv_blocks), round_cost_model(prepare_gbps=0.5), ADAPTERS, max_lora_rank=64
     )
-    return worker.run(trace), worker.core.scheduler.window.num_window_steps
+    records = worker.run(trace)
+    return records, worker.core.scheduler.window.num_window_steps + worker.executor.num_decode_step_calls
 
 
 @pytest.mark.parametrize(("num_kv_blocks", "seed"), [(256, 0), (40, 1)])
@@ -69,9 +73,31 @@ def test_a_worker_replays_a_trace_alike_with_and_without_windows(
     assert _key(multi) == _key(single)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    num_kv_blocks=st.integers(12, 80),
+    rate=st.sampled_from([5.0, 40.0, 200.0]),
+)
+def test_windows_run_at_once_change_no_record_under_any_trace(
+    seed: int, num_kv_blocks: int, rate: float
+) -> None:
+    """Random traces, KV pressure (preemptions, windows cut short by pages) and adapter loads: the steps a
+    window runs in one executor call give the records of one plan per step."""
+    trace = _trace(30, rate=rate, seed=seed)
+    runs = []
+    for num_steps in (1, 64):
+        worker_sim.TWIN_SCHEDULER_STEPS = num_steps
+        try:
+            runs.append(_worker_run(trace, num_kv_blocks)[0])
+        finally:
+            worker_sim.TWIN_SCHEDULER_STEPS = DEFAULT_STEPS
+    assert _key(runs[1]) == _key(runs[0])
+
+
 def test_a_cluster_replays_a_trace_alike_with_and_without_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     trace = _trace(120, rate=60.0, seed=2)
-    settings = Settings(
+    flat = Settings(
         engine_max_num_seqs=8, engine_cpu_prefill_workers=0, router_policy="residency_least_loaded",
         placement_interval_s=0.5, placement_bucket_s=0.5,
     )  # fmt: skip
@@ -80,7 +106,7 @@ def test_a_cluster_replays_a_trace_alike_with_and_without_windows(monkeypatch: p
     for num_steps in (1, 64):
         monkeypatch.setattr(worker_sim, "TWIN_SCHEDULER_STEPS", num_steps)
         result = simulate_cluster(
-            trace, ADAPTERS, settings, round_cost_model(), geometry=_geometry(256), options=options
+            trace, ADAPTERS, flat, round_cost_model(), geometry=_geometry(256), options=options
         )
         runs.append(result)
     assert _key(runs[1].records) == _key(runs[0].records)

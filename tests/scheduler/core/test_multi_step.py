@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from scheduler.admission.batch_policy import FifoPolicy
 from scheduler.core.engine_core import CoreLimits, EngineCore
 from scheduler.core.engine_stats import ExecutorStats
-from scheduler.core.executor import CopyResult, PrepareResult
+from scheduler.core.executor import CopyResult, DecodeSteps, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
 from scheduler.core.multi_step import num_window_steps
 from scheduler.core.sampling import SamplingParams
@@ -68,6 +68,37 @@ class TokenExecutor:
         return ExecutorStats()
 
 
+class TimedExecutor(TokenExecutor):
+    """Moves the core's clock by 1 + 0.25 per row for each step (a simulation's executor)."""
+
+    def __init__(self, geometry: MemoryGeometry, stop_every: int, clock: ManualClock) -> None:
+        super().__init__(geometry, stop_every)
+        self.clock = clock
+
+    def run_step(self, entries: list[BatchEntry], host_assisted: AbstractSet[str]) -> list[int | None]:
+        self.clock.now += 1.0 + 0.25 * len(entries)
+        return super().run_step(entries, host_assisted)
+
+
+class TimedDecodeStepsExecutor(TimedExecutor):
+    """Also runs a window's steps in one call (`DecodeStepsExecutor`)."""
+
+    num_calls = 0
+
+    def run_decode_steps(self, entries: list[BatchEntry], max_steps: int, horizon: float) -> DecodeSteps:
+        self.num_calls += 1
+        ends: list[float] = []
+        rows: list[list[int]] = [[] for _ in entries]
+        while len(ends) < max_steps and (not ends or ends[-1] < horizon):
+            self.clock.now += 1.0 + 0.25 * len(entries)
+            ends.append(self.clock.now)
+            for row, entry in zip(rows, entries):
+                row.append(
+                    10 + (entry.seq.num_output_tokens + len(row) + 7 * entry.seq.num_prompt_tokens) % 17
+                )
+        return DecodeSteps(ends, rows)
+
+
 def _core(num_steps: int, num_kv_blocks: int, stop_every: int) -> tuple[EngineCore, ManualClock]:
     geometry = MemoryGeometry.plan(
         SHAPE, element_size=4, block_size=4, memory_mode="unified", kv_cache_bytes=0,
@@ -86,6 +117,32 @@ def _seq(request_id: str, num_prompt: int, max_tokens: int, ignore_eos: bool, no
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     prompt = [100 + (7 * int(request_id[1:]) + i) % 50 for i in range(num_prompt)]
     return Sequence(request_id, prompt, params, None, max_tokens, arrival_time=now)
+
+
+def _timed_replay(
+    executor_type: type[TimedExecutor], num_steps: int, requests: list[Any], blocks: int
+) -> Any:
+    """A simulation's loop (twin/worker_sim.py): step up to each event, then add its arrivals."""
+    core, clock = _core(num_steps, blocks, stop_every=0)
+    core.executor = core._decode_steps = None  # type: ignore[assignment]
+    executor = executor_type(core.geometry, 0, clock)
+    core.executor = executor
+    core._decode_steps = executor if isinstance(executor, TimedDecodeStepsExecutor) else None
+    trail = []
+    for index in range(60):
+        moment = 6.0 * index  # events 6 s apart: windows of several 1.25-2 s steps between them
+        while clock.now < moment and core.has_unfinished_requests():
+            deltas = core.step(horizon=moment)
+            trail.append(
+                [(d.seq.request_id, d.new_token_ids, d.token_times, d.seq.finish_reason) for d in deltas]
+            )
+        clock.now = max(clock.now, moment)
+        running = [(s.request_id, list(s.block_table)) for s in core.scheduler.running]
+        trail.append((moment, running, core.pool.num_free_blocks, core.counters.num_steps))
+        for i, (num_prompt, max_tokens, arrival, _) in enumerate(requests):
+            if arrival == index:
+                core.add(_seq(f"r{i}", num_prompt, max_tokens, True, clock.now))
+    return trail, executor
 
 
 def _replay(num_steps: int, requests: list[Any], aborts: list[Any], blocks: int, stop_every: int) -> Any:
@@ -125,6 +182,39 @@ def test_windows_give_the_results_of_a_plan_per_step(
     single, _ = _replay(1, requests, aborts, num_kv_blocks, stop_every)
     multi, _ = _replay(8, requests, aborts, num_kv_blocks, stop_every)
     assert multi == single
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests=requests, num_kv_blocks=st.integers(6, 24))
+def test_window_steps_run_at_once_up_to_a_horizon_give_the_results_of_a_plan_per_step(
+    requests: list[Any], num_kv_blocks: int
+) -> None:
+    """Deltas, token times, block tables (pages in the same order) and counters after every event."""
+    one_by_one, _ = _timed_replay(TimedExecutor, 1, requests, num_kv_blocks)
+    at_once, _ = _timed_replay(TimedDecodeStepsExecutor, 8, requests, num_kv_blocks)
+    assert _merge(at_once) == _merge(one_by_one)
+
+
+def test_a_window_runs_its_steps_at_once_with_a_decode_steps_executor() -> None:
+    requests = [(3, 20, 0, True), (5, 12, 2, True), (2, 24, 9, True)]
+    one_by_one, _ = _timed_replay(TimedExecutor, 1, requests, 10)
+    at_once, executor = _timed_replay(TimedDecodeStepsExecutor, 8, requests, 10)
+    assert isinstance(executor, TimedDecodeStepsExecutor) and executor.num_calls > 0
+    assert _merge(at_once) == _merge(one_by_one)
+
+
+def _merge(trail: list[Any]) -> list[Any]:
+    """Per request: its tokens, times and finish up to each event; the event snapshots as they are."""
+    out: list[Any] = []
+    tokens: dict[str, tuple[list[int], list[float], str | None]] = {}
+    for item in trail:
+        if isinstance(item, tuple):
+            out.append((item, sorted((k, list(v[0]), list(v[1]), v[2]) for k, v in tokens.items())))
+            continue
+        for request_id, new, times, reason in item:
+            got, at, _ = tokens.get(request_id, ([], [], None))
+            tokens[request_id] = (got + list(new), at + list(times), reason)
+    return out
 
 
 def test_a_lone_decode_runs_in_windows_and_a_new_request_ends_one() -> None:
