@@ -6,7 +6,9 @@ real engine gets (`max_lora_rank`: `Settings.resolved_max_lora_rank()`, resolved
 `run(trace)` replays a trace alone: requests are added when the simulated clock reaches their arrival (a
 request that arrives during a step joins at the next step, as in the engine), the core steps while it has
 work, and an idle worker jumps to the next arrival, host copy ready or copy landing. The cluster twin drives
-many workers through `submit` / `step_until` instead.
+many workers through `submit` / `step_until` instead. The core runs multi-step windows
+(`TWIN_SCHEDULER_STEPS`, scheduler/core/multi_step.py) up to the next event, their steps priced in one executor
+call: the records are those of one plan per step, only faster.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ step loop never waits on a cold adapter, except an idle step that has nothing el
 error_code "adapter_unavailable" (counted once); a row without a token (non-finite logits) ends alone with
 "numeric_overflow". Every sequence that produced a token, finished or failed
 comes back as a `SeqDelta`, in the order it happened; the caller (the engine) turns them into outputs.
+
+Multi-step (`CoreLimits.num_scheduler_steps`, scheduler/core/multi_step.py): `schedule()` may return the same
+plan of decodes for several steps (a window); `step()` still runs one engine step per call unless given a
+`horizon` (a simulation's next event), when it goes on to the horizon, running the window's steps in one
+executor call where the executor can (`DecodeStepsExecutor`, the twin's) and no token can end a row early.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class DecodeWindow:
         are applied: the pages they need in the order one step at a time takes them (step, then running
         order)."""
         block_size = pool.block_size
-        crossings = []
+        crossings: list[tuple[int, int]] = []
         for index, seq in enumerate(running):
             # step i (1-based) needs room for num_computed + i tokens; the first step past the table's room
             first = len(seq.block_table) * block_size - seq.num_computed_tokens + 1
