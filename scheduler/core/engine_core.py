@@ -59,6 +59,7 @@ class CoreLimits:
     max_running_tokens: int | None = (
         None  # the running batch's token bound (scheduler/admission/running_budget.py)
     )
+    max_running_adapter_bytes: int | None = None  # the running batch's bound on its distinct adapters' bytes
 
 
 class EngineCore:
@@ -105,6 +106,7 @@ class EngineCore:
             clock=clock,
             eos_token_ids=eos_token_ids,
             max_running_tokens=limits.max_running_tokens,
+            max_running_adapter_bytes=limits.max_running_adapter_bytes,
         )
         self.counters = EngineCounters()
         self._pending: list[SeqDelta] = []

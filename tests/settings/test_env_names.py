@@ -47,6 +47,7 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_CUDA_GRAPH_MAX_BATCH_SIZE",
     "LORAHOST_ENGINE_CUDA_GRAPH_CAPTURE_BUDGET_S",
     "LORAHOST_ENGINE_CUDA_GRAPH_MAX_POOL_BYTES",
+    "LORAHOST_ENGINE_MAX_RUNNING_ADAPTER_MIB",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
