@@ -9,8 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from settings import Settings
 from settings.engine import EngineSettings
 from twin.planner.plan import Planner, PlanOptions, compare_baselines
+from twin.planner.search import SearchOptions, search_plans
 from twin.planner.surrogate import Surrogate, TrainingConfig, training_samples
 from twin.planner.workload import Workload
 from twin.profile import TwinProfile
@@ -26,8 +28,12 @@ def plan_workload(
     cache_dir: Path | None = None,
     with_baselines: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    search: SearchOptions | None = None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
-    """The plan as plain values (Plan.as_dict, plus "profile", "train_s" and "baselines" when asked)."""
+    """The plan as plain values (Plan.as_dict, plus "profile", "train_s" and "baselines" when asked, and
+    "search" when `search` is given: the cheapest deployment meeting its SLO in the cluster twin, search.py,
+    run with `settings` (default: the default sections around `engine`))."""
     options = options if options is not None else PlanOptions()
     training = training if training is not None else TrainingConfig()
     started = time.perf_counter()
@@ -44,4 +50,7 @@ def plan_workload(
     }
     if with_baselines:
         report["baselines"] = [b.as_dict() for b in compare_baselines(planner, plan.num_gpus)]
+    if search is not None:
+        cluster = settings if settings is not None else Settings.model_construct(engine=engine)
+        report["search"] = search_plans(workload, profile, cluster, search).as_dict()
     return report
