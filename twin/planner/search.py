@@ -167,6 +167,8 @@ class PlanSearch:
             )
             return self._result(None, is_window_empty=True)
         low = min_workers(self.profile, self.engine, self.workload, self.setups)
+        if low > 1:
+            self.notes.append(f"every candidate of fewer than {low} workers is past the estimated capacity")
         passed: dict[int, Checked] = {}
         failed = low - 1
         level, step = low, 1
