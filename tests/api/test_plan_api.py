@@ -131,7 +131,7 @@ def record_demand(session: Session, tenant_id: str, version_id: str, n: int, ago
     session.commit()
 
 
-WALL_TIMES = ("train_s", "wall_s", "plan_s", "twin_s", "check_s")  # wall-clock seconds of the run
+WALL_TIMES = ("train_s", "wall_s", "plan_s", "twin_s", "check_s", "search_s")  # wall-clock seconds of the run
 
 
 def without_wall_times(value: Any) -> Any:
