@@ -129,11 +129,16 @@ def _check_word(report: dict[str, Any]) -> str:
     return "OK" if report["twin_ok"] else "FAILED"
 
 
+def _margin(report: dict[str, Any]) -> str:
+    margin = report.get("margin_pct")
+    return "" if margin is None else f", margin {margin:+.1f}% under the SLO"
+
+
 def _table(report: dict[str, Any]) -> str:
     lines = [
         (f"profile: {report['profile']}   objective: {report['objective']}   SLO: {report['slo'] or 'none'}"),
         (
-            f"GPUs needed: {report['num_gpus']}   twin check: {_check_word(report)}"
+            f"GPUs needed: {report['num_gpus']}   twin check: {_check_word(report)}{_margin(report)}"
             f" (rounds {report['num_rounds']}, plan {report['plan_s']:.2f} s, twin {report['check_s']:.1f} s)"
         ),
         (

@@ -82,7 +82,9 @@ def test_the_search_prints_the_chosen_plan_with_its_margin_and_the_runners_up(tm
     args += ["--check-s", "5", "--max-checks", "6", "--gpu-price", "2.5"]
     result = _plan(tmp_path, *args, "--json")
     assert result.exit_code == 0, result.output
-    search = json.loads(result.output)["search"]
+    report = json.loads(result.output)
+    assert report["verdict"] == "meets SLO" and report["margin_pct"] > 0  # the per-GPU plan's margin too
+    search = report["search"]
     chosen = search["chosen"]
     assert search["verdict"] == chosen["verdict"] == "meets SLO" and search["max_checks"] == 6
     assert chosen["measured_s"] <= 0.5 and chosen["margin_pct"] > 0
@@ -95,6 +97,7 @@ def test_the_search_prints_the_chosen_plan_with_its_margin_and_the_runners_up(tm
     assert table.exit_code == 0, table.output
     assert f"search: chosen {chosen['num_workers']} workers" in table.output
     assert f"margin {chosen['margin_pct']:+.1f}%" in table.output and "why not chosen" in table.output
+    assert f"margin {report['margin_pct']:+.1f}% under the SLO" in table.output
 
 
 def test_a_search_whose_window_holds_no_request_could_not_judge(tmp_path: Path) -> None:

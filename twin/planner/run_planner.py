@@ -48,9 +48,21 @@ def plan_workload(
         "profile": profile.hardware.name + " / " + profile.model.name,
         "train_s": round(train_s, 3),
     }
+    report["margin_pct"] = _margin_pct(report, options)
     if with_baselines:
         report["baselines"] = [b.as_dict() for b in compare_baselines(planner, plan.num_gpus)]
     if search is not None:
         cluster = settings if settings is not None else Settings.model_construct(engine=engine)
         report["search"] = search_plans(workload, profile, cluster, search).as_dict()
     return report
+
+
+def _margin_pct(report: dict[str, Any], options: PlanOptions) -> float | None:
+    """The per-GPU plan's headroom under the SLO in the twin, in percent of it (its worst GPU; None without an
+    SLO or when no GPU's window held a request)."""
+    slo = options.slo
+    judged = [g["twin"] for g in report["gpus"] if g["twin"] is not None and g["twin"]["num_requests"] > 0]
+    if slo is None or not judged:
+        return None
+    worst = max(float(t[slo.summary_field]) for t in judged)
+    return round(100.0 * (slo.max_s - worst) / slo.max_s, 1)
