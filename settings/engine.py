@@ -93,6 +93,15 @@ class EngineBatchingSettings(EngineSection):
         "policy orders them when compute, not memory, is the bottleneck (scheduler/admission/running_budget.py); "
         "default: no bound (admission stops only for slots, the step's token budget or KV pages)",
     )
+    max_running_adapter_mib: int | None = Field(
+        default=None,
+        description="Bound on the running batch's distinct adapters, in MiB of their weights: a request whose "
+        "adapter is not running yet joins only while the running adapters' weights plus its adapter's stay "
+        "within it, so that tenants already streaming keep their inter-token time while other tenants' large "
+        "cold adapters arrive (a decode step reads every running adapter's weights beside the base model's: "
+        "the base model's own weight size keeps a memory-bound step within ~2x a base step); the newcomer waits "
+        "its turn (scheduler/admission/running_budget.py); default: no bound",
+    )
     max_model_len: int | None = Field(default=None, description="Default: the model's context length")
     num_scheduler_steps: int = Field(
         default=1,
@@ -100,8 +109,8 @@ class EngineBatchingSettings(EngineSection):
         "many engine steps while no request waits, no adapter load is under way and no sequence can finish by "
         "length, so the scheduler plans once per window (scheduler/core/multi_step.py); anything that could "
         "change the batch (an arrival, a finish, a copy landing) ends the window before the next step, so "
-        "tokens and times are those of 1 (a plan per step); the digital twin runs with "
-        "TWIN_SCHEDULER_STEPS (twin/worker_sim.py) when this is 1",
+        "tokens and times are those of 1 (a plan per step); the digital twin always runs windows "
+        "(TWIN_SCHEDULER_STEPS, twin/worker_sim.py)",
     )
     batch_policy: str = Field(
         default="fifo",
@@ -149,6 +158,7 @@ class EngineBatchingSettings(EngineSection):
         "max_num_batched_tokens",
         "max_running_tokens",
         "num_scheduler_steps",
+        "max_running_adapter_mib",
         "multiqueue_slo_s",
         "multiqueue_refresh_s",
         "multiqueue_max_queues",
@@ -283,4 +293,7 @@ class EngineSettings(
             is_caching_idle_adapters=self.is_caching_idle_adapters,
             max_running_tokens=self.max_running_tokens,
             num_scheduler_steps=self.num_scheduler_steps,
+            max_running_adapter_bytes=(
+                None if self.max_running_adapter_mib is None else self.max_running_adapter_mib * 2**20
+            ),
         )

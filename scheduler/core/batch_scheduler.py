@@ -5,7 +5,8 @@ running sequence needs a KV page and none is free, unreferenced cached prefix bl
 LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
 sequence is preempted (pages freed, recomputed later); a sequence's pages are `core/sequence_blocks.py`'s. Then waiting requests are admitted in the order a
 `BatchPolicy` (scheduler/admission/batch_policy.py) decides, while sequences, tokens and pages last, and, when
-`max_running_tokens` is set, while the running batch's tokens stay within it (scheduler/admission/running_budget.py); a request whose
+`max_running_tokens` is set, while the running batch's tokens stay within it, and, when `max_running_adapter_bytes`
+is set, while its distinct adapters' bytes do (scheduler/admission/running_budget.py); a request whose
 adapter is only on the host gets an adapter copy planned (evicting idle adapters,
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
 that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
@@ -67,18 +68,20 @@ class BatchScheduler:
         eos_token_ids: Collection[int] = frozenset(),
         max_running_tokens: int | None = None,
         max_num_steps: int = 1,
+        max_running_adapter_bytes: int | None = None,
     ) -> None:
         """`clock`: the clock of `Sequence.arrival_time` (wall time by default; the residency's clock too);
         the policy sees its reading as `BatchBudget.now` and as the admission and finish times of requests.
         `eos_token_ids`: the model's end-of-sequence tokens (a stop unless a request sets `ignore_eos`).
-        `max_running_tokens`: the running batch's token bound (scheduler/admission/running_budget.py; None: none).
+        `max_running_tokens`, `max_running_adapter_bytes`: the running batch's bounds on its tokens and on its
+        distinct adapters' bytes (scheduler/admission/running_budget.py; None: none).
         `max_num_steps`: the most engine steps one plan of decodes runs (core/multi_step.py; 1: a plan per step)."""
         self.pool = pool
         self.residency = residency
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.running_budget = RunningBudget(max_running_tokens)
+        self.running_budget = RunningBudget(max_running_tokens, max_running_adapter_bytes)
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
         self.copy_gate = CopyGate(residency, num_cpu_prefill_workers)
@@ -263,6 +266,8 @@ class BatchScheduler:
         gate = AdmissionGate(admission)
         is_memory_short = False
         num_running_tokens = sum(s.num_tokens for s in self.running)
+        running_adapters = {s.adapter_id for s in self.running if s.adapter_id is not None}
+        num_running_adapter_bytes = sum(self._adapter_bytes(a) for a in running_adapters)
         for request_id in admission.request_ids:
             if budget == 0 or len(self.running) >= self.max_num_seqs or gate.is_closed:
                 break
@@ -271,6 +276,14 @@ class BatchScheduler:
             seq = self.waiting[request_id]
             if not self.running_budget.may_admit(num_running_tokens, seq.num_tokens, len(self.running)):
                 gate.on_short(request_id, is_adapter_short=False)  # the batch is full: not a memory shortage
+                continue
+            is_new_adapter = seq.adapter_id is not None and seq.adapter_id not in running_adapters
+            if is_new_adapter and not self.running_budget.may_add_adapter(
+                num_running_adapter_bytes, self._adapter_bytes(seq.adapter_id), len(running_adapters)
+            ):
+                gate.on_short(
+                    request_id, is_adapter_short=False
+                )  # the batch's adapters are full: waits its turn
                 continue
             # a request that waits for the load it planned is still a miss when it is admitted later
             is_hit = self._is_hit_at_first_try.setdefault(request_id, self._is_adapter_resident(seq))
@@ -295,7 +308,14 @@ class BatchScheduler:
             self.copy_gate.add_entry(plan, seq, num_new)
             budget -= num_new
             num_running_tokens += seq.num_tokens
+            if is_new_adapter and seq.adapter_id is not None:
+                running_adapters.add(seq.adapter_id)
+                num_running_adapter_bytes += self._adapter_bytes(seq.adapter_id)
         return is_memory_short
+
+    def _adapter_bytes(self, adapter_id: str | None) -> int:
+        state = self.residency.get(adapter_id) if adapter_id is not None else None
+        return state.num_bytes if state is not None else 0
 
     def _is_adapter_resident(self, seq: Sequence) -> bool:
         """True when seq's adapter needs no new load (on the device, or its load already planned)."""

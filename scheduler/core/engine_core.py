@@ -68,6 +68,7 @@ class CoreLimits:
         None  # the running batch's token bound (scheduler/admission/running_budget.py)
     )
     num_scheduler_steps: int = 1  # engine steps one plan of decodes may run (scheduler/core/multi_step.py)
+    max_running_adapter_bytes: int | None = None  # the running batch's bound on its distinct adapters' bytes
 
 
 class EngineCore:
@@ -115,6 +116,7 @@ class EngineCore:
             eos_token_ids=eos_token_ids,
             max_running_tokens=limits.max_running_tokens,
             max_num_steps=limits.num_scheduler_steps,
+            max_running_adapter_bytes=limits.max_running_adapter_bytes,
         )
         self.counters = EngineCounters()
         self._pending: list[SeqDelta] = []
