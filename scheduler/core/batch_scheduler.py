@@ -27,8 +27,7 @@ An adapter leaving the device takes its cached blocks with it (`AdapterResidency
 `schedule()` returns a plain `StepPlan`; the engine carries it out and hands the sampled tokens to
 `update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Loads are
 asynchronous: which sequences of an adapter still being loaded run is `core/copy_gate.py`'s decision
-(CPU-assisted prefills). With `max_num_steps` > 1 a plan of decodes that nothing can change runs for several
-steps (a multi-step window, `core/multi_step.py`): `schedule()` returns it again, its rows' pages grown.
+(CPU-assisted prefills). Multi-step windows (one plan for several steps): `core/multi_step.py`.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from scheduler.admission.running_budget import RunningBudget
 from scheduler.core.adapter_residency import RESERVED_RESIDENCIES, AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate
-from scheduler.core.multi_step import DecodeWindow, num_window_steps
+from scheduler.core.multi_step import DecodeWindow
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.scheduler_stats import SchedulerStats, make_stats
@@ -88,8 +87,7 @@ class BatchScheduler:
         self.clock = clock
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_preemptions = 0
-        self.max_num_steps = max_num_steps
-        self.window = DecodeWindow()  # the open multi-step window (core/multi_step.py)
+        self.window = DecodeWindow(max_num_steps)  # the open multi-step window (core/multi_step.py)
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
         self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or loading)
         self.num_adapter_misses = 0  # admissions that planned their adapter's load
@@ -158,28 +156,17 @@ class BatchScheduler:
     def schedule(self) -> StepPlan:
         """Pick this step's work: entries (sorted by adapter), adapter loads/evictions and preemptions; the
         open multi-step window's plan again while it lasts (core/multi_step.py)."""
-        plan = self.window.next_plan(self.running, self.pool)
-        if plan is not None:
-            plan.start_time = self.clock()
-            self.residency.record_batch_size(len(plan.entries))
-            self.policy.on_tokens_served(plan.num_output_tokens_by_request())
-            return plan
+        if self.window.next_plan(self.running, self.pool) is not None:
+            return self.window.count_steps(self.residency, self.policy, [self.clock()])
         plan = self._plan_step()
-        self.window.open(plan, num_window_steps(plan, self.running, len(self.waiting), self.max_num_steps))
+        self.window.open(plan, self.running, len(self.waiting))
         return plan
 
     def advance_window(self, step_starts: list[float]) -> StepPlan:
         """Take one step of the open window per planning time in `step_starts` at once (core/multi_step.py),
         as that many `schedule()` calls would: pages, batch sizes, tokens served; returns its plan."""
-        plan = self.window.plan
-        assert plan is not None, "no window is open"
         self.window.take_steps(self.running, self.pool, len(step_starts))
-        served = plan.num_output_tokens_by_request()
-        for start in step_starts:
-            self.residency.record_batch_size(len(plan.entries), now=start)
-            self.policy.on_tokens_served(served)
-        plan.start_time = step_starts[-1]
-        return plan
+        return self.window.count_steps(self.residency, self.policy, step_starts)
 
     def _plan_step(self) -> StepPlan:
         """One step's plan in full: running sequences first, then admissions and prefetches."""

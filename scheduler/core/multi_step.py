@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from scheduler.admission.admission import BatchPolicy
+from scheduler.core.adapter_residency import AdapterResidency
 from scheduler.core.page_pool import PagePool
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
@@ -67,10 +69,12 @@ def _is_plain(plan: StepPlan) -> bool:
 
 
 class DecodeWindow:
-    """The open window of a `BatchScheduler`: its plan and the steps it has left; `num_opened` counts windows
-    and `num_window_steps` the steps run from an open window's plan (not planned in full)."""
+    """The open window of a `BatchScheduler` (at most `max_num_steps` steps): its plan and the steps it has
+    left; `num_opened` counts windows and `num_window_steps` the steps run from an open window's plan (not
+    planned in full)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_num_steps: int = 1) -> None:
+        self.max_num_steps = max_num_steps
         self.plan: StepPlan | None = None
         self.num_steps_left = 0
         self.num_opened = 0
@@ -81,9 +85,9 @@ class DecodeWindow:
         """True while the window has steps left."""
         return self.plan is not None and self.num_steps_left > 0
 
-    def open(self, plan: StepPlan, num_steps: int) -> None:
-        """`plan` runs `num_steps` steps (its first now; no window when 1)."""
-        plan.num_steps = num_steps
+    def open(self, plan: StepPlan, running: list[Sequence], num_waiting: int) -> None:
+        """A plan planned in full runs `num_window_steps` steps (its first now; no window when 1)."""
+        plan.num_steps = num_steps = num_window_steps(plan, running, num_waiting, self.max_num_steps)
         if num_steps > 1:
             self.plan, self.num_steps_left = plan, num_steps - 1
             self.num_opened += 1
@@ -91,6 +95,20 @@ class DecodeWindow:
     def close(self) -> None:
         """End the window (something changed: the next `schedule()` plans in full)."""
         self.plan, self.num_steps_left = None, 0
+
+    def count_steps(
+        self, residency: AdapterResidency, policy: BatchPolicy, step_starts: list[float]
+    ) -> StepPlan:
+        """What `schedule()` counts for each window step taken, planned at `step_starts`: the batch size (the
+        residency's recent batch sizes) and the tokens it serves (the policy's fair share); returns the plan."""
+        plan = self.plan
+        assert plan is not None, "no window is open"
+        served = plan.num_output_tokens_by_request()
+        for start in step_starts:
+            residency.record_batch_size(len(plan.entries), now=start)
+            policy.on_tokens_served(served)
+        plan.start_time = step_starts[-1]
+        return plan
 
     def take_steps(self, running: list[Sequence], pool: PagePool, num_steps: int) -> None:
         """Take `num_steps` (<= `num_steps_with_pages`) of the window's steps at once, before the rows' tokens
