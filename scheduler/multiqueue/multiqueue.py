@@ -1,9 +1,7 @@
 """Chameleon's non-preemptive multi-queue scheduler as a `BatchPolicy` (engine_batch_policy="multiqueue").
 
-Two sizings (`sizing`, engine_multiqueue_sizing; scheduler/multiqueue/queue_sizing.py): "wrs", the paper's, described
-below, and "tokens", the platform's (classes by tokens, each held adapter charged once off the capacity,
-quotas by measured demand, ready adapters first, no head-of-line blocking, and an age bound `max_wait_s`
-past which a request goes before every quota and holds back the others until it fits).
+Two sizings (`sizing`, engine_multiqueue_sizing; scheduler/multiqueue/queue_sizing.py, where the rules of each
+are): "wrs", the paper's, described below, and "tokens", the platform's, with an age bound (`age_bound_s`).
 
 Requests are put in size classes (queues) by their weighted request size (scheduler/multiqueue/request_size.py), with
 the classes found by exact K-means over the sizes of a sliding window of recently seen requests and a K
@@ -30,14 +28,12 @@ when sequence slots run out first (`max_num_seqs` requests of the window's mean 
 `max_num_seqs` slots: then every request is charged one slot and the M/M/1 rule runs with S = 1 slot.
 Quotas are in the unit that forms the queue, so they add up to what the engine can actually run (quotas in
 tokens against a slot-bound engine would either never bind or leave slots idle). A request's need is what it
-takes of the KV pool in the configured memory mode (`charged_adapter_tokens`): its prompt and predicted
+takes of the KV pool in the configured memory mode (WRS: `charged_adapter_tokens`): its prompt and predicted
 output tokens, plus, in a unified pool (`BatchBudget.is_adapter_memory_shared`), its adapter's bytes as KV
 tokens (`num_bytes_per_block`) when the adapter was not on the device (nor being copied) when the policy
 first saw the request. With a static adapter share (engine_memory_mode "static") adapters never take KV
 pages, so they are charged nothing against the KV quotas: their own share is the residency's to manage
-(a request whose adapter finds no room there is blocked and may be bypassed, below). Charging them as KV
-tokens (the old rule) counted a rank-128 adapter as ~3,400 tokens of a 3,072-token pool and left KV
-blocks idle while requests waited.
+(a request whose adapter finds no room there is blocked and may be bypassed, below).
 For the bypass, a running request gives back what a blocked adapter needs: its need (unified: adapter pages
 come out of the KV pool), or its adapter's pages (static: out of the adapter share).
 Time estimates for the bypass: a request's run time is its predicted output tokens times the measured
@@ -60,6 +56,7 @@ from scheduler.multiqueue.queue_sizing import (
     ADAPTER_BARRIER_FACTOR,
     DEFAULT_SIZING,
     READY_RESIDENCIES,
+    age_bound,
     default_max_wait_s,
     first_payers,
     held_adapter_tokens,
@@ -115,9 +112,9 @@ class MultiQueuePolicy:
         max_wait_s: float | None = None,
     ) -> None:
         """`sizing`: "wrs" (Chameleon) or "tokens" (the platform's; scheduler/multiqueue/queue_sizing.py);
-        `max_wait_s`: the age bound past which a waiting request is planned ahead of every quota and holds
-        back the step's admission until it fits (None: the sizing's default, `slo_s / 5` for "tokens" and
-        none for "wrs"; math.inf: none)."""
+        `max_wait_s`: the least age bound past which a waiting request is planned ahead of every quota and
+        holds back the step's admission until it fits (it grows with the backlog: `age_bound_s`; None: the
+        sizing's default, `slo_s / 5` for "tokens" and none for "wrs"; math.inf: none)."""
         if max_queues < 1 or window_size < 1 or min_samples < 1:
             raise ValueError(
                 f"max_queues, window_size and min_samples must be >= 1, got {max_queues}, {window_size}, {min_samples}"
@@ -132,14 +129,13 @@ class MultiQueuePolicy:
             raise ValueError(f"max_wait_s must be >= 0 or None, got {max_wait_s}")
         self.sizing = make_sizing(sizing, input_weight, output_weight)
         self.max_wait_s = default_max_wait_s(self.sizing, slo_s) if max_wait_s is None else max_wait_s
+        self._age_bound_s: float | None = self.max_wait_s
         self.max_queues = max_queues
         self.slo_s = slo_s
         self.refresh_s = refresh_s
         self.min_samples = min_samples
         self.max_split_ratio = max_split_ratio
         self.default_seconds_per_token = default_seconds_per_token
-        self.input_weight = input_weight
-        self.output_weight = output_weight
         self._window: deque[WindowSample] = deque(maxlen=window_size)
         self._tracked: dict[str, _Tracked] = {}
         self._seen = itertools.count()
@@ -164,6 +160,12 @@ class MultiQueuePolicy:
     def num_queues(self) -> int:
         """How many queues the last refresh chose (1 until the window holds `min_samples` requests)."""
         return self._layout.num_queues
+
+    @property
+    def age_bound_s(self) -> float | None:
+        """The wait past which a request was promoted at the last `plan`: `max_wait_s`, or half the oldest
+        request's wait when that is longer (scheduler/multiqueue/queue_sizing.py `age_bound`); None: no bound."""
+        return self._age_bound_s
 
     @property
     def quota_tokens(self) -> tuple[float, ...]:
@@ -218,6 +220,7 @@ class MultiQueuePolicy:
         self._quotas = tuple(self._split(pool_tokens, budget))
         if budget.num_free_seqs <= 0 or budget.num_free_tokens <= 0:
             return AdmissionPlan(request_ids=())
+        self._age_bound_s = age_bound(self.max_wait_s, [self._waited(r.arrival_time) for r in waiting])
         seconds_per_token = seconds_per_output_token(self._window, self.default_seconds_per_token)
         planned = two_phase_order(self._queues(waiting, seconds_per_token), self._quotas, charged)
         aged = [r for r, _ in planned if r.is_aged]
@@ -230,7 +233,7 @@ class MultiQueuePolicy:
             adapter_barrier_ids=frozenset(
                 r.request_id
                 for r in aged
-                if self._waited(r.arrival_time) >= ADAPTER_BARRIER_FACTOR * self.max_wait_s
+                if self._waited(r.arrival_time) >= ADAPTER_BARRIER_FACTOR * (self._age_bound_s or 0.0)
             ),
         )
 
@@ -343,8 +346,10 @@ class MultiQueuePolicy:
     def _queues(
         self, waiting: Sequence[WaitingRequest], seconds_per_token: float
     ) -> list[list[QueuedRequest]]:
-        """Each queue's waiting requests in FIFO order (already charged ones, i.e. preempted, first)."""
-        keyed: list[list[tuple[tuple[bool, bool, float, int], QueuedRequest]]] = [
+        """Each queue's waiting requests: already charged ones (preempted) first, then those past the age bound,
+        then (not aged: when the sizing puts ready adapters first) those whose adapter is ready; arrival order in
+        each."""
+        keyed: list[list[tuple[tuple[bool, bool, bool, float, int], QueuedRequest]]] = [
             [] for _ in range(self.num_queues)
         ]
         payers = self._adapter_payers(waiting)
@@ -358,10 +363,17 @@ class MultiQueuePolicy:
                 adapter_tokens=tracked.sample.adapter_tokens,
                 is_adapter_ready=request.adapter_id is None or request.adapter_residency in READY_RESIDENCIES,
                 predicted_run_s=seconds_per_token * request.num_predicted_output_tokens,
-                is_aged=self.max_wait_s is not None and self._waited(request.arrival_time) >= self.max_wait_s,
+                is_aged=self._age_bound_s is not None
+                and self._waited(request.arrival_time) >= self._age_bound_s,
             )
-            is_cold = self.sizing.is_ready_first and not queued.is_adapter_ready
-            key = (not tracked.is_charged, is_cold, request.arrival_time, tracked.seen_order)
+            is_cold = self.sizing.is_ready_first and not queued.is_adapter_ready and not queued.is_aged
+            key = (
+                not tracked.is_charged,
+                not queued.is_aged,
+                is_cold,
+                request.arrival_time,
+                tracked.seen_order,
+            )
             keyed[tracked.queue].append((key, queued))
         return [[queued for _, queued in sorted(members, key=lambda m: m[0])] for members in keyed]
 
