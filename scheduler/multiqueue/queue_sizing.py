@@ -32,6 +32,7 @@ adapter both pay for it); quotas are Chameleon's K x M/M/1 minima plus the rest 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -169,9 +170,9 @@ def demand_quotas(loads: Sequence[QueueLoad], capacity_tokens: float) -> list[fl
     if capacity_tokens < 0:
         raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
     weights = [load.demand_rate * load.mean_service_s for load in loads]
-    if sum(weights) <= 0:
+    if not sum(weights) >= sys.float_info.min:  # no measurable demand (0, or too small to divide by)
         weights = [load.demand_rate for load in loads]
-    if sum(weights) <= 0:
+    if not sum(weights) >= sys.float_info.min:
         weights = [1.0] * len(loads)
     total = sum(weights)
     return [capacity_tokens * w / total for w in weights]
