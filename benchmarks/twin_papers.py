@@ -418,7 +418,7 @@ def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
         "Predicted output = true output (oracle). Configs: fifo (with the adapter cache: the platform's bar), "
         "fifo_nocache (engine_adapter_cache=false: the paper's S-LoRA baseline), mq_wrs (multiqueue, "
         "multiqueue_sizing=wrs: the paper's), mq_tokens (multiqueue_sizing=tokens: the platform's, age bound "
-        f"{CHAMELEON_SLO_S / 5:g} s).",
+        f"max({CHAMELEON_SLO_S / 5:g} s, half the oldest wait)).",
     )
     started = time.perf_counter()
     adapters = make_adapters(small, rank_mix(num_adapters, CHAMELEON_RANKS, 0))

@@ -22,11 +22,12 @@ adapter both pay for it); quotas are Chameleon's K x M/M/1 minima plus the rest 
   (scheduler/core/page_pool.py: a unified pool stores an adapter in one run of page ids);
 - quotas follow measured demand: each class's share of the token-seconds its window requests held
   (lambda * S * D, Little's law: the tokens it keeps busy on average; `demand_quotas`);
-- a request that does not fit is skipped, not waited on (no head-of-line blocking): the age bound
-  (`MultiQueuePolicy.max_wait_s`, default `slo_s / 5`) holds the tail instead: a request that waited past
-  it is planned before every quota and, when its KV does not fit, stops the step's admission so that freed
-  pages go to it; one whose adapter finds no run stops it after twice the bound (before that, admissions
-  that take the lowest KV pages need not delay a run that forms among the adapters at the top).
+- a request that does not fit is skipped, not waited on (no head-of-line blocking): the age bound holds
+  the tail instead (`age_bound`: `MultiQueuePolicy.max_wait_s`, default `slo_s / 5`, grown to half the
+  oldest request's wait under a backlog): a request that waited past it is planned before every quota, in
+  arrival order, and, when its KV does not fit, stops the step's admission so that freed pages go to it;
+  one whose adapter finds no run stops it after twice the bound (before that, admissions that take the
+  lowest KV pages need not delay a run that forms among the adapters at the top).
 """
 
 from __future__ import annotations
