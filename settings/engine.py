@@ -29,6 +29,7 @@ from scheduler.cache.eviction import (
 )
 from scheduler.core.engine_core import CoreLimits
 from scheduler.multiqueue.multiqueue import DEFAULT_MAX_QUEUES, DEFAULT_REFRESH_S, DEFAULT_SLO_S
+from scheduler.multiqueue.queue_sizing import DEFAULT_SIZING, SIZINGS
 from settings.engine_kernels import EngineKernelSettings
 from settings.engine_section import EngineSection
 
@@ -147,6 +148,25 @@ class EngineBatchingSettings(EngineSection):
         le=16,
         description="multiqueue: the most size classes (Kmax); its K selection may choose fewer",
     )
+    multiqueue_sizing: str = Field(
+        default=DEFAULT_SIZING,
+        description=f"multiqueue: how requests are sized, one of {list(SIZINGS)} "
+        "(scheduler/multiqueue/queue_sizing.py): wrs = Chameleon's weighted request size (tokens times adapter "
+        "size; M/M/1 quotas; the paper's); tokens = the platform's (classes by prompt + predicted output "
+        "tokens, each adapter held by admitted requests charged once in a unified pool, quotas by measured "
+        "demand)",
+    )
+    multiqueue_max_wait_s: float | None = Field(
+        default=None,
+        description="multiqueue: the age bound (seconds waiting) past which a request is admitted ahead of every "
+        "queue's quota and holds back later admissions until it fits (the starvation bound that holds the P99 "
+        "TTFT); default: none (Chameleon's rule)",
+    )
+
+    @field_validator("multiqueue_sizing")
+    @classmethod
+    def _check_multiqueue_sizing(cls, value: str, info: ValidationInfo) -> str:
+        return cls._choice(value, SIZINGS, info)
 
     @field_validator("batch_policy")
     @classmethod
@@ -162,6 +182,7 @@ class EngineBatchingSettings(EngineSection):
         "multiqueue_slo_s",
         "multiqueue_refresh_s",
         "multiqueue_max_queues",
+        "multiqueue_max_wait_s",
     )
     @classmethod
     def _check_positive_batching(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -191,6 +212,8 @@ class EngineBatchingSettings(EngineSection):
             "slo_s": self.multiqueue_slo_s,
             "refresh_s": self.multiqueue_refresh_s,
             "max_queues": self.multiqueue_max_queues,
+            "sizing": self.multiqueue_sizing,
+            "max_wait_s": self.multiqueue_max_wait_s,
         }
 
 

@@ -51,6 +51,8 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_CUDA_GRAPH_CAPTURE_BUDGET_S",
     "LORAHOST_ENGINE_CUDA_GRAPH_MAX_POOL_BYTES",
     "LORAHOST_ENGINE_MAX_RUNNING_ADAPTER_MIB",
+    "LORAHOST_ENGINE_MULTIQUEUE_SIZING",
+    "LORAHOST_ENGINE_MULTIQUEUE_MAX_WAIT_S",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
@@ -58,6 +60,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "placement_policy": ("random", "random"),
     "length_predictor": ("max_tokens", "max_tokens"),
     "engine_batch_policy": ("sjf", "sjf"),
+    "engine_multiqueue_sizing": ("tokens", "tokens"),
     "engine_backend": ("vllm", "vllm"),
     "adapter_eviction_policy": ("chameleon", "chameleon"),
     "engine_memory_mode": ("static", "static"),
