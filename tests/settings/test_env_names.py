@@ -60,7 +60,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "placement_policy": ("random", "random"),
     "length_predictor": ("max_tokens", "max_tokens"),
     "engine_batch_policy": ("sjf", "sjf"),
-    "engine_multiqueue_sizing": ("tokens", "tokens"),
+    "engine_multiqueue_sizing": ("wrs", "wrs"),
     "engine_backend": ("vllm", "vllm"),
     "adapter_eviction_policy": ("chameleon", "chameleon"),
     "engine_memory_mode": ("static", "static"),
