@@ -134,3 +134,19 @@ class PlanRequest(BaseModel):
         default=30.0, gt=0, le=600, description="Simulated seconds of the twin check per GPU"
     )
     baselines: bool = False
+    max_checks: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="The search's most cluster-twin checks (0: no search; default "
+        "LORAHOST_PLACEMENT_PLANNER_SEARCH_MAX_CHECKS); the search runs when an `slo` is given",
+    )
+    max_search_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        description="The search's wall seconds (default LORAHOST_PLACEMENT_PLANNER_SEARCH_MAX_S)",
+    )
+    gpu_price_per_hour: float = Field(
+        default=1.0, gt=0, description="A worker's price per hour: the search's cost (default 1: GPU-hours)"
+    )

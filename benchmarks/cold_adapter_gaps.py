@@ -84,6 +84,7 @@ def run_once(args: argparse.Namespace, cold_dirs: list[Path], run: int) -> dict[
         cpu_prefill_workers=args.cpu_prefill_workers,
         max_lora_rank=max(args.rank, 8),
         max_num_seqs=args.num_running + args.num_cold,
+        max_running_adapter_mib=args.max_running_adapter_mib,
     )
     engine = LLMEngine(config)
     cold_ids = [f"cold-{run}-{i}" for i in range(len(cold_dirs))]
@@ -121,7 +122,9 @@ def run_once(args: argparse.Namespace, cold_dirs: list[Path], run: int) -> dict[
     first_token: dict[str, float] = {}
     unfinished = set(cold_ids)
     longest_step_ms = 0.0
+    longest_step: dict[str, Any] = {}
     while unfinished:
+        before = engine.engine_stats()
         started = time.perf_counter()
         for out in step():
             if out.request_id in unfinished and out.new_token_ids:
@@ -130,7 +133,21 @@ def run_once(args: argparse.Namespace, cold_dirs: list[Path], run: int) -> dict[
                 unfinished.discard(out.request_id)
                 if out.error:
                     raise SystemExit(f"{out.request_id} failed: {out.error}")
-        longest_step_ms = max(longest_step_ms, (time.perf_counter() - started) * 1000)
+        step_ms_now = (time.perf_counter() - started) * 1000
+        if step_ms_now > longest_step_ms:
+            after = engine.engine_stats()
+            longest_step_ms = step_ms_now
+            longest_step = {
+                "num_running_after": len(engine.scheduler.running),
+                "num_adapters_running_after": len(
+                    {s.adapter_id for s in engine.scheduler.running if s.adapter_id}
+                ),
+                "num_cpu_assisted_prefills": after.num_cpu_assisted_prefills
+                - before.num_cpu_assisted_prefills,
+                "num_batched_tokens": after.num_batched_tokens - before.num_batched_tokens,
+                "num_adapter_preparations_done": after.num_adapter_preparations
+                - before.num_adapter_preparations,
+            }
     done = time.perf_counter()
     gaps_ms = [g * 1000 for g in token_gaps(stamps, added, done)]
     decode_ms = statistics.median(step_ms)
@@ -143,6 +160,7 @@ def run_once(args: argparse.Namespace, cold_dirs: list[Path], run: int) -> dict[
         "median_gap_ms": round(statistics.median(gaps_ms), 2),
         "max_gap_vs_median_gap": round(max(gaps_ms) / statistics.median(gaps_ms), 2),
         "longest_step_ms": round(longest_step_ms, 2),
+        "longest_step": longest_step,
         "load_window_ms": round((done - added) * 1000, 1),
         "cold_ttft_ms_median": round(statistics.median(first_token.values()) * 1000, 1),
         "cold_ttft_ms_max": round(max(first_token.values()) * 1000, 1),
@@ -171,6 +189,13 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-gib", type=int, default=3, help="the unified pool: KV and the cold adapters"
     )
+    parser.add_argument(
+        "--max-running-adapter-mib",
+        type=int,
+        default=None,
+        help="engine_max_running_adapter_mib (default: no bound); ~the base model's weights (SmolLM2-135M bf16: "
+        "256) keeps a step within ~2x a base step",
+    )
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--label", default="", help="names the engine tree measured (e.g. old, new)")
@@ -196,6 +221,7 @@ def main() -> None:
                 "target_modules": list(modules),
                 "adapter_file_bytes": (cold_dirs[0] / "adapter_model.safetensors").stat().st_size,
                 "num_running": args.num_running,
+                "max_running_adapter_mib": args.max_running_adapter_mib,
                 "max_gap_steps": max(r["max_gap_steps"] for r in runs),
                 "max_gap_vs_median_gap": max(r["max_gap_vs_median_gap"] for r in runs),
                 "max_gap_ms": max(r["max_gap_ms"] for r in runs),

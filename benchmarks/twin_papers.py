@@ -6,8 +6,10 @@ model priced by a GPU profile, or N of them behind the production router/placeme
 the paper's mechanism switched by the same settings production reads, and prints the twin's value beside the
 paper's own number:
 
-1. chameleon   batch_policy multiqueue vs fifo: P99 TTFT and requests/s within a TTFT SLO, memory-bound
-               (a small KV pool and many sequence slots), several loads x seeds;
+1. chameleon   batch_policy multiqueue (multiqueue_sizing wrs, the paper's, and tokens, the platform's) vs
+               fifo with the adapter cache and without it (the paper's S-LoRA baseline): P99/P50 TTFT and
+               requests/s within a TTFT SLO, memory-bound (a small KV pool and many sequence slots),
+               several loads x seeds;
 2. fastlibra   memory_mode unified vs static (vLLM's 0.2 adapter share): P99 TTFT, hundreds of adapters,
                scarce device memory;
 3. eviction    adapter_eviction_policy lru / chameleon / fastlibra: adapter hit rate and P99 TTFT;
@@ -374,18 +376,33 @@ def mean(values: Sequence[float]) -> float:
 CHAMELEON_SLO_S = 5.0
 CHAMELEON_RANKS = (8, 16, 32, 64, 128)
 CHAMELEON_DEVICE_BYTES = 4 * GIB  # ~32k KV tokens of Llama-3.1-8B: batches bound by KV, not by slots
+# config -> (batch policy, multiqueue sizing, adapter cache); "fifo" is the platform's bar (same cache),
+# "fifo_nocache" the paper's baseline (S-LoRA keeps no idle adapter on the device)
+CHAMELEON_CONFIGS: dict[str, tuple[str, str, bool]] = {
+    "fifo": ("fifo", "wrs", True),
+    "fifo_nocache": ("fifo", "wrs", False),
+    "mq_wrs": ("multiqueue", "wrs", True),
+    "mq_tokens": ("multiqueue", "tokens", True),
+}
+CHAMELEON_PAPER_P99 = {0.8: (-14.7, "6 RPS"), 0.95: (-24.6, "8 RPS"), 1.1: (-80.7, "9 RPS")}
+CHAMELEON_PAPER_GOODPUT = 1.5  # 8.6 -> 12.9 RPS at the SLO, vs S-LoRA
 
 
-def chameleon_engine(policy: str) -> EngineSettings:
+def chameleon_engine(
+    policy: str, sizing: str = "wrs", is_caching_idle_adapters: bool = True
+) -> EngineSettings:
+    """The section's worker: memory-bound unified pool, 512 slots, the named admission policy and sizing."""
     return EngineSettings(
         batch_policy=policy, memory_mode="unified", max_num_seqs=512, max_num_batched_tokens=8192,
         cpu_prefill_workers=0, enable_prefix_caching=False, fair_share=False,
-        multiqueue_slo_s=CHAMELEON_SLO_S,
+        multiqueue_slo_s=CHAMELEON_SLO_S, multiqueue_sizing=sizing,
+        engine_adapter_cache=is_caching_idle_adapters,
     )  # fmt: skip
 
 
 def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
-    """Multiqueue vs FIFO in a memory-bound worker, several loads and seeds."""
+    """Multiqueue (the paper's WRS and the platform's token sizing) vs FIFO with and without the adapter cache
+    in a memory-bound worker, several loads and seeds."""
     small = with_device_bytes(profile, CHAMELEON_DEVICE_BYTES)
     num_adapters = 100 if scale.num_requests > 200 else 20
     result = SectionResult(
@@ -396,11 +413,13 @@ def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
         f"seeds {list(scale.seeds)}; one worker, unified pool of {CHAMELEON_DEVICE_BYTES / GIB:.0f} GiB "
         f"(the profile's device bytes shrunk so that KV binds; 512 sequence slots), TTFT SLO "
         f"{CHAMELEON_SLO_S:g} s; loads are fractions of the worker's saturated request rate under FIFO. "
-        "Predicted output = true output (oracle).",
+        "Predicted output = true output (oracle). Configs: fifo (with the adapter cache: the platform's bar), "
+        "fifo_nocache (engine_adapter_cache=false: the paper's S-LoRA baseline), mq_wrs (multiqueue, "
+        "multiqueue_sizing=wrs: the paper's), mq_tokens (multiqueue_sizing=tokens: the platform's, age bound "
+        f"max({CHAMELEON_SLO_S / 5:g} s, half the oldest wait)).",
     )
     started = time.perf_counter()
-    ranks = rank_mix(num_adapters, CHAMELEON_RANKS, 0)
-    adapters = make_adapters(small, ranks)
+    adapters = make_adapters(small, rank_mix(num_adapters, CHAMELEON_RANKS, 0))
     ids = [a.adapter_id for a in adapters]
     ranks_of = {a.adapter_id: a.rank for a in adapters}
     per_load: dict[float, dict[str, list[dict[str, float]]]] = {}
@@ -409,71 +428,108 @@ def section_chameleon(profile: TwinProfile, scale: Scale) -> SectionResult:
         capacity = saturated_rps(small, chameleon_engine("fifo"), adapters, base)
         for load in scale.chameleon_loads:
             trace = at_rate(base, load * capacity, seed)
-            for policy in ("fifo", "multiqueue"):
-                run = run_worker(small, chameleon_engine(policy), adapters, trace)
+            for config, (policy, sizing, is_cached) in CHAMELEON_CONFIGS.items():
+                run = run_worker(small, chameleon_engine(policy, sizing, is_cached), adapters, trace)
                 check_run(trace, run.records)
-                m = metrics(run.records, CHAMELEON_SLO_S)
-                for rank in CHAMELEON_RANKS:
-                    of_rank = [
-                        r.ttft_s
-                        for r in run.records
-                        if r.ttft_s is not None and ranks_of[r.adapter_id or ""] == rank
-                    ]
-                    m[f"ttft_p99_rank{rank}_s"] = pct(of_rank, 99)
-                    m[f"share_rank{rank}"] = len(of_rank) / len(run.records)
-                per_load.setdefault(load, {}).setdefault(policy, []).append(m)
-                result.runs.append({"seed": seed, "load": load, "rate_rps": load * capacity, "policy": policy,
+                m = _chameleon_metrics(run, ranks_of)
+                per_load.setdefault(load, {}).setdefault(config, []).append(m)
+                result.runs.append({"seed": seed, "load": load, "rate_rps": load * capacity, "policy": config,
                                     "metrics": m, "wall_s": run.wall_s,
                                     "trace_fingerprint": fingerprint(trace),
                                     "peak_running": peak_running(run.records)})  # fmt: skip
-    paper_p99 = {0.8: (-14.7, "6 RPS"), 0.95: (-24.6, "8 RPS"), 1.1: (-80.7, "9 RPS")}
-    for load, by_policy in sorted(per_load.items()):
-        fifo_p99 = mean([m["ttft_p99_s"] for m in by_policy["fifo"]])
-        mq_p99 = mean([m["ttft_p99_s"] for m in by_policy["multiqueue"]])
-        fifo_good = mean([m["goodput_rps"] for m in by_policy["fifo"]])
-        mq_good = mean([m["goodput_rps"] for m in by_policy["multiqueue"]])
-        paper, note = paper_p99.get(load, (None, ""))
-        result.rows += [
-            Row(f"load {load:g} fifo", "P99 TTFT s (mean of seeds)", fifo_p99),
-            Row(f"load {load:g} multiqueue", "P99 TTFT s (mean of seeds)", mq_p99),
-            Row(f"load {load:g}", "P99 TTFT change %", change_pct(mq_p99, fifo_p99), paper, f"vs S-LoRA at {note}" if note else ""),
-            Row(f"load {load:g}", "goodput mq/fifo (TTFT<=5s req/s)", mq_good / fifo_good if fifo_good else 0.0,
-                1.5 if load == max(per_load) else None, "8.6 -> 12.9 RPS at SLO" if load == max(per_load) else ""),
-        ]  # fmt: skip
-        seeds_better = sum(
-            m["ttft_p99_s"] < f["ttft_p99_s"] for m, f in zip(by_policy["multiqueue"], by_policy["fifo"])
-        )
-        result.notes.append(
-            f"load {load:g}: multiqueue P99 below FIFO's in {seeds_better}/{len(by_policy['fifo'])} seeds; "
-            f"P50 fifo {mean([m['ttft_p50_s'] for m in by_policy['fifo']]):.3f} s vs multiqueue "
-            f"{mean([m['ttft_p50_s'] for m in by_policy['multiqueue']]):.3f} s"
-        )
     top = max(per_load)
-    for policy in ("fifo", "multiqueue"):
-        ms = per_load[top][policy]
+    for load, by_config in sorted(per_load.items()):
+        result.rows += _chameleon_rows(load, by_config, is_top=load == top)
+        result.notes += _chameleon_seed_notes(load, by_config, scale.seeds)
+    for config in CHAMELEON_CONFIGS:
+        ms = per_load[top][config]
         result.notes.append(
-            f"load {top:g} {policy}: P99 TTFT by adapter rank "
+            f"load {top:g} {config}: P99 TTFT by adapter rank "
             + ", ".join(
                 f"r{rank} {mean([m[f'ttft_p99_rank{rank}_s'] for m in ms]):.2f} s "
                 f"({100 * mean([m[f'share_rank{rank}'] for m in ms]):.0f}% of requests)"
                 for rank in CHAMELEON_RANKS
             )
         )
-    result.notes.append(
-        "multiqueue's weighted request size multiplies by adapter size (Chameleon's WRS), so every request of a "
-        "rank-64/128 adapter lands in the large classes whatever its length; under Zipf(1) the popular adapters "
-        "decide how much traffic those classes carry, and their quota makes them wait: low ranks gain, high "
-        "ranks lose, and the overall P99 follows the high-rank share"
-    )
     peaks = [r["peak_running"] for r in result.runs]
     kv_tokens = small.num_kv_tokens
     result.notes.append(
         f"memory-bound check: at most {max(peaks)} of 512 sequence slots ever ran at once (median peak "
         f"{statistics.median(peaks):g}); the pool holds {kv_tokens} KV tokens "
-        f"(~{kv_tokens // 1200} conversations of the trace's ~1.2k tokens), shared with the adapters"
+        f"(~{kv_tokens // 1200} conversations of the trace's ~1.2k tokens), shared with the adapters (a rank-128 "
+        "adapter of this model takes one contiguous run of ~19% of the pool's pages)"
     )
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def _chameleon_metrics(run: WorkerRun, ranks_of: dict[str, int]) -> dict[str, float]:
+    """The run's TTFT/goodput metrics, its preemptions, and the P99 TTFT and share of each adapter rank."""
+    m = metrics(run.records, CHAMELEON_SLO_S)
+    m["num_preemptions"] = float(run.stats.num_preemptions)
+    for rank in CHAMELEON_RANKS:
+        of_rank = [
+            r.ttft_s for r in run.records if r.ttft_s is not None and ranks_of[r.adapter_id or ""] == rank
+        ]
+        m[f"ttft_p99_rank{rank}_s"] = pct(of_rank, 99)
+        m[f"share_rank{rank}"] = len(of_rank) / len(run.records)
+    return m
+
+
+def _chameleon_rows(load: float, by_config: dict[str, list[dict[str, float]]], is_top: bool) -> list[Row]:
+    """Mean of seeds per config, then each multiqueue against FIFO with the cache and without it (the
+    paper's baseline, beside the paper's numbers)."""
+
+    def avg(config: str, key: str) -> float:
+        return mean([m[key] for m in by_config[config]])
+
+    paper, note = CHAMELEON_PAPER_P99.get(load, (None, ""))
+    measures = (("P99 TTFT s", "ttft_p99_s"), ("P50 TTFT s", "ttft_p50_s"), ("goodput req/s", "goodput_rps"))
+    rows = [
+        Row(f"load {load:g} {config}", f"{label} (mean of seeds)", avg(config, key))
+        for config in CHAMELEON_CONFIGS
+        for label, key in measures
+    ]
+    for mq in ("mq_tokens", "mq_wrs"):
+        for base, is_paper in (("fifo", False), ("fifo_nocache", True)):
+            good = avg(base, "goodput_rps")
+            rows += [
+                Row(f"load {load:g} {mq} vs {base}", "P99 TTFT change %",
+                    change_pct(avg(mq, "ttft_p99_s"), avg(base, "ttft_p99_s")),
+                    paper if is_paper else None, f"vs S-LoRA at {note}" if is_paper and note else ""),
+                Row(f"load {load:g} {mq} vs {base}", "P50 TTFT change %",
+                    change_pct(avg(mq, "ttft_p50_s"), avg(base, "ttft_p50_s"))),
+                Row(f"load {load:g} {mq} vs {base}", f"goodput ratio (TTFT<={CHAMELEON_SLO_S:g}s req/s)",
+                    avg(mq, "goodput_rps") / good if good else 0.0,
+                    CHAMELEON_PAPER_GOODPUT if is_paper and is_top else None,
+                    "8.6 -> 12.9 RPS at SLO" if is_paper and is_top else ""),
+            ]  # fmt: skip
+    return rows
+
+
+def _chameleon_seed_notes(
+    load: float, by_config: dict[str, list[dict[str, float]]], seeds: Sequence[int]
+) -> list[str]:
+    """Per seed: P99 / P50 TTFT and goodput of each config, and each multiqueue's P99 change vs fifo."""
+    notes = []
+    for i, seed in enumerate(seeds):
+        parts = [
+            f"{config} {by_config[config][i]['ttft_p99_s']:.2f} / {by_config[config][i]['ttft_p50_s']:.2f} s, "
+            f"{by_config[config][i]['goodput_rps']:.2f} req/s"
+            for config in CHAMELEON_CONFIGS
+        ]
+        changes = [
+            f"{mq} vs fifo P99 "
+            f"{change_pct(by_config[mq][i]['ttft_p99_s'], by_config['fifo'][i]['ttft_p99_s']):+.0f}%"
+            for mq in ("mq_tokens", "mq_wrs")
+        ]
+        notes.append(
+            f"load {load:g} seed {seed}: P99 / P50 TTFT, goodput: "
+            + "; ".join(parts)
+            + " | "
+            + ", ".join(changes)
+        )
+    return notes
 
 
 # ---- 2. FastLibra -----------------------------------------------------------------------------------

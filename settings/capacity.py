@@ -28,7 +28,7 @@ class PlacementSettings(BaseModel):
         default="loraserve",
         description="loraserve (rank-bucketed fractional placement), replicated (holders per adapter follow its "
         "demand, scheduler/placement/replicated_placement.py; route with holders_least_loaded), or the baselines "
-        "random | contiguous (one holder per adapter, scheduler/placement/placement_baselines.py), or none (no "
+        "random | contiguous (one holder per adapter, scheduler/placement/placement_baselines.py), or demand_only (no "
         "routing rows: the router alone picks among all ready workers; demand is still published for autoscaling)",
     )
     replication_headroom: float = Field(
@@ -78,6 +78,19 @@ class PlacementSettings(BaseModel):
         default=900.0,
         gt=0,
         description="Capacity planner jobs: seconds a plan may run; past it the job is killed and fails saying so",
+    )
+    planner_search_max_checks: int = Field(
+        default=12,
+        ge=0,
+        le=1000,
+        description="Capacity planner's search (twin/planner/search.py): the most cluster-twin checks of candidate "
+        "deployments (workers x max_num_seqs x memory mode x batch policy x placement) one plan makes; 0 = no search",
+    )
+    planner_search_max_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Capacity planner's search: wall seconds after which no further twin check starts (one in "
+        "flight finishes)",
     )
     planner_cache_dir: Path | None = Field(
         default=None,

@@ -38,6 +38,7 @@ class ClusterNode:
         self.num_fetching = 0
         self.num_adapter_unloads = 0
         self._cache_key: tuple[object, ...] | None = None
+        self._stats: WorkerStats | None = None
         self._record: WorkerRecord | None = None
         self._view: WorkerView | None = None
 
@@ -107,9 +108,9 @@ class ClusterNode:
         )
         return build_worker_stats(engine_stats, worker)
 
-    def record(self) -> WorkerRecord:
-        """The heartbeat record (stats + a twin URL), rebuilt only when the worker's state changed."""
-        key = (
+    def _state_key(self) -> tuple[object, ...]:
+        """What the published state depends on: equal keys, equal stats."""
+        return (
             self.sim.clock() if self.sim.is_busy else None,  # an idle worker's state does not change
             self.sim.executor.num_steps,
             len(self.sim.records),
@@ -119,15 +120,25 @@ class ClusterNode:
             self.is_ready,
             self.is_draining,
         )
-        if key != self._cache_key or self._record is None:
-            self._record = WorkerRecord.from_stats(self.stats(), f"twin://{self.worker_id}")
-            self._view = None
-            self._cache_key = key
+
+    def _current_stats(self) -> WorkerStats:
+        """`stats()`, built once per state (`_state_key`)."""
+        key = self._state_key()
+        if key != self._cache_key or self._stats is None:
+            self._stats, self._record, self._view, self._cache_key = self.stats(), None, None, key
+        return self._stats
+
+    def record(self) -> WorkerRecord:
+        """The heartbeat record (stats + a twin URL), rebuilt only when the worker's state changed."""
+        stats = self._current_stats()
+        if self._record is None:
+            self._record = WorkerRecord.from_stats(stats, f"twin://{self.worker_id}")
         return self._record
 
     def view(self) -> WorkerView:
-        """What the router reads of this worker (the one conversion, cluster/worker_view.py)."""
-        record = self.record()
+        """What the router reads of this worker (the one conversion, cluster/worker_view.py, of the stats a
+        record carries; built without the record, which only placement and scaling read)."""
+        stats = self._current_stats()
         if self._view is None:
-            self._view = worker_view(record)
+            self._view = worker_view(stats)
         return self._view

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.core.engine_stats import ExecutorStats
-from scheduler.core.executor import CopyResult, PrepareResult
+from scheduler.core.executor import CopyResult, DecodeSteps, PrepareResult
 from scheduler.core.host_tier import HostTier
 from scheduler.core.memory_geometry import MemoryGeometry
 from scheduler.core.sequence import BatchEntry
@@ -77,6 +77,7 @@ class SimulatedExecutor:
         self.num_copies = 0
         self.copy_seconds = 0.0
         self.num_results_taken = 0  # host copies ready and copies landed reported to the core
+        self.num_decode_step_calls = 0  # `run_decode_steps` calls (multi-step windows run at once)
 
     @property
     def geometry(self) -> MemoryGeometry:
@@ -95,6 +96,30 @@ class SimulatedExecutor:
         self.num_steps += 1
         self.busy_seconds += seconds
         return [SAMPLED_TOKEN for e in entries if e.is_sampling]
+
+    def run_decode_steps(self, entries: list[BatchEntry], max_steps: int, horizon: float) -> DecodeSteps:
+        """Up to `max_steps` decode steps of `entries` (a multi-step window, no host-assisted row), each priced
+        as `run_step` prices it (the rows' context one token longer per step), until a step's end reaches
+        `horizon` or the next host copy ready or copy landing."""
+        self.num_decode_step_calls += 1
+        shape = StepShape.of(entries, self.ranks)
+        transfer = self.next_transfer_at()
+        limit = horizon if transfer is None else min(horizon, transfer)
+        grows = self.cost_model.step_cost.per_decode_context_token_us != 0
+        seconds = self.cost_model.step_seconds(shape)
+        ends: list[float] = []
+        for step in range(max_steps):
+            if grows and step:
+                context = shape.decode_context_tokens + step * shape.num_decode_seqs
+                seconds = self.cost_model.step_seconds(replace(shape, decode_context_tokens=context))
+            self.clock.advance(seconds)
+            self.num_steps += 1
+            self.busy_seconds += seconds
+            ends.append(self.clock())
+            if ends[-1] >= limit:
+                break
+        row = [SAMPLED_TOKEN] * len(ends)
+        return DecodeSteps(ends, [row] * len(entries))
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
         """Queue the load: the host copy from the host tier at once, else on the preparer when it is free
@@ -129,6 +154,8 @@ class SimulatedExecutor:
 
     def take_prepared_copies(self) -> list[PrepareResult]:
         """The host copies the clock has reached (kept in the host tier, as the engine does)."""
+        if not self._loads:
+            return []
         now = self.clock()
         ready = [
             (a, load)
@@ -147,6 +174,8 @@ class SimulatedExecutor:
 
     def take_finished_copies(self) -> list[CopyResult]:
         """The copies whose end the clock has reached (of loads whose host copy was reported)."""
+        if not self._loads:
+            return []
         now = self.clock()
         landed = [
             (a, load) for a, load in self._loads.items() if load.is_prepare_taken and load.done_at <= now

@@ -6,11 +6,15 @@ real engine gets (`max_lora_rank`: `Settings.resolved_max_lora_rank()`, resolved
 `run(trace)` replays a trace alone: requests are added when the simulated clock reaches their arrival (a
 request that arrives during a step joins at the next step, as in the engine), the core steps while it has
 work, and an idle worker jumps to the next arrival, host copy ready or copy landing. The cluster twin drives
-many workers through `submit` / `step_until` instead.
+many workers through `submit` / `step_until` instead. The core runs multi-step windows
+(`TWIN_SCHEDULER_STEPS`, scheduler/core/multi_step.py) up to the next event, their steps priced in one executor
+call: the records are those of one plan per step, only faster.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 
 from scheduler.core.engine_core import EngineCore
@@ -25,6 +29,10 @@ from twin.sim_clock import SimClock
 from twin.simulated_executor import SimulatedExecutor
 from twin.trace import AdapterSpec, TraceRequest
 
+# The twin's multi-step window (scheduler/core/multi_step.py) when the engine settings say 1: a window ends
+# before anything that could change its batch, and the twin steps it only up to its next event, so the
+# records are those of one plan per step (tests/twin/test_worker_sim_multi_step.py); only the speed changes.
+TWIN_SCHEDULER_STEPS = 256
 _PROMPT_TOKEN_BASE = 1000  # synthesized prompts: distinct ids per request, far from SAMPLED_TOKEN
 
 
@@ -55,10 +63,12 @@ class SimulatedWorker:
             HostTier(engine.host_adapter_cache_bytes),  # the engine's host tier, same budget
             max_lora_rank=max_lora_rank,
         )
+        limits = engine.core_limits()
+        num_steps = max(limits.num_scheduler_steps, TWIN_SCHEDULER_STEPS)
         self.core = EngineCore(
             self.executor,
             engine.admission_policy(),
-            engine.core_limits(),
+            dataclasses.replace(limits, num_scheduler_steps=num_steps),
             eviction_policy=engine.eviction_policy(),
             clock=self.clock,
             step_timer=self.clock,
@@ -126,15 +136,16 @@ class SimulatedWorker:
         return self.core.has_unfinished_requests() or self.core.has_pending_deltas()
 
     def step(self, until: float | None = None) -> None:
-        """One engine-core step at the clock's time; when it ran nothing and heard of no adapter load (every
+        """One engine-core step at the clock's time (the steps of a multi-step window up to `until`); when it
+        ran nothing and heard of no adapter load (every
         request waits for one), the clock moves to the next host copy ready or copy landing, or to `until`
         (the next arrival) when that comes first."""
         steps_before, results_before = self.executor.num_steps, self.executor.num_results_taken
         started = self.clock()
-        for delta in self.core.step():
+        for delta in self.core.step(horizon=math.inf if until is None else until):
             record = self.records[delta.seq.request_id]
             seq = delta.seq
-            record.token_times.extend([self.clock()] * len(delta.new_token_ids))
+            record.token_times.extend(delta.token_times)
             record.first_scheduled_s = seq.first_scheduled_time
             if seq.is_finished:
                 record.finish_s, record.finish_reason, record.error_code = (

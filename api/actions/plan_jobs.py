@@ -25,7 +25,7 @@ from registry.plan_jobs import (
     finish_plan_job,
     get_plan_job,
 )
-from twin.planner.plan_inputs import plan_inputs
+from twin.planner.plan_inputs import plan_inputs, search_inputs
 from twin.planner.profile_lookup import resolve_profile_name
 from twin.planner.recorded_demand import workload_from_usage
 from twin.planner.slo import parse_slo
@@ -89,6 +89,11 @@ def _checked_inputs(body: PlanRequest, services: Services, session: Session) -> 
         workload, profile, slo, objective=body.objective, form=body.form, check_s=body.check_s,
         num_samples=body.num_samples, with_baselines=body.baselines,
         window_s=None if body.workload else body.window_s, max_lora_rank=settings.resolved_max_lora_rank(),
+        search=search_inputs(
+            settings.placement.planner_search_max_checks if body.max_checks is None else body.max_checks,
+            settings.placement.planner_search_max_s if body.max_search_s is None else body.max_search_s,
+            body.gpu_price_per_hour,
+        ),
     )  # fmt: skip
 
 

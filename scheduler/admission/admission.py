@@ -76,12 +76,18 @@ class AdmissionPlan:
     `bypass_ids`: requests that may still be tried after an earlier request of their group failed because
     its adapter could not get device memory (not for lack of KV blocks); every other later request of a
     group so blocked is skipped.
+    `barrier_ids`: requests that, when their KV does not fit, stop the whole step's admission, groups or
+    not, so that the memory freed next goes to them first (a multi-queue policy's requests promoted past
+    its age bound); `adapter_barrier_ids` (a subset of them): those that stop it also when their adapter
+    finds no device memory.
     """
 
     request_ids: tuple[str, ...]
     is_head_of_line_blocking: bool = True
     group_ids: tuple[int, ...] = ()
     bypass_ids: frozenset[str] = field(default_factory=frozenset)
+    barrier_ids: frozenset[str] = field(default_factory=frozenset)
+    adapter_barrier_ids: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         if self.group_ids and len(self.group_ids) != len(self.request_ids):

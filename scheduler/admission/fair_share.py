@@ -204,6 +204,8 @@ class FairSharePolicy:
             is_head_of_line_blocking=inner_plan.is_head_of_line_blocking,
             group_ids=tuple(inner_plan.group_ids[p] for p in order) if inner_plan.group_ids else (),
             bypass_ids=inner_plan.bypass_ids,
+            barrier_ids=inner_plan.barrier_ids,
+            adapter_barrier_ids=inner_plan.adapter_barrier_ids,
         )
 
     def _keep_reserved_seqs(
@@ -239,6 +241,8 @@ class FairSharePolicy:
             is_head_of_line_blocking=plan.is_head_of_line_blocking,
             group_ids=tuple(plan.group_ids[p] for p in kept) if plan.group_ids else (),
             bypass_ids=plan.bypass_ids,
+            barrier_ids=plan.barrier_ids,
+            adapter_barrier_ids=plan.adapter_barrier_ids,
         )
 
     def _projected_charge(self, request_id: str, tenant: str) -> float:

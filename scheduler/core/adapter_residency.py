@@ -164,9 +164,10 @@ class AdapterResidency:
         self._forget_old_accesses(self.clock())
         return self._num_accesses[adapter_id]
 
-    def record_batch_size(self, num_seqs: int) -> None:
-        """One step ran `num_seqs` sequences (FastLibra's recent batch size)."""
-        now = self.clock()
+    def record_batch_size(self, num_seqs: int, now: float | None = None) -> None:
+        """One step planned at `now` (default: the clock) ran `num_seqs` sequences (FastLibra's recent batch
+        size)."""
+        now = self.clock() if now is None else now
         self._batch_sizes.append((now, num_seqs))
         self._batch_size_sum += num_seqs
         while self._batch_sizes and self._batch_sizes[0][0] < now - BATCH_SIZE_WINDOW_S:

@@ -5,7 +5,9 @@ An `AdmissionPlan` says how a request that does not fit for lack of memory affec
 - head-of-line blocking, no groups (FIFO): nobody after it is tried (`is_closed`);
 - head-of-line blocking with groups (the multi-queue policy's queues): only later requests of its own group
   are skipped; when it failed for its adapter's device memory (not for KV blocks), the group's requests in
-  `bypass_ids` are still tried.
+  `bypass_ids` are still tried;
+- a request in `barrier_ids` whose KV does not fit closes the plan, groups or not; so does one in
+  `adapter_barrier_ids` (a subset) whose adapter finds no device memory.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class AdmissionGate:
 
     def on_short(self, request_id: str, is_adapter_short: bool) -> None:
         """The request did not fit: its adapter found no device memory (is_adapter_short) or its KV did not."""
+        if request_id in self.plan.barrier_ids and (
+            not is_adapter_short or request_id in self.plan.adapter_barrier_ids
+        ):
+            self.is_closed = True
+            return
         if not self.plan.is_head_of_line_blocking:
             return
         group = self._group_of.get(request_id)

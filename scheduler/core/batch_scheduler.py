@@ -5,7 +5,8 @@ running sequence needs a KV page and none is free, unreferenced cached prefix bl
 LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
 sequence is preempted (pages freed, recomputed later); a sequence's pages are `core/sequence_blocks.py`'s. Then waiting requests are admitted in the order a
 `BatchPolicy` (scheduler/admission/batch_policy.py) decides, while sequences, tokens and pages last, and, when
-`max_running_tokens` is set, while the running batch's tokens stay within it (scheduler/admission/running_budget.py); a request whose
+`max_running_tokens` is set, while the running batch's tokens stay within it, and, when `max_running_adapter_bytes`
+is set, while its distinct adapters' bytes do (scheduler/admission/running_budget.py); a request whose
 adapter is only on the host gets an adapter copy planned (evicting idle adapters,
 then adapters only waiting requests use, each class in the residency's eviction policy order). A request
 that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
@@ -26,7 +27,7 @@ An adapter leaving the device takes its cached blocks with it (`AdapterResidency
 `schedule()` returns a plain `StepPlan`; the engine carries it out and hands the sampled tokens to
 `update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Loads are
 asynchronous: which sequences of an adapter still being loaded run is `core/copy_gate.py`'s decision
-(CPU-assisted prefills).
+(CPU-assisted prefills). Multi-step windows (one plan for several steps): `core/multi_step.py`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from scheduler.admission.running_budget import RunningBudget
 from scheduler.core.adapter_residency import RESERVED_RESIDENCIES, AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate
+from scheduler.core.multi_step import DecodeWindow
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.scheduler_stats import SchedulerStats, make_stats
@@ -64,23 +66,28 @@ class BatchScheduler:
         clock: Callable[[], float] = time.time,
         eos_token_ids: Collection[int] = frozenset(),
         max_running_tokens: int | None = None,
+        max_num_steps: int = 1,
+        max_running_adapter_bytes: int | None = None,
     ) -> None:
         """`clock`: the clock of `Sequence.arrival_time` (wall time by default; the residency's clock too);
         the policy sees its reading as `BatchBudget.now` and as the admission and finish times of requests.
         `eos_token_ids`: the model's end-of-sequence tokens (a stop unless a request sets `ignore_eos`).
-        `max_running_tokens`: the running batch's token bound (scheduler/admission/running_budget.py; None: none)."""
+        `max_running_tokens`, `max_running_adapter_bytes`: the running batch's bounds on its tokens and on its
+        distinct adapters' bytes (scheduler/admission/running_budget.py; None: none).
+        `max_num_steps`: the most engine steps one plan of decodes runs (core/multi_step.py; 1: a plan per step)."""
         self.pool = pool
         self.residency = residency
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.running_budget = RunningBudget(max_running_tokens)
+        self.running_budget = RunningBudget(max_running_tokens, max_running_adapter_bytes)
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
         self.copy_gate = CopyGate(residency, num_cpu_prefill_workers)
         self.clock = clock
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_preemptions = 0
+        self.window = DecodeWindow(max_num_steps)  # the open multi-step window (core/multi_step.py)
         self._admission_order: list[str] = []  # this step's batch policy order (for prefetch)
         self.num_adapter_hits = 0  # admissions whose adapter needed no load (on the device or loading)
         self.num_adapter_misses = 0  # admissions that planned their adapter's load
@@ -96,6 +103,7 @@ class BatchScheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; its adapter (if any) must be registered with the residency."""
+        self.window.close()
         if seq.adapter_id is not None:
             self.residency.pin(seq.adapter_id)
             self.residency.record_access(seq.adapter_id)
@@ -128,6 +136,7 @@ class BatchScheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop
         it from the queues."""
+        self.window.close()
         if reason != "error":
             self.blocks.cache_computed(seq)
         if seq.adapter_id is not None and not seq.is_finished:
@@ -145,7 +154,22 @@ class BatchScheduler:
     # ---- one step -----------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        """Pick this step's work: entries (sorted by adapter), adapter loads/evictions and preemptions."""
+        """Pick this step's work: entries (sorted by adapter), adapter loads/evictions and preemptions; the
+        open multi-step window's plan again while it lasts (core/multi_step.py)."""
+        if self.window.next_plan(self.running, self.pool) is not None:
+            return self.window.count_steps(self.residency, self.policy, [self.clock()])
+        plan = self._plan_step()
+        self.window.open(plan, self.running, len(self.waiting))
+        return plan
+
+    def advance_window(self, step_starts: list[float]) -> StepPlan:
+        """Take one step of the open window per planning time in `step_starts` at once (core/multi_step.py),
+        as that many `schedule()` calls would: pages, batch sizes, tokens served; returns its plan."""
+        self.window.take_steps(self.running, self.pool, len(step_starts))
+        return self.window.count_steps(self.residency, self.policy, step_starts)
+
+    def _plan_step(self) -> StepPlan:
+        """One step's plan in full: running sequences first, then admissions and prefetches."""
         plan = StepPlan(start_time=self.clock())
         plan.adapter_evictions.extend(self.residency.drop_idle_adapters())  # no-op with the adapter cache
         budget = self.max_num_batched_tokens
@@ -229,6 +253,8 @@ class BatchScheduler:
         gate = AdmissionGate(admission)
         is_memory_short = False
         num_running_tokens = sum(s.num_tokens for s in self.running)
+        running_adapters = {s.adapter_id for s in self.running if s.adapter_id is not None}
+        num_running_adapter_bytes = sum(self._adapter_bytes(a) for a in running_adapters)
         for request_id in admission.request_ids:
             if budget == 0 or len(self.running) >= self.max_num_seqs or gate.is_closed:
                 break
@@ -237,6 +263,14 @@ class BatchScheduler:
             seq = self.waiting[request_id]
             if not self.running_budget.may_admit(num_running_tokens, seq.num_tokens, len(self.running)):
                 gate.on_short(request_id, is_adapter_short=False)  # the batch is full: not a memory shortage
+                continue
+            is_new_adapter = seq.adapter_id is not None and seq.adapter_id not in running_adapters
+            if is_new_adapter and not self.running_budget.may_add_adapter(
+                num_running_adapter_bytes, self._adapter_bytes(seq.adapter_id), len(running_adapters)
+            ):
+                gate.on_short(
+                    request_id, is_adapter_short=False
+                )  # the batch's adapters are full: waits its turn
                 continue
             # a request that waits for the load it planned is still a miss when it is admitted later
             is_hit = self._is_hit_at_first_try.setdefault(request_id, self._is_adapter_resident(seq))
@@ -261,7 +295,14 @@ class BatchScheduler:
             self.copy_gate.add_entry(plan, seq, num_new)
             budget -= num_new
             num_running_tokens += seq.num_tokens
+            if is_new_adapter and seq.adapter_id is not None:
+                running_adapters.add(seq.adapter_id)
+                num_running_adapter_bytes += self._adapter_bytes(seq.adapter_id)
         return is_memory_short
+
+    def _adapter_bytes(self, adapter_id: str | None) -> int:
+        state = self.residency.get(adapter_id) if adapter_id is not None else None
+        return state.num_bytes if state is not None else 0
 
     def _is_adapter_resident(self, seq: Sequence) -> bool:
         """True when seq's adapter needs no new load (on the device, or its load already planned)."""
@@ -325,6 +366,7 @@ class BatchScheduler:
         used outside `schedule()` for an explicit load (a worker's prefetch), with may_evict_waiting False.
         `min_free_kv_blocks`: KV pages that must stay free after the load.
         """
+        self.window.close()
         residency = self.residency.residency(adapter_id)
         if residency is Residency.NONE:
             return False
@@ -342,14 +384,17 @@ class BatchScheduler:
     def on_adapter_prepared(self, adapter_id: str) -> None:
         """A planned load's host copy is ready (PREPARING -> COPYING): its copy to the device runs, and its
         prefills may run on the host copy meanwhile (CPU-assisted)."""
+        self.window.close()
         self.residency.mark_prepared(adapter_id)
 
     def on_adapter_loaded(self, adapter_id: str, load_seconds: float | None = None) -> None:
         """A planned copy landed on the device (in `load_seconds`, when measured); from then on its sequences
         use the device copy."""
+        self.window.close()
         self.residency.mark_loaded(adapter_id, load_seconds)
 
     def on_adapter_load_failed(self, adapter_id: str) -> list[Sequence]:
         """A planned load failed: release its pages; returns the unfinished sequences using it."""
+        self.window.close()
         self.residency.cancel_load(adapter_id)
         return [s for s in (*self.waiting.values(), *self.running) if s.adapter_id == adapter_id]

@@ -14,6 +14,11 @@ step loop never waits on a cold adapter, except an idle step that has nothing el
 error_code "adapter_unavailable" (counted once); a row without a token (non-finite logits) ends alone with
 "numeric_overflow". Every sequence that produced a token, finished or failed
 comes back as a `SeqDelta`, in the order it happened; the caller (the engine) turns them into outputs.
+
+Multi-step (`CoreLimits.num_scheduler_steps`, scheduler/core/multi_step.py): `schedule()` may return the same
+plan of decodes for several steps (a window); `step()` still runs one engine step per call unless given a
+`horizon` (a simulation's next event), when it goes on to the horizon, running the window's steps in one
+executor call where the executor can (`DecodeStepsExecutor`, the twin's) and no token can end a row early.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.batch_scheduler import BatchScheduler
 from scheduler.core.engine_counters import EngineCounters
 from scheduler.core.engine_stats import EngineStats, engine_stats
-from scheduler.core.executor import Executor, PrepareResult
+from scheduler.core.executor import DecodeStepsExecutor, Executor, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry
+from scheduler.core.multi_step import are_finishes_known, num_steps_with_pages
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
 from scheduler.core.sequence import Sequence
-from scheduler.core.step_output import TextStop
+from scheduler.core.step_output import TextStop, update_from_decode_steps
 from scheduler.core.step_plan import StepPlan
 
 COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter load (new requests wait that long)
@@ -41,10 +47,12 @@ COPY_WAIT_SECONDS = 0.005  # longest an idle step blocks on an adapter load (new
 
 @dataclass(frozen=True)
 class SeqDelta:
-    """A sequence that changed in a step: its new token (none when it finished, failed or was aborted)."""
+    """A sequence that changed in a step: its new tokens (none when it finished, failed or was aborted; several
+    from a multi-step window run at once) and `token_times`, the core's clock when each token's step ended."""
 
     seq: Sequence
     new_token_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,8 @@ class CoreLimits:
     max_running_tokens: int | None = (
         None  # the running batch's token bound (scheduler/admission/running_budget.py)
     )
+    num_scheduler_steps: int = 1  # engine steps one plan of decodes may run (scheduler/core/multi_step.py)
+    max_running_adapter_bytes: int | None = None  # the running batch's bound on its distinct adapters' bytes
 
 
 class EngineCore:
@@ -105,9 +115,14 @@ class EngineCore:
             clock=clock,
             eos_token_ids=eos_token_ids,
             max_running_tokens=limits.max_running_tokens,
+            max_num_steps=limits.num_scheduler_steps,
+            max_running_adapter_bytes=limits.max_running_adapter_bytes,
         )
         self.counters = EngineCounters()
         self._pending: list[SeqDelta] = []
+        # an executor that runs a window's steps in one call (the twin's; scheduler/core/multi_step.py)
+        self._decode_steps = executor if isinstance(executor, DecodeStepsExecutor) else None
+        self._known_finishes: tuple[StepPlan | None, bool] = (None, False)  # per window plan
 
     # ---- requests -----------------------------------------------------------------------------------
 
@@ -152,8 +167,52 @@ class EngineCore:
 
     # ---- stepping -----------------------------------------------------------------------------------
 
-    def step(self) -> list[SeqDelta]:
-        """Run one batch; return a delta for every sequence that produced a token, finished or failed."""
+    def step(self, horizon: float | None = None) -> list[SeqDelta]:
+        """Run one batch; return a delta for every sequence that produced a token, finished or failed.
+
+        `horizon` (a simulation, which knows its next event): go on stepping while a multi-step window is
+        open (scheduler/core/multi_step.py) and `step_timer()` is before it; the steps are those that one call
+        per step would run until the timer reaches the horizon, and each delta carries its step's end time."""
+        deltas: list[SeqDelta] = []
+        while True:
+            batch = self._run_window_steps(horizon) if horizon is not None else None
+            deltas += batch if batch is not None else self._step_once()
+            if horizon is None or not self.scheduler.window.is_open or self.step_timer() >= horizon:
+                return deltas
+
+    def _run_window_steps(self, horizon: float) -> list[SeqDelta] | None:
+        """Run the open window's next steps in one executor call, up to `horizon` (scheduler/core/multi_step.py);
+        None when the executor cannot, a token could end a row early or no step's pages are free."""
+        executor = self._decode_steps
+        if executor is None or not self.scheduler.window.is_open:
+            return None
+        self.poll_copies()  # what one step would hear first (a report closes the window)
+        plan, running = self.scheduler.window.plan, self.scheduler.running
+        if plan is None or self._pending:
+            return None
+        entries = plan.runnable_entries()
+        if self._known_finishes[0] is not plan:  # once per window
+            known = are_finishes_known(entries, self.scheduler.eos_token_ids, self.text_stop is not None)
+            self._known_finishes = (plan, known)
+        if not self._known_finishes[1]:
+            return None
+        max_steps = num_steps_with_pages(running, self.pool, self.scheduler.window.num_steps_left)
+        if max_steps == 0:
+            return None
+        started = self.step_timer()
+        out = executor.run_decode_steps(entries, max_steps, horizon)
+        ends = out.end_times
+        starts = [started, *ends[:-1]]
+        self.scheduler.advance_window(starts)
+        update = update_from_decode_steps(plan, out.tokens, ends[-1], self.scheduler.finish)
+        for seq in update.finished:
+            self._release(seq)
+        self.counters.record_decode_steps(len(entries), [end - start for start, end in zip(starts, ends)])
+        deltas = [SeqDelta(e.seq, row, ends) for e, row in zip(entries, out.tokens)]
+        self.poll_copies()
+        return deltas
+
+    def _step_once(self) -> list[SeqDelta]:
         self.poll_copies()
         plan = self.scheduler.schedule()
         self._carry_out(plan)
@@ -164,7 +223,9 @@ class EngineCore:
                 self.poll_copies()
             return self._take_pending()
         started = self.step_timer()
-        host_assisted = plan.host_assisted_adapters & {e.seq.adapter_id for e in entries}
+        host_assisted = plan.host_assisted_adapters
+        if host_assisted:
+            host_assisted = host_assisted & {e.seq.adapter_id for e in entries}
         tokens = self.executor.run_step(entries, host_assisted)
         deltas = self._take_pending() + self._process(plan, tokens)
         num_sampled = sum(t is not None for t in tokens)
@@ -178,7 +239,8 @@ class EngineCore:
 
     def _process(self, plan: StepPlan, tokens: list[int | None]) -> list[SeqDelta]:
         """Hand the sampled tokens to the core (stops, times), fail the rows without a token, build deltas."""
-        update = self.scheduler.update_from_output(plan, tokens, self.clock(), text_stop=self.text_stop)
+        now = self.clock()
+        update = self.scheduler.update_from_output(plan, tokens, now, text_stop=self.text_stop)
         for seq in update.finished:
             self._release(seq)
         deltas = []
@@ -187,7 +249,7 @@ class EngineCore:
                 self.fail(row.seq, overflow_message(row.seq), "numeric_overflow")
                 deltas.append(SeqDelta(row.seq))
             else:
-                deltas.append(SeqDelta(row.seq, [row.token_id]))
+                deltas.append(SeqDelta(row.seq, [row.token_id], [now]))
         return deltas
 
     # ---- adapter loads ------------------------------------------------------------------------------

@@ -47,6 +47,17 @@ class EngineCounters:
         )
         (self.recent_decode_seconds if is_decode else self.recent_prefill_seconds).append(seconds)
 
+    def record_decode_steps(self, num_rows: int, seconds: list[float]) -> None:
+        """Count decode-only steps of `num_rows` rows each, one per duration in `seconds` (a multi-step
+        window's steps run at once: what `record_step` counts for each of them)."""
+        for step_seconds in seconds:
+            self.num_steps += 1
+            self.num_batched_tokens += num_rows
+            self.num_output_tokens += num_rows
+            self.step_seconds += step_seconds
+            self.max_step_seconds = max(self.max_step_seconds, step_seconds)
+            self.recent_decode_seconds.append(step_seconds)
+
     def record_preparation(self, seconds: float) -> None:
         """Count one host copy prepared off the step loop in `seconds`."""
         self.num_adapter_preparations += 1

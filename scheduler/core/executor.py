@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.memory_geometry import MemoryGeometry
@@ -88,4 +88,24 @@ class Executor(Protocol):
 
     def stats(self) -> ExecutorStats:
         """What the executor itself measures (copies, host tier, kernels): an `ExecutorStats` subclass."""
+        ...
+
+
+@dataclass(frozen=True)
+class DecodeSteps:
+    """Decode steps run in one call: the core clock at each step's end, and each row's tokens (one per step,
+    in the entries' order)."""
+
+    end_times: list[float]
+    tokens: list[list[int]]
+
+
+@runtime_checkable
+class DecodeStepsExecutor(Protocol):
+    """An executor that can run several decode steps of one batch in a call (the twin's, which prices them;
+    the core uses it for a multi-step window whose finishes are known, scheduler/core/multi_step.py)."""
+
+    def run_decode_steps(self, entries: list[BatchEntry], max_steps: int, horizon: float) -> DecodeSteps:
+        """Run 1 to `max_steps` decode steps of `entries` (one token per row per step, none fails), stopping
+        after the first whose end reaches `horizon` or an adapter load's next stage."""
         ...

@@ -88,6 +88,30 @@ def update_from_output(
     return update
 
 
+def update_from_decode_steps(
+    plan: StepPlan, tokens: list[list[int]], now: float, finish: Callable[[Sequence, str], None]
+) -> StepUpdate:
+    """Apply several steps of a multi-step window at once (scheduler/core/multi_step.py), where no token can
+    stop a row (`are_finishes_known`): each row of `plan.runnable_entries()` gets its `tokens` (one list per
+    row, one token per step, all rows as long) appended and computed; a row that reaches `max_tokens` ends
+    with "length" at `now` (the last step's end: the window ends there). `sampled` holds each row's last
+    token."""
+    entries = plan.runnable_entries()
+    if len(tokens) != len(entries):
+        raise ValueError(f"{len(tokens)} token rows for {len(entries)} entries")
+    update = StepUpdate()
+    for entry, row in zip(entries, tokens):
+        seq = entry.seq
+        seq.num_computed_tokens += len(row)
+        seq.token_ids.extend(row)
+        update.sampled.append(SampledToken(seq, row[-1]))
+        if seq.num_output_tokens >= seq.max_tokens:
+            seq.finish_time = now
+            finish(seq, "length")
+            update.finished.append(seq)
+    return update
+
+
 def _stop_reason(
     seq: Sequence, token: int, eos_token_ids: Collection[int], text_stop: TextStop | None
 ) -> str | None:

@@ -36,6 +36,9 @@ class StepPlan:
     assistance, or every CPU worker taken).
 
     `start_time`: the scheduler's clock when `schedule()` planned the step (when its entries start running).
+
+    `num_steps`: the engine steps this plan runs (a multi-step window of decodes, core/multi_step.py; 1: this
+    step only); `schedule()` returns the same plan for each of them, with `start_time` of that step.
     """
 
     entries: list[BatchEntry] = field(default_factory=list)
@@ -45,6 +48,7 @@ class StepPlan:
     host_assisted_adapters: set[str] = field(default_factory=set)
     copy_waits: list[str] = field(default_factory=list)
     start_time: float = 0.0
+    num_steps: int = 1
 
     def runnable_entries(self) -> list[BatchEntry]:
         """The entries whose sequence is still unfinished (a failed adapter copy ends its requests between

@@ -2,6 +2,9 @@
 which requests may bypass a head whose adapter cannot get device memory. Plain data in, order out.
 
 Queues are indexed smallest size class first; each holds its requests in FIFO order. Per step:
+  aged:     requests marked aged (they waited past the policy's age bound) go first, oldest first across
+            queues, whatever their queue's quota (the starvation bound; the policy makes them barriers: one
+            that does not fit stops the whole step's admission, so freed memory goes to it first);
   progress: the head of every idle queue (nothing charged to it) goes first, oldest head first, even if it
             needs more than the queue's whole quota (else such a request would wait forever);
   phase 1:  queues smallest first: admit in FIFO order while the queue's remaining quota covers the head's
@@ -24,7 +27,7 @@ running request: unbounded).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -38,6 +41,7 @@ class QueuedRequest:
     adapter_tokens: int = 0  # its adapter's device memory in KV tokens
     is_adapter_ready: bool = True  # no adapter, or its adapter is on the device or being copied there
     predicted_run_s: float = 0.0
+    is_aged: bool = False  # it waited past the age bound: planned before every quota
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ def two_phase_order(
         next_index[q] += 1
         return request.charge_tokens
 
+    def take_charging(q: int) -> None:
+        remaining[q] -= take(q)
+
     def head_fits(q: int, tokens: float) -> bool:
         """The head is there and fits `tokens` (an already charged head always does)."""
         if next_index[q] == len(queues[q]):
@@ -73,7 +80,11 @@ def two_phase_order(
         charge = queues[q][next_index[q]].charge_tokens
         return charge <= 0 or charge <= tokens
 
-    idle = [q for q, members in enumerate(queues) if members and charged_tokens[q] <= 0]
+    if any(r.is_aged for members in queues for r in members):
+        _take_aged(queues, next_index, take_charging)
+    idle = [
+        q for q, members in enumerate(queues) if next_index[q] == 0 and members and charged_tokens[q] <= 0
+    ]
     for q in sorted(idle, key=lambda q: queues[q][0].arrival_time):
         remaining[q] -= take(q)
     spare = 0.0
@@ -86,6 +97,25 @@ def two_phase_order(
         while head_fits(q, spare):
             spare -= take(q)
     return planned
+
+
+def _take_aged(
+    queues: Sequence[Sequence[QueuedRequest]], next_index: list[int], take: Callable[[int], None]
+) -> None:
+    """Take every queue's aged prefix (already charged heads, free to readmit, ride along), oldest head
+    first across queues, keeping each queue's own order."""
+
+    def aged_head(q: int) -> QueuedRequest | None:
+        if next_index[q] == len(queues[q]):
+            return None
+        head = queues[q][next_index[q]]
+        return head if head.is_aged or head.charge_tokens <= 0 else None
+
+    while True:
+        heads = [(head.arrival_time, q) for q in range(len(queues)) if (head := aged_head(q)) is not None]
+        if not heads:
+            return
+        take(min(heads)[1])
 
 
 def predicted_wait_s(adapter_tokens: int, running: Sequence[RunningRequest]) -> float:

@@ -1,6 +1,6 @@
 """Baseline placements the LoRAServe placement is compared with (benchmarks/cluster.py), and the table of
 every placement policy by name (`PLACEMENT_POLICIES`: loraserve, random, contiguous, replicated
-(scheduler/placement/replicated_placement.py), and none: no rows, routing alone, demand still published).
+(scheduler/placement/replicated_placement.py), and demand_only: no rows, routing alone, demand still published).
 
 Both give every adapter exactly one holder, ignore demand and rank, and are stable (the same adapters and
 workers give the same table, so they never move anything by themselves):
@@ -101,6 +101,6 @@ PLACEMENT_POLICIES: dict[str, PlacementPolicy] = {
     "random": random_placement,
     "contiguous": contiguous_placement,
     "replicated": compute_replicated_placement,
-    "none": no_placement,
+    "demand_only": no_placement,
 }
 DEFAULT_PLACEMENT_POLICY = "loraserve"

@@ -131,7 +131,7 @@ def record_demand(session: Session, tenant_id: str, version_id: str, n: int, ago
     session.commit()
 
 
-WALL_TIMES = ("train_s", "wall_s", "plan_s", "twin_s", "check_s")  # wall-clock seconds of the run
+WALL_TIMES = ("train_s", "wall_s", "plan_s", "twin_s", "check_s", "search_s")  # wall-clock seconds of the run
 
 
 def without_wall_times(value: Any) -> Any:
@@ -183,6 +183,20 @@ def test_a_given_workload_on_a_named_profile(app: PlanApp) -> None:
     assert done["status"] == "succeeded", done
     assert "A100" in done["result"]["profile"] and len(done["result"]["baselines"]) == 2
     assert done["result"]["window_s"] is None
+
+
+def test_a_plan_job_with_an_slo_carries_the_search(app: PlanApp) -> None:
+    body = {**FAST, "workload": WORKLOAD, "slo": "ttft_p99=2s", "max_checks": 3, "gpu_price_per_hour": 3.0}
+    done = app.finished(app.submit(body)["id"])
+    assert done["status"] == "succeeded", done
+    search = done["result"]["search"]
+    assert search["verdict"] == "meets SLO" and search["max_checks"] == 3 and search["num_checks"] <= 3
+    chosen = search["chosen"]
+    assert chosen["num_workers"] == 1 and chosen["cost_per_hour"] == 3.0  # 2 requests/s: one GPU
+    assert chosen["margin_pct"] > 0 and chosen["measured_s"] <= 2.0 and isinstance(search["runners_up"], list)
+    assert done["result"]["verdict"] == "meets SLO"
+    unsearched = app.finished(app.submit({**body, "max_checks": 0})["id"])
+    assert unsearched["status"] == "succeeded" and "search" not in unsearched["result"]
 
 
 def test_cancelling_a_running_plan_kills_its_process(app: PlanApp) -> None:

@@ -72,15 +72,15 @@ def test_fifo_and_multiqueue_replay_the_same_trace(quick: dict) -> None:  # type
         by_point.setdefault((run["seed"], run["load"]), {})[run["policy"]] = run["trace_fingerprint"]
     assert by_point
     for policies in by_point.values():
-        assert set(policies) == {"fifo", "multiqueue"} and len(set(policies.values())) == 1
+        assert set(policies) == set(tp.CHAMELEON_CONFIGS) and len(set(policies.values())) == 1
 
 
-def test_a_worker_run_finishes_every_request_once_under_both_policies() -> None:
+def test_a_worker_run_finishes_every_request_once_under_every_compared_config() -> None:
     profile = tp.with_device_bytes(load_profile(tp.DEFAULT_PROFILE), tp.CHAMELEON_DEVICE_BYTES)
     adapters = tp.make_adapters(profile, [8, 64, 128])
     trace = tp.poisson_trace(tp.conv_lengths(40, 0), [a.adapter_id for a in adapters], 5.0, 0)
-    for policy in ("fifo", "multiqueue"):
-        run = tp.run_worker(profile, tp.chameleon_engine(policy), adapters, trace)
+    for policy, sizing, is_cached in tp.CHAMELEON_CONFIGS.values():
+        run = tp.run_worker(profile, tp.chameleon_engine(policy, sizing, is_cached), adapters, trace)
         tp.check_run(trace, run.records)
         assert [r.request_id for r in run.records] == [r.request_id for r in trace]
         assert run.stats.num_finished == len(trace)

@@ -60,3 +60,54 @@ def test_a_bad_workload_file_is_a_cli_error(tmp_path: Path) -> None:
     )
     result = _plan(tmp_path, str(bad))
     assert result.exit_code == 2 and "adapters.0.rank" in result.output
+
+
+def _tiny_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    from tests.twin.profile_helpers import tiny_profile_dict
+
+    profile = tmp_path / "tiny.json"
+    slow = {"fixed_us": 20000.0, "per_decode_seq_us": 500.0, "per_prefill_token_us": 200.0}
+    profile.write_text(json.dumps(tiny_profile_dict(**slow)))
+    workload = tmp_path / "w.yaml"
+    workload.write_text(
+        "prompt_tokens: {p50: 40, p90: 80, max: 200}\noutput_tokens: {p50: 20, p90: 40, max: 100}\n"
+        "adapters: [{name: a, rank: 8, rate: 20.0, count: 4}]\n"
+    )
+    return profile, workload
+
+
+def test_the_search_prints_the_chosen_plan_with_its_margin_and_the_runners_up(tmp_path: Path) -> None:
+    profile, workload = _tiny_inputs(tmp_path)
+    args = [str(workload), "--profile", str(profile), "--slo", "ttft_p99=500ms", "--samples", "8"]
+    args += ["--check-s", "5", "--max-checks", "6", "--gpu-price", "2.5"]
+    result = _plan(tmp_path, *args, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["verdict"] == "meets SLO" and report["margin_pct"] > 0  # the per-GPU plan's margin too
+    search = report["search"]
+    chosen = search["chosen"]
+    assert search["verdict"] == chosen["verdict"] == "meets SLO" and search["max_checks"] == 6
+    assert chosen["measured_s"] <= 0.5 and chosen["margin_pct"] > 0
+    assert chosen["cost_per_hour"] == 2.5 * chosen["num_workers"]
+    for field in ("max_num_seqs", "memory_mode", "adapter_fraction", "batch_policy", "placement"):
+        assert field in chosen
+    assert all(r["why"] and r["verdict"] for r in search["runners_up"])
+    assert 1 <= search["num_checks"] <= 6
+    table = _plan(tmp_path, *args)
+    assert table.exit_code == 0, table.output
+    assert f"search: chosen {chosen['num_workers']} workers" in table.output
+    assert f"margin {chosen['margin_pct']:+.1f}%" in table.output and "why not chosen" in table.output
+    assert f"margin {report['margin_pct']:+.1f}% under the SLO" in table.output
+
+
+def test_a_search_whose_window_holds_no_request_could_not_judge(tmp_path: Path) -> None:
+    profile, workload = _tiny_inputs(tmp_path)
+    workload.write_text(
+        "prompt_tokens: {p50: 40}\noutput_tokens: {p50: 20}\nadapters: [{name: a, rank: 8, rate: 0.001}]\n"
+    )
+    args = [str(workload), "--profile", str(profile), "--slo", "ttft_p99=500ms", "--samples", "8"]
+    result = _plan(tmp_path, *args, "--check-s", "1", "--json")
+    assert result.exit_code == 1, result.output  # not "meets SLO"
+    report = json.loads(result.output)
+    assert report["search"]["verdict"] == "could not judge" and report["search"]["chosen"] is None
+    assert report["verdict"] == "could not judge"

@@ -21,11 +21,14 @@ OLD_NAMES = [
 # Settings added since the split (each environment name is a contract from its first release on).
 NEW_NAMES = [
     "LORAHOST_ENGINE_MAX_RUNNING_TOKENS",
+    "LORAHOST_ENGINE_NUM_SCHEDULER_STEPS",
     "LORAHOST_PLACEMENT_PLANNER_PROFILE",
     "LORAHOST_PLACEMENT_PLANNER_CACHE_DIR",
     "LORAHOST_PLACEMENT_PLANNER_MAX_RUNNING",
     "LORAHOST_PLACEMENT_PLANNER_MAX_QUEUED",
     "LORAHOST_PLACEMENT_PLANNER_TIME_LIMIT_S",
+    "LORAHOST_PLACEMENT_PLANNER_SEARCH_MAX_CHECKS",
+    "LORAHOST_PLACEMENT_PLANNER_SEARCH_MAX_S",
     "LORAHOST_ENGINE_BACKEND",
     "LORAHOST_ENGINE_MAX_LORAS",
     "LORAHOST_ENGINE_MAX_CPU_LORAS",
@@ -51,6 +54,9 @@ NEW_NAMES = [
     "LORAHOST_PLACEMENT_REPLICATION_HEADROOM",
     "LORAHOST_PLACEMENT_REPLICATION_HYSTERESIS",
     "LORAHOST_PLACEMENT_MAX_WORKER_RANK_SUM",
+    "LORAHOST_ENGINE_MAX_RUNNING_ADAPTER_MIB",
+    "LORAHOST_ENGINE_MULTIQUEUE_SIZING",
+    "LORAHOST_ENGINE_MULTIQUEUE_MAX_WAIT_S",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
@@ -58,6 +64,7 @@ CHOICES: dict[str, tuple[str, Any]] = {
     "placement_policy": ("random", "random"),
     "length_predictor": ("max_tokens", "max_tokens"),
     "engine_batch_policy": ("sjf", "sjf"),
+    "engine_multiqueue_sizing": ("wrs", "wrs"),
     "engine_backend": ("vllm", "vllm"),
     "adapter_eviction_policy": ("chameleon", "chameleon"),
     "engine_memory_mode": ("static", "static"),

@@ -13,4 +13,8 @@ Modules:
 - surrogate.py: `Surrogate` (random forest + small tree), `training_samples` (twin runs, cached to a file).
 - placement.py: first-fit decreasing with rollback, the latency variant, MaxBase and Random baselines.
 - plan.py: `make_plan` (placement -> twin check -> fix until the twin agrees), `compare_baselines`.
+- search_space.py: `Candidate` (workers, max_num_seqs, memory mode and split, batch policy, placement), `estimate`.
+- cluster_check.py: `check_candidate`, one candidate in the cluster twin over a check window -> `CheckOutcome`
+  (its verdict: meets SLO, misses SLO, or could not judge when the window holds no request; its margin).
+- search.py: `search_plans`, the cheapest candidate meeting the SLO in the cluster twin within a budget.
 """

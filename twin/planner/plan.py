@@ -120,6 +120,13 @@ class Plan:
         return len(self.gpus)
 
     @property
+    def verdict(self) -> str:
+        """ "could not judge" when no GPU's check window held a request, else "meets SLO" / "misses SLO"."""
+        if all(g.twin is None or g.twin.num_requests == 0 for g in self.gpus):
+            return "could not judge"
+        return "meets SLO" if self.is_twin_ok else "misses SLO"
+
+    @property
     def is_twin_ok(self) -> bool:
         """Every GPU passed the twin check (no starvation, no overflow, the SLO met)."""
         return all(g.twin is not None and g.twin.meets(self.slo) for g in self.gpus)
@@ -138,6 +145,8 @@ class Plan:
             "twin_offered_tok_s": round(sum(t.offered_tok_s for t in twins), 1),
             "twin_ttft_p99_s": round(max((t.ttft_p99_s for t in twins), default=0.0), 4),
             "twin_ok": self.is_twin_ok,
+            "verdict": self.verdict,
+            "num_unjudged_gpus": sum(1 for t in twins if t.num_requests == 0),
             "num_rounds": self.num_rounds,
             "plan_s": round(self.plan_s, 3),
             "check_s": round(self.check_s, 3),

@@ -14,6 +14,7 @@ from typing import Any
 from settings.engine import EngineSettings
 from twin.planner.plan import PlanOptions
 from twin.planner.run_planner import plan_workload
+from twin.planner.search import SearchOptions
 from twin.planner.slo import Slo
 from twin.planner.surrogate import TrainingConfig
 from twin.planner.workload import Workload, workload_from_dict
@@ -32,8 +33,10 @@ def plan_inputs(
     with_baselines: bool,
     window_s: float | None,
     max_lora_rank: int,
+    search: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The checked inputs as JSON values (the profile's and workload's content, the SLO's fields)."""
+    """The checked inputs as JSON values (the profile's and workload's content, the SLO's fields); `search`:
+    the search's budget and price (`search_inputs`), None for no search."""
     return {
         "workload": workload.model_dump(mode="json"),
         "profile": profile.to_dict(),
@@ -45,7 +48,15 @@ def plan_inputs(
         "baselines": with_baselines,
         "window_s": window_s,
         "max_lora_rank": max_lora_rank,
+        "search": search,
     }
+
+
+def search_inputs(max_checks: int, max_search_s: float, price_per_gpu_hour: float) -> dict[str, Any] | None:
+    """The search's inputs as JSON values; None (no search) when `max_checks` is 0."""
+    if max_checks <= 0:
+        return None
+    return {"max_checks": max_checks, "max_search_s": max_search_s, "price_per_gpu_hour": price_per_gpu_hour}
 
 
 def run_plan_inputs(inputs: dict[str, Any], engine: EngineSettings, cache_dir: Path) -> dict[str, Any]:
@@ -57,6 +68,7 @@ def run_plan_inputs(inputs: dict[str, Any], engine: EngineSettings, cache_dir: P
         check_duration_s=inputs["check_s"],
         max_lora_rank=inputs["max_lora_rank"],
     )
+    search = inputs.get("search")  # absent in a job stored before the search
     report = plan_workload(
         workload_from_dict(inputs["workload"], "workload"),
         profile_from_dict(inputs["profile"], "profile"),
@@ -65,5 +77,8 @@ def run_plan_inputs(inputs: dict[str, Any], engine: EngineSettings, cache_dir: P
         training=TrainingConfig(num_samples=inputs["num_samples"]),
         cache_dir=cache_dir,
         with_baselines=inputs["baselines"],
+        search=None
+        if not search or options.slo is None
+        else SearchOptions(options.slo, window_s=options.check_duration_s, **search),
     )
     return {"object": "capacity_plan", "window_s": inputs["window_s"]} | report

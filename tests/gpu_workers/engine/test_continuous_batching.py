@@ -203,3 +203,23 @@ def test_tenants_of_weight_two_and_one_are_served_two_to_one_while_both_are_back
     )  # scheduler/admission/fair_share.py, w_min = 1
     assert abs(policy.counter("a") - policy.counter("b")) <= bound
     drain(engine)
+
+
+def test_multi_step_windows_give_the_tokens_of_a_plan_per_step(
+    make_engine: Any, fp32_engine: LLMEngine, prompt_ids: list[list[int]]
+) -> None:
+    """num_scheduler_steps 8: decodes run in windows (a request added mid-stream ends one; stop strings and
+    EOS are checked per token as before), greedy tokens equal the single-step engine's."""
+    multi = make_engine(num_scheduler_steps=8)
+    params = [GREEDY, SamplingParams(max_tokens=9, temperature=0), GREEDY]
+    expected = fp32_engine.generate(prompt_ids[:3], params, adapter_ids=ADAPTERS[:3])
+    got: dict[str, list[int]] = {}
+    multi.add_request(EngineRequest("m0", prompt_ids[0], params[0], ADAPTERS[0]))
+    multi.add_request(EngineRequest("m1", prompt_ids[1], params[1], ADAPTERS[1]))
+    for step in range(40):
+        if step == 5:
+            multi.add_request(EngineRequest("m2", prompt_ids[2], params[2], ADAPTERS[2]))
+        for out in multi.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert multi.scheduler.window.num_window_steps > 0
+    assert [got[f"m{i}"] for i in range(3)] == [e.token_ids for e in expected]

@@ -1,8 +1,11 @@
-"""engine_max_running_tokens reaches the engine's scheduler: off by default, a bound when set."""
+"""engine_max_running_tokens and engine_max_running_adapter_mib reach the engine's scheduler: off by default,
+a bound when set."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.llm_engine import LLMEngine
@@ -22,3 +25,21 @@ def test_engine_admits_a_second_request_only_within_the_running_token_bound(base
         engine.add_request(EngineRequest("b", [1, 6, 10, 14, 18, 22], params))
         engine.step()
         assert len(engine.scheduler.running) == expected_running  # 6 + 6 tokens exceed a bound of 10
+
+
+def test_engine_max_running_adapter_mib_reaches_the_scheduler_in_bytes(
+    base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from settings import Settings
+
+    assert (
+        EngineConfig(model_path=base_model_dir, num_kv_blocks=64).core_limits().max_running_adapter_bytes
+        is None
+    )
+    monkeypatch.setenv("LORAHOST_ENGINE_MAX_RUNNING_ADAPTER_MIB", "256")
+    assert Settings().engine.max_running_adapter_mib == 256
+    config = EngineConfig(
+        model_path=base_model_dir, dtype="float32", num_kv_blocks=64, max_running_adapter_mib=3
+    )
+    engine = LLMEngine(config)
+    assert engine.scheduler.running_budget.max_running_adapter_bytes == 3 * 2**20

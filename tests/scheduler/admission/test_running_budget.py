@@ -25,3 +25,23 @@ def test_an_empty_batch_admits_a_request_larger_than_the_bound() -> None:
 def test_a_bound_that_is_not_positive_is_refused(bad: int) -> None:
     with pytest.raises(ValueError, match="max_running_tokens"):
         RunningBudget(max_running_tokens=bad)
+
+
+def test_no_adapter_bound_admits_any_adapter() -> None:
+    assert RunningBudget().may_add_adapter(10**12, 10**12, num_running_adapters=40)
+
+
+def test_adapter_bound_admits_while_running_adapter_bytes_plus_the_new_one_stay_within_it() -> None:
+    budget = RunningBudget(max_running_adapter_bytes=300)
+    assert budget.may_add_adapter(200, 100, num_running_adapters=2)
+    assert not budget.may_add_adapter(200, 101, num_running_adapters=2)
+
+
+def test_a_batch_running_no_adapter_admits_one_larger_than_the_bound() -> None:
+    assert RunningBudget(max_running_adapter_bytes=10).may_add_adapter(0, 500, num_running_adapters=0)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_an_adapter_bound_that_is_not_positive_is_refused(bad: int) -> None:
+    with pytest.raises(ValueError, match="max_running_adapter_bytes"):
+        RunningBudget(max_running_adapter_bytes=bad)

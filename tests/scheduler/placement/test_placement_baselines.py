@@ -53,6 +53,6 @@ def test_the_placement_policy_setting_is_validated(tmp_path) -> None:  # type: i
     assert Settings(data_dir=tmp_path, placement_policy="contiguous").placement.policy == "contiguous"
     with pytest.raises(
         ValueError,
-        match="placement policy 'sticky'; choose one of contiguous, loraserve, none, random, replicated",
+        match="placement policy 'sticky'; choose one of contiguous, demand_only, loraserve, random, replicated",
     ):
         Settings(data_dir=tmp_path, placement_policy="sticky")

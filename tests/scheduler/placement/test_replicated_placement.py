@@ -148,8 +148,8 @@ def test_the_placement_job_builds_the_replicated_table_from_settings() -> None:
     assert len(table.rows["hot"]) == 4 and len(table.rows["cold"]) == 1
 
 
-def test_placement_none_publishes_demand_but_no_rows() -> None:
-    settings_ = Settings(placement_policy="none", placement_bucket_s=10.0)
+def test_placement_demand_only_publishes_demand_but_no_rows() -> None:
+    settings_ = Settings(placement_policy="demand_only", placement_bucket_s=10.0)
     history = UsageHistory({"hot": [5000.0]}, {}, {"hot": 0.0}, {})
     versions = {"hot": VersionInfo(settings_.base_model_name, 8)}
     records = [WorkerRecord(w, f"http://{w}", settings_.base_model_name) for w in WORKERS]
