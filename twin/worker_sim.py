@@ -103,7 +103,7 @@ class SimulatedWorker:
         prompt = (
             list(request.prompt_token_ids[:num_prompt])
             if request.prompt_token_ids is not None
-            else [_PROMPT_TOKEN_BASE + self._num_requests * 7919 + i for i in range(num_prompt)]
+            else range(_PROMPT_TOKEN_BASE + self._num_requests * 7919, _PROMPT_TOKEN_BASE + self._num_requests * 7919 + num_prompt)
         )
         self._num_requests += 1
         max_tokens = min(request.num_output_tokens, max_model_len - num_prompt)

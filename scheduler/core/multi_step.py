@@ -104,8 +104,8 @@ class DecodeWindow:
         plan = self.plan
         assert plan is not None, "no window is open"
         served = plan.num_output_tokens_by_request()
-        for start in step_starts:
-            residency.record_batch_size(len(plan.entries), now=start)
+        residency.record_batch_sizes(len(plan.entries), step_starts)
+        for _ in step_starts:
             policy.on_tokens_served(served)
         plan.start_time = step_starts[-1]
         return plan
