@@ -174,6 +174,4 @@ def _waiting_by_tenant(waiting: list[Sequence]) -> dict[str, int]:
 
 def count_by_adapter(adapter_ids: Iterable[str | None]) -> dict[str, int]:
     """Requests per adapter id (None, the base model, is not counted)."""
-    counts = Counter(adapter_ids)
-    counts.pop(None, None)  # type: ignore[call-overload]
-    return dict(counts)
+    return {a: n for a, n in Counter(adapter_ids).items() if a is not None}
