@@ -181,7 +181,7 @@ class BatchScheduler:
         for seq in self.running:
             self.blocks.cache_computed(seq)
         for seq in list(self.running):
-            if seq not in self.running or budget == 0:
+            if seq.status is not SequenceStatus.RUNNING or budget == 0:  # preempted above (not in running)
                 continue
             if not self.copy_gate.may_run(seq, plan):
                 continue
