@@ -32,6 +32,7 @@ system clock jumps (then ages and windows are off until the jumped readings leav
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
@@ -175,7 +176,7 @@ class AdapterResidency:
         """Steps planned at `step_starts` (ascending) each ran `num_seqs` sequences: what one
         `record_batch_size` per step leaves (old sizes are dropped against the last start only, which drops
         every size an earlier start would have)."""
-        self._batch_sizes.extend((start, num_seqs) for start in step_starts)
+        self._batch_sizes.extend(zip(step_starts, itertools.repeat(num_seqs)))
         self._batch_size_sum += num_seqs * len(step_starts)
         now = step_starts[-1]
         while self._batch_sizes and self._batch_sizes[0][0] < now - BATCH_SIZE_WINDOW_S:
