@@ -61,7 +61,7 @@ class CopyGate:
         plan.entries.append(BatchEntry(seq, num_new))
         adapter_id = seq.adapter_id
         if adapter_id is not None and self.residency.residency(adapter_id) is Residency.COPYING:
-            plan.host_assisted_adapters.add(seq.adapter_id)
+            plan.host_assisted_adapters.add(adapter_id)
             if seq.request_id not in self._host_assisted:
                 self._host_assisted.add(seq.request_id)
                 self.num_cpu_assisted_prefills += 1
