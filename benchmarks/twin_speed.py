@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import io
 import json
 import os
@@ -131,6 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "core_plans": num_plans,
         "engine_steps_per_cpu_s": round(num_steps / cpu),
         "us_per_engine_step": round(cpu / max(num_steps, 1) * 1e6, 1),
+        "records_sha256": records_digest(result.records),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "cpu": cpu_model(),
     }
@@ -140,6 +142,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         Path(args.profile_out).write_text(stream.getvalue())
         profiler.dump_stats(str(args.profile_out) + ".pstats")
     return out
+
+
+def records_digest(records: list[Any]) -> str:
+    """sha256 over every record's worker, token times, first-scheduled time, finish time and reason (equal
+    digests: the same simulation, e.g. before and after a speed change)."""
+    digest = hashlib.sha256()
+    for r in records:
+        fields = (r.request_id, r.worker_id, r.token_times, r.first_scheduled_s, r.finish_s, r.finish_reason)
+        digest.update(repr(fields).encode())
+    return digest.hexdigest()[:16]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

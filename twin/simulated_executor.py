@@ -78,6 +78,8 @@ class SimulatedExecutor:
         self.copy_seconds = 0.0
         self.num_results_taken = 0  # host copies ready and copies landed reported to the core
         self.num_decode_step_calls = 0  # `run_decode_steps` calls (multi-step windows run at once)
+        # the last window's rows, their adapters' ranks and one step's price (`_flat_decode_seconds`)
+        self._flat_price: tuple[list[BatchEntry], tuple[int, ...], float] | None = None
 
     @property
     def geometry(self) -> MemoryGeometry:
@@ -102,24 +104,44 @@ class SimulatedExecutor:
         as `run_step` prices it (the rows' context one token longer per step), until a step's end reaches
         `horizon` or the next host copy ready or copy landing."""
         self.num_decode_step_calls += 1
-        shape = StepShape.of(entries, self.ranks)
         transfer = self.next_transfer_at()
         limit = horizon if transfer is None else min(horizon, transfer)
         grows = self.cost_model.step_cost.per_decode_context_token_us != 0
-        seconds = self.cost_model.step_seconds(shape)
+        if grows:
+            shape = StepShape.of(entries, self.ranks)
+            seconds = self.cost_model.step_seconds(shape)
+        else:
+            seconds = self._flat_decode_seconds(entries)
         ends: list[float] = []
+        now, busy = self.clock(), self.busy_seconds  # advanced step by step, as one `run_step` per step
         for step in range(max_steps):
             if grows and step:
                 context = shape.decode_context_tokens + step * shape.num_decode_seqs
                 seconds = self.cost_model.step_seconds(replace(shape, decode_context_tokens=context))
-            self.clock.advance(seconds)
-            self.num_steps += 1
-            self.busy_seconds += seconds
-            ends.append(self.clock())
-            if ends[-1] >= limit:
+            if seconds < 0:
+                raise ValueError(f"a step cannot take negative time ({seconds} s)")
+            now += seconds
+            busy += seconds
+            ends.append(now)
+            if now >= limit:
                 break
+        self.clock.advance_to(now)
+        self.num_steps += len(ends)
+        self.busy_seconds = busy
         row = [SAMPLED_TOKEN] * len(ends)
         return DecodeSteps(ends, [row] * len(entries))
+
+    def _flat_decode_seconds(self, entries: list[BatchEntry]) -> float:
+        """One decode step's price when it does not grow with the context: `run_step`'s price, the same for
+        the same rows of the same ranks, so a window cut at several horizons prices its steps once."""
+        ranks = tuple([self.ranks.get(e.seq.adapter_id, 0) if e.seq.adapter_id else 0 for e in entries])
+        last = self._flat_price
+        is_same_rows = last is not None and len(last[0]) == len(entries) and last[1] == ranks
+        if last is not None and is_same_rows and all(a is b for a, b in zip(last[0], entries)):
+            return last[2]
+        seconds = self.cost_model.step_seconds(StepShape.of(entries, self.ranks))
+        self._flat_price = (entries, ranks, seconds)
+        return seconds
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
         """Queue the load: the host copy from the host tier at once, else on the preparer when it is free

@@ -100,10 +100,11 @@ class SimulatedWorker:
             )
         max_model_len = self.core.geometry.max_model_len
         num_prompt = min(request.num_prompt_tokens, max_model_len - 1)
+        first_id = _PROMPT_TOKEN_BASE + self._num_requests * 7919  # a synthesized prompt's ids
         prompt = (
             list(request.prompt_token_ids[:num_prompt])
             if request.prompt_token_ids is not None
-            else [_PROMPT_TOKEN_BASE + self._num_requests * 7919 + i for i in range(num_prompt)]
+            else range(first_id, first_id + num_prompt)
         )
         self._num_requests += 1
         max_tokens = min(request.num_output_tokens, max_model_len - num_prompt)

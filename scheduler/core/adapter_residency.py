@@ -32,6 +32,7 @@ system clock jumps (then ages and windows are off until the jumped readings leav
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
@@ -88,6 +89,7 @@ class AdapterResidency:
         self._batch_size_sum = 0
         self.num_loads = 0
         self.num_evictions = 0
+        self.version = 0  # bumped whenever an adapter is registered, forgotten, or joins or leaves the device
         self.num_timed_loads = 0
         self.load_seconds_total = 0.0
         # Called with an adapter id whenever it leaves the device (evict, forget, failed copy), before its
@@ -101,6 +103,7 @@ class AdapterResidency:
     ) -> AdapterState:
         """Record (or update) an adapter's host copy; a device-resident adapter keeps its residency.
         `num_pages`: the exact device pages the engine's layout needs (default: cut by rank rows)."""
+        self.version += 1
         state = self._states.get(adapter_id)
         if state is None:
             state = AdapterState(adapter_id, host_path, rank, num_bytes, num_pages, last_use=self.clock())
@@ -167,9 +170,15 @@ class AdapterResidency:
     def record_batch_size(self, num_seqs: int, now: float | None = None) -> None:
         """One step planned at `now` (default: the clock) ran `num_seqs` sequences (FastLibra's recent batch
         size)."""
-        now = self.clock() if now is None else now
-        self._batch_sizes.append((now, num_seqs))
-        self._batch_size_sum += num_seqs
+        self.record_batch_sizes(num_seqs, [self.clock() if now is None else now])
+
+    def record_batch_sizes(self, num_seqs: int, step_starts: list[float]) -> None:
+        """Steps planned at `step_starts` (ascending) each ran `num_seqs` sequences: what one
+        `record_batch_size` per step leaves (old sizes are dropped against the last start only, which drops
+        every size an earlier start would have)."""
+        self._batch_sizes.extend(zip(step_starts, itertools.repeat(num_seqs)))
+        self._batch_size_sum += num_seqs * len(step_starts)
+        now = step_starts[-1]
         while self._batch_sizes and self._batch_sizes[0][0] < now - BATCH_SIZE_WINDOW_S:
             self._batch_size_sum -= self._batch_sizes.popleft()[1]
 
@@ -260,6 +269,7 @@ class AdapterResidency:
         page_ids = self.pool.reserve(num_pages)
         assert page_ids is not None, "victims were chosen so that the pages fit"
         state.page_ids, state.residency = page_ids, Residency.PREPARING
+        self.version += 1
         self._on_device[adapter_id] = None
         self.touch(adapter_id)
         return victims
@@ -366,6 +376,7 @@ class AdapterResidency:
         self.num_evictions += 1
 
     def _drop_from_device(self, state: AdapterState) -> None:
+        self.version += 1
         for callback in self.on_leave_device:
             callback(state.adapter_id)
         if state.page_ids:
@@ -379,3 +390,4 @@ class AdapterResidency:
         if adapter_id in self._on_device:
             self.evict(adapter_id)
         self._states.pop(adapter_id, None)
+        self.version += 1

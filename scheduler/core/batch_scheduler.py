@@ -83,6 +83,7 @@ class BatchScheduler:
         self.running_budget = RunningBudget(max_running_tokens, max_running_adapter_bytes)
         self.waiting: dict[str, Sequence] = {}
         self.running: list[Sequence] = []
+        self.version = 0  # bumped when the queues may change: add, finish, every full plan
         self.copy_gate = CopyGate(residency, num_cpu_prefill_workers)
         self.clock = clock
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -104,6 +105,7 @@ class BatchScheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; its adapter (if any) must be registered with the residency."""
         self.window.close()
+        self.version += 1
         if seq.adapter_id is not None:
             self.residency.pin(seq.adapter_id)
             self.residency.record_access(seq.adapter_id)
@@ -137,6 +139,7 @@ class BatchScheduler:
         """Mark finished, free its pages (computed full prompt blocks stay cached), unpin its adapter and drop
         it from the queues."""
         self.window.close()
+        self.version += 1
         if reason != "error":
             self.blocks.cache_computed(seq)
         if seq.adapter_id is not None and not seq.is_finished:
@@ -171,13 +174,14 @@ class BatchScheduler:
     def _plan_step(self) -> StepPlan:
         """One step's plan in full: running sequences first, then admissions and prefetches."""
         plan = StepPlan(start_time=self.clock())
+        self.version += 1  # admissions and preemptions happen here
         plan.adapter_evictions.extend(self.residency.drop_idle_adapters())  # no-op with the adapter cache
         budget = self.max_num_batched_tokens
         is_preempted = False
         for seq in self.running:
             self.blocks.cache_computed(seq)
         for seq in list(self.running):
-            if seq not in self.running or budget == 0:
+            if seq.status is not SequenceStatus.RUNNING or budget == 0:  # preempted above (not in running)
                 continue
             if not self.copy_gate.may_run(seq, plan):
                 continue
@@ -268,9 +272,8 @@ class BatchScheduler:
             if is_new_adapter and not self.running_budget.may_add_adapter(
                 num_running_adapter_bytes, self._adapter_bytes(seq.adapter_id), len(running_adapters)
             ):
-                gate.on_short(
-                    request_id, is_adapter_short=False
-                )  # the batch's adapters are full: waits its turn
+                # the batch's adapters are full: waits its turn
+                gate.on_short(request_id, is_adapter_short=False)
                 continue
             # a request that waits for the load it planned is still a miss when it is admitted later
             is_hit = self._is_hit_at_first_try.setdefault(request_id, self._is_adapter_resident(seq))
@@ -310,12 +313,9 @@ class BatchScheduler:
 
     def _count_adapter_access(self, seq: Sequence, is_hit: bool) -> None:
         self._is_hit_at_first_try.pop(seq.request_id, None)
-        if seq.adapter_id is None:
-            return
-        if is_hit:
-            self.num_adapter_hits += 1
-        else:
-            self.num_adapter_misses += 1
+        is_counted = seq.adapter_id is not None  # base-model requests are neither
+        self.num_adapter_hits += is_counted and is_hit
+        self.num_adapter_misses += is_counted and not is_hit
 
     def _prefetch(self, plan: StepPlan) -> None:
         """Plan loads for the adapters of waiting requests, in the batch policy's order, before admission.

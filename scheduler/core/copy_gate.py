@@ -38,9 +38,6 @@ class CopyGate:
     def _residency(self, seq: Sequence) -> Residency | None:
         return None if seq.adapter_id is None else self.residency.residency(seq.adapter_id)
 
-    def _is_copying(self, seq: Sequence) -> bool:
-        return self._residency(seq) is Residency.COPYING
-
     def may_run(self, seq: Sequence, plan: StepPlan) -> bool:
         """False (and seq recorded in plan.copy_waits) when seq must wait for its adapter's preparation or
         copy this step."""
@@ -62,8 +59,9 @@ class CopyGate:
     def add_entry(self, plan: StepPlan, seq: Sequence, num_new: int) -> None:
         """Add seq's entry to the plan; one of a COPYING adapter runs on the host copy."""
         plan.entries.append(BatchEntry(seq, num_new))
-        if seq.adapter_id is not None and self._is_copying(seq):
-            plan.host_assisted_adapters.add(seq.adapter_id)
+        adapter_id = seq.adapter_id
+        if adapter_id is not None and self.residency.residency(adapter_id) is Residency.COPYING:
+            plan.host_assisted_adapters.add(adapter_id)
             if seq.request_id not in self._host_assisted:
                 self._host_assisted.add(seq.request_id)
                 self.num_cpu_assisted_prefills += 1

@@ -50,13 +50,15 @@ class EngineCounters:
     def record_decode_steps(self, num_rows: int, seconds: list[float]) -> None:
         """Count decode-only steps of `num_rows` rows each, one per duration in `seconds` (a multi-step
         window's steps run at once: what `record_step` counts for each of them)."""
-        for step_seconds in seconds:
-            self.num_steps += 1
-            self.num_batched_tokens += num_rows
-            self.num_output_tokens += num_rows
-            self.step_seconds += step_seconds
-            self.max_step_seconds = max(self.max_step_seconds, step_seconds)
-            self.recent_decode_seconds.append(step_seconds)
+        total = self.step_seconds
+        for step_seconds in seconds:  # added one by one, as one record_step per step adds them
+            total += step_seconds
+        self.step_seconds = total
+        self.num_steps += len(seconds)
+        self.num_batched_tokens += num_rows * len(seconds)
+        self.num_output_tokens += num_rows * len(seconds)
+        self.max_step_seconds = max(self.max_step_seconds, max(seconds, default=0.0))
+        self.recent_decode_seconds.extend(seconds)
 
     def record_preparation(self, seconds: float) -> None:
         """Count one host copy prepared off the step loop in `seconds`."""

@@ -44,7 +44,7 @@ class EngineRequest:
     adapter_path: Path | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
+        object.__setattr__(self, "prompt_token_ids", tuple(map(int, self.prompt_token_ids)))
 
     @property
     def num_prompt_tokens(self) -> int:

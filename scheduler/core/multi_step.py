@@ -76,6 +76,8 @@ class DecodeWindow:
     def __init__(self, max_num_steps: int = 1) -> None:
         self.max_num_steps = max_num_steps
         self.plan: StepPlan | None = None
+        # the open plan's output tokens per request: one per row at every step (every row decodes, none ends)
+        self.served: dict[str, int] = {}
         self.num_steps_left = 0
         self.num_opened = 0
         self.num_window_steps = 0
@@ -90,6 +92,7 @@ class DecodeWindow:
         plan.num_steps = num_steps = num_window_steps(plan, running, num_waiting, self.max_num_steps)
         if num_steps > 1:
             self.plan, self.num_steps_left = plan, num_steps - 1
+            self.served = plan.num_output_tokens_by_request()
             self.num_opened += 1
 
     def close(self) -> None:
@@ -103,10 +106,9 @@ class DecodeWindow:
         residency's recent batch sizes) and the tokens it serves (the policy's fair share); returns the plan."""
         plan = self.plan
         assert plan is not None, "no window is open"
-        served = plan.num_output_tokens_by_request()
-        for start in step_starts:
-            residency.record_batch_size(len(plan.entries), now=start)
-            policy.on_tokens_served(served)
+        residency.record_batch_sizes(len(plan.entries), step_starts)
+        for _ in step_starts:
+            policy.on_tokens_served(self.served)
         plan.start_time = step_starts[-1]
         return plan
 

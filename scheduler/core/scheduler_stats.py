@@ -93,6 +93,7 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
     ranks = residency.adapter_ranks()
     waiting = list(scheduler.waiting.values())
     device = residency.device_adapters()
+    running_ids = [s.adapter_id for s in scheduler.running]
     return SchedulerStats(
         num_running=len(scheduler.running),
         num_waiting=len(waiting),
@@ -121,12 +122,12 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
         num_copy_waits=scheduler.copy_gate.num_copy_waits,
         num_prepare_waits=scheduler.copy_gate.num_prepare_waits,
         adapter_ranks=ranks,
-        running_ranks=tuple(_rank(ranks, s) for s in scheduler.running),
-        waiting_ranks=tuple(_rank(ranks, s) for s in waiting),
+        running_ranks=_ranks_of(ranks, running_ids),
+        waiting_ranks=_ranks_of(ranks, [s.adapter_id for s in waiting]),
         num_waiting_prompt_tokens=sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
         num_waiting_by_queue=_waiting_by_queue(scheduler, waiting),
         num_waiting_by_tenant=_waiting_by_tenant(waiting),
-        num_running_by_adapter=count_by_adapter(s.adapter_id for s in scheduler.running),
+        num_running_by_adapter=count_by_adapter(running_ids),
         num_waiting_by_adapter=count_by_adapter(s.adapter_id for s in waiting),
         adapter_num_loads=_num_loads_by_adapter(residency, ranks),
         adapter_load_seconds=_load_seconds_by_adapter(residency, ranks),
@@ -143,9 +144,9 @@ def _load_seconds_by_adapter(residency: AdapterResidency, adapter_ids: Iterable[
     return {s.adapter_id: s.load_seconds for s in states if s is not None and s.load_seconds is not None}
 
 
-def _rank(ranks: dict[str, int], seq: Sequence) -> int:
-    """The LoRA rank of seq's adapter (0 = base model)."""
-    return ranks.get(seq.adapter_id, 0) if seq.adapter_id else 0
+def _ranks_of(ranks: dict[str, int], adapter_ids: list[str | None]) -> tuple[int, ...]:
+    """The LoRA rank of each sequence's adapter (0 = base model)."""
+    return tuple([ranks.get(a, 0) if a else 0 for a in adapter_ids])
 
 
 def _waiting_by_queue(scheduler: BatchScheduler, waiting: list[Sequence]) -> tuple[int, ...]:
@@ -173,4 +174,4 @@ def _waiting_by_tenant(waiting: list[Sequence]) -> dict[str, int]:
 
 def count_by_adapter(adapter_ids: Iterable[str | None]) -> dict[str, int]:
     """Requests per adapter id (None, the base model, is not counted)."""
-    return dict(Counter(a for a in adapter_ids if a is not None))
+    return {a: n for a, n in Counter(adapter_ids).items() if a is not None}

@@ -101,4 +101,5 @@ class BatchEntry:
     @property
     def is_sampling(self) -> bool:
         """True when this step computes the sequence's last uncomputed token (so a new token is sampled)."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        seq = self.seq
+        return seq.num_computed_tokens + self.num_new_tokens == len(seq.token_ids)  # seq.num_tokens

@@ -71,6 +71,8 @@ class SequenceBlocks:
         """Grow seq's block table for num_new more tokens (evicting unreferenced cached blocks, then idle
         adapters from KV-addressable pages, into `plan`, if needed); False when there is no room."""
         num_tokens_after = seq.num_computed_tokens + num_new
+        if num_tokens_after <= len(seq.block_table) * self.pool.block_size:
+            return True  # its pages hold them already (the pool's append_slots would add none)
         if self.pool.append_slots(seq.block_table, num_tokens_after) is not None:
             return True
         num_missing = self.pool.num_blocks_for_tokens(num_tokens_after) - len(seq.block_table)

@@ -137,6 +137,16 @@ def test_the_twin_runs_the_engines_own_core() -> None:
     assert type(_worker().core) is EngineCore
 
 
+def test_synthesized_prompts_are_distinct_runs_of_ids_per_request() -> None:
+    # the twin's made-up prompt ids (prefix-cache keys): request n's are 1000 + 7919 n + i, i < prompt length
+    worker = _worker()
+    for index, length in enumerate([5, 3]):
+        worker.submit(TraceRequest(f"r{index}", 0.0, num_prompt_tokens=length, num_output_tokens=1))
+    prompts = {s.request_id: s.token_ids for s in worker.core.scheduler.waiting.values()}
+    assert prompts == {"r0": [1000, 1001, 1002, 1003, 1004], "r1": [8919, 8920, 8921]}
+    assert all(type(t) is int for ids in prompts.values() for t in ids)
+
+
 def test_an_unregistered_adapter_is_refused() -> None:
     with pytest.raises(ValueError, match="unregistered adapter 'x'"):
         _worker().run([TraceRequest("r", 0.0, 4, 1, adapter_id="x")])

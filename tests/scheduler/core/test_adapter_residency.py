@@ -151,6 +151,29 @@ def test_recent_batch_size_is_the_mean_over_the_last_seconds() -> None:
     assert residency.cache_view().recent_batch_size == 3.0
 
 
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 8), st.lists(st.floats(0.0, 3.0), min_size=1, max_size=6)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_windows_batch_sizes_at_once_equal_one_record_per_step(
+    windows: list[tuple[int, list[float]]],
+) -> None:
+    at_once, _ = make_residency("fastlibra")
+    per_step, _ = make_residency("fastlibra")
+    now = 0.0
+    for num_seqs, gaps in windows:
+        starts = [now := now + gap for gap in gaps]
+        at_once.record_batch_sizes(num_seqs, starts)
+        for start in starts:
+            per_step.record_batch_size(num_seqs, now=start)
+        assert list(at_once._batch_sizes) == list(per_step._batch_sizes)
+        assert at_once.cache_view().recent_batch_size == per_step.cache_view().recent_batch_size
+
+
 # ---- random operations -------------------------------------------------------------------------------
 
 ADAPTERS = [f"a{i}" for i in range(5)]
