@@ -137,6 +137,11 @@ class AdapterResidency:
         """Rank of every adapter with a copy (device, copying or host)."""
         return {a: s.rank for a, s in self._states.items() if s.residency is not Residency.NONE}
 
+    def rank_of(self, adapter_id: str) -> int:
+        """`adapter_ranks().get(adapter_id, 0)` without building the dict."""
+        state = self._states.get(adapter_id)
+        return state.rank if state is not None and state.residency is not Residency.NONE else 0
+
     def num_device_bytes(self) -> int:
         """Bytes of the adapters on the device (or being loaded there)."""
         return sum(self._states[a].num_bytes for a in self._on_device)
