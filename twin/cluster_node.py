@@ -192,5 +192,12 @@ class ClusterNode:
         if is_same and not is_queue_changed:
             return view
         pages, decode_ms, prefill_ms = numbers
-        view = replace(view, num_free_pool_pages=pages, decode_step_ms=decode_ms, prefill_step_ms=prefill_ms)
-        return replace(view, **queue_signals(core.scheduler)) if is_queue_changed else view
+        if is_queue_changed:
+            return replace(
+                view,
+                num_free_pool_pages=pages,
+                decode_step_ms=decode_ms,
+                prefill_step_ms=prefill_ms,
+                **queue_signals(core.scheduler),
+            )
+        return replace(view, num_free_pool_pages=pages, decode_step_ms=decode_ms, prefill_step_ms=prefill_ms)
