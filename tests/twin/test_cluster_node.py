@@ -5,6 +5,7 @@ conversion (`cluster.worker_view.worker_view` of the worker's stats)."""
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -12,8 +13,10 @@ from hypothesis import strategies as st
 
 from cluster.worker_view import worker_view
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
+from scheduler.routing.router import WorkerView
 from settings import Settings
 from tests.twin.profile_helpers import round_cost_model
+from twin.cluster_node import with_fields
 from twin.cluster_sim import ClusterOptions, ClusterSim
 from twin.trace import AdapterSpec, TraceRequest
 
@@ -82,3 +85,13 @@ def test_the_property_refreshes_kept_views() -> None:
     test_a_kept_view_always_equals_a_rebuilt_one()
     assert CheckedClusterSim.num_refreshes > 0
     assert CheckedClusterSim.num_queue_refreshes > 0
+
+
+def test_with_fields_equals_dataclasses_replace() -> None:
+    view = WorkerView("w", "m", num_running=2, running_ranks=(8, 16), adapter_ranks={"a": 8})
+    changes: dict[str, Any] = {"num_free_pool_pages": 7, "decode_step_ms": 1.5, "waiting_ranks": (32,)}
+    assert with_fields(view, **changes) == replace(view, **changes)
+    assert with_fields(view, **changes) is not view and view.num_free_pool_pages == 0
+    # what makes them equal: nothing runs in __init__ but the field assignments
+    assert not hasattr(WorkerView, "__post_init__")
+    assert all(f.init for f in fields(WorkerView))
