@@ -99,16 +99,16 @@ class QueueSignals(TypedDict):
     num_waiting_by_tenant: dict[str, int]
 
 
-def queue_signals(scheduler: BatchScheduler, ranks: dict[str, int] | None = None) -> QueueSignals:
+def queue_signals(scheduler: BatchScheduler) -> QueueSignals:
     """The queues' routing signals now (`make_stats` publishes them; they change only when the queues do,
-    i.e. with `BatchScheduler.version`). `ranks`: the residency's `adapter_ranks()`, when already read."""
+    i.e. with `BatchScheduler.version`)."""
     waiting = list(scheduler.waiting.values())
-    rank_of = scheduler.residency.rank_of if ranks is None else (lambda a: ranks.get(a, 0))
+    ranks = scheduler.residency.adapter_ranks()
     return QueueSignals(
         num_running=len(scheduler.running),
         num_waiting=len(waiting),
-        running_ranks=tuple([rank_of(s.adapter_id) if s.adapter_id else 0 for s in scheduler.running]),
-        waiting_ranks=tuple([rank_of(s.adapter_id) if s.adapter_id else 0 for s in waiting]),
+        running_ranks=tuple([ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in scheduler.running]),
+        waiting_ranks=tuple([ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in waiting]),
         num_waiting_prompt_tokens=sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
         num_waiting_by_tenant=_waiting_by_tenant(waiting),
     )
@@ -122,7 +122,7 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
     device = residency.device_adapters()
     running_ids = [s.adapter_id for s in scheduler.running]
     return SchedulerStats(
-        **queue_signals(scheduler, ranks),
+        **queue_signals(scheduler),
         num_preemptions=scheduler.num_preemptions,
         num_free_kv_blocks=scheduler.num_reclaimable_blocks(),
         num_total_kv_blocks=pool.num_blocks,
@@ -147,7 +147,7 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
         num_cpu_assisted_prefills=scheduler.copy_gate.num_cpu_assisted_prefills,
         num_copy_waits=scheduler.copy_gate.num_copy_waits,
         num_prepare_waits=scheduler.copy_gate.num_prepare_waits,
-        adapter_ranks=ranks,
+        adapter_ranks=dict(ranks),
         num_waiting_by_queue=_waiting_by_queue(scheduler, waiting),
         num_running_by_adapter=count_by_adapter(running_ids),
         num_waiting_by_adapter=count_by_adapter(s.adapter_id for s in waiting),
