@@ -33,10 +33,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.run_info import cpu_model
+from benchmarks.twin_loraserve import LORASERVE_RANKS
 from benchmarks.twin_papers import (
     CONV_TRACE,
     DEFAULT_PROFILE,
-    LORASERVE_RANKS,
     _rows,
     make_adapters,
     poisson_trace,

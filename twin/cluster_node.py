@@ -3,10 +3,11 @@ its engine (gpu_workers/worker/worker_service.py, adapter_manager.py): its lifec
 draining, stopped), its host cache of adapter files, fetches in flight, adapter drops, and its published
 state, built by the worker's own conversion (`cluster.worker_stats.build_worker_stats`) and read by the router through the one conversion `cluster.worker_view.worker_view`.
 The router reads all workers' views at every arrival; a view is rebuilt through those conversions only when
-the core's queues, its adapters, the host cache or the lifecycle changed (`_view_structure_key`, on the
-core's version counters), and otherwise gets the numbers that change step by step (free pool pages, step
-medians) as the stats would read them: equal to a rebuilt view (tests/twin/test_cluster_node.py), ~5x fewer
-rebuilds.
+the core's adapters, the host cache or the lifecycle changed (`_view_structure_key`, on the residency's
+version counter), and otherwise gets what changed read as the stats would read it: the queues' signals
+(`scheduler_stats.queue_signals`, when `BatchScheduler.version` moved: an add, a finish, a full plan) and the
+numbers that change step by step (free pool pages, step medians): equal to a rebuilt view
+(tests/twin/test_cluster_node.py).
 
 Invariants: an adapter is in `host_cached` once its fetch has landed and stays there (drops unload the
 device copy only, as the worker's do); a request is submitted to the engine only once its adapter's files
@@ -23,6 +24,7 @@ from cluster.worker_stats import WorkerState, build_worker_stats
 from cluster.worker_view import worker_view
 from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_counters import median_ms
+from scheduler.core.scheduler_stats import queue_signals
 from scheduler.routing.router import WorkerView
 from twin.trace import AdapterSpec, TraceRequest
 from twin.worker_sim import SimulatedWorker
@@ -49,6 +51,7 @@ class ClusterNode:
         self._view: WorkerView | None = None
         self._view_state: tuple[object, ...] | None = None  # the `_state_key` and `_view_structure` of _view
         self._view_structure: tuple[object, ...] | None = None
+        self._view_queues = -1  # the core's queue version (`BatchScheduler.version`) _view was read at
 
     @property
     def worker_id(self) -> str:
@@ -146,27 +149,28 @@ class ClusterNode:
     def view(self) -> WorkerView:
         """What the router reads of this worker: the one conversion, cluster/worker_view.py, of the stats a
         record carries (built without the record, which only placement and scaling read), rebuilt when
-        `_view_structure` changed; otherwise only its step-by-step numbers are refreshed (`_with_step_numbers`:
-        what a rebuild would read; tests/twin/test_cluster_node.py holds it equal to a rebuilt view)."""
+        `_view_structure_key` changed; otherwise only what changed is read again as the stats read it: the
+        queues' signals when the core's queues changed (`scheduler_stats.queue_signals`), and the step-by-step
+        numbers (`_with_step_numbers`); tests/twin/test_cluster_node.py holds it equal to a rebuilt view."""
         state = self._state_key()
         if state == self._view_state and self._view is not None:
             return self._view
         structure = self._view_structure_key()
+        queues = self.sim.core.scheduler.version
         if self._view is None or structure != self._view_structure:
             view = worker_view(self._current_stats())
         else:
-            view = self._with_step_numbers(self._view)
-        self._view, self._view_state, self._view_structure = view, state, structure
+            view = self._with_step_numbers(self._view, queues != self._view_queues)
+        self._view, self._view_state, self._view_structure, self._view_queues = view, state, structure, queues
         return view
 
     def _view_structure_key(self) -> tuple[object, ...]:
-        """What the view reads besides its step-by-step numbers: the core's queues (`BatchScheduler.version`),
-        its adapters' registration and device set (`AdapterResidency.version`), the host cache, the fetches and
-        the lifecycle. Equal keys: views equal but for `num_free_pool_pages` and the step medians."""
-        core = self.sim.core
+        """What the view reads besides the core's queues and its step-by-step numbers: its adapters'
+        registration and device set (`AdapterResidency.version`), the host cache, the fetches and the
+        lifecycle. Equal keys: views equal but for the queues' signals (`BatchScheduler.version`),
+        `num_free_pool_pages` and the step medians."""
         return (
-            core.scheduler.version,
-            core.residency.version,
+            self.sim.core.residency.version,
             len(self.host_cached),
             self.num_fetching,
             self.num_adapter_unloads,
@@ -174,16 +178,30 @@ class ClusterNode:
             self.is_draining,
         )
 
-    def _with_step_numbers(self, view: WorkerView) -> WorkerView:
+    def _with_step_numbers(self, view: WorkerView, is_queue_changed: bool) -> WorkerView:
         """`view` with the numbers that change step by step read as the stats read them (`make_stats`'
-        num_free_pool_pages, `engine_stats`' decode and prefill step medians)."""
+        num_free_pool_pages, `engine_stats`' decode and prefill step medians), and the queues' signals
+        (`queue_signals`, what `make_stats` publishes) when the queues changed."""
         core = self.sim.core
         numbers = (
             core.scheduler.pool.num_free_pages,
             median_ms(core.counters.recent_decode_seconds),
             median_ms(core.counters.recent_prefill_seconds),
         )
-        if numbers == (view.num_free_pool_pages, view.decode_step_ms, view.prefill_step_ms):
+        is_same = numbers == (view.num_free_pool_pages, view.decode_step_ms, view.prefill_step_ms)
+        if is_same and not is_queue_changed:
             return view
         pages, decode_ms, prefill_ms = numbers
-        return replace(view, num_free_pool_pages=pages, decode_step_ms=decode_ms, prefill_step_ms=prefill_ms)
+        view = with_fields(
+            view, num_free_pool_pages=pages, decode_step_ms=decode_ms, prefill_step_ms=prefill_ms
+        )
+        return with_fields(view, **queue_signals(core.scheduler)) if is_queue_changed else view
+
+
+def with_fields(view: WorkerView, **changes: object) -> WorkerView:
+    """`dataclasses.replace(view, **changes)` without re-running the frozen `__init__` field by field (~6x
+    faster): equal to it since every WorkerView field is an init field and it has no `__post_init__`
+    (tests/twin/test_cluster_node.py holds both)."""
+    copy = object.__new__(WorkerView)
+    copy.__dict__.update(view.__dict__, **changes)
+    return copy

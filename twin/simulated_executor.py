@@ -9,6 +9,7 @@ copy landed when the clock reaches them. The engine core above it is the engine'
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
@@ -137,7 +138,7 @@ class SimulatedExecutor:
         ranks = tuple([self.ranks.get(e.seq.adapter_id, 0) if e.seq.adapter_id else 0 for e in entries])
         last = self._flat_price
         is_same_rows = last is not None and len(last[0]) == len(entries) and last[1] == ranks
-        if last is not None and is_same_rows and all(a is b for a, b in zip(last[0], entries)):
+        if last is not None and is_same_rows and all(map(operator.is_, last[0], entries)):
             return last[2]
         seconds = self.cost_model.step_seconds(StepShape.of(entries, self.ranks))
         self._flat_price = (entries, ranks, seconds)

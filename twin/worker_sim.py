@@ -143,9 +143,10 @@ class SimulatedWorker:
         (the next arrival) when that comes first."""
         steps_before, results_before = self.executor.num_steps, self.executor.num_results_taken
         started = self.clock()
+        records = self.records
         for delta in self.core.step(horizon=math.inf if until is None else until):
-            record = self.records[delta.seq.request_id]
             seq = delta.seq
+            record = records[seq.request_id]
             record.token_times.extend(delta.token_times)
             record.first_scheduled_s = seq.first_scheduled_time
             if seq.is_finished:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from scheduler.cache.eviction import (
     ACCESS_WINDOW_S,
@@ -90,6 +90,7 @@ class AdapterResidency:
         self.num_loads = 0
         self.num_evictions = 0
         self.version = 0  # bumped whenever an adapter is registered, forgotten, or joins or leaves the device
+        self._ranks: tuple[int, dict[str, int]] = (-1, {})  # adapter_ranks() at a version
         self.num_timed_loads = 0
         self.load_seconds_total = 0.0
         # Called with an adapter id whenever it leaves the device (evict, forget, failed copy), before its
@@ -133,9 +134,12 @@ class AdapterResidency:
         """Adapters on the device or being loaded there (preparing or copying), least recently used first."""
         return list(self._on_device)
 
-    def adapter_ranks(self) -> dict[str, int]:
-        """Rank of every adapter with a copy (device, copying or host)."""
-        return {a: s.rank for a, s in self._states.items() if s.residency is not Residency.NONE}
+    def adapter_ranks(self) -> Mapping[str, int]:
+        """Rank of every adapter with a copy (device, copying or host); built once per `version` (read-only)."""
+        if self._ranks[0] != self.version:
+            ranks = {a: s.rank for a, s in self._states.items() if s.residency is not Residency.NONE}
+            self._ranks = (self.version, ranks)
+        return self._ranks[1]
 
     def num_device_bytes(self) -> int:
         """Bytes of the adapters on the device (or being loaded there)."""
@@ -376,7 +380,6 @@ class AdapterResidency:
         self.num_evictions += 1
 
     def _drop_from_device(self, state: AdapterState) -> None:
-        self.version += 1
         for callback in self.on_leave_device:
             callback(state.adapter_id)
         if state.page_ids:
@@ -384,6 +387,7 @@ class AdapterResidency:
             state.page_ids = []
         self._on_device.pop(state.adapter_id, None)
         state.residency = Residency.HOST if state.host_path is not None else Residency.NONE
+        self.version += 1
 
     def forget(self, adapter_id: str) -> None:
         """Evict (if resident) and drop the adapter from the registry."""

@@ -204,8 +204,7 @@ class EngineCore:
         ends = out.end_times
         starts = [started, *ends[:-1]]
         self.scheduler.advance_window(starts)
-        update = update_from_decode_steps(plan, out.tokens, ends[-1], self.scheduler.finish)
-        for seq in update.finished:
+        for seq in update_from_decode_steps(entries, out.tokens, ends[-1], self.scheduler.finish):
             self._release(seq)
         self.counters.record_decode_steps(len(entries), [end - start for start, end in zip(starts, ends)])
         deltas = [SeqDelta(e.seq, row, ends) for e, row in zip(entries, out.tokens)]

@@ -161,6 +161,9 @@ def grow_for_next_step(running: list[Sequence], pool: PagePool) -> bool:
 def num_steps_with_pages(running: list[Sequence], pool: PagePool, max_steps: int) -> int:
     """The most steps (<= max_steps, from the rows' state now) whose new KV pages the free pool covers."""
     block_size, num_free = pool.block_size, pool.num_free_blocks
+    # a row's table holds its computed tokens, so k steps need at most ceil(k / block_size) new pages a row
+    if len(running) * -(-max_steps // block_size) <= num_free:
+        return max_steps
     rows = [(len(s.block_table), s.num_computed_tokens) for s in running]
 
     def num_needed(num_steps: int) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,6 +87,33 @@ class SchedulerStats(BaseModel):
     adapter_load_seconds: dict[str, float] = Field(default_factory=dict)
 
 
+class QueueSignals(TypedDict):
+    """The routing signals of the core's queues: fields of `SchedulerStats` and of the router's `WorkerView`
+    under the same names, read off the queues alone (`queue_signals`)."""
+
+    num_running: int
+    num_waiting: int
+    running_ranks: tuple[int, ...]
+    waiting_ranks: tuple[int, ...]
+    num_waiting_prompt_tokens: int
+    num_waiting_by_tenant: dict[str, int]
+
+
+def queue_signals(scheduler: BatchScheduler) -> QueueSignals:
+    """The queues' routing signals now (`make_stats` publishes them; they change only when the queues do,
+    i.e. with `BatchScheduler.version`)."""
+    waiting = list(scheduler.waiting.values())
+    ranks = scheduler.residency.adapter_ranks()
+    return QueueSignals(
+        num_running=len(scheduler.running),
+        num_waiting=len(waiting),
+        running_ranks=tuple([ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in scheduler.running]),
+        waiting_ranks=tuple([ranks.get(s.adapter_id, 0) if s.adapter_id else 0 for s in waiting]),
+        num_waiting_prompt_tokens=sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
+        num_waiting_by_tenant=_waiting_by_tenant(waiting),
+    )
+
+
 def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
     """The core's counters and state now (read between steps; `BatchScheduler.make_stats`)."""
     pool, residency, cache = scheduler.pool, scheduler.residency, scheduler.prefix_cache
@@ -95,8 +122,7 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
     device = residency.device_adapters()
     running_ids = [s.adapter_id for s in scheduler.running]
     return SchedulerStats(
-        num_running=len(scheduler.running),
-        num_waiting=len(waiting),
+        **queue_signals(scheduler),
         num_preemptions=scheduler.num_preemptions,
         num_free_kv_blocks=scheduler.num_reclaimable_blocks(),
         num_total_kv_blocks=pool.num_blocks,
@@ -121,12 +147,8 @@ def make_stats(scheduler: BatchScheduler) -> SchedulerStats:
         num_cpu_assisted_prefills=scheduler.copy_gate.num_cpu_assisted_prefills,
         num_copy_waits=scheduler.copy_gate.num_copy_waits,
         num_prepare_waits=scheduler.copy_gate.num_prepare_waits,
-        adapter_ranks=ranks,
-        running_ranks=_ranks_of(ranks, running_ids),
-        waiting_ranks=_ranks_of(ranks, [s.adapter_id for s in waiting]),
-        num_waiting_prompt_tokens=sum(max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in waiting),
+        adapter_ranks=dict(ranks),
         num_waiting_by_queue=_waiting_by_queue(scheduler, waiting),
-        num_waiting_by_tenant=_waiting_by_tenant(waiting),
         num_running_by_adapter=count_by_adapter(running_ids),
         num_waiting_by_adapter=count_by_adapter(s.adapter_id for s in waiting),
         adapter_num_loads=_num_loads_by_adapter(residency, ranks),
@@ -142,11 +164,6 @@ def _num_loads_by_adapter(residency: AdapterResidency, adapter_ids: Iterable[str
 def _load_seconds_by_adapter(residency: AdapterResidency, adapter_ids: Iterable[str]) -> dict[str, float]:
     states = (residency.get(a) for a in adapter_ids)
     return {s.adapter_id: s.load_seconds for s in states if s is not None and s.load_seconds is not None}
-
-
-def _ranks_of(ranks: dict[str, int], adapter_ids: list[str | None]) -> tuple[int, ...]:
-    """The LoRA rank of each sequence's adapter (0 = base model)."""
-    return tuple([ranks.get(a, 0) if a else 0 for a in adapter_ids])
 
 
 def _waiting_by_queue(scheduler: BatchScheduler, waiting: list[Sequence]) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from scheduler.core.sequence import Sequence
+from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.step_plan import StepPlan
 
 TextStop = Callable[[Sequence], bool]
@@ -89,27 +89,25 @@ def update_from_output(
 
 
 def update_from_decode_steps(
-    plan: StepPlan, tokens: list[list[int]], now: float, finish: Callable[[Sequence, str], None]
-) -> StepUpdate:
+    entries: list[BatchEntry], tokens: list[list[int]], now: float, finish: Callable[[Sequence, str], None]
+) -> list[Sequence]:
     """Apply several steps of a multi-step window at once (scheduler/core/multi_step.py), where no token can
-    stop a row (`are_finishes_known`): each row of `plan.runnable_entries()` gets its `tokens` (one list per
-    row, one token per step, all rows as long) appended and computed; a row that reaches `max_tokens` ends
-    with "length" at `now` (the last step's end: the window ends there). `sampled` holds each row's last
-    token."""
-    entries = plan.runnable_entries()
+    stop a row (`are_finishes_known`): each row of `entries` (the window plan's `runnable_entries()`) gets its
+    `tokens` (one list per row, one token per step, all rows as long) appended and computed; a row that
+    reaches `max_tokens` ends with "length" at `now` (the last step's end: the window ends there). Returns the
+    sequences it finished."""
     if len(tokens) != len(entries):
         raise ValueError(f"{len(tokens)} token rows for {len(entries)} entries")
-    update = StepUpdate()
+    finished: list[Sequence] = []
     for entry, row in zip(entries, tokens):
         seq = entry.seq
         seq.num_computed_tokens += len(row)
         seq.token_ids.extend(row)
-        update.sampled.append(SampledToken(seq, row[-1]))
         if seq.num_output_tokens >= seq.max_tokens:
             seq.finish_time = now
             finish(seq, "length")
-            update.finished.append(seq)
-    return update
+            finished.append(seq)
+    return finished
 
 
 def _stop_reason(
