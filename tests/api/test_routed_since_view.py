@@ -26,7 +26,11 @@ def records(num_workers: int, max_num_seqs: int = 16, num_running: int = 0) -> l
     """Identical workers as one stale listing shows them (same load, the adapter nowhere)."""
     return [
         WorkerRecord(
-            f"w{i}", f"http://w{i}", "base", max_num_seqs=max_num_seqs, scheduler=SchedulerStats(num_running=num_running)
+            f"w{i}",
+            f"http://w{i}",
+            "base",
+            max_num_seqs=max_num_seqs,
+            scheduler=SchedulerStats(num_running=num_running),
         )
         for i in range(num_workers)
     ]
@@ -38,7 +42,10 @@ def fake_workers(failing: frozenset[str] = frozenset()) -> httpx.MockTransport:
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.host in failing:
             return httpx.Response(503, text="overloaded")
-        lines = [{"type": "delta", "text": "a", "token_ids": [5]}, {"type": "final", "finish_reason": "length"}]
+        lines = [
+            {"type": "delta", "text": "a", "token_ids": [5]},
+            {"type": "final", "finish_reason": "length"},
+        ]
         return httpx.Response(200, content="".join(json.dumps(e) + "\n" for e in lines).encode())
 
     return httpx.MockTransport(handle)
