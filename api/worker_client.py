@@ -26,6 +26,7 @@ import httpx
 from pydantic import ValidationError
 
 from api.coalescing_transport import CoalescingTransport
+from api.routed_since_view import RoutedRequest, RoutedSinceView
 from api.worker_ndjson import HttpEventSource, error_fields, ndjson_lines
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
@@ -85,10 +86,13 @@ def choose_worker(
     request: RouteRequest,
     records: Iterable[WorkerRecord],
     exclude: frozenset[str] = frozenset(),
+    routed_since: RoutedSinceView | None = None,
 ) -> WorkerRecord | None:
-    """The router's choice among live records not in `exclude`, or None."""
-    by_id = {r.worker_id: r for r in records if r.worker_id not in exclude}
-    chosen = router.choose(request, [worker_view(r) for r in by_id.values()])
+    """The router's choice among live records not in `exclude`, or None. With `routed_since`, each worker's
+    view counts the requests routed there since its record was published (api/routed_since_view.py)."""
+    by_id = {r.worker_id: r for r in records}
+    views = routed_since.views(by_id.values()) if routed_since else [worker_view(r) for r in by_id.values()]
+    chosen = router.choose(request, [v for v in views if v.worker_id not in exclude])
     return by_id.get(chosen) if chosen is not None else None
 
 
@@ -101,6 +105,7 @@ class WorkerStream:
     source: EventSource
     is_closed: bool = field(default=False)
     has_ended: bool = field(default=False)  # the worker sent its terminal event: the body is (nearly) over
+    on_close: Callable[[], None] | None = field(default=None)  # called once, when the stream is closed
 
     def __post_init__(self) -> None:
         self.has_ended = self.first.type != "delta"
@@ -132,7 +137,11 @@ class WorkerStream:
         if self.is_closed:
             return
         self.is_closed = True
-        await self.source.aclose(self.has_ended)
+        try:
+            await self.source.aclose(self.has_ended)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
 
 
 class _NoEvents:
@@ -147,7 +156,9 @@ class _NoEvents:
 
 class WorkerClient:
     """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy
-    (settings.routing.policy via services.router; the default policy when none is given)."""
+    (settings.routing.policy via services.router; the default policy when none is given). `routed_since`
+    counts the requests it routed to each worker since that worker's view was published, so the router does
+    not send every request of a view's lifetime to the same worker (api/routed_since_view.py)."""
 
     def __init__(
         self,
@@ -160,6 +171,7 @@ class WorkerClient:
         self.internal_token = internal_token
         self.router = router or make_router()
         self.local = local  # the in-process worker (embedded mode), reached without HTTP
+        self.routed_since = RoutedSinceView()
         self._generate_urls: dict[str, httpx.URL] = {}
 
     @classmethod
@@ -287,15 +299,29 @@ class WorkerClient:
         tried: set[str] = set()
         reasons: list[str] = []
         for _ in range(MAX_ATTEMPTS):
-            worker = choose_worker(self.router, route, records, frozenset(tried))
+            worker = choose_worker(self.router, route, records, frozenset(tried), self.routed_since)
             if worker is None:
                 break
             tried.add(worker.worker_id)
+            routed = self.routed_since.routed(worker, route)
             try:
-                return await self.open(worker, request)
-            except WorkerUnavailableError as exc:
+                stream = await self.open(worker, request)
+            except BaseException as exc:
+                self.routed_since.finished(routed)
+                if not isinstance(exc, WorkerUnavailableError):
+                    raise
                 log.warning("request %s: %s", request.request_id, exc)
                 reasons.append(str(exc))
+                continue
+            return self._counted_until_closed(stream, routed)
         if not tried:
             raise WorkerUnavailableError(f"no live worker serves base model {route.base_model!r}")
         raise WorkerUnavailableError("; ".join(reasons))
+
+    def _counted_until_closed(self, stream: WorkerStream, routed: RoutedRequest) -> WorkerStream:
+        """`stream`, leaving the routed count when it closes (at once if it is a refusal, already closed)."""
+        if stream.is_closed:
+            self.routed_since.finished(routed)
+        else:
+            stream.on_close = lambda: self.routed_since.finished(routed)
+        return stream

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
@@ -154,8 +156,30 @@ def run_phase(cluster: DevCluster, key: str, args: argparse.Namespace, base_dir:
     spec = workload_spec(phase_args, trace_path=args.trace, tokenizer_dir=base_dir, adapters=names, rps=rps,
                          duration_s=window_s)  # fmt: skip
     reqs = build_workload(spec)
+    before = worker_requests(cluster)
     records, elapsed = asyncio.run(replay(cluster.api_urls, key, reqs, args.timeout_s, args.drain_s))
-    return {"rps": rps, **phase_metrics(records, elapsed, args.slo_ttft_ms)}
+    after = worker_requests(cluster)
+    per_worker = {w: n - before.get(w, 0) for w, n in after.items()}
+    mean = sum(per_worker.values()) / len(per_worker) if per_worker else 0.0
+    return {
+        "rps": rps,
+        **phase_metrics(records, elapsed, args.slo_ttft_ms),
+        "worker_requests": per_worker,
+        "worker_requests_max_over_mean": round(max(per_worker.values()) / mean, 3) if mean else None,
+    }
+
+
+def worker_requests(cluster: DevCluster) -> dict[str, int]:
+    """Requests each live worker has admitted so far (its cache hits + misses, from its /stats)."""
+    headers = {"Authorization": f"Bearer {cluster.internal_token}"}
+    counts = {}
+    for worker in cluster.workers:
+        try:
+            stats = httpx.get(f"{worker.url}/internal/v1/stats", headers=headers, timeout=10).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        counts[worker.worker_id] = int(stats.get("num_cache_hits", 0)) + int(stats.get("num_cache_misses", 0))
+    return counts
 
 
 def run_pair(args: argparse.Namespace, placement: str, router: str, model_dir: Path, profile: Path | None,

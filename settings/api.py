@@ -16,9 +16,8 @@ from settings.section import named_choice, section_config
 # the default ceiling on an adapter's LoRA rank: the upload limit, and so the engine's (resolved_max_lora_rank)
 DEFAULT_MAX_LORA_RANK = 256
 
-DEFAULT_ROUTER_POLICY = (
-    "residency_least_loaded"  # checked against scheduler/routing/router_policies.py ROUTER_POLICIES
-)
+# checked against scheduler/routing/router_policies.py ROUTER_POLICIES (docs/scheduling.md says why this one)
+DEFAULT_ROUTER_POLICY = "holders_least_loaded"
 
 
 class ApiSettings(BaseModel):

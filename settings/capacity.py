@@ -25,11 +25,12 @@ class PlacementSettings(BaseModel):
     )
     ewma_alpha: float = Field(default=0.5, gt=0, le=1, description="EWMA smoothing of the demand forecast")
     policy: str = Field(
-        default="loraserve",
-        description="loraserve (rank-bucketed fractional placement), replicated (holders per adapter follow its "
-        "demand, scheduler/placement/replicated_placement.py; route with holders_least_loaded), or the baselines "
-        "random | contiguous (one holder per adapter, scheduler/placement/placement_baselines.py), or demand_only (no "
-        "routing rows: the router alone picks among all ready workers; demand is still published for autoscaling)",
+        default="demand_only",  # = scheduler/placement/placement_baselines.py DEFAULT_PLACEMENT_POLICY
+        description="demand_only (default: no routing rows, the router alone picks among all ready workers; demand "
+        "is still published for autoscaling), loraserve (rank-bucketed fractional placement), replicated (holders "
+        "per adapter follow its demand, scheduler/placement/replicated_placement.py; route with "
+        "holders_least_loaded), or the baselines random | contiguous (one holder per adapter, "
+        "scheduler/placement/placement_baselines.py)",
     )
     replication_headroom: float = Field(
         default=1.5,

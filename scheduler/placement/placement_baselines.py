@@ -103,4 +103,4 @@ PLACEMENT_POLICIES: dict[str, PlacementPolicy] = {
     "replicated": compute_replicated_placement,
     "demand_only": no_placement,
 }
-DEFAULT_PLACEMENT_POLICY = "loraserve"
+DEFAULT_PLACEMENT_POLICY = "demand_only"  # = settings/capacity.py PlacementSettings.policy

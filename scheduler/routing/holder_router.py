@@ -23,9 +23,10 @@ whole batch) and a resident copy are worth more than the last bit of balance. DE
 (8 requests at max_num_seqs 128) was the best of 0.0625 / 0.125 / 0.25 in the cluster twin on both seeds
 (benchmarks/twin_loraserve.py, H100 profile): at 0.25 the band costs balance (up to 1.6x the mean load per
 worker in the 2.7x-padding what-if) for no TTFT gain; 0.0625 was no worse than 0.125 anywhere.
-Least-loaded is exact when views are fresh (the cluster twin); with views cached for
-`routing.worker_view_cache_s`, requests in one window pile onto one worker (power of two choices is the
-usual remedy; not implemented).
+Least-loaded is exact when views are fresh (the cluster twin); with views a heartbeat old and cached for
+`routing.worker_view_cache_s`, requests in one window would pile onto one worker: the API counts the
+requests it routed to each worker since its view was published as queued there (scheduler/routing/unseen.py,
+api/routed_since_view.py), so a burst spreads.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 Every policy picks among the *eligible* workers: the ready workers of the base model, restricted to the
 placement's assigned ones (RouteRequest.assigned_workers) when any of them is live (`eligible_workers`).
-- `residency_least_loaded` (default): a worker with the adapter on the device, then one with it in host
+- `residency_least_loaded`: a worker with the adapter on the device, then one with it in host
   memory, then any; within a tier the least loaded *for the request's tenant* wins (`tenant_load`: other
   tenants' backlogs count only as far as fair share would serve them first; ties broken by worker id:
   deterministic).
 - `placement_weighted`: LoRAServe's routing, a random draw by the placement weights, blind to live load.
 - `rank_aware` (scheduler/routing/caraserve_router.py): CaraServe's least added per-token cost.
-- `holders_least_loaded` (scheduler/routing/holder_router.py): the least-loaded holder, yielding to load.
+- `holders_least_loaded` (default; scheduler/routing/holder_router.py): the least-loaded holder, yielding to load.
 Policies are chosen by name (settings.routing.policy) from the table in scheduler/routing/router_policies.py.
 """
 

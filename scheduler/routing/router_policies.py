@@ -20,7 +20,7 @@ ROUTER_POLICIES: dict[str, type[Any]] = {
     "rank_aware": RankAwareRouter,
     "holders_least_loaded": HoldersLeastLoaded,
 }
-DEFAULT_ROUTER_POLICY = "residency_least_loaded"
+DEFAULT_ROUTER_POLICY = "holders_least_loaded"  # = settings/api.py DEFAULT_ROUTER_POLICY
 
 
 def make_router(policy: str = DEFAULT_ROUTER_POLICY, options: RouterOptions | None = None) -> Router:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from scheduler.routing.router_policies import make_router
 from tests.api.conftest import TenantHandle
 from tests.api.test_completions_support import (
     BASE_MODEL,
@@ -141,12 +142,13 @@ def test_adapter_ref_carries_both_file_digests_of_the_version(
     assert legacy.config_sha256 is None  # the worker caches it under its version id alone
 
 
-def test_routes_to_the_worker_holding_the_adapter(
+def test_residency_router_routes_to_the_worker_holding_the_adapter(
     client: TestClient,
     workers: ScriptedWorkers,
     tenant: TenantHandle,
     db_session: Session,
 ) -> None:
+    client.app.state.services.worker_client.router = make_router("residency_least_loaded")  # type: ignore[attr-defined]
     version = add_ready_version(db_session, tenant.id, "tuned")
     idle = workers.add("idle")
     warm = workers.add("warm", num_running=3, device_adapters=(version.id,))
@@ -154,6 +156,23 @@ def test_routes_to_the_worker_holding_the_adapter(
     assert len(warm.requests) == 1 and idle.requests == []
     assert complete(client, tenant).status_code == 200  # base model: least loaded
     assert len(idle.requests) == 1
+
+
+def test_default_router_prefers_the_adapters_worker_only_within_the_load_gap(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
+) -> None:
+    # holders_least_loaded: residency decides among workers within 0.0625 of the least load (batch slots 8)
+    version = add_ready_version(db_session, tenant.id, "tuned")
+    idle = workers.add("idle")
+    busy = workers.add("busy", num_running=3, device_adapters=(version.id,))
+    assert complete(client, tenant, model="tuned").status_code == 200
+    assert len(idle.requests) == 1 and busy.requests == []
+    workers.add("warm", device_adapters=(version.id,))
+    assert complete(client, tenant, model="tuned").status_code == 200
+    assert len(workers.workers["warm.workers.test"].requests) == 1
 
 
 def test_other_tenants_private_adapter_is_404_and_public_ones_are_usable(

@@ -14,7 +14,7 @@ from api.inference.predict import MaxTokensPredictor, PredictionInput
 from cluster.membership import WorkerRecord
 from cluster.protocol import WORKER_ERROR_STATUS, tenant_status
 from scheduler.core.scheduler_stats import SchedulerStats
-from scheduler.routing.router import ResidencyThenLeastLoaded
+from scheduler.routing.holder_router import HoldersLeastLoaded
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers, tokens_events, usage_rows
 
@@ -146,7 +146,7 @@ def test_the_default_predictor_predicts_max_tokens() -> None:
 
 def test_the_worker_client_routes_with_the_services_router(client: TestClient) -> None:
     services = client.app.state.services  # type: ignore[attr-defined]
-    assert isinstance(services.router, ResidencyThenLeastLoaded)
+    assert isinstance(services.router, HoldersLeastLoaded)  # the default, settings.routing.policy
     assert services.worker_client.router is services.router
 
 

@@ -152,6 +152,8 @@ def test_inline_placement_places_served_adapters_and_the_next_request_carries_it
     body = {"model": "served", "prompt": "hi", "max_tokens": 3}
     assert client.post("/v1/completions", json=body, headers=tenant.headers).status_code == 200
     services = client.app.state.services  # type: ignore[attr-defined]
+    # the policy under test (the default, demand_only, publishes no rows)
+    services.settings = services.settings.updated(placement_policy="loraserve")
     place(services)
     assert services.routing_table.row(version.id) == (("w1", 1.0),)
     assert client.post("/v1/completions", json=body, headers=tenant.headers).status_code == 200

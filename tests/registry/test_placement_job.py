@@ -21,6 +21,7 @@ BASE = "lorahost-base"
 NOW = datetime(2033, 6, 1, 12, 0, tzinfo=UTC)  # far from every other test's rows
 SETTINGS = Settings(
     _env_file=None,
+    placement_policy="loraserve",  # the placement these tests check (the default, demand_only, publishes no rows)
     placement_bucket_s=60,
     placement_history_buckets=5,
     scale_down_cooldown_s=120,

@@ -73,3 +73,10 @@ def test_the_default_router_policy_is_the_schedulers_default() -> None:
 
     assert Settings().routing.policy == DEFAULT_ROUTER_POLICY
     assert DEFAULT_ROUTER_POLICY in ROUTER_POLICIES
+
+
+def test_the_default_placement_policy_is_the_schedulers_default() -> None:
+    from scheduler.placement.placement_baselines import DEFAULT_PLACEMENT_POLICY, PLACEMENT_POLICIES
+
+    assert Settings().placement.policy == DEFAULT_PLACEMENT_POLICY
+    assert DEFAULT_PLACEMENT_POLICY in PLACEMENT_POLICIES

@@ -120,7 +120,12 @@ def test_routing_follows_the_placement_computed_from_recorded_demand_over_reside
         TraceRequest("a2", 1.5, 10, 1, adapter_id="a"),
         TraceRequest("b2", 1.5, 10, 1, adapter_id="b"),
     ]
-    settings_ = _settings(placement_interval_s=1.0, placement_bucket_s=1.0)
+    settings_ = _settings(
+        placement_interval_s=1.0,
+        placement_bucket_s=1.0,
+        placement_policy="loraserve",  # the placement and router under test (not today's defaults)
+        router_policy="residency_least_loaded",
+    )
     result = _run(trace, settings_, num_initial_workers=2, is_autoscaling=False)
     a1, b1, a2, b2 = result.records
     assert a1.worker_id == b1.worker_id == "twin-000"

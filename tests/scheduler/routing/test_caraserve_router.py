@@ -60,7 +60,7 @@ def test_low_rank_request_avoids_the_worker_running_rank_128_requests_under_a_ma
     low = _w("b", running=(8, 8), device={"x"}, model=_model("max"))
     assert RankAwareRouter().choose(_req(rank=8), [high, low]) == "b"
     # the v1 router's tie-break (same load, same residency) would have picked "a"
-    assert make_router().choose(_req(rank=8), [high, low]) == "a"
+    assert make_router("residency_least_loaded").choose(_req(rank=8), [high, low]) == "a"
 
 
 def test_under_a_sum_kernel_the_rank_mix_does_not_matter_but_the_load_does() -> None:
