@@ -35,9 +35,13 @@ def test_the_setting_switches_between_wrs_and_the_platform_sizing() -> None:
         policy = engine.admission_policy()
         assert isinstance(policy, MultiQueuePolicy)
         assert policy.sizing.name == sizing and policy.max_wait_s == max_wait_s
-    default = EngineSettings(batch_policy="multiqueue", multiqueue_slo_s=5.0, fair_share=False).admission_policy()
+    default = EngineSettings(
+        batch_policy="multiqueue", multiqueue_slo_s=5.0, fair_share=False
+    ).admission_policy()
     assert (
-        isinstance(default, MultiQueuePolicy) and default.sizing.name == "tokens" and default.max_wait_s == 1.0
+        isinstance(default, MultiQueuePolicy)
+        and default.sizing.name == "tokens"
+        and default.max_wait_s == 1.0
     )
     explicit = EngineSettings(
         batch_policy="multiqueue", multiqueue_sizing="tokens", multiqueue_max_wait_s=0.25, fair_share=False
