@@ -94,10 +94,7 @@ def candidate_settings(
         else int(candidate.adapter_fraction * profile.memory.device_bytes),
         "placement_interval_s": 0.0 if candidate.placement == NO_PLACEMENT else warmup_s,
     }
-    if candidate.placement == NO_PLACEMENT:
-        flat["router_policy"] = "residency_least_loaded"
-    else:
-        flat |= {"placement_policy": candidate.placement, "placement_bucket_s": warmup_s}
+    flat |= {"placement_policy": candidate.placement, "placement_bucket_s": warmup_s}
     return base.updated(**flat)
 
 

@@ -35,7 +35,7 @@ from twin.planner.cluster_check import (
     check_candidate,
     window_requests,
 )
-from twin.planner.search_space import Candidate, estimate, min_workers, reference_setup, setups
+from twin.planner.search_space import NO_PLACEMENT, Candidate, estimate, min_workers, reference_setup, setups
 from twin.planner.slo import Slo
 from twin.planner.workload import Workload
 from twin.profile import TwinProfile
@@ -236,7 +236,7 @@ class PlanSearch:
         return bool(self.checks) and all(c.outcome.verdict == NOT_JUDGED for c in self.checks)
 
     def _placement_policy(self) -> str:
-        return self.settings.placement.policy if self.settings.jobs.placement_interval_s > 0 else "none"
+        return self.settings.placement.policy if self.settings.jobs.placement_interval_s > 0 else NO_PLACEMENT
 
     def _result(self, chosen: Checked | None, *, is_window_empty: bool = False) -> SearchResult:
         if chosen is not None:  # the best margin among the passing checks at the chosen cost

@@ -3,8 +3,9 @@
 A `Candidate` is one deployment: the number of workers (its cost: workers x the GPU's price per hour) and the
 engine and cluster policies every worker runs: `max_num_seqs`, the memory mode (unified, or static with a
 fraction of the device for adapters: the pool split), the batch policy (scheduler/admission/batch_policy.py
-BATCH_POLICIES) and the placement (none: placement-free residency-then-least-loaded routing, or one of
-scheduler/placement/placement_baselines.py PLACEMENT_POLICIES behind the configured router).
+BATCH_POLICIES) and the placement (one of scheduler/placement/placement_baselines.py PLACEMENT_POLICIES, behind
+the configured router; `demand_only`, which publishes no routing rows, is checked without a placement job: the
+router alone, placement-free).
 
 `estimate` is the fast estimate that prunes a candidate before any twin run: the analytic memory check
 (memory_check.py: the adapter share must hold the largest adapter and leave the minimum KV pool; a unified pool
@@ -26,7 +27,7 @@ from twin.planner.memory_check import adapter_cache_bytes, check_memory, min_kv_
 from twin.planner.workload import Workload
 from twin.profile import TwinProfile
 
-NO_PLACEMENT = "none"
+NO_PLACEMENT = "demand_only"  # no routing rows: checked without a placement job
 MAX_NUM_SEQS_CHOICES = (32, 64, 128, 256)
 STATIC_FRACTIONS = (0.05, 0.1, 0.2)  # of the device's bytes for the static adapter share
 MAX_ESTIMATED_LOAD = 1.5  # the analytic capacity is rough: prune only what is clearly past it
@@ -89,7 +90,7 @@ def setups(engine: EngineSettings, placement_policy: str) -> list[tuple[int, str
     seqs = sorted({*MAX_NUM_SEQS_CHOICES, engine.max_num_seqs})
     memories: list[tuple[str, float | None]] = [("unified", None)]
     memories += [("static", f) for f in STATIC_FRACTIONS]
-    placements = [NO_PLACEMENT, *sorted(PLACEMENT_POLICIES)]
+    placements = [NO_PLACEMENT, *sorted(set(PLACEMENT_POLICIES) - {NO_PLACEMENT})]
     out = [reference]
     for s in seqs:
         for mode, fraction in memories:

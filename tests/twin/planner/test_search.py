@@ -14,7 +14,7 @@ from twin.planner.cluster_check import MEETS, MISSES, NOT_JUDGED, candidate_sett
 from twin.planner.gpu_run import GpuOutcome
 from twin.planner.plan import Plan, PlannedGpu
 from twin.planner.search import SearchOptions, search_plans
-from twin.planner.search_space import Candidate, estimate
+from twin.planner.search_space import NO_PLACEMENT, Candidate, estimate
 from twin.planner.slo import parse_slo
 from twin.planner.workload import Workload, workload_from_dict
 from twin.profile import TwinProfile
@@ -88,7 +88,7 @@ def test_an_empty_check_window_could_not_judge(profile: TwinProfile, settings: S
     result = search_plans(rare, profile, settings, _options(window_s=1.0))
     assert result.verdict == NOT_JUDGED and result.chosen is None and not result.checks
     assert "holds no request" in " ".join(result.notes)
-    candidate = Candidate(1, 64, "unified", None, "fifo", "none")
+    candidate = Candidate(1, 64, "unified", None, "fifo", NO_PLACEMENT)
     outcome = check_candidate(candidate, rare, profile, settings, SLO, window_s=1.0, warmup_s=1.0)
     assert outcome.num_requests == 0 and outcome.verdict == NOT_JUDGED and outcome.margin_pct is None
     assert outcome.as_dict()["verdict"] == "could not judge"
@@ -114,7 +114,7 @@ def test_the_budget_bounds_the_twin_checks(profile: TwinProfile, settings: Setti
 
 def test_the_estimate_prunes_what_cannot_fit_or_keep_up(profile: TwinProfile, settings: Settings) -> None:
     workload = _workload(20.0)
-    one = Candidate(1, 64, "unified", None, "fifo", "none")
+    one = Candidate(1, 64, "unified", None, "fifo", NO_PLACEMENT)
     assert estimate(one, profile, settings.engine, workload).pruned == "load"  # 80 req/s on one worker
     assert not estimate(replace(one, num_workers=3), profile, settings.engine, workload).pruned
     no_kv = replace(one, num_workers=3, memory_mode="static", adapter_fraction=0.999)
@@ -137,5 +137,6 @@ def test_a_candidates_settings_are_what_the_cluster_twin_runs(
         2.0,
         2.0,
     )
-    free = candidate_settings(replace(candidate, placement="none"), settings, profile, warmup_s=2.0)
-    assert free.jobs.placement_interval_s == 0 and free.routing.policy == "residency_least_loaded"
+    free = candidate_settings(replace(candidate, placement=NO_PLACEMENT), settings, profile, warmup_s=2.0)
+    assert free.jobs.placement_interval_s == 0 and free.placement.policy == NO_PLACEMENT
+    assert free.routing.policy == settings.routing.policy  # the configured router, alone
