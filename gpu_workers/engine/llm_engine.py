@@ -46,7 +46,7 @@ from scheduler.core.adapter_residency import Residency
 from scheduler.core.engine_core import EngineCore, SeqDelta
 from scheduler.core.engine_request import EngineRequest, new_sequence, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
-from scheduler.core.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams, TokenLogprob
 from scheduler.core.sequence import Sequence
 
 
@@ -78,6 +78,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self.runner.args.eos_token_ids) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         )
+        self.runner.eos_token_ids = self.eos_token_ids  # the ids min_tokens masks are those that stop
         self.core = EngineCore(
             self.runner,
             policy or config.admission_policy(),
@@ -143,12 +144,16 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
-        return [self._delta(d) for d in self.core.step()]
+        deltas = self.core.step()
+        logprobs = self.runner.take_logprobs()
+        return [self._delta(d, logprobs.get(d.seq.request_id)) for d in deltas]
 
     def _is_stop_string(self, seq: Sequence) -> bool:
         """Detokenize seq's new token; True (text trimmed before it) when the text now holds a stop string."""
         num_chars_before = len(seq.output_text)
         append_text(self.tokenizer, seq)
+        if seq.sampling_params.is_stop_held(seq.num_output_tokens):
+            return False  # min_tokens: a stop string this early is part of the text
         stop = seq.sampling_params.stop
         stop_at = find_stop_string(seq.output_text, stop, len(seq.output_text) - num_chars_before)
         if stop_at is None:
@@ -156,15 +161,17 @@ class LLMEngine:
         seq.output_text = seq.output_text[:stop_at]
         return True
 
-    def _delta(self, delta: SeqDelta) -> RequestOutput:
-        """Build the output delta; text that could still become a stop string is held back until finish."""
+    def _delta(self, delta: SeqDelta, logprob: TokenLogprob | None = None) -> RequestOutput:
+        """Build the output delta; text that could still become a stop string is held back until finish.
+        `logprob`: the step's sampled token's, when the request asked for logprobs."""
         seq, new_token_ids = delta.seq, delta.new_token_ids
         visible = len(seq.output_text)
         if not seq.is_finished:
             visible = max(seq.num_emitted_chars, visible - num_held_back_chars(seq.sampling_params.stop))
         new_text = seq.output_text[seq.num_emitted_chars : visible]
         seq.num_emitted_chars = visible
-        return RequestOutput.of(seq, new_token_ids, new_text)
+        logprobs = [logprob] if logprob is not None and new_token_ids else None
+        return RequestOutput.of(seq, new_token_ids, new_text, logprobs)
 
     # ---- offline convenience -------------------------------------------------------------------------
 
@@ -185,9 +192,17 @@ class LLMEngine:
         for request_id, prompt, p, adapter_id in zip(ids, prompt_list, params, adapters):
             self.add_request(self.make_request(request_id, prompt, p, adapter_id))
             seqs[request_id] = self.scheduler.get(request_id)  # type: ignore[assignment]
+        logprobs: dict[str, list[TokenLogprob]] = {i: [] for i in ids}
         while any(not s.is_finished for s in seqs.values()):
-            self.step()
-        return [CompletionOutput.of(seqs[i]) for i in ids]
+            for out in self.step():
+                if out.new_logprobs and out.request_id in logprobs:
+                    logprobs[out.request_id] += out.new_logprobs
+        return [
+            CompletionOutput.of(
+                seqs[i], logprobs[i] if seqs[i].sampling_params.logprobs is not None else None
+            )
+            for i in ids
+        ]
 
     # ---- adapters -----------------------------------------------------------------------------------
 

@@ -20,9 +20,10 @@ from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels
 from gpu_workers.engine.kernel_tuner import KernelTuner
 from gpu_workers.engine.layers import cpu_kernels
 from gpu_workers.engine.layers.host_lora import HostLora
+from gpu_workers.engine.layers.logits_processors import RowHistory
 from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch
 from gpu_workers.engine.layers.rotary import RotaryEmbedding
-from gpu_workers.engine.layers.sampler import sample_tokens
+from gpu_workers.engine.layers.sampler import sample
 from gpu_workers.engine.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
@@ -31,6 +32,7 @@ from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
 from registry.validation import AdapterInfo, BaseModelSpec
 from scheduler.core.executor import CopyResult, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
+from scheduler.core.sampling import TokenLogprob
 from scheduler.core.sequence import BatchEntry, Sequence
 
 
@@ -112,6 +114,10 @@ class ModelRunner:
         self.host_switch_layer: int | None = None  # test hook, see layers/host_lora.LayerSwitch
         self.last_switched_at: dict[str, int] = {}  # last host-assisted step: adapter -> first device layer
         self.generators: dict[str, torch.Generator] = {}
+        # min_tokens masks these (LLMEngine widens them with the tokenizer's EOS); request id -> the logprob of
+        # its token sampled by the last step, for rows that asked (`take_logprobs`)
+        self.eos_token_ids: frozenset[int] = frozenset(self.args.eos_token_ids)
+        self.step_logprobs: dict[str, TokenLogprob] = {}
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.decode_step_compile_s: float | None = None  # None: the decode step runs eagerly
         if self.kernel_plan.decode_step == "compiled":
@@ -229,14 +235,27 @@ class ModelRunner:
     def _sample(
         self, logits: torch.Tensor, sampling: list[BatchEntry], is_finite: list[bool]
     ) -> list[int | None]:
-        """Sample the rows with finite logits; None for the others."""
+        """Sample the rows with finite logits (their logprobs kept for `take_logprobs`); None for the others."""
         rows = [i for i, ok in enumerate(is_finite) if ok]
         if len(rows) < len(sampling):
             logits = logits[rows]
-        params = [sampling[i].seq.sampling_params for i in rows]
-        generators = [self._generator_for(sampling[i].seq) for i in rows]
-        sampled = iter(sample_tokens(logits, params, generators) if rows else [])
+        seqs = [sampling[i].seq for i in rows]
+        if not seqs:
+            return [None] * len(sampling)
+        params = [seq.sampling_params for seq in seqs]
+        generators = [self._generator_for(seq) for seq in seqs]
+        histories = [RowHistory(seq.token_ids, seq.num_prompt_tokens) for seq in seqs]
+        result = sample(logits, params, generators, histories, self.eos_token_ids)
+        for seq, logprob in zip(seqs, result.logprobs):
+            if logprob is not None:
+                self.step_logprobs[seq.request_id] = logprob
+        sampled = iter(result.tokens)
         return [next(sampled) if ok else None for ok in is_finite]
+
+    def take_logprobs(self) -> dict[str, TokenLogprob]:
+        """Remove and return request id -> the logprob of its token sampled since the last call."""
+        taken, self.step_logprobs = self.step_logprobs, {}
+        return taken
 
     def _generator_for(self, seq: Sequence) -> torch.Generator | None:
         if seq.sampling_params.is_greedy:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scheduler.core.sampling import TokenLogprob
     from scheduler.core.sequence import Sequence
 
 
@@ -34,10 +35,18 @@ class RequestOutput:
     # With error: "adapter_unavailable" (a planned adapter copy failed: its host files vanished or became
     # invalid) or "numeric_overflow" (the request's logits went non-finite); see errors.REQUEST_ERRORS.
     error_code: str | None = None
+    # One per new token when the request asked for logprobs (SamplingParams.logprobs), else None.
+    new_logprobs: list[TokenLogprob] | None = None
 
     @classmethod
-    def of(cls, seq: Sequence, new_token_ids: list[int], new_text: str) -> RequestOutput:
-        """The delta of `seq` after a step that produced `new_token_ids` and `new_text`."""
+    def of(
+        cls,
+        seq: Sequence,
+        new_token_ids: list[int],
+        new_text: str,
+        new_logprobs: list[TokenLogprob] | None = None,
+    ) -> RequestOutput:
+        """The delta of `seq` after a step that produced `new_token_ids` (and their logprobs) and `new_text`."""
         return cls(
             request_id=seq.request_id,
             new_token_ids=new_token_ids,
@@ -53,6 +62,7 @@ class RequestOutput:
             first_scheduled_time=seq.first_scheduled_time,
             error=seq.error,
             error_code=seq.error_code,
+            new_logprobs=new_logprobs,
         )
 
 
@@ -69,10 +79,11 @@ class CompletionOutput:
     arrival_time: float
     first_token_time: float | None
     finish_time: float | None
+    logprobs: list[TokenLogprob] | None = None  # one per token when the request asked for them
 
     @classmethod
-    def of(cls, seq: Sequence) -> CompletionOutput:
-        """The whole completion of a finished `seq`."""
+    def of(cls, seq: Sequence, logprobs: list[TokenLogprob] | None = None) -> CompletionOutput:
+        """The whole completion of a finished `seq` (with its tokens' logprobs when it asked)."""
         return cls(
             request_id=seq.request_id,
             prompt_token_ids=list(seq.prompt_token_ids),
@@ -83,4 +94,5 @@ class CompletionOutput:
             arrival_time=seq.arrival_time,
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
+            logprobs=logprobs,
         )

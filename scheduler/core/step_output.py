@@ -4,7 +4,8 @@ sequences of the plan it carried out.
 Every entry's tokens become computed; each sampling entry's sequence gets its sampled token appended and
 is checked for a stop, in this order: a stop token (`SamplingParams.stop_token_ids`, or the model's EOS
 ids unless `ignore_eos`) ends it with "stop" before the token is shown as text; then the caller's
-`TextStop` (the engine detokenizes and looks for stop strings) may end it with "stop"; then reaching
+`TextStop` (the engine detokenizes and looks for stop strings) may end it with "stop" (neither while
+`SamplingParams.min_tokens` holds stops back: `is_stop_held`); then reaching
 `Sequence.max_tokens` ends it with "length". Times come from the caller: `StepPlan.start_time` stamps
 `first_scheduled_time` (its queueing ends when the step starts), `now` (the step's end) stamps
 `first_token_time` and `finish_time`.
@@ -115,9 +116,10 @@ def _stop_reason(
 ) -> str | None:
     """Why seq stops after appending `token` ("stop" or "length"), or None while it goes on."""
     params = seq.sampling_params
-    if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
+    is_held = params.is_stop_held(seq.num_output_tokens)  # min_tokens: no stop ends it yet
+    if not is_held and (token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids)):
         return "stop"
-    if text_stop is not None and text_stop(seq):
+    if text_stop is not None and text_stop(seq) and not is_held:
         return "stop"
     if seq.num_output_tokens >= seq.max_tokens:
         return "length"

@@ -1,16 +1,55 @@
-"""Token sampling: greedy argmax, or temperature / top-k / top-p with an optional per-request generator."""
+"""Token sampling: the step's pipeline (`sample`) and its last stage (`sample_tokens`: greedy argmax, or
+temperature / top-k / top-p with an optional per-request generator).
+
+`sample` runs, per row of a mixed batch, each stage only on the rows that need it:
+1. logits processors (layers/logits_processors.py: min_tokens masking, logit_bias, penalties);
+2. the allowed-token mask (`allowed_token_mask`, [num_rows, vocab] bool, True = may be sampled; None = all
+   allowed): the place for per-row constraints such as structured outputs' grammar masks, applied after the
+   processors and before logprobs and sampling, so logprobs describe the distribution actually sampled from;
+3. logprobs of the sampled tokens (layers/logprobs.py) for rows that ask;
+4. `sample_tokens` (temperature, top-k, top-p, generators).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
+from dataclasses import dataclass
 
 import torch
 
-from scheduler.core.sampling import SamplingParams
+from gpu_workers.engine.layers.logits_processors import RowHistory, apply_logits_processors
+from gpu_workers.engine.layers.logprobs import token_logprobs
+from scheduler.core.sampling import SamplingParams, TokenLogprob
 
 # Below this temperature a row samples its argmax (vLLM's _SAMPLING_EPS): dividing by a smaller one can make
 # inf * 0 = NaN on CUDA (a division by a scalar runs there as a multiplication by its reciprocal).
 MIN_SAMPLING_TEMPERATURE = 1e-5
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One token per row, and its TokenLogprob where the row asked for logprobs (else None)."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    histories: list[RowHistory],
+    eos_token_ids: Collection[int] = (),
+    allowed_token_mask: torch.Tensor | None = None,
+) -> SampleResult:
+    """logits: [num_rows, vocab] fp32, finite (raw model output) -> tokens and logprobs (module doc for the
+    stages). `histories`: each row's prompt + output ids (read by min_tokens and penalties only)."""
+    logits = apply_logits_processors(logits, params, histories, eos_token_ids)
+    if allowed_token_mask is not None:
+        logits = logits.masked_fill(~allowed_token_mask, float("-inf"))
+    tokens = sample_tokens(logits, params, generators)
+    return SampleResult(tokens, token_logprobs(logits, params, tokens))
 
 
 def sample_tokens(
@@ -18,7 +57,8 @@ def sample_tokens(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> list[int]:
-    """logits: [num_seqs, vocab] fp32, finite (the runner leaves out non-finite rows) -> one token id per row."""
+    """logits: [num_seqs, vocab] fp32, finite or -inf where a processor or mask ruled a token out (never a
+    whole row: the runner leaves out non-finite rows) -> one token id per row."""
     greedy = logits.max(dim=-1).indices.tolist()  # = argmax (first maximum), in one faster pass on CPU
     if all(p.is_greedy for p in params):
         return greedy

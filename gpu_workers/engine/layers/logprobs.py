@@ -1,0 +1,36 @@
+"""Log probabilities of sampled tokens, for the rows that ask (`SamplingParams.logprobs` not None).
+
+Computed on the processed logits (after min_tokens, logit_bias and penalties; before temperature, top-k and
+top-p: vLLM's "processed_logprobs" mode), with one log_softmax and one topk over the asking rows only; a
+batch where no row asks costs one Python pass over the parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scheduler.core.sampling import SamplingParams, TokenLogprob
+
+
+def token_logprobs(
+    logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]
+) -> list[TokenLogprob | None]:
+    """logits: [num_rows, vocab] processed -> per row its sampled token's TokenLogprob (None: not asked)."""
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    result: list[TokenLogprob | None] = [None] * len(params)
+    if not rows:
+        return result
+    device = logits.device
+    index = torch.tensor(rows, device=device)
+    logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)  # [num_asking, vocab]
+    chosen = logprobs.gather(1, torch.tensor([[tokens[i]] for i in rows], device=device)).squeeze(1)
+    num_top = max(params[i].logprobs or 0 for i in rows)
+    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
+    chosen_list = chosen.tolist()
+    top_value_rows = top_values.tolist() if top_values is not None else [[] for _ in rows]
+    top_id_rows = top_ids.tolist() if top_ids is not None else [[] for _ in rows]
+    for k, row in enumerate(rows):
+        num = params[row].logprobs or 0
+        top = tuple(zip(top_id_rows[k][:num], top_value_rows[k][:num]))
+        result[row] = TokenLogprob(tokens[row], chosen_list[k], top)
+    return result
