@@ -1,0 +1,93 @@
+"""Sampling features on the engine, per row of a mixed-adapter batch: logprobs equal transformers + peft's
+log_softmax (base model and adapters), a seeded request gives the same tokens alone or among 16 mixed
+requests, and rows with penalties, bias or min_tokens beside rows without get what they would get alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from gpu_workers.engine.llm_engine import LLMEngine
+from scheduler.core.sampling import SamplingParams
+
+NUM_TOKENS = 6
+
+
+@pytest.mark.parametrize("adapter", [None, "adapter-00", "adapter-03"])
+def test_greedy_logprobs_match_peft_log_softmax(
+    fp32_engine: LLMEngine, hf_oracle: Any, prompt_ids: list[list[int]], adapter: str | None
+) -> None:
+    prompt = prompt_ids[2]
+    params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True, logprobs=5)
+    [out] = fp32_engine.generate([prompt], params, adapter_ids=[adapter])
+    assert out.logprobs is not None and len(out.logprobs) == len(out.token_ids) == NUM_TOKENS
+    ids = list(prompt)
+    for token, logprob in zip(out.token_ids, out.logprobs):
+        expected = torch.log_softmax(hf_oracle.logits(ids, adapter), dim=-1)
+        assert logprob.token_id == token
+        assert logprob.logprob == pytest.approx(float(expected[token]), abs=1e-4)
+        top_values, top_ids = expected.topk(5)
+        assert [t for t, _ in logprob.top] == top_ids.tolist()
+        assert [v for _, v in logprob.top] == pytest.approx(top_values.tolist(), abs=1e-4)
+        ids.append(token)
+
+
+def test_seeded_request_gives_the_same_tokens_alone_and_in_a_mixed_batch_of_16(
+    fp32_engine: LLMEngine, prompt_ids: list[list[int]], adapter_dirs: dict
+) -> None:
+    seeded = SamplingParams(max_tokens=NUM_TOKENS, temperature=1.0, seed=1234, ignore_eos=True)
+    [alone] = fp32_engine.generate([prompt_ids[0]], seeded, adapter_ids=["adapter-01"])
+    names = list(adapter_dirs)
+    prompts: list[list[int]] = [prompt_ids[i % len(prompt_ids)] for i in range(15)]
+    adapters: list[str | None] = [None if i % 4 == 0 else names[i % len(names)] for i in range(15)]
+    others = [
+        SamplingParams(max_tokens=NUM_TOKENS + i % 3, temperature=0.3 * (i % 4), seed=i if i % 2 else None,
+                       top_k=i % 5, presence_penalty=0.5 * (i % 3), logprobs=i % 3 or None, ignore_eos=True)
+        for i in range(15)
+    ]  # fmt: skip
+    outs = fp32_engine.generate(
+        [*prompts[:7], prompt_ids[0], *prompts[7:]],
+        [*others[:7], seeded, *others[7:]],
+        adapter_ids=[*adapters[:7], "adapter-01", *adapters[7:]],
+    )
+    assert outs[7].token_ids == alone.token_ids
+
+
+def test_rows_with_processors_get_what_they_get_alone_beside_rows_without(
+    fp32_engine: LLMEngine, prompt_ids: list[list[int]]
+) -> None:
+    greedy = dict(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True)
+    params = [
+        SamplingParams(**greedy),
+        SamplingParams(**greedy, repetition_penalty=1.8, logprobs=2),
+        SamplingParams(**greedy, frequency_penalty=2.0, presence_penalty=1.0),
+        SamplingParams(**greedy, logit_bias={5: 100.0}),
+        SamplingParams(max_tokens=NUM_TOKENS, temperature=0, min_tokens=NUM_TOKENS, logprobs=0),
+    ]
+    adapters: list[str | None] = [None, "adapter-00", "adapter-01", "adapter-02", None]
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(params))]
+    alone = [fp32_engine.generate([p], s, adapter_ids=[a])[0] for p, s, a in zip(prompts, params, adapters)]
+    mixed = fp32_engine.generate(prompts, params, adapter_ids=adapters)
+    for one, together in zip(alone, mixed):
+        assert together.token_ids == one.token_ids
+        if one.logprobs is not None:
+            assert together.logprobs is not None
+            for a, b in zip(one.logprobs, together.logprobs):
+                assert b.token_id == a.token_id and b.logprob == pytest.approx(a.logprob, abs=1e-4)
+    assert mixed[3].token_ids == [5] * NUM_TOKENS  # +100 on token 5 always wins
+    assert mixed[0].logprobs is None
+
+
+def test_min_tokens_holds_back_eos_until_reached(fp32_engine: LLMEngine, prompt_ids: list[list[int]]) -> None:
+    eos = next(iter(fp32_engine.eos_token_ids))
+    bias_to_eos = {eos: 100.0}  # EOS would be the first token
+    [early] = fp32_engine.generate(
+        [prompt_ids[0]], SamplingParams(max_tokens=8, temperature=0, logit_bias=bias_to_eos)
+    )
+    assert early.token_ids == [eos] and early.finish_reason == "stop"
+    held = SamplingParams(max_tokens=8, temperature=0, logit_bias=bias_to_eos, min_tokens=3)
+    [out] = fp32_engine.generate([prompt_ids[0]], held)
+    assert len(out.token_ids) == 4 and out.token_ids[-1] == eos and eos not in out.token_ids[:3]
+    assert out.finish_reason == "stop"
