@@ -58,7 +58,7 @@ def test_seeded_request_gives_the_same_tokens_alone_and_in_a_mixed_batch_of_16(
 def test_rows_with_processors_get_what_they_get_alone_beside_rows_without(
     fp32_engine: LLMEngine, prompt_ids: list[list[int]]
 ) -> None:
-    greedy = dict(max_tokens=NUM_TOKENS, temperature=0, ignore_eos=True)
+    greedy: dict[str, Any] = {"max_tokens": NUM_TOKENS, "temperature": 0, "ignore_eos": True}
     params = [
         SamplingParams(**greedy),
         SamplingParams(**greedy, repetition_penalty=1.8, logprobs=2),
