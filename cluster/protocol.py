@@ -116,6 +116,21 @@ class SamplingSpec(BaseModel):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    # None: no logprobs; k >= 0: each token's logprob and its top k alternatives (scheduler/core/sampling.py)
+    logprobs: int | None = None
+
+
+class TokenLogprobs(BaseModel):
+    """A generated token's log probability and its top alternatives [(token id, logprob)], best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = Field(default_factory=list)
 
 
 class GenerateRequest(BaseModel):
@@ -150,6 +165,7 @@ class GenerateEvent(BaseModel):
     type: Literal["delta", "final", "error"]
     text: str = ""
     token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when the request asked for logprobs
     # final only
     finish_reason: str | None = None
     num_prompt_tokens: int = 0

@@ -21,12 +21,13 @@ from typing import Any
 from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError
 from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.vllm_client import LoraIds, VllmClient, engine_prompt_of
+from gpu_workers.worker.vllm_sampling import logprobs_from_vllm
 from scheduler.admission.admission import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.admission.external_release import ReleaseLimits, release_now
 from scheduler.admission.fair_share import ANONYMOUS_TENANT
 from scheduler.core.engine_request import EngineRequest
 from scheduler.core.engine_stats import EngineStats, ExecutorStats
-from scheduler.core.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams, TokenLogprob
 from scheduler.core.scheduler_stats import count_by_adapter
 
 _UNBOUNDED = 1 << 40  # vLLM owns its memory: the policy sees no token or block bound
@@ -181,6 +182,7 @@ class VllmBackend:
                 yield RequestOutput(
                     request_id=waiting.request_id,
                     new_token_ids=new,
+                    new_logprobs=new_logprobs(completion, new, num_sent, request.sampling_params.logprobs),
                     new_text=new_text,
                     is_finished=is_done,
                     finish_reason=reason,
@@ -356,3 +358,12 @@ class VllmStats(ExecutorStats):
 
     max_loras: int = 0
     is_base_on_zero_adapter: bool = False
+
+
+def new_logprobs(
+    completion: Any, new: list[int], num_sent: int, num_top: int | None
+) -> list[TokenLogprob] | None:
+    """The logprobs of a vLLM output's `new` tokens (the last of its `num_sent`), when the request asked."""
+    if num_top is None or not new or completion.logprobs is None:
+        return None
+    return logprobs_from_vllm(new, completion.logprobs[num_sent - len(new) : num_sent], num_top)

@@ -4,33 +4,19 @@ calls it for `engine_backend=vllm`)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_workers.engine.adapter_loader import validate_adapter
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
+from gpu_workers.worker.vllm_sampling import LOGPROBS_MODE, vllm_sampling_params
 from registry.validation import BaseModelSpec, ValidationLimits
-from scheduler.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from settings import Settings
-
-
-def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) -> Any:
-    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both)."""
-    return factory(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=max(params.top_k, 0),
-        seed=params.seed,
-        stop_token_ids=list(params.stop_token_ids),
-        stop=list(params.stop),
-        ignore_eos=params.ignore_eos,
-    )
 
 
 def vllm_engine_args(settings: Settings) -> dict[str, Any]:
@@ -72,7 +58,10 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
     engine = settings.engine
     # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from kv_cache_memory_bytes
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, engine.kv_cache_bytes >> 30)))
-    client = AsyncLLM.from_engine_args(AsyncEngineArgs(**vllm_engine_args(settings)))
+    engine_args = vllm_engine_args(settings)
+    if "logprobs_mode" in inspect.signature(AsyncEngineArgs).parameters:  # vLLM >= 0.10.2
+        engine_args["logprobs_mode"] = LOGPROBS_MODE  # the native engine's logprobs (vllm_sampling.py)
+    client = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
     base_adapter = write_zero_adapter(Path(str(settings.base_model_path)), settings.resolved_host_cache_dir())
     limits = VllmLimits(
         max_num_seqs=engine.max_num_seqs,

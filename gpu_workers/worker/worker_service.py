@@ -17,7 +17,14 @@ from contextlib import aclosing
 from typing import Any, cast
 
 from cluster.membership import WorkerRecord
-from cluster.protocol import GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats, prefix_cache_namespace
+from cluster.protocol import (
+    GenerateEvent,
+    GenerateRequest,
+    SamplingSpec,
+    TokenLogprobs,
+    WorkerStats,
+    prefix_cache_namespace,
+)
 from cluster.worker_stats import WorkerState, build_worker_stats
 from gpu_workers.engine.errors import AdapterLoadFailedError, AdapterNotLoadedError, PromptTooLongError
 from gpu_workers.engine.outputs import RequestOutput
@@ -27,7 +34,7 @@ from gpu_workers.worker.host_cache import HostAdapterCache
 from gpu_workers.worker.worker_errors import BadRequestError, DrainingError
 from scheduler.core.engine_request import EngineRequest, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
-from scheduler.core.sampling import SamplingParams
+from scheduler.core.sampling import SamplingParams, TokenLogprob
 
 
 class WorkerService:
@@ -114,7 +121,10 @@ class WorkerService:
                     last = out
                     if out.new_token_ids or out.new_text:
                         yield GenerateEvent(
-                            type="delta", text=out.new_text, token_ids=list(out.new_token_ids)
+                            type="delta",
+                            text=out.new_text,
+                            token_ids=list(out.new_token_ids),
+                            logprobs=wire_logprobs(out.new_logprobs),
                         )
             yield final_event(last, prepared.received_at) if last else error_event("internal", "no output")
         except (AdapterNotLoadedError, AdapterLoadFailedError) as exc:  # its planned copy failed
@@ -202,9 +212,22 @@ def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
             stop=tuple(spec.stop),
             stop_token_ids=tuple(spec.stop_token_ids),
             ignore_eos=spec.ignore_eos,
+            min_tokens=spec.min_tokens,
+            presence_penalty=spec.presence_penalty,
+            frequency_penalty=spec.frequency_penalty,
+            repetition_penalty=spec.repetition_penalty,
+            logit_bias=tuple(spec.logit_bias.items()),
+            logprobs=spec.logprobs,
         )
     except ValueError as exc:
         raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
+
+
+def wire_logprobs(logprobs: list[TokenLogprob] | None) -> list[TokenLogprobs] | None:
+    """The engine's TokenLogprobs as wire events carry them (None when the request asked for none)."""
+    if logprobs is None:
+        return None
+    return [TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob, top=list(lp.top)) for lp in logprobs]
 
 
 def final_event(last: RequestOutput, received_at: float | None) -> GenerateEvent:

@@ -1,0 +1,54 @@
+"""The platform's sampling parameters as vLLM's, and vLLM's logprobs as the platform's (pure functions: vllm is
+not imported here; gpu_workers/worker/vllm_engine.py hands in vLLM's SamplingParams class).
+
+vLLM computes logprobs in the mode of its `logprobs_mode` engine argument; the worker asks for
+"processed_logprobs" where its vLLM has the argument (`LOGPROBS_MODE`), the native engine's definition: after
+penalties and bias, before temperature (scheduler/core/sampling.py). Older vLLM reports the raw model
+distribution (its only mode then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from scheduler.core.sampling import SamplingParams, TokenLogprob
+
+LOGPROBS_MODE = "processed_logprobs"
+
+
+def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) -> Any:
+    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both)."""
+    return factory(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=max(params.top_k, 0),
+        seed=params.seed,
+        stop_token_ids=list(params.stop_token_ids),
+        stop=list(params.stop),
+        ignore_eos=params.ignore_eos,
+        min_tokens=params.min_tokens,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        logit_bias=dict(params.logit_bias) or None,
+        logprobs=params.logprobs,
+    )
+
+
+def logprobs_from_vllm(
+    token_ids: Sequence[int], entries: Sequence[Mapping[int, Any]], num_top: int
+) -> list[TokenLogprob]:
+    """The platform's TokenLogprobs from vLLM's per-token dicts (token id -> Logprob(logprob, rank, ...): the
+    top `num_top` by rank plus the sampled token, whatever its rank), one per token of `token_ids`."""
+    result = []
+    for token_id, entry in zip(token_ids, entries):
+        ranked = sorted(
+            (lp.rank, token, float(lp.logprob))
+            for token, lp in entry.items()
+            if lp.rank is not None and lp.rank <= num_top
+        )
+        top = tuple((token, logprob) for _, token, logprob in ranked)
+        result.append(TokenLogprob(token_id, float(entry[token_id].logprob), top))
+    return result
