@@ -197,9 +197,18 @@ class BaseModelTokenizer:
         text = self.render_chat(messages)
         return text, self.encode(text, add_special_tokens=False)
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are 0 <= id < vocab_size (added tokens included)."""
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as logprobs show it (special tokens included)."""
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+
     def check_token_ids(self, token_ids: Sequence[Any]) -> list[int]:
         """Validate a pre-tokenized prompt against the vocabulary."""
-        vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab_size = self.vocab_size
         for i, token in enumerate(token_ids):
             if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
                 raise PromptError(f"prompt[{i}] is not a token id of this model (0 <= id < {vocab_size})")

@@ -12,8 +12,8 @@ can time another's prompts.
 The hot path stays on the event loop (no threadpool hop, no DB query): the model comes from the model
 cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long prompts
 and the Redis limiter run in the threadpool.
-vLLM extension fields: `ignore_eos` (bool, forwarded to the engine) and `min_tokens` (only 0, or with
-ignore_eos=true and no stop strings, when every completion has max_tokens tokens; else a 400).
+Sampling fields (penalties, logit_bias, logprobs and vLLM's extensions) are checked and turned into the wire
+spec by api/inference/sampling_fields.py.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
+from api.inference.logprobs_format import LogprobsFormatter
+from api.inference.sampling_fields import check_sampling_fields, sampling_spec
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import InMemoryRateLimiter, RateLimits
@@ -36,7 +38,7 @@ from api.request_charge import charge_request, refuse_unless_allowed
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.request_meter import RequestMeter
 from api.services import Services
-from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
+from cluster.protocol import AdapterRef, GenerateRequest
 from registry import repository
 from registry.base_model_catalog import resolve_base_model_name
 from registry.errors import NotFoundError
@@ -52,13 +54,8 @@ MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
@@ -78,6 +75,7 @@ class Prepared:
     include_usage: bool
     route: RouteRequest
     generate: GenerateRequest
+    logprobs_formatter: LogprobsFormatter | None = None  # when the request asked for logprobs
 
     @property
     def max_tokens(self) -> int:
@@ -110,7 +108,7 @@ async def prepare(
         prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body)
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
-    check_min_tokens(body, max_tokens)
+    check_sampling_fields(body, tokenizer, max_tokens)
     if isinstance(services.rate_limiter, InMemoryRateLimiter):
         admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
     else:
@@ -118,6 +116,8 @@ async def prepare(
             admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter
         )
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
+    if prepared.generate.sampling.logprobs is not None:
+        prepared.logprobs_formatter = LogprobsFormatter(kind, tokenizer)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
 
@@ -142,14 +142,7 @@ def _prepared(
     meter: RequestMeter,
 ) -> Prepared:
     response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
-    sampling = SamplingSpec(
-        max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        stop=body.stop_list(),
-        ignore_eos=body.ignore_eos,
-    )
+    sampling = sampling_spec(body, max_tokens)
     adapter_key = resolved.adapter.adapter_key if resolved.adapter else None
     return Prepared(
         kind=kind,
@@ -209,8 +202,7 @@ def refuse_unsupported(body: InferenceRequestBase) -> None:
             400,
             "invalid_request",
             f"unsupported field(s): {', '.join(problems)}; remove them "
-            "(this server supports n=1 without logprobs, echo, suffix, logit_bias, penalties, tools or "
-            "structured output)",
+            "(this server supports n=1 without echo, suffix, tools or structured output; see docs/sampling.md)",
         )
     if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
         raise ApiError(
@@ -342,18 +334,6 @@ def check_sizes(
             f"{context} tokens; shorten the prompt or lower max_tokens"
         )
     return requested
-
-
-def check_min_tokens(body: InferenceRequestBase, max_tokens: int) -> None:
-    """Refuse a min_tokens the engine cannot guarantee (it has no min_tokens; see InferenceRequestBase)."""
-    min_tokens = body.min_tokens or 0
-    if min_tokens > max_tokens:
-        raise PromptError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; lower min_tokens")
-    if min_tokens > 0 and (not body.ignore_eos or body.stop_list()):
-        raise PromptError(
-            f"min_tokens={min_tokens} is only supported with ignore_eos=true and no stop strings (the "
-            "completion then always has max_tokens tokens); send min_tokens=0 or set ignore_eos=true"
-        )
 
 
 def admit(

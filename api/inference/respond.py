@@ -23,7 +23,7 @@ from api.inference.prepare import Kind, Prepared
 from api.metering import UsageLedger, record_quietly
 from api.request_meter import RequestMeter
 from api.worker_client import WorkerStream
-from cluster.protocol import GenerateEvent
+from cluster.protocol import GenerateEvent, TokenLogprobs
 
 
 def usage_dict(meter: RequestMeter, status: str) -> dict[str, int]:
@@ -44,21 +44,29 @@ def _choice(
     is_chunk: bool,
     is_first: bool = False,
     has_content: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One choice; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks)."""
+    """One choice; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks);
+    `logprobs`: its tokens' (api/inference/logprobs_format.py), when the request asked."""
     if kind == "text":
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if not is_chunk:
         return {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
     delta: dict[str, Any] = {"content": text} if (text or has_content or is_first) else {}
     if is_first:
         delta = {"role": "assistant", **delta}
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _logprobs(prepared: Prepared, logprobs: list[TokenLogprobs]) -> dict[str, Any] | None:
+    """The choice's logprobs object for these tokens (None when the request asked for none)."""
+    formatter = prepared.logprobs_formatter
+    return formatter.format(logprobs) if formatter is not None else None
 
 
 def _envelope(prepared: Prepared, choices: list[dict[str, Any]], *, is_chunk: bool) -> dict[str, Any]:
@@ -94,14 +102,22 @@ async def collect(
     its client is.
     """
     texts: list[str] = []
+    logprobs: list[TokenLogprobs] = []
     try:
         async for event in upstream.events():
             if event.type == "delta":
                 texts.append(event.text)
+                logprobs += event.logprobs or ()
                 meter.on_delivered(len(event.token_ids))
             elif event.type == "final":
                 await ledger.record(meter, "ok")
-                choice = _choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)
+                choice = _choice(
+                    prepared.kind,
+                    "".join(texts),
+                    _finish_reason(event),
+                    is_chunk=False,
+                    logprobs=_logprobs(prepared, logprobs),
+                )
                 body = _envelope(prepared, [choice], is_chunk=False)
                 return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
             else:
@@ -169,7 +185,13 @@ async def _stream_body(
             # one chunk per worker delta, even when its text is still empty (a special token, a partial
             # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
             choice = _choice(
-                prepared.kind, event.text, None, is_chunk=True, is_first=is_first, has_content=True
+                prepared.kind,
+                event.text,
+                None,
+                is_chunk=True,
+                is_first=is_first,
+                has_content=True,
+                logprobs=_logprobs(prepared, event.logprobs or []),
             )
             is_first = False
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)

@@ -31,17 +31,31 @@ class InferenceRequestBase(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # vLLM extensions (not in OpenAI's API): ignore_eos keeps generating past the end-of-sequence token;
-    # min_tokens is honoured only when trivially true (0, or ignore_eos without stop strings: the completion
-    # then always has max_tokens tokens) because the engine has no min_tokens of its own.
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    # token id (a string, as JSON keys are) -> a value in [-100, 100] added to its logit; ids are checked
+    # against the base model's vocabulary once the model is known (api/inference/sampling_fields.py)
+    logit_bias: dict[str, float] | None = None
+    # vLLM extensions (not in OpenAI's API, same names and meaning as vLLM's): ignore_eos keeps generating
+    # past the end-of-sequence token; min_tokens holds back EOS, stop_token_ids and stop strings until that
+    # many tokens were generated; repetition_penalty (> 0, 1 = off) scales the logits of tokens seen in the
+    # prompt or output; stop_token_ids end the completion at any of these ids.
     ignore_eos: bool = False
     min_tokens: int | None = Field(default=None, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    stop_token_ids: list[int] | None = None
     # Accepted only at their no-op values (the route refuses anything else, naming the field).
     n: int | None = None
-    logprobs: Any = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_in_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {token!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"values must be in [-100, 100], got {value} for token {token}")
+        return bias
 
     @field_validator("seed")
     @classmethod
@@ -61,6 +75,9 @@ class CompletionRequest(InferenceRequestBase):
     """POST /v1/completions: `prompt` is a string, a list of one string, or token ids."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
+    # OpenAI's legacy logprobs: each token's logprob and this many top alternatives (OpenAI allows up to 5;
+    # this server up to 20, as vLLM)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -71,7 +88,8 @@ class ChatCompletionRequest(InferenceRequestBase):
 
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
