@@ -5,7 +5,9 @@ The model is the tiny demo model with head dim 64 (`tiny64`: vLLM's CPU attentio
 Each engine must give transformers + peft's greedy tokens for the base model and each adapter, stream deltas,
 abort a closed stream, report usage once, serve more distinct adapters at once than vLLM's LoRA slots
 (`engine_max_loras` 2) without refusing any, show residency after prefetch and drop, and fail a bad or
-over-rank adapter alone, and keep prefix-cache hits within a tenant.
+over-rank adapter alone, and keep prefix-cache hits within a tenant. Sampling features: logprobs equal
+transformers + peft's log_softmax, and penalties, logit_bias and min_tokens give the reference's greedy tokens
+(tests/gpu_workers/worker/test_engine_contract_sampling.py, on the same worker).
 
 The vLLM half needs vllm in the Python running pytest: CI installs it in its own venv and runs
 `pytest -m vllm` there (scripts/test.sh); elsewhere it is skipped, unless LORAHOST_REQUIRE_VLLM=1 makes a
@@ -106,12 +108,13 @@ def _body(
     adapter: AdapterRef | None,
     max_tokens: int = NUM_TOKENS,
     tenant_id: str | None = None,
+    **sampling: Any,
 ) -> dict:
     return GenerateRequest(
         request_id=request_id,
         prompt_token_ids=prompt,
         adapter=adapter,
-        sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **sampling},
         tenant_id=tenant_id,
         cache_namespace=prefix_cache_namespace(tenant_id),
     ).model_dump(mode="json")
