@@ -146,7 +146,10 @@ class LLMEngine:
         """Run one batch; return a delta for every request that produced a token, finished or was aborted."""
         deltas = self.core.step()
         logprobs = self.runner.take_logprobs()
-        return [self._delta(d, logprobs.get(d.seq.request_id)) for d in deltas]
+        return [
+            self._delta(d, logprobs.tokens.get(d.seq.request_id), logprobs.prompts.get(d.seq.request_id))
+            for d in deltas
+        ]
 
     def _is_stop_string(self, seq: Sequence) -> bool:
         """Detokenize seq's new token; True (text trimmed before it) when the text now holds a stop string."""
@@ -161,9 +164,15 @@ class LLMEngine:
         seq.output_text = seq.output_text[:stop_at]
         return True
 
-    def _delta(self, delta: SeqDelta, logprob: TokenLogprob | None = None) -> RequestOutput:
+    def _delta(
+        self,
+        delta: SeqDelta,
+        logprob: TokenLogprob | None = None,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
+    ) -> RequestOutput:
         """Build the output delta; text that could still become a stop string is held back until finish.
-        `logprob`: the step's sampled token's, when the request asked for logprobs."""
+        `logprob`: the step's sampled token's, when the request asked for logprobs; `prompt_logprobs`: the
+        prompt's, on its first token's delta, when it asked for them."""
         seq, new_token_ids = delta.seq, delta.new_token_ids
         visible = len(seq.output_text)
         if not seq.is_finished:
@@ -171,7 +180,7 @@ class LLMEngine:
         new_text = seq.output_text[seq.num_emitted_chars : visible]
         seq.num_emitted_chars = visible
         logprobs = [logprob] if logprob is not None and new_token_ids else None
-        return RequestOutput.of(seq, new_token_ids, new_text, logprobs)
+        return RequestOutput.of(seq, new_token_ids, new_text, logprobs, prompt_logprobs)
 
     # ---- offline convenience -------------------------------------------------------------------------
 
@@ -192,17 +201,11 @@ class LLMEngine:
         for request_id, prompt, p, adapter_id in zip(ids, prompt_list, params, adapters):
             self.add_request(self.make_request(request_id, prompt, p, adapter_id))
             seqs[request_id] = self.scheduler.get(request_id)  # type: ignore[assignment]
-        logprobs: dict[str, list[TokenLogprob]] = {i: [] for i in ids}
+        outs: dict[str, list[RequestOutput]] = {i: [] for i in ids}
         while any(not s.is_finished for s in seqs.values()):
             for out in self.step():
-                if out.new_logprobs and out.request_id in logprobs:
-                    logprobs[out.request_id] += out.new_logprobs
-        return [
-            CompletionOutput.of(
-                seqs[i], logprobs[i] if seqs[i].sampling_params.logprobs is not None else None
-            )
-            for i in ids
-        ]
+                outs.get(out.request_id, []).append(out)
+        return [CompletionOutput.of(seqs[i], outs[i]) for i in ids]
 
     # ---- adapters -----------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from gpu_workers.engine.kernel_tuner import KernelTuner
 from gpu_workers.engine.layers import cpu_kernels
 from gpu_workers.engine.layers.host_lora import HostLora
 from gpu_workers.engine.layers.logits_processors import RowHistory
+from gpu_workers.engine.layers.logprobs import StepLogprobs, prompt_logprobs
 from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch
 from gpu_workers.engine.layers.rotary import RotaryEmbedding
 from gpu_workers.engine.layers.sampler import sample
@@ -117,7 +118,10 @@ class ModelRunner:
         # min_tokens masks these (LLMEngine widens them with the tokenizer's EOS); request id -> the logprob of
         # its token sampled by the last step, for rows that asked (`take_logprobs`)
         self.eos_token_ids: frozenset[int] = frozenset(self.args.eos_token_ids)
-        self.step_logprobs: dict[str, TokenLogprob] = {}
+        self.step_logprobs = StepLogprobs()
+        self.prompt_logprobs: dict[
+            str, dict[int, TokenLogprob]
+        ] = {}  # request id -> position -> next token's
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.decode_step_compile_s: float | None = None  # None: the decode step runs eagerly
         if self.kernel_plan.decode_step == "compiled":
@@ -224,8 +228,11 @@ class ModelRunner:
             self.kv_caches,
             inputs.attention,
             inputs.lora,
-            output_rows=inputs.sample_rows,
-        )  # [num_sampling, hidden]
+            output_rows=inputs.sample_rows if inputs.output_rows is None else inputs.output_rows,
+        )  # [num_sampling, hidden] (or [num_output_rows, hidden] with prompt rows)
+        if inputs.sample_index is not None:
+            self._record_prompt_logprobs(hidden, inputs)
+            hidden = hidden.index_select(0, inputs.sample_index)
         host = inputs.lora.find(HostLora)
         if host is not None:
             switched_at = host.switch.switched_at
@@ -248,13 +255,28 @@ class ModelRunner:
         result = sample(logits, params, generators, histories, self.eos_token_ids)
         for seq, logprob in zip(seqs, result.logprobs):
             if logprob is not None:
-                self.step_logprobs[seq.request_id] = logprob
+                self.step_logprobs.tokens[seq.request_id] = logprob
+            if seq.sampling_params.prompt_logprobs is not None and seq.num_output_tokens == 0:
+                self.step_logprobs.prompts[seq.request_id] = self._take_prompt_logprobs(seq)
         sampled = iter(result.tokens)
         return [next(sampled) if ok else None for ok in is_finite]
 
-    def take_logprobs(self) -> dict[str, TokenLogprob]:
-        """Remove and return request id -> the logprob of its token sampled since the last call."""
-        taken, self.step_logprobs = self.step_logprobs, {}
+    def _record_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> None:
+        """Keep the logprobs of the prompt rows' next tokens, by position (a recomputed position overwrites)."""
+        for rows in inputs.prompt_rows:
+            logits = self.model.logits(hidden[rows.output_index])  # [num_positions, vocab]
+            num_top = rows.seq.sampling_params.prompt_logprobs or 0
+            kept = self.prompt_logprobs.setdefault(rows.seq.request_id, {})
+            kept.update(zip(rows.positions, prompt_logprobs(logits, rows.target_ids, num_top)))
+
+    def _take_prompt_logprobs(self, seq: Sequence) -> list[TokenLogprob | None]:
+        """Remove and return seq's prompt logprobs, one per prompt token (None for the first, as OpenAI)."""
+        kept = self.prompt_logprobs.pop(seq.request_id, {})
+        return [None, *(kept.get(p) for p in range(seq.num_prompt_tokens - 1))]
+
+    def take_logprobs(self) -> StepLogprobs:
+        """Remove and return the sampled tokens' and finished prompts' logprobs since the last call."""
+        taken, self.step_logprobs = self.step_logprobs, StepLogprobs()
         return taken
 
     def _generator_for(self, seq: Sequence) -> torch.Generator | None:
@@ -271,6 +293,7 @@ class ModelRunner:
     def release_request(self, request_id: str) -> None:
         """Drop per-request sampler state."""
         self.generators.pop(request_id, None)
+        self.prompt_logprobs.pop(request_id, None)
 
     # ---- the engine core's executor ----------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,8 @@ class RequestOutput:
     error_code: str | None = None
     # One per new token when the request asked for logprobs (SamplingParams.logprobs), else None.
     new_logprobs: list[TokenLogprob] | None = None
+    # On the first token's delta when the request asked for prompt logprobs: one per prompt token, None first.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @classmethod
     def of(
@@ -45,6 +48,7 @@ class RequestOutput:
         new_token_ids: list[int],
         new_text: str,
         new_logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> RequestOutput:
         """The delta of `seq` after a step that produced `new_token_ids` (and their logprobs) and `new_text`."""
         return cls(
@@ -63,6 +67,7 @@ class RequestOutput:
             error=seq.error,
             error_code=seq.error_code,
             new_logprobs=new_logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
 
@@ -80,10 +85,15 @@ class CompletionOutput:
     first_token_time: float | None
     finish_time: float | None
     logprobs: list[TokenLogprob] | None = None  # one per token when the request asked for them
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token when it asked
 
     @classmethod
-    def of(cls, seq: Sequence, logprobs: list[TokenLogprob] | None = None) -> CompletionOutput:
-        """The whole completion of a finished `seq` (with its tokens' logprobs when it asked)."""
+    def of(cls, seq: Sequence, outputs: Iterable[RequestOutput] = ()) -> CompletionOutput:
+        """The whole completion of a finished `seq`; its logprobs gathered from its step `outputs` when it
+        asked for them."""
+        outputs = list(outputs)
+        logprobs = [lp for out in outputs for lp in out.new_logprobs or ()]
+        prompt = next((out.prompt_logprobs for out in outputs if out.prompt_logprobs is not None), None)
         return cls(
             request_id=seq.request_id,
             prompt_token_ids=list(seq.prompt_token_ids),
@@ -94,5 +104,6 @@ class CompletionOutput:
             arrival_time=seq.arrival_time,
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
-            logprobs=logprobs,
+            logprobs=logprobs if seq.sampling_params.logprobs is not None else None,
+            prompt_logprobs=prompt,
         )

@@ -4,6 +4,7 @@ scheduled batch (the LoRA side is built by gpu_workers/engine/lora_form_choice.p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from gpu_workers.engine.layers.attention import (
     varlen_prefill,
 )
 from gpu_workers.engine.layers.lora import LoraBatch
-from scheduler.core.sequence import BatchEntry
+from scheduler.core.sequence import BatchEntry, Sequence
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,23 @@ class StepInputs:
     attention: AttentionMetadata
     lora: LoraBatch
     sample_rows: torch.Tensor  # [num_sampling] batch rows whose logits are sampled
+    # Rows of prompt positions whose logprobs were asked (SamplingParams.prompt_logprobs); with them the
+    # forward outputs `output_rows` (ascending: sample and prompt rows) and `sample_index` picks the sampled
+    # ones out of it. Without them both are None and the outputs are the sample rows.
+    prompt_rows: tuple[PromptLogprobRows, ...] = ()
+    output_rows: torch.Tensor | None = None  # [num_output_rows]
+    sample_index: torch.Tensor | None = None  # [num_sampling] indices into output_rows
+
+
+@dataclass(frozen=True)
+class PromptLogprobRows:
+    """One entry's prompt positions in a step: output rows `output_index` (into `output_rows`) hold the
+    logits at `positions`, whose next tokens are `target_ids` (prompt tokens)."""
+
+    seq: Sequence
+    positions: list[int]
+    output_index: list[int]
+    target_ids: list[int]
 
 
 @dataclass
@@ -67,6 +85,7 @@ def build_step_inputs(
     varlen = _PrefillRows([], [], [], [])
     decodes = _DecodeRows([], [], [])
     sample_rows: list[int] = []
+    outputs = _OutputRows([], [], [])
     for entry in entries:
         seq, start = entry.seq, entry.seq.num_computed_tokens
         end, row = start + entry.num_new_tokens, len(ids)
@@ -87,8 +106,10 @@ def build_step_inputs(
             varlen.tables.append(seq.block_table)
         else:
             prefills.append(prefill_chunk(row, start, end, context_slots, device))
+        outputs.add_prompt_rows(entry, row)
         if entry.is_sampling:
             sample_rows.append(row + entry.num_new_tokens - 1)
+            outputs.add_sample_row(row + entry.num_new_tokens - 1)
     slot_mapping = torch.cat(slots).to(device)
     prefills = _batch_equal_prefills(prefills)
     attention = _attention_metadata(
@@ -103,7 +124,43 @@ def build_step_inputs(
         attention=attention,
         lora=lora,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        **outputs.fields(device),
     )
+
+
+@dataclass
+class _OutputRows:
+    """The rows a step outputs when some entry asks for prompt logprobs (in row order: ascending)."""
+
+    rows: list[int]
+    sample_index: list[int]
+    prompt: list[PromptLogprobRows]
+
+    def add_prompt_rows(self, entry: BatchEntry, row: int) -> None:
+        """The entry's prompt positions whose next token is a prompt token, when it asks for their logprobs."""
+        seq, start = entry.seq, entry.seq.num_computed_tokens
+        end = min(start + entry.num_new_tokens, seq.num_prompt_tokens - 1)
+        if seq.sampling_params.prompt_logprobs is None or start >= end:
+            return
+        positions = list(range(start, end))
+        index = list(range(len(self.rows), len(self.rows) + len(positions)))
+        self.rows.extend(row + p - start for p in positions)
+        self.prompt.append(PromptLogprobRows(seq, positions, index, seq.token_ids[start + 1 : end + 1]))
+
+    def add_sample_row(self, row: int) -> None:
+        """A sampled row (after the entry's prompt rows: rows stay ascending)."""
+        self.sample_index.append(len(self.rows))
+        self.rows.append(row)
+
+    def fields(self, device: torch.device) -> dict[str, Any]:
+        """StepInputs' prompt_rows, output_rows and sample_index (nothing when no entry asked)."""
+        if not self.prompt:
+            return {}
+        return {
+            "prompt_rows": tuple(self.prompt),
+            "output_rows": torch.tensor(self.rows, dtype=torch.long, device=device),
+            "sample_index": torch.tensor(self.sample_index, dtype=torch.long, device=device),
+        }
 
 
 def _attention_metadata(

@@ -27,6 +27,8 @@ class SamplingParams:
     (minus penalty once a token is in the output), OpenAI's. `logprobs`: report the sampled token's log
     probability and this many top alternatives (0 = the sampled token's only; None = nothing), computed on
     the distribution after the processors and before temperature (vLLM's "processed_logprobs").
+    `prompt_logprobs`: the same for each prompt token after the first (the model's own distribution: no
+    processor applies to the prompt); such a request computes its whole prompt (no prefix-cache reuse).
     """
 
     max_tokens: int = 16
@@ -43,6 +45,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
@@ -80,8 +83,10 @@ class SamplingParams:
                     f"logit_bias[{token_id}]={value}: token ids must be >= 0 and values in "
                     f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]"
                 )
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
 
     @property
     def is_greedy(self) -> bool:

@@ -58,8 +58,9 @@ class SequenceBlocks:
 
     def reuse_cached_prefix(self, seq: Sequence) -> None:
         """Start a waiting seq from the longest cached prefix of its adapter in its cache namespace (at least one
-        token stays)."""
-        if self.prefix_cache is None:
+        token stays). A seq asking for prompt logprobs starts from nothing: they need every prompt position's
+        logits (vLLM v1 skips its cache for them too)."""
+        if self.prefix_cache is None or seq.sampling_params.prompt_logprobs is not None:
             return
         pages = self.prefix_cache.match(seq.adapter_id, seq.token_ids, namespace=seq.cache_namespace)
         self.prefix_cache.acquire(pages)

@@ -7,9 +7,20 @@ batch where no row asks costs one Python pass over the parameters.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from scheduler.core.sampling import SamplingParams, TokenLogprob
+
+
+@dataclass
+class StepLogprobs:
+    """What steps computed since the runner was last asked: request id -> its sampled token's logprob, and
+    request id -> its prompt's logprobs (one per prompt token, None for the first), once its prompt is done."""
+
+    tokens: dict[str, TokenLogprob] = field(default_factory=dict)
+    prompts: dict[str, list[TokenLogprob | None]] = field(default_factory=dict)
 
 
 def token_logprobs(
@@ -34,3 +45,17 @@ def token_logprobs(
         top = tuple(zip(top_id_rows[k][:num], top_value_rows[k][:num]))
         result[row] = TokenLogprob(tokens[row], chosen_list[k], top)
     return result
+
+
+def prompt_logprobs(logits: torch.Tensor, target_ids: list[int], num_top: int) -> list[TokenLogprob]:
+    """logits: [n, vocab] raw, at n prompt positions -> the logprob of each position's next prompt token
+    (`target_ids`) with `num_top` alternatives (no processor applies to a prompt)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [n, vocab]
+    targets = torch.tensor(target_ids, device=logits.device)[:, None]
+    chosen = logprobs.gather(1, targets).squeeze(1).tolist()
+    if num_top:
+        values, ids = logprobs.topk(num_top, dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [() for _ in target_ids]
+    return [TokenLogprob(t, c, top) for t, c, top in zip(target_ids, chosen, tops)]

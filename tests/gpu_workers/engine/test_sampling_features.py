@@ -91,3 +91,36 @@ def test_min_tokens_holds_back_eos_until_reached(fp32_engine: LLMEngine, prompt_
     [out] = fp32_engine.generate([prompt_ids[0]], held)
     assert len(out.token_ids) == 4 and out.token_ids[-1] == eos and eos not in out.token_ids[:3]
     assert out.finish_reason == "stop"
+
+
+def peft_prompt_logprobs(hf_oracle: Any, prompt: list[int], adapter: str | None) -> torch.Tensor:
+    """log_softmax at every prompt position [len(prompt), vocab] by transformers + peft."""
+    x = torch.tensor([prompt])
+    with torch.inference_mode():
+        if adapter is None:
+            with hf_oracle.model.disable_adapter():
+                logits = hf_oracle.model(input_ids=x).logits[0]
+        else:
+            hf_oracle.model.set_adapter(adapter)
+            logits = hf_oracle.model(input_ids=x).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.mark.parametrize("adapter", [None, "adapter-02"])
+def test_prompt_logprobs_match_peft_through_chunks_and_a_warm_prefix_cache(
+    make_engine: Any, hf_oracle: Any, prompt_ids: list[list[int]], adapter: str | None
+) -> None:
+    engine = make_engine(max_num_batched_tokens=16)  # a 40-token prompt runs in 3 chunks
+    prompt = (prompt_ids[0] + prompt_ids[1] + prompt_ids[2] + prompt_ids[3])[:40]
+    plain = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    engine.generate([prompt], plain, adapter_ids=[adapter])  # its full blocks are now cached
+    asking = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2, logprobs=0)
+    [out, neighbour] = engine.generate([prompt, prompt_ids[1]], [asking, plain], adapter_ids=[adapter, None])
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
+    assert out.prompt_logprobs[0] is None and neighbour.prompt_logprobs is None
+    expected = peft_prompt_logprobs(hf_oracle, prompt, adapter)
+    for position, got in enumerate(out.prompt_logprobs[1:]):
+        assert got is not None and got.token_id == prompt[position + 1]
+        assert got.logprob == pytest.approx(float(expected[position, got.token_id]), abs=1e-4)
+        assert [t for t, _ in got.top] == expected[position].topk(2).indices.tolist()
+    assert out.logprobs is not None and out.token_ids == [lp.token_id for lp in out.logprobs]
