@@ -123,6 +123,7 @@ class SamplingSpec(BaseModel):
     logit_bias: dict[int, float] = Field(default_factory=dict)
     # None: no logprobs; k >= 0: each token's logprob and its top k alternatives (scheduler/core/sampling.py)
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (completions' echo)
 
 
 class TokenLogprobs(BaseModel):
@@ -166,6 +167,8 @@ class GenerateEvent(BaseModel):
     text: str = ""
     token_ids: list[int] = Field(default_factory=list)
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when the request asked for logprobs
+    # on the first delta when the request asked for prompt logprobs: one per prompt token (None first)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     # final only
     finish_reason: str | None = None
     num_prompt_tokens: int = 0

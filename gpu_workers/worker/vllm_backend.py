@@ -21,7 +21,7 @@ from typing import Any
 from gpu_workers.engine.errors import AdapterInUseError, AdapterLoadError, AdapterNotLoadedError
 from gpu_workers.engine.outputs import RequestOutput
 from gpu_workers.worker.vllm_client import LoraIds, VllmClient, engine_prompt_of
-from gpu_workers.worker.vllm_sampling import logprobs_from_vllm
+from gpu_workers.worker.vllm_sampling import logprobs_from_vllm, prompt_logprobs_from_vllm
 from scheduler.admission.admission import BatchBudget, BatchPolicy, WaitingRequest
 from scheduler.admission.external_release import ReleaseLimits, release_now
 from scheduler.admission.fair_share import ANONYMOUS_TENANT
@@ -164,8 +164,14 @@ class VllmBackend:
                 engine_prompt, params, waiting.request_id, lora_request=lora_request
             ):
                 completion = out.outputs[0]
-                if not is_prompt_counted:  # the first output: the prompt's prefix-cache hits
+                prompt_logprobs = None
+                if not is_prompt_counted:  # the first output: the prompt's prefix-cache hits (and logprobs)
                     is_prompt_counted = True
+                    prompt_logprobs = prompt_logprobs_from_vllm(
+                        list(out.prompt_token_ids or ()),
+                        getattr(out, "prompt_logprobs", None),
+                        request.sampling_params.prompt_logprobs,
+                    )
                     self.num_prefix_cache_query_tokens += len(out.prompt_token_ids or ())
                     self.num_prefix_cache_hit_tokens += int(getattr(out, "num_cached_tokens", 0) or 0)
                 token_ids = list(completion.token_ids)
@@ -183,6 +189,7 @@ class VllmBackend:
                     request_id=waiting.request_id,
                     new_token_ids=new,
                     new_logprobs=new_logprobs(completion, new, num_sent, request.sampling_params.logprobs),
+                    prompt_logprobs=prompt_logprobs,
                     new_text=new_text,
                     is_finished=is_done,
                     finish_reason=reason,

@@ -34,6 +34,7 @@ def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) ->
         repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias) or None,
         logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
     )
 
 
@@ -52,3 +53,15 @@ def logprobs_from_vllm(
         top = tuple((token, logprob) for _, token, logprob in ranked)
         result.append(TokenLogprob(token_id, float(entry[token_id].logprob), top))
     return result
+
+
+def prompt_logprobs_from_vllm(
+    prompt_token_ids: Sequence[int], entries: Sequence[Mapping[int, Any] | None] | None, num_top: int | None
+) -> list[TokenLogprob | None] | None:
+    """vLLM's `RequestOutput.prompt_logprobs` (None for the first token, then a dict per token) as the
+    platform's, one per prompt token (None first); None when the request asked for none."""
+    if num_top is None or entries is None:
+        return None
+    tokens = list(prompt_token_ids[1:])
+    rest = [entry or {} for entry in entries[1:]]
+    return [None, *logprobs_from_vllm(tokens, rest, num_top)]

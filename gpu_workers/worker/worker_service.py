@@ -120,12 +120,7 @@ class WorkerService:
                 async for out in stream:
                     last = out
                     if out.new_token_ids or out.new_text:
-                        yield GenerateEvent(
-                            type="delta",
-                            text=out.new_text,
-                            token_ids=list(out.new_token_ids),
-                            logprobs=wire_logprobs(out.new_logprobs),
-                        )
+                        yield delta_event(out)
             yield final_event(last, prepared.received_at) if last else error_event("internal", "no output")
         except (AdapterNotLoadedError, AdapterLoadFailedError) as exc:  # its planned copy failed
             yield error_event("adapter_unavailable", str(exc))
@@ -218,16 +213,30 @@ def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
             repetition_penalty=spec.repetition_penalty,
             logit_bias=tuple(spec.logit_bias.items()),
             logprobs=spec.logprobs,
+            prompt_logprobs=spec.prompt_logprobs,
         )
     except ValueError as exc:
         raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
 
 
-def wire_logprobs(logprobs: list[TokenLogprob] | None) -> list[TokenLogprobs] | None:
-    """The engine's TokenLogprobs as wire events carry them (None when the request asked for none)."""
-    if logprobs is None:
-        return None
-    return [TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob, top=list(lp.top)) for lp in logprobs]
+def wire_logprob(logprob: TokenLogprob) -> TokenLogprobs:
+    """The engine's TokenLogprob as wire events carry it."""
+    return TokenLogprobs(token_id=logprob.token_id, logprob=logprob.logprob, top=list(logprob.top))
+
+
+def delta_event(out: RequestOutput) -> GenerateEvent:
+    """The delta event of an engine output: its tokens and text, with their logprobs (and the prompt's, on
+    the first delta) when the request asked for them."""
+    prompt = out.prompt_logprobs
+    return GenerateEvent(
+        type="delta",
+        text=out.new_text,
+        token_ids=list(out.new_token_ids),
+        logprobs=None if out.new_logprobs is None else [wire_logprob(lp) for lp in out.new_logprobs],
+        prompt_logprobs=None
+        if prompt is None
+        else [None if lp is None else wire_logprob(lp) for lp in prompt],
+    )
 
 
 def final_event(last: RequestOutput, received_at: float | None) -> GenerateEvent:

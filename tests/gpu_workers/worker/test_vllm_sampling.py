@@ -8,7 +8,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpu_workers.worker.vllm_backend import new_logprobs
-from gpu_workers.worker.vllm_sampling import logprobs_from_vllm, vllm_sampling_params
+from gpu_workers.worker.vllm_sampling import (
+    logprobs_from_vllm,
+    prompt_logprobs_from_vllm,
+    vllm_sampling_params,
+)
 from scheduler.core.sampling import SamplingParams, TokenLogprob
 
 
@@ -20,13 +24,13 @@ def test_every_parameter_reaches_vllm_under_its_name() -> None:
     params = SamplingParams(
         max_tokens=9, temperature=0.7, top_p=0.9, top_k=4, seed=3, stop_token_ids=(5,), stop=("x",),
         ignore_eos=True, min_tokens=2, presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
-        logit_bias={7: -100.0}, logprobs=4,
+        logit_bias={7: -100.0}, logprobs=4, prompt_logprobs=2,
     )  # fmt: skip
     got = vllm_sampling_params(params, dict)
     assert got == {
         "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": 4, "seed": 3, "stop_token_ids": [5],
         "stop": ["x"], "ignore_eos": True, "min_tokens": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5,
-        "repetition_penalty": 1.2, "logit_bias": {7: -100.0}, "logprobs": 4,
+        "repetition_penalty": 1.2, "logit_bias": {7: -100.0}, "logprobs": 4, "prompt_logprobs": 2,
     }  # fmt: skip
     assert vllm_sampling_params(SamplingParams(), dict)["logit_bias"] is None
 
@@ -50,3 +54,10 @@ def test_a_streamed_delta_gets_the_logprobs_of_its_own_new_tokens() -> None:
     got = new_logprobs(completion, [2, 3], num_sent=3, num_top=0)
     assert [g.token_id for g in got or []] == [2, 3]
     assert new_logprobs(completion, [2, 3], num_sent=3, num_top=None) is None
+
+
+def test_vllm_prompt_logprobs_keep_the_first_tokens_none() -> None:
+    entries = [None, {7: _lp(-1.0, 2), 8: _lp(-0.5, 1)}, {9: _lp(-0.2, 1)}]
+    got = prompt_logprobs_from_vllm([1, 7, 9], entries, num_top=1)
+    assert got == [None, TokenLogprob(7, -1.0, ((8, -0.5),)), TokenLogprob(9, -0.2, ((9, -0.2),))]
+    assert prompt_logprobs_from_vllm([1, 7, 9], entries, num_top=None) is None
