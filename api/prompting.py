@@ -202,6 +202,10 @@ class BaseModelTokenizer:
         """Token ids are 0 <= id < vocab_size (added tokens included)."""
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids (special tokens dropped), as completions' `echo` shows a token prompt."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
     def token_text(self, token_id: int) -> str:
         """One token's text as logprobs show it (special tokens included)."""
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False))

@@ -54,7 +54,6 @@ MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -76,6 +75,7 @@ class Prepared:
     route: RouteRequest
     generate: GenerateRequest
     logprobs_formatter: LogprobsFormatter | None = None  # when the request asked for logprobs
+    echo_text: str | None = None  # completions' echo: the prompt's text, shown before the completion
 
     @property
     def max_tokens(self) -> int:
@@ -118,6 +118,8 @@ async def prepare(
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
     if prepared.generate.sampling.logprobs is not None:
         prepared.logprobs_formatter = LogprobsFormatter(kind, tokenizer)
+    if isinstance(body, CompletionRequest) and body.echo:
+        prepared.echo_text = echo_text(body, tokenizer, prompt_ids)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
 
@@ -202,7 +204,7 @@ def refuse_unsupported(body: InferenceRequestBase) -> None:
             400,
             "invalid_request",
             f"unsupported field(s): {', '.join(problems)}; remove them "
-            "(this server supports n=1 without echo, suffix, tools or structured output; see docs/sampling.md)",
+            "(this server supports n=1 without suffix, tools or structured output; see docs/sampling.md)",
         )
     if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
         raise ApiError(
@@ -280,6 +282,14 @@ async def base_tokenizer(services: Services, base_model: str) -> BaseModelTokeni
             "tokenizer.json: `lorahost models add`; the configured one LORAHOST_BASE_MODEL_PATH)",
         )
     return tokenizer
+
+
+def echo_text(body: CompletionRequest, tokenizer: BaseModelTokenizer, prompt_ids: list[int]) -> str:
+    """The prompt as `echo` shows it: the text sent, or a token prompt's decoded text."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
 
 
 def prompt_token_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:

@@ -63,10 +63,16 @@ def _choice(
     return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _logprobs(prepared: Prepared, logprobs: list[TokenLogprobs]) -> dict[str, Any] | None:
-    """The choice's logprobs object for these tokens (None when the request asked for none)."""
+def _logprobs(
+    prepared: Prepared, logprobs: list[TokenLogprobs], prompt: list[TokenLogprobs | None] | None = None
+) -> dict[str, Any] | None:
+    """The choice's logprobs object for these tokens (None when the request asked for none); `prompt`: the
+    prompt's logprobs, shown first (completions' echo)."""
     formatter = prepared.logprobs_formatter
-    return formatter.format(logprobs) if formatter is not None else None
+    if formatter is None:
+        return None
+    echo = (prepared.generate.prompt_token_ids or [], prompt) if prompt is not None else None
+    return formatter.format(logprobs, echo)
 
 
 def _envelope(prepared: Prepared, choices: list[dict[str, Any]], *, is_chunk: bool) -> dict[str, Any]:
@@ -101,13 +107,15 @@ async def collect(
     request, and meters it `aborted` with the tokens produced until then, as a streamed request that loses
     its client is.
     """
-    texts: list[str] = []
+    texts: list[str] = [prepared.echo_text or ""]
     logprobs: list[TokenLogprobs] = []
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     try:
         async for event in upstream.events():
             if event.type == "delta":
                 texts.append(event.text)
                 logprobs += event.logprobs or ()
+                prompt_logprobs = prompt_logprobs or event.prompt_logprobs
                 meter.on_delivered(len(event.token_ids))
             elif event.type == "final":
                 await ledger.record(meter, "ok")
@@ -116,7 +124,7 @@ async def collect(
                     "".join(texts),
                     _finish_reason(event),
                     is_chunk=False,
-                    logprobs=_logprobs(prepared, logprobs),
+                    logprobs=_logprobs(prepared, logprobs, prompt_logprobs),
                 )
                 body = _envelope(prepared, [choice], is_chunk=False)
                 return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
@@ -179,6 +187,7 @@ async def _stream_body(
 ) -> AsyncIterator[bytes]:
     usage_field = {"usage": None} if prepared.include_usage else {}
     is_first = prepared.kind == "chat"
+    echo = prepared.echo_text  # completions' echo: the prompt's text (and logprobs) lead the first chunk
     status, error = "ok", None
     async for event in upstream.events():
         if event.type == "delta" and (event.token_ids or event.text or is_first):
@@ -186,14 +195,14 @@ async def _stream_body(
             # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
             choice = _choice(
                 prepared.kind,
-                event.text,
+                (echo or "") + event.text,
                 None,
                 is_chunk=True,
                 is_first=is_first,
                 has_content=True,
-                logprobs=_logprobs(prepared, event.logprobs or []),
+                logprobs=_logprobs(prepared, event.logprobs or [], event.prompt_logprobs),
             )
-            is_first = False
+            is_first, echo = False, None
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
         if event.type == "delta":
             meter.on_delivered(len(event.token_ids))  # counted once handed to the server for sending

@@ -56,4 +56,5 @@ def sampling_spec(body: InferenceRequestBase, max_tokens: int) -> SamplingSpec:
         repetition_penalty=body.repetition_penalty or 1.0,
         logit_bias={int(t): v for t, v in (body.logit_bias or {}).items()},
         logprobs=num_logprobs(body),
+        prompt_logprobs=body.logprobs if isinstance(body, CompletionRequest) and body.echo else None,
     )

@@ -153,7 +153,6 @@ def test_openai_client_plain_streaming_and_typed_errors(
     [
         ("n", 2),
         ("best_of", 3),
-        ("echo", True),
         ("suffix", "x"),
         ("tools", [{"type": "function"}]),
         ("not_a_field", 1),

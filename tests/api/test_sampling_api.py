@@ -161,7 +161,7 @@ def test_without_logprobs_the_choice_has_none(
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
         ("/v1/completions", {"n": 2}, "n=2"),
-        ("/v1/completions", {"echo": True}, "echo"),
+        ("/v1/completions", {"suffix": "x"}, "suffix"),
         ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
     ],
 )
@@ -178,3 +178,43 @@ def test_out_of_range_or_unbuilt_values_are_400s_naming_the_field(
     assert response.status_code == 400, response.text
     assert field in response.json()["error"]["message"]
     assert worker.requests == []
+
+
+def echo_events(prompt_ids: list[int]) -> list[dict[str, Any]]:
+    """logprob_events(1) whose first delta carries the prompt's logprobs (None first)."""
+    events = logprob_events(1)
+    prompt = [None] + [{"token_id": t, "logprob": -3.0, "top": [[t, -3.0]]} for t in prompt_ids[1:]]
+    events[0]["prompt_logprobs"] = prompt
+    return events
+
+
+def test_echo_shows_the_prompt_then_the_completion_with_the_prompts_logprobs(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, tokenizer: BaseModelTokenizer
+) -> None:
+    prompt_ids = tokenizer.encode("hello world")
+    worker = workers.add("w1", events=echo_events(prompt_ids))
+    completion = _client(client, tenant).completions.create(
+        model=BASE_MODEL, prompt="hello world", echo=True, logprobs=1
+    )
+    assert completion.choices[0].text == "hello world" + "t0 t1 t2 "
+    assert worker.requests[0].sampling.prompt_logprobs == 1
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None and logprobs.top_logprobs is not None
+    texts = [tokenizer.token_text(t) for t in [*prompt_ids, *TOKENS]]
+    assert logprobs.tokens == texts
+    assert logprobs.token_logprobs == [None] + [-3.0] * (len(prompt_ids) - 1) + [-0.5, -1.5, -2.5]
+    assert logprobs.top_logprobs[0] is None and logprobs.top_logprobs[1] == {texts[1]: -3.0}
+    assert logprobs.text_offset == [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    assert completion.usage is not None and completion.usage.completion_tokens == len(TOKENS)
+
+
+def test_echo_without_logprobs_and_streamed_leads_with_the_prompt(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
+) -> None:
+    worker = workers.add("w1", events=logprob_events(0))
+    assert complete(client, tenant, echo=True).json()["choices"][0]["text"] == "hello worldt0 t1 t2 "
+    response = complete(client, tenant, echo=True, stream=True)
+    chunks = [c for c in sse_events(response.text) if c != "[DONE]" and c["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hello worldt0 t1 t2 "
+    assert chunks[0]["choices"][0]["text"].startswith("hello world")
+    assert [r.sampling.prompt_logprobs for r in worker.requests] == [None, None]
