@@ -1,6 +1,6 @@
 """The engine contract's sampling features, run on both engines behind a real worker (the fixtures and the
 skip rule of tests/gpu_workers/worker/test_engine_contract.py): each token's logprob and top alternatives equal
-transformers + peft's log_softmax for the base model and an adapter; penalties give the greedy tokens of the
+transformers + peft's log_softmax for the base model and an adapter (the prompt's too); penalties give the greedy tokens of the
 reference (transformers' repetition penalty, OpenAI's frequency / presence formula) and logit_bias with
 min_tokens holds a stop token back exactly min_tokens tokens; a plain greedy row beside them is unchanged."""
 
@@ -96,3 +96,18 @@ def test_penalties_bias_and_min_tokens_per_row_of_one_batch(engine_worker, oracl
     held_tokens = _tokens(held[1])
     assert len(held_tokens) == 4 and held_tokens[-1] == stop and stop not in held_tokens[:3]
     assert held[1][-1].finish_reason == "stop"
+
+
+def test_prompt_logprobs_equal_transformers_and_peft(engine_worker, oracle: HfOracle) -> None:  # type: ignore[no-untyped-def]
+    ref = engine_worker.extra["refs"]["adapter-02"]
+    prompt = PROMPTS[2]
+    body = _body("prompt-logprobs", prompt, ref, 2, prompt_logprobs=NUM_TOP)
+    [(status, events, error)] = _run(engine_worker, [body])
+    assert status == 200, error
+    [got] = [e.prompt_logprobs for e in events if e.type == "delta" and e.prompt_logprobs is not None]
+    assert len(got) == len(prompt) and got[0] is None
+    for position, lp in enumerate(got[1:]):
+        expected = torch.log_softmax(oracle.logits(prompt[: position + 1], "adapter-02"), dim=-1)
+        assert lp is not None and lp.token_id == prompt[position + 1]
+        assert lp.logprob == pytest.approx(float(expected[lp.token_id]), abs=1e-3)
+        assert [t for t, _ in lp.top] == expected.topk(NUM_TOP).indices.tolist()
