@@ -49,11 +49,7 @@ def apply_logits_processors(
     if biased:
         add_logit_bias(logits, biased, [params[i] for i in biased])
     if penalised:
-        rows = torch.tensor(penalised, device=logits.device)
-        edited = apply_penalties(
-            logits.index_select(0, rows), [params[i] for i in penalised], [histories[i] for i in penalised]
-        )
-        logits.index_copy_(0, rows, edited)
+        apply_penalties(logits, penalised, [params[i] for i in penalised], [histories[i] for i in penalised])
     return logits
 
 
@@ -92,40 +88,30 @@ def add_logit_bias(logits: torch.Tensor, rows: list[int], params: list[SamplingP
 
 
 def apply_penalties(
-    logits: torch.Tensor, params: list[SamplingParams], histories: list[RowHistory]
-) -> torch.Tensor:
-    """logits: [n, vocab] of the penalised rows -> penalised logits (vLLM's apply_penalties)."""
-    num_rows, vocab = logits.shape
+    logits: torch.Tensor, rows: list[int], params: list[SamplingParams], histories: list[RowHistory]
+) -> None:
+    """In place: vLLM's apply_penalties on `rows` of logits [num_rows, vocab] (contiguous).
+
+    Sparse: only the tokens a row has seen are read and written (one flat gather and scatter over the
+    batch's histories), so the cost follows the histories' lengths, not the vocabulary's size."""
+    vocab = logits.shape[-1]
     device = logits.device
-    prompt_mask = _token_counts(
-        [h.token_ids[: h.num_prompt_tokens] for h in histories], num_rows, vocab, device
-    ).gt(0)
-    output_counts = _token_counts(
-        [h.token_ids[h.num_prompt_tokens :] for h in histories], num_rows, vocab, device
-    ).to(logits.dtype)
-    output_mask = output_counts.gt(0)
-    # [n, 1] per-row values
-    repetition = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype, device=device)[
-        :, None
-    ]
-    frequency = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype, device=device)[
-        :, None
-    ]
-    presence = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype, device=device)[:, None]
-    seen = prompt_mask | output_mask
-    penalised = torch.where(logits > 0, logits / repetition, logits * repetition)
-    logits = torch.where(seen, penalised, logits)
-    return logits - frequency * output_counts - presence * output_mask.to(logits.dtype)
-
-
-def _token_counts(rows: list[Sequence[int]], num_rows: int, vocab: int, device: torch.device) -> torch.Tensor:
-    """[num_rows, vocab] int32: how often each token occurs in each row (ids >= vocab are dropped)."""
-    width = max((len(r) for r in rows), default=0)
-    padded = torch.full((num_rows, width), vocab, dtype=torch.long)  # vocab: a padding column, dropped
-    for i, row in enumerate(rows):
-        if row:
-            padded[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-    padded = padded.clamp_(max=vocab).to(device)
-    counts = torch.zeros(num_rows, vocab + 1, dtype=torch.int32, device=device)
-    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
-    return counts[:, :vocab]
+    flat_ids = [t for h in histories for t in h.token_ids]
+    row_of = [row for row, h in zip(rows, histories) for _ in h.token_ids]
+    is_output = [p >= h.num_prompt_tokens for h in histories for p in range(len(h.token_ids))]
+    ids = torch.tensor(flat_ids, dtype=torch.long)
+    in_vocab = ids < vocab  # ids past the logits (never expected) are dropped, not folded into another row
+    # [num_history_tokens] row * vocab + token: one id per (row, token), an index into the flat logits
+    keys = (torch.tensor(row_of, dtype=torch.long) * vocab + ids)[in_vocab].to(device)
+    seen, inverse = torch.unique(keys, return_inverse=True)  # [num_seen] ascending
+    output_counts = torch.zeros(seen.shape[0], dtype=logits.dtype, device=device)
+    output_counts.index_add_(0, inverse, torch.tensor(is_output, dtype=logits.dtype)[in_vocab].to(device))
+    per_row = torch.zeros(3, logits.shape[0], dtype=logits.dtype)  # [3, num_rows] the rows' penalties
+    per_row[:, rows] = torch.tensor(
+        [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params], dtype=logits.dtype
+    ).T
+    repetition, frequency, presence = per_row.to(device)[:, seen // vocab]  # each [num_seen]
+    flat = logits.view(-1)
+    values = flat[seen]
+    values = torch.where(values > 0, values / repetition, values * repetition)
+    flat[seen] = values - frequency * output_counts - presence * output_counts.gt(0).to(logits.dtype)

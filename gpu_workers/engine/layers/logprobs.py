@@ -32,11 +32,15 @@ def token_logprobs(
     if not rows:
         return result
     device = logits.device
-    index = torch.tensor(rows, device=device)
-    logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)  # [num_asking, vocab]
-    chosen = logprobs.gather(1, torch.tensor([[tokens[i]] for i in rows], device=device)).squeeze(1)
+    asking = logits if len(rows) == len(params) else logits.index_select(0, torch.tensor(rows, device=device))
+    # logprob = logit - logsumexp(row): no [num_asking, vocab] log_softmax is written, only read
+    log_total = torch.logsumexp(asking, dim=-1, keepdim=True)  # [num_asking, 1]
+    picked = torch.tensor([[tokens[i]] for i in rows], device=device)
+    chosen = (asking.gather(1, picked) - log_total).squeeze(1)
     num_top = max(params[i].logprobs or 0 for i in rows)
-    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
+    top_values, top_ids = asking.topk(num_top, dim=-1) if num_top else (None, None)
+    if top_values is not None:
+        top_values = top_values - log_total
     chosen_list = chosen.tolist()
     top_value_rows = top_values.tolist() if top_values is not None else [[] for _ in rows]
     top_id_rows = top_ids.tolist() if top_ids is not None else [[] for _ in rows]
