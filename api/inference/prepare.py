@@ -1,9 +1,10 @@
 """Preparing an inference request: everything between authentication and routing.
 
 charge the request to requests_per_min (on arrival, whatever its outcome: api/request_charge.py) -> parse the
-body (bounded: api/request_limits.py) -> refuse fields this server cannot honour -> resolve the model
+body (bounded: api/request_limits.py) -> the plan's caps on n and top_logprobs (api/plan_limits.py) -> refuse
+fields this server cannot honour (and best_of other than n: api/inference/choices.py) -> resolve the model
 (`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt -> take a
-concurrency slot and charge tokens_per_min (prompt + max_tokens). The result is a `Prepared` request (its output-length prediction is
+concurrency slot and charge tokens_per_min (the prompt once + n x max_tokens). The result is a `Prepared` request (its output-length prediction is
 filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
 Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
 (`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
@@ -29,7 +30,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
+from api.inference.choices import check_best_of
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
+from api.plan_limits import check_plan_limits
 from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import InMemoryRateLimiter, RateLimits
 from api.request_charge import charge_request, refuse_unless_allowed
@@ -50,8 +53,6 @@ MAX_STOP_STRINGS = 4
 MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool, off the event loop
 # Fields the route knows but cannot honour, with the only value(s) it accepts for each.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "echo": (None, False),
@@ -77,7 +78,8 @@ class Prepared:
     is_stream: bool
     include_usage: bool
     route: RouteRequest
-    generate: GenerateRequest
+    generate: GenerateRequest  # choice 0's; the others' are derived from it (api/inference/choices.py)
+    num_choices: int = 1
 
     @property
     def max_tokens(self) -> int:
@@ -96,7 +98,9 @@ async def prepare(
     """Validate, resolve, size-check and rate-limit a request (the meter learns the model and prompt size)."""
     await charge_on_arrival(services, tenant)
     body = await parse_body(request, services.settings, kind)
+    check_plan_limits(body, tenant.sampling_limits)
     refuse_unsupported(body)
+    check_best_of(body)
     model = model_ref(body.model, path_model)
     meter.model_name = repository.parse_model_ref(model).name
     resolved = await resolve(services, tenant.tenant_id, model)
@@ -111,12 +115,12 @@ async def prepare(
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
     check_min_tokens(body, max_tokens)
+    meter.num_choices = body.num_choices
+    num_tokens = len(prompt_ids) + body.num_choices * max_tokens  # the prompt once, each choice's output
     if isinstance(services.rate_limiter, InMemoryRateLimiter):
-        admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
+        admit(services, tenant.tenant_id, num_tokens, tenant.limits, meter)
     else:
-        await run_in_threadpool(
-            admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter
-        )
+        await run_in_threadpool(admit, services, tenant.tenant_id, num_tokens, tenant.limits, meter)
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
@@ -157,6 +161,7 @@ def _prepared(
         model=model,
         is_stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        num_choices=body.num_choices,
         route=RouteRequest(
             resolved.base_model,
             adapter_key,
@@ -209,8 +214,8 @@ def refuse_unsupported(body: InferenceRequestBase) -> None:
             400,
             "invalid_request",
             f"unsupported field(s): {', '.join(problems)}; remove them "
-            "(this server supports n=1 without logprobs, echo, suffix, logit_bias, penalties, tools or "
-            "structured output)",
+            "(this server supports n and best_of=n without logprobs, echo, suffix, logit_bias, penalties, "
+            "tools or structured output)",
         )
     if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
         raise ApiError(

@@ -2,7 +2,9 @@
 
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`), one chunk per worker delta that carries
 tokens, even when its text is empty (as vLLM does); the usage row is written before the usage chunk and
-[DONE]. A non-streamed response collects the whole generation and is metered before it is returned.
+[DONE]. A request of n choices (api/inference/choices.py) streams each choice's chunks as they come, each
+carrying its `index`, and each choice ends with its own chunk carrying its finish_reason; `usage` counts the
+prompt once and the completion tokens of every choice (OpenAI's rule). A non-streamed response collects the whole generation and is metered before it is returned.
 A client that disconnects closes the worker stream (which aborts the engine request) and is metered
 `aborted` with the tokens delivered until then, streamed or not.
 """
@@ -19,10 +21,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError
+from api.inference.choice_streams import ChoiceStreams
 from api.inference.prepare import Kind, Prepared
 from api.metering import UsageLedger, record_quietly
 from api.request_meter import RequestMeter
-from api.worker_client import WorkerStream
 from cluster.protocol import GenerateEvent
 
 
@@ -42,15 +44,16 @@ def _choice(
     finish_reason: str | None,
     *,
     is_chunk: bool,
+    index: int = 0,
     is_first: bool = False,
     has_content: bool = False,
 ) -> dict[str, Any]:
-    """One choice; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks)."""
+    """Choice `index`; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks)."""
     if kind == "text":
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
     if not is_chunk:
         return {
-            "index": 0,
+            "index": index,
             "message": {"role": "assistant", "content": text},
             "logprobs": None,
             "finish_reason": finish_reason,
@@ -58,7 +61,7 @@ def _choice(
     delta: dict[str, Any] = {"content": text} if (text or has_content or is_first) else {}
     if is_first:
         delta = {"role": "assistant", **delta}
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 def _envelope(prepared: Prepared, choices: list[dict[str, Any]], *, is_chunk: bool) -> dict[str, Any]:
@@ -83,27 +86,30 @@ def _finish_reason(event: GenerateEvent) -> str:
 
 
 async def collect(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> JSONResponse:
-    """A non-streamed response: the whole generation, metered before it is returned.
+    """A non-streamed response: the whole generation of every choice, metered before it is returned.
 
     Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering).
-    A worker error withdraws them (the client gets no text). Cancellation (the client disconnected: see
-    run_until_disconnect in api/inference/serve.py) closes the worker stream, which aborts the engine
-    request, and meters it `aborted` with the tokens produced until then, as a streamed request that loses
-    its client is.
+    A worker error in any choice withdraws them all (the client gets no text). Cancellation (the client
+    disconnected: see run_until_disconnect in api/inference/serve.py) closes every choice's worker stream,
+    which aborts the engine requests, and meters it `aborted` with the tokens produced until then, as a
+    streamed request that loses its client is.
     """
-    texts: list[str] = []
+    texts: list[list[str]] = [[] for _ in range(upstream.num_choices)]
+    finish_reasons: dict[int, str] = {}
     try:
-        async for event in upstream.events():
+        async for index, event in upstream.events():
             if event.type == "delta":
-                texts.append(event.text)
+                texts[index].append(event.text)
                 meter.on_delivered(len(event.token_ids))
             elif event.type == "final":
-                await ledger.record(meter, "ok")
-                choice = _choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)
-                body = _envelope(prepared, [choice], is_chunk=False)
-                return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
+                finish_reasons[index] = _finish_reason(event)
+                if len(finish_reasons) == upstream.num_choices:
+                    await ledger.record(meter, "ok")
+                    return JSONResponse(
+                        _collected(prepared, texts, finish_reasons) | {"usage": usage_dict(meter, "ok")}
+                    )
             else:
                 meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
                 meter.withdraw_undelivered()
@@ -121,6 +127,14 @@ async def collect(
     raise AssertionError("unreachable: a worker stream always ends with final or error")
 
 
+def _collected(prepared: Prepared, texts: list[list[str]], finish_reasons: dict[int, str]) -> dict[str, Any]:
+    choices = [
+        _choice(prepared.kind, "".join(parts), finish_reasons[index], is_chunk=False, index=index)
+        for index, parts in enumerate(texts)
+    ]
+    return _envelope(prepared, choices, is_chunk=False)
+
+
 # ---- streamed (SSE) ------------------------------------------------------------------------------------
 
 
@@ -131,7 +145,7 @@ def sse_line(data: dict[str, Any] | str) -> bytes:
 
 
 def streaming_response(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> MeteredStreamingResponse:
     """The SSE response of a streamed request."""
     return MeteredStreamingResponse(
@@ -142,7 +156,7 @@ def streaming_response(
 
 
 async def stream(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> AsyncIterator[bytes]:
     """SSE chunks of a streamed response; the usage row is written before the usage chunk and [DONE].
 
@@ -159,28 +173,36 @@ async def stream(
 
 
 async def _stream_body(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> AsyncIterator[bytes]:
     usage_field = {"usage": None} if prepared.include_usage else {}
-    is_first = prepared.kind == "chat"
+    awaiting_role = set(range(upstream.num_choices)) if prepared.kind == "chat" else set()
     status, error = "ok", None
-    async for event in upstream.events():
+    async for index, event in upstream.events():
+        is_first = index in awaiting_role
         if event.type == "delta" and (event.token_ids or event.text or is_first):
             # one chunk per worker delta, even when its text is still empty (a special token, a partial
             # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
             choice = _choice(
-                prepared.kind, event.text, None, is_chunk=True, is_first=is_first, has_content=True
+                prepared.kind,
+                event.text,
+                None,
+                is_chunk=True,
+                index=index,
+                is_first=is_first,
+                has_content=True,
             )
-            is_first = False
+            awaiting_role.discard(index)
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
         if event.type == "delta":
             meter.on_delivered(len(event.token_ids))  # counted once handed to the server for sending
         elif event.type == "final":
-            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True)
+            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True, index=index)
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
-        else:
+        else:  # one choice failed: the response ends (the others are aborted when the streams close)
             status, error = "error", f"{event.code}: {event.message}"
             meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
+            break
     await ledger.record(meter, status, error)
     if error is not None:
         yield sse_line(

@@ -36,8 +36,9 @@ class InferenceRequestBase(BaseModel):
     # then always has max_tokens tokens) because the engine has no min_tokens of its own.
     ignore_eos: bool = False
     min_tokens: int | None = Field(default=None, ge=0)
+    # `n` choices of one prompt (api/inference/choices.py); the plan's max_n caps it (api/plan_limits.py).
+    n: int | None = Field(default=None, ge=1)
     # Accepted only at their no-op values (the route refuses anything else, naming the field).
-    n: int | None = None
     logprobs: Any = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -50,6 +51,11 @@ class InferenceRequestBase(BaseModel):
             raise ValueError(f"seed must be an integer from 0 to {MAX_SEED} (2^64 - 1), got {seed}")
         return seed
 
+    @property
+    def num_choices(self) -> int:
+        """How many choices the request asks for (`n`, 1 when unset)."""
+        return self.n or 1
+
     def stop_list(self) -> list[str]:
         """`stop` as a list (OpenAI allows one string or up to 4)."""
         if self.stop is None:
@@ -61,7 +67,7 @@ class CompletionRequest(InferenceRequestBase):
     """POST /v1/completions: `prompt` is a string, a list of one string, or token ids."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, ge=1)  # only best_of == n (api/inference/prepare.py)
     echo: bool | None = None
     suffix: str | None = None
 
