@@ -4,7 +4,8 @@ Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`), one chunk per w
 tokens, even when its text is empty (as vLLM does); the usage row is written before the usage chunk and
 [DONE]. A request of n choices (api/inference/choices.py) streams each choice's chunks as they come, each
 carrying its `index`, and each choice ends with its own chunk carrying its finish_reason; `usage` counts the
-prompt once and the completion tokens of every choice (OpenAI's rule). A non-streamed response collects the whole generation and is metered before it is returned.
+prompt once and the completion tokens of every choice (OpenAI's rule). A non-streamed response collects the
+whole generation and is metered before it is returned.
 A client that disconnects closes the worker stream (which aborts the engine request) and is metered
 `aborted` with the tokens delivered until then, streamed or not.
 """

@@ -9,12 +9,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
+import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.inference.choices import choice_seed
+from cluster.protocol import GenerateRequest
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import (
     BASE_MODEL,
@@ -255,3 +257,34 @@ def test_tokens_per_min_is_charged_the_prompt_once_and_n_times_max_tokens_upfron
     assert refused.status_code == 429 and "tokens" in refused.json()["error"]["message"]
     assert complete(client, tenant, n=3, max_tokens=10).status_code == 200  # prompt + 30: exactly the budget
     assert complete(client, tenant, n=1, max_tokens=1).status_code == 429  # spent by the n=3 request
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type", "expected"), [(400, "bad_request", 400), (503, "draining", 503)]
+)
+def test_a_sibling_the_worker_refuses_fails_the_request_with_the_worker_s_status(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+    error_type: str,
+    expected: int,
+) -> None:
+    worker = workers.add("w1", events=tokens_events(3))
+    handle = workers._handle
+
+    async def refuse_choice_1(request: httpx.Request) -> httpx.Response:
+        if GenerateRequest.model_validate_json(request.content).request_id.endswith(".1"):
+            worker.requests.append(GenerateRequest.model_validate_json(request.content))
+            return httpx.Response(status, json={"error": {"type": error_type, "message": "scripted"}})
+        return await handle(request)
+
+    monkeypatch.setattr(workers, "_handle", refuse_choice_1)
+    workers.install(client)
+    response = complete(client, tenant, n=3)
+    assert response.status_code == expected, response.text
+    assert len(worker.requests) == 3  # choice 0, then choices 1 and 2 on the same worker
+    [row] = usage_rows(db_session, tenant.id)
+    assert row.status == "error" and row.completion_tokens == 0
