@@ -19,9 +19,10 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from api.plan_limits import SamplingLimits
 from api.ratelimit import RateLimits
 from cluster.protocol import AdapterRef, prefix_cache_namespace
 
@@ -92,6 +93,9 @@ class TenantAuth:
         1.0  # its plan's weight under fair share (scheduler/admission/fair_share.py); 1 when unset
     )
     shared_cache_namespace: str | None = None  # Tenant.prefix_cache_namespace (set by an operator only)
+    sampling_limits: SamplingLimits = field(
+        default_factory=SamplingLimits
+    )  # its plan's max_n and max_top_logprobs
 
     @property
     def cache_namespace(self) -> str | None:

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.caches import TenantAuth, key_digest
 from api.errors import ApiError
+from api.plan_limits import SamplingLimits
 from api.ratelimit import RateLimits
 from api.services import Services
 from registry import api_keys, keys
@@ -119,6 +120,9 @@ def tenant_auth_of(row: ApiKey) -> TenantAuth:
         limits=limits,
         fair_share_weight=weight,
         shared_cache_namespace=tenant.prefix_cache_namespace,
+        sampling_limits=SamplingLimits.of_plan(plan.max_n, plan.max_top_logprobs)
+        if plan
+        else SamplingLimits(),
     )
 
 

@@ -141,7 +141,7 @@ class UsageLedger:
         self.writer.close()
 
     def _observe_output(self, meter: RequestMeter, status: str) -> None:
-        if status != "ok" or self.observe_output is None or meter.predicted_output_tokens is None:
+        if status != "ok" or self.observe_output is None or meter.recorded_prediction() is None:
             return
         try:
             self.observe_output(meter.tenant_id, meter.adapter_version_id, meter.num_delivered_tokens)

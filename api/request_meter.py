@@ -66,7 +66,8 @@ class RequestMeter:
     max_tokens: int | None = None
     is_chat: bool | None = None
     has_stop: bool | None = None
-    num_delivered_tokens: int = 0
+    num_delivered_tokens: int = 0  # over every choice of the request (OpenAI's `n`): what is billed
+    num_choices: int = 1
     is_prefilled: bool = False
     started_at: datetime = field(default_factory=utcnow)
     started_s: float = field(default_factory=time.perf_counter)
@@ -95,15 +96,23 @@ class RequestMeter:
         self.num_delivered_tokens = 0
 
     def latencies_ms(self, finished_s: float) -> tuple[float | None, float | None, float]:
-        """(TTFT, mean TPOT, E2E) in ms; TTFT is None without a token, TPOT without a second one."""
+        """(TTFT, mean TPOT, E2E) in ms; TTFT is None without a token, TPOT without a second one. With n choices
+        (generated side by side) TPOT is per choice: the span over the mean number of tokens of a choice."""
         e2e = (finished_s - self.started_s) * 1000
         if self.first_token_s is None:
             return None, None, e2e
         ttft = (self.first_token_s - self.started_s) * 1000
         tpot = None
-        if self.num_delivered_tokens > 1 and self.last_token_s is not None:
-            tpot = (self.last_token_s - self.first_token_s) * 1000 / (self.num_delivered_tokens - 1)
+        num_per_choice = self.num_delivered_tokens / self.num_choices
+        if num_per_choice > 1 and self.last_token_s is not None:
+            tpot = (self.last_token_s - self.first_token_s) * 1000 / (num_per_choice - 1)
         return ttft, tpot, e2e
+
+    @property
+    def is_length_sample(self) -> bool:
+        """True when the row may teach and score the output-length predictor: one choice (a row of n choices
+        sums n outputs, which no one-sequence prediction describes; it records no prediction)."""
+        return self.num_choices == 1
 
     def billed_prompt_tokens(self, status: str) -> int:
         """Prompt tokens billed for a status (see the module docstring)."""
@@ -127,7 +136,7 @@ class RequestMeter:
             "base_model_name": self.base_model_name,
             "prompt_tokens": 0,
             "completion_tokens": 0,
-            "predicted_output_tokens": self.predicted_output_tokens,
+            "predicted_output_tokens": self.recorded_prediction(),
             **self.admission_values(),
             "status": OPEN_USAGE_STATUS,
             "worker_id": self.worker_id,
@@ -136,8 +145,15 @@ class RequestMeter:
             "lease_renewed_at": utcnow(),  # not started_at: a request held through a cold start is not overdue
         }
 
+    def recorded_prediction(self) -> int | None:
+        """The prediction the row records (None for n choices: not a length sample)."""
+        return self.predicted_output_tokens if self.is_length_sample else None
+
     def admission_values(self) -> dict[str, Any]:
-        """The prediction's inputs (ADMISSION_FIELDS): written when the row opens, never changed after."""
+        """The prediction's inputs (ADMISSION_FIELDS): written when the row opens, never changed after (None
+        for n choices: not a training sample of the length predictor)."""
+        if not self.is_length_sample:
+            return dict.fromkeys(ADMISSION_FIELDS)
         return {
             "max_tokens": self.max_tokens,
             "is_chat": self.is_chat,
@@ -179,7 +195,7 @@ class RequestMeter:
             "base_model_name": self.base_model_name,
             "prompt_tokens": self.billed_prompt_tokens(status),
             "completion_tokens": delivered,
-            "predicted_output_tokens": self.predicted_output_tokens,
+            "predicted_output_tokens": self.recorded_prediction(),
             **self.admission_values(),
             "ttft_ms": ttft if status != "rejected" else None,
             "tpot_ms": tpot if status != "rejected" else None,

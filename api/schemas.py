@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from api.plan_limits import DEFAULT_MAX_N, DEFAULT_MAX_TOP_LOGPROBS, MAX_N, MAX_TOP_LOGPROBS
 from registry.import_sources import S3Credentials
 from registry.models import MAX_INTEGER_COLUMN, PRICE_DIGITS, PRICE_PLACES, Adapter, AdapterVersion
 
@@ -122,6 +123,19 @@ class PricePlanCreate(BaseModel):
         f"the tokens of a weight-1 tenant while both are backlogged); {MIN_FAIR_SHARE_WEIGHT} to "
         f"{MAX_FAIR_SHARE_WEIGHT:g}; null: 1",
     )
+    max_n: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_N,
+        description=f"most choices (`n`) one inference request may ask for (400 above it); null: {DEFAULT_MAX_N}",
+    )
+    max_top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="most top_logprobs (completions: logprobs) one inference request may ask for (400 above "
+        f"it); null: {DEFAULT_MAX_TOP_LOGPROBS}",
+    )
     slo_ttft_ms: SloTargetMs | None = None
     slo_tpot_ms: SloTargetMs | None = None
     slo_percentile: float = Field(default=99.0, gt=0, le=100)
@@ -160,6 +174,8 @@ class PricePlanPublic(BaseModel):
     tokens_per_min: int | None
     max_concurrent_requests: int | None
     fair_share_weight: float | None
+    max_n: int | None
+    max_top_logprobs: int | None
     slo_ttft_ms: float | None
     slo_tpot_ms: float | None
     slo_percentile: float

@@ -303,20 +303,27 @@ class WorkerClient:
             if worker is None:
                 break
             tried.add(worker.worker_id)
-            routed = self.routed_since.routed(worker, route)
             try:
-                stream = await self.open(worker, request)
-            except BaseException as exc:
-                self.routed_since.finished(routed)
-                if not isinstance(exc, WorkerUnavailableError):
-                    raise
+                return await self.open_counted(worker, route, request)
+            except WorkerUnavailableError as exc:
                 log.warning("request %s: %s", request.request_id, exc)
                 reasons.append(str(exc))
-                continue
-            return self._counted_until_closed(stream, routed)
         if not tried:
             raise WorkerUnavailableError(f"no live worker serves base model {route.base_model!r}")
         raise WorkerUnavailableError("; ".join(reasons))
+
+    async def open_counted(
+        self, worker: WorkerRecord, route: RouteRequest, request: GenerateRequest
+    ) -> WorkerStream:
+        """`open` on a chosen worker, counted as routed there until the stream closes (the router's choice, or
+        the worker of a request's first choice for its other choices: api/inference/choices.py)."""
+        routed = self.routed_since.routed(worker, route)
+        try:
+            stream = await self.open(worker, request)
+        except BaseException:
+            self.routed_since.finished(routed)
+            raise
+        return self._counted_until_closed(stream, routed)
 
     def _counted_until_closed(self, stream: WorkerStream, routed: RoutedRequest) -> WorkerStream:
         """`stream`, leaving the routed count when it closes (at once if it is a refusal, already closed)."""

@@ -109,6 +109,9 @@ class PricePlan(Base):
     max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)  # a tenant's requests in flight
     # a tenant's share of each engine under fair share (scheduler/admission/fair_share.py); None = 1, an equal share
     fair_share_weight: Mapped[float | None] = mapped_column(Float)
+    # Caps on one request's n and top_logprobs (api/plan_limits.py); None = the defaults there (8 and 20).
+    max_n: Mapped[int | None] = mapped_column(Integer)
+    max_top_logprobs: Mapped[int | None] = mapped_column(Integer)
     slo_ttft_ms: Mapped[float | None] = mapped_column(Float)
     slo_tpot_ms: Mapped[float | None] = mapped_column(Float)
     slo_percentile: Mapped[float] = mapped_column(Float, default=99.0)

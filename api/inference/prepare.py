@@ -1,9 +1,10 @@
 """Preparing an inference request: everything between authentication and routing.
 
 charge the request to requests_per_min (on arrival, whatever its outcome: api/request_charge.py) -> parse the
-body (bounded: api/request_limits.py) -> refuse fields this server cannot honour -> resolve the model
+body (bounded: api/request_limits.py) -> the plan's caps on n and top_logprobs (api/plan_limits.py) -> refuse
+fields this server cannot honour (and best_of other than n: api/inference/choices.py) -> resolve the model
 (`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt -> take a
-concurrency slot and charge tokens_per_min (prompt + max_tokens). The result is a `Prepared` request (its output-length prediction is
+concurrency slot and charge tokens_per_min (the prompt once + n x max_tokens). The result is a `Prepared` request (its output-length prediction is
 filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
 Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
 (`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
@@ -29,9 +30,11 @@ from starlette.concurrency import run_in_threadpool
 
 from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
+from api.inference.choices import check_best_of
 from api.inference.logprobs_format import LogprobsFormatter
 from api.inference.sampling_fields import check_sampling_fields, sampling_spec
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
+from api.plan_limits import check_plan_limits
 from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import InMemoryRateLimiter, RateLimits
 from api.request_charge import charge_request, refuse_unless_allowed
@@ -52,8 +55,6 @@ MAX_STOP_STRINGS = 4
 MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool, off the event loop
 # Fields the route knows but cannot honour, with the only value(s) it accepts for each.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -73,7 +74,8 @@ class Prepared:
     is_stream: bool
     include_usage: bool
     route: RouteRequest
-    generate: GenerateRequest
+    generate: GenerateRequest  # choice 0's; the others' are derived from it (api/inference/choices.py)
+    num_choices: int = 1
     logprobs_formatter: LogprobsFormatter | None = None  # when the request asked for logprobs
     echo_text: str | None = None  # completions' echo: the prompt's text, shown before the completion
 
@@ -94,7 +96,9 @@ async def prepare(
     """Validate, resolve, size-check and rate-limit a request (the meter learns the model and prompt size)."""
     await charge_on_arrival(services, tenant)
     body = await parse_body(request, services.settings, kind)
+    check_plan_limits(body, tenant.sampling_limits)
     refuse_unsupported(body)
+    check_best_of(body)
     model = model_ref(body.model, path_model)
     meter.model_name = repository.parse_model_ref(model).name
     resolved = await resolve(services, tenant.tenant_id, model)
@@ -109,12 +113,12 @@ async def prepare(
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
     check_sampling_fields(body, tokenizer, max_tokens)
+    meter.num_choices = body.num_choices
+    num_tokens = len(prompt_ids) + body.num_choices * max_tokens  # the prompt once, each choice's output
     if isinstance(services.rate_limiter, InMemoryRateLimiter):
-        admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
+        admit(services, tenant.tenant_id, num_tokens, tenant.limits, meter)
     else:
-        await run_in_threadpool(
-            admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter
-        )
+        await run_in_threadpool(admit, services, tenant.tenant_id, num_tokens, tenant.limits, meter)
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
     if prepared.generate.sampling.logprobs is not None:
         prepared.logprobs_formatter = LogprobsFormatter(kind, tokenizer)
@@ -152,6 +156,7 @@ def _prepared(
         model=model,
         is_stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        num_choices=body.num_choices,
         route=RouteRequest(
             resolved.base_model,
             adapter_key,
@@ -204,7 +209,7 @@ def refuse_unsupported(body: InferenceRequestBase) -> None:
             400,
             "invalid_request",
             f"unsupported field(s): {', '.join(problems)}; remove them "
-            "(this server supports n=1 without suffix, tools or structured output; see docs/sampling.md)",
+            "(docs/sampling.md lists the fields this server supports)",
         )
     if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
         raise ApiError(

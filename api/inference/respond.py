@@ -2,7 +2,10 @@
 
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`), one chunk per worker delta that carries
 tokens, even when its text is empty (as vLLM does); the usage row is written before the usage chunk and
-[DONE]. A non-streamed response collects the whole generation and is metered before it is returned.
+[DONE]. A request of n choices (api/inference/choices.py) streams each choice's chunks as they come, each
+carrying its `index`, and each choice ends with its own chunk carrying its finish_reason; `usage` counts the
+prompt once and the completion tokens of every choice (OpenAI's rule). A non-streamed response collects the
+whole generation and is metered before it is returned.
 A client that disconnects closes the worker stream (which aborts the engine request) and is metered
 `aborted` with the tokens delivered until then, streamed or not.
 """
@@ -19,10 +22,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError
+from api.inference.choice_streams import ChoiceStreams
 from api.inference.prepare import Kind, Prepared
 from api.metering import UsageLedger, record_quietly
 from api.request_meter import RequestMeter
-from api.worker_client import WorkerStream
 from cluster.protocol import GenerateEvent, TokenLogprobs
 
 
@@ -42,17 +45,18 @@ def _choice(
     finish_reason: str | None,
     *,
     is_chunk: bool,
+    index: int = 0,
     is_first: bool = False,
     has_content: bool = False,
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One choice; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks);
+    """Choice `index`; a chat chunk's delta carries `content` when it has text or `has_content` (token chunks);
     `logprobs`: its tokens' (api/inference/logprobs_format.py), when the request asked."""
     if kind == "text":
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if not is_chunk:
         return {
-            "index": 0,
+            "index": index,
             "message": {"role": "assistant", "content": text},
             "logprobs": logprobs,
             "finish_reason": finish_reason,
@@ -60,7 +64,7 @@ def _choice(
     delta: dict[str, Any] = {"content": text} if (text or has_content or is_first) else {}
     if is_first:
         delta = {"role": "assistant", **delta}
-    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _logprobs(
@@ -97,37 +101,33 @@ def _finish_reason(event: GenerateEvent) -> str:
 
 
 async def collect(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> JSONResponse:
-    """A non-streamed response: the whole generation, metered before it is returned.
+    """A non-streamed response: the whole generation of every choice, metered before it is returned.
 
     Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering).
-    A worker error withdraws them (the client gets no text). Cancellation (the client disconnected: see
-    run_until_disconnect in api/inference/serve.py) closes the worker stream, which aborts the engine
-    request, and meters it `aborted` with the tokens produced until then, as a streamed request that loses
-    its client is.
+    A worker error in any choice withdraws them all (the client gets no text). Cancellation (the client
+    disconnected: see run_until_disconnect in api/inference/serve.py) closes every choice's worker stream,
+    which aborts the engine requests, and meters it `aborted` with the tokens produced until then, as a
+    streamed request that loses its client is.
     """
-    texts: list[str] = [prepared.echo_text or ""]
-    logprobs: list[TokenLogprobs] = []
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    texts: list[list[str]] = [[prepared.echo_text or ""] for _ in range(upstream.num_choices)]
+    logprobs: list[list[TokenLogprobs]] = [[] for _ in range(upstream.num_choices)]
+    prompt_logprobs: list[list[TokenLogprobs | None] | None] = [None] * upstream.num_choices
+    finish_reasons: dict[int, str] = {}
     try:
-        async for event in upstream.events():
+        async for index, event in upstream.events():
             if event.type == "delta":
-                texts.append(event.text)
-                logprobs += event.logprobs or ()
-                prompt_logprobs = prompt_logprobs or event.prompt_logprobs
+                texts[index].append(event.text)
+                logprobs[index] += event.logprobs or ()
+                prompt_logprobs[index] = prompt_logprobs[index] or event.prompt_logprobs
                 meter.on_delivered(len(event.token_ids))
             elif event.type == "final":
-                await ledger.record(meter, "ok")
-                choice = _choice(
-                    prepared.kind,
-                    "".join(texts),
-                    _finish_reason(event),
-                    is_chunk=False,
-                    logprobs=_logprobs(prepared, logprobs, prompt_logprobs),
-                )
-                body = _envelope(prepared, [choice], is_chunk=False)
-                return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
+                finish_reasons[index] = _finish_reason(event)
+                if len(finish_reasons) == upstream.num_choices:
+                    await ledger.record(meter, "ok")
+                    collected = _collected(prepared, texts, finish_reasons, logprobs, prompt_logprobs)
+                    return JSONResponse(collected | {"usage": usage_dict(meter, "ok")})
             else:
                 meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
                 meter.withdraw_undelivered()
@@ -145,6 +145,27 @@ async def collect(
     raise AssertionError("unreachable: a worker stream always ends with final or error")
 
 
+def _collected(
+    prepared: Prepared,
+    texts: list[list[str]],
+    finish_reasons: dict[int, str],
+    logprobs: list[list[TokenLogprobs]],
+    prompt_logprobs: list[list[TokenLogprobs | None] | None],
+) -> dict[str, Any]:
+    choices = [
+        _choice(
+            prepared.kind,
+            "".join(parts),
+            finish_reasons[index],
+            is_chunk=False,
+            index=index,
+            logprobs=_logprobs(prepared, logprobs[index], prompt_logprobs[index]),
+        )
+        for index, parts in enumerate(texts)
+    ]
+    return _envelope(prepared, choices, is_chunk=False)
+
+
 # ---- streamed (SSE) ------------------------------------------------------------------------------------
 
 
@@ -155,7 +176,7 @@ def sse_line(data: dict[str, Any] | str) -> bytes:
 
 
 def streaming_response(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> MeteredStreamingResponse:
     """The SSE response of a streamed request."""
     return MeteredStreamingResponse(
@@ -166,7 +187,7 @@ def streaming_response(
 
 
 async def stream(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> AsyncIterator[bytes]:
     """SSE chunks of a streamed response; the usage row is written before the usage chunk and [DONE].
 
@@ -183,35 +204,40 @@ async def stream(
 
 
 async def _stream_body(
-    prepared: Prepared, upstream: WorkerStream, meter: RequestMeter, ledger: UsageLedger
+    prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> AsyncIterator[bytes]:
     usage_field = {"usage": None} if prepared.include_usage else {}
-    is_first = prepared.kind == "chat"
-    echo = prepared.echo_text  # completions' echo: the prompt's text (and logprobs) lead the first chunk
+    awaiting_role = set(range(upstream.num_choices)) if prepared.kind == "chat" else set()
+    # completions' echo: the prompt's text (and logprobs) lead each choice's first chunk
+    awaiting_echo = set(range(upstream.num_choices)) if prepared.echo_text is not None else set()
     status, error = "ok", None
-    async for event in upstream.events():
+    async for index, event in upstream.events():
+        is_first = index in awaiting_role
         if event.type == "delta" and (event.token_ids or event.text or is_first):
             # one chunk per worker delta, even when its text is still empty (a special token, a partial
             # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
             choice = _choice(
                 prepared.kind,
-                (echo or "") + event.text,
+                (prepared.echo_text or "") + event.text if index in awaiting_echo else event.text,
                 None,
                 is_chunk=True,
+                index=index,
                 is_first=is_first,
                 has_content=True,
                 logprobs=_logprobs(prepared, event.logprobs or [], event.prompt_logprobs),
             )
-            is_first, echo = False, None
+            awaiting_role.discard(index)
+            awaiting_echo.discard(index)
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
         if event.type == "delta":
             meter.on_delivered(len(event.token_ids))  # counted once handed to the server for sending
         elif event.type == "final":
-            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True)
+            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True, index=index)
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
-        else:
+        else:  # one choice failed: the response ends (the others are aborted when the streams close)
             status, error = "error", f"{event.code}: {event.message}"
             meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
+            break
     await ledger.record(meter, status, error)
     if error is not None:
         yield sse_line(

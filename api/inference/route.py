@@ -1,4 +1,5 @@
-"""Routing a prepared request: wait through a cold start, pick a worker, open its stream, read the first event.
+"""Routing a prepared request: wait through a cold start, pick a worker, open its stream, read the first event;
+a request of n choices opens its other choices on the same worker then (api/inference/choices.py).
 
 The routing policy is services.router (settings.routing.policy, scheduler/routing/router.py), applied by the worker
 client (api/worker_client.py), which retries once on another worker. While no worker of the base model is
@@ -18,6 +19,8 @@ from starlette.types import Receive
 
 from api.cold_start import ColdStartTimeout, ColdStartWait, ModelCannotStart
 from api.errors import ApiError
+from api.inference.choice_streams import ChoiceStreams
+from api.inference.choices import sibling_requests
 from api.inference.prepare import Prepared
 from api.live_workers import cached_live_workers, live_workers
 from api.metering import UsageLedger
@@ -25,7 +28,7 @@ from api.request_meter import RequestMeter
 from api.services import Services
 from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
-from cluster.protocol import GenerateEvent, tenant_status
+from cluster.protocol import GenerateEvent, GenerateRequest, tenant_status
 from cluster.worker_view import worker_view
 from scheduler.routing.router import rank_limit_refusal
 
@@ -42,23 +45,73 @@ ADAPTER_UNAVAILABLE_ADVICE = (
 
 async def start(
     services: Services, prepared: Prepared, meter: RequestMeter, receive: Receive
-) -> WorkerStream:
-    """Route and open the worker stream, waiting through a cold start (api/cold_start.py); worker refusals
-    before any token become HTTP errors (metered `error`)."""
-    upstream = await _open_when_ready(services, _worker_client(services), prepared, receive)
-    meter.worker_id = upstream.worker_id
-    first = upstream.first
-    if first.type == "error":
-        await upstream.aclose()
-        await record_worker_error(services.usage_ledger, meter, first)
-        raise refusal_error(first)
-    return upstream
+) -> ChoiceStreams:
+    """Route and open the worker streams of every choice, waiting through a cold start (api/cold_start.py):
+    choice 0 is routed, the others open on its worker once it has started (api/inference/choices.py). Worker
+    refusals before any token become HTTP errors (metered `error`); every stream is closed then."""
+    client = _worker_client(services)
+    first, worker = await _open_when_ready(services, client, prepared, receive)
+    meter.worker_id = first.worker_id
+    streams = [first]
+    try:
+        if prepared.num_choices > 1 and first.first.type != "error":
+            streams += await _open_siblings(client, worker, prepared)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await ChoiceStreams(streams).aclose()
+        if not isinstance(exc, WorkerUnavailableError):
+            raise
+        meter.is_prefilled = True  # choice 0 was prefilled
+        await services.usage_ledger.record(meter, "error", f"choices not started: {exc}")
+        raise ApiError(
+            503,
+            "unavailable",
+            f"the worker serving this request could not start its other choices ({exc}); retry shortly",
+            headers={"Retry-After": str(RETRY_AFTER_NO_WORKER_S)},
+        ) from exc
+    choices = ChoiceStreams(streams)
+    refused = next((s.first for s in streams if s.first.type == "error"), None)
+    if refused is not None:
+        meter.is_prefilled = meter.is_prefilled or refused is not first.first  # choice 0 was prefilled
+        await choices.aclose()
+        await record_worker_error(services.usage_ledger, meter, refused)
+        raise refusal_error(refused)
+    return choices
+
+
+async def _open_siblings(
+    client: WorkerClient, worker: WorkerRecord, prepared: Prepared
+) -> list[WorkerStream]:
+    """Open choices 1..n-1 on `worker` at once; WorkerUnavailableError (every opened one closed) if one
+    cannot start."""
+    requests = sibling_requests(prepared.generate, prepared.num_choices)
+    opened: dict[int, WorkerStream] = {}
+    failures: list[WorkerUnavailableError] = []
+
+    async def open_one(index: int, request: GenerateRequest) -> None:
+        try:
+            opened[index] = await client.open_counted(worker, prepared.route, request)
+        except WorkerUnavailableError as exc:
+            failures.append(exc)
+
+    try:
+        async with anyio.create_task_group() as group:
+            for index, request in enumerate(requests):
+                group.start_soon(open_one, index, request)
+        if failures:
+            raise failures[0]
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await ChoiceStreams(list(opened.values())).aclose()
+        raise
+    return [opened[index] for index in range(len(requests))]
 
 
 async def _open_when_ready(
     services: Services, client: WorkerClient, prepared: Prepared, receive: Receive
-) -> WorkerStream:
-    """The first worker stream that starts, waiting while none is ready; 503 past the cold-start deadline."""
+) -> tuple[WorkerStream, WorkerRecord]:
+    """The first worker stream that starts and its worker, waiting while none is ready; 503 past the
+    cold-start deadline."""
     wait = ColdStartWait(services.settings, prepared.route.base_model, receive, services.metrics)
     try:
         while True:
@@ -69,10 +122,12 @@ async def _open_when_ready(
             if refusal is not None:  # waiting would not help: no live worker's engine takes this rank
                 raise ApiError(400, "invalid_request", refusal)
             try:
-                return await client.start(prepared.route, records, prepared.generate)
+                stream = await client.start(prepared.route, records, prepared.generate)
             except WorkerUnavailableError as exc:
                 log.info("request %s waits for a worker: %s", prepared.generate.request_id, exc)
                 await wait.pause(str(exc))
+                continue
+            return stream, next(r for r in records if r.worker_id == stream.worker_id)
     except ModelCannotStart as exc:  # the same status as a worker that does not start in time, no Retry-After
         raise ApiError(503, "unavailable", str(exc)) from exc
     except ColdStartTimeout as exc:

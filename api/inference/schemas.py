@@ -44,8 +44,8 @@ class InferenceRequestBase(BaseModel):
     min_tokens: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
     stop_token_ids: list[int] | None = None
-    # Accepted only at their no-op values (the route refuses anything else, naming the field).
-    n: int | None = None
+    # `n` choices of one prompt (api/inference/choices.py); the plan's max_n caps it (api/plan_limits.py).
+    n: int | None = Field(default=None, ge=1)
 
     @field_validator("logit_bias")
     @classmethod
@@ -64,6 +64,11 @@ class InferenceRequestBase(BaseModel):
             raise ValueError(f"seed must be an integer from 0 to {MAX_SEED} (2^64 - 1), got {seed}")
         return seed
 
+    @property
+    def num_choices(self) -> int:
+        """How many choices the request asks for (`n`, 1 when unset)."""
+        return self.n or 1
+
     def stop_list(self) -> list[str]:
         """`stop` as a list (OpenAI allows one string or up to 4)."""
         if self.stop is None:
@@ -78,7 +83,7 @@ class CompletionRequest(InferenceRequestBase):
     # OpenAI's legacy logprobs: each token's logprob and this many top alternatives (OpenAI allows up to 5;
     # this server up to 20, as vLLM)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, ge=1)  # only best_of == n (api/inference/choices.py)
     echo: bool | None = None
     suffix: str | None = None
 

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from api.caches import TenantAuth
 from api.disconnect import ClientDisconnected, run_until_disconnect
 from api.errors import ApiError
+from api.inference.choice_streams import ChoiceStreams
 from api.inference.predict import predict
 from api.inference.prepare import Kind, prepare
 from api.inference.respond import collect, streaming_response
@@ -23,7 +24,6 @@ from api.inference.route import start
 from api.metering import record_quietly
 from api.prompting import PromptError
 from api.services import Services
-from api.worker_client import WorkerStream
 from registry.errors import RegistryError
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the response (never received)
@@ -39,7 +39,7 @@ async def serve(
     """Run one inference request end to end, metering it exactly once."""
     ledger = services.usage_ledger
     meter = ledger.start(tenant.tenant_id)
-    upstream: WorkerStream | None = None
+    upstream: ChoiceStreams | None = None
     try:
         prepared = await prepare(request, tenant, services, meter, kind, path_model)
         predict(prepared, services.predictor, meter)

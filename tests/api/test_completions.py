@@ -151,7 +151,7 @@ def test_openai_client_plain_streaming_and_typed_errors(
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("n", 2),
+        ("n", 0),
         ("best_of", 3),
         ("suffix", "x"),
         ("tools", [{"type": "function"}]),

@@ -132,7 +132,7 @@ def test_a_plugged_in_predictor_is_clamped_to_one_and_max_tokens(
 def test_a_request_refused_before_the_prediction_records_none(
     client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
 ) -> None:
-    assert _complete(client, tenant, n=2).status_code == 400
+    assert _complete(client, tenant, n=0).status_code == 400
     [row] = usage_rows(db_session, tenant.id)
     assert (row.status, row.predicted_output_tokens) == ("rejected", None)
 

@@ -91,7 +91,7 @@ def test_finished_requests_feed_their_true_length_to_the_adapters_history(
 ) -> None:
     worker = workers.add("w1", events=tokens_events(3, finish_reason="stop"))
     assert _complete(client, tenant, max_tokens=50).status_code == 200
-    assert _complete(client, tenant, max_tokens=50, n=2).status_code == 400  # rejected: no length to learn
+    assert _complete(client, tenant, max_tokens=50, n=0).status_code == 400  # rejected: no length to learn
     history = _services(client).predictor.history(tenant.id, None)
     assert history is not None and history.to_state()[0] == [3]
     assert _complete(client, tenant, max_tokens=50).status_code == 200

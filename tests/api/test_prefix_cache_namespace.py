@@ -24,6 +24,7 @@ from registry.storage import LocalBlobStore
 from settings import Settings
 from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, upload
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers
+from tests.polling import wait_for
 from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 PROMPT = "the tenant cache memory batch queue worker latency " * 8  # several full KV blocks
@@ -146,6 +147,7 @@ def embedded(
     worker = EmbeddedWorker(
         settings, InMemoryWorkerDirectory(), blobs=LocalBlobStore(settings.storage.blob_store)
     ).start()
+    assert wait_for(lambda: worker.runtime.service is not None, timeout_s=120), "the worker never loaded"
     services = build_services(
         settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.storage.blob_store)
     )

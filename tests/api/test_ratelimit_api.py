@@ -75,7 +75,7 @@ def test_refused_requests_count_against_requests_per_min_on_arrival(
     ScriptedWorkers().install(client)
     tenant = _tenant_on_plan(client, new_tenant, requests_per_min=5)
     bad = [
-        {"model": BASE_MODEL, "prompt": "hi", "n": 3},  # unsupported field: 400
+        {"model": BASE_MODEL, "prompt": "hi", "n": 0},  # an invalid n: 400
         {"model": BASE_MODEL, "prompt": "hi", "max_tokens": -1},  # invalid value: 400
         {"prompt": "hi"},  # no model: 400
         {"model": "no-such-adapter", "prompt": "hi"},  # unknown model: 404

@@ -160,7 +160,7 @@ def test_without_logprobs_the_choice_has_none(
         ("/v1/completions", {"min_tokens": 9, "max_tokens": 3}, "min_tokens"),
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
-        ("/v1/completions", {"n": 2}, "n=2"),
+        ("/v1/completions", {"n": 0}, "n: "),
         ("/v1/completions", {"suffix": "x"}, "suffix"),
         ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
     ],

@@ -1,0 +1,215 @@
+"""`n` choices through an embedded worker with the tiny model and an adapter (api/inference/choices.py):
+the siblings of choice 0 find its prompt in the prefix cache (counted by the engine, not timed), a seeded
+response is reproducible as a whole, alone or beside another tenant's requests, and a client that leaves
+aborts every choice and is billed the prompt once plus what was delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.deps import get_session
+from api.main import create_app
+from api.services import build_services
+from cluster.membership import InMemoryWorkerDirectory
+from gpu_workers.engine.config import EngineConfig
+from gpu_workers.worker.embedded import EmbeddedWorker
+from registry.storage import LocalBlobStore
+from scheduler.core.engine_stats import EngineStats
+from settings import Settings
+from tests.api.asgi_support import run
+from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, upload
+from tests.api.test_completions_support import sse_events, usage_rows
+from tests.polling import wait_for
+from tests.worker_harness import TEST_ENGINE_SETTINGS
+
+pytestmark = pytest.mark.slow
+PROMPT = "the tenant cache memory batch queue worker latency " * 8  # several full KV blocks
+BLOCK_SIZE = EngineConfig.model_fields["block_size"].default
+
+
+@pytest.fixture
+def embedded(
+    tmp_path: Path, base_model_dir: Path, db_session: Session, db_session_factory: sessionmaker[Session]
+) -> Iterator[tuple[TestClient, EmbeddedWorker]]:
+    settings = Settings(
+        **TEST_ENGINE_SETTINGS,
+        data_dir=tmp_path,
+        admin_key=ADMIN_KEY,
+        base_model_path=base_model_dir,
+        blob_store=str(tmp_path / "blobs"),
+        internal_token="n-choices-token",
+        cold_start_timeout_s=120,
+        placement_interval_s=0.0,
+    )
+    worker = EmbeddedWorker(
+        settings, InMemoryWorkerDirectory(), blobs=LocalBlobStore(settings.storage.blob_store)
+    ).start()
+    assert wait_for(lambda: worker.runtime.service is not None, timeout_s=120), "the worker never loaded"
+    services = build_services(
+        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.storage.blob_store)
+    )
+    services.worker_transport = worker.transport
+    services.worker_directory = worker.directory
+    services.internal_token = worker.internal_token
+    app = create_app(settings, services=services)
+    app.dependency_overrides[get_session] = lambda: db_session
+    try:
+        with TestClient(app) as api:
+            yield api, worker
+    finally:
+        worker.stop(drain=False)
+
+
+def stats(worker: EmbeddedWorker) -> EngineStats:
+    result: EngineStats = worker.runtime.require_service().engine.engine_stats()
+    return result
+
+
+def make_tenant(api: TestClient, name: str) -> TenantHandle:
+    tenant = api.post("/v1/admin/tenants", json={"name": name}, headers=ADMIN).json()
+    key = api.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()
+    return TenantHandle(tenant["id"], name, key["id"], key["key"])
+
+
+def with_adapter(api: TestClient, demo_adapter: Path, name: str) -> TenantHandle:
+    """A new tenant owning a ready adapter called `name`."""
+    tenant = make_tenant(api, name)
+    files = [demo_adapter / "adapter_config.json", demo_adapter / "adapter_model.safetensors"]
+    uploaded = upload(api, tenant, name, files)
+    assert uploaded.status_code == 202 and uploaded.json()["version"]["status"] == "ready", uploaded.text
+    return tenant
+
+
+def texts(response: Any) -> list[str]:
+    assert response.status_code == 200, response.text
+    return [c["text"] for c in response.json()["choices"]]
+
+
+def test_siblings_prefill_only_the_prompt_s_last_partial_block(
+    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path, db_session: Session
+) -> None:
+    api, worker = embedded
+    tenant = with_adapter(api, demo_adapter, "ad")
+    before = stats(worker)
+    body = {"model": "ad", "prompt": PROMPT, "n": 3, "max_tokens": 4, "seed": 5, "ignore_eos": True}
+    response = api.post("/v1/completions", json=body, headers=tenant.headers)
+    assert len(texts(response)) == 3
+    after = stats(worker)
+    [row] = usage_rows(db_session, tenant.id)
+    num_cacheable = (row.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert num_cacheable >= 2 * BLOCK_SIZE
+    # choice 0 found nothing (a new tenant's namespace); choices 1 and 2 every full block of the prompt
+    assert after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens == 2 * num_cacheable
+    assert (row.status, row.completion_tokens) == ("ok", 12)
+    assert response.json()["usage"]["prompt_tokens"] == row.prompt_tokens  # once
+
+
+def test_a_seeded_n_response_is_reproducible_alone_and_beside_another_tenant(
+    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path
+) -> None:
+    api, _ = embedded
+    tenant = with_adapter(api, demo_adapter, "ad")
+    other = with_adapter(api, demo_adapter, "other")
+    body = {"model": "ad", "prompt": PROMPT, "n": 3, "max_tokens": 8, "seed": 1234, "temperature": 1.0}
+    alone = texts(api.post("/v1/completions", json=body, headers=tenant.headers))
+    assert len(set(alone)) > 1, "the choices of one seeded request should differ"
+    assert texts(api.post("/v1/completions", json=body, headers=tenant.headers)) == alone
+    beside: dict[str, Any] = {}
+    started = threading.Event()
+
+    def others() -> None:
+        started.set()
+        for i in range(3):
+            other_body = {"model": "other", "prompt": f"another tenant's prompt {i}", "max_tokens": 16}
+            beside[f"other-{i}"] = api.post("/v1/completions", json=other_body, headers=other.headers)
+
+    thread = threading.Thread(target=others)
+    thread.start()
+    started.wait()
+    streamed = api.post("/v1/completions", json=body | {"stream": True}, headers=tenant.headers)
+    thread.join()
+    assert all(r.status_code == 200 for r in beside.values())
+    chunks = [e for e in sse_events(streamed.text) if e != "[DONE]"]
+    joined = ["", "", ""]
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            joined[choice["index"]] += choice["text"]
+    assert joined == alone
+    chat = {
+        "model": "ad",
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 2,
+        "max_tokens": 6,
+        "seed": 9,
+    }
+    first = api.post("/v1/chat/completions", json=chat, headers=tenant.headers).json()
+    again = api.post("/v1/chat/completions", json=chat, headers=tenant.headers).json()
+    assert [c["message"] for c in first["choices"]] == [c["message"] for c in again["choices"]]
+    assert [c["index"] for c in first["choices"]] == [0, 1]
+
+
+def _leave_once_generating(worker: EmbeddedWorker, num_tokens: int) -> Callable[[], Any]:
+    """Leave once the engine has produced `num_tokens` more tokens, long before the request can finish."""
+    produced_before = stats(worker).num_output_tokens
+
+    async def leave() -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            now = await anyio.to_thread.run_sync(stats, worker)
+            if now.num_running >= 2 and now.num_output_tokens - produced_before >= num_tokens:
+                return
+            assert time.monotonic() < deadline, "the choices never ran together on the worker"
+            await anyio.sleep(0.002)
+
+    return leave
+
+
+@pytest.mark.parametrize("is_stream", [True, False])
+def test_a_client_leaving_aborts_every_choice_and_is_billed_the_prompt_once(
+    embedded: tuple[TestClient, EmbeddedWorker],
+    db_session: Session,
+    is_stream: bool,
+) -> None:
+    api, worker = embedded
+    tenant = make_tenant(api, "leaver")
+    max_tokens = 300  # within the tiny model's context with PROMPT
+    body = {
+        "model": "lorahost-base",
+        "prompt": PROMPT,
+        "n": 2,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": is_stream,
+    }
+    before = stats(worker)
+    exchange = run(
+        api,
+        "/v1/completions",
+        tenant.headers | {"content-type": "application/json"},
+        [json.dumps(body).encode()],
+        leave=_leave_once_generating(worker, 10),
+    )
+    assert exchange.status == (200 if is_stream else 499), exchange.body  # 499: left before the response
+    assert wait_for(lambda: stats(worker).num_running == 0), "a choice still runs on the engine"
+    after = stats(worker)
+    assert after.num_aborted - before.num_aborted == 2
+    [row] = usage_rows(db_session, tenant.id)
+    assert row.status == "aborted", (row.status, row.error_message)
+    assert row.prompt_tokens == len(api.app.state.services.tokenizer.encode(PROMPT))  # type: ignore[attr-defined]
+    produced = after.num_output_tokens - before.num_output_tokens
+    assert 0 < row.completion_tokens <= produced < 2 * max_tokens
+    if is_stream:  # billed: exactly the tokens sent, one chunk per token delta
+        sent = [e for e in sse_events(exchange.body.decode()) if e != "[DONE]" and e["choices"]]
+        assert {c["choices"][0]["index"] for c in sent} == {0, 1}
+        assert len(sent) <= row.completion_tokens
