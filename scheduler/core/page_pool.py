@@ -199,10 +199,10 @@ class PagePool:
             return [], []
         moves: list[tuple[int, int]] = []
         if self.is_unified:
-            start = self._owner.rfind(bytes(num_pages))
-            if start < 0:
+            start: int | None = self._owner.rfind(bytes(num_pages))
+            if start is None or start < 0:
                 start = cheapest_window(self._owner, num_pages, max_moves)
-                assert start is not None, "can_reserve found the window"
+            assert start is not None, "can_reserve found the run or the window"
             ids = list(range(start, start + num_pages))
             moves = self._move_kv_out_of(ids)
             self._num_free_kv -= num_pages  # the ids stay in the heap; pops skip them while taken

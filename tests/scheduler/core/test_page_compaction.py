@@ -25,7 +25,9 @@ def test_fragmented_pool_reserves_a_run_by_moving_the_fewest_kv_pages_from_the_t
     reservation = pool.reserve_moving(3, max_moves=1)
     assert reservation is not None
     run, moves = reservation
-    assert run == [5, 6, 7] and moves == [(6, 1)]  # one KV page in [5, 8); its replacement: the lowest free id
+    assert run == [5, 6, 7] and moves == [
+        (6, 1)
+    ]  # one KV page in [5, 8); its replacement: the lowest free id
     assert pool.owner_counts() == (1, 4, 3) and pool.num_free_blocks == 1
 
 
