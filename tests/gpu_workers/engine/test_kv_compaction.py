@@ -34,14 +34,14 @@ def _run(
         )
     )  # fmt: skip
     for i in range(NUM_PAGES):
-        engine.add_request(EngineRequest(f"r{i}", _prompt(i), PARAMS))
+        engine.add_request(EngineRequest(f"r{i}", tuple(_prompt(i)), PARAMS))
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(0, NUM_PAGES, 2)}
     for out in engine.step():
         tokens.get(out.request_id, []).extend(out.new_token_ids)
     assert [s.block_table for s in engine.scheduler.running] == [[i] for i in range(NUM_PAGES)]
     for i in range(1, NUM_PAGES, 2):
         engine.abort(f"r{i}")
-    engine.add_request(EngineRequest("cold", _prompt(0), PARAMS, COLD, adapter_path=cold_path))
+    engine.add_request(EngineRequest("cold", tuple(_prompt(0)), PARAMS, COLD, adapter_path=cold_path))
     tokens["cold"] = []
     num_left_at_cold = -1
     while engine.has_unfinished_requests():
