@@ -107,3 +107,22 @@ def test_compaction_keeps_the_partition_and_block_tables_whole(num_pages: int, o
     for run in runs:
         pool.release(run)
     assert pool.num_free_pages == num_pages and pool.allocate(num_pages) == list(range(num_pages))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    owner=st.lists(st.sampled_from([0, 1, 2]), min_size=1, max_size=40),
+    num_pages=st.integers(1, 12),
+    max_moves=st.integers(0, 12),
+)
+def test_cheapest_window_is_the_highest_adapter_free_window_with_the_fewest_kv_pages(
+    owner: list[int], num_pages: int, max_moves: int
+) -> None:
+    windows = [
+        (owner[s : s + num_pages].count(1), -s)
+        for s in range(len(owner) - num_pages + 1)
+        if 2 not in owner[s : s + num_pages]
+    ]
+    best = min(windows, default=None)
+    expected = None if best is None or best[0] > max_moves else -best[1]
+    assert cheapest_window(bytes(owner), num_pages, max_moves) == expected
