@@ -51,7 +51,7 @@ class AdapterAccessStats:
                 del self.num_accesses[adapter_id]
 
     def cache_view(self, now: float, num_on_device: int) -> CacheView:
-        """What the eviction policy sees of the whole cache at `now`, with `num_on_device` adapters resident."""
+        """What the eviction policy sees of the whole cache at `now`, `num_on_device` adapters resident."""
         self.forget_old_accesses(now)
         num_accesses = len(self._accesses)
         shares = tuple(n / num_accesses for n in self.num_accesses.values()) if num_accesses else ()

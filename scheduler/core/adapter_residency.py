@@ -83,9 +83,8 @@ class AdapterResidency:
         self._on_device: OrderedDict[str, None] = OrderedDict()
         self.access_window_s = access_window_s
         self.access = AdapterAccessStats(access_window_s)
-        self.max_compaction_pages = (
-            max_compaction_pages  # KV pages one load may move (PagePool.reserve_moving)
-        )
+        # KV pages one load may move out of its run (unified pool, PagePool.reserve_moving; 0: none)
+        self.max_compaction_pages = max_compaction_pages
         self.num_loads = 0
         self.num_evictions = 0
         self.version = 0  # bumped whenever an adapter is registered, forgotten, or joins or leaves the device
@@ -95,8 +94,8 @@ class AdapterResidency:
         # Called with an adapter id whenever it leaves the device (evict, forget, failed copy), before its
         # pages go back: the prefix cache drops the adapter's KV blocks there (no KV outlives its adapter).
         self.on_leave_device: list[Callable[[str], object]] = []  # return values are ignored
-        # Called with the KV page moves (old, new) of a load that moved KV pages out of its run, right after the
-        # pool renamed them: the block tables and the prefix cache follow, the step plan carries the copies.
+        # Called with the KV page moves (old, new) of a load that moved KV pages out of its run, right after
+        # the pool made them: the block tables and the prefix cache follow, the step plan carries the copies.
         self.on_kv_moves: list[Callable[[list[tuple[int, int]]], object]] = []
 
     # ---- registry -----------------------------------------------------------------------------------
@@ -180,7 +179,8 @@ class AdapterResidency:
         self.record_batch_sizes(num_seqs, [self.clock() if now is None else now])
 
     def record_batch_sizes(self, num_seqs: int, step_starts: list[float]) -> None:
-        """Steps planned at `step_starts` (ascending) each ran `num_seqs` sequences (scheduler/core/adapter_access.py)."""
+        """Steps planned at `step_starts` (ascending) each ran `num_seqs` sequences (what one
+        `record_batch_size` per step leaves; scheduler/core/adapter_access.py)."""
         self.access.record_batch_sizes(num_seqs, step_starts)
 
     def cache_view(self) -> CacheView:
