@@ -40,6 +40,8 @@ UNPUBLISHED_ENGINE_FIELDS = frozenset(
         "num_adapter_preparations",
         "adapter_prepare_seconds_total",
         "adapter_prepare_seconds_max",
+        "num_compactions",
+        "num_kv_block_moves",
         "memory_mode",
         "max_model_len",
         "executor",  # published as WorkerStats.engine (EngineSummary): ExecutorStats' own fields

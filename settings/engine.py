@@ -65,6 +65,13 @@ class EngineMemorySettings(EngineSection):
         default=True,
         description="Reuse the KV of prompt prefixes shared by requests of the same adapter version",
     )
+    max_compaction_pages: int = Field(
+        default=512,
+        description="unified: the most KV pages one adapter load may move out of the way when free pages exist "
+        "but no contiguous run of them (the engine copies each moved page's K and V before the step, "
+        "scheduler/core/page_compaction.py); bounds the copy one load adds to a step (512 pages of an 8B "
+        "model's 2 MiB are ~1 ms of H100 bandwidth); 0: no compaction (a load waits for a run)",
+    )
 
     @field_validator("memory_mode")
     @classmethod
@@ -76,7 +83,7 @@ class EngineMemorySettings(EngineSection):
     def _check_positive_memory(cls, value: int | None, info: ValidationInfo) -> float | None:
         return cls._positive(value, info)
 
-    @field_validator("host_adapter_cache_bytes")
+    @field_validator("host_adapter_cache_bytes", "max_compaction_pages")
     @classmethod
     def _check_not_negative_memory(cls, value: int, info: ValidationInfo) -> int:
         return cls._not_negative(value, info)
@@ -314,6 +321,7 @@ class EngineSettings(
             enable_prefix_caching=self.enable_prefix_caching,
             num_cpu_prefill_workers=self.cpu_prefill_workers,
             is_caching_idle_adapters=self.is_caching_idle_adapters,
+            max_compaction_pages=self.max_compaction_pages,
             max_running_tokens=self.max_running_tokens,
             num_scheduler_steps=self.num_scheduler_steps,
             max_running_adapter_bytes=(

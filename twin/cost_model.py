@@ -21,6 +21,11 @@ host copy first (when the profile has `copy.prepare_gbps`) takes prepare + n / p
 engine's preparer thread, off the step loop (twin/simulated_executor.py: the adapter's requests wait for
 it, the steps of the others do not).
 
+KV pages moved out of an adapter's run (scheduler/core/page_compaction.py) are copied on the device before
+the step: n bytes moved take 2n / device bandwidth (read and write), the bandwidth the profile's per-adapter
+read term implies (adapter_bytes_per_rank / lora_per_adapter_rank_us: the H100 profiles' 50% of 3.35 TB/s);
+free when the profile has no such term.
+
 The token terms (per_prefill_token x P + per_decode_seq x D) and the LoRA work term (lora_per_token_rank x W)
 are the step-cost terms shared with the router's performance model (scheduler/core/step_cost.py).
 """
@@ -115,6 +120,15 @@ class CostModel:
         if self._prepare_bytes_per_second is None or num_bytes <= 0:
             return 0.0
         return self._per_prepare_s + num_bytes / self._prepare_bytes_per_second
+
+    def device_copy_seconds(self, num_bytes: int) -> float:
+        """Copy of `num_bytes` within device memory (read and write), at the bandwidth the per-adapter read term
+        implies (module doc); 0 when the profile has none."""
+        per_rank_us = self.step_cost.lora_per_adapter_rank_us
+        if num_bytes <= 0 or per_rank_us <= 0:
+            return 0.0
+        bytes_per_second = self.profile.model.adapter_bytes_per_rank / (per_rank_us * _US)
+        return 2 * num_bytes / bytes_per_second
 
     def adapter_copy_seconds(self, rank: int) -> float:
         """Copy of a rank-`rank` adapter on every projection of the profile's model."""

@@ -5,7 +5,9 @@ one preparer makes the host copies (read, validate, pack: the cost model's prepa
 unless the host tier (scheduler/core/host_tier.py, the engine's own) still holds the copy; one link copies
 them one after another, each from the moment its host copy is ready (in that order: a host-tier hit does not
 wait behind preparations), taking the cost model's copy time. The core hears of a host copy ready and of a
-copy landed when the clock reaches them. The engine core above it is the engine's own (scheduler/core/)."""
+copy landed when the clock reaches them. KV pages moved out of an adapter's run are copied on the device
+before the step (the cost model's device copy time). The engine core above it is the engine's own
+(scheduler/core/)."""
 
 from __future__ import annotations
 
@@ -79,6 +81,8 @@ class SimulatedExecutor:
         self.copy_seconds = 0.0
         self.num_results_taken = 0  # host copies ready and copies landed reported to the core
         self.num_decode_step_calls = 0  # `run_decode_steps` calls (multi-step windows run at once)
+        self.num_kv_block_moves = 0
+        self.kv_move_seconds = 0.0
         # the last window's rows, their adapters' ranks and one step's price (`_flat_decode_seconds`)
         self._flat_price: tuple[list[BatchEntry], tuple[int, ...], float] | None = None
 
@@ -143,6 +147,14 @@ class SimulatedExecutor:
         seconds = self.cost_model.step_seconds(StepShape.of(entries, self.ranks))
         self._flat_price = (entries, ranks, seconds)
         return seconds
+
+    def move_kv_blocks(self, moves: list[tuple[int, int]]) -> None:
+        """Advance the clock by the device copy of the moved KV pages (the step after it waits for it)."""
+        seconds = self.cost_model.device_copy_seconds(len(moves) * self._geometry.kv_bytes_per_block)
+        self.clock.advance(seconds)
+        self.busy_seconds += seconds
+        self.num_kv_block_moves += len(moves)
+        self.kv_move_seconds += seconds
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
         """Queue the load: the host copy from the host tier at once, else on the preparer when it is free

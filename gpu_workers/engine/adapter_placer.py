@@ -87,6 +87,9 @@ class AdapterPlacer:
             )
         for victim in plan.adapter_evictions:
             self.runner.drop_adapter(victim)
+        if plan.kv_block_moves:  # before the adapter is written into their old pages
+            self.runner.move_kv_blocks(plan.kv_block_moves)
+            self.counters.record_kv_block_moves(len(plan.kv_block_moves))
         started = time.perf_counter()
         try:
             adapter = self.runner.transfers.place_adapter(build(), self.core.page_ids(adapter_id))

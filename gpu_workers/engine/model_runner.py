@@ -302,6 +302,24 @@ class ModelRunner:
         tokens, _ = self.execute(entries, host_assisted=frozenset(host_assisted))
         return tokens
 
+    @torch.inference_mode()
+    def move_kv_blocks(self, moves: list[tuple[int, int]]) -> None:
+        """Copy each (old, new) page's K and V in every layer (the core moved them out of an adapter's run;
+        distinct pages, so one gather and one scatter per tensor). On CUDA the engine's stream is synchronized
+        after it: an adapter copy, on a side stream, may write the old pages as soon as its host copy is ready."""
+        if not moves:
+            return
+        old = torch.tensor([o for o, _ in moves], dtype=torch.long, device=self.device)
+        new = torch.tensor([n for _, n in moves], dtype=torch.long, device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            for cache in (k_cache, v_cache):
+                pages = cache.view(
+                    -1, self.block_size, *cache.shape[1:]
+                )  # [num_pages, block_size, heads, dim]
+                pages.index_copy_(0, new, pages.index_select(0, old))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
         """Start an adapter's load off the step loop: its host copy prepared, then copied into its pages."""
         self.transfers.start_adapter_copy(adapter_id, Path(host_path or ""), page_ids)

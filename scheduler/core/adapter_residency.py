@@ -19,8 +19,9 @@ chameleon, fastlibra); the waiting-only class comes after them, in the same poli
 With `is_caching_idle_adapters` False there is no adapter cache (the S-LoRA / no-cache baseline):
 `drop_idle_adapters` evicts every device adapter as soon as nothing pins it (the batch scheduler calls it
 at the start of each step).
-Device bytes come from the one page pool (`PagePool.reserve`), which alone decides how many adapters fit
-(no count cap).
+Device bytes come from the one page pool (`PagePool.reserve_moving`), which alone decides how many adapters
+fit (no count cap); in a unified pool a load may move up to `max_compaction_pages` KV pages out of its run
+(`on_kv_moves` tells the block tables and the step plan).
 
 Access statistics for the policies, on an injected clock (wall time `time.time` by default; the engine
 passes its one clock, shared with the batch scheduler; tests and the digital twin drive their own): an
@@ -32,14 +33,12 @@ system clock jumps (then ages and windows are off until the jumped readings leav
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from scheduler.cache.eviction import (
     ACCESS_WINDOW_S,
-    BATCH_SIZE_WINDOW_S,
     DEFAULT_LINK_BYTES_PER_S,
     CacheView,
     EvictionCandidate,
@@ -47,6 +46,7 @@ from scheduler.cache.eviction import (
     LruPolicy,
     estimated_load_seconds,
 )
+from scheduler.core.adapter_access import AdapterAccessStats
 from scheduler.core.adapter_state import RESERVED_RESIDENCIES, AdapterState, Residency
 from scheduler.core.page_pool import PagePool, num_pages_for_adapter
 
@@ -66,6 +66,7 @@ class AdapterResidency:
         link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S,
         access_window_s: float = ACCESS_WINDOW_S,
         is_caching_idle_adapters: bool = True,
+        max_compaction_pages: int = 0,
     ) -> None:
         if page_bytes <= 0:
             raise ValueError("page_bytes must be positive")
@@ -76,17 +77,14 @@ class AdapterResidency:
         self.policy: EvictionPolicy = policy if policy is not None else LruPolicy()
         self.clock = clock
         self.link_bytes_per_s = link_bytes_per_s
-        self.access_window_s = access_window_s
         self.is_caching_idle_adapters = is_caching_idle_adapters
         self._states: dict[str, AdapterState] = {}
         # Device-side adapters (PREPARING, COPYING or DEVICE), least recently used first.
         self._on_device: OrderedDict[str, None] = OrderedDict()
-        # Accesses within the window, oldest first, and their count per adapter.
-        self._accesses: deque[tuple[float, str]] = deque()
-        self._num_accesses: Counter[str] = Counter()
-        # Sequences per step over the last BATCH_SIZE_WINDOW_S: (time, count), oldest first, and their sum.
-        self._batch_sizes: deque[tuple[float, int]] = deque()
-        self._batch_size_sum = 0
+        self.access_window_s = access_window_s
+        self.access = AdapterAccessStats(access_window_s)
+        # KV pages one load may move out of its run (unified pool, PagePool.reserve_moving; 0: none)
+        self.max_compaction_pages = max_compaction_pages
         self.num_loads = 0
         self.num_evictions = 0
         self.version = 0  # bumped whenever an adapter is registered, forgotten, or joins or leaves the device
@@ -96,6 +94,9 @@ class AdapterResidency:
         # Called with an adapter id whenever it leaves the device (evict, forget, failed copy), before its
         # pages go back: the prefix cache drops the adapter's KV blocks there (no KV outlives its adapter).
         self.on_leave_device: list[Callable[[str], object]] = []  # return values are ignored
+        # Called with the KV page moves (old, new) of a load that moved KV pages out of its run, right after
+        # the pool made them: the block tables and the prefix cache follow, the step plan carries the copies.
+        self.on_kv_moves: list[Callable[[list[tuple[int, int]]], object]] = []
 
     # ---- registry -----------------------------------------------------------------------------------
 
@@ -130,6 +131,10 @@ class AdapterResidency:
         state = self._states.get(adapter_id)
         return Residency.NONE if state is None else state.residency
 
+    def is_reserved(self, adapter_id: str | None) -> bool:
+        """True when the adapter needs no new load: on the device, or its load already planned."""
+        return adapter_id is not None and self.residency(adapter_id) in RESERVED_RESIDENCIES
+
     def device_adapters(self) -> list[str]:
         """Adapters on the device or being loaded there (preparing or copying), least recently used first."""
         return list(self._on_device)
@@ -161,15 +166,12 @@ class AdapterResidency:
 
     def record_access(self, adapter_id: str) -> None:
         """A request for the adapter arrived: counts toward its frequency and marks it used."""
-        now = self.clock()
-        self._accesses.append((now, adapter_id))
-        self._num_accesses[adapter_id] += 1
+        self.access.record_access(adapter_id, self.clock())
         self.touch(adapter_id)
 
     def num_recent_accesses(self, adapter_id: str) -> int:
         """Accesses to the adapter within the access window."""
-        self._forget_old_accesses(self.clock())
-        return self._num_accesses[adapter_id]
+        return self.access.num_recent_accesses(adapter_id, self.clock())
 
     def record_batch_size(self, num_seqs: int, now: float | None = None) -> None:
         """One step planned at `now` (default: the clock) ran `num_seqs` sequences (FastLibra's recent batch
@@ -177,30 +179,13 @@ class AdapterResidency:
         self.record_batch_sizes(num_seqs, [self.clock() if now is None else now])
 
     def record_batch_sizes(self, num_seqs: int, step_starts: list[float]) -> None:
-        """Steps planned at `step_starts` (ascending) each ran `num_seqs` sequences: what one
-        `record_batch_size` per step leaves (old sizes are dropped against the last start only, which drops
-        every size an earlier start would have)."""
-        self._batch_sizes.extend(zip(step_starts, itertools.repeat(num_seqs)))
-        self._batch_size_sum += num_seqs * len(step_starts)
-        now = step_starts[-1]
-        while self._batch_sizes and self._batch_sizes[0][0] < now - BATCH_SIZE_WINDOW_S:
-            self._batch_size_sum -= self._batch_sizes.popleft()[1]
-
-    def _forget_old_accesses(self, now: float) -> None:
-        while self._accesses and self._accesses[0][0] < now - self.access_window_s:
-            _, adapter_id = self._accesses.popleft()
-            self._num_accesses[adapter_id] -= 1
-            if not self._num_accesses[adapter_id]:
-                del self._num_accesses[adapter_id]
+        """Steps planned at `step_starts` (ascending) each ran `num_seqs` sequences (what one
+        `record_batch_size` per step leaves; scheduler/core/adapter_access.py)."""
+        self.access.record_batch_sizes(num_seqs, step_starts)
 
     def cache_view(self) -> CacheView:
         """What the eviction policy sees of the whole cache now."""
-        now = self.clock()
-        self._forget_old_accesses(now)
-        num_accesses = len(self._accesses)
-        shares = tuple(n / num_accesses for n in self._num_accesses.values()) if num_accesses else ()
-        batch_size = self._batch_size_sum / len(self._batch_sizes) if self._batch_sizes else 1.0
-        return CacheView(now, len(self._on_device), num_accesses, shares, batch_size)
+        return self.access.cache_view(self.clock(), len(self._on_device))
 
     def load_seconds_of(self, state: AdapterState) -> float:
         """The adapter's reload cost: measured when it was loaded before, else bytes / link bandwidth."""
@@ -215,7 +200,7 @@ class AdapterResidency:
             num_bytes=state.num_bytes,
             num_pages=len(state.page_ids) or self.num_pages_for(state),
             rank=state.rank,
-            num_recent_accesses=self._num_accesses[state.adapter_id],
+            num_recent_accesses=self.access.num_accesses[state.adapter_id],
             last_use=state.last_use,
             load_seconds=self.load_seconds_of(state),
             is_waiting=state.num_waiting > 0,
@@ -270,8 +255,11 @@ class AdapterResidency:
             return None
         for victim in victims:
             self.evict(victim)
-        page_ids = self.pool.reserve(num_pages)
-        assert page_ids is not None, "victims were chosen so that the pages fit"
+        reservation = self.pool.reserve_moving(num_pages, self.max_compaction_pages)
+        assert reservation is not None, "victims were chosen so that the pages fit"
+        page_ids, moves = reservation
+        for callback in self.on_kv_moves if moves else ():
+            callback(moves)
         state.page_ids, state.residency = page_ids, Residency.PREPARING
         self.version += 1
         self._on_device[adapter_id] = None
@@ -282,13 +270,15 @@ class AdapterResidency:
         self, num_pages: int, may_evict_waiting: bool, min_free_kv_blocks: int
     ) -> list[str] | None:
         """Fewest evictions (in eviction order) after which `num_pages` fit (a contiguous run, in a unified
-        pool) while `min_free_kv_blocks` KV pages stay free."""
+        pool, possibly after moving up to `max_compaction_pages` KV pages out of it) while
+        `min_free_kv_blocks` KV pages stay free (moving KV pages leaves their count as it is)."""
         pool = self.pool
 
         def fits(freed: list[int]) -> bool:
             # Unified: the adapter's pages come out of KV-addressable pages; static: out of its own share.
             num_free_kv = pool.num_free_blocks + (len(freed) - num_pages if pool.is_unified else 0)
-            return num_free_kv >= min_free_kv_blocks and pool.can_reserve(num_pages, freed)
+            is_fitting = pool.can_reserve(num_pages, freed, self.max_compaction_pages)
+            return num_free_kv >= min_free_kv_blocks and is_fitting
 
         freed: list[int] = []
         if fits(freed):

@@ -3,26 +3,27 @@
 Running sequences go first (oldest first): each takes its next token or its next prompt chunk. When a
 running sequence needs a KV page and none is free, unreferenced cached prefix blocks are evicted (leaves,
 LRU), then adapters holding KV-addressable pages that no running request uses, then the youngest running
-sequence is preempted (pages freed, recomputed later); a sequence's pages are `core/sequence_blocks.py`'s. Then waiting requests are admitted in the order a
-`BatchPolicy` (scheduler/admission/batch_policy.py) decides, while sequences, tokens and pages last, and, when
-`max_running_tokens` is set, while the running batch's tokens stay within it, and, when `max_running_adapter_bytes`
-is set, while its distinct adapters' bytes do (scheduler/admission/running_budget.py); a request whose
-adapter is only on the host gets an adapter copy planned (evicting idle adapters,
-then adapters only waiting requests use, each class in the residency's eviction policy order). A request
+sequence is preempted (pages freed, recomputed later); a sequence's pages are `core/sequence_blocks.py`'s.
+Then waiting requests are admitted in the order a `BatchPolicy` (scheduler/admission/batch_policy.py)
+decides, while sequences, tokens and pages last, and, when `max_running_tokens` is set, while the running
+batch's tokens stay within it, and, when `max_running_adapter_bytes` is set, while its distinct adapters'
+bytes do (scheduler/admission/running_budget.py); a request whose adapter is only on the host gets an
+adapter copy planned (evicting idle adapters, then adapters only waiting requests use, each class in the
+residency's eviction policy order; in a unified pool, moving KV pages out of its run first). A request
 that does not fit waits; with the plan's head-of-line blocking, the requests after it wait too (all of them,
 or only those of its group when the plan has groups; `core/admission_gate.py`). The policy hears of each
 actual admission (`on_admitted`) and finish (`on_finished`), timed on the scheduler's `clock`, and of the
 output tokens each planned step computes per request (`on_tokens_served`: fair share,
-scheduler/admission/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters` False)
-each step starts by evicting the adapters no request uses any more. While its adapter is PREPARING (its
-host copy is read, validated and packed off the step loop) a sequence waits; while it is COPYING, it runs
-only as a CPU-assisted prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries; decodes wait for the
-copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
+scheduler/admission/fair_share.py). Without the adapter cache (`AdapterResidency.is_caching_idle_adapters`
+False) each step starts by evicting the adapters no request uses any more. While its adapter is PREPARING
+(its host copy is read, validated and packed off the step loop) a sequence waits; while it is COPYING, it
+runs only as a CPU-assisted prefill (`CopyGate`, at most `num_cpu_prefill_workers` entries; decodes wait
+for the copy). Then adapters of waiting requests are prefetched (see `_prefetch`).
 
 With a `PrefixCache`, an admitted request starts from the longest cached chain of full blocks of its
 adapter, in its cache namespace (`Sequence.cache_namespace`: its tenant's own unless an operator shares one),
-that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks
-join the cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
+that prefixes its tokens (only the rest costs token budget), and its computed full prompt blocks join the
+cache as they complete (seen at the next `schedule()`, or when it finishes or is preempted).
 An adapter leaving the device takes its cached blocks with it (`AdapterResidency.on_leave_device`).
 `schedule()` returns a plain `StepPlan`; the engine carries it out and hands the sampled tokens to
 `update_from_output` (core/step_output.py: computed tokens, appended tokens, stops, times). Loads are
@@ -37,7 +38,7 @@ from collections.abc import Callable, Collection
 
 from scheduler.admission.admission import BatchBudget, BatchPolicy
 from scheduler.admission.running_budget import RunningBudget
-from scheduler.core.adapter_residency import RESERVED_RESIDENCIES, AdapterResidency, Residency
+from scheduler.core.adapter_residency import AdapterResidency, Residency
 from scheduler.core.admission_gate import AdmissionGate
 from scheduler.core.copy_gate import CopyGate
 from scheduler.core.multi_step import DecodeWindow
@@ -96,9 +97,9 @@ class BatchScheduler:
         self._is_hit_at_first_try: dict[str, bool] = {}
         self.num_adapter_prefetches = 0  # loads planned for waiting requests before their admission
         self.prefix_cache = prefix_cache
-        self.blocks = SequenceBlocks(pool, residency, prefix_cache)
-        if prefix_cache is not None:
-            residency.on_leave_device.append(prefix_cache.drop_adapter)
+        self.blocks = SequenceBlocks(
+            pool, residency, prefix_cache, lambda: [*self.running, *self.waiting.values()]
+        )
 
     # ---- queue management ---------------------------------------------------------------------------
 
@@ -276,7 +277,9 @@ class BatchScheduler:
                 gate.on_short(request_id, is_adapter_short=False)
                 continue
             # a request that waits for the load it planned is still a miss when it is admitted later
-            is_hit = self._is_hit_at_first_try.setdefault(request_id, self._is_adapter_resident(seq))
+            is_hit = self._is_hit_at_first_try.setdefault(
+                request_id, self.residency.is_reserved(seq.adapter_id)
+            )
             if not self._plan_adapter(seq, plan):
                 is_memory_short = True
                 gate.on_short(request_id, is_adapter_short=True)
@@ -306,10 +309,6 @@ class BatchScheduler:
     def _adapter_bytes(self, adapter_id: str | None) -> int:
         state = self.residency.get(adapter_id) if adapter_id is not None else None
         return state.num_bytes if state is not None else 0
-
-    def _is_adapter_resident(self, seq: Sequence) -> bool:
-        """True when seq's adapter needs no new load (on the device, or its load already planned)."""
-        return seq.adapter_id is not None and self.residency.residency(seq.adapter_id) in RESERVED_RESIDENCIES
 
     def _count_adapter_access(self, seq: Sequence, is_hit: bool) -> None:
         self._is_hit_at_first_try.pop(seq.request_id, None)
@@ -377,6 +376,7 @@ class BatchScheduler:
         if victims is None:
             return False
         plan.adapter_evictions.extend(victims)
+        plan.add_kv_block_moves(self.blocks.take_moves())
         if residency is Residency.HOST:
             plan.adapter_loads.append(AdapterLoad(adapter_id, state.host_path if state else None))
         return True

@@ -4,9 +4,9 @@
 
 It owns the page pool (sized from the executor's `MemoryGeometry`), the adapter residency, the prefix cache
 and the `BatchScheduler`. Each `step()`: report the adapter host copies that became ready and the copies that
-landed, `schedule()`, carry out the plan's adapter side on the executor (drop evicted device copies, start
-planned loads), run the runnable entries, hand the sampled tokens to `BatchScheduler.update_from_output`,
-count the step. A planned load runs off the step loop in two stages, both on the executor's threads: its
+landed, `schedule()`, carry out the plan's adapter side on the executor (drop evicted device copies, copy
+the KV pages moved out of new adapters' runs, start planned loads), run the runnable entries, hand the
+sampled tokens to `BatchScheduler.update_from_output`, count the step. A planned load runs off the step loop in two stages, both on the executor's threads: its
 host copy is prepared (files read, validated, packed; the adapter is PREPARING and its requests wait while
 every other request keeps stepping), then copied (COPYING: CPU-assisted prefill on the host copy). The
 step loop never waits on a cold adapter, except an idle step that has nothing else to run (at most
@@ -69,6 +69,7 @@ class CoreLimits:
     )
     num_scheduler_steps: int = 1  # engine steps one plan of decodes may run (scheduler/core/multi_step.py)
     max_running_adapter_bytes: int | None = None  # the running batch's bound on its distinct adapters' bytes
+    max_compaction_pages: int = 0  # KV pages one adapter load may move out of its run (unified pool; 0: none)
 
 
 class EngineCore:
@@ -102,6 +103,7 @@ class EngineCore:
             policy=eviction_policy,
             clock=clock,
             is_caching_idle_adapters=limits.is_caching_idle_adapters,
+            max_compaction_pages=limits.max_compaction_pages,
         )
         self.prefix_cache = PrefixCache(self.pool) if limits.enable_prefix_caching else None
         self.scheduler = BatchScheduler(
@@ -254,10 +256,13 @@ class EngineCore:
     # ---- adapter loads ------------------------------------------------------------------------------
 
     def _carry_out(self, plan: StepPlan) -> None:
-        """Drop evicted device copies, then start the planned loads (their stages end in `poll_copies`); a
-        load that cannot start fails its adapter's requests."""
+        """Drop evicted device copies, copy the KV pages moved out of new adapters' runs, then start the planned
+        loads (their stages end in `poll_copies`); a load that cannot start fails its adapter's requests."""
         for adapter_id in plan.adapter_evictions:
             self.executor.drop_adapter(adapter_id)
+        if plan.kv_block_moves:
+            self.executor.move_kv_blocks(plan.kv_block_moves)
+            self.counters.record_kv_block_moves(len(plan.kv_block_moves))
         for load in plan.adapter_loads:
             try:
                 self.executor.start_adapter_copy(

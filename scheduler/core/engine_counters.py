@@ -31,6 +31,9 @@ class EngineCounters:
     num_adapter_preparations: int = 0
     adapter_prepare_seconds: float = 0.0
     max_adapter_prepare_seconds: float = 0.0
+    # plans that moved KV pages out of an adapter load's run (PagePool.reserve_moving), and the pages moved
+    num_compactions: int = 0
+    num_kv_block_moves: int = 0
     # the last RECENT_STEPS step durations (seconds): decode-only steps, and steps with prefill tokens
     recent_decode_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     recent_prefill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
@@ -59,6 +62,11 @@ class EngineCounters:
         self.num_output_tokens += num_rows * len(seconds)
         self.max_step_seconds = max(self.max_step_seconds, max(seconds, default=0.0))
         self.recent_decode_seconds.extend(seconds)
+
+    def record_kv_block_moves(self, num_moves: int) -> None:
+        """Count one step plan's copies of `num_moves` KV pages moved out of adapter runs."""
+        self.num_compactions += 1
+        self.num_kv_block_moves += num_moves
 
     def record_preparation(self, seconds: float) -> None:
         """Count one host copy prepared off the step loop in `seconds`."""

@@ -59,6 +59,9 @@ class EngineStats(SchedulerStats):
     num_adapter_preparations: int = 0
     adapter_prepare_seconds_total: float = 0.0
     adapter_prepare_seconds_max: float = 0.0
+    # step plans that moved KV pages out of an adapter load's run, and the pages moved (unified pool)
+    num_compactions: int = 0
+    num_kv_block_moves: int = 0
     # memory geometry
     memory_mode: str = ""
     max_model_len: int = 0
@@ -107,6 +110,8 @@ def engine_stats(
         num_adapter_preparations=c.num_adapter_preparations,
         adapter_prepare_seconds_total=c.adapter_prepare_seconds,
         adapter_prepare_seconds_max=c.max_adapter_prepare_seconds,
+        num_compactions=c.num_compactions,
+        num_kv_block_moves=c.num_kv_block_moves,
         memory_mode=memory_mode,
         max_model_len=max_model_len,
         executor=executor,

@@ -54,6 +54,12 @@ class Executor(Protocol):
         copying) get their LoRA delta from its host copy until the device copy lands."""
         ...
 
+    def move_kv_blocks(self, moves: list[tuple[int, int]]) -> None:
+        """Copy each (old, new) page's K and V in every layer from old to new (distinct pages; the core moved
+        them out of an adapter load's run, StepPlan.kv_block_moves); done before this method returns as far as
+        any later step, adapter copy or adapter write is concerned."""
+        ...
+
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
         """Start loading an adapter into its reserved pages, off the step loop: prepare its host copy (from
         `host_path`'s files, or the host tier), then copy it. Never waits on the files; a failure of either

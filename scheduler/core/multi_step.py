@@ -58,9 +58,10 @@ def num_window_steps(plan: StepPlan, running: list[Sequence], num_waiting: int, 
 
 
 def _is_plain(plan: StepPlan) -> bool:
-    """True when the plan changes nothing but its rows' tokens (no load, eviction, preemption or copy)."""
+    """True when the plan changes nothing but its rows' tokens (no load, eviction, preemption, copy or KV move)."""
     return not (
         plan.adapter_loads
+        or plan.kv_block_moves
         or plan.adapter_evictions
         or plan.preemptions
         or plan.copy_waits

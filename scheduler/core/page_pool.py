@@ -10,8 +10,9 @@ Two layouts (EngineConfig.memory_mode):
   piece of an adapter; the engine stores an adapter's weights *inside* the KV tensor's pages, so an
   adapter needs a contiguous run of page ids (its tensors are views of that run). KV blocks are taken
   lowest id first and adapter runs highest first, so the two grow towards each other and runs stay
-  contiguous; a load for which free pages exist but no run does waits (or evicts idle adapters) like any
-  other load that does not fit.
+  contiguous; a load for which free pages exist but no run moves KV pages out of the way of one, up to
+  a bound (`reserve_moving`, scheduler/core/page_compaction.py), else waits (or evicts idle adapters)
+  like any other load that does not fit.
 - static (max_kv_pages < num_pages, the vLLM-style baseline): ids [0, max_kv_pages) are KV blocks only,
   ids [max_kv_pages, num_pages) adapter pages only (a fixed adapter share, handed out lazily: the pool
   may have ~1e6 of them); neither side borrows from the other.
@@ -22,6 +23,8 @@ Invariant: free pages, KV pages and adapter pages partition range(num_pages).
 from __future__ import annotations
 
 import heapq
+
+from scheduler.core.page_compaction import cheapest_window
 
 _FREE, _KV, _ADAPTER = 0, 1, 2
 
@@ -152,8 +155,11 @@ class PagePool:
 
     # ---- adapter pages ------------------------------------------------------------------------------
 
-    def can_reserve(self, num_pages: int, also_free: list[int] | tuple[int, ...] = ()) -> bool:
-        """True when `reserve(num_pages)` would succeed once the adapter pages `also_free` were released."""
+    def can_reserve(
+        self, num_pages: int, also_free: list[int] | tuple[int, ...] = (), max_moves: int = 0
+    ) -> bool:
+        """True when `reserve_moving(num_pages, max_moves)` would succeed once the adapter pages `also_free`
+        were released."""
         if num_pages <= 0:
             return num_pages == 0
         if not self.is_unified:
@@ -165,7 +171,9 @@ class PagePool:
             owner = bytearray(owner)
             for page in also_free:
                 owner[page] = _FREE
-        return owner.rfind(bytes(num_pages)) >= 0
+        if owner.rfind(bytes(num_pages)) >= 0:
+            return True
+        return max_moves > 0 and cheapest_window(owner, num_pages, max_moves) is not None
 
     def reserve(self, num_pages: int) -> list[int] | None:
         """Take pages for adapter weights; None (nothing taken) when they do not fit.
@@ -173,20 +181,55 @@ class PagePool:
         Unified: one contiguous run of ids, the highest free run (the adapter's tensors are views of it).
         Static: adapter-only ids (not contiguous: the adapter has tensors of its own).
         """
-        if num_pages < 0 or not self.can_reserve(num_pages):
+        reservation = self.reserve_moving(num_pages, max_moves=0)
+        return None if reservation is None else reservation[0]
+
+    def reserve_moving(
+        self, num_pages: int, max_moves: int
+    ) -> tuple[list[int], list[tuple[int, int]]] | None:
+        """`reserve`, and in a unified pool without a free run of `num_pages`: move up to `max_moves` KV pages
+        out of the way (scheduler/core/page_compaction.py) -> (the run, moves (old KV page, new KV page)).
+
+        The caller renames each moved page in its block tables and copies its K and V before the page is
+        read or the adapter written. None (nothing taken) when it does not fit.
+        """
+        if num_pages < 0 or not self.can_reserve(num_pages, max_moves=max_moves):
             return None
         if num_pages == 0:
-            return []
+            return [], []
+        moves: list[tuple[int, int]] = []
         if self.is_unified:
-            start = self._owner.rfind(bytes(num_pages))
+            start: int | None = self._owner.rfind(bytes(num_pages))
+            if start is None or start < 0:
+                start = cheapest_window(self._owner, num_pages, max_moves)
+            assert start is not None, "can_reserve found the run or the window"
             ids = list(range(start, start + num_pages))
+            moves = self._move_kv_out_of(ids)
             self._num_free_kv -= num_pages  # the ids stay in the heap; pops skip them while taken
         else:
             ids = [self._pop_adapter_only() for _ in range(num_pages)]
         for page in ids:
             self._owner[page] = _ADAPTER
         self.num_adapter_pages += num_pages
-        return ids
+        return ids, moves
+
+    def _move_kv_out_of(self, ids: list[int]) -> list[tuple[int, int]]:
+        """Give each KV page of `ids` a replacement KV page outside them (lowest free ids first) -> the moves.
+
+        Counts: the window's free pages and the replacements leave the free pages (num_pages in all, as
+        for a free run); the KV page count stays."""
+        movers = [page for page in ids if self._owner[page] == _KV]
+        if not movers:
+            return []
+        for page in ids:
+            self._owner[page] = _ADAPTER  # no replacement may come from the window
+        targets: list[int] = []
+        while len(targets) < len(movers):
+            page = heapq.heappop(self._free_kv_heap)
+            if self._owner[page] == _FREE:
+                self._owner[page] = _KV
+                targets.append(page)
+        return list(zip(movers, targets))
 
     def release(self, page_ids: list[int]) -> None:
         """Give back adapter pages; releasing a page that is not a reserved adapter page raises."""

@@ -213,6 +213,15 @@ class PrefixCache:
         self.num_evicted_blocks += len(freed)
         return len(freed)
 
+    def move_pages(self, moves: list[tuple[int, int]]) -> None:
+        """The pool moved KV pages (old, new) out of an adapter's run: the cached blocks on them live on the new
+        pages from now on (same keys, references and recency)."""
+        moved = [(self._by_page.pop(old), new) for old, new in moves if old in self._by_page]
+        for block, new in moved:
+            block.page = new
+            self._by_page[new] = block
+            self._push_if_evictable(block)  # its heap entry names the old page (skipped as stale)
+
     def drop_adapter(self, adapter_id: str | None) -> int:
         """Free every cached block of an adapter that is leaving the device, in every namespace; returns the
         pages freed.

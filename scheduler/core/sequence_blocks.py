@@ -8,6 +8,8 @@ rest are seq's own pages.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from scheduler.core.adapter_residency import AdapterResidency
 from scheduler.core.page_pool import PagePool
 from scheduler.core.prefix_cache import PrefixCache
@@ -19,11 +21,37 @@ class SequenceBlocks:
     """Allocates, caches and frees sequences' KV pages over one page pool and an optional prefix cache."""
 
     def __init__(
-        self, pool: PagePool, residency: AdapterResidency, prefix_cache: PrefixCache | None = None
+        self,
+        pool: PagePool,
+        residency: AdapterResidency,
+        prefix_cache: PrefixCache | None = None,
+        sequences: Callable[[], Iterable[Sequence]] = tuple,
     ) -> None:
+        """`sequences`: every sequence that may hold pages (running and waiting), whose block tables follow
+        the KV pages an adapter load moves (`move_pages`)."""
         self.pool = pool
         self.residency = residency
         self.prefix_cache = prefix_cache
+        self.sequences = sequences
+        self._moves: list[tuple[int, int]] = []  # made since the last `take_moves`
+        residency.on_kv_moves.append(self.move_pages)
+        if prefix_cache is not None:  # no KV block outlives its adapter
+            residency.on_leave_device.append(prefix_cache.drop_adapter)
+
+    def move_pages(self, moves: list[tuple[int, int]]) -> None:
+        """The pool moved KV pages (old, new) out of an adapter's run: rename them in every block table and in
+        the prefix cache; the moves wait for `take_moves` (the step plan's copies)."""
+        renamed = dict(moves)
+        for seq in self.sequences():
+            seq.block_table = [renamed.get(page, page) for page in seq.block_table]
+        if self.prefix_cache is not None:
+            self.prefix_cache.move_pages(moves)
+        self._moves += moves
+
+    def take_moves(self) -> list[tuple[int, int]]:
+        """The moves made since the last call, in order."""
+        moves, self._moves = self._moves, []
+        return moves
 
     def num_reclaimable_blocks(self) -> int:
         """KV pages a new sequence could get: free ones plus unreferenced cached blocks."""

@@ -1,11 +1,12 @@
 """The plain result of one `BatchScheduler.schedule()` call, which the engine carries out in order:
-evict adapters, start the adapter loads, then run the entries (preemptions are already reflected in the
-queues)."""
+evict adapters, copy the moved KV pages, start the adapter loads, then run the entries (preemptions are
+already reflected in the queues)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.core.page_compaction import compose_moves
 from scheduler.core.sequence import BatchEntry
 
 
@@ -35,6 +36,11 @@ class StepPlan:
     PREPARING (no host copy yet), or COPYING and they cannot run on the host copy (a decode, no CPU
     assistance, or every CPU worker taken).
 
+    `kv_block_moves`: KV pages the pool moved out of the way of an adapter load's run (unified pool,
+    scheduler/core/page_compaction.py), (old page, new page), distinct pages: block tables already name the
+    new page, so the executor copies each page's K and V in every layer before anything else of the step
+    (before the adapter is written into the old pages and before attention reads the new ones).
+
     `start_time`: the scheduler's clock when `schedule()` planned the step (when its entries start running).
 
     `num_steps`: the engine steps this plan runs (a multi-step window of decodes, core/multi_step.py; 1: this
@@ -47,8 +53,14 @@ class StepPlan:
     preemptions: list[str] = field(default_factory=list)
     host_assisted_adapters: set[str] = field(default_factory=set)
     copy_waits: list[str] = field(default_factory=list)
+    kv_block_moves: list[tuple[int, int]] = field(default_factory=list)
     start_time: float = 0.0
     num_steps: int = 1
+
+    def add_kv_block_moves(self, moves: list[tuple[int, int]]) -> None:
+        """Add moves made after this plan's earlier ones (a page moved twice goes once, to where it ends)."""
+        if moves:
+            self.kv_block_moves = compose_moves(self.kv_block_moves, moves)
 
     def runnable_entries(self) -> list[BatchEntry]:
         """The entries whose sequence is still unfinished (a failed adapter copy ends its requests between

@@ -170,7 +170,7 @@ def test_a_windows_batch_sizes_at_once_equal_one_record_per_step(
         at_once.record_batch_sizes(num_seqs, starts)
         for start in starts:
             per_step.record_batch_size(num_seqs, now=start)
-        assert list(at_once._batch_sizes) == list(per_step._batch_sizes)
+        assert list(at_once.access._batch_sizes) == list(per_step.access._batch_sizes)
         assert at_once.cache_view().recent_batch_size == per_step.cache_view().recent_batch_size
 
 

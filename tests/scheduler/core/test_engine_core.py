@@ -36,12 +36,16 @@ class ScriptedExecutor:
     dropped: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     steps: list[list[tuple[str, int]]] = field(default_factory=list)
+    moves: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def run_step(self, entries: list[BatchEntry], host_assisted: AbstractSet[str]) -> list[int | None]:
         self.steps.append([(e.seq.request_id, e.num_new_tokens) for e in entries])
         return [
             None if e.seq.request_id in self.failing_rows else self.token for e in entries if e.is_sampling
         ]
+
+    def move_kv_blocks(self, moves: list[tuple[int, int]]) -> None:
+        self.moves.append(list(moves))
 
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
         if adapter_id in self.refused_copies:

@@ -43,6 +43,9 @@ class TokenExecutor:
         self.num_steps += 1
         return [self.token(e.seq) for e in entries if e.is_sampling]
 
+    def move_kv_blocks(self, moves: list[tuple[int, int]]) -> None:
+        raise AssertionError("no adapters here")
+
     def start_adapter_copy(self, adapter_id: str, host_path: str | None, page_ids: list[int]) -> None:
         raise AssertionError("no adapters here")
 
