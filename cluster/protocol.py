@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.scheduler_stats import SchedulerStats
+from scheduler.core.structured_output import StructuredKind
 
 INTERNAL_PREFIX = "/internal/v1"
 
@@ -105,6 +106,13 @@ class AdapterRef(BaseModel):
     )
 
 
+class StructuredOutputSpec(BaseModel):
+    """What the output must match (scheduler/core/structured_output.py): kind and its spec text."""
+
+    kind: StructuredKind
+    spec: str = ""
+
+
 class SamplingSpec(BaseModel):
     """Sampling parameters forwarded to the engine."""
 
@@ -116,6 +124,7 @@ class SamplingSpec(BaseModel):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    structured_output: StructuredOutputSpec | None = None
 
 
 class GenerateRequest(BaseModel):

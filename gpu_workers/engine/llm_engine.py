@@ -98,7 +98,7 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError.
+        """Queue a request; raises PromptTooLongError, AdapterNotLoadedError, DuplicateRequestError or GrammarError.
 
         The adapter may be only on the host: give `request.adapter_path` (or register it first); the core
         plans its copy to the device before the request's first step. The prompt's size is checked by the
@@ -117,6 +117,9 @@ class LLMEngine:
         size_error = prompt_size_error(request.num_prompt_tokens, self.max_model_len)
         if size_error is not None:
             raise PromptTooLongError(size_error)
+        structured = request.sampling_params.structured_output
+        if structured is not None:  # GrammarError (a ValueError) naming the problem; compiled into the cache
+            self.runner.structured.check(structured)
         arrival_time = self.clock() if request.arrival_time is None else request.arrival_time
         self.core.add(new_sequence(request, self.max_model_len, arrival_time))
 

@@ -17,7 +17,14 @@ from contextlib import aclosing
 from typing import Any, cast
 
 from cluster.membership import WorkerRecord
-from cluster.protocol import GenerateEvent, GenerateRequest, SamplingSpec, WorkerStats, prefix_cache_namespace
+from cluster.protocol import (
+    GenerateEvent,
+    GenerateRequest,
+    SamplingSpec,
+    StructuredOutputSpec,
+    WorkerStats,
+    prefix_cache_namespace,
+)
 from cluster.worker_stats import WorkerState, build_worker_stats
 from gpu_workers.engine.errors import AdapterLoadFailedError, AdapterNotLoadedError, PromptTooLongError
 from gpu_workers.engine.outputs import RequestOutput
@@ -28,6 +35,7 @@ from gpu_workers.worker.worker_errors import BadRequestError, DrainingError
 from scheduler.core.engine_request import EngineRequest, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
+from scheduler.core.structured_output import StructuredOutput
 
 
 class WorkerService:
@@ -202,9 +210,15 @@ def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
             stop=tuple(spec.stop),
             stop_token_ids=tuple(spec.stop_token_ids),
             ignore_eos=spec.ignore_eos,
+            structured_output=structured_output_from_spec(spec.structured_output),
         )
     except ValueError as exc:
         raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
+
+
+def structured_output_from_spec(spec: StructuredOutputSpec | None) -> StructuredOutput | None:
+    """The engine's output constraint from the wire's (ValueError when it is malformed)."""
+    return None if spec is None else StructuredOutput(spec.kind, spec.spec)
 
 
 def final_event(last: RequestOutput, received_at: float | None) -> GenerateEvent:

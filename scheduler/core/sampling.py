@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.core.structured_output import StructuredOutput
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -11,7 +13,9 @@ class SamplingParams:
 
     temperature == 0 means greedy. top_k <= 0 / top_p == 1 disable those filters. `seed` gives the request
     its own torch.Generator so its samples are reproducible regardless of the batch it runs in.
-    `stop` strings end generation and are not included in the output text.
+    `stop` strings end generation and are not included in the output text. `structured_output`: what the output
+    must match (scheduler/core/structured_output.py); the row then samples only tokens its grammar allows and
+    ends (finish_reason "stop") with an end-of-sequence token once the grammar is complete.
     """
 
     max_tokens: int = 16
@@ -22,6 +26,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
@@ -37,6 +42,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.structured_output is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured output (a complete output ends with "
+                             "the end-of-sequence token); drop ignore_eos")
 
     @property
     def is_greedy(self) -> bool:
