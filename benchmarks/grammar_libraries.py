@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.run_info import cpu_model  # noqa: E402
-from benchmarks.grammar_schemas import SCHEMAS  # noqa: E402
+from benchmarks.grammar_schemas import SCHEMAS
+from benchmarks.run_info import cpu_model
 
 
 def _eos_id(model_dir: Path, tokenizer: Any) -> int:
@@ -127,7 +127,7 @@ def measure(lib: Any, tokenizer: Any, name: str, case: dict) -> dict:
     started = time.perf_counter()
     try:
         compiled = lib.compile(case["schema"])
-    except Exception as exc:  # a library's refusal is a coverage result, not a crash
+    except Exception as exc:  # noqa: BLE001 (a library's refusal is a coverage result, not a crash)
         return row | {"compiles": False, "error": str(exc)[:160]}
     row |= {"compiles": True, "compile_ms": round((time.perf_counter() - started) * 1000, 2)}
     valid = tokenizer.encode(json.dumps(case["valid"]), add_special_tokens=False).ids

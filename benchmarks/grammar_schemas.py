@@ -72,15 +72,30 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "invalid": {"version": 3},
     },
     "any_of": {
-        "schema": {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"x": {"type": "string"}},
-                                                   "required": ["x"], "additionalProperties": False}]},
+        "schema": {
+            "anyOf": [
+                {"type": "integer"},
+                {
+                    "type": "object",
+                    "properties": {"x": {"type": "string"}},
+                    "required": ["x"],
+                    "additionalProperties": False,
+                },
+            ]
+        },
         "valid": {"x": "y"},
         "invalid": {"x": 1},
     },
     "ref_defs": {
         "schema": {
-            "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-                                "required": ["x", "y"], "additionalProperties": False}},
+            "$defs": {
+                "point": {
+                    "type": "object",
+                    "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                    "required": ["x", "y"],
+                    "additionalProperties": False,
+                }
+            },
             "type": "object",
             "properties": {"a": {"$ref": "#/$defs/point"}, "b": {"$ref": "#/$defs/point"}},
             "required": ["a", "b"],
@@ -91,50 +106,86 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "recursive_ref": {
         "schema": {
-            "$defs": {"node": {"type": "object", "properties": {
-                "value": {"type": "integer"},
-                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-                "required": ["value", "children"], "additionalProperties": False}},
+            "$defs": {
+                "node": {
+                    "type": "object",
+                    "properties": {
+                        "value": {"type": "integer"},
+                        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                    },
+                    "required": ["value", "children"],
+                    "additionalProperties": False,
+                }
+            },
             "$ref": "#/$defs/node",
         },
         "valid": {"value": 1, "children": [{"value": 2, "children": []}]},
         "invalid": {"value": 1, "children": [{"value": "2", "children": []}]},
     },
     "pattern": {
-        "schema": {"type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}},
-                   "required": ["sku"], "additionalProperties": False},
+        "schema": {
+            "type": "object",
+            "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}},
+            "required": ["sku"],
+            "additionalProperties": False,
+        },
         "valid": {"sku": "ABC-1234"},
         "invalid": {"sku": "abc-1234"},
     },
     "format_date_time": {
-        "schema": {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}},
-                   "required": ["when"], "additionalProperties": False},
+        "schema": {
+            "type": "object",
+            "properties": {"when": {"type": "string", "format": "date-time"}},
+            "required": ["when"],
+            "additionalProperties": False,
+        },
         "valid": {"when": "2026-11-28T08:30:00Z"},
         "invalid": {"when": "yesterday"},
     },
     "format_email_uuid": {
-        "schema": {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
-                                                    "id": {"type": "string", "format": "uuid"}},
-                   "required": ["email", "id"], "additionalProperties": False},
+        "schema": {
+            "type": "object",
+            "properties": {
+                "email": {"type": "string", "format": "email"},
+                "id": {"type": "string", "format": "uuid"},
+            },
+            "required": ["email", "id"],
+            "additionalProperties": False,
+        },
         "valid": {"email": "a@b.io", "id": "123e4567-e89b-12d3-a456-426614174000"},
         "invalid": {"email": "not an email", "id": "123"},
     },
     "number_bounds": {
-        "schema": {"type": "object", "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 5}},
-                   "required": ["score"], "additionalProperties": False},
+        "schema": {
+            "type": "object",
+            "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 5}},
+            "required": ["score"],
+            "additionalProperties": False,
+        },
         "valid": {"score": 4},
         "invalid": {"score": 9},
     },
     "string_length": {
-        "schema": {"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}},
-                   "required": ["code"], "additionalProperties": False},
+        "schema": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}},
+            "required": ["code"],
+            "additionalProperties": False,
+        },
         "valid": {"code": "abc"},
         "invalid": {"code": "abcdef"},
     },
     "optional_properties": {
-        "schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"},
-                                                    "c": {"type": ["string", "null"]}},
-                   "required": ["a"], "additionalProperties": False},
+        "schema": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer"},
+                "b": {"type": "boolean"},
+                "c": {"type": ["string", "null"]},
+            },
+            "required": ["a"],
+            "additionalProperties": False,
+        },
         "valid": {"a": 1, "c": None},
         "invalid": {"b": True},
     },
@@ -148,9 +199,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "type": "object",
             "properties": {
                 "name": {"const": "get_weather"},
-                "arguments": {"type": "object", "properties": {
-                    "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-                    "required": ["city"], "additionalProperties": False},
+                "arguments": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,

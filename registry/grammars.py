@@ -32,7 +32,7 @@ from scheduler.core.structured_output import StructuredOutput
 DEFAULT_MAX_GRAMMARS = 256  # compiled grammars kept per process (a matcher is tens of KB; lexers grow lazily)
 # Without flexible whitespace a sampled row cannot spend its tokens on blanks between JSON items (it would
 # then run out of max_tokens before closing the object); values are written compactly: {"a":1,"b":[2,3]}.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+JSON_OPTIONS: Any = {"whitespace_flexible": False}  # llguidance JsonCompileOptions
 
 
 class GrammarError(ValueError):
@@ -49,11 +49,15 @@ class GrammarTokenizer:
     eos_token_ids: tuple[int, ...]
 
 
-def grammar_tokenizer(tokenizer_json: str, vocab_size: int | None, eos_token_ids: list[int]) -> GrammarTokenizer:
+def grammar_tokenizer(
+    tokenizer_json: str, vocab_size: int | None, eos_token_ids: list[int]
+) -> GrammarTokenizer:
     """llguidance's tokenizer from tokenizer.json's text; `vocab_size`: the model's logits width (None: the
     tokenizer's); `eos_token_ids`: the tokens that end a sequence (the only ones allowed once complete)."""
     if not eos_token_ids:
-        raise GrammarError("the base model's tokenizer names no end-of-sequence token; structured output needs one")
+        raise GrammarError(
+            "the base model's tokenizer names no end-of-sequence token; structured output needs one"
+        )
     ll = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids))
     digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16]
     key = f"{digest}:{ll.vocab_size}:{','.join(map(str, eos_token_ids))}"

@@ -30,17 +30,20 @@ from starlette.concurrency import run_in_threadpool
 from api.caches import ResolvedModel, TenantAuth
 from api.errors import ApiError
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
+from api.inference.structured import request_constraint
+from api.inference.tools import ToolPlan, chat_inputs, tool_plan
 from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import InMemoryRateLimiter, RateLimits
 from api.request_charge import charge_request, refuse_unless_allowed
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.request_meter import RequestMeter
 from api.services import Services
-from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec
+from cluster.protocol import AdapterRef, GenerateRequest, SamplingSpec, StructuredOutputSpec
 from registry import repository
 from registry.base_model_catalog import resolve_base_model_name
 from registry.errors import NotFoundError
 from registry.model_names import could_name_a_model
+from scheduler.core.structured_output import StructuredOutput
 from scheduler.routing.router import RouteRequest
 from settings import Settings
 
@@ -59,11 +62,8 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "functions": (None, []),
+    "functions": (None, []),  # the deprecated form of tools: send tools
     "function_call": (None, "none"),
-    "parallel_tool_calls": (None, False, True),
 }
 
 
@@ -78,6 +78,9 @@ class Prepared:
     include_usage: bool
     route: RouteRequest
     generate: GenerateRequest
+    tools: ToolPlan | None = (
+        None  # its tools: the output is parsed into tool_calls (api/inference/tool_calls.py)
+    )
 
     @property
     def max_tokens(self) -> int:
@@ -104,20 +107,25 @@ async def prepare(
     meter.base_model_name = resolved.base_model
     check_prompt_bounds(body, services.settings)
     tokenizer = await base_tokenizer(services, resolved.base_model)
+    tools = tool_plan(body.tools, body.tool_choice) if isinstance(body, ChatCompletionRequest) else None
     if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
-        prompt_ids = prompt_token_ids(tokenizer, body)
+        prompt_ids = prompt_token_ids(tokenizer, body, tools)
     else:
-        prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body)
+        prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body, tools)
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
     check_min_tokens(body, max_tokens)
+    structured = request_constraint(body, tools)
+    if structured is not None:  # compiled against the base model's tokenizer: a bad one is a 400 here
+        await run_in_threadpool(services.structured.check, tokenizer, structured)
     if isinstance(services.rate_limiter, InMemoryRateLimiter):
         admit(services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter)
     else:
         await run_in_threadpool(
             admit, services, tenant.tenant_id, len(prompt_ids) + max_tokens, tenant.limits, meter
         )
-    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
+    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter, structured)
+    prepared.tools = tools
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
 
@@ -140,6 +148,7 @@ def _prepared(
     max_tokens: int,
     tenant: TenantAuth,
     meter: RequestMeter,
+    structured: StructuredOutput | None = None,
 ) -> Prepared:
     response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
     sampling = SamplingSpec(
@@ -149,6 +158,9 @@ def _prepared(
         seed=body.seed,
         stop=body.stop_list(),
         ignore_eos=body.ignore_eos,
+        structured_output=StructuredOutputSpec(kind=structured.kind, spec=structured.spec)
+        if structured
+        else None,
     )
     adapter_key = resolved.adapter.adapter_key if resolved.adapter else None
     return Prepared(
@@ -201,16 +213,13 @@ def refuse_unsupported(body: InferenceRequestBase) -> None:
         value = getattr(body, name, None)
         if value not in allowed:
             problems.append(f"{name}={reprlib.repr(value)}")
-    response_format = getattr(body, "response_format", None)
-    if response_format and response_format.get("type", "text") != "text":
-        problems.append(f"response_format={reprlib.repr(response_format)}")
     if problems:
         raise ApiError(
             400,
             "invalid_request",
             f"unsupported field(s): {', '.join(problems)}; remove them "
-            "(this server supports n=1 without logprobs, echo, suffix, logit_bias, penalties, tools or "
-            "structured output)",
+            "(this server supports n=1 without logprobs, echo, suffix, logit_bias or penalties, and tools "
+            "instead of functions)",
         )
     if len(body.stop_list()) > MAX_STOP_STRINGS or any(not s for s in body.stop_list()):
         raise ApiError(
@@ -290,10 +299,12 @@ async def base_tokenizer(services: Services, base_model: str) -> BaseModelTokeni
     return tokenizer
 
 
-def prompt_token_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:
-    """The prompt's token ids (a chat is rendered with the model's template first)."""
+def prompt_token_ids(
+    tokenizer: BaseModelTokenizer, body: InferenceRequestBase, tools: ToolPlan | None = None
+) -> list[int]:
+    """The prompt's token ids (a chat is rendered with the model's template first, with its tools)."""
     if isinstance(body, ChatCompletionRequest):
-        return tokenizer.encode_chat(body.messages)[1]
+        return tokenizer.encode_chat(*chat_inputs(tokenizer, body.messages, tools))[1]
     assert isinstance(body, CompletionRequest)
     prompt = body.prompt
     if isinstance(prompt, str):

@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError
 from api.inference.prepare import Kind, Prepared
+from api.inference.tool_calls import ToolCallStream, parse_tool_calls, streamed_tool_calls
 from api.metering import UsageLedger, record_quietly
 from api.request_meter import RequestMeter
 from api.worker_client import WorkerStream
@@ -79,6 +80,29 @@ def _finish_reason(event: GenerateEvent) -> str:
     return "length" if event.finish_reason == "length" else "stop"
 
 
+def _final_choice(prepared: Prepared, text: str, finish_reason: str) -> dict[str, Any]:
+    """The non-streamed choice: the text, or the tool calls it holds (api/inference/tool_calls.py)."""
+    calls = parse_tool_calls(text, prepared.tools) if prepared.tools is not None else None
+    if not calls:
+        return _choice(prepared.kind, text, finish_reason, is_chunk=False)
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}
+
+
+def _tool_call_chunks(
+    prepared: Prepared, tools: ToolCallStream | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The streamed choices that end a request with tools: held-back content, or its tool calls (and then the
+    finish reason "tool_calls")."""
+    if tools is None:
+        return [], None
+    content, calls = tools.finish()
+    if calls:
+        delta = {"tool_calls": streamed_tool_calls(calls)}
+        return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], "tool_calls"
+    return ([_choice(prepared.kind, content, None, is_chunk=True)] if content else []), None
+
+
 # ---- non-streamed --------------------------------------------------------------------------------------
 
 
@@ -101,7 +125,7 @@ async def collect(
                 meter.on_delivered(len(event.token_ids))
             elif event.type == "final":
                 await ledger.record(meter, "ok")
-                choice = _choice(prepared.kind, "".join(texts), _finish_reason(event), is_chunk=False)
+                choice = _final_choice(prepared, "".join(texts), _finish_reason(event))
                 body = _envelope(prepared, [choice], is_chunk=False)
                 return JSONResponse(body | {"usage": usage_dict(meter, "ok")})
             else:
@@ -164,19 +188,22 @@ async def _stream_body(
     usage_field = {"usage": None} if prepared.include_usage else {}
     is_first = prepared.kind == "chat"
     status, error = "ok", None
+    tools = ToolCallStream(prepared.tools) if prepared.tools is not None else None
     async for event in upstream.events():
         if event.type == "delta" and (event.token_ids or event.text or is_first):
             # one chunk per worker delta, even when its text is still empty (a special token, a partial
-            # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
-            choice = _choice(
-                prepared.kind, event.text, None, is_chunk=True, is_first=is_first, has_content=True
-            )
+            # UTF-8 character or held back for a stop string or a possible tool call), as vLLM does
+            text = tools.feed(event.text) if tools is not None else event.text
+            choice = _choice(prepared.kind, text, None, is_chunk=True, is_first=is_first, has_content=True)
             is_first = False
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
         if event.type == "delta":
             meter.on_delivered(len(event.token_ids))  # counted once handed to the server for sending
         elif event.type == "final":
-            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True)
+            held, tool_finish = _tool_call_chunks(prepared, tools)
+            for choice in held:
+                yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+            choice = _choice(prepared.kind, "", tool_finish or _finish_reason(event), is_chunk=True)
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
         else:
             status, error = "error", f"{event.code}: {event.message}"

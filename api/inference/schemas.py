@@ -36,6 +36,14 @@ class InferenceRequestBase(BaseModel):
     # then always has max_tokens tokens) because the engine has no min_tokens of its own.
     ignore_eos: bool = False
     min_tokens: int | None = Field(default=None, ge=0)
+    # Structured outputs (api/inference/structured.py): OpenAI's response_format, vLLM's structured_outputs and
+    # its classic guided_* names.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # Accepted only at their no-op values (the route refuses anything else, naming the field).
     n: int | None = None
     logprobs: Any = None
@@ -72,8 +80,7 @@ class ChatCompletionRequest(InferenceRequestBase):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # with tool_choice: api/inference/tools.py
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None

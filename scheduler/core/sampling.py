@@ -43,8 +43,10 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         if self.structured_output is not None and self.ignore_eos:
-            raise ValueError("ignore_eos cannot be combined with structured output (a complete output ends with "
-                             "the end-of-sequence token); drop ignore_eos")
+            raise ValueError(
+                "ignore_eos cannot be combined with structured output (a complete output ends with "
+                "the end-of-sequence token); drop ignore_eos"
+            )
 
     @property
     def is_greedy(self) -> bool:

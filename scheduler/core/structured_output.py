@@ -32,7 +32,9 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
-            raise ValueError(f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, got {self.kind!r}")
+            raise ValueError(
+                f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, got {self.kind!r}"
+            )
         if len(self.spec) > MAX_SPEC_CHARS:
             raise ValueError(f"the {self.kind} is {len(self.spec)} characters; the limit is {MAX_SPEC_CHARS}")
         if self.kind == "json_schema":
@@ -69,13 +71,13 @@ def canonical_json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _schema_object(spec: str) -> dict:
+def _schema_object(spec: str) -> dict[str, object]:
     try:
         schema = json.loads(spec)
     except json.JSONDecodeError as exc:
         raise ValueError(f"the JSON schema is not valid JSON: {exc}") from exc
     if not isinstance(schema, dict):
-        raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")  # noqa: TRY004 (a 400)
     return schema
 
 

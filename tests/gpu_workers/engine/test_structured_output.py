@@ -36,7 +36,9 @@ def engine(make_engine: Callable[..., LLMEngine]) -> LLMEngine:
     return make_engine()
 
 
-def test_sampled_json_schema_outputs_parse_and_validate(engine: LLMEngine, adapter_dirs: dict[str, Path]) -> None:
+def test_sampled_json_schema_outputs_parse_and_validate(
+    engine: LLMEngine, adapter_dirs: dict[str, Path]
+) -> None:
     structured = StructuredOutput.json_schema(SCHEMA)
     params = [
         SamplingParams(max_tokens=120, temperature=1.0, seed=i, structured_output=structured)
@@ -71,7 +73,9 @@ def test_unconstrained_rows_are_identical_alone_and_beside_constrained_ones(engi
     plain = [SamplingParams(max_tokens=12, temperature=1.0, seed=100 + i) for i in range(3)]
     alone = engine.generate(["hello world the river"] * 3, plain)
     constrained = [
-        SamplingParams(max_tokens=60, temperature=1.0, seed=i, structured_output=StructuredOutput("json_object"))
+        SamplingParams(
+            max_tokens=60, temperature=1.0, seed=i, structured_output=StructuredOutput("json_object")
+        )
         for i in range(3)
     ]
     mixed = engine.generate(["hello world the river"] * 6, plain + constrained)
