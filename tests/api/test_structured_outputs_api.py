@@ -161,7 +161,7 @@ def test_tools_are_described_to_a_template_that_does_not_know_them(
                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
                 }
             ],
-        },  # fmt: skip
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     response = chat(client, tenant, messages=messages, tools=[WEATHER])
