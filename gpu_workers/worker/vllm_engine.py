@@ -14,13 +14,28 @@ from gpu_workers.engine.adapter_loader import validate_adapter
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
 from registry.validation import BaseModelSpec, ValidationLimits
 from scheduler.core.sampling import SamplingParams
+from scheduler.core.structured_output import StructuredOutput
 
 if TYPE_CHECKING:
     from settings import Settings
 
 
-def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) -> Any:
-    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both)."""
+# vLLM's SamplingParams field for an output constraint and the class it takes: `structured_outputs`
+# (StructuredOutputsParams, vLLM >= 0.10.2) or `guided_decoding` (GuidedDecodingParams, before)
+StructuredField = tuple[str, Callable[..., Any]]
+
+
+def vllm_sampling_params(
+    params: SamplingParams, factory: Callable[..., Any], structured: StructuredField | None = None
+) -> Any:
+    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both); an output
+    constraint goes into `structured` (ValueError when this vLLM has none)."""
+    extra: dict[str, Any] = {}
+    if params.structured_output is not None:
+        if structured is None:
+            raise ValueError("this vLLM has no structured outputs; send the request without a constraint")
+        field, make = structured
+        extra[field] = make(**vllm_constraint(params.structured_output))
     return factory(
         max_tokens=params.max_tokens,
         temperature=params.temperature,
@@ -30,7 +45,37 @@ def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) ->
         stop_token_ids=list(params.stop_token_ids),
         stop=list(params.stop),
         ignore_eos=params.ignore_eos,
+        **extra,
     )
+
+
+def vllm_constraint(structured: StructuredOutput) -> dict[str, Any]:
+    """The keyword of vLLM's StructuredOutputsParams / GuidedDecodingParams for a constraint. A `grammar` is
+    llguidance's Lark dialect: vLLM reads it as such with its "guidance" backend."""
+    kind = structured.kind
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        return {"json": json.loads(structured.spec)}
+    if kind == "choice":
+        return {"choice": structured.choices}
+    return {kind: structured.spec}
+
+
+def vllm_structured_field() -> StructuredField | None:
+    """This vLLM's field for output constraints (None: it has none). Imports vllm."""
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return "structured_outputs", StructuredOutputsParams
+    except ImportError:
+        pass
+    try:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return "guided_decoding", GuidedDecodingParams
+    except ImportError:
+        return None
 
 
 def vllm_engine_args(settings: Settings) -> dict[str, Any]:
@@ -70,6 +115,7 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
             "and start `lorahost worker --engine vllm` with its python"
         ) from exc
     engine = settings.engine
+    structured = vllm_structured_field()
     # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from kv_cache_memory_bytes
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, engine.kv_cache_bytes >> 30)))
     client = AsyncLLM.from_engine_args(AsyncEngineArgs(**vllm_engine_args(settings)))
@@ -87,7 +133,7 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
         limits,
         engine.admission_policy(),
         make_lora_request=lambda name, lora_id, path: LoRARequest(name, lora_id, path),
-        make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams),
+        make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams, structured),
         validate_adapter=lambda path: validate_adapter(path, spec, validation_limits).rank,
         base_adapter_path=base_adapter,
     )
