@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from registry.grammars import GrammarCache, GrammarTokenizer, grammar_tokenizer
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.structured_output import StructuredOutput
-
-BITS = torch.arange(32, dtype=torch.int32)
 
 
 @dataclass
@@ -133,10 +132,14 @@ class StructuredRows:
 def apply_masks(logits: torch.Tensor, masks: StepMasks) -> None:
     """Set the disallowed tokens' logits of the masked rows to -inf, in place. logits: [num_sampling, vocab]."""
     vocab = logits.shape[-1]
-    bits = (masks.bitmask.unsqueeze(-1) >> BITS) & 1  # [num_masked, words, 32]
-    allowed = bits.reshape(len(masks.rows), -1)[:, :vocab].bool().to(logits.device, non_blocking=True)
-    rows = torch.tensor(masks.rows, device=logits.device)
-    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    # bit j of int32 word w (little-endian bytes) is token 32 w + j: unpack the bytes' bits low bit first
+    bits = np.unpackbits(masks.bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")
+    disallowed = torch.from_numpy(bits[:, :vocab] == 0).to(logits.device, non_blocking=True)
+    if len(masks.rows) == logits.shape[0]:
+        logits.masked_fill_(disallowed, float("-inf"))
+        return
+    for k, row in enumerate(masks.rows):  # in place, row by row: no gathered copy of the masked rows
+        logits[row].masked_fill_(disallowed[k], float("-inf"))
 
 
 def _allow(row: torch.Tensor, token_ids: tuple[int, ...]) -> None:

@@ -118,3 +118,23 @@ def test_a_matcher_replays_the_outputs_it_has_not_seen(engine: LLMEngine) -> Non
 def test_structured_output_with_ignore_eos_is_refused() -> None:
     with pytest.raises(ValueError, match="ignore_eos"):
         SamplingParams(ignore_eos=True, structured_output=StructuredOutput("json_object"))
+
+
+@pytest.mark.parametrize("rows", [[0, 2, 3], [0, 1, 2, 3]])
+def test_masks_leave_exactly_the_allowed_tokens_of_the_masked_rows(rows: list[int]) -> None:
+    import torch
+
+    from gpu_workers.engine.structured_rows import StepMasks, _allow, apply_masks
+
+    vocab = 100  # not a multiple of 32: the last word's high bits are past the vocabulary
+    allowed = [(0, 31, 32, 99), (5,), (63, 64), (1, 2)][: len(rows)]
+    bitmask = torch.zeros((len(rows), 4), dtype=torch.int32)
+    for k, tokens in enumerate(allowed):
+        _allow(bitmask[k], tokens)
+    logits = torch.randn(4, vocab)
+    masked = logits.clone()
+    apply_masks(masked, StepMasks(rows, bitmask))
+    for k, row in enumerate(rows):
+        assert torch.isfinite(masked[row]).nonzero().flatten().tolist() == list(allowed[k])
+    for row in set(range(4)) - set(rows):
+        assert torch.equal(masked[row], logits[row])
