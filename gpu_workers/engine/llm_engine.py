@@ -47,6 +47,7 @@ from scheduler.core.engine_core import EngineCore, SeqDelta
 from scheduler.core.engine_request import EngineRequest, new_sequence, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
+from scheduler.core.structured_output import StructuredOutput
 from scheduler.core.sequence import Sequence
 
 
@@ -119,9 +120,14 @@ class LLMEngine:
             raise PromptTooLongError(size_error)
         structured = request.sampling_params.structured_output
         if structured is not None:  # GrammarError (a ValueError) naming the problem; compiled into the cache
-            self.runner.structured.check(structured)
+            self.compile_constraint(structured)
         arrival_time = self.clock() if request.arrival_time is None else request.arrival_time
         self.core.add(new_sequence(request, self.max_model_len, arrival_time))
+
+    def compile_constraint(self, structured: StructuredOutput) -> None:
+        """Compile an output constraint into the grammar cache (safe beside step(): the async engine calls it
+        off the step loop, so add_request finds it compiled); GrammarError naming the problem."""
+        self.runner.structured.check(structured)
 
     def make_request(
         self,

@@ -138,3 +138,21 @@ def test_masks_leave_exactly_the_allowed_tokens_of_the_masked_rows(rows: list[in
         assert torch.isfinite(masked[row]).nonzero().flatten().tolist() == list(allowed[k])
     for row in set(range(4)) - set(rows):
         assert torch.equal(masked[row], logits[row])
+
+
+def test_preempted_constrained_requests_give_the_same_valid_outputs(
+    make_engine: Callable[..., LLMEngine], engine: LLMEngine
+) -> None:
+    """A full KV budget preempts and recomputes sequences; their matchers resume where they were (same seeded
+    tokens as an engine that never preempts, every output valid)."""
+    small = make_engine(num_kv_blocks=20, block_size=4, memory_mode="static")  # one sequence fits, not 4
+    structured = StructuredOutput.json_schema(SCHEMA)
+    params = [
+        SamplingParams(max_tokens=60, temperature=1.0, seed=i, structured_output=structured) for i in range(4)
+    ]
+    got = small.generate(["the river"] * 4, params)
+    expected = engine.generate(["the river"] * 4, params)
+    assert small.engine_stats().num_preemptions > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    for out in got:
+        jsonschema.validate(json.loads(out.text), SCHEMA)
