@@ -47,8 +47,8 @@ from scheduler.core.engine_core import EngineCore, SeqDelta
 from scheduler.core.engine_request import EngineRequest, new_sequence, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams
-from scheduler.core.structured_output import StructuredOutput
 from scheduler.core.sequence import Sequence
+from scheduler.core.structured_output import StructuredOutput
 
 
 class LLMEngine:
