@@ -92,15 +92,22 @@ class StructuredRows:
         bitmask = torch.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
         for k, (_, seq) in enumerate(rows):
             row = bitmask[k]
-            matcher = self._caught_up(seq)
-            if matcher is None:
+            try:
+                is_ok = self._fill(row, seq)
+            except Exception:  # noqa: BLE001 (one row's grammar must not fail its batch neighbours' step)
+                is_ok = False
+            if not is_ok:
+                row.zero_()
                 _allow(row, self.tokenizer.eos_token_ids)
-            else:
-                matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
-                if matcher.is_error():
-                    row.zero_()
-                    _allow(row, self.tokenizer.eos_token_ids)
         return StepMasks([i for i, _ in rows], bitmask)
+
+    def _fill(self, row: torch.Tensor, seq: Sequence) -> bool:
+        """Write the sequence's mask into `row`; False when its matcher broke (the row then only ends)."""
+        matcher = self._caught_up(seq)
+        if matcher is None:
+            return False
+        matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        return not matcher.is_error()
 
     def _caught_up(self, seq: Sequence) -> Any | None:
         """The request's matcher after consuming its unseen outputs (replayed from the start when it has none

@@ -156,3 +156,16 @@ def test_preempted_constrained_requests_give_the_same_valid_outputs(
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     for out in got:
         jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+def test_a_row_whose_outputs_broke_its_grammar_may_only_end(engine: LLMEngine) -> None:
+    from scheduler.core.sequence import Sequence
+
+    rows = engine.runner.structured
+    params = SamplingParams(structured_output=StructuredOutput.choice(["yes", "no"]))
+    seq = Sequence("broken", [1, 2, 3], params, None, max_tokens=8)
+    seq.token_ids.append(rows.tokenizer.ll.tokenize_str("maybe")[0])  # not a prefix of yes/no
+    masks = rows.masks([(0, seq)])
+    allowed = [t for t in range(rows.vocab_size) if masks.bitmask[0, t // 32] >> (t % 32) & 1]
+    assert allowed == sorted(rows.tokenizer.eos_token_ids)
+    rows.release("broken")
