@@ -38,7 +38,7 @@ TOOL = {
 
 def test_json_schema_answers_and_tool_calls_from_an_adapter(
     stack: Stack, adapter_dirs: dict[str, Path]
-) -> None:  # noqa: F811
+) -> None:
     key = stack.tenant("e2e-structured")
     stack.upload(key, "extractor", adapter_dirs["adapter-01"])
     client = stack.openai(key)
