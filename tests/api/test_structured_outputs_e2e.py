@@ -37,7 +37,8 @@ TOOL = {
 
 
 def test_json_schema_answers_and_tool_calls_from_an_adapter(
-    stack: Stack, adapter_dirs: dict[str, Path]
+    stack: Stack,  # noqa: F811 (the fixture imported above)
+    adapter_dirs: dict[str, Path],
 ) -> None:
     key = stack.tenant("e2e-structured")
     stack.upload(key, "extractor", adapter_dirs["adapter-01"])
