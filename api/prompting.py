@@ -137,8 +137,12 @@ def message_text(content: Any, index: int) -> str:
     raise PromptError(f"messages[{index}].content must be a string or a list of text parts")
 
 
-def normalize_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
-    """Plain {"role", "content"} dicts for the template; 400-worthy PromptError on anything else."""
+TOOL_MESSAGE_FIELDS = ("tool_calls", "tool_call_id", "name")  # kept for templates that render tool calls
+
+
+def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """{"role", "content"} dicts for the template (plus an assistant's `tool_calls`, a tool result's
+    `tool_call_id` and `name` when sent); 400-worthy PromptError on anything else."""
     if not messages:
         raise PromptError("messages must hold at least one message")
     out = []
@@ -148,7 +152,8 @@ def normalize_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise PromptError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
-        out.append({"role": role, "content": message_text(message.get("content"), i)})
+        normalized: dict[str, Any] = {"role": role, "content": message_text(message.get("content"), i)}
+        out.append(normalized | {k: message[k] for k in TOOL_MESSAGE_FIELDS if message.get(k) is not None})
     return out
 
 
@@ -182,19 +187,22 @@ class BaseModelTokenizer:
         """Token ids of text (add_special_tokens applies the tokenizer's post-processor, e.g. BOS)."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def render_chat(self, messages: Sequence[Any]) -> str:
-        """The chat prompt: the template over the messages with add_generation_prompt=True."""
+    def render_chat(self, messages: Sequence[Any], tools: list[dict[str, Any]] | None = None) -> str:
+        """The chat prompt: the template over the messages (and `tools`, when given) with add_generation_prompt."""
         normalized = normalize_messages(messages)
+        extra = {"tools": tools} if tools else {}
         try:
             return compile_chat_template(self.chat_template).render(
-                messages=normalized, add_generation_prompt=True, **self.special_tokens
+                messages=normalized, add_generation_prompt=True, **extra, **self.special_tokens
             )
         except jinja2.exceptions.TemplateError as exc:
             raise PromptError(f"the model's chat template refused these messages: {exc}") from exc
 
-    def encode_chat(self, messages: Sequence[Any]) -> tuple[str, list[int]]:
+    def encode_chat(
+        self, messages: Sequence[Any], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[int]]:
         """Rendered chat prompt and its token ids (the template already placed the special tokens)."""
-        text = self.render_chat(messages)
+        text = self.render_chat(messages, tools)
         return text, self.encode(text, add_special_tokens=False)
 
     @property

@@ -25,6 +25,7 @@ from api.caches import ResolvedModel, TenantAuth, TtlCache
 from api.console.session import derive_console_secret
 from api.inference.learned_predictor import make_length_predictor
 from api.inference.predict import MaxTokensPredictor, OutputLengthPredictor
+from api.inference.structured import StructuredChecker
 from api.live_workers import live_workers
 from api.metering import UsageLedger
 from api.metrics import ApiMetrics
@@ -91,6 +92,8 @@ class Services:
     sign_in_limiter: SlidingWindowLimiter = field(default_factory=InMemorySlidingLimiter)
     # signs console sessions and CSRF tokens (api/console/session.py derive_console_secret)
     console_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    # structured outputs: constraints compiled against each base model's tokenizer before queueing (cached)
+    structured: StructuredChecker = field(default_factory=StructuredChecker)
     engine: Engine | None = None
     # published by whoever runs or knows the workers (see the module docstring)
     worker_directory: WorkerDirectory | None = None

@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.core.engine_stats import ExecutorStats
 from scheduler.core.scheduler_stats import SchedulerStats
+from scheduler.core.structured_output import StructuredKind
 
 INTERNAL_PREFIX = "/internal/v1"
 
@@ -105,6 +106,13 @@ class AdapterRef(BaseModel):
     )
 
 
+class StructuredOutputSpec(BaseModel):
+    """What the output must match (scheduler/core/structured_output.py): kind and its spec text."""
+
+    kind: StructuredKind
+    spec: str = ""
+
+
 class SamplingSpec(BaseModel):
     """Sampling parameters forwarded to the engine."""
 
@@ -124,6 +132,7 @@ class SamplingSpec(BaseModel):
     # None: no logprobs; k >= 0: each token's logprob and its top k alternatives (scheduler/core/sampling.py)
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (completions' echo)
+    structured_output: StructuredOutputSpec | None = None
 
 
 class TokenLogprobs(BaseModel):

@@ -223,6 +223,62 @@ def run_completions(base_url: str, key: str, names: list[str], is_real: bool) ->
     console.print(f"\n  usage={usage.model_dump() if usage else None}")
 
 
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "sentiment": {"enum": ["positive", "negative", "neutral"]},
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+    },
+    "required": ["sentiment", "confidence"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def run_structured(base_url: str, key: str, name: str) -> None:
+    """One JSON-schema answer and one tool call from an adapter (docs/structured-outputs.md)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+    schema_format: dict[str, Any] = {
+        "type": "json_schema",
+        "json_schema": {"name": "label", "strict": True, "schema": LABEL_SCHEMA},
+    }
+    answer = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Classify the sentiment: I love this product!"}],
+        max_tokens=40,
+        seed=7,
+        extra_body={"response_format": schema_format},
+    )
+    console.print(f"[bold]{name}[/] JSON-schema answer: {answer.choices[0].message.content}")
+    tools: dict[str, Any] = {
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    call = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        max_tokens=40,
+        seed=7,
+        extra_body=tools,
+    )
+    calls = call.choices[0].message.tool_calls or []
+    shown = [(c.function.name, c.function.arguments) for c in calls if c.type == "function"]
+    console.print(f"[bold]{name}[/] tool call: {shown} finish_reason={call.choices[0].finish_reason}")
+
+
 def print_reports(base_url: str, admin_key: str, key: str) -> None:
     """The tenant's own usage, the operator's bill and SLO table."""
     usage = _check(httpx.get(f"{base_url}/v1/usage", headers={"Authorization": f"Bearer {key}"}))
@@ -298,6 +354,7 @@ def run_demo(data_dir: Path, port: int | None, keep_serving: bool, model: str = 
         names = list(models.adapters)
         compare_answers(base_url, key, names)
         run_completions(base_url, key, names, models.is_real)
+        run_structured(base_url, key, names[0])
         second = prepare_second_model(data_dir)
         console.print(f"[bold]models add[/] (while serving): {add_to_catalog(data_dir, second)}")
         upload_adapter(base_url, key, "second-a", second.adapter_dir, base_model=second.name)

@@ -34,6 +34,8 @@ from api.inference.choices import check_best_of
 from api.inference.logprobs_format import LogprobsFormatter
 from api.inference.sampling_fields import check_sampling_fields, sampling_spec
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
+from api.inference.structured import request_constraint
+from api.inference.tools import ToolPlan, chat_inputs, tool_plan
 from api.plan_limits import check_plan_limits
 from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import InMemoryRateLimiter, RateLimits
@@ -41,11 +43,12 @@ from api.request_charge import charge_request, refuse_unless_allowed
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.request_meter import RequestMeter
 from api.services import Services
-from cluster.protocol import AdapterRef, GenerateRequest
+from cluster.protocol import AdapterRef, GenerateRequest, StructuredOutputSpec
 from registry import repository
 from registry.base_model_catalog import resolve_base_model_name
 from registry.errors import NotFoundError
 from registry.model_names import could_name_a_model
+from scheduler.core.structured_output import StructuredOutput
 from scheduler.routing.router import RouteRequest
 from settings import Settings
 
@@ -56,11 +59,8 @@ MAX_INLINE_PROMPT_CHARS = 4096  # longer prompts are tokenized in the threadpool
 # Fields the route knows but cannot honour, with the only value(s) it accepts for each.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "functions": (None, []),
+    "functions": (None, []),  # the deprecated form of tools: send tools
     "function_call": (None, "none"),
-    "parallel_tool_calls": (None, False, True),
 }
 
 
@@ -78,6 +78,9 @@ class Prepared:
     num_choices: int = 1
     logprobs_formatter: LogprobsFormatter | None = None  # when the request asked for logprobs
     echo_text: str | None = None  # completions' echo: the prompt's text, shown before the completion
+    tools: ToolPlan | None = (
+        None  # its tools: the output is parsed into tool_calls (api/inference/tool_calls.py)
+    )
 
     @property
     def max_tokens(self) -> int:
@@ -106,20 +109,25 @@ async def prepare(
     meter.base_model_name = resolved.base_model
     check_prompt_bounds(body, services.settings)
     tokenizer = await base_tokenizer(services, resolved.base_model)
+    tools = tool_plan(body.tools, body.tool_choice) if isinstance(body, ChatCompletionRequest) else None
     if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
-        prompt_ids = prompt_token_ids(tokenizer, body)
+        prompt_ids = prompt_token_ids(tokenizer, body, tools)
     else:
-        prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body)
+        prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body, tools)
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
     check_sampling_fields(body, tokenizer, max_tokens)
     meter.num_choices = body.num_choices
     num_tokens = len(prompt_ids) + body.num_choices * max_tokens  # the prompt once, each choice's output
+    structured = request_constraint(body, tools)
+    if structured is not None:  # compiled against the base model's tokenizer: a bad one is a 400 here
+        await run_in_threadpool(services.structured.check, tokenizer, structured)
     if isinstance(services.rate_limiter, InMemoryRateLimiter):
         admit(services, tenant.tenant_id, num_tokens, tenant.limits, meter)
     else:
         await run_in_threadpool(admit, services, tenant.tenant_id, num_tokens, tenant.limits, meter)
-    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter)
+    prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter, structured)
+    prepared.tools = tools
     if prepared.generate.sampling.logprobs is not None:
         prepared.logprobs_formatter = LogprobsFormatter(kind, tokenizer)
     if isinstance(body, CompletionRequest) and body.echo:
@@ -146,9 +154,13 @@ def _prepared(
     max_tokens: int,
     tenant: TenantAuth,
     meter: RequestMeter,
+    structured: StructuredOutput | None = None,
 ) -> Prepared:
     response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{meter.request_id.removeprefix('req-')}"
     sampling = sampling_spec(body, max_tokens)
+    if structured is not None:
+        spec = StructuredOutputSpec(kind=structured.kind, spec=structured.spec)
+        sampling = sampling.model_copy(update={"structured_output": spec})
     adapter_key = resolved.adapter.adapter_key if resolved.adapter else None
     return Prepared(
         kind=kind,
@@ -201,9 +213,6 @@ def refuse_unsupported(body: InferenceRequestBase) -> None:
         value = getattr(body, name, None)
         if value not in allowed:
             problems.append(f"{name}={reprlib.repr(value)}")
-    response_format = getattr(body, "response_format", None)
-    if response_format and response_format.get("type", "text") != "text":
-        problems.append(f"response_format={reprlib.repr(response_format)}")
     if problems:
         raise ApiError(
             400,
@@ -297,10 +306,12 @@ def echo_text(body: CompletionRequest, tokenizer: BaseModelTokenizer, prompt_ids
     return prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
 
 
-def prompt_token_ids(tokenizer: BaseModelTokenizer, body: InferenceRequestBase) -> list[int]:
-    """The prompt's token ids (a chat is rendered with the model's template first)."""
+def prompt_token_ids(
+    tokenizer: BaseModelTokenizer, body: InferenceRequestBase, tools: ToolPlan | None = None
+) -> list[int]:
+    """The prompt's token ids (a chat is rendered with the model's template first, with its tools)."""
     if isinstance(body, ChatCompletionRequest):
-        return tokenizer.encode_chat(body.messages)[1]
+        return tokenizer.encode_chat(*chat_inputs(tokenizer, body.messages, tools))[1]
     assert isinstance(body, CompletionRequest)
     prompt = body.prompt
     if isinstance(prompt, str):

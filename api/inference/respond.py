@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from api.errors import ApiError
 from api.inference.choice_streams import ChoiceStreams
 from api.inference.prepare import Kind, Prepared
+from api.inference.tool_calls import ToolCallStream, parse_tool_calls, streamed_tool_calls
 from api.metering import UsageLedger, record_quietly
 from api.request_meter import RequestMeter
 from cluster.protocol import GenerateEvent, TokenLogprobs
@@ -97,6 +98,31 @@ def _finish_reason(event: GenerateEvent) -> str:
     return "length" if event.finish_reason == "length" else "stop"
 
 
+def _final_choice(
+    prepared: Prepared, text: str, finish_reason: str, index: int, logprobs: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A non-streamed choice: the text, or the tool calls it holds (api/inference/tool_calls.py)."""
+    calls = parse_tool_calls(text, prepared.tools) if prepared.tools is not None else None
+    if not calls:
+        return _choice(prepared.kind, text, finish_reason, is_chunk=False, index=index, logprobs=logprobs)
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": "tool_calls"}
+
+
+def _tool_call_chunks(
+    prepared: Prepared, tools: ToolCallStream | None, index: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The streamed chunks that end choice `index` of a request with tools: held-back content, or its tool
+    calls (and then the finish reason "tool_calls")."""
+    if tools is None:
+        return [], None
+    content, calls = tools.finish()
+    if calls:
+        delta = {"tool_calls": streamed_tool_calls(calls)}
+        return [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}], "tool_calls"
+    return ([_choice(prepared.kind, content, None, is_chunk=True, index=index)] if content else []), None
+
+
 # ---- non-streamed --------------------------------------------------------------------------------------
 
 
@@ -153,13 +179,12 @@ def _collected(
     prompt_logprobs: list[list[TokenLogprobs | None] | None],
 ) -> dict[str, Any]:
     choices = [
-        _choice(
-            prepared.kind,
+        _final_choice(
+            prepared,
             "".join(parts),
             finish_reasons[index],
-            is_chunk=False,
-            index=index,
-            logprobs=_logprobs(prepared, logprobs[index], prompt_logprobs[index]),
+            index,
+            _logprobs(prepared, logprobs[index], prompt_logprobs[index]),
         )
         for index, parts in enumerate(texts)
     ]
@@ -211,14 +236,16 @@ async def _stream_body(
     # completions' echo: the prompt's text (and logprobs) lead each choice's first chunk
     awaiting_echo = set(range(upstream.num_choices)) if prepared.echo_text is not None else set()
     status, error = "ok", None
+    tools = {i: ToolCallStream(prepared.tools) for i in range(upstream.num_choices)} if prepared.tools else {}
     async for index, event in upstream.events():
         is_first = index in awaiting_role
         if event.type == "delta" and (event.token_ids or event.text or is_first):
             # one chunk per worker delta, even when its text is still empty (a special token, a partial
-            # UTF-8 character or held back for a stop string), as vLLM does: clients see TTFT and progress
+            # UTF-8 character or held back for a stop string or a possible tool call), as vLLM does
+            text = tools[index].feed(event.text) if tools else event.text
             choice = _choice(
                 prepared.kind,
-                (prepared.echo_text or "") + event.text if index in awaiting_echo else event.text,
+                (prepared.echo_text or "") + text if index in awaiting_echo else text,
                 None,
                 is_chunk=True,
                 index=index,
@@ -232,7 +259,12 @@ async def _stream_body(
         if event.type == "delta":
             meter.on_delivered(len(event.token_ids))  # counted once handed to the server for sending
         elif event.type == "final":
-            choice = _choice(prepared.kind, "", _finish_reason(event), is_chunk=True, index=index)
+            held, tool_finish = _tool_call_chunks(prepared, tools.get(index), index)
+            for choice in held:
+                yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+            choice = _choice(
+                prepared.kind, "", tool_finish or _finish_reason(event), is_chunk=True, index=index
+            )
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
         else:  # one choice failed: the response ends (the others are aborted when the streams close)
             status, error = "error", f"{event.code}: {event.message}"

@@ -47,6 +47,15 @@ class InferenceRequestBase(BaseModel):
     # `n` choices of one prompt (api/inference/choices.py); the plan's max_n caps it (api/plan_limits.py).
     n: int | None = Field(default=None, ge=1)
 
+    # Structured outputs (api/inference/structured.py): OpenAI's response_format, vLLM's structured_outputs and
+    # its classic guided_* names.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
     @field_validator("logit_bias")
     @classmethod
     def _bias_in_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
@@ -95,8 +104,7 @@ class ChatCompletionRequest(InferenceRequestBase):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # with tool_choice: api/inference/tools.py
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None

@@ -98,6 +98,9 @@ class AsyncLLMEngine:
         """
         request_id = request.request_id
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        structured = request.sampling_params.structured_output
+        if structured is not None:  # compiled off the loop and the step lock; add_request then hits the cache
+            await asyncio.to_thread(self.engine.compile_constraint, structured)
         with self._has_work:
             self._apply_pins()
             self.engine.add_request(request)

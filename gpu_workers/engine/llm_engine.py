@@ -48,6 +48,7 @@ from scheduler.core.engine_request import EngineRequest, new_sequence, prompt_si
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams, TokenLogprob
 from scheduler.core.sequence import Sequence
+from scheduler.core.structured_output import StructuredOutput
 
 
 class LLMEngine:
@@ -99,7 +100,7 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request; raises PromptTooLongError, AdapterNotLoadedError or DuplicateRequestError.
+        """Queue a request; raises PromptTooLongError, AdapterNotLoadedError, DuplicateRequestError or GrammarError.
 
         The adapter may be only on the host: give `request.adapter_path` (or register it first); the core
         plans its copy to the device before the request's first step. The prompt's size is checked by the
@@ -118,8 +119,16 @@ class LLMEngine:
         size_error = prompt_size_error(request.num_prompt_tokens, self.max_model_len)
         if size_error is not None:
             raise PromptTooLongError(size_error)
+        structured = request.sampling_params.structured_output
+        if structured is not None:  # GrammarError (a ValueError) naming the problem; compiled into the cache
+            self.compile_constraint(structured)
         arrival_time = self.clock() if request.arrival_time is None else request.arrival_time
         self.core.add(new_sequence(request, self.max_model_len, arrival_time))
+
+    def compile_constraint(self, structured: StructuredOutput) -> None:
+        """Compile an output constraint into the grammar cache (safe beside step(): the async engine calls it
+        off the step loop, so add_request finds it compiled); GrammarError naming the problem."""
+        self.runner.structured.check(structured)
 
     def make_request(
         self,

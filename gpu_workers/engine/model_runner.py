@@ -30,6 +30,7 @@ from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
 from gpu_workers.engine.step_graph import CudaStepGraphs, StepGraphsFactory
 from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
+from gpu_workers.engine.structured_rows import StructuredRows, apply_masks
 from registry.validation import AdapterInfo, BaseModelSpec
 from scheduler.core.executor import CopyResult, PrepareResult
 from scheduler.core.memory_geometry import MemoryGeometry, ModelShape
@@ -123,6 +124,8 @@ class ModelRunner:
             str, dict[int, TokenLogprob]
         ] = {}  # request id -> position -> next token's
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        # structured outputs: a grammar matcher per constrained request, masks computed during the forward pass
+        self.structured = StructuredRows(config.model_path, self.args.vocab_size, self.args.eos_token_ids)
         self.decode_step_compile_s: float | None = None  # None: the decode step runs eagerly
         if self.kernel_plan.decode_step == "compiled":
             ops, self.decode_step_compile_s = compile_pointwise(self.args, self.dtype, self.device)
@@ -204,16 +207,19 @@ class ModelRunner:
         instead of a token and is not sampled, so it cannot fail its batch neighbours' sampling.
         """
         hidden = None
+        sampling = [e for e in entries if e.is_sampling]
+        masks = self.structured.start(sampling)  # computed on a thread while the model runs
         if self.decode_graphs is not None and not host_assisted:
             hidden = self.decode_graphs.run(entries, self.adapters)  # [num_entries, hidden]: all sample
         if hidden is None:
             hidden = self.forward(entries, frozenset(host_assisted))  # [num_sampling, hidden]
-        sampling = [e for e in entries if e.is_sampling]
         if not sampling:
             return [], None
         logits = self.model.logits(hidden)  # [num_sampling, vocab]
         # one check for all sampled rows: x * 0 is 0 for finite x and NaN for inf / NaN (a sum cannot overflow)
         is_finite = torch.isfinite(logits.mul(0.0).sum(dim=-1)).tolist()
+        if masks is not None:  # after the check: a masked logit is -inf on purpose
+            apply_masks(logits, masks.result())
         tokens = self._sample(logits, sampling, is_finite)
         return tokens, (logits if return_logits else None)
 
@@ -291,9 +297,10 @@ class ModelRunner:
         return gen
 
     def release_request(self, request_id: str) -> None:
-        """Drop per-request sampler state."""
+        """Drop per-request sampler state (its generator, its grammar matcher)."""
         self.generators.pop(request_id, None)
         self.prompt_logprobs.pop(request_id, None)
+        self.structured.release(request_id)
 
     # ---- the engine core's executor ----------------------------------------------------------------
 

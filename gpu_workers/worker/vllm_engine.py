@@ -12,11 +12,27 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_workers.engine.adapter_loader import validate_adapter
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
-from gpu_workers.worker.vllm_sampling import LOGPROBS_MODE, vllm_sampling_params
+from gpu_workers.worker.vllm_sampling import LOGPROBS_MODE, StructuredField, vllm_sampling_params
 from registry.validation import BaseModelSpec, ValidationLimits
 
 if TYPE_CHECKING:
     from settings import Settings
+
+
+def vllm_structured_field() -> StructuredField | None:
+    """This vLLM's field for output constraints (None: it has none). Imports vllm."""
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return "structured_outputs", StructuredOutputsParams
+    except ImportError:
+        pass
+    try:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return "guided_decoding", GuidedDecodingParams
+    except ImportError:
+        return None
 
 
 def vllm_engine_args(settings: Settings) -> dict[str, Any]:
@@ -56,6 +72,7 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
             "and start `lorahost worker --engine vllm` with its python"
         ) from exc
     engine = settings.engine
+    structured = vllm_structured_field()
     # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from kv_cache_memory_bytes
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, engine.kv_cache_bytes >> 30)))
     engine_args = vllm_engine_args(settings)
@@ -76,7 +93,7 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
         limits,
         engine.admission_policy(),
         make_lora_request=lambda name, lora_id, path: LoRARequest(name, lora_id, path),
-        make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams),
+        make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams, structured),
         validate_adapter=lambda path: validate_adapter(path, spec, validation_limits).rank,
         base_adapter_path=base_adapter,
     )

@@ -9,16 +9,30 @@ distribution (its only mode then).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scheduler.core.sampling import SamplingParams, TokenLogprob
+from scheduler.core.structured_output import StructuredOutput
 
 LOGPROBS_MODE = "processed_logprobs"
+# vLLM's SamplingParams field for an output constraint and the class it takes: `structured_outputs`
+# (StructuredOutputsParams, vLLM >= 0.10.2) or `guided_decoding` (GuidedDecodingParams, before)
+StructuredField = tuple[str, Callable[..., Any]]
 
 
-def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) -> Any:
-    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both)."""
+def vllm_sampling_params(
+    params: SamplingParams, factory: Callable[..., Any], structured: StructuredField | None = None
+) -> Any:
+    """vLLM's SamplingParams (built by `factory`) for the platform's (top_k 0: off in both); an output
+    constraint goes into `structured` (ValueError when this vLLM has none)."""
+    extra: dict[str, Any] = {}
+    if params.structured_output is not None:
+        if structured is None:
+            raise ValueError("this vLLM has no structured outputs; send the request without a constraint")
+        field, make = structured
+        extra[field] = make(**vllm_constraint(params.structured_output))
     return factory(
         max_tokens=params.max_tokens,
         temperature=params.temperature,
@@ -35,7 +49,21 @@ def vllm_sampling_params(params: SamplingParams, factory: Callable[..., Any]) ->
         logit_bias=dict(params.logit_bias) or None,
         logprobs=params.logprobs,
         prompt_logprobs=params.prompt_logprobs,
+        **extra,
     )
+
+
+def vllm_constraint(structured: StructuredOutput) -> dict[str, Any]:
+    """The keyword of vLLM's StructuredOutputsParams / GuidedDecodingParams for a constraint. A `grammar` is
+    llguidance's Lark dialect: vLLM reads it as such with its "guidance" backend."""
+    kind = structured.kind
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        return {"json": json.loads(structured.spec)}
+    if kind == "choice":
+        return {"choice": structured.choices}
+    return {kind: structured.spec}
 
 
 def logprobs_from_vllm(

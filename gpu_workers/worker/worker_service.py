@@ -21,6 +21,7 @@ from cluster.protocol import (
     GenerateEvent,
     GenerateRequest,
     SamplingSpec,
+    StructuredOutputSpec,
     TokenLogprobs,
     WorkerStats,
     prefix_cache_namespace,
@@ -35,6 +36,7 @@ from gpu_workers.worker.worker_errors import BadRequestError, DrainingError
 from scheduler.core.engine_request import EngineRequest, prompt_size_error
 from scheduler.core.engine_stats import EngineStats
 from scheduler.core.sampling import SamplingParams, TokenLogprob
+from scheduler.core.structured_output import StructuredOutput
 
 
 class WorkerService:
@@ -214,6 +216,7 @@ def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
             logit_bias=tuple(spec.logit_bias.items()),
             logprobs=spec.logprobs,
             prompt_logprobs=spec.prompt_logprobs,
+            structured_output=structured_output_from_spec(spec.structured_output),
         )
     except ValueError as exc:
         raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
@@ -237,6 +240,11 @@ def delta_event(out: RequestOutput) -> GenerateEvent:
         if prompt is None
         else [None if lp is None else wire_logprob(lp) for lp in prompt],
     )
+
+
+def structured_output_from_spec(spec: StructuredOutputSpec | None) -> StructuredOutput | None:
+    """The engine's output constraint from the wire's (ValueError when it is malformed)."""
+    return None if spec is None else StructuredOutput(spec.kind, spec.spec)
 
 
 def final_event(last: RequestOutput, received_at: float | None) -> GenerateEvent:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduler.core.structured_output import StructuredOutput
+
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI chat's top_logprobs cap; vLLM's default max_logprobs)
 MAX_PENALTY = 2.0  # presence / frequency penalties lie in [-2, 2] (OpenAI)
 MAX_LOGIT_BIAS = 100.0  # logit_bias values lie in [-100, 100] (OpenAI)
@@ -29,6 +31,9 @@ class SamplingParams:
     the distribution after the processors and before temperature (vLLM's "processed_logprobs").
     `prompt_logprobs`: the same for each prompt token after the first (the model's own distribution: no
     processor applies to the prompt); such a request computes its whole prompt (no prefix-cache reuse).
+    `structured_output`: what the output must match (scheduler/core/structured_output.py); the row then samples
+    only tokens its grammar allows and ends (finish_reason "stop") with an end-of-sequence token once the
+    grammar is complete.
     """
 
     max_tokens: int = 16
@@ -46,6 +51,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
@@ -87,6 +93,11 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+        if self.structured_output is not None and self.ignore_eos:
+            raise ValueError(
+                "ignore_eos cannot be combined with structured output (a complete output ends with "
+                "the end-of-sequence token); drop ignore_eos"
+            )
 
     @property
     def is_greedy(self) -> bool:

@@ -177,21 +177,6 @@ def test_unsupported_field_is_a_400_naming_it_and_metered_rejected(
     assert (row.status, row.prompt_tokens, row.completion_tokens) == ("rejected", 0, 0)
 
 
-def test_chat_response_format_json_is_refused(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
-) -> None:
-    response = client.post(
-        "/v1/chat/completions",
-        headers=tenant.headers,
-        json={
-            "model": BASE_MODEL,
-            "messages": [{"role": "user", "content": "hi"}],
-            "response_format": {"type": "json_object"},
-        },
-    )
-    assert response.status_code == 400 and "response_format" in response.json()["error"]["message"]
-
-
 @pytest.mark.parametrize(
     ("overrides", "body", "expected"),
     [

@@ -283,3 +283,44 @@ def test_prefix_cache_hits_stay_within_a_tenant(engine_worker: RunningWorker) ->
     assert again >= first + 64  # the tenant's own repeat hits its cached blocks
     other = hits_after("prefix-b1", "tenant-b")
     assert other == again  # another tenant's identical prompt hits nothing (no timing side channel)
+
+
+def test_structured_outputs_match_their_constraint(engine_worker: RunningWorker) -> None:
+    """Issue 37 item 3 on both engines: sampled (temperature 1) outputs of an adapter follow a JSON schema, a
+    choice and a regex."""
+    import json
+    import re
+
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "label": {"enum": ["yes", "no"]},
+            "score": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["label", "score"],
+        "additionalProperties": False,
+    }
+    constraints = [
+        {"kind": "json_schema", "spec": json.dumps(schema)},
+        {"kind": "choice", "spec": '["red","green"]'},
+        {"kind": "regex", "spec": "[a-c]{2}-[0-9]{2}"},
+    ]
+    ref = engine_worker.extra["refs"]["adapter-01"]
+    bodies = []
+    for i in range(6):
+        body = _body(f"structured-{i}", PROMPTS[i % len(PROMPTS)], ref, max_tokens=60)
+        body["sampling"] |= {"temperature": 1.0, "seed": i, "ignore_eos": False}
+        body["sampling"]["structured_output"] = constraints[i % 3]
+        bodies.append(body)
+    for i, (status, events, error) in enumerate(_run(engine_worker, bodies)):
+        assert status == 200, error
+        text = "".join(e.text for e in events if e.type == "delta")
+        assert events[-1].type == "final" and events[-1].finish_reason == "stop", (i, text, events[-1])
+        if i % 3 == 0:
+            jsonschema.validate(json.loads(text), schema)
+        elif i % 3 == 1:
+            assert text in ("red", "green")
+        else:
+            assert re.fullmatch("[a-c]{2}-[0-9]{2}", text), text

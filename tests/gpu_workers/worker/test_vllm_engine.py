@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpu_workers.worker.vllm_engine import vllm_engine_args, write_zero_adapter
+import pytest
+
+from gpu_workers.worker.vllm_engine import vllm_engine_args, vllm_sampling_params, write_zero_adapter
+from scheduler.core.sampling import SamplingParams
+from scheduler.core.structured_output import StructuredOutput
 from settings import Settings
 
 
@@ -33,3 +37,33 @@ def test_the_zero_adapter_matches_the_models_shape_and_is_written_once(tmp_path:
     assert {tuple(t.shape) for t in tensors.values()} == {(8, 64), (64, 8)}
     assert all(not t.any() for t in tensors.values())
     assert write_zero_adapter(base, tmp_path / "cache") == path
+
+
+def _record(**kwargs: object) -> dict[str, object]:
+    return kwargs
+
+
+@pytest.mark.parametrize(
+    ("structured", "expected"),
+    [
+        (StructuredOutput("json_object"), {"json_object": True}),
+        (StructuredOutput.json_schema({"type": "object"}), {"json": {"type": "object"}}),
+        (StructuredOutput("regex", "[0-9]+"), {"regex": "[0-9]+"}),
+        (StructuredOutput.choice(["a", "b"]), {"choice": ["a", "b"]}),
+        (StructuredOutput("grammar", 'start: "x"'), {"grammar": 'start: "x"'}),
+    ],
+)
+def test_output_constraints_map_to_vllms_structured_outputs(
+    structured: StructuredOutput, expected: dict[str, object]
+) -> None:
+    params = SamplingParams(max_tokens=5, structured_output=structured)
+    sent = vllm_sampling_params(params, _record, ("structured_outputs", _record))
+    assert sent["structured_outputs"] == expected and sent["max_tokens"] == 5
+    older = vllm_sampling_params(params, _record, ("guided_decoding", _record))
+    assert older["guided_decoding"] == expected
+
+
+def test_a_constraint_is_refused_by_a_vllm_without_structured_outputs() -> None:
+    with pytest.raises(ValueError, match="structured outputs"):
+        vllm_sampling_params(SamplingParams(structured_output=StructuredOutput("json_object")), _record)
+    assert "structured_outputs" not in vllm_sampling_params(SamplingParams(), _record)
