@@ -18,4 +18,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 LORAHOST_REQUIRE_VLLM=1 "$VENV/bin/pytest" -q -m vllm tests/gpu_workers/worker/test_engine_contract.py \
+  tests/gpu_workers/worker/test_engine_contract_sampling.py \
   tests/cluster/test_dev_cluster_engines.py "$@"
