@@ -15,7 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_workers.engine.grid_timer import StepRecorder, TimedStep, _abort, _add, _params
+from gpu_workers.engine.grid_timer import (
+    StepRecorder,
+    TimedStep,
+    abort_grid_requests,
+    add_grid_request,
+    grid_params,
+)
 
 if TYPE_CHECKING:
     from gpu_workers.engine.profile_grid import ProfileGrid
@@ -58,14 +64,14 @@ def _timed_host_prefill(
     engine.register_adapter(adapter_id, path)
     num_bytes = engine.residency.get(adapter_id).num_bytes
     engine.runner.transfers.copier.link_gbps = num_bytes / HOLD_SECONDS / 1e9
-    request_id = _add(engine, _params(grid), adapter_id, num_tokens, 0)
+    request_id = add_grid_request(engine, grid_params(grid), adapter_id, num_tokens, 0)
     found = None
     for _ in range(MAX_STEPS):
         step = recorder.timed_step()
         if step.shape.host_token_ranks:
             found = step
             break
-    _abort(engine, [request_id])
+    abort_grid_requests(engine, [request_id])
     while engine.adapter_residency(adapter_id) != "device":  # the held copy lands within HOLD_SECONDS
         engine.runner.transfers.copier.wait_any(HOLD_SECONDS)
         engine.step()
