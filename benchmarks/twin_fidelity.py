@@ -92,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_dtype_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--twin-only", action="store_true", help="skip the real engine (the twin's side only)")
+    p.add_argument(
+        "--compare-profile", type=Path, default=None, help="also price each trace with this profile"
+    )
     p.add_argument("--output", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -281,11 +284,35 @@ def ensure_profile(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def set_up_case(
+    args: argparse.Namespace, case: Case, profile: Any, all_names: list[str]
+) -> tuple[Any, RelativeClock, list[AdapterSpec], float, list[TraceRequest]]:
+    """A fresh engine for `case` (cold adapters, empty queues, its clock), its adapters as registered, the
+    twin's saturated rate (requests/s) and the case's trace at `case.load` of it."""
+    from gpu_workers.engine.llm_engine import LLMEngine
+
+    names = all_names[: case.num_adapters]
+    if len(names) < case.num_adapters:
+        raise SystemExit(
+            f"{args.model_dir} has {len(all_names)} adapters; the case needs {case.num_adapters}"
+        )
+    config = engine_config(args, case)
+    clock = RelativeClock()
+    engine = LLMEngine(config, clock=clock)
+    for name in names:
+        engine.register_adapter(name, args.model_dir / "adapters" / name)
+    geometry = engine.runner.geometry
+    adapters = adapter_specs(engine, names)
+    max_prompt = min(args.max_prompt, geometry.max_model_len // 2)
+    sizes = lengths(case.trace, args.num_requests, max_prompt, args.max_output, args.seed, args.conv_trace)
+    capacity = saturated_rate(config, geometry, profile, adapters, sizes, names, args.seed)
+    return engine, clock, adapters, capacity, make_trace(sizes, names, case.load * capacity, args.seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from gpu_workers.engine.llm_engine import LLMEngine
     from twin.profile import load_profile
 
     torch.set_num_threads(args.threads)
@@ -301,28 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     rows = []
     for case in cases:
-        names = all_names[: case.num_adapters]
-        if len(names) < case.num_adapters:
-            raise SystemExit(
-                f"{args.model_dir} has {len(all_names)} adapters; the case needs {case.num_adapters}"
-            )
-        config = engine_config(args, case)
-        clock = RelativeClock()
-        engine = LLMEngine(config, clock=clock)  # a fresh engine per case: cold adapters, empty queues
-        for name in names:
-            engine.register_adapter(name, args.model_dir / "adapters" / name)
-        geometry = engine.runner.geometry
-        adapters = adapter_specs(engine, names)
-        sizes = lengths(
-            case.trace,
-            args.num_requests,
-            min(args.max_prompt, geometry.max_model_len // 2),
-            args.max_output,
-            args.seed,
-            args.conv_trace,
-        )
-        capacity = saturated_rate(config, geometry, profile, adapters, sizes, names, args.seed)
-        trace = make_trace(sizes, names, case.load * capacity, args.seed)
+        engine, clock, adapters, capacity, trace = set_up_case(args, case, profile, all_names)
+        config, geometry = engine.config, engine.runner.geometry
         twin_records, twin_wall = run_twin(config, geometry, profile, adapters, trace)
         twin = summarize(twin_records)
         row: dict[str, Any] = {
@@ -337,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             real = summarize(run_real(engine, clock, trace, vocab))
             row["real"] = real.as_dict()
             row["smape_pct"] = compare(real, twin)
+            if args.compare_profile is not None:  # another twin on the same trace against the same run
+                other, _ = run_twin(config, geometry, load_profile(args.compare_profile), adapters, trace)
+                row["smape_compare_pct"] = compare(real, summarize(other))
         del engine
         rows.append(row)
         print(_line(row), flush=True)
@@ -347,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu": cpu_model(),
             "torch_threads": args.threads,
             "profile": str(args.profile),
+            "compare_profile": str(args.compare_profile),
             "num_requests": args.num_requests,
         }
         args.output.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -369,8 +380,15 @@ def _table(rows: list[dict[str, Any]]) -> str:
     with_real = [r for r in rows if "smape_pct" in r]
     if not with_real:
         return ""
-    mean = {m: sum(r["smape_pct"][m] for r in with_real) / len(with_real) for m in COMPARED}
-    return f"mean SMAPE over {len(with_real)} cases: " + ", ".join(f"{m} {v:.1f}%" for m, v in mean.items())
+    lines = []
+    for key in ("smape_pct", "smape_compare_pct"):
+        if key in with_real[0]:
+            mean = {m: sum(r[key][m] for r in with_real) / len(with_real) for m in COMPARED}
+            lines.append(
+                f"mean {key} over {len(with_real)} cases: "
+                + ", ".join(f"{m} {v:.1f}%" for m, v in mean.items())
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 The engine is built from the same settings as `lorahost worker` (LORAHOST_ENGINE_*, LORAHOST_BASE_MODEL_PATH);
 point the worker at the file with LORAHOST_WORKER_PROFILE_PATH. Runs on the hardware it profiles.
 `--twin-output` also measures what the digital twin's cost model needs (mixed prefill+decode steps, decode
-context, distinct adapters, copy rate, scheduler time) and writes a twin profile (twin/profile.py;
+context, distinct adapters, CPU-assisted prefill steps of cold adapters, copy rate, scheduler time) and writes a twin profile (twin/profile.py;
 `.yaml` or `.json`).
 """
 

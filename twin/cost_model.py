@@ -10,9 +10,17 @@ With the profile's step coefficients (microseconds; twin/profile.py `StepCost`) 
                   or (sum_i tokens_i) * max_i rank_i ("max": kernels padded to the largest rank, BGMV)
     device  = (fixed + dense + attn + lora) * m,   m = lora_multiplier_base + lora_multiplier_per_adapter * A
                                                    when A > 0, else 1 (the Agullo et al. multiplicative form)
-    host    = host_prefill_per_token_rank * max_j tokens_j * rank_j   over host-assisted entries (one CPU
-              worker each, in parallel with the device, which waits for their deltas layer by layer)
-    step    = scheduler + max(device, host)          (0 for an empty step: no step runs)
+    host    = host_prefill_step + host_prefill_per_token_rank * max_j tokens_j * rank_j   over host-assisted
+              entries (one CPU worker each, in parallel; 0 without such entries)
+    step    = scheduler + max(device, host)    is_host_prefill_overlapped (CaraServe's form: the host works
+                                               beside the device)
+            = scheduler + device + host        otherwise (lorahost's engine: the device waits for each
+                                               projection's host delta)          (0 for an empty step)
+
+The host part lasts until the host-assisted adapters' copies land at the latest (`max_host_seconds`: the
+engine switches to the device copy between layers). Overlapped, it is cut there; added, the layers before
+the landing pay device + host per layer and those after the device's part only: a step that would take
+T = device + host and switches at L < T takes L + device * (1 - L / T).
 
 P: prefill tokens, D: decode rows, A: distinct adapters whose delta runs on the device. Prefill is priced
 explicitly (tokens and quadratic attention), unlike the digital-twin paper's model, which charges only per
@@ -70,9 +78,14 @@ class CostModel:
             return 0.0
         device = self.device_seconds(shape)
         host = self.host_prefill_seconds(shape)
-        if max_host_seconds is not None:
-            host = min(host, max(max_host_seconds, 0.0))
-        return self.step_cost.scheduler_us * _US + max(device, host)
+        landing = None if max_host_seconds is None else max(max_host_seconds, 0.0)
+        if self.step_cost.is_host_prefill_overlapped:
+            busy = max(device, host if landing is None else min(host, landing))
+        else:
+            busy = device + host
+            if landing is not None and host > 0 and landing < busy:
+                busy = landing + device * (1.0 - landing / busy)
+        return self.step_cost.scheduler_us * _US + busy
 
     def device_seconds(self, shape: StepShape) -> float:
         """The device's part of the step (fixed + dense + attention + LoRA, times the adapter multiplier)."""
@@ -104,9 +117,13 @@ class CostModel:
         return c.lora_multiplier_base + c.lora_multiplier_per_adapter * shape.num_distinct_adapters
 
     def host_prefill_seconds(self, shape: StepShape) -> float:
-        """The slowest CPU worker's LoRA delta for the host-assisted entries (0 when none)."""
-        work = max((tokens * rank for tokens, rank in shape.host_token_ranks), default=0)
-        return self.step_cost.host_prefill_per_token_rank_us * work * _US
+        """The host-assisted entries' part: per step, plus the slowest CPU worker's LoRA delta (0 when
+        none)."""
+        if not shape.host_token_ranks:
+            return 0.0
+        work = max(tokens * rank for tokens, rank in shape.host_token_ranks)
+        c = self.step_cost
+        return (c.host_prefill_step_us + c.host_prefill_per_token_rank_us * work) * _US
 
     def copy_seconds(self, num_bytes: int) -> float:
         """Host -> device copy of `num_bytes` (0 for nothing to copy)."""

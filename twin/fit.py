@@ -82,10 +82,45 @@ def fit_step_cost(samples: Sequence[TimedStep], *, scheduler_us: float = 0.0) ->
     best = pick_form({form: fit[1] for form, fit in fits.items()})
     coef, _, r2 = fits[best]
     values = {name: float(c) for name, c in zip(COLUMNS, coef)}
-    step = StepCost(**values, lora_form=best, scheduler_us=scheduler_us)
+    step = StepCost.model_validate({**values, "lora_form": best, "scheduler_us": scheduler_us})
     return StepFit(
         step=step, r2=r2, other_r2=fits["max" if best == "sum" else "sum"][2], num_samples=len(samples)
     )
+
+
+def device_us(shape: StepShape, step: StepCost) -> float:
+    """The fitted additive device time of `shape` (the COLUMNS terms of `step`), microseconds."""
+    coefficients = [getattr(step, name) for name in COLUMNS]
+    return float(sum(f * c for f, c in zip(features(shape, step.lora_form), coefficients)))
+
+
+def fit_host_prefill(samples: Sequence[TimedStep], step: StepCost) -> StepCost:
+    """`step` with its CPU-assisted prefill terms fitted on host-assisted steps (each has entries in
+    `shape.host_token_ranks`): what a step took beyond its device part (`device_us`), as
+
+        host us = host_prefill_step_us + host_prefill_per_token_rank_us * max_j tokens_j * rank_j
+
+    (one CPU worker per host-assisted entry, in parallel; the engine waits for them projection by projection,
+    so the term adds to the device's: `is_host_prefill_overlapped` False). Relative error, coefficients
+    >= 0, as the step fit. No samples: `step` unchanged."""
+    if not samples:
+        return step
+    y = np.array([s.seconds * 1e6 for s in samples], dtype=float)
+    excess = y - np.array([device_us(s.shape, step) for s in samples])
+    x = np.array([[1.0, float(host_work(s.shape))] for s in samples])
+    coef, _, _ = nonnegative_lstsq(x, excess, 1.0 / np.maximum(y, 1e-3))
+    return step.model_copy(
+        update={
+            "host_prefill_step_us": float(coef[0]),
+            "host_prefill_per_token_rank_us": float(coef[1]),
+            "is_host_prefill_overlapped": False,
+        }
+    )
+
+
+def host_work(shape: StepShape) -> int:
+    """The slowest CPU worker's tokens x rank among the host-assisted entries (0 when none)."""
+    return max((tokens * rank for tokens, rank in shape.host_token_ranks), default=0)
 
 
 def nonnegative_lstsq(

@@ -102,8 +102,11 @@ class StepCost(_Frozen):
     kernels); lora_per_adapter_us / lora_per_adapter_rank_us: per distinct device adapter / per rank of each
     (its weights read); lora_step_us: once per step with any device LoRA work; lora_multiplier_*: the device
     time is multiplied by base + per_adapter x A when the step has A > 0 device adapters;
-    host_prefill_per_token_rank_us: a CPU worker's LoRA delta (CPU-assisted prefill); scheduler_us: the
-    scheduler's own time per step.
+    host_prefill_per_token_rank_us: a CPU worker's LoRA delta (CPU-assisted prefill), per token x rank;
+    host_prefill_step_us: once per step with host-assisted entries (handing rows to the workers and back);
+    is_host_prefill_overlapped: True when the host work runs beside the device's (the step takes the longer
+    of the two, CaraServe's form), False when the device waits for it (they add: lorahost's engine, which
+    waits for each projection's host delta); scheduler_us: the scheduler's own time per step.
     """
 
     fixed_us: float = Field(ge=0)
@@ -120,6 +123,8 @@ class StepCost(_Frozen):
     lora_multiplier_base: float = Field(default=1.0, ge=0)
     lora_multiplier_per_adapter: float = Field(default=0.0, ge=0)
     host_prefill_per_token_rank_us: float = Field(default=0.0, ge=0)
+    host_prefill_step_us: float = Field(default=0.0, ge=0)
+    is_host_prefill_overlapped: bool = True
     scheduler_us: float = Field(default=0.0, ge=0)
 
 

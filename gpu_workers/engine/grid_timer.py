@@ -96,11 +96,13 @@ def time_grid(
 
 def run_untimed(engine: Any, grid: ProfileGrid, adapters: list[str | None], num_tokens: int) -> None:
     """Queue one request per adapter, run its prefill and decode steps, abort them (a warm-up)."""
-    params = _params(grid)
-    request_ids = [_add(engine, params, adapter, num_tokens, i) for i, adapter in enumerate(adapters)]
+    params = grid_params(grid)
+    request_ids = [
+        add_grid_request(engine, params, adapter, num_tokens, i) for i, adapter in enumerate(adapters)
+    ]
     for _ in range(1 + grid.num_decode_steps):
         engine.step()
-    _abort(engine, request_ids)
+    abort_grid_requests(engine, request_ids)
 
 
 def _run_grid(engine: Any, recorder: StepRecorder, grid: ProfileGrid, twin_batches: bool) -> list[TimedBatch]:
@@ -130,23 +132,27 @@ def _run_batch(
 ) -> tuple[TimedStep, ...]:
     """Prefill one request per adapter, decode, then (`mixed_step`) add one prompt to the decoding batch when
     the engine has a slot for it; abort them all."""
-    params = _params(grid)
-    request_ids = [_add(engine, params, adapter, num_tokens, i) for i, adapter in enumerate(adapters)]
+    params = grid_params(grid)
+    request_ids = [
+        add_grid_request(engine, params, adapter, num_tokens, i) for i, adapter in enumerate(adapters)
+    ]
     timed = [recorder.timed_step() for _ in range(1 + grid.num_decode_steps)]
     if mixed_step and len(adapters) < engine.config.max_num_seqs:
-        request_ids.append(_add(engine, params, adapters[0], num_tokens, len(adapters)))
+        request_ids.append(add_grid_request(engine, params, adapters[0], num_tokens, len(adapters)))
         timed.append(recorder.timed_step())
-    _abort(engine, request_ids)
+    abort_grid_requests(engine, request_ids)
     return tuple(timed)
 
 
-def _params(grid: ProfileGrid) -> Any:
+def grid_params(grid: ProfileGrid) -> Any:
+    """Greedy sampling for `num_decode_steps` tokens and a few more (the grid's requests never stop early)."""
     from scheduler.core.sampling import SamplingParams
 
     return SamplingParams(max_tokens=grid.num_decode_steps + 4, temperature=0.0, ignore_eos=True)
 
 
-def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int) -> str:
+def add_grid_request(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int) -> str:
+    """Queue one request of a fresh `num_tokens`-token prompt (unique_prompt) for `adapter`; its id."""
     from gpu_workers.engine.profile_grid import unique_prompt
 
     request_id = f"profile-{time.perf_counter_ns()}-{i}"
@@ -154,7 +160,8 @@ def _add(engine: Any, params: Any, adapter: str | None, num_tokens: int, i: int)
     return request_id
 
 
-def _abort(engine: Any, request_ids: list[str]) -> None:
+def abort_grid_requests(engine: Any, request_ids: list[str]) -> None:
+    """Abort the requests and run one step to collect their outputs."""
     for request_id in request_ids:
         engine.abort(request_id)
     engine.step()  # collect the aborted outputs

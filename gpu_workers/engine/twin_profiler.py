@@ -6,7 +6,9 @@ decoding while one new prompt prefills in the same step), and (batches of 2+) on
 (`load_copies`: copies of the smallest rank, and copies cycling through the ranks, under distinct ids), so
 the fit can tell distinct adapters from rank. Each step is the core's own `StepShape` with its wall time less
 the time `schedule()` took (that is the profile's `scheduler_us`, the median); each distinct shape keeps its
-best time. The step coefficients come from `twin.fit.fit_step_cost`; the
+best time. The step coefficients come from `twin.fit.fit_step_cost`; the CPU-assisted prefill terms from
+host-assisted prefill steps made on purpose (gpu_workers/engine/host_prefill_timer.py: cold adapters whose
+copy is held) and `twin.fit.fit_host_prefill` (what they took beyond their device part); the
 copy costs from each rank's adapter timed in two parts (preparing its host copy in the engine thread: read,
 validate, pack; then the copy to the device: a clone on a CPU engine, PCIe on CUDA); memory from the engine's
 KV pool; the model shape from config.json.
@@ -14,6 +16,7 @@ KV pool; the model shape from config.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -25,14 +28,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_workers.engine.engine_stats import runner_part
+from gpu_workers.engine.host_prefill_timer import time_host_prefills
 from gpu_workers.engine.kernel_tuner import machine_fingerprint
 from settings import Settings
-from twin.fit import StepFit, TimedStep, fit_step_cost, nonnegative_lstsq
+from twin.fit import StepFit, TimedStep, fit_host_prefill, fit_step_cost, nonnegative_lstsq
 from twin.profile import ProfileModel, TwinProfile
 from twin.step_shape import StepShape
 
 if TYPE_CHECKING:
     from gpu_workers.engine.grid_timer import TimedBatch
+    from gpu_workers.engine.grid_timer import TimedStep as GridStep
     from gpu_workers.engine.profile_grid import ProfileGrid
 
 Echo = Callable[[str], None]
@@ -63,6 +68,12 @@ def measure_twin(
         f"twin: {len(samples)} distinct steps timed; {fit.step.lora_form} LoRA form R^2 {fit.r2:.3f} "
         f"(other form {fit.other_r2:.3f})"
     )
+    host_steps = _best_host_steps(time_host_prefills(engine, grid, adapter_dirs))
+    fit = dataclasses.replace(fit, step=fit_host_prefill(host_steps, fit.step))
+    echo(
+        f"twin: {len(host_steps)} host-assisted prefill steps: {fit.step.host_prefill_step_us / 1e3:.2f} ms per "
+        f"step + {fit.step.host_prefill_per_token_rank_us:.3f} us per token x rank, beside the device's part"
+    )
     copy_link = _fit_copy(engine, adapter_dirs, grid.num_repeats)
     echo(
         f"adapter copies: prepare {copy_link['prepare_us'] / 1e3:.2f} ms + {copy_link['prepare_gbps']:.2f} GB/s "
@@ -70,6 +81,15 @@ def measure_twin(
         f"{copy_link['host_to_device_gbps']:.2f} GB/s over the link"
     )
     return _profile(engine, settings, fit, copy_link, len(samples))
+
+
+def _best_host_steps(steps: Sequence[GridStep]) -> list[TimedStep]:
+    """The best time (less scheduling) of each distinct host-assisted step shape."""
+    best: dict[StepShape, float] = {}
+    for step in steps:
+        seconds = step.seconds - step.schedule_seconds
+        best[step.shape] = min(seconds, best.get(step.shape, float("inf")))
+    return [TimedStep(shape, seconds) for shape, seconds in best.items()]
 
 
 def load_copies(engine: Any, grid: ProfileGrid, adapter_dirs: dict[int, Path]) -> dict[str, int]:

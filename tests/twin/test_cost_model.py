@@ -75,6 +75,37 @@ def test_cpu_assisted_prefill_overlaps_the_device_and_the_slowest_worker_decides
     )  # 25.6 us of host work hides under the device
 
 
+def serial_host(**step: float) -> CostModel:
+    profile = tiny_profile(**step)
+    return CostModel(
+        profile.model_copy(
+            update={"step": profile.step.model_copy(update={"is_host_prefill_overlapped": False})}
+        )
+    )
+
+
+def test_a_host_assisted_prefill_the_device_waits_for_adds_its_host_part() -> None:
+    shape = StepShape(num_prefill_tokens=100, num_prefill_seqs=2, host_token_ranks=((60, 32), (40, 64)))
+    model = serial_host(host_prefill_step_us=40.0, host_prefill_per_token_rank_us=0.01, scheduler_us=7.0)
+    # device 100 + 200 = 300; host 40 + 0.01 * max(1920, 2560) = 65.6; they add: 7 + 365.6
+    assert model.host_prefill_seconds(shape) == pytest.approx(65.6e-6)
+    assert model.step_seconds(shape) == pytest.approx(372.6e-6)
+    overlapped = CostModel(tiny_profile(host_prefill_step_us=40.0, host_prefill_per_token_rank_us=0.01))
+    assert overlapped.step_seconds(shape) == pytest.approx(300e-6)  # hidden under the device
+    no_host = StepShape(num_prefill_tokens=100, num_prefill_seqs=2)
+    assert model.step_seconds(no_host) == pytest.approx(307e-6)  # the per-step part needs host entries
+
+
+def test_a_copy_landing_mid_step_ends_the_added_host_part_at_that_layer() -> None:
+    shape = StepShape(num_prefill_tokens=100, num_prefill_seqs=1, host_token_ranks=((100, 100),))
+    model = serial_host(host_prefill_per_token_rank_us=0.03)  # device 300 us + host 300 us = 600 us
+    assert model.step_seconds(shape) == pytest.approx(600e-6)
+    assert model.step_seconds(shape, max_host_seconds=1.0) == pytest.approx(600e-6)  # lands after the step
+    # lands at 150 us: a quarter of the layers on the host copy, the rest 300 us x 3/4 on the device copy
+    assert model.step_seconds(shape, max_host_seconds=150e-6) == pytest.approx(375e-6)
+    assert model.step_seconds(shape, max_host_seconds=0.0) == pytest.approx(300e-6)  # landed: device only
+
+
 def test_copies_pay_a_latency_and_the_link_bandwidth() -> None:
     model = CostModel(tiny_profile())
     assert model.copy_seconds(0) == 0.0
