@@ -35,6 +35,11 @@ def vllm_structured_field() -> StructuredField | None:
         return None
 
 
+# vLLM's structured-outputs backend: "guidance" is llguidance, the library the API and the native engine compile
+# with (registry/grammars.py), so a constraint the API accepts means the same on both engines
+STRUCTURED_OUTPUTS_BACKEND = "guidance"
+
+
 def vllm_engine_args(settings: Settings) -> dict[str, Any]:
     """vLLM's engine arguments for the settings (plain values; vllm is not imported).
 
@@ -76,8 +81,19 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
     # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from kv_cache_memory_bytes
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, engine.kv_cache_bytes >> 30)))
     engine_args = vllm_engine_args(settings)
-    if "logprobs_mode" in inspect.signature(AsyncEngineArgs).parameters:  # vLLM >= 0.10.2
+    parameters = inspect.signature(AsyncEngineArgs).parameters
+    if "logprobs_mode" in parameters:  # vLLM >= 0.10.2
         engine_args["logprobs_mode"] = LOGPROBS_MODE  # the native engine's logprobs (vllm_sampling.py)
+    if (
+        "structured_outputs_config" in parameters
+    ):  # the native engine's grammar library: same masks, same errors
+        from vllm.config import StructuredOutputsConfig
+
+        # compact JSON as the native engine writes it (registry/grammars.py): a sampled row cannot spend its
+        # tokens on whitespace
+        engine_args["structured_outputs_config"] = StructuredOutputsConfig(
+            backend=STRUCTURED_OUTPUTS_BACKEND, disable_any_whitespace=True
+        )
     client = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
     base_adapter = write_zero_adapter(Path(str(settings.base_model_path)), settings.resolved_host_cache_dir())
     limits = VllmLimits(

