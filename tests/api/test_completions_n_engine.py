@@ -116,8 +116,12 @@ def test_siblings_prefill_only_the_prompt_s_last_partial_block(
 
 
 def test_a_seeded_n_response_is_reproducible_alone_and_beside_another_tenant(
-    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path
+    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path, request: pytest.FixtureRequest
 ) -> None:
+    if request.node.callspec.params.get("db_url") == "postgres":
+        # requests from two threads at once would share the test's one rolled-back connection (not thread-safe
+        # on PostgreSQL); what this checks, seeded choices in a shared batch, does not depend on the database
+        pytest.skip("concurrent requests on the per-test rollback connection: SQLite only")
     api, _ = embedded
     tenant = with_adapter(api, demo_adapter, "ad")
     other = with_adapter(api, demo_adapter, "other")
