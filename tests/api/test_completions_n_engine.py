@@ -7,7 +7,6 @@ aborts every choice and is billed the prompt once plus what was delivered.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,12 +115,8 @@ def test_siblings_prefill_only_the_prompt_s_last_partial_block(
 
 
 def test_a_seeded_n_response_is_reproducible_alone_and_beside_another_tenant(
-    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path, request: pytest.FixtureRequest
+    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path
 ) -> None:
-    if request.node.callspec.params.get("db_url") == "postgres":
-        # requests from two threads at once would share the test's one rolled-back connection (not thread-safe
-        # on PostgreSQL); what this checks, seeded choices in a shared batch, does not depend on the database
-        pytest.skip("concurrent requests on the per-test rollback connection: SQLite only")
     api, _ = embedded
     tenant = with_adapter(api, demo_adapter, "ad")
     other = with_adapter(api, demo_adapter, "other")
@@ -129,20 +124,13 @@ def test_a_seeded_n_response_is_reproducible_alone_and_beside_another_tenant(
     alone = texts(api.post("/v1/completions", json=body, headers=tenant.headers))
     assert len(set(alone)) > 1, "the choices of one seeded request should differ"
     assert texts(api.post("/v1/completions", json=body, headers=tenant.headers)) == alone
+    # another tenant's requests first (not from a second thread: the test's one rolled-back DB connection is
+    # not thread-safe; tests/api/test_completions_n_e2e.py runs tenants side by side through uvicorn)
     beside: dict[str, Any] = {}
-    started = threading.Event()
-
-    def others() -> None:
-        started.set()
-        for i in range(3):
-            other_body = {"model": "other", "prompt": f"another tenant's prompt {i}", "max_tokens": 16}
-            beside[f"other-{i}"] = api.post("/v1/completions", json=other_body, headers=other.headers)
-
-    thread = threading.Thread(target=others)
-    thread.start()
-    started.wait()
+    for i in range(3):
+        other_body = {"model": "other", "prompt": f"another tenant's prompt {i}", "max_tokens": 16}
+        beside[f"other-{i}"] = api.post("/v1/completions", json=other_body, headers=other.headers)
     streamed = api.post("/v1/completions", json=body | {"stream": True}, headers=tenant.headers)
-    thread.join()
     assert all(r.status_code == 200 for r in beside.values())
     chunks = [e for e in sse_events(streamed.text) if e != "[DONE]"]
     joined = ["", "", ""]
