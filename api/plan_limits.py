@@ -1,5 +1,6 @@
-"""A plan's caps on the shape of one inference request: how many choices (`n`) and how many alternatives per
-token (`top_logprobs`; the completions API's integer `logprobs`) a tenant may ask for.
+"""A plan's caps on the shape of one inference request: how many choices (`n`, and the sequences completions'
+`best_of` generates) and how many alternatives per token (`top_logprobs`; the completions API's integer
+`logprobs`) a tenant may ask for.
 
 Both multiply work without multiplying the prompt: `n` choices cost n sequences of decode (their prompt is
 prefilled once, api/inference/choices.py), and each top-logprobs alternative is a sort entry and bytes on the
@@ -50,15 +51,17 @@ def requested_top_logprobs(body: Any) -> tuple[str, int] | None:
 
 
 def check_plan_limits(body: Any, limits: SamplingLimits) -> None:
-    """400 naming the plan's cap when the request asks for more choices or top logprobs than it allows."""
-    n = getattr(body, "n", None) or 1
-    if n > limits.max_n:
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"n={n} is above your plan's max_n of {limits.max_n}; send n <= {limits.max_n} (or several "
-            "requests), or ask the operator for a plan with a higher max_n",
-        )
+    """400 naming the plan's cap when the request asks for more choices (n, or completions' best_of: the
+    sequences generated) or top logprobs than it allows."""
+    for field in ("n", "best_of"):
+        value = getattr(body, field, None) or 1
+        if value > limits.max_n:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"{field}={value} is above your plan's max_n of {limits.max_n}; send {field} <= "
+                f"{limits.max_n} (or several requests), or ask the operator for a plan with a higher max_n",
+            )
     requested = requested_top_logprobs(body)
     if requested is not None and requested[1] > limits.max_top_logprobs:
         field, value = requested

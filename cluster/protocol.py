@@ -131,6 +131,9 @@ class SamplingSpec(BaseModel):
     logit_bias: dict[int, float] = Field(default_factory=dict)
     # None: no logprobs; k >= 0: each token's logprob and its top k alternatives (scheduler/core/sampling.py)
     logprobs: int | None = None
+    # report the sum of the sampled tokens' logprobs on `final` (GenerateEvent.cumulative_logprob), logprobs
+    # or not: the API ranks best_of sequences by it
+    needs_cumulative_logprob: bool = False
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (completions' echo)
     structured_output: StructuredOutputSpec | None = None
 
@@ -182,6 +185,9 @@ class GenerateEvent(BaseModel):
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    # the sum of the generated tokens' logprobs (the distribution SamplingSpec.logprobs describes), when the
+    # request set needs_cumulative_logprob; None otherwise (or from a worker that predates it)
+    cumulative_logprob: float | None = None
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None

@@ -14,11 +14,19 @@ request: its policy, not the order of arrival, decides when they run.
 
 Seeds: with `seed` s, choice 0 uses s (so n=1 is unchanged) and choice i > 0 a seed derived from (s, i): the
 choices differ, and the whole response is reproducible. Without a seed every choice samples on its own.
-`best_of` is accepted only equal to n: ranking best_of sequences needs each one's cumulative log probability,
-which the worker stream does not carry.
+
+`best_of` (completions only, as OpenAI and vLLM): best_of sequences run as the siblings above (same seeds
+rule), each asking the worker for its cumulative log probability (SamplingSpec.needs_cumulative_logprob,
+reported on its `final` event), and the response returns the n with the highest mean log probability per
+generated token (OpenAI's "highest log probability per token"; vLLM's beam score with length penalty 1), best
+first, re-indexed 0..n-1. The logprobs are the engine's usual ones: after logit_bias and penalties, before temperature
+(docs/sampling.md). Every sequence's tokens are billed (OpenAI does). A best_of response cannot be streamed
+(which sequences win is known only at the end: OpenAI refuses it too), and best_of < n cannot be honoured.
 """
 
 from __future__ import annotations
+
+import math
 
 from api.errors import ApiError
 from api.inference.schemas import MAX_SEED, InferenceRequestBase
@@ -56,16 +64,29 @@ def sibling_requests(first: GenerateRequest, num_choices: int) -> list[GenerateR
 
 
 def check_best_of(body: InferenceRequestBase) -> None:
-    """Accept best_of only as n (or unset): best_of > n needs each sequence's cumulative log probability to
-    rank them, which the worker stream does not carry; best_of < n cannot be honoured at all."""
+    """400 for a best_of that cannot be honoured: below n, or above n in a streamed request."""
     best_of = getattr(body, "best_of", None)
     if best_of is None or best_of == body.num_choices:
         return
     if best_of < body.num_choices:
         raise ApiError(400, "invalid_request", f"best_of={best_of} must be >= n={body.num_choices}")
-    raise ApiError(
-        400,
-        "invalid_request",
-        f"best_of={best_of} with n={body.num_choices} is not supported: this server cannot rank sequences by "
-        "their cumulative log probability; send best_of equal to n (or omit it) and pick among the n choices",
-    )
+    if body.stream:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"best_of={best_of} > n={body.num_choices} cannot be streamed (the best sequences are known only "
+            "once all have finished); send stream=false, or drop best_of",
+        )
+
+
+def mean_logprob(cumulative_logprob: float | None, num_tokens: int) -> float:
+    """A sequence's best_of score: its mean log probability per generated token (-inf when its worker
+    reported none: it ranks last)."""
+    if cumulative_logprob is None:
+        return -math.inf
+    return cumulative_logprob / max(num_tokens, 1)
+
+
+def best_sequences(scores: list[float], num_choices: int) -> list[int]:
+    """The indices of the `num_choices` highest scores, best first (the lower index first on a tie)."""
+    return sorted(range(len(scores)), key=lambda index: (-scores[index], index))[:num_choices]

@@ -1,10 +1,11 @@
 """Preparing an inference request: everything between authentication and routing.
 
 charge the request to requests_per_min (on arrival, whatever its outcome: api/request_charge.py) -> parse the
-body (bounded: api/request_limits.py) -> the plan's caps on n and top_logprobs (api/plan_limits.py) -> refuse
-fields this server cannot honour (and best_of other than n: api/inference/choices.py) -> resolve the model
-(`model` is an adapter name, `name@N` or the base model) -> tokenize and size-check the prompt -> take a
-concurrency slot and charge tokens_per_min (the prompt once + n x max_tokens). The result is a `Prepared` request (its output-length prediction is
+body (bounded: api/request_limits.py) -> the plan's caps on n, best_of and top_logprobs (api/plan_limits.py)
+-> refuse fields this server cannot honour (and best_of below n, or above n streamed:
+api/inference/choices.py) -> resolve the model (`model` is an adapter name, `name@N` or the base model) ->
+tokenize and size-check the prompt -> take a concurrency slot and charge tokens_per_min (the prompt once + n,
+or best_of, x max_tokens). The result is a `Prepared` request (its output-length prediction is
 filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
 Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
 (`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
@@ -75,7 +76,8 @@ class Prepared:
     include_usage: bool
     route: RouteRequest
     generate: GenerateRequest  # choice 0's; the others' are derived from it (api/inference/choices.py)
-    num_choices: int = 1
+    num_choices: int = 1  # returned (n)
+    num_sequences: int = 1  # generated: n, or best_of (the n best returned)
     logprobs_formatter: LogprobsFormatter | None = None  # when the request asked for logprobs
     echo_text: str | None = None  # completions' echo: the prompt's text, shown before the completion
     tools: ToolPlan | None = (
@@ -117,8 +119,8 @@ async def prepare(
     meter.num_prompt_tokens = len(prompt_ids)
     max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
     check_sampling_fields(body, tokenizer, max_tokens)
-    meter.num_choices = body.num_choices
-    num_tokens = len(prompt_ids) + body.num_choices * max_tokens  # the prompt once, each choice's output
+    meter.num_choices = body.num_sequences  # generated side by side, each billed (best_of: all of them)
+    num_tokens = len(prompt_ids) + body.num_sequences * max_tokens  # the prompt once, each sequence's output
     structured = request_constraint(body, tools)
     if structured is not None:  # compiled against the base model's tokenizer: a bad one is a 400 here
         await run_in_threadpool(services.structured.check, tokenizer, structured)
@@ -169,6 +171,7 @@ def _prepared(
         is_stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         num_choices=body.num_choices,
+        num_sequences=body.num_sequences,
         route=RouteRequest(
             resolved.base_model,
             adapter_key,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -23,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError
 from api.inference.choice_streams import ChoiceStreams
+from api.inference.choices import best_sequences, mean_logprob
 from api.inference.prepare import Kind, Prepared
 from api.inference.tool_calls import ToolCallStream, parse_tool_calls, streamed_tool_calls
 from api.metering import UsageLedger, record_quietly
@@ -129,7 +131,8 @@ def _tool_call_chunks(
 async def collect(
     prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> JSONResponse:
-    """A non-streamed response: the whole generation of every choice, metered before it is returned.
+    """A non-streamed response: the whole generation of every sequence, metered before it is returned (with
+    best_of, every sequence is billed and the n best are returned: api/inference/choices.py).
 
     Tokens are timed as they arrive from the worker (so TTFT/TPOT describe the serving, not the buffering).
     A worker error in any choice withdraws them all (the client gets no text). Cancellation (the client
@@ -137,22 +140,19 @@ async def collect(
     which aborts the engine requests, and meters it `aborted` with the tokens produced until then, as a
     streamed request that loses its client is.
     """
-    texts: list[list[str]] = [[prepared.echo_text or ""] for _ in range(upstream.num_choices)]
-    logprobs: list[list[TokenLogprobs]] = [[] for _ in range(upstream.num_choices)]
-    prompt_logprobs: list[list[TokenLogprobs | None] | None] = [None] * upstream.num_choices
-    finish_reasons: dict[int, str] = {}
+    sequences = [_Sequence([prepared.echo_text or ""]) for _ in range(upstream.num_choices)]
+    num_finished = 0
     try:
         async for index, event in upstream.events():
             if event.type == "delta":
-                texts[index].append(event.text)
-                logprobs[index] += event.logprobs or ()
-                prompt_logprobs[index] = prompt_logprobs[index] or event.prompt_logprobs
+                sequences[index].add(event)
                 meter.on_delivered(len(event.token_ids))
             elif event.type == "final":
-                finish_reasons[index] = _finish_reason(event)
-                if len(finish_reasons) == upstream.num_choices:
+                sequences[index].finish(event)
+                num_finished += 1
+                if num_finished == upstream.num_choices:
                     await ledger.record(meter, "ok")
-                    collected = _collected(prepared, texts, finish_reasons, logprobs, prompt_logprobs)
+                    collected = _collected(prepared, sequences)
                     return JSONResponse(collected | {"usage": usage_dict(meter, "ok")})
             else:
                 meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
@@ -171,22 +171,49 @@ async def collect(
     raise AssertionError("unreachable: a worker stream always ends with final or error")
 
 
-def _collected(
-    prepared: Prepared,
-    texts: list[list[str]],
-    finish_reasons: dict[int, str],
-    logprobs: list[list[TokenLogprobs]],
-    prompt_logprobs: list[list[TokenLogprobs | None] | None],
-) -> dict[str, Any]:
+@dataclass
+class _Sequence:
+    """One sequence of a non-streamed response, as it arrives: its text, tokens' logprobs, how it ended."""
+
+    texts: list[str]
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_tokens: int = 0
+    finish_reason: str | None = None  # set by its final event
+    cumulative_logprob: float | None = None  # its final event's (asked for with best_of)
+
+    def add(self, event: GenerateEvent) -> None:
+        """Take a delta's text, tokens and logprobs."""
+        self.texts.append(event.text)
+        self.logprobs += event.logprobs or ()
+        self.prompt_logprobs = self.prompt_logprobs or event.prompt_logprobs
+        self.num_tokens += len(event.token_ids)
+
+    def finish(self, event: GenerateEvent) -> None:
+        """Take its final event."""
+        self.finish_reason = _finish_reason(event)
+        self.cumulative_logprob = event.cumulative_logprob
+
+    @property
+    def score(self) -> float:
+        """Its best_of rank: the mean logprob per generated token (api/inference/choices.py)."""
+        return mean_logprob(self.cumulative_logprob, self.num_tokens)
+
+
+def _collected(prepared: Prepared, sequences: list[_Sequence]) -> dict[str, Any]:
+    """The response body of finished sequences: all of them, or with best_of the n best, best first."""
+    returned = sequences
+    if len(sequences) > prepared.num_choices:
+        returned = [sequences[i] for i in best_sequences([s.score for s in sequences], prepared.num_choices)]
     choices = [
         _final_choice(
             prepared,
-            "".join(parts),
-            finish_reasons[index],
+            "".join(sequence.texts),
+            sequence.finish_reason or "stop",
             index,
-            _logprobs(prepared, logprobs[index], prompt_logprobs[index]),
+            _logprobs(prepared, sequence.logprobs, sequence.prompt_logprobs),
         )
-        for index, parts in enumerate(texts)
+        for index, sequence in enumerate(returned)
     ]
     return _envelope(prepared, choices, is_chunk=False)
 
@@ -266,9 +293,10 @@ async def _stream_body(
                 prepared.kind, "", tool_finish or _finish_reason(event), is_chunk=True, index=index
             )
             yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
-        else:  # one choice failed: the response ends (the others are aborted when the streams close)
+        else:  # one choice failed (or could not start): the response ends (the others are aborted when the
+            # streams close); a sibling's error comes after choice 0's start, so the prompt was prefilled
             status, error = "error", f"{event.code}: {event.message}"
-            meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0
+            meter.is_prefilled = meter.is_prefilled or event.num_prompt_tokens > 0 or index > 0
             break
     await ledger.record(meter, status, error)
     if error is not None:

@@ -1,5 +1,8 @@
 """Routing a prepared request: wait through a cold start, pick a worker, open its stream, read the first event;
-a request of n choices opens its other choices on the same worker then (api/inference/choices.py).
+a request of n choices opens its other choices on the same worker then (api/inference/choices.py): a
+non-streamed one before it returns, so that a sibling the worker refuses is still an HTTP error; a streamed
+one while the response already streams choice 0 (its TTFT is choice 0's, not the slowest choice's), so a
+sibling that cannot start ends the stream with an error chunk instead (api/inference/choice_streams.py).
 
 The routing policy is services.router (settings.routing.policy, scheduler/routing/router.py), applied by the worker
 client (api/worker_client.py), which retries once on another worker. While no worker of the base model is
@@ -13,13 +16,14 @@ the status of its code (cluster.protocol.tenant_status: one status per code, on 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import anyio
 from starlette.types import Receive
 
 from api.cold_start import ColdStartTimeout, ColdStartWait, ModelCannotStart
 from api.errors import ApiError
-from api.inference.choice_streams import ChoiceStreams
+from api.inference.choice_streams import ChoiceStreams, StreamOpener
 from api.inference.choices import sibling_requests
 from api.inference.prepare import Prepared
 from api.live_workers import cached_live_workers, live_workers
@@ -47,14 +51,19 @@ async def start(
     services: Services, prepared: Prepared, meter: RequestMeter, receive: Receive
 ) -> ChoiceStreams:
     """Route and open the worker streams of every choice, waiting through a cold start (api/cold_start.py):
-    choice 0 is routed, the others open on its worker once it has started (api/inference/choices.py). Worker
-    refusals before any token become HTTP errors (metered `error`); every stream is closed then."""
+    choice 0 is routed, the others open on its worker once it has started (api/inference/choices.py): before
+    this returns, or, for a streamed response, once the response reads them. Worker refusals before this
+    returns become HTTP errors (metered `error`; every stream is closed then); a streamed sibling that cannot
+    start ends the stream with an error chunk (api/inference/respond.py)."""
     client = _worker_client(services)
     first, worker = await _open_when_ready(services, client, prepared, receive)
     meter.worker_id = first.worker_id
     streams = [first]
+    has_siblings = prepared.num_sequences > 1 and first.first.type != "error"
+    if has_siblings and prepared.is_stream:
+        return ChoiceStreams(streams, openers=sibling_openers(client, worker, prepared))
     try:
-        if prepared.num_choices > 1 and first.first.type != "error":
+        if has_siblings:
             streams += await _open_siblings(client, worker, prepared)
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
@@ -79,12 +88,20 @@ async def start(
     return choices
 
 
+def sibling_openers(client: WorkerClient, worker: WorkerRecord, prepared: Prepared) -> list[StreamOpener]:
+    """What opens each of choices 1..n-1 on `worker` (counted as routed there until its stream closes)."""
+    return [
+        partial(client.open_counted, worker, prepared.route, request)
+        for request in sibling_requests(prepared.generate, prepared.num_sequences)
+    ]
+
+
 async def _open_siblings(
     client: WorkerClient, worker: WorkerRecord, prepared: Prepared
 ) -> list[WorkerStream]:
     """Open choices 1..n-1 on `worker` at once; WorkerUnavailableError (every opened one closed) if one
     cannot start."""
-    requests = sibling_requests(prepared.generate, prepared.num_choices)
+    requests = sibling_requests(prepared.generate, prepared.num_sequences)
     opened: dict[int, WorkerStream] = {}
     failures: list[WorkerUnavailableError] = []
 

@@ -56,5 +56,6 @@ def sampling_spec(body: InferenceRequestBase, max_tokens: int) -> SamplingSpec:
         repetition_penalty=body.repetition_penalty or 1.0,
         logit_bias={int(t): v for t, v in (body.logit_bias or {}).items()},
         logprobs=num_logprobs(body),
+        needs_cumulative_logprob=body.num_sequences > body.num_choices,  # best_of ranks by it
         prompt_logprobs=body.logprobs if isinstance(body, CompletionRequest) and body.echo else None,
     )

@@ -78,6 +78,11 @@ class InferenceRequestBase(BaseModel):
         """How many choices the request asks for (`n`, 1 when unset)."""
         return self.n or 1
 
+    @property
+    def num_sequences(self) -> int:
+        """How many sequences are generated for it: its choices (completions' best_of may ask for more)."""
+        return self.num_choices
+
     def stop_list(self) -> list[str]:
         """`stop` as a list (OpenAI allows one string or up to 4)."""
         if self.stop is None:
@@ -92,9 +97,15 @@ class CompletionRequest(InferenceRequestBase):
     # OpenAI's legacy logprobs: each token's logprob and this many top alternatives (OpenAI allows up to 5;
     # this server up to 20, as vLLM)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    best_of: int | None = Field(default=None, ge=1)  # only best_of == n (api/inference/choices.py)
+    # generate best_of sequences, return the n best (>= n; not streamed: api/inference/choices.py)
+    best_of: int | None = Field(default=None, ge=1)
     echo: bool | None = None
     suffix: str | None = None
+
+    @property
+    def num_sequences(self) -> int:
+        """best_of (n when unset; check_best_of refuses one below n)."""
+        return max(self.best_of or 1, self.num_choices)
 
 
 class ChatCompletionRequest(InferenceRequestBase):

@@ -180,15 +180,20 @@ class LLMEngine:
         prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> RequestOutput:
         """Build the output delta; text that could still become a stop string is held back until finish.
-        `logprob`: the step's sampled token's, when the request asked for logprobs; `prompt_logprobs`: the
-        prompt's, on its first token's delta, when it asked for them."""
+        `logprob`: the step's sampled token's, when the request needs it (its logprobs, or its cumulative
+        logprob: summed here); `prompt_logprobs`: the prompt's, on its first token's delta, when it asked."""
         seq, new_token_ids = delta.seq, delta.new_token_ids
         visible = len(seq.output_text)
         if not seq.is_finished:
             visible = max(seq.num_emitted_chars, visible - num_held_back_chars(seq.sampling_params.stop))
         new_text = seq.output_text[seq.num_emitted_chars : visible]
         seq.num_emitted_chars = visible
-        logprobs = [logprob] if logprob is not None and new_token_ids else None
+        logprobs = None
+        if logprob is not None and new_token_ids:
+            if seq.cumulative_logprob is not None:
+                seq.cumulative_logprob += logprob.logprob
+            if seq.sampling_params.logprobs is not None:
+                logprobs = [logprob]
         return RequestOutput.of(seq, new_token_ids, new_text, logprobs, prompt_logprobs)
 
     # ---- offline convenience -------------------------------------------------------------------------

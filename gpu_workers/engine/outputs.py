@@ -40,6 +40,8 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] | None = None
     # On the first token's delta when the request asked for prompt logprobs: one per prompt token, None first.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # The sum of its tokens' logprobs so far when the request asked (SamplingParams.needs_cumulative_logprob).
+    cumulative_logprob: float | None = None
 
     @classmethod
     def of(
@@ -68,6 +70,7 @@ class RequestOutput:
             error_code=seq.error_code,
             new_logprobs=new_logprobs,
             prompt_logprobs=prompt_logprobs,
+            cumulative_logprob=seq.cumulative_logprob,
         )
 
 
@@ -86,6 +89,7 @@ class CompletionOutput:
     finish_time: float | None
     logprobs: list[TokenLogprob] | None = None  # one per token when the request asked for them
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token when it asked
+    cumulative_logprob: float | None = None  # the sum of its tokens' logprobs when it asked
 
     @classmethod
     def of(cls, seq: Sequence, outputs: Iterable[RequestOutput] = ()) -> CompletionOutput:
@@ -106,4 +110,5 @@ class CompletionOutput:
             finish_time=seq.finish_time,
             logprobs=logprobs if seq.sampling_params.logprobs is not None else None,
             prompt_logprobs=prompt,
+            cumulative_logprob=seq.cumulative_logprob,
         )

@@ -190,6 +190,7 @@ class VllmBackend:
                     new_token_ids=new,
                     new_logprobs=new_logprobs(completion, new, num_sent, request.sampling_params.logprobs),
                     prompt_logprobs=prompt_logprobs,
+                    cumulative_logprob=cumulative_logprob(completion, request.sampling_params),
                     new_text=new_text,
                     is_finished=is_done,
                     finish_reason=reason,
@@ -365,6 +366,13 @@ class VllmStats(ExecutorStats):
 
     max_loras: int = 0
     is_base_on_zero_adapter: bool = False
+
+
+def cumulative_logprob(completion: Any, params: SamplingParams) -> float | None:
+    """vLLM's cumulative logprob of an output's tokens when the request asked for it (vLLM sets it when the
+    request has logprobs: vllm_sampling asks for at least 0 then)."""
+    value = getattr(completion, "cumulative_logprob", None) if params.needs_cumulative_logprob else None
+    return None if value is None else float(value)
 
 
 def new_logprobs(

@@ -47,10 +47,18 @@ def vllm_sampling_params(
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias) or None,
-        logprobs=params.logprobs,
+        logprobs=vllm_logprobs(params),
         prompt_logprobs=params.prompt_logprobs,
         **extra,
     )
+
+
+def vllm_logprobs(params: SamplingParams) -> int | None:
+    """vLLM's `logprobs`: the request's, or 0 (the sampled token's only) when it needs only the cumulative
+    logprob, which vLLM computes only for a request with logprobs (CompletionOutput.cumulative_logprob)."""
+    if params.logprobs is None and params.needs_cumulative_logprob:
+        return 0
+    return params.logprobs
 
 
 def vllm_constraint(structured: StructuredOutput) -> dict[str, Any]:

@@ -215,6 +215,7 @@ def sampling_params_from_spec(spec: SamplingSpec) -> SamplingParams:
             repetition_penalty=spec.repetition_penalty,
             logit_bias=tuple(spec.logit_bias.items()),
             logprobs=spec.logprobs,
+            needs_cumulative_logprob=spec.needs_cumulative_logprob,
             prompt_logprobs=spec.prompt_logprobs,
             structured_output=structured_output_from_spec(spec.structured_output),
         )
@@ -248,8 +249,8 @@ def structured_output_from_spec(spec: StructuredOutputSpec | None) -> Structured
 
 
 def final_event(last: RequestOutput, received_at: float | None) -> GenerateEvent:
-    """The terminal event with token counts and timings (ms, measured from the worker's receipt; from the
-    engine's arrival when there was none)."""
+    """The terminal event with token counts, timings (ms, measured from the worker's receipt; from the
+    engine's arrival when there was none) and the cumulative logprob when the request asked for it."""
     received_at = last.arrival_time if received_at is None else received_at
     finished = last.finish_time or time.time()
     first = last.first_token_time
@@ -264,6 +265,7 @@ def final_event(last: RequestOutput, received_at: float | None) -> GenerateEvent
         tpot_ms=tpot_ms,
         e2e_ms=(finished - received_at) * 1000,
         queue_ms=max(0.0, last.arrival_time - received_at) * 1000,
+        cumulative_logprob=last.cumulative_logprob,
     )
 
 

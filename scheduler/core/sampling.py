@@ -29,6 +29,9 @@ class SamplingParams:
     (minus penalty once a token is in the output), OpenAI's. `logprobs`: report the sampled token's log
     probability and this many top alternatives (0 = the sampled token's only; None = nothing), computed on
     the distribution after the processors and before temperature (vLLM's "processed_logprobs").
+    `needs_cumulative_logprob`: sum the sampled tokens' logprobs (the same distribution as `logprobs`) into
+    the sequence's cumulative log probability, reported when it finishes, whether or not `logprobs` asks for
+    the tokens' own (the API ranks `best_of` sequences by it: api/inference/choices.py).
     `prompt_logprobs`: the same for each prompt token after the first (the model's own distribution: no
     processor applies to the prompt); such a request computes its whole prompt (no prefix-cache reuse).
     `structured_output`: what the output must match (scheduler/core/structured_output.py); the row then samples
@@ -50,6 +53,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     logprobs: int | None = None
+    needs_cumulative_logprob: bool = False
     prompt_logprobs: int | None = None
     structured_output: StructuredOutput | None = None
 
@@ -103,6 +107,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when the argmax token is taken."""
         return self.temperature == 0.0
+
+    @property
+    def needs_token_logprob(self) -> bool:
+        """True when each sampled token's logprob is computed (asked for, or summed into the cumulative)."""
+        return self.logprobs is not None or self.needs_cumulative_logprob
 
     @property
     def has_penalties(self) -> bool:

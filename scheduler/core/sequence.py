@@ -50,6 +50,8 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    # the sum of its sampled tokens' logprobs when sampling_params.needs_cumulative_logprob, else None
+    cumulative_logprob: float | None = None
     # Detokenization state.
     output_text: str = ""
     detok_offsets: tuple[int, int] = (0, 0)  # (prefix_offset, read_offset) into output ids
@@ -59,6 +61,8 @@ class Sequence:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        if self.cumulative_logprob is None and self.sampling_params.needs_cumulative_logprob:
+            self.cumulative_logprob = 0.0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -60,9 +60,11 @@ async def drive(
     headers: dict[str, str],
     chunks: Iterable[bytes],
     leave: Callable[[], Awaitable[None]] | None = None,
+    on_message: Callable[[dict[str, Any]], None] | None = None,
 ) -> Exchange:
     """POST `chunks` (one per receive()) to the app; after the body the client waits for `leave()` and then
-    disconnects (or, without `leave`, stays until the response is complete, as a normal client does)."""
+    disconnects (or, without `leave`, stays until the response is complete, as a normal client does).
+    `on_message` sees each message the app sends as it arrives."""
     exchange = Exchange()
     response_done = anyio.Event()
     body = iter(chunks)
@@ -79,6 +81,8 @@ async def drive(
 
     async def send(message: dict[str, Any]) -> None:
         exchange.messages.append(message)
+        if on_message is not None:
+            on_message(message)
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             response_done.set()
 

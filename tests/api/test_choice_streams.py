@@ -1,13 +1,14 @@
 """ChoiceStreams (api/inference/choice_streams.py): the events of n worker streams merged with their choice
 index, each stream's order kept; closing it mid-way closes every stream before its end (which aborts the
-engine requests) with no read left pending."""
+engine requests) with no read left pending; choices handed over to open are opened only once read, one that
+cannot start reads as its error event, and closing cancels an opening still under way."""
 
 from __future__ import annotations
 
 import asyncio
 
 from api.inference.choice_streams import ChoiceStreams
-from api.worker_client import WorkerStream
+from api.worker_client import WorkerStream, WorkerUnavailableError
 from cluster.protocol import GenerateEvent
 
 
@@ -72,3 +73,66 @@ def test_closing_mid_way_closes_every_stream_before_its_end_with_no_read_pending
     sources = asyncio.run(scenario())
     assert [s.closed_before_end for s in sources] == [True, False, True]
     assert [s.num_reads_pending for s in sources] == [0, 0, 0]
+
+
+def test_choices_to_open_open_once_read_and_one_that_cannot_start_reads_as_its_error() -> None:
+    async def scenario() -> tuple[list[str], list[tuple[int, str, str | None]], list[QueueSource]]:
+        calls: list[str] = []
+        opened = QueueSource()
+        opened.queue.put_nowait(GenerateEvent(type="final", finish_reason="length"))
+
+        async def open_one() -> WorkerStream:
+            calls.append("open 1")
+            return WorkerStream("w", delta("1:a"), opened)
+
+        async def refuse() -> WorkerStream:
+            calls.append("open 2")
+            raise WorkerUnavailableError("worker w answered 503: draining")
+
+        first = QueueSource()
+        choices = ChoiceStreams([WorkerStream("w", delta("0:a"), first)], openers=[open_one, refuse])
+        assert choices.num_choices == 3 and calls == []  # nothing opens before the events are read
+        seen = []
+        async for index, event in choices.events():
+            seen.append((index, event.type, event.text or event.message))
+            if len(seen) == 4:
+                break
+        await choices.aclose()
+        return calls, seen, [first, opened]
+
+    calls, seen, sources = asyncio.run(scenario())
+    assert sorted(calls) == ["open 1", "open 2"]
+    assert sorted(seen, key=lambda s: (s[0], s[1] != "delta")) == [
+        (0, "delta", "0:a"),
+        (1, "delta", "1:a"),
+        (1, "final", None),
+        (2, "error", "choice 2 could not start: worker w answered 503: draining"),
+    ]
+    assert [s.closed_before_end for s in sources] == [True, False]  # choice 0 aborted; choice 1 had ended
+
+
+def test_closing_while_a_choice_opens_cancels_the_opening() -> None:
+    async def scenario() -> list[str]:
+        steps: list[str] = []
+        is_opening = asyncio.Event()
+
+        async def never_answers() -> WorkerStream:
+            steps.append("opening")
+            is_opening.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                steps.append("cancelled")
+                raise
+            raise AssertionError("unreachable")
+
+        first = QueueSource()
+        choices = ChoiceStreams([WorkerStream("w", delta("0:a"), first)], openers=[never_answers])
+        events = choices.events()
+        assert (await anext(events))[0] == 0
+        await is_opening.wait()
+        await choices.aclose()
+        steps.append(f"choice 0 closed before its end: {first.closed_before_end}")
+        return steps
+
+    assert asyncio.run(scenario()) == ["opening", "cancelled", "choice 0 closed before its end: True"]

@@ -152,7 +152,7 @@ def test_openai_client_plain_streaming_and_typed_errors(
     ("field", "value"),
     [
         ("n", 0),
-        ("best_of", 3),
+        ("best_of", 9),  # above the default plan's max_n
         ("suffix", "x"),
         ("tools", [{"type": "function"}]),
         ("not_a_field", 1),

@@ -23,6 +23,8 @@ from tests.api.test_completions_support import (
     ScriptedWorkers,
     complete,
     delta,
+    events_response,
+    final,
     sse_events,
     tokens_events,
     usage_rows,
@@ -220,26 +222,78 @@ def test_plans_show_their_caps_null_meaning_the_default(client: TestClient) -> N
 
 
 @pytest.mark.parametrize(
-    ("best_of", "n", "status", "says"),
+    ("best_of", "n", "stream", "status", "says"),
     [
-        (2, 2, 200, ""),
-        (1, 1, 200, ""),
-        (3, 2, 400, "cumulative log probability"),
-        (1, 2, 400, "must be >= n"),
+        (2, 2, True, 200, ""),
+        (1, 1, False, 200, ""),
+        (3, 2, False, 200, ""),
+        (3, 2, True, 400, "best_of=3 > n=2 cannot be streamed"),
+        (1, 2, False, 400, "must be >= n"),
+        (9, 1, False, 400, "best_of=9 is above your plan's max_n of 8"),
     ],
 )
-def test_best_of_is_accepted_only_equal_to_n(
+def test_best_of_below_n_streamed_above_n_or_above_the_plan_s_max_n_is_a_400(
     client: TestClient,
     workers: ScriptedWorkers,
     tenant: TenantHandle,
     best_of: int,
     n: int,
+    stream: bool,
     status: int,
     says: str,
 ) -> None:
     workers.add("w1")
-    response = complete(client, tenant, n=n, best_of=best_of)
+    response = complete(client, tenant, n=n, best_of=best_of, stream=stream)
     assert response.status_code == status and says in response.text
+
+
+def final_with(num_tokens: int, cumulative_logprob: float) -> list[dict[str, object]]:
+    """num_tokens deltas "<cumulative>:i " then a final reporting the cumulative logprob."""
+    tag = f"{cumulative_logprob:g}"
+    deltas = [delta(f"{tag}:{i} ", 10 + i) for i in range(num_tokens)]
+    return deltas + [final(0, num_tokens) | {"cumulative_logprob": cumulative_logprob}]
+
+
+# mean logprob per token: -1.5, -0.5 (the best), -0.9 (the highest sum, not the highest mean), -0.75
+SEQUENCES = [final_with(2, -3.0), final_with(4, -2.0), final_with(1, -0.9), final_with(4, -3.0)]
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"), [(1, ["-2:0 -2:1 -2:2 -2:3 "]), (2, ["-2:0 -2:1 -2:2 -2:3 ", "-3:0 -3:1 -3:2 -3:3 "])]
+)
+def test_best_of_returns_the_n_highest_mean_logprobs_best_first_and_bills_every_sequence(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
+    n: int,
+    expected: list[str],
+) -> None:
+    async def answer(request: GenerateRequest) -> httpx.Response:
+        index = int(request.request_id.rpartition(".")[2]) if "." in request.request_id else 0
+        return events_response(SEQUENCES[index])
+
+    worker = workers.add("w1", answer=answer)
+    response = complete(client, tenant, n=n, best_of=4, max_tokens=4, seed=3)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [c["index"] for c in body["choices"]] == list(range(n))
+    assert [c["text"] for c in body["choices"]] == expected
+    [row] = usage_rows(db_session, tenant.id)
+    assert (row.status, row.completion_tokens) == ("ok", 11)  # 2 + 4 + 1 + 4: every sequence
+    assert row.prompt_tokens == len(worker.requests[0].prompt_token_ids or [])  # the prompt once
+    assert body["usage"]["completion_tokens"] == 11
+    assert [r.sampling.seed for r in worker.requests] == [choice_seed(3, i) for i in range(4)]
+    assert all(r.sampling.needs_cumulative_logprob for r in worker.requests)
+
+
+def test_a_request_without_best_of_above_n_does_not_ask_for_cumulative_logprobs(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
+) -> None:
+    worker = workers.add("w1")
+    assert complete(client, tenant, n=2, best_of=2).status_code == 200
+    assert complete(client, tenant, logprobs=1).status_code == 200
+    assert not any(r.sampling.needs_cumulative_logprob for r in worker.requests)
 
 
 def test_tokens_per_min_is_charged_the_prompt_once_and_n_times_max_tokens_upfront(

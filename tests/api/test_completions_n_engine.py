@@ -1,7 +1,8 @@
 """`n` choices through an embedded worker with the tiny model and an adapter (api/inference/choices.py):
 the siblings of choice 0 find its prompt in the prefix cache (counted by the engine, not timed), a seeded
 response is reproducible as a whole, alone or beside another tenant's requests, and a client that leaves
-aborts every choice and is billed the prompt once plus what was delivered.
+aborts every choice and is billed the prompt once plus what was delivered; best_of returns the sequence of
+the highest mean logprob among those n would return, billing them all.
 """
 
 from __future__ import annotations
@@ -95,15 +96,25 @@ def texts(response: Any) -> list[str]:
     return [c["text"] for c in response.json()["choices"]]
 
 
+@pytest.mark.parametrize("is_stream", [False, True])
 def test_siblings_prefill_only_the_prompt_s_last_partial_block(
-    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path, db_session: Session
+    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path, db_session: Session, is_stream: bool
 ) -> None:
     api, worker = embedded
     tenant = with_adapter(api, demo_adapter, "ad")
     before = stats(worker)
     body = {"model": "ad", "prompt": PROMPT, "n": 3, "max_tokens": 4, "seed": 5, "ignore_eos": True}
+    if is_stream:  # choice 0 streams at once; its siblings still open only after its first event
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
     response = api.post("/v1/completions", json=body, headers=tenant.headers)
-    assert len(texts(response)) == 3
+    assert response.status_code == 200, response.text
+    if is_stream:
+        chunks = [e for e in sse_events(response.text) if e != "[DONE]"]
+        assert {c["choices"][0]["index"] for c in chunks if c["choices"]} == {0, 1, 2}
+        usage = chunks[-1]["usage"]
+    else:
+        assert len(texts(response)) == 3
+        usage = response.json()["usage"]
     after = stats(worker)
     [row] = usage_rows(db_session, tenant.id)
     num_cacheable = (row.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
@@ -111,7 +122,7 @@ def test_siblings_prefill_only_the_prompt_s_last_partial_block(
     # choice 0 found nothing (a new tenant's namespace); choices 1 and 2 every full block of the prompt
     assert after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens == 2 * num_cacheable
     assert (row.status, row.completion_tokens) == ("ok", 12)
-    assert response.json()["usage"]["prompt_tokens"] == row.prompt_tokens  # once
+    assert usage["prompt_tokens"] == row.prompt_tokens  # once
 
 
 def test_a_seeded_n_response_is_reproducible_alone_and_beside_another_tenant(
@@ -149,6 +160,25 @@ def test_a_seeded_n_response_is_reproducible_alone_and_beside_another_tenant(
     again = api.post("/v1/chat/completions", json=chat, headers=tenant.headers).json()
     assert [c["message"] for c in first["choices"]] == [c["message"] for c in again["choices"]]
     assert [c["index"] for c in first["choices"]] == [0, 1]
+
+
+def test_best_of_returns_the_choice_with_the_highest_mean_logprob_and_bills_every_sequence(
+    embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path, db_session: Session
+) -> None:
+    api, _ = embedded
+    tenant = with_adapter(api, demo_adapter, "ad")
+    body = {"model": "ad", "prompt": PROMPT, "max_tokens": 8, "seed": 21, "temperature": 1.0}
+    # the same seeds rule: n=3's choices are the three sequences best_of=3 ranks
+    every = api.post("/v1/completions", json=body | {"n": 3, "logprobs": 0}, headers=tenant.headers).json()
+    means = [
+        sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token_logprobs"]) for c in every["choices"]
+    ]
+    assert len(set(means)) == 3, "the sampled sequences should differ"
+    best = api.post("/v1/completions", json=body | {"best_of": 3}, headers=tenant.headers)
+    assert texts(best) == [every["choices"][means.index(max(means))]["text"]]
+    _, row = usage_rows(db_session, tenant.id)
+    assert (row.status, row.completion_tokens) == ("ok", every["usage"]["completion_tokens"])  # all three
+    assert best.json()["usage"] == every["usage"]
 
 
 def _leave_once_generating(worker: EmbeddedWorker, num_tokens: int) -> Callable[[], Any]:

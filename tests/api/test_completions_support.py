@@ -6,8 +6,9 @@ routing, retries, error mapping and metering run unchanged while a test decides 
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,15 +50,21 @@ def tokens_events(num_tokens: int, finish_reason: str = "length") -> list[dict[s
     return [delta(f"t{i} ", 10 + i) for i in range(num_tokens)] + [final(0, num_tokens, finish_reason)]
 
 
+# A test's own answer to each generate request (it may wait on the test's events before answering).
+Answer = Callable[[GenerateRequest], Awaitable[httpx.Response]]
+
+
 @dataclass
 class ScriptedWorker:
-    """A worker whose answer a test scripts: events to stream, an HTTP error, or being unreachable."""
+    """A worker whose answer a test scripts: events to stream, an HTTP error, being unreachable, or an answer
+    per request (`answer`, which overrides the others)."""
 
     worker_id: str
     events: list[dict[str, Any]] = field(default_factory=lambda: tokens_events(3))
     status_code: int = 200
     error_type: str = "bad_request"
     is_down: bool = False
+    answer: Answer | None = None
     requests: list[GenerateRequest] = field(default_factory=list)
     auth_headers: list[str | None] = field(default_factory=list)
 
@@ -100,6 +107,8 @@ class ScriptedWorkers:
             raise httpx.ConnectError("connection refused", request=request)
         worker.requests.append(GenerateRequest.model_validate_json(request.content))
         worker.auth_headers.append(request.headers.get("authorization"))
+        if worker.answer is not None:
+            return await worker.answer(worker.requests[-1])
         if worker.status_code != 200:
             body = {"error": {"type": worker.error_type, "message": f"scripted {worker.status_code}"}}
             return httpx.Response(worker.status_code, json=body)
@@ -121,6 +130,35 @@ class ScriptedWorkers:
 async def _ndjson(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
     for event in events:
         yield (json.dumps(event) + "\n").encode()
+
+
+def events_response(events: list[dict[str, Any]]) -> httpx.Response:
+    """A worker's 200 answer streaming `events`."""
+    return httpx.Response(200, content=_ndjson(events))
+
+
+def refusal_response(status_code: int, error_type: str) -> httpx.Response:
+    """A worker's refusal before streaming (`error_type`: a worker error code)."""
+    return httpx.Response(status_code, json={"error": {"type": error_type, "message": "scripted"}})
+
+
+class HeldBody(httpx.AsyncByteStream):
+    """A generate response body that streams `events` and then holds, as a generation still running, until the
+    API closes it (which is how it aborts the request: `is_closed`)."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.is_closed = False
+        self._closed = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for line in _ndjson(self.events):
+            yield line
+        await self._closed.wait()
+
+    async def aclose(self) -> None:
+        self.is_closed = True
+        self._closed.set()
 
 
 def add_ready_version(

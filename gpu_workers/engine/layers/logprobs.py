@@ -1,4 +1,5 @@
-"""Log probabilities of sampled tokens, for the rows that ask (`SamplingParams.logprobs` not None).
+"""Log probabilities of sampled tokens, for the rows that need them (`SamplingParams.needs_token_logprob`: the
+request asks for logprobs, or for its cumulative logprob).
 
 Computed on the processed logits (after min_tokens, logit_bias and penalties; before temperature, top-k and
 top-p: vLLM's "processed_logprobs" mode), with one log_softmax and one topk over the asking rows only; a
@@ -26,8 +27,9 @@ class StepLogprobs:
 def token_logprobs(
     logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]
 ) -> list[TokenLogprob | None]:
-    """logits: [num_rows, vocab] processed -> per row its sampled token's TokenLogprob (None: not asked)."""
-    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    """logits: [num_rows, vocab] processed -> per row its sampled token's TokenLogprob (None: not needed); its
+    top alternatives as many as the row's `logprobs` (none when it needs only the cumulative logprob)."""
+    rows = [i for i, p in enumerate(params) if p.needs_token_logprob]
     result: list[TokenLogprob | None] = [None] * len(params)
     if not rows:
         return result

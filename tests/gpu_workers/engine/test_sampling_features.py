@@ -1,6 +1,7 @@
 """Sampling features on the engine, per row of a mixed-adapter batch: logprobs equal transformers + peft's
 log_softmax (base model and adapters), a seeded request gives the same tokens alone or among 16 mixed
-requests, and rows with penalties, bias or min_tokens beside rows without get what they would get alone."""
+requests, rows with penalties, bias or min_tokens beside rows without get what they would get alone, and a
+row's cumulative logprob is the sum of its sampled tokens' logprobs whether it shows them or not."""
 
 from __future__ import annotations
 
@@ -124,3 +125,24 @@ def test_prompt_logprobs_match_peft_through_chunks_and_a_warm_prefix_cache(
         assert got.logprob == pytest.approx(float(expected[position, got.token_id]), abs=1e-4)
         assert [t for t, _ in got.top] == expected[position].topk(2).indices.tolist()
     assert out.logprobs is not None and out.token_ids == [lp.token_id for lp in out.logprobs]
+
+
+def test_cumulative_logprob_sums_the_sampled_tokens_logprobs_shown_or_not(
+    fp32_engine: LLMEngine, prompt_ids: list[list[int]]
+) -> None:
+    sampled = {"max_tokens": NUM_TOKENS, "temperature": 1.0, "seed": 77, "ignore_eos": True}
+    sampled |= {"presence_penalty": 0.5}  # the processed distribution, before temperature
+    shown, summed, plain = fp32_engine.generate(
+        [prompt_ids[1]] * 3,
+        [
+            SamplingParams(**sampled, logprobs=0, needs_cumulative_logprob=True),
+            SamplingParams(**sampled, needs_cumulative_logprob=True),
+            SamplingParams(**sampled),
+        ],
+        adapter_ids=["adapter-00"] * 3,
+    )
+    assert shown.token_ids == summed.token_ids == plain.token_ids  # one seed: the same samples
+    assert shown.logprobs is not None and summed.logprobs is None
+    assert shown.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in shown.logprobs), abs=1e-5)
+    assert summed.cumulative_logprob == pytest.approx(shown.cumulative_logprob, abs=1e-5)
+    assert plain.cumulative_logprob is None

@@ -2,7 +2,8 @@
 skip rule of tests/gpu_workers/worker/test_engine_contract.py): each token's logprob and top alternatives equal
 transformers + peft's log_softmax for the base model and an adapter (the prompt's too); penalties give the greedy tokens of the
 reference (transformers' repetition penalty, OpenAI's frequency / presence formula) and logit_bias with
-min_tokens holds a stop token back exactly min_tokens tokens; a plain greedy row beside them is unchanged."""
+min_tokens holds a stop token back exactly min_tokens tokens; a plain greedy row beside them is unchanged; the
+final event's cumulative logprob (best_of's ranking) is the sum of the tokens' logprobs, shown or not."""
 
 from __future__ import annotations
 
@@ -111,3 +112,30 @@ def test_prompt_logprobs_equal_transformers_and_peft(engine_worker, oracle: HfOr
         assert lp is not None and lp.token_id == prompt[position + 1]
         assert lp.logprob == pytest.approx(float(expected[lp.token_id]), abs=1e-3)
         assert [t for t, _ in lp.top] == expected.topk(NUM_TOP).indices.tolist()
+
+
+def test_final_cumulative_logprob_is_the_sum_of_the_tokens_logprobs_shown_or_not(  # type: ignore[no-untyped-def]
+    engine_worker, oracle: HfOracle
+) -> None:
+    ref = engine_worker.extra["refs"]["adapter-01"]
+    bodies = [
+        _body("summed-shown", PROMPTS[0], ref, NUM_TOKENS, logprobs=0, needs_cumulative_logprob=True),
+        _body("summed-only", PROMPTS[0], ref, NUM_TOKENS, needs_cumulative_logprob=True),
+        _body("shown-only", PROMPTS[0], ref, NUM_TOKENS, logprobs=0),
+    ]
+    results = _run(engine_worker, bodies)
+    assert [status for status, _, _ in results] == [200] * 3, results
+    (_, shown, _), (_, summed, _), (_, plain, _) = results
+    logprobs = [lp.logprob for e in shown if e.type == "delta" for lp in e.logprobs or []]
+    assert len(logprobs) == NUM_TOKENS
+    assert shown[-1].cumulative_logprob == pytest.approx(sum(logprobs), abs=1e-4)
+    # without logprobs asked: none shown, the same sum (the same greedy tokens of the same adapter)
+    assert _tokens(summed) == _tokens(shown) and all(e.logprobs is None for e in summed)
+    assert summed[-1].cumulative_logprob == pytest.approx(sum(logprobs), abs=1e-4)
+    assert plain[-1].type == "final" and plain[-1].cumulative_logprob is None
+    ids = list(PROMPTS[0])
+    expected = 0.0
+    for token in _tokens(shown):
+        expected += float(torch.log_softmax(oracle.logits(ids, "adapter-01"), dim=-1)[token])
+        ids.append(token)
+    assert summed[-1].cumulative_logprob == pytest.approx(expected, abs=1e-3 * NUM_TOKENS)

@@ -1,13 +1,14 @@
 """The vLLM backend's mapping, without vLLM: each sampling parameter reaches vLLM's SamplingParams under vLLM's
 name, and vLLM's per-token logprob dicts become the platform's TokenLogprobs (top k by rank, the sampled token's
-own logprob whatever its rank), sliced per streamed delta."""
+own logprob whatever its rank), sliced per streamed delta; a cumulative logprob asks vLLM for logprobs and
+passes vLLM's sum on."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from gpu_workers.worker.vllm_backend import new_logprobs
+from gpu_workers.worker.vllm_backend import cumulative_logprob, new_logprobs
 from gpu_workers.worker.vllm_sampling import (
     logprobs_from_vllm,
     prompt_logprobs_from_vllm,
@@ -61,3 +62,16 @@ def test_vllm_prompt_logprobs_keep_the_first_tokens_none() -> None:
     got = prompt_logprobs_from_vllm([1, 7, 9], entries, num_top=1)
     assert got == [None, TokenLogprob(7, -1.0, ((8, -0.5),)), TokenLogprob(9, -0.2, ((9, -0.2),))]
     assert prompt_logprobs_from_vllm([1, 7, 9], entries, num_top=None) is None
+
+
+def test_a_cumulative_logprob_asks_vllm_for_logprobs_and_is_passed_on_only_when_asked() -> None:
+    summed = SamplingParams(needs_cumulative_logprob=True)
+    assert vllm_sampling_params(summed, dict)["logprobs"] == 0  # vLLM sums only for requests with logprobs
+    assert (
+        vllm_sampling_params(SamplingParams(logprobs=3, needs_cumulative_logprob=True), dict)["logprobs"] == 3
+    )
+    assert vllm_sampling_params(SamplingParams(), dict)["logprobs"] is None
+    completion = SimpleNamespace(cumulative_logprob=-4.25)
+    assert cumulative_logprob(completion, summed) == -4.25
+    assert cumulative_logprob(completion, SamplingParams(logprobs=0)) is None
+    assert cumulative_logprob(SimpleNamespace(cumulative_logprob=None), summed) is None
