@@ -1,6 +1,7 @@
-"""The chunked top-k (layers/row_topk.py) against torch.topk: the same values on rows with and without a tail
-past the last whole chunk, with ties and -inf; and the sampled tokens' logprobs it serves against a plain
-log_softmax reference on a vocabulary wide enough to take the chunked path."""
+"""The chunked top-k (layers/row_topk.py) against a stable descending sort (equal values lower column first) on
+rows with and without a tail past the last whole chunk, with ties, -0.0 and -inf; and the sampled tokens'
+logprobs it serves against a plain log_softmax reference on a vocabulary wide enough to take the chunked
+path."""
 
 from __future__ import annotations
 
@@ -36,17 +37,30 @@ def test_top_entries_in_the_tail_are_found() -> None:
     assert ids[1].tolist() == [width - 5, width - 6, width - 7, width - 8, width - 9]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_ties_and_minus_infinity_give_torch_topks_values_at_distinct_ids(seed: int) -> None:
+def stable_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    top, ids = values.sort(dim=-1, descending=True, stable=True)
+    return top[:, :k], ids[:, :k]
+
+
+@pytest.mark.parametrize("width", [50 * CHUNK + 31, 49152, 3 * CHUNK])
+@pytest.mark.parametrize("seed", range(4))
+def test_equal_values_come_lower_column_first_and_the_first_is_argmax(width: int, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
-    values = torch.randint(-3, 3, (8, 50 * CHUNK + 31), generator=generator).float()  # every value tied
+    values = torch.randint(-3, 3, (8, width), generator=generator).float()  # every value tied many times
     values[values < -2] = float("-inf")
+    zeros = values[1].clamp(max=0.0)  # row 1's maximum is zero, as -0.0 and +0.0: equal, ranked by column
+    zeros[zeros == 0] = -0.0
+    every_third = zeros[::3]
+    every_third[every_third == 0] = 0.0
+    values[1] = zeros
     values[5] = float("-inf")
-    values[5, [7, 4000, 6000]] = torch.tensor([1.0, 2.0, 1.0])  # fewer finite entries than k
-    top, ids = row_topk(values, 6)
-    assert torch.equal(top, values.topk(6, dim=-1).values)
-    assert torch.equal(values.gather(1, ids), top)
-    assert all(len(set(row)) == 6 for row in ids.tolist())
+    values[5, [7, width - 1, 40]] = torch.tensor([1.0, 2.0, 1.0])  # fewer finite entries than k
+    for k in (1, 6, 20):
+        top, ids = row_topk(values, k)
+        expected_top, expected_ids = stable_topk(values, k)
+        assert torch.equal(top, expected_top)
+        assert torch.equal(ids, expected_ids)
+        assert torch.equal(ids[:, 0], values.max(dim=-1).indices)  # the greedy token leads its ties
 
 
 def test_sampled_token_logprobs_equal_log_softmax_on_a_wide_vocabulary() -> None:
