@@ -1,4 +1,5 @@
-"""API fixtures: create_app(test settings) with the rolled-back test session and a local blob store.
+"""API fixtures: create_app(test settings) with the rolled-back test session and a local blob store, and
+(`embedded`) the same app in front of an embedded worker running the tiny model.
 
 The request session is the test's `db_session` (dependency override); inline jobs get sessions on the same
 connection, so everything a test does through HTTP is rolled back too.
@@ -21,10 +22,14 @@ from api.deps import get_session
 from api.main import create_app
 from api.prompting import BaseModelTokenizer
 from api.services import build_services
+from cluster.membership import InMemoryWorkerDirectory
+from gpu_workers.worker.embedded import EmbeddedWorker
 from registry.storage import LocalBlobStore
 from settings import Settings
 from tests.api.test_completions_support import ScriptedWorkers
+from tests.polling import wait_for
 from tests.registry.db_fixtures import *
+from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 ADMIN_KEY = "test-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -91,15 +96,52 @@ def client(make_client: Callable[..., TestClient]) -> TestClient:
 
 
 @pytest.fixture
+def embedded(
+    tmp_path: Path, base_model_dir: Path, db_session: Session, db_session_factory: sessionmaker[Session]
+) -> Iterator[tuple[TestClient, EmbeddedWorker]]:
+    """(client, worker): the app with an embedded worker on the tiny model as its only worker, started and
+    loaded; the worker stops (without draining) after the test."""
+    settings = Settings(
+        **TEST_ENGINE_SETTINGS,
+        data_dir=tmp_path,
+        admin_key=ADMIN_KEY,
+        base_model_path=base_model_dir,
+        blob_store=str(tmp_path / "blobs"),
+        internal_token="embedded-worker-token",
+        cold_start_timeout_s=120,
+        placement_interval_s=0.0,
+    )
+    blobs = LocalBlobStore(tmp_path / "blobs")
+    worker = EmbeddedWorker(settings, InMemoryWorkerDirectory(), blobs=blobs).start()
+    assert wait_for(lambda: worker.runtime.service is not None, timeout_s=120), "the worker never loaded"
+    services = build_services(settings, session_factory=db_session_factory, blob_store=blobs)
+    services.worker_transport = worker.transport
+    services.worker_directory = worker.directory
+    services.internal_token = worker.internal_token
+    app = create_app(settings, services=services)
+    app.dependency_overrides[get_session] = lambda: db_session
+    try:
+        with TestClient(app) as api:
+            yield api, worker
+    finally:
+        worker.stop(drain=False)
+
+
+def create_tenant(client: TestClient, name: str, **fields: str) -> TenantHandle:
+    """Create a tenant (with admin `fields` such as prefix_cache_namespace) and a key through the admin API."""
+    tenant = client.post("/v1/admin/tenants", json={"name": name, **fields}, headers=ADMIN)
+    assert tenant.status_code == 201, tenant.text
+    key = client.post(f"/v1/admin/tenants/{tenant.json()['id']}/keys", headers=ADMIN)
+    assert key.status_code == 201, key.text
+    return TenantHandle(tenant.json()["id"], name, key.json()["id"], key.json()["key"])
+
+
+@pytest.fixture
 def new_tenant(client: TestClient) -> Callable[[str], TenantHandle]:
     """Create a tenant and a key through the admin API."""
 
     def create(name: str = "acme") -> TenantHandle:
-        tenant = client.post("/v1/admin/tenants", json={"name": name}, headers=ADMIN)
-        assert tenant.status_code == 201, tenant.text
-        key = client.post(f"/v1/admin/tenants/{tenant.json()['id']}/keys", headers=ADMIN)
-        assert key.status_code == 201, key.text
-        return TenantHandle(tenant.json()["id"], name, key.json()["id"], key.json()["key"])
+        return create_tenant(client, name)
 
     return create
 

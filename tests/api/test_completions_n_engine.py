@@ -9,66 +9,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from api.deps import get_session
-from api.main import create_app
-from api.services import build_services
-from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.worker.embedded import EmbeddedWorker
-from registry.storage import LocalBlobStore
 from scheduler.core.engine_stats import EngineStats
-from settings import Settings
 from tests.api.asgi_support import run
-from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, upload
+from tests.api.conftest import TenantHandle, create_tenant, upload
 from tests.api.test_completions_support import sse_events, usage_rows
 from tests.polling import wait_for
-from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 pytestmark = pytest.mark.slow
 PROMPT = "the tenant cache memory batch queue worker latency " * 8  # several full KV blocks
 BLOCK_SIZE = EngineConfig.model_fields["block_size"].default
-
-
-@pytest.fixture
-def embedded(
-    tmp_path: Path, base_model_dir: Path, db_session: Session, db_session_factory: sessionmaker[Session]
-) -> Iterator[tuple[TestClient, EmbeddedWorker]]:
-    settings = Settings(
-        **TEST_ENGINE_SETTINGS,
-        data_dir=tmp_path,
-        admin_key=ADMIN_KEY,
-        base_model_path=base_model_dir,
-        blob_store=str(tmp_path / "blobs"),
-        internal_token="n-choices-token",
-        cold_start_timeout_s=120,
-        placement_interval_s=0.0,
-    )
-    worker = EmbeddedWorker(
-        settings, InMemoryWorkerDirectory(), blobs=LocalBlobStore(settings.storage.blob_store)
-    ).start()
-    assert wait_for(lambda: worker.runtime.service is not None, timeout_s=120), "the worker never loaded"
-    services = build_services(
-        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.storage.blob_store)
-    )
-    services.worker_transport = worker.transport
-    services.worker_directory = worker.directory
-    services.internal_token = worker.internal_token
-    app = create_app(settings, services=services)
-    app.dependency_overrides[get_session] = lambda: db_session
-    try:
-        with TestClient(app) as api:
-            yield api, worker
-    finally:
-        worker.stop(drain=False)
 
 
 def stats(worker: EmbeddedWorker) -> EngineStats:
@@ -76,15 +36,9 @@ def stats(worker: EmbeddedWorker) -> EngineStats:
     return result
 
 
-def make_tenant(api: TestClient, name: str) -> TenantHandle:
-    tenant = api.post("/v1/admin/tenants", json={"name": name}, headers=ADMIN).json()
-    key = api.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()
-    return TenantHandle(tenant["id"], name, key["id"], key["key"])
-
-
 def with_adapter(api: TestClient, demo_adapter: Path, name: str) -> TenantHandle:
     """A new tenant owning a ready adapter called `name`."""
-    tenant = make_tenant(api, name)
+    tenant = create_tenant(api, name)
     files = [demo_adapter / "adapter_config.json", demo_adapter / "adapter_model.safetensors"]
     uploaded = upload(api, tenant, name, files)
     assert uploaded.status_code == 202 and uploaded.json()["version"]["status"] == "ready", uploaded.text
@@ -204,7 +158,7 @@ def test_a_client_leaving_aborts_every_choice_and_is_billed_the_prompt_once(
     is_stream: bool,
 ) -> None:
     api, worker = embedded
-    tenant = make_tenant(api, "leaver")
+    tenant = create_tenant(api, "leaver")
     max_tokens = 300  # within the tiny model's context with PROMPT
     body = {
         "model": "lorahost-base",

@@ -8,24 +8,15 @@ an operator put in one namespace, do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
 
-from api.deps import get_session
-from api.main import create_app
-from api.services import build_services
-from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.worker.embedded import EmbeddedWorker
-from registry.storage import LocalBlobStore
-from settings import Settings
-from tests.api.conftest import ADMIN, ADMIN_KEY, TenantHandle, upload
+from tests.api.conftest import ADMIN, TenantHandle, create_tenant, upload
 from tests.api.test_completions_support import BASE_MODEL, ScriptedWorkers
-from tests.polling import wait_for
-from tests.worker_harness import TEST_ENGINE_SETTINGS
 
 PROMPT = "the tenant cache memory batch queue worker latency " * 8  # several full KV blocks
 
@@ -130,39 +121,6 @@ def test_an_invalid_namespace_is_refused_with_the_rule_and_nothing_changes(
 # ---- through an embedded worker with the tiny model ------------------------------------------------------
 
 
-@pytest.fixture
-def embedded(
-    tmp_path: Path, base_model_dir: Path, db_session: Session, db_session_factory: sessionmaker[Session]
-) -> Iterator[tuple[TestClient, EmbeddedWorker]]:
-    settings = Settings(
-        **TEST_ENGINE_SETTINGS,
-        data_dir=tmp_path,
-        admin_key=ADMIN_KEY,
-        base_model_path=base_model_dir,
-        blob_store=str(tmp_path / "blobs"),
-        internal_token="prefix-namespace-token",
-        cold_start_timeout_s=120,
-        placement_interval_s=0.0,
-    )
-    worker = EmbeddedWorker(
-        settings, InMemoryWorkerDirectory(), blobs=LocalBlobStore(settings.storage.blob_store)
-    ).start()
-    assert wait_for(lambda: worker.runtime.service is not None, timeout_s=120), "the worker never loaded"
-    services = build_services(
-        settings, session_factory=db_session_factory, blob_store=LocalBlobStore(settings.storage.blob_store)
-    )
-    services.worker_transport = worker.transport
-    services.worker_directory = worker.directory
-    services.internal_token = worker.internal_token
-    app = create_app(settings, services=services)
-    app.dependency_overrides[get_session] = lambda: db_session
-    try:
-        with TestClient(app) as api:
-            yield api, worker
-    finally:
-        worker.stop(drain=False)
-
-
 def hit_tokens(api: TestClient, worker: EmbeddedWorker, tenant: TenantHandle, model: str) -> int:
     """Send PROMPT as `tenant` to `model`; the prompt tokens the engine found in its prefix cache."""
     service = worker.runtime.require_service()
@@ -171,18 +129,12 @@ def hit_tokens(api: TestClient, worker: EmbeddedWorker, tenant: TenantHandle, mo
     return service.engine.engine_stats().num_prefix_cache_hit_tokens - before
 
 
-def make_tenant(api: TestClient, name: str, **fields: str) -> TenantHandle:
-    tenant = api.post("/v1/admin/tenants", json={"name": name, **fields}, headers=ADMIN).json()
-    key = api.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()
-    return TenantHandle(tenant["id"], name, key["id"], key["key"])
-
-
 @pytest.mark.slow
 def test_embedded_worker_isolates_tenants_and_shares_an_operator_s_namespace(
     embedded: tuple[TestClient, EmbeddedWorker], demo_adapter: Path
 ) -> None:
     api, worker = embedded
-    a, b = make_tenant(api, "a"), make_tenant(api, "b")
+    a, b = create_tenant(api, "a"), create_tenant(api, "b")
     files = [demo_adapter / "adapter_config.json", demo_adapter / "adapter_model.safetensors"]
     uploaded = upload(api, a, "pub", files, visibility="public")
     assert uploaded.status_code == 202 and uploaded.json()["version"]["status"] == "ready", uploaded.text
@@ -192,8 +144,8 @@ def test_embedded_worker_isolates_tenants_and_shares_an_operator_s_namespace(
             f"b hit a's cached prompt on {model}: a TTFT side channel"
         )
         assert hit_tokens(api, worker, a, model) > 0  # a's own repeat still hits
-    c, d = make_tenant(api, "c", prefix_cache_namespace="team"), make_tenant(api, "d")
+    c, d = create_tenant(api, "c", prefix_cache_namespace="team"), create_tenant(api, "d")
     set_namespace(api, d, "team")
     assert hit_tokens(api, worker, c, BASE_MODEL) == 0
     assert hit_tokens(api, worker, d, BASE_MODEL) > 0  # opted into one namespace: they share
-    assert hit_tokens(api, worker, make_tenant(api, "e"), BASE_MODEL) == 0  # not in it: isolated
+    assert hit_tokens(api, worker, create_tenant(api, "e"), BASE_MODEL) == 0  # not in it: isolated

@@ -1,5 +1,5 @@
-"""Migration test fixtures: a brand-new empty database on each backend, and a usage row written in raw SQL
-(the schema of any revision since 0004)."""
+"""Migration test fixtures: a brand-new empty database on each backend; a usage row (the schema of any
+revision since 0004) and a price plan (any revision) written in raw SQL; the price plans' columns."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.registry.db_fixtures import (
     require_service,
 )
 
-__all__ = ["empty_db_url", "insert_usage_row", "table_names"]
+__all__ = ["empty_db_url", "insert_plan_row", "insert_usage_row", "plan_columns", "plan_rows", "table_names"]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -50,6 +50,39 @@ def insert_usage_row(url: str, request_id: str, status: str) -> None:
                 f"status, started_at) VALUES ('{request_id}', '{request_id}', 't', 'm', 0, 0, '{status}', "
                 "CURRENT_TIMESTAMP)"
             )
+    finally:
+        engine.dispose()
+
+
+def insert_plan_row(url: str) -> None:
+    """One price plan 'p1' named 'old' with only the columns of the first revision set."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO price_plans (id, name, price_per_1m_prompt_tokens, price_per_1m_completion_tokens, "
+                "price_storage_per_adapter_day, slo_percentile, created_at) VALUES ('p1', 'old', 0, 0, 0, 99, "
+                "CURRENT_TIMESTAMP)"
+            )
+    finally:
+        engine.dispose()
+
+
+def plan_columns(url: str) -> set[str]:
+    """The columns of the price_plans table of the database at `url`."""
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("price_plans")}
+    finally:
+        engine.dispose()
+
+
+def plan_rows(url: str, *columns: str) -> list[tuple]:
+    """Every price plan's values of `columns` (trusted test names), in no particular order."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.exec_driver_sql(f"SELECT {', '.join(columns)} FROM price_plans")]
     finally:
         engine.dispose()
 

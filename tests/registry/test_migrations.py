@@ -14,7 +14,13 @@ from migrations.runner import current_revision, downgrade, upgrade
 from registry.db import make_engine
 from registry.models import Base
 from tests.registry.migration_support import *  # the empty_db_url fixture
-from tests.registry.migration_support import insert_usage_row, table_names
+from tests.registry.migration_support import (
+    insert_plan_row,
+    insert_usage_row,
+    plan_columns,
+    plan_rows,
+    table_names,
+)
 
 pytestmark = pytest.mark.slow  # every migration up and down on a fresh database
 
@@ -185,34 +191,14 @@ def test_0007_adds_the_prediction_feature_columns_keeping_rows_and_downgrades(em
 QUOTA_COLUMNS = {"uploads_per_min", "max_adapters", "max_stored_bytes"}
 
 
-def _plan_columns(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return {c["name"] for c in inspect(engine).get_columns("price_plans")}
-    finally:
-        engine.dispose()
-
-
 def test_0011_adds_nullable_upload_quotas_keeping_plans_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0007")
-    engine = make_engine(empty_db_url)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO price_plans (id, name, price_per_1m_prompt_tokens, price_per_1m_completion_tokens, "
-                "price_storage_per_adapter_day, slo_percentile, created_at) VALUES ('p1', 'old', 0, 0, 0, 99, "
-                "CURRENT_TIMESTAMP)"
-            )
-        upgrade(empty_db_url, "0011")
-        with engine.begin() as conn:
-            row = conn.exec_driver_sql(
-                "SELECT name, uploads_per_min, max_adapters, max_stored_bytes FROM price_plans"
-            ).one()
-    finally:
-        engine.dispose()
-    assert tuple(row) == ("old", None, None, None)  # an existing plan keeps no quota: today's behaviour
+    insert_plan_row(empty_db_url)
+    upgrade(empty_db_url, "0011")
+    # an existing plan keeps no quota: today's behaviour
+    assert plan_rows(empty_db_url, "name", *sorted(QUOTA_COLUMNS)) == [("old", None, None, None)]
     downgrade(empty_db_url, "0007")
-    assert not QUOTA_COLUMNS & _plan_columns(empty_db_url)
+    assert not QUOTA_COLUMNS & plan_columns(empty_db_url)
 
 
 def test_0012_clears_the_stored_prompt_histograms_keeping_the_rest_of_each_row(empty_db_url: str) -> None:
@@ -237,43 +223,25 @@ def test_0012_clears_the_stored_prompt_histograms_keeping_the_rest_of_each_row(e
     assert current_revision(empty_db_url) == "0007"
 
 
-def _plan_columns(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return {c["name"] for c in inspect(engine).get_columns("price_plans")}
-    finally:
-        engine.dispose()
-
-
 def test_0010_adds_the_nullable_concurrency_cap_to_plans_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0007")
-    assert "max_concurrent_requests" not in _plan_columns(empty_db_url)
+    assert "max_concurrent_requests" not in plan_columns(empty_db_url)
     upgrade(empty_db_url, "0010")
-    assert "max_concurrent_requests" in _plan_columns(empty_db_url)
+    assert "max_concurrent_requests" in plan_columns(empty_db_url)
     downgrade(empty_db_url, "0007")
-    assert "max_concurrent_requests" not in _plan_columns(empty_db_url)
+    assert "max_concurrent_requests" not in plan_columns(empty_db_url)
 
 
 def test_0013_adds_the_nullable_fair_share_weight_to_plans_keeping_them_and_downgrades(
     empty_db_url: str,
 ) -> None:
     upgrade(empty_db_url, "0012")
-    engine = make_engine(empty_db_url)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO price_plans (id, name, price_per_1m_prompt_tokens, price_per_1m_completion_tokens, "
-                "price_storage_per_adapter_day, slo_percentile, created_at) VALUES ('p1', 'old', 0, 0, 0, 99, "
-                "CURRENT_TIMESTAMP)"
-            )
-        upgrade(empty_db_url, "0013")
-        with engine.begin() as conn:
-            row = conn.exec_driver_sql("SELECT name, fair_share_weight FROM price_plans").one()
-    finally:
-        engine.dispose()
-    assert tuple(row) == ("old", None)  # an existing plan keeps weight 1 (an equal share): today's behaviour
+    insert_plan_row(empty_db_url)
+    upgrade(empty_db_url, "0013")
+    # an existing plan keeps weight 1 (an equal share): today's behaviour
+    assert plan_rows(empty_db_url, "name", "fair_share_weight") == [("old", None)]
     downgrade(empty_db_url, "0012")
-    assert "fair_share_weight" not in _plan_columns(empty_db_url)
+    assert "fair_share_weight" not in plan_columns(empty_db_url)
 
 
 def test_0016_names_the_base_model_of_old_adapter_rows_and_downgrades(empty_db_url: str) -> None:
