@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Row, Select, select
@@ -56,10 +56,10 @@ class SloTargets:
 
 def usage_rows_query(
     start: datetime, end: datetime, tenant_id: str | None = None
-) -> Select[Unpack[tuple[Any, ...]]]:
+) -> Select[*tuple[Any, ...]]:
     """The columns reports read (no ORM objects, no prompt features) of the usage rows with
     start <= started_at < end, optionally of one tenant (index ix_usage_records_tenant_started)."""
-    query: Select[Unpack[tuple[Any, ...]]] = select(
+    query: Select[*tuple[Any, ...]] = select(
         UsageRecord.tenant_id,
         UsageRecord.adapter_id,
         UsageRecord.model_name,
