@@ -126,8 +126,7 @@ class Tenant(Base):
     """A customer account; owns API keys and adapters."""
 
     __tablename__ = "tenants"
-    # The operator's tenant list pages in (created_at, id) order (registry/account_pages.py).
-    __table_args__ = (Index("ix_tenants_created_at_id", "created_at", "id"),)
+    __table_args__ = (Index("ix_tenants_created_at_id", "created_at", "id"),)  # list pages
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200))
@@ -147,8 +146,7 @@ class ApiKey(Base):
     """A tenant API key. Only a salted HMAC-SHA256 of the secret is stored; the key is shown once."""
 
     __tablename__ = "api_keys"
-    # A tenant's key list pages newest first by (created_at, id) (registry/account_pages.py).
-    __table_args__ = (Index("ix_api_keys_tenant_created", "tenant_id", "created_at", "id"),)
+    __table_args__ = (Index("ix_api_keys_tenant_created", "tenant_id", "created_at", "id"),)  # list pages
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
