@@ -21,7 +21,7 @@ from registry.models import UsageRecord
 from registry.pages import Page, PageRequest, invalid_cursor, split_page
 from registry.usage_reports import UsageRow, to_usage_row, usage_by_adapter_day, usage_rows_query
 
-NUM_STREAMED_ROWS = 2000  # rows fetched per round trip while a page is read
+NUM_STREAMED_ROWS = 500  # rows fetched per round trip while a page is read (a page reads whole days)
 GROUP_ID_RE = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}):(.+)", re.DOTALL)
 
 GroupKey = tuple[str, str]  # (UTC day as YYYY-MM-DD, model name)
