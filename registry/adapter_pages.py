@@ -6,8 +6,9 @@ Orders (each unique, each served by an index):
   are read as two ordered index scans (ix_adapters_public_name) merged, never one scan filtered;
 - an adapter's versions by number (uq_adapter_versions_adapter_number).
 
-A cursor is the id of an adapter (a version) of the same list: the tenant's own adapter (deleted since
-included) or a public adapter it may still see; any other id is the one InvalidCursorError.
+A cursor is the id of an adapter (a version) of the same list: the tenant's own adapter or a public adapter of an
+active tenant, deleted since included (a walk goes on when the last row it read is deleted); any other id, a
+private adapter of another tenant included, is the one InvalidCursorError.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ def own_adapter_page(session: Session, tenant_id: str, page: PageRequest) -> Pag
 
 def visible_adapter_page(session: Session, tenant_id: str, page: PageRequest) -> Page[Adapter]:
     """The tenant's live adapters and the public adapters of active tenants, by (name, created_at, id)."""
-    scope = or_(Adapter.tenant_id == tenant_id, is_public_of_active_other(tenant_id))
+    # A cursor may have been deleted since its page was read (own or public), never made private or disabled.
+    was_listed = and_(Adapter.visibility == "public", Adapter.tenant_id != tenant_id, is_active_owner())
+    scope = or_(Adapter.tenant_id == tenant_id, was_listed)
     anchor = anchor_key(session, page, VISIBLE_KEYS, Adapter.id, [scope])
     own = and_(Adapter.tenant_id == tenant_id, is_live())
     ids = merged_ids(session, [own, is_public_of_active_other(tenant_id)], VISIBLE_KEYS, anchor, page.limit)

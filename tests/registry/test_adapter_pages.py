@@ -53,6 +53,24 @@ def test_a_deleted_own_adapter_still_works_as_the_cursor(db_session: Session) ->
     assert [a.name for a in rest.items] == ["a-3"] and not rest.has_more
 
 
+def test_a_walk_with_public_adapters_goes_on_when_its_cursor_is_deleted(db_session: Session) -> None:
+    acme, bob = add_tenant(db_session, "acme"), add_tenant(db_session, "bob")
+    for name in ("a", "c"):
+        add_adapter(db_session, acme, name)
+    for name in ("b", "d"):
+        add_adapter(db_session, bob, name, visibility="public")
+
+    def read(page: PageRequest) -> object:
+        return adapter_pages.visible_adapter_page(db_session, acme.id, page)
+
+    first = read(PageRequest(limit=2))
+    assert [a.name for a in first.items] == ["a", "b"]  # type: ignore[attr-defined]
+    first.items[-1].deleted_at = utcnow()  # type: ignore[attr-defined]
+    db_session.flush()
+    rest = read(PageRequest(limit=2, after=first.items[-1].id))  # type: ignore[attr-defined]
+    assert [a.name for a in rest.items] == ["c", "d"]  # type: ignore[attr-defined]
+
+
 def _cursor_message(read: object, after: str) -> str:
     with pytest.raises(InvalidCursorError) as caught:
         read(PageRequest(after=after))  # type: ignore[operator]
