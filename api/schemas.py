@@ -361,6 +361,15 @@ class ListResponse(BaseModel):
     data: list[Any]
 
 
+class PageResponse(ListResponse):
+    """OpenAI's paginated list envelope (api/pagination.py): one page of `data`, the ids of its first and last
+    items (null on an empty page) and whether more follow: pass `last_id` as `after` for the next page."""
+
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
 class ModelCard(BaseModel):
     """One entry of GET /v1/models (OpenAI shape plus lorahost fields)."""
 

@@ -1,5 +1,5 @@
 """API keys: create (the only time a key exists in clear), find by presented key (constant-time check),
-list and revoke; a tenant's own revocation is scoped to its keys.
+and revoke (the list: registry/account_pages.py); a tenant's own revocation is scoped to its keys.
 
 A tenant holds at most `max_live_keys` unrevoked keys (settings.api.max_keys_per_tenant, for the tenant's and
 the operator's creations alike), and a tenant cannot revoke its own last live key (it would lock itself out
@@ -46,12 +46,6 @@ def revoke_api_key(session: Session, key_id: str) -> ApiKey:
         row.revoked_at = utcnow()
         session.flush()
     return row
-
-
-def list_api_keys(session: Session, tenant_id: str) -> list[ApiKey]:
-    """The tenant's keys (revoked ones too), newest first."""
-    query = select(ApiKey).where(ApiKey.tenant_id == tenant_id)
-    return list(session.scalars(query.order_by(ApiKey.created_at.desc(), ApiKey.id)))
 
 
 def revoke_own_api_key(session: Session, tenant_id: str, key_id: str) -> ApiKey:

@@ -126,6 +126,7 @@ class Tenant(Base):
     """A customer account; owns API keys and adapters."""
 
     __tablename__ = "tenants"
+    __table_args__ = (Index("ix_tenants_created_at_id", "created_at", "id"),)  # list pages
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200))
@@ -145,6 +146,7 @@ class ApiKey(Base):
     """A tenant API key. Only a salted HMAC-SHA256 of the secret is stored; the key is shown once."""
 
     __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_tenant_created", "tenant_id", "created_at", "id"),)  # list pages
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
@@ -228,6 +230,9 @@ class BaseModelName(Base):
     model: Mapped[CatalogModel] = relationship()
 
 
+PUBLIC_LIVE_ADAPTER = "visibility = 'public' AND deleted_at IS NULL"
+
+
 class Adapter(Base):
     """A named LoRA adapter of one tenant; its files live in versions. Soft-deleted via deleted_at."""
 
@@ -242,6 +247,16 @@ class Adapter(Base):
             unique=True,
             postgresql_where=text("deleted_at IS NULL"),
             sqlite_where=text("deleted_at IS NULL"),
+        ),
+        # Public live adapters in (name, created_at, id) order: the public half of the adapter and model lists
+        # (registry/adapter_pages.py, registry/model_pages.py) and the oldest public adapter of a name.
+        Index(
+            "ix_adapters_public_name",
+            "name",
+            "created_at",
+            "id",
+            postgresql_where=text(PUBLIC_LIVE_ADAPTER),
+            sqlite_where=text(PUBLIC_LIVE_ADAPTER),
         ),
     )
 
@@ -266,6 +281,14 @@ class AdapterVersion(Base):
     __table_args__ = (
         UniqueConstraint("adapter_id", "number", name="uq_adapter_versions_adapter_number"),
         CheckConstraint(_in_check("status", VERSION_STATUSES), name="status"),
+        # An adapter's ready versions by number: whether it has one, and its latest (registry/model_pages.py).
+        Index(
+            "ix_adapter_versions_ready",
+            "adapter_id",
+            "number",
+            postgresql_where=text("status = 'ready'"),
+            sqlite_where=text("status = 'ready'"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)

@@ -182,17 +182,21 @@ def check_visibility(visibility: str) -> str:
 # ---- adapters and versions ---------------------------------------------------------------------
 
 
-def _live_adapters() -> Any:
-    return (
-        select(Adapter)
-        .where(Adapter.deleted_at.is_(None))
-        .options(selectinload(Adapter.versions), selectinload(Adapter.tenant))
-    )
+def _live_adapters(*, with_versions: bool = True) -> Any:
+    """Live adapters with their owner and (with_versions) every version loaded."""
+    loads = [selectinload(Adapter.tenant)]
+    if with_versions:
+        loads.append(selectinload(Adapter.versions))
+    return select(Adapter).where(Adapter.deleted_at.is_(None)).options(*loads)
 
 
-def get_own_adapter(session: Session, tenant_id: str, name: str) -> Adapter | None:
+def get_own_adapter(
+    session: Session, tenant_id: str, name: str, *, with_versions: bool = True
+) -> Adapter | None:
     """The tenant's live adapter with this name, or None."""
-    stmt = _live_adapters().where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+    stmt = _live_adapters(with_versions=with_versions).where(
+        Adapter.tenant_id == tenant_id, Adapter.name == name
+    )
     return session.scalars(stmt).first()
 
 
@@ -202,14 +206,16 @@ def _is_public_of_active_owner() -> Any:
     return and_(Adapter.visibility == "public", is_active_owner)
 
 
-def find_visible_adapter(session: Session, tenant_id: str, name: str) -> Adapter:
+def find_visible_adapter(
+    session: Session, tenant_id: str, name: str, *, with_versions: bool = True
+) -> Adapter:
     """The tenant's own adapter with this name, else the oldest public one of an active tenant;
-    NotFoundError otherwise."""
-    own = get_own_adapter(session, tenant_id, name)
+    NotFoundError otherwise. with_versions=False leaves the versions to be read page by page."""
+    own = get_own_adapter(session, tenant_id, name, with_versions=with_versions)
     if own is not None:
         return own
     stmt = (
-        _live_adapters()
+        _live_adapters(with_versions=with_versions)
         .where(Adapter.name == name, _is_public_of_active_owner())
         .order_by(Adapter.created_at, Adapter.id)
     )

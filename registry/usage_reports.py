@@ -14,9 +14,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import Row, Select, select
 from sqlalchemy.orm import Session
 
 from registry.models import (
@@ -53,12 +54,12 @@ class SloTargets:
     tpot_ms: float | None = None
 
 
-def load_rows(
-    session: Session, start: datetime, end: datetime, tenant_id: str | None = None
-) -> list[UsageRow]:
-    """Usage rows with start <= started_at < end, optionally for one tenant (only the columns reports read:
-    no ORM objects, no prompt features)."""
-    query = select(
+def usage_rows_query(
+    start: datetime, end: datetime, tenant_id: str | None = None
+) -> Select[*tuple[Any, ...]]:
+    """The columns reports read (no ORM objects, no prompt features) of the usage rows with
+    start <= started_at < end, optionally of one tenant (index ix_usage_records_tenant_started)."""
+    query: Select[*tuple[Any, ...]] = select(
         UsageRecord.tenant_id,
         UsageRecord.adapter_id,
         UsageRecord.model_name,
@@ -73,22 +74,31 @@ def load_rows(
     ).where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
     if tenant_id is not None:
         query = query.where(UsageRecord.tenant_id == tenant_id)
-    return [
-        UsageRow(
-            r.tenant_id,
-            r.adapter_id,
-            r.model_name,
-            r.base_model_name or "",
-            r.prompt_tokens,
-            r.completion_tokens,
-            r.ttft_ms,
-            r.tpot_ms,
-            r.e2e_ms,
-            r.status,
-            as_utc(r.started_at),
-        )
-        for r in session.execute(query)
-    ]
+    return query
+
+
+def to_usage_row(r: Row[Any]) -> UsageRow:
+    """A row of usage_rows_query as plain data."""
+    return UsageRow(
+        r.tenant_id,
+        r.adapter_id,
+        r.model_name,
+        r.base_model_name or "",
+        r.prompt_tokens,
+        r.completion_tokens,
+        r.ttft_ms,
+        r.tpot_ms,
+        r.e2e_ms,
+        r.status,
+        as_utc(r.started_at),
+    )
+
+
+def load_rows(
+    session: Session, start: datetime, end: datetime, tenant_id: str | None = None
+) -> list[UsageRow]:
+    """Usage rows with start <= started_at < end, optionally for one tenant."""
+    return [to_usage_row(r) for r in session.execute(usage_rows_query(start, end, tenant_id))]
 
 
 # ---- own usage -----------------------------------------------------------------------------------------

@@ -11,13 +11,22 @@ from sqlalchemy.orm import Session
 
 from api.caches import forget_model_name
 from api.errors import ApiError
-from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, AdapterVersionPublic, UploadAccepted
+from api.pagination import page_response
+from api.schemas import (
+    AdapterDeleted,
+    AdapterImport,
+    AdapterPublic,
+    AdapterVersionPublic,
+    PageResponse,
+    UploadAccepted,
+)
 from api.services import Services
 from api.upload_rate import admit_upload
 from api.uploads import ReceivedUpload, upload_scratch_dir
-from registry import adapter_import, adapter_pipeline, repository, upload_quota
+from registry import adapter_import, adapter_pages, adapter_pipeline, repository, upload_quota
 from registry.db import run_in_write_transaction
 from registry.models import AdapterVersion, Tenant
+from registry.pages import PageRequest
 
 
 def admit_upload_of(tenant: Tenant, session: Session, services: Services) -> None:
@@ -80,13 +89,27 @@ def start_validation(version_id: str, session: Session, services: Services) -> U
     )
 
 
-def list_adapters(tenant_id: str, session: Session, include_public: bool = False) -> list[AdapterPublic]:
-    """The tenant's adapters (and everyone's public adapters with include_public)."""
+def list_adapters(
+    tenant_id: str, session: Session, page: PageRequest, include_public: bool = False
+) -> PageResponse:
+    """A page of the tenant's adapters by name (with include_public, everyone's public adapters too, by name
+    then age)."""
     if include_public:
-        adapters = repository.list_visible_adapters(session, tenant_id)
+        found = adapter_pages.visible_adapter_page(session, tenant_id, page)
     else:
-        adapters = repository.list_own_adapters(session, tenant_id)
-    return [AdapterPublic.from_row(a, viewer_tenant_id=tenant_id) for a in adapters]
+        found = adapter_pages.own_adapter_page(session, tenant_id, page)
+    data = [AdapterPublic.from_row(a, viewer_tenant_id=tenant_id) for a in found.items]
+    return page_response(data, found.has_more)
+
+
+def list_versions(ref: str, tenant_id: str, session: Session, page: PageRequest) -> PageResponse:
+    """A page of the versions, by number, of an adapter visible to the tenant (its own or a public one)."""
+    parsed = repository.parse_model_ref(ref)
+    if parsed.version is not None:
+        raise ApiError(400, "invalid_request", "versions are listed per adapter: use its name without @N")
+    adapter = repository.find_visible_adapter(session, tenant_id, parsed.name, with_versions=False)
+    found = adapter_pages.version_page(session, adapter, page)
+    return page_response([AdapterVersionPublic.from_row(adapter, v) for v in found.items], found.has_more)
 
 
 def get_adapter(ref: str, tenant_id: str, session: Session) -> AdapterPublic:

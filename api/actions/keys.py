@@ -8,12 +8,15 @@ from sqlalchemy.orm import Session
 
 from api.caches import forget_key
 from api.errors import ApiError
+from api.pagination import page_response
 from api.request_charge import charge_request
-from api.schemas import ApiKeyCreated, ApiKeyPublic, ApiKeyRevoked
+from api.schemas import ApiKeyCreated, ApiKeyPublic, ApiKeyRevoked, PageResponse
 from api.services import Services
 from registry import api_keys
+from registry.account_pages import api_key_page
 from registry.db import run_in_write_transaction
 from registry.models import Tenant
+from registry.pages import PageRequest
 
 KEYS_MANAGED_BY_OPERATOR = "your operator manages your API keys: ask them for a new key or a revocation"
 
@@ -30,10 +33,11 @@ def _require_key_management(tenant: Tenant) -> str:
     return tenant.id
 
 
-def list_own_keys(tenant: Tenant, session: Session, services: Services) -> list[ApiKeyPublic]:
-    """The tenant's keys, newest first, revoked ones included (ids and dates only)."""
+def list_own_keys(tenant: Tenant, session: Session, services: Services, page: PageRequest) -> PageResponse:
+    """A page of the tenant's keys, newest first, revoked ones included (ids and dates only)."""
     charge_key_call(services, tenant)
-    return [ApiKeyPublic.model_validate(k) for k in api_keys.list_api_keys(session, tenant.id)]
+    found = api_key_page(session, tenant.id, page)
+    return page_response([ApiKeyPublic.model_validate(k) for k in found.items], found.has_more)
 
 
 def create_own_key(tenant: Tenant, session: Session, services: Services) -> ApiKeyCreated:

@@ -13,9 +13,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.caches import forget_adapters, forget_key, forget_tenant
+from api.pagination import page_response
 from api.schemas import (
     ApiKeyCreated,
     ApiKeyRevoked,
+    PageResponse,
     PricePlanCreate,
     PricePlanPublic,
     TenantCreate,
@@ -24,8 +26,10 @@ from api.schemas import (
 )
 from api.services import Services
 from registry import api_keys, repository
+from registry.account_pages import tenant_page
 from registry.db import is_insert_conflict, is_transient_error, run_in_write_transaction
 from registry.errors import ConflictError
+from registry.pages import PageRequest
 
 T = TypeVar("T")
 
@@ -52,9 +56,10 @@ def create_tenant(body: TenantCreate, session: Session) -> TenantPublic:
     return TenantPublic.model_validate(tenant)
 
 
-def list_tenants(session: Session) -> list[TenantPublic]:
-    """All tenants."""
-    return [TenantPublic.model_validate(t) for t in repository.list_tenants(session)]
+def list_tenants(session: Session, page: PageRequest) -> PageResponse:
+    """A page of the tenants, oldest first."""
+    found = tenant_page(session, page)
+    return page_response([TenantPublic.model_validate(t) for t in found.items], found.has_more)
 
 
 def update_tenant(tenant_id: str, body: TenantUpdate, session: Session, services: Services) -> TenantPublic:

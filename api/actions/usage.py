@@ -1,5 +1,6 @@
-"""A tenant's own usage per day and adapter (model name) from the usage ledger (/v1/usage and the console's
-usage download). Tokens are what is billed (registry/usage_reports.py)."""
+"""A tenant's own usage per day and adapter (model name) from the usage ledger (/v1/usage, a page of (day,
+model) groups at a time, and the console's usage download). Tokens are what is billed
+(registry/usage_reports.py)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,27 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from api.csv_download import CsvFile
-from registry.usage_reports import load_rows, usage_by_adapter_day
+from api.pagination import page_response
+from registry.pages import PageRequest
+from registry.usage_pages import usage_group_page, usage_token_totals
 from registry.usage_series import tenant_usage_series, usage_points_to_csv
 
 
-def tenant_usage(session: Session, tenant_id: str, start: datetime, end: datetime) -> dict[str, Any]:
-    """The tenant's requests and tokens per (day, model) in [start, end), with the totals."""
-    data = usage_by_adapter_day(load_rows(session, start, end, tenant_id))
+def tenant_usage(
+    session: Session, tenant_id: str, start: datetime, end: datetime, page: PageRequest
+) -> dict[str, Any]:
+    """A page of the tenant's requests and tokens per (day, model) in [start, end), each group with its `id`
+    (`<day>:<model>`, the cursor), and the totals of the whole period."""
+    found = usage_group_page(session, tenant_id, start, end, page)
+    total_prompt, total_completion = usage_token_totals(session, tenant_id, start, end)
+    envelope = page_response(found.items, found.has_more, id_of=lambda group: str(group["id"]))
     return {
         "object": "list",
         "start": start.isoformat(),
         "end": end.isoformat(),
-        "total_prompt_tokens": sum(int(d["prompt_tokens"]) for d in data),  # type: ignore[call-overload]
-        "total_completion_tokens": sum(int(d["completion_tokens"]) for d in data),  # type: ignore[call-overload]
-        "data": data,
+        "total_prompt_tokens": total_prompt,
+        "total_completion_tokens": total_completion,
+        **envelope.model_dump(exclude={"object"}),
     }
 
 

@@ -10,23 +10,27 @@ from sqlalchemy.orm import Session
 
 from api.actions import keys
 from api.console.auth import ConsoleTenant, ConsoleUser, CsrfChecked, tenant_row
+from api.console.pager import console_page_request, pager
 from api.console.security import ConsoleRoute
 from api.console.templating import render
 from api.deps import ServicesDep, SessionDep
-from registry import api_keys
+from registry.account_pages import api_key_page
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
 
-def _keys_page(request: Request, user: ConsoleUser, db: Session, new_key: str | None = None) -> Response:
-    rows = api_keys.list_api_keys(db, user.tenant_id or "")
-    return render(request, "keys.html", user, keys=rows, new_key=new_key)
+def _keys_page(
+    request: Request, user: ConsoleUser, db: Session, new_key: str | None = None, after: str | None = None
+) -> Response:
+    wanted = console_page_request(after)
+    page = api_key_page(db, user.tenant_id or "", wanted)
+    return render(request, "keys.html", user, keys=page.items, new_key=new_key, **pager(page, wanted))
 
 
 @router.get("/keys", response_class=HTMLResponse)
-def keys_page(request: Request, user: ConsoleTenant, db: SessionDep) -> Response:
-    """The tenant's keys (ids and dates; a key itself is never shown again)."""
-    return _keys_page(request, user, db)
+def keys_page(request: Request, user: ConsoleTenant, db: SessionDep, after: str | None = None) -> Response:
+    """The tenant's keys, newest first, a page at a time (ids and dates; a key itself is never shown again)."""
+    return _keys_page(request, user, db, after=after)
 
 
 @router.post("/keys", response_class=HTMLResponse)

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from api.actions import reports, tenants
 from api.console.auth import ConsoleOperator, ConsoleUser, CsrfChecked
 from api.console.charts import chart, series_by
+from api.console.pager import console_page_request, pager
 from api.console.periods import read_period
 from api.console.security import ConsoleRoute
 from api.console.templating import render
@@ -24,6 +25,7 @@ from api.errors import registry_status
 from api.query_dates import parse_period
 from api.schemas import PricePlanCreate, TenantCreate, TenantUpdate
 from registry import repository
+from registry.account_pages import tenant_page
 from registry.billing import billing_report
 from registry.errors import RegistryError
 from registry.usage_series import BUCKETS, SERIES_GROUP_BYS, SloPoint, slo_series
@@ -35,12 +37,14 @@ PLAN_FIELDS = tuple(PricePlanCreate.model_fields)
 def _tenants_page(
     request: Request, user: ConsoleUser, db: SessionDep, *, message: str | None = None,
     error: str | None = None, new_key: tuple[str, str] | None = None, status_code: int = 200,
+    after: str | None = None,
 ) -> Response:  # fmt: skip
-    rows = repository.list_tenants(db)
+    wanted = console_page_request(after)
+    page = tenant_page(db, wanted)
     plans = repository.list_price_plans(db)
     return render(
-        request, "admin_tenants.html", user, status_code, tenants=rows, plans=plans, message=message,
-        error=error, new_key=new_key, plan_fields=PLAN_FIELDS,
+        request, "admin_tenants.html", user, status_code, tenants=page.items, plans=plans, message=message,
+        error=error, new_key=new_key, plan_fields=PLAN_FIELDS, **pager(page, wanted),
     )  # fmt: skip
 
 
@@ -51,9 +55,11 @@ def _error_text(exc: Exception) -> str:
 
 
 @router.get("/tenants", response_class=HTMLResponse)
-def tenants_page(request: Request, user: ConsoleOperator, db: SessionDep) -> Response:
-    """Tenants with their plan, state and key policy; the price plans."""
-    return _tenants_page(request, user, db)
+def tenants_page(
+    request: Request, user: ConsoleOperator, db: SessionDep, after: str | None = None
+) -> Response:
+    """Tenants with their plan, state and key policy, oldest first, a page at a time; the price plans."""
+    return _tenants_page(request, user, db, after=after)
 
 
 @router.post("/tenants", response_class=HTMLResponse)

@@ -15,7 +15,8 @@ from api.console.security import ConsoleRoute
 from api.console.templating import render
 from api.deps import ServicesDep, SessionDep
 from api.inference.serve import serve
-from registry import repository
+from registry.model_pages import model_page
+from registry.pages import MAX_PAGE_SIZE, PageRequest
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
@@ -24,11 +25,10 @@ router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schem
 def playground_page(
     request: Request, user: ConsoleTenant, db: SessionDep, adapter: str | None = None
 ) -> Response:
-    """The playground form: the tenant's ready adapters and public ones it may use."""
-    adapters = [
-        a for a in repository.list_visible_adapters(db, user.tenant_id or "")
-        if any(v.status == "ready" for v in a.versions)
-    ]  # fmt: skip
+    """The playground form: the adapters the tenant can call by name (its own and public ones with a ready
+    version, as /v1/models lists them), the first MAX_PAGE_SIZE by name."""
+    page = model_page(db, user.tenant_id or "", [], PageRequest(limit=MAX_PAGE_SIZE))
+    adapters = [a for a, _ in page.adapters]
     return render(request, "playground.html", user, adapters=adapters, chosen=adapter)
 
 

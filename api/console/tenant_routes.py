@@ -15,6 +15,7 @@ from api.actions import adapters
 from api.actions.usage import tenant_usage_csv
 from api.console.auth import ConsoleTenant, CsrfChecked, tenant_row
 from api.console.charts import chart, series_by
+from api.console.pager import console_page_request, pager
 from api.console.periods import read_period
 from api.console.residency import VersionResidency, version_residency
 from api.console.security import ConsoleRoute
@@ -27,21 +28,18 @@ from api.schemas import AdapterPublic
 from api.services import Services
 from api.upload_request import upload_from_request
 from registry import repository
+from registry.adapter_pages import own_adapter_page
 from registry.base_model_catalog import list_base_models
 from registry.errors import NotFoundError
+from registry.models import Adapter
 from registry.usage_series import UsagePoint, tenant_usage_series, total_cost
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
 
 def _adapters_with_residency(
-    db: Session, services: Services, tenant_id: str, name: str | None = None
+    services: Services, tenant_id: str, own: list[Adapter]
 ) -> list[tuple[AdapterPublic, dict[str, VersionResidency]]]:
-    own = repository.list_own_adapters(db, tenant_id)
-    if name is not None:
-        own = [a for a in own if a.name == name]
-        if not own:
-            raise NotFoundError(f"you have no adapter named {name!r}")
     workers = live_workers(services.worker_directory, services.worker_listing)
     rows = []
     for adapter in own:
@@ -52,11 +50,16 @@ def _adapters_with_residency(
 
 
 @router.get("/adapters", response_class=HTMLResponse)
-def adapters_page(request: Request, user: ConsoleTenant, db: SessionDep, services: ServicesDep) -> Response:
-    """The tenant's adapters with their versions and where each is, and the upload drop zone."""
-    rows = _adapters_with_residency(db, services, user.tenant_id or "")
+def adapters_page(
+    request: Request, user: ConsoleTenant, db: SessionDep, services: ServicesDep, after: str | None = None
+) -> Response:
+    """The tenant's adapters by name, a page at a time, with their versions and where each is, and the upload drop
+    zone."""
+    wanted = console_page_request(after)
+    page = own_adapter_page(db, user.tenant_id or "", wanted)
+    rows = _adapters_with_residency(services, user.tenant_id or "", page.items)
     base_models = served_base_models(services, db)
-    return render(request, "adapters.html", user, rows=rows, base_models=base_models)
+    return render(request, "adapters.html", user, rows=rows, base_models=base_models, **pager(page, wanted))
 
 
 @router.get("/adapters/{name}", response_class=HTMLResponse)
@@ -64,7 +67,10 @@ def adapter_page(
     name: str, request: Request, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> Response:
     """One adapter: versions, status and failure reasons, residency (polled while a version validates)."""
-    [(adapter, where)] = _adapters_with_residency(db, services, user.tenant_id or "", name)
+    own = repository.get_own_adapter(db, user.tenant_id or "", name)
+    if own is None:
+        raise NotFoundError(f"you have no adapter named {name!r}")
+    [(adapter, where)] = _adapters_with_residency(services, user.tenant_id or "", [own])
     template = "adapter_versions.html" if request.headers.get("HX-Request") else "adapter.html"
     is_settling = any(v.status == "validating" for v in adapter.versions)
     return render(request, template, user, adapter=adapter, where=where, is_settling=is_settling)

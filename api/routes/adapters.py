@@ -8,8 +8,9 @@ from fastapi import APIRouter, Request
 from api.actions import adapters
 from api.deps import CurrentTenant, ServicesDep, SessionDep
 from api.openapi import inline_json_schema
+from api.pagination import PageDep
 from api.request_text import TextCheckedRoute
-from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, ListResponse, UploadAccepted
+from api.schemas import AdapterDeleted, AdapterImport, AdapterPublic, PageResponse, UploadAccepted
 from api.upload_request import upload_from_request
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"], route_class=TextCheckedRoute)
@@ -47,10 +48,20 @@ async def upload_adapter(
     return await upload_from_request(request, tenant, session, services)
 
 
-@router.get("", response_model=ListResponse)
-def list_adapters(tenant: CurrentTenant, session: SessionDep, include_public: bool = False) -> ListResponse:
-    """The tenant's adapters (and everyone's public adapters with include_public=true)."""
-    return ListResponse(data=adapters.list_adapters(tenant.id, session, include_public))
+@router.get("", response_model=PageResponse)
+def list_adapters(
+    tenant: CurrentTenant, session: SessionDep, page: PageDep, include_public: bool = False
+) -> PageResponse:
+    """The tenant's adapters by name (and everyone's public adapters with include_public=true, by name then
+    age), a page at a time: `limit` (1-1000, default 100) and `after` (the previous page's `last_id`)."""
+    return adapters.list_adapters(tenant.id, session, page, include_public)
+
+
+@router.get("/{ref}/versions", response_model=PageResponse)
+def list_versions(ref: str, tenant: CurrentTenant, session: SessionDep, page: PageDep) -> PageResponse:
+    """The versions of one adapter (the tenant's own or a public one) by number, a page at a time: `limit`
+    (1-1000, default 100) and `after` (the previous page's `last_id`)."""
+    return adapters.list_versions(ref, tenant.id, session, page)
 
 
 @router.get("/{ref}", response_model=AdapterPublic)

@@ -9,12 +9,14 @@ from fastapi import APIRouter, Path
 
 from api.actions import tenants
 from api.deps import AdminDep, ServicesDep, SessionDep
+from api.pagination import PageDep
 from api.request_text import TextCheckedRoute
 from api.schemas import (
     PRINTABLE_TEXT,
     ApiKeyCreated,
     ApiKeyRevoked,
     ListResponse,
+    PageResponse,
     PricePlanCreate,
     PricePlanPublic,
     TenantCreate,
@@ -35,10 +37,11 @@ def create_tenant(body: TenantCreate, _: AdminDep, session: SessionDep) -> Tenan
     return tenants.create_tenant(body, session)
 
 
-@router.get("/tenants", response_model=ListResponse)
-def list_tenants(_: AdminDep, session: SessionDep) -> ListResponse:
-    """All tenants."""
-    return ListResponse(data=tenants.list_tenants(session))
+@router.get("/tenants", response_model=PageResponse)
+def list_tenants(_: AdminDep, session: SessionDep, page: PageDep) -> PageResponse:
+    """All tenants, oldest first, a page at a time: `limit` (1-1000, default 100) and `after` (the previous
+    page's `last_id`)."""
+    return tenants.list_tenants(session, page)
 
 
 @router.patch("/tenants/{tenant_id}", response_model=TenantPublic)

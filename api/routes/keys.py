@@ -13,16 +13,20 @@ from fastapi import APIRouter
 
 from api.actions import keys
 from api.deps import CurrentTenant, ServicesDep, SessionDep
+from api.pagination import PageDep
 from api.request_text import TextCheckedRoute
-from api.schemas import ApiKeyCreated, ApiKeyRevoked, ListResponse
+from api.schemas import ApiKeyCreated, ApiKeyRevoked, PageResponse
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=TextCheckedRoute)
 
 
-@router.get("", response_model=ListResponse)
-def list_keys(tenant: CurrentTenant, session: SessionDep, services: ServicesDep) -> ListResponse:
-    """The tenant's keys, newest first, revoked ones included (ids and dates only)."""
-    return ListResponse(data=keys.list_own_keys(tenant, session, services))
+@router.get("", response_model=PageResponse)
+def list_keys(
+    tenant: CurrentTenant, session: SessionDep, services: ServicesDep, page: PageDep
+) -> PageResponse:
+    """The tenant's keys, newest first, revoked ones included (ids and dates only), a page at a time: `limit`
+    (1-1000, default 100) and `after` (the previous page's `last_id`)."""
+    return keys.list_own_keys(tenant, session, services, page)
 
 
 @router.post("", status_code=201, response_model=ApiKeyCreated)

@@ -1,5 +1,5 @@
-"""/v1/models: the base models (the configured one and the catalog's) and every ready adapter the tenant may use,
-OpenAI-style; an adapter's `parent` is its base model (as vLLM does)."""
+"""/v1/models: the base models (the configured one and the catalog's) and every ready adapter the tenant can call
+by name, OpenAI-style, a page at a time; an adapter's `parent` is its base model (as vLLM does)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
 from api.deps import CurrentTenant, SessionDep, SettingsDep
+from api.pagination import PageDep, page_response
 from api.request_text import TextCheckedRoute
-from api.schemas import ListResponse, ModelCard
+from api.schemas import ModelCard, PageResponse
 from registry import repository
 from registry.base_model_catalog import list_base_models
+from registry.model_pages import model_page
 from registry.models import Adapter, AdapterVersion
 from settings import Settings
 
@@ -48,12 +50,18 @@ def _adapter_card(adapter: Adapter, version: AdapterVersion) -> ModelCard:
     )
 
 
-@router.get("", response_model=ListResponse)
-def list_models(tenant: CurrentTenant, session: SessionDep, settings: SettingsDep) -> ListResponse:
-    """The base models plus each visible adapter with a ready version (its latest ready version)."""
-    cards = list(_base_cards(session, settings).values())
-    cards += [_adapter_card(a, v) for a, v in repository.list_ready_models(session, tenant.id)]
-    return ListResponse(data=cards)
+@router.get("", response_model=PageResponse)
+def list_models(
+    tenant: CurrentTenant, session: SessionDep, settings: SettingsDep, page: PageDep
+) -> PageResponse:
+    """The base models by name, then each adapter the tenant can call by its name with a ready version (its own,
+    else the oldest public one of that name; its latest ready version), by name; a page at a time: `limit`
+    (1-1000, default 100) and `after` (the previous page's `last_id`, a model name: registry/model_pages.py)."""
+    base_cards = _base_cards(session, settings)
+    found = model_page(session, tenant.id, base_cards, page)
+    cards = [base_cards[name] for name in found.base_names]
+    cards += [_adapter_card(a, v) for a, v in found.adapters]
+    return page_response(cards, found.has_more)
 
 
 @router.get("/{model}", response_model=ModelCard)
