@@ -8,6 +8,7 @@ the highest mean logprob among those n would return, billing them all.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from gpu_workers.engine.async_engine import AsyncLLMEngine
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.worker.embedded import EmbeddedWorker
 from scheduler.core.engine_stats import EngineStats
@@ -135,15 +137,35 @@ def test_best_of_returns_the_choice_with_the_highest_mean_logprob_and_bills_ever
     assert best.json()["usage"] == every["usage"]
 
 
-def _leave_once_generating(worker: EmbeddedWorker, num_tokens: int) -> Callable[[], Any]:
-    """Leave once the engine has produced `num_tokens` more tokens, long before the request can finish."""
+def _leave_once_generating(
+    worker: EmbeddedWorker, monkeypatch: pytest.MonkeyPatch, num_tokens: int, num_choices: int
+) -> Callable[[], Any]:
+    """Leave once the engine has produced `num_tokens` more tokens, long before the request can finish.
+
+    From then on the engine's loop takes no step until it has seen `num_choices` aborts: on a loaded machine
+    the tiny model could otherwise finish a choice by length before the disconnect reaches the worker.
+    """
+    async_engine = worker.runtime.require_service().engine
+    assert isinstance(async_engine, AsyncLLMEngine)
     produced_before = stats(worker).num_output_tokens
+    aborted_before = stats(worker).num_aborted
+    is_held = threading.Event()
+    has_pending_work = async_engine._has_pending_work
+
+    def step_unless_held() -> bool:  # called by the loop under its lock; False: it waits for a notify
+        counters = async_engine.engine.core.counters
+        if is_held.is_set() and counters.num_aborted - aborted_before < num_choices:
+            return False
+        return bool(has_pending_work())
+
+    monkeypatch.setattr(async_engine, "_has_pending_work", step_unless_held)
 
     async def leave() -> None:
         deadline = time.monotonic() + 60
         while True:
             now = await anyio.to_thread.run_sync(stats, worker)
-            if now.num_running >= 2 and now.num_output_tokens - produced_before >= num_tokens:
+            if now.num_running >= num_choices and now.num_output_tokens - produced_before >= num_tokens:
+                is_held.set()
                 return
             assert time.monotonic() < deadline, "the choices never ran together on the worker"
             await anyio.sleep(0.002)
@@ -155,6 +177,7 @@ def _leave_once_generating(worker: EmbeddedWorker, num_tokens: int) -> Callable[
 def test_a_client_leaving_aborts_every_choice_and_is_billed_the_prompt_once(
     embedded: tuple[TestClient, EmbeddedWorker],
     db_session: Session,
+    monkeypatch: pytest.MonkeyPatch,
     is_stream: bool,
 ) -> None:
     api, worker = embedded
@@ -174,7 +197,7 @@ def test_a_client_leaving_aborts_every_choice_and_is_billed_the_prompt_once(
         "/v1/completions",
         tenant.headers | {"content-type": "application/json"},
         [json.dumps(body).encode()],
-        leave=_leave_once_generating(worker, 10),
+        leave=_leave_once_generating(worker, monkeypatch, 10, num_choices=2),
     )
     assert exchange.status == (200 if is_stream else 499), exchange.body  # 499: left before the response
     assert wait_for(lambda: stats(worker).num_running == 0), "a choice still runs on the engine"
