@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gpu_workers.engine.layers.lora import LoraAdapter, map_lora_tensors
+from gpu_workers.engine.thread_limits import limit_this_thread
 
 
 @dataclass
@@ -160,6 +161,7 @@ class AdapterCopier:
     # ---- preparer thread ----------------------------------------------------------------------------
 
     def _run_prepares(self) -> None:
+        limit_this_thread(1)
         while True:
             job = self._prepare_queue.get()
             prepare = job.prepare
@@ -183,6 +185,7 @@ class AdapterCopier:
     # ---- copy thread --------------------------------------------------------------------------------
 
     def _run_copies(self) -> None:
+        limit_this_thread(1)
         while True:
             job = self._copy_queue.get()
             if job.is_cancelled or job.host_copy is None:

@@ -22,6 +22,7 @@ from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.layers.host_lora import HostLora, LayerSwitch
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraSegment
 from gpu_workers.engine.models.llama import LlamaForCausalLM
+from gpu_workers.engine.thread_limits import limit_this_thread
 from registry.validation import AdapterInfo, BaseModelSpec, ValidationLimits
 from scheduler.core.host_tier import HostTier
 
@@ -215,7 +216,9 @@ class AdapterTransfers:
     def _cpu_workers(self) -> ThreadPoolExecutor:
         if self._cpu_pool is None:
             num_workers = max(self.config.cpu_prefill_workers, 1)
-            self._cpu_pool = ThreadPoolExecutor(num_workers, thread_name_prefix="cpu-prefill")
+            self._cpu_pool = ThreadPoolExecutor(
+                num_workers, thread_name_prefix="cpu-prefill", initializer=limit_this_thread, initargs=(1,)
+            )
         return self._cpu_pool
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpu_workers.engine.thread_limits import limit_this_thread
 from registry.grammars import GrammarCache, GrammarTokenizer, grammar_tokenizer
 from scheduler.core.sequence import BatchEntry, Sequence
 from scheduler.core.structured_output import StructuredOutput
@@ -84,7 +85,9 @@ class StructuredRows:
         if not rows:
             return None
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+            self._thread = ThreadPoolExecutor(
+                1, thread_name_prefix="grammar-masks", initializer=limit_this_thread, initargs=(1,)
+            )
         return self._thread.submit(self.masks, rows)
 
     def masks(self, rows: list[tuple[int, Sequence]]) -> StepMasks:
