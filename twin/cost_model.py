@@ -27,7 +27,8 @@ explicitly (tokens and quadratic attention), unlike the digital-twin paper's mod
 sequence and so misses TTFT. A copy of `n` bytes takes per_copy + n / host_to_device bandwidth; preparing its
 host copy first (when the profile has `copy.prepare_gbps`) takes prepare + n / prepare bandwidth of the
 engine's preparer thread, off the step loop (twin/simulated_executor.py: the adapter's requests wait for
-it, the steps of the others do not).
+it, the steps of the others do not, but cost `copy.prepare_step_factor` times their price meanwhile: on a CPU
+engine the preparer shares the step's cores).
 
 KV pages moved out of an adapter's run (scheduler/core/page_compaction.py) are copied on the device before
 the step: n bytes moved take 2n / device bandwidth (read and write), the bandwidth the profile's per-adapter
@@ -69,6 +70,7 @@ class CostModel:
         prepare_gbps = profile.copy_link.prepare_gbps
         self._prepare_bytes_per_second = None if prepare_gbps is None else prepare_gbps * 1e9
         self._per_prepare_s = profile.copy_link.prepare_us * _US
+        self.prepare_step_factor = profile.copy_link.prepare_step_factor
 
     def step_seconds(self, shape: StepShape, max_host_seconds: float | None = None) -> float:
         """Simulated wall time of one step of `shape`; 0 when it computes nothing. `max_host_seconds`: when

@@ -134,12 +134,14 @@ class CopyCost(_Frozen):
     `prepare_*`: reading, validating and packing an adapter's host copy before its copy starts, on the
     engine's preparer thread (off the step loop: the adapter's requests wait for it, the others keep
     stepping; a host-tier hit skips it). None: host copies are ready when a copy starts, as in the published
-    GPU profiles."""
+    GPU profiles. `prepare_step_factor`: a step that runs while a preparation does costs this many times its
+    price (a CPU engine's preparer shares the step's cores; 1.0 on a GPU, where the forward does not)."""
 
     host_to_device_gbps: float = Field(gt=0)
     per_copy_us: float = Field(default=0.0, ge=0)
     prepare_gbps: float | None = Field(default=None, gt=0)
     prepare_us: float = Field(default=0.0, ge=0)
+    prepare_step_factor: float = Field(default=1.0, ge=1.0)
 
 
 class Memory(_Frozen):

@@ -98,7 +98,7 @@ class SimulatedExecutor:
         shape = StepShape.of(entries, self.ranks, host_assisted)
         landing = [self._loads[a].done_at for a in host_assisted if a in self._loads]
         max_host = max(landing) - self.clock() if landing else None
-        seconds = self.cost_model.step_seconds(shape, max_host)
+        seconds = self._beside_preparer(self.cost_model.step_seconds(shape, max_host), self.clock())
         self.clock.advance(seconds)
         self.num_steps += 1
         self.busy_seconds += seconds
@@ -125,8 +125,9 @@ class SimulatedExecutor:
                 seconds = self.cost_model.step_seconds(replace(shape, decode_context_tokens=context))
             if seconds < 0:
                 raise ValueError(f"a step cannot take negative time ({seconds} s)")
-            now += seconds
-            busy += seconds
+            took = self._beside_preparer(seconds, now)
+            now += took
+            busy += took
             ends.append(now)
             if now >= limit:
                 break
@@ -147,6 +148,18 @@ class SimulatedExecutor:
         seconds = self.cost_model.step_seconds(StepShape.of(entries, self.ranks))
         self._flat_price = (entries, ranks, seconds)
         return seconds
+
+    def _beside_preparer(self, seconds: float, now: float) -> float:
+        """A step of `seconds` (its price) starting at `now`: slowed by the cost model's prepare_step_factor
+        while the preparer works (until `_preparer_free_at`; preparations run back to back), at its price
+        after."""
+        factor = self.cost_model.prepare_step_factor
+        busy_s = self._preparer_free_at - now
+        if factor == 1.0 or busy_s <= 0:
+            return seconds
+        if seconds * factor <= busy_s:
+            return seconds * factor
+        return busy_s + (seconds - busy_s / factor)
 
     def move_kv_blocks(self, moves: list[tuple[int, int]]) -> None:
         """Advance the clock by the device copy of the moved KV pages (the step after it waits for it)."""

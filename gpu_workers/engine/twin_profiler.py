@@ -17,8 +17,10 @@ KV pool; the model shape from config.json.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -30,6 +32,8 @@ import numpy as np
 from gpu_workers.engine.engine_stats import runner_part
 from gpu_workers.engine.host_prefill_timer import time_host_prefills
 from gpu_workers.engine.kernel_tuner import machine_fingerprint
+from gpu_workers.engine.prepare_timer import prepare_step_factor, time_prepares
+from gpu_workers.engine.thread_limits import limit_this_thread
 from settings import Settings
 from twin.fit import StepFit, TimedStep, fit_host_prefill, fit_step_cost, nonnegative_lstsq
 from twin.profile import ProfileModel, TwinProfile
@@ -77,7 +81,8 @@ def measure_twin(
     copy_link = _fit_copy(engine, adapter_dirs, grid.num_repeats)
     echo(
         f"adapter copies: prepare {copy_link['prepare_us'] / 1e3:.2f} ms + {copy_link['prepare_gbps']:.2f} GB/s "
-        f"in the engine thread, then {copy_link['per_copy_us'] / 1e3:.2f} ms + "
+        f"beside a decoding batch (its steps x{copy_link['prepare_step_factor']:.2f} meanwhile), then "
+        f"{copy_link['per_copy_us'] / 1e3:.2f} ms + "
         f"{copy_link['host_to_device_gbps']:.2f} GB/s over the link"
     )
     return _profile(engine, settings, fit, copy_link, len(samples))
@@ -112,22 +117,21 @@ def _cycled_rank(grid: ProfileGrid, i: int) -> int:
 
 
 def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], num_repeats: int) -> dict[str, float]:
-    """The two parts of a cold adapter's copy, each timed per rank (best of `num_repeats`) and fitted as
-    fixed + bytes / bandwidth: preparing the host copy (read, validate, pack: on the copier's preparer thread,
-    off the step loop) and the copy to the device (on the copier's copy thread)."""
+    """The two parts of a cold adapter's copy, each fitted per rank as fixed + bytes / bandwidth: preparing the
+    host copy (read, validate, pack) as the preparer thread does it, beside a decoding batch (median of
+    `num_repeats`; gpu_workers/engine/prepare_timer.py, which also gives the steps' slowdown beside it), and
+    the copy to the device on a thread limited as the copy thread is (best of `num_repeats`)."""
     transfers = engine.runner.transfers
-    prepare: list[tuple[int, float]] = []
+    prepares = time_prepares(engine, transfers.prepare_host_copy, adapter_dirs, num_repeats)
+    by_bytes: dict[int, list[float]] = {}
+    for timed in prepares:
+        by_bytes.setdefault(timed.num_bytes, []).append(timed.seconds)
+    prepare = [(num_bytes, statistics.median(seconds)) for num_bytes, seconds in by_bytes.items()]
     link: list[tuple[int, float]] = []
     for rank, path in adapter_dirs.items():
-        best_prepare = best_link = float("inf")
-        for i in range(max(1, num_repeats)):
-            started = time.perf_counter()
-            host_copy = transfers.prepare_host_copy(f"twin-copy-{rank}-{i}", path)
-            prepared = time.perf_counter()
-            transfers.copier.copy(host_copy)
-            best_prepare = min(best_prepare, prepared - started)
-            best_link = min(best_link, time.perf_counter() - prepared)
-        prepare.append((host_copy.num_bytes, best_prepare))
+        host_copy = transfers.prepare_host_copy(f"twin-copy-{rank}", path)
+        copy_once = functools.partial(_seconds, functools.partial(transfers.copier.copy, host_copy))
+        best_link = min(_on_helper_thread(copy_once) for _ in range(max(1, num_repeats)))
         link.append((host_copy.num_bytes, best_link))
     prepare_us, prepare_gbps = _fit_bandwidth(prepare)
     per_copy_us, link_gbps = _fit_bandwidth(link)
@@ -136,7 +140,30 @@ def _fit_copy(engine: Any, adapter_dirs: dict[int, Path], num_repeats: int) -> d
         "per_copy_us": per_copy_us,
         "prepare_gbps": prepare_gbps,
         "prepare_us": prepare_us,
+        "prepare_step_factor": prepare_step_factor(prepares),
     }
+
+
+def _seconds(work: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def _on_helper_thread(work: Callable[[], float]) -> float:
+    """`work()` on a new thread limited as the engine's helper threads are (thread_limits.py)."""
+    result: list[float] = []
+
+    def run() -> None:
+        limit_this_thread(1)
+        result.append(work())
+
+    thread = threading.Thread(target=run, name="copy-timer", daemon=True)
+    thread.start()
+    thread.join()
+    if not result:
+        raise RuntimeError("the timed copy failed on its thread")
+    return result[0]
 
 
 def _fit_bandwidth(samples: list[tuple[int, float]]) -> tuple[float, float]:

@@ -118,6 +118,9 @@ def test_profile_also_writes_a_twin_profile_the_cost_model_loads(
         profile.kv_bytes_per_token == profile.model.kv_bytes_per_token
     )  # the engine's pool agrees with the shape
     assert profile.copy_link.host_to_device_gbps > 0 and profile.step.scheduler_us > 0
+    # preparations timed beside a decoding batch (gpu_workers/engine/prepare_timer.py)
+    assert profile.copy_link.prepare_gbps is not None and profile.copy_link.prepare_step_factor >= 1.0
+    assert "beside a decoding batch" in result.output
     assert "R^2" in profile.sources["step"] and "twin:" in result.output and str(twin) in result.output
     model = CostModel(profile)
     small = StepShape(num_decode_seqs=1, decode_context_tokens=9)

@@ -46,10 +46,13 @@ def tiny_profile(**step: Any) -> TwinProfile:
     return profile_from_dict(tiny_profile_dict(**step))
 
 
-def round_cost_model(*, prepare_gbps: float | None = None, **step: Any) -> CostModel:
+def round_cost_model(
+    *, prepare_gbps: float | None = None, prepare_step_factor: float = 1.0, **step: Any
+) -> CostModel:
     """The timeline tests' profile of round numbers: a step costs 1 ms fixed + 0.1 ms per prefill token + 0.5 ms
     per decode row and nothing else (`step` overrides), a copy 0.5 s per MB (a 2 MB/s link, no latency);
-    `prepare_gbps`: the host copy's preparation in the engine thread (None: none)."""
+    `prepare_gbps`: the host copy's preparation on the preparer thread (None: none); `prepare_step_factor`: what
+    a step beside a preparation costs over its price."""
     data = tiny_profile_dict(
         **{
             "fixed_us": 1000.0,
@@ -63,5 +66,10 @@ def round_cost_model(*, prepare_gbps: float | None = None, **step: Any) -> CostM
             **step,
         }
     )
-    data["copy"] = {"host_to_device_gbps": 0.002, "per_copy_us": 0.0, "prepare_gbps": prepare_gbps}
+    data["copy"] = {
+        "host_to_device_gbps": 0.002,
+        "per_copy_us": 0.0,
+        "prepare_gbps": prepare_gbps,
+        "prepare_step_factor": prepare_step_factor,
+    }
     return CostModel(profile_from_dict(data))

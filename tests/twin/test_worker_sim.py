@@ -23,6 +23,7 @@ MB = 1_000_000
 def _worker(
     adapters: list[AdapterSpec] = (),  # type: ignore[assignment]
     prepare_gbps: float | None = None,
+    prepare_step_factor: float = 1.0,
     **engine: Any,
 ) -> SimulatedWorker:
     settings = EngineSettings(**({"cpu_prefill_workers": 0, "enable_prefix_caching": False} | engine))
@@ -30,7 +31,7 @@ def _worker(
         SHAPE, element_size=2, block_size=16, memory_mode="unified", kv_cache_bytes=0, num_kv_blocks=256,
         adapter_cache_bytes=4 * MB, max_lora_rank=64,
     )  # fmt: skip
-    cost_model = round_cost_model(prepare_gbps=prepare_gbps)
+    cost_model = round_cost_model(prepare_gbps=prepare_gbps, prepare_step_factor=prepare_step_factor)
     return SimulatedWorker(settings, geometry, cost_model, adapters, max_lora_rank=64)
 
 
@@ -82,6 +83,23 @@ def test_preparing_a_cold_adapters_host_copy_runs_beside_the_running_decodes() -
     stats = worker.core.stats()
     assert stats.num_adapter_preparations == 1 and stats.adapter_prepare_seconds_total == pytest.approx(0.1)
     assert stats.num_prepare_waits == 1 and worker.executor.busy_seconds == pytest.approx(0.005 + 0.002)
+
+
+@pytest.mark.parametrize("max_num_steps", [1, 8])
+def test_steps_beside_a_preparation_cost_the_profiles_factor_until_it_ends(max_num_steps: int) -> None:
+    """A CPU engine's preparer shares the step's cores (`copy.prepare_step_factor`, here 2): base's decodes cost
+    2 x 1.5 ms while the host copy is made (2 - 102 ms), the one that straddles its end pays 2x for its first
+    1 ms (0.5 ms of work) and 1x for the remaining 1 ms, and the steps after cost their price; one step at a
+    time or in multi-step windows alike."""
+    adapter = AdapterSpec("a", rank=8, num_bytes=MB)
+    base = TraceRequest("base", 0.0, num_prompt_tokens=10, num_output_tokens=40)
+    cold = TraceRequest("cold", 0.001, num_prompt_tokens=10, num_output_tokens=1, adapter_id="a")
+    worker = _worker([adapter], prepare_gbps=0.01, prepare_step_factor=2.0, num_scheduler_steps=max_num_steps)
+    rec_base, rec_cold = worker.run([base, cold])
+    beside = [0.002 + 0.003 * k for k in range(34)]  # the prefill, then 33 decodes of 3 ms up to 101 ms
+    after = [0.103 + 0.0015 * k for k in range(6)]
+    assert rec_base.token_times[:40] == pytest.approx(beside + after)
+    assert rec_cold.token_times == pytest.approx([0.604])  # the preparer's own time is the profile's
 
 
 def _load_all(executor: SimulatedExecutor) -> tuple[dict[str, float], dict[str, float]]:
