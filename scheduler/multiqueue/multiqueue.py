@@ -222,13 +222,7 @@ class MultiQueuePolicy:
             return AdmissionPlan(request_ids=())
         self._age_bound_s = age_bound(self.max_wait_s, [self._waited(r.arrival_time) for r in waiting])
         seconds_per_token = seconds_per_output_token(self._window, self.default_seconds_per_token)
-        planned = two_phase_order(
-            self._queues(waiting, seconds_per_token),
-            self._quotas,
-            charged,
-            is_work_conserving=self.sizing.is_work_conserving,
-            is_quota_lent=self.sizing.is_quota_lent,
-        )
+        planned = two_phase_order(self._queues(waiting, seconds_per_token), self._quotas, charged)
         aged = [r for r, _ in planned if r.is_aged]
         return AdmissionPlan(
             request_ids=tuple(r.request_id for r, _ in planned),

@@ -11,10 +11,7 @@ Queues are indexed smallest size class first; each holds its requests in FIFO or
             charge (a head that does not fit stops that queue); a queue left empty donates its unused
             quota to a spare pool;
   phase 2:  queues smallest first: admit from the spare pool while the head fits; a queue whose head does
-            not fit gets nothing more this step;
-  phase 3:  only when work-conserving (the platform's "tokens" sizing): every request left, oldest head first
-            across queues. Quotas then order a step's admissions but never hold a request back while the
-            pool has room for it: the batch scheduler tries it last, and admits it when its pages are free.
+            not fit gets nothing more this step.
 A request already charged (preempted after its admission) costs nothing and always fits, even in a queue
 whose quota is overdrawn. Non-preemptive: nothing already admitted is taken back. Quotas are charged by the caller on actual
 admission; this module only plans.
@@ -59,11 +56,8 @@ def two_phase_order(
     queues: Sequence[Sequence[QueuedRequest]],
     quota_tokens: Sequence[float],
     charged_tokens: Sequence[float],
-    is_work_conserving: bool = False,
-    is_quota_lent: bool = False,
 ) -> list[tuple[QueuedRequest, int]]:
-    """This step's admissions as (request, queue index), in the order to try them (see the module doc);
-    `is_work_conserving`: every request the quotas leave out is planned last, oldest first (phase 3)."""
+    """This step's admissions as (request, queue index), in the order to try them (see the module doc)."""
     if not len(queues) == len(quota_tokens) == len(charged_tokens):
         raise ValueError("queues, quota_tokens and charged_tokens need one entry per queue")
     remaining = [quota - used for quota, used in zip(quota_tokens, charged_tokens, strict=True)]
@@ -97,19 +91,11 @@ def two_phase_order(
     for q in range(len(queues)):
         while head_fits(q, remaining[q]):
             remaining[q] -= take(q)
-        if next_index[q] == len(queues[q]) or is_quota_lent:
+        if next_index[q] == len(queues[q]):
             spare += max(0.0, remaining[q])
-    if is_quota_lent:
-        while heads := [
-            (queues[q][next_index[q]].arrival_time, q) for q in range(len(queues)) if head_fits(q, spare)
-        ]:
-            spare -= take(min(heads)[1])
-    else:
-        for q in range(len(queues)):
-            while head_fits(q, spare):
-                spare -= take(q)
-    if is_work_conserving:
-        _take_oldest_first(queues, next_index, take)
+    for q in range(len(queues)):
+        while head_fits(q, spare):
+            spare -= take(q)
     return planned
 
 
@@ -127,21 +113,6 @@ def _take_aged(
 
     while True:
         heads = [(head.arrival_time, q) for q in range(len(queues)) if (head := aged_head(q)) is not None]
-        if not heads:
-            return
-        take(min(heads)[1])
-
-
-def _take_oldest_first(
-    queues: Sequence[Sequence[QueuedRequest]], next_index: list[int], take: Callable[[int], int]
-) -> None:
-    """Take every request left, oldest head first across queues, keeping each queue's own order."""
-    while True:
-        heads = [
-            (queues[q][next_index[q]].arrival_time, q)
-            for q in range(len(queues))
-            if next_index[q] < len(queues[q])
-        ]
         if not heads:
             return
         take(min(heads)[1])

@@ -62,8 +62,6 @@ class WrsSizing:
     is_head_of_line_blocking: bool = True
     is_ready_first: bool = False
     is_adapter_held_once: bool = False
-    is_work_conserving: bool = False
-    is_quota_lent: bool = False
 
     def class_size(self, shape: RequestShape, scale: SizeScale) -> float:
         """Chameleon's WRS of the request under `scale`."""
@@ -91,8 +89,6 @@ class TokenSizing:
     is_head_of_line_blocking: bool = False
     is_ready_first: bool = True
     is_adapter_held_once: bool = True
-    is_work_conserving: bool = False
-    is_quota_lent: bool = False
 
     def class_size(self, shape: RequestShape, scale: SizeScale) -> float:
         """log2 of the request's tokens (prompt + predicted output)."""

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from scheduler.multiqueue.queue_admission import (
     QueuedRequest,
@@ -79,61 +77,6 @@ def test_preempted_request_is_readmitted_even_when_its_queue_is_overdrawn() -> N
 def test_mismatched_lengths_are_refused() -> None:
     with pytest.raises(ValueError, match="one entry per queue"):
         two_phase_order([[]], quota_tokens=[1, 2], charged_tokens=[0])
-
-
-def test_work_conserving_plans_what_the_quotas_leave_out_last_oldest_first() -> None:
-    queues = [
-        [q("s1", 10, arrival=1.0), q("s2", 10, arrival=4.0)],  # remaining 14: s1; s2 does not fit
-        [q("l1", 50, arrival=2.0), q("l2", 50, arrival=3.0)],  # remaining 40: l1 does not fit; not empty
-    ]
-    quotas, charged = [15, 60], [1, 20]
-    assert order(two_phase_order(queues, quotas, charged)) == [("s1", 0)]  # the paper's: quotas hold them
-    planned = two_phase_order(queues, quotas, charged, is_work_conserving=True)
-    assert order(planned) == [("s1", 0), ("l1", 1), ("l2", 1), ("s2", 0)]  # then the rest, oldest first
-
-
-def test_lent_quota_left_unused_by_queues_whose_head_does_not_fit_goes_to_the_oldest_head_that_fits() -> None:
-    queues = [
-        [q("s1", 10, arrival=1.0), q("s2", 10, arrival=4.0)],  # remaining 14: s1, 4 left; s2 does not fit
-        [q("l1", 30, arrival=2.0), q("l2", 50, arrival=3.0)],  # remaining 40: l1, 10 left; l2 does not fit
-    ]
-    quotas, charged = [15, 60], [1, 20]
-    assert order(two_phase_order(queues, quotas, charged)) == [("s1", 0), ("l1", 1)]  # neither empties
-    planned = two_phase_order(queues, quotas, charged, is_quota_lent=True)
-    assert order(planned) == [("s1", 0), ("l1", 1), ("s2", 0)]  # 4 + 10 lent: l2 (older) needs 50, s2 fits
-
-
-queued_requests = st.lists(
-    st.lists(st.tuples(st.integers(0, 80), st.floats(0.0, 10.0), st.booleans()), max_size=6).map(
-        lambda rs: sorted(rs, key=lambda r: r[1])
-    ),
-    min_size=1,
-    max_size=4,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(members=queued_requests, data=st.data())
-def test_work_conserving_plan_is_the_quota_plan_then_every_request_left_oldest_first(
-    members: list[list[tuple[int, float, bool]]], data: st.DataObject
-) -> None:
-    """Every queued request is planned exactly once; the quotas' own plan comes first, unchanged; what they
-    left out follows, in arrival order across queues and each queue's own order."""
-    queues = [
-        [q(f"q{i}-{j}", charge, arrival, is_aged=aged) for j, (charge, arrival, aged) in enumerate(rs)]
-        for i, rs in enumerate(members)
-    ]
-    quotas = [data.draw(st.floats(0.0, 200.0)) for _ in queues]
-    charged = [data.draw(st.floats(0.0, 200.0)) for _ in queues]
-    by_quota = order(two_phase_order(queues, quotas, charged))
-    planned = order(two_phase_order(queues, quotas, charged, is_work_conserving=True))
-    assert sorted(planned) == sorted((r.request_id, i) for i, rs in enumerate(queues) for r in rs)
-    assert planned[: len(by_quota)] == by_quota
-    rest = planned[len(by_quota) :]
-    arrival = {r.request_id: r.arrival_time for rs in queues for r in rs}
-    assert [arrival[r] for r, _ in rest] == sorted(arrival[r] for r, _ in rest)
-    for i, rs in enumerate(queues):
-        assert [r for r, queue in planned if queue == i] == [r.request_id for r in rs]
 
 
 def test_predicted_wait_is_when_finishing_requests_return_the_adapters_tokens() -> None:
