@@ -110,15 +110,13 @@ def split_ttft(record: Any, recorder: _Recorder) -> dict[str, float]:
     first_token = record.token_times[0]
     admitted = recorder.admitted_at.get(record.request_id, record.first_scheduled_s or first_token)
     events = [(t, why) for t, why in recorder.events.get(record.request_id, []) if t < admitted]
-    cursor = record.arrival_s
-    if events:
-        parts["arrival"] += max(0.0, events[0][0] - cursor)
-        cursor = events[0][0]
-    for (t, why), nxt in zip(events, [*(e[0] for e in events[1:]), admitted], strict=True):
-        parts[why] += max(0.0, nxt - t)
-        cursor = nxt
     if not events:
-        parts["arrival"] += max(0.0, admitted - cursor)
+        parts["arrival"] += max(0.0, admitted - record.arrival_s)
+    else:
+        parts["arrival"] += max(0.0, events[0][0] - record.arrival_s)
+        ends = [t for t, _ in events[1:]] + [admitted]
+        for (t, why), end in zip(events, ends, strict=True):
+            parts[why] += max(0.0, end - t)
     parts["prefill"] += max(0.0, first_token - max(admitted, record.arrival_s))
     return parts
 
