@@ -113,3 +113,10 @@ def test_at_rate_keeps_the_requests_and_changes_only_the_arrivals() -> None:
 
 def test_the_conversation_trace_path_resolves_from_a_worktree(conv_trace: Path) -> None:
     assert conv_trace.exists() and tp.CONV_TRACE == conv_trace
+
+
+def test_seeds_option_replaces_the_scales_seeds() -> None:
+    result = tp.run(["--quick", "--sections", "chameleon", "--seeds", "3"])
+    assert result["meta"]["seeds"] == [3]
+    [chameleon] = result["sections"]
+    assert {run["seed"] for run in chameleon["runs"]} == {3} and "seeds [3]" in chameleon["setup"]
