@@ -42,7 +42,7 @@ from benchmarks.run_info import cpu_model
 from benchmarks.serving_workload import read_trace, zipf_weights
 from scheduler.core.engine_request import EngineRequest
 from twin.request_record import RequestRecord
-from twin.run_metrics import COMPARED, RunSummary, compare, summarize
+from twin.run_metrics import COMPARED, RunSummary, compare, median_summary, spread_pct, summarize
 from twin.trace import AdapterSpec, TraceRequest
 
 CONV_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"  # ../shared/data beside the checkout
@@ -93,10 +93,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--twin-only", action="store_true", help="skip the real engine (the twin's side only)")
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="real-engine runs per case, each on a fresh engine; the twin is scored against their median",
+    )
+    p.add_argument(
         "--compare-profile", type=Path, default=None, help="also price each trace with this profile"
     )
     p.add_argument("--output", type=Path, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+    return args
 
 
 # ---- workload ---------------------------------------------------------------------------------------
@@ -339,11 +348,20 @@ def main(argv: list[str] | None = None) -> int:
             "twin_sim_s_per_wall_s": twin.duration_s / max(twin_wall, 1e-9),
         }
         if not args.twin_only:
-            vocab = engine.runner.args.vocab_size
-            warm_up(engine, trace, vocab)
-            real = summarize(run_real(engine, clock, trace, vocab))
+            runs = []
+            for repeat in range(args.repeats):
+                if repeat > 0:  # a fresh engine: cold adapters and empty caches again
+                    del engine
+                    engine, clock, _, _, _ = set_up_case(args, case, profile, all_names)
+                vocab = engine.runner.args.vocab_size
+                warm_up(engine, trace, vocab)
+                runs.append(summarize(run_real(engine, clock, trace, vocab)))
+            real = median_summary(runs)
             row["real"] = real.as_dict()
+            row["real_runs"] = [run.as_dict() for run in runs]
+            row["real_spread_pct"] = spread_pct(runs)
             row["smape_pct"] = compare(real, twin)
+            row["smape_per_run_pct"] = [compare(run, twin) for run in runs]
             if args.compare_profile is not None:  # another twin on the same trace against the same run
                 other, _ = run_twin(config, geometry, load_profile(args.compare_profile), adapters, trace)
                 row["smape_compare_pct"] = compare(real, summarize(other))
@@ -359,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": str(args.profile),
             "compare_profile": str(args.compare_profile),
             "num_requests": args.num_requests,
+            "repeats": args.repeats,
         }
         args.output.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
@@ -373,6 +392,9 @@ def _line(row: dict[str, Any]) -> str:
             f"{m.split('_')[0]}{'' if m.startswith('throughput') else m.split('_')[1]} {s[m]:.1f}%"
             for m in COMPARED
         )
+    if len(row.get("real_runs", ())) > 1:
+        spread = row["real_spread_pct"]
+        text += f" | real spread ({len(row['real_runs'])} runs) ttft50 {spread['ttft_p50_s']:.0f}% itl50 {spread['itl_p50_s']:.0f}%"
     return text + f" | sim/wall {row['twin_sim_s_per_wall_s']:.0f}x"
 
 
@@ -381,8 +403,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
     if not with_real:
         return ""
     lines = []
-    for key in ("smape_pct", "smape_compare_pct"):
-        if key in with_real[0]:
+    is_repeated = len(with_real[0]["real_runs"]) > 1
+    for key in ("smape_pct", "smape_compare_pct", "real_spread_pct"):
+        if key in with_real[0] and (is_repeated or key != "real_spread_pct"):
             mean = {m: sum(r[key][m] for r in with_real) / len(with_real) for m in COMPARED}
             lines.append(
                 f"mean {key} over {len(with_real)} cases: "

@@ -68,6 +68,26 @@ def smape(real: float, twin: float) -> float:
     return 0.0 if denominator == 0 else 200.0 * abs(twin - real) / denominator
 
 
+def median_summary(runs: Sequence[RunSummary]) -> RunSummary:
+    """Each field's median over repeated runs of one trace (the real engine is not deterministic; the twin
+    is): ValueError when there is no run."""
+    if not runs:
+        raise ValueError("no run to take the median of")
+    medians = {k: float(np.median([getattr(run, k) for run in runs])) for k in asdict(runs[0])}
+    counts = {k: round(medians[k]) for k in ("num_requests", "num_finished")}
+    return RunSummary(**{**medians, **counts})  # type: ignore[arg-type]
+
+
+def spread_pct(runs: Sequence[RunSummary], metrics: Sequence[str] = COMPARED) -> dict[str, float]:
+    """Per metric, (max - min) / median of repeated runs, in percent (0 where the median is 0)."""
+    spread = {}
+    for m in metrics:
+        values = [getattr(run, m) for run in runs]
+        median = float(np.median(values))
+        spread[m] = 100.0 * (max(values) - min(values)) / median if median else 0.0
+    return spread
+
+
 def compare(real: RunSummary, twin: RunSummary, metrics: Sequence[str] = COMPARED) -> dict[str, float]:
     """SMAPE per metric (percent)."""
     return {m: smape(getattr(real, m), getattr(twin, m)) for m in metrics}

@@ -42,13 +42,18 @@ def test_the_real_engine_and_the_twin_replay_one_trace_and_are_compared(
         "--model-dir", str(demo_dir), "--profile", str(profile), "--conv-trace", str(CONV), "--traces", traces,
         "--loads", "0.5", "--policies", "fifo", "--memory-modes", "unified", "--num-adapters", "2",
         "--bounds", "slot,memory", "--num-requests", "6", "--max-prompt", "64", "--max-output", "8",
-        "--threads", "1", "--dtype", "float32", "--output", str(out),
+        "--threads", "1", "--dtype", "float32", "--output", str(out), "--repeats", "2",
     ]  # fmt: skip
     assert twin_fidelity.main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 * len(traces.split(","))
     for row in rows:
         assert row["real"]["num_finished"] == row["twin"]["num_finished"] == 6
+        # two fresh real runs, each whole; the twin is scored against their median
+        assert [run["num_finished"] for run in row["real_runs"]] == [6, 6]
+        ttfts = sorted(run["ttft_p50_s"] for run in row["real_runs"])
+        assert row["real"]["ttft_p50_s"] == pytest.approx(sum(ttfts) / 2)
+        assert len(row["smape_per_run_pct"]) == 2 and set(row["real_spread_pct"]) == set(COMPARED)
         assert set(row["smape_pct"]) == set(COMPARED)
         assert all(0.0 <= v <= 200.0 for v in row["smape_pct"].values())
         assert row["twin_sim_s_per_wall_s"] > 0

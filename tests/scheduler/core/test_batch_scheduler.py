@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from collections.abc import Sequence as Sequence_
 from functools import partial
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from scheduler.admission.admission import AdmissionPlan, BatchBudget, WaitingRequest
 from scheduler.admission.batch_policy import FifoPolicy
 from scheduler.cache.eviction import EVICTION_POLICIES, make_eviction_policy
 from scheduler.core.adapter_residency import AdapterResidency, Residency
@@ -259,6 +261,32 @@ def test_a_queued_requests_adapter_is_prefetched_and_its_admission_is_a_hit() ->
         0,
         1,
     )
+
+
+class PlansTwoOldest(FifoPolicy):
+    """Plans only the two oldest waiting requests, as a multi-queue whose quotas cover two would."""
+
+    def plan(self, waiting: Sequence_[WaitingRequest], budget: BatchBudget) -> AdmissionPlan:
+        ordered = super().plan(waiting, budget).request_ids
+        return AdmissionPlan(request_ids=ordered[:2], is_head_of_line_blocking=False)
+
+
+def test_a_request_the_policy_left_out_of_its_plan_still_gets_its_adapter_prefetched() -> None:
+    pool = PagePool(8, BLOCK_SIZE, 8)
+    residency = AdapterResidency(pool, PAGE_BYTES, policy=make_eviction_policy("lru"))
+    # 4 tokens per step: r1's prompt takes them all, so the planned r2 stays waiting with r3
+    scheduler = BatchScheduler(pool, residency, PlansTwoOldest(), max_num_seqs=4, max_num_batched_tokens=4)
+    for name in ("first", "second", "third"):
+        residency.register(name, f"/host/{name}", rank=4, num_bytes=100)
+    make_resident(residency, "first")
+    scheduler.add(make_seq("r1", 4, 2, "first", 0.0))
+    scheduler.add(make_seq("r2", 4, 2, "second", 1.0))  # planned, not admitted (no token left)
+    scheduler.add(make_seq("r3", 4, 2, "third", 2.0))  # left out of the plan
+    plan = scheduler.schedule()
+    assert [e.seq.request_id for e in plan.entries] == ["r1"]
+    # the left-out requests' adapters load now, in queue order, so they are ready when the policy plans them
+    assert [load.adapter_id for load in plan.adapter_loads] == ["second", "third"]
+    assert scheduler.num_adapter_prefetches == 2
 
 
 def test_a_prefetch_evicts_idle_adapters_but_never_a_running_or_queued_requests_adapter() -> None:
