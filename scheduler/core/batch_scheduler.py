@@ -33,6 +33,7 @@ asynchronous: which sequences of an adapter still being loaded run is `core/copy
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Collection
 
@@ -320,16 +321,15 @@ class BatchScheduler:
         """Plan loads for the adapters of waiting requests, in the batch policy's order, before admission.
 
         The order is this step's admission order, then the waiting requests the policy left out of it (a
-        multi-queue plans only what its quotas cover) in queue order; the first `max_num_seqs` of them (those
-        the next steps can admit). A prefetch evicts idle adapters only (in the eviction policy's order: a
-        queued request's known next use outranks an idle adapter's possible reuse), never one that a running
-        or waiting request uses, and leaves one free KV page per running sequence (its next decode block).
-        Skipped in a step that was short of pages (a preemption, or a request left waiting for pages): the
-        cache grows only while memory is idle, so a prefetch is not evicted again right away.
+        multi-queue plans only what its quotas cover) in queue order; the first `max_num_seqs` of them. A
+        prefetch evicts idle adapters only (in the eviction policy's order: a queued request's known next use
+        outranks an idle adapter's possible reuse), never one that a running or waiting request uses, and
+        leaves one free KV page per running sequence (its next decode block). Skipped in a step short of
+        pages (a preemption, or a request left waiting for pages): the cache grows only while memory is idle.
         """
         planned = {rid: None for rid in self._admission_order if rid in self.waiting}
-        order = [*planned, *(rid for rid in self.waiting if rid not in planned)]
-        for request_id in order[: self.max_num_seqs]:
+        left_out = (rid for rid in self.waiting if rid not in planned)  # lazily: a backlog can be long
+        for request_id in itertools.islice(itertools.chain(planned, left_out), self.max_num_seqs):
             adapter_id = self.waiting[request_id].adapter_id
             if adapter_id is None or self.residency.residency(adapter_id) is not Residency.HOST:
                 continue
