@@ -3,11 +3,13 @@
 # transformers + peft throughput on the same GPU in the same run, the twin profile of this engine on that GPU,
 # and the twin's fidelity against it; apart, `gpu_engine`: lorahost vs transformers + peft on an 8B-shaped Llama
 # and the small demo model with 16/64/256 adapters against the HBM floor (benchmarks/gpu_engine_bench.py, one
-# table, ~7 minutes: run it alone). Logs and JSON go to $GPU_CHECK_WORK/out; at the end $OUT (default
+# table, ~7 minutes: run it alone); `scheduling`: issue 36's real-engine goal on the GPU (benchmarks/scheduling.py,
+# FIFO vs the platform's multi-queue at ~1.1x the measured capacity, memory-bound, conv trace, SCHED_SEEDS seeds
+# of SCHED_REQUESTS requests, ~4-5 minutes: run it first, before the GPU has served anything else). Logs and JSON go to $GPU_CHECK_WORK/out; at the end $OUT (default
 # /tmp/gpu-check) gets the main results and one archive of everything (the device tool returns 8 files at most).
 #
-#   bash benchmarks/gpu_check.sh [STEPS]     STEPS: comma list of tests,throughput,profile,fidelity (the default)
-#                                            and gpu_engine
+#   bash benchmarks/gpu_check.sh [STEPS]     STEPS: comma list of tests,throughput,profile,fidelity (the default),
+#                                            gpu_engine and scheduling
 #
 # The machine needs python3 with torch (CUDA), transformers, peft, safetensors, tokenizers, numpy, pytest and
 # hypothesis; any other package the project imports is installed from wheels in .whl/ when that folder exists
@@ -28,7 +30,7 @@ mkdir -p "$OUT" "$WORK" "$FINAL_OUT"
 
 collect() {
   for f in device.txt engine_tests.log engine_throughput.jsonl twin-profile.json twin_fidelity.json fidelity.log \
-    gpu_engine.json; do
+    gpu_engine.json scheduling.txt; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL_OUT/"
   done
   tar czf "$FINAL_OUT/gpu-check-all.tgz" -C "$WORK" out
@@ -70,6 +72,19 @@ if has gpu_engine; then
   timeout "$limit" $PY benchmarks/gpu_engine_bench.py --time-limit $((limit - 20)) --work-dir "$WORK/gpu_engine" \
     --out "$OUT/gpu_engine.json" ${GPU_ENGINE_ARGS:-} 2>"$OUT/gpu_engine.log" | tee "$OUT/gpu_engine.txt"
   echo "gpu_engine rc=${PIPESTATUS[0]}"
+fi
+
+if has scheduling; then
+  step scheduling
+  # The same memory-bound configuration as the CPU runs in RESULTS.md (issue 36 section 1: KV for 8 max-length
+  # requests under 32 slots, 20% of 100 adapters' bytes on the device), on the GPU's own host->device link
+  # (--link-gbps 0: no emulated link). Each seed is a new draw of the workload and its own capacity measurement.
+  for seed in ${SCHED_SEEDS:-0 1 2}; do
+    timeout "${SCHED_S:-170}" $PY benchmarks/scheduling.py --policies fifo,multiqueue --cache on --loads 1.1 \
+      --num-requests "${SCHED_REQUESTS:-360}" --seed "$seed" --link-gbps 0 --engine-args '{"max_num_seqs": 32}' \
+      --out "$OUT/scheduling-$seed.json" 2>>"$OUT/scheduling.log" | tee -a "$OUT/scheduling.txt"
+    echo "scheduling seed $seed rc=${PIPESTATUS[0]}"
+  done
 fi
 
 # The workload on the CPU, in the background, while the tests use the GPU (only the other steps need it).
@@ -126,8 +141,9 @@ if has fidelity; then
   step fidelity
   [ -f "$PROFILE" ] || { echo "gpu_check: no profile at $PROFILE: run the profile step first"; exit 1; }
   timeout "${FIDELITY_S:-150}" $PY benchmarks/twin_fidelity.py --model-dir "$MODEL" --profile "$PROFILE" \
-    --conv-trace "$TRACE" --traces conv --loads 0.5,0.9,1.2 --policies fifo --memory-modes unified \
-    --num-adapters 16 --bounds slot --num-requests 60 --max-prompt 512 --max-output 64 --max-num-seqs 32 \
+    --conv-trace "$TRACE" --traces conv --loads 0.5,0.9,1.2 --policies "${FIDELITY_POLICIES:-fifo}" \
+    --memory-modes unified --num-adapters 16 --bounds slot --num-requests 60 --max-prompt 512 --max-output 64 \
+    --max-num-seqs 32 --repeats "${FIDELITY_REPEATS:-1}" \
     --output "$OUT/twin_fidelity.json" >"$OUT/fidelity.log" 2>&1
   echo "fidelity rc=$?"
   tail -25 "$OUT/fidelity.log"
