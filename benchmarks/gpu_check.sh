@@ -9,7 +9,8 @@
 # /tmp/gpu-check) gets the main results and one archive of everything (the device tool returns 8 files at most).
 #
 #   bash benchmarks/gpu_check.sh [STEPS]     STEPS: comma list of tests,throughput,profile,fidelity (the default),
-#                                            gpu_engine and scheduling
+#                                            gpu_engine, scheduling and audit (after profile: where a GPU worker's
+#                                            serving steps and TTFT go that the twin does not charge)
 #
 # The machine needs python3 with torch (CUDA), transformers, peft, safetensors, tokenizers, numpy, pytest and
 # hypothesis; any other package the project imports is installed from wheels in .whl/ when that folder exists
@@ -30,7 +31,7 @@ mkdir -p "$OUT" "$WORK" "$FINAL_OUT"
 
 collect() {
   for f in device.txt engine_tests.log engine_throughput.jsonl twin-profile.json twin_fidelity.json fidelity.log \
-    gpu_engine.json scheduling.txt; do
+    gpu_engine.json scheduling.txt step_audit.txt; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL_OUT/"
   done
   tar czf "$FINAL_OUT/gpu-check-all.tgz" -C "$WORK" out
@@ -78,10 +79,14 @@ if has scheduling; then
   step scheduling
   # The same memory-bound configuration as the CPU runs in RESULTS.md (issue 36 section 1: KV for 8 max-length
   # requests under 32 slots, 20% of 100 adapters' bytes on the device), on the GPU's own host->device link
-  # (--link-gbps 0: no emulated link). Each seed is a new draw of the workload and its own capacity measurement.
+  # (--link-gbps 0: no emulated link). Each seed is a new draw of the workload and its own capacity measurement;
+  # a seed takes ~115 s on an H200 (the first also builds the 100-adapter model, ~35 s; a seed whose measured
+  # capacity is low replays slower, so keep SCHED_S well above that). Without $TRACE the bench falls back to a
+  # synthetic trace of the same shape and says so in scheduling.log.
   for seed in ${SCHED_SEEDS:-0 1 2}; do
-    timeout "${SCHED_S:-170}" $PY benchmarks/scheduling.py --policies fifo,multiqueue --cache on --loads 1.1 \
+    timeout "${SCHED_S:-200}" $PY benchmarks/scheduling.py --policies fifo,multiqueue --cache on --loads 1.1 \
       --num-requests "${SCHED_REQUESTS:-360}" --seed "$seed" --link-gbps 0 --engine-args '{"max_num_seqs": 32}' \
+      --trace "$TRACE" \
       --out "$OUT/scheduling-$seed.json" 2>>"$OUT/scheduling.log" | tee -a "$OUT/scheduling.txt"
     echo "scheduling seed $seed rc=${PIPESTATUS[0]}"
   done
@@ -89,7 +94,7 @@ fi
 
 # The workload on the CPU, in the background, while the tests use the GPU (only the other steps need it).
 workload=
-if has throughput || has profile || has fidelity; then
+if has throughput || has profile || has fidelity || has audit; then
   (
     if [ ! -f "$MODEL/adapters/adapter-15/adapter_model.safetensors" ]; then
       $PY -m lorahost.cli demo-model "$MODEL" --size small --num-adapters 16 --target-modules q_proj,k_proj,v_proj,o_proj
@@ -147,5 +152,19 @@ if has fidelity; then
     --output "$OUT/twin_fidelity.json" >"$OUT/fidelity.log" 2>&1
   echo "fidelity rc=$?"
   tail -25 "$OUT/fidelity.log"
+fi
+if has audit; then
+  step audit
+  # benchmarks/twin_step_audit.py on the fidelity step's x0.9 case: every real step's wall time against the
+  # profile's price, by kind (host-assisted, preparing, copying, clean), and each request's TTFT split into
+  # waiting and its first token's steps, real against twin (the H200's serving steps took 1.1-1.6x the profiled
+  # ones and its queueing 5-15x the twin's in the first run with repeats: RESULTS.md, issue 36 on an H200).
+  [ -f "$PROFILE" ] || { echo "gpu_check: no profile at $PROFILE: run the profile step first"; exit 1; }
+  timeout "${AUDIT_S:-120}" $PY benchmarks/twin_step_audit.py --case "${AUDIT_CASE:-conv/slot/unified/fifo/a16/x0.9}" \
+    --model-dir "$MODEL" --profile "$PROFILE" --conv-trace "$TRACE" --num-requests 60 --max-prompt 512 \
+    --max-output 64 --max-num-seqs 32 --steps-output "$OUT/step_audit.json" >"$OUT/step_audit.txt" \
+    2>"$OUT/step_audit.log"
+  echo "audit rc=$?"
+  cat "$OUT/step_audit.txt"
 fi
 step done
