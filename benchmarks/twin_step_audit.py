@@ -112,6 +112,9 @@ def _step_row(started: float, seconds: float, shape: Any, kind: str, cost: Any) 
         "prefill_tokens": shape.num_prefill_tokens,
         "decode_seqs": shape.num_decode_seqs,
         "host_token_ranks": list(shape.host_token_ranks),
+        "adapter_ranks": list(shape.adapter_ranks),
+        "decode_context_tokens": shape.decode_context_tokens,
+        "lora_price_s": cost.lora_us(shape) * 1e-6,
     }
 
 
