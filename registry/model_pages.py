@@ -11,6 +11,9 @@ find_visible_adapter): the tenant's own live adapter of that name, else the olde
 active tenant; it is listed when that adapter has a ready version, with its latest ready version. The own and
 the public adapters are read as two ordered index scans (uq_adapters_tenant_name_live, ix_adapters_public_name)
 merged; ready versions through ix_adapter_versions_ready.
+
+The admin's catalog (GET /v1/admin/models, `catalog_model_page`) pages the same way: live base models by name,
+a cursor being any name the catalog ever held.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from sqlalchemy import and_, exists, func, select, tuple_
 from sqlalchemy.orm import Session, aliased, selectinload
 
 from registry.adapter_pages import is_active_owner, is_live, is_public_of_active_other, merged_ids
-from registry.models import Adapter, AdapterVersion, BaseModelName
-from registry.pages import PageRequest, invalid_cursor
+from registry.models import Adapter, AdapterVersion, BaseModelName, CatalogModel
+from registry.pages import Page, PageRequest, invalid_cursor, read_page
 from registry.repository import ADAPTER_NAME_RE
 
 NAME_KEYS = (Adapter.name,)
+CATALOG_KEYS = (CatalogModel.name,)
 
 
 @dataclass(frozen=True)
@@ -120,3 +124,14 @@ def with_latest_ready(session: Session, ids: list[str]) -> list[tuple[Adapter, A
     query = select(Adapter).where(Adapter.id.in_(ids)).options(selectinload(Adapter.tenant))
     adapters = {a.id: a for a in session.scalars(query)}
     return [(adapters[i], versions[i]) for i in ids]
+
+
+def catalog_model_page(session: Session, page: PageRequest) -> Page[CatalogModel]:
+    """The catalog's live base models by name (GET /v1/admin/models), after the model named `page.after`.
+    The list's ids are names, so a cursor is a position by name and keeps working when that model is removed
+    between pages; a name the catalog never held is an InvalidCursorError."""
+    if page.after is not None and session.get(BaseModelName, page.after.lower()) is None:
+        raise invalid_cursor(page.after)
+    query = select(CatalogModel).where(CatalogModel.status == "ready")
+    anchor = None if page.after is None else (page.after,)
+    return read_page(session, query, CATALOG_KEYS, anchor, page.limit)

@@ -26,7 +26,7 @@ from api.schemas import (
 )
 from api.services import Services
 from registry import api_keys, repository
-from registry.account_pages import tenant_page
+from registry.account_pages import price_plan_page, tenant_page
 from registry.db import is_insert_conflict, is_transient_error, run_in_write_transaction
 from registry.errors import ConflictError
 from registry.pages import PageRequest
@@ -99,6 +99,7 @@ def create_plan(body: PricePlanCreate, session: Session) -> PricePlanPublic:
     return PricePlanPublic.model_validate(plan)
 
 
-def list_plans(session: Session) -> list[PricePlanPublic]:
-    """All price plans, by name."""
-    return [PricePlanPublic.model_validate(p) for p in repository.list_price_plans(session)]
+def list_plans(session: Session, page: PageRequest) -> PageResponse:
+    """A page of the price plans, by name."""
+    found = price_plan_page(session, page)
+    return page_response([PricePlanPublic.model_validate(p) for p in found.items], found.has_more)

@@ -15,7 +15,6 @@ from api.schemas import (
     PRINTABLE_TEXT,
     ApiKeyCreated,
     ApiKeyRevoked,
-    ListResponse,
     PageResponse,
     PricePlanCreate,
     PricePlanPublic,
@@ -76,7 +75,8 @@ def create_plan(body: PricePlanCreate, _: AdminDep, session: SessionDep) -> Pric
     return tenants.create_plan(body, session)
 
 
-@router.get("/plans", response_model=ListResponse)
-def list_plans(_: AdminDep, session: SessionDep) -> ListResponse:
-    """All price plans."""
-    return ListResponse(data=tenants.list_plans(session))
+@router.get("/plans", response_model=PageResponse)
+def list_plans(_: AdminDep, session: SessionDep, page: PageDep) -> PageResponse:
+    """All price plans, by name, a page at a time: `limit` (1-1000, default 100) and `after` (the previous
+    page's `last_id`)."""
+    return tenants.list_plans(session, page)

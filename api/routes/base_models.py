@@ -8,10 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from api.deps import AdminDep, ServicesDep, SessionDep
+from api.pagination import PageDep, page_response
 from api.request_text import TextCheckedRoute
-from api.schemas import PRINTABLE_TEXT, CatalogModelPublic, CatalogModelUpdate, ListResponse
+from api.schemas import PRINTABLE_TEXT, CatalogModelPublic, CatalogModelUpdate, PageResponse
 from registry import base_model_catalog
 from registry.db import run_in_write_transaction
+from registry.model_pages import catalog_model_page
 
 router = APIRouter(prefix="/v1/admin/models", tags=["admin"], route_class=TextCheckedRoute)
 ModelName = Annotated[str, Path(pattern=PRINTABLE_TEXT)]
@@ -24,10 +26,12 @@ def _public(session: SessionDep, model: object) -> CatalogModelPublic:
     )
 
 
-@router.get("", response_model=ListResponse)
-def list_models(_: AdminDep, session: SessionDep) -> ListResponse:
-    """The catalog's live base models, by name."""
-    return ListResponse(data=[_public(session, m) for m in base_model_catalog.list_base_models(session)])
+@router.get("", response_model=PageResponse)
+def list_models(_: AdminDep, session: SessionDep, page: PageDep) -> PageResponse:
+    """The catalog's live base models, by name, a page at a time: `limit` (1-1000, default 100) and `after`
+    (the previous page's `last_id`: a model's name)."""
+    found = catalog_model_page(session, page)
+    return page_response([_public(session, m) for m in found.items], found.has_more, lambda card: card.name)
 
 
 @router.get("/{name}", response_model=CatalogModelPublic)

@@ -49,3 +49,23 @@ def test_removing_a_model_with_ready_adapters_needs_force(
     removed = client.delete(f"/v1/admin/models/{BASE_MODEL}", params={"force": "true"}, headers=ADMIN)
     assert removed.status_code == 200 and removed.json()["status"] == "removed"
     assert client.get("/v1/admin/models", headers=ADMIN).json()["data"] == []
+
+
+def test_the_catalog_pages_by_name_and_a_removed_models_name_still_continues(
+    client: TestClient, db_session: Session, blob_store: LocalBlobStore, base_model_dir: Path
+) -> None:
+    for name in ("tiny-c", "tiny-a", "tiny-b"):
+        add_base_model(db_session, blob_store, name, base_model_dir)
+    db_session.commit()
+    first = client.get("/v1/admin/models", params={"limit": 1}, headers=ADMIN).json()
+    assert [m["name"] for m in first["data"]] == ["tiny-a"] and first["last_id"] == "tiny-a"
+    assert first["has_more"]
+    second = client.get("/v1/admin/models", params={"limit": 1, "after": "tiny-a"}, headers=ADMIN).json()
+    assert [m["name"] for m in second["data"]] == ["tiny-b"] and second["has_more"]
+    removed = client.delete("/v1/admin/models/tiny-b", headers=ADMIN)
+    assert removed.status_code == 200
+    last = client.get("/v1/admin/models", params={"limit": 1, "after": "tiny-b"}, headers=ADMIN).json()
+    assert [m["name"] for m in last["data"]] == ["tiny-c"] and not last["has_more"]
+    whole = client.get("/v1/admin/models", params={"limit": 1000}, headers=ADMIN).json()
+    assert [m["name"] for m in whole["data"]] == ["tiny-a", "tiny-c"]
+    assert (whole["first_id"], whole["last_id"], whole["has_more"]) == ("tiny-a", "tiny-c", False)

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from registry.models import ApiKey, Tenant, UsageRecord, new_id
+from registry.models import ApiKey, PricePlan, Tenant, UsageRecord, new_id
 from tests.api.conftest import ADMIN, TenantHandle
 from tests.registry.page_rows import add_adapter, add_tenant
 
@@ -23,6 +23,7 @@ LISTS = [
     "/v1/models",
     "/v1/keys",
     "/v1/admin/tenants",
+    "/v1/admin/plans",
     "/v1/usage",
 ]
 
@@ -55,10 +56,11 @@ def acme(tenant: TenantHandle, db_session: Session) -> TenantHandle:
         )
     add_tenant(db_session, "other-1")
     add_tenant(db_session, "other-2")
+    db_session.add_all([PricePlan(name="basic"), PricePlan(name="pro")])
     return tenant
 
 
-@pytest.mark.parametrize("path", LISTS)
+@pytest.mark.parametrize("path", [*LISTS, "/v1/admin/models"])
 @pytest.mark.parametrize("limit", ["0", "1001", "abc", "-1", "1.5", "\u0661"])
 def test_every_list_refuses_a_bad_limit_naming_the_range(
     client: TestClient, acme: TenantHandle, path: str, limit: str
@@ -87,7 +89,8 @@ def test_every_list_answers_openai_envelope_and_walks_to_its_end(
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/adapters", "/v1/adapters/my-lora/versions", "/v1/keys", "/v1/admin/tenants"]
+    "path",
+    ["/v1/adapters", "/v1/adapters/my-lora/versions", "/v1/keys", "/v1/admin/tenants", "/v1/admin/plans"],
 )
 def test_an_unknown_id_as_cursor_is_a_400_saying_what_to_pass(
     client: TestClient, acme: TenantHandle, path: str
@@ -98,7 +101,10 @@ def test_an_unknown_id_as_cursor_is_a_400_saying_what_to_pass(
     assert "last_id of the previous page" in response.json()["error"]["message"]
 
 
-@pytest.mark.parametrize(("path", "cursor"), [("/v1/models", "Not A Model"), ("/v1/usage", "yesterday")])
+@pytest.mark.parametrize(
+    ("path", "cursor"),
+    [("/v1/models", "Not A Model"), ("/v1/usage", "yesterday"), ("/v1/admin/models", "never-held")],
+)
 def test_a_cursor_of_the_wrong_shape_is_a_400(
     client: TestClient, acme: TenantHandle, path: str, cursor: str
 ) -> None:
