@@ -23,6 +23,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,26 @@ def measure(client: TestClient, gen: Generated, shape: RegistryShape, big: dict[
             for start in (None, middle):
                 times += walk(client, path, headers, num_calls - len(times), start)
         results.append({"list": label, "path": path, "num_calls": len(times), **percentiles(times)})
+    return results + measure_billing(client, max(3, num_calls // 60))
+
+
+def measure_billing(client: TestClient, num_calls: int) -> list[dict[str, Any]]:
+    """Billing over every tenant (GET /v1/admin/billing: the invoice lines of a period, summed in the database)
+    for the last 30 days and the last year, num_calls times each after one warm-up call."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    now = datetime.now(UTC)
+    results = []
+    for label, days in (("billing, last 30 days (admin)", 30), ("billing, last 365 days (admin)", 365)):
+        params = {"start": (now - timedelta(days=days)).isoformat(), "end": now.isoformat()}
+        times: list[float] = []
+        for _ in range(num_calls + 1):
+            started = time.perf_counter()
+            response = client.get("/v1/admin/billing", params=params, headers=admin)
+            times.append((time.perf_counter() - started) * 1e3)
+            response.raise_for_status()
+        results.append(
+            {"list": label, "path": "/v1/admin/billing", "num_calls": num_calls, **percentiles(times[1:])}
+        )
     return results
 
 

@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from registry.models import Adapter, CatalogModel, PricePlan, Tenant
+from registry.models import Adapter, CatalogModel, PricePlan, Tenant, UsageRecord
 from registry.usage import CENT, as_utc
-from registry.usage_reports import UsageRow, load_rows
+from registry.usage_reports import UsageRow
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,21 @@ class Prices:
     per_1m_prompt: Decimal = Decimal(0)
     per_1m_completion: Decimal = Decimal(0)
     per_adapter_day: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """What a tenant's requests on one base model add up to in a period: the token counts billing prices."""
+
+    num_requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def of_rows(cls, rows: Iterable[UsageRow]) -> UsageTotals:
+        """The totals of `rows`."""
+        rows = list(rows)
+        return cls(len(rows), sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows))
 
 
 @dataclass(frozen=True)
@@ -76,24 +91,21 @@ def compute_invoice(
     tenant_id: str,
     tenant_name: str,
     prices: Prices,
-    rows: Iterable[UsageRow],
+    totals: UsageTotals,
     num_adapter_days: Decimal,
     base_model: str = "",
 ) -> InvoiceLine:
-    """One tenant's invoice line (of one base model) from its usage rows and adapter-days."""
-    rows = list(rows)
-    prompt = sum(r.prompt_tokens for r in rows)
-    completion = sum(r.completion_tokens for r in rows)
-    prompt_cost = price_tokens(prompt, prices.per_1m_prompt)
-    completion_cost = price_tokens(completion, prices.per_1m_completion)
+    """One tenant's invoice line (of one base model) from its usage totals and adapter-days."""
+    prompt_cost = price_tokens(totals.prompt_tokens, prices.per_1m_prompt)
+    completion_cost = price_tokens(totals.completion_tokens, prices.per_1m_completion)
     storage_cost = (num_adapter_days * prices.per_adapter_day).quantize(CENT, rounding=ROUND_HALF_UP)
     return InvoiceLine(
         tenant_id,
         tenant_name,
         prices.plan_name,
-        len(rows),
-        prompt,
-        completion,
+        totals.num_requests,
+        totals.prompt_tokens,
+        totals.completion_tokens,
         num_adapter_days.quantize(CENT, rounding=ROUND_HALF_UP),
         prompt_cost,
         completion_cost,
@@ -134,13 +146,32 @@ def catalog_prices(session: Session) -> dict[str, dict[str, dict[str, str]] | No
     return {m.name: m.prices for m in session.scalars(select(CatalogModel)) if m.status == "ready"}
 
 
+def usage_totals(session: Session, start: datetime, end: datetime) -> dict[tuple[str, str], UsageTotals]:
+    """UsageTotals per (tenant id, base model; "" for base-model rows recorded before rows named it) of the
+    usage rows with start <= started_at < end, summed in the database (one grouped scan; no row leaves it)."""
+    base = func.coalesce(UsageRecord.base_model_name, "")
+    query = (
+        select(
+            UsageRecord.tenant_id,
+            base,
+            func.count(),
+            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+        )
+        .where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
+        .group_by(UsageRecord.tenant_id, base)
+    )
+    return {
+        (tenant_id, base_model): UsageTotals(int(n), int(prompt), int(completion))
+        for tenant_id, base_model, n, prompt, completion in session.execute(query)
+    }
+
+
 def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:
     """Invoice lines for every (tenant, base model) with usage or stored adapters in [start, end), by tenant
     name, then base model."""
     start, end = as_utc(start), as_utc(end)
-    rows_by_key: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
-    for row in load_rows(session, start, end):
-        rows_by_key[(row.tenant_id, row.base_model)].append(row)
+    totals_by_key = usage_totals(session, start, end)
     days_by_key: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
     for adapter in session.scalars(select(Adapter).where(Adapter.created_at < end)):
         days = adapter_days(adapter.created_at, adapter.deleted_at, start, end)
@@ -149,15 +180,13 @@ def billing_report(session: Session, start: datetime, end: datetime) -> list[Inv
     lines = []
     for tenant in session.scalars(select(Tenant)):
         plan_prices = prices_of_plan(tenant.plan)
-        bases = {b for t, b in (*rows_by_key, *days_by_key) if t == tenant.id}
+        bases = {b for t, b in (*totals_by_key, *days_by_key) if t == tenant.id}
         for base in sorted(bases):
-            rows, days = (
-                rows_by_key.get((tenant.id, base), []),
-                days_by_key.get((tenant.id, base), Decimal(0)),
-            )
-            if rows or days > 0:
+            totals = totals_by_key.get((tenant.id, base), UsageTotals())
+            days = days_by_key.get((tenant.id, base), Decimal(0))
+            if totals.num_requests or days > 0:
                 prices = base_model_prices(plan_prices, prices_by_base.get(base))
-                lines.append(compute_invoice(tenant.id, tenant.name, prices, rows, days, base))
+                lines.append(compute_invoice(tenant.id, tenant.name, prices, totals, days, base))
     return sorted(lines, key=lambda line: (line.tenant_name, line.tenant_id, line.base_model))
 
 

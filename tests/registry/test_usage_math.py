@@ -3,7 +3,14 @@ from decimal import Decimal
 
 import pytest
 
-from registry.billing import Prices, adapter_days, base_model_prices, compute_invoice, invoices_to_csv
+from registry.billing import (
+    Prices,
+    UsageTotals,
+    adapter_days,
+    base_model_prices,
+    compute_invoice,
+    invoices_to_csv,
+)
 from registry.usage_reports import (
     SloTargets,
     UsageRow,
@@ -37,7 +44,7 @@ def test_invoice_bills_every_recorded_token_at_plan_prices() -> None:
         _row(status="aborted", prompt=10, completion=3),
         _row(status="rejected", prompt=0, completion=0),
     ]
-    line = compute_invoice("t1", "acme", prices, rows, Decimal(3))
+    line = compute_invoice("t1", "acme", prices, UsageTotals.of_rows(rows), Decimal(3))
     assert line.num_requests == 3
     assert line.prompt_tokens == 1_000_010
     assert line.completion_tokens == 500_003
@@ -104,7 +111,11 @@ def test_unknown_group_by_is_refused() -> None:
 
 def test_invoice_csv_has_header_and_exact_decimals() -> None:
     line = compute_invoice(
-        "t1", "acme", Prices("p", Decimal("1.5"), Decimal(0), Decimal(0)), [_row(prompt=3)], Decimal(0)
+        "t1",
+        "acme",
+        Prices("p", Decimal("1.5"), Decimal(0), Decimal(0)),
+        UsageTotals.of_rows([_row(prompt=3)]),
+        Decimal(0),
     )
     text = invoices_to_csv([line]).splitlines()
     assert text[0].startswith("tenant_id,tenant_name,plan_name,num_requests")
@@ -135,6 +146,11 @@ def test_a_base_models_own_prices_replace_the_plans_token_prices_for_its_plan_or
     anyone = base_model_prices(plan, {"*": {"per_1m_prompt": "7"}})
     assert (anyone.per_1m_prompt, anyone.per_1m_completion) == (Decimal(7), Decimal("2.0"))
     line = compute_invoice(
-        "t1", "acme", own, [_row(prompt=1_000_000, completion=500_000, base="wide")], Decimal(0), "wide"
+        "t1",
+        "acme",
+        own,
+        UsageTotals.of_rows([_row(prompt=1_000_000, completion=500_000, base="wide")]),
+        Decimal(0),
+        "wide",
     )
     assert (line.base_model, line.prompt_cost, line.completion_cost) == ("wide", Decimal(4), Decimal(4))
