@@ -21,7 +21,7 @@ from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from registry.models import Adapter, CatalogModel, PricePlan, Tenant, UsageRecord
 from registry.usage import CENT, as_utc
@@ -173,15 +173,19 @@ def billing_report(session: Session, start: datetime, end: datetime) -> list[Inv
     start, end = as_utc(start), as_utc(end)
     totals_by_key = usage_totals(session, start, end)
     days_by_key: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    for adapter in session.scalars(select(Adapter).where(Adapter.created_at < end)):
-        days = adapter_days(adapter.created_at, adapter.deleted_at, start, end)
-        days_by_key[(adapter.tenant_id, adapter.base_model_name)] += days
+    stored = select(Adapter.tenant_id, Adapter.base_model_name, Adapter.created_at, Adapter.deleted_at).where(
+        Adapter.created_at < end, (Adapter.deleted_at.is_(None)) | (Adapter.deleted_at > start)
+    )
+    for tenant_id, base_model, created_at, deleted_at in session.execute(stored):
+        days_by_key[(tenant_id, base_model)] += adapter_days(created_at, deleted_at, start, end)
     prices_by_base = catalog_prices(session)
+    bases_by_tenant: dict[str, set[str]] = defaultdict(set)
+    for tenant_id, base in (*totals_by_key, *days_by_key):
+        bases_by_tenant[tenant_id].add(base)
     lines = []
-    for tenant in session.scalars(select(Tenant)):
+    for tenant in session.scalars(select(Tenant).options(selectinload(Tenant.plan))):
         plan_prices = prices_of_plan(tenant.plan)
-        bases = {b for t, b in (*totals_by_key, *days_by_key) if t == tenant.id}
-        for base in sorted(bases):
+        for base in sorted(bases_by_tenant.get(tenant.id, ())):
             totals = totals_by_key.get((tenant.id, base), UsageTotals())
             days = days_by_key.get((tenant.id, base), Decimal(0))
             if totals.num_requests or days > 0:
