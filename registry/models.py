@@ -319,6 +319,7 @@ class UsageRecord(Base):
     __table_args__ = (
         CheckConstraint(_in_check("status", USAGE_STATUSES), name="status"),
         Index("ix_usage_records_tenant_started", "tenant_id", "started_at"),
+        Index("ix_usage_records_started", "started_at"),  # billing's period scans (registry/billing.py)
         # The restart, the lease renewals and the usage sweep look only at the few open rows.
         Index(
             "ix_usage_records_open_owner",
@@ -344,10 +345,9 @@ class UsageRecord(Base):
     predicted_output_tokens: Mapped[int | None] = mapped_column(Integer)
     # What the predictor knew at admission, for its training job (registry/predictor_training.py); NULL:
     # refused before the prediction, or written before migration 0007. Nothing derived from the prompt's
-    # content is stored: its size is prompt_tokens. `prompt_features` is always NULL: it held a hashed word
-    # n-gram histogram of the prompt that narrowed down what the prompt said; it is no longer
-    # written or read, and migration 0012 cleared the old rows (kept as a column so an API replica of the
-    # previous release can still insert during a rolling upgrade; drop it in a later migration).
+    # content is stored: its size is prompt_tokens. `prompt_features` is always NULL (it held a hashed word
+    # n-gram histogram of the prompt; migration 0012 cleared it): kept as a column so an API replica of the
+    # previous release can still insert during a rolling upgrade; drop it in a later migration.
     max_tokens: Mapped[int | None] = mapped_column(Integer)
     is_chat: Mapped[bool | None] = mapped_column(Boolean)
     has_stop: Mapped[bool | None] = mapped_column(Boolean)
