@@ -8,6 +8,7 @@ the highest mean logprob among those n would return, billing them all.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -138,9 +139,14 @@ def test_best_of_returns_the_choice_with_the_highest_mean_logprob_and_bills_ever
 
 
 def _leave_once_generating(
-    worker: EmbeddedWorker, monkeypatch: pytest.MonkeyPatch, num_tokens: int, num_choices: int
+    worker: EmbeddedWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    num_tokens: int,
+    num_choices: int,
+    received: Callable[[], set[int]] | None = None,
 ) -> Callable[[], Any]:
-    """Leave once the engine has produced `num_tokens` more tokens, long before the request can finish.
+    """Leave once the engine has produced `num_tokens` more tokens, long before the request can finish, and
+    (`received`: the choice indices the client has had chunks of) once every choice has reached the client.
 
     From then on the engine's loop takes no step until it has seen `num_choices` aborts: on a loaded machine
     the tiny model could otherwise finish a choice by length before the disconnect reaches the worker.
@@ -164,7 +170,12 @@ def _leave_once_generating(
         deadline = time.monotonic() + 60
         while True:
             now = await anyio.to_thread.run_sync(stats, worker)
-            if now.num_running >= num_choices and now.num_output_tokens - produced_before >= num_tokens:
+            is_received = received is None or len(received()) >= num_choices
+            if (
+                now.num_running >= num_choices
+                and now.num_output_tokens - produced_before >= num_tokens
+                and is_received
+            ):
                 is_held.set()
                 return
             assert time.monotonic() < deadline, "the choices never ran together on the worker"
@@ -192,12 +203,22 @@ def test_a_client_leaving_aborts_every_choice_and_is_billed_the_prompt_once(
         "stream": is_stream,
     }
     before = stats(worker)
+    seen: set[int] = set()
+
+    def see_choices(message: dict[str, Any]) -> None:  # the choice indices of the chunks sent so far
+        if message["type"] == "http.response.body":
+            seen.update(int(i) for i in re.findall(rb'"index":\s*(\d+)', message.get("body", b"")))
+
     exchange = run(
         api,
         "/v1/completions",
         tenant.headers | {"content-type": "application/json"},
         [json.dumps(body).encode()],
-        leave=_leave_once_generating(worker, monkeypatch, 10, num_choices=2),
+        # streamed: the siblings' first chunks follow choice 0's, so leave only once both reached the client
+        leave=_leave_once_generating(
+            worker, monkeypatch, 10, num_choices=2, received=(lambda: seen) if is_stream else None
+        ),
+        on_message=see_choices,
     )
     assert exchange.status == (200 if is_stream else 499), exchange.body  # 499: left before the response
     assert wait_for(lambda: stats(worker).num_running == 0), "a choice still runs on the engine"
