@@ -1,6 +1,9 @@
 """Short-lived in-process caches that keep the database off the inference hot path.
 
-Both caches are per API process, hold only successful lookups and expire entries after a TTL:
+Both caches are per API process, hold only successful lookups and expire entries after a TTL. While the
+database cannot be reached (a restart, a failover), the inference path serves an expired entry up to
+settings.api.cache_stale_on_db_outage_s past its TTL instead (known keys and adapters keep working; a change
+made on another replica during the outage waits for the database):
 
   auth cache   sha256(bearer key) -> TenantAuth (tenant id, active flag, rate limits, prefix-cache namespace), for
                settings.api.auth_cache_ttl_s. A key revoked, a tenant disabled or re-planned through THIS
@@ -16,32 +19,39 @@ A TTL of 0 disables a cache (every request reads the database).
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from api.errors import is_database_unavailable
 from api.plan_limits import SamplingLimits
 from api.ratelimit import RateLimits
 from cluster.protocol import AdapterRef, prefix_cache_namespace
 
+log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 DEFAULT_MAX_ENTRIES = 10_000
 
 
 class TtlCache(Generic[K, V]):
-    """A thread-safe dict whose entries expire `ttl_s` after they were put (bounded: oldest out first)."""
+    """A thread-safe dict whose entries expire `ttl_s` after they were put (bounded: oldest out first). An
+    expired entry is kept `max_stale_s` longer for `get_stale` alone: what the inference path falls back on
+    while the database cannot be reached."""
 
     def __init__(
         self,
         ttl_s: float,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
+        max_stale_s: float = 0.0,
     ) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
+        self.max_stale_s = max_stale_s
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[K, tuple[float, V]] = {}
@@ -51,9 +61,20 @@ class TtlCache(Generic[K, V]):
         entry = self._entries.get(key)
         if entry is None:
             return None
-        if entry[0] <= self._clock():
-            with self._lock:
-                self._entries.pop(key, None)
+        now = self._clock()
+        if entry[0] <= now:
+            if entry[0] + self.max_stale_s <= now:
+                with self._lock:
+                    if self._entries.get(key) is entry:
+                        del self._entries[key]
+            return None
+        return entry[1]
+
+    def get_stale(self, key: K) -> V | None:
+        """The value under key, live or expired less than max_stale_s ago, or None (only when the source of
+        truth cannot be asked)."""
+        entry = self._entries.get(key)
+        if entry is None or entry[0] + self.max_stale_s <= self._clock():
             return None
         return entry[1]
 
@@ -137,3 +158,14 @@ def forget_model_name(model_cache: TtlCache[tuple[str, str], ResolvedModel], nam
 def forget_adapters(model_cache: TtlCache[tuple[str, str], ResolvedModel], adapter_ids: set[str]) -> None:
     """Drop every cached resolution to one of these adapters (e.g. all of a tenant just disabled)."""
     model_cache.discard_if(lambda _, resolved: resolved.adapter_id in adapter_ids)
+
+
+def stale_on_outage(cache: TtlCache[K, V], key: K, error: Exception) -> V:
+    """The stale value under key when `error` says the database cannot be reached (the lookup that raised it
+    falls back on the cache); otherwise, or with nothing cached, `error` is raised again."""
+    if is_database_unavailable(error):
+        value = cache.get_stale(key)
+        if value is not None:
+            log.warning("the database is unavailable; serving a cached lookup (%s)", type(error).__name__)
+            return value
+    raise error

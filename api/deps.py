@@ -15,8 +15,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.caches import TenantAuth, key_digest
-from api.errors import ApiError
+from api.caches import TenantAuth, key_digest, stale_on_outage
+from api.errors import DATABASE_ERRORS, ApiError
 from api.plan_limits import SamplingLimits
 from api.ratelimit import RateLimits
 from api.services import Services
@@ -87,10 +87,14 @@ async def get_inference_tenant(services: ServicesDep, credentials: BearerDep) ->
     digest = key_digest(credentials.credentials)
     auth = cache.get(digest)
     if auth is None:
-        auth = await run_in_threadpool(_load_tenant_auth, services, credentials.credentials)
-        if auth is None:
-            raise _unauthorized("invalid or revoked API key: ask your operator for a new key")
-        cache.put(digest, auth)
+        try:
+            auth = await run_in_threadpool(_load_tenant_auth, services, credentials.credentials)
+        except DATABASE_ERRORS as exc:
+            auth = stale_on_outage(cache, digest, exc)
+        else:
+            if auth is None:
+                raise _unauthorized("invalid or revoked API key: ask your operator for a new key")
+            cache.put(digest, auth)
     if not auth.is_active:
         raise ApiError(
             403, "tenant_disabled", "this tenant is disabled; contact the operator to re-enable it"

@@ -7,6 +7,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.errors import (
@@ -21,6 +23,11 @@ from registry.errors import (
 from registry.validation import AdapterValidationError
 
 log = logging.getLogger(__name__)
+
+# A database restart or failover takes seconds; the pool reconnects on the next call.
+RETRY_AFTER_DATABASE_S = 5
+# What a database call raises when the database may be unreachable (is_database_unavailable tells which).
+DATABASE_ERRORS = (DBAPIError, PoolTimeoutError)
 
 HTTP_ERROR_TYPES = {
     400: "invalid_request",
@@ -144,6 +151,29 @@ async def _request_validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_request", "; ".join(parts) or "invalid request")
 
 
+def is_database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database cannot be reached or is not answering (down, restarting, failing over,
+    its connection dropped, the pool exhausted) rather than that a statement is wrong."""
+    if isinstance(exc, OperationalError | InterfaceError | PoolTimeoutError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+    if not is_database_unavailable(exc):
+        return await _unhandled_error(_, exc)
+    log.warning(
+        "the database is unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    )
+    return error_response(
+        503,
+        "database_unavailable",
+        "the registry database is unavailable for a moment (a restart or failover) and this request could not be "
+        f"carried out; retry after {RETRY_AFTER_DATABASE_S} s",
+        {"Retry-After": str(RETRY_AFTER_DATABASE_S)},
+    )
+
+
 async def _unhandled_error(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal_error", "internal server error; retry, or contact the operator")
@@ -156,4 +186,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AdapterValidationError, _adapter_validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _request_validation_error)
+    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(PoolTimeoutError, _database_error)
     app.add_exception_handler(Exception, _unhandled_error)

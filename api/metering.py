@@ -34,6 +34,10 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
   a periodic sweep closes the rows of dead workers (close_orphaned_usage) and of expired leases
   (close_expired_usage), all as `interrupted`. A row closed while its API still served it (a late renewal)
   is given its true final values by `record` all the same.
+- While the database cannot be reached, an open row, a checkpoint or a final write that fails is appended to
+  the process's usage spool on local disk (fsync'd: api/usage_spool.py) instead, and counts as written; the
+  writer thread replays the spool, before its checkpoints, once the database answers, and a process restarted
+  under the same api_instance_id replays its predecessor's spool before it closes that predecessor's rows.
 The open row also carries the output-length prediction and its inputs (ADMISSION_FIELDS); an `ok`
 request's true output length is handed to `observe_output` as it is recorded. `record` also gives back the
 request's concurrent-request slot (a plan's max_concurrent_requests, api/ratelimit.py), so it is released
@@ -53,8 +57,10 @@ from typing import Any
 import anyio.to_thread
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.errors import is_database_unavailable
 from api.metrics import ApiMetrics
 from api.request_meter import ADMISSION_FIELDS, RequestMeter
+from api.usage_spool import UsageSpool
 from api.usage_writer import SlotRenewer, UsageWriter
 from registry.usage import DuplicateUsageError, finish_usage, record_usage
 
@@ -78,13 +84,19 @@ class UsageLedger:
         checkpoint_interval_s: float = 1.0,
         observe_output: OutputObserver | None = None,
         renew_slots: SlotRenewer | None = None,
+        spool: UsageSpool | None = None,
     ) -> None:
         self.session_factory = session_factory
         self.metrics = metrics
         self.api_instance_id = api_instance_id
         self.observe_output = observe_output
+        self.spool = spool
         self.writer = UsageWriter(
-            session_factory, checkpoint_interval_s, api_instance_id=api_instance_id, renew_slots=renew_slots
+            session_factory,
+            checkpoint_interval_s,
+            api_instance_id=api_instance_id,
+            renew_slots=renew_slots,
+            spool=spool,
         )
 
     def start(self, tenant_id: str, request_id: str | None = None) -> RequestMeter:
@@ -156,7 +168,12 @@ class UsageLedger:
                     record_usage(session, **values)
         except DuplicateUsageError:
             log.error("BUG: request %s metered twice; the second row was not written", values["request_id"])
-        except Exception:
+        except Exception as exc:
+            if self.spool is not None and is_database_unavailable(exc):
+                self.spool.add(
+                    "final", values
+                )  # written by the writer's next replay once the database answers
+                return
             log.exception("could not write the usage row of request %s", values["request_id"])
             raise
 

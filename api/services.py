@@ -33,6 +33,7 @@ from api.prompting import BaseModelTokenizer, load_base_tokenizer
 from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from api.scaling_view import ScalingView
 from api.sliding_ratelimit import InMemorySlidingLimiter, RedisSlidingLimiter, SlidingWindowLimiter
+from api.usage_spool import UsageSpool, spool_path
 from api.worker_client import LocalWorkerTransport, WorkerClient
 from cluster.membership import WorkerDirectory, WorkerRecord
 from cluster.model_refusals import ModelStartRefusals
@@ -162,12 +163,17 @@ def build_services(
             api_instance_id=settings.api.resolved_api_instance_id(),
             checkpoint_interval_s=settings.metering.checkpoint_interval_s,
             renew_slots=lambda slots: services.rate_limiter.renew_slots(slots),
+            spool=UsageSpool(spool_path(settings.data_dir, settings.api.resolved_api_instance_id())),
             observe_output=lambda tenant_id, key, num_tokens: observe_output(
                 services.predictor, tenant_id, key, num_tokens
             ),
         ),
-        auth_cache=TtlCache(settings.api.auth_cache_ttl_s),
-        model_cache=TtlCache(settings.api.model_cache_ttl_s),
+        auth_cache=TtlCache(
+            settings.api.auth_cache_ttl_s, max_stale_s=settings.api.cache_stale_on_db_outage_s
+        ),
+        model_cache=TtlCache(
+            settings.api.model_cache_ttl_s, max_stale_s=settings.api.cache_stale_on_db_outage_s
+        ),
         router=make_router(settings.routing.policy, router_options(settings)),
         routing_table=routing_table,
         waiting_requests=waiting_requests,

@@ -14,7 +14,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.errors import DATABASE_ERRORS, is_database_unavailable
 from api.request_meter import RequestMeter
+from api.usage_spool import UsageSpool
 from registry.usage import checkpoint_usage, open_usage, renew_usage_leases
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,10 @@ class UsageWriter:
         *,
         api_instance_id: str | None = None,
         renew_slots: SlotRenewer | None = None,
+        spool: UsageSpool | None = None,
     ) -> None:
         self.session_factory = session_factory
+        self.spool = spool
         self.interval_s = interval_s
         self.api_instance_id = api_instance_id
         self._renew_slots = renew_slots
@@ -112,8 +116,14 @@ class UsageWriter:
         if not due:
             return 0
         values = [meter.checkpoint_values() for meter, _ in due]
-        with self.session_factory() as session:
-            checkpoint_usage(session, values)
+        try:
+            with self.session_factory() as session:
+                checkpoint_usage(session, values)
+        except DATABASE_ERRORS as exc:
+            if self.spool is None or not is_database_unavailable(exc):
+                raise
+            for checkpoint in values:
+                self.spool.add("checkpoint", checkpoint)
         with self._lock:
             for meter, _ in due:
                 if meter.request_id in self._watched:
@@ -159,8 +169,17 @@ class UsageWriter:
             self._insert([values])
             return None
         except Exception as exc:
+            if self.spool is not None and is_database_unavailable(exc):
+                self.spool.add("open", values)  # durable on local disk until the database answers
+                return None
             log.exception("could not open the usage row of request %s", values["request_id"])
             return exc
+
+    def replay_spool(self) -> int:
+        """Write the spooled usage writes to the database (none when none wait); returns how many requests."""
+        if self.spool is None or not self.spool.has_pending():
+            return 0
+        return self.spool.replay(self.session_factory)
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
@@ -181,12 +200,16 @@ class UsageWriter:
     def _run_once(self, next_checkpoint_s: float) -> None:
         jobs: list[Callable[[], object]] = [self.flush_opens]
         if self._clock() >= next_checkpoint_s:
-            jobs += [self.checkpoint, self.renew_leases, self.renew_slots]
+            # the spool first: a checkpoint it holds is older than the one written next
+            jobs = [self.replay_spool, *jobs, self.checkpoint, self.renew_leases, self.renew_slots]
         for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewals
             try:
                 job()
-            except Exception:
-                log.exception("usage writer: a write failed; retrying at the next checkpoint")
+            except Exception as exc:
+                if is_database_unavailable(exc):
+                    log.warning("usage writer: the database is unavailable; retrying at the next checkpoint")
+                else:
+                    log.exception("usage writer: a write failed; retrying at the next checkpoint")
 
 
 def meter_key(values: list[dict[str, Any]], meter: RequestMeter) -> tuple[int, int, str | None]:

@@ -10,7 +10,8 @@ the JSON, no network), and prints a table and one JSON line per list (ms per cal
     python -m benchmarks.registry_scale --issue-usage          # the issue's sizes, 20 M usage rows
     python -m benchmarks.registry_scale --db-url postgresql+psycopg://...   # an empty database of your own
 
-Without --db-url it creates a database on --pg-admin-url's server and drops it at the end (--keep-db keeps it).
+The daily usage rollup is filled first (every settled day, timed) as the usage sweep would; --no-rollup leaves
+it empty, so billing and /v1/usage sum raw rows. Without --db-url it creates a database on --pg-admin-url's server and drops it at the end (--keep-db keeps it).
 Not a test: the numbers depend on the machine and on what else runs on it (the load average is printed).
 """
 
@@ -37,7 +38,9 @@ from benchmarks.serving_metrics import pct, rnd
 from migrations.runner import upgrade
 from registry import api_keys
 from registry.db import make_engine, make_session_factory
+from registry.usage_rollup import roll_up_usage
 from settings import Settings
+from settings.storage import MeteringSettings
 
 ADMIN_KEY = "bench-admin"
 ISSUE_USAGE_ROWS = 20_000_000
@@ -152,7 +155,17 @@ def print_table(results: list[dict[str, Any]]) -> None:
         )
 
 
-def run(db_url: str, shape: RegistryShape, num_calls: int) -> None:
+def roll_up_everything(engine: Engine) -> dict[str, Any]:
+    """Roll up every settled day, as the usage sweep does a month at a time; how long it took."""
+    started = time.perf_counter()
+    num_days = 0
+    with make_session_factory(engine)() as session:
+        while days := roll_up_usage(session, MeteringSettings().rollup_settle_s):
+            num_days += len(days)
+    return {"rolled_days": num_days, "rollup_s": round(time.perf_counter() - started, 1)}
+
+
+def run(db_url: str, shape: RegistryShape, num_calls: int, is_rolled_up: bool = True) -> None:
     upgrade(db_url)
     engine = make_engine(db_url)
     try:
@@ -163,6 +176,8 @@ def run(db_url: str, shape: RegistryShape, num_calls: int) -> None:
             )
         )
         big, small = tenant_key(engine, gen.big_tenant_id), tenant_key(engine, gen.small_tenant_id)
+        if is_rolled_up:
+            print(json.dumps({"bench": "registry_scale", **roll_up_everything(engine)}))
     finally:
         engine.dispose()
     with tempfile.TemporaryDirectory(prefix="lorahost-registry-bench-") as tmp:
@@ -210,12 +225,19 @@ def main() -> None:
     parser.add_argument("--db-url", default=None, help="an empty PostgreSQL database (default: a new one)")
     parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument(
+        "--no-rollup",
+        action="store_true",
+        help="leave the daily usage rollup empty (every read sums raw rows)",
+    )
     args = parser.parse_args()
     shape = RegistryShape.at_scale(args.scale, ISSUE_USAGE_ROWS if args.issue_usage else args.num_usage_rows)
     if args.db_url:
-        run(args.db_url, shape, args.num_calls)
+        run(args.db_url, shape, args.num_calls, not args.no_rollup)
     else:
-        with_database(args.pg_admin_url, args.keep_db, lambda url: run(url, shape, args.num_calls))
+        with_database(
+            args.pg_admin_url, args.keep_db, lambda url: run(url, shape, args.num_calls, not args.no_rollup)
+        )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """The usage sweep: close as `interrupted` the open usage rows of workers that left the worker directory,
-and those whose owner (an API process) stopped renewing their lease.
+and those whose owner (an API process) stopped renewing their lease; then sum the days that settled into the
+daily usage rollup (registry/usage_rollup.py).
 
 The decisions are registry.usage.orphaned_request_ids and expired_lease_request_ids (pure); this module only
 wires them to a session and a directory. Cluster mode runs `sweep_usage` from Celery beat
 (jobs/celery_app.py); with inline jobs the API runs it on a `PeriodicJob` timer (api/main.py), every
 settings.jobs.usage_sweep_interval_s. Running it in several places at once is harmless: closing a row is one
-conditional UPDATE.
+conditional UPDATE, and rolling a day one transaction under the rollup lock that re-checks the day.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import date
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from cluster.membership import WorkerDirectory
 from registry.usage import close_expired_usage, close_orphaned_usage
+from registry.usage_rollup import roll_up_usage
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,15 +59,28 @@ def sweep_expired_usage(session_factory: sessionmaker[Session], lease_timeout_s:
     return num_closed
 
 
+def roll_up_settled_usage(session_factory: sessionmaker[Session], settle_s: float) -> list[date]:
+    """Sum the settled days that are not rolled up yet into the daily rollup (a month of days per run at most);
+    returns the days rolled."""
+    with session_factory() as session:
+        days = roll_up_usage(session, settle_s)
+    if days:
+        log.info("rolled up the usage of %d day(s): %s .. %s", len(days), days[0], days[-1])
+    return days
+
+
 def sweep_usage(
     session_factory: sessionmaker[Session], directory: WorkerDirectory | None, settings: Settings
 ) -> int:
     """One run of the periodic usage sweep: the rows of dead workers (when a worker directory is known), then
-    the rows of expired leases; returns how many rows it closed."""
+    the rows of expired leases, then the daily rollup of the days that settled; returns how many rows it
+    closed."""
     num_closed = 0
     if directory is not None:
         num_closed += len(sweep_orphaned_usage(session_factory, directory, sweep_grace_s(settings)))
-    return num_closed + sweep_expired_usage(session_factory, settings.metering.lease_timeout_s)
+    num_closed += sweep_expired_usage(session_factory, settings.metering.lease_timeout_s)
+    roll_up_settled_usage(session_factory, settings.metering.rollup_settle_s)
+    return num_closed
 
 
 class PeriodicJob:

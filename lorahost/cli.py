@@ -162,6 +162,7 @@ def dev_cluster(
 
     from lorahost.dev_cluster import DevCluster
     from lorahost.dev_cluster_config import DevClusterConfig
+    from lorahost.dev_cluster_describe import describe_cluster
     from lorahost.processes import ChildFailedError
 
     if num_workers < 0 or num_api < 1 or max_workers < 0:
@@ -198,7 +199,7 @@ def dev_cluster(
         typer.echo("lorahost dev-cluster: interrupted while starting; stopped", err=True)
         raise typer.Exit(130) from None
     try:
-        typer.echo(cluster.describe())
+        typer.echo(describe_cluster(cluster))
         typer.echo("  health     " + ", ".join(f"{k}={v}" for k, v in cluster.health().items()))
         typer.echo("lorahost dev-cluster: up; Ctrl-C stops everything")
         reported: set[str] = set()

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from lorahost import dev_services
 from lorahost.dev_cluster_commands import (
     api_command,
     child_env,
@@ -286,6 +285,29 @@ class DevCluster:
                 raise TimeoutError(f"live workers {ids} never satisfied the condition in {timeout_s:g} s")
             time.sleep(0.1)
 
+    # ---- API replicas ------------------------------------------------------------------------------------
+
+    def kill_api(self, index: int, sig: int = signal.SIGKILL) -> ChildProcess:
+        """Send sig (default SIGKILL: kill -9) to API replica `index` and reap it; its URL answers nothing until
+        restart_api(index)."""
+        api = self.apis[index]
+        api.send_signal(sig)
+        api.wait(self.config.stop_timeout_s)
+        if api.is_running:
+            api.stop(self.config.stop_timeout_s)
+        return api
+
+    def restart_api(self, index: int) -> ChildProcess:
+        """Start API replica `index` again on its port under its api_instance_id (so it writes what its previous run
+        spooled and closes the rows it left open before it serves); returns once it is healthy."""
+        old = self.apis[index]
+        port = int((old.url or "").rsplit(":", 1)[1])
+        api = self._spawn_api(index, port)
+        self.apis[index] = api
+        health_url = f"{api.url}/v1/health"
+        wait_until(api, lambda: http_ok(health_url), self.config.start_timeout_s, "healthy")
+        return api
+
     # ---- health ------------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, str]:
@@ -305,28 +327,6 @@ class DevCluster:
             status[s3.name] = child_state(s3, http_ok(f"{s3.url}/"))
         return status
 
-    def describe(self) -> str:
-        """What runs where (printed by the CLI)."""
-        lines = [f"lorahost dev-cluster (run {self.run_id}, data {self.data_dir})"]
-        lines += [f"  API        {url}" for url in self.api_urls]
-        lines.append(f"  admin key  {self.admin_key}")
-        lines += [
-            f"  worker     {w.worker_id} at {w.url} ({w.engine} engine, {w.base_model})" for w in self.workers
-        ]
-        lines.append(
-            f"  jobs       {'celery worker + beat, queue ' + self.celery_queue if self.jobs else 'off'}"
-        )
-        lines.append(f"  database   {dev_services.redact_url(self.database_url or '')}")
-        lines.append(f"  redis      {self.config.redis_url} (keys under {self.key_prefix})")
-        lines.append(f"  s3         {self.services.s3_endpoint} bucket {self.config.bucket}")
-        lines.append(f"  base model {self.config.base_model_name} = {self.services.base_model}")
-        lines += [f"  catalog    {name} = {path}" for name, path in self.config.catalog_models.items()]
-        lines.append(
-            f"  autoscale  {'on (max ' + str(self.config.max_workers) + ' workers)' if self.config.is_autoscale else 'off'}"
-        )
-        lines.append(f"  logs       {self.data_dir / 'logs'}")
-        return "\n".join(lines)
-
     # ---- internals ---------------------------------------------------------------------------------------
 
     def _spawn_processes(self) -> None:
@@ -340,9 +340,9 @@ class DevCluster:
         if self.config.is_jobs_enabled:
             self.jobs = self._spawn_jobs()
 
-    def _spawn_api(self, index: int) -> ChildProcess:
+    def _spawn_api(self, index: int, port: int | None = None) -> ChildProcess:
         base = self.config.api_base_port
-        port = base + index if base is not None else free_port(self.config.host)
+        port = port or (base + index if base is not None else free_port(self.config.host))
         url = f"http://{self.config.host}:{port}"
         env = {
             **self.child_env(),

@@ -204,10 +204,16 @@ def worker(
 
 
 def _close_interrupted_usage(services: Services) -> None:
-    """Before serving: close the usage rows this API's previous run left open (crash, kill -9) as interrupted."""
+    """Before serving: write what this API's previous run spooled while the database was unavailable, then close
+    the usage rows it left open (crash, kill -9) as interrupted."""
     from registry.usage import close_interrupted_usage
 
     owner = services.settings.api.resolved_api_instance_id()
+    num_replayed = services.usage_ledger.writer.replay_spool()
+    if num_replayed:
+        typer.echo(
+            f"lorahost: wrote the usage of {num_replayed} request(s) the previous run of {owner} spooled"
+        )
     with services.session_factory() as session:
         num_closed = close_interrupted_usage(session, owner)
     if num_closed:

@@ -15,17 +15,17 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from registry.models import Adapter, CatalogModel, PricePlan, Tenant, UsageRecord
+from registry.models import Adapter, CatalogModel, PricePlan, Tenant
 from registry.usage import CENT, as_utc
-from registry.usage_reports import UsageRow
+from registry.usage_days import UsageTotals, usage_sums
 
 
 @dataclass(frozen=True)
@@ -36,21 +36,6 @@ class Prices:
     per_1m_prompt: Decimal = Decimal(0)
     per_1m_completion: Decimal = Decimal(0)
     per_adapter_day: Decimal = Decimal(0)
-
-
-@dataclass(frozen=True)
-class UsageTotals:
-    """What a tenant's requests on one base model add up to in a period: the token counts billing prices."""
-
-    num_requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @classmethod
-    def of_rows(cls, rows: Iterable[UsageRow]) -> UsageTotals:
-        """The totals of `rows`."""
-        rows = list(rows)
-        return cls(len(rows), sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows))
 
 
 @dataclass(frozen=True)
@@ -148,23 +133,10 @@ def catalog_prices(session: Session) -> dict[str, dict[str, dict[str, str]] | No
 
 def usage_totals(session: Session, start: datetime, end: datetime) -> dict[tuple[str, str], UsageTotals]:
     """UsageTotals per (tenant id, base model; "" for base-model rows recorded before rows named it) of the
-    usage rows with start <= started_at < end, summed in the database (one grouped scan; no row leaves it)."""
-    base = func.coalesce(UsageRecord.base_model_name, "")
-    query = (
-        select(
-            UsageRecord.tenant_id,
-            base,
-            func.count(),
-            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
-            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
-        )
-        .where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
-        .group_by(UsageRecord.tenant_id, base)
-    )
-    return {
-        (tenant_id, base_model): UsageTotals(int(n), int(prompt), int(completion))
-        for tenant_id, base_model, n, prompt, completion in session.execute(query)
-    }
+    usage rows with start <= started_at < end, summed in the database: the rolled days from the daily rollup,
+    the rest from the raw rows (registry/usage_days.py; no row leaves the database)."""
+    sums = usage_sums(session, as_utc(start), as_utc(end), by_tenant=True)
+    return {(tenant_id, base_model): totals for (tenant_id, base_model), totals in sums.items()}
 
 
 def billing_report(session: Session, start: datetime, end: datetime) -> list[InvoiceLine]:

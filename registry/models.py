@@ -6,8 +6,7 @@ Enumerations are plain strings guarded by named CHECK constraints (portable, rea
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -16,29 +15,22 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
-    DateTime,
+    Date,
     Float,
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     Numeric,
     String,
     Text,
-    TypeDecorator,
     UniqueConstraint,
     false,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
+# Base, UTCDateTime, new_id and utcnow are also imported from here, with the tables.
+from registry.model_base import Base, UTCDateTime, in_check, new_id, utcnow
 
 VISIBILITIES = ("private", "public")
 VERSION_STATUSES = ("uploading", "validating", "ready", "failed")
@@ -47,39 +39,6 @@ VERSION_STATUSES = ("uploading", "validating", "ready", "failed")
 USAGE_STATUSES = ("ok", "error", "aborted", "rejected", "in_progress", "interrupted")
 OPEN_USAGE_STATUS = "in_progress"
 INTERRUPTED_USAGE_STATUS = "interrupted"
-
-
-def new_id() -> str:
-    """A new public id (UUID4 string)."""
-    return str(uuid.uuid4())
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware UTC."""
-    return datetime.now(UTC)
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes on every backend (SQLite returns naive values; they are UTC)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
-
-
-def _in_check(column: str, values: tuple[str, ...]) -> str:
-    quoted = ", ".join(f"'{v}'" for v in values)
-    return f"{column} IN ({quoted})"
-
-
-class Base(DeclarativeBase):
-    """Declarative base with a constraint naming convention (stable names for migrations)."""
-
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 # Column ranges the admin API checks before writing (api/schemas.py): Integer is 32-bit on PostgreSQL, and prices
@@ -168,7 +127,7 @@ class ConsoleSessionRecord(Base):
     or were revoked are deleted on later sign-ins (registry/console_sessions.py)."""
 
     __tablename__ = "console_sessions"
-    __table_args__ = (CheckConstraint(_in_check("role", CONSOLE_ROLES), name="role"),)
+    __table_args__ = (CheckConstraint(in_check("role", CONSOLE_ROLES), name="role"),)
 
     session_id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     role: Mapped[str] = mapped_column(String(16))
@@ -188,7 +147,7 @@ class CatalogModel(Base):
 
     __tablename__ = "base_models"
     __table_args__ = (
-        CheckConstraint(_in_check("status", BASE_MODEL_STATUSES), name="status"),
+        CheckConstraint(in_check("status", BASE_MODEL_STATUSES), name="status"),
         # One live model per name; a removed name can be added again.
         Index(
             "uq_base_models_name_live",
@@ -238,7 +197,7 @@ class Adapter(Base):
 
     __tablename__ = "adapters"
     __table_args__ = (
-        CheckConstraint(_in_check("visibility", VISIBILITIES), name="visibility"),
+        CheckConstraint(in_check("visibility", VISIBILITIES), name="visibility"),
         # One live adapter per (tenant, name); a soft-deleted name can be reused.
         Index(
             "uq_adapters_tenant_name_live",
@@ -280,7 +239,7 @@ class AdapterVersion(Base):
     __tablename__ = "adapter_versions"
     __table_args__ = (
         UniqueConstraint("adapter_id", "number", name="uq_adapter_versions_adapter_number"),
-        CheckConstraint(_in_check("status", VERSION_STATUSES), name="status"),
+        CheckConstraint(in_check("status", VERSION_STATUSES), name="status"),
         # An adapter's ready versions by number: whether it has one, and its latest (registry/model_pages.py).
         Index(
             "ix_adapter_versions_ready",
@@ -317,7 +276,7 @@ class UsageRecord(Base):
 
     __tablename__ = "usage_records"
     __table_args__ = (
-        CheckConstraint(_in_check("status", USAGE_STATUSES), name="status"),
+        CheckConstraint(in_check("status", USAGE_STATUSES), name="status"),
         Index("ix_usage_records_tenant_started", "tenant_id", "started_at"),
         Index("ix_usage_records_started", "started_at"),  # billing's period scans (registry/billing.py)
         # The restart, the lease renewals and the usage sweep look only at the few open rows.
@@ -370,6 +329,34 @@ class UsageRecord(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
+class UsageDay(Base):
+    """The usage rows of one settled UTC day summed per (tenant, model name, base model, status) by the usage
+    rollup (registry/usage_rollup.py); exact against the raw rows while the day is in rolled_usage_days."""
+
+    __tablename__ = "usage_days"
+    __table_args__ = (Index("ix_usage_days_day", "day"),)  # billing's period sums across tenants
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    model_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    base_model_name: Mapped[str] = mapped_column(String(200), primary_key=True)  # "" for rows without one
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    num_requests: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    first_started_at: Mapped[datetime] = mapped_column(UTCDateTime())  # which base a (day, model) names first
+
+
+class RolledUsageDay(Base):
+    """A UTC day whose usage rows usage_days holds, summed when it was settled (no open row, a margin past its
+    end); a later change to one of its rows deletes this mark with the day's sums in the same transaction."""
+
+    __tablename__ = "rolled_usage_days"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    rolled_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 # A capacity plan job (POST /v1/admin/plan): queued -> running -> succeeded | failed | cancelled.
 PLAN_JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 PLAN_JOB_ACTIVE_STATUSES = ("queued", "running")
@@ -381,7 +368,7 @@ class PlanJob(Base):
 
     __tablename__ = "plan_jobs"
     __table_args__ = (
-        CheckConstraint(_in_check("status", PLAN_JOB_STATUSES), name="status"),
+        CheckConstraint(in_check("status", PLAN_JOB_STATUSES), name="status"),
         Index("ix_plan_jobs_status", "status"),
     )
 

@@ -34,13 +34,12 @@ from registry.models import (
     UsageRecord,
     utcnow,
 )
+from registry.usage_rollup import unroll_days_of
 
 GroupBy = Literal["tenant", "adapter", "hour"]
 GROUP_BYS: tuple[str, ...] = ("tenant", "adapter", "base_model", "hour")
 JUDGED_STATUSES = ("ok", "error", INTERRUPTED_USAGE_STATUS)
 FAILED_STATUSES = ("error", INTERRUPTED_USAGE_STATUS)
-# Rows a final update may still close: open ones, and ones a sweep closed while the API still served them.
-CLOSABLE_STATUSES = (OPEN_USAGE_STATUS, INTERRUPTED_USAGE_STATUS)
 INTERRUPTED_BY_RESTART = (
     "the API process stopped (crash or kill) before the request ended; billed to its last checkpoint"
 )
@@ -60,6 +59,7 @@ class DuplicateUsageError(ValueError):
 
 def record_usage(session: Session, **values: object) -> UsageRecord:
     """Insert one request's usage row and commit; raises DuplicateUsageError if request_id was metered."""
+    unroll_days_of(session, [cast(datetime | None, values.get("started_at"))])
     record = UsageRecord(**values)
     session.add(record)
     try:
@@ -77,6 +77,7 @@ def open_usage(session: Session, rows: Sequence[dict[str, object]]) -> None:
     """
     if not rows:
         return
+    unroll_days_of(session, [cast(datetime | None, row.get("started_at")) for row in rows])
     session.connection().execute(insert(cast(Table, UsageRecord.__table__)), list(rows))
     session.commit()
 
@@ -109,31 +110,50 @@ def checkpoint_usage(session: Session, checkpoints: Sequence[dict[str, object]])
     session.commit()
 
 
-_FINISH_STATEMENTS: dict[tuple[str, ...], Update] = {}
+_FINISH_STATEMENTS: dict[tuple[tuple[str, ...], str], Update] = {}
 
 
-def _finish_statement(fields: tuple[str, ...]) -> Update:
-    """A Core UPDATE of `fields` for one open (or swept) row, built once per field set (it runs once per
-    request: an ORM update built per call costs ~1 ms of CPU more)."""
-    statement = _FINISH_STATEMENTS.get(fields)
+def _finish_statement(fields: tuple[str, ...], status: str) -> Update:
+    """A Core UPDATE of `fields` for one row in `status`, built once per field set (it runs once per request:
+    an ORM update built per call costs ~1 ms of CPU more)."""
+    statement = _FINISH_STATEMENTS.get((fields, status))
     if statement is None:
         statement = (
             update(cast(Table, UsageRecord.__table__))
-            .where(
-                UsageRecord.request_id == bindparam("b_request_id"),
-                UsageRecord.status.in_(CLOSABLE_STATUSES),
-            )
+            .where(UsageRecord.request_id == bindparam("b_request_id"), UsageRecord.status == status)
             .values({name: bindparam(f"b_{name}") for name in fields})
         )
-        _FINISH_STATEMENTS[fields] = statement
+        _FINISH_STATEMENTS[(fields, status)] = statement
     return statement
 
 
 def finish_usage(session: Session, values: dict[str, object]) -> bool:
-    """Give an open (or swept) row its final values; False, changing nothing, when no such row exists."""
+    """Give an open (or swept) row its final values; False, changing nothing, when no such row exists.
+
+    A swept row (`interrupted`) may lie in a day the daily rollup already summed: its update un-rolls that day
+    in the same transaction, under the rollup lock (registry/usage_rollup.py).
+    """
     fields = tuple(sorted(k for k in values if k != "request_id"))
     params = {f"b_{name}": value for name, value in values.items()}
-    result = cast(CursorResult[Any], session.connection().execute(_finish_statement(fields), params))
+    result = cast(
+        CursorResult[Any], session.connection().execute(_finish_statement(fields, OPEN_USAGE_STATUS), params)
+    )
+    if result.rowcount:
+        session.commit()
+        return True
+    started_at = session.scalar(
+        select(UsageRecord.started_at).where(
+            UsageRecord.request_id == values["request_id"], UsageRecord.status == INTERRUPTED_USAGE_STATUS
+        )
+    )
+    if started_at is None:
+        session.rollback()
+        return False
+    unroll_days_of(session, [started_at])  # first: it takes the rollup lock when the row's day may be rolled
+    result = cast(
+        CursorResult[Any],
+        session.connection().execute(_finish_statement(fields, INTERRUPTED_USAGE_STATUS), params),
+    )
     session.commit()
     return bool(result.rowcount)
 

@@ -64,6 +64,13 @@ class ApiSettings(BaseModel):
     model_cache_ttl_s: float = Field(
         default=2.0, ge=0, description="API: resolved adapter versions cached per process (0 = off)"
     )
+    cache_stale_on_db_outage_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="API: while the database cannot be reached, inference serves a cached key or adapter up to this "
+        "long past its TTL (known tenants keep being served through a restart or failover; a key revoked on "
+        "another replica meanwhile is refused once the database answers again; 0 = answer 503 at once)",
+    )
     upload_tmp_dir: Path | None = Field(
         default=None,
         description="API: where multipart upload bodies are written before validation, one subfolder per API "

@@ -98,6 +98,15 @@ class MeteringSettings(BaseModel):
         "has not renewed for this long stops counting (api/ratelimit.py)",
     )
 
+    rollup_settle_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Seconds after a UTC day ends before the usage sweep sums its usage rows into the daily rollup "
+        "(usage_days), once none of them is open; billing and /v1/usage read a rolled day's sums instead of its "
+        "rows. A later change to a rolled day's rows (a final update of an interrupted row) un-rolls that day "
+        "until the next sweep",
+    )
+
     @model_validator(mode="after")
     def _check_lease(self) -> MeteringSettings:
         if self.lease_timeout_s <= 2 * self.checkpoint_interval_s:

@@ -29,8 +29,8 @@ from fastapi import Request
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api.caches import ResolvedModel, TenantAuth
-from api.errors import ApiError
+from api.caches import ResolvedModel, TenantAuth, stale_on_outage
+from api.errors import DATABASE_ERRORS, ApiError
 from api.inference.choices import check_best_of
 from api.inference.logprobs_format import LogprobsFormatter
 from api.inference.sampling_fields import check_sampling_fields, sampling_spec
@@ -255,7 +255,10 @@ async def resolve(services: Services, tenant_id: str, model: str) -> ResolvedMod
     cache = services.model_cache
     resolved = cache.get((tenant_id, model))
     if resolved is None:
-        resolved = await run_in_threadpool(_resolve_in_db, services, tenant_id, model)
+        try:
+            resolved = await run_in_threadpool(_resolve_in_db, services, tenant_id, model)
+        except DATABASE_ERRORS as exc:
+            return stale_on_outage(cache, (tenant_id, model), exc)
         cache.put((tenant_id, model), resolved)
     return resolved
 

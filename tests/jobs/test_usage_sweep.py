@@ -1,4 +1,4 @@
-"""The usage sweep (dead workers, expired leases): the job wiring (directory + DB), its inline timer and its
+"""The usage sweep (dead workers, expired leases, the daily rollup): the job wiring (directory + DB), its inline timer and its
 Celery task."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from jobs.task_names import CLOSE_ORPHANED_USAGE_TASK
 from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage, sweep_usage
 from registry import repository
 from registry.db import make_engine, make_session_factory
-from registry.models import UsageRecord, new_id, utcnow
-from registry.usage import open_usage
+from registry.models import RolledUsageDay, UsageDay, UsageRecord, new_id, utcnow
+from registry.usage import open_usage, record_usage
 from settings import Settings
 
 
@@ -154,3 +154,26 @@ def test_celery_beat_task_sweeps_with_the_redis_directory(
         RedisWorkerDirectory(client, prefix).remove("w-live")
         client.close()
         engine.dispose()
+
+
+def test_the_sweep_rolls_up_settled_days_and_leaves_today_raw(
+    db_session_factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    with db_session_factory() as session:
+        tenant_id = repository.create_tenant(session, f"rollup-{new_id()[:8]}").id
+        three_days_ago = utcnow() - timedelta(days=3)
+        for request_id, started_at in (
+            ("old-1", three_days_ago),
+            ("old-2", three_days_ago),
+            ("now-1", utcnow()),
+        ):
+            record_usage(session, request_id=f"{request_id}-{new_id()}", tenant_id=tenant_id, model_name="a",
+                         status="ok", prompt_tokens=5, completion_tokens=2, started_at=started_at)  # fmt: skip
+    sweep_usage(db_session_factory, None, Settings(data_dir=tmp_path, usage_rollup_settle_s=3600.0))
+    with db_session_factory() as session:
+        rolled = set(session.scalars(select(RolledUsageDay.day)))
+        assert three_days_ago.date() in rolled and utcnow().date() not in rolled
+        sums = session.scalars(select(UsageDay).where(UsageDay.tenant_id == tenant_id)).all()
+        assert [(s.day, s.model_name, s.num_requests, s.prompt_tokens) for s in sums] == [
+            (three_days_ago.date(), "a", 2, 10)
+        ]

@@ -1,7 +1,8 @@
 """Every list page's queries run on an index on PostgreSQL: each list is read once with its queries captured,
 then each captured query is EXPLAINed with sequential scans switched off (a query no index serves still
 plans a Seq Scan then) and checked for the index its keyset needs (migration 0022 and the older ones); so is
-billing's sum over a period of every tenant's rows (migration 0023)."""
+billing's sum over a period of every tenant's rows (migration 0023), and the reads of rolled days from the daily
+usage rollup (migration 0024)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from registry.model_pages import model_page
 from registry.models import Adapter, AdapterVersion, ApiKey, UsageRecord, new_id
 from registry.pages import PageRequest
 from registry.usage_pages import usage_group_page
+from registry.usage_rollup import roll_up_day
 from tests.registry.page_rows import add_tenant, at
 
 pytestmark = pytest.mark.slow  # PostgreSQL only
@@ -161,6 +163,30 @@ def test_every_query_of_a_list_page_runs_on_its_indexes(pg_session: Session, nam
     read, indexes = LISTS[name]
     plans = _plans(pg_session, lambda: read(pg_session, tenant_id, adapter))
     assert plans, "the list ran no query"
+    assert not [plan for plan in plans if "Seq Scan" in plan], "\n\n".join(plans)
+    used = "\n".join(plans)
+    assert {index for index in indexes if index not in used} == set(), used
+
+
+ROLLED_READS: dict[str, tuple[Callable[[Session, str], object], set[str]]] = {
+    "usage of rolled days": (
+        lambda s, t: usage_group_page(s, t, DAY0, DAY0 + timedelta(days=30), PageRequest(limit=2)),
+        {"pk_usage_days", "pk_rolled_usage_days"},
+    ),
+    "billing's sums of rolled days": (
+        lambda s, t: usage_totals(s, DAY0, DAY0 + timedelta(days=2)),
+        {"ix_usage_days_day", "pk_rolled_usage_days"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ROLLED_READS))
+def test_reads_of_rolled_days_run_on_the_rollups_indexes(pg_session: Session, name: str) -> None:
+    tenant_id, _ = _seed(pg_session)
+    assert roll_up_day(pg_session, DAY0.date(), DAY0 + timedelta(days=2))
+    pg_session.connection().exec_driver_sql("ANALYZE")
+    read, indexes = ROLLED_READS[name]
+    plans = _plans(pg_session, lambda: read(pg_session, tenant_id))
     assert not [plan for plan in plans if "Seq Scan" in plan], "\n\n".join(plans)
     used = "\n".join(plans)
     assert {index for index in indexes if index not in used} == set(), used

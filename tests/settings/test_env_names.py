@@ -58,6 +58,8 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_MAX_RUNNING_ADAPTER_MIB",
     "LORAHOST_ENGINE_MULTIQUEUE_SIZING",
     "LORAHOST_ENGINE_MULTIQUEUE_MAX_WAIT_S",
+    "LORAHOST_CACHE_STALE_ON_DB_OUTAGE_S",
+    "LORAHOST_USAGE_ROLLUP_SETTLE_S",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

@@ -1,0 +1,458 @@
+"""Chaos on a dev-cluster (issue 38 item 1): faults injected one after another under steady traffic from two
+tenants, and what the platform did about each.
+
+    python benchmarks/chaos.py [--faults worker,api,postgres,redis] [--rate 3] [--fault-s 8] [--out FILE]
+
+The cluster: 2 API replicas, 2 workers, Celery, PostgreSQL reached through a fault proxy (benchmarks/
+fault_proxy.py), a Redis server of its own (it can be stopped and started empty), a moto S3 server; the tiny demo
+model, one adapter per tenant. Traffic: open-loop arrivals at --rate per second, tenants and models (adapter or
+base) in turn, half of them streamed, spread over the API replicas a load balancer would send to (a killed replica
+leaves the rotation until it is back, as a health check would have it).
+
+Faults, each after a quiet --settle-s:
+- worker: kill -9 of a worker with streams on it, restarted under the same id once the router dropped it;
+- api: kill -9 of an API replica with streams on it, restarted under the same api_instance_id (it writes what it
+  spooled, then closes what it left open as interrupted);
+- postgres: every PostgreSQL connection reset and new ones refused for --fault-s (a restart or failover);
+- redis: redis-server stopped for --fault-s, then started empty.
+
+Per fault, one table row: requests whose life overlapped the fault's window (from the injection to the end of the
+fault), by outcome: completed, ended with a clear error (an SSE error event, or a JSON error), broken connections
+(only a killed API's own streams are expected to), 5xx answers; 5xx among the requests that started after the
+window ("outside"); recovery_s, from the end of the fault to the end of the last failed request that started
+after the injection. After the last fault the usage ledger is checked against what every client received: rows
+per request (billed twice), tokens billed beyond or short of what was delivered, and rows still `in_progress`
+after the lease timeout plus a sweep (stuck). One JSON line per fault and one for the ledger; --out appends them.
+Not a test: timings depend on the machine (its CPU is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+from cluster_load import upload_ready
+from fault_proxy import FaultProxy
+from model_dirs import ensure_model
+from run_info import cpu_model, git_state
+from sqlalchemy import func, make_url, select
+
+from lorahost.demo import setup_tenant
+from lorahost.dev_cluster import DevCluster
+from lorahost.dev_cluster_config import DevClusterConfig
+from lorahost.dev_services import DEFAULT_POSTGRES_ADMIN_URL
+from lorahost.processes import free_port
+from registry.db import make_engine, make_session_factory
+from registry.models import UsageRecord
+
+FAULTS = ("worker", "api", "postgres", "redis")
+REQUEST_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Outcome:
+    """What one client sent and received."""
+
+    tenant: int
+    model: str
+    is_stream: bool
+    api_index: int
+    started_at: float
+    ended_at: float | None = None
+    status_code: int | None = None
+    response_id: str | None = None
+    num_delivered: int = 0  # completion tokens the client received (token chunks, or the JSON usage)
+    is_done: bool = False
+    error_type: str | None = None  # the error the API sent (SSE error event or JSON body)
+    transport_error: str | None = None  # the connection broke
+
+    @property
+    def is_ok(self) -> bool:
+        return (
+            self.status_code == 200
+            and self.error_type is None
+            and self.transport_error is None
+            and (self.is_done or not self.is_stream)
+        )
+
+    @property
+    def request_id(self) -> str | None:
+        return None if self.response_id is None else "req-" + self.response_id.split("-", 1)[1]
+
+
+def send(api_url: str, key: str, out: Outcome, max_tokens: int, seed: int) -> None:
+    """One completion, recorded into `out` as it arrives; never raises."""
+    body: dict[str, Any] = {"model": out.model, "prompt": f"chaos request {seed}", "max_tokens": max_tokens,
+                            "ignore_eos": True, "temperature": 1.0, "seed": seed, "stream": out.is_stream}  # fmt: skip
+    if out.is_stream:
+        body["stream_options"] = {"include_usage": True}
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        with httpx.Client(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=5)) as http:
+            if out.is_stream:
+                with http.stream("POST", f"{api_url}/v1/completions", json=body, headers=headers) as response:
+                    out.status_code = response.status_code
+                    if response.status_code != 200:
+                        out.error_type = _error_type(response.read())
+                        return
+                    for line in response.iter_lines():
+                        _on_sse_line(line, out)
+            else:
+                response = http.post(f"{api_url}/v1/completions", json=body, headers=headers)
+                out.status_code = response.status_code
+                if response.status_code != 200:
+                    out.error_type = _error_type(response.content)
+                    return
+                payload = response.json()
+                out.response_id, out.num_delivered = payload["id"], payload["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        out.transport_error = type(exc).__name__
+    finally:
+        out.ended_at = time.time()
+
+
+def _error_type(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw)["error"]["type"])
+    except (ValueError, KeyError, TypeError):
+        return "unparsable"
+
+
+def _on_sse_line(line: str, out: Outcome) -> None:
+    if not line.startswith("data: "):
+        return
+    payload = line[len("data: ") :]
+    if payload == "[DONE]":
+        out.is_done = True
+        return
+    chunk = json.loads(payload)
+    if "error" in chunk:
+        out.error_type = str(chunk["error"].get("type"))
+        return
+    out.response_id = out.response_id or chunk.get("id")
+    for choice in chunk.get("choices", []):
+        if choice.get("finish_reason") is None:
+            out.num_delivered += 1
+
+
+@dataclass
+class Traffic:
+    """Open-loop arrivals at `rate` per second until stopped, over the API replicas in `live_apis`."""
+
+    cluster: DevCluster
+    keys: list[str]
+    models: list[list[str]]  # per tenant: the models it calls in turn
+    rate: float
+    max_tokens: int
+    outcomes: list[Outcome] = field(default_factory=list)
+    live_apis: set[int] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.live_apis = set(range(len(self.cluster.apis)))
+        self._threads.append(threading.Thread(target=self._run, daemon=True))
+        self._threads[0].start()
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S + 30
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return self.outcomes
+
+    def num_in_flight(self) -> int:
+        return sum(o.ended_at is None for o in self.outcomes)
+
+    def _run(self) -> None:
+        counter = itertools.count()
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            n = next(counter)
+            tenant = n % len(self.keys)
+            models = self.models[tenant]
+            apis = sorted(self.live_apis)
+            api_index = apis[n % len(apis)]
+            out = Outcome(tenant, models[(n // 2) % len(models)], n % 4 < 2, api_index, time.time())
+            self.outcomes.append(out)
+            url = self.cluster.apis[api_index].url or ""
+            max_tokens = self.max_tokens if out.is_stream else max(4, self.max_tokens // 4)
+            thread = threading.Thread(
+                target=send, args=(url, self.keys[tenant], out, max_tokens, n), daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+            next_at += 1.0 / self.rate
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+@dataclass
+class LocalRedis:
+    """A redis-server of this run's own on a free port (no persistence: a restart starts it empty)."""
+
+    port: int
+    data_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                   "no", "--dir", str(self.data_dir)]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        import redis
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+            try:
+                client.ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.05)
+            finally:
+                client.close()
+        raise RuntimeError(f"redis-server on {self.port} did not answer")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+        self.process = None
+
+
+@dataclass
+class Window:
+    """One fault: when it was injected and when it ended (the fault itself, not the platform's recovery)."""
+
+    fault: str
+    injected_at: float
+    ended_at: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def inject(fault: str, cluster: DevCluster, traffic: Traffic, proxy: FaultProxy, redis_server: LocalRedis,
+           fault_s: float) -> Window:  # fmt: skip
+    """Inject one fault under the running traffic and end it; returns its window."""
+    wait_streams(traffic)
+    detail: dict[str, Any] = {}
+    injected_at = time.time()
+    if fault == "worker":
+        handle = cluster.kill_worker(0)
+        detail["worker"] = handle.worker_id
+        started = time.monotonic()
+        cluster.wait_live_workers(lambda ids: handle.worker_id not in ids, timeout_s=60)
+        detail["router_dropped_s"] = round(time.monotonic() - started, 2)
+        ended_at = time.time()
+        cluster.start_worker(worker_id=handle.worker_id)
+    elif fault == "api":
+        traffic.live_apis.discard(1)  # the load balancer's health check
+        cluster.kill_api(1)
+        ended_at = time.time()
+        started = time.monotonic()
+        cluster.restart_api(1)
+        detail["restart_s"] = round(time.monotonic() - started, 2)
+        traffic.live_apis.add(1)
+    elif fault == "postgres":
+        proxy.cut()
+        time.sleep(fault_s)
+        proxy.restore()
+        ended_at = time.time()
+    elif fault == "redis":
+        redis_server.stop()
+        time.sleep(fault_s)
+        redis_server.start()
+        ended_at = time.time()
+    else:
+        raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+    return Window(fault, injected_at, ended_at, detail)
+
+
+def wait_streams(traffic: Traffic, timeout_s: float = 30.0) -> None:
+    """Until some streams are in flight (a fault must meet work in progress)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sum(o.is_stream and o.ended_at is None and o.num_delivered > 0 for o in traffic.outcomes) >= 2:
+            return
+        time.sleep(0.05)
+
+
+def window_row(window: Window, outcomes: list[Outcome], next_injected_at: float) -> dict[str, Any]:
+    """The table row of one fault."""
+    during = [
+        o for o in outcomes if o.started_at <= window.ended_at and (o.ended_at or 1e18) >= window.injected_at
+    ]
+    after = [o for o in outcomes if window.ended_at < o.started_at < next_injected_at]
+    failed_after_injection = [
+        o for o in outcomes if window.injected_at <= o.started_at < next_injected_at and not o.is_ok
+    ]
+    last_failure = max((o.ended_at or o.started_at for o in failed_after_injection), default=window.ended_at)
+    return {
+        "fault": window.fault,
+        "window_s": round(window.ended_at - window.injected_at, 2),
+        "num_requests": len(during),
+        "num_ok": sum(o.is_ok for o in during),
+        "num_clear_errors": sum(o.error_type is not None for o in during),
+        "num_broken": sum(o.transport_error is not None for o in during),
+        "num_5xx": sum((o.status_code or 0) >= 500 for o in during),
+        "error_types": sorted({o.error_type for o in during if o.error_type}),
+        "num_5xx_outside": sum((o.status_code or 0) >= 500 or o.error_type is not None for o in after),
+        "num_after": len(after),
+        "recovery_s": round(max(0.0, last_failure - window.ended_at), 2),
+        **window.detail,
+    }
+
+
+def ledger_row(database_url: str, tenant_ids: list[str], outcomes: list[Outcome]) -> dict[str, Any]:
+    """Every client's delivered tokens against the usage ledger."""
+    engine = make_engine(database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            rows = session.execute(
+                select(UsageRecord.request_id, UsageRecord.status, UsageRecord.completion_tokens).where(
+                    UsageRecord.tenant_id.in_(tenant_ids)
+                )
+            ).all()
+            num_rows = session.scalar(select(func.count()).select_from(UsageRecord))
+    finally:
+        engine.dispose()
+    billed: dict[str, list[int]] = {}
+    for request_id, _, tokens in rows:
+        billed.setdefault(request_id, []).append(tokens)
+    over = under = num_missing = 0
+    for o in outcomes:
+        if o.request_id is None:
+            continue
+        tokens = billed.get(o.request_id)
+        if tokens is None:
+            num_missing += 1
+            continue
+        over += max(0, sum(tokens) - o.num_delivered)
+        under += max(0, o.num_delivered - sum(tokens))
+    return {
+        "num_requests": len(outcomes),
+        "num_rows": len(rows),
+        "num_rows_all_tenants": num_rows,
+        "num_billed_twice": sum(len(t) > 1 for t in billed.values()),
+        "num_answered_without_row": num_missing,
+        "tokens_delivered": sum(o.num_delivered for o in outcomes),
+        "tokens_billed_beyond_delivered": over,
+        "tokens_delivered_unbilled": under,
+        "num_stuck_in_progress": sum(status == "in_progress" for _, status, _ in rows),
+        "statuses": {s: sum(st == s for _, st, _ in rows) for s in sorted({st for _, st, _ in rows})},
+    }
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'fault':9} {'window s':>8} {'reqs':>5} {'ok':>4} {'clear err':>9} {'broken':>6} {'5xx':>4} "
+          f"{'5xx after':>9} {'recovery s':>10}")  # fmt: skip
+    for r in rows:
+        print(f"{r['fault']:9} {r['window_s']:>8.1f} {r['num_requests']:>5} {r['num_ok']:>4} "
+              f"{r['num_clear_errors']:>9} {r['num_broken']:>6} {r['num_5xx']:>4} {r['num_5xx_outside']:>9} "
+              f"{r['recovery_s']:>10.1f}")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> None:
+    model_dir = args.model_dir or Path(os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-2"))
+    ensure_model(model_dir, sys.executable, 2, args.size)
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server is not installed (the chaos run stops and starts a Redis of its own)")
+    admin = make_url(args.postgres_admin_url)
+    proxy = FaultProxy(admin.host or "127.0.0.1", admin.port or 5432)
+    work = Path(tempfile.mkdtemp(prefix="lorahost-chaos-"))
+    redis_server = LocalRedis(free_port(), work)
+    redis_server.start()
+    env = {
+        "LORAHOST_ENGINE_NUM_THREADS": "1",
+        "LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": "0.5",
+        "LORAHOST_USAGE_LEASE_TIMEOUT_S": str(args.lease_s),
+        "LORAHOST_USAGE_SWEEP_INTERVAL_S": "2",
+        "LORAHOST_DRAIN_TIMEOUT_S": "10",
+    }
+    config = DevClusterConfig(
+        data_dir=work / "cluster", base_model=model_dir / "base", num_api=2, num_workers=2,
+        postgres_admin_url=admin.set(port=proxy.port).render_as_string(hide_password=False),
+        redis_url=redis_server.url, env=env, start_timeout_s=240,
+    )  # fmt: skip
+    cluster = DevCluster(config).start()
+    rows: list[dict[str, Any]] = []
+    try:
+        api = cluster.api_url
+        tenants = [setup_tenant(api, cluster.admin_key) for _ in range(2)]
+        adapters = sorted((model_dir / "adapters").iterdir())
+        for (_, key), adapter_dir in zip(tenants, adapters, strict=False):
+            upload_ready(api, key, "chaos", adapter_dir)
+        traffic = Traffic(cluster, [k for _, k in tenants], [["chaos", config.base_model_name]] * 2, args.rate,
+                          args.max_tokens)  # fmt: skip
+        traffic.start()
+        windows = []
+        for fault in args.faults:
+            time.sleep(args.settle_s)
+            windows.append(inject(fault, cluster, traffic, proxy, redis_server, args.fault_s))
+            print(json.dumps({"injected": fault, **windows[-1].detail}), file=sys.stderr, flush=True)
+        time.sleep(args.settle_s)
+        outcomes = traffic.stop()
+        time.sleep(args.lease_s + 6)  # a lease timeout and a sweep: anything left open is stuck
+        ends = [w.injected_at for w in windows[1:]] + [time.time()]
+        rows = [window_row(w, outcomes, end) for w, end in zip(windows, ends, strict=True)]
+        ledger = ledger_row(cluster.database_url or "", [t for t, _ in tenants], outcomes)
+    finally:
+        cluster.stop()
+        proxy.close()
+        redis_server.stop()
+    print_table(rows)
+    context = {"cpu": cpu_model(), "commit": git_state().get("commit"), "rate": args.rate, "fault_s": args.fault_s,
+               "load_avg": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    lines = [{"bench": "chaos", **row, **context} for row in rows]
+    lines.append({"bench": "chaos", "ledger": ledger, **context})
+    print(json.dumps(lines[-1]))
+    for line in lines[:-1]:
+        print(json.dumps(line))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as f:
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--faults", type=lambda s: s.split(","), default=list(FAULTS), help=",".join(FAULTS))
+    p.add_argument("--rate", type=float, default=3.0, help="requests per second")
+    p.add_argument("--max-tokens", type=int, default=48, help="of a stream (a quarter for the others)")
+    p.add_argument("--fault-s", type=float, default=8.0, help="how long PostgreSQL and Redis are down")
+    p.add_argument("--settle-s", type=float, default=8.0, help="quiet traffic before each fault and after")
+    p.add_argument("--lease-s", type=float, default=6.0, help="usage lease timeout of the cluster")
+    p.add_argument("--size", default="tiny")
+    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--postgres-admin-url", default=DEFAULT_POSTGRES_ADMIN_URL)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.faults) - set(FAULTS))
+    if unknown:
+        p.error(f"unknown faults {unknown}; choose from {', '.join(FAULTS)}")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
