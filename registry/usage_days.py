@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, and_, false, func, or_, select
 from sqlalchemy.orm import Session
 
 from registry.models import RolledUsageDay, UsageDay, UsageRecord
@@ -53,6 +53,23 @@ def whole_days(start: datetime, end: datetime) -> tuple[date, date]:
     start, end = start.astimezone(UTC), end.astimezone(UTC)
     first = start.date() if start == day_bounds(start.date())[0] else start.date() + timedelta(days=1)
     return first, end.date()
+
+
+def day_ranges(days: Iterable[date]) -> list[tuple[date, date]]:
+    """Runs of consecutive days as [first, last + 1 day) ranges, in order (a query by range, not by a list of
+    dates, lets PostgreSQL plan one index range per run)."""
+    ranges: list[tuple[date, date]] = []
+    for day in sorted(set(days)):
+        if ranges and ranges[-1][1] == day:
+            ranges[-1] = (ranges[-1][0], day + timedelta(days=1))
+        else:
+            ranges.append((day, day + timedelta(days=1)))
+    return ranges
+
+
+def in_days(column: Any, days: Iterable[date]) -> ColumnElement[bool]:
+    """`column` (a date) falls on one of `days` (false for none), as one range condition per run of days."""
+    return or_(false(), *(and_(column >= first, column < end) for first, end in day_ranges(days)))
 
 
 def rolled_marks(session: Session, start: datetime, end: datetime) -> Marks:
@@ -132,7 +149,7 @@ def _sums(
             func.sum(UsageDay.num_requests),
             func.sum(UsageDay.prompt_tokens),
             func.sum(UsageDay.completion_tokens),
-        ).where(UsageDay.day.in_(sorted(marks)))
+        ).where(in_days(UsageDay.day, marks))
         if tenant_id is not None:
             query = query.where(UsageDay.tenant_id == tenant_id)
         for *key, n, prompt, completion in session.execute(query.group_by(*rolled_keys)):

@@ -4,24 +4,29 @@ A group's id is `<day>:<model>` (`2026-11-01:my-adapter`; the day comes first an
 with ':' in it still parses), and groups are in (day, model) order, so the cursor (`after`, the last id of the
 previous page) is a position: the page reads from the start of the cursor's day on, day by day, and stops at
 the first day boundary past limit + 1 groups. A day the daily rollup holds (registry/usage_rollup.py) is read
-from its sums in usage_days (a few rows per model); any other day from the tenant's raw rows in started_at order
-(ix_usage_records_tenant_started). A page thus costs the days it shows, whatever page it is. A cursor reads only the
+from its sums in usage_days (a few rows per model); any other day is summed the same way from the tenant's raw
+rows, in the database, a day at a time (ix_usage_records_tenant_started). A page thus costs the days it shows,
+whatever page it is. A cursor reads only the
 calling tenant's rows, so it tells nothing about anyone else's; a cursor that is not of that shape is an
 InvalidCursorError.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from registry.models import UsageDay, UsageRecord
 from registry.pages import Page, PageRequest, invalid_cursor, split_page
+from registry.usage import as_utc
 from registry.usage_days import Marks, read_stably, segments, usage_sums
-from registry.usage_reports import UsageRow, to_usage_row, usage_by_adapter_day, usage_rows_query
+from registry.usage_rollup import day_bounds
 
 NUM_STREAMED_ROWS = 500  # rows fetched per round trip while a page is read (a page reads whole days)
 GROUP_ID_RE = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}):(.+)", re.DOTALL)
@@ -64,6 +69,21 @@ def usage_group_page(
     return split_page(data, page.limit)
 
 
+@dataclass(frozen=True)
+class DaySum:
+    """One day's usage of a tenant's model on one base model with one status: a usage_days row, or the same sums
+    taken from the raw rows of a day that is not rolled."""
+
+    day: str  # YYYY-MM-DD
+    model: str
+    base_model: str  # "" for rows that name none
+    status: str
+    num_requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    first_started_at: datetime
+
+
 def _groups_after(
     session: Session,
     tenant_id: str,
@@ -73,95 +93,107 @@ def _groups_after(
     position: GroupKey | None,
     limit: int,
 ) -> list[dict[str, object]]:
-    """The first groups after `position` in [start, end), more than `limit` of them when there are."""
-    groups: list[dict[str, object]] = []
+    """The first groups after `position` in [start, end), whole days, more than `limit` of them when there are:
+    rolled days from usage_days, other days summed from their raw rows in the database a day at a time."""
+    groups: dict[GroupKey, list[DaySum]] = {}
     for part_start, part_end, is_rolled in segments(start, end, marks):
-        if len(groups) > limit:
-            break
         if is_rolled:
-            groups += _rolled_groups_after(
-                session, tenant_id, part_start, part_end, position, limit + 1 - len(groups)
+            parts = [(part_start, part_end)]
+        else:  # a day at a time: a long unrolled stretch costs only the days a page shows
+            parts = list(itertools.pairwise([part_start, *_midnights_within(part_start, part_end), part_end]))
+        for a, b in parts:
+            if len(groups) > limit:
+                break
+            sums = (
+                _rolled_sums(session, tenant_id, a, b) if is_rolled else _raw_sums(session, tenant_id, a, b)
             )
-        else:
-            rows = _rows_of_groups_after(
-                session, tenant_id, part_start, part_end, position, limit - len(groups)
-            )
-            groups += usage_by_adapter_day(rows)
-    return groups
+            _add_whole_days(groups, sums, position, limit + 1)
+    return [
+        _group(day, model, sorted(rows, key=lambda r: r.first_started_at))
+        for (day, model), rows in sorted(groups.items())
+    ]
 
 
-def _rolled_groups_after(
-    session: Session,
-    tenant_id: str,
-    start: datetime,
-    end: datetime,
-    position: GroupKey | None,
-    num_groups: int,
-) -> list[dict[str, object]]:
-    """The groups after `position` of the rolled days in [start, end), from usage_days: whole days, until at
-    least num_groups (models are ordered here, as the raw rows' groups are, not by the database's collation)."""
+def _midnights_within(start: datetime, end: datetime) -> list[datetime]:
+    """The UTC midnights strictly between start and end."""
+    moment = day_bounds(start.astimezone(UTC).date())[1]
+    midnights = []
+    while moment < end:
+        midnights.append(moment)
+        moment += timedelta(days=1)
+    return midnights
+
+
+def _add_whole_days(
+    groups: dict[GroupKey, list[DaySum]], sums: Iterator[DaySum], position: GroupKey | None, num_groups: int
+) -> None:
+    """Add the sums after `position` to their groups, day by day, stopping at the first day that starts once
+    num_groups groups are complete (sums come in day order)."""
+    day = None
+    for row in sums:
+        key = (row.day, row.model)
+        if key[0] != day:
+            if len(groups) >= num_groups:  # every group so far is of an earlier, complete day
+                return
+            day = key[0]
+        if position is None or key > position:
+            groups.setdefault(key, []).append(row)
+
+
+def _rolled_sums(session: Session, tenant_id: str, start: datetime, end: datetime) -> Iterator[DaySum]:
+    """The tenant's usage_days rows of the rolled days in [start, end), in day order."""
     query = (
         select(UsageDay)
         .where(UsageDay.tenant_id == tenant_id, UsageDay.day >= start.date(), UsageDay.day < end.date())
         .order_by(UsageDay.day)
     )
-    groups: dict[GroupKey, list[UsageDay]] = {}
-    day = None
     result = session.scalars(query, execution_options={"yield_per": NUM_STREAMED_ROWS})
     try:
-        for row in result:
-            key = (row.day.isoformat(), row.model_name)
-            if key[0] != day:
-                if len(groups) >= num_groups:  # every group so far is of an earlier, complete day
-                    break
-                day = key[0]
-            if position is None or key > position:
-                groups.setdefault(key, []).append(row)
+        for r in result:
+            yield DaySum(r.day.isoformat(), r.model_name, r.base_model_name, r.status, r.num_requests,
+                         r.prompt_tokens, r.completion_tokens, as_utc(r.first_started_at))  # fmt: skip
     finally:
         result.close()
-    return [
-        _rolled_group(day, model, sorted(rows, key=lambda r: r.first_started_at))
-        for (day, model), rows in sorted(groups.items())
-    ]
 
 
-def _rolled_group(day: str, model: str, rows: list[UsageDay]) -> dict[str, object]:
-    """One (day, model) group from its rollup rows (by first_started_at), in usage_by_adapter_day's shape."""
+def _raw_sums(session: Session, tenant_id: str, start: datetime, end: datetime) -> Iterator[DaySum]:
+    """The same sums as usage_days holds, of the tenant's raw rows in [start, end) (within one UTC day)."""
+    base = func.coalesce(UsageRecord.base_model_name, "")
+    query = (
+        select(
+            UsageRecord.model_name,
+            base,
+            UsageRecord.status,
+            func.count(),
+            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+            func.min(UsageRecord.started_at),
+        )
+        .where(
+            UsageRecord.tenant_id == tenant_id, UsageRecord.started_at >= start, UsageRecord.started_at < end
+        )
+        .group_by(UsageRecord.model_name, base, UsageRecord.status)
+    )
+    day = start.astimezone(UTC).date().isoformat()
+    for model, base_model, status, n, prompt, completion, first in session.execute(query):
+        first_at = first if isinstance(first, datetime) else datetime.fromisoformat(str(first))
+        yield DaySum(day, model, base_model, status, int(n), int(prompt), int(completion), as_utc(first_at))
+
+
+def _group(day: str, model: str, rows: list[DaySum]) -> dict[str, object]:
+    """One (day, model) group from its sums (by first_started_at): requests, tokens, requests by status."""
     by_status: dict[str, int] = {}
     for r in rows:
         by_status[r.status] = by_status.get(r.status, 0) + r.num_requests
     return {
         "day": day,
         "model": model,
-        "base_model": rows[0].base_model_name or None,
+        "base_model": rows[0].base_model or None,
         "num_requests": sum(r.num_requests for r in rows),
         "prompt_tokens": sum(r.prompt_tokens for r in rows),
         "completion_tokens": sum(r.completion_tokens for r in rows),
         "by_status": by_status,
     }
-
-
-def _rows_of_groups_after(
-    session: Session, tenant_id: str, start: datetime, end: datetime, position: GroupKey | None, limit: int
-) -> list[UsageRow]:
-    """The rows of the first groups after `position`: whole days, until more than `limit` groups are complete."""
-    query = usage_rows_query(start, end, tenant_id).order_by(UsageRecord.started_at)
-    result = session.execute(query, execution_options={"yield_per": NUM_STREAMED_ROWS})
-    groups: dict[GroupKey, list[UsageRow]] = {}
-    day = None
-    try:
-        for raw in result:
-            row = to_usage_row(raw)
-            key = (row.started_at.date().isoformat(), row.model_name)
-            if key[0] != day:
-                if len(groups) > limit:  # every group so far is of an earlier, complete day
-                    break
-                day = key[0]
-            if position is None or key > position:
-                groups.setdefault(key, []).append(row)
-    finally:
-        result.close()
-    return [row for group in groups.values() for row in group]
 
 
 def usage_token_totals(session: Session, tenant_id: str, start: datetime, end: datetime) -> tuple[int, int]:
