@@ -54,7 +54,8 @@ def test_kill_9_an_api_replica_the_other_serves_and_its_streams_are_billed_to_th
     with running_cluster(config) as cluster:
         tenant_id, key = new_tenant(cluster)
         victim_url, other_url = cluster.apis[1].url or "", cluster.apis[0].url or ""
-        doomed = [_stream_to(victim_url, key, seed, max_tokens=1000)  # near the tiny model's 1,024 positions: still running at the kill for seed in range(NUM_STREAMS)]
+        # near the tiny model's 1,024 positions: still running at the kill
+        doomed = [_stream_to(victim_url, key, seed, max_tokens=1000) for seed in range(NUM_STREAMS)]
         database_url = cluster.database_url or ""
 
         def checkpointed() -> bool:
