@@ -6,6 +6,8 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as StorageConnectionError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -24,7 +26,7 @@ from registry.validation import AdapterValidationError
 
 log = logging.getLogger(__name__)
 
-# A database restart or failover takes seconds; the pool reconnects on the next call.
+# A database restart or failover (or an S3 hiccup) takes seconds; the pool reconnects on the next call.
 RETRY_AFTER_DATABASE_S = 5
 # What a database call raises when the database may be unreachable (is_database_unavailable tells which).
 DATABASE_ERRORS = (DBAPIError, PoolTimeoutError)
@@ -174,6 +176,30 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def is_storage_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the S3 blob store cannot be reached or is failing for a moment (connection refused or
+    dropped, a timeout, a 5xx such as 503 SlowDown) rather than refusing this request."""
+    if isinstance(exc, StorageConnectionError | HTTPClientError):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return isinstance(status, int) and status >= 500
+    return False
+
+
+async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+    if not is_storage_unavailable(exc):
+        return await _unhandled_error(request, exc)
+    log.warning("the blob store is unavailable: %s", type(exc).__name__)
+    return error_response(
+        503,
+        "storage_unavailable",
+        "the adapter store (S3) is unavailable for a moment and this request could not be carried out; nothing "
+        f"was kept; retry after {RETRY_AFTER_DATABASE_S} s",
+        {"Retry-After": str(RETRY_AFTER_DATABASE_S)},
+    )
+
+
 async def _unhandled_error(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal_error", "internal server error; retry, or contact the operator")
@@ -188,4 +214,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _request_validation_error)
     app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(PoolTimeoutError, _database_error)
+    app.add_exception_handler(BotoCoreError, _storage_error)
+    app.add_exception_handler(ClientError, _storage_error)
     app.add_exception_handler(Exception, _unhandled_error)

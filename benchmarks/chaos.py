@@ -14,13 +14,15 @@ Faults, each after a quiet --settle-s:
 - api: kill -9 of an API replica with streams on it, restarted under the same api_instance_id (it writes what it
   spooled, then closes what it left open as interrupted);
 - postgres: every PostgreSQL connection reset and new ones refused for --fault-s (a restart or failover);
-- redis: redis-server stopped for --fault-s, then started empty.
+- redis: redis-server stopped for --fault-s, then started empty;
+- s3: every connection to the S3 server (moto, behind a fault proxy) reset and new ones refused for --fault-s;
+  an upload is tried during it (it must answer 503 and keep nothing) and again after (it must succeed).
 
 Per fault, one table row: requests whose life overlapped the fault's window (from the injection to the end of the
 fault), by outcome: completed, ended with a clear error (an SSE error event, or a JSON error), broken connections
 (only a killed API's own streams are expected to), 5xx answers; 5xx among the requests that started after the
-window ("outside"); recovery_s, from the end of the fault to the end of the last failed request that started
-after the injection. After the last fault the usage ledger is checked against what every client received: rows
+window ("outside"); recovery_s, from the end of the fault to the end of the last request that failed between this injection
+and the next. After the last fault the usage ledger is checked against what every client received: rows
 per request (billed twice), tokens billed beyond or short of what was delivered, and rows still `in_progress`
 after the lease timeout plus a sweep (stuck). One JSON line per fault and one for the ledger; --out appends them.
 Not a test: timings depend on the machine (its CPU is printed).
@@ -58,12 +60,12 @@ from sqlalchemy import func, make_url, select
 from lorahost.demo import setup_tenant
 from lorahost.dev_cluster import DevCluster
 from lorahost.dev_cluster_config import DevClusterConfig
-from lorahost.dev_services import DEFAULT_POSTGRES_ADMIN_URL
+from lorahost.dev_services import DEFAULT_POSTGRES_ADMIN_URL, MOTO_CREDENTIALS, start_moto
 from lorahost.processes import free_port
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord
 
-FAULTS = ("worker", "api", "postgres", "redis")
+FAULTS = ("worker", "api", "postgres", "redis", "s3")
 REQUEST_TIMEOUT_S = 120.0
 
 
@@ -80,6 +82,7 @@ class Outcome:
     status_code: int | None = None
     response_id: str | None = None
     num_delivered: int = 0  # completion tokens the client received (token chunks, or the JSON usage)
+    first_token_at: float | None = None  # streams: when the first token chunk arrived
     is_done: bool = False
     error_type: str | None = None  # the error the API sent (SSE error event or JSON body)
     transport_error: str | None = None  # the connection broke
@@ -151,6 +154,7 @@ def _on_sse_line(line: str, out: Outcome) -> None:
     for choice in chunk.get("choices", []):
         if choice.get("finish_reason") is None:
             out.num_delivered += 1
+            out.first_token_at = out.first_token_at or time.time()
 
 
 @dataclass
@@ -251,14 +255,40 @@ class Window:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def inject(fault: str, cluster: DevCluster, traffic: Traffic, proxy: FaultProxy, redis_server: LocalRedis,
-           fault_s: float) -> Window:  # fmt: skip
+@dataclass
+class Faults:
+    """What the run can break: PostgreSQL's and S3's links, its own Redis, and an adapter to upload meanwhile."""
+
+    postgres: FaultProxy
+    s3: FaultProxy
+    redis: LocalRedis
+    key: str
+    adapter_dir: Path
+
+
+def try_upload(api_url: str, key: str, name: str, adapter_dir: Path) -> int:
+    """The status of one adapter upload."""
+    files = [
+        ("files", (n, (adapter_dir / n).read_bytes()))
+        for n in ("adapter_config.json", "adapter_model.safetensors")
+    ]
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        return httpx.post(
+            f"{api_url}/v1/adapters", headers=headers, data={"name": name}, files=files, timeout=60
+        ).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def inject(fault: str, cluster: DevCluster, traffic: Traffic, faults: Faults, fault_s: float) -> Window:
     """Inject one fault under the running traffic and end it; returns its window."""
-    wait_streams(traffic)
+    wait_streams(traffic, api_index=1 if fault == "api" else None)
     detail: dict[str, Any] = {}
+    victim = streaming_worker(cluster) if fault == "worker" else None
     injected_at = time.time()
     if fault == "worker":
-        handle = cluster.kill_worker(0)
+        handle = cluster.kill_worker(victim or 0)
         detail["worker"] = handle.worker_id
         started = time.monotonic()
         cluster.wait_live_workers(lambda ids: handle.worker_id not in ids, timeout_s=60)
@@ -274,27 +304,58 @@ def inject(fault: str, cluster: DevCluster, traffic: Traffic, proxy: FaultProxy,
         detail["restart_s"] = round(time.monotonic() - started, 2)
         traffic.live_apis.add(1)
     elif fault == "postgres":
-        proxy.cut()
+        faults.postgres.cut()
         time.sleep(fault_s)
-        proxy.restore()
+        faults.postgres.restore()
         ended_at = time.time()
     elif fault == "redis":
-        redis_server.stop()
+        faults.redis.stop()
         time.sleep(fault_s)
-        redis_server.start()
+        faults.redis.start()
         ended_at = time.time()
+    elif fault == "s3":
+        faults.s3.cut()
+        deadline = time.monotonic() + fault_s
+        detail["upload_during"] = try_upload(
+            cluster.api_url, faults.key, "during-s3-outage", faults.adapter_dir
+        )
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        faults.s3.restore()
+        ended_at = time.time()
+        detail["upload_after"] = try_upload(
+            cluster.api_url, faults.key, "during-s3-outage", faults.adapter_dir
+        )
     else:
         raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
     return Window(fault, injected_at, ended_at, detail)
 
 
-def wait_streams(traffic: Traffic, timeout_s: float = 30.0) -> None:
-    """Until some streams are in flight (a fault must meet work in progress)."""
+def wait_streams(traffic: Traffic, api_index: int | None = None, timeout_s: float = 30.0) -> None:
+    """Until streams that got tokens are in flight (through API replica `api_index`, or any): a fault must meet
+    work in progress."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if sum(o.is_stream and o.ended_at is None and o.num_delivered > 0 for o in traffic.outcomes) >= 2:
+        flowing = [o for o in traffic.outcomes if o.is_stream and o.ended_at is None and o.num_delivered > 0]
+        if len([o for o in flowing if api_index in (None, o.api_index)]) >= 2:
             return
-        time.sleep(0.05)
+        time.sleep(0.02)
+
+
+def streaming_worker(cluster: DevCluster) -> str | None:
+    """The worker with the most streams in flight that checkpointed a token (from the usage ledger)."""
+    engine = make_engine(cluster.database_url or "")
+    try:
+        with engine.connect() as conn:
+            query = (
+                select(UsageRecord.worker_id, func.count())
+                .where(UsageRecord.status == "in_progress", UsageRecord.completion_tokens > 0)
+                .group_by(UsageRecord.worker_id)
+                .order_by(func.count().desc())
+            )
+            row = conn.execute(query).first()
+    finally:
+        engine.dispose()
+    return None if row is None else row[0]
 
 
 def window_row(window: Window, outcomes: list[Outcome], next_injected_at: float) -> dict[str, Any]:
@@ -303,10 +364,10 @@ def window_row(window: Window, outcomes: list[Outcome], next_injected_at: float)
         o for o in outcomes if o.started_at <= window.ended_at and (o.ended_at or 1e18) >= window.injected_at
     ]
     after = [o for o in outcomes if window.ended_at < o.started_at < next_injected_at]
-    failed_after_injection = [
-        o for o in outcomes if window.injected_at <= o.started_at < next_injected_at and not o.is_ok
+    failed = [
+        o for o in outcomes if not o.is_ok and window.injected_at <= (o.ended_at or 0.0) < next_injected_at
     ]
-    last_failure = max((o.ended_at or o.started_at for o in failed_after_injection), default=window.ended_at)
+    last_failure = max((o.ended_at or 0.0 for o in failed), default=window.ended_at)
     return {
         "fault": window.fault,
         "window_s": round(window.ended_at - window.injected_at, 2),
@@ -340,6 +401,7 @@ def ledger_row(database_url: str, tenant_ids: list[str], outcomes: list[Outcome]
     for request_id, _, tokens in rows:
         billed.setdefault(request_id, []).append(tokens)
     over = under = num_missing = 0
+    unbilled_s: list[float] = []
     for o in outcomes:
         if o.request_id is None:
             continue
@@ -348,7 +410,11 @@ def ledger_row(database_url: str, tenant_ids: list[str], outcomes: list[Outcome]
             num_missing += 1
             continue
         over += max(0, sum(tokens) - o.num_delivered)
-        under += max(0, o.num_delivered - sum(tokens))
+        unbilled = max(0, o.num_delivered - sum(tokens))
+        under += unbilled
+        if unbilled and o.first_token_at and o.ended_at and o.ended_at > o.first_token_at:
+            # as time: how long the stream took to deliver what was not billed, at its own pace
+            unbilled_s.append(unbilled * (o.ended_at - o.first_token_at) / o.num_delivered)
     return {
         "num_requests": len(outcomes),
         "num_rows": len(rows),
@@ -358,9 +424,19 @@ def ledger_row(database_url: str, tenant_ids: list[str], outcomes: list[Outcome]
         "tokens_delivered": sum(o.num_delivered for o in outcomes),
         "tokens_billed_beyond_delivered": over,
         "tokens_delivered_unbilled": under,
+        "max_unbilled_s": round(max(unbilled_s, default=0.0), 2),
         "num_stuck_in_progress": sum(status == "in_progress" for _, status, _ in rows),
         "statuses": {s: sum(st == s for _, st, _ in rows) for s in sorted({st for _, st, _ in rows})},
     }
+
+
+def print_ledger(ledger: dict[str, Any]) -> None:
+    print(f"ledger: {ledger['num_requests']} requests, {ledger['num_rows']} usage rows, "
+          f"{ledger['num_billed_twice']} billed twice, {ledger['num_answered_without_row']} answered without a row, "
+          f"{ledger['tokens_delivered']} tokens delivered, {ledger['tokens_billed_beyond_delivered']} billed beyond "
+          f"delivery, {ledger['tokens_delivered_unbilled']} delivered unbilled (at most {ledger['max_unbilled_s']} s of "
+          f"a stream), {ledger['num_stuck_in_progress']} "
+          f"stuck in progress; statuses {ledger['statuses']}")  # fmt: skip
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -382,6 +458,11 @@ def run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="lorahost-chaos-"))
     redis_server = LocalRedis(free_port(), work)
     redis_server.start()
+    for name, value in MOTO_CREDENTIALS.items():
+        os.environ.setdefault(name, value)
+    moto = start_moto("127.0.0.1", work / "moto.log", 60)
+    moto_port = int((moto.url or "").rsplit(":", 1)[1])
+    s3_proxy = FaultProxy("127.0.0.1", moto_port)
     env = {
         "LORAHOST_ENGINE_NUM_THREADS": "1",
         "LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": "0.5",
@@ -392,7 +473,7 @@ def run(args: argparse.Namespace) -> None:
     config = DevClusterConfig(
         data_dir=work / "cluster", base_model=model_dir / "base", num_api=2, num_workers=2,
         postgres_admin_url=admin.set(port=proxy.port).render_as_string(hide_password=False),
-        redis_url=redis_server.url, env=env, start_timeout_s=240,
+        redis_url=redis_server.url, s3_endpoint=f"http://127.0.0.1:{s3_proxy.port}", env=env, start_timeout_s=240,
     )  # fmt: skip
     cluster = DevCluster(config).start()
     rows: list[dict[str, Any]] = []
@@ -405,10 +486,11 @@ def run(args: argparse.Namespace) -> None:
         traffic = Traffic(cluster, [k for _, k in tenants], [["chaos", config.base_model_name]] * 2, args.rate,
                           args.max_tokens)  # fmt: skip
         traffic.start()
+        faults = Faults(proxy, s3_proxy, redis_server, tenants[0][1], adapters[0])
         windows = []
         for fault in args.faults:
             time.sleep(args.settle_s)
-            windows.append(inject(fault, cluster, traffic, proxy, redis_server, args.fault_s))
+            windows.append(inject(fault, cluster, traffic, faults, args.fault_s))
             print(json.dumps({"injected": fault, **windows[-1].detail}), file=sys.stderr, flush=True)
         time.sleep(args.settle_s)
         outcomes = traffic.stop()
@@ -419,8 +501,11 @@ def run(args: argparse.Namespace) -> None:
     finally:
         cluster.stop()
         proxy.close()
+        s3_proxy.close()
+        moto.stop(5)
         redis_server.stop()
     print_table(rows)
+    print_ledger(ledger)
     context = {"cpu": cpu_model(), "commit": git_state().get("commit"), "rate": args.rate, "fault_s": args.fault_s,
                "load_avg": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
     lines = [{"bench": "chaos", **row, **context} for row in rows]
@@ -439,7 +524,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--faults", type=lambda s: s.split(","), default=list(FAULTS), help=",".join(FAULTS))
     p.add_argument("--rate", type=float, default=3.0, help="requests per second")
-    p.add_argument("--max-tokens", type=int, default=48, help="of a stream (a quarter for the others)")
+    p.add_argument("--max-tokens", type=int, default=240, help="of a stream (a quarter for the others)")
     p.add_argument("--fault-s", type=float, default=8.0, help="how long PostgreSQL and Redis are down")
     p.add_argument("--settle-s", type=float, default=8.0, help="quiet traffic before each fault and after")
     p.add_argument("--lease-s", type=float, default=6.0, help="usage lease timeout of the cluster")
