@@ -163,7 +163,9 @@ def roll_up_everything(engine: Engine) -> dict[str, Any]:
         while days := roll_up_usage(session, MeteringSettings().rollup_settle_s):
             num_days += len(days)
     seconds = time.perf_counter() - started
-    with engine.connect() as conn:  # the statistics autovacuum keeps in steady state, taken now for a new table
+    with (
+        engine.connect() as conn
+    ):  # the statistics autovacuum keeps in steady state, taken now for a new table
         conn.exec_driver_sql("ANALYZE usage_days")
     return {"rolled_days": num_days, "rollup_s": round(seconds, 1)}
 
