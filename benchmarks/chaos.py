@@ -35,7 +35,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -53,6 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from cluster_load import upload_ready
 from fault_proxy import FaultProxy
+from local_redis import LocalRedis
 from model_dirs import ensure_model
 from run_info import cpu_model, git_state
 from sqlalchemy import func, make_url, select
@@ -206,43 +206,6 @@ class Traffic:
             self._threads.append(thread)
             next_at += 1.0 / self.rate
             self._stop.wait(max(0.0, next_at - time.monotonic()))
-
-
-@dataclass
-class LocalRedis:
-    """A redis-server of this run's own on a free port (no persistence: a restart starts it empty)."""
-
-    port: int
-    data_dir: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                   "no", "--dir", str(self.data_dir)]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        import redis
-
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-            try:
-                client.ping()
-                return
-            except redis.RedisError:
-                time.sleep(0.05)
-            finally:
-                client.close()
-        raise RuntimeError(f"redis-server on {self.port} did not answer")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
-        self.process = None
 
 
 @dataclass

@@ -19,14 +19,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry.models import UsageDay, UsageRecord
 from registry.pages import Page, PageRequest, invalid_cursor, split_page
 from registry.usage import as_utc
 from registry.usage_days import Marks, read_stably, segments, usage_sums
-from registry.usage_rollup import day_bounds
+from registry.usage_rollup import DAY_SUM_COLUMNS, ROW_BASE_MODEL, day_bounds
 
 NUM_STREAMED_ROWS = 500  # rows fetched per round trip while a page is read (a page reads whole days)
 GROUP_ID_RE = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}):(.+)", re.DOTALL)
@@ -158,24 +158,17 @@ def _rolled_sums(session: Session, tenant_id: str, start: datetime, end: datetim
 
 def _raw_sums(session: Session, tenant_id: str, start: datetime, end: datetime) -> Iterator[DaySum]:
     """The same sums as usage_days holds, of the tenant's raw rows in [start, end) (within one UTC day)."""
-    base = func.coalesce(UsageRecord.base_model_name, "")
+    keys = [UsageRecord.model_name, ROW_BASE_MODEL, UsageRecord.status]
     query = (
-        select(
-            UsageRecord.model_name,
-            base,
-            UsageRecord.status,
-            func.count(),
-            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
-            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
-            func.min(UsageRecord.started_at),
-        )
+        select(*keys, *DAY_SUM_COLUMNS)
         .where(
             UsageRecord.tenant_id == tenant_id, UsageRecord.started_at >= start, UsageRecord.started_at < end
         )
-        .group_by(UsageRecord.model_name, base, UsageRecord.status)
+        .group_by(*keys)
     )
     day = start.astimezone(UTC).date().isoformat()
-    for model, base_model, status, n, prompt, completion, first in session.execute(query):
+    for row in session.execute(query):
+        model, base_model, status, n, prompt, completion, first = tuple(row)
         first_at = first if isinstance(first, datetime) else datetime.fromisoformat(str(first))
         yield DaySum(day, model, base_model, status, int(n), int(prompt), int(completion), as_utc(first_at))
 

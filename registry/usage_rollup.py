@@ -29,6 +29,18 @@ log = logging.getLogger(__name__)
 MAX_DAYS_PER_RUN = 31  # a first run over a year of rows rolls it in a dozen sweeps, none of them long
 
 
+# What usage_days holds of a group of usage rows, as SQL over usage_records: a row's base model ("" for none),
+# then requests, prompt and completion tokens and the earliest start (the rollup, and the pages of days not
+# rolled, sum the same way).
+ROW_BASE_MODEL = func.coalesce(UsageRecord.base_model_name, "")
+DAY_SUM_COLUMNS = (
+    func.count(),
+    func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+    func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+    func.min(UsageRecord.started_at),
+)
+
+
 def day_bounds(day: date) -> tuple[datetime, datetime]:
     """[start, end) of a UTC day."""
     start = datetime.combine(day, time(), tzinfo=UTC)
@@ -119,21 +131,11 @@ def roll_up_day(session: Session, day: date, now: datetime | None = None) -> boo
     if is_rolled or is_open is not None:
         session.commit()  # wrote nothing; ends the transaction and its lock
         return False
-    base = func.coalesce(UsageRecord.base_model_name, "")
+    keys = [UsageRecord.tenant_id, UsageRecord.model_name, ROW_BASE_MODEL, UsageRecord.status]
     sums = (
-        select(
-            UsageRecord.tenant_id,
-            literal(day, Date),
-            UsageRecord.model_name,
-            base,
-            UsageRecord.status,
-            func.count(),
-            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
-            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
-            func.min(UsageRecord.started_at),
-        )
+        select(UsageRecord.tenant_id, literal(day, Date), *keys[1:], *DAY_SUM_COLUMNS)
         .where(UsageRecord.started_at >= start, UsageRecord.started_at < end)
-        .group_by(UsageRecord.tenant_id, UsageRecord.model_name, base, UsageRecord.status)
+        .group_by(*keys)
     )
     columns = [
         "tenant_id", "day", "model_name", "base_model_name", "status", "num_requests", "prompt_tokens",

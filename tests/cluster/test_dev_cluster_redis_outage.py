@@ -5,14 +5,13 @@ in process (api/ratelimit.py), and Celery jobs resume once Redis is back."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from benchmarks.local_redis import LocalRedis
 from lorahost.dev_cluster import DevCluster
 from lorahost.processes import free_port
 from tests.cluster.cluster_client import (
@@ -28,48 +27,11 @@ from tests.registry.db_fixtures import require_service
 pytestmark = pytest.mark.slow  # starts a dev cluster and a Redis server process
 
 
-@dataclass
-class RedisServer:
-    """A redis-server of the test's own on a free port (no persistence: a restart starts empty)."""
-
-    port: int
-    data_dir: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                   "no", "--dir", str(self.data_dir)]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        import redis
-
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                client.ping()
-                return
-            except redis.RedisError:
-                time.sleep(0.05)
-            finally:
-                client.close()
-        raise RuntimeError(f"redis-server on {self.port} did not answer")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
-        self.process = None
-
-
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
     if shutil.which("redis-server") is None:
         require_service("redis-server is not installed (the outage test runs a Redis of its own)")
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
+    server = LocalRedis(free_port(), tmp_path_factory.mktemp("redis"))
     server.start()
     try:
         yield server
@@ -79,7 +41,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 @pytest.fixture(scope="module")
 def cluster(
-    tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path, redis_server: RedisServer
+    tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path, redis_server: LocalRedis
 ) -> Iterator[DevCluster]:
     config = cluster_config(tmp_path_factory.mktemp("outage"), base_model_dir, redis_server.url, num_api=1,
                             num_workers=1)  # fmt: skip
@@ -95,7 +57,7 @@ def _send_all(cluster: DevCluster, key: str, num: int) -> list:  # type: ignore[
 
 
 def test_inference_keeps_routing_from_the_last_worker_view_while_redis_is_down(
-    cluster: DevCluster, adapter_dirs: dict[str, Path], redis_server: RedisServer
+    cluster: DevCluster, adapter_dirs: dict[str, Path], redis_server: LocalRedis
 ) -> None:
     _, key = new_tenant(cluster)
     assert all(o.is_ok for o in _send_all(cluster, key, 2))  # the API has seen the worker
@@ -108,7 +70,7 @@ def test_inference_keeps_routing_from_the_last_worker_view_while_redis_is_down(
 
 
 def test_celery_jobs_resume_after_redis_comes_back(
-    cluster: DevCluster, adapter_dirs: dict[str, Path], redis_server: RedisServer
+    cluster: DevCluster, adapter_dirs: dict[str, Path], redis_server: LocalRedis
 ) -> None:
     _, key = new_tenant(cluster)
     upload_ready(cluster, key, "before-outage", next(iter(adapter_dirs.values())))
