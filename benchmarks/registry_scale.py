@@ -167,6 +167,7 @@ def roll_up_everything(engine: Engine) -> dict[str, Any]:
         engine.connect() as conn
     ):  # the statistics autovacuum keeps in steady state, taken now for a new table
         conn.exec_driver_sql("ANALYZE usage_days")
+        conn.commit()  # statistics are transactional: uncommitted, the ANALYZE is lost
     return {"rolled_days": num_days, "rollup_s": round(seconds, 1)}
 
 

@@ -13,20 +13,19 @@ InvalidCursorError.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from registry.models import UsageDay, UsageRecord
 from registry.pages import Page, PageRequest, invalid_cursor, split_page
 from registry.usage import as_utc
 from registry.usage_days import Marks, read_stably, segments, usage_sums
-from registry.usage_rollup import DAY_SUM_COLUMNS, ROW_BASE_MODEL, day_bounds
+from registry.usage_rollup import DAY_SUM_COLUMNS, ROW_BASE_MODEL, day_bounds, utc_day
 
 NUM_STREAMED_ROWS = 500  # rows fetched per round trip while a page is read (a page reads whole days)
 GROUP_ID_RE = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}):(.+)", re.DOTALL)
@@ -97,10 +96,12 @@ def _groups_after(
     rolled days from usage_days, other days summed from their raw rows in the database a day at a time."""
     groups: dict[GroupKey, list[DaySum]] = {}
     for part_start, part_end, is_rolled in segments(start, end, marks):
-        if is_rolled:
-            parts = [(part_start, part_end)]
-        else:  # a day at a time: a long unrolled stretch costs only the days a page shows
-            parts = list(itertools.pairwise([part_start, *_midnights_within(part_start, part_end), part_end]))
+        # raw: a day at a time, only days with rows: a long unrolled stretch costs only the days a page shows
+        parts = (
+            [(part_start, part_end)]
+            if is_rolled
+            else _days_with_rows(session, tenant_id, part_start, part_end)
+        )
         for a, b in parts:
             if len(groups) > limit:
                 break
@@ -114,14 +115,25 @@ def _groups_after(
     ]
 
 
-def _midnights_within(start: datetime, end: datetime) -> list[datetime]:
-    """The UTC midnights strictly between start and end."""
-    moment = day_bounds(start.astimezone(UTC).date())[1]
-    midnights = []
-    while moment < end:
-        midnights.append(moment)
-        moment += timedelta(days=1)
-    return midnights
+def _days_with_rows(
+    session: Session, tenant_id: str, start: datetime, end: datetime
+) -> Iterator[tuple[datetime, datetime]]:
+    """The parts of [start, end), one per UTC day, that hold some of the tenant's rows, in order, found lazily
+    (one index seek per day found, ix_usage_records_tenant_started)."""
+    cursor = start
+    while cursor < end:
+        first = session.scalar(
+            select(func.min(UsageRecord.started_at)).where(
+                UsageRecord.tenant_id == tenant_id,
+                UsageRecord.started_at >= cursor,
+                UsageRecord.started_at < end,
+            )
+        )
+        if first is None:
+            return
+        day_start, day_end = day_bounds(utc_day(first))
+        yield max(cursor, day_start), min(day_end, end)
+        cursor = day_end
 
 
 def _add_whole_days(
