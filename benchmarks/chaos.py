@@ -299,7 +299,9 @@ def wait_streams(traffic: Traffic, api_index: int | None = None, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         flowing = [o for o in traffic.outcomes if o.is_stream and o.ended_at is None and o.num_delivered > 0]
-        if len([o for o in flowing if api_index in (None, o.api_index)]) >= 2:
+        if len([o for o in flowing if api_index in (None, o.api_index)]) >= (
+            1 if api_index is not None else 2
+        ):
             return
         time.sleep(0.02)
 

@@ -22,6 +22,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from sqlalchemy import Date, delete, func, insert, literal, select, text
 from sqlalchemy.orm import Session
 
+from registry.db import begin_write
 from registry.models import OPEN_USAGE_STATUS, RolledUsageDay, UsageDay, UsageRecord, utcnow
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,9 @@ def roll_up_day(session: Session, day: date, now: datetime | None = None) -> boo
     """Sum the day's rows into usage_days and mark it rolled, in one transaction under the rollup lock; False,
     writing nothing, when one of its rows is open or it is rolled already."""
     start, end = day_bounds(day)
+    if session.in_transaction():
+        session.commit()
+    begin_write(session)  # SQLite: BEGIN IMMEDIATE, so the reads below see what the writes will be based on
     lock_usage_rollup(session)
     is_rolled = session.scalar(select(RolledUsageDay.day).where(RolledUsageDay.day == day)) is not None
     is_open = session.scalar(
