@@ -170,9 +170,8 @@ class UsageLedger:
             log.error("BUG: request %s metered twice; the second row was not written", values["request_id"])
         except Exception as exc:
             if self.spool is not None and is_database_unavailable(exc):
-                self.spool.add(
-                    "final", values
-                )  # written by the writer's next replay once the database answers
+                # written by the writer's next replay, once the database answers
+                self.spool.add("final", values)
                 return
             log.exception("could not write the usage row of request %s", values["request_id"])
             raise

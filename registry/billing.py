@@ -21,7 +21,7 @@ from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from registry.models import Adapter, CatalogModel, PricePlan, Tenant
 from registry.usage import CENT, as_utc
@@ -154,15 +154,16 @@ def billing_report(session: Session, start: datetime, end: datetime) -> list[Inv
     bases_by_tenant: dict[str, set[str]] = defaultdict(set)
     for tenant_id, base in (*totals_by_key, *days_by_key):
         bases_by_tenant[tenant_id].add(base)
+    prices_by_plan = {plan.id: prices_of_plan(plan) for plan in session.scalars(select(PricePlan))}
     lines = []
-    for tenant in session.scalars(select(Tenant).options(selectinload(Tenant.plan))):
-        plan_prices = prices_of_plan(tenant.plan)
-        for base in sorted(bases_by_tenant.get(tenant.id, ())):
-            totals = totals_by_key.get((tenant.id, base), UsageTotals())
-            days = days_by_key.get((tenant.id, base), Decimal(0))
+    for tenant_id, tenant_name, plan_id in session.execute(select(Tenant.id, Tenant.name, Tenant.plan_id)):
+        plan_prices = prices_by_plan.get(plan_id, Prices()) if plan_id is not None else Prices()
+        for base in sorted(bases_by_tenant.get(tenant_id, ())):
+            totals = totals_by_key.get((tenant_id, base), UsageTotals())
+            days = days_by_key.get((tenant_id, base), Decimal(0))
             if totals.num_requests or days > 0:
                 prices = base_model_prices(plan_prices, prices_by_base.get(base))
-                lines.append(compute_invoice(tenant.id, tenant.name, prices, totals, days, base))
+                lines.append(compute_invoice(tenant_id, tenant_name, prices, totals, days, base))
     return sorted(lines, key=lambda line: (line.tenant_name, line.tenant_id, line.base_model))
 
 
