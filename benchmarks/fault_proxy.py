@@ -21,9 +21,13 @@ CHUNK_BYTES = 65536
 
 
 def _reset(sock: socket.socket) -> None:
-    """Close with an RST (SO_LINGER 0), as a crashed peer does."""
+    """Close with an RST (SO_LINGER 0), as a crashed peer does. The read side is shut first: that sends nothing
+    but wakes a pump blocked in recv() on it, which would otherwise keep the connection open (a close() from
+    another thread does not end a blocked recv(), so no RST would be sent and the peer would wait forever)."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         sock.close()
 

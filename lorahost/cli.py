@@ -162,7 +162,7 @@ def dev_cluster(
 
     from lorahost.dev_cluster import DevCluster
     from lorahost.dev_cluster_config import DevClusterConfig
-    from lorahost.dev_cluster_describe import describe_cluster
+    from lorahost.dev_cluster_describe import cluster_health, describe_cluster
     from lorahost.processes import ChildFailedError
 
     if num_workers < 0 or num_api < 1 or max_workers < 0:
@@ -200,12 +200,12 @@ def dev_cluster(
         raise typer.Exit(130) from None
     try:
         typer.echo(describe_cluster(cluster))
-        typer.echo("  health     " + ", ".join(f"{k}={v}" for k, v in cluster.health().items()))
+        typer.echo("  health     " + ", ".join(f"{k}={v}" for k, v in cluster_health(cluster).items()))
         typer.echo("lorahost dev-cluster: up; Ctrl-C stops everything")
         reported: set[str] = set()
         while True:
             time.sleep(2.0)
-            for name, state in cluster.health().items():
+            for name, state in cluster_health(cluster).items():
                 if state.startswith("exited") and name not in reported:
                     reported.add(name)
                     typer.echo(f"lorahost dev-cluster: {name} {state}; see {data_dir / 'logs'}", err=True)

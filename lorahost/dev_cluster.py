@@ -40,7 +40,6 @@ from lorahost.dev_cluster_config import DevClusterConfig
 from lorahost.dev_cluster_services import DevServices
 from lorahost.processes import (
     ChildProcess,
-    child_state,
     free_port,
     http_ok,
     log_contains,
@@ -188,16 +187,19 @@ class DevCluster:
         worker_id: str | None = None,
         engine: str | None = None,
         base_model: str | None = None,
+        port: int | None = None,
+        advertise_url: str | None = None,
         wait: bool = True,
     ) -> WorkerHandle:
         """Start one worker process (a new id unless worker_id is given: a restart under the same id) with
         `engine` (default: config.worker_engines in turn, else the environment's) for `base_model` (default the
-        configured one; another name: a catalog model, fetched by the worker from the blob store); wait=True
+        configured one; another name: a catalog model, fetched by the worker from the blob store) on `port` (default
+        free), registered at `advertise_url` (default its own URL; e.g. a fault proxy in front of it); wait=True
         returns once it is ready (registered in Redis)."""
         index = next(self._num_worker_starts)
         worker_id = worker_id or f"dev-worker-{index}"
         base = self.config.worker_base_port
-        port = base + index if base is not None else free_port(self.config.host)
+        port = port or (base + index if base is not None else free_port(self.config.host))
         url = f"http://{self.config.host}:{port}"
         data_dir = self.data_dir / "workers" / f"{worker_id}-{index}"
         env = {**self.child_env(), "LORAHOST_DATA_DIR": str(data_dir)}
@@ -207,7 +209,9 @@ class DevCluster:
             env.pop("LORAHOST_BASE_MODEL_PATH", None)
         engine = engine or worker_engine(self.config, index, env)
         env["LORAHOST_ENGINE_BACKEND"] = engine
-        command = worker_command(self.config.host, port, url, worker_id, worker_python(self.config, engine))
+        command = worker_command(
+            self.config.host, port, advertise_url or url, worker_id, worker_python(self.config, engine)
+        )
         process = spawn(worker_id, command, env, self._log_path(f"{worker_id}-{index}"), url=url)
         handle = WorkerHandle(worker_id, url, process, engine, base_model)
         with self._lock:
@@ -308,24 +312,26 @@ class DevCluster:
         wait_until(api, lambda: http_ok(health_url), self.config.start_timeout_s, "healthy")
         return api
 
-    # ---- health ------------------------------------------------------------------------------------------
+    # ---- the jobs process (Celery worker + beat) ------------------------------------------------------------
 
-    def health(self) -> dict[str, str]:
-        """name -> ok / down / exited(code), for every process."""
-        token = {"Authorization": f"Bearer {self.internal_token}"}
-        status: dict[str, str] = {}
-        for api in self.apis:
-            status[api.name] = child_state(api, http_ok(f"{api.url}/v1/health"))
-        for worker in self.workers:
-            status[worker.worker_id] = child_state(
-                worker.process, http_ok(worker.url + INTERNAL_READY_PATH, token)
-            )
-        if self.jobs is not None:
-            status[self.jobs.name] = child_state(self.jobs, True)
-        s3 = self.services.s3
-        if s3 is not None:
-            status[s3.name] = child_state(s3, http_ok(f"{s3.url}/"))
-        return status
+    def kill_jobs(self, sig: int = signal.SIGKILL) -> ChildProcess:
+        """Send sig (default SIGKILL: kill -9) to the jobs process and reap it; the tasks it had taken stay
+        unacknowledged in Redis and are delivered again after jobs_celery_visibility_timeout_s."""
+        jobs = self.jobs
+        if jobs is None:
+            raise RuntimeError("this cluster runs no jobs process (is_jobs_enabled=False)")
+        jobs.send_signal(sig)
+        jobs.wait(self.config.stop_timeout_s)
+        if jobs.is_running:
+            jobs.stop(self.config.stop_timeout_s)
+        return jobs
+
+    def restart_jobs(self) -> ChildProcess:
+        """Start the jobs process again (after kill_jobs), logging to a new file; returns once it is ready."""
+        jobs = self._spawn_jobs(f"jobs-{len(list(self._log_path('jobs').parent.glob('jobs*.log')))}")
+        self.jobs = jobs
+        wait_until(jobs, lambda: log_contains(jobs, " ready."), self.config.start_timeout_s, "ready")
+        return jobs
 
     # ---- internals ---------------------------------------------------------------------------------------
 
@@ -352,12 +358,12 @@ class DevCluster:
         command = api_command(self.config.host, port)
         return spawn(f"api-{index}", command, env, self._log_path(f"api-{index}"), url=url)
 
-    def _spawn_jobs(self) -> ChildProcess:
+    def _spawn_jobs(self, log_name: str = "jobs") -> ChildProcess:
         jobs_dir = self.data_dir / "jobs"
         jobs_dir.mkdir(parents=True, exist_ok=True)
         command = jobs_command(self.celery_queue, jobs_dir / "celerybeat-schedule")
-        env = {**self.child_env(), "LORAHOST_DATA_DIR": str(jobs_dir)}
-        return spawn("jobs", command, env, self._log_path("jobs"), cwd=jobs_dir)
+        env = {**self.child_env(), **self.config.jobs_env, "LORAHOST_DATA_DIR": str(jobs_dir)}
+        return spawn("jobs", command, env, self._log_path(log_name), cwd=jobs_dir)
 
     def _wait_healthy(self) -> None:
         timeout_s = self.config.start_timeout_s

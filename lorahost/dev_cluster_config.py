@@ -37,6 +37,7 @@ class DevClusterConfig:
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every child
+    jobs_env: Mapping[str, str] = field(default_factory=dict)  # and for the jobs process only (after env)
     # the engine of each worker started, in turn (worker n: worker_engines[n % len]); () = the environment's
     # LORAHOST_ENGINE_BACKEND (native by default)
     worker_engines: tuple[str, ...] = ()

@@ -1,9 +1,10 @@
-"""What a running `lorahost dev-cluster` is made of, as the CLI prints it."""
+"""What a running `lorahost dev-cluster` is made of and how each of its processes is, as the CLI prints it."""
 
 from __future__ import annotations
 
 from lorahost import dev_services
-from lorahost.dev_cluster import DevCluster
+from lorahost.dev_cluster import INTERNAL_READY_PATH, DevCluster
+from lorahost.processes import child_state, http_ok
 
 
 def describe_cluster(cluster: DevCluster) -> str:
@@ -27,3 +28,21 @@ def describe_cluster(cluster: DevCluster) -> str:
     )
     lines.append(f"  logs       {cluster.data_dir / 'logs'}")
     return "\n".join(lines)
+
+
+def cluster_health(cluster: DevCluster) -> dict[str, str]:
+    """name -> ok / down / exited(code), for every process of the cluster."""
+    token = {"Authorization": f"Bearer {cluster.internal_token}"}
+    status: dict[str, str] = {}
+    for api in cluster.apis:
+        status[api.name] = child_state(api, http_ok(f"{api.url}/v1/health"))
+    for worker in cluster.workers:
+        status[worker.worker_id] = child_state(
+            worker.process, http_ok(worker.url + INTERNAL_READY_PATH, token)
+        )
+    if cluster.jobs is not None:
+        status[cluster.jobs.name] = child_state(cluster.jobs, True)
+    s3 = cluster.services.s3
+    if s3 is not None:
+        status[s3.name] = child_state(s3, http_ok(f"{s3.url}/"))
+    return status

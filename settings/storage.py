@@ -48,6 +48,14 @@ class JobsSettings(BaseModel):
     celery_broker_url: str | None = Field(default=None, description="Defaults to redis_url")
     celery_key_prefix: str = Field(default="", description="Prefix for every Celery key in Redis (isolation)")
     celery_queue: str = Field(default="lorahost", description="Celery queue the API sends jobs to")
+    celery_visibility_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds after which a task a job runner took but never acknowledged (it was killed mid-job) "
+        "is delivered again to a live one (Redis broker); a job running longer than this may run twice, which every "
+        "lorahost job tolerates. Keep LORAHOST_STALE_VERSION_AGE_S above it, so a validation gets its second run "
+        "before the sweep fails its version",
+    )
     usage_sweep_interval_s: float = Field(
         default=60.0,
         ge=0,

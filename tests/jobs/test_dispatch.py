@@ -32,17 +32,31 @@ def test_the_celery_dispatcher_sends_by_name_through_a_client_without_task_bodie
     jobs = make_job_dispatcher(settings, make_job_context(settings))
     assert isinstance(jobs, CeleryJobs)
     assert not [name for name in jobs.celery_app.tasks if name.startswith("lorahost.")]
-    assert jobs.celery_app.conf.broker_transport_options == {"global_keyprefix": "p:"}
+    assert jobs.celery_app.conf.broker_transport_options == {
+        "global_keyprefix": "p:",
+        "visibility_timeout": 600.0,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+    }
     assert jobs.celery_app.conf.task_default_queue == settings.jobs.celery_queue
 
 
 def test_celery_app_registers_the_validation_task_and_key_prefix(tmp_path: Path) -> None:
     settings = Settings(
-        data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0", celery_key_prefix="p:", celery_queue="q"
+        data_dir=tmp_path,
+        redis_url="redis://127.0.0.1:1/0",
+        celery_key_prefix="p:",
+        celery_queue="q",
+        celery_visibility_timeout_s=30,
     )
     app = make_celery(settings)
     assert VALIDATE_ADAPTER_TASK in app.tasks
-    assert app.conf.broker_transport_options == {"global_keyprefix": "p:"}
+    assert app.conf.broker_transport_options == {
+        "global_keyprefix": "p:",
+        "visibility_timeout": 30.0,
+        "unacked_restore_interval": 3,
+        "unacked_restore_throttle": 1,
+    }
     assert app.conf.task_default_queue == "q"
 
 
