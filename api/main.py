@@ -222,7 +222,10 @@ def _open_worker_client(services: Services) -> WorkerClient | None:
     if services.worker_client is not None:
         return None
     client = WorkerClient.create(
-        services.resolved_internal_token, local=services.worker_transport, router=services.router
+        services.resolved_internal_token,
+        local=services.worker_transport,
+        router=services.router,
+        max_connections=services.settings.api.max_worker_connections,
     )
     services.worker_client = client
     return client

@@ -42,6 +42,18 @@ MAX_ATTEMPTS = 2  # the first worker, then one other
 TokenSource = str | None | Callable[[], str | None]
 MAX_CACHED_URLS = 1024  # parsed worker URLs kept (cleared when full: workers come and go)
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
+DEFAULT_MAX_CONNECTIONS = 8192  # settings.api.max_worker_connections' default
+MAX_IDLE_CONNECTIONS = 256  # kept open for reuse once their stream ended (then closed after KEEPALIVE_S idle)
+KEEPALIVE_S = 5.0
+
+
+def worker_limits(max_connections: int) -> httpx.Limits:
+    """The connection pool's limits: max_connections open (streaming or idle), a bounded number idle."""
+    return httpx.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=min(max_connections, MAX_IDLE_CONNECTIONS),
+        keepalive_expiry=KEEPALIVE_S,
+    )
 
 
 class WorkerUnavailableError(Exception):
@@ -181,10 +193,12 @@ class WorkerClient:
         transport: httpx.AsyncBaseTransport | None = None,
         local: LocalWorkerTransport | None = None,
         router: Router | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> WorkerClient:
-        """A client with the default timeouts (pass a transport to reach fake workers in tests, `local` for
-        an in-process worker, `router` for the routing policy)."""
-        transport = transport or CoalescingTransport()
+        """A client with the default timeouts and at most `max_connections` open to workers together (each
+        stream holds one; settings.api.max_worker_connections); pass a transport to reach fake workers in tests,
+        `local` for an in-process worker, `router` for the routing policy."""
+        transport = transport or CoalescingTransport(worker_limits(max_connections))
         http = httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport)
         return cls(http, internal_token, router=router, local=local)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -32,6 +33,7 @@ from registry.models import UsageRecord, new_id
 from settings import Settings
 
 ADMIN_KEY = "bench-admin"
+LOGIN_CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 STATUSES = ("ok",) * 17 + ("error", "aborted", "rejected")
 
 
@@ -63,15 +65,24 @@ def seed(settings: Settings, num_rows: int, num_tenants: int) -> str:
 
 
 def sign_in(client: TestClient, key: str) -> None:
-    """Sign the client in through the console's form."""
-    client.get("/console/login")
-    client.post("/console/login", data={"key": key, "csrf_token": client.cookies.get("lh_console_login")})
+    """Sign the client in through the console's form. Its token is in the form (an HMAC of the cookie's nonce),
+    not the cookie: sending the cookie's value stopped working when the login CSRF token changed, and the pages
+    then answered with the sign-in page, which TestClient's redirect following reached with a 200."""
+    match = LOGIN_CSRF_RE.search(client.get("/console/login").text)
+    if match is None:
+        raise RuntimeError("the console's sign-in form has no CSRF token")
+    response = client.post(
+        "/console/login", data={"key": key, "csrf_token": match.group(1)}, follow_redirects=False
+    )
+    if response.status_code != 303:
+        raise RuntimeError(f"console sign-in answered {response.status_code}: {response.text[:200]}")
 
 
 def timed(call: Callable[[], object]) -> float:
     start = time.perf_counter()
     response = call()
     assert getattr(response, "status_code", 200) == 200, getattr(response, "text", "")
+    assert not getattr(response, "history", None), "redirected (to the sign-in page?): not the page asked for"
     return 1000 * (time.perf_counter() - start)
 
 

@@ -45,6 +45,13 @@ class ApiSettings(BaseModel):
         "(`lorahost api`; give each replica a stable id, e.g. its StatefulSet pod name) or <hostname>-embedded "
         "(`lorahost serve`)",
     )
+    max_worker_connections: int = Field(
+        default=8192,
+        ge=1,
+        description="API: connections this process may hold open to workers, together; each streaming request "
+        "holds one, so this bounds the process's concurrent inference requests (one more waits up to 10 s for a "
+        "free connection, then is refused with 503). Keep the process's open-file limit above about twice it",
+    )
     cold_start_timeout_s: float = Field(
         default=120.0,
         ge=0,

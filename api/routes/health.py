@@ -1,4 +1,5 @@
-"""/v1/health: liveness plus a database round trip. /v1/ready: whether a worker serves each base model.
+"""/v1/live: the process serves (the readiness probe). /v1/health: that plus a database round trip (monitoring,
+start order). /v1/ready: whether a worker serves each base model.
 
 /v1/ready is for operators, the demo and smoke tests ("can this platform answer inference now?"); it is not
 a Kubernetes readinessProbe for the API itself: requests that arrive with no ready worker wait for one
@@ -20,6 +21,14 @@ from api.request_text import TextCheckedRoute
 from api.worker_client import num_ready_workers
 
 router = APIRouter(prefix="/v1", tags=["health"], route_class=TextCheckedRoute)
+
+
+@router.get("/live")
+def live() -> dict[str, str]:
+    """`{"status": "ok"}` while this process serves, whatever its database, Redis or S3 do: the readiness probe.
+    A probe on a shared dependency would take every replica out of rotation in that dependency's outage, when
+    they still serve inference for the keys and adapters they have cached."""
+    return {"status": "ok"}
 
 
 @router.get("/health")

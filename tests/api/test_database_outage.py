@@ -131,6 +131,9 @@ def test_an_outage_refuses_writes_with_503_serves_known_tenants_and_bills_them_a
         assert response.headers["Retry-After"] == "5"
         assert response.json()["error"]["type"] == "database_unavailable"
     assert _complete(stack, tenant, "never-seen", False)[0] == 503  # an adapter it does not know: no guess
+    # the readiness probe keeps the replica in rotation; the health check says the database is gone
+    assert stack.client.get("/v1/live").status_code == 200
+    assert stack.client.get("/v1/health").status_code == 503
 
     stack.proxy.restore()
     assert stack.client.post("/v1/admin/tenants", json={"name": "after"}, headers=ADMIN).status_code == 201

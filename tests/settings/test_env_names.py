@@ -60,6 +60,7 @@ NEW_NAMES = [
     "LORAHOST_ENGINE_MULTIQUEUE_MAX_WAIT_S",
     "LORAHOST_CACHE_STALE_ON_DB_OUTAGE_S",
     "LORAHOST_CELERY_VISIBILITY_TIMEOUT_S",
+    "LORAHOST_MAX_WORKER_CONNECTIONS",
     "LORAHOST_USAGE_ROLLUP_SETTLE_S",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
