@@ -226,6 +226,7 @@ def _open_worker_client(services: Services) -> WorkerClient | None:
         local=services.worker_transport,
         router=services.router,
         max_connections=services.settings.api.max_worker_connections,
+        read_timeout_s=services.settings.api.worker_read_timeout_s,
     )
     services.worker_client = client
     return client

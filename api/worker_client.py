@@ -41,7 +41,9 @@ MAX_ATTEMPTS = 2  # the first worker, then one other
 # The internal token, or a callable reading it when a request is sent (it may be published after startup).
 TokenSource = str | None | Callable[[], str | None]
 MAX_CACHED_URLS = 1024  # parsed worker URLs kept (cleared when full: workers come and go)
-DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
+DEFAULT_READ_TIMEOUT_S = (
+    30.0  # settings.api.worker_read_timeout_s' default: workers send keepalives meanwhile
+)
 DEFAULT_MAX_CONNECTIONS = 8192  # settings.api.max_worker_connections' default
 MAX_IDLE_CONNECTIONS = 256  # kept open for reuse once their stream ended (then closed after KEEPALIVE_S idle)
 KEEPALIVE_S = 5.0
@@ -194,12 +196,15 @@ class WorkerClient:
         local: LocalWorkerTransport | None = None,
         router: Router | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     ) -> WorkerClient:
         """A client with the default timeouts and at most `max_connections` open to workers together (each
-        stream holds one; settings.api.max_worker_connections); pass a transport to reach fake workers in tests,
+        stream holds one; settings.api.max_worker_connections), giving up a stream silent for read_timeout_s
+        (settings.api.worker_read_timeout_s); pass a transport to reach fake workers in tests,
         `local` for an in-process worker, `router` for the routing policy."""
         transport = transport or CoalescingTransport(worker_limits(max_connections))
-        http = httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, transport=transport)
+        timeout = httpx.Timeout(connect=5.0, read=read_timeout_s, write=30.0, pool=10.0)
+        http = httpx.AsyncClient(timeout=timeout, transport=transport)
         return cls(http, internal_token, router=router, local=local)
 
     async def aclose(self) -> None:

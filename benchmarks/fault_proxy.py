@@ -4,6 +4,8 @@
 - `cut()`: every open connection is reset and new ones are refused (accepted, then closed at once), as a
   server that is restarting or failing over looks to its clients; `restore()` lets them through again.
 - `delay_s`: each chunk forwarded either way waits this long first (a slow link).
+- `is_stalled`: while True nothing is forwarded and nothing is closed (a link that went silent: a partition, a
+  host that vanished without a reset); what arrived meanwhile is forwarded once it is False again.
 
 Threads, one listener and two pumps per connection; `close()` stops them all and says how many connections it
 carried (`num_connections`) and how many are still open (`num_open()`: a leak check).
@@ -38,6 +40,7 @@ class FaultProxy:
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.delay_s = 0.0
+        self.is_stalled = False
         self.num_connections = 0
         self._is_cut = False
         self._lock = threading.Lock()
@@ -104,6 +107,8 @@ class FaultProxy:
                     break
                 if self.delay_s:
                     time.sleep(self.delay_s)
+                while self.is_stalled and not self._is_closed:
+                    time.sleep(0.01)
                 sink.sendall(data)
         except OSError:
             pass

@@ -52,6 +52,14 @@ class ApiSettings(BaseModel):
         "holds one, so this bounds the process's concurrent inference requests (one more waits up to 10 s for a "
         "free connection, then is refused with 503). Keep the process's open-file limit above about twice it",
     )
+    worker_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="API: a worker's generate stream that sends nothing (no event, no keepalive line: "
+        "LORAHOST_STREAM_KEEPALIVE_S) for this long is given up: its request ends with a worker error. It catches "
+        "links that go silent without a reset (a partition, a vanished host). Upgrade workers before API replicas "
+        "(a worker that predates keepalives sends nothing while a request waits for its first token)",
+    )
     cold_start_timeout_s: float = Field(
         default=120.0,
         ge=0,

@@ -50,6 +50,14 @@ class WorkerSettings(BaseModel):
         validation_alias="drain_timeout_s",
         description="Max wait for running requests on shutdown",
     )
+    stream_keepalive_s: float = Field(
+        default=5.0,
+        ge=0,
+        validation_alias="stream_keepalive_s",
+        description="Worker: a generate stream that sent nothing for this long gets a blank keepalive line, so the "
+        "API's read timeout (LORAHOST_WORKER_READ_TIMEOUT_S, keep it several times above this) only ends streams "
+        "whose link went silent, not requests waiting their turn (0 = none)",
+    )
     profile_path: Path | None = Field(
         default=None,
         description="Worker: the performance profile `lorahost profile` wrote for this worker's hardware and base "

@@ -183,4 +183,5 @@ def make_runtime(
         heartbeat_interval_s=settings.worker.heartbeat_interval_s,
         heartbeat_ttl_s=settings.worker.resolved_heartbeat_ttl_s(),
         drain_timeout_s=settings.worker.drain_timeout_s,
+        stream_keepalive_s=settings.worker.stream_keepalive_s,
     )

@@ -1,7 +1,8 @@
 """The worker's HTTP app: the internal API of cluster/protocol.py over a `WorkerRuntime`.
 
 `create_worker_app(runtime)` is a FastAPI app (every route needs `Authorization: Bearer <token>`): POST
-/generate (an NDJSON stream of GenerateEvents), /adapters/prefetch, /adapters/drop, GET /stats, /health and
+/generate (an NDJSON stream of GenerateEvents, with a blank keepalive line after each
+settings.worker.stream_keepalive_s of silence: gpu_workers/worker/stream_keepalive.py), /adapters/prefetch, /adapters/drop, GET /stats, /health and
 /ready; the app's lifespan starts and stops the runtime. Errors are {"error": {"type", "message"}}.
 Per-call behaviour lives in worker_service.py.
 """
@@ -20,6 +21,7 @@ from starlette.background import BackgroundTask
 
 from cluster.protocol import INTERNAL_PREFIX, WORKER_ERROR_STATUS, AdapterRef, GenerateRequest, WorkerStats
 from gpu_workers.worker.runtime import WorkerRuntime
+from gpu_workers.worker.stream_keepalive import with_keepalive
 from gpu_workers.worker.worker_errors import WorkerError
 from gpu_workers.worker.worker_service import WorkerService
 from scheduler.core.engine_request import EngineRequest
@@ -96,7 +98,7 @@ def _router(runtime: WorkerRuntime) -> APIRouter:
         service = runtime.require_service()
         prepared = await service.prepare(body, received_at)
         return StreamingResponse(
-            _ndjson(service, prepared),
+            with_keepalive(_ndjson(service, prepared), runtime.stream_keepalive_s),
             media_type=NDJSON,
             background=BackgroundTask(_release, service, prepared),
         )

@@ -34,6 +34,7 @@ class WorkerRuntime:
         heartbeat_ttl_s: float | None = None,
         drain_timeout_s: float = 30.0,
         shutdown_engine: bool = True,
+        stream_keepalive_s: float = 5.0,
     ) -> None:
         if not internal_token:
             raise ValueError("a worker needs an internal token; set LORAHOST_INTERNAL_TOKEN")
@@ -43,6 +44,7 @@ class WorkerRuntime:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_ttl_s = heartbeat_ttl_s or 3 * heartbeat_interval_s
         self.drain_timeout_s = drain_timeout_s
+        self.stream_keepalive_s = stream_keepalive_s  # a blank line in a generate stream silent this long
         self.service: WorkerService | None = None
         self.load_error: str | None = None
         self.on_drained: Callable[[], None] | None = None  # run_worker: tell uvicorn to exit

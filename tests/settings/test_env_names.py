@@ -61,6 +61,8 @@ NEW_NAMES = [
     "LORAHOST_CACHE_STALE_ON_DB_OUTAGE_S",
     "LORAHOST_CELERY_VISIBILITY_TIMEOUT_S",
     "LORAHOST_MAX_WORKER_CONNECTIONS",
+    "LORAHOST_WORKER_READ_TIMEOUT_S",
+    "LORAHOST_STREAM_KEEPALIVE_S",
     "LORAHOST_USAGE_ROLLUP_SETTLE_S",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.

@@ -1,0 +1,348 @@
+"""Many connections (issue 38 item 4): --num-streams concurrent streaming clients across 2 API replicas, some of
+them slow readers, against a paced stub worker; the API's memory and its overhead on TTFT.
+
+    python benchmarks/many_streams.py [--num-streams 2000] [--num-tokens 30] [--pace-s 1.0] [--out FILE]
+
+The stub worker (a Starlette app under uvicorn, the worker's server stack, in its own process) speaks the worker
+protocol: POST /internal/v1/generate answers NDJSON, its first delta at once, then one delta every --pace-s, then
+the final event. It is registered in the cluster's Redis directory as a ready worker with room for every stream,
+so the API neither queues nor refuses for want of a worker. The cluster: `lorahost dev-cluster` with 2 API
+replicas, no engine worker, PostgreSQL, Redis; a tenant on a plan whose limits the run stays under.
+
+Phases, same clients, same stub, --ramp-s to open every stream:
+- direct: the clients stream from the stub itself (what TTFT is on this machine at this concurrency with no API);
+- platform: the same streams as SSE completions through the API replicas, half each.
+Every --slow-every-th client is a slow reader (a 4 KiB receive buffer, --slow-read-s between reads): the API
+must hold its stream with backpressure, not buffer it. Printed: TTFT p50/p99 per phase, the platform's overhead
+(the difference), the API replicas' peak RSS (sampled every 0.25 s with their children), errors by kind. Not a
+test: numbers depend on the machine (its CPU is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+from model_dirs import ensure_model
+from run_info import cpu_model, git_state
+
+from cluster.membership import RedisWorkerDirectory, WorkerRecord
+from lorahost.dev_cluster import DevCluster
+from lorahost.dev_cluster_config import DevClusterConfig
+from lorahost.processes import free_port
+
+STUB = """
+import asyncio, json, sys
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+import uvicorn
+
+PACE_S = float(sys.argv[2])
+
+async def generate(request):
+    body = json.loads(await request.body())
+    num = int(body.get("sampling", {}).get("max_tokens", 16))
+    async def lines():
+        for i in range(num):
+            if i:
+                await asyncio.sleep(PACE_S)
+            yield json.dumps({"type": "delta", "text": " x", "token_ids": [7]}).encode() + b"\\n"
+        yield json.dumps({"type": "final", "finish_reason": "length", "num_output_tokens": num,
+                          "num_prompt_tokens": 4}).encode() + b"\\n"
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+async def ok(request):
+    return JSONResponse({"status": "ok"})
+
+app = Starlette(routes=[Route("/internal/v1/generate", generate, methods=["POST"]),
+                        Route("/internal/v1/ready", ok), Route("/internal/v1/health", ok)])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", backlog=4096)
+"""
+SLOW_RCVBUF = 4096
+WORKER_ID = "stub-worker"
+
+
+@dataclass
+class Stream:
+    """One client's stream."""
+
+    index: int
+    is_slow: bool
+    sent_at: float = 0.0
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    num_tokens: int = 0
+    is_done: bool = False
+    error: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+
+@dataclass
+class Target:
+    """Where a phase's clients send: host/port per client, the request line's path, body and headers."""
+
+    addresses: list[tuple[str, int]]
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    token_marker: bytes  # a token event holds this
+    end_marker: bytes  # the stream's last event holds this
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def run_stream(stream: Stream, target: Target, host: str, port: int, slow_read_s: float) -> None:
+    """Open one HTTP/1.1 stream and read it to its end (slowly for a slow reader); never raises."""
+    try:
+        sock = socket.socket()
+        if stream.is_slow:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SLOW_RCVBUF)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+        head = f"POST {target.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(target.body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in target.headers.items()) + "Connection: close\r\n\r\n"
+        stream.sent_at = time.perf_counter()
+        writer.write(head.encode() + target.body)
+        await writer.drain()
+        status = await reader.readline()
+        if b" 200 " not in status:
+            stream.error = f"status {status.decode(errors='replace').strip()}"
+        while True:
+            chunk = await reader.read(256 if stream.is_slow else 65536)
+            if not chunk:
+                break
+            count = chunk.count(target.token_marker)
+            if count and stream.first_token_at is None:
+                stream.first_token_at = time.perf_counter()
+            stream.num_tokens += count
+            if target.end_marker in chunk:
+                stream.is_done = True
+            if b'"error"' in chunk and stream.error is None:
+                stream.error = "error event"
+            if stream.is_slow:
+                await asyncio.sleep(slow_read_s)
+        writer.close()
+    except OSError as exc:
+        stream.error = type(exc).__name__
+    finally:
+        stream.ended_at = time.perf_counter()
+
+
+async def run_phase(
+    target: Target, num: int, ramp_s: float, slow_every: int, slow_read_s: float
+) -> list[Stream]:
+    """num streams opened evenly over ramp_s, each read to its end."""
+    streams = [Stream(i, slow_every > 0 and i % slow_every == slow_every - 1) for i in range(num)]
+    tasks = []
+    started = time.perf_counter()
+    for stream in streams:
+        await asyncio.sleep(max(0.0, started + stream.index * ramp_s / num - time.perf_counter()))
+        host, port = target.addresses[stream.index % len(target.addresses)]
+        tasks.append(asyncio.create_task(run_stream(stream, target, host, port, slow_read_s)))
+    await asyncio.gather(*tasks)
+    return streams
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS (bytes) of each process tree, sampled every interval_s until stop()."""
+
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.interval_s = interval_s
+        self.peak = dict.fromkeys(pids, 0)
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for name, pid in self.pids.items():
+                try:
+                    root = psutil.Process(pid)
+                    rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                except psutil.Error:
+                    continue
+                self.peak[name] = max(self.peak[name], rss)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self.join()
+        return self.peak
+
+
+def summary(phase: str, streams: list[Stream], num_tokens: int) -> dict[str, Any]:
+    """TTFT percentiles (ms) and outcomes of one phase."""
+    ttfts = sorted(1000 * s.ttft_s for s in streams if s.ttft_s is not None)
+    errors: dict[str, int] = {}
+    for s in streams:
+        kind = s.error or (None if s.is_done and s.num_tokens == num_tokens else "incomplete")
+        if kind:
+            errors[kind] = errors.get(kind, 0) + 1
+    slow = [s for s in streams if s.is_slow and s.ended_at is not None]
+    return {
+        "phase": phase, "num_streams": len(streams), "num_complete": sum(s.is_done for s in streams),
+        "ttft_p50_ms": round(statistics.median(ttfts), 1) if ttfts else None,
+        "ttft_p99_ms": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1) if ttfts else None,
+        "slow_readers": len(slow), "errors": errors,
+    }  # fmt: skip
+
+
+def register_stub(cluster: DevCluster, url: str, num_streams: int, stop: threading.Event) -> threading.Thread:
+    """Keep the stub in the cluster's worker directory (a heartbeat a second) until stop is set."""
+    import redis
+
+    record = WorkerRecord(WORKER_ID, url, cluster.config.base_model_name, max_num_seqs=4 * num_streams)
+
+    def beat() -> None:
+        client = redis.Redis.from_url(cluster.config.redis_url)
+        directory = RedisWorkerDirectory(client, cluster.worker_key_prefix)
+        while not stop.is_set():
+            directory.heartbeat(record, ttl_s=6.0)
+            stop.wait(1.0)
+        directory.remove(WORKER_ID)
+        client.close()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    return thread
+
+
+def tenant_key(api_url: str, admin_key: str, num_streams: int, num_tokens: int) -> str:
+    """A tenant on a plan whose limits the run stays under; its key."""
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    plan = httpx.post(f"{api_url}/v1/admin/plans", headers=admin, json={
+        "name": "many-streams", "price_per_1m_prompt_tokens": "0.5", "price_per_1m_completion_tokens": "1.5",
+        "price_storage_per_adapter_day": "0.01", "requests_per_min": 20 * num_streams,
+        "tokens_per_min": 40 * num_streams * (num_tokens + 64)}, timeout=30)  # fmt: skip
+    plan.raise_for_status()
+    tenant = httpx.post(
+        f"{api_url}/v1/admin/tenants", headers=admin, json={"name": "many-streams"}, timeout=30
+    )
+    tenant.raise_for_status()
+    tenant_id = tenant.json()["id"]
+    httpx.patch(f"{api_url}/v1/admin/tenants/{tenant_id}", headers=admin, json={"plan_id": plan.json()["id"]},
+                timeout=30).raise_for_status()  # fmt: skip
+    key = httpx.post(f"{api_url}/v1/admin/tenants/{tenant_id}/keys", headers=admin, timeout=30)
+    key.raise_for_status()
+    return str(key.json()["key"])
+
+
+def run(args: argparse.Namespace) -> None:
+    model_dir = args.model_dir or Path(os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-2"))
+    ensure_model(model_dir, sys.executable, 2, args.size)
+    work = Path(tempfile.mkdtemp(prefix="lorahost-many-streams-"))
+    stub_port = free_port()
+    stub = subprocess.Popen([sys.executable, "-c", STUB, str(stub_port), str(args.pace_s)],
+                            stdout=subprocess.DEVNULL, stderr=(work / "stub.log").open("wb"))  # fmt: skip
+    stub_url = f"http://127.0.0.1:{stub_port}"
+    config = DevClusterConfig(data_dir=work / "cluster", base_model=model_dir / "base", num_api=2, num_workers=0,
+                              is_jobs_enabled=False, start_timeout_s=240,
+                              env={"LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": "1"})  # fmt: skip
+    stop = threading.Event()
+    results: list[dict[str, Any]] = []
+    try:
+        with DevCluster(config) as cluster:
+            heartbeat = register_stub(cluster, stub_url, args.num_streams, stop)
+            cluster.wait_live_workers(lambda ids: WORKER_ID in ids, timeout_s=30)
+            key = tenant_key(cluster.api_url, cluster.admin_key, args.num_streams, args.num_tokens)
+            direct = Target(
+                [("127.0.0.1", stub_port)], "/internal/v1/generate",
+                json.dumps({"request_id": "r", "prompt": "many streams",
+                            "sampling": {"max_tokens": args.num_tokens}}).encode(),
+                {"Content-Type": "application/json", "Authorization": f"Bearer {cluster.internal_token}"},
+                b'"type": "delta"', b'"type": "final"',
+            )  # fmt: skip
+            apis = [("127.0.0.1", int((api.url or "").rsplit(":", 1)[1])) for api in cluster.apis]
+            platform = Target(
+                apis, "/v1/completions",
+                json.dumps({"model": cluster.config.base_model_name, "prompt": "many streams",
+                            "max_tokens": args.num_tokens, "ignore_eos": True, "stream": True}).encode(),
+                {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+                b'"finish_reason":null', b"data: [DONE]",
+            )  # fmt: skip
+            # a warm-up through the platform: caches, connections, the first request's imports
+            asyncio.run(run_phase(platform, 8, 0.5, 0, 0.0))
+            for phase, target in (("direct", direct), ("platform", platform)) * args.rounds:
+                sampler = RssSampler({api.name: api.pid for api in cluster.apis})
+                sampler.start()
+                streams = asyncio.run(run_phase(target, args.num_streams, args.ramp_s, args.slow_every,
+                                                args.slow_read_s))  # fmt: skip
+                peaks = sampler.stop()
+                row = summary(phase, streams, args.num_tokens)
+                row["api_peak_rss_mib"] = {name: round(v / 2**20, 1) for name, v in peaks.items()}
+                results.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+            stop.set()
+            heartbeat.join(5)
+    finally:
+        stop.set()
+        stub.terminate()
+        stub.wait(10)
+    by_phase = {p: [r for r in results if r["phase"] == p] for p in ("direct", "platform")}
+    medians = {p: {k: statistics.median(r[k] for r in rows if r[k] is not None)
+                   for k in ("ttft_p50_ms", "ttft_p99_ms")} for p, rows in by_phase.items()}  # fmt: skip
+    line = {
+        "bench": "many_streams", "num_streams": args.num_streams, "num_tokens": args.num_tokens,
+        "pace_s": args.pace_s, "ramp_s": args.ramp_s, "slow_every": args.slow_every, "rounds": results,
+        "overhead_ttft_p50_ms": round(medians["platform"]["ttft_p50_ms"] - medians["direct"]["ttft_p50_ms"], 1),
+        "overhead_ttft_p99_ms": round(medians["platform"]["ttft_p99_ms"] - medians["direct"]["ttft_p99_ms"], 1),
+        "api_peak_rss_mib": max(max(r["api_peak_rss_mib"].values()) for r in by_phase["platform"]),
+        "cpu": cpu_model(), "commit": git_state().get("commit"), "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }  # fmt: skip
+    print(
+        f"{'phase':9} {'streams':>7} {'complete':>8} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'API peak RSS MiB':>17}"
+    )
+    for r in results:
+        print(f"{r['phase']:9} {r['num_streams']:>7} {r['num_complete']:>8} {r['ttft_p50_ms']!s:>11} "
+              f"{r['ttft_p99_ms']!s:>11} {max(r['api_peak_rss_mib'].values()):>17}  {r['errors'] or ''}")  # fmt: skip
+    print(
+        f"platform overhead on TTFT: p50 {line['overhead_ttft_p50_ms']} ms, p99 {line['overhead_ttft_p99_ms']} ms"
+    )
+    print(json.dumps(line))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-streams", type=int, default=2000)
+    p.add_argument("--num-tokens", type=int, default=30, help="tokens per stream")
+    p.add_argument("--pace-s", type=float, default=1.0, help="seconds between a stream's tokens")
+    p.add_argument("--ramp-s", type=float, default=10.0, help="seconds over which the streams are opened")
+    p.add_argument("--slow-every", type=int, default=10, help="every n-th client reads slowly (0: none)")
+    p.add_argument("--slow-read-s", type=float, default=2.0, help="a slow reader's pause between reads")
+    p.add_argument("--rounds", type=int, default=2, help="direct, platform, repeated")
+    p.add_argument("--size", default="tiny")
+    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None)
+    main_args = p.parse_args(argv)
+    run(main_args)
+
+
+if __name__ == "__main__":
+    main()
