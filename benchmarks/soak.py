@@ -28,6 +28,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -370,10 +371,12 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    model_dir = args.model_dir or Path(os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-soak"))
     per_tenant = -(-args.num_adapters // args.num_tenants)
+    model_dir = args.model_dir or Path(os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-{per_tenant}"))
     ensure_model(model_dir, sys.executable, per_tenant, args.size)
     adapter_dirs = sorted((model_dir / "adapters").iterdir())
+    if len(adapter_dirs) < per_tenant:
+        raise SystemExit(f"{model_dir} has {len(adapter_dirs)} adapters; {per_tenant} per tenant are needed")
     env = {"LORAHOST_ENGINE_NUM_THREADS": "1", "LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": "1"}
     work = Path(tempfile.mkdtemp(prefix="lorahost-soak-"))
     config = DevClusterConfig(data_dir=work / "cluster", base_model=model_dir / "base", num_api=2, num_workers=2,
@@ -446,6 +449,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster on the way out (its `with`)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration-s", type=float, default=1800.0)
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity")
