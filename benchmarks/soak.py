@@ -372,7 +372,9 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def run(args: argparse.Namespace) -> None:
     per_tenant = -(-args.num_adapters // args.num_tenants)
-    model_dir = args.model_dir or Path(os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-{per_tenant}"))
+    model_dir = args.model_dir or Path(
+        os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-{per_tenant}")
+    )
     ensure_model(model_dir, sys.executable, per_tenant, args.size)
     adapter_dirs = sorted((model_dir / "adapters").iterdir())
     if len(adapter_dirs) < per_tenant:
