@@ -16,7 +16,13 @@ Faults, each after a quiet --settle-s:
 - postgres: every PostgreSQL connection reset and new ones refused for --fault-s (a restart or failover);
 - redis: redis-server stopped for --fault-s, then started empty;
 - s3: every connection to the S3 server (moto, behind a fault proxy) reset and new ones refused for --fault-s;
-  an upload is tried during it (it must answer 503 and keep nothing) and again after (it must succeed).
+  an upload is tried during it (it must answer 503 and keep nothing) and again after (it must succeed);
+- jobs: kill -9 of the Celery job runner in the middle of a validation (S3 slowed while the upload's job runs,
+  so the kill lands mid-job), then restarted: the task is delivered again after --visibility-s and the version
+  becomes ready (`revalidated_s`: from the kill to ready);
+- link: the link between the API replicas and one worker (registered behind a fault proxy) slowed by
+  --link-delay-s per chunk for --fault-s and reset in the middle; `link_connections_open` after it is what the
+  proxy still carries (the API's pooled connections; an orphan would show as more than twice the API's).
 
 Per fault, one table row: requests whose life overlapped the fault's window (from the injection to the end of the
 fault), by outcome: completed, ended with a clear error (an SSE error event, or a JSON error), broken connections
@@ -65,7 +71,7 @@ from lorahost.processes import free_port
 from registry.db import make_engine, make_session_factory
 from registry.models import UsageRecord
 
-FAULTS = ("worker", "api", "postgres", "redis", "s3")
+FAULTS = ("worker", "api", "postgres", "redis", "s3", "jobs", "link")
 REQUEST_TIMEOUT_S = 120.0
 
 
@@ -225,8 +231,10 @@ class Faults:
     postgres: FaultProxy
     s3: FaultProxy
     redis: LocalRedis
+    link: FaultProxy  # in front of one worker
     key: str
     adapter_dir: Path
+    link_delay_s: float = 0.05
 
 
 def try_upload(api_url: str, key: str, name: str, adapter_dir: Path) -> int:
@@ -288,9 +296,57 @@ def inject(fault: str, cluster: DevCluster, traffic: Traffic, faults: Faults, fa
         detail["upload_after"] = try_upload(
             cluster.api_url, faults.key, "during-s3-outage", faults.adapter_dir
         )
+    elif fault == "jobs":
+        ended_at = kill_jobs_mid_validation(cluster, faults, detail)
+    elif fault == "link":
+        faults.link.delay_s = faults.link_delay_s
+        time.sleep(fault_s / 2)
+        faults.link.cut()  # a reset in the middle of the slow spell
+        faults.link.restore()
+        time.sleep(fault_s / 2)
+        faults.link.delay_s = 0.0
+        ended_at = time.time()
+        time.sleep(6.0)  # idle pooled connections expire (5 s keep-alive)
+        detail["link_connections_open"] = faults.link.num_open()
     else:
         raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
     return Window(fault, injected_at, ended_at, detail)
+
+
+def num_received(cluster: DevCluster) -> int:
+    """Validation tasks the running job runner's log says it received."""
+    jobs = cluster.jobs
+    return 0 if jobs is None else jobs.log_tail(max_chars=1 << 22).count("validate_adapter_version[")
+
+
+def kill_jobs_mid_validation(cluster: DevCluster, faults: Faults, detail: dict[str, Any]) -> float:
+    """Upload with S3 slowed, kill -9 the job runner once it took the job, restart it, wait for ready; the time
+    the fault ended (the restart)."""
+    before = num_received(cluster)
+    faults.s3.delay_s = 0.3
+    name = f"jobs-kill-{int(time.time())}"
+    upload = threading.Thread(target=try_upload, args=(cluster.api_url, faults.key, name, faults.adapter_dir))
+    upload.start()
+    deadline = time.monotonic() + 60
+    while num_received(cluster) <= before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    killed_at = time.monotonic()
+    cluster.kill_jobs()
+    faults.s3.delay_s = 0.0
+    upload.join()
+    cluster.restart_jobs()
+    ended_at = time.time()
+    headers = {"Authorization": f"Bearer {faults.key}"}
+    status = "validating"
+    while status == "validating" and time.monotonic() < killed_at + 300:
+        versions = httpx.get(
+            f"{cluster.api_url}/v1/adapters/{name}/versions", headers=headers, timeout=10
+        ).json()
+        status = versions["data"][0]["status"] if versions.get("data") else "missing"
+        time.sleep(0.2)
+    detail["version_status"] = status
+    detail["revalidated_s"] = round(time.monotonic() - killed_at, 2)
+    return ended_at
 
 
 def wait_streams(traffic: Traffic, api_index: int | None = None, timeout_s: float = 30.0) -> None:
@@ -434,15 +490,19 @@ def run(args: argparse.Namespace) -> None:
         "LORAHOST_USAGE_LEASE_TIMEOUT_S": str(args.lease_s),
         "LORAHOST_USAGE_SWEEP_INTERVAL_S": "2",
         "LORAHOST_DRAIN_TIMEOUT_S": "10",
+        "LORAHOST_CELERY_VISIBILITY_TIMEOUT_S": str(args.visibility_s),
     }
     config = DevClusterConfig(
-        data_dir=work / "cluster", base_model=model_dir / "base", num_api=2, num_workers=2,
+        data_dir=work / "cluster", base_model=model_dir / "base", num_api=2, num_workers=1,
         postgres_admin_url=admin.set(port=proxy.port).render_as_string(hide_password=False),
         redis_url=redis_server.url, s3_endpoint=f"http://127.0.0.1:{s3_proxy.port}", env=env, start_timeout_s=240,
     )  # fmt: skip
     cluster = DevCluster(config).start()
+    link_port = free_port()
+    link = FaultProxy("127.0.0.1", link_port)
     rows: list[dict[str, Any]] = []
     try:
+        cluster.start_worker(port=link_port, advertise_url=f"http://127.0.0.1:{link.port}")
         api = cluster.api_url
         tenants = [setup_tenant(api, cluster.admin_key) for _ in range(2)]
         adapters = sorted((model_dir / "adapters").iterdir())
@@ -451,7 +511,7 @@ def run(args: argparse.Namespace) -> None:
         traffic = Traffic(cluster, [k for _, k in tenants], [["chaos", config.base_model_name]] * 2, args.rate,
                           args.max_tokens)  # fmt: skip
         traffic.start()
-        faults = Faults(proxy, s3_proxy, redis_server, tenants[0][1], adapters[0])
+        faults = Faults(proxy, s3_proxy, redis_server, link, tenants[0][1], adapters[0], args.link_delay_s)
         windows = []
         for fault in args.faults:
             time.sleep(args.settle_s)
@@ -467,6 +527,7 @@ def run(args: argparse.Namespace) -> None:
         cluster.stop()
         proxy.close()
         s3_proxy.close()
+        link.close()
         moto.stop(5)
         redis_server.stop()
     print_table(rows)
@@ -493,6 +554,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fault-s", type=float, default=8.0, help="how long PostgreSQL and Redis are down")
     p.add_argument("--settle-s", type=float, default=8.0, help="quiet traffic before each fault and after")
     p.add_argument("--lease-s", type=float, default=6.0, help="usage lease timeout of the cluster")
+    p.add_argument("--visibility-s", type=float, default=5.0, help="Celery visibility timeout of the cluster")
+    p.add_argument("--link-delay-s", type=float, default=0.05, help="the slow link's delay per chunk")
     p.add_argument("--size", default="tiny")
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--postgres-admin-url", default=DEFAULT_POSTGRES_ADMIN_URL)

@@ -348,14 +348,15 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     data = series(samples)
-    panels = [("rss", "RSS (MiB)", 1 / 2**20), ("fds", "open fds", 1.0), ("threads", "threads", 1.0)]
+    panels = [("rss", "RSS change since the start (MiB)", 1 / 2**20), ("fds", "open fds", 1.0),
+              ("threads", "threads", 1.0)]  # fmt: skip
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     for ax, (metric, label, scale) in zip(axes, panels, strict=False):
         for name, points in data.items():
             if name.endswith(" " + metric):
-                ax.plot(
-                    [t / 60 for t, _ in points], [v * scale for _, v in points], label=name.rsplit(" ", 1)[0]
-                )
+                base = points[0][1] if metric == "rss" else 0.0  # processes of very different sizes, one axis
+                ax.plot([t / 60 for t, _ in points], [(v - base) * scale for _, v in points],
+                        label=name.rsplit(" ", 1)[0])  # fmt: skip
         ax.set_title(label)
         ax.set_xlabel("minutes")
     for name in ("db_connections", "redis_keys"):
@@ -448,6 +449,11 @@ def run(args: argparse.Namespace) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as f:
             f.write(json.dumps(summary) + "\n")
+
+
+def replot(samples_path: Path, plot_path: Path, title: str) -> None:
+    """Plot a run's samples again (--samples file) without running it."""
+    plot([json.loads(line) for line in samples_path.read_text().splitlines() if line], plot_path, title)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,9 +29,10 @@ from registry.models import (
 from registry.usage import FAILED_STATUSES, GROUP_BYS, JUDGED_STATUSES, as_utc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class UsageRow:
-    """The fields of a usage record that billing and SLO math need (plain data)."""
+    """The fields of a usage record that billing and SLO math need (plain data; slots: a report holds one per
+    request of its period)."""
 
     tenant_id: str
     adapter_id: str | None
@@ -94,11 +95,17 @@ def to_usage_row(r: Row[Any]) -> UsageRow:
     )
 
 
+LOAD_CHUNK_ROWS = 5000  # rows fetched from the database at a time (a server-side cursor on PostgreSQL)
+
+
 def load_rows(
     session: Session, start: datetime, end: datetime, tenant_id: str | None = None
 ) -> list[UsageRow]:
-    """Usage rows with start <= started_at < end, optionally for one tenant."""
-    return [to_usage_row(r) for r in session.execute(usage_rows_query(start, end, tenant_id))]
+    """Usage rows with start <= started_at < end, optionally for one tenant. Fetched in chunks: the driver's and
+    SQLAlchemy's copies of the whole result would otherwise sit beside the UsageRows until the last one is
+    built, tripling the report's peak memory (which a long-running API process then keeps as RSS)."""
+    query = usage_rows_query(start, end, tenant_id).execution_options(yield_per=LOAD_CHUNK_ROWS)
+    return [to_usage_row(r) for r in session.execute(query)]
 
 
 # ---- own usage -----------------------------------------------------------------------------------------
