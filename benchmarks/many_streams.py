@@ -132,18 +132,22 @@ async def run_stream(stream: Stream, target: Target, host: str, port: int, slow_
         status = await reader.readline()
         if b" 200 " not in status:
             stream.error = f"status {status.decode(errors='replace').strip()}"
+        keep = max(len(target.token_marker), len(target.end_marker)) - 1
+        tail = b""  # the end of the previous read: a marker may straddle two reads
         while True:
             chunk = await reader.read(256 if stream.is_slow else 65536)
             if not chunk:
                 break
-            count = chunk.count(target.token_marker)
+            seen = tail + chunk
+            count = seen.count(target.token_marker)
             if count and stream.first_token_at is None:
                 stream.first_token_at = time.perf_counter()
             stream.num_tokens += count
-            if target.end_marker in chunk:
+            if target.end_marker in seen:
                 stream.is_done = True
-            if b'"error"' in chunk and stream.error is None:
+            if b'"error"' in seen and stream.error is None:
                 stream.error = "error event"
+            tail = seen[-keep:]
             if stream.is_slow:
                 await asyncio.sleep(slow_read_s)
         writer.close()
@@ -176,10 +180,10 @@ class RssSampler(threading.Thread):
         self.pids = pids
         self.interval_s = interval_s
         self.peak = dict.fromkeys(pids, 0)
-        self._stop = threading.Event()
+        self._is_done = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._is_done.wait(self.interval_s):
             for name, pid in self.pids.items():
                 try:
                     root = psutil.Process(pid)
@@ -189,14 +193,15 @@ class RssSampler(threading.Thread):
                 self.peak[name] = max(self.peak[name], rss)
 
     def stop(self) -> dict[str, int]:
-        self._stop.set()
+        self._is_done.set()
         self.join()
         return self.peak
 
 
 def summary(phase: str, streams: list[Stream], num_tokens: int) -> dict[str, Any]:
-    """TTFT percentiles (ms) and outcomes of one phase."""
-    ttfts = sorted(1000 * s.ttft_s for s in streams if s.ttft_s is not None)
+    """TTFT percentiles (ms) of the streams read at full speed (a slow reader's first read waits on itself) and
+    the outcomes of every stream."""
+    ttfts = sorted(1000 * s.ttft_s for s in streams if s.ttft_s is not None and not s.is_slow)
     errors: dict[str, int] = {}
     for s in streams:
         kind = s.error or (None if s.is_done and s.num_tokens == num_tokens else "incomplete")
