@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -22,7 +19,7 @@ from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, GenerateRequest
 from gpu_workers.worker.stream_keepalive import with_keepalive
 from scheduler.routing.router import RouteRequest
-from tests.worker_harness import free_port
+from tests.worker_harness import serving
 
 
 @pytest.fixture
@@ -39,16 +36,9 @@ def ndjson_worker() -> Iterator[tuple[str, list[tuple[str, int]]]]:
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    port = free_port()
     app = Starlette(routes=[Route("/internal/v1/generate", generate, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", clients
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as url:
+        yield url, clients
 
 
 def test_connection_is_reused_after_a_stream_that_ended_with_its_final_event(
@@ -95,16 +85,9 @@ def silent_worker(request: pytest.FixtureRequest) -> Iterator[tuple[str, float]]
 
         return StreamingResponse(with_keepalive(lines(), interval_s), media_type="application/x-ndjson")
 
-    port = free_port()
     app = Starlette(routes=[Route("/internal/v1/generate", generate, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", interval_s
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as url:
+        yield url, interval_s
 
 
 def test_keepalive_lines_hold_a_silent_stream_past_the_read_timeout(silent_worker: tuple[str, float]) -> None:

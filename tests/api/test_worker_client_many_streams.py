@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -22,7 +20,7 @@ from api.worker_client import WorkerClient, WorkerStream
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateRequest
 from scheduler.routing.router import RouteRequest
-from tests.worker_harness import free_port
+from tests.worker_harness import serving
 
 NUM_STREAMS = 130  # more than httpx's default pool (100)
 
@@ -58,17 +56,9 @@ def held_worker() -> Iterator[tuple[str, Barrier]]:
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    port = free_port()
     app = Starlette(routes=[Route("/internal/v1/generate", generate, methods=["POST"])])
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", backlog=1024)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", barrier
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app, backlog=1024) as url:
+        yield url, barrier
 
 
 def test_more_streams_than_the_old_pool_are_open_at_once(held_worker: tuple[str, Barrier]) -> None:
