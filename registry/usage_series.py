@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -22,12 +21,10 @@ from registry.usage import as_utc
 from registry.usage_reports import (
     SloGroup,
     SloTargets,
-    UsageRow,
     group_key,
-    load_rows,
-    rows_by_day_and_model,
+    iter_rows,
     slo_targets_by_tenant,
-    summarize_group,
+    tally_groups,
 )
 
 SERIES_GROUP_BYS: tuple[str, ...] = ("tenant", "adapter", "base_model")
@@ -72,14 +69,18 @@ def tenant_usage_series(session: Session, tenant_id: str, start: datetime, end: 
     plan = prices_of_plan(plan_row)
     prices_by_base = catalog_prices(session)
     targets = SloTargets(plan_row.slo_ttft_ms, plan_row.slo_tpot_ms) if plan_row else SloTargets()
+    tallies = tally_groups(
+        iter_rows(session, as_utc(start), as_utc(end), tenant_id),
+        lambda row: (row.started_at.date().isoformat(), row.model_name),
+        {tenant_id: targets},
+    )
     points = []
-    for day, model, rows in rows_by_day_and_model(load_rows(session, as_utc(start), as_utc(end), tenant_id)):
-        base = rows[0].base_model
+    for (day, model), tally in sorted(tallies.items()):
+        base = tally.base_model or ""
         prices = base_model_prices(plan, prices_by_base.get(base))
-        prompt, completion = sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)
+        prompt, completion = tally.prompt_tokens, tally.completion_tokens
         cost = price_tokens(prompt, prices.per_1m_prompt) + price_tokens(completion, prices.per_1m_completion)
-        slo = summarize_group(model, rows, {tenant_id: targets})
-        points.append(UsagePoint(day, model, base, prompt, completion, cost, slo))
+        points.append(UsagePoint(day, model, base, prompt, completion, cost, tally.summary(model)))
     return points
 
 
@@ -90,10 +91,14 @@ def slo_series(
     if group_by not in SERIES_GROUP_BYS:
         raise ValueError(f"group_by must be one of {', '.join(SERIES_GROUP_BYS)}, not {group_by!r}")
     targets = slo_targets_by_tenant(session)
-    groups: dict[tuple[str, str], list[UsageRow]] = defaultdict(list)
-    for row in load_rows(session, as_utc(start), as_utc(end)):
-        groups[(bucket_start(row.started_at, bucket), group_key(row, group_by))].append(row)
-    return [SloPoint(b, summarize_group(key, rows, targets)) for (b, key), rows in sorted(groups.items())]
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
+    tallies = tally_groups(
+        iter_rows(session, as_utc(start), as_utc(end)),
+        lambda row: (bucket_start(row.started_at, bucket), group_key(row, group_by)),
+        targets,
+    )
+    return [SloPoint(b, tally.summary(key)) for (b, key), tally in sorted(tallies.items())]
 
 
 CSV_COLUMNS = (

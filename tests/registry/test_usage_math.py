@@ -1,6 +1,8 @@
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import numpy as np
 import pytest
 
 from registry.billing import (
@@ -11,11 +13,11 @@ from registry.billing import (
     compute_invoice,
     invoices_to_csv,
 )
+from registry.latency_sketch import RELATIVE_ACCURACY
 from registry.usage_reports import (
     SloTargets,
     UsageRow,
     compute_slo,
-    percentile,
     usage_by_adapter_day,
 )
 
@@ -61,13 +63,6 @@ def test_adapter_days_counts_only_overlap_with_period() -> None:
         "1.5"
     )
     assert adapter_days(T0 - timedelta(days=5), T0 - timedelta(days=1), start, end) == Decimal(0)
-
-
-def test_percentiles_interpolate_linearly() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert percentile(values, 50) == pytest.approx(50.5)
-    assert percentile(values, 99) == pytest.approx(99.01)
-    assert percentile([], 50) is None
 
 
 def test_slo_attainment_counts_ok_meeting_targets_over_ok_plus_error() -> None:
@@ -154,3 +149,28 @@ def test_a_base_models_own_prices_replace_the_plans_token_prices_for_its_plan_or
         "wide",
     )
     assert (line.base_model, line.prompt_cost, line.completion_cost) == ("wide", Decimal(4), Decimal(4))
+
+
+def test_slo_percentiles_of_a_large_group_stay_within_the_sketch_accuracy() -> None:
+    rng = np.random.default_rng(3)
+    ttfts = rng.lognormal(mean=5, sigma=0.8, size=5_000)
+    (group,) = compute_slo((_row(ttft=float(v)) for v in ttfts), "tenant", {})
+    for pct, got in ((50, group.ttft_p50), (90, group.ttft_p90), (99, group.ttft_p99)):
+        assert got == pytest.approx(float(np.percentile(ttfts, pct)), rel=RELATIVE_ACCURACY * 1.001)
+    assert group.num_requests == group.num_ok == 5_000
+
+
+def test_slo_report_memory_follows_groups_not_requests() -> None:
+    def rows(n: int):
+        for i in range(n):
+            yield _row(ttft=50.0 + i % 997, model=f"m{i % 4}")
+
+    tracemalloc.start()
+    try:
+        groups = compute_slo(rows(200_000), "adapter", {})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [g.num_requests for g in groups] == [50_000] * 4
+    # 200,000 UsageRows held at once would take > 30 MB; four tallies of ~1,000 buckets each take a few hundred KB
+    assert peak < 5_000_000
