@@ -125,9 +125,9 @@ class UsageWriter:
             for checkpoint in values:
                 self.spool.add("checkpoint", checkpoint)
         with self._lock:
-            for meter, _ in due:
+            for (meter, _), written in zip(due, values, strict=True):
                 if meter.request_id in self._watched:
-                    self._watched[meter.request_id] = (meter, meter_key(values, meter))
+                    self._watched[meter.request_id] = (meter, written_key(written))
         return len(due)
 
     def renew_leases(self) -> int:
@@ -212,7 +212,7 @@ class UsageWriter:
                     log.exception("usage writer: a write failed; retrying at the next checkpoint")
 
 
-def meter_key(values: list[dict[str, Any]], meter: RequestMeter) -> tuple[int, int, str | None]:
-    """The checkpoint key of what was just written for `meter` (from the written values, not the live meter)."""
-    row = next(v for v in values if v["request_id"] == meter.request_id)
-    return row["prompt_tokens"], row["completion_tokens"], row["worker_id"]
+def written_key(values: dict[str, Any]) -> tuple[int, int, str | None]:
+    """The checkpoint key of what was just written for a meter (its written values, not the live meter, which
+    may have moved on meanwhile)."""
+    return values["prompt_tokens"], values["completion_tokens"], values["worker_id"]

@@ -172,14 +172,26 @@ async def run_phase(
     return streams
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 when it is gone)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
+
+
 class RssSampler(threading.Thread):
-    """Peak RSS (bytes) of each process tree, sampled every interval_s until stop()."""
+    """Peak RSS (bytes) of each process tree, sampled every interval_s until stop(); CPU seconds each process
+    spent between start() and stop() (cpu_used)."""
 
     def __init__(self, pids: dict[str, int], interval_s: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.pids = pids
         self.interval_s = interval_s
         self.peak = dict.fromkeys(pids, 0)
+        self.cpu_used: dict[str, float] = {}
+        self._cpu_at_start = {name: cpu_s(pid) for name, pid in pids.items()}
         self._is_done = threading.Event()
 
     def run(self) -> None:
@@ -195,7 +207,41 @@ class RssSampler(threading.Thread):
     def stop(self) -> dict[str, int]:
         self._is_done.set()
         self.join()
+        self.cpu_used = {name: cpu_s(pid) - self._cpu_at_start[name] for name, pid in self.pids.items()}
         return self.peak
+
+
+def start_profilers(pids: dict[str, int], out_dir: Path, tag: str) -> list[subprocess.Popen[bytes]]:
+    """py-spy record (collapsed stacks, 100 Hz, idle frames dropped) of each process into out_dir/<name>-<tag>.txt,
+    until stop_profilers."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    py_spy = str(Path(sys.executable).parent / "py-spy")
+    profilers = []
+    for name, pid in pids.items():
+        out = str(out_dir / f"{name}-{tag}.txt")
+        command = [
+            py_spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "100",
+            "--format",
+            "raw",
+            "--output",
+            out,
+            "--nonblocking",
+        ]
+        profilers.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return profilers
+
+
+def stop_profilers(profilers: list[subprocess.Popen[bytes]]) -> None:
+    """Stop py-spy and let it write its output."""
+    for profiler in profilers:
+        profiler.send_signal(signal.SIGINT)
+    for profiler in profilers:
+        profiler.wait(60)
 
 
 def summary(phase: str, streams: list[Stream], num_tokens: int) -> dict[str, Any]:
@@ -292,13 +338,22 @@ def run(args: argparse.Namespace) -> None:
             # a warm-up through the platform: caches, connections, the first request's imports
             asyncio.run(run_phase(platform, 8, 0.5, 0, 0.0))
             for phase, target in (("direct", direct), ("platform", platform)) * args.rounds:
-                sampler = RssSampler({api.name: api.pid for api in cluster.apis})
+                pids = {api.name: api.pid for api in cluster.apis}
+                pids["stub"] = stub.pid
+                sampler = RssSampler(pids)
                 sampler.start()
+                profilers = []
+                if args.profile_dir is not None and phase == "platform":
+                    profilers = start_profilers(pids, args.profile_dir, f"round{len(results) // 2 + 1}")
                 streams = asyncio.run(run_phase(target, args.num_streams, args.ramp_s, args.slow_every,
                                                 args.slow_read_s))  # fmt: skip
                 peaks = sampler.stop()
+                stop_profilers(profilers)
                 row = summary(phase, streams, args.num_tokens)
-                row["api_peak_rss_mib"] = {name: round(v / 2**20, 1) for name, v in peaks.items()}
+                row["api_peak_rss_mib"] = {
+                    name: round(v / 2**20, 1) for name, v in peaks.items() if name != "stub"
+                }
+                row["cpu_s"] = {name: round(v, 1) for name, v in sampler.cpu_used.items()}
                 results.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
             stop.set()
@@ -320,10 +375,13 @@ def run(args: argparse.Namespace) -> None:
     }  # fmt: skip
     print(
         f"{'phase':9} {'streams':>7} {'complete':>8} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'API peak RSS MiB':>17}"
+        f" {'CPU s (APIs, stub)':>19}"
     )
     for r in results:
+        api_cpu = sum(v for name, v in r["cpu_s"].items() if name != "stub")
+        cpu = f"{api_cpu:.1f}, {r['cpu_s']['stub']:.1f}"
         print(f"{r['phase']:9} {r['num_streams']:>7} {r['num_complete']:>8} {r['ttft_p50_ms']!s:>11} "
-              f"{r['ttft_p99_ms']!s:>11} {max(r['api_peak_rss_mib'].values()):>17}  {r['errors'] or ''}")  # fmt: skip
+              f"{r['ttft_p99_ms']!s:>11} {max(r['api_peak_rss_mib'].values()):>17} {cpu:>19}  {r['errors'] or ''}")  # fmt: skip
     print(
         f"platform overhead on TTFT: p50 {line['overhead_ttft_p50_ms']} ms, p99 {line['overhead_ttft_p99_ms']} ms"
     )
@@ -347,6 +405,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--size", default="tiny")
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--profile-dir", type=Path, default=None,
+                   help="py-spy the API replicas and the stub in each platform phase (collapsed stacks here)")  # fmt: skip
     main_args = p.parse_args(argv)
     run(main_args)
 
