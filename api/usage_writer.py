@@ -200,8 +200,13 @@ class UsageWriter:
     def _run_once(self, next_checkpoint_s: float) -> None:
         jobs: list[Callable[[], object]] = [self.flush_opens]
         if self._clock() >= next_checkpoint_s:
-            # the spool first: a checkpoint it holds is older than the one written next
-            jobs = [self.replay_spool, *jobs, self.checkpoint, self.renew_leases, self.renew_slots]
+            # the spool first: a checkpoint it holds is older than the one written next; opens in between the
+            # periodic jobs: a request's first token waits for its open row, which must not wait for a
+            # checkpoint of every open stream (hundreds of rows) and the renewals too
+            jobs = [
+                self.replay_spool, *jobs, self.checkpoint, self.flush_opens, self.renew_leases, self.flush_opens,
+                self.renew_slots, self.flush_opens,
+            ]  # fmt: skip
         for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewals
             try:
                 job()
