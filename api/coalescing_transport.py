@@ -16,7 +16,7 @@ the httpx errors of the same name (as httpx's own transport does), so callers ca
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,9 +24,6 @@ import httpcore
 import httpx
 
 DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
-MAX_POOL_CONNECTIONS = (
-    128  # connections one httpcore pool holds (it scans them all per request start and close)
-)
 
 
 class CoalescingStream(httpcore.AsyncNetworkStream):
@@ -114,9 +111,8 @@ def _httpx_error(exc: Exception) -> httpx.TransportError:
 
 
 class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, stream: Any, on_close: Callable[[], None]) -> None:
+    def __init__(self, stream: Any) -> None:
         self._stream = stream
-        self._on_close: Callable[[], None] | None = on_close
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with _httpx_errors():
@@ -124,52 +120,24 @@ class _ResponseStream(httpx.AsyncByteStream):
                 yield part
 
     async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            if self._on_close is not None:
-                on_close, self._on_close = self._on_close, None
-                on_close()
-
-
-def shares(total: int, num_parts: int) -> list[int]:
-    """`total` split into num_parts whole shares that differ by at most one and add up to it."""
-    return [total // num_parts + (1 if i < total % num_parts else 0) for i in range(num_parts)]
+        await self._stream.aclose()
 
 
 class CoalescingTransport(httpx.AsyncBaseTransport):
-    """httpx's default transport (HTTP/1.1, no proxy) with each request written in one send.
-
-    Its connections are split over pools of at most `max_pool_connections` each: httpcore's pool scans every
-    connection it holds on each request start and each stream close, so one pool of thousands of streams costs
-    CPU quadratic in them (~9% of an API replica's CPU at 1,000 streams, benchmarks/RESULTS.md). A request goes
-    to the pool with the fewest requests in flight, so no pool is full while another has room: the limits hold
-    for the transport as a whole (each pool gets its share of them)."""
+    """httpx's default transport (HTTP/1.1, no proxy) with each request written in one send."""
 
     def __init__(
         self,
         limits: httpx.Limits = DEFAULT_LIMITS,
         network_backend: httpcore.AsyncNetworkBackend | None = None,
-        max_pool_connections: int = MAX_POOL_CONNECTIONS,
     ) -> None:
-        max_connections = limits.max_connections
-        num_pools = 1 if max_connections is None else max(1, -(-max_connections // max_pool_connections))
-        max_keepalive = limits.max_keepalive_connections
-        backend = CoalescingBackend(network_backend)
-        ssl_context = httpx.create_ssl_context()
-        self._pools = [
-            httpcore.AsyncConnectionPool(
-                ssl_context=ssl_context,
-                max_connections=None if max_connections is None else shares(max_connections, num_pools)[i],
-                max_keepalive_connections=None
-                if max_keepalive is None
-                else max(1, shares(max_keepalive, num_pools)[i]),
-                keepalive_expiry=limits.keepalive_expiry,
-                network_backend=backend,
-            )
-            for i in range(num_pools)
-        ]
-        self.num_in_flight = [0] * num_pools  # requests sent and not yet closed, per pool
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=CoalescingBackend(network_backend),
+        )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request` through the pool; the body streams as it arrives."""
@@ -185,25 +153,15 @@ class CoalescingTransport(httpx.AsyncBaseTransport):
             content=request.stream,  # type: ignore[arg-type]
             extensions=request.extensions,
         )
-        index = min(range(len(self._pools)), key=self.num_in_flight.__getitem__)
-        self.num_in_flight[index] += 1
-        try:
-            with _httpx_errors():
-                response = await self._pools[index].handle_async_request(core_request)
-        except BaseException:
-            self.num_in_flight[index] -= 1
-            raise
+        with _httpx_errors():
+            response = await self._pool.handle_async_request(core_request)
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(response.stream, lambda: self._release(index)),
+            stream=_ResponseStream(response.stream),
             extensions=response.extensions,
         )
 
-    def _release(self, index: int) -> None:
-        self.num_in_flight[index] -= 1
-
     async def aclose(self) -> None:
         """Close every pooled connection."""
-        for pool in self._pools:
-            await pool.aclose()
+        await self._pool.aclose()

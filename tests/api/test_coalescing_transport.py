@@ -4,7 +4,6 @@ public httpx/httpcore API, and errors surface as httpx errors."""
 from __future__ import annotations
 
 import socket
-from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -120,19 +119,3 @@ async def test_the_default_client_coalesces() -> None:
         assert isinstance(client.http._transport, CoalescingTransport)  # type: ignore[attr-defined]
     finally:
         await client.aclose()
-
-
-@pytest.mark.anyio
-async def test_streams_spread_over_pools_up_to_the_stated_limit_and_no_further() -> None:
-    reply = b'HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n{"ok": true}'
-    limits = httpx.Limits(max_connections=5, max_keepalive_connections=2)
-    transport = CoalescingTransport(limits, RecordingBackend(reply), max_pool_connections=2)
-    timeout = httpx.Timeout(5.0, pool=0.2)
-    async with httpx.AsyncClient(transport=transport, timeout=timeout) as client, AsyncExitStack() as streams:
-        for _ in range(5):  # every one of the 5 allowed streams opens at once, in whichever pool has room
-            await streams.enter_async_context(client.stream("GET", "http://worker:9/"))
-        assert sorted(transport.num_in_flight) == [1, 2, 2]
-        with pytest.raises(httpx.PoolTimeout):  # the sixth waits for a connection: the stated limit
-            await client.get("http://worker:9/")
-        assert sum(transport.num_in_flight) == 5
-    assert transport.num_in_flight == [0, 0, 0]
