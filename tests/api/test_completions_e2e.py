@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +16,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
@@ -28,7 +26,7 @@ from cluster.protocol import INTERNAL_PREFIX, WorkerStats
 from registry.models import UsageRecord
 from settings import Settings
 from tests.polling import wait_for
-from tests.worker_harness import RunningWorker, free_port, worker_process
+from tests.worker_harness import RunningWorker, free_port, serving, worker_process
 
 ADMIN_KEY = "e2e-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -103,7 +101,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -> Ite
     database_url = f"sqlite:///{root / 'api.db'}"
     upgrade(database_url)
     with worker_process(base_model_dir, blob_dir) as worker:
-        port = free_port()
         settings = Settings(
             data_dir=root,
             database_url=database_url,
@@ -118,21 +115,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -> Ite
         directory = PolledDirectory(worker.url, worker.internal_token)
         services.worker_directory = directory
         services.internal_token = worker.internal_token
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(settings, services=services), host="127.0.0.1", port=port, log_level="warning"
-            )
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
         try:
-            yield Stack(f"http://127.0.0.1:{port}", services, worker, directory)
+            with serving(create_app(settings, services=services)) as url:
+                yield Stack(url, services, worker, directory)
         finally:
-            server.should_exit = True
-            thread.join(timeout=30)
             services.close()
 
 
