@@ -16,7 +16,7 @@ the httpx errors of the same name (as httpx's own transport does), so callers ca
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +24,9 @@ import httpcore
 import httpx
 
 DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
+# connections one httpcore pool holds: it scans all of them (and, for each idle one, all again) on every request
+# start and stream close
+MAX_POOL_CONNECTIONS = 128
 
 
 class CoalescingStream(httpcore.AsyncNetworkStream):
@@ -111,8 +114,9 @@ def _httpx_error(exc: Exception) -> httpx.TransportError:
 
 
 class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, on_close: Callable[[], None]) -> None:
         self._stream = stream
+        self._on_close: Callable[[], None] | None = on_close
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with _httpx_errors():
@@ -120,27 +124,68 @@ class _ResponseStream(httpx.AsyncByteStream):
                 yield part
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        try:
+            await self._stream.aclose()
+        finally:
+            if self._on_close is not None:
+                on_close, self._on_close = self._on_close, None
+                on_close()
+
+
+def shares(total: int, num_parts: int) -> list[int]:
+    """`total` split into num_parts whole shares that differ by at most one and add up to it."""
+    return [total // num_parts + (1 if i < total % num_parts else 0) for i in range(num_parts)]
 
 
 class CoalescingTransport(httpx.AsyncBaseTransport):
-    """httpx's default transport (HTTP/1.1, no proxy) with each request written in one send."""
+    """httpx's default transport (HTTP/1.1, no proxy) with each request written in one send.
+
+    Its connections are split over pools of at most `max_pool_connections` each: httpcore's pool scans every
+    connection it holds on each request start and each stream close (for each idle one, all of them again), so
+    one pool of thousands of streams costs CPU quadratic in them (~9% of an API replica's CPU at 1,000 streams,
+    benchmarks/RESULTS.md). A request goes to the first pool with a free connection slot (all full: to the one
+    with the fewest in flight, where it waits its turn), so the limit on connections holds for the transport as
+    a whole and a light load uses the first pool only, reusing its idle connections as one pool would. Each
+    pool keeps up to `max_keepalive_connections` idle.
+
+    httpcore drops an idle connection the peer closed (or one past its keep-alive) only when its own pool is
+    next used; so each request start also sweeps one other pool, in turn, and closes such connections there:
+    a pool that a burst filled and no request uses since holds no connection in CLOSE_WAIT for long."""
 
     def __init__(
         self,
         limits: httpx.Limits = DEFAULT_LIMITS,
         network_backend: httpcore.AsyncNetworkBackend | None = None,
+        max_pool_connections: int = MAX_POOL_CONNECTIONS,
     ) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=CoalescingBackend(network_backend),
+        max_connections = limits.max_connections
+        num_pools = 1 if max_connections is None else max(1, -(-max_connections // max_pool_connections))
+        self.max_in_flight: list[int | None] = (
+            [None] if max_connections is None else list(shares(max_connections, num_pools))
         )
+        backend = CoalescingBackend(network_backend)
+        ssl_context = httpx.create_ssl_context()
+        self._pools = [
+            httpcore.AsyncConnectionPool(
+                ssl_context=ssl_context,
+                max_connections=self.max_in_flight[i],
+                max_keepalive_connections=limits.max_keepalive_connections,
+                keepalive_expiry=limits.keepalive_expiry,
+                network_backend=backend,
+            )
+            for i in range(num_pools)
+        ]
+        self.num_in_flight = [0] * num_pools  # requests sent and not yet closed, per pool
+        self._next_sweep = 0
+
+    def _choose_pool(self) -> int:
+        for index, (num, limit) in enumerate(zip(self.num_in_flight, self.max_in_flight, strict=True)):
+            if limit is None or num < limit:
+                return index
+        return min(range(len(self._pools)), key=self.num_in_flight.__getitem__)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send `request` through the pool; the body streams as it arrives."""
+        """Send `request` through the first pool with room; the body streams as it arrives."""
         core_request = httpcore.Request(
             method=request.method,
             url=httpcore.URL(
@@ -153,15 +198,40 @@ class CoalescingTransport(httpx.AsyncBaseTransport):
             content=request.stream,  # type: ignore[arg-type]
             extensions=request.extensions,
         )
-        with _httpx_errors():
-            response = await self._pool.handle_async_request(core_request)
+        index = self._choose_pool()
+        await self._sweep_another(index)
+        self.num_in_flight[index] += 1
+        try:
+            with _httpx_errors():
+                response = await self._pools[index].handle_async_request(core_request)
+        except BaseException:
+            self.num_in_flight[index] -= 1
+            raise
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(response.stream),
+            stream=_ResponseStream(response.stream, lambda: self._release(index)),
             extensions=response.extensions,
         )
 
+    def _release(self, index: int) -> None:
+        self.num_in_flight[index] -= 1
+
+    async def _sweep_another(self, in_use: int) -> None:
+        """Close the idle connections of the next pool in turn (not `in_use`, which httpcore sweeps itself)
+        that the peer closed or that outlived their keep-alive."""
+        if len(self._pools) == 1:
+            return
+        index = self._next_sweep = (self._next_sweep + 1) % len(self._pools)
+        if index == in_use:
+            return
+        for connection in self._pools[index].connections:
+            # checked right before the close, which marks it closed before its first await: the pool cannot
+            # hand it to a request in between (one event loop; an earlier close's await may have let it)
+            if connection.is_idle() and connection.has_expired():
+                await connection.aclose()
+
     async def aclose(self) -> None:
         """Close every pooled connection."""
-        await self._pool.aclose()
+        for pool in self._pools:
+            await pool.aclose()

@@ -4,6 +4,7 @@ public httpx/httpcore API, and errors surface as httpx errors."""
 from __future__ import annotations
 
 import socket
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -119,3 +120,68 @@ async def test_the_default_client_coalesces() -> None:
         assert isinstance(client.http._transport, CoalescingTransport)  # type: ignore[attr-defined]
     finally:
         await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_streams_fill_the_first_pool_with_room_up_to_the_stated_limit_and_no_further() -> None:
+    reply = b'HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n{"ok": true}'
+    limits = httpx.Limits(max_connections=5, max_keepalive_connections=2)
+    transport = CoalescingTransport(limits, RecordingBackend(reply), max_pool_connections=2)
+    timeout = httpx.Timeout(5.0, pool=0.2)
+    async with httpx.AsyncClient(transport=transport, timeout=timeout) as client, AsyncExitStack() as streams:
+        await streams.enter_async_context(client.stream("GET", "http://worker:9/"))
+        assert transport.num_in_flight == [1, 0, 0]  # a light load stays in the first pool
+        for _ in range(4):  # every one of the 5 allowed streams opens at once, in whichever pool has room
+            await streams.enter_async_context(client.stream("GET", "http://worker:9/"))
+        assert transport.num_in_flight == [2, 2, 1]
+        with pytest.raises(httpx.PoolTimeout):  # the sixth waits for a connection: the stated limit
+            await client.get("http://worker:9/")
+        assert sum(transport.num_in_flight) == 5
+    assert transport.num_in_flight == [0, 0, 0]
+
+
+class PeerClosingBackend(RecordingBackend):
+    """Connections that answer once, then are closed by the peer when `is_peer_closed` is set."""
+
+    def __init__(self, reply: bytes) -> None:
+        super().__init__(reply)
+        self.is_peer_closed = False
+        self.streams: list[Any] = []
+
+    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        stream = await super().connect_tcp(*args, **kwargs)
+        backend = self
+
+        class Closing(type(stream)):  # type: ignore[misc]
+            is_closed = False
+
+            def get_extra_info(self, info: str) -> Any:
+                return backend.is_peer_closed if info == "is_readable" else None
+
+            async def aclose(self) -> None:
+                self.is_closed = True
+
+        closing = Closing()
+        self.streams.append(closing)
+        return closing
+
+
+@pytest.mark.anyio
+async def test_idle_connections_the_peer_closed_are_closed_in_pools_no_request_uses() -> None:
+    reply = b'HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n{"ok": true}'
+    backend = PeerClosingBackend(reply)
+    limits = httpx.Limits(max_connections=6, max_keepalive_connections=6)
+    transport = CoalescingTransport(limits, backend, max_pool_connections=2)
+    async with httpx.AsyncClient(transport=transport) as client:
+        async with AsyncExitStack() as streams:  # a burst fills all three pools
+            responses = [
+                await streams.enter_async_context(client.stream("GET", "http://worker:9/")) for _ in range(6)
+            ]
+            for response in responses:
+                await response.aread()
+        assert transport.num_in_flight == [0, 0, 0] and len(backend.streams) == 6
+        assert not any(s.is_closed for s in backend.streams)  # idle, kept for reuse
+        backend.is_peer_closed = True  # the worker closes them (its keep-alive timeout): CLOSE_WAIT here
+        for _ in range(4):  # a light load, in the first pool only, sweeps the others in turn
+            await client.get("http://worker:9/")
+        assert all(s.is_closed for s in backend.streams[:6])

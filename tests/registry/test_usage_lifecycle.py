@@ -114,6 +114,28 @@ def test_checkpoints_update_open_rows_in_one_batch_and_a_final_update_keeps_one_
     assert (rows[first].status, rows[first].completion_tokens) == ("ok", 12)
 
 
+def test_a_checkpoint_of_many_streams_writes_each_its_own_values_nulls_included(db_session: Session) -> None:
+    tenant = _tenant(db_session)
+    request_ids = [_open(db_session, tenant) for _ in range(40)]
+    checkpoints = []
+    for i, request_id in enumerate(request_ids):
+        checkpoint = _checkpoint(
+            request_id, i, T0 + timedelta(seconds=i), worker_id=None if i % 3 else f"w-{i}"
+        )
+        if i % 2:  # no token yet: no TTFT and no TPOT
+            checkpoint |= {"ttft_ms": None, "tpot_ms": None}
+        checkpoints.append(checkpoint)
+    checkpoint_usage(db_session, checkpoints)
+    rows = _rows(db_session, tenant)
+    for i, request_id in enumerate(request_ids):
+        row = rows[request_id]
+        assert (row.status, row.completion_tokens, row.checkpointed_at) == (
+            "in_progress", i, T0 + timedelta(seconds=i),
+        )  # fmt: skip
+        assert row.worker_id == (None if i % 3 else f"w-{i}")
+        assert (row.ttft_ms, row.tpot_ms) == ((None, None) if i % 2 else (5.0, 1.0))
+
+
 def test_finish_reports_a_missing_row_without_writing_one(db_session: Session) -> None:
     tenant = _tenant(db_session)
     assert not finish_usage(
