@@ -28,7 +28,14 @@ from registry import repository
 from registry.account_pages import tenant_page
 from registry.billing import billing_report
 from registry.errors import RegistryError
-from registry.usage_series import BUCKETS, SERIES_GROUP_BYS, SloPoint, slo_series
+from registry.usage_series import (
+    BUCKETS,
+    MAX_SERIES_GROUPS,
+    OTHER_GROUP,
+    SERIES_GROUP_BYS,
+    SloPoint,
+    slo_series,
+)
 
 router = APIRouter(prefix="/console/admin", route_class=ConsoleRoute, include_in_schema=False)
 PLAN_FIELDS = tuple(PricePlanCreate.model_fields)
@@ -164,6 +171,7 @@ async def slo_page(
     return render(
         request, "admin_slo.html", user, period=period, points=points, group_by=group_by, bucket=bucket,
         group_bys=SERIES_GROUP_BYS, buckets=BUCKETS, names=names, charts=_slo_charts(points, names),
+        has_other=any(p.slo.key == OTHER_GROUP for p in points), max_groups=MAX_SERIES_GROUPS,
     )  # fmt: skip
 
 

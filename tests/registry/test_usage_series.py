@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from sqlalchemy.orm import Session
 
-from registry.usage_series import bucket_start, slo_series, tenant_usage_series, total_cost
-from tests.registry.test_usage_db import seed_ledger
+from registry import repository
+from registry.usage_series import OTHER_GROUP, bucket_start, slo_series, tenant_usage_series, total_cost
+from tests.registry.test_usage_db import _usage, seed_ledger
 
 START, END = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
 
@@ -50,6 +51,35 @@ def test_slo_series_groups_per_bucket_and_group(db_session: Session) -> None:
     ]
     with pytest.raises(ValueError, match="group_by must be one of"):
         slo_series(db_session, START, END, "hour", "hour")
+
+
+def test_slo_series_keeps_the_busiest_groups_apart_and_the_rest_as_one(db_session: Session) -> None:
+    tenant = repository.create_tenant(db_session, "many-adapters")
+    at = START + timedelta(hours=3)
+    # a: 4 requests, b: 3, c: 2 (one in the next hour), d: 1, base-model rows naming none: 2 ("unknown")
+    for model, num_requests in (("a", 4), ("b", 3), ("c", 2), ("d", 1)):
+        for i in range(num_requests):
+            moment = at + timedelta(hours=1) if (model, i) == ("c", 1) else at
+            _usage(db_session, tenant.id, moment, "ok", 10, 5, ttft=10.0 * (i + 1), tpot=1.0, model=model)
+    for _ in range(2):
+        _usage(db_session, tenant.id, at, "ok", 10, 5, ttft=30.0, tpot=1.0, model="e", base_model="")
+
+    points = slo_series(db_session, START, END, "adapter", "hour", max_groups=2)
+    assert [(p.bucket, p.slo.key, p.slo.num_requests) for p in points] == [
+        ("2026-01-01T03:00:00+00:00", OTHER_GROUP, 4),  # c, d and e's requests of that hour
+        ("2026-01-01T03:00:00+00:00", "a", 4),
+        ("2026-01-01T03:00:00+00:00", "b", 3),
+        ("2026-01-01T04:00:00+00:00", OTHER_GROUP, 1),
+    ]
+    assert points[0].slo.ttft_p50 == pytest.approx(20.0)  # of c's 10, d's 10 and e's 30, 30
+    by_base = slo_series(db_session, START, END, "base_model", "day", max_groups=1)
+    assert [(p.slo.key, p.slo.num_requests) for p in by_base] == [(OTHER_GROUP, 2), ("lorahost-base", 10)]
+    everything = slo_series(
+        db_session, START, END, "adapter", "day", max_groups=5
+    )  # no more groups than that
+    assert [(p.slo.key, p.slo.num_requests) for p in everything] == [
+        ("a", 4), ("b", 3), ("c", 2), ("d", 1), ("e", 2),
+    ]  # fmt: skip
 
 
 def test_bucket_start_floors_to_the_hour_or_day() -> None:

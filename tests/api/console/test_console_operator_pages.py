@@ -7,6 +7,7 @@ import csv
 import io
 import re
 import time
+from datetime import UTC, datetime
 
 import pytest
 from fastapi.testclient import TestClient
@@ -15,12 +16,13 @@ from sqlalchemy.orm import Session
 from api.console.templating import TEMPLATES
 from cluster.protocol import EngineSummary
 from registry.models import Tenant
+from registry.usage_series import MAX_SERIES_GROUPS
 from scheduler.core.scheduler_stats import SchedulerStats
 from tests.api.conftest import ADMIN_KEY, TenantHandle
 from tests.api.console.console_support import publish_worker, sign_in
 from tests.api.test_completions_support import add_ready_version
 from tests.api.test_plan_api import process_is_gone, record_demand
-from tests.registry.test_usage_db import seed_ledger
+from tests.registry.test_usage_db import _usage, seed_ledger
 
 PERIOD = {"start": "2026-01-01", "end": "2026-01-03T00:00:00Z"}
 
@@ -82,7 +84,24 @@ def test_slo_page_charts_attainment_and_percentiles_by_group(client: TestClient,
     assert by_tenant.status_code == 200 and "gold-corp" in by_tenant.text  # ids shown by name
     assert by_tenant.text.count("data-chart=") == 5 and "33.3%" in by_tenant.text
     by_adapter = client.get("/console/admin/slo", params={**PERIOD, "group_by": "adapter"})
-    assert "<td>writer</td>" in by_adapter.text
+    assert "<td>writer</td>" in by_adapter.text and "(other)" not in by_adapter.text
+
+
+def test_slo_page_shows_the_busiest_adapters_apart_and_the_rest_together(
+    client: TestClient, db_session: Session
+) -> None:
+    seeded = seed_ledger(db_session)  # "writer": 5 requests that day, "lorahost-base": 1 the next
+    at = datetime(2026, 1, 1, 20, tzinfo=UTC)
+    for i in range(MAX_SERIES_GROUPS):  # as many adapters again, each with 2 requests
+        for _ in range(2):
+            _usage(
+                db_session, seeded.gold_tenant_id, at, "ok", 10, 5, ttft=40.0, tpot=5.0, model=f"extra-{i}"
+            )
+    sign_in(client, ADMIN_KEY)
+    page = client.get("/console/admin/slo", params={**PERIOD, "group_by": "adapter", "bucket": "day"})
+    assert page.status_code == 200 and "<td>writer</td>" in page.text  # the busiest, apart
+    assert "<td>(other)</td><td>1</td>" in page.text  # the day after: "lorahost-base" is among the rest
+    assert f"The {MAX_SERIES_GROUPS} adapters with the most requests" in page.text
 
 
 def test_workers_page_shows_queues_pages_and_resident_adapters_by_name(
