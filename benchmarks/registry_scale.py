@@ -4,11 +4,13 @@ Generates the registry straight into PostgreSQL (benchmarks/registry_scale_data.
 versions, one tenant with 20,000, times --scale; --num-usage-rows requests over a year, --issue-usage for the
 issue's 20 M), then walks each list page by page (`after` = the previous page's `last_id`), from its first page
 and from the middle of the list, through the app in-process (FastAPI TestClient: routing, auth, the DB queries and
-the JSON, no network), and prints a table and one JSON line per list (ms per call: p50, p99, max).
+the JSON, no network; the startup heap frozen as a served API process freezes it, api/http_server.py), and prints
+a table and one JSON line per list (ms per call: p50, p99, max).
 
     python -m benchmarks.registry_scale --scale 0.1            # a quick run: a tenth of the sizes
     python -m benchmarks.registry_scale --issue-usage          # the issue's sizes, 20 M usage rows
     python -m benchmarks.registry_scale --db-url postgresql+psycopg://...   # an empty database of your own
+    python -m benchmarks.registry_scale --db-url ... --is-generated  # measure again a database kept by --keep-db
 
 The daily usage rollup is filled first (every settled day, timed) as the usage sweep would; --no-rollup leaves
 it empty, so billing and /v1/usage sum raw rows. Without --db-url it creates a database on --pg-admin-url's server and drops it at the end (--keep-db keeps it).
@@ -31,8 +33,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, make_url
 
+from api.http_server import freeze_startup_heap
 from api.main import create_app
-from benchmarks.registry_scale_data import Generated, RegistryShape, generate
+from benchmarks.registry_scale_data import Generated, RegistryShape, find_generated, generate
 from benchmarks.run_info import cpu_model, git_state
 from benchmarks.serving_metrics import pct, rnd
 from migrations.runner import upgrade
@@ -171,19 +174,22 @@ def roll_up_everything(engine: Engine) -> dict[str, Any]:
     return {"rolled_days": num_days, "rollup_s": round(seconds, 1)}
 
 
-def run(db_url: str, shape: RegistryShape, num_calls: int, is_rolled_up: bool = True) -> None:
+def run(
+    db_url: str, shape: RegistryShape, num_calls: int, is_rolled_up: bool = True, is_generated: bool = False
+) -> None:
     upgrade(db_url)
     engine = make_engine(db_url)
     try:
-        gen = generate(engine, shape)
+        gen = find_generated(engine) if is_generated else generate(engine, shape)
         print(
             json.dumps(
                 {"bench": "registry_scale", "generated": gen.num_rows, "generate_s": round(gen.seconds, 1)}
-            )
+            ),
+            flush=True,
         )
         big, small = tenant_key(engine, gen.big_tenant_id), tenant_key(engine, gen.small_tenant_id)
-        if is_rolled_up:
-            print(json.dumps({"bench": "registry_scale", **roll_up_everything(engine)}))
+        if is_rolled_up and not is_generated:
+            print(json.dumps({"bench": "registry_scale", **roll_up_everything(engine)}), flush=True)
     finally:
         engine.dispose()
     with tempfile.TemporaryDirectory(prefix="lorahost-registry-bench-") as tmp:
@@ -193,6 +199,7 @@ def run(db_url: str, shape: RegistryShape, num_calls: int, is_rolled_up: bool = 
             predictor_training_interval_s=0.0,
         )  # fmt: skip
         with TestClient(create_app(settings)) as client:
+            freeze_startup_heap()  # as a served API process does once started (api/http_server.py)
             results = measure(client, gen, shape, big, small, num_calls)
     print_table(results)
     context = {"cpu": cpu_model(), "load_avg": [round(x, 2) for x in os.getloadavg()], "commit": git_state().get("commit"),
@@ -232,6 +239,11 @@ def main() -> None:
     parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument(
+        "--is-generated",
+        action="store_true",
+        help="--db-url holds a registry this benchmark generated (and rolled up) before: measure only",
+    )
+    parser.add_argument(
         "--no-rollup",
         action="store_true",
         help="leave the daily usage rollup empty (every read sums raw rows)",
@@ -239,7 +251,7 @@ def main() -> None:
     args = parser.parse_args()
     shape = RegistryShape.at_scale(args.scale, ISSUE_USAGE_ROWS if args.issue_usage else args.num_usage_rows)
     if args.db_url:
-        run(args.db_url, shape, args.num_calls, not args.no_rollup)
+        run(args.db_url, shape, args.num_calls, not args.no_rollup, args.is_generated)
     else:
         with_database(
             args.pg_admin_url, args.keep_db, lambda url: run(url, shape, args.num_calls, not args.no_rollup)

@@ -174,3 +174,19 @@ def _usage_rows(
             f"u{i:012d}", f"req-{i:012d}", tenant_id, adapter_id, name, BASE_MODEL, prompt, completion, ttft,
             rng.uniform(5, 50), ttft + 20 * completion, "ok", started, started + timedelta(seconds=2),
         )  # fmt: skip
+
+
+def find_generated(engine: Engine) -> Generated:
+    """What `generate` returned, found again in a database it filled before (kept with --keep-db)."""
+    started = time.perf_counter()
+    with engine.connect() as conn:
+        ids = dict(
+            conn.exec_driver_sql("SELECT name, id FROM tenants WHERE name IN ('big', 'tenant-00001')").all()
+        )
+        num_rows = {
+            table: int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one())
+            for table in ("tenants", "adapters", "adapter_versions", "api_keys", "usage_records")
+        }
+    if len(ids) != 2:
+        raise ValueError("this database was not filled by benchmarks/registry_scale_data.py generate")
+    return Generated(ids["big"], ids["tenant-00001"], "big-00000", num_rows, time.perf_counter() - started)

@@ -88,13 +88,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(app: Any, **config: Any) -> Iterator[str]:
-    """`app` under uvicorn (with `config`'s extra options) on a free port, in a thread, until the block ends;
-    yields its base URL."""
+def serving(app: Any, server_class: Any = None, **config: Any) -> Iterator[str]:
+    """`app` under uvicorn (with `config`'s extra options; `server_class`: a uvicorn.Server subclass taking the
+    config) on a free port, in a thread, until the block ends; yields its base URL."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    make_server = server_class or uvicorn.Server
+    server = make_server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

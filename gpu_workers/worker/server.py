@@ -17,6 +17,7 @@ Where the rest of the worker lives:
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 from typing import Any
@@ -53,6 +54,14 @@ class _DrainingServer(uvicorn.Server):
 
     def _exit(self) -> None:
         self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, then the objects alive (imports, the app, the runtime) exempted from later garbage
+        collections: a full collection scans them all with the event loop (token streaming) stopped."""
+        await super().startup(sockets)
+        if not self.should_exit:
+            gc.collect()
+            gc.freeze()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown (exit code != 0).
