@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from registry import repository
-from registry.billing import billing_report
+from registry.billing import adapter_days, billing_report, stored_adapter_days
 from registry.models import Adapter, new_id
 from registry.usage import DuplicateUsageError, record_usage
 from registry.usage_reports import load_rows, slo_report
@@ -170,6 +170,42 @@ def test_billing_report_bills_every_recorded_token_and_adapter_days(db_session: 
         5,
         Decimal(0),
     )
+
+
+def test_stored_adapter_days_sum_each_adapters_days_inside_the_period_in_the_database(
+    db_session: Session,
+) -> None:
+    tenant, other = (repository.create_tenant(db_session, f"t-{new_id()[:8]}") for _ in range(2))
+    lives = [  # (tenant, base model, created, deleted)
+        (tenant, "a", START - timedelta(days=3), None),  # the whole period
+        (tenant, "a", START + timedelta(hours=7, microseconds=250), None),  # from inside it
+        (tenant, "a", START - timedelta(days=1), START + timedelta(hours=30, seconds=17)),  # until inside it
+        (tenant, "b", START + timedelta(hours=1), START + timedelta(hours=2)),  # inside it
+        (tenant, "a", START - timedelta(days=4), START - timedelta(days=2)),  # gone before it
+        (tenant, "a", END, None),  # created at its end (exclusive)
+        (other, "a", START - timedelta(days=9), END + timedelta(days=1)),
+    ]
+    for i, (owner, base, created, deleted) in enumerate(lives):
+        db_session.add(
+            Adapter(
+                tenant_id=owner.id, name=f"a{i}", base_model_name=base, created_at=created, deleted_at=deleted
+            )
+        )
+    db_session.commit()
+    expected: dict[tuple[str, str], Decimal] = {}
+    for owner, base, created, deleted in lives:
+        days = adapter_days(created, deleted, START, END)
+        if days > 0:
+            expected[(owner.id, base)] = expected.get((owner.id, base), Decimal(0)) + days
+    found = {
+        key: days
+        for key, days in stored_adapter_days(db_session, START, END).items()
+        if key[0] in (tenant.id, other.id)
+    }
+    assert found.keys() == expected.keys()
+    for key, days in expected.items():  # to the invoice's precision (1e-6 of a day)
+        assert abs(found[key] - days) < Decimal("0.0000005"), key
+    assert expected[(other.id, "a")] == Decimal(2)
 
 
 def test_slo_report_by_tenant_judges_ok_and_error_against_the_plan(db_session: Session) -> None:
