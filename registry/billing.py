@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
-from sqlalchemy import case, func, literal, select
+from sqlalchemy import ColumnElement, case, func, literal, select
 from sqlalchemy.orm import Session
 
 from registry.model_base import UTCDateTime
@@ -152,6 +153,7 @@ def stored_adapter_days(session: Session, start: datetime, end: datetime) -> dic
         (Adapter.deleted_at.is_not(None) & (Adapter.deleted_at < end), Adapter.deleted_at),
         else_=literal(end, UTCDateTime()),
     )
+    seconds: ColumnElement[Any]
     if session.get_bind().dialect.name == "postgresql":
         seconds = func.extract("epoch", hi - lo)  # numeric: exact to the microsecond
     else:
