@@ -2,6 +2,9 @@
 # host (CPU or CUDA) in ./wheels before building; pip prefers it over downloading one.
 FROM python:3.11-slim
 WORKDIR /app
+# glibc malloc arenas per process (default 8 per core): 2 keeps a long-running API replica's RSS from creeping up
+# as its threads' arenas fragment (benchmarks/RESULTS.md, fifth pass: soak); `lorahost dev-cluster` sets the same
+ENV MALLOC_ARENA_MAX=2
 # The engine compiles a small C kernel at start (gpu_workers/engine/layers/*.c); without a compiler it falls back.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY wheels wheels

@@ -55,12 +55,19 @@ def jobs_command(celery_queue: str, beat_schedule: Path) -> list[str]:
     ]  # fmt: skip
 
 
+# glibc malloc arenas per process: its default (8 per core) let the API replicas' RSS creep up by ~6% over a
+# soak's last 20 minutes as threads' arenas fragment; 2 bounds it (benchmarks/RESULTS.md, fifth pass)
+MALLOC_ARENA_MAX = "2"
+
+
 def child_env(extra: Mapping[str, str], owned: Mapping[str, str], *, is_moto: bool) -> dict[str, str]:
     """The environment of every child: this process's, then `extra` (the config's), then the moto
     credentials when the cluster runs moto, then what the cluster `owned` (it wins); the repository root
-    leads PYTHONPATH."""
+    leads PYTHONPATH; MALLOC_ARENA_MAX is MALLOC_ARENA_MAX unless one of the first two sets it."""
     python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, **extra}
+    # glibc's malloc arenas, as the image sets them (Dockerfile): unless the environment says otherwise
+    env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX)
     if is_moto:
         env.update(dev_services.MOTO_CREDENTIALS)
     env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
