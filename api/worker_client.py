@@ -25,7 +25,7 @@ from typing import Protocol
 import httpx
 from pydantic import ValidationError
 
-from api.coalescing_transport import CoalescingTransport
+from api.http1_transport import Http1Transport
 from api.routed_since_view import RoutedRequest, RoutedSinceView
 from api.worker_ndjson import HttpEventSource, error_fields, ndjson_lines
 from cluster.membership import WorkerRecord
@@ -202,7 +202,7 @@ class WorkerClient:
         stream holds one; settings.api.max_worker_connections), giving up a stream silent for read_timeout_s
         (settings.api.worker_read_timeout_s); pass a transport to reach fake workers in tests,
         `local` for an in-process worker, `router` for the routing policy."""
-        transport = transport or CoalescingTransport(worker_limits(max_connections))
+        transport = transport or Http1Transport(worker_limits(max_connections))
         timeout = httpx.Timeout(connect=5.0, read=read_timeout_s, write=30.0, pool=10.0)
         http = httpx.AsyncClient(timeout=timeout, transport=transport)
         return cls(http, internal_token, router=router, local=local)

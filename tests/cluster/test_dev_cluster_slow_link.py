@@ -110,8 +110,10 @@ def test_a_slow_flapping_worker_link_ends_every_request_cleanly_and_leaks_nothin
             for i in range(2):
                 after.start(cluster, key, BASE_MODEL, is_stream=i == 0, max_tokens=8, seed=100 * n + 50 + i)
             assert all(out.is_ok for out in after.join()), "requests after the link came back failed"
-        for pid in (api_pid, worker.process.pid):
-            assert _sockets(pid, "CLOSE_WAIT") == [], "a connection its peer closed is still held"
+        for pid in (api_pid, worker.process.pid):  # a leak stays; a socket whose EOF is being handled goes
+            assert wait_for(lambda pid=pid: _sockets(pid, "CLOSE_WAIT") == [], timeout_s=10), (
+                f"a connection its peer closed is still held: {_sockets(pid, 'CLOSE_WAIT')}"
+            )
         # every connection the link carries is one the API holds (idle in its pool, at most one per request of
         # a round): none was orphaned on either side
         assert wait_for(
