@@ -8,8 +8,8 @@ Transports: workers are reached over HTTP (NDJSON), except a worker running in t
 mode, `lorahost serve`): whoever runs it publishes a `LocalWorkerTransport` (services.worker_transport)
 and requests to that worker skip the loopback HTTP hop. Both transports give the same
 `WorkerStream`: same first-event semantics, same refusal mapping, aclose() aborts the engine request.
-The HTTP side reads the body as NDJSON (api/worker_ndjson.py) over a transport that writes each request in
-one send (api/coalescing_transport.py).
+The HTTP side reads the body as NDJSON (api/worker_ndjson.py) over api/http1_transport.py (asyncio protocols
+and httptools: O(1) pool bookkeeping per request, each request in one write, backpressure per connection).
 
 A worker that cannot start the request (connection refused/reset, a non-200 answer, or an `overloaded` /
 `draining` error before any token) is retried on another worker once; then the request gets a 503.

@@ -1,6 +1,6 @@
-"""Does coalescing a request's writes to the worker pay? WorkerClient over api/coalescing_transport.py (writes
-joined into one send) vs httpx's default transport (headers and body sent separately), against a stub
-worker in its own process.
+"""The API's transport to workers: WorkerClient over api/http1_transport.py (asyncio protocols, httptools, each
+request in one write) vs httpx's default transport (httpcore + h11, headers and body sent separately),
+against a stub worker in its own process.
 
 The stub is a Starlette app under uvicorn (the worker's server stack) answering POST
 /internal/v1/generate with --num-deltas NDJSON delta events and a final event. Per round and variant:
@@ -11,7 +11,7 @@ shared machine moves less than latency), then --concurrency clients sending --nu
 
     /work/main/.venv/bin/python benchmarks/worker_client_writes.py --rounds 6
 
-One JSON line per variant and round, then one summary line (medians over rounds, coalesced / plain ratios).
+One JSON line per variant and round, then one summary line (medians over rounds, http1 / plain ratios).
 """
 
 from __future__ import annotations
@@ -139,12 +139,12 @@ def main() -> None:
     parser.add_argument("--num-deltas", type=int, default=8)
     args = parser.parse_args()
 
-    from api.coalescing_transport import CoalescingTransport
+    from api.http1_transport import Http1Transport
     from api.worker_client import WorkerClient
 
     variants: dict[str, Callable[[], Any]] = {
         "plain": lambda: WorkerClient.create("token", transport=httpx.AsyncHTTPTransport()),
-        "coalesced": lambda: WorkerClient.create("token", transport=CoalescingTransport()),
+        "http1": lambda: WorkerClient.create("token", transport=Http1Transport()),
     }
     port = _free_port()
     stub = subprocess.Popen([sys.executable, "-c", STUB, str(port), str(args.num_deltas)])
@@ -164,8 +164,8 @@ def main() -> None:
         name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         for name, rows in results.items()
     }
-    summary["coalesced_over_plain"] = {
-        key: summary["coalesced"][key] / summary["plain"][key] for key in summary["plain"]
+    summary["http1_over_plain"] = {
+        key: summary["http1"][key] / summary["plain"][key] for key in summary["plain"]
     }
     print(json.dumps({"system": "summary", **summary}), flush=True)
 
