@@ -26,7 +26,6 @@ from registry.hub_source import HubCredentials, HubFile, HubRepo, HubSnapshot
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
-CHUNK_BYTES = 1024 * 1024
 MAX_ATTEMPTS = 5
 RETRY_BACKOFF_S = (0.0, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, ... attempt of one file
 MAX_REDIRECTS = 5
@@ -103,7 +102,7 @@ def _copy_within(response: httpx.Response, out: BinaryIO, max_bytes: int) -> Non
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise OSError("the body is larger than the file's declared size")
     num_left = max_bytes
-    for chunk in response.iter_raw(CHUNK_BYTES):
+    for chunk in response.iter_raw():  # as received: a broken transfer keeps every byte that arrived
         if len(chunk) > num_left:
             raise OSError("the body is larger than the file's declared size")
         out.write(chunk)
