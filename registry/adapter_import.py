@@ -37,6 +37,9 @@ def accept_import(
     `work_dir` (registry/import_sources.py), then steps 1-3 as for an upload, its quotas included (blocking).
     The version records where it came from (`source_uri`, without credentials) and, from the Hub, the commit
     read (`source_revision`)."""
+    num_bytes_left = upload_quota.precheck_quota(
+        session, tenant_id, name, num_bytes=0
+    )  # the plan's room left
     repository.check_adapter_name(name, reserved=tuple(names_of(ctx.base_model_choices(session))))
     model_names.check_adapter_name_free(session, name)  # base-model names, removed ones included
     session.commit()  # end the read: nothing is held open while the source is read
@@ -44,7 +47,6 @@ def accept_import(
         repository.check_visibility(visibility)
     parsed = parse_import_source(source, ctx.settings)
     check_import_allowed(parsed, credentials, ctx.settings)
-    num_bytes_left = upload_quota.precheck_quota(session, tenant_id, name, num_bytes=0)
     imported = read_import_source(
         parsed, credentials, ctx.settings, work_dir, ctx.settings.limits.max_upload_bytes, num_bytes_left
     )
