@@ -5,7 +5,8 @@ with sizes) and HEAD/GET /{repo}/resolve/{rev}/{file} (X-Repo-Commit, ETag, Cont
 Private repositories answer 401 without `Authorization: Bearer <their token>` (as the Hub does for a private or a
 missing one); every request is recorded with its headers. Modes: `reset_once` (a file's first GET sends half its
 bytes, then drops the connection), `declared_sizes` (the tree lies: declares less than the body served) and
-`is_length_omitted` (no Content-Length: a body is ended by closing the connection).
+`is_length_omitted` (no Content-Length: a body is ended by closing the connection), `is_range_ignored` (a Range
+request gets the whole file, 200) and `is_cdn_redirect` (resolve redirects to a CDN on another origin).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class FakeHub:
     requests: list[SeenRequest] = field(default_factory=list)
     reset_once: set[str] = field(default_factory=set)
     is_length_omitted: bool = False  # bodies without Content-Length, ended by closing the connection
+    is_range_ignored: bool = False  # a Range request is answered 200 with the whole file
+    is_cdn_redirect: bool = (
+        False  # resolve answers 302 to /cdn/... on another origin (localhost), as the Hub does
+    )
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], *, token: str | None = None) -> str:
         """A repository whose main branch holds `files` in one commit; returns the commit."""
@@ -76,10 +81,10 @@ class FakeHub:
         return commit
 
     def seen(self, kind: str) -> list[SeenRequest]:
-        """The recorded requests of one kind: "revision", "tree" or "resolve"."""
+        """The recorded requests of one kind: "revision", "tree", "resolve" or "cdn"."""
         if kind == "revision":
             return [r for r in self.requests if "/tree/" not in r.path and r.path.startswith("/api/models/")]
-        marker = {"tree": "/tree/", "resolve": "/resolve/"}[kind]
+        marker = {"tree": "/tree/", "resolve": "/resolve/", "cdn": "/cdn/"}[kind]
         return [r for r in self.requests if marker in r.path]
 
     def authorizations(self) -> list[str]:
@@ -117,6 +122,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._api(f"{parts[2]}/{parts[3]}", "revision", DEFAULT_BRANCH)
         elif parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in ("revision", "tree"):
             self._api(f"{parts[2]}/{parts[3]}", parts[4], unquote(parts[5]))
+        elif len(parts) >= 5 and parts[0] == "cdn":
+            self._cdn(f"{parts[1]}/{parts[2]}", parts[3], unquote("/".join(parts[4:])), head)
         elif len(parts) >= 5 and parts[2] == "resolve":
             self._resolve(f"{parts[0]}/{parts[1]}", unquote(parts[3]), unquote("/".join(parts[4:])), head)
         else:
@@ -157,13 +164,34 @@ class _Handler(BaseHTTPRequestHandler):
             return
         commit = repo.resolve(revision)
         data = repo.commits[commit].get(name) if commit else None
+        if data is None or commit is None:
+            self._error(404, "EntryNotFound")
+            return
+        if self.hub.is_cdn_redirect:
+            self.send_response(302)
+            self.send_header("X-Repo-Commit", commit)
+            self.send_header(
+                "Location", f"{self.hub.url.replace('127.0.0.1', 'localhost')}/cdn/{repo_id}/{commit}/{name}"
+            )
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._serve_file(data, commit, name, head)
+
+    def _cdn(self, repo_id: str, commit: str, name: str, head: bool) -> None:
+        """The CDN a resolve redirects to: no authorization (the URL is the grant), no X-Repo-Commit."""
+        data = self.hub.repos[repo_id].commits.get(commit, {}).get(name)
         if data is None:
             self._error(404, "EntryNotFound")
             return
-        start = _range_start(self.headers.get("Range"))
+        self._serve_file(data, None, name, head)
+
+    def _serve_file(self, data: bytes, commit: str | None, name: str, head: bool) -> None:
+        start = 0 if self.hub.is_range_ignored else _range_start(self.headers.get("Range"))
         body = data[start:]
         self.send_response(206 if start else 200)
-        self.send_header("X-Repo-Commit", commit or "")
+        if commit is not None:
+            self.send_header("X-Repo-Commit", commit)
         self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
         self.send_header("Accept-Ranges", "bytes")
         if self.hub.is_length_omitted:
@@ -176,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
-        if name in self.hub.reset_once and not start:
+        if name in self.hub.reset_once:
             self.hub.reset_once.discard(name)
             self.wfile.write(body[: len(body) // 2])
             self.wfile.flush()

@@ -256,6 +256,33 @@ def test_a_reset_mid_file_resumes_with_a_range_from_the_bytes_written(tmp_path, 
     assert 0 < resumed_from < len(WEIGHTS)  # not started over
 
 
+def test_a_server_ignoring_the_range_is_read_again_from_the_start(tmp_path, fake_hub) -> None:
+    fake_hub.add_repo("org/lora", FILES)
+    fake_hub.reset_once = {WEIGHTS_FILENAME}
+    fake_hub.is_range_ignored = True
+    _read(_settings(tmp_path, fake_hub), "hf://org/lora", tmp_path / "in")
+    _assert_adapter_read(tmp_path / "in")  # the 200's whole body replaced the half written, not appended
+    weights_gets = [r for r in fake_hub.seen("resolve") if r.path.endswith(WEIGHTS_FILENAME)]
+    assert len(weights_gets) == 2 and "range" in weights_gets[1].headers
+
+
+def test_the_token_goes_to_the_hub_and_never_to_the_cdn_it_redirects_to(tmp_path, fake_hub) -> None:
+    commit = fake_hub.add_repo("org/private", FILES, token=HUB_TOKEN)
+    fake_hub.is_cdn_redirect = True
+    fake_hub.reset_once = {WEIGHTS_FILENAME}  # the resume goes through the Hub's resolve again
+    settings = _settings(tmp_path, fake_hub)
+    assert (
+        _read(settings, "hf://org/private", tmp_path / "in", HubCredentials(HUB_TOKEN)).source_revision
+        == commit
+    )
+    _assert_adapter_read(tmp_path / "in")
+    assert {r.headers.get("authorization") for r in fake_hub.seen("resolve")} == {f"Bearer {HUB_TOKEN}"}
+    cdn = fake_hub.seen("cdn")
+    assert len(cdn) == 3 and all("authorization" not in r.headers for r in cdn)
+    assert all(f"/cdn/org/private/{commit}/" in r.path for r in cdn)
+    assert "range" in cdn[-1].headers
+
+
 def test_resets_on_every_attempt_end_with_the_generic_error(tmp_path, fake_hub, monkeypatch) -> None:
     fake_hub.add_repo("org/lora", FILES)
     monkeypatch.setattr(hub_download, "RETRY_BACKOFF_S", (0.0,))
