@@ -6,8 +6,8 @@
 - A private or gated repository is read with the tenant's own Hub token (`HubCredentials`), used for this
   one import and never stored, logged or echoed back.
 - Before a byte of a file is downloaded: the revision asked for (a branch, a tag or a commit; default the
-  repository's default branch) is resolved to its 40-hex commit, the repository's top-level files are
-  listed with their sizes at that commit, adapter_config.json and adapter_model.safetensors are required
+  repository's default branch) is resolved to its 40-hex commit and the repository's top-level files are
+  listed with their sizes at that commit (one `model_info(files_metadata=True)` call, with a timeout), adapter_config.json and adapter_model.safetensors are required
   (a pickle-only adapter is refused with the reason; README.md, .gitattributes and the rest are ignored),
   and the declared sizes are checked against the upload limit and the plan's remaining storage
   (`check_hub_sizes`). The download itself (registry/hub_download.py) is pinned to that commit, so a branch
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from itertools import islice
 
 from registry.errors import StorageQuotaError
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterValidationError
@@ -30,7 +29,6 @@ from registry.validation.config import check_filenames_allowed, check_upload_fil
 HUB_SCHEME = "hf://"
 HUB_FORM = "hf://org/name or hf://org/name@revision (a branch, a tag or a 40-hex commit)"
 METADATA_TIMEOUT_S = 30.0
-MAX_LISTED_FILES = 1000  # the Hub's first page of a tree; an adapter repository's top level is a few files
 MAX_REPO_ID_CHARS = 96  # the Hub's limit (huggingface_hub validate_repo_id)
 MAX_REVISION_CHARS = 200
 ADAPTER_FILES = (CONFIG_FILENAME, WEIGHTS_FILENAME)
@@ -124,35 +122,38 @@ def read_hub_snapshot(repo: HubRepo, credentials: HubCredentials | None, endpoin
     file is downloaded). Hub errors propagate as they are (the caller makes them one generic error); the
     AdapterValidationError of a readable repository without the adapter's files says what is missing."""
     from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoFile
 
     api = HfApi(endpoint=endpoint, token=False, library_name="lorahost")
     token: str | bool = credentials.token if credentials is not None else False  # False: never the env's
-    info = api.model_info(repo.repo_id, revision=repo.revision, token=token, timeout=METADATA_TIMEOUT_S)
+    # One call answers the commit and every file's size at that commit (files_metadata: the Hub's `blobs`), so
+    # the two cannot disagree, and it takes a timeout (list_repo_tree and get_paths_info take none, and
+    # huggingface_hub's shared client has none: a Hub that stops answering would hold the import forever).
+    info = api.model_info(
+        repo.repo_id, revision=repo.revision, files_metadata=True, token=token, timeout=METADATA_TIMEOUT_S
+    )
     commit = info.sha or ""
     if COMMIT.fullmatch(commit) is None:
         raise OSError("the Hub answered no commit for the revision")
     if repo.revision is not None and COMMIT.fullmatch(repo.revision) and repo.revision != commit:
         raise OSError("the Hub resolved a commit to another commit")
-    entries = api.list_repo_tree(repo.repo_id, revision=commit, token=token)
-    listed = list(islice(entries, MAX_LISTED_FILES + 1))
-    if len(listed) > MAX_LISTED_FILES:
-        raise AdapterValidationError(
-            "unexpected_file",
-            f"the repository's top level holds more than {MAX_LISTED_FILES} entries; import a repository that "
-            f"holds the adapter ({CONFIG_FILENAME} and {WEIGHTS_FILENAME}) at its top level",
-        )
-    sizes = {e.path: (e.lfs.size if e.lfs is not None else e.size) for e in listed if isinstance(e, RepoFile)}
+    sizes = {
+        s.rfilename: s.lfs.size if s.lfs is not None else s.size
+        for s in info.siblings or []
+        if "/" not in s.rfilename  # the top level
+    }
     return HubSnapshot(commit=commit, files=adapter_files(sizes))
 
 
-def adapter_files(sizes: dict[str, int]) -> tuple[HubFile, ...]:
+def adapter_files(sizes: dict[str, int | None]) -> tuple[HubFile, ...]:
     """The adapter's two files among a repository's top-level files (name -> declared size); the rest is
     ignored. AdapterValidationError naming what is missing, or the pickle that is there instead."""
     if WEIGHTS_FILENAME not in sizes:
         check_filenames_allowed([name for name in PICKLE_WEIGHTS if name in sizes])  # pickle_not_allowed
     check_upload_filenames([name for name in ADAPTER_FILES if name in sizes])
-    return tuple(HubFile(name, int(sizes[name])) for name in ADAPTER_FILES)
+    declared = [(name, sizes[name]) for name in ADAPTER_FILES]
+    if any(size is None for _, size in declared):
+        raise OSError("the Hub declared no size for an adapter file")  # it could not be bounded
+    return tuple(HubFile(name, int(size or 0)) for name, size in declared)
 
 
 def check_hub_sizes(snapshot: HubSnapshot, max_bytes: int, max_weights_bytes: int | None) -> None:

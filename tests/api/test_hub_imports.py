@@ -131,7 +131,7 @@ def test_hub_import_past_the_plans_storage_is_refused_before_a_byte_is_downloade
     assert response.status_code == 413, response.text
     assert response.json()["error"]["type"] == "storage_quota_exceeded"
     assert "max_stored_bytes" in response.json()["error"]["message"]
-    assert fake_hub.seen("tree") and fake_hub.seen("resolve") == []
+    assert fake_hub.seen("revision") and fake_hub.seen("resolve") == []
     _assert_nothing_stored(db_session, blob_store)
 
 

@@ -1,12 +1,14 @@
 """A local HTTP server speaking the Hugging Face Hub's file API, as huggingface_hub and the Hub import call it:
-GET /api/models/{repo}[/revision/{rev}] (the revision's commit), GET /api/models/{repo}/tree/{rev} (top-level files
-with sizes) and HEAD/GET /{repo}/resolve/{rev}/{file} (X-Repo-Commit, ETag, Content-Length, Range -> 206).
+GET /api/models/{repo}[/revision/{rev}] (the revision's commit; its files' sizes with ?blobs=true), GET
+/api/models/{repo}/tree/{rev} (files with sizes) and HEAD/GET /{repo}/resolve/{rev}/{file} (X-Repo-Commit, ETag,
+Content-Length, Range -> 206).
 
 Private repositories answer 401 without `Authorization: Bearer <their token>` (as the Hub does for a private or a
 missing one); every request is recorded with its headers. Modes: `reset_once` (a file's first GET sends half its
-bytes, then drops the connection), `declared_sizes` (the tree lies: declares less than the body served) and
+bytes, then drops the connection), `declared_sizes` (the listing lies: declares less than the body served),
 `is_length_omitted` (no Content-Length: a body is ended by closing the connection), `is_range_ignored` (a Range
-request gets the whole file, 200) and `is_cdn_redirect` (resolve redirects to a CDN on another origin).
+request gets the whole file, 200), `is_cdn_redirect` (resolve redirects to a CDN on another origin) and `stall`
+(requests wait for an event, set when the test ends).
 """
 
 from __future__ import annotations
@@ -60,9 +62,8 @@ class FakeHub:
     reset_once: set[str] = field(default_factory=set)
     is_length_omitted: bool = False  # bodies without Content-Length, ended by closing the connection
     is_range_ignored: bool = False  # a Range request is answered 200 with the whole file
-    is_cdn_redirect: bool = (
-        False  # resolve answers 302 to /cdn/... on another origin (localhost), as the Hub does
-    )
+    is_cdn_redirect: bool = False  # resolve answers 302 to /cdn/... on another origin, as the Hub does
+    stall: threading.Event | None = None  # set: every request waits for this event before it is answered
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], *, token: str | None = None) -> str:
         """A repository whose main branch holds `files` in one commit; returns the commit."""
@@ -117,6 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         headers = {k.lower(): v for k, v in self.headers.items()}
         self.hub.requests.append(SeenRequest(self.command, path, headers))
+        if self.hub.stall is not None:
+            self.hub.stall.wait()
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and len(parts) == 4:  # model_info without a revision
             self._api(f"{parts[2]}/{parts[3]}", "revision", DEFAULT_BRANCH)
@@ -146,16 +149,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         files = repo.commits[commit]
         if kind == "revision":
-            siblings = [{"rfilename": name} for name in sorted(files)]
+            is_blobs = "blobs=" in (urlsplit(self.path).query or "").lower()
+            siblings = [
+                {"rfilename": name}
+                | (_blob_fields(name, data, repo, lfs_digest="sha256") if is_blobs else {})
+                for name, data in sorted(files.items())
+            ]
             self._json({"id": repo_id, "sha": commit, "private": bool(repo.token), "siblings": siblings})
             return
-        entries = []
-        for name, data in sorted(files.items()):
-            size = repo.declared_sizes.get(name, len(data))
-            entry: dict[str, object] = {"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": size}
-            if name.endswith(".safetensors"):
-                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
-            entries.append(entry | {"path": name})
+        entries = [
+            {"type": "file", "path": name} | _blob_fields(name, data, repo, lfs_digest="oid")
+            for name, data in sorted(files.items())
+        ]
         self._json(entries)
 
     def _resolve(self, repo_id: str, revision: str, name: str, head: bool) -> None:
@@ -237,6 +242,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+def _blob_fields(name: str, data: bytes, repo: FakeRepo, *, lfs_digest: str) -> dict[str, object]:
+    """A file's size (as the repository declares it: `declared_sizes` may lie), blob id and LFS pointer (its
+    digest is `sha256` in a model's siblings and `oid` in a tree, as on the Hub)."""
+    size = repo.declared_sizes.get(name, len(data))
+    fields: dict[str, object] = {"size": size, "oid": hashlib.sha1(data).hexdigest()}
+    fields["blobId"] = fields["oid"]
+    if name.endswith(".safetensors"):
+        fields["lfs"] = {lfs_digest: hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
+    return fields
+
+
 def _range_start(value: str | None) -> int:
     if not value or not value.startswith("bytes=") or not value.endswith("-"):
         return 0
@@ -256,6 +272,8 @@ def fake_hub() -> Iterator[FakeHub]:
     try:
         yield hub
     finally:
+        if hub.stall is not None:
+            hub.stall.set()  # release stalled handlers
         server.shutdown()
         server.server_close()
         thread.join()

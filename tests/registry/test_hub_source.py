@@ -5,11 +5,12 @@ storage checked before a byte is downloaded, resumed transfers, lying servers cu
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
 
-from registry import hub_download, import_sources
+from registry import hub_download, hub_source, import_sources
 from registry.errors import InvalidRequestError, StorageQuotaError
 from registry.hub_source import HubCredentials, HubRepo
 from registry.import_sources import (
@@ -125,7 +126,7 @@ def test_public_repo_is_read_at_its_resolved_commit(tmp_path, fake_hub) -> None:
     assert sorted(r.path for r in downloads) == sorted(
         f"/org/lora/resolve/{commit}/{name}" for name in (CONFIG_FILENAME, WEIGHTS_FILENAME)
     )  # pinned to the commit, never "main"; README.md and .gitattributes never fetched
-    assert fake_hub.seen("tree")[0].path == f"/api/models/org/lora/tree/{commit}"
+    assert [r.path for r in fake_hub.seen("revision")] == ["/api/models/org/lora"]  # one metadata call
 
 
 def test_revision_pins_a_tag_or_commit_while_the_branch_moves_on(tmp_path, fake_hub) -> None:
@@ -200,6 +201,22 @@ def test_unreachable_hub_endpoint_gives_the_generic_error(tmp_path, fake_hub) ->
     settings = Settings(data_dir=tmp_path, import_hf_endpoint=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(SourceUnreadableError):
         _read(settings, "hf://org/lora", tmp_path / "in")
+
+
+def test_a_hub_that_stops_answering_times_out_with_the_generic_error(tmp_path, fake_hub, monkeypatch) -> None:
+    fake_hub.add_repo("org/lora", FILES)
+    fake_hub.stall = threading.Event()  # set when the test ends: no answer before
+    monkeypatch.setattr(hub_source, "METADATA_TIMEOUT_S", 0.2)
+    with pytest.raises(SourceUnreadableError):
+        _read(_settings(tmp_path, fake_hub), "hf://org/lora", tmp_path / "in")
+    assert len(fake_hub.requests) == 1 and list((tmp_path / "in").iterdir()) == []
+
+
+def test_an_adapter_file_without_a_declared_size_cannot_be_bounded() -> None:
+    with pytest.raises(OSError, match="no size"):  # read_import_source makes it the generic error
+        hub_source.adapter_files({CONFIG_FILENAME: 10, WEIGHTS_FILENAME: None})
+    files = hub_source.adapter_files({CONFIG_FILENAME: 10, WEIGHTS_FILENAME: 20, "x/y": None})
+    assert [f.num_bytes for f in files] == [10, 20]
 
 
 # ---- what is refused before a byte is downloaded -----------------------------------------------------------
