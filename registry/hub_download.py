@@ -10,7 +10,9 @@ resolved commit, resumable, and never past a file's declared size.
 - Bounded: a file's bytes are written only up to the size the Hub declared for it (checked against the upload
   limit and the plan's storage before the download started); one byte more ends the import as unreadable.
 - The tenant's token goes to the endpoint only (httpx drops Authorization on a redirect to another origin,
-  e.g. the Hub's CDN); no proxy, .netrc or HF_TOKEN from the environment (trust_env=False).
+  e.g. the Hub's CDN); never HF_TOKEN or a stored token. The environment's proxy settings apply, as to
+  huggingface_hub's metadata calls: the endpoint, and so the route to it, is the operator's (httpx reads no
+  .netrc unless asked).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def download_snapshot(
         headers["Authorization"] = f"Bearer {credentials.token}"
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     with httpx.Client(
-        trust_env=False, follow_redirects=True, max_redirects=MAX_REDIRECTS, timeout=timeout, headers=headers
+        trust_env=True, follow_redirects=True, max_redirects=MAX_REDIRECTS, timeout=timeout, headers=headers
     ) as client:
         for file in snapshot.files:
             url = f"{endpoint}/{repo.repo_id}/resolve/{snapshot.commit}/{quote(file.name)}"
