@@ -168,3 +168,17 @@ def test_hub_import_form_errors_name_the_accepted_forms(make_client, new_tenant,
     refused = _import(off, tenant, "hf://org/lora")
     assert refused.status_code == 403 and refused.json()["error"]["type"] == "source_not_allowed"
     assert fake_hub.requests == []
+
+
+def test_a_refused_hf_token_is_never_echoed(make_client, new_tenant, fake_hub) -> None:
+    client = make_client(import_hf_endpoint=fake_hub.url)
+    tenant = new_tenant("importer")
+    long_token = "hf_" + "x" * 2000  # past the field's 1024 characters: a 422
+    responses = [
+        _import(client, tenant, "hf://org/lora", hf_token=long_token),
+        _import(client, tenant, "hf://org/lora", hf_token=""),
+        _import(client, tenant, "s3://bucket/lora", hf_token=HUB_TOKEN),  # hf_token for another source: a 400
+    ]
+    assert [r.status_code for r in responses] == [422, 422, 400]
+    assert all(long_token[:40] not in r.text and HUB_TOKEN not in r.text for r in responses)
+    assert fake_hub.requests == []
