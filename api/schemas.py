@@ -211,17 +211,25 @@ class S3ImportCredentials(BaseModel):
 
 
 class AdapterImport(BaseModel):
-    """POST /v1/adapters with a JSON body: import from a presigned https URL of one archive, or from an s3://
-    folder or archive with your own `credentials` (or from a bucket the operator allow-lists)."""
+    """POST /v1/adapters with a JSON body: import from a presigned https URL of one archive, from an s3://
+    folder or archive with your own `credentials` (or from a bucket the operator allow-lists), or from a
+    Hugging Face Hub repository, hf://org/name[@revision], with your own `hf_token` when it is private."""
 
     name: str
     source: str = Field(
         max_length=8192,
-        description="https://.../adapter.zip|.tar.gz|.tar (e.g. a presigned S3 URL), s3://bucket/folder or "
-        "s3://bucket/key.zip|.tar.gz|.tar",
+        description="https://.../adapter.zip|.tar.gz|.tar (e.g. a presigned S3 URL), s3://bucket/folder, "
+        "s3://bucket/key.zip|.tar.gz|.tar, or hf://org/name[@revision] (a branch, a tag or a commit)",
     )
     visibility: Literal["private", "public"] | None = None
     credentials: S3ImportCredentials | None = None
+    hf_token: SecretStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="your own Hugging Face token, for a private or gated hf:// repository: used for this import "
+        "only, never stored, logged or returned (without it the repository is read with no token at all)",
+    )
     base_model: str | None = Field(
         default=None,
         max_length=200,
@@ -243,6 +251,9 @@ class AdapterVersionPublic(BaseModel):
     alpha: float | None
     target_modules: list[str] | None
     num_bytes: int | None
+    source_revision: str | None = Field(
+        description="the commit an hf:// import read (its revision resolved when imported); null otherwise"
+    )
     created_at: datetime
     finished_at: datetime | None
 
@@ -260,6 +271,7 @@ class AdapterVersionPublic(BaseModel):
             alpha=version.alpha,
             target_modules=version.target_modules,
             num_bytes=version.num_bytes,
+            source_revision=version.source_revision,
             created_at=version.created_at,
             finished_at=version.finished_at,
         )

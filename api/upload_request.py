@@ -41,7 +41,7 @@ async def upload_from_request(
         raise ApiError(
             415,
             "unsupported_media_type",
-            "send multipart/form-data (name + files) or JSON {name, source[, credentials]}",
+            "send multipart/form-data (name + files) or JSON {name, source[, credentials or hf_token]}",
         )
     return await run_in_threadpool(adapters.start_validation, version.id, session, services)
 

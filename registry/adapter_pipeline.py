@@ -182,10 +182,11 @@ def stage_upload(
     info: AdapterInfo,
     base_model_name: str,
     source_uri: str | None = None,
+    source_revision: str | None = None,
 ) -> AdapterVersion:
     """Store a validated adapter under temporary keys and commit its `validating` version row
     (`base_model_name`: the base it was validated against; `source_uri`: where an import came from, without
-    credentials or query string).
+    credentials or query string; `source_revision`: the commit a Hub import read).
 
     On any failure the blobs are deleted and the transaction rolled back: nothing is left stored.
     """
@@ -206,6 +207,7 @@ def stage_upload(
             config_blob_key=keys[CONFIG_FILENAME],
             weights_blob_key=keys[WEIGHTS_FILENAME],
             source_uri=source_uri,
+            source_revision=source_revision,
             **file_digests(adapter_dir),
             **info_fields(info),
         )
@@ -306,6 +308,7 @@ def accept_upload(
     names: list[str],
     source_uri: str | None = None,
     base_model: str | None = None,
+    source_revision: str | None = None,
 ) -> AdapterVersion:
     """Steps 1-3 for files already on local disk: prepare, fully validate against the adapter's base model
     (`base_model`: the upload's choice, a name or alias; registry/base_model_choice.py), then stage
@@ -332,6 +335,7 @@ def accept_upload(
         info=info,
         base_model_name=chosen.name,
         source_uri=source_uri,
+        source_revision=source_revision,
     )
 
 

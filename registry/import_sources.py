@@ -9,13 +9,17 @@ An import never uses the platform's own credentials on a location the tenant cho
   sent to the platform's S3 endpoint, or to an endpoint the tenant names (public addresses only).
 - `s3://...` without credentials only from a bucket the operator allow-lists (settings.api.import_allowed_buckets):
   then, and only then, the platform's credentials read it.
+- `hf://org/name[@revision]` from the operator's Hugging Face Hub (settings.api.import_hf_endpoint), with the
+  tenant's own Hub token (`HubCredentials`) for a private or gated repository, else with no token at all:
+  registry/hub_source.py (which files, which commit), registry/hub_download.py (pinned, resumable download).
 The platform's own blob bucket is refused whatever the credentials (SourceNotAllowedError).
 
 Any location that cannot be read (missing bucket or key, access denied, wrong credentials, an expired URL, an
 unreachable or non-public host) raises the same SourceUnreadableError with the same message: a tenant learns
 nothing about buckets, keys or hosts it cannot read, and no internal error text reaches it (only the error's
 type is logged, with the location stripped of any query string). A readable source whose files are not a
-valid adapter gets the usual AdapterValidationError. Reading stops at `max_bytes` (413, nothing kept).
+valid adapter gets the usual AdapterValidationError. Reading stops at `max_bytes` (413, nothing kept); a Hub
+import is also refused before its download when its declared weights pass the plan's remaining storage.
 
 Residual risk, stated: boto3 resolves a tenant-named S3 endpoint itself, so a DNS answer that changes between
 the check and boto3's connection could reach an address the check refused; presigned https URLs have no such
@@ -27,32 +31,41 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
 from registry.archive import is_archive_name
 from registry.blob_locations import parse_s3_uri
-from registry.errors import InvalidRequestError, PermissionDeniedError
+from registry.errors import InvalidRequestError, PermissionDeniedError, StorageQuotaError
+from registry.hub_download import download_snapshot
+from registry.hub_source import (
+    HUB_FORM,
+    HUB_SCHEME,
+    HubCredentials,
+    HubRepo,
+    check_hub_sizes,
+    parse_hub_uri,
+    read_hub_snapshot,
+)
+from registry.import_reads import COPY_CHUNK_BYTES, ByteBudget, basename, read_s3
 from registry.public_addresses import resolve_checked_address
 from registry.validation import CONFIG_FILENAME, WEIGHTS_FILENAME, AdapterValidationError
-from registry.validation.config import check_upload_filenames
 from settings import Settings
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
-COPY_CHUNK_BYTES = 1024 * 1024
-MAX_LISTED_KEYS = 16  # a folder holds at most the adapter's files and a README
 SOURCE_FORMS = (
     "give source as an https:// URL of one .zip/.tar.gz/.tar archive (a presigned S3 URL works), or as "
     f"s3://bucket/folder (holding {CONFIG_FILENAME} and {WEIGHTS_FILENAME}) or s3://bucket/key.zip|.tar.gz|.tar "
-    "with your own credentials"
+    f"with your own credentials, or {HUB_FORM} with your own hf_token for a private repository"
 )
 UNREADABLE_MESSAGE = (
     "the import source could not be read: check that the location exists, that a presigned URL has not "
-    "expired, and that the credentials sent may read it (s3:GetObject, and s3:ListBucket for a folder). The "
+    "expired, and that the credentials sent may read it (s3:GetObject, and s3:ListBucket for a folder; a "
+    "Hub token with read access to the repository, whose gated terms it has accepted). The "
     "reason is never shown, so that nothing is revealed about locations you cannot read"
 )
 
@@ -83,29 +96,48 @@ class S3Credentials:
     region: str | None = None
 
 
+SourceCredentials = S3Credentials | HubCredentials
+
+
 @dataclass(frozen=True)
 class ImportSource:
-    """A parsed import location: an http(s) URL of one archive, or an S3 bucket and key/folder."""
+    """A parsed import location: an http(s) URL of one archive, an S3 bucket and key/folder, or a Hub repo."""
 
     url: httpx.URL | None = None
     bucket: str = ""
     key: str = ""
+    hub: HubRepo | None = None
 
     @property
     def is_s3(self) -> bool:
         """True for an s3:// source."""
-        return self.url is None
+        return self.url is None and self.hub is None
 
     @property
     def redacted(self) -> str:
         """The location without query string or user info (a presigned URL's signature is a credential)."""
+        if self.hub is not None:
+            return self.hub.uri
         if self.url is None:
             return f"s3://{self.bucket}/{self.key}".rstrip("/")
         return str(self.url.copy_with(query=None, fragment=None, username=None, password=None))
 
 
+@dataclass(frozen=True)
+class ImportedFiles:
+    """What an import read: the file names written, and the commit a Hub revision resolved to."""
+
+    names: list[str]
+    source_revision: str | None = None
+
+
 def parse_import_source(source: str, settings: Settings) -> ImportSource:
     """Parse a tenant's `source`; InvalidRequestError (saying the accepted forms) when it is none of them."""
+    if source.startswith(HUB_SCHEME):
+        try:
+            return ImportSource(hub=parse_hub_uri(source))
+        except ValueError as exc:
+            raise InvalidRequestError(f"{exc}; {SOURCE_FORMS}", code="invalid_source") from None
     if source.startswith("s3://"):
         try:
             bucket, key = parse_s3_uri(source)
@@ -122,8 +154,18 @@ def parse_import_source(source: str, settings: Settings) -> ImportSource:
     return ImportSource(url=url)
 
 
-def check_import_allowed(source: ImportSource, credentials: S3Credentials | None, settings: Settings) -> None:
+def check_import_allowed(
+    source: ImportSource, credentials: SourceCredentials | None, settings: Settings
+) -> None:
     """Refuse, before anything is read, a source this tenant may not read this way (see the module docstring)."""
+    if source.hub is not None:
+        _check_hub_allowed(credentials, settings)
+        return
+    if isinstance(credentials, HubCredentials):
+        raise InvalidRequestError(
+            "hf_token applies to hf:// sources only; send s3:// sources with credentials, https URLs with none",
+            code="invalid_source",
+        )
     if not source.is_s3:
         if credentials is not None:
             raise InvalidRequestError(
@@ -147,6 +189,19 @@ def check_import_allowed(source: ImportSource, credentials: S3Credentials | None
         _checked_url(credentials.endpoint_url, settings, what="credentials.endpoint_url")
 
 
+def _check_hub_allowed(credentials: SourceCredentials | None, settings: Settings) -> None:
+    if not settings.api.is_import_hf_enabled:
+        raise SourceNotAllowedError(
+            "this platform does not import from the Hugging Face Hub; download the adapter's files and upload "
+            "them, or import them from an https:// URL or s3:// location"
+        )
+    if credentials is not None and not isinstance(credentials, HubCredentials):
+        raise InvalidRequestError(
+            "credentials apply to s3:// sources only; send a private Hub repository's token as hf_token",
+            code="invalid_source",
+        )
+
+
 def platform_bucket(settings: Settings) -> str | None:
     """The bucket of the platform's own blob store (None for a local directory store)."""
     location = settings.resolved_blob_store()
@@ -155,21 +210,39 @@ def platform_bucket(settings: Settings) -> str | None:
 
 def read_import_source(
     source: ImportSource,
-    credentials: S3Credentials | None,
+    credentials: SourceCredentials | None,
     settings: Settings,
     dest: Path,
     max_bytes: int,
-) -> list[str]:
-    """Write the source's adapter files (or its one archive) into `dest`; returns the file names written.
+    max_weights_bytes: int | None = None,
+) -> ImportedFiles:
+    """Write the source's adapter files (or its one archive) into `dest`; returns the file names written (and,
+    for a Hub source, the commit read). `max_weights_bytes`: what the plan's storage quota leaves (None: no
+    quota), checked against a Hub repository's declared weights before any download.
 
     Call check_import_allowed first. SourceUnreadableError for any location that cannot be read; the
-    AdapterValidationError of check_upload_filenames or of the size limit for a readable one.
+    AdapterValidationError of check_upload_filenames or of the size limit, or the StorageQuotaError, for a
+    readable one.
     """
     try:
+        if source.hub is not None:
+            hub_credentials = credentials if isinstance(credentials, HubCredentials) else None
+            return _read_hub(
+                source.hub,
+                hub_credentials,
+                settings.api.import_hf_endpoint,
+                dest,
+                max_bytes,
+                max_weights_bytes,
+            )
+        s3_credentials = credentials if isinstance(credentials, S3Credentials) else None
         if source.is_s3:
-            return _read_s3(source, _s3_client(credentials, settings), dest, _ByteBudget(max_bytes))
-        return [_read_url(source, settings, dest, _ByteBudget(max_bytes))]
-    except AdapterValidationError:  # a readable source with the wrong files, or too large: say what to change
+            names = read_s3(
+                source.bucket, source.key, _s3_client(s3_credentials, settings), dest, ByteBudget(max_bytes)
+            )
+            return ImportedFiles(names)
+        return ImportedFiles([_read_url(source, settings, dest, ByteBudget(max_bytes))])
+    except (AdapterValidationError, StorageQuotaError):  # readable, but the wrong files or too large: say so
         raise
     except Exception as exc:  # noqa: BLE001 - every reason a location cannot be read looks the same
         log.info("import source %s could not be read (%s)", source.redacted, type(exc).__name__)
@@ -194,7 +267,7 @@ def _checked_url(value: str, settings: Settings, *, what: str) -> httpx.URL:
     return url
 
 
-def _read_url(source: ImportSource, settings: Settings, dest: Path, budget: _ByteBudget) -> str:
+def _read_url(source: ImportSource, settings: Settings, dest: Path, budget: ByteBudget) -> str:
     """GET the archive with no credentials, connected to the checked address of its host."""
     url = source.url
     assert url is not None
@@ -204,7 +277,7 @@ def _read_url(source: ImportSource, settings: Settings, dest: Path, budget: _Byt
     )
     headers = {"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"}
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-    name = _basename(url.path)
+    name = basename(url.path)
     with httpx.Client(trust_env=False, follow_redirects=False, timeout=timeout) as client:
         request = client.build_request(
             "GET", url.copy_with(host=address), headers=headers, extensions={"sni_hostname": url.host}
@@ -221,6 +294,24 @@ def _read_url(source: ImportSource, settings: Settings, dest: Path, budget: _Byt
         finally:
             response.close()
     return name
+
+
+# ---- the Hugging Face Hub --------------------------------------------------------------------------------
+
+
+def _read_hub(
+    repo: HubRepo,
+    credentials: HubCredentials | None,
+    endpoint: str,
+    dest: Path,
+    max_bytes: int,
+    max_weights_bytes: int | None,
+) -> ImportedFiles:
+    """Resolve and list (metadata only), check the declared sizes, then download pinned to the commit."""
+    snapshot = read_hub_snapshot(repo, credentials, endpoint)
+    check_hub_sizes(snapshot, max_bytes, max_weights_bytes)
+    names = download_snapshot(repo, snapshot, credentials, endpoint, dest)
+    return ImportedFiles(names, source_revision=snapshot.commit)
 
 
 # ---- S3 --------------------------------------------------------------------------------------------------
@@ -259,82 +350,3 @@ def _s3_client(credentials: S3Credentials | None, settings: Settings) -> Any:
         aws_session_token=credentials.session_token,
         config=config,
     )
-
-
-def _read_s3(source: ImportSource, client: Any, dest: Path, budget: _ByteBudget) -> list[str]:
-    if is_archive_name(source.key):
-        name = _basename(source.key)
-        _download(client, source.bucket, source.key, dest / name, budget)
-        return [name]
-    objects = _list_folder(client, source)
-    names = [_basename(item["Key"]) for item in objects]
-    if len(names) != 1 or not is_archive_name(names[0]):
-        check_upload_filenames(names)  # the wrong set of files is refused before a byte is downloaded
-    budget.check_declared(sum(int(item.get("Size", 0)) for item in objects))
-    for item, name in zip(objects, names, strict=True):
-        _download(client, source.bucket, item["Key"], dest / name, budget)
-    return names
-
-
-def _list_folder(client: Any, source: ImportSource) -> list[dict[str, Any]]:
-    """The objects directly in the source folder (an empty or missing folder cannot be read)."""
-    folder = f"{source.key}/" if source.key else ""
-    page = client.list_objects_v2(Bucket=source.bucket, Prefix=folder, Delimiter="/", MaxKeys=MAX_LISTED_KEYS)
-    objects = [item for item in page.get("Contents", []) if item["Key"] != folder]
-    if not objects:
-        raise FileNotFoundError("empty folder")
-    if page.get("IsTruncated"):
-        raise AdapterValidationError(
-            "unexpected_file",
-            f"the source folder holds more than {MAX_LISTED_KEYS} files; an adapter folder holds exactly "
-            f"{CONFIG_FILENAME} and {WEIGHTS_FILENAME} (README.md is allowed and ignored)",
-        )
-    return objects
-
-
-def _download(client: Any, bucket: str, key: str, path: Path, budget: _ByteBudget) -> None:
-    body = client.get_object(Bucket=bucket, Key=key)["Body"]
-    try:
-        _copy_bounded(body, path, budget)
-    finally:
-        body.close()
-
-
-# ---- shared ------------------------------------------------------------------------------------------------
-
-
-def _basename(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _copy_bounded(src: IO[bytes], path: Path, budget: _ByteBudget) -> None:
-    with open(path, "wb") as out:
-        while chunk := src.read(COPY_CHUNK_BYTES):
-            budget.spend(len(chunk))
-            out.write(chunk)
-
-
-class _ByteBudget:
-    """The bytes an import may still read; AdapterValidationError (413) as soon as it is exceeded."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.num_bytes = 0
-
-    def check_declared(self, num_bytes: int) -> None:
-        """Refuse before reading when the source declares more than the limit."""
-        if num_bytes > self.max_bytes:
-            raise self._too_large()
-
-    def spend(self, num_bytes: int) -> None:
-        """Count bytes read; refuse once past the limit."""
-        self.num_bytes += num_bytes
-        if self.num_bytes > self.max_bytes:
-            raise self._too_large()
-
-    def _too_large(self) -> AdapterValidationError:
-        return AdapterValidationError(
-            "upload_too_large",
-            f"the import source holds more than {self.max_bytes} bytes; import a smaller adapter (lower rank, "
-            "fewer target modules or fp16/bf16 weights) or ask the operator to raise LORAHOST_MAX_UPLOAD_BYTES",
-        )

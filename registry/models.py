@@ -256,6 +256,7 @@ class AdapterVersion(Base):
     status: Mapped[str] = mapped_column(String(16), default="validating")
     failure_reason: Mapped[str | None] = mapped_column(Text)
     source_uri: Mapped[str | None] = mapped_column(Text)
+    source_revision: Mapped[str | None] = mapped_column(String(40))  # the commit a Hub import read (0025)
     config_blob_key: Mapped[str | None] = mapped_column(String(500))
     weights_blob_key: Mapped[str | None] = mapped_column(String(500))
     sha256: Mapped[str | None] = mapped_column(String(64))  # of adapter_model.safetensors

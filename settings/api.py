@@ -103,6 +103,14 @@ class ApiSettings(BaseModel):
         "URLs and tenant S3 endpoints). Tests and local development only: it opens the internal network to "
         "tenants",
     )
+    import_hf_endpoint: str = Field(
+        default="https://huggingface.co",
+        description="API: the Hugging Face Hub (or a mirror speaking its file API) that hf://org/name imports "
+        "read from; an operator's choice only, tenants cannot name another (HF_ENDPOINT is not read)",
+    )
+    is_import_hf_enabled: bool = Field(
+        default=True, description="API: accept hf://org/name[@revision] imports (false: refused with 403)"
+    )
 
     is_console_enabled: bool = Field(
         default=True, description="API: serve the web console at /console (api/console/)"
@@ -142,6 +150,17 @@ class ApiSettings(BaseModel):
         if isinstance(value, str):
             return tuple(name.strip() for name in value.split(",") if name.strip())
         return value
+
+    @field_validator("import_hf_endpoint")
+    @classmethod
+    def _check_hf_endpoint(cls, value: str) -> str:
+        scheme, _, rest = value.partition("://")
+        if scheme not in ("https", "http") or not rest.strip("/") or "@" in rest or "?" in rest:
+            raise ValueError(
+                f"{value!r} is not a Hub endpoint: give its base URL, e.g. https://huggingface.co or "
+                "https://hf-mirror.internal (no user info, no query)"
+            )
+        return value.rstrip("/")
 
     @field_validator("forwarded_allow_ips", mode="before")
     @classmethod

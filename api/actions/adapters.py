@@ -25,6 +25,8 @@ from api.upload_rate import admit_upload
 from api.uploads import ReceivedUpload, upload_scratch_dir
 from registry import adapter_import, adapter_pages, adapter_pipeline, repository, upload_quota
 from registry.db import run_in_write_transaction
+from registry.hub_source import HubCredentials
+from registry.import_sources import SourceCredentials
 from registry.models import AdapterVersion, Tenant
 from registry.pages import PageRequest
 
@@ -56,10 +58,9 @@ def accept_files(
 def accept_import(
     payload: AdapterImport, tenant_id: str, session: Session, services: Services
 ) -> AdapterVersion:
-    """Fetch the import's source (quotas checked before it is touched) into a scratch folder and store it as a
-    new `validating` version."""
-    upload_quota.precheck_quota(session, tenant_id, payload.name, num_bytes=0)
-    credentials = payload.credentials.to_credentials() if payload.credentials else None
+    """Fetch the import's source (quotas checked before it is touched) into a scratch folder of its own and
+    store it as a new `validating` version."""
+    credentials = import_credentials(payload)
     scratch = upload_scratch_dir(services.settings)
     with tempfile.TemporaryDirectory(prefix="lorahost-import-", dir=scratch) as tmp:
         return adapter_import.accept_import(
@@ -73,6 +74,17 @@ def accept_import(
             work_dir=Path(tmp),
             base_model=payload.base_model,
         )
+
+
+def import_credentials(payload: AdapterImport) -> SourceCredentials | None:
+    """The registry's plain form of whichever credentials the import sent (400 when both kinds were)."""
+    if payload.credentials is not None and payload.hf_token is not None:
+        raise ApiError(
+            400, "invalid_source", "send credentials (for s3://) or hf_token (for hf://), not both"
+        )
+    if payload.hf_token is not None:
+        return HubCredentials(token=payload.hf_token.get_secret_value())
+    return payload.credentials.to_credentials() if payload.credentials is not None else None
 
 
 def start_validation(version_id: str, session: Session, services: Services) -> UploadAccepted:

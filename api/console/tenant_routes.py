@@ -80,7 +80,8 @@ def adapter_page(
 async def upload(
     request: Request, _: CsrfChecked, user: ConsoleTenant, db: SessionDep, services: ServicesDep
 ) -> Response:
-    """The drop zone's upload (multipart: name, base_model, files): as POST /v1/adapters, for this tenant."""
+    """The drop zone's upload (multipart: name, base_model, files) or the import form's JSON (name, base_model,
+    source, hf_token): as POST /v1/adapters, for this tenant."""
     accepted = await upload_from_request(request, tenant_row(db, user), db, services)
     return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
 

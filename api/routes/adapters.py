@@ -1,5 +1,5 @@
-"""/v1/adapters: upload (multipart, or an import from a URL or s3:// location), list, read, soft delete. The
-work: api/actions/adapters.py (the upload's body is read into typed parts by api/upload_request.py)."""
+"""/v1/adapters: upload (multipart, or an import from a URL, s3:// location or Hub repository), list, read,
+soft delete. The work: api/actions/adapters.py (the upload's body is read into typed parts by api/upload_request.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ async def upload_adapter(
     request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
 ) -> UploadAccepted:
     """Upload a new adapter version: the PEFT files or one .zip/.tar.gz, or an import (JSON body: a presigned
-    https URL, or s3:// with the tenant's own credentials; registry/import_sources.py).
+    https URL, s3:// with the tenant's own credentials, or hf://org/name[@revision] with the tenant's own
+    hf_token for a private repository; registry/import_sources.py).
 
     The plan's upload quotas apply: 429 past uploads_per_min, 403 past max_adapters, 413 past
     max_stored_bytes (each error names the limit)."""

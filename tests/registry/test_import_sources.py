@@ -46,7 +46,7 @@ def _read(settings: Settings, source: str, credentials: S3Credentials | None, de
     parsed = import_sources.parse_import_source(source, settings)
     import_sources.check_import_allowed(parsed, credentials, settings)
     dest.mkdir(exist_ok=True)
-    return import_sources.read_import_source(parsed, credentials, settings, dest, max_bytes)
+    return import_sources.read_import_source(parsed, credentials, settings, dest, max_bytes).names
 
 
 @pytest.fixture

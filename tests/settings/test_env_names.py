@@ -64,10 +64,13 @@ NEW_NAMES = [
     "LORAHOST_WORKER_READ_TIMEOUT_S",
     "LORAHOST_STREAM_KEEPALIVE_S",
     "LORAHOST_USAGE_ROLLUP_SETTLE_S",
+    "LORAHOST_IMPORT_HF_ENDPOINT",
+    "LORAHOST_IS_IMPORT_HF_ENABLED",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
     "router_policy": ("rank_aware", "rank_aware"),
+    "import_hf_endpoint": ("https://hf-mirror.example/", "https://hf-mirror.example"),
     "placement_policy": ("random", "random"),
     "length_predictor": ("max_tokens", "max_tokens"),
     "engine_batch_policy": ("sjf", "sjf"),

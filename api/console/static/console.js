@@ -101,6 +101,43 @@ function setupUpload() {
   });
 }
 
+// ---- import (a JSON body to the same endpoint: hf://, https:// or s3:// sources) ------------------------
+
+function setupImport() {
+  const form = document.getElementById("import-form");
+  if (!form) return;
+  const status = document.getElementById("import-status");
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const body = {};
+    ["name", "base_model", "visibility", "source"].forEach((k) => { body[k] = form.elements[k].value; });
+    if (form.elements.hf_token.value) body.hf_token = form.elements.hf_token.value;
+    form.elements.hf_token.value = "";  // sent once, never kept in the page
+    status.classList.remove("error");
+    status.textContent = "Importing…";
+    let response;
+    try {
+      response = await fetch(form.action, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "X-CSRF-Token": csrfToken() },
+        body: JSON.stringify(body),
+      });
+    } catch (err) {
+      status.textContent = "Import failed: the connection was lost."; return;
+    }
+    let payload = {};
+    try { payload = await response.json(); } catch (err) { payload = {}; }
+    if (response.status === 202) {
+      status.textContent = `Imported ${payload.version.model}: ${payload.version.status}.`;
+      window.location.assign(`/console/adapters/${encodeURIComponent(payload.adapter)}`);
+      return;
+    }
+    const message = (payload.error && payload.error.message) || (payload.detail && JSON.stringify(payload.detail)) || response.statusText;
+    status.textContent = `Import refused (${response.status}): ${message}`;
+    status.classList.add("error");
+  });
+}
+
 // ---- playground --------------------------------------------------------------------------------------
 
 async function streamChat(model, prompt, maxTokens, output, stats) {
@@ -169,6 +206,7 @@ function setupPlayground() {
 document.addEventListener("DOMContentLoaded", () => {
   drawCharts(document);
   setupUpload();
+  setupImport();
   setupPlayground();
   document.body.addEventListener("htmx:afterSwap", (e) => drawCharts(e.target));
   document.body.addEventListener("htmx:beforeSwap", (e) => {
