@@ -12,6 +12,7 @@ from typing import TypeVar
 import torch
 
 from gpu_workers.engine.kernel_plan import KernelPlan
+from gpu_workers.engine.layers.dora import dora_step
 from gpu_workers.engine.layers.host_lora import HostLora
 from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch, LoraSegment, lora_batch, segmented_step
 from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
@@ -97,7 +98,14 @@ class LoraForms:
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
 
     def batch(self, segments: list[LoraSegment], num_tokens: int, host: HostLora | None) -> LoraBatch:
-        """The step's LoraBatch over device `segments` (sorted by adapter) and the host-assisted part."""
+        """The step's LoraBatch over device `segments` (sorted by adapter) and the host-assisted part; DoRA rows
+        (of either) rescaled last, whatever the form (layers/dora.py)."""
+        lora = self._delta_batch(segments, num_tokens, host)
+        dora = dora_step([*segments, *(host.segments if host is not None else ())], num_tokens, self.device)
+        return lora if dora is None else LoraBatch((*lora.forms, dora))
+
+    def _delta_batch(self, segments: list[LoraSegment], num_tokens: int, host: HostLora | None) -> LoraBatch:
+        """The LoRA deltas of the step in the form the plan and the cost model pick."""
         if self.use_lora_kernel:
             return self._kernel_lora_batch(segments, host)
         if self.kernel_plan.decode_lora in TRITON_LORA_FORMS:
