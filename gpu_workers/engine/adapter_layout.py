@@ -4,7 +4,7 @@ The page pool gives a resident adapter a contiguous run of pages [p0, p0 + n). I
 two flat regions of the KV cache, `page_numel` = block_size * num_kv_heads * head_dim elements of K and as
 many of V, so the run gives each layer two contiguous regions of n * page_numel elements (K then V). That
 layer's LoRA tensors (per merged projection: A^T, then each sub-module's scaled B^T, as built by
-layers/lora.py; then a DoRA adapter's fp32 magnitudes per projection, layers/dora.py, viewed as page elements and
+layers/lora.py; then a DoRA adapter's fp32 magnitudes of the layer, layers/dora.py, viewed as page elements and
 aligned) are laid out there in order, each whole in one region (first fit). The adapter's tensors are
 views of the KV cache: its device bytes are KV pages, counted once, and no memory outside the pool holds it.
 
@@ -22,7 +22,7 @@ from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraProject
 
 
 def _tensors_in_order(
-    projections: dict[str, LoraProjection], magnitudes: dict[str, torch.Tensor]
+    projections: dict[str, LoraProjection], magnitudes: torch.Tensor | None
 ) -> Iterator[torch.Tensor]:
     for name in PROJECTIONS:
         proj = projections.get(name)
@@ -31,9 +31,8 @@ def _tensors_in_order(
         yield proj.a_t
         for *_, b_t in proj.parts:
             yield b_t
-    for name in PROJECTIONS:
-        if name in magnitudes:
-            yield magnitudes[name]
+    if magnitudes is not None:
+        yield magnitudes
 
 
 def page_elements(numel: int, element_size: int, page_element_size: int) -> int:
@@ -45,7 +44,7 @@ def page_elements(numel: int, element_size: int, page_element_size: int) -> int:
 
 def adapter_layer_numels(adapter: LoraAdapter, page_element_size: int) -> list[list[int]]:
     """Per layer, the page elements of its LoRA tensors (and DoRA magnitudes) in layout order."""
-    magnitudes = adapter.magnitudes or tuple({} for _ in adapter.layers)
+    magnitudes: tuple[torch.Tensor | None, ...] = adapter.magnitudes or (None,) * len(adapter.layers)
     return [
         [
             page_elements(t.numel(), t.element_size(), page_element_size)
@@ -62,13 +61,13 @@ def layer_numels_for(
     num_layers: int,
     in_features: dict[str, int],
     output_slices: dict[str, dict[str, tuple[int, int]]],
-    dora_rows: dict[str, int] | None = None,
+    dora_rows: int = 0,
     page_element_size: int = 4,
 ) -> list[list[int]]:
     """The same element counts computed from an adapter's validated metadata (before any tensor exists).
 
     `in_features[projection]`, `output_slices[projection][module] = (col_start, col_end)`; `dora_rows` (DoRA
-    adapters): projection -> rows of its fp32 magnitudes (2 where the projection has a bias, else 1).
+    adapters): rows of its fp32 magnitudes per layer (2 for a model with biases, else 1; 0: not DoRA).
     """
     targeted = set(target_modules)
     per_layer: list[int] = []
@@ -80,10 +79,9 @@ def layer_numels_for(
         per_layer.extend(
             rank * (output_slices[projection][m][1] - output_slices[projection][m][0]) for m in mods
         )
-    for projection, modules in PROJECTIONS.items():
-        if dora_rows is not None and any(m in targeted for m in modules):
-            num_cols = max(c1 for _, c1 in output_slices[projection].values())
-            per_layer.append(page_elements(dora_rows[projection] * num_cols, 4, page_element_size))
+    if dora_rows:
+        num_cols = sum(max(c1 for _, c1 in output_slices[p].values()) for p in PROJECTIONS)
+        per_layer.append(page_elements(dora_rows * num_cols, 4, page_element_size))
     has_layer = set(layers)
     return [list(per_layer) if i in has_layer else [] for i in range(num_layers)]
 
@@ -128,7 +126,7 @@ def place_adapter(
         raise ValueError("an adapter in the unified pool needs a contiguous run of pages")
     capacity = num_pages * page_numel
     layers: list[dict[str, LoraProjection]] = []
-    magnitudes: list[dict[str, torch.Tensor]] = []
+    magnitudes: list[torch.Tensor] = []
     for layer_idx, projections in enumerate(adapter.layers):
         k_cache, v_cache = kv_caches[layer_idx]
         regions = [
@@ -147,10 +145,7 @@ def place_adapter(
             placed[name] = LoraProjection(a_t=a_t, parts=parts)
         layers.append(placed)
         if adapter.magnitudes:
-            layer_magnitudes = adapter.magnitudes[layer_idx]
-            magnitudes.append(
-                {n: packer.put(layer_magnitudes[n]) for n in PROJECTIONS if n in layer_magnitudes}
-            )
+            magnitudes.append(packer.put(adapter.magnitudes[layer_idx]))
     return LoraAdapter(
         adapter_id=adapter.adapter_id,
         rank=adapter.rank,

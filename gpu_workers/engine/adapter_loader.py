@@ -63,9 +63,9 @@ def load_lora_adapter(
     return with_magnitudes(adapter, rescale)
 
 
-def with_magnitudes(adapter: LoraAdapter, magnitudes: tuple[dict[str, torch.Tensor], ...]) -> LoraAdapter:
+def with_magnitudes(adapter: LoraAdapter, magnitudes: tuple[torch.Tensor, ...]) -> LoraAdapter:
     """The adapter as a DoRA adapter with these rescales (layers/dora.py), their bytes counted in num_bytes."""
-    extra = sum(t.numel() * t.element_size() for layer in magnitudes for t in layer.values())
+    extra = sum(t.numel() * t.element_size() for t in magnitudes)
     a = adapter
     return LoraAdapter(
         a.adapter_id, a.rank, a.scale, a.target_modules, a.layers, a.num_bytes + extra, magnitudes

@@ -123,11 +123,8 @@ class AdapterTransfers:
             "down": a.intermediate_size,
         }
         layer0 = self.model.layers[0]
-        dora_rows = (
-            {name: 2 if getattr(layer0, name).bias is not None else 1 for name in PROJECTIONS}
-            if info.use_dora
-            else None
-        )
+        has_bias = any(getattr(layer0, name).bias is not None for name in PROJECTIONS)
+        dora_rows = (2 if has_bias else 1) if info.use_dora else 0
         numels = layer_numels_for(
             info.rank,
             info.target_modules,

@@ -81,12 +81,14 @@ class LoraForms:
         is_packed: bool,
         device: torch.device,
         adapters: Mapping[str, LoraAdapter],
+        dora_columns: Mapping[str, tuple[int, int]],
     ) -> None:
         self.kernel_plan = kernel_plan
         self.max_stack_sets = max_stack_sets  # config.lora_stack_cache_size; 0 disables the stacked form
         self.is_packed = is_packed  # stacked sets packed like the model's packed linears
         self.device = device
         self._adapters = adapters  # the runner's device adapters (bounds the cost cache)
+        self.dora_columns = dora_columns  # each projection's columns in a DoRA adapter's magnitudes
         # CPU kernel for decode-sized segments (layers/lora_kernel.py) where the plan chose it: built (or
         # loaded from the cache, layers/cpu_kernels.py) before the first request.
         self.use_lora_kernel = kernel_plan.decode_lora == "kernel"
@@ -101,7 +103,8 @@ class LoraForms:
         """The step's LoraBatch over device `segments` (sorted by adapter) and the host-assisted part; DoRA rows
         (of either) rescaled last, whatever the form (layers/dora.py)."""
         lora = self._delta_batch(segments, num_tokens, host)
-        dora = dora_step([*segments, *(host.segments if host is not None else ())], num_tokens, self.device)
+        host_segments = host.segments if host is not None else ()
+        dora = dora_step([*segments, *host_segments], num_tokens, self.dora_columns)
         return lora if dora is None else LoraBatch((*lora.forms, dora))
 
     def _delta_batch(self, segments: list[LoraSegment], num_tokens: int, host: HostLora | None) -> LoraBatch:

@@ -47,8 +47,8 @@ class LoraProjection:
 class LoraAdapter:
     """A loaded adapter: layers[i][projection] -> LoraProjection (absent when not targeted).
 
-    magnitudes (DoRA adapters only, empty for plain LoRA): layers[i][projection] -> [1 or 2, out_cols] fp32,
-    the per-column rescale g and the bias shift (layers/dora.py); counted in num_bytes.
+    magnitudes (DoRA adapters only, empty for plain LoRA): per layer [1 or 2, C] fp32, the per-column rescale g
+    and the bias shift of every merged projection side by side (layers/dora.py); counted in num_bytes.
     """
 
     adapter_id: str
@@ -57,7 +57,7 @@ class LoraAdapter:
     target_modules: tuple[str, ...]
     layers: tuple[dict[str, LoraProjection], ...]
     num_bytes: int
-    magnitudes: tuple[dict[str, torch.Tensor], ...] = ()
+    magnitudes: tuple[torch.Tensor, ...] = ()
 
     @property
     def is_dora(self) -> bool:
@@ -204,7 +204,7 @@ def map_lora_tensors(adapter: LoraAdapter, fn: Callable[[torch.Tensor], torch.Te
         }
         for layer in adapter.layers
     )
-    magnitudes = tuple({name: fn(t) for name, t in layer.items()} for layer in adapter.magnitudes)
+    magnitudes = tuple(fn(t) for t in adapter.magnitudes)
     a = adapter
     return LoraAdapter(a.adapter_id, a.rank, a.scale, a.target_modules, layers, a.num_bytes, magnitudes)
 

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import torch
 
+from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.demo_model import generate_adapter
 from gpu_workers.engine.layers import lora_forms
-from gpu_workers.engine.layers.dora import DoraStep
+from gpu_workers.engine.layers.dora import MAX_GATHER_ROWS, DoraStep, dora_step
 from gpu_workers.engine.layers.linear import MergedLinear, can_pack_linear
+from gpu_workers.engine.layers.lora import LoraAdapter, LoraSegment
 from gpu_workers.engine.layers.lora_forms import DECODE_LORA_FORMS, is_lora_form_usable
 from gpu_workers.engine.layers.triton_lora import TRITON_LORA_FORMS
 from gpu_workers.engine.llm_engine import LLMEngine
@@ -82,8 +84,8 @@ def test_dora_changes_tokens_and_differs_from_its_plain_lora(
     """The oracle is not trivial: the rescale changes the logits against the same adapter without it."""
     engine = dora_engine(make_engine, dora_dirs)
     adapter = engine.runner.adapters["dora-all"]
-    assert adapter.is_dora and all(layer for layer in adapter.magnitudes)
-    g = adapter.magnitudes[0]["qkv"][0]
+    assert adapter.is_dora and len(adapter.magnitudes) == engine.runner.args.num_layers
+    g = adapter.magnitudes[0][0]  # layer 0's g over every projection's columns
     assert g.dtype == torch.float32 and (g - 1).abs().max() > 0.1
     with_dora = oracle.logits(prompt_ids[1], "dora-all")
     assert not torch.allclose(with_dora, oracle.logits(prompt_ids[1], None), atol=1e-3)
@@ -142,7 +144,7 @@ def test_dora_in_both_memory_modes_matches_peft(
     assert dora.num_bytes > 0 and plain.magnitudes == ()
     if memory_mode == "unified":
         pages = {t.untyped_storage().data_ptr() for t in engine.runner.kv_caches[0]}  # layer 0's K and V
-        assert dora.magnitudes[0]["qkv"].untyped_storage().data_ptr() in pages  # a view of the pages
+        assert dora.magnitudes[0].untyped_storage().data_ptr() in pages  # a view of the pages
     assert_peft_tokens(engine, oracle, prompt_ids, mixed_rows(adapter_dirs, dora_dirs), memory_mode)
 
 
@@ -176,3 +178,56 @@ def test_weight_norm_from_the_packed_weight_equals_the_dense_norm() -> None:
     expected = torch.linalg.norm(dense.weight.data[16:24] + b @ a, dim=1)
     torch.testing.assert_close(dense.delta_row_norms(16, 24, a, b), expected)
     torch.testing.assert_close(packed.delta_row_norms(16, 24, a, b), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dora_on_a_qwen2_model_keeps_the_qkv_bias_outside_the_rescale(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """Qwen2's q/k/v biases: y = g * (x W^T + s x A^T B^T) + bias (the bias is not rescaled); a short prompt
+    (per-row gather) and a prompt longer than MAX_GATHER_ROWS (per-segment rescale) beside a plain row."""
+    from tests.gpu_workers.engine.test_model_variants import make_model
+
+    model_dir = make_model("qwen2_bias_tied", tmp_path / "qwen2", base_model_dir)
+    dora = generate_adapter(
+        model_dir, tmp_path / "dora", 4, ALL_MODULES, seed=5, use_rslora=True, use_dora=True
+    )
+    oracle = HfOracle(model_dir, {"dora": dora}, torch.float32)
+    engine = LLMEngine(
+        EngineConfig(model_path=model_dir, dtype="float32", num_kv_blocks=256, decode_step="eager")
+    )
+    engine.load_adapter("dora", dora)
+    assert engine.runner.adapters["dora"].magnitudes[0].shape[0] == 2  # g and the bias shift
+    generator = torch.Generator().manual_seed(0)
+    long_prompt = torch.randint(4, 512, (MAX_GATHER_ROWS + 40,), generator=generator).tolist()
+    prompts = [[1, 17, 42, 99, 7, 300], long_prompt, [1, 5, 9]]
+    adapters: list[str | None] = ["dora", "dora", None]
+    for prompt, adapter, out in zip(
+        prompts, adapters, engine.generate(prompts, GREEDY, adapter_ids=adapters)
+    ):
+        assert out.token_ids == oracle.greedy(prompt, adapter, GREEDY.max_tokens), adapter
+
+
+def test_the_gathered_and_the_per_segment_rescale_agree_with_the_formula() -> None:
+    """DoraStep on random magnitudes: rows of two DoRA adapters around a plain row; g * y + shift per row."""
+    columns = {"qkv": (0, 6), "o": (6, 10), "gate_up": (10, 18), "down": (18, 22)}
+    generator = torch.Generator().manual_seed(0)
+
+    def adapter(name: str) -> LoraAdapter:
+        return LoraAdapter(name, 2, 1.0, (), ({},), 0, (torch.rand(2, 22, generator=generator) + 0.5,))
+
+    a, b = adapter("a"), adapter("b")
+    segments = (LoraSegment(0, 2, a), LoraSegment(3, 5, b))
+    out = torch.randn(5, 8, generator=generator)
+    expected = out.clone()
+    for seg in segments:
+        table = seg.adapter.magnitudes[0][:, 10:18]
+        expected[seg.start : seg.end] = expected[seg.start : seg.end] * table[0] + table[1]
+    gathered = out.clone()
+    step = dora_step(segments, 5, columns)
+    assert step is not None
+    step.add_delta(gathered, gathered, 0, "gate_up")
+    torch.testing.assert_close(gathered, expected)
+    per_segment = out.clone()
+    DoraStep(segments, MAX_GATHER_ROWS + 1, columns).add_delta(per_segment, per_segment, 0, "gate_up")
+    torch.testing.assert_close(per_segment, expected)
+    assert step.select_rows([2]) is None and step.select_rows([2, 3]) is not None
