@@ -79,11 +79,13 @@ def layer_numels_for(
         per_layer.extend(
             rank * (output_slices[projection][m][1] - output_slices[projection][m][0]) for m in mods
         )
+    # DoRA: every layer has its magnitudes (g = 1 in a layer without LoRA), after the layer's LoRA tensors
+    magnitudes: list[int] = []
     if dora_rows:
         num_cols = sum(max(c1 for _, c1 in output_slices[p].values()) for p in PROJECTIONS)
-        per_layer.append(page_elements(dora_rows * num_cols, 4, page_element_size))
+        magnitudes.append(page_elements(dora_rows * num_cols, 4, page_element_size))
     has_layer = set(layers)
-    return [list(per_layer) if i in has_layer else [] for i in range(num_layers)]
+    return [(per_layer if i in has_layer else []) + magnitudes for i in range(num_layers)]
 
 
 def _fits(numels: list[int], capacity: int) -> bool:

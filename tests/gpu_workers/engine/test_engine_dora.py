@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from gpu_workers.engine.adapter_layout import layer_numels_for
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.demo_model import generate_adapter
 from gpu_workers.engine.layers import lora_forms
@@ -143,6 +144,9 @@ def test_dora_in_both_memory_modes_matches_peft(
     dora = engine.runner.adapters["dora-all"]
     assert dora.num_bytes > 0 and plain.magnitudes == ()
     if memory_mode == "unified":
+        transfers = engine.runner.transfers
+        info = transfers.validate_adapter(dora_dirs["dora-all"])
+        assert transfers.adapter_num_pages(info) == transfers.num_pages_of(dora)  # metadata == tensors
         pages = {t.untyped_storage().data_ptr() for t in engine.runner.kv_caches[0]}  # layer 0's K and V
         assert dora.magnitudes[0].untyped_storage().data_ptr() in pages  # a view of the pages
     assert_peft_tokens(engine, oracle, prompt_ids, mixed_rows(adapter_dirs, dora_dirs), memory_mode)
@@ -231,3 +235,35 @@ def test_the_gathered_and_the_per_segment_rescale_agree_with_the_formula() -> No
     DoraStep(segments, MAX_GATHER_ROWS + 1, columns).add_delta(per_segment, per_segment, 0, "gate_up")
     torch.testing.assert_close(per_segment, expected)
     assert step.select_rows([2]) is None and step.select_rows([2, 3]) is not None
+
+
+def test_a_dora_adapters_pages_count_its_magnitudes_in_every_layer() -> None:
+    """From metadata: a DoRA adapter with LoRA on layer 0 only still holds magnitudes (g = 1) in layer 1, fp32
+    viewed in bf16 page elements with the slack to align them."""
+    slices = {"qkv": {"q_proj": (0, 8)}, "o": {"o_proj": (0, 8)}, "gate_up": {"up_proj": (0, 6)}, "down": {}}
+    slices["down"] = {"down_proj": (0, 8)}
+    in_features = {"qkv": 8, "o": 8, "gate_up": 8, "down": 6}
+    plain = layer_numels_for(2, ("q_proj",), (0,), 2, in_features, slices)
+    dora = layer_numels_for(2, ("q_proj",), (0,), 2, in_features, slices, dora_rows=1, page_element_size=2)
+    assert plain == [[16, 16], []]
+    assert dora == [[16, 16, 2 * 30 + 1], [2 * 30 + 1]]  # 8 + 8 + 6 + 8 columns, fp32 in bf16 pages
+
+
+def test_bf16_pages_hold_the_fp32_magnitudes_exactly(
+    make_engine: Any, dora_dirs: dict[str, Path], prompt_ids: list[list[int]]
+) -> None:
+    """A bf16 engine: the fp32 magnitudes sit in the unified pool's bf16 pages unrounded (an aligned fp32 view),
+    equal to the static split's own tensors; both modes decode the same tokens."""
+    engines = {
+        mode: dora_engine(make_engine, dora_dirs, dtype="bfloat16", memory_mode=mode)
+        for mode in ("unified", "static")
+    }
+    unified, static = (engines[m].runner.adapters["dora-all"] for m in ("unified", "static"))
+    assert engines["unified"].runner.kv_caches[0][0].dtype == torch.bfloat16
+    for placed, own in zip(unified.magnitudes, static.magnitudes):
+        assert placed.dtype == torch.float32 and torch.equal(placed, own)
+    rows: list[str | None] = ["dora-all", "dora-rs", None, "adapter-00"]
+    outs = {
+        m: [o.token_ids for o in e.generate(prompt_ids, GREEDY, adapter_ids=rows)] for m, e in engines.items()
+    }
+    assert outs["unified"] == outs["static"]
