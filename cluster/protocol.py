@@ -99,6 +99,9 @@ class AdapterRef(BaseModel):
     config_blob_key: str
     weights_blob_key: str
     rank: int = 0
+    use_dora: bool = Field(
+        default=False, description="A DoRA adapter (peft use_dora): only native workers serve it"
+    )
     owner_id: str | None = Field(
         default=None,
         description="The tenant owning the adapter: a worker shares cached files only between versions of one "

@@ -42,6 +42,7 @@ def worker_view(stats: WorkerStats) -> WorkerView:
         prefill_step_ms=engine.prefill_step_ms,
         perf_model=perf_model_of(stats),
         max_lora_rank=engine.max_lora_rank,
+        engine_backend=engine.backend,
     )
 
 

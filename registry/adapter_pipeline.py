@@ -272,6 +272,7 @@ def info_fields(info: AdapterInfo) -> dict[str, object]:
     return {
         "rank": info.rank,
         "alpha": info.alpha,
+        "use_dora": info.use_dora,
         "target_modules": list(info.target_modules),
         "num_bytes": info.num_bytes,
     }

@@ -263,6 +263,8 @@ class AdapterVersion(Base):
     config_sha256: Mapped[str | None] = mapped_column(String(64))  # of adapter_config.json (None before 0002)
     rank: Mapped[int | None] = mapped_column(Integer)
     alpha: Mapped[float | None] = mapped_column(Float)
+    # DoRA (peft use_dora): only native workers serve it (scheduler/routing/router.py DORA_ENGINES); since 0025
+    use_dora: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     target_modules: Mapped[list[str] | None] = mapped_column(JSON)
     num_bytes: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

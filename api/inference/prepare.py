@@ -177,6 +177,7 @@ def _prepared(
             adapter_key,
             len(prompt_ids),
             adapter_rank=resolved.adapter.rank if resolved.adapter else 0,
+            is_dora=resolved.adapter.use_dora if resolved.adapter else False,
             tenant_id=tenant.tenant_id,
         ),
         generate=GenerateRequest(
@@ -283,6 +284,7 @@ def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedMo
             config_blob_key=version.config_blob_key or "",
             weights_blob_key=version.weights_blob_key or "",
             rank=version.rank or 0,
+            use_dora=version.use_dora,
             owner_id=adapter.tenant_id,  # workers never share cached files between two owners
         )
         return ResolvedModel(adapter.base_model_name, ref, adapter.id, version.id)

@@ -4,7 +4,8 @@ The page pool gives a resident adapter a contiguous run of pages [p0, p0 + n). I
 two flat regions of the KV cache, `page_numel` = block_size * num_kv_heads * head_dim elements of K and as
 many of V, so the run gives each layer two contiguous regions of n * page_numel elements (K then V). That
 layer's LoRA tensors (per merged projection: A^T, then each sub-module's scaled B^T, as built by
-layers/lora.py) are laid out there in order, each whole in one region (first fit). The adapter's tensors are
+layers/lora.py; then a DoRA adapter's fp32 magnitudes of the layer, layers/dora.py, viewed as page elements and
+aligned) are laid out there in order, each whole in one region (first fit). The adapter's tensors are
 views of the KV cache: its device bytes are KV pages, counted once, and no memory outside the pool holds it.
 
 Invariant: no sequence's block table contains a page of a resident adapter (the pool's partition), so KV
@@ -20,7 +21,9 @@ import torch
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraProjection
 
 
-def _tensors_in_order(projections: dict[str, LoraProjection]) -> Iterator[torch.Tensor]:
+def _tensors_in_order(
+    projections: dict[str, LoraProjection], magnitudes: torch.Tensor | None
+) -> Iterator[torch.Tensor]:
     for name in PROJECTIONS:
         proj = projections.get(name)
         if proj is None:
@@ -28,11 +31,27 @@ def _tensors_in_order(projections: dict[str, LoraProjection]) -> Iterator[torch.
         yield proj.a_t
         for *_, b_t in proj.parts:
             yield b_t
+    if magnitudes is not None:
+        yield magnitudes
 
 
-def adapter_layer_numels(adapter: LoraAdapter) -> list[list[int]]:
-    """Per layer, the element counts of its LoRA tensors in layout order."""
-    return [[t.numel() for t in _tensors_in_order(layer)] for layer in adapter.layers]
+def page_elements(numel: int, element_size: int, page_element_size: int) -> int:
+    """Page elements a tensor of `numel` elements takes (a wider dtype viewed in page elements, plus the slack
+    to align its start)."""
+    ratio = max(1, element_size // page_element_size)
+    return numel * ratio + ratio - 1
+
+
+def adapter_layer_numels(adapter: LoraAdapter, page_element_size: int) -> list[list[int]]:
+    """Per layer, the page elements of its LoRA tensors (and DoRA magnitudes) in layout order."""
+    magnitudes: tuple[torch.Tensor | None, ...] = adapter.magnitudes or (None,) * len(adapter.layers)
+    return [
+        [
+            page_elements(t.numel(), t.element_size(), page_element_size)
+            for t in _tensors_in_order(layer, mags)
+        ]
+        for layer, mags in zip(adapter.layers, magnitudes)
+    ]
 
 
 def layer_numels_for(
@@ -42,10 +61,13 @@ def layer_numels_for(
     num_layers: int,
     in_features: dict[str, int],
     output_slices: dict[str, dict[str, tuple[int, int]]],
+    dora_rows: int = 0,
+    page_element_size: int = 4,
 ) -> list[list[int]]:
     """The same element counts computed from an adapter's validated metadata (before any tensor exists).
 
-    `in_features[projection]`, `output_slices[projection][module] = (col_start, col_end)`.
+    `in_features[projection]`, `output_slices[projection][module] = (col_start, col_end)`; `dora_rows` (DoRA
+    adapters): rows of its fp32 magnitudes per layer (2 for a model with biases, else 1; 0: not DoRA).
     """
     targeted = set(target_modules)
     per_layer: list[int] = []
@@ -57,8 +79,13 @@ def layer_numels_for(
         per_layer.extend(
             rank * (output_slices[projection][m][1] - output_slices[projection][m][0]) for m in mods
         )
+    # DoRA: every layer has its magnitudes (g = 1 in a layer without LoRA), after the layer's LoRA tensors
+    magnitudes: list[int] = []
+    if dora_rows:
+        num_cols = sum(max(c1 for _, c1 in output_slices[p].values()) for p in PROJECTIONS)
+        magnitudes.append(page_elements(dora_rows * num_cols, 4, page_element_size))
     has_layer = set(layers)
-    return [list(per_layer) if i in has_layer else [] for i in range(num_layers)]
+    return [(per_layer if i in has_layer else []) + magnitudes for i in range(num_layers)]
 
 
 def _fits(numels: list[int], capacity: int) -> bool:
@@ -101,6 +128,7 @@ def place_adapter(
         raise ValueError("an adapter in the unified pool needs a contiguous run of pages")
     capacity = num_pages * page_numel
     layers: list[dict[str, LoraProjection]] = []
+    magnitudes: list[torch.Tensor] = []
     for layer_idx, projections in enumerate(adapter.layers):
         k_cache, v_cache = kv_caches[layer_idx]
         regions = [
@@ -118,6 +146,8 @@ def place_adapter(
             parts = tuple((r0, r1, c0, c1, packer.put(b_t)) for r0, r1, c0, c1, b_t in proj.parts)
             placed[name] = LoraProjection(a_t=a_t, parts=parts)
         layers.append(placed)
+        if adapter.magnitudes:
+            magnitudes.append(packer.put(adapter.magnitudes[layer_idx]))
     return LoraAdapter(
         adapter_id=adapter.adapter_id,
         rank=adapter.rank,
@@ -125,6 +155,7 @@ def place_adapter(
         target_modules=adapter.target_modules,
         layers=tuple(layers),
         num_bytes=adapter.num_bytes,
+        magnitudes=tuple(magnitudes),
     )
 
 
@@ -138,14 +169,19 @@ class _RegionPacker:
         self.region = 0
 
     def put(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A view of the next free elements holding a copy of `tensor` (same shape)."""
-        numel = tensor.numel()
+        """A view of the next free elements holding a copy of `tensor` (same shape; a wider dtype, DoRA's fp32
+        magnitudes in bf16 pages, is viewed in page elements from an aligned start)."""
+        page_element_size = self.regions[0].element_size()
+        numel = page_elements(tensor.numel(), tensor.element_size(), page_element_size)
         if self.cursor[self.region] + numel > self.capacity:
             self.region += 1
             if self.region > 1 or numel > self.capacity:
                 raise ValueError("the adapter's layout does not fit its pages")
+        region = self.regions[self.region]
+        ratio = max(1, tensor.element_size() // page_element_size)
         start = self.cursor[self.region]
-        view = self.regions[self.region][start : start + numel].view(tensor.shape)
+        start += -(region.storage_offset() + start) % ratio
+        view = region[start : start + tensor.numel() * ratio].view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor, non_blocking=True)  # from pinned host memory on CUDA (a side stream)
-        self.cursor[self.region] += numel
+        self.cursor[self.region] = self.cursor[self.region] + numel
         return view

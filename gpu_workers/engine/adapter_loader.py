@@ -6,12 +6,14 @@ base model and limits); this module only packs already-validated tensors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from gpu_workers.engine.errors import AdapterLoadError
+from gpu_workers.engine.layers.dora import BaseProjection, dora_magnitudes
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraProjection, build_lora_projection
 from registry.validation import (
     AdapterInfo,
@@ -41,14 +43,32 @@ def load_lora_adapter(
     num_layers: int,
     dtype: torch.dtype,
     device: torch.device,
+    base_layers: Sequence[Mapping[str, BaseProjection]] = (),
 ) -> LoraAdapter:
     """Read validated lora_A/lora_B tensors and pack them per layer and merged projection.
 
-    output_slices[projection][module] = (col_start, col_end) in that merged projection's output.
+    output_slices[projection][module] = (col_start, col_end) in that merged projection's output. A DoRA
+    adapter's rescale is computed here, once, against `base_layers` (the worker's base projections per layer,
+    layers/dora.py).
     """
-    per_layer = _read_lora_tensors(Path(path) / WEIGHTS_FILENAME, num_layers)
-    return pack_lora_adapter(
+    per_layer, magnitudes = _read_lora_tensors(Path(path) / WEIGHTS_FILENAME, num_layers)
+    adapter = pack_lora_adapter(
         adapter_id, per_layer, info.rank, info.scale, tuple(info.target_modules), output_slices, dtype, device
+    )
+    if not info.use_dora:
+        return adapter
+    if not base_layers:
+        raise AdapterLoadError(f"adapter {adapter_id!r} is a DoRA adapter: loading it needs the base weights")
+    rescale = dora_magnitudes(per_layer, magnitudes, info.scale, base_layers, output_slices, device)
+    return with_magnitudes(adapter, rescale)
+
+
+def with_magnitudes(adapter: LoraAdapter, magnitudes: tuple[torch.Tensor, ...]) -> LoraAdapter:
+    """The adapter as a DoRA adapter with these rescales (layers/dora.py), their bytes counted in num_bytes."""
+    extra = sum(t.numel() * t.element_size() for t in magnitudes)
+    a = adapter
+    return LoraAdapter(
+        a.adapter_id, a.rank, a.scale, a.target_modules, a.layers, a.num_bytes + extra, magnitudes
     )
 
 
@@ -90,19 +110,22 @@ def pack_lora_adapter(
 
 def _read_lora_tensors(
     weights_path: Path, num_layers: int
-) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """-> per layer: module -> (lora_A [r, in], lora_B [out, r])."""
+) -> tuple[list[dict[str, tuple[torch.Tensor, torch.Tensor]]], list[dict[str, torch.Tensor]]]:
+    """-> per layer: module -> (lora_A [r, in], lora_B [out, r]), and per layer: module -> DoRA magnitude
+    [out] (empty for plain LoRA)."""
     halves: list[dict[str, dict[str, torch.Tensor]]] = [{} for _ in range(num_layers)]
     with safe_open(str(weights_path), framework="pt", device="cpu") as f:
         for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
             layer, module, side = parse_lora_tensor_name(name)
             halves[layer].setdefault(module, {})[side] = f.get_tensor(name)
     result: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
+    magnitudes: list[dict[str, torch.Tensor]] = []
     for layer_idx, modules in enumerate(halves):
         pairs = {}
         for module, sides in modules.items():
-            if set(sides) != {"A", "B"}:
+            if not {"A", "B"} <= set(sides):
                 raise AdapterLoadError(f"layer {layer_idx} {module}: lora_A and lora_B must both be present")
             pairs[module] = (sides["A"], sides["B"])
         result.append(pairs)
-    return result
+        magnitudes.append({module: sides["M"] for module, sides in modules.items() if "M" in sides})
+    return result, magnitudes

@@ -20,6 +20,7 @@ from gpu_workers.engine.adapter_layout import (
 from gpu_workers.engine.adapter_loader import load_lora_adapter, pack_lora_adapter, validate_adapter
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.layers.host_lora import HostLora, LayerSwitch
+from gpu_workers.engine.layers.linear import MergedLinear
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraSegment
 from gpu_workers.engine.models.llama import LlamaForCausalLM
 from gpu_workers.engine.thread_limits import limit_this_thread
@@ -75,12 +76,23 @@ class AdapterTransfers:
         layer0 = self.model.layers[0]
         return {name: getattr(layer0, name).output_slices for name in PROJECTIONS}
 
+    def _base_layers(self) -> list[dict[str, MergedLinear]]:
+        """The model's merged projections per layer (a DoRA adapter's rescale is computed against them)."""
+        return [{name: getattr(layer, name) for name in PROJECTIONS} for layer in self.model.layers]
+
     def load_adapter(self, adapter_id: str, path: Path, info: AdapterInfo) -> LoraAdapter:
         """Pack a validated adapter's weights (not yet visible to batches): on the device in a static split;
         in host memory in a unified pool, where `place_adapter` copies them into the adapter's pages."""
         device = torch.device("cpu") if self.is_unified else self.device
         return load_lora_adapter(
-            adapter_id, path, info, self._output_slices(), self.args.num_layers, self.dtype, device
+            adapter_id,
+            path,
+            info,
+            self._output_slices(),
+            self.args.num_layers,
+            self.dtype,
+            device,
+            self._base_layers(),
         )
 
     def pack_adapter(
@@ -110,8 +122,18 @@ class AdapterTransfers:
             "gate_up": a.hidden_size,
             "down": a.intermediate_size,
         }
+        layer0 = self.model.layers[0]
+        has_bias = any(getattr(layer0, name).bias is not None for name in PROJECTIONS)
+        dora_rows = (2 if has_bias else 1) if info.use_dora else 0
         numels = layer_numels_for(
-            info.rank, info.target_modules, info.layers, a.num_layers, in_features, self._output_slices()
+            info.rank,
+            info.target_modules,
+            info.layers,
+            a.num_layers,
+            in_features,
+            self._output_slices(),
+            dora_rows,
+            self.kv_caches[0][0].element_size(),
         )
         return num_pages_for_layout(numels, self.page_numel)
 
@@ -119,7 +141,8 @@ class AdapterTransfers:
         """`adapter_num_pages` of an adapter already loaded (from its tensors)."""
         if not self.is_unified:
             return None
-        return num_pages_for_layout(adapter_layer_numels(adapter), self.page_numel)
+        page_element_size = self.kv_caches[0][0].element_size()
+        return num_pages_for_layout(adapter_layer_numels(adapter, page_element_size), self.page_numel)
 
     def place_adapter(self, adapter: LoraAdapter, page_ids: list[int]) -> LoraAdapter:
         """Put a loaded adapter in its reserved pages: views of the KV cache in a unified pool (its host
@@ -158,6 +181,7 @@ class AdapterTransfers:
             self.args.num_layers,
             self.dtype,
             torch.device("cpu"),
+            self._base_layers(),
         )
         return pin_host_copy(host_copy) if self.device.type == "cuda" else host_copy
 

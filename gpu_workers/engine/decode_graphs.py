@@ -15,7 +15,7 @@ What a captured step needs: an attention form that reads the pages in place (IN_
 start, largest bucket first (the smaller ones reuse its memory in the shared pool), within a time budget
 (engine_cuda_graph_capture_budget_s) and a pool budget (engine_cuda_graph_max_pool_bytes); a bucket left out runs
 eagerly. Steps that are not pure decode (prefill chunks, CPU-assisted rows), larger than the largest bucket, or
-with an adapter the slot table cannot serve run eagerly too; `num_replays` and `num_eager_steps` count both.
+with an adapter the slot table cannot serve (or a DoRA adapter: the recording has no rescale) run eagerly too; `num_replays` and `num_eager_steps` count both.
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ class DecodeGraphs:
             return None
         adapter_ids = [e.seq.adapter_id for e in entries]
         distinct = list(dict.fromkeys(a for a in adapter_ids if a is not None))
-        if any(a not in adapters for a in distinct):
-            return None
+        if any(a not in adapters or adapters[a].is_dora for a in distinct):
+            return None  # a captured step has no DoRA rescale (its slot table holds LoRA descriptors only)
         slots = self.slots.slots_of([adapters[a] for a in distinct])
         if slots is None:
             return None

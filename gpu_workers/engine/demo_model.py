@@ -208,8 +208,11 @@ def generate_adapter(
     seed: int,
     alpha: float | None = None,
     use_rslora: bool = False,
+    use_dora: bool = False,
 ) -> Path:
-    """Write one PEFT LoRA adapter with seeded random A and B (so its delta is non-zero)."""
+    """Write one PEFT LoRA adapter with seeded random A and B (so its delta is non-zero); with `use_dora` a DoRA
+    adapter whose magnitudes are peft's initial ones (the norms of W + s B A at peft's own init) times seeded
+    factors in [0.5, 1.5], so its rescale is far from 1."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -225,6 +228,7 @@ def generate_adapter(
         lora_dropout=0.0,
         bias="none",
         use_rslora=use_rslora,
+        use_dora=use_dora,
         task_type="CAUSAL_LM",
         init_lora_weights=False,
     )
@@ -236,6 +240,8 @@ def generate_adapter(
                 fan_in = param.shape[1]
                 std = 1.0 / fan_in**0.5 if "lora_A" in name else 0.05 / rank**0.5
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
+            elif "lora_magnitude_vector" in name:
+                param.mul_(torch.rand(param.shape, generator=generator) + 0.5)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     _rewrite_base_path(out_dir, base_dir)

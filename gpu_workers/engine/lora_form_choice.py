@@ -12,6 +12,7 @@ from typing import TypeVar
 import torch
 
 from gpu_workers.engine.kernel_plan import KernelPlan
+from gpu_workers.engine.layers.dora import dora_step
 from gpu_workers.engine.layers.host_lora import HostLora
 from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch, LoraSegment, lora_batch, segmented_step
 from gpu_workers.engine.layers.lora_descriptors import adapter_descriptors
@@ -80,12 +81,14 @@ class LoraForms:
         is_packed: bool,
         device: torch.device,
         adapters: Mapping[str, LoraAdapter],
+        dora_columns: Mapping[str, tuple[int, int]],
     ) -> None:
         self.kernel_plan = kernel_plan
         self.max_stack_sets = max_stack_sets  # config.lora_stack_cache_size; 0 disables the stacked form
         self.is_packed = is_packed  # stacked sets packed like the model's packed linears
         self.device = device
         self._adapters = adapters  # the runner's device adapters (bounds the cost cache)
+        self.dora_columns = dora_columns  # each projection's columns in a DoRA adapter's magnitudes
         # CPU kernel for decode-sized segments (layers/lora_kernel.py) where the plan chose it: built (or
         # loaded from the cache, layers/cpu_kernels.py) before the first request.
         self.use_lora_kernel = kernel_plan.decode_lora == "kernel"
@@ -97,7 +100,15 @@ class LoraForms:
         self._adapter_cost: dict[int, tuple[int, int]] = {}  # id(adapter) -> (ops per step, elements)
 
     def batch(self, segments: list[LoraSegment], num_tokens: int, host: HostLora | None) -> LoraBatch:
-        """The step's LoraBatch over device `segments` (sorted by adapter) and the host-assisted part."""
+        """The step's LoraBatch over device `segments` (sorted by adapter) and the host-assisted part; DoRA rows
+        (of either) rescaled last, whatever the form (layers/dora.py)."""
+        lora = self._delta_batch(segments, num_tokens, host)
+        host_segments = host.segments if host is not None else ()
+        dora = dora_step([*segments, *host_segments], num_tokens, self.dora_columns)
+        return lora if dora is None else LoraBatch((*lora.forms, dora))
+
+    def _delta_batch(self, segments: list[LoraSegment], num_tokens: int, host: HostLora | None) -> LoraBatch:
+        """The LoRA deltas of the step in the form the plan and the cost model pick."""
         if self.use_lora_kernel:
             return self._kernel_lora_batch(segments, host)
         if self.kernel_plan.decode_lora in TRITON_LORA_FORMS:

@@ -19,10 +19,11 @@ from gpu_workers.engine.host_malloc import keep_large_allocations_on_heap
 from gpu_workers.engine.kernel_plan import KernelPlan, plan_kernels
 from gpu_workers.engine.kernel_tuner import KernelTuner
 from gpu_workers.engine.layers import cpu_kernels
+from gpu_workers.engine.layers.dora import magnitude_columns
 from gpu_workers.engine.layers.host_lora import HostLora
 from gpu_workers.engine.layers.logits_processors import RowHistory
 from gpu_workers.engine.layers.logprobs import StepLogprobs, prompt_logprobs
-from gpu_workers.engine.layers.lora import LoraAdapter, LoraBatch
+from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraBatch
 from gpu_workers.engine.layers.rotary import RotaryEmbedding
 from gpu_workers.engine.layers.sampler import sample
 from gpu_workers.engine.loader import iter_safetensors, read_hf_config, safetensors_files
@@ -108,6 +109,7 @@ class ModelRunner:
             self.use_packed_linears,
             self.device,
             self.adapters,
+            magnitude_columns({p: getattr(self.model.layers[0], p).output_slices for p in PROJECTIONS}),
         )
         self.transfers = AdapterTransfers(
             config, self.model, BaseModelSpec.from_hf_config(hf_config), self.kv_caches, self.adapters,

@@ -11,12 +11,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_workers.engine.adapter_loader import validate_adapter
+from gpu_workers.engine.errors import AdapterLoadError
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
 from gpu_workers.worker.vllm_sampling import LOGPROBS_MODE, StructuredField, vllm_sampling_params
 from registry.validation import BaseModelSpec, ValidationLimits
 
 if TYPE_CHECKING:
     from settings import Settings
+
+
+def vllm_adapter_rank(path: Path, spec: BaseModelSpec, limits: ValidationLimits) -> int:
+    """The rank of an adapter vLLM can serve: validated against the base model (AdapterLoadError when its files
+    are invalid) and not DoRA. vLLM has no DoRA (its LoRA kernels have no magnitude rescale); routing sends
+    DoRA adapters to native workers only (scheduler/routing/router.py DORA_ENGINES), so this is a second line
+    of defence."""
+    info = validate_adapter(path, spec, limits)
+    if info.use_dora:
+        raise AdapterLoadError(
+            f"adapter at {path} is a DoRA adapter (use_dora: true), which vLLM cannot serve (it has no DoRA "
+            "magnitude rescale); serve it on a native worker (engine_backend=native) or retrain with use_dora=False"
+        )
+    return info.rank
 
 
 def vllm_structured_field() -> StructuredField | None:
@@ -110,7 +125,7 @@ def build_vllm_backend(settings: Settings) -> VllmBackend:
         engine.admission_policy(),
         make_lora_request=lambda name, lora_id, path: LoRARequest(name, lora_id, path),
         make_sampling_params=lambda params: vllm_sampling_params(params, VllmSamplingParams, structured),
-        validate_adapter=lambda path: validate_adapter(path, spec, validation_limits).rank,
+        validate_adapter=lambda path: vllm_adapter_rank(path, spec, validation_limits),
         base_adapter_path=base_adapter,
     )
 

@@ -144,4 +144,5 @@ def validate_adapter_dir(path: Path, spec: BaseModelSpec, limits: ValidationLimi
         sha256=sha256,
         base_model_name_or_path=config.base_model_name_or_path,
         layers=layers,
+        use_dora=config.use_dora,
     )

@@ -84,6 +84,9 @@ def validate_adapter_config(raw: bytes, spec: BaseModelSpec, limits: ValidationL
     use_rslora = config.get("use_rslora", False)
     if not isinstance(use_rslora, bool):
         raise _fail("invalid_config_value", f"use_rslora must be true or false, got {use_rslora!r}")
+    use_dora = config.get("use_dora", False)
+    if not isinstance(use_dora, bool):
+        raise _fail("invalid_config_value", f"use_dora must be true or false, got {use_dora!r}")
     scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
     _check_scale(scale, rank, alpha, use_rslora, limits)
     base = config.get("base_model_name_or_path")
@@ -98,6 +101,7 @@ def validate_adapter_config(raw: bytes, spec: BaseModelSpec, limits: ValidationL
             config.get("layers_to_transform"), config.get("layers_pattern")
         ),
         exclude_modules=_exclude_modules(config.get("exclude_modules")),
+        use_dora=use_dora,
     )
 
 
@@ -155,11 +159,6 @@ def _check_peft_type(config: dict[str, Any]) -> None:
 
 
 def _check_unsupported_features(config: dict[str, Any]) -> None:
-    if config.get("use_dora"):
-        raise _fail(
-            "dora_not_supported",
-            "DoRA adapters (use_dora: true) are not supported; retrain with use_dora=False",
-        )
     if config.get("modules_to_save"):
         raise _fail(
             "modules_to_save_not_supported",

@@ -51,8 +51,10 @@ _DTYPE_SIZES = {
 SUPPORTED_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
 _TENSOR_NAME = re.compile(
     r"^(?:base_model\.model\.)?model\.layers\.(0|[1-9][0-9]*)\.(self_attn|mlp)\.([A-Za-z0-9_]+)"
-    r"\.lora_(A|B)\.weight$"
+    r"\.(lora_A\.weight|lora_B\.weight|lora_magnitude_vector)$"
 )
+# the name's last part -> its side: lora_A, lora_B, or DoRA's magnitude vector "M" ([out_features])
+_TENSOR_SIDES = {"lora_A.weight": "A", "lora_B.weight": "B", "lora_magnitude_vector": "M"}
 _UNSUPPORTED_CONFIG_OPTIONS = (  # set (non-null, non-false, non-empty) => refused
     "layer_replication",
     "target_parameters",
@@ -180,6 +182,7 @@ class LoraConfigInfo:
     base_model_name_or_path: str | None
     layers_to_transform: frozenset[int] | None = None  # None: every layer may carry weights
     exclude_modules: tuple[str, ...] = ()  # peft list form: a module name or a suffix of its path
+    use_dora: bool = False  # DoRA: every adapted module also has a magnitude vector
 
     def is_targeted(self, layer: int, module: str) -> bool:
         """True when peft would put LoRA on `module` of decoder `layer` under this config."""
@@ -206,6 +209,7 @@ class AdapterInfo:
     sha256: str  # hex digest of adapter_model.safetensors
     base_model_name_or_path: str | None
     layers: tuple[int, ...]  # decoder layers with LoRA weights, sorted
+    use_dora: bool = False  # DoRA (weight-decomposed LoRA): a magnitude vector per adapted module
 
 
 def _unsupported_module_message(module: Any) -> str:

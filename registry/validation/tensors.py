@@ -8,6 +8,7 @@ from registry.validation.safetensors_header import SafetensorsHeader, TensorEntr
 from registry.validation.specs import (
     _MODULE_PARENT,
     _TENSOR_NAME,
+    _TENSOR_SIDES,
     SUPPORTED_DTYPES,
     SUPPORTED_TARGET_MODULES,
     WEIGHTS_FILENAME,
@@ -23,14 +24,16 @@ from registry.validation.specs import (
 
 
 def parse_lora_tensor_name(name: str) -> tuple[int, str, str]:
-    """PEFT tensor name -> (layer, module, "A" | "B").
+    """PEFT tensor name -> (layer, module, "A" | "B" | "M").
 
-    "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" -> (3, "q_proj", "A").
+    "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" -> (3, "q_proj", "A");
+    "...q_proj.lora_magnitude_vector" (DoRA) -> (3, "q_proj", "M").
     """
     match = _TENSOR_NAME.match(name)
     if match is None:
         raise _unparsable_tensor_error(name)
-    layer, parent, module, side = match.groups()
+    layer, parent, module, suffix = match.groups()
+    side = _TENSOR_SIDES[suffix]
     if module not in SUPPORTED_TARGET_MODULES:
         raise _fail("unsupported_target_module", f"tensor {name!r}: " + _unsupported_module_message(module))
     if _MODULE_PARENT[module] != parent:
@@ -62,8 +65,24 @@ def _unparsable_tensor_error(name: str) -> AdapterValidationError:
 # Tensor checks against the config and base model
 
 
+def _check_magnitude_shape(tensor: TensorEntry, module: str, spec: BaseModelSpec) -> None:
+    """DoRA's lora_magnitude_vector is [out_features] (one magnitude per output row of the module)."""
+    out_features = spec.module_shape(module)[1]
+    if tensor.shape == (out_features,):
+        return
+    raise _fail(
+        "invalid_tensor_shape",
+        f"tensor {tensor.name!r} has shape {list(tensor.shape)}; a DoRA magnitude vector of {module} on this "
+        f"base model is [{out_features}] (its out_features); the adapter was trained for a different base "
+        "model or saved by another tool (save with peft's save_pretrained)",
+    )
+
+
 def _check_tensor_shape(tensor: TensorEntry, module: str, side: str, rank: int, spec: BaseModelSpec) -> None:
-    """lora_A is [r, in_features]; lora_B is [out_features, r]."""
+    """lora_A is [r, in_features]; lora_B is [out_features, r]; a magnitude vector is [out_features]."""
+    if side == "M":
+        _check_magnitude_shape(tensor, module, spec)
+        return
     in_features, out_features = spec.module_shape(module)
     expected = (rank, in_features) if side == "A" else (out_features, rank)
     shape = tensor.shape
@@ -123,7 +142,7 @@ def _check_tensors(
             raise _fail("unsupported_dtype", _dtype_message(tensor.name, tensor.dtype))
         _check_tensor_shape(tensor, module, side, config.rank, spec)
         sides.setdefault((layer, module), set()).add(side)
-    _check_pairs(sides)
+    _check_pairs(sides, config.use_dora)
     _check_modules_present(sides, config, spec)
     return _single_dtype(header), tuple(sorted({layer for layer, _ in sides}))
 
@@ -139,15 +158,33 @@ def _not_targeted_error(name: str, config: LoraConfigInfo) -> AdapterValidationE
     )
 
 
-def _check_pairs(sides: dict[tuple[int, str], set[str]]) -> None:
+def _check_pairs(sides: dict[tuple[int, str], set[str]], use_dora: bool) -> None:
     for (layer, module), present in sorted(sides.items()):
-        if present != {"A", "B"}:
-            missing = "B" if "A" in present else "A"
+        _check_magnitude_present(layer, module, present, use_dora)
+        matrices = present - {"M"}
+        if matrices != {"A", "B"}:
+            missing = " and ".join(f"lora_{side}" for side in ("A", "B") if side not in matrices)
+            has = f"lora_{next(iter(matrices))}" if matrices else "a DoRA magnitude vector"
             raise _fail(
                 "missing_lora_pair",
-                f"layer {layer} {module} has lora_{present.pop()} but no "
-                f"lora_{missing}; every adapted module needs both matrices",
+                f"layer {layer} {module} has {has} but no {missing}; every adapted module needs both matrices",
             )
+
+
+def _check_magnitude_present(layer: int, module: str, present: set[str], use_dora: bool) -> None:
+    """DoRA: every adapted module has its magnitude vector; plain LoRA: none has one."""
+    if use_dora and "M" not in present:
+        raise _fail(
+            "missing_dora_magnitude",
+            f"layer {layer} {module} has no lora_magnitude_vector but adapter_config.json says use_dora: true; "
+            "every module of a DoRA adapter needs its magnitude vector (save with peft's save_pretrained)",
+        )
+    if not use_dora and "M" in present:
+        raise _fail(
+            "unexpected_dora_magnitude",
+            f"layer {layer} {module} has a lora_magnitude_vector (DoRA) but adapter_config.json does not say "
+            "use_dora: true; upload the adapter_config.json saved with these weights",
+        )
 
 
 def _check_modules_present(

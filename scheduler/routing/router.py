@@ -49,6 +49,7 @@ class WorkerView:
     prefill_step_ms: float | None = None  # median of recent steps with prefill tokens
     perf_model: PerfModel | None = None  # the worker's profile (None: the router's default model)
     max_lora_rank: int = 0  # the largest adapter rank the worker's engine serves (0: no limit published)
+    engine_backend: str = "native"  # the engine behind the worker (native or vllm)
 
     @property
     def load(self) -> float:
@@ -74,6 +75,11 @@ class RouteRequest:
     adapter_rank: int = 0
     assigned_workers: tuple[tuple[str, float], ...] = ()
     tenant_id: str | None = None
+    is_dora: bool = False  # a DoRA adapter: only engines in DORA_ENGINES serve it
+
+
+# The engine backends that serve DoRA adapters (peft use_dora): vLLM's LoRA kernels have no magnitude rescale.
+DORA_ENGINES = frozenset({"native"})
 
 
 class Router(Protocol):
@@ -129,6 +135,29 @@ def serves_rank(worker: WorkerView, rank: int) -> bool:
     return worker.max_lora_rank <= 0 or rank <= worker.max_lora_rank
 
 
+def serves_adapter(worker: WorkerView, request: RouteRequest) -> bool:
+    """True if the worker's engine serves the request's adapter: its rank, and DoRA where the adapter is one."""
+    if request.is_dora and worker.engine_backend not in DORA_ENGINES:
+        return False
+    return serves_rank(worker, request.adapter_rank)
+
+
+def dora_engine_refusal(request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+    """Why no ready worker of the request's base model can ever serve its DoRA adapter (every one runs an
+    engine without DoRA, e.g. vLLM); None when one can, when the adapter is not DoRA, or when none is ready (a
+    cold start: the request waits for a worker, which may serve it)."""
+    ready = ready_workers(request.base_model, workers)
+    if not request.is_dora or not ready or any(w.engine_backend in DORA_ENGINES for w in ready):
+        return None
+    backends = sorted({w.engine_backend for w in ready})
+    return (
+        f"the adapter is a DoRA adapter (use_dora: true), which only the native engine serves, and every worker "
+        f"serving base model {request.base_model!r} runs {' / '.join(backends)} (vLLM cannot apply DoRA's "
+        "magnitude rescale); retrain it with use_dora=False, or ask the operator for native workers of this "
+        "base model"
+    )
+
+
 def rank_limit_refusal(request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
     """Why no ready worker of the request's base model can ever serve its adapter's rank (each one's engine
     has a smaller `max_lora_rank`), naming the limit; None when one can, or when none is ready (a cold start:
@@ -146,9 +175,9 @@ def rank_limit_refusal(request: RouteRequest, workers: Sequence[WorkerView]) -> 
 
 def eligible_workers(request: RouteRequest, workers: Sequence[WorkerView]) -> list[tuple[WorkerView, float]]:
     """(worker, placement weight) of the ready workers of the base model whose engine serves the adapter's
-    rank, restricted to the assigned ones among them when any is live; weight 1 each when none is (no
+    rank (and DoRA, for a DoRA adapter), restricted to the assigned ones among them when any is live; weight 1 each when none is (no
     placement published, or every holder gone)."""
-    ready = [w for w in ready_workers(request.base_model, workers) if serves_rank(w, request.adapter_rank)]
+    ready = [w for w in ready_workers(request.base_model, workers) if serves_adapter(w, request)]
     weights: dict[str, float] = {}
     for worker_id, weight in request.assigned_workers:
         weights[worker_id] = weights.get(worker_id, 0.0) + max(0.0, weight)
@@ -191,8 +220,8 @@ def within_gap(request: RouteRequest, workers: Sequence[WorkerView], max_load_ga
 
 
 def routable(request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
-    """The ready workers of the request's base model whose engine serves its adapter's rank."""
-    return [w for w in ready_workers(request.base_model, workers) if serves_rank(w, request.adapter_rank)]
+    """The ready workers of the request's base model whose engine serves its adapter (rank, DoRA)."""
+    return [w for w in ready_workers(request.base_model, workers) if serves_adapter(w, request)]
 
 
 def yield_to_load(

@@ -162,7 +162,13 @@ class HeldBody(httpx.AsyncByteStream):
 
 
 def add_ready_version(
-    session: Session, tenant_id: str, name: str, *, visibility: str = "private", rank: int = 4
+    session: Session,
+    tenant_id: str,
+    name: str,
+    *,
+    visibility: str = "private",
+    rank: int = 4,
+    use_dora: bool = False,
 ) -> AdapterVersion:
     """A ready adapter version row (no files: scripted workers never read them)."""
     adapter = repository.get_or_create_adapter(
@@ -176,6 +182,7 @@ def add_ready_version(
         status="ready",
         sha256=f"{number:064d}",
         rank=rank,
+        use_dora=use_dora,
         config_blob_key=f"k/{name}/{number}/c",
         weights_blob_key=f"k/{name}/{number}/w",
     )

@@ -206,3 +206,39 @@ def test_the_rank_aware_policy_is_built_from_settings(tmp_path, db_session_facto
         assert services.router == RankAwareRouter(slo_tpot_ms=40.0, cold_fetch_ms=9.0)
     finally:
         services.close()
+
+
+def _heartbeat(workers: ScriptedWorkers, worker_id: str, backend: str) -> object:
+    worker = workers.add(worker_id)
+    record = WorkerRecord(
+        worker_id, worker.url, BASE_MODEL, max_num_seqs=8, engine=EngineSummary(backend=backend)
+    )
+    workers.directory.heartbeat(record, ttl_s=3600)
+    return worker
+
+
+def test_a_dora_adapter_goes_only_to_native_workers(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+) -> None:
+    add_ready_version(db_session, tenant.id, "dora", use_dora=True)
+    add_ready_version(db_session, tenant.id, "plain")
+    vllm, native = _heartbeat(workers, "vllm", "vllm"), _heartbeat(workers, "native", "native")
+    for _ in range(4):
+        assert _complete(client, tenant, "dora").status_code == 200
+    assert len(native.requests) == 4 and vllm.requests == []  # type: ignore[attr-defined]
+    for _ in range(6):  # plain LoRA may still go to either
+        assert _complete(client, tenant, "plain").status_code == 200
+    assert len(native.requests) + len(vllm.requests) == 10  # type: ignore[attr-defined]
+
+
+def test_a_dora_adapter_with_only_vllm_workers_is_refused_with_a_400_saying_why(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+) -> None:
+    add_ready_version(db_session, tenant.id, "dora", use_dora=True)
+    vllm = _heartbeat(workers, "vllm", "vllm")
+    response = _complete(client, tenant, "dora")
+    assert response.status_code == 400
+    assert "DoRA" in response.text and "vllm" in response.text and "native" in response.text
+    assert vllm.requests == []  # type: ignore[attr-defined]
+    add_ready_version(db_session, tenant.id, "plain")
+    assert _complete(client, tenant, "plain").status_code == 200  # plain LoRA is served there as before

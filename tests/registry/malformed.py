@@ -36,9 +36,11 @@ from tests.registry.upload_builders import (
     Files,
     MalformedCase,
     adapter_upload,
+    add_magnitudes,
     config_bytes,
     lora_config,
     lora_tensors,
+    magnitude_name,
     raw_safetensors,
     safetensors_bytes,
     tensor_name,
@@ -125,6 +127,22 @@ def _fill(value: float, side: str = "") -> Callable[[dict[str, np.ndarray]], Non
     return mutate
 
 
+def _dora(then: Callable[[dict[str, np.ndarray]], None]) -> Callable[[dict[str, np.ndarray]], None]:
+    """Add DoRA magnitude vectors, then apply `then`."""
+
+    def mutate(tensors: dict[str, np.ndarray]) -> None:
+        then(add_magnitudes(tensors))
+
+    return mutate
+
+
+def _poison_magnitude(value: float) -> Callable[[dict[str, np.ndarray]], None]:
+    def mutate(tensors: dict[str, np.ndarray]) -> None:
+        tensors[magnitude_name(0, "q_proj")][5] = value
+
+    return mutate
+
+
 def _poison_a(value: float) -> Callable[[dict[str, np.ndarray]], None]:
     def mutate(tensors: dict[str, np.ndarray]) -> None:
         tensors[tensor_name(0, "q_proj", "A")][1, 7] = -value
@@ -197,7 +215,28 @@ MALFORMED_CASES: list[MalformedCase] = [
     ),
     MalformedCase("peft_prefix_tuning", _with_config(peft_type="PREFIX_TUNING"), "unsupported_peft_type"),
     MalformedCase("peft_ia3", _with_config(peft_type="IA3"), "unsupported_peft_type"),
-    MalformedCase("dora", _with_config(use_dora=True), "dora_not_supported"),
+    MalformedCase("dora_without_magnitudes", _with_config(use_dora=True), "missing_dora_magnitude"),
+    MalformedCase(
+        "dora_magnitude_without_use_dora", _with_tensors(add_magnitudes), "unexpected_dora_magnitude"
+    ),
+    MalformedCase(
+        "dora_magnitude_wrong_shape",
+        _with_tensors(
+            _dora(_set(magnitude_name(1, "v_proj"), np.ones(7, np.float32))), lora_config(use_dora=True)
+        ),
+        "invalid_tensor_shape",
+    ),
+    MalformedCase(
+        "dora_magnitude_not_finite",
+        _with_tensors(_dora(_poison_magnitude(float("nan"))), lora_config(use_dora=True)),
+        "non_finite_values",
+    ),
+    MalformedCase(
+        "dora_magnitude_too_large",
+        _with_tensors(_dora(_poison_magnitude(1e6)), lora_config(use_dora=True)),
+        "weights_too_large",
+    ),
+    MalformedCase("use_dora_not_bool", _with_config(use_dora="yes"), "invalid_config_value"),
     MalformedCase(
         "modules_to_save", _with_config(modules_to_save=["lm_head"]), "modules_to_save_not_supported"
     ),

@@ -260,3 +260,22 @@ def test_versions_stuck_in_validation_are_failed_and_their_blobs_deleted(
     version = repository.get_version(db_session, version.id)
     assert version.status == "failed" and "did not finish" in version.failure_reason
     assert ctx.blob_store.list_keys() == []
+
+
+def test_a_dora_upload_is_recorded_as_dora(
+    db_session, ctx, tenant_id, base_model_dir, adapter_dirs, tmp_path
+):
+    """The version row says DoRA (routing sends it to native workers only); a plain upload says not."""
+    from gpu_workers.engine.demo_model import generate_adapter
+
+    dora = generate_adapter(base_model_dir, tmp_path / "dora", 4, ("q_proj", "v_proj"), seed=3, use_dora=True)
+    (dora / "README.md").unlink(missing_ok=True)
+    version = _stage(db_session, ctx, tenant_id, dora, name="my-dora")
+    assert validation_job.run_validation_job(ctx, version.id) == "ready"
+    db_session.expire_all()
+    assert repository.get_version(db_session, version.id).use_dora is True
+    db_session.rollback()  # end the read before staging again
+    plain = _stage(db_session, ctx, tenant_id, _adapter_dir(adapter_dirs, tmp_path))
+    assert validation_job.run_validation_job(ctx, plain.id) == "ready"
+    db_session.expire_all()
+    assert repository.get_version(db_session, plain.id).use_dora is False

@@ -75,6 +75,15 @@ def test_0002_adds_a_nullable_config_sha256_and_downgrades(empty_db_url: str) ->
     assert "config_sha256" not in _version_columns(empty_db_url)
 
 
+def test_0025_adds_use_dora_false_for_existing_versions_and_downgrades(empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0024")
+    assert "use_dora" not in _version_columns(empty_db_url)
+    upgrade(empty_db_url, "0025")
+    assert _version_columns(empty_db_url)["use_dora"] is False  # not null, false for rows from before 0025
+    downgrade(empty_db_url, "0024")
+    assert "use_dora" not in _version_columns(empty_db_url)
+
+
 def test_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
     upgrade(empty_db_url)
     downgrade(empty_db_url, "base")

@@ -38,9 +38,11 @@ from tests.registry.upload_builders import (
     DEMO_SPEC,
     WEIGHTS,
     MalformedCase,
+    add_magnitudes,
     config_json,
     lora_config,
     lora_tensors,
+    magnitude_name,
     safetensors_bytes,
     write_upload,
 )
@@ -322,3 +324,19 @@ def test_validation_modules_do_not_import_torch() -> None:
         subprocess.run([sys.executable, "-c", code], check=False, cwd=Path(__file__).parents[2]).returncode
         == 0
     )
+
+
+def test_dora_adapter_with_magnitude_vectors_validates(tmp_path: Path) -> None:
+    """DoRA (use_dora: true): every adapted module's lora_magnitude_vector [out_features] is accepted and the
+    adapter is recorded as DoRA; rsLoRA with DoRA too."""
+    for use_rslora in (False, True):
+        weights = safetensors_bytes(add_magnitudes(lora_tensors()))
+        work = tmp_path / f"rs{use_rslora}"
+        (work / "in").mkdir(parents=True)
+        files = write_upload(work / "in", lora_config(use_dora=True, use_rslora=use_rslora), weights)
+        info = validate_upload_files(files, work / "work", DEMO_SPEC, DEFAULT_LIMITS)
+        assert info.use_dora and info.use_rslora == use_rslora and info.num_tensors == 12
+
+
+def test_parse_dora_magnitude_vector_name() -> None:
+    assert parse_lora_tensor_name(magnitude_name(3, "down_proj")) == (3, "down_proj", "M")

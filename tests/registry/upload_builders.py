@@ -65,6 +65,22 @@ def tensor_name(layer: int, module: str, side: str) -> str:
     return f"{PREFIX}.{layer}.{_PARENT[module]}.{module}.lora_{side}.weight"
 
 
+def magnitude_name(layer: int, module: str) -> str:
+    """PEFT's saved name of one DoRA magnitude vector ([out_features])."""
+    return f"{PREFIX}.{layer}.{_PARENT[module]}.{module}.lora_magnitude_vector"
+
+
+def add_magnitudes(tensors: dict[str, np.ndarray], spec: BaseModelSpec = DEMO_SPEC) -> dict[str, np.ndarray]:
+    """`tensors` plus a positive DoRA magnitude vector for every (layer, module) that has a lora_A."""
+    rng = np.random.default_rng(1)
+    for name in [n for n in tensors if n.endswith(".lora_A.weight")]:
+        parts = name.split(".")
+        layer, module = int(parts[-5]), parts[-3]
+        out_features = spec.module_shape(module)[1]
+        tensors[magnitude_name(layer, module)] = rng.uniform(0.5, 2.0, out_features).astype(np.float32)
+    return tensors
+
+
 def lora_config(rank: int = 4, modules: tuple[str, ...] = ("q_proj", "v_proj"), **overrides: Any) -> dict:
     """A PEFT LoraConfig dict as save_pretrained writes it (the fields validation looks at)."""
     config = {

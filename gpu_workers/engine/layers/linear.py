@@ -118,6 +118,7 @@ class MergedLinear(nn.Module):
             else None
         )
         self.packed_weight: torch.Tensor | None = None
+        self.row_norms_sq: torch.Tensor | None = None  # fp32 [out]: ||W||^2 per row, kept when W is dropped
         self.wide_dtype: torch.dtype | None = None  # large products in this wider dtype (see pack)
         self.wide_bias: torch.Tensor | None = None
 
@@ -139,11 +140,31 @@ class MergedLinear(nn.Module):
         weight. Without it the dense weight is dropped.
         """
         self.packed_weight = pack_linear_weight(self.weight.data)
+        self.row_norms_sq = self.weight.data.float().pow(2).sum(dim=1)
         if wide_dtype is not None:
             self.wide_dtype = wide_dtype
             self.wide_bias = self.bias.data.to(wide_dtype) if self.bias is not None else None
         else:
             self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+
+    def delta_row_norms(
+        self, col_start: int, col_end: int, lora_a: torch.Tensor, b_scaled: torch.Tensor
+    ) -> torch.Tensor:
+        """||W[c0:c1] + b_scaled @ lora_a||_2 per output row, fp32 [c1 - c0] (DoRA's weight norm, as peft computes
+        it at inference; layers/dora.py). lora_a: [r, in]; b_scaled: [c1 - c0, r] (the LoRA scale folded in).
+
+        With the dense weight: exactly peft's sum. With only the packed weight (dropped after `pack`): the same
+        norm expanded, ||W||^2 + 2 (W A^T) . B + ||B A||^2 per row, W A^T through the packed product.
+        """
+        lora_a = lora_a.to(self.weight.device).float()
+        b_scaled = b_scaled.to(self.weight.device).float()
+        if self.weight.numel() > 0:
+            return torch.linalg.norm(self.weight[col_start:col_end].float() + b_scaled @ lora_a, dim=1)
+        assert self.packed_weight is not None and self.row_norms_sq is not None
+        wa = packed_linear(lora_a.to(self.weight.dtype), self.packed_weight).float()[:, col_start:col_end]
+        ba_sq = ((b_scaled @ (lora_a @ lora_a.t())) * b_scaled).sum(dim=1)  # ||(B A)_row||^2, [c1 - c0]
+        sq = self.row_norms_sq[col_start:col_end] + 2 * (b_scaled * wa.t()).sum(dim=1) + ba_sq
+        return sq.clamp_min(0).sqrt()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, in_features] -> [num_tokens, sum(output_sizes)]."""

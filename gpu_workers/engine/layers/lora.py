@@ -45,7 +45,11 @@ class LoraProjection:
 
 @dataclass(frozen=True)
 class LoraAdapter:
-    """A loaded adapter: layers[i][projection] -> LoraProjection (absent when not targeted)."""
+    """A loaded adapter: layers[i][projection] -> LoraProjection (absent when not targeted).
+
+    magnitudes (DoRA adapters only, empty for plain LoRA): per layer [1 or 2, C] fp32, the per-column rescale g
+    and the bias shift of every merged projection side by side (layers/dora.py); counted in num_bytes.
+    """
 
     adapter_id: str
     rank: int
@@ -53,6 +57,12 @@ class LoraAdapter:
     target_modules: tuple[str, ...]
     layers: tuple[dict[str, LoraProjection], ...]
     num_bytes: int
+    magnitudes: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def is_dora(self) -> bool:
+        """True for a DoRA adapter (its rows are rescaled by its magnitudes)."""
+        return bool(self.magnitudes)
 
 
 @dataclass(frozen=True)
@@ -194,8 +204,9 @@ def map_lora_tensors(adapter: LoraAdapter, fn: Callable[[torch.Tensor], torch.Te
         }
         for layer in adapter.layers
     )
+    magnitudes = tuple(fn(t) for t in adapter.magnitudes)
     a = adapter
-    return LoraAdapter(a.adapter_id, a.rank, a.scale, a.target_modules, layers, a.num_bytes)
+    return LoraAdapter(a.adapter_id, a.rank, a.scale, a.target_modules, layers, a.num_bytes, magnitudes)
 
 
 def build_lora_projection(

@@ -8,6 +8,8 @@ loop);
 "sgmv" / "bgmv": the grouped Triton kernels, one shrink and one expand launch per projection (layers/triton_lora.py;
 CUDA, when triton is installed).
 Which is fastest depends on the machine, the thread count and the model's shapes, so it is measured.
+Every form serves DoRA rows: their rescale is a form of its own added after any of these (layers/dora.py), so
+none has to be skipped for a batch with DoRA adapters (only captured decode steps are, decode_graphs.py).
 """
 
 from __future__ import annotations

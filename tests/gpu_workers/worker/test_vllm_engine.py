@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.worker.vllm_engine import vllm_engine_args, vllm_sampling_params, write_zero_adapter
+from gpu_workers.engine.demo_model import generate_adapter
+from gpu_workers.engine.errors import AdapterLoadError
+from gpu_workers.worker.vllm_engine import (
+    vllm_adapter_rank,
+    vllm_engine_args,
+    vllm_sampling_params,
+    write_zero_adapter,
+)
+from registry.validation import BaseModelSpec, ValidationLimits
 from scheduler.core.sampling import SamplingParams
 from scheduler.core.structured_output import StructuredOutput
 from settings import Settings
@@ -67,3 +75,13 @@ def test_a_constraint_is_refused_by_a_vllm_without_structured_outputs() -> None:
     with pytest.raises(ValueError, match="structured outputs"):
         vllm_sampling_params(SamplingParams(structured_output=StructuredOutput("json_object")), _record)
     assert "structured_outputs" not in vllm_sampling_params(SamplingParams(), _record)
+
+
+def test_the_vllm_worker_refuses_a_dora_adapter_saying_why(base_model_dir: Path, tmp_path: Path) -> None:
+    """A second line of defence behind routing: vLLM cannot serve DoRA, so its worker refuses to load one."""
+    spec, limits = BaseModelSpec.from_model_dir(base_model_dir), ValidationLimits()
+    plain = generate_adapter(base_model_dir, tmp_path / "plain", 4, ("q_proj",), seed=1)
+    dora = generate_adapter(base_model_dir, tmp_path / "dora", 4, ("q_proj",), seed=1, use_dora=True)
+    assert vllm_adapter_rank(plain, spec, limits) == 4
+    with pytest.raises(AdapterLoadError, match=r"DoRA .*vLLM cannot serve.*native worker"):
+        vllm_adapter_rank(dora, spec, limits)

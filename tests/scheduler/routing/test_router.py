@@ -9,6 +9,7 @@ from scheduler.routing.router import (
     ResidencyThenLeastLoaded,
     RouteRequest,
     WorkerView,
+    dora_engine_refusal,
     rank_limit_refusal,
     residency_tier,
     tenant_load,
@@ -222,3 +223,18 @@ def test_a_flooders_backlog_size_does_not_change_another_tenants_load(
     after = _queued("x", running, {**others, "flood": flood + extra})
     assert tenant_load(after, "light") == tenant_load(before, "light")
     assert tenant_load(after, "flood") > tenant_load(before, "flood")
+
+
+def test_a_dora_adapter_goes_only_to_native_engines_and_is_refused_where_none_is_ready() -> None:
+    vllm, native = replace(_w("a", device={"x"}), engine_backend="vllm"), replace(_w("b", running=6))
+    dora = RouteRequest(BASE, "x", adapter_rank=8, is_dora=True)
+    for router in (ResidencyThenLeastLoaded(), PlacementWeightedRandom(seed=1), RankAwareRouter()):
+        assert router.choose(dora, [vllm, native]) == "b"
+        assert router.choose(dora, [vllm]) is None
+    plain = RouteRequest(BASE, "x", adapter_rank=8)
+    assert ResidencyThenLeastLoaded().choose(plain, [vllm, native]) == "a"  # plain LoRA: where it is resident
+    message = dora_engine_refusal(dora, [vllm])
+    assert message is not None and "DoRA" in message and "vllm" in message and "native" in message
+    assert dora_engine_refusal(dora, [vllm, native]) is None
+    assert dora_engine_refusal(RouteRequest(BASE, "x", adapter_rank=8), [vllm]) is None
+    assert dora_engine_refusal(dora, [replace(vllm, is_ready=False)]) is None  # a cold start waits
