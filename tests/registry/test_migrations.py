@@ -44,7 +44,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert table_names(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0025"
+    assert current_revision(empty_db_url) == "0026"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
@@ -75,12 +75,12 @@ def test_0002_adds_a_nullable_config_sha256_and_downgrades(empty_db_url: str) ->
     assert "config_sha256" not in _version_columns(empty_db_url)
 
 
-def test_0025_adds_use_dora_false_for_existing_versions_and_downgrades(empty_db_url: str) -> None:
-    upgrade(empty_db_url, "0024")
-    assert "use_dora" not in _version_columns(empty_db_url)
+def test_0026_adds_use_dora_false_for_existing_versions_and_downgrades(empty_db_url: str) -> None:
     upgrade(empty_db_url, "0025")
-    assert _version_columns(empty_db_url)["use_dora"] is False  # not null, false for rows from before 0025
-    downgrade(empty_db_url, "0024")
+    assert "use_dora" not in _version_columns(empty_db_url)
+    upgrade(empty_db_url, "0026")
+    assert _version_columns(empty_db_url)["use_dora"] is False  # not null, false for rows from before 0026
+    downgrade(empty_db_url, "0025")
     assert "use_dora" not in _version_columns(empty_db_url)
 
 
