@@ -34,7 +34,7 @@ def _published_record() -> WorkerRecord:
             num_waiting_by_tenant={"t": 3},
             num_free_pool_pages=5,
         ),
-        engine=EngineSummary(decode_step_ms=9.0, prefill_step_ms=20.0, max_lora_rank=64),
+        engine=EngineSummary(decode_step_ms=9.0, prefill_step_ms=20.0, max_lora_rank=64, backend="vllm"),
     )
 
 
@@ -57,6 +57,7 @@ def test_the_view_carries_each_published_field() -> None:
         prefill_step_ms=20.0,
         perf_model=DEFAULT_PERF_MODEL,
         max_lora_rank=64,
+        engine_backend="vllm",
     )
 
 
