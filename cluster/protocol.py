@@ -99,8 +99,10 @@ class AdapterRef(BaseModel):
     config_blob_key: str
     weights_blob_key: str
     rank: int = 0
-    use_dora: bool = Field(
-        default=False, description="A DoRA adapter (peft use_dora): only native workers serve it"
+    engine_features: list[str] = Field(
+        default_factory=list,
+        description="What the adapter needs of an engine beyond plain LoRA ('dora', 'vocab_lora': LoRA on "
+        "embed_tokens / lm_head); only engines serving them all take it (scheduler/routing/router.py)",
     )
     owner_id: str | None = Field(
         default=None,

@@ -50,7 +50,7 @@ from registry.base_model_catalog import resolve_base_model_name
 from registry.errors import NotFoundError
 from registry.model_names import could_name_a_model
 from scheduler.core.structured_output import StructuredOutput
-from scheduler.routing.router import RouteRequest
+from scheduler.routing.router import RouteRequest, adapter_engine_features
 from settings import Settings
 
 Kind = Literal["text", "chat"]
@@ -177,7 +177,7 @@ def _prepared(
             adapter_key,
             len(prompt_ids),
             adapter_rank=resolved.adapter.rank if resolved.adapter else 0,
-            is_dora=resolved.adapter.use_dora if resolved.adapter else False,
+            engine_features=frozenset(resolved.adapter.engine_features if resolved.adapter else ()),
             tenant_id=tenant.tenant_id,
         ),
         generate=GenerateRequest(
@@ -284,7 +284,7 @@ def _resolve_in_db(services: Services, tenant_id: str, model: str) -> ResolvedMo
             config_blob_key=version.config_blob_key or "",
             weights_blob_key=version.weights_blob_key or "",
             rank=version.rank or 0,
-            use_dora=version.use_dora,
+            engine_features=sorted(adapter_engine_features(version.use_dora, version.target_modules or ())),
             owner_id=adapter.tenant_id,  # workers never share cached files between two owners
         )
         return ResolvedModel(adapter.base_model_name, ref, adapter.id, version.id)

@@ -9,8 +9,9 @@ client (api/worker_client.py), which retries once on another worker. While no wo
 ready, or every worker refuses as unavailable, the request waits (api/cold_start.py) and is then refused
 with 503 + Retry-After; at once with a 503 when the base model's worker can never start (the embedded memory
 budget, cluster/model_refusals.py). A request whose adapter rank is above every ready worker's `max_lora_rank` is refused
-at once with a 400 naming the limit (`scheduler.routing.router.rank_limit_refusal`), and a DoRA adapter's when every
-ready worker of its base model runs an engine without DoRA (vLLM) with a 400 saying so (`dora_engine_refusal`). A worker that refuses the request before its first token becomes an HTTP error with
+at once with a 400 naming the limit (`scheduler.routing.router.rank_limit_refusal`), and an adapter needing an engine feature
+(DoRA, LoRA on embed_tokens / lm_head) when every ready worker of its base model runs an engine without it (vLLM)
+with a 400 saying so (`engine_feature_refusal`). A worker that refuses the request before its first token becomes an HTTP error with
 the status of its code (cluster.protocol.tenant_status: one status per code, on both sides).
 """
 
@@ -35,7 +36,7 @@ from api.worker_client import WorkerClient, WorkerStream, WorkerUnavailableError
 from cluster.membership import WorkerRecord
 from cluster.protocol import GenerateEvent, GenerateRequest, tenant_status
 from cluster.worker_view import worker_view
-from scheduler.routing.router import dora_engine_refusal, rank_limit_refusal
+from scheduler.routing.router import engine_feature_refusal, rank_limit_refusal
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,12 @@ async def _open_when_ready(
                 lambda: live_records(services), lambda: services.model_refusals.get(prepared.route.base_model)
             )
             views = [worker_view(r) for r in records]
-            refusal = rank_limit_refusal(prepared.route, views) or dora_engine_refusal(prepared.route, views)
-            if refusal is not None:  # waiting would not help: no live worker's engine takes this rank or DoRA
+            refusal = rank_limit_refusal(prepared.route, views) or engine_feature_refusal(
+                prepared.route, views
+            )
+            if (
+                refusal is not None
+            ):  # waiting would not help: no live worker's engine takes this rank or feature
                 raise ApiError(400, "invalid_request", refusal)
             try:
                 stream = await client.start(prepared.route, records, prepared.generate)

@@ -5,7 +5,10 @@ two flat regions of the KV cache, `page_numel` = block_size * num_kv_heads * hea
 many of V, so the run gives each layer two contiguous regions of n * page_numel elements (K then V). That
 layer's LoRA tensors (per merged projection: A^T, then each sub-module's scaled B^T, as built by
 layers/lora.py; then a DoRA adapter's fp32 magnitudes of the layer, layers/dora.py, viewed as page elements and
-aligned) are laid out there in order, each whole in one region (first fit). The adapter's tensors are
+aligned) are laid out there in order, each whole in one region (first fit). LoRA on embed_tokens / lm_head
+(layers/vocab_lora.py) follows the first layer's tensors (the embedding's) and the last layer's (the head's):
+each vocab-sized tensor is whole in one region, so such an adapter takes at least vocab * rank / page_numel
+pages in every layer. The adapter's tensors are
 views of the KV cache: its device bytes are KV pages, counted once, and no memory outside the pool holds it.
 
 Invariant: no sequence's block table contains a page of a resident adapter (the pool's partition), so KV
@@ -15,10 +18,34 @@ writes never touch adapter weights; decode padding may *read* such a page, and t
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraProjection
+from gpu_workers.engine.layers.vocab_lora import VocabLora
+
+
+def vocab_layers(vocab: VocabLora | None, num_layers: int) -> list[int]:
+    """The layer whose pages hold each of `vocab.tensors()`, in order: the embedding's in the first layer, the
+    head's in the last."""
+    if vocab is None:
+        return []
+    num_embed = 0 if vocab.embed_rows is None else 2
+    return [0 if i < num_embed else num_layers - 1 for i in range(len(vocab.tensors()))]
+
+
+def vocab_numels(
+    target_modules: Sequence[str], rank: int, vocab_size: int, hidden_size: int
+) -> list[tuple[int, int]]:
+    """(layer, elements) of each embed_tokens / lm_head LoRA tensor an adapter of this metadata will have, in
+    VocabLora.tensors order with the layer of vocab_layers (-1: the last layer)."""
+    numels: list[tuple[int, int]] = []
+    if "embed_tokens" in target_modules:
+        numels += [(0, vocab_size * rank), (0, rank * hidden_size)]  # A^T [vocab, r], s B^T [r, hidden]
+    if "lm_head" in target_modules:
+        numels += [(-1, hidden_size * rank), (-1, rank * vocab_size)]  # A^T [hidden, r], s B^T [r, vocab]
+    return numels
 
 
 def _tensors_in_order(
@@ -43,15 +70,21 @@ def page_elements(numel: int, element_size: int, page_element_size: int) -> int:
 
 
 def adapter_layer_numels(adapter: LoraAdapter, page_element_size: int) -> list[list[int]]:
-    """Per layer, the page elements of its LoRA tensors (and DoRA magnitudes) in layout order."""
+    """Per layer, the page elements of its LoRA tensors (and DoRA magnitudes, and the embed_tokens / lm_head
+    LoRA in the first / last layer) in layout order."""
     magnitudes: tuple[torch.Tensor | None, ...] = adapter.magnitudes or (None,) * len(adapter.layers)
-    return [
+    numels = [
         [
             page_elements(t.numel(), t.element_size(), page_element_size)
             for t in _tensors_in_order(layer, mags)
         ]
         for layer, mags in zip(adapter.layers, magnitudes)
     ]
+    if adapter.vocab is not None:
+        tensors = adapter.vocab.tensors()
+        for layer_idx, t in zip(vocab_layers(adapter.vocab, len(numels)), tensors):
+            numels[layer_idx].append(page_elements(t.numel(), t.element_size(), page_element_size))
+    return numels
 
 
 def layer_numels_for(
@@ -63,11 +96,13 @@ def layer_numels_for(
     output_slices: dict[str, dict[str, tuple[int, int]]],
     dora_rows: int = 0,
     page_element_size: int = 4,
+    vocab: Sequence[tuple[int, int]] = (),
 ) -> list[list[int]]:
     """The same element counts computed from an adapter's validated metadata (before any tensor exists).
 
     `in_features[projection]`, `output_slices[projection][module] = (col_start, col_end)`; `dora_rows` (DoRA
-    adapters): rows of its fp32 magnitudes per layer (2 for a model with biases, else 1; 0: not DoRA).
+    adapters): rows of its fp32 magnitudes per layer (2 for a model with biases, else 1; 0: not DoRA);
+    `vocab`: its embed_tokens / lm_head tensors (`vocab_numels`), in the engine dtype.
     """
     targeted = set(target_modules)
     per_layer: list[int] = []
@@ -85,7 +120,10 @@ def layer_numels_for(
         num_cols = sum(max(c1 for _, c1 in output_slices[p].values()) for p in PROJECTIONS)
         magnitudes.append(page_elements(dora_rows * num_cols, 4, page_element_size))
     has_layer = set(layers)
-    return [(per_layer if i in has_layer else []) + magnitudes for i in range(num_layers)]
+    numels = [(per_layer if i in has_layer else []) + magnitudes for i in range(num_layers)]
+    for layer_idx, numel in vocab:
+        numels[layer_idx].append(numel)
+    return numels
 
 
 def _fits(numels: list[int], capacity: int) -> bool:
@@ -129,6 +167,7 @@ def place_adapter(
     capacity = num_pages * page_numel
     layers: list[dict[str, LoraProjection]] = []
     magnitudes: list[torch.Tensor] = []
+    packers: list[_RegionPacker] = []
     for layer_idx, projections in enumerate(adapter.layers):
         k_cache, v_cache = kv_caches[layer_idx]
         regions = [
@@ -136,6 +175,7 @@ def place_adapter(
             v_cache.view(-1)[p0 * page_numel : p0 * page_numel + capacity],
         ]
         packer = _RegionPacker(regions, capacity)
+        packers.append(packer)
 
         placed: dict[str, LoraProjection] = {}
         for name in PROJECTIONS:
@@ -148,15 +188,11 @@ def place_adapter(
         layers.append(placed)
         if adapter.magnitudes:
             magnitudes.append(packer.put(adapter.magnitudes[layer_idx]))
-    return LoraAdapter(
-        adapter_id=adapter.adapter_id,
-        rank=adapter.rank,
-        scale=adapter.scale,
-        target_modules=adapter.target_modules,
-        layers=tuple(layers),
-        num_bytes=adapter.num_bytes,
-        magnitudes=tuple(magnitudes),
-    )
+    vocab = None
+    if adapter.vocab is not None:  # after each layer's own tensors, as adapter_layer_numels counts them
+        owners = iter(packers[i] for i in vocab_layers(adapter.vocab, len(packers)))
+        vocab = adapter.vocab.map(lambda t: next(owners).put(t))
+    return replace(adapter, layers=tuple(layers), magnitudes=tuple(magnitudes), vocab=vocab)
 
 
 class _RegionPacker:

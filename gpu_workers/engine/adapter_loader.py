@@ -7,6 +7,7 @@ base model and limits); this module only packs already-validated tensors.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -15,7 +16,9 @@ from safetensors import safe_open
 from gpu_workers.engine.errors import AdapterLoadError
 from gpu_workers.engine.layers.dora import BaseProjection, dora_magnitudes
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraProjection, build_lora_projection
+from gpu_workers.engine.layers.vocab_lora import build_vocab_lora
 from registry.validation import (
+    VOCAB_LAYER,
     AdapterInfo,
     AdapterValidationError,
     BaseModelSpec,
@@ -49,12 +52,15 @@ def load_lora_adapter(
 
     output_slices[projection][module] = (col_start, col_end) in that merged projection's output. A DoRA
     adapter's rescale is computed here, once, against `base_layers` (the worker's base projections per layer,
-    layers/dora.py).
+    layers/dora.py). LoRA on embed_tokens / lm_head is packed beside the layers (layers/vocab_lora.py).
     """
-    per_layer, magnitudes = _read_lora_tensors(Path(path) / WEIGHTS_FILENAME, num_layers)
+    per_layer, magnitudes, vocab_pairs = _read_lora_tensors(Path(path) / WEIGHTS_FILENAME, num_layers)
     adapter = pack_lora_adapter(
         adapter_id, per_layer, info.rank, info.scale, tuple(info.target_modules), output_slices, dtype, device
     )
+    vocab = build_vocab_lora(vocab_pairs, info.scale, dtype, device)
+    if vocab is not None:
+        adapter = replace(adapter, vocab=vocab, num_bytes=adapter.num_bytes + vocab.num_bytes)
     if not info.use_dora:
         return adapter
     if not base_layers:
@@ -66,10 +72,7 @@ def load_lora_adapter(
 def with_magnitudes(adapter: LoraAdapter, magnitudes: tuple[torch.Tensor, ...]) -> LoraAdapter:
     """The adapter as a DoRA adapter with these rescales (layers/dora.py), their bytes counted in num_bytes."""
     extra = sum(t.numel() * t.element_size() for t in magnitudes)
-    a = adapter
-    return LoraAdapter(
-        a.adapter_id, a.rank, a.scale, a.target_modules, a.layers, a.num_bytes + extra, magnitudes
-    )
+    return replace(adapter, num_bytes=adapter.num_bytes + extra, magnitudes=magnitudes)
 
 
 def pack_lora_adapter(
@@ -108,24 +111,32 @@ def pack_lora_adapter(
     )
 
 
+Pairs = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
 def _read_lora_tensors(
     weights_path: Path, num_layers: int
-) -> tuple[list[dict[str, tuple[torch.Tensor, torch.Tensor]]], list[dict[str, torch.Tensor]]]:
-    """-> per layer: module -> (lora_A [r, in], lora_B [out, r]), and per layer: module -> DoRA magnitude
-    [out] (empty for plain LoRA)."""
+) -> tuple[list[Pairs], list[dict[str, torch.Tensor]], Pairs]:
+    """-> per layer: module -> (lora_A [r, in], lora_B [out, r]); per layer: module -> DoRA magnitude [out]
+    (empty for plain LoRA); embed_tokens / lm_head -> their (A, B) (empty when not targeted)."""
     halves: list[dict[str, dict[str, torch.Tensor]]] = [{} for _ in range(num_layers)]
+    vocab_halves: dict[str, dict[str, torch.Tensor]] = {}
     with safe_open(str(weights_path), framework="pt", device="cpu") as f:
         for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
             layer, module, side = parse_lora_tensor_name(name)
-            halves[layer].setdefault(module, {})[side] = f.get_tensor(name)
-    result: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
-    magnitudes: list[dict[str, torch.Tensor]] = []
-    for layer_idx, modules in enumerate(halves):
-        pairs = {}
-        for module, sides in modules.items():
-            if not {"A", "B"} <= set(sides):
-                raise AdapterLoadError(f"layer {layer_idx} {module}: lora_A and lora_B must both be present")
-            pairs[module] = (sides["A"], sides["B"])
-        result.append(pairs)
-        magnitudes.append({module: sides["M"] for module, sides in modules.items() if "M" in sides})
-    return result, magnitudes
+            modules = vocab_halves if layer == VOCAB_LAYER else halves[layer]
+            modules.setdefault(module, {})[side] = f.get_tensor(name)
+    result = [_pairs(modules, f"layer {i}") for i, modules in enumerate(halves)]
+    magnitudes = [
+        {module: sides["M"] for module, sides in modules.items() if "M" in sides} for modules in halves
+    ]
+    return result, magnitudes, _pairs(vocab_halves, "model")
+
+
+def _pairs(modules: dict[str, dict[str, torch.Tensor]], where: str) -> Pairs:
+    pairs = {}
+    for module, sides in modules.items():
+        if not {"A", "B"} <= set(sides):
+            raise AdapterLoadError(f"{where} {module}: lora_A and lora_B must both be present")
+        pairs[module] = (sides["A"], sides["B"])
+    return pairs

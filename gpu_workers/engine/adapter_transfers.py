@@ -16,6 +16,7 @@ from gpu_workers.engine.adapter_layout import (
     layer_numels_for,
     num_pages_for_layout,
     place_adapter,
+    vocab_numels,
 )
 from gpu_workers.engine.adapter_loader import load_lora_adapter, pack_lora_adapter, validate_adapter
 from gpu_workers.engine.config import EngineConfig
@@ -134,6 +135,7 @@ class AdapterTransfers:
             self._output_slices(),
             dora_rows,
             self.kv_caches[0][0].element_size(),
+            vocab_numels(info.target_modules, info.rank, a.vocab_size, a.hidden_size),
         )
         return num_pages_for_layout(numels, self.page_numel)
 

@@ -183,8 +183,9 @@ class DecodeGraphs:
             return None
         adapter_ids = [e.seq.adapter_id for e in entries]
         distinct = list(dict.fromkeys(a for a in adapter_ids if a is not None))
-        if any(a not in adapters or adapters[a].is_dora for a in distinct):
-            return None  # a captured step has no DoRA rescale (its slot table holds LoRA descriptors only)
+        if any(a not in adapters or not adapters[a].has_projection_deltas_only for a in distinct):
+            return None  # a captured step has no DoRA rescale nor embed_tokens / lm_head LoRA (its slot table
+            # holds decoder-projection LoRA descriptors only): such steps run eagerly
         slots = self.slots.slots_of([adapters[a] for a in distinct])
         if slots is None:
             return None

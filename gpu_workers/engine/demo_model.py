@@ -210,7 +210,8 @@ def generate_adapter(
     use_rslora: bool = False,
     use_dora: bool = False,
 ) -> Path:
-    """Write one PEFT LoRA adapter with seeded random A and B (so its delta is non-zero); with `use_dora` a DoRA
+    """Write one PEFT LoRA adapter with seeded random A and B (so its delta is non-zero; target_modules may include
+    embed_tokens and lm_head, saved without peft's copies of their base weights); with `use_dora` a DoRA
     adapter whose magnitudes are peft's initial ones (the norms of W + s B A at peft's own init) times seeded
     factors in [0.5, 1.5], so its rescale is far from 1."""
     import torch
@@ -236,14 +237,19 @@ def generate_adapter(
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
+            if (
+                "lora_embedding_A" in name
+            ):  # [r, vocab]: one column per token, gathered (no fan-in to scale by)
+                param.copy_(torch.randn(param.shape, generator=generator))
+            elif "lora_A" in name or "lora_B" in name or "lora_embedding_B" in name:
                 fan_in = param.shape[1]
                 std = 1.0 / fan_in**0.5 if "lora_A" in name else 0.05 / rank**0.5
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
             elif "lora_magnitude_vector" in name:
                 param.mul_(torch.rand(param.shape, generator=generator) + 0.5)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+    # no copies of the base embedding / LM head (peft saves them when they are targeted; the platform refuses them)
+    model.save_pretrained(str(out_dir), safe_serialization=True, save_embedding_layers=False)
     _rewrite_base_path(out_dir, base_dir)
     return out_dir
 

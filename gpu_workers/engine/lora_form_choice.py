@@ -30,6 +30,7 @@ from gpu_workers.engine.layers.triton_lora import (
     TritonStep,
     build_triton_lora,
 )
+from gpu_workers.engine.layers.vocab_lora import vocab_step
 from scheduler.core.sequence import BatchEntry
 
 # Cost model for choosing the LoRA form of a step (CPU-tuned, rough): a matmul-sized op costs ~20 us of
@@ -101,11 +102,12 @@ class LoraForms:
 
     def batch(self, segments: list[LoraSegment], num_tokens: int, host: HostLora | None) -> LoraBatch:
         """The step's LoraBatch over device `segments` (sorted by adapter) and the host-assisted part; DoRA rows
-        (of either) rescaled last, whatever the form (layers/dora.py)."""
+        (of either) rescaled last, whatever the form (layers/dora.py); the embed_tokens / lm_head deltas of
+        either in a VocabStep (layers/vocab_lora.py)."""
         lora = self._delta_batch(segments, num_tokens, host)
-        host_segments = host.segments if host is not None else ()
-        dora = dora_step([*segments, *host_segments], num_tokens, self.dora_columns)
-        return lora if dora is None else LoraBatch((*lora.forms, dora))
+        every = [*segments, *(host.segments if host is not None else ())]
+        dora = dora_step(every, num_tokens, self.dora_columns)
+        return lora_batch(*lora.forms, dora, vocab_step(every, num_tokens))
 
     def _delta_batch(self, segments: list[LoraSegment], num_tokens: int, host: HostLora | None) -> LoraBatch:
         """The LoRA deltas of the step in the form the plan and the cost model pick."""

@@ -26,6 +26,7 @@ from gpu_workers.engine.layers.logprobs import StepLogprobs, prompt_logprobs
 from gpu_workers.engine.layers.lora import PROJECTIONS, LoraAdapter, LoraBatch
 from gpu_workers.engine.layers.rotary import RotaryEmbedding
 from gpu_workers.engine.layers.sampler import sample
+from gpu_workers.engine.layers.vocab_lora import VocabStep, select_head_rows
 from gpu_workers.engine.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
@@ -81,7 +82,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.geometry = MemoryGeometry.plan(
             ModelShape.from_hf_config(hf_config),
-            element_size=self._element_size(),
+            element_size=torch.empty((), dtype=self.dtype).element_size(),
             block_size=config.block_size,
             memory_mode=config.memory_mode,
             kv_cache_bytes=config.kv_cache_bytes,
@@ -122,9 +123,9 @@ class ModelRunner:
         # its token sampled by the last step, for rows that asked (`take_logprobs`)
         self.eos_token_ids: frozenset[int] = frozenset(self.args.eos_token_ids)
         self.step_logprobs = StepLogprobs()
-        self.prompt_logprobs: dict[
-            str, dict[int, TokenLogprob]
-        ] = {}  # request id -> position -> next token's
+        # request id -> position -> next token's
+        self.prompt_logprobs: dict[str, dict[int, TokenLogprob]] = {}
+        self.sampled_head: VocabStep | None = None  # the last eager step's lm_head LoRA of its sampled rows
         self.default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         # structured outputs: a grammar matcher per constrained request, masks computed during the forward pass
         self.structured = StructuredRows(config.model_path, self.args.vocab_size, self.args.eos_token_ids)
@@ -177,9 +178,6 @@ class ModelRunner:
         """Device bytes an adapter will take (its weight file's bytes rescaled to the engine dtype)."""
         return self.geometry.adapter_device_bytes(info.num_bytes, info.dtype)
 
-    def _element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
-
     def _allocate_kv_cache(self, num_pages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # Per layer: [num_pages * block_size, num_kv_heads, head_dim] (flat slot view of the page pool).
         shape = (num_pages * self.block_size, self.args.num_kv_heads, self.args.head_dim)
@@ -208,16 +206,17 @@ class ModelRunner:
         the next layer on). A row whose logits are not all finite (an adapter whose weights overflow) gets None
         instead of a token and is not sampled, so it cannot fail its batch neighbours' sampling.
         """
-        hidden = None
+        hidden, head = None, None
         sampling = [e for e in entries if e.is_sampling]
         masks = self.structured.start(sampling)  # computed on a thread while the model runs
         if self.decode_graphs is not None and not host_assisted:
             hidden = self.decode_graphs.run(entries, self.adapters)  # [num_entries, hidden]: all sample
         if hidden is None:
             hidden = self.forward(entries, frozenset(host_assisted))  # [num_sampling, hidden]
+            head = self.sampled_head  # (a recorded step has no embed_tokens / lm_head LoRA rows)
         if not sampling:
             return [], None
-        logits = self.model.logits(hidden)  # [num_sampling, vocab]
+        logits = self.model.logits(hidden, head)  # [num_sampling, vocab]
         # one check for all sampled rows: x * 0 is 0 for finite x and NaN for inf / NaN (a sum cannot overflow)
         is_finite = torch.isfinite(logits.mul(0.0).sum(dim=-1)).tolist()
         if masks is not None:  # after the check: a masked logit is -inf on purpose
@@ -230,17 +229,16 @@ class ModelRunner:
         """The step run eagerly -> final hidden states of the sampling entries [num_sampling, hidden]."""
         inputs = self.prepare(entries, host_assisted)
         cos_sin = self.rotary.lookup(inputs.positions)
+        output_rows = inputs.sample_rows if inputs.output_rows is None else inputs.output_rows
         hidden = self.model(
-            inputs.input_ids,
-            cos_sin,
-            self.kv_caches,
-            inputs.attention,
-            inputs.lora,
-            output_rows=inputs.sample_rows if inputs.output_rows is None else inputs.output_rows,
+            inputs.input_ids, cos_sin, self.kv_caches, inputs.attention, inputs.lora, output_rows=output_rows
         )  # [num_sampling, hidden] (or [num_output_rows, hidden] with prompt rows)
+        head = select_head_rows(inputs.lora.find(VocabStep), output_rows)  # lm_head LoRA of hidden's rows
         if inputs.sample_index is not None:
-            self._record_prompt_logprobs(hidden, inputs)
+            self._record_prompt_logprobs(hidden, inputs, head)
             hidden = hidden.index_select(0, inputs.sample_index)
+            head = select_head_rows(head, inputs.sample_index)
+        self.sampled_head = head
         host = inputs.lora.find(HostLora)
         if host is not None:
             switched_at = host.switch.switched_at
@@ -269,10 +267,13 @@ class ModelRunner:
         sampled = iter(result.tokens)
         return [next(sampled) if ok else None for ok in is_finite]
 
-    def _record_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> None:
+    def _record_prompt_logprobs(
+        self, hidden: torch.Tensor, inputs: StepInputs, head: VocabStep | None
+    ) -> None:
         """Keep the logprobs of the prompt rows' next tokens, by position (a recomputed position overwrites)."""
         for rows in inputs.prompt_rows:
-            logits = self.model.logits(hidden[rows.output_index])  # [num_positions, vocab]
+            row_head = select_head_rows(head, rows.output_index)
+            logits = self.model.logits(hidden[rows.output_index], row_head)  # [num_positions, vocab]
             num_top = rows.seq.sampling_params.prompt_logprobs or 0
             kept = self.prompt_logprobs.setdefault(rows.seq.request_id, {})
             kept.update(zip(rows.positions, prompt_logprobs(logits, rows.target_ids, num_top)))

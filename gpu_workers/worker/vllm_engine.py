@@ -14,7 +14,7 @@ from gpu_workers.engine.adapter_loader import validate_adapter
 from gpu_workers.engine.errors import AdapterLoadError
 from gpu_workers.worker.vllm_backend import VllmBackend, VllmLimits
 from gpu_workers.worker.vllm_sampling import LOGPROBS_MODE, StructuredField, vllm_sampling_params
-from registry.validation import BaseModelSpec, ValidationLimits
+from registry.validation import VOCAB_TARGET_MODULES, BaseModelSpec, ValidationLimits
 
 if TYPE_CHECKING:
     from settings import Settings
@@ -22,14 +22,21 @@ if TYPE_CHECKING:
 
 def vllm_adapter_rank(path: Path, spec: BaseModelSpec, limits: ValidationLimits) -> int:
     """The rank of an adapter vLLM can serve: validated against the base model (AdapterLoadError when its files
-    are invalid) and not DoRA. vLLM has no DoRA (its LoRA kernels have no magnitude rescale); routing sends
-    DoRA adapters to native workers only (scheduler/routing/router.py DORA_ENGINES), so this is a second line
-    of defence."""
+    are invalid), not DoRA and without LoRA on embed_tokens / lm_head. vLLM has no DoRA (its LoRA kernels have
+    no magnitude rescale) and its LoRA does not cover the embedding or the LM head; routing sends such adapters
+    to native workers only (scheduler/routing/router.py ENGINE_FEATURES), so this is a second line of defence."""
     info = validate_adapter(path, spec, limits)
     if info.use_dora:
         raise AdapterLoadError(
             f"adapter at {path} is a DoRA adapter (use_dora: true), which vLLM cannot serve (it has no DoRA "
             "magnitude rescale); serve it on a native worker (engine_backend=native) or retrain with use_dora=False"
+        )
+    vocab = [m for m in info.target_modules if m in VOCAB_TARGET_MODULES]
+    if vocab:
+        raise AdapterLoadError(
+            f"adapter at {path} has LoRA on {vocab}, which vLLM cannot serve (its LoRA does not cover the token "
+            "embedding or the LM head); serve it on a native worker (engine_backend=native) or retrain without "
+            "embed_tokens and lm_head in target_modules"
         )
     return info.rank
 

@@ -16,6 +16,7 @@ from registry.validation.specs import (
     PICKLE_SUFFIXES,
     SUPPORTED_TARGET_MODULES,
     SUPPORTED_TASK_TYPES,
+    VOCAB_TARGET_MODULES,
     WEIGHTS_FILENAME,
     BaseModelSpec,
     LoraConfigInfo,
@@ -89,13 +90,21 @@ def validate_adapter_config(raw: bytes, spec: BaseModelSpec, limits: ValidationL
         raise _fail("invalid_config_value", f"use_dora must be true or false, got {use_dora!r}")
     scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
     _check_scale(scale, rank, alpha, use_rslora, limits)
+    target_modules = _normalize_target_modules(config.get("target_modules"))
+    vocab = [m for m in target_modules if m in VOCAB_TARGET_MODULES]
+    if use_dora and vocab:
+        raise _fail(
+            "dora_vocab_not_supported",
+            f"DoRA on {vocab} is not supported (its magnitude rescale is served on the decoder linear layers "
+            "only); retrain with use_dora=False or without embed_tokens / lm_head in target_modules",
+        )
     base = config.get("base_model_name_or_path")
     return LoraConfigInfo(
         rank=rank,
         alpha=alpha,
         use_rslora=use_rslora,
         scale=scale,
-        target_modules=_normalize_target_modules(config.get("target_modules")),
+        target_modules=target_modules,
         base_model_name_or_path=base if isinstance(base, str) else None,
         layers_to_transform=_layers_to_transform(
             config.get("layers_to_transform"), config.get("layers_pattern")
@@ -163,7 +172,8 @@ def _check_unsupported_features(config: dict[str, Any]) -> None:
         raise _fail(
             "modules_to_save_not_supported",
             f"modules_to_save {config['modules_to_save']!r} stores full copies of base-model modules, which "
-            "cannot be shared between tenants; retrain without modules_to_save",
+            "cannot be shared between tenants; retrain without modules_to_save (to adapt the token embedding "
+            "or the LM head, list embed_tokens / lm_head in target_modules: LoRA on them is served)",
         )
     if config.get("bias") not in (None, "none") or config.get("lora_bias"):
         raise _fail(

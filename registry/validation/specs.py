@@ -13,7 +13,13 @@ from typing import Any
 from registry.base_norms import BaseWeightNorms, base_weight_norms
 from settings.api import DEFAULT_MAX_LORA_RANK
 
-SUPPORTED_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DECODER_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# LoRA on the token embedding and the LM head (peft target_modules of those names; not modules_to_save copies)
+VOCAB_TARGET_MODULES = ("embed_tokens", "lm_head")
+SUPPORTED_TARGET_MODULES = DECODER_TARGET_MODULES + VOCAB_TARGET_MODULES
+VOCAB_LAYER = (
+    -1
+)  # the "layer" parse_lora_tensor_name gives embed_tokens / lm_head tensors (outside the layers)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_TASK_TYPES = (None, "CAUSAL_LM")
 DECODER_LAYERS_PATTERN = "layers"  # the ModuleList holding the decoder layers (model.layers.N) in peft's keys
@@ -25,9 +31,11 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_CONFIG_BYTES = 1024 * 1024
 READ_CHUNK_BYTES = 4 * 1024 * 1024  # bounded memory for hashing and finiteness checks
 
-_MODULE_PARENT = {m: "self_attn" for m in SUPPORTED_TARGET_MODULES[:4]} | {
-    m: "mlp" for m in SUPPORTED_TARGET_MODULES[4:]
+_MODULE_PARENT = {m: "self_attn" for m in DECODER_TARGET_MODULES[:4]} | {
+    m: "mlp" for m in DECODER_TARGET_MODULES[4:]
 }
+# peft's module path of each vocabulary module (its keys: base_model.model.<path>.<tensor>)
+_VOCAB_MODULE_PATH = {"embed_tokens": "model.embed_tokens", "lm_head": "lm_head"}
 # safetensors dtype -> bytes per element (all dtypes the format defines, so sizes can be checked)
 _DTYPE_SIZES = {
     "BOOL": 1,
@@ -55,6 +63,15 @@ _TENSOR_NAME = re.compile(
 )
 # the name's last part -> its side: lora_A, lora_B, or DoRA's magnitude vector "M" ([out_features])
 _TENSOR_SIDES = {"lora_A.weight": "A", "lora_B.weight": "B", "lora_magnitude_vector": "M"}
+_VOCAB_TENSOR_NAME = re.compile(
+    r"^(?:base_model\.model\.)?(model\.embed_tokens|lm_head)"
+    r"\.(lora_embedding_A|lora_embedding_B|lora_A\.weight|lora_B\.weight|base_layer\.weight|weight)$"
+)
+# per vocabulary module, its LoRA tensors' last parts -> side (peft's Embedding layer names them lora_embedding_*)
+_VOCAB_TENSOR_SIDES = {
+    "embed_tokens": {"lora_embedding_A": "A", "lora_embedding_B": "B"},
+    "lm_head": {"lora_A.weight": "A", "lora_B.weight": "B"},
+}
 _UNSUPPORTED_CONFIG_OPTIONS = (  # set (non-null, non-false, non-empty) => refused
     "layer_replication",
     "target_parameters",
@@ -137,7 +154,9 @@ class BaseModelSpec:
         return base_weight_norms(self.model_dir) if self.model_dir is not None else None
 
     def module_shape(self, module: str) -> tuple[int, int]:
-        """(in_features, out_features) of one supported linear module of a decoder layer."""
+        """(in_features, out_features) of one supported module: a linear module of a decoder layer, lm_head
+        (hidden -> vocab), or embed_tokens as peft's LoRA sees it (vocab -> hidden: lora_embedding_A [r, vocab],
+        lora_embedding_B [hidden, r])."""
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         shapes = {
@@ -148,6 +167,8 @@ class BaseModelSpec:
             "gate_proj": (self.hidden_size, self.intermediate_size),
             "up_proj": (self.hidden_size, self.intermediate_size),
             "down_proj": (self.intermediate_size, self.hidden_size),
+            "embed_tokens": (self.vocab_size, self.hidden_size),
+            "lm_head": (self.hidden_size, self.vocab_size),
         }
         if module not in shapes:
             raise _fail("unsupported_target_module", _unsupported_module_message(module))
@@ -185,12 +206,21 @@ class LoraConfigInfo:
     use_dora: bool = False  # DoRA: every adapted module also has a magnitude vector
 
     def is_targeted(self, layer: int, module: str) -> bool:
-        """True when peft would put LoRA on `module` of decoder `layer` under this config."""
+        """True when peft would put LoRA on `module` of decoder `layer` (VOCAB_LAYER for embed_tokens and
+        lm_head) under this config. Under layers_to_transform peft skips a module whose path has no layer index
+        (embed_tokens) unless its whole path is a target: "lm_head" is (a top-level module of the model)."""
         if module not in self.target_modules:
             return False
-        if self.layers_to_transform is not None and layer not in self.layers_to_transform:
+        if (
+            self.layers_to_transform is not None
+            and module != "lm_head"
+            and layer not in self.layers_to_transform
+        ):
             return False
-        key = f"model.layers.{layer}.{_MODULE_PARENT[module]}.{module}"
+        if module in _VOCAB_MODULE_PATH:
+            key = _VOCAB_MODULE_PATH[module]
+        else:
+            key = f"model.layers.{layer}.{_MODULE_PARENT[module]}.{module}"
         return not any(key == name or key.endswith("." + name) for name in self.exclude_modules)
 
 
@@ -215,5 +245,6 @@ class AdapterInfo:
 def _unsupported_module_message(module: Any) -> str:
     return (
         f"LoRA on {module!r} is not supported; adapters may target only the decoder linear layers "
-        f"{list(SUPPORTED_TARGET_MODULES)}. Retrain with target_modules from that list"
+        f"{list(DECODER_TARGET_MODULES)}, the token embedding 'embed_tokens' and the LM head 'lm_head'. "
+        "Retrain with target_modules from those"
     )

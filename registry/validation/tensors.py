@@ -9,8 +9,11 @@ from registry.validation.specs import (
     _MODULE_PARENT,
     _TENSOR_NAME,
     _TENSOR_SIDES,
+    _VOCAB_TENSOR_NAME,
+    _VOCAB_TENSOR_SIDES,
     SUPPORTED_DTYPES,
     SUPPORTED_TARGET_MODULES,
+    VOCAB_LAYER,
     WEIGHTS_FILENAME,
     AdapterValidationError,
     BaseModelSpec,
@@ -27,8 +30,13 @@ def parse_lora_tensor_name(name: str) -> tuple[int, str, str]:
     """PEFT tensor name -> (layer, module, "A" | "B" | "M").
 
     "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" -> (3, "q_proj", "A");
-    "...q_proj.lora_magnitude_vector" (DoRA) -> (3, "q_proj", "M").
+    "...q_proj.lora_magnitude_vector" (DoRA) -> (3, "q_proj", "M");
+    "base_model.model.model.embed_tokens.lora_embedding_A" -> (VOCAB_LAYER, "embed_tokens", "A");
+    "base_model.model.lm_head.lora_B.weight" -> (VOCAB_LAYER, "lm_head", "B").
     """
+    vocab = _VOCAB_TENSOR_NAME.match(name)
+    if vocab is not None:
+        return VOCAB_LAYER, *_parse_vocab_tensor(name, vocab.group(1).rsplit(".", 1)[-1], vocab.group(2))
     match = _TENSOR_NAME.match(name)
     if match is None:
         raise _unparsable_tensor_error(name)
@@ -42,6 +50,27 @@ def parse_lora_tensor_name(name: str) -> tuple[int, str, str]:
             f"tensor {name!r}: {module} belongs to {_MODULE_PARENT[module]}, not {parent}",
         )
     return int(layer), module, side
+
+
+def _parse_vocab_tensor(name: str, module: str, suffix: str) -> tuple[str, str]:
+    """(module, side) of an embed_tokens / lm_head tensor; refuses peft's saved copies of the base weights."""
+    if suffix in ("base_layer.weight", "weight"):
+        raise _fail(
+            "embedding_layer_copy",
+            f"tensor {name!r} is a full copy of the base model's {module} weight (peft saves one when "
+            "target_modules lists embed_tokens or lm_head); every tenant shares the base model's own weights, so "
+            "a changed copy cannot be served. Re-save with model.save_pretrained(dir, safe_serialization=True, "
+            "save_embedding_layers=False)",
+        )
+    side = _VOCAB_TENSOR_SIDES[module].get(suffix)
+    if side is None:
+        expected = " and ".join(_VOCAB_TENSOR_SIDES[module])
+        raise _fail(
+            "unexpected_tensor",
+            f"tensor {name!r}: peft's LoRA on {module} saves {expected}, not {suffix} (DoRA and other "
+            "variants are not supported on embed_tokens / lm_head); save with peft's save_pretrained",
+        )
+    return module, side
 
 
 def _unparsable_tensor_error(name: str) -> AdapterValidationError:
@@ -131,7 +160,7 @@ def _check_tensors(
             )
         if not config.is_targeted(layer, module):
             raise _not_targeted_error(tensor.name, config)
-        if layer >= spec.num_layers:
+        if layer != VOCAB_LAYER and layer >= spec.num_layers:
             raise _fail(
                 "layer_out_of_range",
                 f"tensor {tensor.name!r} is for layer {layer} but the base model "
@@ -144,7 +173,7 @@ def _check_tensors(
         sides.setdefault((layer, module), set()).add(side)
     _check_pairs(sides, config.use_dora)
     _check_modules_present(sides, config, spec)
-    return _single_dtype(header), tuple(sorted({layer for layer, _ in sides}))
+    return _single_dtype(header), tuple(sorted({layer for layer, _ in sides if layer != VOCAB_LAYER}))
 
 
 def _not_targeted_error(name: str, config: LoraConfigInfo) -> AdapterValidationError:
@@ -191,7 +220,7 @@ def _check_modules_present(
     sides: dict[tuple[int, str], set[str]], config: LoraConfigInfo, spec: BaseModelSpec
 ) -> None:
     found = {module for _, module in sides}
-    layers = range(spec.num_layers)
+    layers = [VOCAB_LAYER, *range(spec.num_layers)]
     adapted = [m for m in config.target_modules if any(config.is_targeted(i, m) for i in layers)]
     missing = [m for m in adapted if m not in found]
     if missing:

@@ -75,11 +75,44 @@ class RouteRequest:
     adapter_rank: int = 0
     assigned_workers: tuple[tuple[str, float], ...] = ()
     tenant_id: str | None = None
-    is_dora: bool = False  # a DoRA adapter: only engines in DORA_ENGINES serve it
+    engine_features: frozenset[str] = (
+        frozenset()
+    )  # what the adapter needs beyond plain LoRA (ENGINE_FEATURES)
 
 
-# The engine backends that serve DoRA adapters (peft use_dora): vLLM's LoRA kernels have no magnitude rescale.
-DORA_ENGINES = frozenset({"native"})
+# What an adapter may need of a worker's engine beyond plain LoRA on the decoder projections.
+DORA = "dora"  # peft use_dora: the magnitude rescale
+VOCAB_LORA = "vocab_lora"  # LoRA on embed_tokens / lm_head
+# The engine backends and what each serves of those (a backend not listed serves none): vLLM's LoRA kernels
+# have no DoRA magnitude rescale, and its LoRA no longer covers the embedding or the LM head.
+ENGINE_FEATURES: dict[str, frozenset[str]] = {"native": frozenset({DORA, VOCAB_LORA})}
+# Per feature: what the adapter is, why an engine without it cannot serve it, and what the tenant can change.
+_FEATURE_REFUSALS = {
+    DORA: (
+        "a DoRA adapter (use_dora: true)",
+        "vLLM cannot apply DoRA's magnitude rescale",
+        "retrain it with use_dora=False",
+    ),
+    VOCAB_LORA: (
+        "LoRA on embed_tokens / lm_head",
+        "vLLM's LoRA does not cover the token embedding or the LM head",
+        "retrain it without embed_tokens and lm_head in target_modules",
+    ),
+}
+VOCAB_TARGET_MODULES = ("embed_tokens", "lm_head")
+
+
+def adapter_engine_features(use_dora: bool, target_modules: Sequence[str]) -> frozenset[str]:
+    """What an adapter version needs of an engine (ENGINE_FEATURES), from its validated metadata."""
+    features = {DORA} if use_dora else set()
+    if any(m in VOCAB_TARGET_MODULES for m in target_modules):
+        features.add(VOCAB_LORA)
+    return frozenset(features)
+
+
+def serves_features(engine_backend: str, features: frozenset[str]) -> bool:
+    """True when `engine_backend` serves an adapter needing `features`."""
+    return features <= ENGINE_FEATURES.get(engine_backend, frozenset())
 
 
 class Router(Protocol):
@@ -136,25 +169,32 @@ def serves_rank(worker: WorkerView, rank: int) -> bool:
 
 
 def serves_adapter(worker: WorkerView, request: RouteRequest) -> bool:
-    """True if the worker's engine serves the request's adapter: its rank, and DoRA where the adapter is one."""
-    if request.is_dora and worker.engine_backend not in DORA_ENGINES:
+    """True if the worker's engine serves the request's adapter: its rank and its engine features (DoRA, LoRA on
+    embed_tokens / lm_head) where it needs some."""
+    if not serves_features(worker.engine_backend, request.engine_features):
         return False
     return serves_rank(worker, request.adapter_rank)
 
 
-def dora_engine_refusal(request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
-    """Why no ready worker of the request's base model can ever serve its DoRA adapter (every one runs an
-    engine without DoRA, e.g. vLLM); None when one can, when the adapter is not DoRA, or when none is ready (a
-    cold start: the request waits for a worker, which may serve it)."""
+def engine_feature_refusal(request: RouteRequest, workers: Sequence[WorkerView]) -> str | None:
+    """Why no ready worker of the request's base model can ever serve its adapter's engine features (every one
+    runs an engine without them, e.g. vLLM for a DoRA adapter); None when one can, when the adapter needs none,
+    or when none is ready (a cold start: the request waits for a worker, which may serve it)."""
+    features = request.engine_features
     ready = ready_workers(request.base_model, workers)
-    if not request.is_dora or not ready or any(w.engine_backend in DORA_ENGINES for w in ready):
+    if not features or not ready or any(serves_features(w.engine_backend, features) for w in ready):
         return None
     backends = sorted({w.engine_backend for w in ready})
+    missing = sorted(
+        f for f in features if not any(f in ENGINE_FEATURES.get(b, frozenset()) for b in backends)
+    )
+    missing = missing or sorted(features)  # no single backend serves them all together
+    what, why, fix = (" and ".join(_FEATURE_REFUSALS[f][i] for f in missing) for i in range(3))
+    engines = sorted(b for b, served in ENGINE_FEATURES.items() if features <= served)
     return (
-        f"the adapter is a DoRA adapter (use_dora: true), which only the native engine serves, and every worker "
-        f"serving base model {request.base_model!r} runs {' / '.join(backends)} (vLLM cannot apply DoRA's "
-        "magnitude rescale); retrain it with use_dora=False, or ask the operator for native workers of this "
-        "base model"
+        f"the adapter is {what}, which only the {' / '.join(engines)} engine serves, and every worker serving "
+        f"base model {request.base_model!r} runs {' / '.join(backends)} ({why}); {fix}, or ask the operator "
+        f"for {' / '.join(engines)} workers of this base model"
     )
 
 

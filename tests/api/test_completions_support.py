@@ -169,6 +169,7 @@ def add_ready_version(
     visibility: str = "private",
     rank: int = 4,
     use_dora: bool = False,
+    target_modules: list[str] | None = None,
 ) -> AdapterVersion:
     """A ready adapter version row (no files: scripted workers never read them)."""
     adapter = repository.get_or_create_adapter(
@@ -183,6 +184,7 @@ def add_ready_version(
         sha256=f"{number:064d}",
         rank=rank,
         use_dora=use_dora,
+        target_modules=target_modules or ["q_proj", "v_proj"],
         config_blob_key=f"k/{name}/{number}/c",
         weights_blob_key=f"k/{name}/{number}/w",
     )

@@ -5,6 +5,7 @@ rank_aware policy routes real requests by it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -217,28 +218,49 @@ def _heartbeat(workers: ScriptedWorkers, worker_id: str, backend: str) -> object
     return worker
 
 
-def test_a_dora_adapter_goes_only_to_native_workers(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+# adapters that only native workers serve: (name, add_ready_version keywords, what the 400 names)
+NATIVE_ONLY = [
+    ("dora", {"use_dora": True}, "DoRA"),
+    ("vocab", {"target_modules": ["q_proj", "embed_tokens", "lm_head"]}, "embed_tokens / lm_head"),
+]
+
+
+@pytest.mark.parametrize(("name", "fields", "says"), NATIVE_ONLY, ids=[n for n, _, _ in NATIVE_ONLY])
+def test_a_dora_or_vocab_lora_adapter_goes_only_to_native_workers(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
+    name: str,
+    fields: dict[str, Any],
+    says: str,
 ) -> None:
-    add_ready_version(db_session, tenant.id, "dora", use_dora=True)
+    add_ready_version(db_session, tenant.id, name, **fields)
     add_ready_version(db_session, tenant.id, "plain")
     vllm, native = _heartbeat(workers, "vllm", "vllm"), _heartbeat(workers, "native", "native")
     for _ in range(4):
-        assert _complete(client, tenant, "dora").status_code == 200
+        assert _complete(client, tenant, name).status_code == 200
     assert len(native.requests) == 4 and vllm.requests == []  # type: ignore[attr-defined]
     for _ in range(6):  # plain LoRA may still go to either
         assert _complete(client, tenant, "plain").status_code == 200
     assert len(native.requests) + len(vllm.requests) == 10  # type: ignore[attr-defined]
 
 
-def test_a_dora_adapter_with_only_vllm_workers_is_refused_with_a_400_saying_why(
-    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle, db_session: Session
+@pytest.mark.parametrize(("name", "fields", "says"), NATIVE_ONLY, ids=[n for n, _, _ in NATIVE_ONLY])
+def test_a_dora_or_vocab_lora_adapter_with_only_vllm_workers_is_refused_with_a_400_saying_why(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+    db_session: Session,
+    name: str,
+    fields: dict[str, Any],
+    says: str,
 ) -> None:
-    add_ready_version(db_session, tenant.id, "dora", use_dora=True)
+    add_ready_version(db_session, tenant.id, name, **fields)
     vllm = _heartbeat(workers, "vllm", "vllm")
-    response = _complete(client, tenant, "dora")
+    response = _complete(client, tenant, name)
     assert response.status_code == 400
-    assert "DoRA" in response.text and "vllm" in response.text and "native" in response.text
+    assert says in response.text and "vllm" in response.text and "native" in response.text
     assert vllm.requests == []  # type: ignore[attr-defined]
     add_ready_version(db_session, tenant.id, "plain")
     assert _complete(client, tenant, "plain").status_code == 200  # plain LoRA is served there as before

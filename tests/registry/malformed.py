@@ -32,6 +32,8 @@ from registry.validation import (
 from tests.registry.malformed_archives import ARCHIVE_CASES, ARCHIVE_TIGHT_LIMIT_CASES, VALID_ARCHIVE_CASES
 from tests.registry.upload_builders import (
     DEMO_SPEC,
+    VOCAB_MODULES,
+    VOCAB_TENSOR_NAMES,
     WEIGHTS,
     Files,
     MalformedCase,
@@ -134,6 +136,11 @@ def _dora(then: Callable[[dict[str, np.ndarray]], None]) -> Callable[[dict[str, 
         then(add_magnitudes(tensors))
 
     return mutate
+
+
+def _vocab(mutate: Callable[[dict[str, np.ndarray]], object]) -> Callable[[Path], Files]:
+    """An adapter on q_proj, v_proj, embed_tokens and lm_head (VOCAB_MODULES), then `mutate`d."""
+    return _with_tensors(mutate, lora_config(modules=VOCAB_MODULES), modules=VOCAB_MODULES)
 
 
 def _poison_magnitude(value: float) -> Callable[[dict[str, np.ndarray]], None]:
@@ -244,7 +251,17 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase("rank_pattern", _with_config(rank_pattern={"q_proj": 8}), "rank_pattern_not_supported"),
     MalformedCase("alpha_pattern", _with_config(alpha_pattern={"v_proj": 32}), "rank_pattern_not_supported"),
     MalformedCase(
-        "config_targets_lm_head", _with_config(modules=("q_proj", "lm_head")), "unsupported_target_module"
+        "config_targets_lm_head_without_its_weights",
+        _with_config(modules=("q_proj", "v_proj", "lm_head")),
+        "missing_lora_weights",
+    ),
+    MalformedCase(
+        "dora_on_embed_tokens",
+        _with_config(modules=VOCAB_MODULES, use_dora=True),
+        "dora_vocab_not_supported",
+    ),
+    MalformedCase(
+        "config_targets_norm", _with_config(modules=("q_proj", "norm")), "unsupported_target_module"
     ),
     MalformedCase("target_modules_regex", _with_config(target_modules=".*proj"), "unsupported_target_module"),
     MalformedCase("rank_zero", _with_config(r=0), "invalid_rank"),
@@ -287,16 +304,61 @@ MALFORMED_CASES: list[MalformedCase] = [
     ),
     # tensor names and shapes
     MalformedCase(
-        "lm_head_tensors",
-        _with_tensors(_set("base_model.model.lm_head.lora_A.weight", np.zeros((4, 64), np.float32))),
-        "unsupported_target_module",
+        "lm_head_tensors_not_targeted",
+        _with_tensors(_set(VOCAB_TENSOR_NAMES["lm_head"][0], np.zeros((4, 64), np.float32))),
+        "module_not_targeted",
     ),
     MalformedCase(
-        "embed_tokens_tensors",
-        _with_tensors(
-            _set("base_model.model.model.embed_tokens.lora_embedding_A", np.zeros((4, 512), np.float32))
+        "embed_tokens_tensors_not_targeted",
+        _with_tensors(_set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((4, 512), np.float32))),
+        "module_not_targeted",
+    ),
+    MalformedCase(
+        "embed_tokens_a_of_another_vocab",
+        _vocab(_set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((4, 500), np.float32))),
+        "wrong_base_model",
+    ),
+    MalformedCase(
+        "embed_tokens_b_of_another_hidden_size",
+        _vocab(_set(VOCAB_TENSOR_NAMES["embed_tokens"][1], np.zeros((48, 4), np.float32))),
+        "wrong_base_model",
+    ),
+    MalformedCase(
+        "embed_tokens_a_transposed",
+        _vocab(_set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((512, 4), np.float32))),
+        "invalid_tensor_shape",
+    ),
+    MalformedCase(
+        "lm_head_b_of_another_vocab",
+        _vocab(_set(VOCAB_TENSOR_NAMES["lm_head"][1], np.zeros((500, 4), np.float32))),
+        "wrong_base_model",
+    ),
+    MalformedCase(
+        "lm_head_a_of_another_rank",
+        _vocab(_set(VOCAB_TENSOR_NAMES["lm_head"][0], np.zeros((8, 64), np.float32))),
+        "rank_mismatch",
+    ),
+    MalformedCase(
+        "lm_head_without_lora_b",
+        _vocab(lambda tensors: tensors.pop(VOCAB_TENSOR_NAMES["lm_head"][1])),
+        "missing_lora_pair",
+    ),
+    MalformedCase(
+        "embed_tokens_base_layer_copy",
+        _vocab(
+            _set("base_model.model.model.embed_tokens.base_layer.weight", np.zeros((512, 64), np.float32))
         ),
-        "unsupported_target_module",
+        "embedding_layer_copy",
+    ),
+    MalformedCase(
+        "lm_head_base_layer_copy",
+        _vocab(_set("base_model.model.lm_head.base_layer.weight", np.zeros((512, 64), np.float32))),
+        "embedding_layer_copy",
+    ),
+    MalformedCase(
+        "embed_tokens_saved_as_a_linear",
+        _vocab(_set("base_model.model.model.embed_tokens.lora_A.weight", np.zeros((4, 512), np.float32))),
+        "unexpected_tensor",
     ),
     MalformedCase(
         "unexpected_tensor_name",
@@ -386,4 +448,22 @@ VALID_CASES: list[MalformedCase] = [
     MalformedCase("valid_bf16", lambda d: adapter_upload(d, dtype="BF16"), ""),
     MalformedCase("valid_f16", lambda d: adapter_upload(d, dtype="F16"), ""),
     *VALID_ARCHIVE_CASES,
+]
+
+# Valid adapters with LoRA on the vocabulary modules (their infos differ from VALID_CASES' one)
+VALID_VOCAB_CASES: list[MalformedCase] = [
+    MalformedCase(
+        "valid_embed_tokens_and_lm_head",
+        lambda d: adapter_upload(d, lora_config(modules=VOCAB_MODULES), modules=VOCAB_MODULES),
+        "",
+    ),
+    MalformedCase(
+        "valid_lm_head_under_layers_to_transform",
+        lambda d: adapter_upload(
+            d,
+            lora_config(modules=("q_proj", "lm_head"), layers_to_transform=[0, 1]),
+            modules=("q_proj", "lm_head"),
+        ),
+        "",
+    ),
 ]

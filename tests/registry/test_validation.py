@@ -15,6 +15,7 @@ import pytest
 from registry import validation
 from registry.validation import (
     SUPPORTED_TARGET_MODULES,
+    VOCAB_LAYER,
     AdapterValidationError,
     BaseModelSpec,
     ValidationLimits,
@@ -31,6 +32,7 @@ from tests.registry.malformed import (
     TIGHT_LIMIT_CASES,
     TIGHT_LIMITS,
     VALID_CASES,
+    VALID_VOCAB_CASES,
     assert_helpful,
     validate_upload_files,
 )
@@ -289,17 +291,66 @@ def test_spec_refuses_other_model_types() -> None:
         ("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight", (3, "q_proj", "A")),
         ("base_model.model.model.layers.12.mlp.down_proj.lora_B.weight", (12, "down_proj", "B")),
         ("model.layers.0.self_attn.o_proj.lora_B.weight", (0, "o_proj", "B")),
+        ("base_model.model.model.embed_tokens.lora_embedding_A", (VOCAB_LAYER, "embed_tokens", "A")),
+        ("base_model.model.model.embed_tokens.lora_embedding_B", (VOCAB_LAYER, "embed_tokens", "B")),
+        ("base_model.model.lm_head.lora_A.weight", (VOCAB_LAYER, "lm_head", "A")),
+        ("base_model.model.lm_head.lora_B.weight", (VOCAB_LAYER, "lm_head", "B")),
     ],
 )
 def test_parse_lora_tensor_name(name: str, expected: tuple[int, str, str]) -> None:
     assert parse_lora_tensor_name(name) == expected
 
 
+def test_peft_adapter_on_embed_tokens_and_lm_head_validates_and_its_saved_base_copies_are_refused(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """peft's own files: LoRA on embed_tokens and lm_head is accepted (its layers are the decoder layers only);
+    saved with peft's default save_embedding_layers the base weights' full copies are refused, saying how to
+    re-save."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    modules = ["q_proj", "embed_tokens", "lm_head"]
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(base_model_dir)),
+        LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM"),
+    )
+    spec = BaseModelSpec.from_model_dir(base_model_dir)
+    model.save_pretrained(str(tmp_path / "lean"), save_embedding_layers=False)
+    info = validate_adapter_dir(tmp_path / "lean", spec, ValidationLimits())
+    assert info.target_modules == ("q_proj", "embed_tokens", "lm_head")
+    assert info.layers == tuple(range(spec.num_layers))
+    model.save_pretrained(str(tmp_path / "with_copies"))
+    with pytest.raises(AdapterValidationError) as excinfo:
+        validate_adapter_dir(tmp_path / "with_copies", spec, ValidationLimits())
+    assert excinfo.value.code == "embedding_layer_copy"
+    assert "save_embedding_layers=False" in excinfo.value.message
+
+
+@pytest.mark.parametrize("case", VALID_VOCAB_CASES, ids=lambda c: c.case_id)
+def test_lora_on_embed_tokens_and_lm_head_with_the_base_models_shapes_passes(
+    case: MalformedCase, tmp_path: Path
+) -> None:
+    (tmp_path / "in").mkdir()
+    info = validate_upload_files(case.build(tmp_path / "in"), tmp_path / "work", DEMO_SPEC, DEFAULT_LIMITS)
+    assert "lm_head" in info.target_modules and info.layers == (0, 1)
+
+
+def test_modules_to_save_refusal_points_to_lora_on_the_vocab_modules() -> None:
+    with pytest.raises(AdapterValidationError) as excinfo:
+        validate_adapter_config(config_json(modules_to_save=["lm_head"]), DEMO_SPEC, ValidationLimits())
+    assert excinfo.value.code == "modules_to_save_not_supported"
+    assert "full copies" in excinfo.value.message and "target_modules" in excinfo.value.message
+
+
 @pytest.mark.parametrize(
     ("name", "code"),
     [
-        ("base_model.model.lm_head.lora_A.weight", "unsupported_target_module"),
-        ("base_model.model.model.embed_tokens.lora_embedding_B", "unsupported_target_module"),
+        ("base_model.model.lm_head.lora_embedding_A", "unexpected_tensor"),
+        ("base_model.model.model.embed_tokens.lora_B.weight", "unexpected_tensor"),
+        ("base_model.model.model.embed_tokens.base_layer.weight", "embedding_layer_copy"),
+        ("base_model.model.lm_head.weight", "embedding_layer_copy"),
+        ("base_model.model.model.norm.lora_A.weight", "unsupported_target_module"),
         ("base_model.model.model.layers.0.self_attn.rotary.lora_A.weight", "unsupported_target_module"),
         ("base_model.model.model.layers.0.mlp.q_proj.lora_A.weight", "unexpected_tensor"),
         ("base_model.model.model.layers.01.self_attn.q_proj.lora_A.weight", "unexpected_tensor"),

@@ -45,6 +45,16 @@ _PARENT = {
     "down_proj": "mlp",
 }
 
+# peft's saved names of the LoRA on the token embedding and the LM head (module -> (A, B))
+VOCAB_TENSOR_NAMES = {
+    "embed_tokens": (
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        "base_model.model.model.embed_tokens.lora_embedding_B",
+    ),
+    "lm_head": ("base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"),
+}
+VOCAB_MODULES = ("q_proj", "v_proj", "embed_tokens", "lm_head")  # an adapter with both vocab targets
+
 Files = list[Path]
 
 
@@ -114,11 +124,17 @@ def lora_tensors(
     modules: tuple[str, ...] = ("q_proj", "v_proj"),
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Seeded float32 A [r, in] and B [out, r] for every layer and module."""
+    """Seeded float32 A [r, in] and B [out, r] for every layer and module (once for embed_tokens / lm_head:
+    lora_embedding_A [r, vocab] and lora_embedding_B [hidden, r]; lm_head lora_A [r, hidden], lora_B [vocab, r])."""
     rng = np.random.default_rng(seed)
     tensors = {}
+    for module in (m for m in modules if m in VOCAB_TENSOR_NAMES):
+        in_features, out_features = spec.module_shape(module)
+        a_name, b_name = VOCAB_TENSOR_NAMES[module]
+        tensors[a_name] = rng.standard_normal((rank, in_features), np.float32)
+        tensors[b_name] = rng.standard_normal((out_features, rank), np.float32)
     for layer in range(spec.num_layers):
-        for module in modules:
+        for module in (m for m in modules if m not in VOCAB_TENSOR_NAMES):
             in_features, out_features = spec.module_shape(module)
             tensors[tensor_name(layer, module, "A")] = rng.standard_normal((rank, in_features), np.float32)
             tensors[tensor_name(layer, module, "B")] = rng.standard_normal((out_features, rank), np.float32)

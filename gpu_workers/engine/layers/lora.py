@@ -14,12 +14,15 @@ forms in the order they add their deltas; this module knows none of the others.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
 from gpu_workers.engine.layers.linear import WIDE_GEMM_MIN_ROWS
+
+if TYPE_CHECKING:
+    from gpu_workers.engine.layers.vocab_lora import VocabLora
 
 # Merged projections of a decoder layer and the HF modules stacked in each (in output-column order).
 PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -49,6 +52,8 @@ class LoraAdapter:
 
     magnitudes (DoRA adapters only, empty for plain LoRA): per layer [1 or 2, C] fp32, the per-column rescale g
     and the bias shift of every merged projection side by side (layers/dora.py); counted in num_bytes.
+    vocab (adapters targeting embed_tokens or lm_head, else None): those deltas (layers/vocab_lora.py); counted
+    in num_bytes.
     """
 
     adapter_id: str
@@ -58,11 +63,18 @@ class LoraAdapter:
     layers: tuple[dict[str, LoraProjection], ...]
     num_bytes: int
     magnitudes: tuple[torch.Tensor, ...] = ()
+    vocab: VocabLora | None = None
 
     @property
     def is_dora(self) -> bool:
         """True for a DoRA adapter (its rows are rescaled by its magnitudes)."""
         return bool(self.magnitudes)
+
+    @property
+    def has_projection_deltas_only(self) -> bool:
+        """True when every delta is on a decoder projection (no DoRA rescale, no embed_tokens / lm_head LoRA):
+        what a captured decode step's slot table holds (decode_graphs.py)."""
+        return not self.magnitudes and self.vocab is None
 
 
 @dataclass(frozen=True)
@@ -205,8 +217,8 @@ def map_lora_tensors(adapter: LoraAdapter, fn: Callable[[torch.Tensor], torch.Te
         for layer in adapter.layers
     )
     magnitudes = tuple(fn(t) for t in adapter.magnitudes)
-    a = adapter
-    return LoraAdapter(a.adapter_id, a.rank, a.scale, a.target_modules, layers, a.num_bytes, magnitudes)
+    vocab = adapter.vocab.map(fn) if adapter.vocab is not None else None
+    return replace(adapter, layers=layers, magnitudes=magnitudes, vocab=vocab)
 
 
 def build_lora_projection(

@@ -19,6 +19,7 @@ from gpu_workers.engine.layers.lora import LoraBatch, add_lora_delta, select_lor
 from gpu_workers.engine.layers.norm import RMSNorm
 from gpu_workers.engine.layers.pointwise import EAGER_POINTWISE, PointwiseOps
 from gpu_workers.engine.layers.rotary import rope_parameters
+from gpu_workers.engine.layers.vocab_lora import VocabStep
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -199,6 +200,9 @@ class LlamaForCausalLM(nn.Module):
         `output_rows` ([len(output_rows), hidden]; ascending rows): then the last layer's output projection
         and MLP skip the other rows (prompt tokens whose outputs nobody reads)."""
         h = self.embed_tokens(input_ids)
+        vocab = lora.find(VocabStep)
+        if vocab is not None:  # LoRA on embed_tokens: a per-row gather (layers/vocab_lora.py)
+            vocab.add_embedding_delta(h, input_ids)
         num_tokens = input_ids.shape[0]
         keep = None
         if output_rows is not None and output_rows.shape[0] < num_tokens:
@@ -211,11 +215,17 @@ class LlamaForCausalLM(nn.Module):
             h = h.index_select(0, output_rows)
         return h
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [n, hidden] (un-normed rows to sample from) -> fp32 logits [n, vocab]."""
+    def logits(self, hidden: torch.Tensor, head: VocabStep | None = None) -> torch.Tensor:
+        """hidden: [n, hidden] (un-normed rows to sample from) -> fp32 logits [n, vocab]; `head`: the LoRA on
+        lm_head of these n rows (VocabStep.select_rows), None when no row has one."""
+        x = self.norm(hidden)
         if self.lm_head_packed is not None:
-            return packed_linear(self.norm(hidden), self.lm_head_packed).float()
-        return F.linear(self.norm(hidden), self.lm_head_weight).float()
+            out = packed_linear(x, self.lm_head_packed)
+        else:
+            out = F.linear(x, self.lm_head_weight)
+        if head is not None:
+            head.add_head_delta(out, x)
+        return out.float()
 
     def use_pointwise(self, ops: PointwiseOps) -> None:
         """Run every layer's elementwise runs through `ops` (layers/pointwise.py: eager or compiled)."""

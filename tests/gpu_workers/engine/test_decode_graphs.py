@@ -286,31 +286,37 @@ def test_why_decode_steps_are_not_captured(base_model_dir: Path) -> None:
 
 
 @needs_triton_kernels
-def test_a_decode_step_with_a_dora_row_runs_eagerly_and_gives_peft_tokens(
+@pytest.mark.parametrize(
+    ("kind", "modules", "use_dora"),
+    [("dora", ("q_proj", "down_proj"), True), ("vocab", ("q_proj", "embed_tokens", "lm_head"), False)],
+)
+def test_a_decode_step_with_a_dora_or_vocab_lora_row_runs_eagerly_and_gives_peft_tokens(
     graph_engine: tuple[LLMEngine, CountingGraphs],
     base_model_dir: Path,
     adapter_dirs: dict[str, Path],
     prompt_ids: list[list[int]],
     tmp_path: Path,
+    kind: str,
+    modules: tuple[str, ...],
+    use_dora: bool,
 ) -> None:
-    """A captured step has no DoRA rescale (its slot table holds LoRA descriptors only): a decode batch with a DoRA
-    row is not replayed but run eagerly, and its tokens are peft's."""
+    """A captured step has no DoRA rescale nor LoRA on embed_tokens / lm_head (its slot table holds decoder
+    LoRA descriptors only): a decode batch with such a row is not replayed but run eagerly, and its tokens are
+    peft's."""
     from gpu_workers.engine.demo_model import generate_adapter
     from tests.gpu_workers.conftest import HfOracle
 
     engine, _ = graph_engine
-    dora = generate_adapter(
-        base_model_dir, tmp_path / "dora", 4, ("q_proj", "down_proj"), seed=9, use_dora=True
-    )
-    engine.load_adapter("dora", dora)
+    path = generate_adapter(base_model_dir, tmp_path / kind, 4, modules, seed=9, use_dora=use_dora)
+    engine.load_adapter(kind, path)
     name = next(iter(adapter_dirs))
-    oracle = HfOracle(base_model_dir, {name: adapter_dirs[name], "dora": dora}, torch.float32)
+    oracle = HfOracle(base_model_dir, {name: adapter_dirs[name], kind: path}, torch.float32)
     before = engine.runner_stats().num_eager_decode_steps
-    rows: list[str | None] = ["dora", name, None]
+    rows: list[str | None] = [kind, name, None]
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     for i, adapter in enumerate(rows):
-        engine.add_request(EngineRequest(f"dora-{i}", tuple(prompt_ids[i]), params, adapter))
+        engine.add_request(EngineRequest(f"{kind}-{i}", tuple(prompt_ids[i]), params, adapter))
     tokens = _drain(engine)
     for i, adapter in enumerate(rows):
-        assert tokens[f"dora-{i}"] == oracle.greedy(prompt_ids[i], adapter, 3), adapter
+        assert tokens[f"{kind}-{i}"] == oracle.greedy(prompt_ids[i], adapter, 3), adapter
     assert engine.runner_stats().num_eager_decode_steps >= before + 2

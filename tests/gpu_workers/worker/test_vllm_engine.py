@@ -85,3 +85,13 @@ def test_the_vllm_worker_refuses_a_dora_adapter_saying_why(base_model_dir: Path,
     assert vllm_adapter_rank(plain, spec, limits) == 4
     with pytest.raises(AdapterLoadError, match=r"DoRA .*vLLM cannot serve.*native worker"):
         vllm_adapter_rank(dora, spec, limits)
+
+
+def test_the_vllm_worker_refuses_lora_on_embed_tokens_or_lm_head_saying_why(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """A second line of defence behind routing: vLLM's LoRA does not cover the embedding or the LM head."""
+    spec, limits = BaseModelSpec.from_model_dir(base_model_dir), ValidationLimits()
+    head = generate_adapter(base_model_dir, tmp_path / "head", 4, ("q_proj", "lm_head"), seed=1)
+    with pytest.raises(AdapterLoadError, match=r"lm_head.*vLLM cannot serve.*native worker"):
+        vllm_adapter_rank(head, spec, limits)

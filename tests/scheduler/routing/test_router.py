@@ -1,15 +1,19 @@
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.routing.caraserve_router import RankAwareRouter
 from scheduler.routing.router import (
+    DORA,
+    VOCAB_LORA,
     PlacementWeightedRandom,
     ResidencyThenLeastLoaded,
     RouteRequest,
     WorkerView,
-    dora_engine_refusal,
+    adapter_engine_features,
+    engine_feature_refusal,
     rank_limit_refusal,
     residency_tier,
     tenant_load,
@@ -225,16 +229,32 @@ def test_a_flooders_backlog_size_does_not_change_another_tenants_load(
     assert tenant_load(after, "flood") > tenant_load(before, "flood")
 
 
-def test_a_dora_adapter_goes_only_to_native_engines_and_is_refused_where_none_is_ready() -> None:
+@pytest.mark.parametrize(
+    ("features", "says"),
+    [
+        (frozenset({DORA}), "DoRA"),
+        (frozenset({VOCAB_LORA}), "embed_tokens / lm_head"),
+    ],
+)
+def test_an_adapter_needing_an_engine_feature_goes_only_to_engines_serving_it_and_is_refused_where_none_is_ready(
+    features: frozenset[str], says: str
+) -> None:
     vllm, native = replace(_w("a", device={"x"}), engine_backend="vllm"), replace(_w("b", running=6))
-    dora = RouteRequest(BASE, "x", adapter_rank=8, is_dora=True)
+    needy = RouteRequest(BASE, "x", adapter_rank=8, engine_features=features)
     for router in (ResidencyThenLeastLoaded(), PlacementWeightedRandom(seed=1), RankAwareRouter()):
-        assert router.choose(dora, [vllm, native]) == "b"
-        assert router.choose(dora, [vllm]) is None
+        assert router.choose(needy, [vllm, native]) == "b"
+        assert router.choose(needy, [vllm]) is None
     plain = RouteRequest(BASE, "x", adapter_rank=8)
     assert ResidencyThenLeastLoaded().choose(plain, [vllm, native]) == "a"  # plain LoRA: where it is resident
-    message = dora_engine_refusal(dora, [vllm])
-    assert message is not None and "DoRA" in message and "vllm" in message and "native" in message
-    assert dora_engine_refusal(dora, [vllm, native]) is None
-    assert dora_engine_refusal(RouteRequest(BASE, "x", adapter_rank=8), [vllm]) is None
-    assert dora_engine_refusal(dora, [replace(vllm, is_ready=False)]) is None  # a cold start waits
+    message = engine_feature_refusal(needy, [vllm])
+    assert message is not None and says in message and "vllm" in message and "native" in message
+    assert engine_feature_refusal(needy, [vllm, native]) is None
+    assert engine_feature_refusal(RouteRequest(BASE, "x", adapter_rank=8), [vllm]) is None
+    assert engine_feature_refusal(needy, [replace(vllm, is_ready=False)]) is None  # a cold start waits
+
+
+def test_an_adapters_engine_features_come_from_its_validated_metadata() -> None:
+    assert adapter_engine_features(False, ("q_proj", "v_proj")) == frozenset()
+    assert adapter_engine_features(True, ("q_proj",)) == {DORA}
+    assert adapter_engine_features(False, ("q_proj", "lm_head")) == {VOCAB_LORA}
+    assert adapter_engine_features(False, ("embed_tokens",)) == {VOCAB_LORA}
