@@ -60,6 +60,7 @@ from registry.validation.safetensors_header import (
 from registry.validation.specs import (
     ALLOWED_FILENAMES,
     CONFIG_FILENAME,
+    DECODER_TARGET_MODULES,
     IGNORED_FILENAMES,
     MAX_CONFIG_BYTES,
     SUPPORTED_DTYPES,
@@ -81,6 +82,7 @@ from registry.validation.values import _check_update_norms, _hash_and_check_fini
 __all__ = [
     "ALLOWED_FILENAMES",
     "CONFIG_FILENAME",
+    "DECODER_TARGET_MODULES",
     "IGNORED_FILENAMES",
     "MAX_CONFIG_BYTES",
     "SUPPORTED_DTYPES",

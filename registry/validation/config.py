@@ -188,6 +188,12 @@ def _check_unsupported_features(config: dict[str, Any]) -> None:
                 f"{key} (per-module rank or alpha) is not supported; "
                 "retrain with one r and lora_alpha for all modules",
             )
+    if config.get("ensure_weight_tying"):
+        raise _fail(
+            "unsupported_config_option",
+            "ensure_weight_tying=true (one LoRA shared by a tied embed_tokens and lm_head) is not supported: each "
+            "LoRA is served on its own module; retrain with ensure_weight_tying=False",
+        )
     for key in _UNSUPPORTED_CONFIG_OPTIONS:
         if config.get(key):
             raise _fail(

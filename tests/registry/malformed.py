@@ -261,6 +261,11 @@ MALFORMED_CASES: list[MalformedCase] = [
         "dora_vocab_not_supported",
     ),
     MalformedCase(
+        "ensure_weight_tying",
+        _with_config(modules=VOCAB_MODULES, ensure_weight_tying=True),
+        "unsupported_config_option",
+    ),
+    MalformedCase(
         "config_targets_norm", _with_config(modules=("q_proj", "norm")), "unsupported_target_module"
     ),
     MalformedCase("target_modules_regex", _with_config(target_modules=".*proj"), "unsupported_target_module"),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from registry.validation import (
-    SUPPORTED_TARGET_MODULES,
+    DECODER_TARGET_MODULES,
     AdapterValidationError,
     BaseModelSpec,
     ValidationLimits,
@@ -58,7 +58,7 @@ def test_base_weight_norms_match_numpy_and_are_cached(base_model_dir: Path) -> N
 
     weights = load_file(str(base_model_dir / "model.safetensors"))
     norms = base_weight_norms(base_model_dir)
-    assert norms is not None and len(norms) == DEMO_SPEC.num_layers * len(SUPPORTED_TARGET_MODULES)
+    assert norms is not None and len(norms) == DEMO_SPEC.num_layers * len(DECODER_TARGET_MODULES)
     parent = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
     for (layer, module), norm in norms.items():
         expected = weights[f"model.layers.{layer}.{parent.get(module, 'mlp')}.{module}.weight"]
@@ -103,7 +103,7 @@ def test_realistic_adapters_pass_against_the_real_base_model(
 ) -> None:
     """peft-style weights: A kaiming-uniform (bound 1/sqrt(in)), a trained update scale * B ~ N(0, 0.02)."""
     rng = np.random.default_rng(rank)
-    modules = tuple(SUPPORTED_TARGET_MODULES)
+    modules = tuple(DECODER_TARGET_MODULES)
     scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
     tensors = {}
     for name, array in lora_tensors(rank=rank, modules=modules).items():

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from gpu_workers.engine.llm_engine import LLMEngine
 from registry.validation import (
-    SUPPORTED_TARGET_MODULES,
+    DECODER_TARGET_MODULES,
     AdapterValidationError,
     BaseModelSpec,
     ValidationLimits,
@@ -74,7 +74,7 @@ def base_norms(base_model_dir: Path) -> dict[tuple[int, str], float]:
     norms = {}
     for name, weight in load_file(str(base_model_dir / "model.safetensors")).items():
         parts = name.split(".")  # model.layers.<i>.<self_attn|mlp>.<module>.weight
-        if len(parts) == 6 and parts[4] in SUPPORTED_TARGET_MODULES:
+        if len(parts) == 6 and parts[4] in DECODER_TARGET_MODULES:
             norms[(int(parts[2]), parts[4])] = float(np.linalg.norm(weight))
     return norms
 
@@ -102,7 +102,7 @@ def adapters(draw: st.DrawFn, spec_norms: dict) -> tuple[dict, dict[str, np.ndar
     rank = draw(st.sampled_from([1, 2, 4, 8, 32]))
     alpha = draw(st.sampled_from([1.0, 8.0, 2.0 * rank, 512.0, 4096.0, 16384.0, 20000.0]))
     use_rslora = draw(st.booleans())
-    modules = tuple(draw(st.sets(st.sampled_from(SUPPORTED_TARGET_MODULES), min_size=1)))
+    modules = tuple(draw(st.sets(st.sampled_from(DECODER_TARGET_MODULES), min_size=1)))
     dtype = draw(st.sampled_from(["F32", "BF16", "F16"]))
     scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))

@@ -174,3 +174,24 @@ def test_vocab_lora_prefill_on_the_host_copy_gives_the_resident_tokens(
     [out] = engine.generate([prompt_ids[3]], GREEDY, adapter_ids=["cold"])
     assert out.token_ids == oracle.greedy(prompt_ids[3], "vocab-rs", GREEDY.max_tokens)
     assert engine.engine_stats().num_cpu_assisted_prefills == 1
+
+
+def test_prompt_logprobs_of_a_vocab_lora_adapter_match_peft_through_chunks(
+    make_engine: Any, vocab_dirs: dict[str, Path], oracle: HfOracle, prompt_ids: list[list[int]]
+) -> None:
+    """The head delta also reaches the prompt rows' logprobs (their rows of the step, not the sampled ones),
+    chunk after chunk, beside a plain LoRA row."""
+    engine = vocab_engine(make_engine, vocab_dirs, max_num_batched_tokens=16)  # 3 chunks of a 40-token prompt
+    prompt = (prompt_ids[0] + prompt_ids[1] + prompt_ids[2] + prompt_ids[3])[:40]
+    asking = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    [out, _] = engine.generate(
+        [prompt, prompt_ids[1]], [asking, GREEDY], adapter_ids=["vocab-rs", "adapter-00"]
+    )
+    oracle.model.set_adapter("vocab-rs")
+    with torch.inference_mode():
+        logits = oracle.model(input_ids=torch.tensor([prompt])).logits[0]
+    expected = torch.log_softmax(logits.float(), dim=-1)
+    assert out.prompt_logprobs is not None
+    for position, got in enumerate(out.prompt_logprobs[1:]):
+        assert got is not None and got.token_id == prompt[position + 1]
+        assert got.logprob == pytest.approx(float(expected[position, got.token_id]), abs=1e-4)
