@@ -23,8 +23,6 @@ import torch
 
 from gpu_workers.engine.layers.lora import LoraProjection, LoraSegment, add_segment_delta, select_segment_rows
 
-VOCAB_MODULES = ("embed_tokens", "lm_head")
-
 
 @dataclass(frozen=True)
 class VocabLora:
