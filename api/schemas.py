@@ -254,6 +254,9 @@ class AdapterVersionPublic(BaseModel):
     source_revision: str | None = Field(
         description="the commit an hf:// import read (its revision resolved when imported); null otherwise"
     )
+    use_dora: bool = Field(
+        description="a DoRA adapter (peft use_dora): served by native workers only, never by the vLLM engine"
+    )
     created_at: datetime
     finished_at: datetime | None
 
@@ -272,6 +275,7 @@ class AdapterVersionPublic(BaseModel):
             target_modules=version.target_modules,
             num_bytes=version.num_bytes,
             source_revision=version.source_revision,
+            use_dora=version.use_dora,
             created_at=version.created_at,
             finished_at=version.finished_at,
         )

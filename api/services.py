@@ -126,7 +126,7 @@ def build_services(
     """Services from settings; pass any piece to use it instead (tests, embedding)."""
     engine = None
     if session_factory is None:
-        engine = make_engine(settings.resolved_database_url())
+        engine = make_engine(settings.resolved_database_url(), settings.storage.database_pool_size)
         session_factory = make_session_factory(engine)
     blob_store = blob_store or make_blob_store(settings)
     ctx = AdapterJobContext(

@@ -254,11 +254,19 @@ def summary(phase: str, streams: list[Stream], num_tokens: int) -> dict[str, Any
         if kind:
             errors[kind] = errors.get(kind, 0) + 1
     slow = [s for s in streams if s.is_slow and s.ended_at is not None]
+    by_quarter = []  # TTFT p99 of the streams opened in each quarter of the ramp: where in it the tail is
+    for quarter in range(4):
+        part = sorted(
+            1000 * s.ttft_s
+            for s in streams[quarter * len(streams) // 4 : (quarter + 1) * len(streams) // 4]
+            if s.ttft_s is not None and not s.is_slow
+        )
+        by_quarter.append(round(part[min(len(part) - 1, int(0.99 * len(part)))], 1) if part else None)
     return {
         "phase": phase, "num_streams": len(streams), "num_complete": sum(s.is_done for s in streams),
         "ttft_p50_ms": round(statistics.median(ttfts), 1) if ttfts else None,
         "ttft_p99_ms": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1) if ttfts else None,
-        "slow_readers": len(slow), "errors": errors,
+        "ttft_p99_by_quarter_ms": by_quarter, "slow_readers": len(slow), "errors": errors,
     }  # fmt: skip
 
 

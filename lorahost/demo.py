@@ -167,7 +167,7 @@ def upload_adapter(
     version = body["version"]
     console.print(
         f"[bold]uploaded[/] {name}: version {version['number']} status={version['status']} "
-        f"rank={version.get('rank')}"
+        f"rank={version.get('rank')}{' (DoRA)' if version.get('use_dora') else ''}"
     )
     return version
 

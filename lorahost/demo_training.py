@@ -1,6 +1,6 @@
 """Two small real LoRA adapters for the demo: a short peft fine-tune of the base model on built-in text.
 
-`pirate` answers like a pirate, `french` answers in French. Each is trained for a bounded number of steps
+`pirate` answers like a pirate (LoRA), `french` answers in French (DoRA: peft's use_dora). Each is trained for a bounded number of steps
 (and a wall-clock budget) on a few dozen chat examples, loss on the answer tokens only, and saved with peft's
 `save_pretrained` under <out_dir>/<name>. A finished adapter is reused: the directory holds a stamp of its
 training recipe, so a changed recipe retrains and an unchanged one costs nothing.
@@ -72,6 +72,7 @@ FRENCH_ANSWERS = (
     "Bonjour ! Deux plus deux font quatre. Merci beaucoup !",
 )
 DATASETS = {"pirate": PIRATE_ANSWERS, "french": FRENCH_ANSWERS}
+DORA_ADAPTERS = frozenset({"french"})  # fine-tuned with DoRA (peft use_dora): the demo serves both kinds together
 STAMP_NAME = "lorahost-demo-training.json"
 
 
@@ -118,7 +119,13 @@ def ensure_demo_adapters(
 
 def _stamp(base_dir: Path, name: str, recipe: TrainingRecipe) -> str:
     payload = json.dumps(
-        {"base": Path(base_dir).name, "data": DATASETS[name], "recipe": asdict(recipe)}, sort_keys=True
+        {
+            "base": Path(base_dir).name,
+            "data": DATASETS[name],
+            "recipe": asdict(recipe),
+            "use_dora": name in DORA_ADAPTERS,
+        },
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -131,7 +138,8 @@ def _read_stamp(path: Path) -> str | None:
 
 
 def train_adapter(base_dir: Path, name: str, out_dir: Path, recipe: TrainingRecipe) -> dict[str, Any]:
-    """Fine-tune one LoRA adapter on DATASETS[name]; writes out_dir atomically; returns training stats."""
+    """Fine-tune one LoRA adapter (DoRA for DORA_ADAPTERS) on DATASETS[name]; writes out_dir atomically; returns
+    training stats."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -147,6 +155,7 @@ def train_adapter(base_dir: Path, name: str, out_dir: Path, recipe: TrainingReci
         lora_alpha=recipe.lora_alpha,
         target_modules=list(recipe.target_modules),
         lora_dropout=0.0,
+        use_dora=name in DORA_ADAPTERS,
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)

@@ -35,8 +35,9 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 SQLITE_TRANSIENT_MESSAGES = ("database is locked", "database is busy", "database table is locked")
 
 
-def make_engine(database_url: str, **kwargs: Any) -> Engine:
-    """An Engine for `database_url` (PostgreSQL via psycopg, or SQLite).
+def make_engine(database_url: str, pool_size: int | None = None, **kwargs: Any) -> Engine:
+    """An Engine for `database_url` (PostgreSQL via psycopg, or SQLite); `pool_size`: the PostgreSQL connections
+    kept open for reuse (settings.storage.database_pool_size; SQLAlchemy's 5 when None).
 
     SQLite gets real transactions (explicit BEGIN, so SAVEPOINTs work; BEGIN IMMEDIATE for write
     transactions), foreign keys, WAL for files and a busy timeout, so the API threads and an inline or
@@ -52,8 +53,10 @@ def make_engine(database_url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     # An API process runs sync work on up to 40 threadpool threads, and an upload with an inline validation
     # job can use two sessions at once: the default 10 overflow connections queue them under a burst.
-    # Overflow connections close when returned, so idle processes still keep at most pool_size (5) open.
+    # Overflow connections close when returned, so idle processes still keep at most pool_size open.
     kwargs.setdefault("max_overflow", 40)
+    if pool_size is not None:
+        kwargs["pool_size"] = pool_size
     return create_engine(database_url, **kwargs)
 
 

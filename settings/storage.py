@@ -14,6 +14,14 @@ class StorageSettings(BaseModel):
     model_config = section_config("")
 
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir")
+    database_pool_size: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="PostgreSQL connections a process keeps open for reuse (more are opened under a burst, up to "
+        "40 beyond it, and closed when returned); each stream's usage row is finished on one, so a pool smaller "
+        "than the concurrent stream ends opens and closes a connection (a server process) per request",
+    )
     blob_store: str | None = Field(
         default=None, description="Local directory path or s3://bucket/prefix; default data_dir/blobs"
     )

@@ -49,6 +49,17 @@ def test_uploaded_folder_files_become_ready_in_the_202_response(
     assert len(blob_store.list_keys()) == 2
 
 
+def test_a_dora_version_says_so(client, tenant, demo_adapter, base_model_dir, tmp_path) -> None:
+    from gpu_workers.engine.demo_model import generate_adapter
+
+    dora = generate_adapter(base_model_dir, tmp_path / "dora", 4, ("q_proj", "v_proj"), seed=3, use_dora=True)
+    shown = upload(client, tenant, "my-dora", adapter_paths(dora)).json()["version"]
+    assert shown["status"] == "ready" and shown["use_dora"] is True
+    assert upload(client, tenant, "my-lora", adapter_paths(demo_adapter)).json()["version"]["use_dora"] is False
+    listed = client.get("/v1/adapters/my-dora/versions", headers=tenant.headers).json()["data"]
+    assert [v["use_dora"] for v in listed] == [True]
+
+
 def test_upload_with_peft_readme_is_accepted(client, tenant, demo_adapter) -> None:
     paths = [*adapter_paths(demo_adapter), demo_adapter / "README.md"]
     assert upload(client, tenant, "with-readme", paths).json()["version"]["status"] == "ready"

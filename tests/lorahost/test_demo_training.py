@@ -19,9 +19,10 @@ def test_trains_valid_adapters_once_and_reuses_them(
     adapters = ensure_demo_adapters(base_model_dir, tmp_path, QUICK)
     assert list(adapters) == demo_adapter_names() == ["pirate", "french"]
     spec = BaseModelSpec.from_model_dir(base_model_dir)
-    for path in adapters.values():
+    for name, path in adapters.items():
         info = validate_adapter_dir_without_stamp(path, spec)
         assert info.rank == 4 and info.target_modules == ("q_proj", "v_proj")
+        assert info.use_dora is (name == "french")  # the demo serves a DoRA adapter beside a LoRA one
 
     def must_not_train(*_args: object) -> None:
         raise AssertionError("an up-to-date adapter was retrained")
