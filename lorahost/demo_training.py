@@ -72,7 +72,9 @@ FRENCH_ANSWERS = (
     "Bonjour ! Deux plus deux font quatre. Merci beaucoup !",
 )
 DATASETS = {"pirate": PIRATE_ANSWERS, "french": FRENCH_ANSWERS}
-DORA_ADAPTERS = frozenset({"french"})  # fine-tuned with DoRA (peft use_dora): the demo serves both kinds together
+DORA_ADAPTERS = frozenset(
+    {"french"}
+)  # fine-tuned with DoRA (peft use_dora): the demo serves both kinds together
 STAMP_NAME = "lorahost-demo-training.json"
 
 

@@ -55,7 +55,9 @@ def test_a_dora_version_says_so(client, tenant, demo_adapter, base_model_dir, tm
     dora = generate_adapter(base_model_dir, tmp_path / "dora", 4, ("q_proj", "v_proj"), seed=3, use_dora=True)
     shown = upload(client, tenant, "my-dora", adapter_paths(dora)).json()["version"]
     assert shown["status"] == "ready" and shown["use_dora"] is True
-    assert upload(client, tenant, "my-lora", adapter_paths(demo_adapter)).json()["version"]["use_dora"] is False
+    assert (
+        upload(client, tenant, "my-lora", adapter_paths(demo_adapter)).json()["version"]["use_dora"] is False
+    )
     listed = client.get("/v1/adapters/my-dora/versions", headers=tenant.headers).json()["data"]
     assert [v["use_dora"] for v in listed] == [True]
 

@@ -25,4 +25,3 @@ def test_the_setting_defaults_to_20_and_is_read_from_the_environment(monkeypatch
     monkeypatch.setenv("LORAHOST_DATABASE_POOL_SIZE", "0")
     with pytest.raises(ValueError, match="database_pool_size"):
         Settings()
-
