@@ -81,6 +81,17 @@ class HfOracle:
         self.model.set_adapter(adapter)
         return self.model(input_ids=x).logits[0, -1].float()
 
+    def first_divergence_gap(
+        self, token_ids: list[int], adapter: str | None, got: list[int], expected: list[int]
+    ) -> float:
+        """0.0 if `got` equals the greedy `expected`; else, at the first token where they differ, how far
+        `got`'s logit is below the greedy one's (a near-tie that fp32 summation order can flip is tiny)."""
+        for k, (a, b) in enumerate(zip(got, expected, strict=True)):
+            if a != b:
+                logits = self.logits([*token_ids, *expected[:k]], adapter)
+                return float(logits[b] - logits[a])
+        return 0.0
+
     def greedy(self, token_ids: list[int], adapter: str | None, num_tokens: int) -> list[int]:
         """Greedy continuation (no EOS stop), recomputing the full prefix each step."""
         ids = list(token_ids)

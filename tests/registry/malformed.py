@@ -13,10 +13,7 @@ tests/registry/upload_builders.py; the archive cases: tests/registry/malformed_a
 from __future__ import annotations
 
 import shutil
-import struct
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -30,6 +27,26 @@ from registry.validation import (
     validate_adapter_dir,
 )
 from tests.registry.malformed_archives import ARCHIVE_CASES, ARCHIVE_TIGHT_LIMIT_CASES, VALID_ARCHIVE_CASES
+from tests.registry.malformed_builders import (
+    bad_header_json,
+    dora,
+    extra_file,
+    fill,
+    header_too_large,
+    overlapping,
+    oversize,
+    pickle,
+    poison,
+    poison_a,
+    poison_magnitude,
+    set,
+    truncated,
+    vocab,
+    with_config,
+    with_tensors,
+    with_weights,
+    wrong_base_model,
+)
 from tests.registry.upload_builders import (
     DEMO_SPEC,
     VOCAB_MODULES,
@@ -41,10 +58,8 @@ from tests.registry.upload_builders import (
     add_magnitudes,
     config_bytes,
     lora_config,
-    lora_tensors,
     magnitude_name,
     raw_safetensors,
-    safetensors_bytes,
     tensor_name,
     valid_files,
     write_upload,
@@ -85,126 +100,15 @@ def assert_helpful(error: AdapterValidationError, code: str) -> None:
 # Cases
 
 
-def _with_tensors(
-    mutate: Callable[[dict[str, np.ndarray]], object],
-    config: dict | None = None,
-    dtype: str = "F32",
-    **tensor_kwargs: Any,
-) -> Callable[[Path], Files]:
-    def build(tmp_dir: Path) -> Files:
-        tensors = lora_tensors(**tensor_kwargs)
-        mutate(tensors)
-        return adapter_upload(tmp_dir, config, tensors, dtype)
-
-    return build
-
-
-def _with_config(**overrides: Any) -> Callable[[Path], Files]:
-    return lambda tmp_dir: adapter_upload(tmp_dir, lora_config(**overrides))
-
-
-def _with_weights(make: Callable[[], bytes]) -> Callable[[Path], Files]:
-    return lambda tmp_dir: write_upload(tmp_dir, lora_config(), make())
-
-
-def _set(name: str, value: np.ndarray) -> Callable[[dict[str, np.ndarray]], None]:
-    return lambda tensors: tensors.__setitem__(name, value)
-
-
-def _poison(value: float) -> Callable[[dict[str, np.ndarray]], None]:
-    def mutate(tensors: dict[str, np.ndarray]) -> None:
-        tensors[tensor_name(1, "v_proj", "B")][3, 2] = value
-
-    return mutate
-
-
-def _fill(value: float, side: str = "") -> Callable[[dict[str, np.ndarray]], None]:
-    """Set every value of every tensor (of one side "A"/"B", or all) to `value`."""
-
-    def mutate(tensors: dict[str, np.ndarray]) -> None:
-        for name, array in tensors.items():
-            if f"lora_{side}" in name:
-                array[...] = value
-
-    return mutate
-
-
-def _dora(then: Callable[[dict[str, np.ndarray]], None]) -> Callable[[dict[str, np.ndarray]], None]:
-    """Add DoRA magnitude vectors, then apply `then`."""
-
-    def mutate(tensors: dict[str, np.ndarray]) -> None:
-        then(add_magnitudes(tensors))
-
-    return mutate
-
-
-def _vocab(mutate: Callable[[dict[str, np.ndarray]], object]) -> Callable[[Path], Files]:
-    """An adapter on q_proj, v_proj, embed_tokens and lm_head (VOCAB_MODULES), then `mutate`d."""
-    return _with_tensors(mutate, lora_config(modules=VOCAB_MODULES), modules=VOCAB_MODULES)
-
-
-def _poison_magnitude(value: float) -> Callable[[dict[str, np.ndarray]], None]:
-    def mutate(tensors: dict[str, np.ndarray]) -> None:
-        tensors[magnitude_name(0, "q_proj")][5] = value
-
-    return mutate
-
-
-def _poison_a(value: float) -> Callable[[dict[str, np.ndarray]], None]:
-    def mutate(tensors: dict[str, np.ndarray]) -> None:
-        tensors[tensor_name(0, "q_proj", "A")][1, 7] = -value
-
-    return mutate
-
-
-def _overlapping() -> bytes:
-    a, b = tensor_name(0, "q_proj", "A"), tensor_name(0, "q_proj", "B")
-    header = {
-        a: {"dtype": "F32", "shape": [4, 64], "data_offsets": [0, 1024]},
-        b: {"dtype": "F32", "shape": [64, 4], "data_offsets": [512, 1536]},
-    }
-    return raw_safetensors(header, b"\0" * 1536)
-
-
-def _truncated() -> bytes:
-    return safetensors_bytes(lora_tensors())[:-100]
-
-
-def _bad_header_json() -> bytes:
-    return raw_safetensors(b'{"base_model.model.model.layers.0": {"dtype": "F32", ', b"\0" * 64)
-
-
-def _header_too_large() -> bytes:
-    return struct.pack("<Q", 1 << 40) + b'{"a": 1}' + b"\0" * 64
-
-
-def _pickle(tmp_dir: Path) -> Files:
-    return write_upload(tmp_dir, lora_config(), None, {"adapter_model.bin": b"\x80\x04\x95 pickle bytes"})
-
-
-def _extra_file(tmp_dir: Path) -> Files:
-    return write_upload(tmp_dir, lora_config(), valid_files()[WEIGHTS], {"training_args.json": b"{}"})
-
-
-def _wrong_base_model(tmp_dir: Path) -> Files:
-    other = BaseModelSpec("llama", 128, 344, 2, 8, 4, 16, 512)
-    return adapter_upload(tmp_dir, spec=other)
-
-
-def _oversize(tmp_dir: Path) -> Files:
-    modules = ("q_proj", "k_proj", "v_proj", "o_proj")  # 2 layers at r=32: ~112 KiB > 64 KiB
-    return adapter_upload(tmp_dir, lora_config(32, modules), rank=32, modules=modules)
-
-
 Q_V = ("q_proj", "v_proj")
 MALFORMED_CASES: list[MalformedCase] = [
     # file names
-    MalformedCase("pickle_bin", _pickle, "pickle_not_allowed"),
+    MalformedCase("pickle_bin", pickle, "pickle_not_allowed"),
     MalformedCase(
         "missing_config", lambda d: write_upload(d, None, valid_files()[WEIGHTS]), "missing_config"
     ),
     MalformedCase("missing_weights", lambda d: write_upload(d, lora_config(), None), "missing_weights"),
-    MalformedCase("extra_file", _extra_file, "unexpected_file"),
+    MalformedCase("extra_file", extra_file, "unexpected_file"),
     # adapter_config.json
     MalformedCase("config_not_json", lambda d: adapter_upload(d, b"{'r': 8,"), "config_not_json"),
     MalformedCase("config_not_object", lambda d: adapter_upload(d, b"[8, 16]"), "config_not_object"),
@@ -220,221 +124,219 @@ MALFORMED_CASES: list[MalformedCase] = [
     MalformedCase(
         "config_latin1", lambda d: adapter_upload(d, config_bytes("latin-1", notes="café")), "config_not_utf8"
     ),
-    MalformedCase("peft_prefix_tuning", _with_config(peft_type="PREFIX_TUNING"), "unsupported_peft_type"),
-    MalformedCase("peft_ia3", _with_config(peft_type="IA3"), "unsupported_peft_type"),
-    MalformedCase("dora_without_magnitudes", _with_config(use_dora=True), "missing_dora_magnitude"),
+    MalformedCase("peft_prefix_tuning", with_config(peft_type="PREFIX_TUNING"), "unsupported_peft_type"),
+    MalformedCase("peft_ia3", with_config(peft_type="IA3"), "unsupported_peft_type"),
+    MalformedCase("dora_without_magnitudes", with_config(use_dora=True), "missing_dora_magnitude"),
     MalformedCase(
-        "dora_magnitude_without_use_dora", _with_tensors(add_magnitudes), "unexpected_dora_magnitude"
+        "dora_magnitude_without_use_dora", with_tensors(add_magnitudes), "unexpected_dora_magnitude"
     ),
     MalformedCase(
         "dora_magnitude_wrong_shape",
-        _with_tensors(
-            _dora(_set(magnitude_name(1, "v_proj"), np.ones(7, np.float32))), lora_config(use_dora=True)
+        with_tensors(
+            dora(set(magnitude_name(1, "v_proj"), np.ones(7, np.float32))), lora_config(use_dora=True)
         ),
         "invalid_tensor_shape",
     ),
     MalformedCase(
         "dora_magnitude_not_finite",
-        _with_tensors(_dora(_poison_magnitude(float("nan"))), lora_config(use_dora=True)),
+        with_tensors(dora(poison_magnitude(float("nan"))), lora_config(use_dora=True)),
         "non_finite_values",
     ),
     MalformedCase(
         "dora_magnitude_too_large",
-        _with_tensors(_dora(_poison_magnitude(1e6)), lora_config(use_dora=True)),
+        with_tensors(dora(poison_magnitude(1e6)), lora_config(use_dora=True)),
         "weights_too_large",
     ),
-    MalformedCase("use_dora_not_bool", _with_config(use_dora="yes"), "invalid_config_value"),
+    MalformedCase("use_dora_not_bool", with_config(use_dora="yes"), "invalid_config_value"),
     MalformedCase(
-        "modules_to_save", _with_config(modules_to_save=["lm_head"]), "modules_to_save_not_supported"
+        "modules_to_save", with_config(modules_to_save=["lm_head"]), "modules_to_save_not_supported"
     ),
-    MalformedCase("lora_bias", _with_config(bias="lora_only"), "lora_bias_not_supported"),
-    MalformedCase("rank_pattern", _with_config(rank_pattern={"q_proj": 8}), "rank_pattern_not_supported"),
-    MalformedCase("alpha_pattern", _with_config(alpha_pattern={"v_proj": 32}), "rank_pattern_not_supported"),
+    MalformedCase("lora_bias", with_config(bias="lora_only"), "lora_bias_not_supported"),
+    MalformedCase("rank_pattern", with_config(rank_pattern={"q_proj": 8}), "rank_pattern_not_supported"),
+    MalformedCase("alpha_pattern", with_config(alpha_pattern={"v_proj": 32}), "rank_pattern_not_supported"),
     MalformedCase(
         "config_targets_lm_head_without_its_weights",
-        _with_config(modules=("q_proj", "v_proj", "lm_head")),
+        with_config(modules=("q_proj", "v_proj", "lm_head")),
         "missing_lora_weights",
     ),
     MalformedCase(
         "dora_on_embed_tokens",
-        _with_config(modules=VOCAB_MODULES, use_dora=True),
+        with_config(modules=VOCAB_MODULES, use_dora=True),
         "dora_vocab_not_supported",
     ),
     MalformedCase(
         "ensure_weight_tying",
-        _with_config(modules=VOCAB_MODULES, ensure_weight_tying=True),
+        with_config(modules=VOCAB_MODULES, ensure_weight_tying=True),
         "unsupported_config_option",
     ),
     MalformedCase(
-        "config_targets_norm", _with_config(modules=("q_proj", "norm")), "unsupported_target_module"
+        "config_targets_norm", with_config(modules=("q_proj", "norm")), "unsupported_target_module"
     ),
-    MalformedCase("target_modules_regex", _with_config(target_modules=".*proj"), "unsupported_target_module"),
-    MalformedCase("rank_zero", _with_config(r=0), "invalid_rank"),
-    MalformedCase("rank_not_int", _with_config(r=4.5), "invalid_rank"),
-    MalformedCase("rank_over_max", _with_config(r=257), "rank_too_large"),
-    MalformedCase("alpha_zero", _with_config(lora_alpha=0), "invalid_alpha"),
-    MalformedCase("alpha_negative", _with_config(lora_alpha=-8), "invalid_alpha"),
-    MalformedCase("rslora_not_bool", _with_config(use_rslora="yes"), "invalid_config_value"),
-    MalformedCase("alpha_over_max", _with_config(lora_alpha=20000), "alpha_too_large"),
-    MalformedCase("scale_over_max", _with_config(lora_alpha=8192), "scale_too_large"),  # 8192 / r=4
-    MalformedCase("rslora_scale_over_max", _with_config(lora_alpha=4096, use_rslora=True), "scale_too_large"),
-    MalformedCase("task_type_seq_cls", _with_config(task_type="SEQ_CLS"), "unsupported_task_type"),
-    MalformedCase("task_type_seq2seq", _with_config(task_type="SEQ_2_SEQ_LM"), "unsupported_task_type"),
+    MalformedCase("target_modules_regex", with_config(target_modules=".*proj"), "unsupported_target_module"),
+    MalformedCase("rank_zero", with_config(r=0), "invalid_rank"),
+    MalformedCase("rank_not_int", with_config(r=4.5), "invalid_rank"),
+    MalformedCase("rank_over_max", with_config(r=257), "rank_too_large"),
+    MalformedCase("alpha_zero", with_config(lora_alpha=0), "invalid_alpha"),
+    MalformedCase("alpha_negative", with_config(lora_alpha=-8), "invalid_alpha"),
+    MalformedCase("rslora_not_bool", with_config(use_rslora="yes"), "invalid_config_value"),
+    MalformedCase("alpha_over_max", with_config(lora_alpha=20000), "alpha_too_large"),
+    MalformedCase("scale_over_max", with_config(lora_alpha=8192), "scale_too_large"),  # 8192 / r=4
+    MalformedCase("rslora_scale_over_max", with_config(lora_alpha=4096, use_rslora=True), "scale_too_large"),
+    MalformedCase("task_type_seq_cls", with_config(task_type="SEQ_CLS"), "unsupported_task_type"),
+    MalformedCase("task_type_seq2seq", with_config(task_type="SEQ_2_SEQ_LM"), "unsupported_task_type"),
     MalformedCase(
         "layers_to_transform_excludes_a_layer_with_weights",
-        _with_config(layers_to_transform=[0]),
+        with_config(layers_to_transform=[0]),
         "module_not_targeted",
     ),
     MalformedCase(
-        "layers_to_transform_not_ints", _with_config(layers_to_transform="0"), "invalid_config_value"
+        "layers_to_transform_not_ints", with_config(layers_to_transform="0"), "invalid_config_value"
     ),
-    MalformedCase("layers_to_transform_empty", _with_config(layers_to_transform=[]), "invalid_config_value"),
+    MalformedCase("layers_to_transform_empty", with_config(layers_to_transform=[]), "invalid_config_value"),
     MalformedCase(
         "layers_pattern_of_another_model",
-        _with_config(layers_to_transform=[0, 1], layers_pattern="h"),
+        with_config(layers_to_transform=[0, 1], layers_pattern="h"),
         "unsupported_layers_pattern",
     ),
     MalformedCase(
         "layers_pattern_without_layers_to_transform",
-        _with_config(layers_pattern="layers"),
+        with_config(layers_pattern="layers"),
         "invalid_config_value",
     ),
     MalformedCase(
-        "exclude_modules_regex", _with_config(exclude_modules=".*q_proj"), "unsupported_config_option"
+        "exclude_modules_regex", with_config(exclude_modules=".*q_proj"), "unsupported_config_option"
     ),
     MalformedCase(
         "excluded_module_has_weights",
-        _with_config(exclude_modules=["model.layers.1.self_attn.v_proj"]),
+        with_config(exclude_modules=["model.layers.1.self_attn.v_proj"]),
         "module_not_targeted",
     ),
     # tensor names and shapes
     MalformedCase(
         "lm_head_tensors_not_targeted",
-        _with_tensors(_set(VOCAB_TENSOR_NAMES["lm_head"][0], np.zeros((4, 64), np.float32))),
+        with_tensors(set(VOCAB_TENSOR_NAMES["lm_head"][0], np.zeros((4, 64), np.float32))),
         "module_not_targeted",
     ),
     MalformedCase(
         "embed_tokens_tensors_not_targeted",
-        _with_tensors(_set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((4, 512), np.float32))),
+        with_tensors(set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((4, 512), np.float32))),
         "module_not_targeted",
     ),
     MalformedCase(
         "embed_tokens_a_of_another_vocab",
-        _vocab(_set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((4, 500), np.float32))),
+        vocab(set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((4, 500), np.float32))),
         "wrong_base_model",
     ),
     MalformedCase(
         "embed_tokens_b_of_another_hidden_size",
-        _vocab(_set(VOCAB_TENSOR_NAMES["embed_tokens"][1], np.zeros((48, 4), np.float32))),
+        vocab(set(VOCAB_TENSOR_NAMES["embed_tokens"][1], np.zeros((48, 4), np.float32))),
         "wrong_base_model",
     ),
     MalformedCase(
         "embed_tokens_a_transposed",
-        _vocab(_set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((512, 4), np.float32))),
+        vocab(set(VOCAB_TENSOR_NAMES["embed_tokens"][0], np.zeros((512, 4), np.float32))),
         "invalid_tensor_shape",
     ),
     MalformedCase(
         "lm_head_b_of_another_vocab",
-        _vocab(_set(VOCAB_TENSOR_NAMES["lm_head"][1], np.zeros((500, 4), np.float32))),
+        vocab(set(VOCAB_TENSOR_NAMES["lm_head"][1], np.zeros((500, 4), np.float32))),
         "wrong_base_model",
     ),
     MalformedCase(
         "lm_head_a_of_another_rank",
-        _vocab(_set(VOCAB_TENSOR_NAMES["lm_head"][0], np.zeros((8, 64), np.float32))),
+        vocab(set(VOCAB_TENSOR_NAMES["lm_head"][0], np.zeros((8, 64), np.float32))),
         "rank_mismatch",
     ),
     MalformedCase(
         "lm_head_without_lora_b",
-        _vocab(lambda tensors: tensors.pop(VOCAB_TENSOR_NAMES["lm_head"][1])),
+        vocab(lambda tensors: tensors.pop(VOCAB_TENSOR_NAMES["lm_head"][1])),
         "missing_lora_pair",
     ),
     MalformedCase(
         "embed_tokens_base_layer_copy",
-        _vocab(
-            _set("base_model.model.model.embed_tokens.base_layer.weight", np.zeros((512, 64), np.float32))
-        ),
+        vocab(set("base_model.model.model.embed_tokens.base_layer.weight", np.zeros((512, 64), np.float32))),
         "embedding_layer_copy",
     ),
     MalformedCase(
         "lm_head_base_layer_copy",
-        _vocab(_set("base_model.model.lm_head.base_layer.weight", np.zeros((512, 64), np.float32))),
+        vocab(set("base_model.model.lm_head.base_layer.weight", np.zeros((512, 64), np.float32))),
         "embedding_layer_copy",
     ),
     MalformedCase(
         "embed_tokens_saved_as_a_linear",
-        _vocab(_set("base_model.model.model.embed_tokens.lora_A.weight", np.zeros((4, 512), np.float32))),
+        vocab(set("base_model.model.model.embed_tokens.lora_A.weight", np.zeros((4, 512), np.float32))),
         "unexpected_tensor",
     ),
     MalformedCase(
         "unexpected_tensor_name",
-        _with_tensors(_set("optimizer.step", np.zeros((1,), np.float32))),
+        with_tensors(set("optimizer.step", np.zeros((1,), np.float32))),
         "unexpected_tensor",
     ),
     MalformedCase(
         "module_not_targeted",
-        _with_tensors(lambda t: None, lora_config(modules=("q_proj",))),
+        with_tensors(lambda t: None, lora_config(modules=("q_proj",))),
         "module_not_targeted",
     ),
     MalformedCase(
         "targeted_module_without_weights",
-        _with_tensors(lambda t: None, modules=("q_proj",)),
+        with_tensors(lambda t: None, modules=("q_proj",)),
         "missing_lora_weights",
     ),
     MalformedCase(
         "transposed_lora_A",
-        _with_tensors(_set(tensor_name(0, "q_proj", "A"), np.zeros((64, 4), np.float32))),
+        with_tensors(set(tensor_name(0, "q_proj", "A"), np.zeros((64, 4), np.float32))),
         "invalid_tensor_shape",
     ),
     MalformedCase(
         "three_dim_tensor",
-        _with_tensors(_set(tensor_name(0, "q_proj", "A"), np.zeros((1, 4, 64), np.float32))),
+        with_tensors(set(tensor_name(0, "q_proj", "A"), np.zeros((1, 4, 64), np.float32))),
         "invalid_tensor_shape",
     ),
-    MalformedCase("rank_mismatch", _with_tensors(lambda t: None, lora_config(rank=8)), "rank_mismatch"),
-    MalformedCase("wrong_base_model", _wrong_base_model, "wrong_base_model"),
+    MalformedCase("rank_mismatch", with_tensors(lambda t: None, lora_config(rank=8)), "rank_mismatch"),
+    MalformedCase("wrong_base_model", wrong_base_model, "wrong_base_model"),
     MalformedCase(
         "layer_out_of_range",
-        _with_tensors(_set(tensor_name(2, "q_proj", "A"), np.zeros((4, 64), np.float32))),
+        with_tensors(set(tensor_name(2, "q_proj", "A"), np.zeros((4, 64), np.float32))),
         "layer_out_of_range",
     ),
     MalformedCase(
-        "lora_A_without_B", _with_tensors(lambda t: t.pop(tensor_name(1, "v_proj", "B"))), "missing_lora_pair"
+        "lora_A_without_B", with_tensors(lambda t: t.pop(tensor_name(1, "v_proj", "B"))), "missing_lora_pair"
     ),
     MalformedCase(
-        "lora_B_without_A", _with_tensors(lambda t: t.pop(tensor_name(0, "q_proj", "A"))), "missing_lora_pair"
+        "lora_B_without_A", with_tensors(lambda t: t.pop(tensor_name(0, "q_proj", "A"))), "missing_lora_pair"
     ),
     # dtypes and values
     MalformedCase("int_dtype", lambda d: adapter_upload(d, dtype="I32"), "unsupported_dtype"),
     MalformedCase("f64_dtype", lambda d: adapter_upload(d, dtype="F64"), "unsupported_dtype"),
-    MalformedCase("nan_value", _with_tensors(_poison(float("nan"))), "non_finite_values"),
-    MalformedCase("inf_value", _with_tensors(_poison(float("inf"))), "non_finite_values"),
-    MalformedCase("bf16_inf_value", _with_tensors(_poison(float("-inf")), dtype="BF16"), "non_finite_values"),
-    MalformedCase("f16_overflow_inf", _with_tensors(_poison(1e6), dtype="F16"), "non_finite_values"),
-    MalformedCase("every_value_3e38", _with_tensors(_fill(3e38)), "weights_too_large"),
-    MalformedCase("bf16_every_value_3e38", _with_tensors(_fill(3e38), dtype="BF16"), "weights_too_large"),
-    MalformedCase("one_huge_lora_A_value", _with_tensors(_poison_a(300.0)), "weights_too_large"),
+    MalformedCase("nan_value", with_tensors(poison(float("nan"))), "non_finite_values"),
+    MalformedCase("inf_value", with_tensors(poison(float("inf"))), "non_finite_values"),
+    MalformedCase("bf16_inf_value", with_tensors(poison(float("-inf")), dtype="BF16"), "non_finite_values"),
+    MalformedCase("f16_overflow_inf", with_tensors(poison(1e6), dtype="F16"), "non_finite_values"),
+    MalformedCase("every_value_3e38", with_tensors(fill(3e38)), "weights_too_large"),
+    MalformedCase("bf16_every_value_3e38", with_tensors(fill(3e38), dtype="BF16"), "weights_too_large"),
+    MalformedCase("one_huge_lora_A_value", with_tensors(poison_a(300.0)), "weights_too_large"),
     MalformedCase(  # 200 is a plausible stored value, but times the scale 2 the engine would hold 400
-        "scaled_lora_B_over_max", _with_tensors(_fill(200.0, "B"), dtype="F16"), "weights_too_large"
+        "scaled_lora_B_over_max", with_tensors(fill(200.0, "B"), dtype="F16"), "weights_too_large"
     ),
     # the safetensors container
-    MalformedCase("empty_weights", _with_weights(lambda: b""), "empty_weights"),
+    MalformedCase("empty_weights", with_weights(lambda: b""), "empty_weights"),
     MalformedCase(
-        "no_tensors", _with_weights(lambda: raw_safetensors({"__metadata__": {}}, b"")), "empty_weights"
+        "no_tensors", with_weights(lambda: raw_safetensors({"__metadata__": {}}, b"")), "empty_weights"
     ),
-    MalformedCase("truncated_weights", _with_weights(_truncated), "truncated_weights"),
-    MalformedCase("bad_header_json", _with_weights(_bad_header_json), "invalid_header"),
-    MalformedCase("header_length_too_big", _with_weights(_header_too_large), "header_too_large"),
-    MalformedCase("overlapping_offsets", _with_weights(_overlapping), "overlapping_tensors"),
+    MalformedCase("truncated_weights", with_weights(truncated), "truncated_weights"),
+    MalformedCase("bad_header_json", with_weights(bad_header_json), "invalid_header"),
+    MalformedCase("header_length_too_big", with_weights(header_too_large), "header_too_large"),
+    MalformedCase("overlapping_offsets", with_weights(overlapping), "overlapping_tensors"),
     MalformedCase(
         "pickle_renamed_safetensors",
-        _with_weights(lambda: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}q\x00X\x06\x00\x00\x00weightq"),
+        with_weights(lambda: b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}q\x00X\x06\x00\x00\x00weightq"),
         "header_too_large",
     ),
     *ARCHIVE_CASES,
 ]
 
 TIGHT_LIMIT_CASES: list[MalformedCase] = [
-    MalformedCase("oversize_weights", _oversize, "weights_too_large"),
+    MalformedCase("oversize_weights", oversize, "weights_too_large"),
     MalformedCase(
         "rank_over_tight_max",
         lambda d: adapter_upload(d, lora_config(rank=128), rank=128, modules=Q_V),

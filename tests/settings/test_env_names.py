@@ -66,6 +66,7 @@ NEW_NAMES = [
     "LORAHOST_USAGE_ROLLUP_SETTLE_S",
     "LORAHOST_IMPORT_HF_ENDPOINT",
     "LORAHOST_IS_IMPORT_HF_ENABLED",
+    "LORAHOST_DATABASE_POOL_SIZE",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

@@ -24,6 +24,7 @@ from tests.conftest import is_ci
 from tests.gpu_workers.conftest import HfOracle
 
 pytestmark = pytest.mark.slow
+NEAR_TIE = 2e-3  # logit gap at the first differing token still counted as a tie
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VOCAB = ("embed_tokens", "lm_head")
@@ -81,7 +82,10 @@ def test_vocab_lora_on_smollm2_matches_peft_alone_and_in_a_mixed_batch_of_16(
         for i, adapter, out in zip(prompts, rows, outs):
             if (i, adapter) not in expected:
                 expected[(i, adapter)] = oracle.greedy(prompt_ids[i], adapter, GREEDY.max_tokens)
-            assert out.token_ids == expected[(i, adapter)], (adapter, PROMPTS[i])
+            # equal, or apart only from a near-tie in peft's own logits (fp32 sums in another order; on this
+            # 135M model they differ by ~1e-4): a wrong delta or rescale moves logits by far more
+            gap = oracle.first_divergence_gap(prompt_ids[i], adapter, out.token_ids, expected[(i, adapter)])
+            assert gap <= NEAR_TIE, (adapter, PROMPTS[i], out.token_ids, expected[(i, adapter)], gap)
 
     check(["vocab"])
     check(["rs-vocab"])
