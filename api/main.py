@@ -6,6 +6,7 @@ Extensible: later features add routers (`routers=`/`extra_routers=`), services a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,7 @@ from api.console.router import install_console
 from api.deps import MetricsAccessDep
 from api.errors import install_error_handlers
 from api.inference.learned_predictor import LearnedLengthPredictor
+from api.loop_lag import watch_loop_lag
 from api.request_text import TextCheckedRoute
 from api.routes import (
     adapters,
@@ -96,9 +98,11 @@ def create_app(
             _start_placement(app.state.services),
         )
         timers = [timer for timer in started if timer is not None]
+        lag_watch = asyncio.create_task(watch_loop_lag(app.state.services.metrics))
         try:
             yield
         finally:
+            lag_watch.cancel()
             app.state.services.plan_runner.close()  # running plans' child processes are killed now
             for timer in timers:
                 timer.stop()

@@ -147,6 +147,7 @@ class UsageLedger:
                 values["tpot_ms"],
                 values["e2e_ms"],
             )
+            self.metrics.observe_stages(meter.stage_durations_ms())
 
     def close(self) -> None:
         """Stop the writer thread (queued rows are written first)."""

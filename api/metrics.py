@@ -17,6 +17,7 @@ from cluster.membership import WorkerRecord
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 COLD_START_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 TPOT_BUCKETS_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000)
+STAGE_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 35, 50, 100, 200, 500, 1000, 5000)
 
 
 class WorkerCollector(Collector):
@@ -161,6 +162,19 @@ class ApiMetrics:
         self.e2e_ms = Histogram(
             "lorahost_e2e_ms", "End-to-end latency (ms)", buckets=LATENCY_BUCKETS_MS, registry=self.registry
         )
+        self.stage_ms = Histogram(
+            "lorahost_request_stage_ms",
+            "Time of each stage of a request before its first token (api/request_meter.py REQUEST_STAGES; ms)",
+            ["stage"],
+            buckets=STAGE_BUCKETS_MS,
+            registry=self.registry,
+        )
+        self.loop_lag_ms = Histogram(
+            "lorahost_event_loop_lag_ms",
+            "How late the event loop ran a timer (ms; api/loop_lag.py): the delay every request shares then",
+            buckets=STAGE_BUCKETS_MS,
+            registry=self.registry,
+        )
         self.cold_start_wait_s = Histogram(
             "lorahost_cold_start_wait_seconds",
             "How long requests waited for a ready worker of their base model (only requests that waited)",
@@ -197,6 +211,11 @@ class ApiMetrics:
         for histogram, value in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2e_ms, e2e_ms)):
             if value is not None:
                 histogram.observe(value)
+
+    def observe_stages(self, stage_ms: dict[str, float]) -> None:
+        """Observe how long each stage of one request took before its first token (stage -> ms)."""
+        for stage, value in stage_ms.items():
+            self.stage_ms.labels(stage=stage).observe(value)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

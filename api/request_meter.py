@@ -37,6 +37,12 @@ MAX_ERROR_MESSAGE_CHARS = 1000
 MAX_MODEL_NAME_CHARS = 200  # UsageRecord.model_name is a VARCHAR(200)
 # Columns written with the open row that the final update leaves alone (RequestMeter.admission_values).
 ADMISSION_FIELDS = frozenset({"max_tokens", "is_chat", "has_stop"})
+# The stages of a request before its first token, in order, each named for what ends it (RequestMeter.mark):
+# prepare  charged, parsed, resolved, tokenized, admitted and predicted (api/inference/prepare.py)
+# route    a worker chosen and its first event read (api/inference/route.py)
+# durable  the in_progress row written, beyond the routing it overlaps (api/metering.py)
+# respond  the first token handed to the client (api/inference/respond.py)
+REQUEST_STAGES = ("prepare", "route", "durable", "respond")
 
 
 def storable_text(text: str, max_chars: int) -> str:
@@ -73,6 +79,7 @@ class RequestMeter:
     started_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
     last_token_s: float | None = None
+    stage_ends_s: dict[str, float] = field(default_factory=dict)  # REQUEST_STAGES -> perf_counter at its end
     is_recorded: bool = False
     opened: Future[None] | None = None  # the in_progress row's insert (None: never opened)
     release_slot: Callable[[], None] | None = (
@@ -89,6 +96,23 @@ class RequestMeter:
         self.last_token_s = now
         self.num_delivered_tokens += num_tokens
         self.is_prefilled = True
+
+    def mark(self, stage: str) -> None:
+        """Note that one of REQUEST_STAGES (not "respond": the first delivery ends it) ended now."""
+        self.stage_ends_s[stage] = time.perf_counter()
+
+    def stage_durations_ms(self) -> dict[str, float]:
+        """How long each stage took, in ms, for a request that delivered a token after passing every stage."""
+        ends = {**self.stage_ends_s, "respond": self.first_token_s}
+        if any(ends.get(stage) is None for stage in REQUEST_STAGES):
+            return {}
+        durations, previous = {}, self.started_s
+        for stage in REQUEST_STAGES:
+            end = ends[stage]
+            assert end is not None
+            durations[stage] = (end - previous) * 1000
+            previous = end
+        return durations
 
     def withdraw_undelivered(self) -> None:
         """Un-count tokens that were received but will never reach the client (a non-streamed response that

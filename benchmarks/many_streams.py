@@ -270,6 +270,39 @@ def summary(phase: str, streams: list[Stream], num_tokens: int) -> dict[str, Any
     }  # fmt: skip
 
 
+def stage_buckets(api_urls: list[str], admin_key: str) -> dict[str, dict[float, float]]:
+    """The replicas' lorahost_request_stage_ms buckets summed: stage -> {upper bound ms: cumulative count}; the
+    event loop's lag (lorahost_event_loop_lag_ms) as stage "loop_lag"."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[str, dict[float, float]] = {}
+    for url in api_urls:
+        answer = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {admin_key}"}, timeout=30)
+        text = answer.raise_for_status().text
+        for family in text_string_to_metric_families(text):
+            if family.name not in ("lorahost_request_stage_ms", "lorahost_event_loop_lag_ms"):
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    per_stage = buckets.setdefault(sample.labels.get("stage", "loop_lag"), {})
+                    bound = float(sample.labels["le"])
+                    per_stage[bound] = per_stage.get(bound, 0.0) + sample.value
+    return buckets
+
+
+def stage_quantiles(
+    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+) -> dict[str, list[float]]:
+    """Per request stage, the bucket bounds (ms) holding the p50 and the p99 of the requests between two scrapes."""
+    quantiles = {}
+    for stage, counts in after.items():
+        delta = sorted((bound, n - before.get(stage, {}).get(bound, 0.0)) for bound, n in counts.items())
+        total = delta[-1][1] if delta else 0.0
+        if total:
+            quantiles[stage] = [next(b for b, n in delta if n >= q * total) for q in (0.5, 0.99)]
+    return quantiles
+
+
 def register_stub(cluster: DevCluster, url: str, num_streams: int, stop: threading.Event) -> threading.Thread:
     """Keep the stub in the cluster's worker directory (a heartbeat a second) until stop is set."""
     import redis
@@ -353,11 +386,17 @@ def run(args: argparse.Namespace) -> None:
                 profilers = []
                 if args.profile_dir is not None and phase == "platform":
                     profilers = start_profilers(pids, args.profile_dir, f"round{len(results) // 2 + 1}")
+                api_urls = [api.url or "" for api in cluster.apis]
+                stages_before = stage_buckets(api_urls, cluster.admin_key)
                 streams = asyncio.run(run_phase(target, args.num_streams, args.ramp_s, args.slow_every,
                                                 args.slow_read_s))  # fmt: skip
                 peaks = sampler.stop()
                 stop_profilers(profilers)
                 row = summary(phase, streams, args.num_tokens)
+                if phase == "platform":  # each stage's p50 and p99 at the API, as histogram bucket bounds
+                    row["stage_p50_p99_ms"] = stage_quantiles(
+                        stages_before, stage_buckets(api_urls, cluster.admin_key)
+                    )
                 row["api_peak_rss_mib"] = {
                     name: round(v / 2**20, 1) for name, v in peaks.items() if name != "stub"
                 }

@@ -43,11 +43,14 @@ async def serve(
     try:
         prepared = await prepare(request, tenant, services, meter, kind, path_model)
         predict(prepared, services.predictor, meter)
+        meter.mark("prepare")
         ledger.open(
             meter, is_checkpointed=prepared.is_stream
         )  # in_progress row, written during routing+prefill
         upstream = await start(services, prepared, meter, request.receive)
+        meter.mark("route")
         await ledger.wait_opened(meter)  # durable before the first token is sent (api/metering.py)
+        meter.mark("durable")
     except ClientDisconnected:  # left while waiting for a worker: nothing was generated
         await ledger.record(meter, "aborted", "the client disconnected while waiting for a worker")
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -138,8 +138,9 @@ class EngineCore:
         seq = self.scheduler.get(request_id)
         if seq is None:
             return False
-        self.finish(seq, "abort")
+        # counted before the sequence leaves the running set: a reader on another thread that sees it gone sees it counted
         self.counters.num_aborted += 1
+        self.finish(seq, "abort")
         self._pending.append(SeqDelta(seq))
         return True
 

@@ -10,10 +10,12 @@ from collections.abc import Callable
 import openai
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
 from api.prompting import BaseModelTokenizer
-from tests.api.conftest import TenantHandle
+from api.request_meter import REQUEST_STAGES
+from tests.api.conftest import ADMIN, TenantHandle
 from tests.api.test_completions_support import (
     BASE_MODEL,
     ScriptedWorkers,
@@ -294,3 +296,22 @@ def test_min_tokens_above_max_tokens_is_a_400_saying_why(
     response = complete(client, tenant, max_tokens=3, **extra)
     assert response.status_code == 400 and expected in response.json()["error"]["message"], response.text
     assert worker.requests == []
+
+
+def test_each_stage_before_the_first_token_is_observed_once_per_served_request(
+    client: TestClient, workers: ScriptedWorkers, tenant: TenantHandle
+) -> None:
+    workers.add("w1", events=tokens_events(3))
+    body = {"model": BASE_MODEL, "prompt": "hi", "max_tokens": 3, "stream": True}
+    with client.stream("POST", "/v1/completions", headers=tenant.headers, json=body) as response:
+        assert response.status_code == 200
+        response.read()
+    refused = client.post("/v1/completions", headers=tenant.headers, json=body | {"model": "no-such-model"})
+    assert refused.status_code == 404
+    counts = {
+        sample.labels["stage"]: sample.value
+        for family in text_string_to_metric_families(client.get("/metrics", headers=ADMIN).text)
+        for sample in family.samples
+        if sample.name == "lorahost_request_stage_ms_count"
+    }
+    assert counts == dict.fromkeys(REQUEST_STAGES, 1.0)  # the refused request passed no stage to its end
