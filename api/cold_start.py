@@ -2,7 +2,9 @@
 loading its model, none is registered, or the cluster is scaling up from zero).
 
 A request whose base model has no ready worker waits, re-reading the worker directory every
-settings.api.cold_start_poll_interval_s, until one is ready or settings.api.cold_start_timeout_s has passed since it
+settings.api.cold_start_poll_interval_s for its first second of waiting, then less often (a quarter of the time it
+has waited, up to MAX_POLL_INTERVAL_S: `poll_interval_s`; thousands of requests held through a long cold start
+must not each wake ten times a second), until one is ready or settings.api.cold_start_timeout_s has passed since it
 began waiting; then it runs, or is refused with 503 + Retry-After (`ColdStartTimeout`). A worker that refuses
 the request as unavailable (draining, overloaded, gone) puts it back to waiting within the same deadline.
 A client that disconnects while waiting ends the wait with `ClientDisconnected` (metered `aborted`, 0 tokens).
@@ -29,7 +31,18 @@ from cluster.model_refusals import ModelRefusal
 from settings import Settings
 
 ListRecords = Callable[[], Awaitable[list[WorkerRecord]]]
+FULL_RATE_S = 1.0  # a wait polls at the configured interval for this long
+MAX_POLL_INTERVAL_S = 1.0  # then at most this long between polls (or the configured interval, if longer)
 CurrentRefusal = Callable[[], ModelRefusal | None]
+
+
+def poll_interval_s(configured_s: float, waited_s: float) -> float:
+    """How long a request that has waited `waited_s` sleeps before it polls again: `configured_s` for the first
+    FULL_RATE_S, then a quarter of the time waited, between `configured_s` and max(configured_s,
+    MAX_POLL_INTERVAL_S). A worker that becomes ready is seen within that long (a second at most, by default)."""
+    if waited_s < FULL_RATE_S:
+        return configured_s
+    return max(configured_s, min(MAX_POLL_INTERVAL_S, waited_s / 4))
 
 
 def _no_refusal() -> ModelRefusal | None:
@@ -98,7 +111,8 @@ class ColdStartWait:
             )
         try:
             await run_until_disconnect(
-                self._receive, lambda: anyio.sleep(min(self.poll_interval_s, remaining))
+                self._receive,
+                lambda: anyio.sleep(min(poll_interval_s(self.poll_interval_s, self.waited_s()), remaining)),
             )
         except BaseException:
             self.observe()

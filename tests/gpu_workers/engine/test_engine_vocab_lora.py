@@ -6,7 +6,6 @@ chooses from (the Triton ones under TRITON_INTERPRET=1), in both memory modes an
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +13,20 @@ import pytest
 import torch
 
 from gpu_workers.engine.demo_model import generate_adapter
-from gpu_workers.engine.layers import lora_forms
-from gpu_workers.engine.layers.lora_forms import DECODE_LORA_FORMS, is_lora_form_usable
-from gpu_workers.engine.layers.triton_lora import TRITON_LORA_FORMS
+from gpu_workers.engine.layers.lora_forms import DECODE_LORA_FORMS
 from gpu_workers.engine.layers.vocab_lora import VocabStep
-from gpu_workers.engine.llm_engine import LLMEngine
 from scheduler.core.sampling import SamplingParams
 from tests.gpu_workers.conftest import HfOracle
-from tests.gpu_workers.engine.triton_interpreter import KERNEL_DEVICE
+from tests.gpu_workers.engine.extra_adapter_checks import (
+    ALL_MODULES,
+    GREEDY,
+    assert_host_copy_prefill_gives_peft_tokens,
+    assert_peft_tokens,
+    engine_with,
+    forms_served_on,
+    mixed_rows,
+)
 
-GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-CPU = torch.device("cpu")
-ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VOCAB = ("embed_tokens", "lm_head")
 # (name, rank, target modules, rsLoRA): both vocab modules beside every projection, an rsLoRA one beside a
 # subset, and each vocab module alone (an adapter without any decoder-layer LoRA)
@@ -53,36 +54,12 @@ def oracle(base_model_dir: Path, adapter_dirs: dict[str, Path], vocab_dirs: dict
     return HfOracle(base_model_dir, {**adapter_dirs, **vocab_dirs}, torch.float32)
 
 
-def vocab_engine(
-    make_engine: Callable[..., LLMEngine], vocab_dirs: dict[str, Path], **kwargs: Any
-) -> LLMEngine:
-    engine = make_engine(**kwargs)
-    for name, path in vocab_dirs.items():
-        engine.load_adapter(name, path)
-    return engine
-
-
-def mixed_rows(adapter_dirs: dict[str, Path], vocab_dirs: dict[str, Path]) -> list[str | None]:
-    """16 rows: the vocab adapters and the plain LoRA ones side by side, and base rows."""
-    names: list[str | None] = [*vocab_dirs, *adapter_dirs, None]
-    return [names[i % len(names)] for i in range(16)]
-
-
-def assert_peft_tokens(
-    engine: LLMEngine, oracle: HfOracle, prompt_ids: list[list[int]], adapters: list[str | None], why: str
-) -> None:
-    prompts = [prompt_ids[i % len(prompt_ids)] for i in range(len(adapters))]
-    outs = engine.generate(prompts, GREEDY, adapter_ids=adapters)
-    for prompt, adapter, out in zip(prompts, adapters, outs):
-        assert out.token_ids == oracle.greedy(prompt, adapter, GREEDY.max_tokens), (why, adapter)
-
-
 def test_vocab_lora_changes_the_logits_and_counts_its_bytes(
     make_engine: Any, vocab_dirs: dict[str, Path], oracle: HfOracle, prompt_ids: list[list[int]]
 ) -> None:
     """The oracle is not trivial: each vocab LoRA changes peft's logits; the engine holds it beside the layers
     and counts its vocab-sized tensors in the adapter's bytes."""
-    engine = vocab_engine(make_engine, vocab_dirs)
+    engine = engine_with(make_engine, vocab_dirs)
     args = engine.runner.args
     base = oracle.logits(prompt_ids[1], None)
     for name in ("embed-only", "head-only"):
@@ -106,28 +83,7 @@ def test_every_lora_form_gives_peft_tokens_for_vocab_lora_alone_and_in_a_mixed_b
     monkeypatch: pytest.MonkeyPatch,
     form: str,
 ) -> None:
-    device = "cpu"
-    if form in TRITON_LORA_FORMS:
-        if KERNEL_DEVICE is None:
-            pytest.skip("no Triton kernel device (interpreter or GPU)")
-        monkeypatch.setattr(lora_forms, "triton_unusable_reason", lambda device, dtype: None)
-        device = KERNEL_DEVICE.type
-    elif not is_lora_form_usable(form, CPU, torch.float32):
-        pytest.skip(f"{form} cannot run here")
-    engine = vocab_engine(make_engine, vocab_dirs, device=device, decode_lora_form=form)
-    assert engine.runner.kernel_plan.decode_lora == form
-    served: list[tuple[type, ...]] = []
-    batch = engine.runner.lora_forms.batch
-
-    def recording_batch(*args: Any) -> Any:
-        lora = batch(*args)
-        served.append(tuple(type(f) for f in lora.forms))
-        return lora
-
-    monkeypatch.setattr(engine.runner.lora_forms, "batch", recording_batch)
-    for name in vocab_dirs:
-        assert_peft_tokens(engine, oracle, prompt_ids, [name], f"{form}: alone")
-    assert_peft_tokens(engine, oracle, prompt_ids, mixed_rows(adapter_dirs, vocab_dirs), f"{form}: mixed 16")
+    served = forms_served_on(form, make_engine, vocab_dirs, adapter_dirs, oracle, prompt_ids, monkeypatch)
     assert any(len(kinds) > 1 and VocabStep in kinds for kinds in served)
 
 
@@ -142,7 +98,7 @@ def test_vocab_lora_in_both_memory_modes_matches_peft(
 ) -> None:
     """Unified: the vocab tensors live in the adapter's KV pages (the embedding's in the first layer's, the
     head's in the last layer's) and count toward its pages; static: own tensors."""
-    engine = vocab_engine(make_engine, vocab_dirs, memory_mode=memory_mode)
+    engine = engine_with(make_engine, vocab_dirs, memory_mode=memory_mode)
     if memory_mode == "unified":
         transfers = engine.runner.transfers
         caches = engine.runner.kv_caches
@@ -165,15 +121,9 @@ def test_vocab_lora_prefill_on_the_host_copy_gives_the_resident_tokens(
     make_engine: Any, vocab_dirs: dict[str, Path], oracle: HfOracle, prompt_ids: list[list[int]]
 ) -> None:
     """CPU-assisted prefill: a cold adapter's embedding delta and first layer come from its host copy."""
-    probe = make_engine()
-    probe.load_adapter("vocab-rs", vocab_dirs["vocab-rs"])
-    num_bytes = probe.runner.adapters["vocab-rs"].num_bytes
-    engine = make_engine(adapter_link_gbps=num_bytes / 0.5 / 1e9)
-    engine.register_adapter("cold", vocab_dirs["vocab-rs"])
-    engine.runner.host_switch_layer = 1
-    [out] = engine.generate([prompt_ids[3]], GREEDY, adapter_ids=["cold"])
-    assert out.token_ids == oracle.greedy(prompt_ids[3], "vocab-rs", GREEDY.max_tokens)
-    assert engine.engine_stats().num_cpu_assisted_prefills == 1
+    assert_host_copy_prefill_gives_peft_tokens(
+        make_engine, "vocab-rs", vocab_dirs["vocab-rs"], oracle, prompt_ids[3]
+    )
 
 
 def test_prompt_logprobs_of_a_vocab_lora_adapter_match_peft_through_chunks(
@@ -181,7 +131,7 @@ def test_prompt_logprobs_of_a_vocab_lora_adapter_match_peft_through_chunks(
 ) -> None:
     """The head delta also reaches the prompt rows' logprobs (their rows of the step, not the sampled ones),
     chunk after chunk, beside a plain LoRA row."""
-    engine = vocab_engine(make_engine, vocab_dirs, max_num_batched_tokens=16)  # 3 chunks of a 40-token prompt
+    engine = engine_with(make_engine, vocab_dirs, max_num_batched_tokens=16)  # 3 chunks of a 40-token prompt
     prompt = (prompt_ids[0] + prompt_ids[1] + prompt_ids[2] + prompt_ids[3])[:40]
     asking = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=1)
     [out, _] = engine.generate(
