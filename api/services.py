@@ -30,8 +30,7 @@ from api.live_workers import live_workers
 from api.metering import UsageLedger
 from api.metrics import ApiMetrics
 from api.prompting import BaseModelTokenizer, load_base_tokenizer
-from api.ratelimit import InMemoryRateLimiter, RateLimiter
-from api.redis_ratelimit import RedisRateLimiter
+from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
 from api.scaling_view import ScalingView
 from api.sliding_ratelimit import InMemorySlidingLimiter, RedisSlidingLimiter, SlidingWindowLimiter
 from api.usage_spool import UsageSpool, spool_path
@@ -216,15 +215,12 @@ def make_rate_limiter(settings: Settings, clock: Callable[[], float] = time.time
     concurrent-request slot not renewed for usage_lease_timeout_s stops counting (its holder is gone)."""
     if settings.storage.redis_url:
         import redis
-        import redis.asyncio
 
-        url = settings.storage.redis_url
         return RedisRateLimiter(
-            redis.Redis.from_url(url),
+            redis.Redis.from_url(settings.storage.redis_url),
             key_prefix=f"{settings.jobs.celery_key_prefix}lorahost:rl:",
             clock=clock,
             slot_lease_s=settings.metering.lease_timeout_s,
-            async_client=lambda: redis.asyncio.Redis.from_url(url),
         )
     return InMemoryRateLimiter(clock, slot_lease_s=settings.metering.lease_timeout_s)
 

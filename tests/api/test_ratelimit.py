@@ -3,8 +3,7 @@ from typing import Any
 
 import pytest
 
-from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits
-from api.redis_ratelimit import RedisRateLimiter
+from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
 from api.services import make_rate_limiter
 from settings import Settings
 from tests.services import REDIS_URL, redis_with_prefix
