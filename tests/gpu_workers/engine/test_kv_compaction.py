@@ -44,7 +44,10 @@ def _run(
     engine.add_request(EngineRequest("cold", tuple(_prompt(0)), PARAMS, COLD, adapter_path=cold_path))
     tokens["cold"] = []
     num_left_at_cold = -1
+    copier = engine.runner.transfers.copier
     while engine.has_unfinished_requests():
+        if copier.has_in_flight():  # steps wait for the load's threads, which a busy machine may hold back
+            copier.wait_any(timeout=30)
         for out in engine.step():
             if out.request_id in tokens:
                 tokens[out.request_id].extend(out.new_token_ids)
