@@ -5,13 +5,15 @@ chart's `lorahost api`) goes through here, so uvicorn's own default (trust X-For
 settings.api.forwarded_allow_ips, and by default from nobody.
 
 Once the app has started, the objects alive then (imports, the app, its services: ~220,000) are moved out of the
-garbage collector's reach (`gc.freeze`): a full collection scanned them all, ~90 ms with the event loop stopped,
-every few hundred requests, which was the p99 of every list call (benchmarks/RESULTS.md).
+garbage collector's reach (`gc.freeze`), and from then on what survives each full collection too
+(api/serving_heap.py): a full collection scanned them all with the event loop stopped, ~90 ms for the startup heap
+every few hundred requests (the p99 of every list call), 55-217 ms for the objects of 1,000 streams (the p99 of
+TTFT at 2,000 streams; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import socket
 import sys
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from api.serving_heap import ServingHeap
 from settings import Settings
 
 
@@ -33,27 +36,36 @@ def api_server_config(app: Any, settings: Settings) -> uvicorn.Config:
     return uvicorn.Config(app, host=settings.api.host, port=settings.api.port, **proxy_options(settings))
 
 
-def freeze_startup_heap() -> None:
-    """Collect the garbage of startup, then exempt every object alive now from later collections (they live as
-    long as the process; a full collection would scan them all with the event loop stopped)."""
-    gc.collect()
-    gc.freeze()
-
-
 class HeapFreezingServer(uvicorn.Server):
-    """uvicorn that freezes the startup heap once the app's lifespan has started (freeze_startup_heap)."""
+    """uvicorn that starts the process's ServingHeap once the app's lifespan has started (the startup heap frozen,
+    then what each full collection keeps) and tends it on the event loop while it serves."""
+
+    def __init__(self, config: uvicorn.Config, heap: ServingHeap | None = None) -> None:
+        super().__init__(config)
+        self.heap = heap or ServingHeap()
+        self._tending: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's startup, then freeze_startup_heap."""
+        """uvicorn's startup, then the heap started and tended."""
         await super().startup(sockets)
         if not self.should_exit:
-            freeze_startup_heap()
+            self.heap.start()
+            self._tending = asyncio.create_task(self.heap.tend())
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop tending the heap, then uvicorn's shutdown."""
+        if self._tending is not None:
+            self._tending.cancel()
+        self.heap.stop()
+        await super().shutdown(sockets)
 
 
 def serve_api(app: Any, settings: Settings) -> None:
     """Serve `app` until the process is told to stop (SIGINT/SIGTERM), as uvicorn.run does (exit status 3 when
-    it cannot start), with the options of api_server_config and the startup heap frozen."""
-    server = HeapFreezingServer(api_server_config(app, settings))
+    it cannot start), with the options of api_server_config and the process's ServingHeap."""
+    heap = ServingHeap()
+    app.state.serving_heap = heap  # the app's metrics read its collections' pauses (api/main.py)
+    server = HeapFreezingServer(api_server_config(app, settings), heap)
     server.run()
     if not server.started:
         sys.exit(STARTUP_FAILURE)

@@ -99,6 +99,9 @@ def create_app(
         )
         timers = [timer for timer in started if timer is not None]
         lag_watch = asyncio.create_task(watch_loop_lag(app.state.services.metrics))
+        serving_heap = getattr(app.state, "serving_heap", None)  # set by api/http_server.py when served
+        if serving_heap is not None:
+            app.state.services.metrics.register_gc_pauses(serving_heap)
         try:
             yield
         finally:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from api.serving_heap import GcPauseCollector, ServingHeap
 from cluster.membership import WorkerRecord
 
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -194,6 +195,10 @@ class ApiMetrics:
     def register_desired_workers(self, desired_workers: Callable[[], Iterable[tuple[str, int]]]) -> None:
         """Export lorahost_desired_workers from `desired_workers()` ((base model, workers) pairs) at scrape time."""
         self.registry.register(DesiredWorkersCollector(desired_workers))
+
+    def register_gc_pauses(self, heap: ServingHeap) -> None:
+        """Export lorahost_gc_pause_ms from the process's ServingHeap at scrape time."""
+        self.registry.register(GcPauseCollector(heap))
 
     def observe_request(
         self,

@@ -14,14 +14,18 @@ Phases, same clients, same stub, --ramp-s to open every stream:
 - platform: the same streams as SSE completions through the API replicas, half each.
 Every --slow-every-th client is a slow reader (a 4 KiB receive buffer, --slow-read-s between reads): the API
 must hold its stream with backpressure, not buffer it. Printed: TTFT p50/p99 per phase, the platform's overhead
-(the difference), the API replicas' peak RSS (sampled every 0.25 s with their children), errors by kind. Not a
-test: numbers depend on the machine (its CPU is printed).
+(the difference), the API replicas' peak RSS (sampled every 0.25 s with their children), errors by kind, and per
+platform phase the API's request stages, event loop lag and garbage collection pauses (from its /metrics). The
+client (during a phase) and the stub do not collect garbage: their own full collections (95-300 ms at 2,000
+streams) were in both phases' tails and are neither the platform's nor a worker's. Not a test: numbers depend on
+the machine (its CPU is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -53,13 +57,14 @@ from lorahost.dev_cluster_config import DevClusterConfig
 from lorahost.processes import free_port
 
 STUB = """
-import asyncio, json, sys
+import asyncio, gc, json, sys
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 import uvicorn
 
 PACE_S = float(sys.argv[2])
+gc.disable()  # a stand-in's pauses (35-300 ms full collections at 2,000 streams) would be in both phases' tails
 
 async def generate(request):
     body = json.loads(await request.body())
@@ -172,6 +177,21 @@ async def run_phase(
     return streams
 
 
+def measured_phase(target: Target, args: argparse.Namespace) -> list[Stream]:
+    """run_phase with this process's garbage collector off: a full collection of the client's 2,000 streams took
+    95-133 ms, a stall of every stream's reads in both phases, not the platform's."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        return asyncio.run(
+            run_phase(target, args.num_streams, args.ramp_s, args.slow_every, args.slow_read_s)
+        )
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far (0 when it is gone)."""
     try:
@@ -272,7 +292,8 @@ def summary(phase: str, streams: list[Stream], num_tokens: int) -> dict[str, Any
 
 def stage_buckets(api_urls: list[str], admin_key: str) -> dict[str, dict[float, float]]:
     """The replicas' lorahost_request_stage_ms buckets summed: stage -> {upper bound ms: cumulative count}; the
-    event loop's lag (lorahost_event_loop_lag_ms) as stage "loop_lag"."""
+    event loop's lag (lorahost_event_loop_lag_ms) as stage "loop_lag", garbage collections' pauses
+    (lorahost_gc_pause_ms) as "gc0", "gc1", "gc2"."""
     from prometheus_client.parser import text_string_to_metric_families
 
     buckets: dict[str, dict[float, float]] = {}
@@ -280,11 +301,18 @@ def stage_buckets(api_urls: list[str], admin_key: str) -> dict[str, dict[float, 
         answer = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {admin_key}"}, timeout=30)
         text = answer.raise_for_status().text
         for family in text_string_to_metric_families(text):
-            if family.name not in ("lorahost_request_stage_ms", "lorahost_event_loop_lag_ms"):
+            if family.name not in (
+                "lorahost_request_stage_ms",
+                "lorahost_event_loop_lag_ms",
+                "lorahost_gc_pause_ms",
+            ):
                 continue
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
-                    per_stage = buckets.setdefault(sample.labels.get("stage", "loop_lag"), {})
+                    name = sample.labels.get("stage", "loop_lag")
+                    if "generation" in sample.labels:
+                        name = f"gc{sample.labels['generation']}"
+                    per_stage = buckets.setdefault(name, {})
                     bound = float(sample.labels["le"])
                     per_stage[bound] = per_stage.get(bound, 0.0) + sample.value
     return buckets
@@ -296,11 +324,27 @@ def stage_quantiles(
     """Per request stage, the bucket bounds (ms) holding the p50 and the p99 of the requests between two scrapes."""
     quantiles = {}
     for stage, counts in after.items():
+        if stage.startswith("gc"):
+            continue
         delta = sorted((bound, n - before.get(stage, {}).get(bound, 0.0)) for bound, n in counts.items())
         total = delta[-1][1] if delta else 0.0
         if total:
             quantiles[stage] = [next(b for b, n in delta if n >= q * total) for q in (0.5, 0.99)]
     return quantiles
+
+
+def gc_pauses(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> dict[str, Any]:
+    """Per generation, the replicas' garbage collections between two scrapes: how many, how many over 10 ms, and
+    the bucket bound (ms) holding the longest."""
+    pauses = {}
+    for name, counts in after.items():
+        if name.startswith("gc"):
+            delta = sorted((bound, n - before.get(name, {}).get(bound, 0.0)) for bound, n in counts.items())
+            total = delta[-1][1] if delta else 0.0
+            under_10 = max((n for bound, n in delta if bound <= 10.0), default=0.0)
+            longest = next((bound for bound, n in delta if n >= total), None) if total else None
+            pauses[name] = {"count": int(total), "over_10ms": int(total - under_10), "max_bucket_ms": longest}
+    return pauses
 
 
 def register_stub(cluster: DevCluster, url: str, num_streams: int, stop: threading.Event) -> threading.Thread:
@@ -388,15 +432,14 @@ def run(args: argparse.Namespace) -> None:
                     profilers = start_profilers(pids, args.profile_dir, f"round{len(results) // 2 + 1}")
                 api_urls = [api.url or "" for api in cluster.apis]
                 stages_before = stage_buckets(api_urls, cluster.admin_key)
-                streams = asyncio.run(run_phase(target, args.num_streams, args.ramp_s, args.slow_every,
-                                                args.slow_read_s))  # fmt: skip
+                streams = measured_phase(target, args)
                 peaks = sampler.stop()
                 stop_profilers(profilers)
                 row = summary(phase, streams, args.num_tokens)
                 if phase == "platform":  # each stage's p50 and p99 at the API, as histogram bucket bounds
-                    row["stage_p50_p99_ms"] = stage_quantiles(
-                        stages_before, stage_buckets(api_urls, cluster.admin_key)
-                    )
+                    stages_after = stage_buckets(api_urls, cluster.admin_key)
+                    row["stage_p50_p99_ms"] = stage_quantiles(stages_before, stages_after)
+                    row["api_gc_pauses"] = gc_pauses(stages_before, stages_after)
                 row["api_peak_rss_mib"] = {
                     name: round(v / 2**20, 1) for name, v in peaks.items() if name != "stub"
                 }

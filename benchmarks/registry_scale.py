@@ -33,8 +33,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, make_url
 
-from api.http_server import freeze_startup_heap
 from api.main import create_app
+from api.serving_heap import ServingHeap
 from benchmarks.registry_scale_data import Generated, RegistryShape, find_generated, generate
 from benchmarks.run_info import cpu_model, git_state
 from benchmarks.serving_metrics import pct, rnd
@@ -199,7 +199,7 @@ def run(
             predictor_training_interval_s=0.0,
         )  # fmt: skip
         with TestClient(create_app(settings)) as client:
-            freeze_startup_heap()  # as a served API process does once started (api/http_server.py)
+            ServingHeap().start()  # as a served API process does once started (api/http_server.py)
             results = measure(client, gen, shape, big, small, num_calls)
     print_table(results)
     context = {"cpu": cpu_model(), "load_avg": [round(x, 2) for x in os.getloadavg()], "commit": git_state().get("commit"),

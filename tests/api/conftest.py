@@ -22,6 +22,7 @@ from api.deps import get_session
 from api.main import create_app
 from api.prompting import BaseModelTokenizer
 from api.services import build_services
+from api.serving_heap import ServingHeap
 from cluster.membership import InMemoryWorkerDirectory
 from gpu_workers.worker.embedded import EmbeddedWorker
 from registry.storage import LocalBlobStore
@@ -63,10 +64,11 @@ def make_client(
     db_session_factory: sessionmaker[Session],
     blob_store: LocalBlobStore,
 ) -> Iterator[Callable[..., TestClient]]:
-    """Build a TestClient for explicit settings (keyword overrides on top of the test defaults)."""
+    """Build a TestClient for explicit settings (keyword overrides on top of the test defaults); `serving_heap`
+    (a ServingHeap) is set on the app as api/http_server.py does for a served process."""
     clients: list[TestClient] = []
 
-    def make(**overrides: Any) -> TestClient:
+    def make(serving_heap: ServingHeap | None = None, **overrides: Any) -> TestClient:
         values = {
             "data_dir": tmp_path,
             "admin_key": ADMIN_KEY,
@@ -79,6 +81,8 @@ def make_client(
         settings = Settings(**values)
         services = build_services(settings, session_factory=db_session_factory, blob_store=blob_store)
         app = create_app(settings, services=services)
+        if serving_heap is not None:
+            app.state.serving_heap = serving_heap
         app.dependency_overrides[get_session] = lambda: db_session
         client = TestClient(app)
         client.__enter__()

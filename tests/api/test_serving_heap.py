@@ -1,0 +1,175 @@
+"""The garbage collector policy of a served API process (api/serving_heap.py): what each full collection keeps is
+frozen after it, cyclic garbage among frozen objects waits for a sweep, a sweep falls due once promotion exceeds
+its bound, and every collection's pause is counted per generation."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.metrics import ApiMetrics
+from api.serving_heap import GC_PAUSE_BUCKETS_MS, ServingHeap
+from tests.api.conftest import ADMIN
+
+
+class Node:
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+@pytest.fixture
+def heaps() -> Iterator[list[ServingHeap]]:
+    made: list[ServingHeap] = []
+    yield made
+    for heap in made:
+        heap.stop()
+    gc.unfreeze()  # the rest of the test process collects as before
+
+
+def _heap(heaps: list[ServingHeap], max_frozen_growth: float = 2.0) -> ServingHeap:
+    heap = ServingHeap(max_frozen_growth)
+    heaps.append(heap)
+    heap.start()
+    return heap
+
+
+def _is_collectable(obj: object) -> bool:
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_what_a_full_collection_keeps_is_frozen_after_it(heaps: list[ServingHeap]) -> None:
+    heap = _heap(heaps)
+    kept = [Node() for _ in range(100)]
+    assert _is_collectable(kept[0])
+    num_frozen = gc.get_freeze_count()
+    gc.collect()
+    assert not _is_collectable(kept[0])
+    assert gc.get_freeze_count() >= num_frozen + 100
+    assert heap.num_frozen_since_sweep >= 100
+
+
+def test_a_young_collection_freezes_nothing(heaps: list[ServingHeap]) -> None:
+    _heap(heaps)
+    kept = [Node() for _ in range(100)]
+    gc.collect(0)
+    assert _is_collectable(kept[0])
+
+
+def test_frozen_objects_are_still_freed_by_reference_counting(heaps: list[ServingHeap]) -> None:
+    _heap(heaps)
+    node = Node()
+    ref = weakref.ref(node)
+    gc.collect()
+    assert not _is_collectable(node)
+    del node
+    assert ref() is None
+
+
+def test_a_frozen_cycle_that_became_garbage_is_collected_by_the_next_sweep(heaps: list[ServingHeap]) -> None:
+    heap = _heap(heaps)
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    gc.collect()  # a and b alive: frozen
+    del a, b
+    gc.collect()
+    assert ref() is not None  # out of the collector's reach until a sweep
+    heap.sweep()
+    assert ref() is None
+
+
+def test_a_sweep_falls_due_once_the_objects_frozen_since_the_last_exceed_the_bound(
+    heaps: list[ServingHeap],
+) -> None:
+    heap = _heap(heaps, max_frozen_growth=0.1)
+    bound = 0.1 * heap.num_frozen_at_sweep
+    small = [Node() for _ in range(int(bound // 4))]
+    gc.collect()
+    assert not heap.is_sweep_due
+    large = [Node() for _ in range(int(bound))]
+    gc.collect()
+    assert heap.is_sweep_due and len(small) + len(large) > bound
+    heap.sweep()
+    assert not heap.is_sweep_due and heap.num_frozen_since_sweep == 0
+    assert heap.num_frozen_at_sweep >= len(small) + len(large)
+
+
+def test_a_stopped_heap_freezes_nothing_more(heaps: list[ServingHeap]) -> None:
+    heap = _heap(heaps)
+    heap.stop()
+    kept = [Node() for _ in range(10)]
+    gc.collect()
+    assert _is_collectable(kept[0])
+
+
+def test_a_process_starts_its_heap_once(heaps: list[ServingHeap]) -> None:
+    heap = _heap(heaps)
+    with pytest.raises(RuntimeError):
+        heap.start()
+
+
+def test_tending_sweeps_when_a_sweep_is_due(heaps: list[ServingHeap]) -> None:
+    heap = _heap(heaps)
+    assert heap.num_sweeps == 1  # at start
+
+    async def tend_until_swept() -> None:
+        tending = asyncio.create_task(heap.tend(check_interval_s=0.01))
+        try:
+            heap.is_sweep_due = True
+            while heap.num_sweeps < 2:
+                await asyncio.sleep(0.01)
+        finally:
+            tending.cancel()
+
+    asyncio.run(asyncio.wait_for(tend_until_swept(), timeout=30))
+    assert not heap.is_sweep_due
+
+
+def test_each_collection_s_pause_is_exported_per_generation(heaps: list[ServingHeap]) -> None:
+    heap = _heap(heaps)
+    gc.collect(0)
+    gc.collect(2)
+    gc.collect(2)
+    metrics = ApiMetrics()
+    metrics.register_gc_pauses(heap)
+    samples = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            samples[(s.name, s.labels.get("generation"), s.labels.get("le"))] = s.value
+    assert samples[("lorahost_gc_pause_ms_count", "2", None)] >= 2
+    assert samples[("lorahost_gc_pause_ms_count", "0", None)] >= 1
+    assert samples[("lorahost_gc_pause_ms_sum", "2", None)] > 0
+    # cumulative buckets, the last holding every pause
+    counts = [samples[("lorahost_gc_pause_ms_bucket", "2", str(b))] for b in GC_PAUSE_BUCKETS_MS]
+    assert counts == sorted(counts)
+    assert (
+        samples[("lorahost_gc_pause_ms_bucket", "2", "+Inf")]
+        == samples[("lorahost_gc_pause_ms_count", "2", None)]
+    )
+
+
+def test_a_served_app_s_metrics_include_its_heap_s_pauses(make_client: Callable[..., TestClient]) -> None:
+    heap = ServingHeap()  # not started: a test process keeps its collector as it is
+    heap.pause_counts[2][-1] += 1  # one pause longer than the last bound, as a started heap would count it
+    heap.pause_sums_ms[2] += 2500.0
+    client = make_client(serving_heap=heap)
+    text = client.get("/metrics", headers=ADMIN).text
+    samples = {
+        (s.name, s.labels.get("generation")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("lorahost_gc_pause_ms") and "le" not in s.labels
+    }
+    assert samples[("lorahost_gc_pause_ms_count", "2")] == 1
+    assert samples[("lorahost_gc_pause_ms_sum", "2")] == 2500.0
+    assert samples[("lorahost_gc_pause_ms_count", "0")] == 0
+
+
+def test_an_app_not_served_has_no_heap_metrics(client: TestClient) -> None:
+    assert "lorahost_gc_pause_ms" not in client.get("/metrics", headers=ADMIN).text
