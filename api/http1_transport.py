@@ -32,6 +32,7 @@ from api.http1_connection import Http1Connection, Origin
 
 DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
 MAX_BUFFERED_BYTES = 64 * 1024  # unread body bytes per connection before it stops reading its socket
+NEXT_CHUNK_EXTENSION = "lorahost.next_chunk"  # a response's body reader, a coroutine per chunk (_BodyStream)
 
 
 class _BodyStream(httpx.AsyncByteStream):
@@ -45,19 +46,24 @@ class _BodyStream(httpx.AsyncByteStream):
         self._read_timeout = read_timeout
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (chunk := await self.next_chunk()) is not None:
+            yield chunk
+
+    async def next_chunk(self) -> bytes | None:
+        """The next body bytes as they arrive; None at the end of the body (also the response's
+        NEXT_CHUNK_EXTENSION: api/worker_ndjson.py reads with it)."""
         connection = self._connection
         if connection is None:
             raise httpx.StreamClosed()
         while True:
             chunk = connection.take_chunk()
             if chunk is not None:
-                yield chunk
-            elif connection.is_complete:
-                return
-            elif connection.error is not None:
+                return chunk
+            if connection.is_complete:
+                return None
+            if connection.error is not None:
                 raise connection.error
-            else:
-                await connection.wait(self._read_timeout, httpx.ReadTimeout)
+            await connection.wait(self._read_timeout, httpx.ReadTimeout)
 
     async def aclose(self) -> None:
         if self._connection is not None:
@@ -131,11 +137,12 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if is_head:  # no body follows, whatever Content-Length says: do not reuse
             connection.is_complete = True
             connection.close()
+        body_stream = _BodyStream(self, connection, timeouts.get("read"))
         return httpx.Response(
             status_code=connection.status_code,
             headers=connection.headers,
-            stream=_BodyStream(self, connection, timeouts.get("read")),
-            extensions={"http_version": b"HTTP/1.1"},
+            stream=body_stream,
+            extensions={"http_version": b"HTTP/1.1", NEXT_CHUNK_EXTENSION: body_stream.next_chunk},
         )
 
     async def _acquire(
@@ -263,6 +270,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if connection.is_reusable and self.max_idle > 0 and not self._is_closed:
             if self.num_idle >= self.max_idle:
                 self._close_oldest_idle()
+            connection.cancel_timer()
             connection.idle_since = asyncio.get_running_loop().time()
             connection.on_lost = self._on_idle_lost
             self._idle.setdefault(connection.origin, []).append(connection)

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from api.http1_transport import Http1Transport
 from api.routed_since_view import RoutedRequest, RoutedSinceView
-from api.worker_ndjson import HttpEventSource, error_fields, ndjson_lines
+from api.worker_ndjson import HttpEventSource, error_fields
 from cluster.membership import WorkerRecord
 from cluster.protocol import INTERNAL_PREFIX, GenerateEvent, GenerateRequest, WorkerRefusedError
 from cluster.worker_view import worker_view
@@ -282,7 +282,7 @@ class WorkerClient:
     async def _first_event(self, worker: WorkerRecord, response: httpx.Response) -> WorkerStream:
         if response.status_code != 200:
             return await self._refusal(worker, response)
-        source = HttpEventSource(response, ndjson_lines(response))
+        source = HttpEventSource.of(response)
         try:
             first = await source.next_event()
         except (httpx.HTTPError, ValidationError, ValueError) as exc:

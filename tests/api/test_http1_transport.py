@@ -253,6 +253,37 @@ async def test_errors_are_httpx_errors() -> None:
 
 
 @pytest.mark.anyio
+async def test_the_read_timeout_counts_from_each_wait_s_own_start() -> None:
+    # one timer per connection: armed by the wait for the headers, it fires while the second chunk's wait (begun
+    # later) is still within its own timeout, and must re-arm for that wait instead of failing it
+    read_timeout_s = 2.0
+    late = asyncio.Event()
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
+        await server.read_request(reader)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(b"first"))
+        await asyncio.sleep(
+            max(0.0, started + 1.25 * read_timeout_s - loop.time())
+        )  # past the first deadline
+        writer.write(chunk(b"second") + b"0\r\n\r\n")
+        late.set()
+
+    timeout = httpx.Timeout(30.0, read=read_timeout_s)
+    async with (
+        serving(paced) as server,
+        httpx.AsyncClient(transport=Http1Transport()) as client,
+        client.stream("POST", server.url, content=b"{}", timeout=timeout) as response,
+    ):
+        parts = response.aiter_bytes()
+        assert await parts.__anext__() == b"first"
+        await asyncio.sleep(0.5 * read_timeout_s)  # the next wait starts this much after the first
+        assert [p async for p in parts] == [b"second"]
+    assert late.is_set()
+
+
+@pytest.mark.anyio
 async def test_a_stream_closed_early_or_told_to_close_is_not_reused() -> None:
     async def answer_then_close(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server

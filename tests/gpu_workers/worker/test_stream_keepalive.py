@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from api.worker_ndjson import next_event
+import httpx
+
+from api.worker_ndjson import HttpEventSource
 from gpu_workers.worker.stream_keepalive import KEEPALIVE_LINE, with_keepalive
 
 
@@ -38,13 +40,14 @@ def test_a_silence_is_filled_with_blank_lines_that_the_reader_skips() -> None:
                 release.set()
         num_keepalives = received.count(KEEPALIVE_LINE)
 
-        async def lines() -> AsyncIterator[bytes]:
-            for line in received:
-                yield line
+        chunks = iter(received)
+
+        async def read_chunk() -> bytes | None:
+            return next(chunks, None)
 
         events = []
-        stream = lines()
-        while (event := await next_event(stream)) is not None:
+        source = HttpEventSource(httpx.Response(200), read_chunk)
+        while (event := await source.next_event()) is not None:
             events.append(event.type)
         return num_keepalives, events
 
