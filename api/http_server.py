@@ -60,10 +60,11 @@ class HeapFreezingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve_api(app: Any, settings: Settings) -> None:
+def serve_api(app: Any, settings: Settings, *, has_engine: bool = False) -> None:
     """Serve `app` until the process is told to stop (SIGINT/SIGTERM), as uvicorn.run does (exit status 3 when
-    it cannot start), with the options of api_server_config and the process's ServingHeap."""
-    heap = ServingHeap()
+    it cannot start), with the options of api_server_config and the process's ServingHeap (which freezes only
+    the startup heap when the process also runs an engine: `has_engine`)."""
+    heap = ServingHeap(is_freezing_promoted=not has_engine)
     app.state.serving_heap = heap  # the app's metrics read its collections' pauses (api/main.py)
     server = HeapFreezingServer(api_server_config(app, settings), heap)
     server.run()

@@ -46,8 +46,11 @@ NUM_GENERATIONS = 3
 class ServingHeap:
     """A process's collector policy (module doc) and the pauses of its collections, per generation."""
 
-    def __init__(self, max_heap_growth: float = MAX_HEAP_GROWTH) -> None:
+    def __init__(self, max_heap_growth: float = MAX_HEAP_GROWTH, is_freezing_promoted: bool = True) -> None:
         self.max_heap_growth = max_heap_growth
+        # False: the startup heap frozen and pauses counted only (a process with an engine in it: a frozen cycle
+        # holding tensors would hold memory that the allocated blocks do not count)
+        self.is_freezing_promoted = is_freezing_promoted
         self.num_blocks_at_sweep = 0
         self.num_sweeps = 0
         self.is_started = False
@@ -95,7 +98,7 @@ class ServingHeap:
         inside a collection)."""
         while True:
             await asyncio.sleep(check_interval_s)
-            if self.is_started and self.is_sweep_due:
+            if self.is_started and self.is_freezing_promoted and self.is_sweep_due:
                 self.sweep()
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
@@ -104,7 +107,7 @@ class ServingHeap:
             return
         generation = int(info["generation"])
         self._observe_pause(generation, (time.perf_counter() - self._started_at) * 1000)
-        if generation >= 1 and not self._is_sweeping:
+        if generation >= 1 and self.is_freezing_promoted and not self._is_sweeping:
             # the younger generations were merged into this one and its survivors promoted to the oldest: freezing
             # them keeps the oldest empty, so no collection but a sweep scans them again
             gc.freeze()

@@ -96,7 +96,7 @@ def serve(
         f"(in-process worker at {worker.url})"
     )
     try:
-        serve_api(create_app(settings, services=services), settings)
+        serve_api(create_app(settings, services=services), settings, has_engine=True)
     finally:
         pool.close()
         worker.stop()

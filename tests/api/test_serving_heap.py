@@ -168,3 +168,16 @@ def test_a_served_app_s_metrics_include_its_heap_s_pauses(make_client: Callable[
 
 def test_an_app_not_served_has_no_heap_metrics(client: TestClient) -> None:
     assert "lorahost_gc_pause_ms" not in client.get("/metrics", headers=ADMIN).text
+
+
+def test_a_heap_that_does_not_freeze_promoted_objects_freezes_the_startup_heap_and_counts_pauses(
+    heaps: list[ServingHeap],
+) -> None:
+    heap = ServingHeap(is_freezing_promoted=False)
+    heaps.append(heap)
+    heap.start()
+    assert gc.get_freeze_count() > 1000
+    kept = [Node() for _ in range(100)]
+    gc.collect()
+    assert _is_collectable(kept[0])
+    assert sum(heap.pause_counts[2]) == 1
