@@ -181,3 +181,27 @@ def test_a_heap_that_does_not_freeze_promoted_objects_freezes_the_startup_heap_a
     gc.collect()
     assert _is_collectable(kept[0])
     assert sum(heap.pause_counts[2]) == 1
+
+
+def test_tending_collects_the_youngest_generation_on_a_timer(heaps: list[ServingHeap]) -> None:
+    heap = _heap(heaps)
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    del a, b
+    num_young = sum(heap.pause_counts[0])
+
+    async def tend_until_collected() -> None:
+        tending = asyncio.create_task(heap.tend(young_interval_s=0.01))
+        try:
+            while ref() is not None:
+                await asyncio.sleep(0.01)
+        finally:
+            tending.cancel()
+
+    gc.disable()  # no collection but the timer's
+    try:
+        asyncio.run(asyncio.wait_for(tend_until_collected(), timeout=30))
+    finally:
+        gc.enable()
+    assert sum(heap.pause_counts[0]) > num_young
