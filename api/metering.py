@@ -7,23 +7,25 @@ between delivered tokens, E2E = arrival -> finish.
 
 Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
 - `UsageLedger.open(meter, ...)`, called once the request is admitted, hands its `in_progress` row (owner:
-  this process's api_instance_id, zero tokens) to the ledger's writer thread, which inserts it at once,
-  together with the other requests opened meanwhile, in one transaction. The insert runs while the request is
+  this process's api_instance_id, zero tokens) to the ledger's writer (its opener thread, which does nothing
+  else), which inserts it at once, together with the other requests opened meanwhile, in one transaction. The
+  insert runs while the request is
   routed and prefilled, so it costs the hot path nothing unless it is slower than the prefill:
   `wait_opened(meter)` is awaited before the first token is sent, so no token reaches a client before its
   request's row is durable (a crash before then bills nothing, and nothing was delivered).
-- Streamed requests are checkpointed by the same thread every `usage_checkpoint_interval_s`: one UPDATE per
-  open stream whose tokens changed, all in one transaction. A crash bills the last checkpoint: at most one
+- Streamed requests are checkpointed by the writer's other thread every `usage_checkpoint_interval_s`: one
+  UPDATE for every open stream whose tokens changed. A crash bills the last checkpoint: at most one
   interval (plus one write) behind what was delivered, never more than was delivered.
 - Non-streamed requests are not checkpointed: their tokens reach the client only with the response, so a
   crash before it bills nothing (0 prompt and 0 completion tokens), which is what was delivered.
 - Every open row, streamed or not, carries a lease (`lease_renewed_at`, set when the row is opened). The same
-  thread renews the leases of all the rows this process holds open every `usage_checkpoint_interval_s`, with
-  one UPDATE (registry.usage.renew_usage_leases; none while it holds no open row). The usage sweep closes a
-  row whose lease is older than `usage_lease_timeout_s` (its owner is gone: killed and restarted under another
+  thread renews the leases of all the rows this process holds open every quarter of `usage_lease_timeout_s`
+  (settings.metering.renewal_interval_s; at least a checkpoint interval apart), with one UPDATE
+  (registry.usage.renew_usage_leases; none while it holds no open row). The usage sweep closes a row whose
+  lease is older than `usage_lease_timeout_s` (its owner is gone: killed and restarted under another
   api_instance_id, or scaled down). Lease renewals never touch `checkpointed_at`: that stays the moment the
   billed tokens were counted.
-- The same round also renews the concurrent-request slots (a plan's max_concurrent_requests, api/ratelimit.py)
+- The same renewal also renews the concurrent-request slots (a plan's max_concurrent_requests, api/ratelimit.py)
   of the open requests that hold one, with one call of the ledger's `renew_slots` for all (one Redis round
   trip). A slot not renewed for `usage_lease_timeout_s` stops counting, so a killed process's slots are free
   again within that lease, like its rows; the slot renewal runs even when the usage UPDATE fails.
@@ -82,6 +84,7 @@ class UsageLedger:
         *,
         api_instance_id: str = "unknown",
         checkpoint_interval_s: float = 1.0,
+        renewal_interval_s: float | None = None,
         observe_output: OutputObserver | None = None,
         renew_slots: SlotRenewer | None = None,
         spool: UsageSpool | None = None,
@@ -94,6 +97,7 @@ class UsageLedger:
         self.writer = UsageWriter(
             session_factory,
             checkpoint_interval_s,
+            renewal_interval_s=renewal_interval_s,
             api_instance_id=api_instance_id,
             renew_slots=renew_slots,
             spool=spool,

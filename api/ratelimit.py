@@ -15,8 +15,8 @@ id (refused, taking nothing, when all are held); `release_slot` gives it back an
 request that ends several ways releases exactly once (api/metering.py releases it when the request's usage
 is recorded, however it ended). A slot is a short lease renewed by its holder: `renew_slots` stamps every
 slot a process still holds with the current time (api/metering.py's writer thread renews the slots of the
-requests it holds open every `usage_checkpoint_interval_s`, beside their usage rows' leases: one Redis round
-trip for all), and a slot not renewed for `slot_lease_s` (settings.metering.lease_timeout_s, passed in where the
+requests it holds open with their usage rows' leases, every quarter of the lease: one Redis round trip for
+all), and a slot not renewed for `slot_lease_s` (settings.metering.lease_timeout_s, passed in where the
 limiter is built: api/services.py) stops counting. So the slots of a killed API process (kill -9, OOM, node
 loss) are free again within that lease, as are its usage rows. Renewal never re-creates a slot that was
 released or has expired (ZADD XX). Over the cap a request is refused at once (429 naming the limit) rather

@@ -162,6 +162,7 @@ def build_services(
             metrics,
             api_instance_id=settings.api.resolved_api_instance_id(),
             checkpoint_interval_s=settings.metering.checkpoint_interval_s,
+            renewal_interval_s=settings.metering.renewal_interval_s,
             renew_slots=lambda slots: services.rate_limiter.renew_slots(slots),
             spool=UsageSpool(spool_path(settings.data_dir, settings.api.resolved_api_instance_id())),
             observe_output=lambda tenant_id, key, num_tokens: observe_output(

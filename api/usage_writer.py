@@ -1,6 +1,11 @@
-"""The usage writer: one daemon thread that writes usage rows off the request path (api/metering.py states
-the crash-safe protocol it implements). Writes run on fresh DB sessions, so neither a request's own session
-nor the event loop is involved.
+"""The usage writer: two daemon threads that write usage rows off the request path (api/metering.py states the
+crash-safe protocol they implement). Writes run on fresh DB sessions, so neither a request's own session nor the
+event loop is involved.
+
+The opener inserts each opened row at once (with the others opened meanwhile, in one transaction): a request's
+first token waits for that insert (api/inference/serve.py), so it has a thread and a connection of its own and
+never waits behind the periodic writes. The checkpointer runs those: every `interval_s` the spool's replay and
+the streams' checkpoints (one UPDATE for all), every `renewal_interval_s` the leases' and the slots' renewals.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.errors import DATABASE_ERRORS, is_database_unavailable
 from api.request_meter import RequestMeter
 from api.usage_spool import UsageSpool
+from registry.models import utcnow
 from registry.usage import checkpoint_usage, open_usage, renew_usage_leases
 
 log = logging.getLogger(__name__)
@@ -25,11 +31,12 @@ SlotRenewer = Callable[[list[tuple[str, str]]], object]
 
 
 class UsageWriter:
-    """A daemon thread that inserts opened rows at once (batched) and, every `interval_s`, checkpoints watched
-    streams (one UPDATE per changed stream, all in one transaction) and renews the lease of every row this
-    process holds open (one UPDATE for all, owner `api_instance_id`; None: no renewals) and the concurrent-request
-    slots of those that hold one (one `renew_slots` call for all; None: no slot renewals). `flush_opens`,
-    `checkpoint`, `renew_leases` and `renew_slots` are the thread's jobs, callable directly (tests)."""
+    """The opener and checkpointer threads (module docstring) of one API process: rows opened are inserted at
+    once (batched); every `interval_s` watched streams are checkpointed (one UPDATE for all that changed); every
+    `renewal_interval_s` (default `interval_s`) the lease of every row this process holds open is renewed (one
+    UPDATE for all, owner `api_instance_id`; None: no renewals) and so are the concurrent-request slots of those
+    that hold one (one `renew_slots` call for all; None: no slot renewals). `flush_opens`, `checkpoint`,
+    `renew_leases`, `renew_slots` and `run_round` are the threads' jobs, callable directly (tests)."""
 
     def __init__(
         self,
@@ -37,6 +44,7 @@ class UsageWriter:
         interval_s: float,
         clock: Callable[[], float] = time.monotonic,
         *,
+        renewal_interval_s: float | None = None,
         api_instance_id: str | None = None,
         renew_slots: SlotRenewer | None = None,
         spool: UsageSpool | None = None,
@@ -44,11 +52,12 @@ class UsageWriter:
         self.session_factory = session_factory
         self.spool = spool
         self.interval_s = interval_s
+        self.renewal_interval_s = max(interval_s, renewal_interval_s or interval_s)
         self.api_instance_id = api_instance_id
         self._renew_slots = renew_slots
         self._clock = clock
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._has_opens = threading.Event()
         self._pending: list[tuple[dict[str, Any], Future[None]]] = []
         self._watched: dict[str, tuple[RequestMeter, tuple[int, int, str | None] | None]] = {}
         self._held: set[str] = (
@@ -57,7 +66,7 @@ class UsageWriter:
         self._slots: dict[
             str, str
         ] = {}  # request id -> tenant id of the held ones holding a concurrency slot
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
     def open(
@@ -73,8 +82,8 @@ class UsageWriter:
                 self._slots[values["request_id"]] = values["tenant_id"]
             if watch is not None:
                 self._watched[watch.request_id] = (watch, None)
-            self._ensure_thread()
-        self._wake.set()
+            self._ensure_threads()
+        self._has_opens.set()
         return future
 
     def unwatch(self, meter: RequestMeter) -> None:
@@ -115,7 +124,10 @@ class UsageWriter:
             ]
         if not due:
             return 0
-        values = [meter.checkpoint_values() for meter, _ in due]
+        checkpointed_at = (
+            utcnow()
+        )  # before any count is read: every token counted by then is in the checkpoint
+        values = [meter.checkpoint_values(checkpointed_at) for meter, _ in due]
         try:
             with self.session_factory() as session:
                 checkpoint_usage(session, values)
@@ -150,13 +162,23 @@ class UsageWriter:
         self._renew_slots(slots)
         return len(slots)
 
+    def run_round(self, *, is_renewal_due: bool) -> None:
+        """One round of the checkpointer: the spool's replay (first: a checkpoint it holds is older than the one
+        written next), the checkpoints, then, when due, the renewals; each job on its own, so a failed checkpoint
+        does not stop the lease renewals."""
+        jobs: list[Callable[[], object]] = [self.replay_spool, self.checkpoint]
+        if is_renewal_due:
+            jobs += [self.renew_leases, self.renew_slots]
+        for job in jobs:
+            _run_logged(job)
+
     def close(self) -> None:
-        """Stop the thread, then write the rows still queued (a later `open` starts a new thread)."""
+        """Stop the threads, then write the rows still queued (a later `open` starts new threads)."""
         with self._lock:
-            thread, stop, self._thread, self._stop = self._thread, self._stop, None, threading.Event()
+            threads, stop, self._threads, self._stop = self._threads, self._stop, [], threading.Event()
         stop.set()
-        self._wake.set()
-        if thread is not None:
+        self._has_opens.set()
+        for thread in threads:
             thread.join(timeout=10)
         self.flush_opens()
 
@@ -181,40 +203,47 @@ class UsageWriter:
             return 0
         return self.spool.replay(self.session_factory)
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stop,), name="lorahost-usage-writer", daemon=True
-            )
-            self._thread.start()
+    def _ensure_threads(self) -> None:
+        if not self._threads:
+            self._threads = [
+                threading.Thread(target=run, args=(self._stop,), name=name, daemon=True)
+                for run, name in (
+                    (self._run_opener, "lorahost-usage-opener"),
+                    (self._run_checkpointer, "lorahost-usage-checkpointer"),
+                )
+            ]
+            for thread in self._threads:
+                thread.start()
 
-    def _run(self, stop: threading.Event) -> None:
-        next_checkpoint_s = self._clock() + self.interval_s
+    def _run_opener(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            self._wake.wait(timeout=max(0.0, next_checkpoint_s - self._clock()))
-            self._wake.clear()
-            self._run_once(next_checkpoint_s)
-            if self._clock() >= next_checkpoint_s:
-                next_checkpoint_s = self._clock() + self.interval_s
+            self._has_opens.wait()
+            self._has_opens.clear()
+            _run_logged(self.flush_opens)
 
-    def _run_once(self, next_checkpoint_s: float) -> None:
-        jobs: list[Callable[[], object]] = [self.flush_opens]
-        if self._clock() >= next_checkpoint_s:
-            # the spool first: a checkpoint it holds is older than the one written next; opens in between the
-            # periodic jobs: a request's first token waits for its open row, which must not wait for a
-            # checkpoint of every open stream (hundreds of rows) and the renewals too
-            jobs = [
-                self.replay_spool, *jobs, self.checkpoint, self.flush_opens, self.renew_leases, self.flush_opens,
-                self.renew_slots, self.flush_opens,
-            ]  # fmt: skip
-        for job in jobs:  # each on its own: a failed checkpoint must not stop the lease renewals
-            try:
-                job()
-            except Exception as exc:
-                if is_database_unavailable(exc):
-                    log.warning("usage writer: the database is unavailable; retrying at the next checkpoint")
-                else:
-                    log.exception("usage writer: a write failed; retrying at the next checkpoint")
+    def _run_checkpointer(self, stop: threading.Event) -> None:
+        next_round_s = self._clock() + self.interval_s
+        next_renewal_s = self._clock() + self.renewal_interval_s
+        while not stop.wait(timeout=max(0.0, next_round_s - self._clock())):
+            now = self._clock()
+            if now < next_round_s:
+                continue
+            is_renewal_due = now >= next_renewal_s
+            self.run_round(is_renewal_due=is_renewal_due)
+            next_round_s = self._clock() + self.interval_s
+            if is_renewal_due:
+                next_renewal_s = now + self.renewal_interval_s
+
+
+def _run_logged(job: Callable[[], object]) -> None:
+    """Run one of the writer's jobs; a failure is logged and retried at the job's next turn."""
+    try:
+        job()
+    except Exception as exc:
+        if is_database_unavailable(exc):
+            log.warning("usage writer: the database is unavailable; retrying at the next round")
+        else:
+            log.exception("usage writer: a write failed; retrying at the next round")
 
 
 def written_key(values: dict[str, Any]) -> tuple[int, int, str | None]:

@@ -273,6 +273,9 @@ class AdapterVersion(Base):
     adapter: Mapped[Adapter] = relationship(back_populates="versions")
 
 
+USAGE_FILLFACTOR = 80  # percent of a usage_records page filled by inserts (PostgreSQL)
+
+
 class UsageRecord(Base):
     """One inference request's metering row: written `in_progress` when the request starts, checkpointed
     while it streams and updated to its final status before the response stream closes (api/metering.py)."""
@@ -289,6 +292,8 @@ class UsageRecord(Base):
             postgresql_where=text(f"status = '{OPEN_USAGE_STATUS}'"),
             sqlite_where=text(f"status = '{OPEN_USAGE_STATUS}'"),
         ),
+        # open rows are updated every checkpoint: room for their new versions in the same page (migration 0027)
+        {"postgresql_with": {"fillfactor": USAGE_FILLFACTOR}},
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -325,7 +330,7 @@ class UsageRecord(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # When the row's tokens were last checkpointed (streams): an `interrupted` row is billed as of this moment.
     checkpointed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    # The owner's lease: set when the row is opened and renewed every checkpoint interval while the owner
+    # The owner's lease: set when the row is opened and renewed every quarter lease while the owner
     # process lives (streamed or not); a row whose lease is older than settings.metering.lease_timeout_s is closed
     # `interrupted` by the usage sweep (its owner died, or came back under another api_instance_id).
     lease_renewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -101,8 +101,8 @@ class MeteringSettings(BaseModel):
         gt=0,
         description="API: seconds between checkpoints of a stream's delivered tokens into its usage row (at most one "
         "UPDATE per stream per interval, all streams in one transaction); a crash loses at most this much billing. "
-        "The lease of all the process's open rows is renewed at the same rate (one UPDATE per interval), and so are "
-        "their max_concurrent_requests slots (one Redis call per interval)",
+        "The lease of all the process's open rows is renewed every quarter of usage_lease_timeout_s (one UPDATE for "
+        "all; at least this interval apart), and so are their max_concurrent_requests slots (one Redis call)",
     )
     lease_timeout_s: float = Field(
         default=30.0,
@@ -122,6 +122,13 @@ class MeteringSettings(BaseModel):
         "rows. A later change to a rolled day's rows (a final update of an interrupted row) un-rolls that day "
         "until the next sweep",
     )
+
+    @property
+    def renewal_interval_s(self) -> float:
+        """Seconds between renewals of an API process's open rows' leases and slots: a quarter of the lease, so
+        three renewals in a row may fail or run late before a live request's row or slot expires; never more
+        often than the checkpoints."""
+        return max(self.checkpoint_interval_s, self.lease_timeout_s / 4)
 
     @model_validator(mode="after")
     def _check_lease(self) -> MeteringSettings:

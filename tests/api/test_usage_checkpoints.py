@@ -3,6 +3,7 @@ renewals of every open row, and the final update of the same row (api/metering.p
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -121,7 +122,7 @@ def test_opens_queued_together_are_inserted_in_one_transaction(
     db_session_factory: sessionmaker[Session], tenant_id: str
 ) -> None:
     writer = UsageWriter(db_session_factory, FAR_S)
-    writer._ensure_thread = lambda: None  # type: ignore[method-assign]  # flushed by hand below
+    writer._ensure_threads = lambda: None  # type: ignore[method-assign]  # flushed by hand below
     meters = [_meter(tenant_id) for _ in range(3)]
     futures = [writer.open(m.open_values("api-test"), m) for m in meters]
     commits: list[int] = []
@@ -139,6 +140,62 @@ def file_engine(sqlite_url: str) -> Iterator[Engine]:
     engine = make_engine(sqlite_url)
     yield engine
     engine.dispose()
+
+
+def test_a_row_opened_during_a_slow_checkpoint_round_is_inserted_without_waiting_for_it(
+    file_engine: Engine,
+) -> None:
+    # a request's first token waits for its open row: the insert must not queue behind the periodic writes
+    factory = make_session_factory(file_engine)
+    with factory() as session:
+        tenant_id = repository.create_tenant(session, "opener").id
+        session.commit()
+    writer = UsageWriter(factory, 0.01, api_instance_id="api-opener")
+    in_round, release = threading.Event(), threading.Event()
+
+    def slow_checkpoint() -> int:  # a checkpoint of thousands of streams, held here until released
+        in_round.set()
+        release.wait(timeout=60)
+        return 0
+
+    writer.checkpoint = slow_checkpoint  # type: ignore[method-assign]
+    first = _meter(tenant_id)
+    writer.open(first.open_values("api-opener"), first).result(timeout=30)  # starts the threads
+    assert in_round.wait(timeout=30)
+    second = _meter(tenant_id)
+    writer.open(second.open_values("api-opener"), second).result(timeout=30)
+    assert not release.is_set()  # inserted while the checkpointer's round still holds
+    assert len(_rows(factory, tenant_id)) == 2
+    release.set()
+    writer.close()
+
+
+def test_leases_are_renewed_every_renewal_interval_and_checkpoints_every_round(file_engine: Engine) -> None:
+    factory = make_session_factory(file_engine)
+    with factory() as session:
+        tenant_id = repository.create_tenant(session, "renewals").id
+        session.commit()
+    clock = _Clock()
+    writer = UsageWriter(factory, 0.25, clock, renewal_interval_s=1.0, api_instance_id="api-renewals")
+    rounds: queue.Queue[bool] = queue.Queue()  # is_renewal_due of each round the checkpointer ran
+    renewed: list[int] = []
+    run_round, renew_leases = writer.run_round, writer.renew_leases
+
+    def counted_round(*, is_renewal_due: bool) -> None:
+        run_round(is_renewal_due=is_renewal_due)
+        rounds.put(is_renewal_due)
+
+    writer.run_round = counted_round  # type: ignore[method-assign]
+    writer.renew_leases = lambda: renewed.append(renew_leases()) or renewed[-1]  # type: ignore[method-assign]
+    meter = _meter(tenant_id)
+    writer.open(meter.open_values("api-renewals")).result(timeout=30)  # starts the threads at clock.now
+    due = []
+    for _ in range(8):
+        clock.now += 0.25  # one checkpoint interval
+        due.append(rounds.get(timeout=30))
+    writer.close()
+    assert due == [False, False, False, True] * 2  # renewals every fourth round (1 s of a 0.25 s interval)
+    assert renewed == [1, 1]  # each renewed the one open row
 
 
 def test_streams_are_checkpointed_at_most_once_per_interval(file_engine: Engine) -> None:
@@ -319,7 +376,7 @@ def test_the_slot_renewal_runs_in_the_writer_round_even_when_the_usage_update_fa
     writer.renew_leases = _fail  # type: ignore[method-assign]  # the database is down
     meter = _meter(tenant_id)
     writer.open(meter.open_values("api-down"), holds_slot=True)
-    writer._run_once(next_checkpoint_s=clock.now)  # one checkpoint round of the thread, run synchronously
+    writer.run_round(is_renewal_due=True)  # one round of the checkpointer thread, run synchronously
     assert renewed == [[(tenant_id, meter.request_id)]]
     writer.close()
 

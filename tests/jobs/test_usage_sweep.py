@@ -116,6 +116,13 @@ def test_lease_timeout_must_leave_room_for_two_renewals(tmp_path: Path) -> None:
         Settings(data_dir=tmp_path, usage_checkpoint_interval_s=10.0, usage_lease_timeout_s=20.0)
 
 
+def test_leases_are_renewed_four_times_a_lease_and_never_more_often_than_checkpoints(tmp_path: Path) -> None:
+    assert Settings(data_dir=tmp_path).metering.renewal_interval_s == 7.5  # the default 30 s lease
+    assert Settings(data_dir=tmp_path, usage_lease_timeout_s=2.5).metering.renewal_interval_s == 1.0
+    settings = Settings(data_dir=tmp_path, usage_checkpoint_interval_s=2.0, usage_lease_timeout_s=60.0)
+    assert settings.metering.renewal_interval_s == 15.0
+
+
 def test_grace_covers_a_missed_heartbeat_and_two_checkpoints(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, heartbeat_interval_s=2.0, usage_checkpoint_interval_s=1.0)
     assert sweep_grace_s(settings) == 2 * 1.0 + 3 * 2.0

@@ -136,6 +136,25 @@ def test_a_checkpoint_of_many_streams_writes_each_its_own_values_nulls_included(
         assert (row.ttft_ms, row.tpot_ms) == ((None, None) if i % 2 else (5.0, 1.0))
 
 
+def test_a_checkpoint_with_no_latency_yet_and_whole_number_latencies_is_written(db_session: Session) -> None:
+    # PostgreSQL sends each column as one typed array: a column of nothing but NULLs, and whole numbers (a spooled
+    # checkpoint read back from JSON) in a float column, must still be written as given
+    tenant = _tenant(db_session)
+    first, second = _open(db_session, tenant), _open(db_session, tenant)
+    checkpoint_usage(
+        db_session,
+        [
+            _checkpoint(first, 0, worker_id=None) | {"ttft_ms": None, "tpot_ms": None, "e2e_ms": 40},
+            _checkpoint(second, 0, worker_id=None) | {"ttft_ms": None, "tpot_ms": None, "e2e_ms": 41.5},
+        ],
+    )
+    rows = _rows(db_session, tenant)
+    assert [(rows[r].ttft_ms, rows[r].tpot_ms, rows[r].e2e_ms, rows[r].worker_id) for r in (first, second)] == [
+        (None, None, 40.0, None),
+        (None, None, 41.5, None),
+    ]
+
+
 def test_finish_reports_a_missing_row_without_writing_one(db_session: Session) -> None:
     tenant = _tenant(db_session)
     assert not finish_usage(
