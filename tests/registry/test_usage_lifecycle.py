@@ -149,7 +149,9 @@ def test_a_checkpoint_with_no_latency_yet_and_whole_number_latencies_is_written(
         ],
     )
     rows = _rows(db_session, tenant)
-    assert [(rows[r].ttft_ms, rows[r].tpot_ms, rows[r].e2e_ms, rows[r].worker_id) for r in (first, second)] == [
+    assert [
+        (rows[r].ttft_ms, rows[r].tpot_ms, rows[r].e2e_ms, rows[r].worker_id) for r in (first, second)
+    ] == [
         (None, None, 40.0, None),
         (None, None, 41.5, None),
     ]
