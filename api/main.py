@@ -113,6 +113,7 @@ def create_app(
                 await worker_client.aclose()
                 app.state.services.worker_client = None
             app.state.services.usage_ledger.close()  # queued usage rows are written
+            await app.state.services.rate_limiter.aclose()  # this loop's Redis connections
             if owned:
                 app.state.services.close()
 

@@ -27,6 +27,16 @@ def charge_request(limiter: RateLimiter, tenant_id: str, max_requests_per_min: i
     )
 
 
+async def charge_request_async(
+    limiter: RateLimiter, tenant_id: str, max_requests_per_min: int | None
+) -> None:
+    """`charge_request` from the event loop (the inference path): neither blocks it nor hops to a thread."""
+    if max_requests_per_min is None:
+        return
+    limits = RateLimits(max_requests_per_min=max_requests_per_min)
+    refuse_unless_allowed(await limiter.acquire_async(tenant_id, 0, limits))
+
+
 def refuse_unless_allowed(decision: RateDecision) -> None:
     """429 naming the limit, with Retry-After, for a refused decision."""
     if not decision.is_allowed:

@@ -16,6 +16,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,7 +31,8 @@ from api.live_workers import live_workers
 from api.metering import UsageLedger
 from api.metrics import ApiMetrics
 from api.prompting import BaseModelTokenizer, load_base_tokenizer
-from api.ratelimit import InMemoryRateLimiter, RateLimiter, RedisRateLimiter
+from api.ratelimit import InMemoryRateLimiter, RateLimiter
+from api.redis_ratelimit import RedisRateLimiter
 from api.scaling_view import ScalingView
 from api.sliding_ratelimit import InMemorySlidingLimiter, RedisSlidingLimiter, SlidingWindowLimiter
 from api.usage_spool import UsageSpool, spool_path
@@ -216,9 +218,11 @@ def make_rate_limiter(settings: Settings, clock: Callable[[], float] = time.time
     concurrent-request slot not renewed for usage_lease_timeout_s stops counting (its holder is gone)."""
     if settings.storage.redis_url:
         import redis
+        import redis.asyncio
 
         return RedisRateLimiter(
             redis.Redis.from_url(settings.storage.redis_url),
+            async_client_factory=partial(redis.asyncio.Redis.from_url, settings.storage.redis_url),
             key_prefix=f"{settings.jobs.celery_key_prefix}lorahost:rl:",
             clock=clock,
             slot_lease_s=settings.metering.lease_timeout_s,

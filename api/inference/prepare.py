@@ -37,10 +37,11 @@ from api.inference.sampling_fields import check_sampling_fields, sampling_spec
 from api.inference.schemas import ChatCompletionRequest, CompletionRequest, InferenceRequestBase
 from api.inference.structured import request_constraint
 from api.inference.tools import ToolPlan, chat_inputs, tool_plan
+from api.metering import release_slot
 from api.plan_limits import check_plan_limits
 from api.prompting import BaseModelTokenizer, PromptError
-from api.ratelimit import InMemoryRateLimiter, RateLimits
-from api.request_charge import charge_request, refuse_unless_allowed
+from api.ratelimit import RateLimits
+from api.request_charge import charge_request_async, refuse_unless_allowed
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.request_meter import RequestMeter
 from api.services import Services
@@ -124,10 +125,7 @@ async def prepare(
     structured = request_constraint(body, tools)
     if structured is not None:  # compiled against the base model's tokenizer: a bad one is a 400 here
         await run_in_threadpool(services.structured.check, tokenizer, structured)
-    if isinstance(services.rate_limiter, InMemoryRateLimiter):
-        admit(services, tenant.tenant_id, num_tokens, tenant.limits, meter)
-    else:
-        await run_in_threadpool(admit, services, tenant.tenant_id, num_tokens, tenant.limits, meter)
+    await admit(services, tenant.tenant_id, num_tokens, tenant.limits, meter)
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter, structured)
     prepared.tools = tools
     if prepared.generate.sampling.logprobs is not None:
@@ -140,11 +138,7 @@ async def prepare(
 
 async def charge_on_arrival(services: Services, tenant: TenantAuth) -> None:
     """Count the request against requests_per_min before anything else is done for it (429 when spent)."""
-    args = (services.rate_limiter, tenant.tenant_id, tenant.limits.max_requests_per_min)
-    if isinstance(services.rate_limiter, InMemoryRateLimiter) or args[2] is None:
-        charge_request(*args)
-    else:
-        await run_in_threadpool(charge_request, *args)
+    await charge_request_async(services.rate_limiter, tenant.tenant_id, tenant.limits.max_requests_per_min)
 
 
 def _prepared(
@@ -370,7 +364,7 @@ def check_sizes(
     return requested
 
 
-def admit(
+async def admit(
     services: Services, tenant_id: str, num_tokens: int, limits: RateLimits, meter: RequestMeter | None = None
 ) -> None:
     """Take one of the tenant's concurrent-request slots (when its plan caps them; the meter releases it when
@@ -380,13 +374,12 @@ def admit(
     limiter = services.rate_limiter
     cap = limits.max_concurrent_requests
     if cap is not None and meter is not None:
-        refuse_unless_allowed(limiter.acquire_slot(tenant_id, meter.request_id, cap))
+        refuse_unless_allowed(await limiter.acquire_slot_async(tenant_id, meter.request_id, cap))
         meter.release_slot = partial(limiter.release_slot, tenant_id, meter.request_id)
     if limits.max_tokens_per_min is None:
         return
     tokens_only = RateLimits(max_tokens_per_min=limits.max_tokens_per_min)
-    decision = limiter.acquire(tenant_id, num_tokens, tokens_only, num_requests=0)
-    if not decision.is_allowed and meter is not None and meter.release_slot is not None:
-        meter.release_slot()
-        meter.release_slot = None
+    decision = await limiter.acquire_async(tenant_id, num_tokens, tokens_only, num_requests=0)
+    if not decision.is_allowed and meter is not None:
+        await release_slot(meter)  # in a thread: a blocking call to Redis
     refuse_unless_allowed(decision)

@@ -1,9 +1,16 @@
+from __future__ import annotations
+
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
+import redis.asyncio
 
-from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
+from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits
+from api.redis_ratelimit import RedisRateLimiter
 from api.services import make_rate_limiter
 from settings import Settings
 from tests.services import REDIS_URL, redis_with_prefix
@@ -25,7 +32,8 @@ def limiter_and_clock(request: pytest.FixtureRequest) -> Iterator[tuple[RateLimi
         return
     gen = redis_with_prefix()
     client, prefix = next(gen)
-    yield RedisRateLimiter(client, key_prefix=prefix, clock=clock), clock
+    async_client = partial(redis.asyncio.Redis.from_url, REDIS_URL)
+    yield RedisRateLimiter(client, key_prefix=prefix, clock=clock, async_client_factory=async_client), clock
     gen.close()
 
 
@@ -79,6 +87,102 @@ def test_a_tokens_only_charge_neither_checks_nor_counts_requests(limiter_and_clo
     assert not refused.is_allowed and "tokens per minute" in refused.reason
     assert limiter.acquire("t1", 40, limits, num_requests=0).is_allowed
     assert "requests per minute" in limiter.acquire("t1", 0, limits).reason  # still one request counted
+
+
+def test_the_async_checks_share_the_budgets_and_slots_of_the_blocking_ones_without_a_thread(
+    limiter_and_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the inference path's checks: on the event loop itself (a thread hop waits for the interpreter lock)
+    limiter, _ = limiter_and_clock
+
+    def no_thread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an async check hopped to a worker thread")
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", no_thread)
+    limits = RateLimits(max_requests_per_min=2, max_tokens_per_min=100)
+
+    async def checks() -> None:
+        try:
+            assert (await limiter.acquire_async("t1", 0, limits)).is_allowed
+            assert limiter.acquire("t1", 0, limits).is_allowed  # the same counters
+            refused = await limiter.acquire_async("t1", 0, limits)
+            assert not refused.is_allowed and "requests per minute" in refused.reason
+            assert (await limiter.acquire_async("t1", 60, limits, num_requests=0)).is_allowed
+            assert not (await limiter.acquire_async("t1", 60, limits, num_requests=0)).is_allowed
+            assert (await limiter.acquire_slot_async("t1", "r1", 1)).is_allowed
+            refused = await limiter.acquire_slot_async("t1", "r2", 1)
+            assert not refused.is_allowed and "max_concurrent_requests" in refused.reason
+            limiter.release_slot("t1", "r1")
+            assert (await limiter.acquire_slot_async("t1", "r2", 1)).is_allowed
+        finally:
+            await limiter.aclose()
+
+    anyio.run(checks)
+
+
+def test_each_event_loop_checks_on_its_own_redis_connection() -> None:
+    # an asyncio connection belongs to the loop that opened it (a test client's portal runs its own loop)
+    gen = redis_with_prefix()
+    client, prefix = next(gen)
+    made: list[Any] = []
+
+    def factory() -> Any:
+        made.append(redis.asyncio.Redis.from_url(REDIS_URL))
+        return made[-1]
+
+    limiter = RedisRateLimiter(client, key_prefix=prefix, clock=FakeClock(), async_client_factory=factory)
+    limits = RateLimits(max_requests_per_min=3)
+
+    async def two_checks() -> None:
+        assert (await limiter.acquire_async("t1", 0, limits)).is_allowed
+        assert (await limiter.acquire_async("t1", 0, limits)).is_allowed
+        await limiter.aclose()
+
+    try:
+        anyio.run(two_checks)
+        assert len(made) == 1  # one client for the loop's two checks
+        with pytest.raises(AssertionError):
+            anyio.run(two_checks)  # a second loop: its own client, on the same budget (3 per minute)
+        assert len(made) == 2
+    finally:
+        gen.close()
+
+
+def test_an_async_check_counts_in_process_while_redis_is_down() -> None:
+    flaky = FlakyRedis()
+    limiter = RedisRateLimiter(
+        FlakyRedis(), clock=FakeClock(), async_client_factory=lambda: FlakyAsyncRedis(flaky)
+    )
+    limits = RateLimits(max_requests_per_min=1)
+
+    async def checks() -> None:
+        flaky.is_down = True
+        assert (await limiter.acquire_async("t1", 0, limits)).is_allowed and limiter.is_degraded
+        assert not (await limiter.acquire_async("t1", 0, limits)).is_allowed  # the budget holds, per process
+        assert (await limiter.acquire_slot_async("t1", "r1", 1)).is_allowed
+        flaky.is_down = False
+        assert (await limiter.acquire_async("t1", 0, limits)).is_allowed and not limiter.is_degraded
+        await limiter.aclose()
+
+    anyio.run(checks)
+
+
+class FlakyAsyncRedis:
+    """FlakyRedis behind redis.asyncio's interface (awaitable scripts)."""
+
+    def __init__(self, flaky: FlakyRedis) -> None:
+        self.flaky = flaky
+
+    def register_script(self, source: str) -> Any:
+        script = self.flaky.register_script(source)
+
+        async def run(keys: list[str], args: list[Any]) -> int:
+            return int(script(keys=keys, args=args))
+
+        return run
+
+    async def aclose(self) -> None:
+        pass
 
 
 class FlakyRedis:

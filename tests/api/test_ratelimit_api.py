@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.inference.prepare import admit
-from api.ratelimit import InMemoryRateLimiter, RateLimits, RedisRateLimiter
+from api.ratelimit import InMemoryRateLimiter, RateLimits
+from api.redis_ratelimit import RedisRateLimiter
 from api.services import make_rate_limiter
 from settings import Settings
 from tests.api.conftest import ADMIN, TenantHandle
@@ -205,7 +206,7 @@ def test_the_api_renews_the_slot_of_a_request_in_flight_with_its_usage_lease(
     services.rate_limiter = InMemoryRateLimiter(lambda: now[0], slot_lease_s=12.0)  # read at each renewal
     tenant_id = new_tenant("in-flight").id
     meter = services.usage_ledger.start(tenant_id)
-    admit(services, tenant_id, 1, RateLimits(max_concurrent_requests=1), meter)
+    anyio.run(admit, services, tenant_id, 1, RateLimits(max_concurrent_requests=1), meter)
     services.usage_ledger.open(meter, is_checkpointed=False)
     for _ in range(4):  # 24 s: two leases
         now[0] += 6.0

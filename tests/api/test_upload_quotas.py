@@ -13,7 +13,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from api.ratelimit import InMemoryRateLimiter, RedisRateLimiter
+from api.ratelimit import InMemoryRateLimiter
+from api.redis_ratelimit import RedisRateLimiter
 from registry.storage import LocalBlobStore
 from tests.api.conftest import ADMIN, TenantHandle, adapter_paths, upload
 from tests.registry.upload_builders import CONFIG, WEIGHTS, lora_config, write_raw_zip
