@@ -44,7 +44,7 @@ def test_upgrade_creates_the_schema_on_an_empty_database(empty_db_url: str) -> N
     assert current_revision(empty_db_url) is None
     upgrade(empty_db_url)
     assert table_names(empty_db_url) == TABLES
-    assert current_revision(empty_db_url) == "0026"
+    assert current_revision(empty_db_url) == "0027"
 
 
 def test_migrated_schema_matches_the_models(empty_db_url: str) -> None:
