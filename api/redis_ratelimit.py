@@ -124,12 +124,7 @@ class RedisRateLimiter:
         """Hold one of the tenant's concurrent-request slots for request_id in Redis (in this process while
         Redis is unreachable), or refuse taking nothing."""
         try:
-            code = int(
-                self._slot_script(
-                    keys=[self._slot_key(tenant_id)],
-                    args=[self._clock(), self.slot_lease_s, max_concurrent_requests, request_id],
-                )
-            )
+            code = int(self._slot_script(**self._slot_call(tenant_id, request_id, max_concurrent_requests)))
         except RedisError as exc:
             self._on_redis_error(exc)
             return self._fallback.acquire_slot(tenant_id, request_id, max_concurrent_requests)
@@ -170,6 +165,15 @@ class RedisRateLimiter:
         return int(
             self._client.zcount(self._slot_key(tenant_id), f"({self._clock() - self.slot_lease_s}", "+inf")
         )
+
+    def _slot_call(
+        self, tenant_id: str, request_id: str, max_concurrent_requests: int
+    ) -> dict[str, list[Any]]:
+        """The acquire-slot script's keys and arguments."""
+        return {
+            "keys": [self._slot_key(tenant_id)],
+            "args": [self._clock(), self.slot_lease_s, max_concurrent_requests, request_id],
+        }
 
     def _slot_key(self, tenant_id: str) -> str:
         return f"{self._prefix}{tenant_id}:slots"
@@ -215,10 +219,7 @@ class RedisRateLimiter:
             )
         try:
             code = int(
-                await scripts.acquire_slot(
-                    keys=[self._slot_key(tenant_id)],
-                    args=[self._clock(), self.slot_lease_s, max_concurrent_requests, request_id],
-                )
+                await scripts.acquire_slot(**self._slot_call(tenant_id, request_id, max_concurrent_requests))
             )
         except RedisError as exc:
             self._on_redis_error(exc)
