@@ -98,6 +98,10 @@ class RateLimiter(Protocol):
         """`acquire_slot` from the event loop without blocking it and without a thread (the inference path)."""
         ...
 
+    async def release_slot_async(self, tenant_id: str, request_id: str) -> None:
+        """`release_slot` from the event loop without blocking it and without a thread (a request's end)."""
+        ...
+
     async def aclose(self) -> None:
         """Close what the running event loop holds open (the app's shutdown)."""
         ...
@@ -194,6 +198,10 @@ class InMemoryRateLimiter:
     ) -> RateDecision:
         """`acquire_slot`, inline (it never waits)."""
         return self.acquire_slot(tenant_id, request_id, max_concurrent_requests)
+
+    async def release_slot_async(self, tenant_id: str, request_id: str) -> None:
+        """`release_slot`, inline (it never waits)."""
+        self.release_slot(tenant_id, request_id)
 
     async def aclose(self) -> None:
         """Nothing to close."""

@@ -3,7 +3,7 @@ shared by every API replica, each check one atomic Lua script, counted in proces
 unreachable.
 
 The blocking methods serve the callers that run in threads (uploads, keys, the usage writer's slot renewals); the
-inference path's `acquire_async` and `acquire_slot_async` run the same scripts on a redis.asyncio connection of
+inference path's `acquire_async`, `acquire_slot_async` and `release_slot_async` run the same scripts on a redis.asyncio connection of
 the calling event loop, so a request's checks neither block the loop nor wait for a thread.
 """
 
@@ -226,6 +226,18 @@ class RedisRateLimiter:
             return self._fallback.acquire_slot(tenant_id, request_id, max_concurrent_requests)
         self._on_redis_answered()
         return slot_refusal(max_concurrent_requests) if code == 1 else RateDecision(True)
+
+    async def release_slot_async(self, tenant_id: str, request_id: str) -> None:
+        """`release_slot` on the running loop's own Redis connection (no thread hop)."""
+        scripts = self._async_scripts()
+        if scripts is None:
+            await anyio.to_thread.run_sync(self.release_slot, tenant_id, request_id)
+            return
+        self._fallback.release_slot(tenant_id, request_id)
+        try:
+            await scripts.client.zrem(self._slot_key(tenant_id), request_id)
+        except RedisError as exc:  # the slot's lease runs out instead
+            self._on_redis_error(exc)
 
     async def aclose(self) -> None:
         """Close the running loop's Redis connections (a later async call opens new ones)."""

@@ -25,7 +25,7 @@ Statuses:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -82,9 +82,8 @@ class RequestMeter:
     stage_ends_s: dict[str, float] = field(default_factory=dict)  # REQUEST_STAGES -> perf_counter at its end
     is_recorded: bool = False
     opened: Future[None] | None = None  # the in_progress row's insert (None: never opened)
-    release_slot: Callable[[], None] | None = (
-        None  # gives back its concurrent-request slot (api/ratelimit.py)
-    )
+    # gives back its concurrent-request slot, on the event loop (api/ratelimit.py release_slot_async)
+    release_slot: Callable[[], Awaitable[None]] | None = None
 
     def on_delivered(self, num_tokens: int) -> None:
         """Count tokens handed to the client (timestamps the first and the latest delivery)."""

@@ -375,11 +375,11 @@ async def admit(
     cap = limits.max_concurrent_requests
     if cap is not None and meter is not None:
         refuse_unless_allowed(await limiter.acquire_slot_async(tenant_id, meter.request_id, cap))
-        meter.release_slot = partial(limiter.release_slot, tenant_id, meter.request_id)
+        meter.release_slot = partial(limiter.release_slot_async, tenant_id, meter.request_id)
     if limits.max_tokens_per_min is None:
         return
     tokens_only = RateLimits(max_tokens_per_min=limits.max_tokens_per_min)
     decision = await limiter.acquire_async(tenant_id, num_tokens, tokens_only, num_requests=0)
     if not decision.is_allowed and meter is not None:
-        await release_slot(meter)  # in a thread: a blocking call to Redis
+        await release_slot(meter)
     refuse_unless_allowed(decision)

@@ -112,8 +112,10 @@ def test_the_async_checks_share_the_budgets_and_slots_of_the_blocking_ones_witho
             assert (await limiter.acquire_slot_async("t1", "r1", 1)).is_allowed
             refused = await limiter.acquire_slot_async("t1", "r2", 1)
             assert not refused.is_allowed and "max_concurrent_requests" in refused.reason
-            limiter.release_slot("t1", "r1")
+            await limiter.release_slot_async("t1", "r1")
             assert (await limiter.acquire_slot_async("t1", "r2", 1)).is_allowed
+            await limiter.release_slot_async("t1", "r2")
+            assert limiter.acquire_slot("t1", "r3", 1).is_allowed  # the blocking check sees it released
         finally:
             await limiter.aclose()
 
@@ -160,6 +162,8 @@ def test_an_async_check_counts_in_process_while_redis_is_down() -> None:
         assert (await limiter.acquire_async("t1", 0, limits)).is_allowed and limiter.is_degraded
         assert not (await limiter.acquire_async("t1", 0, limits)).is_allowed  # the budget holds, per process
         assert (await limiter.acquire_slot_async("t1", "r1", 1)).is_allowed
+        await limiter.release_slot_async("t1", "r1")  # an outage does not fail the request's end
+        assert (await limiter.acquire_slot_async("t1", "r2", 1)).is_allowed  # released in process
         flaky.is_down = False
         assert (await limiter.acquire_async("t1", 0, limits)).is_allowed and not limiter.is_degraded
         await limiter.aclose()
@@ -180,6 +184,9 @@ class FlakyAsyncRedis:
             return int(script(keys=keys, args=args))
 
         return run
+
+    async def zrem(self, key: str, member: str) -> int:
+        return self.flaky.zrem(key, member)
 
     async def aclose(self) -> None:
         pass

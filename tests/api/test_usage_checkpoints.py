@@ -348,7 +348,7 @@ async def test_the_writer_renews_the_concurrency_slots_of_the_requests_it_holds_
     )
     capped, uncapped = _meter(tenant_id), _meter(tenant_id)
     assert limiter.acquire_slot(tenant_id, capped.request_id, 1).is_allowed  # as admit() does
-    capped.release_slot = partial(limiter.release_slot, tenant_id, capped.request_id)
+    capped.release_slot = partial(limiter.release_slot_async, tenant_id, capped.request_id)
     ledger.open(capped, is_checkpointed=True)
     ledger.open(uncapped, is_checkpointed=False)  # holds no slot: nothing to renew
     for _ in range(4):  # two leases' worth of time, renewed every checkpoint round
