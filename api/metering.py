@@ -13,7 +13,7 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
   routed and prefilled, so it costs the hot path nothing unless it is slower than the prefill:
   `wait_opened(meter)` is awaited before the first token is sent, so no token reaches a client before its
   request's row is durable (a crash before then bills nothing, and nothing was delivered).
-- Streamed requests are checkpointed by the writer's other thread every `usage_checkpoint_interval_s`: one
+- Streamed requests are checkpointed by the writer's checkpointer thread every `usage_checkpoint_interval_s`: one
   UPDATE for every open stream whose tokens changed. A crash bills the last checkpoint: at most one
   interval (plus one write) behind what was delivered, never more than was delivered.
 - Non-streamed requests are not checkpointed: their tokens reach the client only with the response, so a
@@ -29,7 +29,8 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
   of the open requests that hold one, with one call of the ledger's `renew_slots` for all (one Redis round
   trip). A slot not renewed for `usage_lease_timeout_s` stops counting, so a killed process's slots are free
   again within that lease, like its rows; the slot renewal runs even when the usage UPDATE fails.
-- `UsageLedger.record(meter, status)` then gives the row its final values once (later calls are no-ops): an
+- `UsageLedger.record(meter, status)` then gives the row its final values once (later calls are no-ops), through
+  the writer's finisher thread (with the other requests ended meanwhile, in one transaction): an
   UPDATE of the open row, never a second row (an INSERT when the row was never opened: a request rejected
   before admission, or an open insert that failed).
 - A restarted process closes what its predecessor left open (registry.usage.close_interrupted_usage), and
@@ -44,7 +45,7 @@ The open row also carries the output-length prediction and its inputs (ADMISSION
 request's true output length is handed to `observe_output` as it is recorded. `record` also gives back the
 request's concurrent-request slot (a plan's max_concurrent_requests, api/ratelimit.py), so it is released
 exactly once however the request ended. `RequestMeter` (api/request_meter.py) holds one request's values and
-lists the statuses; `UsageWriter` (api/usage_writer.py) is the thread. Writes run on fresh DB sessions in
+lists the statuses; `UsageWriter` (api/usage_writer.py) is the threads. Writes run on fresh DB sessions in
 threads, so the request's own session and the event loop are never involved.
 """
 
@@ -54,17 +55,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
 
-import anyio.to_thread
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.errors import is_database_unavailable
 from api.metrics import ApiMetrics
-from api.request_meter import ADMISSION_FIELDS, RequestMeter
+from api.request_meter import RequestMeter
 from api.usage_spool import UsageSpool
 from api.usage_writer import SlotRenewer, UsageWriter
-from registry.usage import DuplicateUsageError, finish_usage, record_usage
 
 log = logging.getLogger(__name__)
 # Told each `ok` request's tenant id, adapter key (the adapter version id; None: the base model) and true
@@ -141,7 +138,8 @@ class UsageLedger:
         values = meter.usage_values(status, error_message)
         is_opened = meter.opened is not None and meter.opened.exception() is None
         self._observe_output(meter, status)
-        await anyio.to_thread.run_sync(self._write, values, is_opened)
+        # written by the writer's finisher thread; raises if neither written nor spooled (logged there)
+        await asyncio.wrap_future(self.writer.finish(values, is_opened))
         if self.metrics is not None:
             self.metrics.observe_request(
                 status,
@@ -165,22 +163,6 @@ class UsageLedger:
         except Exception:
             log.exception("could not observe the output length of request %s", meter.request_id)
 
-    def _write(self, values: dict[str, Any], is_opened: bool) -> None:
-        try:
-            with self.session_factory() as session:
-                finished = {k: v for k, v in values.items() if k not in ADMISSION_FIELDS}  # written at open
-                if not (is_opened and finish_usage(session, finished)):
-                    record_usage(session, **values)
-        except DuplicateUsageError:
-            log.error("BUG: request %s metered twice; the second row was not written", values["request_id"])
-        except Exception as exc:
-            if self.spool is not None and is_database_unavailable(exc):
-                # written by the writer's next replay, once the database answers
-                self.spool.add("final", values)
-                return
-            log.exception("could not write the usage row of request %s", values["request_id"])
-            raise
-
 
 async def release_slot(meter: RequestMeter) -> None:
     """Give back the request's concurrent-request slot, once (the request has ended, however it ended)."""
@@ -188,7 +170,7 @@ async def release_slot(meter: RequestMeter) -> None:
     if release is None:
         return
     try:
-        await anyio.to_thread.run_sync(release)
+        await release()
     except Exception:
         log.exception("could not release the concurrent-request slot of request %s", meter.request_id)
 

@@ -1,11 +1,14 @@
-"""The usage writer: two daemon threads that write usage rows off the request path (api/metering.py states the
+"""The usage writer: three daemon threads that write usage rows off the request path (api/metering.py states the
 crash-safe protocol they implement). Writes run on fresh DB sessions, so neither a request's own session nor the
 event loop is involved.
 
 The opener inserts each opened row at once (with the others opened meanwhile, in one transaction): a request's
 first token waits for that insert (api/inference/serve.py), so it has a thread and a connection of its own and
-never waits behind the periodic writes. The checkpointer runs those: every `interval_s` the spool's replay and
-the streams' checkpoints (one UPDATE for all), every `renewal_interval_s` the leases' and the slots' renewals.
+never waits behind the other writes. The finisher gives ended requests their final values (with the others
+ended meanwhile, in one transaction): a stream's usage chunk and [DONE] wait for it, and a burst of ends costs a
+few transactions, not one each on the shared thread pool. The checkpointer runs the periodic writes: every
+`interval_s` the spool's replay and the streams' checkpoints (one UPDATE for all), every `renewal_interval_s`
+the leases' and the slots' renewals.
 """
 
 from __future__ import annotations
@@ -20,10 +23,18 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import DATABASE_ERRORS, is_database_unavailable
-from api.request_meter import RequestMeter
+from api.request_meter import ADMISSION_FIELDS, RequestMeter
 from api.usage_spool import UsageSpool
 from registry.models import utcnow
-from registry.usage import checkpoint_usage, open_usage, renew_usage_leases
+from registry.usage import (
+    DuplicateUsageError,
+    checkpoint_usage,
+    finish_open_usage,
+    finish_usage,
+    open_usage,
+    record_usage,
+    renew_usage_leases,
+)
 
 log = logging.getLogger(__name__)
 # Renews the concurrent-request slots of (tenant id, request id) pairs (api/ratelimit.py RateLimiter.renew_slots).
@@ -31,12 +42,12 @@ SlotRenewer = Callable[[list[tuple[str, str]]], object]
 
 
 class UsageWriter:
-    """The opener and checkpointer threads (module docstring) of one API process: rows opened are inserted at
-    once (batched); every `interval_s` watched streams are checkpointed (one UPDATE for all that changed); every
+    """The opener, finisher and checkpointer threads (module docstring) of one API process: rows opened are
+    inserted at once (batched), final values written at once (batched); every `interval_s` watched streams are checkpointed (one UPDATE for all that changed); every
     `renewal_interval_s` (default `interval_s`) the lease of every row this process holds open is renewed (one
     UPDATE for all, owner `api_instance_id`; None: no renewals) and so are the concurrent-request slots of those
     that hold one (one `renew_slots` call for all; None: no slot renewals). `flush_opens`, `checkpoint`,
-    `renew_leases`, `renew_slots` and `run_round` are the threads' jobs, callable directly (tests)."""
+    `flush_finals`, `renew_leases`, `renew_slots` and `run_round` are the threads' jobs, callable directly (tests)."""
 
     def __init__(
         self,
@@ -58,7 +69,9 @@ class UsageWriter:
         self._clock = clock
         self._lock = threading.Lock()
         self._has_opens = threading.Event()
+        self._has_finals = threading.Event()
         self._pending: list[tuple[dict[str, Any], Future[None]]] = []
+        self._finals: list[tuple[dict[str, Any], bool, Future[None]]] = []  # values, is_opened, done
         self._watched: dict[str, tuple[RequestMeter, tuple[int, int, str | None] | None]] = {}
         self._held: set[str] = (
             set()
@@ -74,7 +87,7 @@ class UsageWriter:
     ) -> Future[None]:
         """Queue an in_progress row for insertion (done when the future is) and hold its lease until `unwatch`;
         `watch` it for checkpoints; `holds_slot`: renew its concurrent-request slot until `unwatch` as well."""
-        future: Future[None] = Future()
+        future = _uncancellable_future()
         with self._lock:
             self._pending.append((values, future))
             self._held.add(values["request_id"])
@@ -84,6 +97,17 @@ class UsageWriter:
                 self._watched[watch.request_id] = (watch, None)
             self._ensure_threads()
         self._has_opens.set()
+        return future
+
+    def finish(self, values: dict[str, Any], is_opened: bool) -> Future[None]:
+        """Queue a request's final values (every UsageRecord column; `is_opened`: its in_progress row was written,
+        so they update it, else they are inserted); done once written or spooled, failed if neither was possible
+        (logged). Call `unwatch` first."""
+        future = _uncancellable_future()
+        with self._lock:
+            self._finals.append((values, is_opened, future))
+            self._ensure_threads()
+        self._has_finals.set()
         return future
 
     def unwatch(self, meter: RequestMeter) -> None:
@@ -110,6 +134,32 @@ class UsageWriter:
         except Exception:  # noqa: BLE001 - retried row by row below
             outcomes = [self._insert_one(values) for values, _ in pending]
         for (_, future), error in zip(pending, outcomes, strict=True):
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def flush_finals(self) -> None:
+        """Write every queued final: the open rows' updates in one transaction, then one by one what that did not
+        write (a row swept meanwhile or never opened, or every row if the transaction failed), so one bad row
+        fails alone."""
+        with self._lock:
+            finals, self._finals = self._finals, []
+        if not finals:
+            return
+        opened = [_finished(values) for values, is_opened, _ in finals if is_opened]
+        left: set[str] | None = None  # None: every row is left (the batch failed)
+        if opened:
+            try:
+                with self.session_factory() as session:
+                    left = set(finish_open_usage(session, opened))
+            except Exception:  # noqa: BLE001 - written row by row below (spooled there if the DB is down)
+                left = None
+        for values, is_opened, future in finals:
+            if is_opened and left is not None and values["request_id"] not in left:
+                future.set_result(None)
+                continue
+            error = self._finish_one(values, is_opened)
             if error is None:
                 future.set_result(None)
             else:
@@ -173,14 +223,16 @@ class UsageWriter:
             _run_logged(job)
 
     def close(self) -> None:
-        """Stop the threads, then write the rows still queued (a later `open` starts new threads)."""
+        """Stop the threads, then write the rows still queued (a later `open` or `finish` starts new threads)."""
         with self._lock:
             threads, stop, self._threads, self._stop = self._threads, self._stop, [], threading.Event()
         stop.set()
         self._has_opens.set()
+        self._has_finals.set()
         for thread in threads:
             thread.join(timeout=10)
         self.flush_opens()
+        self.flush_finals()
 
     def _insert(self, rows: list[dict[str, Any]]) -> None:
         with self.session_factory() as session:
@@ -197,6 +249,24 @@ class UsageWriter:
             log.exception("could not open the usage row of request %s", values["request_id"])
             return exc
 
+    def _finish_one(self, values: dict[str, Any], is_opened: bool) -> BaseException | None:
+        """One final on its own: the open or swept row updated, else inserted; spooled while the database is
+        unavailable."""
+        try:
+            with self.session_factory() as session:
+                if not (is_opened and finish_usage(session, _finished(values))):
+                    record_usage(session, **values)
+            return None
+        except DuplicateUsageError:
+            log.error("BUG: request %s metered twice; the second row was not written", values["request_id"])
+            return None
+        except Exception as exc:
+            if self.spool is not None and is_database_unavailable(exc):
+                self.spool.add("final", values)  # written by the next replay, once the database answers
+                return None
+            log.exception("could not write the usage row of request %s", values["request_id"])
+            return exc
+
     def replay_spool(self) -> int:
         """Write the spooled usage writes to the database (none when none wait); returns how many requests."""
         if self.spool is None or not self.spool.has_pending():
@@ -209,6 +279,7 @@ class UsageWriter:
                 threading.Thread(target=run, args=(self._stop,), name=name, daemon=True)
                 for run, name in (
                     (self._run_opener, "lorahost-usage-opener"),
+                    (self._run_finisher, "lorahost-usage-finisher"),
                     (self._run_checkpointer, "lorahost-usage-checkpointer"),
                 )
             ]
@@ -220,6 +291,12 @@ class UsageWriter:
             self._has_opens.wait()
             self._has_opens.clear()
             _run_logged(self.flush_opens)
+
+    def _run_finisher(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._has_finals.wait()
+            self._has_finals.clear()
+            _run_logged(self.flush_finals)
 
     def _run_checkpointer(self, stop: threading.Event) -> None:
         next_round_s = self._clock() + self.interval_s
@@ -244,6 +321,20 @@ def _run_logged(job: Callable[[], object]) -> None:
             log.warning("usage writer: the database is unavailable; retrying at the next round")
         else:
             log.exception("usage writer: a write failed; retrying at the next round")
+
+
+def _uncancellable_future() -> Future[None]:
+    """A future for a queued write that a waiter's cancellation cannot cancel (`asyncio.wrap_future` cancels a
+    pending source): the write happens anyway, and the thread must be able to resolve it and the others of its
+    batch (`set_result` on a cancelled future raises, which would leave them unresolved)."""
+    future: Future[None] = Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
+def _finished(values: dict[str, Any]) -> dict[str, Any]:
+    """What a final writes over its open row: every column but the admission fields (written at open)."""
+    return {k: v for k, v in values.items() if k not in ADMISSION_FIELDS}
 
 
 def written_key(values: dict[str, Any]) -> tuple[int, int, str | None]:

@@ -155,6 +155,27 @@ def _finish_statement(fields: tuple[str, ...], status: str) -> Update:
     return statement
 
 
+def finish_open_usage(session: Session, rows: Sequence[dict[str, object]]) -> list[str]:
+    """Give open rows their final values, all in one transaction; returns the request ids that had no open row
+    (swept, or never opened: finish_usage / record_usage take them, one by one), changing nothing for those.
+
+    One UPDATE per row (its rowcount says whether the row was open) and one commit for all: a request's end
+    costs a statement, not a transaction (benchmarks/RESULTS.md).
+    """
+    missing: list[str] = []
+    for values in rows:
+        fields = tuple(sorted(k for k in values if k != "request_id"))
+        params = {f"b_{name}": value for name, value in values.items()}
+        result = cast(
+            CursorResult[Any],
+            session.connection().execute(_finish_statement(fields, OPEN_USAGE_STATUS), params),
+        )
+        if not result.rowcount:
+            missing.append(cast(str, values["request_id"]))
+    session.commit()
+    return missing
+
+
 def finish_usage(session: Session, values: dict[str, object]) -> bool:
     """Give an open (or swept) row its final values; False, changing nothing, when no such row exists.
 
