@@ -19,8 +19,8 @@ class StorageSettings(BaseModel):
         ge=1,
         le=1000,
         description="PostgreSQL connections a process keeps open for reuse (more are opened under a burst, up to "
-        "40 beyond it, and closed when returned); each stream's usage row is finished on one, so a pool smaller "
-        "than the concurrent stream ends opens and closes a connection (a server process) per request",
+        "40 beyond it, and closed when returned); the API's usage writer holds up to three (opens, finals, "
+        "checkpoints, each batched), the rest serve requests' own reads and writes",
     )
     blob_store: str | None = Field(
         default=None, description="Local directory path or s3://bucket/prefix; default data_dir/blobs"
