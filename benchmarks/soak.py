@@ -14,10 +14,15 @@ its last one ends) gives completed requests per second; the soak then sends open
   reports (/v1/usage, /v1/admin/billing, /v1/admin/slo), in turn.
 Sampled every --sample-s: RSS, open file descriptors and threads of every process of the cluster (with its
 children), PostgreSQL connections to the cluster's database, and Redis keys under the cluster's prefix.
+Each sample also breaks every process's descriptors down by kind (benchmarks/fd_kinds.py: sockets by peer,
+pipes, files, ...). At rest: after the calibration and again after the soak, no traffic for --settle-s (past
+the keep-alive of every hop, so idle connections are closed), one sample with the paths of open files: what a
+process holds then, before against after, is what the soak left behind (a pool grown to its bound, or a leak).
 Printed: per process and metric, the growth over the last 20 minutes (or the last two thirds of a shorter run):
 the median of its last --window-n samples against the median of the first --window-n samples of that span
-(goal: < 5%); every answer that was not a success, by kind; latency of the first and last thirds. Not a test:
-numbers depend on the machine (its CPU is printed).
+(goal: < 5%); descriptors and RSS at rest, before and after, with what changed by kind; every answer that was
+not a success, by kind; latency of the first and last thirds. Not a test: numbers depend on the machine (its
+CPU is printed).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from cluster_load import ADAPTER_FILES
+from fd_kinds import diff, peer_ports, tree_fd_kinds
 from model_dirs import ensure_model
 from run_info import cpu_model, git_state
 
@@ -288,8 +294,17 @@ def process_sample(pid: int) -> dict[str, int]:
     return total
 
 
-def cluster_sample(cluster: DevCluster, started: float) -> dict[str, Any]:
-    """One sample of every process, the database's connections and the Redis keys of the cluster."""
+def cluster_peers(cluster: DevCluster) -> dict[int, str]:
+    """Port -> the cluster's service listening there, to name the peers of a process's sockets."""
+    urls = [("postgres", cluster.database_url), ("redis", cluster.config.redis_url),
+            ("s3", cluster.services.s3_endpoint), *(("api", url) for url in cluster.api_urls),
+            *(("worker", w.url) for w in cluster.workers)]  # fmt: skip
+    return peer_ports(urls)
+
+
+def cluster_sample(cluster: DevCluster, started: float, is_at_rest: bool = False) -> dict[str, Any]:
+    """One sample of every process (descriptors by kind too; at rest, with the paths of open files), the
+    database's connections and the Redis keys of the cluster."""
     import redis
     from sqlalchemy import create_engine, text
     from sqlalchemy.pool import NullPool
@@ -313,9 +328,34 @@ def cluster_sample(cluster: DevCluster, started: float) -> dict[str, Any]:
         num_keys += sum(1 for _ in client.scan_iter(match=f"*{cluster.celery_queue}*", count=1000))
     finally:
         client.close()
+    peers = cluster_peers(cluster)
+    fds = {name: tree_fd_kinds(pid, peers).as_json() for name, pid in processes.items()}
+    if not is_at_rest:
+        fds = {name: {"counts": kinds["counts"]} for name, kinds in fds.items()}
     return {"t_s": round(time.monotonic() - started, 1),
             "processes": {name: process_sample(pid) for name, pid in processes.items()},
-            "db_connections": int(num_db or 0), "redis_keys": num_keys}  # fmt: skip
+            "fd_kinds": fds, "db_connections": int(num_db or 0), "redis_keys": num_keys}  # fmt: skip
+
+
+def at_rest(cluster: DevCluster, started: float, settle_s: float) -> dict[str, Any]:
+    """A sample after settle_s without traffic: past every hop's keep-alive, idle connections are closed."""
+    time.sleep(settle_s)
+    return cluster_sample(cluster, started, is_at_rest=True)
+
+
+def rest_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Per process, its descriptors and RSS at rest before and after the soak, and what changed by kind."""
+    out: dict[str, Any] = {}
+    for name, values in after["processes"].items():
+        if name not in before["processes"]:
+            continue
+        was = before["processes"][name]
+        out[name] = {"fds": [was["fds"], values["fds"]], "rss_mib": [round(was["rss"] / 2**20, 1),
+                     round(values["rss"] / 2**20, 1)], "fd_changes": diff(before["fd_kinds"][name],
+                     after["fd_kinds"][name])}  # fmt: skip
+    out["db_connections"] = [before["db_connections"], after["db_connections"]]
+    out["redis_keys"] = [before["redis_keys"], after["redis_keys"]]
+    return out
 
 
 def series(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
@@ -406,6 +446,8 @@ def run(args: argparse.Namespace) -> None:
             flush=True,
         )
         started = time.monotonic()
+        rest_before = at_rest(cluster, started, args.settle_s)
+        started = time.monotonic()
         soak.start(rate, args.churn_s, args.reads_s)
         while time.monotonic() - started < args.duration_s:
             samples.append(cluster_sample(cluster, started))
@@ -415,6 +457,11 @@ def run(args: argparse.Namespace) -> None:
             time.sleep(max(0.0, args.sample_s - (time.monotonic() - started) % args.sample_s))
         soak.finish()
         samples.append(cluster_sample(cluster, started))
+        rest_after = at_rest(cluster, started, args.settle_s)
+        if args.samples:
+            with args.samples.open("a") as f:
+                for rest in (rest_before, rest_after):
+                    f.write(json.dumps({"at_rest": rest}) + "\n")
     span_s = min(LAST_SPAN_S, args.duration_s * 2 / 3)
     growths = {name: growth(points, span_s, args.window_n) for name, points in series(samples).items()}
     growths = {k: v for k, v in growths.items() if v is not None}
@@ -428,7 +475,7 @@ def run(args: argparse.Namespace) -> None:
         "num_requests": sum(v for k, v in soak.stats.answers.items() if k.startswith("inference")),
         "answers": dict(sorted(soak.stats.answers.items())), "failures": failures,
         "max_growth": max(growths.items(), key=lambda kv: kv[1], default=None),
-        "growth": dict(sorted(growths.items())),
+        "growth": dict(sorted(growths.items())), "at_rest": rest_changes(rest_before, rest_after),
         "latency_first_third_p50_s": round(statistics.median(first), 3) if first else None,
         "latency_last_third_p50_s": round(statistics.median(last), 3) if last else None,
         "latency_first_third_p99_s": round(statistics.quantiles(first, n=100)[98], 3) if len(first) > 1 else None,
@@ -437,6 +484,13 @@ def run(args: argparse.Namespace) -> None:
     }  # fmt: skip
     for name, value in sorted(growths.items(), key=lambda kv: -abs(kv[1]))[:12]:
         print(f"{name:32} {100 * value:+7.2f}% over the last {span_s / 60:.0f} min")
+    for name, change in summary["at_rest"].items():
+        if isinstance(change, dict):
+            (was, now), (rss_was, rss_now) = change["fds"], change["rss_mib"]
+            print(f"at rest {name:24} fds {was:4} -> {now:4}  RSS {rss_was:7.1f} -> {rss_now:7.1f} MiB  "
+                  f"{change['fd_changes']['counts'] or ''} {change['fd_changes']['files'] or ''}")  # fmt: skip
+        else:
+            print(f"at rest {name:24} {change[0]} -> {change[1]}")
     print(f"failures: {failures or 'none'}")
     print(json.dumps(summary))
     if args.plot:
@@ -453,7 +507,8 @@ def run(args: argparse.Namespace) -> None:
 
 def replot(samples_path: Path, plot_path: Path, title: str) -> None:
     """Plot a run's samples again (--samples file) without running it."""
-    plot([json.loads(line) for line in samples_path.read_text().splitlines() if line], plot_path, title)
+    lines = [json.loads(line) for line in samples_path.read_text().splitlines() if line]
+    plot([sample for sample in lines if "at_rest" not in sample], plot_path, title)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -470,6 +525,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--reads-s", type=float, default=4.0, help="seconds between console pages / reports")
     p.add_argument("--sample-s", type=float, default=10.0)
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=15.0,
+        help="seconds without traffic before each sample at rest (past every keep-alive: 5 s)",
+    )
     p.add_argument("--window-n", type=int, default=6, help="samples whose median starts and ends the span")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", default="tiny")
