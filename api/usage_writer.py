@@ -42,12 +42,13 @@ SlotRenewer = Callable[[list[tuple[str, str]]], object]
 
 
 class UsageWriter:
-    """The opener, finisher and checkpointer threads (module docstring) of one API process: rows opened are
-    inserted at once (batched), final values written at once (batched); every `interval_s` watched streams are checkpointed (one UPDATE for all that changed); every
-    `renewal_interval_s` (default `interval_s`) the lease of every row this process holds open is renewed (one
-    UPDATE for all, owner `api_instance_id`; None: no renewals) and so are the concurrent-request slots of those
-    that hold one (one `renew_slots` call for all; None: no slot renewals). `flush_opens`, `checkpoint`,
-    `flush_finals`, `renew_leases`, `renew_slots` and `run_round` are the threads' jobs, callable directly (tests)."""
+    """The opener, finisher and checkpointer threads (module docstring) of one API process: rows opened are inserted at
+    once (batched), final values written at once (batched); every `interval_s` watched streams are checkpointed (one
+    UPDATE for all that changed); every `renewal_interval_s` (default `interval_s`) the lease of every row this
+    process holds open is renewed (one UPDATE for all, owner `api_instance_id`; None: no renewals) and so are the
+    concurrent-request slots of those that hold one (one `renew_slots` call for all; None: no slot renewals).
+    `flush_opens`, `checkpoint`, `flush_finals`, `renew_leases`, `renew_slots` and `run_round` are the threads'
+    jobs, callable directly (tests)."""
 
     def __init__(
         self,

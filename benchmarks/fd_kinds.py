@@ -73,7 +73,7 @@ def process_fd_kinds(proc: psutil.Process, peers: dict[int, str]) -> FdKinds:
         if conn is not None:
             kinds.counts[socket_kind(conn, listening, peers)] += 1
         elif target.startswith("socket:"):
-            kinds.counts["socket-other"] += 1  # e.g. netlink
+            kinds.counts["socket-other"] += 1  # no connection listed: opened or closed meanwhile, or netlink
         elif target.startswith("pipe:"):
             kinds.counts["pipe"] += 1
         elif target.startswith("anon_inode:"):

@@ -14,7 +14,8 @@ Phases, same clients, same stub, --ramp-s to open every stream:
 - platform: the same streams as SSE completions through the API replicas, half each.
 Every --slow-every-th client is a slow reader (a 4 KiB receive buffer, --slow-read-s between reads): the API
 must hold its stream with backpressure, not buffer it. Printed: TTFT p50/p99 per phase, the platform's overhead
-(the difference), the API replicas' peak RSS (sampled every 0.25 s with their children), errors by kind, and per
+(the difference), the API replicas' peak RSS and descriptors (sampled every 0.25 s with their children) and
+their descriptors by kind once a phase's streams ended (benchmarks/fd_kinds.py), errors by kind, and per
 platform phase the API's request stages, event loop lag and garbage collection pauses (from its /metrics). The
 client (during a phase) and the stub do not collect garbage: their own full collections (95-300 ms at 2,000
 streams) were in both phases' tails and are neither the platform's nor a worker's. Not a test: numbers depend on
@@ -48,6 +49,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
+from fd_kinds import peer_ports, tree_fd_kinds
 from model_dirs import ensure_model
 from run_info import cpu_model, git_state
 
@@ -202,14 +204,15 @@ def cpu_s(pid: int) -> float:
 
 
 class RssSampler(threading.Thread):
-    """Peak RSS (bytes) of each process tree, sampled every interval_s until stop(); CPU seconds each process
-    spent between start() and stop() (cpu_used)."""
+    """Peak RSS (bytes) and open descriptors (peak_fds) of each process tree, sampled every interval_s until
+    stop(); CPU seconds each process spent between start() and stop() (cpu_used)."""
 
     def __init__(self, pids: dict[str, int], interval_s: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.pids = pids
         self.interval_s = interval_s
         self.peak = dict.fromkeys(pids, 0)
+        self.peak_fds = dict.fromkeys(pids, 0)
         self.cpu_used: dict[str, float] = {}
         self._cpu_at_start = {name: cpu_s(pid) for name, pid in pids.items()}
         self._is_done = threading.Event()
@@ -219,10 +222,13 @@ class RssSampler(threading.Thread):
             for name, pid in self.pids.items():
                 try:
                     root = psutil.Process(pid)
-                    rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                    procs = [root, *root.children(recursive=True)]
+                    rss = sum(p.memory_info().rss for p in procs)
+                    num_fds = sum(p.num_fds() for p in procs)
                 except psutil.Error:
                     continue
                 self.peak[name] = max(self.peak[name], rss)
+                self.peak_fds[name] = max(self.peak_fds[name], num_fds)
 
     def stop(self) -> dict[str, int]:
         self._is_done.set()
@@ -403,6 +409,8 @@ def run(args: argparse.Namespace) -> None:
     try:
         with DevCluster(config) as cluster:
             heartbeat = register_stub(cluster, stub_url, args.num_streams, stop)
+            peers = peer_ports([("postgres", cluster.database_url), ("redis", cluster.config.redis_url),
+                                ("worker", stub_url), *(("api", url) for url in cluster.api_urls)])  # fmt: skip
             cluster.wait_live_workers(lambda ids: WORKER_ID in ids, timeout_s=30)
             key = tenant_key(cluster.api_url, cluster.admin_key, args.num_streams, args.num_tokens)
             direct = Target(
@@ -444,6 +452,10 @@ def run(args: argparse.Namespace) -> None:
                     name: round(v / 2**20, 1) for name, v in peaks.items() if name != "stub"
                 }
                 row["cpu_s"] = {name: round(v, 1) for name, v in sampler.cpu_used.items()}
+                # what each API holds once its streams ended: pools (DB, Redis, idle worker connections)
+                row["api_peak_fds"] = {n: v for n, v in sampler.peak_fds.items() if n != "stub"}
+                row["api_fds_after"] = {n: dict(tree_fd_kinds(pid, peers).counts) for n, pid in pids.items()
+                                        if n != "stub"}  # fmt: skip
                 results.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
             stop.set()

@@ -358,13 +358,22 @@ def rest_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     return out
 
 
+# a request's own sockets (and idle ones kept 5 s for reuse), and sockets opening or closing as they were read
+TRAFFIC_FD_KINDS = ("inbound", "worker", "api", "socket-other")
+
+
 def series(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """'<process> <metric>' and the cluster-wide ones -> [(t_s, value)]."""
+    """'<process> <metric>' and the cluster-wide ones -> [(t_s, value)]. `held-fds`: the descriptors that are
+    not the traffic's sockets (TRAFFIC_FD_KINDS): pools, files, pipes, ... what a leak would grow."""
     out: dict[str, list[tuple[float, float]]] = {}
     for sample in samples:
         for name, values in sample["processes"].items():
             for metric, value in values.items():
                 out.setdefault(f"{name} {metric}", []).append((sample["t_s"], value))
+            kinds = sample.get("fd_kinds", {}).get(name, {}).get("counts")
+            if kinds:  # from the same reading of the descriptors
+                held = sum(n for kind, n in kinds.items() if kind not in TRAFFIC_FD_KINDS)
+                out.setdefault(f"{name} held-fds", []).append((sample["t_s"], held))
         for metric in ("db_connections", "redis_keys"):
             out.setdefault(metric, []).append((sample["t_s"], sample[metric]))
     return out
@@ -388,7 +397,8 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     data = series(samples)
-    panels = [("rss", "RSS change since the start (MiB)", 1 / 2**20), ("fds", "open fds", 1.0),
+    panels = [("rss", "RSS change since the start (MiB)", 1 / 2**20),
+              ("fds", "open fds (dashed: held, without the traffic's sockets)", 1.0),
               ("threads", "threads", 1.0)]  # fmt: skip
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     for ax, (metric, label, scale) in zip(axes, panels, strict=False):
@@ -397,6 +407,9 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
                 base = points[0][1] if metric == "rss" else 0.0  # processes of very different sizes, one axis
                 ax.plot([t / 60 for t, _ in points], [(v - base) * scale for _, v in points],
                         label=name.rsplit(" ", 1)[0])  # fmt: skip
+            elif metric == "fds" and name.endswith(" held-fds"):  # dashed: without the traffic's sockets
+                ax.plot([t / 60 for t, _ in points], [v for _, v in points], linestyle="--",
+                        label=name.replace(" held-fds", " held"))  # fmt: skip
         ax.set_title(label)
         ax.set_xlabel("minutes")
     for name in ("db_connections", "redis_keys"):
