@@ -3,8 +3,9 @@ shared by every API replica, each check one atomic Lua script, counted in proces
 unreachable.
 
 The blocking methods serve the callers that run in threads (uploads, keys, the usage writer's slot renewals); the
-inference path's `acquire_async`, `acquire_slot_async` and `release_slot_async` run the same scripts on a redis.asyncio connection of
-the calling event loop, so a request's checks neither block the loop nor wait for a thread.
+inference path's `acquire_async`, `acquire_slot_async` and `release_slot_async` run the same scripts on a
+redis.asyncio connection of the calling event loop, so a request's checks neither block the loop nor wait for a
+thread; that loop's connections are a bounded pool (`async_redis_client`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,21 @@ for i, key in ipairs(KEYS) do
 end
 return n
 """
+
+
+REDIS_CONNECTION_WAIT_S = 5.0  # a check waits this long for a free connection, then counts in the process
+
+
+def async_redis_client(url: str, max_connections: int, client_name: str | None = None) -> Any:
+    """A redis.asyncio client for one event loop holding at most `max_connections` connections: a command beyond
+    waits for one (redis ConnectionError after REDIS_CONNECTION_WAIT_S, which the limiter treats as an outage).
+    Redis' own pool opens one per concurrent command and keeps every one it opened."""
+    import redis.asyncio
+
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=REDIS_CONNECTION_WAIT_S, client_name=client_name
+    )
+    return redis.asyncio.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
 
 
 class RedisRateLimiter:

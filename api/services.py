@@ -32,7 +32,7 @@ from api.metering import UsageLedger
 from api.metrics import ApiMetrics
 from api.prompting import BaseModelTokenizer, load_base_tokenizer
 from api.ratelimit import InMemoryRateLimiter, RateLimiter
-from api.redis_ratelimit import RedisRateLimiter
+from api.redis_ratelimit import RedisRateLimiter, async_redis_client
 from api.scaling_view import ScalingView
 from api.sliding_ratelimit import InMemorySlidingLimiter, RedisSlidingLimiter, SlidingWindowLimiter
 from api.usage_spool import UsageSpool, spool_path
@@ -218,11 +218,12 @@ def make_rate_limiter(settings: Settings, clock: Callable[[], float] = time.time
     concurrent-request slot not renewed for usage_lease_timeout_s stops counting (its holder is gone)."""
     if settings.storage.redis_url:
         import redis
-        import redis.asyncio
 
         return RedisRateLimiter(
             redis.Redis.from_url(settings.storage.redis_url),
-            async_client_factory=partial(redis.asyncio.Redis.from_url, settings.storage.redis_url),
+            async_client_factory=partial(
+                async_redis_client, settings.storage.redis_url, settings.storage.redis_max_connections
+            ),
             key_prefix=f"{settings.jobs.celery_key_prefix}lorahost:rl:",
             clock=clock,
             slot_lease_s=settings.metering.lease_timeout_s,

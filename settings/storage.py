@@ -28,6 +28,14 @@ class StorageSettings(BaseModel):
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
     redis_url: str | None = Field(default=None, description="Redis URL; None = embedded in-memory backends")
+    redis_max_connections: int = Field(
+        default=32,
+        ge=1,
+        le=10_000,
+        description="Redis connections an API process's event loop holds for the request path's rate-limit checks "
+        "(charge, slot, release): a check beyond waits for one (up to 5 s, then counts in the process, as during "
+        "an outage); without a bound a burst of 2,000 streams left ~40 connections open per replica for good",
+    )
     stale_version_age_s: float = Field(
         default=3600.0,
         gt=0,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -10,7 +12,7 @@ import pytest
 import redis.asyncio
 
 from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits
-from api.redis_ratelimit import RedisRateLimiter
+from api.redis_ratelimit import RedisRateLimiter, async_redis_client
 from api.services import make_rate_limiter
 from settings import Settings
 from tests.services import REDIS_URL, redis_with_prefix
@@ -148,6 +150,50 @@ def test_each_event_loop_checks_on_its_own_redis_connection() -> None:
         assert len(made) == 2
     finally:
         gen.close()
+
+
+def test_a_burst_of_async_checks_waits_for_the_loops_bounded_redis_connections() -> None:
+    # redis.asyncio's own pool opens a connection per concurrent command and keeps them all: a burst of 2,000
+    # streams left ~40 per API replica open for good; a bounded pool makes the burst wait its turn instead
+    gen = redis_with_prefix()
+    client, prefix = next(gen)
+    name = f"lorahost-test-{uuid.uuid4().hex}"  # this test's connections, among every client of the server
+    limiter = RedisRateLimiter(
+        client,
+        key_prefix=prefix,
+        clock=FakeClock(),
+        async_client_factory=partial(async_redis_client, REDIS_URL, 2, name),
+    )
+    limits = RateLimits(max_requests_per_min=30)
+
+    async def burst() -> None:
+        try:
+            decisions = await asyncio.gather(*(limiter.acquire_async("t1", 0, limits) for _ in range(40)))
+            assert sum(decision.is_allowed for decision in decisions) == 30  # every check counted, in Redis
+            assert not limiter.is_degraded
+            assert 1 <= sum(1 for conn in client.client_list() if conn.get("name") == name) <= 2
+        finally:
+            await limiter.aclose()
+
+    try:
+        anyio.run(burst)
+    finally:
+        gen.close()
+
+
+def test_make_rate_limiter_bounds_the_loops_redis_connections_by_the_setting() -> None:
+    settings = Settings(redis_url=REDIS_URL, redis_max_connections=3)
+    limiter = make_rate_limiter(settings)
+    assert isinstance(limiter, RedisRateLimiter)
+
+    async def pool_size() -> int:
+        try:
+            await limiter.acquire_async("t-bound", 0, RateLimits())
+            return limiter._async_scripts().client.connection_pool.max_connections  # type: ignore[union-attr]
+        finally:
+            await limiter.aclose()
+
+    assert anyio.run(pool_size) == 3
 
 
 def test_an_async_check_counts_in_process_while_redis_is_down() -> None:
