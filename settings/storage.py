@@ -34,7 +34,8 @@ class StorageSettings(BaseModel):
         le=10_000,
         description="Redis connections an API process's event loop holds for the request path's rate-limit checks "
         "(charge, slot, release): a check beyond waits for one (up to 5 s, then counts in the process, as during "
-        "an outage); without a bound a burst of 2,000 streams left ~40 connections open per replica for good",
+        "an outage); without a bound a burst of 2,000 streams left 31-34 open per replica for good (more streams, "
+        "more)",
     )
     stale_version_age_s: float = Field(
         default=3600.0,
