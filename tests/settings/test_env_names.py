@@ -67,6 +67,7 @@ NEW_NAMES = [
     "LORAHOST_IMPORT_HF_ENDPOINT",
     "LORAHOST_IS_IMPORT_HF_ENABLED",
     "LORAHOST_DATABASE_POOL_SIZE",
+    "LORAHOST_REDIS_MAX_CONNECTIONS",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {

@@ -12,6 +12,8 @@ from gpu_workers.engine.layers.logprobs import prompt_logprobs, token_logprobs
 from gpu_workers.engine.layers.row_topk import CHUNK, row_topk
 from scheduler.core.sampling import SamplingParams
 
+FLOAT32_WIDE_ABS = 5e-5  # a log-probability's error in float32 over a ~50k vocabulary, against float64
+
 
 def seeded(shape: tuple[int, int], seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 4
@@ -74,10 +76,12 @@ def test_sampled_token_logprobs_equal_log_softmax_on_a_wide_vocabulary() -> None
     for row in (0, 2, 3, 4):
         lp = got[row]
         assert lp is not None and lp.token_id == tokens[row]
-        assert lp.logprob == pytest.approx(float(expected[row, tokens[row]]), abs=1e-5)
+        # float32 over 49,152 logits: the log-sum-exp's rounding depends on the CPU's kernel (1.1e-5 seen on an
+        # AMD EPYC without AVX-512), against a float64 reference
+        assert lp.logprob == pytest.approx(float(expected[row, tokens[row]]), abs=FLOAT32_WIDE_ABS)
         top_values, top_ids = expected[row].topk(params[row].logprobs or 0)
         assert [t for t, _ in lp.top] == top_ids.tolist()
-        assert [v for _, v in lp.top] == pytest.approx(top_values.tolist(), abs=1e-5)
+        assert [v for _, v in lp.top] == pytest.approx(top_values.tolist(), abs=FLOAT32_WIDE_ABS)
 
 
 def test_prompt_logprobs_top_alternatives_equal_log_softmax_on_a_wide_vocabulary() -> None:
