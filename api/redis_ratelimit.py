@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 import anyio.to_thread
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from api.ratelimit import (
@@ -78,16 +79,20 @@ return n
 
 
 REDIS_CONNECTION_WAIT_S = 5.0  # a check waits this long for a free connection, then counts in the process
+POOL_WAIT_LOG_INTERVAL_S = 60.0  # checks that waited too long for a connection are logged at most this often
 
 
-def async_redis_client(url: str, max_connections: int, client_name: str | None = None) -> Any:
+def async_redis_client(
+    url: str, max_connections: int, client_name: str | None = None, wait_s: float = REDIS_CONNECTION_WAIT_S
+) -> Any:
     """A redis.asyncio client for one event loop holding at most `max_connections` connections: a command beyond
-    waits for one (redis ConnectionError after REDIS_CONNECTION_WAIT_S, which the limiter treats as an outage).
-    Redis' own pool opens one per concurrent command and keeps every one it opened."""
+    waits for one, up to `wait_s` (then redis ConnectionError "No connection available", which the limiter
+    counts in the process without calling Redis down). Redis' own pool opens one per concurrent command and
+    keeps every one it opened."""
     import redis.asyncio
 
     pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=REDIS_CONNECTION_WAIT_S, client_name=client_name
+        url, max_connections=max_connections, timeout=wait_s, client_name=client_name
     )
     return redis.asyncio.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
 
@@ -117,6 +122,8 @@ class RedisRateLimiter:
             clock, slot_lease_s=slot_lease_s
         )  # used while Redis is unreachable
         self.is_degraded = False
+        self.num_pool_waits = 0  # async checks that found every pooled connection busy past their wait
+        self._pool_wait_logged_at = -POOL_WAIT_LOG_INTERVAL_S
         self._async_factory = async_client_factory
         # event loop -> its client and scripts: an asyncio connection belongs to the loop that opened it
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncScripts] = (
@@ -195,9 +202,24 @@ class RedisRateLimiter:
         return f"{self._prefix}{tenant_id}:slots"
 
     def _on_redis_error(self, exc: RedisError) -> None:
+        if is_pool_wait(exc):  # a burst, not an outage: Redis answers the checks holding the connections
+            self._on_pool_wait()
+            return
         if not self.is_degraded:
             log.warning("rate limits: Redis unreachable (%s); counting in this process until it answers", exc)
         self.is_degraded = True
+
+    def _on_pool_wait(self) -> None:
+        self.num_pool_waits += 1
+        now = time.monotonic()
+        if now - self._pool_wait_logged_at >= POOL_WAIT_LOG_INTERVAL_S:
+            self._pool_wait_logged_at = now
+            log.warning(
+                "rate limits: %d checks so far waited past their limit for one of this process's busy Redis"
+                " connections and were counted in this process (raise LORAHOST_REDIS_MAX_CONNECTIONS if this"
+                " repeats)",
+                self.num_pool_waits,
+            )
 
     def _on_redis_answered(self) -> None:
         if self.is_degraded:
@@ -299,6 +321,12 @@ class _AsyncScripts:
     client: Any
     acquire: Any
     acquire_slot: Any
+
+
+def is_pool_wait(exc: BaseException) -> bool:
+    """Whether a redis error is a bounded pool's "No connection available": the wait for a free connection ran
+    out (redis-py raises ConnectionError from a TimeoutError), while Redis itself may be answering."""
+    return isinstance(exc, RedisConnectionError) and isinstance(exc.__cause__, TimeoutError)
 
 
 def _decision(code: int, limits: RateLimits, now: float) -> RateDecision:

@@ -4,7 +4,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import anyio.to_thread
@@ -182,18 +182,95 @@ def test_a_burst_of_async_checks_waits_for_the_loops_bounded_redis_connections()
 
 
 def test_make_rate_limiter_bounds_the_loops_redis_connections_by_the_setting() -> None:
-    settings = Settings(redis_url=REDIS_URL, redis_max_connections=3)
-    limiter = make_rate_limiter(settings)
-    assert isinstance(limiter, RedisRateLimiter)
+    async def burst() -> int:
+        async with HeldRedis() as server:
+            limiter = make_rate_limiter(Settings(redis_url=server.url, redis_max_connections=3))
+            assert isinstance(limiter, RedisRateLimiter)
+            checks = asyncio.gather(*(limiter.acquire_async("t1", 0, RateLimits()) for _ in range(10)))
+            await server.wait_for_connections(3)  # ten checks in flight, none answered yet
+            server.release.set()
+            decisions = await checks
+            assert all(decision.is_allowed for decision in decisions) and not limiter.is_degraded
+            await limiter.aclose()
+            return server.num_connections
 
-    async def pool_size() -> int:
-        try:
-            await limiter.acquire_async("t-bound", 0, RateLimits())
-            return limiter._async_scripts().client.connection_pool.max_connections  # type: ignore[union-attr]
-        finally:
+    assert anyio.run(burst) == 3
+
+
+def test_a_check_that_waits_too_long_for_a_connection_counts_in_process_without_calling_redis_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def two_checks() -> None:
+        async with HeldRedis() as server:
+            limiter = RedisRateLimiter(
+                FlakyRedis(),
+                clock=FakeClock(),
+                async_client_factory=partial(async_redis_client, server.url, 1, wait_s=0.2),
+            )
+            limits = RateLimits(max_requests_per_min=1)
+            first = asyncio.ensure_future(limiter.acquire_async("t1", 0, limits))
+            await server.wait_for_connections(1)  # the first check holds the only connection
+            assert (await limiter.acquire_async("t1", 0, limits)).is_allowed  # counted in this process
+            assert limiter.num_pool_waits == 1 and not limiter.is_degraded
+            server.release.set()
+            assert (await first).is_allowed  # answered by Redis
             await limiter.aclose()
 
-    assert anyio.run(pool_size) == 3
+    with caplog.at_level("WARNING", logger="api.redis_ratelimit"):
+        anyio.run(two_checks)
+    assert "waited past their limit" in caplog.text and "unreachable" not in caplog.text
+
+
+class HeldRedis:
+    """A Redis stand-in on a local port answering every command (0 to a script, OK otherwise) only once
+    `release` is set, so each command in flight holds its connection; counts the connections it accepted."""
+
+    def __init__(self) -> None:
+        self.num_connections = 0
+        self.release = asyncio.Event()
+        self._accepted = asyncio.Condition()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def wait_for_connections(self, num_connections: int) -> None:
+        async with self._accepted:
+            await self._accepted.wait_for(lambda: self.num_connections >= num_connections)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async with self._accepted:
+            self.num_connections += 1
+            self._accepted.notify_all()
+        try:
+            while (command := await _read_resp_command(reader)) is not None:
+                await self.release.wait()
+                writer.write(b":0\r\n" if command[0].upper() in (b"EVAL", b"EVALSHA") else b"+OK\r\n")
+                await writer.drain()
+        finally:
+            writer.close()
+
+
+async def _read_resp_command(reader: asyncio.StreamReader) -> list[bytes] | None:
+    """One command of the Redis protocol (an array of bulk strings), or None at the end of the stream."""
+    header = await reader.readline()
+    if not header:
+        return None
+    parts = []
+    for _ in range(int(header[1:])):
+        size = int((await reader.readline())[1:])
+        parts.append((await reader.readexactly(size + 2))[:-2])
+    return parts
 
 
 def test_an_async_check_counts_in_process_while_redis_is_down() -> None:
