@@ -76,6 +76,13 @@ class EngineKernelSettings(EngineSection):
         "torch.compile'd norms, rotary and SwiGLU); default: chosen by measurement at worker start on CPU "
         "(cached; eager on CUDA, where decode steps are captured instead)",
     )
+    onednn_cache_capacity: int = Field(
+        default=128,
+        description="products each of torch's two oneDNN caches (ideep's and oneDNN's primitive cache) keeps in "
+        "a worker process; every new (rows, in, out) shape of a bf16 product on CPU adds ~0.7 MiB to each until "
+        "its capacity (torch's default: 1,024 each, over 1 GiB); applied before the process's first engine runs "
+        "a product, unless LRU_CACHE_CAPACITY / ONEDNN_PRIMITIVE_CACHE_CAPACITY are set",
+    )
     compile_budget_s: float = Field(
         default=120.0,
         description="CPU: the most seconds the kernel tuner lets compiling the decode step take; a slower "
@@ -119,6 +126,7 @@ class EngineKernelSettings(EngineSection):
         return None if value is None else cls._choice(value, KERNEL_FORMS[str(info.field_name)], info)
 
     @field_validator(
+        "onednn_cache_capacity",
         "compile_budget_s",
         "cuda_graph_max_batch_size",
         "cuda_graph_capture_budget_s",

@@ -30,6 +30,7 @@ from gpu_workers.engine.layers.vocab_lora import VocabStep, select_head_rows
 from gpu_workers.engine.loader import iter_safetensors, read_hf_config, safetensors_files
 from gpu_workers.engine.lora_form_choice import LoraForms, lora_segments
 from gpu_workers.engine.models.llama import LlamaForCausalLM, ModelArgs
+from gpu_workers.engine.onednn_cache import bound_onednn_caches
 from gpu_workers.engine.step_graph import CudaStepGraphs, StepGraphsFactory
 from gpu_workers.engine.step_inputs import StepInputs, build_step_inputs
 from gpu_workers.engine.structured_rows import StructuredRows, apply_masks
@@ -67,6 +68,7 @@ class ModelRunner:
         self.dtype = config.resolved_dtype()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        bound_onednn_caches(config.onednn_cache_capacity)  # before kernel tuning runs the first bf16 product
         if self.device.type == "cpu" and config.tune_host_malloc:
             keep_large_allocations_on_heap()
         hf_config = read_hf_config(config.model_path)
