@@ -64,6 +64,7 @@ from lorahost.dev_cluster_config import DevClusterConfig
 LOGIN_CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 LAST_SPAN_S = 1200.0  # the goal's "last 20 minutes"
 REQUEST_TIMEOUT_S = 120.0
+LATENCY_PERIOD_S = 300.0  # the latency printed per period of the soak
 
 
 @dataclass
@@ -493,6 +494,7 @@ def run(args: argparse.Namespace) -> None:
         "latency_last_third_p50_s": round(statistics.median(last), 3) if last else None,
         "latency_first_third_p99_s": round(statistics.quantiles(first, n=100)[98], 3) if len(first) > 1 else None,
         "latency_last_third_p99_s": round(statistics.quantiles(last, n=100)[98], 3) if len(last) > 1 else None,
+        "latency_p50_s_by_5_min": latency_by_period(soak.stats.latencies, LATENCY_PERIOD_S),
         "cpu": cpu_model(), "commit": git_state().get("commit"),
     }  # fmt: skip
     for name, value in sorted(growths.items(), key=lambda kv: -abs(kv[1]))[:12]:
@@ -505,6 +507,7 @@ def run(args: argparse.Namespace) -> None:
         else:
             print(f"at rest {name:24} {change[0]} -> {change[1]}")
     print(f"failures: {failures or 'none'}")
+    print(f"latency p50 by {LATENCY_PERIOD_S / 60:.0f} min (s): {summary['latency_p50_s_by_5_min']}")
     print(json.dumps(summary))
     if args.plot:
         plot(
@@ -516,6 +519,20 @@ def run(args: argparse.Namespace) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as f:
             f.write(json.dumps(summary) + "\n")
+
+
+def latency_by_period(latencies: list[tuple[float, float]], period_s: float) -> list[float | None]:
+    """The median latency (s) of the requests sent in each period of the soak, in order (None: none sent then):
+    whether the platform slows down as it runs (latencies: (sent at, seconds))."""
+    if not latencies:
+        return []
+    start = latencies[0][0]
+    periods: dict[int, list[float]] = {}
+    for sent_at, seconds in latencies:
+        periods.setdefault(int((sent_at - start) // period_s), []).append(seconds)
+    return [
+        round(statistics.median(periods[i]), 3) if i in periods else None for i in range(max(periods) + 1)
+    ]
 
 
 def replot(samples_path: Path, plot_path: Path, title: str) -> None:

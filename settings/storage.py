@@ -33,8 +33,8 @@ class StorageSettings(BaseModel):
         ge=1,
         le=10_000,
         description="Redis connections an API process's event loop holds for the request path's rate-limit checks "
-        "(charge, slot, release): a check beyond waits for one (up to 5 s, then counts in the process, as during "
-        "an outage); without a bound a burst of 2,000 streams left 31-34 open per replica for good (more streams, "
+        "(charge, slot, release): a check beyond waits for one (up to 5 s, then counts in the process and is "
+        "logged as a wait, not as an outage); without a bound a burst of 2,000 streams left 31-34 open per replica for good (more streams, "
         "more)",
     )
     stale_version_age_s: float = Field(
