@@ -79,7 +79,7 @@ class EngineKernelSettings(EngineSection):
     onednn_cache_capacity: int = Field(
         default=128,
         description="products each of torch's two oneDNN caches (ideep's and oneDNN's primitive cache) keeps in "
-        "a worker process; every new (rows, in, out) shape of a bf16 product on CPU adds ~0.7 MiB to each until "
+        "a worker process; every new (rows, in, out) shape of a bf16 product on CPU keeps 0.5-0.7 MiB in them until "
         "its capacity (torch's default: 1,024 each, over 1 GiB); applied before the process's first engine runs "
         "a product, unless LRU_CACHE_CAPACITY / ONEDNN_PRIMITIVE_CACHE_CAPACITY are set",
     )

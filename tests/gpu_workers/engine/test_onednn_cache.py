@@ -72,6 +72,6 @@ def _growth_mib(capacity: str) -> float:
 )
 def test_the_bound_keeps_the_memory_of_many_product_shapes_small() -> None:
     unbounded, bounded = _growth_mib("none"), _growth_mib("8")
-    # each of 300 shapes kept ~0.7 MiB in each cache without the bound on an Intel Xeon with AMX
+    # each of 300 shapes kept 0.5-0.7 MiB in the two caches without the bound on an Intel Xeon with AMX
     assert unbounded > 30, f"the unbounded caches kept only {unbounded:.0f} MiB for 300 shapes"
     assert bounded < unbounded / 3, (bounded, unbounded)
