@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 import anyio.to_thread
+import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -84,17 +85,50 @@ POOL_WAIT_LOG_INTERVAL_S = 60.0  # checks that waited too long for a connection 
 
 def async_redis_client(
     url: str, max_connections: int, client_name: str | None = None, wait_s: float = REDIS_CONNECTION_WAIT_S
-) -> Any:
-    """A redis.asyncio client for one event loop holding at most `max_connections` connections: a command beyond
-    waits for one, up to `wait_s` (then redis ConnectionError "No connection available", which the limiter
-    counts in the process without calling Redis down). Redis' own pool opens one per concurrent command and
-    keeps every one it opened."""
-    import redis.asyncio
-
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=wait_s, client_name=client_name
+) -> BoundedAsyncRedis:
+    """A redis.asyncio client for one event loop holding at most `max_connections` connections: at most that
+    many of its commands are in flight at once, and one beyond waits for a turn, up to `wait_s` (then redis
+    ConnectionError "No connection available", which the limiter counts in the process without calling Redis
+    down). Redis' own pool opens one connection per concurrent command and keeps every one it opened."""
+    client = BoundedAsyncRedis(
+        connection_pool=redis.asyncio.ConnectionPool.from_url(
+            url, max_connections=max_connections, client_name=client_name
+        )
     )
-    return redis.asyncio.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
+    client.auto_close_connection_pool = True  # the client owns its pool: aclose() closes both (as from_pool)
+    client.bound(max_connections, wait_s)
+    return client
+
+
+class BoundedAsyncRedis(redis.asyncio.Redis):
+    """redis.asyncio.Redis with a bounded number of commands in flight, so of connections in its pool. The bound
+    is a semaphore taken around each command, not redis' BlockingConnectionPool, whose Condition and timer on
+    every checkout and release cost each command even when none waits; taking a free semaphore does not
+    suspend."""
+
+    _in_flight: asyncio.Semaphore
+    _wait_s: float
+
+    def bound(self, max_in_flight: int, wait_s: float) -> None:
+        """Let at most max_in_flight commands run at once; one beyond waits up to wait_s for a turn."""
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+        self._wait_s = wait_s
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        """The command, once one of the bounded turns is free (ConnectionError "No connection available" when
+        none frees within the wait)."""
+        if self._in_flight.locked():  # every turn taken: wait for one, bounded
+            try:
+                async with asyncio.timeout(self._wait_s):
+                    await self._in_flight.acquire()
+            except TimeoutError as exc:
+                raise RedisConnectionError("No connection available.") from exc
+        else:
+            await self._in_flight.acquire()  # a free turn: returns without suspending
+        try:
+            return await super().execute_command(*args, **options)
+        finally:
+            self._in_flight.release()
 
 
 class RedisRateLimiter:

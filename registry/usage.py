@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, cast
 
-from sqlalchemy import CursorResult, Table, Update, bindparam, func, insert, or_, select, update
+from sqlalchemy import CursorResult, Select, Table, Update, bindparam, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -98,6 +98,25 @@ _CHECKPOINT = (
 )
 
 
+def in_lock_order(condition: Any) -> Select[str]:
+    """The ids of the usage rows matching `condition`, locked in request_id order (FOR UPDATE: the locks last
+    until the transaction ends; SQLite, which locks the whole database on a write, ignores it). Run it, or use
+    it as the subquery of an UPDATE (`UsageRecord.id.in_(...)`: the UPDATE then changes only rows it locked).
+
+    Every write that changes several rows in one transaction (a finisher's batch, a checkpoint, a lease renewal,
+    a sweep) takes its rows' locks this way first, in this one order, so two of them never wait on each other
+    in a circle: PostgreSQL found such a deadlock after `deadlock_timeout` (1 s, both writers stalled) and
+    aborted one, 1-2 times in a run of 2,000 streams (benchmarks/RESULTS.md, the thirteenth pass).
+    """
+    return select(UsageRecord.id).where(condition).order_by(UsageRecord.request_id).with_for_update()
+
+
+def _lock_open_rows(session: Session, request_ids: list[object]) -> None:
+    session.execute(
+        in_lock_order(UsageRecord.request_id.in_(request_ids) & (UsageRecord.status == OPEN_USAGE_STATUS))
+    )
+
+
 # PostgreSQL: every checkpoint in one statement, each column one array (an executemany is one UPDATE per row:
 # twice the client CPU and wall time for 1,000 rows, benchmarks/RESULTS.md); a request_id is unique. The arrays
 # are sent binary (`%b`: psycopg writes no text, so 1,000 checkpoints cost ~2 ms of the writer's CPU, not ~9 ms).
@@ -120,6 +139,7 @@ def checkpoint_usage(session: Session, checkpoints: Sequence[dict[str, object]])
     """
     if not checkpoints:
         return
+    _lock_open_rows(session, [c["request_id"] for c in checkpoints])
     connection = session.connection()
     if connection.dialect.driver == "psycopg":
         connection.exec_driver_sql(
@@ -162,6 +182,9 @@ def finish_open_usage(session: Session, rows: Sequence[dict[str, object]]) -> li
     One UPDATE per row (its rowcount says whether the row was open) and one commit for all: a request's end
     costs a statement, not a transaction (benchmarks/RESULTS.md).
     """
+    if not rows:
+        return []
+    _lock_open_rows(session, [values["request_id"] for values in rows])
     missing: list[str] = []
     for values in rows:
         fields = tuple(sorted(k for k in values if k != "request_id"))
@@ -211,11 +234,14 @@ def _execute_dml(session: Session, statement: Update) -> CursorResult[Any]:
     return cast(CursorResult[Any], session.execute(statement))
 
 
-def _interrupt(session: Session, condition: object, message: str) -> int:
+def _interrupt(session: Session, condition: Any, message: str) -> int:
     result = _execute_dml(
         session,
         update(UsageRecord)
-        .where(UsageRecord.status == OPEN_USAGE_STATUS, condition)  # type: ignore[arg-type]
+        .where(
+            UsageRecord.id.in_(in_lock_order((UsageRecord.status == OPEN_USAGE_STATUS) & condition)),
+            UsageRecord.status == OPEN_USAGE_STATUS,
+        )
         .values(
             status=INTERRUPTED_USAGE_STATUS,
             error_message=message,
@@ -284,10 +310,13 @@ def renew_usage_leases(session: Session, api_instance_id: str, now: datetime | N
 
     Call it once per checkpoint interval while the owner process has requests running (api/metering.py).
     """
+    is_owned_open = (UsageRecord.api_instance_id == api_instance_id) & (
+        UsageRecord.status == OPEN_USAGE_STATUS
+    )
     result = _execute_dml(
         session,
         update(UsageRecord)
-        .where(UsageRecord.api_instance_id == api_instance_id, UsageRecord.status == OPEN_USAGE_STATUS)
+        .where(UsageRecord.id.in_(in_lock_order(is_owned_open)), is_owned_open)
         .values(lease_renewed_at=now or utcnow())
         .execution_options(synchronize_session=False),
     )

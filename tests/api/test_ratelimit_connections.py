@@ -99,6 +99,27 @@ def test_make_rate_limiter_bounds_the_loops_redis_connections_by_the_setting() -
     assert anyio.run(burst) == 3
 
 
+def test_a_bound_above_redis_default_pool_size_holds_that_many_checks_in_flight() -> None:
+    # redis.asyncio's pool refuses a connection past its own max_connections (100 unless told): a setting above
+    # that must reach the pool too, or the checks past 100 would be counted as if Redis were down
+    async def burst() -> int:
+        async with HeldRedis() as server:
+            limiter = RedisRateLimiter(
+                redis.Redis.from_url(server.url),  # the blocking client: unused here
+                clock=_clock,
+                async_client_factory=partial(async_redis_client, server.url, 120),
+            )
+            checks = asyncio.gather(*(limiter.acquire_async("t1", 0, RateLimits()) for _ in range(120)))
+            await server.wait_for_connections(120)  # every check in flight at once, none answered yet
+            server.release.set()
+            decisions = await checks
+            assert all(decision.is_allowed for decision in decisions) and not limiter.is_degraded
+            await limiter.aclose()
+            return server.num_connections
+
+    assert anyio.run(burst) == 120
+
+
 def test_a_check_that_waits_too_long_for_a_connection_counts_in_process_without_calling_redis_down(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
