@@ -7,7 +7,8 @@ api/metering.py treats a spooled open row as a durable one): `open` (an `in_prog
 request (later values over earlier ones; a final line wins) and writes them once the database answers:
 - final: the open row gets its final values (registry.usage.finish_usage), or the row is inserted when it was
   never opened in the database; a row that is final already (written before the outage ended) is left alone;
-- open (with its last checkpoint): the row is inserted, or, when it exists, checkpointed.
+- open (with its last checkpoint): the row is inserted, or, when it exists, checkpointed;
+- checkpoints alone (the row was opened in the database before the outage): the row is checkpointed.
 Request ids are unique in the ledger, so replaying a line twice (a crash between a write and the spool's
 rewrite) never writes a second row. What is left after a replay stops at the first database error is kept.
 
@@ -160,6 +161,9 @@ def _write(session: Session, is_final: bool, values: dict[str, Any]) -> None:
         except DuplicateUsageError:
             pass  # final already: written directly once the database was back
         return
+    if "tenant_id" not in values:  # checkpoints alone: the row was opened in the database before the outage
+        _write_checkpoint(session, values)
+        return
     try:
         open_usage(session, [values])
     except DATABASE_ERRORS as exc:
@@ -167,5 +171,9 @@ def _write(session: Session, is_final: bool, values: dict[str, Any]) -> None:
             raise
         session.rollback()  # the row exists (opened before the outage, or its insert's answer was lost)
         if "checkpointed_at" in values:  # a checkpoint was spooled: newer than any the database holds
-            checkpoint = {name: values.get(name) for name in CHECKPOINT_FIELDS}
-            checkpoint_usage(session, [{**checkpoint, "request_id": values["request_id"]}])
+            _write_checkpoint(session, values)
+
+
+def _write_checkpoint(session: Session, values: dict[str, Any]) -> None:
+    checkpoint = {name: values.get(name) for name in CHECKPOINT_FIELDS}
+    checkpoint_usage(session, [{**checkpoint, "request_id": values["request_id"]}])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Connection, event, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -134,6 +134,36 @@ async def test_a_spooled_checkpoint_never_regresses_a_row_the_database_finished_
     assert ledger.writer.replay_spool() == 1
     assert ledger.writer.replay_spool() == 0
     assert _rows(db_session_factory, tenant_id) == [("ok", 5, 6)]
+    ledger.close()
+
+
+@pytest.mark.anyio
+async def test_a_spooled_checkpoint_of_a_row_opened_before_the_outage_is_replayed_as_an_update_alone(
+    outage: Outage, db_connection: Connection, db_session_factory: sessionmaker[Session], tenant_id: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    ledger = _ledger(outage, tmp_path)
+    meter = _meter(tenant_id)
+    ledger.open(meter, is_checkpointed=True)
+    await ledger.wait_opened(meter)  # opened in the database before the outage
+    outage.is_down = True
+    meter.on_delivered(4)
+    ledger.writer.checkpoint()  # spooled: the checkpoint's columns, not the row's
+    outage.is_down = False
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        statements.append(statement.lstrip().split()[0].upper())
+
+    event.listen(db_connection, "before_cursor_execute", seen)
+    try:
+        assert ledger.writer.replay_spool() == 1
+    finally:
+        event.remove(db_connection, "before_cursor_execute", seen)
+    assert "UPDATE" in statements and "INSERT" not in statements  # no insert tried (and refused) first
+    assert _rows(db_session_factory, tenant_id) == [("in_progress", 5, 4)]
+    await ledger.record(meter, "ok")
+    assert _rows(db_session_factory, tenant_id) == [("ok", 5, 4)]
     ledger.close()
 
 
