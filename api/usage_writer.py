@@ -185,6 +185,11 @@ class UsageWriter:
         except DATABASE_ERRORS as exc:
             if self.spool is None or not is_database_unavailable(exc):
                 raise
+            log.warning(
+                "usage writer: %d checkpoints spooled, the database did not take them: %s",
+                len(values),
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
             for checkpoint in values:
                 self.spool.add("checkpoint", checkpoint)
         with self._lock:

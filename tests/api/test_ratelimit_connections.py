@@ -83,41 +83,26 @@ def test_a_burst_of_async_checks_waits_for_the_loops_bounded_redis_connections()
         gen.close()
 
 
-def test_make_rate_limiter_bounds_the_loops_redis_connections_by_the_setting() -> None:
+@pytest.mark.parametrize("max_connections", [3, 120])
+def test_make_rate_limiter_bounds_the_loops_redis_connections_by_the_setting(max_connections: int) -> None:
+    # 120: above redis.asyncio's own pool size (100 unless told), which must get the setting too, or the checks
+    # past 100 would be refused by the pool and counted as if Redis were down
     async def burst() -> int:
         async with HeldRedis() as server:
-            limiter = make_rate_limiter(Settings(redis_url=server.url, redis_max_connections=3))
+            limiter = make_rate_limiter(Settings(redis_url=server.url, redis_max_connections=max_connections))
             assert isinstance(limiter, RedisRateLimiter)
-            checks = asyncio.gather(*(limiter.acquire_async("t1", 0, RateLimits()) for _ in range(10)))
-            await server.wait_for_connections(3)  # ten checks in flight, none answered yet
-            server.release.set()
-            decisions = await checks
-            assert all(decision.is_allowed for decision in decisions) and not limiter.is_degraded
-            await limiter.aclose()
-            return server.num_connections
-
-    assert anyio.run(burst) == 3
-
-
-def test_a_bound_above_redis_default_pool_size_holds_that_many_checks_in_flight() -> None:
-    # redis.asyncio's pool refuses a connection past its own max_connections (100 unless told): a setting above
-    # that must reach the pool too, or the checks past 100 would be counted as if Redis were down
-    async def burst() -> int:
-        async with HeldRedis() as server:
-            limiter = RedisRateLimiter(
-                redis.Redis.from_url(server.url),  # the blocking client: unused here
-                clock=_clock,
-                async_client_factory=partial(async_redis_client, server.url, 120),
+            num_checks = max_connections + 7
+            checks = asyncio.gather(
+                *(limiter.acquire_async("t1", 0, RateLimits()) for _ in range(num_checks))
             )
-            checks = asyncio.gather(*(limiter.acquire_async("t1", 0, RateLimits()) for _ in range(120)))
-            await server.wait_for_connections(120)  # every check in flight at once, none answered yet
+            await server.wait_for_connections(max_connections)  # as many checks in flight, none answered yet
             server.release.set()
             decisions = await checks
             assert all(decision.is_allowed for decision in decisions) and not limiter.is_degraded
             await limiter.aclose()
             return server.num_connections
 
-    assert anyio.run(burst) == 120
+    assert anyio.run(burst) == max_connections
 
 
 def test_a_check_that_waits_too_long_for_a_connection_counts_in_process_without_calling_redis_down(

@@ -71,6 +71,21 @@ def _rows(factory: sessionmaker[Session], tenant_id: str) -> list[tuple[Any, ...
         return [tuple(r) for r in session.execute(query.where(UsageRecord.tenant_id == tenant_id))]
 
 
+async def _checkpointed_in_an_outage(
+    outage: Outage, tmp_path: Path, tenant_id: str
+) -> tuple[UsageLedger, RequestMeter]:
+    """A stream opened in the database, then 4 tokens checkpointed into the spool during an outage, which ends."""
+    ledger = _ledger(outage, tmp_path)
+    meter = _meter(tenant_id)
+    ledger.open(meter, is_checkpointed=True)
+    await ledger.wait_opened(meter)  # opened in the database before the outage
+    outage.is_down = True
+    meter.on_delivered(4)
+    ledger.writer.checkpoint()  # spooled: the checkpoint's columns, not the row's
+    outage.is_down = False
+    return ledger, meter
+
+
 @pytest.mark.anyio
 async def test_a_stream_served_through_an_outage_is_billed_once_from_the_spool(
     outage: Outage, db_session_factory: sessionmaker[Session], tenant_id: str, tmp_path: Path
@@ -120,14 +135,7 @@ async def test_a_crash_in_an_outage_bills_the_last_spooled_checkpoint_after_the_
 async def test_a_spooled_checkpoint_never_regresses_a_row_the_database_finished_meanwhile(
     outage: Outage, db_session_factory: sessionmaker[Session], tenant_id: str, tmp_path: Path
 ) -> None:
-    ledger = _ledger(outage, tmp_path)
-    meter = _meter(tenant_id)
-    ledger.open(meter, is_checkpointed=True)
-    await ledger.wait_opened(meter)  # opened in the database before the outage
-    outage.is_down = True
-    meter.on_delivered(4)
-    ledger.writer.checkpoint()  # spooled
-    outage.is_down = False
+    ledger, meter = await _checkpointed_in_an_outage(outage, tmp_path, tenant_id)
     meter.on_delivered(2)
     await ledger.record(meter, "ok")  # written directly
     assert _rows(db_session_factory, tenant_id) == [("ok", 5, 6)]
@@ -140,16 +148,11 @@ async def test_a_spooled_checkpoint_never_regresses_a_row_the_database_finished_
 @pytest.mark.anyio
 async def test_a_spooled_checkpoint_of_a_row_opened_before_the_outage_is_replayed_as_an_update_alone(
     outage: Outage, db_connection: Connection, db_session_factory: sessionmaker[Session], tenant_id: str,
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    ledger = _ledger(outage, tmp_path)
-    meter = _meter(tenant_id)
-    ledger.open(meter, is_checkpointed=True)
-    await ledger.wait_opened(meter)  # opened in the database before the outage
-    outage.is_down = True
-    meter.on_delivered(4)
-    ledger.writer.checkpoint()  # spooled: the checkpoint's columns, not the row's
-    outage.is_down = False
+    with caplog.at_level("WARNING", logger="api.usage_writer"):
+        ledger, meter = await _checkpointed_in_an_outage(outage, tmp_path, tenant_id)
+    assert "1 checkpoints spooled" in caplog.text and "connection refused" in caplog.text
     statements: list[str] = []
 
     def seen(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
