@@ -102,9 +102,9 @@ def async_redis_client(
 
 class BoundedAsyncRedis(redis.asyncio.Redis):
     """redis.asyncio.Redis with a bounded number of commands in flight, so of connections in its pool. The bound
-    is a semaphore taken around each command, not redis' BlockingConnectionPool, whose Condition and timer on
-    every checkout and release cost each command even when none waits; taking a free semaphore does not
-    suspend."""
+    is a semaphore taken around each command (a free turn is taken without suspending) rather than redis'
+    BlockingConnectionPool (a Condition on every checkout and release, a timer per checkout): the same CPU per
+    check when none waits, a burst of 2,000 checks ~17% sooner (benchmarks/redis_checks.py, Intel Xeon)."""
 
     _in_flight: asyncio.Semaphore
     _wait_s: float
