@@ -2,6 +2,7 @@
 them slow readers, against a paced stub worker; the API's memory and its overhead on TTFT.
 
     python benchmarks/many_streams.py [--num-streams 2000] [--num-tokens 30] [--pace-s 1.0] [--out FILE]
+        [--load-cpus 1] [--platform-cpus 0]
 
 The stub worker (a Starlette app under uvicorn, the worker's server stack, in its own process) speaks the worker
 protocol: POST /internal/v1/generate answers NDJSON, its first delta at once, then one delta every --pace-s, then
@@ -19,7 +20,8 @@ their descriptors by kind once a phase's streams ended (benchmarks/fd_kinds.py),
 platform phase the API's request stages, event loop lag and garbage collection pauses (from its /metrics). The
 client (during a phase) and the stub do not collect garbage: their own full collections (95-300 ms at 2,000
 streams) were in both phases' tails and are neither the platform's nor a worker's. Not a test: numbers depend on
-the machine (its CPU is printed).
+the machine (its CPU is printed). On a host of few cores the client and the stub take cores the platform would
+use: --load-cpus confines them (and --platform-cpus the API replicas, PostgreSQL and Redis).
 """
 
 from __future__ import annotations
@@ -393,6 +395,36 @@ def tenant_key(api_url: str, admin_key: str, num_streams: int, num_tokens: int) 
     return str(key.json()["key"])
 
 
+def pin(args: argparse.Namespace, stub_pid: int, api_pids: list[int]) -> dict[int, list[int]]:
+    """Confine the load (this client and the stub) to --load-cpus, and the platform (the API replicas with their
+    children, and the PostgreSQL and Redis servers) to --platform-cpus; returns the servers' former affinities
+    (theirs are restored after the run, the cluster's own processes end with it)."""
+    former: dict[int, list[int]] = {}
+    if args.load_cpus:
+        for pid in (os.getpid(), stub_pid):
+            os.sched_setaffinity(pid, args.load_cpus)
+    if args.platform_cpus:
+        servers = [p for p in psutil.process_iter(["name"]) if p.info["name"] in ("postgres", "redis-server")]
+        apis = [psutil.Process(pid) for pid in api_pids]
+        for proc in [*apis, *(c for a in apis for c in a.children(recursive=True)), *servers]:
+            try:
+                if proc in servers:
+                    former[proc.pid] = proc.cpu_affinity()
+                proc.cpu_affinity(args.platform_cpus)
+            except psutil.Error:  # a backend that ended meanwhile
+                pass
+    return former
+
+
+def unpin(former: dict[int, list[int]]) -> None:
+    """Give the shared servers their former affinities back (a backend forked meanwhile ends with its client)."""
+    for pid, cpus in former.items():
+        try:
+            psutil.Process(pid).cpu_affinity(cpus)
+        except psutil.Error:
+            pass
+
+
 def run(args: argparse.Namespace) -> None:
     model_dir = args.model_dir or Path(os.path.expanduser(f"~/.cache/lorahost/bench-{args.size}-2"))
     ensure_model(model_dir, sys.executable, 2, args.size)
@@ -406,6 +438,7 @@ def run(args: argparse.Namespace) -> None:
                               env={"LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": "1"})  # fmt: skip
     stop = threading.Event()
     results: list[dict[str, Any]] = []
+    pinned: dict[int, list[int]] = {}
     try:
         with DevCluster(config) as cluster:
             heartbeat = register_stub(cluster, stub_url, args.num_streams, stop)
@@ -428,6 +461,7 @@ def run(args: argparse.Namespace) -> None:
                 {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
                 b'"finish_reason":null', b"data: [DONE]",
             )  # fmt: skip
+            pinned.update(pin(args, stub.pid, [api.pid for api in cluster.apis if api.pid is not None]))
             # a warm-up through the platform: caches, connections, the first request's imports
             asyncio.run(run_phase(platform, 8, 0.5, 0, 0.0))
             for phase, target in (("direct", direct), ("platform", platform)) * args.rounds:
@@ -461,6 +495,7 @@ def run(args: argparse.Namespace) -> None:
             stop.set()
             heartbeat.join(5)
     finally:
+        unpin(pinned)
         stop.set()
         stub.terminate()
         stub.wait(10)
@@ -494,6 +529,11 @@ def run(args: argparse.Namespace) -> None:
             f.write(json.dumps(line) + "\n")
 
 
+def cpu_list(text: str) -> list[int]:
+    """`0,1` -> [0, 1]."""
+    return [int(c) for c in text.split(",") if c.strip()]
+
+
 def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster on the way out (its `with`)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -509,6 +549,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile-dir", type=Path, default=None,
                    help="py-spy the API replicas and the stub in each platform phase (collapsed stacks here)")  # fmt: skip
+    p.add_argument("--load-cpus", type=cpu_list, default=[],
+                   help="CPUs (e.g. 1) for the client and the stub: the load off the platform's cores")  # fmt: skip
+    p.add_argument("--platform-cpus", type=cpu_list, default=[],
+                   help="CPUs (e.g. 0) for the API replicas, PostgreSQL and Redis")  # fmt: skip
     main_args = p.parse_args(argv)
     run(main_args)
 
