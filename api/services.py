@@ -6,7 +6,7 @@ knows the workers publishes the rest after building (`lorahost serve` / `lorahos
   internal_token    the workers' bearer token (None: settings.internal_token)
   worker_transport  the in-process worker of embedded mode (`lorahost serve`): requests routed to it skip
                     the loopback HTTP hop
-  worker_client     created in the app lifespan (it owns an AsyncClient) unless one is set beforehand
+  worker_client     created in the app lifespan (it owns its connection pool) unless one is set beforehand
 Assign a field to replace a component (a fake tokenizer, a clock-driven rate limiter or cache).
 """
 

@@ -170,20 +170,35 @@ class _NoEvents:
         return None
 
 
+def worker_timeout(read_timeout_s: float) -> httpx.Timeout:
+    """A worker request's timeouts: 5 s to connect, 30 s to write, 10 s to get a connection from the pool,
+    read_timeout_s between two reads of its stream."""
+    return httpx.Timeout(connect=5.0, read=read_timeout_s, write=30.0, pool=10.0)
+
+
 class WorkerClient:
-    """One per API process: a pooled httpx.AsyncClient plus the internal token and the routing policy
+    """One per API process: a pooled HTTP transport plus the internal token and the routing policy
     (settings.routing.policy via services.router; the default policy when none is given). `routed_since`
     counts the requests it routed to each worker since that worker's view was published, so the router does
-    not send every request of a view's lifetime to the same worker (api/routed_since_view.py)."""
+    not send every request of a view's lifetime to the same worker (api/routed_since_view.py).
+
+    Requests go to the transport itself, not through an httpx.AsyncClient: the client's layers (auth, redirects,
+    its cookie jar) do nothing a worker needs, and its jar would keep a cookie one worker response set and send it
+    with every later request, whoever's; and they cost ~0.1 ms of the event loop's CPU per request, most of it
+    parsing each response for cookies (benchmarks/worker_client_writes.py: 250 -> 150-175 us per request, open to
+    end; benchmarks/RESULTS.md, "Chaos & scale, fifteenth pass")."""
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         internal_token: TokenSource,
         router: Router | None = None,
         local: LocalWorkerTransport | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> None:
-        self.http = http
+        self.transport = transport
+        # a request's "timeout" extension, which the transport reads
+        self._timeouts = (timeout or worker_timeout(DEFAULT_READ_TIMEOUT_S)).as_dict()
         self.internal_token = internal_token
         self.router = router or make_router()
         self.local = local  # the in-process worker (embedded mode), reached without HTTP
@@ -206,13 +221,13 @@ class WorkerClient:
         (settings.api.worker_read_timeout_s); pass a transport to reach fake workers in tests,
         `local` for an in-process worker, `router` for the routing policy."""
         transport = transport or Http1Transport(worker_limits(max_connections))
-        timeout = httpx.Timeout(connect=5.0, read=read_timeout_s, write=30.0, pool=10.0)
-        http = httpx.AsyncClient(timeout=timeout, transport=transport)
-        return cls(http, internal_token, router=router, local=local)
+        return cls(
+            transport, internal_token, router=router, local=local, timeout=worker_timeout(read_timeout_s)
+        )
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self.http.aclose()
+        await self.transport.aclose()
 
     def _generate_url(self, worker_url: str) -> httpx.URL:
         """The worker's parsed generate URL (parsed once per worker: parsing costs more than the lookup)."""
@@ -233,14 +248,16 @@ class WorkerClient:
         """Start a generation on one worker and read its first event; WorkerUnavailableError if it cannot."""
         if self.local is not None and self.local.serves(worker):
             return await self._open_local(self.local, worker, request)
-        http_request = self.http.build_request(
+        http_request = httpx.Request(
             "POST",
             self._generate_url(worker.url),
             content=request.model_dump_json(),
             headers={**self._headers(), "Content-Type": "application/json"},
+            extensions={"timeout": self._timeouts},
         )
         try:
-            response = await self.http.send(http_request, stream=True)
+            response = await self.transport.handle_async_request(http_request)
+            response.request = http_request
         except httpx.HTTPError as exc:
             raise WorkerUnavailableError(
                 f"worker {worker.worker_id} unreachable: {type(exc).__name__}"

@@ -17,7 +17,8 @@ Every --slow-every-th client is a slow reader (a 4 KiB receive buffer, --slow-re
 must hold its stream with backpressure, not buffer it. Printed: TTFT p50/p99 per phase, the platform's overhead
 (the difference), the API replicas' peak RSS and descriptors (sampled every 0.25 s with their children) and
 their descriptors by kind once a phase's streams ended (benchmarks/fd_kinds.py), errors by kind, and per
-platform phase the API's request stages, event loop lag and garbage collection pauses (from its /metrics). The
+platform phase the API's request stages, event loop lag and garbage collection pauses (from its /metrics), and
+per phase the client's own event loop lag (a wake-up due every 1 ms: a late client reads a first token late). The
 client (during a phase) and the stub do not collect garbage: their own full collections (95-300 ms at 2,000
 streams) were in both phases' tails and are neither the platform's nor a worker's. Not a test: numbers depend on
 the machine (its CPU is printed). On a host of few cores the client and the stub take cores the platform would
@@ -166,22 +167,38 @@ async def run_stream(stream: Stream, target: Target, host: str, port: int, slow_
         stream.ended_at = time.perf_counter()
 
 
+async def watch_client_lag(lags_ms: list[float], interval_s: float = 0.001) -> None:
+    """Append how late each of this (the client's) event loop's wake-ups every interval_s was, in ms, until
+    cancelled: a late client reads a first token late, and its TTFT then holds its own delay."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(interval_s)
+        lags_ms.append(1000 * (time.perf_counter() - before - interval_s))
+
+
 async def run_phase(
-    target: Target, num: int, ramp_s: float, slow_every: int, slow_read_s: float
+    target: Target,
+    num: int,
+    ramp_s: float,
+    slow_every: int,
+    slow_read_s: float,
+    lags_ms: list[float] | None = None,
 ) -> list[Stream]:
-    """num streams opened evenly over ramp_s, each read to its end."""
+    """num streams opened evenly over ramp_s, each read to its end (the client's loop lag into lags_ms)."""
     streams = [Stream(i, slow_every > 0 and i % slow_every == slow_every - 1) for i in range(num)]
     tasks = []
+    watcher = asyncio.create_task(watch_client_lag(lags_ms if lags_ms is not None else []))
     started = time.perf_counter()
     for stream in streams:
         await asyncio.sleep(max(0.0, started + stream.index * ramp_s / num - time.perf_counter()))
         host, port = target.addresses[stream.index % len(target.addresses)]
         tasks.append(asyncio.create_task(run_stream(stream, target, host, port, slow_read_s)))
     await asyncio.gather(*tasks)
+    watcher.cancel()
     return streams
 
 
-def measured_phase(target: Target, args: argparse.Namespace) -> list[Stream]:
+def measured_phase(target: Target, args: argparse.Namespace, lags_ms: list[float]) -> list[Stream]:
     """run_phase with this process's garbage collector off: a full collection of the client's 2,000 streams took
     95-133 ms, a stall of every stream's reads in both phases, not the platform's."""
     gc.collect()
@@ -189,7 +206,7 @@ def measured_phase(target: Target, args: argparse.Namespace) -> list[Stream]:
     gc.disable()
     try:
         return asyncio.run(
-            run_phase(target, args.num_streams, args.ramp_s, args.slow_every, args.slow_read_s)
+            run_phase(target, args.num_streams, args.ramp_s, args.slow_every, args.slow_read_s, lags_ms)
         )
     finally:
         gc.enable()
@@ -295,6 +312,15 @@ def summary(phase: str, streams: list[Stream], num_tokens: int) -> dict[str, Any
         "ttft_p50_ms": round(statistics.median(ttfts), 1) if ttfts else None,
         "ttft_p99_ms": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1) if ttfts else None,
         "ttft_p99_by_quarter_ms": by_quarter, "slow_readers": len(slow), "errors": errors,
+    }  # fmt: skip
+
+
+def lag_summary(lags_ms: list[float]) -> dict[str, float | int]:
+    """p50, p99 and max of the client's loop lag (ms), and how many wake-ups were over 10 ms late."""
+    ordered = sorted(lags_ms) or [0.0]
+    return {
+        "p50": round(ordered[len(ordered) // 2], 2), "p99": round(ordered[int(0.99 * (len(ordered) - 1))], 2),
+        "max": round(ordered[-1], 1), "over_10ms": sum(lag > 10 for lag in ordered),
     }  # fmt: skip
 
 
@@ -435,7 +461,7 @@ def run(args: argparse.Namespace) -> None:
     stub_url = f"http://127.0.0.1:{stub_port}"
     config = DevClusterConfig(data_dir=work / "cluster", base_model=model_dir / "base", num_api=2, num_workers=0,
                               is_jobs_enabled=False, start_timeout_s=240,
-                              env={"LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": "1"})  # fmt: skip
+                              env={"LORAHOST_USAGE_CHECKPOINT_INTERVAL_S": os.environ.get("LORAHOST_USAGE_CHECKPOINT_INTERVAL_S", "1")})  # fmt: skip
     stop = threading.Event()
     results: list[dict[str, Any]] = []
     pinned: dict[int, list[int]] = {}
@@ -474,10 +500,12 @@ def run(args: argparse.Namespace) -> None:
                     profilers = start_profilers(pids, args.profile_dir, f"round{len(results) // 2 + 1}")
                 api_urls = [api.url or "" for api in cluster.apis]
                 stages_before = stage_buckets(api_urls, cluster.admin_key)
-                streams = measured_phase(target, args)
+                lags_ms: list[float] = []
+                streams = measured_phase(target, args, lags_ms)
                 peaks = sampler.stop()
                 stop_profilers(profilers)
                 row = summary(phase, streams, args.num_tokens)
+                row["client_loop_lag_ms"] = lag_summary(lags_ms)
                 if phase == "platform":  # each stage's p50 and p99 at the API, as histogram bucket bounds
                     stages_after = stage_buckets(api_urls, cluster.admin_key)
                     row["stage_p50_p99_ms"] = stage_quantiles(stages_before, stages_after)

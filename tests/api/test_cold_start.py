@@ -262,7 +262,7 @@ def test_held_requests_retrying_a_dead_worker_log_one_warning_per_worker_per_per
 
     now = [1000.0]
     monkeypatch.setattr(worker_client.time, "monotonic", lambda: now[0])
-    client = worker_client.WorkerClient(httpx.AsyncClient(), None)
+    client = worker_client.WorkerClient(httpx.MockTransport(lambda _: httpx.Response(503)), None)
     with caplog.at_level(logging.DEBUG, logger=worker_client.__name__):
         for i in range(50):  # 50 held requests retry the dead worker within one period
             client._warn_unavailable("w-dead", f"request r{i}: worker w-dead unreachable")

@@ -311,5 +311,5 @@ async def test_a_stream_closed_early_or_told_to_close_is_not_reused() -> None:
 
 def test_the_worker_client_uses_it_by_default() -> None:
     client = WorkerClient.create("token")
-    assert isinstance(client.http._transport, Http1Transport)  # type: ignore[attr-defined]
-    assert client.http._transport.max_connections == 8192  # type: ignore[attr-defined]
+    assert isinstance(client.transport, Http1Transport)
+    assert client.transport.max_connections == 8192
