@@ -1,10 +1,11 @@
 """The usage writer: three daemon threads that write usage rows off the request path (api/metering.py states the
-crash-safe protocol they implement). Writes run on fresh DB sessions, so neither a request's own session nor the
-event loop is involved.
+crash-safe protocol they implement). Writes run on DB sessions or connections of their own, so neither a request's
+own session nor the event loop is involved.
 
-The opener inserts each opened row at once (with the others opened meanwhile, in one transaction): a request's
+The opener inserts each opened row at once (with the others opened meanwhile, in one statement): a request's
 first token waits for that insert (api/inference/serve.py), so it has a thread and a connection of its own and
-never waits behind the other writes. The finisher gives ended requests their final values (with the others
+never waits behind the other writes (on PostgreSQL an autocommit connection it keeps: one round trip a batch,
+registry/usage_open_connection.py). The finisher gives ended requests their final values (with the others
 ended meanwhile, in one transaction): a stream's usage chunk and [DONE] wait for it, and a burst of ends costs a
 few transactions, not one each on the shared thread pool. The checkpointer runs the periodic writes: every
 `interval_s` the spool's replay and the streams' checkpoints (one UPDATE for all), every `renewal_interval_s`
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import DATABASE_ERRORS, is_database_unavailable
@@ -35,6 +37,7 @@ from registry.usage import (
     record_usage,
     renew_usage_leases,
 )
+from registry.usage_open_connection import OpenUsageConnection
 
 log = logging.getLogger(__name__)
 # Renews the concurrent-request slots of (tenant id, request id) pairs (api/ratelimit.py RateLimiter.renew_slots).
@@ -62,6 +65,13 @@ class UsageWriter:
         spool: UsageSpool | None = None,
     ) -> None:
         self.session_factory = session_factory
+        bind = getattr(session_factory, "kw", {}).get("bind")  # a sessionmaker's engine (tests pass stand-ins)
+        # PostgreSQL: the opener's inserts on an autocommit connection of its own (one round trip a batch)
+        self._open_connection = (
+            OpenUsageConnection(bind)
+            if isinstance(bind, Engine) and OpenUsageConnection.is_supported(bind)
+            else None
+        )
         self.spool = spool
         self.interval_s = interval_s
         self.renewal_interval_s = max(interval_s, renewal_interval_s or interval_s)
@@ -239,8 +249,13 @@ class UsageWriter:
             thread.join(timeout=10)
         self.flush_opens()
         self.flush_finals()
+        if self._open_connection is not None:
+            self._open_connection.close()
 
     def _insert(self, rows: list[dict[str, Any]]) -> None:
+        if self._open_connection is not None and OpenUsageConnection.is_insertable(rows):
+            self._open_connection.insert(rows)
+            return
         with self.session_factory() as session:
             open_usage(session, rows)
 

@@ -24,10 +24,24 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, cast
 
-from sqlalchemy import CursorResult, Select, Table, Update, bindparam, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Dialect,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from registry.model_base import new_id
 from registry.models import (
     INTERRUPTED_USAGE_STATUS,
     OPEN_USAGE_STATUS,
@@ -71,15 +85,54 @@ def record_usage(session: Session, **values: object) -> UsageRecord:
 
 
 def open_usage(session: Session, rows: Sequence[dict[str, object]]) -> None:
-    """Insert `in_progress` rows, all in one transaction (none is written if one fails).
-
-    A Core INSERT (no ORM unit of work): this runs once per request, beside the request's hot path.
-    """
+    """Insert `in_progress` rows, all in one transaction (none is written if one fails)."""
     if not rows:
         return
     unroll_days_of(session, [cast(datetime | None, row.get("started_at")) for row in rows])
-    session.connection().execute(insert(cast(Table, UsageRecord.__table__)), list(rows))
+    insert_open_rows(session.connection(), rows)
     session.commit()
+
+
+def insert_open_rows(connection: Connection, rows: Sequence[dict[str, object]]) -> None:
+    """Insert `in_progress` rows in one statement (none is written if one fails); the caller commits, and un-rolls
+    the days before today the rows started in, if any (open_usage does both).
+
+    This runs once per request, beside the request's hot path: on PostgreSQL every column is one binary array
+    (psycopg `%b`) unnested by the server, as the checkpoints are, when the rows share their columns (they do:
+    RequestMeter.open_values); else a Core INSERT (no ORM unit of work).
+    """
+    if not rows:
+        return
+    columns = tuple(rows[0])
+    is_uniform = _DEFAULTED_COLUMNS.issubset(columns) and all(tuple(row) == columns for row in rows)
+    if connection.dialect.driver != "psycopg" or not is_uniform:
+        connection.execute(insert(cast(Table, UsageRecord.__table__)), list(rows))
+        return
+    has_id = "id" in columns
+    names = columns if has_id else ("id", *columns)
+    ids = [] if has_id else [new_id() for _ in rows]
+    arrays = ([ids] if not has_id else []) + [[row[name] for row in rows] for name in columns]
+    connection.exec_driver_sql(_insert_arrays_statement(names, connection.dialect), tuple(arrays))
+
+
+_INSERT_ARRAYS: dict[tuple[str, ...], str] = {}
+# the columns whose default the model sets (the server sets none): the arrays carry them, or a Core INSERT runs
+_DEFAULTED_COLUMNS = frozenset(
+    column.name
+    for column in cast(Table, UsageRecord.__table__).c
+    if column.default is not None and column.name != "id"
+)
+
+
+def _insert_arrays_statement(names: tuple[str, ...], dialect: Dialect) -> str:
+    """`INSERT INTO usage_records (names) SELECT * FROM unnest(one array per column)`, built once per column set."""
+    statement = _INSERT_ARRAYS.get(names)
+    if statement is None:
+        table = cast(Table, UsageRecord.__table__)
+        casts = ", ".join(f"%b::{table.c[name].type.compile(dialect=dialect)}[]" for name in names)
+        statement = f"INSERT INTO usage_records ({', '.join(names)}) SELECT * FROM unnest({casts})"
+        _INSERT_ARRAYS[names] = statement
+    return statement
 
 
 CHECKPOINT_FIELDS = (

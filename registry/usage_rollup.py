@@ -83,11 +83,17 @@ def utc_day(moment: datetime) -> date:
 def unroll_days_of(session: Session, started: Iterable[datetime | None], now: datetime | None = None) -> None:
     """Before rows with these started_at are written: un-roll the days before today they fall in (the lock is
     taken only when there is one). The caller commits with its write."""
-    today = utc_day(now or utcnow())
-    past = {day for day in (utc_day(moment) for moment in started if moment is not None) if day < today}
+    past = past_days(started, now)
     if past:
         lock_usage_rollup(session)
         unroll_days(session, past)
+
+
+def past_days(started: Iterable[datetime | None], now: datetime | None = None) -> set[date]:
+    """The UTC days before today (at `now`) that these moments fall in: a row written now that started in one of
+    them changes a day the rollup may have summed."""
+    today = utc_day(now or utcnow())
+    return {day for day in (utc_day(moment) for moment in started if moment is not None) if day < today}
 
 
 def days_to_roll(
