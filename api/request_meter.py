@@ -188,8 +188,8 @@ class RequestMeter:
         return self.billed_prompt_tokens(OPEN_USAGE_STATUS), self.num_delivered_tokens, self.worker_id
 
     def checkpoint_values(self, checkpointed_at: datetime) -> dict[str, Any]:
-        """The open row's columns as of now (registry.usage.CHECKPOINT_FIELDS); `checkpointed_at` was taken before
-        this call (every token counted by then is in the checkpoint)."""
+        """The open row's columns as of now (registry.usage_batches.CHECKPOINT_FIELDS); `checkpointed_at` was taken
+        before this call (every token counted by then is in the checkpoint)."""
         prompt, delivered, worker_id = self.checkpoint_key()
         ttft, tpot, e2e = self.latencies_ms(time.perf_counter())
         return {

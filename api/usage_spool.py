@@ -30,14 +30,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import DATABASE_ERRORS, is_database_unavailable
 from api.request_meter import ADMISSION_FIELDS
-from registry.usage import (
-    CHECKPOINT_FIELDS,
-    DuplicateUsageError,
-    checkpoint_usage,
-    finish_usage,
-    open_usage,
-    record_usage,
-)
+from registry.usage import DuplicateUsageError, finish_usage, record_usage
+from registry.usage_batches import CHECKPOINT_FIELDS, checkpoint_usage, open_usage
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ own session nor the event loop is involved.
 
 The opener inserts each opened row at once (with the others opened meanwhile, in one statement): a request's
 first token waits for that insert (api/inference/serve.py), so it has a thread and a connection of its own and
-never waits behind the other writes (on PostgreSQL an autocommit connection it keeps: one round trip a batch,
-registry/usage_open_connection.py). The finisher gives ended requests their final values (with the others
-ended meanwhile, in one transaction): a stream's usage chunk and [DONE] wait for it, and a burst of ends costs a
-few transactions, not one each on the shared thread pool. The checkpointer runs the periodic writes: every
+never waits behind the other writes. The finisher gives ended requests their final values (with the others ended
+meanwhile, in one statement or transaction): a stream's usage chunk and [DONE] wait for it, and a burst of ends
+costs a few writes, not one each on the shared thread pool. On PostgreSQL each of the two keeps an autocommit
+connection: one round trip a batch (registry/usage_autocommit.py). The checkpointer runs the periodic writes: every
 `interval_s` the spool's replay and the streams' checkpoints (one UPDATE for all), every `renewal_interval_s`
 the leases' and the slots' renewals.
 """
@@ -28,16 +28,9 @@ from api.errors import DATABASE_ERRORS, is_database_unavailable
 from api.request_meter import ADMISSION_FIELDS, RequestMeter
 from api.usage_spool import UsageSpool
 from registry.models import utcnow
-from registry.usage import (
-    DuplicateUsageError,
-    checkpoint_usage,
-    finish_open_usage,
-    finish_usage,
-    open_usage,
-    record_usage,
-    renew_usage_leases,
-)
-from registry.usage_open_connection import OpenUsageConnection
+from registry.usage import DuplicateUsageError, finish_usage, record_usage, renew_usage_leases
+from registry.usage_autocommit import AutocommitUsageConnection
+from registry.usage_batches import checkpoint_usage, finish_open_usage, open_usage
 
 log = logging.getLogger(__name__)
 # Renews the concurrent-request slots of (tenant id, request id) pairs (api/ratelimit.py RateLimiter.renew_slots).
@@ -65,13 +58,12 @@ class UsageWriter:
         spool: UsageSpool | None = None,
     ) -> None:
         self.session_factory = session_factory
-        bind = getattr(session_factory, "kw", {}).get("bind")  # a sessionmaker's engine (tests pass stand-ins)
-        # PostgreSQL: the opener's inserts on an autocommit connection of its own (one round trip a batch)
-        self._open_connection = (
-            OpenUsageConnection(bind)
-            if isinstance(bind, Engine) and OpenUsageConnection.is_supported(bind)
-            else None
-        )
+        # PostgreSQL: the opener's and the finisher's writes each on an autocommit connection of its own (one round
+        # trip a batch: registry/usage_autocommit.py); the engine is the sessionmaker's (tests pass stand-ins)
+        bind = getattr(session_factory, "kw", {}).get("bind")
+        engine = bind if isinstance(bind, Engine) and AutocommitUsageConnection.is_supported(bind) else None
+        self._open_connection = AutocommitUsageConnection(engine) if engine is not None else None
+        self._final_connection = AutocommitUsageConnection(engine) if engine is not None else None
         self.spool = spool
         self.interval_s = interval_s
         self.renewal_interval_s = max(interval_s, renewal_interval_s or interval_s)
@@ -162,8 +154,7 @@ class UsageWriter:
         left: set[str] | None = None  # None: every row is left (the batch failed)
         if opened:
             try:
-                with self.session_factory() as session:
-                    left = set(finish_open_usage(session, opened))
+                left = self._finish_opened(opened)
             except Exception:  # noqa: BLE001 - written row by row below (spooled there if the DB is down)
                 left = None
         for values, is_opened, future in finals:
@@ -249,11 +240,20 @@ class UsageWriter:
             thread.join(timeout=10)
         self.flush_opens()
         self.flush_finals()
-        if self._open_connection is not None:
-            self._open_connection.close()
+        for connection in (self._open_connection, self._final_connection):
+            if connection is not None:
+                connection.close()
+
+    def _finish_opened(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Write the finals of opened rows in one statement or transaction; the request ids that had no open row."""
+        left = self._final_connection.finish(rows) if self._final_connection is not None else None
+        if left is None:
+            with self.session_factory() as session:
+                left = finish_open_usage(session, rows)
+        return set(left)
 
     def _insert(self, rows: list[dict[str, Any]]) -> None:
-        if self._open_connection is not None and OpenUsageConnection.is_insertable(rows):
+        if self._open_connection is not None and AutocommitUsageConnection.is_insertable(rows):
             self._open_connection.insert(rows)
             return
         with self.session_factory() as session:

@@ -1,5 +1,6 @@
 """The usage ledger: one UsageRecord per request, written through its lifecycle (billing and SLO
-aggregation over these rows: registry/usage_reports.py).
+aggregation over these rows: registry/usage_reports.py; the usage writer's batched writes of open rows:
+registry/usage_batches.py).
 
 Row lifecycle (crash-safe metering, see api/metering.py): a request's row is inserted `in_progress` when it
 starts, checkpointed (tokens delivered so far) while it streams and updated once to its final status. While it is
@@ -18,22 +19,19 @@ renewed late, and knows better); it never creates a second row.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
-    Connection,
     CursorResult,
-    Dialect,
     Select,
     Table,
     Update,
     bindparam,
     func,
-    insert,
     or_,
     select,
     update,
@@ -41,7 +39,6 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from registry.model_base import new_id
 from registry.models import (
     INTERRUPTED_USAGE_STATUS,
     OPEN_USAGE_STATUS,
@@ -84,73 +81,6 @@ def record_usage(session: Session, **values: object) -> UsageRecord:
     return record
 
 
-def open_usage(session: Session, rows: Sequence[dict[str, object]]) -> None:
-    """Insert `in_progress` rows, all in one transaction (none is written if one fails)."""
-    if not rows:
-        return
-    unroll_days_of(session, [cast(datetime | None, row.get("started_at")) for row in rows])
-    insert_open_rows(session.connection(), rows)
-    session.commit()
-
-
-def insert_open_rows(connection: Connection, rows: Sequence[dict[str, object]]) -> None:
-    """Insert `in_progress` rows in one statement (none is written if one fails); the caller commits, and un-rolls
-    the days before today the rows started in, if any (open_usage does both).
-
-    This runs once per request, beside the request's hot path: on PostgreSQL every column is one binary array
-    (psycopg `%b`) unnested by the server, as the checkpoints are, when the rows share their columns (they do:
-    RequestMeter.open_values); else a Core INSERT (no ORM unit of work).
-    """
-    if not rows:
-        return
-    columns = tuple(rows[0])
-    is_uniform = _DEFAULTED_COLUMNS.issubset(columns) and all(tuple(row) == columns for row in rows)
-    if connection.dialect.driver != "psycopg" or not is_uniform:
-        connection.execute(insert(cast(Table, UsageRecord.__table__)), list(rows))
-        return
-    has_id = "id" in columns
-    names = columns if has_id else ("id", *columns)
-    ids = [] if has_id else [new_id() for _ in rows]
-    arrays = ([ids] if not has_id else []) + [[row[name] for row in rows] for name in columns]
-    connection.exec_driver_sql(_insert_arrays_statement(names, connection.dialect), tuple(arrays))
-
-
-_INSERT_ARRAYS: dict[tuple[str, ...], str] = {}
-# the columns whose default the model sets (the server sets none): the arrays carry them, or a Core INSERT runs
-_DEFAULTED_COLUMNS = frozenset(
-    column.name
-    for column in cast(Table, UsageRecord.__table__).c
-    if column.default is not None and column.name != "id"
-)
-
-
-def _insert_arrays_statement(names: tuple[str, ...], dialect: Dialect) -> str:
-    """`INSERT INTO usage_records (names) SELECT * FROM unnest(one array per column)`, built once per column set."""
-    statement = _INSERT_ARRAYS.get(names)
-    if statement is None:
-        table = cast(Table, UsageRecord.__table__)
-        casts = ", ".join(f"%b::{table.c[name].type.compile(dialect=dialect)}[]" for name in names)
-        statement = f"INSERT INTO usage_records ({', '.join(names)}) SELECT * FROM unnest({casts})"
-        _INSERT_ARRAYS[names] = statement
-    return statement
-
-
-CHECKPOINT_FIELDS = (
-    "prompt_tokens",
-    "completion_tokens",
-    "ttft_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "worker_id",
-    "checkpointed_at",
-)
-_CHECKPOINT = (
-    update(cast(Table, UsageRecord.__table__))
-    .where(UsageRecord.request_id == bindparam("b_request_id"), UsageRecord.status == OPEN_USAGE_STATUS)
-    .values({name: bindparam(f"b_{name}") for name in CHECKPOINT_FIELDS})
-)
-
-
 def in_lock_order(condition: Any) -> Select[str]:
     """The ids of the usage rows matching `condition`, locked in request_id order (FOR UPDATE: the locks last
     until the transaction ends; SQLite, which locks the whole database on a write, ignores it). Run it, or use
@@ -164,70 +94,10 @@ def in_lock_order(condition: Any) -> Select[str]:
     return select(UsageRecord.id).where(condition).order_by(UsageRecord.request_id).with_for_update()
 
 
-# in_lock_order for the open rows of a list of requests, the list one binary array (an IN of 1,000 bound values
-# costs the writer's thread milliseconds of CPU, holding the interpreter lock the event loop needs)
-_LOCK_OPEN_ROWS = (
-    "SELECT id FROM usage_records WHERE request_id = ANY(%b::text[]) "
-    f"AND status = '{OPEN_USAGE_STATUS}' ORDER BY request_id FOR UPDATE"
-)
-
-
-def _lock_open_rows(session: Session, request_ids: list[object]) -> None:
-    """Lock the open rows of these requests in request_id order (in_lock_order); SQLite needs no row locks."""
-    connection = session.connection()
-    if connection.dialect.driver == "psycopg":
-        connection.exec_driver_sql(_LOCK_OPEN_ROWS, (request_ids,))
-    elif connection.dialect.name != "sqlite":
-        session.execute(
-            in_lock_order(UsageRecord.request_id.in_(request_ids) & (UsageRecord.status == OPEN_USAGE_STATUS))
-        )
-
-
-# PostgreSQL: every checkpoint in one statement, each column one array (an executemany is one UPDATE per row:
-# twice the client CPU and wall time for 1,000 rows, benchmarks/RESULTS.md); a request_id is unique. The arrays
-# are sent binary (`%b`: psycopg writes no text, so 1,000 checkpoints cost ~2 ms of the writer's CPU, not ~9 ms).
-_CHECKPOINT_ARRAYS = (
-    "UPDATE usage_records SET prompt_tokens = c.prompt_tokens, completion_tokens = c.completion_tokens, "
-    "ttft_ms = c.ttft_ms, tpot_ms = c.tpot_ms, e2e_ms = c.e2e_ms, worker_id = c.worker_id, "
-    "checkpointed_at = c.checkpointed_at "
-    "FROM unnest(%b::text[], %b::integer[], %b::integer[], %b::double precision[], %b::double precision[], "
-    "%b::double precision[], %b::text[], %b::timestamptz[]) "
-    "AS c(request_id, prompt_tokens, completion_tokens, ttft_ms, tpot_ms, e2e_ms, worker_id, checkpointed_at) "
-    f"WHERE usage_records.request_id = c.request_id AND usage_records.status = '{OPEN_USAGE_STATUS}'"
-)
-_FLOAT_CHECKPOINT_FIELDS = frozenset({"ttft_ms", "tpot_ms", "e2e_ms"})  # a binary array holds one type
-
-
-def checkpoint_usage(session: Session, checkpoints: Sequence[dict[str, object]]) -> None:
-    """Update the tokens and latencies of still-open rows, all in one transaction (closed rows are left alone).
-
-    Each checkpoint has `request_id` and every CHECKPOINT_FIELDS key.
-    """
-    if not checkpoints:
-        return
-    _lock_open_rows(session, [c["request_id"] for c in checkpoints])
-    connection = session.connection()
-    if connection.dialect.driver == "psycopg":
-        connection.exec_driver_sql(
-            _CHECKPOINT_ARRAYS,
-            tuple(_column(checkpoints, name) for name in ("request_id", *CHECKPOINT_FIELDS)),
-        )
-    else:
-        params = [{f"b_{name}": value for name, value in c.items()} for c in checkpoints]
-        connection.execute(_CHECKPOINT, params)
-    session.commit()
-
-
-def _column(checkpoints: Sequence[dict[str, object]], name: str) -> list[object]:
-    if name in _FLOAT_CHECKPOINT_FIELDS:
-        return [None if c[name] is None else float(cast(float, c[name])) for c in checkpoints]
-    return [c[name] for c in checkpoints]
-
-
 _FINISH_STATEMENTS: dict[tuple[tuple[str, ...], str], Update] = {}
 
 
-def _finish_statement(fields: tuple[str, ...], status: str) -> Update:
+def finish_statement(fields: tuple[str, ...], status: str) -> Update:
     """A Core UPDATE of `fields` for one row in `status`, built once per field set (it runs once per request:
     an ORM update built per call costs ~1 ms of CPU more)."""
     statement = _FINISH_STATEMENTS.get((fields, status))
@@ -241,30 +111,6 @@ def _finish_statement(fields: tuple[str, ...], status: str) -> Update:
     return statement
 
 
-def finish_open_usage(session: Session, rows: Sequence[dict[str, object]]) -> list[str]:
-    """Give open rows their final values, all in one transaction; returns the request ids that had no open row
-    (swept, or never opened: finish_usage / record_usage take them, one by one), changing nothing for those.
-
-    One UPDATE per row (its rowcount says whether the row was open) and one commit for all: a request's end
-    costs a statement, not a transaction (benchmarks/RESULTS.md).
-    """
-    if not rows:
-        return []
-    _lock_open_rows(session, [values["request_id"] for values in rows])
-    missing: list[str] = []
-    for values in rows:
-        fields = tuple(sorted(k for k in values if k != "request_id"))
-        params = {f"b_{name}": value for name, value in values.items()}
-        result = cast(
-            CursorResult[Any],
-            session.connection().execute(_finish_statement(fields, OPEN_USAGE_STATUS), params),
-        )
-        if not result.rowcount:
-            missing.append(cast(str, values["request_id"]))
-    session.commit()
-    return missing
-
-
 def finish_usage(session: Session, values: dict[str, object]) -> bool:
     """Give an open (or swept) row its final values; False, changing nothing, when no such row exists.
 
@@ -274,7 +120,7 @@ def finish_usage(session: Session, values: dict[str, object]) -> bool:
     fields = tuple(sorted(k for k in values if k != "request_id"))
     params = {f"b_{name}": value for name, value in values.items()}
     result = cast(
-        CursorResult[Any], session.connection().execute(_finish_statement(fields, OPEN_USAGE_STATUS), params)
+        CursorResult[Any], session.connection().execute(finish_statement(fields, OPEN_USAGE_STATUS), params)
     )
     if result.rowcount:
         session.commit()
@@ -290,7 +136,7 @@ def finish_usage(session: Session, values: dict[str, object]) -> bool:
     unroll_days_of(session, [started_at])  # first: it takes the rollup lock when the row's day may be rolled
     result = cast(
         CursorResult[Any],
-        session.connection().execute(_finish_statement(fields, INTERRUPTED_USAGE_STATUS), params),
+        session.connection().execute(finish_statement(fields, INTERRUPTED_USAGE_STATUS), params),
     )
     session.commit()
     return bool(result.rowcount)

@@ -17,7 +17,7 @@ from api.request_meter import RequestMeter
 from api.usage_writer import UsageWriter
 from registry import repository
 from registry.models import INTERRUPTED_USAGE_STATUS, UsageRecord
-from registry.usage import finish_open_usage
+from registry.usage_batches import finish_open_usage
 
 FAR_S = 3600.0  # no periodic round in these tests: the writer's jobs are called by hand
 

@@ -20,7 +20,8 @@ from jobs.usage_sweep import PeriodicJob, sweep_grace_s, sweep_orphaned_usage, s
 from registry import repository
 from registry.db import make_engine, make_session_factory
 from registry.models import RolledUsageDay, UsageDay, UsageRecord, new_id, utcnow
-from registry.usage import open_usage, record_usage
+from registry.usage import record_usage
+from registry.usage_batches import open_usage
 from settings import Settings
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from registry import repository
 from registry.models import AdapterVersion, new_id
-from registry.usage import open_usage
+from registry.usage_batches import open_usage
 
 BASE_MODEL = "lorahost-base"
 MAX_TOKENS = 512

@@ -13,7 +13,7 @@ from cluster.routing_table import InMemoryRoutingTableStore, RedisRoutingTableSt
 from registry import repository
 from registry.models import AdapterVersion, new_id
 from registry.placement_job import run_placement
-from registry.usage import open_usage
+from registry.usage_batches import open_usage
 from scheduler.core.scheduler_stats import SchedulerStats
 from settings import Settings
 

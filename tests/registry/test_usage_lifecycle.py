@@ -15,16 +15,15 @@ from registry.models import UsageRecord, new_id
 from registry.usage import (
     OpenUsage,
     UsageLease,
-    checkpoint_usage,
     close_expired_usage,
     close_interrupted_usage,
     close_orphaned_usage,
     expired_lease_request_ids,
     finish_usage,
-    open_usage,
     orphaned_request_ids,
     renew_usage_leases,
 )
+from registry.usage_batches import checkpoint_usage, open_usage
 from registry.usage_reports import load_rows, slo_report, usage_by_adapter_day
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

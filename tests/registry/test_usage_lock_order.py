@@ -21,13 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from registry import repository
 from registry.db import make_engine
 from registry.models import new_id
-from registry.usage import (
-    checkpoint_usage,
-    close_interrupted_usage,
-    finish_open_usage,
-    open_usage,
-    renew_usage_leases,
-)
+from registry.usage import close_interrupted_usage, renew_usage_leases
+from registry.usage_batches import checkpoint_usage, finish_open_usage, open_usage
 
 pytestmark = pytest.mark.slow  # PostgreSQL only: SQLite locks the whole database on a write
 

@@ -18,7 +18,8 @@ from registry import repository
 from registry.billing import usage_totals
 from registry.models import USAGE_STATUSES, RolledUsageDay, Tenant, UsageDay, UsageRecord, new_id
 from registry.pages import PageRequest
-from registry.usage import finish_usage, open_usage, record_usage
+from registry.usage import finish_usage, record_usage
+from registry.usage_batches import open_usage
 from registry.usage_days import UsageTotals, read_stably, rolled_marks, segments, whole_days
 from registry.usage_pages import usage_group_page, usage_token_totals
 from registry.usage_reports import load_rows

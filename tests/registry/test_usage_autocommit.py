@@ -1,5 +1,6 @@
-"""Opened usage rows on PostgreSQL: one INSERT of binary arrays (registry/usage.py insert_open_rows), over the
-opener's own autocommit connection (registry/usage_open_connection.py), and through the usage writer.
+"""Usage rows on PostgreSQL opened and finished in one statement of binary arrays each
+(registry/usage_batches.py insert_open_rows, finish_open_rows), over a writer thread's own autocommit connection
+(registry/usage_autocommit.py), and through the usage writer.
 
 Rows are committed for real (an autocommit connection cannot join a test's rolled-back transaction): each test
 makes its own tenant and request ids and reads back only those.
@@ -12,7 +13,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, cast
 
 import pytest
-from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy import Engine, Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,8 +21,8 @@ from api.usage_writer import UsageWriter
 from registry import repository
 from registry.db import make_engine
 from registry.models import RolledUsageDay, UsageRecord, new_id, utcnow
-from registry.usage import open_usage
-from registry.usage_open_connection import OpenUsageConnection
+from registry.usage_autocommit import AutocommitUsageConnection
+from registry.usage_batches import open_usage
 
 LONG_AGO = date(2001, 2, 3)  # a day no other test writes usage in
 
@@ -84,7 +85,7 @@ def test_opened_rows_read_back_as_a_core_insert_writes_them(
 ) -> None:
     rows = [_open_row(tenant_id, index) for index in range(5)]
     twins = [row | {"request_id": f"{row['request_id']}-core"} for row in rows]
-    connection = OpenUsageConnection(engine)
+    connection = AutocommitUsageConnection(engine)
     connection.insert(rows)
     connection.close()
     with engine.begin() as conn:
@@ -100,7 +101,7 @@ def test_opened_rows_read_back_as_a_core_insert_writes_them(
 def test_a_batch_is_written_whole_or_not_at_all_and_the_next_one_goes_through(
     engine: Engine, sessions: sessionmaker[Session], tenant_id: str
 ) -> None:
-    connection = OpenUsageConnection(engine)
+    connection = AutocommitUsageConnection(engine)
     first = _open_row(tenant_id, 0)
     connection.insert([first])
     batch = [_open_row(tenant_id, 1), first | {"model_name": "again"}, _open_row(tenant_id, 2)]
@@ -117,8 +118,8 @@ def test_a_batch_is_written_whole_or_not_at_all_and_the_next_one_goes_through(
 
 def test_only_rows_that_started_today_skip_the_transaction() -> None:
     now = datetime.now(UTC)
-    assert OpenUsageConnection.is_insertable([{"started_at": now}, {"started_at": now}])
-    assert not OpenUsageConnection.is_insertable(
+    assert AutocommitUsageConnection.is_insertable([{"started_at": now}, {"started_at": now}])
+    assert not AutocommitUsageConnection.is_insertable(
         [{"started_at": now}, {"started_at": now - timedelta(days=1)}]
     )
 
@@ -164,3 +165,62 @@ def test_the_writer_fails_a_bad_row_alone(sessions: sessionmaker[Session], tenan
     assert [error is None for error in errors] == [True, False, True, True]
     assert isinstance(errors[1], IntegrityError)
     assert len(_columns(sessions, [row["request_id"] for row in good])) == 3
+
+
+def _final(row: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
+    """A final as the writer gives it (RequestMeter.usage_values less the admission fields)."""
+    return {
+        "request_id": row["request_id"], "tenant_id": row["tenant_id"], "adapter_id": None,
+        "adapter_version_id": None, "model_name": row["model_name"], "base_model_name": row["base_model_name"],
+        "prompt_tokens": 7, "completion_tokens": completion_tokens, "predicted_output_tokens": None,
+        "ttft_ms": 5.0, "tpot_ms": None if completion_tokens < 2 else 1.5, "e2e_ms": 40.0, "status": "ok",
+        "worker_id": "w-2", "error_message": None, "started_at": row["started_at"], "finished_at": utcnow(),
+    }  # fmt: skip
+
+
+def test_finals_update_the_open_rows_alone_and_name_those_that_were_not_open(
+    engine: Engine, sessions: sessionmaker[Session], tenant_id: str
+) -> None:
+    rows = [_open_row(tenant_id, index) for index in range(4)]
+    connection = AutocommitUsageConnection(engine)
+    connection.insert(rows)
+    swept = rows[1]["request_id"]
+    with engine.begin() as conn:
+        conn.execute(update(UsageRecord).where(UsageRecord.request_id == swept).values(status="interrupted"))
+    never = _open_row(tenant_id, 9)
+    finals = [_final(row, 5 * index) for index, row in enumerate([*rows, never])]
+    left = connection.finish(list(reversed(finals)))
+    connection.close()
+    assert left is not None and sorted(left) == sorted([swept, never["request_id"]])
+    written = _columns(sessions, [row["request_id"] for row in rows])
+    assert [(r["status"], r["completion_tokens"], r["worker_id"]) for r in written] == [
+        ("ok", 0, "w-2"), ("interrupted", 0, "w-1"), ("ok", 10, "w-2"), ("ok", 15, "w-2")
+    ]  # fmt: skip
+    assert written[0]["tpot_ms"] is None and written[2]["tpot_ms"] == 1.5 and written[0]["prompt_tokens"] == 7
+    assert written[0]["max_tokens"] == 64  # an admission field, written at open, kept
+
+
+def test_finals_of_differing_columns_are_left_to_the_session(engine: Engine, tenant_id: str) -> None:
+    row = _open_row(tenant_id, 0)
+    connection = AutocommitUsageConnection(engine)
+    connection.insert([row])
+    final = _final(row, 3)
+    assert connection.finish([final, {"request_id": "other", "status": "ok"}]) is None
+    assert connection.finish([final]) == []
+    connection.close()
+
+
+def test_the_writer_finishes_opened_rows(sessions: sessionmaker[Session], tenant_id: str) -> None:
+    writer = UsageWriter(sessions, interval_s=60.0)
+    rows = [_open_row(tenant_id, index) for index in range(3)]
+    try:
+        for row in rows:
+            writer.open(row).result(timeout=30)
+        admission = {"max_tokens": 64, "is_chat": True, "has_stop": False}
+        futures = [writer.finish(_final(row, index) | admission, True) for index, row in enumerate(rows)]
+        for future in futures:
+            future.result(timeout=30)
+    finally:
+        writer.close()
+    written = _columns(sessions, [row["request_id"] for row in rows])
+    assert [(r["status"], r["completion_tokens"]) for r in written] == [("ok", 0), ("ok", 1), ("ok", 2)]
