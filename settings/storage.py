@@ -20,7 +20,8 @@ class StorageSettings(BaseModel):
         le=1000,
         description="PostgreSQL connections a process keeps open for reuse (more are opened under a burst, up to "
         "40 beyond it, and closed when returned); the API's usage writer holds up to three (opens, finals, "
-        "checkpoints, each batched), the rest serve requests' own reads and writes",
+        "checkpoints, each batched; on PostgreSQL the opener's and the finisher's are held open in autocommit "
+        "mode), the rest serve requests' own reads and writes",
     )
     blob_store: str | None = Field(
         default=None, description="Local directory path or s3://bucket/prefix; default data_dir/blobs"
