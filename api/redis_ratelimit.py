@@ -4,8 +4,9 @@ unreachable.
 
 The blocking methods serve the callers that run in threads (uploads, keys, the usage writer's slot renewals); the
 inference path's `acquire_async`, `acquire_slot_async` and `release_slot_async` run the same scripts on a
-redis.asyncio connection of the calling event loop, so a request's checks neither block the loop nor wait for a
-thread; that loop's connections are a bounded pool (`async_redis_client`).
+connection of the calling event loop, so a request's checks neither block the loop nor wait for a thread: one
+pipelined connection per loop, with a bounded number of commands in flight (`async_redis_client`,
+api/redis_pipeline.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from functools import partial
 from typing import Any
 
 import anyio.to_thread
-import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -33,6 +33,7 @@ from api.ratelimit import (
     refusal,
     slot_refusal,
 )
+from api.redis_pipeline import DEFAULT_TIMEOUT_S, PipelinedRedis
 
 log = logging.getLogger(__name__)
 
@@ -79,62 +80,26 @@ return n
 """
 
 
-REDIS_CONNECTION_WAIT_S = 5.0  # a check waits this long for a free connection, then counts in the process
-POOL_WAIT_LOG_INTERVAL_S = 60.0  # checks that waited too long for a connection are logged at most this often
+REDIS_CONNECTION_WAIT_S = (
+    DEFAULT_TIMEOUT_S  # a check waits this long for a turn, or for its answer, then counts in the process
+)
+POOL_WAIT_LOG_INTERVAL_S = 60.0  # checks that waited too long for a turn are logged at most this often
 
 
 def async_redis_client(
     url: str, max_connections: int, client_name: str | None = None, wait_s: float = REDIS_CONNECTION_WAIT_S
-) -> BoundedAsyncRedis:
-    """A redis.asyncio client for one event loop holding at most `max_connections` connections: at most that
-    many of its commands are in flight at once, and one beyond waits for a turn, up to `wait_s` (then redis
-    ConnectionError "No connection available", which the limiter counts in the process without calling Redis
-    down). Redis' own pool opens one connection per concurrent command and keeps every one it opened."""
-    client = BoundedAsyncRedis(
-        connection_pool=redis.asyncio.ConnectionPool.from_url(
-            url, max_connections=max_connections, client_name=client_name
-        )
-    )
-    client.auto_close_connection_pool = True  # the client owns its pool: aclose() closes both (as from_pool)
-    client.bound(max_connections, wait_s)
-    return client
-
-
-class BoundedAsyncRedis(redis.asyncio.Redis):
-    """redis.asyncio.Redis with a bounded number of commands in flight, so of connections in its pool. The bound
-    is a semaphore taken around each command (a free turn is taken without suspending) rather than redis'
-    BlockingConnectionPool (a Condition on every checkout and release, a timer per checkout): the same CPU per
-    check when none waits, a burst of 2,000 checks ~17% sooner (benchmarks/redis_checks.py, Intel Xeon)."""
-
-    _in_flight: asyncio.Semaphore
-    _wait_s: float
-
-    def bound(self, max_in_flight: int, wait_s: float) -> None:
-        """Let at most max_in_flight commands run at once; one beyond waits up to wait_s for a turn."""
-        self._in_flight = asyncio.Semaphore(max_in_flight)
-        self._wait_s = wait_s
-
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
-        """The command, once one of the bounded turns is free (ConnectionError "No connection available" when
-        none frees within the wait)."""
-        if self._in_flight.locked():  # every turn taken: wait for one, bounded
-            try:
-                async with asyncio.timeout(self._wait_s):
-                    await self._in_flight.acquire()
-            except TimeoutError as exc:
-                raise RedisConnectionError("No connection available.") from exc
-        else:
-            await self._in_flight.acquire()  # a free turn: returns without suspending
-        try:
-            return await super().execute_command(*args, **options)
-        finally:
-            self._in_flight.release()
+) -> PipelinedRedis:
+    """The Redis client of one event loop's checks: one pipelined connection (api/redis_pipeline.py) with at most
+    `max_connections` commands in flight; one beyond waits for a turn up to `wait_s` (then redis ConnectionError
+    "No connection available", which the limiter counts in the process without calling Redis down). A command
+    Redis leaves unanswered for REDIS_CONNECTION_WAIT_S fails (counted as an outage)."""
+    return PipelinedRedis(url, max_in_flight=max_connections, turn_wait_s=wait_s, client_name=client_name)
 
 
 class RedisRateLimiter:
     """Fixed-window counters in Redis, shared by all API replicas. `client` is a redis.Redis (the blocking
-    methods); `async_client_factory` makes a redis.asyncio.Redis for the same server, one per event loop that
-    calls the async methods (None: those run the blocking ones in a worker thread)."""
+    methods); `async_client_factory` makes an async client for the same server (`async_redis_client`, or a
+    redis.asyncio.Redis), one per event loop that calls the async methods (None: those run the blocking ones in a worker thread)."""
 
     def __init__(
         self,
@@ -156,7 +121,7 @@ class RedisRateLimiter:
             clock, slot_lease_s=slot_lease_s
         )  # used while Redis is unreachable
         self.is_degraded = False
-        self.num_pool_waits = 0  # async checks that found every pooled connection busy past their wait
+        self.num_pool_waits = 0  # async checks that waited past their limit for a turn
         self._pool_wait_logged_at = -POOL_WAIT_LOG_INTERVAL_S
         self._async_factory = async_client_factory
         # event loop -> its client and scripts: an asyncio connection belongs to the loop that opened it
@@ -236,7 +201,7 @@ class RedisRateLimiter:
         return f"{self._prefix}{tenant_id}:slots"
 
     def _on_redis_error(self, exc: RedisError) -> None:
-        if is_pool_wait(exc):  # a burst, not an outage: Redis answers the checks holding the connections
+        if is_pool_wait(exc):  # a burst, not an outage: Redis answers the checks in flight
             self._on_pool_wait()
             return
         if not self.is_degraded:
@@ -249,9 +214,9 @@ class RedisRateLimiter:
         if now - self._pool_wait_logged_at >= POOL_WAIT_LOG_INTERVAL_S:
             self._pool_wait_logged_at = now
             log.warning(
-                "rate limits: %d checks so far waited past their limit for one of this process's busy Redis"
-                " connections and were counted in this process (raise LORAHOST_REDIS_MAX_CONNECTIONS if this"
-                " repeats)",
+                "rate limits: %d checks so far waited past their limit for a turn among this process's Redis"
+                " commands in flight and were counted in this process (raise LORAHOST_REDIS_MAX_CONNECTIONS if"
+                " this repeats)",
                 self.num_pool_waits,
             )
 
@@ -350,7 +315,7 @@ class RedisRateLimiter:
 
 @dataclass(frozen=True)
 class _AsyncScripts:
-    """One event loop's redis.asyncio client and its registered scripts."""
+    """One event loop's Redis client and its registered scripts."""
 
     client: Any
     acquire: Any
@@ -358,8 +323,8 @@ class _AsyncScripts:
 
 
 def is_pool_wait(exc: BaseException) -> bool:
-    """Whether a redis error is a bounded pool's "No connection available": the wait for a free connection ran
-    out (redis-py raises ConnectionError from a TimeoutError), while Redis itself may be answering."""
+    """Whether a redis error is a bounded client's "No connection available": the wait for a turn among the
+    commands in flight ran out (a ConnectionError from a TimeoutError), while Redis itself may be answering."""
     return isinstance(exc, RedisConnectionError) and isinstance(exc.__cause__, TimeoutError)
 
 
