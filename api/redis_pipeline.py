@@ -25,7 +25,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -97,8 +97,7 @@ class _RedisProtocol(asyncio.Protocol):
         self.lost_reason: BaseException | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's classes
 
     def send(self, command: bytes) -> asyncio.Future[Reply]:
         """Queue one encoded command; the commands of one turn of the loop leave in one write."""

@@ -1,17 +1,18 @@
-"""What bounding an event loop's Redis connections costs the rate limiter's async checks (issue 38, item 4).
+"""What the rate limiter's async checks cost the event loop, by Redis client (issue 38, item 4).
 
     python benchmarks/redis_checks.py [--num-sequential 4000] [--num-concurrent 2000] [--max-connections 32]
 
 Three clients of the same Redis, each running `RedisRateLimiter.acquire_async` (one Lua script call):
 - `unbounded`: redis.asyncio's own pool (a connection per concurrent command, every one kept);
-- `blocking-pool`: redis' BlockingConnectionPool at --max-connections (the API's client in the eleventh and twelfth passes);
-- `semaphore`: the API's client (`api.redis_ratelimit.async_redis_client`: a semaphore around each command over
-  redis' own pool).
+- `blocking-pool`: redis' BlockingConnectionPool at --max-connections (the API's client in the eleventh and twelfth
+  passes; the thirteenth to sixteenth passes' semaphore over redis' own pool cost the same per check);
+- `pipelined`: the API's client (`api.redis_ratelimit.async_redis_client`: one pipelined connection, at most
+  --max-connections commands in flight, api/redis_pipeline.py).
 Printed per client: CPU microseconds per check run one after another (the loop's cost when nothing waits), and
 for --num-concurrent checks started at once (several --bursts, a tail comes from waiting): each check's latency
 p50 / p99 / max, the burst's wall time and the connections the client opened. Redis is the one at --redis-url (the
 session's local server by default; the keys are removed after). Not a test: numbers depend on the machine
-(its CPU is printed).
+(its CPU is printed). The loop is uvloop when installed, as in the API.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ from api.redis_ratelimit import RedisRateLimiter, async_redis_client
 LIMITS = RateLimits(max_requests_per_min=None, max_tokens_per_min=None)
 
 
+def run_loop(main: Any) -> Any:
+    """Run a coroutine on the event loop the API's uvicorn runs (uvloop when installed, as its `auto` picks)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 def clients(url: str, max_connections: int, name: str) -> dict[str, Callable[[], Any]]:
     """Each client variant's factory, by variant; `name` names its connections (to count them)."""
     return {
@@ -50,7 +60,7 @@ def clients(url: str, max_connections: int, name: str) -> dict[str, Callable[[],
                 url, max_connections=max_connections, timeout=5.0, client_name=name
             )
         ),
-        "semaphore": lambda: async_redis_client(url, max_connections, name),
+        "pipelined": lambda: async_redis_client(url, max_connections, name),
     }
 
 
@@ -100,7 +110,7 @@ def run_variant(url: str, variant: str, args: argparse.Namespace) -> dict[str, A
         return result
 
     try:
-        return {"client": variant, **asyncio.run(main())}
+        return {"client": variant, **run_loop(main())}
     finally:
         for key in sync.scan_iter(f"{prefix}*"):
             sync.delete(key)
@@ -120,7 +130,7 @@ def main() -> None:
     rows = [
         run_variant(args.redis_url, variant, args)
         for _ in range(args.repeats)
-        for variant in ("unbounded", "blocking-pool", "semaphore")
+        for variant in ("unbounded", "blocking-pool", "pipelined")
     ]
     print(
         f"{'client':<14} {'cpu us/check':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'burst ms':>9} {'conns':>6}"

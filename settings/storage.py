@@ -33,10 +33,10 @@ class StorageSettings(BaseModel):
         default=32,
         ge=1,
         le=10_000,
-        description="Redis connections an API process's event loop holds for the request path's rate-limit checks "
-        "(charge, slot, release): a check beyond waits for one (up to 5 s, then counts in the process and is "
-        "logged as a wait, not as an outage); without a bound a burst of 2,000 streams left 31-34 open per replica for good (more streams, "
-        "more)",
+        description="Rate-limit checks of the request path (charge, slot, release) an API process's event loop has "
+        "in flight to Redis at once, on its one pipelined connection (the name predates the pipelining): a check "
+        "beyond waits for a turn (up to 5 s, then counts in the process and is logged as a wait, not as an outage)",
+
     )
     stale_version_age_s: float = Field(
         default=3600.0,

@@ -108,7 +108,8 @@ def test_the_commands_of_one_turn_of_the_loop_leave_in_one_write() -> None:
     ]
 
 
-def test_commands_and_scripts_against_redis_with_the_script_sent_when_redis_lacks_it() -> None:
+@pytest.mark.parametrize("use_uvloop", [False, True], ids=["asyncio", "uvloop"])  # uvicorn's loop: uvloop
+def test_commands_and_scripts_against_redis_with_the_script_sent_when_redis_lacks_it(use_uvloop: bool) -> None:
     gen = redis_with_prefix()
     client, prefix = next(gen)
     source = (
@@ -137,7 +138,8 @@ def test_commands_and_scripts_against_redis_with_the_script_sent_when_redis_lack
             await pipelined.aclose()
 
     try:
-        assert anyio.run(calls) == [2, 5, b"OK", [b"a\r\nb", None], 0, 1, b"5"]
+        answers = anyio.run(calls, backend_options={"use_uvloop": use_uvloop})
+        assert answers == [2, 5, b"OK", [b"a\r\nb", None], 0, 1, b"5"]
         assert client.script_exists(client.script_load(source)) == [True]
     finally:
         gen.close()
