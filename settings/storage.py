@@ -36,7 +36,6 @@ class StorageSettings(BaseModel):
         description="Rate-limit checks of the request path (charge, slot, release) an API process's event loop has "
         "in flight to Redis at once, on its one pipelined connection (the name predates the pipelining): a check "
         "beyond waits for a turn (up to 5 s, then counts in the process and is logged as a wait, not as an outage)",
-
     )
     stale_version_age_s: float = Field(
         default=3600.0,

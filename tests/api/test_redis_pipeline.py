@@ -109,7 +109,9 @@ def test_the_commands_of_one_turn_of_the_loop_leave_in_one_write() -> None:
 
 
 @pytest.mark.parametrize("use_uvloop", [False, True], ids=["asyncio", "uvloop"])  # uvicorn's loop: uvloop
-def test_commands_and_scripts_against_redis_with_the_script_sent_when_redis_lacks_it(use_uvloop: bool) -> None:
+def test_commands_and_scripts_against_redis_with_the_script_sent_when_redis_lacks_it(
+    use_uvloop: bool,
+) -> None:
     gen = redis_with_prefix()
     client, prefix = next(gen)
     source = (
