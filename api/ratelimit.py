@@ -6,8 +6,11 @@ Two implementations behind one interface: `InMemoryRateLimiter` (embedded mode, 
 check). The inference path checks with `acquire_async` / `acquire_slot_async`, which never block the event loop
 and never hop to a thread (the Redis one runs its scripts on the loop's own asyncio connection).
 A request is admitted only if BOTH budgets have room; a refused request consumes nothing. A caller may charge
-the two apart (`num_requests=0` charges tokens only): the inference path charges the request on arrival,
-whatever then becomes of it, and its tokens once it is sized (api/request_charge.py, api/inference/prepare.py).
+the two apart (`num_requests=0` charges tokens only). The inference path charges every request that arrives,
+whatever then becomes of it: an admitted one with its tokens in one check once it is sized (`admit_async`: a
+refusal by the tokens budget still charges the request), one that fails before, alone
+(api/request_charge.py); a tenant whose requests budget this process has seen spent in the current window is
+refused on arrival without a check (`known_refusal`: exact, the window's count only grows).
 While Redis is unreachable, `RedisRateLimiter` counts in process memory instead (each replica then enforces
 the whole budget on its own, so the cluster admits up to one budget per replica) rather than failing the
 request: a brief Redis outage must not stop inference. It returns to Redis once Redis answers.
@@ -92,6 +95,17 @@ class RateLimiter(Protocol):
         """`acquire` from the event loop without blocking it and without a thread (the inference path)."""
         ...
 
+    async def admit_async(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
+        """Charge one arriving request and its num_tokens in one check (the inference path's admission): refused
+        by the requests budget, nothing is consumed; refused by the tokens budget, the request is charged (it
+        arrived) and its tokens are not; else both are."""
+        ...
+
+    def known_refusal(self, tenant_id: str, max_requests_per_min: int | None) -> RateDecision | None:
+        """The refusal a request of the tenant would get from the requests budget, when this process already
+        knows it without a round trip (the window's budget seen spent), else None."""
+        ...
+
     async def acquire_slot_async(
         self, tenant_id: str, request_id: str, max_concurrent_requests: int
     ) -> RateDecision:
@@ -136,10 +150,17 @@ class InMemoryRateLimiter:
         self._slots: dict[str, dict[str, float]] = {}  # tenant -> {request id: when its slot was taken}
 
     def acquire(
-        self, tenant_id: str, num_tokens: int, limits: RateLimits, *, num_requests: int = 1
+        self,
+        tenant_id: str,
+        num_tokens: int,
+        limits: RateLimits,
+        *,
+        num_requests: int = 1,
+        is_request_kept: bool = False,
     ) -> RateDecision:
         """Admit `num_requests` (1, or 0 to charge tokens only) costing num_tokens, or refuse them without
-        consuming anything."""
+        consuming anything (`is_request_kept`: a refusal by the tokens budget still charges the requests, as
+        `admit_async` does)."""
         now = self._clock()
         window = int(now // WINDOW_SECONDS)
         with self._lock:
@@ -150,9 +171,26 @@ class InMemoryRateLimiter:
             if num_requests and max_requests is not None and num_counted + num_requests > max_requests:
                 return refusal("requests", max_requests, now)
             if limits.max_tokens_per_min is not None and tokens + num_tokens > limits.max_tokens_per_min:
+                if is_request_kept:
+                    self._windows[tenant_id] = (window, num_counted + num_requests, tokens)
                 return refusal("tokens", limits.max_tokens_per_min, now)
             self._windows[tenant_id] = (window, num_counted + num_requests, tokens + num_tokens)
         return RateDecision(True)
+
+    async def admit_async(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
+        """One request and its tokens in one check (RateLimiter.admit_async), inline."""
+        return self.acquire(tenant_id, num_tokens, limits, is_request_kept=True)
+
+    def known_refusal(self, tenant_id: str, max_requests_per_min: int | None) -> RateDecision | None:
+        """The requests budget's refusal of one more request of the tenant now, from the counters (exact)."""
+        if max_requests_per_min is None:
+            return None
+        now = self._clock()
+        with self._lock:
+            start, num_counted, _ = self._windows.get(tenant_id, (-1, 0, 0))
+        if start == int(now // WINDOW_SECONDS) and num_counted + 1 > max_requests_per_min:
+            return refusal("requests", max_requests_per_min, now)
+        return None
 
     def acquire_slot(self, tenant_id: str, request_id: str, max_concurrent_requests: int) -> RateDecision:
         """Hold one of the tenant's concurrent-request slots for request_id, or refuse taking nothing."""

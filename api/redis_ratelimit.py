@@ -38,16 +38,19 @@ from api.redis_pipeline import DEFAULT_TIMEOUT_S, PipelinedRedis
 log = logging.getLogger(__name__)
 
 # KEYS[1] = request counter, KEYS[2] = token counter; ARGV = max_requests, max_tokens, num_tokens, ttl,
-# num_requests (a negative limit means unlimited; num_requests 0 leaves the request counter alone).
-# Returns 0 = allowed, 1 = requests exceeded, 2 = tokens exceeded.
+# num_requests, is_request_kept (a negative limit means unlimited; num_requests 0 leaves the request counter
+# alone; is_request_kept 1: a refusal by tokens still charges the requests). Returns 0 = allowed,
+# 1 = requests exceeded, 2 = tokens exceeded.
 _LUA_ACQUIRE = """
 local r = tonumber(redis.call('GET', KEYS[1]) or '0')
 local t = tonumber(redis.call('GET', KEYS[2]) or '0')
 local max_r = tonumber(ARGV[1]); local max_t = tonumber(ARGV[2]); local n = tonumber(ARGV[3])
 local num_r = tonumber(ARGV[5])
 if num_r > 0 and max_r >= 0 and r + num_r > max_r then return 1 end
+if num_r > 0 and (ARGV[6] == '1' or max_t < 0 or t + n <= max_t) then
+  redis.call('INCRBY', KEYS[1], num_r); redis.call('EXPIRE', KEYS[1], ARGV[4])
+end
 if max_t >= 0 and t + n > max_t then return 2 end
-if num_r > 0 then redis.call('INCRBY', KEYS[1], num_r); redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 redis.call('INCRBY', KEYS[2], n); redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 0
 """
@@ -84,6 +87,7 @@ REDIS_CONNECTION_WAIT_S = (
     DEFAULT_TIMEOUT_S  # a check waits this long for a turn, or for its answer, then counts in the process
 )
 POOL_WAIT_LOG_INTERVAL_S = 60.0  # checks that waited too long for a turn are logged at most this often
+MAX_SPENT_TENANTS = 10_000  # known_refusal's memory: past windows' entries are dropped beyond this many
 
 
 def async_redis_client(
@@ -124,6 +128,9 @@ class RedisRateLimiter:
         self.num_pool_waits = 0  # async checks that waited past their limit for a turn
         self._pool_wait_logged_at = -POOL_WAIT_LOG_INTERVAL_S
         self._async_factory = async_client_factory
+        # tenant -> (window, limit) of its last refusal by the requests budget: a request in that window under a
+        # limit no higher is refused without a round trip (the window's count only grows)
+        self._spent: dict[str, tuple[int, int]] = {}
         # event loop -> its client and scripts: an asyncio connection belongs to the loop that opened it
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncScripts] = (
             weakref.WeakKeyDictionary()
@@ -134,11 +141,18 @@ class RedisRateLimiter:
     ) -> RateDecision:
         """Admit `num_requests` (1, or 0 to charge tokens only) costing num_tokens, or refuse them without
         consuming anything (counted in this process while Redis is unreachable)."""
+        return self._acquire(tenant_id, num_tokens, limits, num_requests, False)
+
+    def _acquire(
+        self, tenant_id: str, num_tokens: int, limits: RateLimits, num_requests: int, is_request_kept: bool
+    ) -> RateDecision:
         try:
-            decision = self._acquire_in_redis(tenant_id, num_tokens, limits, num_requests)
+            decision = self._acquire_in_redis(tenant_id, num_tokens, limits, num_requests, is_request_kept)
         except RedisError as exc:
             self._on_redis_error(exc)
-            return self._fallback.acquire(tenant_id, num_tokens, limits, num_requests=num_requests)
+            return self._fallback.acquire(
+                tenant_id, num_tokens, limits, num_requests=num_requests, is_request_kept=is_request_kept
+            )
         self._on_redis_answered()
         return decision
 
@@ -230,20 +244,44 @@ class RedisRateLimiter:
     ) -> RateDecision:
         """`acquire` on the running loop's own Redis connection: no thread hop, whose wait for the interpreter
         lock cost a request 10-20 ms at p99 under 2,000 streams (benchmarks/RESULTS.md)."""
+        return await self._acquire_async(tenant_id, num_tokens, limits, num_requests, is_request_kept=False)
+
+    async def admit_async(self, tenant_id: str, num_tokens: int, limits: RateLimits) -> RateDecision:
+        """One request and its tokens in one script call (RateLimiter.admit_async), on the loop's connection."""
+        return await self._acquire_async(tenant_id, num_tokens, limits, 1, is_request_kept=True)
+
+    def known_refusal(self, tenant_id: str, max_requests_per_min: int | None) -> RateDecision | None:
+        """The requests budget's refusal this process saw in the current window under a limit no higher (from
+        the in-process counters while Redis is unreachable), else None."""
+        if max_requests_per_min is None:
+            return None
+        if self.is_degraded:
+            return self._fallback.known_refusal(tenant_id, max_requests_per_min)
+        now = self._clock()
+        spent = self._spent.get(tenant_id)
+        if spent is not None and spent[0] == int(now // WINDOW_SECONDS) and max_requests_per_min <= spent[1]:
+            return refusal("requests", max_requests_per_min, now)
+        return None
+
+    async def _acquire_async(
+        self, tenant_id: str, num_tokens: int, limits: RateLimits, num_requests: int, *, is_request_kept: bool
+    ) -> RateDecision:
         scripts = self._async_scripts()
         if scripts is None:
             return await anyio.to_thread.run_sync(
-                partial(self.acquire, tenant_id, num_tokens, limits, num_requests=num_requests)
+                partial(self._acquire, tenant_id, num_tokens, limits, num_requests, is_request_kept)
             )
         now = self._clock()
-        keys, args = self._acquire_call(tenant_id, num_tokens, limits, num_requests, now)
+        keys, args = self._acquire_call(tenant_id, num_tokens, limits, num_requests, now, is_request_kept)
         try:
             code = int(await scripts.acquire(keys=keys, args=args))
         except RedisError as exc:
             self._on_redis_error(exc)
-            return self._fallback.acquire(tenant_id, num_tokens, limits, num_requests=num_requests)
+            return self._fallback.acquire(
+                tenant_id, num_tokens, limits, num_requests=num_requests, is_request_kept=is_request_kept
+            )
         self._on_redis_answered()
-        return _decision(code, limits, now)
+        return self._decision(tenant_id, code, limits, now)
 
     async def acquire_slot_async(
         self, tenant_id: str, request_id: str, max_concurrent_requests: int
@@ -296,21 +334,41 @@ class RedisRateLimiter:
         return scripts
 
     def _acquire_in_redis(
-        self, tenant_id: str, num_tokens: int, limits: RateLimits, num_requests: int
+        self, tenant_id: str, num_tokens: int, limits: RateLimits, num_requests: int, is_request_kept: bool
     ) -> RateDecision:
         now = self._clock()
-        keys, args = self._acquire_call(tenant_id, num_tokens, limits, num_requests, now)
-        return _decision(int(self._script(keys=keys, args=args)), limits, now)
+        keys, args = self._acquire_call(tenant_id, num_tokens, limits, num_requests, now, is_request_kept)
+        return self._decision(tenant_id, int(self._script(keys=keys, args=args)), limits, now)
 
     def _acquire_call(
-        self, tenant_id: str, num_tokens: int, limits: RateLimits, num_requests: int, now: float
+        self,
+        tenant_id: str,
+        num_tokens: int,
+        limits: RateLimits,
+        num_requests: int,
+        now: float,
+        is_request_kept: bool,
     ) -> tuple[list[str], list[int]]:
         """The acquire script's keys and arguments."""
         window = int(now // WINDOW_SECONDS)
         keys = [f"{self._prefix}{tenant_id}:{window}:req", f"{self._prefix}{tenant_id}:{window}:tok"]
         max_r = -1 if limits.max_requests_per_min is None else limits.max_requests_per_min
         max_t = -1 if limits.max_tokens_per_min is None else limits.max_tokens_per_min
-        return keys, [max_r, max_t, num_tokens, WINDOW_SECONDS * 2, num_requests]
+        return keys, [max_r, max_t, num_tokens, WINDOW_SECONDS * 2, num_requests, int(is_request_kept)]
+
+    def _decision(self, tenant_id: str, code: int, limits: RateLimits, now: float) -> RateDecision:
+        """The acquire script's answer (0 allowed, 1 requests exceeded, 2 tokens exceeded), a refusal by the
+        requests budget remembered for known_refusal."""
+        if code == 1:
+            limit = limits.max_requests_per_min or 0
+            window = int(now // WINDOW_SECONDS)
+            if len(self._spent) >= MAX_SPENT_TENANTS:  # drop the past windows' entries
+                self._spent = {t: spent for t, spent in self._spent.items() if spent[0] == window}
+            self._spent[tenant_id] = (window, limit)
+            return refusal("requests", limit, now)
+        if code == 2:
+            return refusal("tokens", limits.max_tokens_per_min or 0, now)
+        return RateDecision(True)
 
 
 @dataclass(frozen=True)
@@ -326,12 +384,3 @@ def is_pool_wait(exc: BaseException) -> bool:
     """Whether a redis error is a bounded client's "No connection available": the wait for a turn among the
     commands in flight ran out (a ConnectionError from a TimeoutError), while Redis itself may be answering."""
     return isinstance(exc, RedisConnectionError) and isinstance(exc.__cause__, TimeoutError)
-
-
-def _decision(code: int, limits: RateLimits, now: float) -> RateDecision:
-    """The acquire script's answer: 0 allowed, 1 requests exceeded, 2 tokens exceeded."""
-    if code == 1:
-        return refusal("requests", limits.max_requests_per_min or 0, now)
-    if code == 2:
-        return refusal("tokens", limits.max_tokens_per_min or 0, now)
-    return RateDecision(True)

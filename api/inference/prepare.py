@@ -1,19 +1,20 @@
 """Preparing an inference request: everything between authentication and routing.
 
-charge the request to requests_per_min (on arrival, whatever its outcome: api/request_charge.py) -> parse the
+refuse a tenant whose requests_per_min this process knows spent -> parse the
 body (bounded: api/request_limits.py) -> the plan's caps on n, best_of and top_logprobs (api/plan_limits.py)
 -> refuse fields this server cannot honour (and best_of below n, or above n streamed:
 api/inference/choices.py) -> resolve the model (`model` is an adapter name, `name@N` or the base model) ->
-tokenize and size-check the prompt -> take a concurrency slot and charge tokens_per_min (the prompt once + n,
-or best_of, x max_tokens). The result is a `Prepared` request (its output-length prediction is
+tokenize and size-check the prompt -> take a concurrency slot and charge the request with its tokens_per_min
+(the prompt once + n, or best_of, x max_tokens) in one check. A request that fails on the way is charged to
+requests_per_min alone as it fails (every request that arrives is charged once: api/request_charge.py). The result is a `Prepared` request (its output-length prediction is
 filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
 Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
 (`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
 can time another's prompts.
 
 The hot path stays on the event loop (no threadpool hop, no DB query): the model comes from the model
-cache, short prompts are tokenized inline and the in-memory limiter is inline. Cache misses, long prompts
-and the Redis limiter run in the threadpool.
+cache, short prompts are tokenized inline and the rate limits are one check (in memory, or one round trip on
+the loop's own Redis connection). Cache misses and long prompts run in the threadpool.
 Sampling fields (penalties, logit_bias, logprobs and vLLM's extensions) are checked and turned into the wire
 spec by api/inference/sampling_fields.py.
 """
@@ -41,7 +42,7 @@ from api.metering import release_slot
 from api.plan_limits import check_plan_limits
 from api.prompting import BaseModelTokenizer, PromptError
 from api.ratelimit import RateLimits
-from api.request_charge import charge_request_async, refuse_unless_allowed
+from api.request_charge import ArrivalCharge, charged_once, refuse_unless_allowed
 from api.request_limits import check_prompt_bounds, parse_json_object, prompt_chars, read_body
 from api.request_meter import RequestMeter
 from api.services import Services
@@ -100,32 +101,35 @@ async def prepare(
     path_model: str | None,
 ) -> Prepared:
     """Validate, resolve, size-check and rate-limit a request (the meter learns the model and prompt size)."""
-    await charge_on_arrival(services, tenant)
-    body = await parse_body(request, services.settings, kind)
-    check_plan_limits(body, tenant.sampling_limits)
-    refuse_unsupported(body)
-    check_best_of(body)
-    model = model_ref(body.model, path_model)
-    meter.model_name = repository.parse_model_ref(model).name
-    resolved = await resolve(services, tenant.tenant_id, model)
-    meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
-    meter.base_model_name = resolved.base_model
-    check_prompt_bounds(body, services.settings)
-    tokenizer = await base_tokenizer(services, resolved.base_model)
-    tools = tool_plan(body.tools, body.tool_choice) if isinstance(body, ChatCompletionRequest) else None
-    if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
-        prompt_ids = prompt_token_ids(tokenizer, body, tools)
-    else:
-        prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body, tools)
-    meter.num_prompt_tokens = len(prompt_ids)
-    max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
-    check_sampling_fields(body, tokenizer, max_tokens)
-    meter.num_choices = body.num_sequences  # generated side by side, each billed (best_of: all of them)
-    num_tokens = len(prompt_ids) + body.num_sequences * max_tokens  # the prompt once, each sequence's output
-    structured = request_constraint(body, tools)
-    if structured is not None:  # compiled against the base model's tokenizer: a bad one is a 400 here
-        await run_in_threadpool(services.structured.check, tokenizer, structured)
-    await admit(services, tenant.tenant_id, num_tokens, tenant.limits, meter)
+    limits = tenant.limits
+    async with charged_once(services.rate_limiter, tenant.tenant_id, limits.max_requests_per_min) as charge:
+        body = await parse_body(request, services.settings, kind)
+        check_plan_limits(body, tenant.sampling_limits)
+        refuse_unsupported(body)
+        check_best_of(body)
+        model = model_ref(body.model, path_model)
+        meter.model_name = repository.parse_model_ref(model).name
+        resolved = await resolve(services, tenant.tenant_id, model)
+        meter.adapter_id, meter.adapter_version_id = resolved.adapter_id, resolved.adapter_version_id
+        meter.base_model_name = resolved.base_model
+        check_prompt_bounds(body, services.settings)
+        tokenizer = await base_tokenizer(services, resolved.base_model)
+        tools = tool_plan(body.tools, body.tool_choice) if isinstance(body, ChatCompletionRequest) else None
+        if prompt_chars(body) <= MAX_INLINE_PROMPT_CHARS:
+            prompt_ids = prompt_token_ids(tokenizer, body, tools)
+        else:
+            prompt_ids = await run_in_threadpool(prompt_token_ids, tokenizer, body, tools)
+        meter.num_prompt_tokens = len(prompt_ids)
+        max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
+        check_sampling_fields(body, tokenizer, max_tokens)
+        meter.num_choices = body.num_sequences  # generated side by side, each billed (best_of: all of them)
+        num_tokens = (
+            len(prompt_ids) + body.num_sequences * max_tokens
+        )  # the prompt once, each sequence's output
+        structured = request_constraint(body, tools)
+        if structured is not None:  # compiled against the base model's tokenizer: a bad one is a 400 here
+            await run_in_threadpool(services.structured.check, tokenizer, structured)
+        await admit(services, charge, num_tokens, limits, meter)
     prepared = _prepared(body, kind, model, resolved, prompt_ids, max_tokens, tenant, meter, structured)
     prepared.tools = tools
     if prepared.generate.sampling.logprobs is not None:
@@ -134,11 +138,6 @@ async def prepare(
         prepared.echo_text = echo_text(body, tokenizer, prompt_ids)
     prepared.route = with_placement(prepared.route, services.routing_table.row(prepared.route.adapter_key))
     return prepared
-
-
-async def charge_on_arrival(services: Services, tenant: TenantAuth) -> None:
-    """Count the request against requests_per_min before anything else is done for it (429 when spent)."""
-    await charge_request_async(services.rate_limiter, tenant.tenant_id, tenant.limits.max_requests_per_min)
 
 
 def _prepared(
@@ -365,21 +364,26 @@ def check_sizes(
 
 
 async def admit(
-    services: Services, tenant_id: str, num_tokens: int, limits: RateLimits, meter: RequestMeter | None = None
+    services: Services,
+    charge: ArrivalCharge,
+    num_tokens: int,
+    limits: RateLimits,
+    meter: RequestMeter | None = None,
 ) -> None:
     """Take one of the tenant's concurrent-request slots (when its plan caps them; the meter releases it when
-    the request is recorded) and charge its tokens_per_min for `num_tokens` (the request itself was charged on
-    arrival: charge_on_arrival); 429 with Retry-After naming the limit when over one (nothing is then held or
-    charged)."""
-    limiter = services.rate_limiter
+    the request is recorded), then charge the request to requests_per_min with `num_tokens` to tokens_per_min in
+    one check (`charge` records that it is charged); 429 with Retry-After naming the limit when over one
+    (nothing is then held, and the request alone is charged unless the requests budget itself refused it)."""
+    limiter, tenant_id = services.rate_limiter, charge.tenant_id
     cap = limits.max_concurrent_requests
     if cap is not None and meter is not None:
         refuse_unless_allowed(await limiter.acquire_slot_async(tenant_id, meter.request_id, cap))
         meter.release_slot = partial(limiter.release_slot_async, tenant_id, meter.request_id)
-    if limits.max_tokens_per_min is None:
+    if limits.max_requests_per_min is None and limits.max_tokens_per_min is None:
         return
-    tokens_only = RateLimits(max_tokens_per_min=limits.max_tokens_per_min)
-    decision = await limiter.acquire_async(tenant_id, num_tokens, tokens_only, num_requests=0)
+    budgets = RateLimits(limits.max_requests_per_min, limits.max_tokens_per_min)
+    decision = await limiter.admit_async(tenant_id, num_tokens, budgets)
+    charge.is_charged = True  # with its tokens, or alone (tokens refused), or refused by the budget itself
     if not decision.is_allowed and meter is not None:
         await release_slot(meter)
     refuse_unless_allowed(decision)

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 
 from api.ratelimit import DEFAULT_SLOT_LEASE_S, InMemoryRateLimiter, RateLimiter, RateLimits
-from api.redis_ratelimit import RedisRateLimiter
+from api.redis_ratelimit import RedisRateLimiter, async_redis_client
 from api.services import make_rate_limiter
 from settings import Settings
 from tests.services import REDIS_URL, redis_with_prefix
@@ -24,15 +24,21 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-pipelined"])
 def limiter_and_clock(request: pytest.FixtureRequest) -> Iterator[tuple[RateLimiter, FakeClock]]:
+    """Each limiter with a fake clock; the Redis one with redis-py's async client and with the API's own (one
+    pipelined connection: api/redis_pipeline.py)."""
     clock = FakeClock()
     if request.param == "memory":
         yield InMemoryRateLimiter(clock=clock), clock
         return
     gen = redis_with_prefix()
     client, prefix = next(gen)
-    async_client = partial(redis.asyncio.Redis.from_url, REDIS_URL)
+    async_client: Any = (
+        partial(async_redis_client, REDIS_URL, 32)
+        if request.param == "redis-pipelined"
+        else partial(redis.asyncio.Redis.from_url, REDIS_URL)
+    )
     yield RedisRateLimiter(client, key_prefix=prefix, clock=clock, async_client_factory=async_client), clock
     gen.close()
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from api.inference.prepare import admit
 from api.ratelimit import InMemoryRateLimiter, RateLimits
 from api.redis_ratelimit import RedisRateLimiter
+from api.request_charge import ArrivalCharge
 from api.services import make_rate_limiter
 from settings import Settings
 from tests.api.conftest import ADMIN, TenantHandle
@@ -102,6 +103,18 @@ def test_refused_and_admitted_requests_are_each_charged_once(
         503,
         429,
     ]
+
+
+def test_a_request_refused_by_tokens_per_min_still_counts_as_a_request(
+    client: TestClient, new_tenant: Callable[[str], TenantHandle]
+) -> None:
+    ScriptedWorkers().install(client)  # no worker: admitted, then 503
+    tenant = _tenant_on_plan(client, new_tenant, requests_per_min=2, tokens_per_min=30)
+    too_big = _complete(client, tenant, max_tokens=40)
+    assert too_big.status_code == 429 and "tokens per minute" in too_big.json()["error"]["message"]
+    assert _complete(client, tenant, max_tokens=4).status_code == 503  # the second request: admitted
+    refused = _complete(client, tenant, max_tokens=4)
+    assert refused.status_code == 429 and "requests per minute" in refused.json()["error"]["message"]
 
 
 def test_tokens_per_minute_counts_prompt_plus_max_tokens_at_admission(
@@ -206,7 +219,8 @@ def test_the_api_renews_the_slot_of_a_request_in_flight_with_its_usage_lease(
     services.rate_limiter = InMemoryRateLimiter(lambda: now[0], slot_lease_s=12.0)  # read at each renewal
     tenant_id = new_tenant("in-flight").id
     meter = services.usage_ledger.start(tenant_id)
-    anyio.run(admit, services, tenant_id, 1, RateLimits(max_concurrent_requests=1), meter)
+    charge = ArrivalCharge(services.rate_limiter, tenant_id, None)
+    anyio.run(admit, services, charge, 1, RateLimits(max_concurrent_requests=1), meter)
     services.usage_ledger.open(meter, is_checkpointed=False)
     for _ in range(4):  # 24 s: two leases
         now[0] += 6.0
