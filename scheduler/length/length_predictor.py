@@ -46,6 +46,7 @@ use; the caller then keeps serving with `LengthPredictor()` (no model: `prior_pr
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -110,13 +111,15 @@ def clip_prediction(value: float, max_tokens: int) -> int:
 
 
 class PerAdapterHistory:
-    """Recent true output lengths of one tenant on one adapter: a bounded window with cached quantiles, plus
-    an EWMA."""
+    """Recent true output lengths of one tenant on one adapter: a bounded window, kept sorted alongside so its
+    quantiles are a few lookups (they are read by every prediction and invalidated by every finished request:
+    numpy's quantile of the window cost ~4% of an API event loop at 2,000 streams), plus an EWMA."""
 
     def __init__(self, max_samples: int = 256, ewma_alpha: float = 0.1) -> None:
         self.max_samples = max_samples
         self.ewma_alpha = ewma_alpha
         self._lengths: deque[int] = deque(maxlen=max_samples)
+        self._sorted: list[int] = []  # the window's lengths in order
         self._ewma: float | None = None
         self._quantiles: tuple[float, float, float] | None = None
 
@@ -132,7 +135,10 @@ class PerAdapterHistory:
 
     def observe(self, num_output_tokens: int) -> None:
         """Record one finished request's true output length."""
+        if len(self._lengths) == self.max_samples:  # the oldest leaves the window
+            del self._sorted[bisect_left(self._sorted, self._lengths[0])]
         self._lengths.append(num_output_tokens)
+        insort(self._sorted, num_output_tokens)
         if self._ewma is None:
             self._ewma = float(num_output_tokens)
         else:
@@ -144,8 +150,12 @@ class PerAdapterHistory:
         if not self._lengths:
             raise ValueError("no history: observe() at least one length first")
         if self._quantiles is None:
-            p10, p50, p90 = np.quantile(np.fromiter(self._lengths, dtype=np.float64), (0.1, 0.5, 0.9))
-            self._quantiles = (float(p10), float(p50), float(p90))
+            ordered = self._sorted
+            self._quantiles = (
+                linear_quantile(ordered, 0.1),
+                linear_quantile(ordered, 0.5),
+                linear_quantile(ordered, 0.9),
+            )
         return self._quantiles
 
     @property
@@ -165,8 +175,22 @@ class PerAdapterHistory:
         history = cls(max_samples, ewma_alpha)
         lengths, ewma = state
         history._lengths.extend(int(n) for n in lengths)
+        history._sorted = sorted(history._lengths)
         history._ewma = None if ewma is None else float(ewma)
         return history
+
+
+def linear_quantile(ordered: Sequence[int], q: float) -> float:
+    """The q-quantile of non-empty sorted values, exactly as numpy.quantile's default ("linear") method
+    computes it (the same floating-point operations in the same order)."""
+    virtual = (len(ordered) - 1) * q
+    if virtual >= len(ordered) - 1:
+        return float(ordered[-1])
+    lower = math.floor(virtual)
+    gamma = virtual - lower
+    below, above = float(ordered[lower]), float(ordered[lower + 1])
+    diff = above - below
+    return above - diff * (1 - gamma) if gamma >= 0.5 else below + diff * gamma
 
 
 def prior_predict(features: RequestFeatures, history: PerAdapterHistory | None) -> int:

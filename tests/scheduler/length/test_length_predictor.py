@@ -17,6 +17,7 @@ from scheduler.length.length_predictor import (
     evaluate,
     feature_row,
     length_bucket,
+    linear_quantile,
     prior_predict,
 )
 from tests.scheduler.length.conftest import MAX_TOKENS, synthetic_samples
@@ -144,6 +145,24 @@ def test_history_is_bounded_with_quantiles_and_ewma() -> None:
     assert history.median == 2.5  # 100 left the window
     assert history.ewma == pytest.approx(9.3125)  # 100, 50.5, 26.25, 14.625, 9.3125
     assert PerAdapterHistory().median is None
+
+
+@given(
+    st.lists(st.integers(0, 5000), min_size=1, max_size=60),
+    st.integers(1, 20),
+    st.floats(0, 1),
+)
+def test_history_quantiles_are_numpys_of_the_window_bit_for_bit(
+    lengths: list[int], max_samples: int, q: float
+) -> None:
+    history = PerAdapterHistory(max_samples=max_samples)
+    for i, n in enumerate(lengths):
+        history.observe(n)  # the oldest leaves once the window is full
+        window = np.array(lengths[: i + 1][-max_samples:], dtype=np.float64)
+        assert history.quantiles() == tuple(float(v) for v in np.quantile(window, (0.1, 0.5, 0.9)))
+    assert linear_quantile(sorted(lengths[-max_samples:]), q) == float(np.quantile(window, q))
+    restored = PerAdapterHistory.from_state(history.to_state(), max_samples, 0.1)
+    assert restored.quantiles() == history.quantiles()
 
 
 def test_evaluate_reports_mae_bucket_accuracy_rank_correlation_and_recall_per_adapter() -> None:
