@@ -18,13 +18,15 @@ A TTL of 0 disables a cache (every request reads the database).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from api.errors import is_database_unavailable
 from api.plan_limits import SamplingLimits
@@ -35,12 +37,22 @@ log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 DEFAULT_MAX_ENTRIES = 10_000
+REFRESH_AHEAD_FRACTION = 0.25  # TtlCache.load reloads an entry used in the last quarter of its TTL
 
 
 class TtlCache(Generic[K, V]):
     """A thread-safe dict whose entries expire `ttl_s` after they were put (bounded: oldest out first). An
     expired entry is kept `max_stale_s` longer for `get_stale` alone: what the inference path falls back on
-    while the database cannot be reached."""
+    while the database cannot be reached.
+
+    `load` is the event loop's read-through: concurrent misses of one key share one load, and a hit in the last
+    REFRESH_AHEAD_FRACTION of its entry's TTL starts one reload in the background while the request goes on
+    with the live value, so a key in steady use never expires and no request of it waits on the database (it
+    did: each replica's auth entry expired every 5 s, and the requests arriving meanwhile each read the database
+    in the threadpool, 10-30 ms at p99 under 2,000 streams; benchmarks/RESULTS.md). No value is served past its
+    TTL (the revocation delay across replicas stays the TTL), and a reload never brings back an entry dropped
+    meanwhile (a key revoked through this process).
+    """
 
     def __init__(
         self,
@@ -55,6 +67,10 @@ class TtlCache(Generic[K, V]):
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[K, tuple[float, V]] = {}
+        # event loop -> key -> its load in flight (a task belongs to the loop that made it)
+        self._loads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[K, asyncio.Task[V | None]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def get(self, key: K) -> V | None:
         """The live value under key, or None."""
@@ -69,6 +85,58 @@ class TtlCache(Generic[K, V]):
                         del self._entries[key]
             return None
         return entry[1]
+
+    async def load(self, key: K, loader: Callable[[], Awaitable[V | None]]) -> V | None:
+        """The live value under key, else loader's (cached unless None; its exceptions raised), loaded once for
+        every concurrent caller; an entry near the end of its TTL is reloaded in the background, replaced by the
+        new value (dropped when the loader now answers None or raises anything but an outage)."""
+        entry = self._entries.get(key)
+        now = self._clock()
+        loads = self._loads.setdefault(asyncio.get_running_loop(), {})
+        if entry is not None and entry[0] > now:
+            if entry[0] - now < self.ttl_s * REFRESH_AHEAD_FRACTION and key not in loads:
+                self._start(loads, key, self._reload(key, entry, loader))
+            return entry[1]
+        task = loads.get(key)
+        if task is None:
+            task = self._start(loads, key, self._load_missing(key, loader))
+        return await asyncio.shield(task)
+
+    def _start(
+        self, loads: dict[K, asyncio.Task[V | None]], key: K, job: Coroutine[Any, Any, V | None]
+    ) -> asyncio.Task[V | None]:
+        task = asyncio.ensure_future(job)
+        loads[key] = task
+        task.add_done_callback(lambda done: loads.pop(key) if loads.get(key) is done else None)
+        return task
+
+    async def _load_missing(self, key: K, loader: Callable[[], Awaitable[V | None]]) -> V | None:
+        value = await loader()
+        if value is not None:
+            self.put(key, value)
+        return value
+
+    async def _reload(
+        self, key: K, entry: tuple[float, V], loader: Callable[[], Awaitable[V | None]]
+    ) -> V | None:
+        try:
+            value = await loader()
+        except Exception as exc:  # noqa: BLE001 - dropped: the next request loads in the foreground and answers it
+            # an outage: the entry serves on until its TTL; anything else (revoked, gone, a failure) drops it
+            if not is_database_unavailable(exc):
+                self._replace(key, entry, None)
+            return None
+        self._replace(key, entry, value)
+        return value
+
+    def _replace(self, key: K, entry: tuple[float, V], value: V | None) -> None:
+        """Put value (None: drop) in place of `entry`, unless that entry was dropped or replaced meanwhile."""
+        with self._lock:
+            if self._entries.get(key) is not entry:
+                return
+            del self._entries[key]
+            if value is not None and self.ttl_s > 0:
+                self._entries[key] = (self._clock() + self.ttl_s, value)
 
     def get_stale(self, key: K) -> V | None:
         """The value under key, live or expired less than max_stale_s ago, or None (only when the source of

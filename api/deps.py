@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterator
+from functools import partial
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -85,16 +86,14 @@ async def get_inference_tenant(services: ServicesDep, credentials: BearerDep) ->
         raise _unauthorized("missing API key: send 'Authorization: Bearer <your lh_... key>'")
     cache = services.auth_cache
     digest = key_digest(credentials.credentials)
-    auth = cache.get(digest)
+    try:  # the cache, read through (reloaded in the background before it expires: api/caches.py)
+        auth = await cache.load(
+            digest, partial(run_in_threadpool, _load_tenant_auth, services, credentials.credentials)
+        )
+    except DATABASE_ERRORS as exc:
+        auth = stale_on_outage(cache, digest, exc)
     if auth is None:
-        try:
-            auth = await run_in_threadpool(_load_tenant_auth, services, credentials.credentials)
-        except DATABASE_ERRORS as exc:
-            auth = stale_on_outage(cache, digest, exc)
-        else:
-            if auth is None:
-                raise _unauthorized("invalid or revoked API key: ask your operator for a new key")
-            cache.put(digest, auth)
+        raise _unauthorized("invalid or revoked API key: ask your operator for a new key")
     if not auth.is_active:
         raise ApiError(
             403, "tenant_disabled", "this tenant is disabled; contact the operator to re-enable it"

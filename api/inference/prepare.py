@@ -242,18 +242,19 @@ def model_ref(body_model: str | None, path_model: str | None) -> str:
 
 
 async def resolve(services: Services, tenant_id: str, model: str) -> ResolvedModel:
-    """The adapter version to apply and the base model to route to (model cache, else the DB in a thread)."""
+    """The adapter version to apply and the base model to route to (the model cache, read through: the DB in a
+    thread)."""
     base_name = services.settings.base_model_name
     if model == base_name:
         return ResolvedModel(base_model=base_name)
     cache = services.model_cache
-    resolved = cache.get((tenant_id, model))
-    if resolved is None:
-        try:
-            resolved = await run_in_threadpool(_resolve_in_db, services, tenant_id, model)
-        except DATABASE_ERRORS as exc:
-            return stale_on_outage(cache, (tenant_id, model), exc)
-        cache.put((tenant_id, model), resolved)
+    try:  # read through (reloaded in the background before it expires: api/caches.py)
+        resolved = await cache.load(
+            (tenant_id, model), partial(run_in_threadpool, _resolve_in_db, services, tenant_id, model)
+        )
+    except DATABASE_ERRORS as exc:
+        return stale_on_outage(cache, (tenant_id, model), exc)
+    assert resolved is not None  # _resolve_in_db raises for what it cannot resolve
     return resolved
 
 
