@@ -121,7 +121,7 @@ class TtlCache(Generic[K, V]):
     ) -> V | None:
         try:
             value = await loader()
-        except Exception as exc:  # noqa: BLE001 - dropped: the next request loads in the foreground and answers it
+        except Exception as exc:  # noqa: BLE001 - the next request's foreground load answers it
             # an outage: the entry serves on until its TTL; anything else (revoked, gone, a failure) drops it
             if not is_database_unavailable(exc):
                 self._replace(key, entry, None)

@@ -6,8 +6,9 @@ body (bounded: api/request_limits.py) -> the plan's caps on n, best_of and top_l
 api/inference/choices.py) -> resolve the model (`model` is an adapter name, `name@N` or the base model) ->
 tokenize and size-check the prompt -> take a concurrency slot and charge the request with its tokens_per_min
 (the prompt once + n, or best_of, x max_tokens) in one check. A request that fails on the way is charged to
-requests_per_min alone as it fails (every request that arrives is charged once: api/request_charge.py). The result is a `Prepared` request (its output-length prediction is
-filled in next, by api/inference/predict.py). Every refusal here is an ApiError or a PromptError (400).
+requests_per_min alone as it fails (every request that arrives is charged once: api/request_charge.py). The
+result is a `Prepared` request (its output-length prediction is filled in next, by api/inference/predict.py).
+Every refusal here is an ApiError or a PromptError (400).
 Its prefix-cache namespace is the tenant's own unless an operator put the tenant in a shared one
 (`TenantAuth.cache_namespace`): the engine reuses cached prompt KV only within one namespace, so no tenant
 can time another's prompts.
@@ -123,9 +124,8 @@ async def prepare(
         max_tokens = check_sizes(services.settings, tokenizer, body, len(prompt_ids))
         check_sampling_fields(body, tokenizer, max_tokens)
         meter.num_choices = body.num_sequences  # generated side by side, each billed (best_of: all of them)
-        num_tokens = (
-            len(prompt_ids) + body.num_sequences * max_tokens
-        )  # the prompt once, each sequence's output
+        # the prompt once, each sequence's output
+        num_tokens = len(prompt_ids) + body.num_sequences * max_tokens
         structured = request_constraint(body, tools)
         if structured is not None:  # compiled against the base model's tokenizer: a bad one is a 400 here
             await run_in_threadpool(services.structured.check, tokenizer, structured)
