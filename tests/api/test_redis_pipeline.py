@@ -5,7 +5,6 @@ connection's handshake, and every failure a redis-py exception the limiter handl
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from typing import Any
 
@@ -21,6 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from api.ratelimit import RateLimits
 from api.redis_pipeline import PipelinedRedis, _RedisProtocol, encode_command
 from api.redis_ratelimit import RedisRateLimiter
+from lorahost.processes import free_port
 from tests.redis_standin import HeldRedis
 from tests.services import REDIS_URL, redis_with_prefix
 
@@ -200,14 +200,8 @@ def test_an_unanswered_command_times_out_drops_the_connection_and_the_limiter_co
     anyio.run(unanswered)
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_an_unreachable_redis_fails_at_once_and_is_tried_again_after_the_interval() -> None:
-    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    url = f"redis://127.0.0.1:{free_port()}/0"
 
     async def unreachable() -> None:
         waiting = PipelinedRedis(url, reconnect_interval_s=3600)
