@@ -1,14 +1,18 @@
-"""Cancel work when the HTTP client goes away: for responses built in full before they are sent.
+"""Cancel work when the HTTP client goes away: a response built in full before it is sent, a stream waiting
+between two chunks, a request waiting for a worker.
 
-A streamed response notices a disconnect when it writes; a non-streamed one writes nothing until the work is
-done, so without this it would run (and generate tokens nobody reads) to the end. Watch the ASGI receive
-channel instead: once the request body has been read, the next message is `http.disconnect`.
+Sending to a client that left does not fail (uvicorn drops the bytes), and a non-streamed response writes
+nothing until the work is done, so without this the work would run (and generate tokens nobody reads) to the
+end. Watch the ASGI receive channel instead: once the request body has been read, the next message is
+`http.disconnect`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
 
 import anyio
 from starlette.types import Receive
@@ -20,10 +24,27 @@ class ClientDisconnected(Exception):
     """The client disconnected before the work finished (the work was cancelled)."""
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+async def cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` once the ASGI receive channel says the client disconnected."""
     while (await receive())["type"] != "http.disconnect":
         pass  # more body (none is expected once the body was read): ignore
     scope.cancel()
+
+
+@contextmanager
+def cancelled_on_disconnect(receive: Receive) -> Iterator[anyio.CancelScope]:
+    """A cancel scope cancelled (as anyio cancels: not inside shielded scopes) once the client disconnects.
+
+    The listener is a plain task of the event loop, not a task group member: a task group (its member
+    bookkeeping, exception groups and cancellation delivery) cost ~165 us of CPU per request for the same
+    effect (benchmarks/RESULTS.md, Chaos & scale, eighteenth pass). Call it after the request body was read.
+    """
+    with anyio.CancelScope() as scope:
+        listener = asyncio.get_running_loop().create_task(cancel_on_disconnect(receive, scope))
+        try:
+            yield scope
+        finally:
+            listener.cancel()
 
 
 async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
@@ -32,16 +53,6 @@ async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]
     Call it after the request body was read in full. The work's own finalisers run on cancellation (shield
     them with anyio.CancelScope(shield=True) if they await). Exceptions of the work propagate unchanged.
     """
-    outcome: dict[str, Any] = {}
-    async with anyio.create_task_group() as group:
-        group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
-        try:
-            outcome["result"] = await work()
-        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group (no ExceptionGroup)
-            outcome["error"] = exc
-        group.cancel_scope.cancel()
-    if "error" in outcome:
-        raise outcome["error"]
-    if "result" not in outcome:
-        raise ClientDisconnected("the client disconnected before the response was ready")
-    return outcome["result"]
+    with cancelled_on_disconnect(receive):
+        return await work()
+    raise ClientDisconnected("the client disconnected before the response was ready")

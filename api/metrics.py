@@ -170,6 +170,11 @@ class ApiMetrics:
             buckets=STAGE_BUCKETS_MS,
             registry=self.registry,
         )
+        # the labelled children of the per-request metrics, looked up once (labels() validates and locks: ~3 us)
+        self._requests_by_status: dict[str, Counter] = {}
+        self._stage_by_name: dict[str, Histogram] = {}
+        self._prompt_tokens = self.tokens.labels(kind="prompt")
+        self._completion_tokens = self.tokens.labels(kind="completion")
         self.loop_lag_ms = Histogram(
             "lorahost_event_loop_lag_ms",
             "How late the event loop ran a timer (ms; api/loop_lag.py): the delay every request shares then",
@@ -210,9 +215,12 @@ class ApiMetrics:
         e2e_ms: float | None,
     ) -> None:
         """Count one finished request (call exactly once per request, next to the usage record)."""
-        self.requests.labels(status=status).inc()
-        self.tokens.labels(kind="prompt").inc(prompt_tokens)
-        self.tokens.labels(kind="completion").inc(completion_tokens)
+        requests = self._requests_by_status.get(status)
+        if requests is None:
+            requests = self._requests_by_status[status] = self.requests.labels(status=status)
+        requests.inc()
+        self._prompt_tokens.inc(prompt_tokens)
+        self._completion_tokens.inc(completion_tokens)
         for histogram, value in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2e_ms, e2e_ms)):
             if value is not None:
                 histogram.observe(value)
@@ -220,7 +228,10 @@ class ApiMetrics:
     def observe_stages(self, stage_ms: dict[str, float]) -> None:
         """Observe how long each stage of one request took before its first token (stage -> ms)."""
         for stage, value in stage_ms.items():
-            self.stage_ms.labels(stage=stage).observe(value)
+            histogram = self._stage_by_name.get(stage)
+            if histogram is None:
+                histogram = self._stage_by_name[stage] = self.stage_ms.labels(stage=stage)
+            histogram.observe(value)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -22,6 +22,7 @@ import anyio
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from api.disconnect import cancelled_on_disconnect
 from api.errors import ApiError
 from api.inference.choice_streams import ChoiceStreams
 from api.inference.choices import best_sequences, mean_logprob
@@ -312,21 +313,26 @@ class MeteredStreamingResponse(StreamingResponse):
     """A StreamingResponse that always closes its body generator, so its finaliser (abort the worker request,
     record the usage) runs even when the client disconnects while the generator waits at a `yield`.
 
-    The headers and the first chunk (built from the worker's first event, already read) are sent from the
-    request's own task, before the streaming task and the disconnect listener are spawned: the first token
-    does not wait for an event-loop turn (or, under GIL contention, for another thread's time slice).
+    The headers and the first chunk (built from the worker's first event, already read) are sent before the
+    disconnect listener starts: the first token does not wait for an event-loop turn (or, under GIL
+    contention, for another thread's time slice). The body is then streamed from the request's own task in a
+    cancel scope that a listener task cancels when the client disconnects: Starlette's task group (a second
+    task group member: api/disconnect.py) cost ~165 us of CPU per response for the same effect.
     """
 
     is_started: bool = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            if scope["type"] == "http":
-                await self._send_start(send)
-                first = await anext(self.body_iterator, None)  # type: ignore[call-overload]
-                if first is not None:
-                    await send({"type": "http.response.body", "body": _as_bytes(first), "more_body": True})
-            await super().__call__(scope, receive, send)
+            if scope["type"] != "http":
+                await super().__call__(scope, receive, send)
+                return
+            await self._send_start(send)
+            first = await anext(self.body_iterator, None)  # type: ignore[call-overload]
+            if first is not None:
+                await send({"type": "http.response.body", "body": _as_bytes(first), "more_body": True})
+            with cancelled_on_disconnect(receive):  # as anyio cancels: never inside a shielded scope
+                await self.stream_response(send)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]

@@ -62,3 +62,24 @@ def test_a_published_worker_transport_is_handed_to_the_worker_client(
     with TestClient(create_app(settings, services=services)):
         assert services.worker_client is not None and services.worker_client.local is transport
     assert services.worker_client is None
+
+
+def test_every_route_is_matched_by_its_own_path_first(tmp_path) -> None:
+    """Routes are tried in order (the inference routes first, api/main.py): no route may take another's
+    requests, whatever the order."""
+    from starlette.routing import Match, Route
+
+    from settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path, admin_key="x"))
+    routes = [r for r in app.router.routes if isinstance(r, Route) and r.methods]
+    v1_paths = [r.path for r in routes if r.path.startswith("/v1/")]
+    assert v1_paths[:3] == ["/v1/completions", "/v1/chat/completions", "/v1/adapters/{name}/completions"]
+    for route in routes:
+        path = route.path_format
+        for name in route.param_convertors:
+            path = path.replace("{" + name + "}", "some-name")
+        for method in sorted(route.methods or ()):
+            scope = {"type": "http", "path": path, "method": method, "root_path": ""}
+            first = next(r for r in app.router.routes if r.matches(scope)[0] is Match.FULL)
+            assert first is route, f"{method} {path} is matched by {getattr(first, 'path', first)}"
