@@ -33,26 +33,50 @@ def insert_open_rows(connection: Connection, rows: Sequence[dict[str, object]]) 
     """Insert `in_progress` rows in one statement (none is written if one fails); the caller commits, and un-rolls
     the days before today the rows started in, if any (open_usage does both).
 
-    This runs once per request, beside the request's hot path: on PostgreSQL every column is one binary array
-    (psycopg `%b`) unnested by the server, as the checkpoints are, when the rows share their columns (they do:
-    RequestMeter.open_values); else a Core INSERT (no ORM unit of work).
+    This runs once per request, beside the request's hot path: on PostgreSQL one driver statement
+    (open_rows_statement), when the rows share their columns (they do: RequestMeter.open_values); else a Core
+    INSERT (no ORM unit of work).
     """
     if not rows:
         return
-    columns = tuple(rows[0])
-    is_uniform = _DEFAULTED_COLUMNS.issubset(columns) and all(tuple(row) == columns for row in rows)
-    if connection.dialect.driver != "psycopg" or not is_uniform:
+    statement = open_rows_statement(rows, connection.dialect)
+    if statement is None:
         connection.execute(insert(cast(Table, UsageRecord.__table__)), list(rows))
         return
+    connection.exec_driver_sql(*statement)
+
+
+# A statement for psycopg (`%b` placeholders: binary parameters) and its parameters.
+DriverStatement = tuple[str, tuple[object, ...]]
+
+
+def open_rows_statement(rows: Sequence[dict[str, object]], dialect: Dialect) -> DriverStatement | None:
+    """The one statement inserting these opened rows on PostgreSQL through psycopg; None elsewhere, or when the
+    rows do not share their columns or lack a defaulted one.
+
+    One row (a request opened while no other was: the common case below a few hundred requests a second) is one
+    VALUES row of binary scalars; several are one binary array per column, unnested by the server, as the
+    checkpoints are. psycopg dumps a scalar in C but an array through Python per column: an opened row's ~25
+    one-element arrays cost the writer's thread ~4x the CPU of its scalars (benchmarks/RESULTS.md, Chaos & scale,
+    eighteenth pass), holding the interpreter lock the event loop needs.
+    """
+    columns = tuple(rows[0])
+    is_uniform = _DEFAULTED_COLUMNS.issubset(columns) and all(tuple(row) == columns for row in rows)
+    if dialect.driver != "psycopg" or not is_uniform:
+        return None
     has_id = "id" in columns
     names = columns if has_id else ("id", *columns)
+    if len(rows) == 1:
+        values = ([] if has_id else [new_id()]) + [rows[0][name] for name in columns]
+        return _insert_statement(names, dialect, is_arrays=False), tuple(values)
     ids = [] if has_id else [new_id() for _ in rows]
     arrays = ([ids] if not has_id else []) + [[row[name] for row in rows] for name in columns]
-    connection.exec_driver_sql(_insert_arrays_statement(names, connection.dialect), tuple(arrays))
+    return _insert_statement(names, dialect, is_arrays=True), tuple(arrays)
 
 
-_INSERT_ARRAYS: dict[tuple[str, ...], str] = {}
-# the columns whose default the model sets (the server sets none): the arrays carry them, or a Core INSERT runs
+_INSERT_STATEMENTS: dict[tuple[tuple[str, ...], bool], str] = {}
+# the columns whose default the model sets (the server sets none): the statement carries them, or a Core INSERT
+# runs
 _DEFAULTED_COLUMNS = frozenset(
     column.name
     for column in cast(Table, UsageRecord.__table__).c
@@ -60,15 +84,23 @@ _DEFAULTED_COLUMNS = frozenset(
 )
 
 
-def _insert_arrays_statement(names: tuple[str, ...], dialect: Dialect) -> str:
-    """`INSERT INTO usage_records (names) SELECT * FROM unnest(one array per column)`, built once per column set."""
-    statement = _INSERT_ARRAYS.get(names)
+def _insert_statement(names: tuple[str, ...], dialect: Dialect, *, is_arrays: bool) -> str:
+    """`INSERT INTO usage_records (names) VALUES (one scalar per column)`, or `... SELECT * FROM unnest(one array
+    per column)`, built once per column set."""
+    statement = _INSERT_STATEMENTS.get((names, is_arrays))
     if statement is None:
-        table = cast(Table, UsageRecord.__table__)
-        casts = ", ".join(f"%b::{table.c[name].type.compile(dialect=dialect)}[]" for name in names)
-        statement = f"INSERT INTO usage_records ({', '.join(names)}) SELECT * FROM unnest({casts})"
-        _INSERT_ARRAYS[names] = statement
+        placeholders = _typed_placeholders(names, dialect, is_arrays=is_arrays)
+        source = f"SELECT * FROM unnest({placeholders})" if is_arrays else f"VALUES ({placeholders})"
+        statement = f"INSERT INTO usage_records ({', '.join(names)}) {source}"
+        _INSERT_STATEMENTS[(names, is_arrays)] = statement
     return statement
+
+
+def _typed_placeholders(names: tuple[str, ...], dialect: Dialect, *, is_arrays: bool) -> str:
+    """`%b::type` (or `%b::type[]`) per column of usage_records, in order."""
+    table = cast(Table, UsageRecord.__table__)
+    suffix = "[]" if is_arrays else ""
+    return ", ".join(f"%b::{table.c[name].type.compile(dialect=dialect)}{suffix}" for name in names)
 
 
 CHECKPOINT_FIELDS = (
@@ -178,36 +210,55 @@ def finish_open_rows(connection: Connection, rows: Sequence[dict[str, object]]) 
     """Give open rows their final values in one statement, atomic by itself (the caller commits); returns the
     request ids that had no open row, changing nothing for those. None, writing nothing, unless the database is
     PostgreSQL through psycopg and the rows share their columns (they do: RequestMeter.usage_values).
+    """
+    statement = finish_rows_statement(rows, connection.dialect)
+    if statement is None:
+        return None
+    finished = set(connection.exec_driver_sql(*statement).scalars())
+    return unfinished(rows, finished)
 
-    Every column is one binary array, as for the checkpoints; the rows are locked in request_id order by the
-    statement's own sub-select (in_lock_order), so it never deadlocks with another multi-row writer.
+
+def finish_rows_statement(rows: Sequence[dict[str, object]], dialect: Dialect) -> DriverStatement | None:
+    """The one statement giving these open rows their final values on PostgreSQL through psycopg, returning the
+    request ids it finished; None elsewhere or when the rows do not share their columns.
+
+    One row is one VALUES row of binary scalars, several one binary array per column (as open_rows_statement);
+    the rows are locked in request_id order by the statement's own sub-select (in_lock_order), so it never
+    deadlocks with another multi-row writer.
     """
     columns = tuple(rows[0]) if rows else ()
-    if connection.dialect.driver != "psycopg" or not all(tuple(row) == columns for row in rows):
+    if dialect.driver != "psycopg" or not rows or not all(tuple(row) == columns for row in rows):
         return None
     request_ids = [cast(str, row["request_id"]) for row in rows]
-    arrays = tuple([row[name] for row in rows] for name in columns)
-    statement = _finish_arrays_statement(columns, connection.dialect)
-    finished = set(connection.exec_driver_sql(statement, (*arrays, request_ids)).scalars())
-    return [request_id for request_id in request_ids if request_id not in finished]
+    is_arrays = len(rows) > 1
+    if is_arrays:
+        values: tuple[object, ...] = tuple([row[name] for row in rows] for name in columns)
+    else:
+        values = tuple(rows[0][name] for name in columns)
+    return _finish_statement(columns, dialect, is_arrays=is_arrays), (*values, request_ids)
 
 
-_FINISH_ARRAYS: dict[tuple[str, ...], str] = {}
+def unfinished(rows: Sequence[dict[str, object]], finished: set[str]) -> list[str]:
+    """The request ids of `rows` not among those a finish statement returned (no open row: changed nothing)."""
+    return [cast(str, row["request_id"]) for row in rows if row["request_id"] not in finished]
 
 
-def _finish_arrays_statement(names: tuple[str, ...], dialect: Dialect) -> str:
-    """The UPDATE ... FROM unnest(arrays) of finish_open_rows for this column set (request_id among them), built
-    once per column set."""
-    statement = _FINISH_ARRAYS.get(names)
+_FINISH_STATEMENTS: dict[tuple[tuple[str, ...], bool], str] = {}
+
+
+def _finish_statement(names: tuple[str, ...], dialect: Dialect, *, is_arrays: bool) -> str:
+    """The UPDATE ... FROM (VALUES row | unnest(arrays)) of finish_rows_statement for this column set (request_id
+    among them), built once per column set."""
+    statement = _FINISH_STATEMENTS.get((names, is_arrays))
     if statement is None:
         fields = [name for name in names if name != "request_id"]
-        table = cast(Table, UsageRecord.__table__)
-        casts = ", ".join(f"%b::{table.c[name].type.compile(dialect=dialect)}[]" for name in names)
+        placeholders = _typed_placeholders(names, dialect, is_arrays=is_arrays)
+        source = f"unnest({placeholders})" if is_arrays else f"(VALUES ({placeholders}))"
         statement = (
             f"UPDATE usage_records SET {', '.join(f'{name} = c.{name}' for name in fields)} "
-            f"FROM unnest({casts}) AS c({', '.join(names)}) "
+            f"FROM {source} AS c({', '.join(names)}) "
             f"WHERE usage_records.request_id = c.request_id AND usage_records.status = '{OPEN_USAGE_STATUS}' "
             f"AND usage_records.id IN ({_LOCK_OPEN_ROWS}) RETURNING usage_records.request_id"
         )
-        _FINISH_ARRAYS[names] = statement
+        _FINISH_STATEMENTS[(names, is_arrays)] = statement
     return statement

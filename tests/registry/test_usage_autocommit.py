@@ -1,5 +1,5 @@
-"""Usage rows on PostgreSQL opened and finished in one statement of binary arrays each
-(registry/usage_batches.py insert_open_rows, finish_open_rows), over a writer thread's own autocommit connection
+"""Usage rows on PostgreSQL opened and finished in one statement each, a VALUES row of binary scalars for one row
+and binary arrays for several (registry/usage_batches.py open_rows_statement, finish_rows_statement), over a writer thread's own autocommit connection
 (registry/usage_autocommit.py), and through the usage writer.
 
 Rows are committed for real (an autocommit connection cannot join a test's rolled-back transaction): each test
@@ -80,13 +80,15 @@ def _columns(sessions: sessionmaker[Session], request_ids: list[str]) -> list[di
     return [{name: getattr(by_request[r], name) for name in names} for r in request_ids if r in by_request]
 
 
+@pytest.mark.parametrize("is_one_by_one", [False, True], ids=["arrays", "values"])
 def test_opened_rows_read_back_as_a_core_insert_writes_them(
-    engine: Engine, sessions: sessionmaker[Session], tenant_id: str
+    engine: Engine, sessions: sessionmaker[Session], tenant_id: str, is_one_by_one: bool
 ) -> None:
     rows = [_open_row(tenant_id, index) for index in range(5)]
     twins = [row | {"request_id": f"{row['request_id']}-core"} for row in rows]
     connection = AutocommitUsageConnection(engine)
-    connection.insert(rows)
+    for batch in [[row] for row in rows] if is_one_by_one else [rows]:  # one row: a VALUES row of scalars
+        connection.insert(batch)
     connection.close()
     with engine.begin() as conn:
         conn.execute(insert(cast(Table, UsageRecord.__table__)), twins)
@@ -104,6 +106,8 @@ def test_a_batch_is_written_whole_or_not_at_all_and_the_next_one_goes_through(
     connection = AutocommitUsageConnection(engine)
     first = _open_row(tenant_id, 0)
     connection.insert([first])
+    with pytest.raises(IntegrityError):  # as SQLAlchemy raises it, for one row as for several
+        connection.insert([first | {"model_name": "again"}])
     batch = [_open_row(tenant_id, 1), first | {"model_name": "again"}, _open_row(tenant_id, 2)]
     with pytest.raises(IntegrityError):  # first's request id is metered already
         connection.insert(batch)
@@ -178,8 +182,9 @@ def _final(row: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@pytest.mark.parametrize("is_one_by_one", [False, True], ids=["arrays", "values"])
 def test_finals_update_the_open_rows_alone_and_name_those_that_were_not_open(
-    engine: Engine, sessions: sessionmaker[Session], tenant_id: str
+    engine: Engine, sessions: sessionmaker[Session], tenant_id: str, is_one_by_one: bool
 ) -> None:
     rows = [_open_row(tenant_id, index) for index in range(4)]
     connection = AutocommitUsageConnection(engine)
@@ -188,10 +193,14 @@ def test_finals_update_the_open_rows_alone_and_name_those_that_were_not_open(
     with engine.begin() as conn:
         conn.execute(update(UsageRecord).where(UsageRecord.request_id == swept).values(status="interrupted"))
     never = _open_row(tenant_id, 9)
-    finals = [_final(row, 5 * index) for index, row in enumerate([*rows, never])]
-    left = connection.finish(list(reversed(finals)))
+    finals = list(reversed([_final(row, 5 * index) for index, row in enumerate([*rows, never])]))
+    left: list[str] = []
+    for batch in [[final] for final in finals] if is_one_by_one else [finals]:
+        batch_left = connection.finish(batch)
+        assert batch_left is not None
+        left += batch_left
     connection.close()
-    assert left is not None and sorted(left) == sorted([swept, never["request_id"]])
+    assert sorted(left) == sorted([swept, never["request_id"]])
     written = _columns(sessions, [row["request_id"] for row in rows])
     assert [(r["status"], r["completion_tokens"], r["worker_id"]) for r in written] == [
         ("ok", 0, "w-2"), ("interrupted", 0, "w-1"), ("ok", 10, "w-2"), ("ok", 15, "w-2")
