@@ -20,7 +20,9 @@ their descriptors by kind once a phase's streams ended (benchmarks/fd_kinds.py),
 platform phase the API's request stages, event loop lag and garbage collection pauses (from its /metrics), and
 per phase the client's own event loop lag (a wake-up due every 1 ms: a late client reads a first token late). The
 client (during a phase) and the stub do not collect garbage: their own full collections (95-300 ms at 2,000
-streams) were in both phases' tails and are neither the platform's nor a worker's. Not a test: numbers depend on
+streams) were in both phases' tails and are neither the platform's nor a worker's. Per phase also: the API
+replicas' CPU in their main threads (the event loop) and in their other threads (the usage writer), and how often
+their threads were preempted while runnable (involuntary context switches). Not a test: numbers depend on
 the machine (its CPU is printed). On a host of few cores the client and the stub take cores the platform would
 use: --load-cpus confines them (and --platform-cpus the API replicas, PostgreSQL and Redis).
 """
@@ -222,6 +224,25 @@ def cpu_s(pid: int) -> float:
     return times.user + times.system
 
 
+def thread_counters(pid: int) -> dict[str, float]:
+    """A process's CPU seconds in its main thread and in its other threads (the API's: the usage writer's), and
+    its threads' involuntary context switches (preempted while runnable: by another process or thread) so far."""
+    counters = {"main_cpu_s": 0.0, "threads_cpu_s": 0.0, "involuntary_switches": 0.0}
+    try:
+        threads = psutil.Process(pid).threads()
+    except psutil.Error:
+        return counters
+    for thread in threads:
+        key = "main_cpu_s" if thread.id == pid else "threads_cpu_s"
+        counters[key] += thread.user_time + thread.system_time
+        try:
+            status = Path(f"/proc/{pid}/task/{thread.id}/status").read_text()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        counters["involuntary_switches"] += int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+    return counters
+
+
 class RssSampler(threading.Thread):
     """Peak RSS (bytes) and open descriptors (peak_fds) of each process tree, sampled every interval_s until
     stop(); CPU seconds each process spent between start() and stop() (cpu_used)."""
@@ -233,7 +254,9 @@ class RssSampler(threading.Thread):
         self.peak = dict.fromkeys(pids, 0)
         self.peak_fds = dict.fromkeys(pids, 0)
         self.cpu_used: dict[str, float] = {}
+        self.threads_used: dict[str, dict[str, float]] = {}  # thread_counters between start() and stop()
         self._cpu_at_start = {name: cpu_s(pid) for name, pid in pids.items()}
+        self._threads_at_start = {name: thread_counters(pid) for name, pid in pids.items()}
         self._is_done = threading.Event()
 
     def run(self) -> None:
@@ -253,6 +276,9 @@ class RssSampler(threading.Thread):
         self._is_done.set()
         self.join()
         self.cpu_used = {name: cpu_s(pid) - self._cpu_at_start[name] for name, pid in self.pids.items()}
+        for name, pid in self.pids.items():
+            now, before = thread_counters(pid), self._threads_at_start[name]
+            self.threads_used[name] = {key: round(now[key] - before[key], 2) for key in now}
         return self.peak
 
 
@@ -514,6 +540,7 @@ def run(args: argparse.Namespace) -> None:
                     name: round(v / 2**20, 1) for name, v in peaks.items() if name != "stub"
                 }
                 row["cpu_s"] = {name: round(v, 1) for name, v in sampler.cpu_used.items()}
+                row["api_threads"] = {n: v for n, v in sampler.threads_used.items() if n != "stub"}
                 # what each API holds once its streams ended: pools (DB, Redis, idle worker connections)
                 row["api_peak_fds"] = {n: v for n, v in sampler.peak_fds.items() if n != "stub"}
                 row["api_fds_after"] = {n: dict(tree_fd_kinds(pid, peers).counts) for n, pid in pids.items()
@@ -540,13 +567,17 @@ def run(args: argparse.Namespace) -> None:
     }  # fmt: skip
     print(
         f"{'phase':9} {'streams':>7} {'complete':>8} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'API peak RSS MiB':>17}"
-        f" {'CPU s (APIs, stub)':>19}"
+        f" {'CPU s (APIs, stub)':>19} {'API main, threads s':>19} {'preempted':>9}"
     )
     for r in results:
         api_cpu = sum(v for name, v in r["cpu_s"].items() if name != "stub")
         cpu = f"{api_cpu:.1f}, {r['cpu_s']['stub']:.1f}"
+        threads = r["api_threads"].values()
+        split = f"{sum(t['main_cpu_s'] for t in threads):.1f}, {sum(t['threads_cpu_s'] for t in threads):.1f}"
+        preempted = int(sum(t["involuntary_switches"] for t in threads))
         print(f"{r['phase']:9} {r['num_streams']:>7} {r['num_complete']:>8} {r['ttft_p50_ms']!s:>11} "
-              f"{r['ttft_p99_ms']!s:>11} {max(r['api_peak_rss_mib'].values()):>17} {cpu:>19}  {r['errors'] or ''}")  # fmt: skip
+              f"{r['ttft_p99_ms']!s:>11} {max(r['api_peak_rss_mib'].values()):>17} {cpu:>19} {split:>19} "
+              f"{preempted:>9}  {r['errors'] or ''}")  # fmt: skip
     print(
         f"platform overhead on TTFT: p50 {line['overhead_ttft_p50_ms']} ms, p99 {line['overhead_ttft_p99_ms']} ms"
     )
