@@ -45,7 +45,7 @@ class AutocommitUsageConnection:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._connection: Connection | None = None
-        self._cursor: Any = None  # the driver connection's psycopg cursor, kept while the connection is
+        self._cursor: Any = None  # the driver connection's psycopg cursor, kept as long as the connection
         self._lock = threading.Lock()
 
     @staticmethod
