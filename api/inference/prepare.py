@@ -23,7 +23,8 @@ spec by api/inference/sampling_fields.py.
 from __future__ import annotations
 
 import reprlib
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -86,6 +87,8 @@ class Prepared:
     tools: ToolPlan | None = (
         None  # its tools: the output is parsed into tool_calls (api/inference/tool_calls.py)
     )
+    # the response's `created` (Unix seconds), the same in every chunk of a stream, as OpenAI's are
+    created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def max_tokens(self) -> int:
