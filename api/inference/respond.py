@@ -227,7 +227,7 @@ def sse_line(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-# Stands for a token chunk's text while its line is laid out (TokenLines); a NUL, which no model name or id holds
+# Stands for a token chunk's text while its line is laid out (TokenLines)
 _TEXT_MARK = "\x00text\x00"
 
 
@@ -252,7 +252,8 @@ class TokenLines:
     def _layout(self, index: int) -> tuple[bytes, bytes]:
         choice = _choice(self.prepared.kind, _TEXT_MARK, None, is_chunk=True, index=index, has_content=True)
         line = sse_line(_envelope(self.prepared, [choice], is_chunk=True) | self.usage_field)
-        head, tail = line.split(json.dumps(_TEXT_MARK).encode())  # exactly one mark: the ids hold no NUL
+        # the text is the line's last string (only nulls follow it), whatever the model name or id holds
+        head, _, tail = line.rpartition(json.dumps(_TEXT_MARK).encode())
         return head, tail
 
 

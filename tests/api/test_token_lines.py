@@ -13,11 +13,11 @@ from cluster.protocol import GenerateRequest
 from scheduler.routing.router import RouteRequest
 
 
-def _prepared(kind: Kind, *, include_usage: bool) -> Prepared:
+def _prepared(kind: Kind, *, include_usage: bool, model: str = 'acme/a "quoted" é') -> Prepared:
     return Prepared(
         kind=kind,
         response_id="chatcmpl-0123",
-        model='acme/a "quoted" é',
+        model=model,
         is_stream=True,
         include_usage=include_usage,
         route=RouteRequest("base", "acme/a", 10, 4),
@@ -29,13 +29,15 @@ def _prepared(kind: Kind, *, include_usage: bool) -> Prepared:
 @given(
     kind=st.sampled_from(["chat", "text"]),
     include_usage=st.booleans(),
+    model=st.sampled_from(['acme/a "quoted" é', "\x00text\x00", "a\x00text\x00b"]),
     index=st.integers(0, 2),
     texts=st.lists(st.text(), min_size=1, max_size=4),
 )
 def test_a_token_line_is_the_chunk_sse_line_writes(
-    kind: Kind, include_usage: bool, index: int, texts: list[str]
+    kind: Kind, include_usage: bool, model: str, index: int, texts: list[str]
 ) -> None:
-    prepared = _prepared(kind, include_usage=include_usage)
+    # a model name holding the layout's own mark must not move where the text goes
+    prepared = _prepared(kind, include_usage=include_usage, model=model)
     usage_field: dict[str, None] = {"usage": None} if include_usage else {}
     lines = TokenLines(prepared, usage_field)
     for text in texts:  # a choice's layout is made once and reused
