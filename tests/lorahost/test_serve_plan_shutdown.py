@@ -37,9 +37,16 @@ def _serve(data_dir: Path, port: int, base_model_dir: Path, log_path: Path) -> s
 
 
 def _plan_children(server_pid: int) -> list[psutil.Process]:
-    """The server's child processes running a plan (multiprocessing's spawn children)."""
-    children = psutil.Process(server_pid).children(recursive=True)
-    return [c for c in children if "multiprocessing" in " ".join(c.cmdline())]
+    """The server's child processes running a plan (multiprocessing's spawn children); a child that exits while
+    it is looked at (a zombie not yet reaped, or gone) is not one."""
+    found = []
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            if "multiprocessing" in " ".join(child.cmdline()):
+                found.append(child)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return found
 
 
 def test_sigterm_stops_serve_and_its_running_plan(tmp_path: Path, base_model_dir: Path) -> None:
