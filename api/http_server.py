@@ -32,8 +32,15 @@ def proxy_options(settings: Settings) -> dict[str, Any]:
 
 
 def api_server_config(app: Any, settings: Settings) -> uvicorn.Config:
-    """The uvicorn configuration of an API process (settings.api.host/port, trusted proxies)."""
-    return uvicorn.Config(app, host=settings.api.host, port=settings.api.port, **proxy_options(settings))
+    """The uvicorn configuration of an API process (settings.api.host/port, trusted proxies, whether each request
+    is access-logged: settings.api.is_access_logged)."""
+    return uvicorn.Config(
+        app,
+        host=settings.api.host,
+        port=settings.api.port,
+        access_log=settings.api.is_access_logged,
+        **proxy_options(settings),
+    )
 
 
 class HeapFreezingServer(uvicorn.Server):

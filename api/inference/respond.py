@@ -1,8 +1,8 @@
 """Responses to an inference request, from its worker stream: SSE for streams, one JSON body otherwise.
 
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`), one chunk per worker delta that carries
-tokens, even when its text is empty (as vLLM does); the usage row is written before the usage chunk and
-[DONE]. A request of n choices (api/inference/choices.py) streams each choice's chunks as they come, each
+tokens, even when its text is empty (as vLLM does); the usage row is written before the stream's end (the
+last choice's finish chunk, the usage chunk and [DONE], sent as one write with the end of the body). A request of n choices (api/inference/choices.py) streams each choice's chunks as they come, each
 carrying its `index`, and each choice ends with its own chunk carrying its finish_reason; `usage` counts the
 prompt once and the completion tokens of every choice (OpenAI's rule). A non-streamed response collects the
 whole generation and is metered before it is returned.
@@ -13,7 +13,7 @@ A client that disconnects closes the worker stream (which aborts the engine requ
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,23 +271,26 @@ def streaming_response(
 async def stream(
     prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
 ) -> AsyncIterator[bytes]:
-    """SSE chunks of a streamed response; the usage row is written before the usage chunk and [DONE].
+    """SSE chunks of a streamed response; the usage row is written before the last choice's finish chunk, the
+    usage chunk and [DONE], which go as one StreamEnd (with the end of the body, one socket write).
 
     A client disconnect (cancellation, or aclose at a yield) closes the worker stream, which aborts the
     engine request, and records `aborted` with the tokens delivered so far.
     """
+    body = _stream_body(prepared, upstream, meter, ledger)
     try:
-        async for chunk in _stream_body(prepared, upstream, meter, ledger):
+        async for chunk in body:
             yield chunk
     finally:
         with anyio.CancelScope(shield=True):
+            await body.aclose()  # closed here when this generator is closed at a yield (after a StreamEnd)
             await upstream.aclose()
             await record_quietly(ledger, meter, "aborted", "the client disconnected before the stream ended")
 
 
 async def _stream_body(
     prepared: Prepared, upstream: ChoiceStreams, meter: RequestMeter, ledger: UsageLedger
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     usage_field = {"usage": None} if prepared.include_usage else {}
     awaiting_role = set(range(upstream.num_choices)) if prepared.kind == "chat" else set()
     # completions' echo: the prompt's text (and logprobs) lead each choice's first chunk
@@ -295,6 +298,8 @@ async def _stream_body(
     status, error = "ok", None
     tools = {i: ToolCallStream(prepared.tools) for i in range(upstream.num_choices)} if prepared.tools else {}
     token_lines = TokenLines(prepared, usage_field)
+    ending: list[bytes] = []  # the body's last chunks: sent as one StreamEnd, with the end of the body
+    num_finished = 0
     async for index, event in upstream.events():
         is_first = index in awaiting_role
         if event.type == "delta" and (event.token_ids or event.text or is_first):
@@ -326,7 +331,12 @@ async def _stream_body(
             choice = _choice(
                 prepared.kind, "", tool_finish or _finish_reason(event), is_chunk=True, index=index
             )
-            yield sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+            line = sse_line(_envelope(prepared, [choice], is_chunk=True) | usage_field)
+            num_finished += 1
+            if num_finished < upstream.num_choices:
+                yield line
+            else:  # the last choice's end (no token in it) goes with the usage and [DONE]
+                ending.append(line)
         else:  # one choice failed (or could not start): the response ends (the others are aborted when the
             # streams close); a sibling's error comes after choice 0's start, so the prompt was prefilled
             status, error = "error", f"{event.code}: {event.message}"
@@ -334,12 +344,20 @@ async def _stream_body(
             break
     await ledger.record(meter, status, error)
     if error is not None:
-        yield sse_line(
-            {"error": {"type": "worker_error", "message": f"the worker failed while generating ({error})"}}
+        ending.append(
+            sse_line(
+                {
+                    "error": {
+                        "type": "worker_error",
+                        "message": f"the worker failed while generating ({error})",
+                    }
+                }
+            )
         )
     if prepared.include_usage:
-        yield sse_line(_envelope(prepared, [], is_chunk=True) | {"usage": usage_dict(meter, status)})
-    yield sse_line("[DONE]")
+        ending.append(sse_line(_envelope(prepared, [], is_chunk=True) | {"usage": usage_dict(meter, status)}))
+    ending.append(sse_line("[DONE]"))
+    yield StreamEnd(b"".join(ending))
 
 
 class MeteredStreamingResponse(StreamingResponse):
@@ -363,7 +381,9 @@ class MeteredStreamingResponse(StreamingResponse):
             await self._send_start(send)
             first = await anext(self.body_iterator, None)  # type: ignore[call-overload]
             if first is not None:
-                await send({"type": "http.response.body", "body": _as_bytes(first), "more_body": True})
+                await send(_body_message(first))
+                if isinstance(first, StreamEnd):
+                    return
             with cancelled_on_disconnect(receive):  # as anyio cancels: never inside a shielded scope
                 await self.stream_response(send)
         finally:
@@ -380,9 +400,18 @@ class MeteredStreamingResponse(StreamingResponse):
     async def stream_response(self, send: Send) -> None:
         await self._send_start(send)
         async for chunk in self.body_iterator:
-            await send({"type": "http.response.body", "body": _as_bytes(chunk), "more_body": True})
+            await send(_body_message(chunk))
+            if isinstance(chunk, StreamEnd):
+                return  # nothing follows: the generator, at its last yield, is closed by __call__
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _as_bytes(chunk: str | bytes | memoryview) -> bytes | memoryview:
-    return chunk.encode() if isinstance(chunk, str) else chunk
+class StreamEnd(bytes):
+    """A streamed body's last chunk: sent with the end of the body (chunked encoding's terminator), one socket
+    write instead of two; its generator yields nothing after it."""
+
+
+def _body_message(chunk: str | bytes | memoryview) -> dict[str, Any]:
+    """The ASGI message of a body chunk: the body's last (`more_body` False) when it is a StreamEnd."""
+    body = chunk.encode() if isinstance(chunk, str) else chunk
+    return {"type": "http.response.body", "body": body, "more_body": not isinstance(chunk, StreamEnd)}

@@ -5,8 +5,11 @@ The real-worker end-to-end tests are in test_completions_e2e.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
+import anyio
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -113,6 +116,55 @@ def test_stream_sends_sse_chunks_then_usage_then_done_with_the_row_written(
     [row] = usage_rows(db_session, tenant.id)
     assert (row.status, row.completion_tokens) == ("ok", 4)
     assert row.prompt_tokens == chunks[-1]["usage"]["prompt_tokens"] > 0
+
+
+def test_a_stream_ends_with_the_last_finish_chunk_usage_and_done_in_the_bodys_last_message(
+    client: TestClient,
+    workers: ScriptedWorkers,
+    tenant: TenantHandle,
+) -> None:
+    """One socket write ends a stream: the finish chunk, the usage chunk and [DONE] go in the ASGI message that
+    ends the body (respond.StreamEnd), after the usage row is final; every token chunk went on its own before."""
+    workers.add("w1", events=tokens_events(3, finish_reason="length"))
+    body = {"model": BASE_MODEL, "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")]
+        + [(k.lower().encode(), v.encode()) for k, v in tenant.headers.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    messages: list[dict[str, Any]] = []
+    requests = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if requests:
+            return requests.pop()
+        await anyio.sleep_forever()  # the client stays (its listener is cancelled when the response ends)
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    assert client.portal is not None
+    client.portal.call(client.app, scope, receive, send)
+    assert messages[0]["type"] == "http.response.start" and messages[0]["status"] == 200
+    bodies = messages[1:]
+    assert [m["more_body"] for m in bodies] == [True] * (len(bodies) - 1) + [False]
+    *token_chunks, end = [sse_events(m["body"].decode()) for m in bodies]
+    assert [len(events) for events in token_chunks] == [1, 1, 1]  # each token its own write
+    finish, usage, done = end
+    assert finish["choices"][0]["finish_reason"] == "length"
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
+    assert done == "[DONE]"
 
 
 def test_openai_client_plain_streaming_and_typed_errors(

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from api.http_server import api_server_config
@@ -100,3 +103,28 @@ def test_the_console_limits_sign_ins_per_forwarded_client_not_per_header(
             return codes
 
     assert asyncio.run(attempts()) == [401, 401, 429, 429]
+
+
+@pytest.mark.parametrize("is_access_logged", [False, True])
+def test_requests_are_access_logged_only_when_the_setting_says_so(
+    is_access_logged: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """uvicorn's access line is off by default (settings.api.is_access_logged)."""
+    config = api_server_config(
+        _echo_client, Settings(is_access_logged=is_access_logged)
+    )  # logging set up here
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()  # a connection made before the server accepts waits in the backlog
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{sock.getsockname()[1]}/echo", timeout=30)
+        assert answer.status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+    # uvicorn writes the line (to stdout) when the response starts, before its body is sent
+    assert ('"GET /echo HTTP/1.1" 200' in capsys.readouterr().out) is is_access_logged
