@@ -5,7 +5,7 @@ chart's `lorahost api`) goes through here, so uvicorn's own default (trust X-For
 settings.api.forwarded_allow_ips, and by default from nobody.
 
 Once the app has started, the objects alive then (imports, the app, its services: ~220,000) are moved out of the
-garbage collector's reach (`gc.freeze`), and from then on what each collection of generation 1 or 2 promotes
+garbage collector's reach (`gc.freeze`), and from then on what each collection keeps
 (api/serving_heap.py): a full collection scanned them all with the event loop stopped, ~90 ms for the startup heap
 every few hundred requests (the p99 of every list call), 55-217 ms for the objects of 1,000 streams (the p99 of
 TTFT at 2,000 streams; benchmarks/RESULTS.md).
