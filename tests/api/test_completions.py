@@ -124,7 +124,8 @@ def test_a_stream_ends_with_the_last_finish_chunk_usage_and_done_in_the_bodys_la
     tenant: TenantHandle,
 ) -> None:
     """One socket write ends a stream: the finish chunk, the usage chunk and [DONE] go in the ASGI message that
-    ends the body (respond.StreamEnd), after the usage row is final; every token chunk went on its own before."""
+    ends the body (api/inference/streamed_response.py StreamEnd), after the usage row is final; every token chunk
+    went on its own before."""
     workers.add("w1", events=tokens_events(3, finish_reason="length"))
     body = {"model": BASE_MODEL, "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}}
     scope = {

@@ -69,6 +69,7 @@ NEW_NAMES = [
     "LORAHOST_IS_IMPORT_HF_ENABLED",
     "LORAHOST_DATABASE_POOL_SIZE",
     "LORAHOST_REDIS_MAX_CONNECTIONS",
+    "LORAHOST_IS_ACCESS_LOGGED",
 ]
 # Settings with a fixed set of valid values: (environment text, parsed value), not the default.
 CHOICES: dict[str, tuple[str, Any]] = {
