@@ -16,8 +16,11 @@ collected as before). Freezing only what collections of generation 1 or 2 kept (
 collection of generation 1 every ten young ones over what they had kept meanwhile: at 2,000 streams, ~8,000 objects
 (the live coroutines, futures and buffers of the streams opened since), 5 ms of CPU on average and up to 15 ms
 each, 95-100 per replica and phase, 10-26 of them stopping the event loop over 10 ms; freezing after the young
-collections too left none, with ~3% less of the replicas' CPU per phase and the same peak RSS (benchmarks/RESULTS.md). A frozen object is still freed by reference counting when its last reference goes, as almost every object
-of a request is (cyclic garbage measured at 0.3 objects per request); only reference cycles that became garbage
+collections too left none, with 3-7% less of the replicas' CPU per unit of work and the same peak RSS
+(benchmarks/RESULTS.md).
+
+A frozen object is still freed by reference counting when its last reference goes, as almost every object of a
+request is (cyclic garbage measured at 0.3 objects per request); only reference cycles that became garbage
 after they were frozen wait, for a sweep: everything unfrozen, collected and frozen again, from the event loop
 (`tend`), once the process's allocated blocks (`sys.getallocatedblocks`, every small object alive or in a cycle
 waiting) exceed `1 + max_heap_growth` times those after the last sweep: Go's GOGC rule (collect when the heap has

@@ -2,8 +2,9 @@
 
 Streams are SSE (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`), one chunk per worker delta that carries
 tokens, even when its text is empty (as vLLM does); the usage row is written before the stream's end (the
-last choice's finish chunk, the usage chunk and [DONE], sent as one write with the end of the body). A request of n choices (api/inference/choices.py) streams each choice's chunks as they come, each
-carrying its `index`, and each choice ends with its own chunk carrying its finish_reason; `usage` counts the
+last choice's finish chunk, the usage chunk and [DONE], sent as one write with the end of the body). A
+request of n choices (api/inference/choices.py) streams each choice's chunks as they come, each carrying its
+`index`, and each choice ends with its own chunk carrying its finish_reason; `usage` counts the
 prompt once and the completion tokens of every choice (OpenAI's rule). A non-streamed response collects the
 whole generation and is metered before it is returned.
 A client that disconnects closes the worker stream (which aborts the engine request) and is metered
