@@ -19,10 +19,12 @@ Crash-safe rows (a `kill -9` of the API must not lose delivered tokens):
 - Non-streamed requests are not checkpointed: their tokens reach the client only with the response, so a
   crash before it bills nothing (0 prompt and 0 completion tokens), which is what was delivered.
 - Every open row, streamed or not, carries a lease (`lease_renewed_at`, set when the row is opened). The same
-  thread renews the leases of all the rows this process holds open every quarter of `usage_lease_timeout_s`
+  thread renews the leases of the rows this process holds open every quarter of `usage_lease_timeout_s`
   (settings.metering.renewal_interval_s; at least a checkpoint interval apart), with one UPDATE
-  (registry.usage.renew_usage_leases; none while it holds no open row). The usage sweep closes a row whose
-  lease is older than `usage_lease_timeout_s` (its owner is gone: killed and restarted under another
+  (registry.usage.renew_usage_leases; none while it holds no open row), skipping the rows renewed or
+  checkpointed in the last half interval (a checkpoint is a sign of life too) and the rows another write holds
+  locked (never waiting). The usage sweep closes a row whose latest sign of life (start, lease renewal or
+  checkpoint) is older than `usage_lease_timeout_s` (its owner is gone: killed and restarted under another
   api_instance_id, or scaled down). Lease renewals never touch `checkpointed_at`: that stays the moment the
   billed tokens were counted.
 - The same renewal also renews the concurrent-request slots (a plan's max_concurrent_requests, api/ratelimit.py)

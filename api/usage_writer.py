@@ -200,14 +200,16 @@ class UsageWriter:
         return len(due)
 
     def renew_leases(self) -> int:
-        """Renew the lease of every row this process holds open, with one UPDATE (none while it holds none);
-        returns how many rows it renewed."""
+        """Renew the lease of every row this process holds open that shows no sign of life (a renewal or a
+        checkpoint: registry.usage.renew_usage_leases) from the last half renewal interval, with one UPDATE (none
+        while it holds none); returns how many rows it renewed. No row's latest sign is then ever older than about
+        1.5 renewal intervals (the lease is at least two)."""
         with self._lock:
             is_holding = bool(self._held)
         if self.api_instance_id is None or not is_holding:
             return 0
         with self.session_factory() as session:
-            return renew_usage_leases(session, self.api_instance_id)
+            return renew_usage_leases(session, self.api_instance_id, fresh_s=self.renewal_interval_s / 2)
 
     def renew_slots(self) -> int:
         """Renew the concurrent-request slot of every request this process holds open that holds one, with one

@@ -224,6 +224,24 @@ def cpu_s(pid: int) -> float:
     return times.user + times.system
 
 
+def others_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of the machine's PostgreSQL and Redis server processes (every backend: the cluster's
+    database is one of the machine's server's), by name."""
+    totals = {"postgres": 0.0, "redis": 0.0}
+    for process in psutil.process_iter(["name"]):
+        name = process.info["name"] or ""
+        key = (
+            "postgres"
+            if name.startswith("postgres")
+            else "redis"
+            if name.startswith("redis-server")
+            else None
+        )
+        if key is not None:
+            totals[key] += cpu_s(process.pid)
+    return totals
+
+
 def thread_counters(pid: int) -> dict[str, float]:
     """A process's CPU seconds in its main thread and in its other threads (the API's: the usage writer's), and
     its threads' involuntary context switches (preempted while runnable: by another process or thread) so far."""
@@ -527,7 +545,10 @@ def run(args: argparse.Namespace) -> None:
                 api_urls = [api.url or "" for api in cluster.apis]
                 stages_before = stage_buckets(api_urls, cluster.admin_key)
                 lags_ms: list[float] = []
+                others_before = others_cpu_s()
+                client_before_s = time.thread_time()
                 streams = measured_phase(target, args, lags_ms)
+                client_cpu_s = time.thread_time() - client_before_s
                 peaks = sampler.stop()
                 stop_profilers(profilers)
                 row = summary(phase, streams, args.num_tokens)
@@ -540,6 +561,12 @@ def run(args: argparse.Namespace) -> None:
                     name: round(v / 2**20, 1) for name, v in peaks.items() if name != "stub"
                 }
                 row["cpu_s"] = {name: round(v, 1) for name, v in sampler.cpu_used.items()}
+                row["cpu_s"]["client"] = round(
+                    client_cpu_s, 1
+                )  # the load generator's event loop (this thread)
+                row["cpu_s"].update(
+                    {name: round(v - others_before[name], 1) for name, v in others_cpu_s().items()}
+                )
                 row["api_threads"] = {n: v for n, v in sampler.threads_used.items() if n != "stub"}
                 # what each API holds once its streams ended: pools (DB, Redis, idle worker connections)
                 row["api_peak_fds"] = {n: v for n, v in sampler.peak_fds.items() if n != "stub"}
@@ -567,17 +594,18 @@ def run(args: argparse.Namespace) -> None:
     }  # fmt: skip
     print(
         f"{'phase':9} {'streams':>7} {'complete':>8} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'API peak RSS MiB':>17}"
-        f" {'CPU s (APIs, stub)':>19} {'API main, threads s':>19} {'preempted':>9}"
+        f" {'CPU s (APIs, stub)':>19} {'API main, threads s':>19} {'preempted':>9} {'client, PG, Redis s':>19}"
     )
     for r in results:
-        api_cpu = sum(v for name, v in r["cpu_s"].items() if name != "stub")
+        api_cpu = sum(v for name, v in r["cpu_s"].items() if name.startswith("api-"))
         cpu = f"{api_cpu:.1f}, {r['cpu_s']['stub']:.1f}"
         threads = r["api_threads"].values()
         split = f"{sum(t['main_cpu_s'] for t in threads):.1f}, {sum(t['threads_cpu_s'] for t in threads):.1f}"
         preempted = int(sum(t["involuntary_switches"] for t in threads))
+        load = f"{r['cpu_s']['client']:.1f}, {r['cpu_s']['postgres']:.1f}, {r['cpu_s']['redis']:.1f}"
         print(f"{r['phase']:9} {r['num_streams']:>7} {r['num_complete']:>8} {r['ttft_p50_ms']!s:>11} "
               f"{r['ttft_p99_ms']!s:>11} {max(r['api_peak_rss_mib'].values()):>17} {cpu:>19} {split:>19} "
-              f"{preempted:>9}  {r['errors'] or ''}")  # fmt: skip
+              f"{preempted:>9} {load:>19}  {r['errors'] or ''}")  # fmt: skip
     print(
         f"platform overhead on TTFT: p50 {line['overhead_ttft_p50_ms']} ms, p99 {line['overhead_ttft_p99_ms']} ms"
     )

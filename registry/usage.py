@@ -5,11 +5,13 @@ registry/usage_batches.py).
 Row lifecycle (crash-safe metering, see api/metering.py): a request's row is inserted `in_progress` when it
 starts, checkpointed (tokens delivered so far) while it streams and updated once to its final status. While it is
 open its owner (the API process, api_instance_id) renews its lease (`lease_renewed_at`) every quarter of the
-lease (settings.metering.renewal_interval_s), streamed or not, with one UPDATE for all its open rows. A row left `in_progress` is closed
+lease (settings.metering.renewal_interval_s), streamed or not, with one UPDATE for all its open rows that show no
+recent sign of life (a checkpoint is one: renew_usage_leases). A row left `in_progress` is closed
 `interrupted` with its last checkpoint by whichever comes first:
 - its owner starting again under the same api_instance_id (close_interrupted_usage, before it serves);
 - the periodic usage sweep, when its worker left the worker directory (close_orphaned_usage);
-- the same sweep, when its lease is older than settings.metering.lease_timeout_s (close_expired_usage): the
+- the same sweep, when its latest sign of life (start, lease renewal, checkpoint) is older than
+  settings.metering.lease_timeout_s (close_expired_usage): the
   owner died and came back under another id (a Kubernetes pod's random name) or never came back (scaled
   down). Lease ages compare the owner's clock with the sweeper's: hosts' clocks must agree to well within
   the timeout (NTP).
@@ -86,8 +88,8 @@ def in_lock_order(condition: Any) -> Select[str]:
     until the transaction ends; SQLite, which locks the whole database on a write, ignores it). Run it, or use
     it as the subquery of an UPDATE (`UsageRecord.id.in_(...)`: the UPDATE then changes only rows it locked).
 
-    Every write that changes several rows in one transaction (a finisher's batch, a checkpoint, a lease renewal,
-    a sweep) takes its rows' locks this way first, in this one order, so two of them never wait on each other
+    Every write that changes several rows in one transaction and waits for their locks (a finisher's batch, a
+    checkpoint, a sweep) takes its rows' locks this way first, in this one order, so two of them never wait on each other
     in a circle: PostgreSQL found such a deadlock after `deadlock_timeout` (1 s, both writers stalled) and
     aborted one, 1-2 times in a run of 2,000 streams (benchmarks/RESULTS.md, the thirteenth pass).
     """
@@ -217,19 +219,34 @@ def close_orphaned_usage(
     return request_ids
 
 
-def renew_usage_leases(session: Session, api_instance_id: str, now: datetime | None = None) -> int:
-    """Renew the lease of every row this owner holds open, with one UPDATE, and commit; returns how many.
+def renew_usage_leases(
+    session: Session, api_instance_id: str, now: datetime | None = None, *, fresh_s: float = 0.0
+) -> int:
+    """Renew the lease of the rows this owner holds open, with one UPDATE, and commit; returns how many.
 
-    Call it once per checkpoint interval while the owner process has requests running (api/metering.py).
+    Call it once per renewal interval while the owner process has requests running (api/metering.py). A row
+    whose lease was renewed or which was checkpointed less than `fresh_s` ago is left alone: the usage sweep
+    counts a checkpoint as a sign of life too (latest_sign_of_life), so a stream checkpointed every second needs
+    no renewal (the API's writer passes half its renewal interval). A row another transaction holds locked is skipped, not waited for (FOR UPDATE SKIP
+    LOCKED): a final is closing it, or a checkpoint is giving it a newer sign; the next renewal takes it if it
+    is still open. So a renewal never waits and holds no lock while it waits: it is in no lock order
+    (in_lock_order), and a final never waits behind the renewal of every open row (160-260 ms at 1,000 rows
+    per process: benchmarks/RESULTS.md, the twenty-first pass).
     """
-    is_owned_open = (UsageRecord.api_instance_id == api_instance_id) & (
-        UsageRecord.status == OPEN_USAGE_STATUS
+    now = now or utcnow()
+    cutoff = now - timedelta(seconds=fresh_s)
+    is_stale = (
+        (UsageRecord.api_instance_id == api_instance_id)
+        & (UsageRecord.status == OPEN_USAGE_STATUS)
+        & or_(UsageRecord.lease_renewed_at.is_(None), UsageRecord.lease_renewed_at < cutoff)
+        & or_(UsageRecord.checkpointed_at.is_(None), UsageRecord.checkpointed_at < cutoff)
     )
+    unlocked = select(UsageRecord.id).where(is_stale).with_for_update(skip_locked=True)
     result = _execute_dml(
         session,
         update(UsageRecord)
-        .where(UsageRecord.id.in_(in_lock_order(is_owned_open)), is_owned_open)
-        .values(lease_renewed_at=now or utcnow())
+        .where(UsageRecord.id.in_(unlocked), is_stale)
+        .values(lease_renewed_at=now)
         .execution_options(synchronize_session=False),
     )
     session.commit()

@@ -20,6 +20,7 @@ from registry.usage import (
     close_orphaned_usage,
     expired_lease_request_ids,
     finish_usage,
+    load_usage_leases,
     orphaned_request_ids,
     renew_usage_leases,
 )
@@ -279,6 +280,38 @@ def test_lease_renewal_moves_only_the_owners_open_rows_in_one_statement(db_sessi
     assert rows[finished].lease_renewed_at is None and rows[other_owner].lease_renewed_at is None
     assert rows[streamed].checkpointed_at == T0 + timedelta(seconds=1)  # a renewal is not a token checkpoint
     assert (rows[streamed].completion_tokens, rows[finished].status) == (10, "ok")
+
+
+def test_lease_renewal_leaves_rows_with_a_recent_sign_of_life_and_renews_the_rest(
+    db_session: Session,
+) -> None:
+    tenant = _tenant(db_session)
+    now, fresh_s = T0 + timedelta(seconds=60), 5.0
+    checkpointed = _open(db_session, tenant, "api-1", lease_renewed_at=T0)
+    renewed = _open(db_session, tenant, "api-1", lease_renewed_at=now - timedelta(seconds=fresh_s - 1))
+    quiet_stream = _open(db_session, tenant, "api-1", lease_renewed_at=T0)
+    quiet = _open(db_session, tenant, "api-1", lease_renewed_at=now - timedelta(seconds=fresh_s + 1))
+    never_renewed = _open(db_session, tenant, "api-1")  # opened without a lease time (an older writer)
+    checkpoint_usage(
+        db_session,
+        [
+            _checkpoint(checkpointed, 10, now - timedelta(seconds=fresh_s - 1)),
+            _checkpoint(quiet_stream, 3, now - timedelta(seconds=fresh_s + 1)),
+        ],
+    )
+
+    assert renew_usage_leases(db_session, "api-1", now, fresh_s=fresh_s) == 3
+    rows = _rows(db_session, tenant)
+    assert {r for r, row in rows.items() if row.lease_renewed_at == now} == {
+        quiet_stream,
+        quiet,
+        never_renewed,
+    }
+    assert rows[checkpointed].lease_renewed_at == T0  # its checkpoint is its sign of life: no write
+    assert rows[renewed].lease_renewed_at == now - timedelta(seconds=fresh_s - 1)
+    # every open row's latest sign of life is within fresh_s of the renewal: none is near its lease's end
+    leases = {lease.request_id: lease.renewed_at for lease in load_usage_leases(db_session)}
+    assert all(now - leases[r] < timedelta(seconds=fresh_s) for r in rows)
 
 
 def test_the_sweep_closes_a_row_whose_owner_stopped_renewing_after_the_timeout_not_before(

@@ -1,5 +1,6 @@
 """The usage writers that change several rows in one transaction lock them in one order (request_id), so two of
-them never deadlock (PostgreSQL: a finisher's batch and a checkpoint did, 1-2 times in a run of 2,000 streams).
+them never deadlock (PostgreSQL: a finisher's batch and a checkpoint did, 1-2 times in a run of 2,000 streams);
+a lease renewal never waits for a row at all.
 
 The property checked: a writer that waits for a row holds no row after it in that order. Rows are inserted in
 the reverse of that order, and the writers are handed them reversed, so neither the table's physical order nor
@@ -43,7 +44,6 @@ WRITERS: dict[str, Callable[[Session, list[str], str], object]] = {
     "checkpoint": lambda session, ids, owner: checkpoint_usage(
         session, [_checkpoint(r) for r in reversed(ids)]
     ),
-    "lease renewal": lambda session, ids, owner: renew_usage_leases(session, owner, T0),
     "restart sweep": lambda session, ids, owner: close_interrupted_usage(session, owner),
 }
 
@@ -53,6 +53,16 @@ def engine(postgres_url: str) -> Iterator[Engine]:
     engine = make_engine(postgres_url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def owner(engine: Engine) -> Iterator[str]:
+    """The API instance owning the test's rows, which are committed (the writers run in transactions of their
+    own): deleted afterwards, so no open row of a worker `w-1` is left for another test's sweep to find."""
+    owner = f"api-{new_id()[:8]}"
+    yield owner
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM usage_records WHERE api_instance_id = :o"), {"o": owner})
 
 
 def _open_rows(sessions: sessionmaker[Session], owner: str) -> list[str]:
@@ -97,10 +107,9 @@ def _is_free(engine: Engine, request_id: str) -> bool:
 
 @pytest.mark.parametrize("writer", WRITERS)
 def test_a_usage_writer_waiting_for_a_row_holds_none_after_it_in_request_order(
-    engine: Engine, writer: str
+    engine: Engine, owner: str, writer: str
 ) -> None:
     sessions = sessionmaker(engine, expire_on_commit=False)
-    owner = f"api-{new_id()[:8]}"
     first, *later = _open_rows(sessions, owner)
     errors: list[BaseException] = []
     with engine.connect() as holder:  # holds the first row in request order: the writer must wait there
@@ -126,3 +135,22 @@ def test_a_usage_writer_waiting_for_a_row_holds_none_after_it_in_request_order(
             thread.join(WAIT_S)
     assert not thread.is_alive() and not errors
     assert held == [], f"{writer} held {held} while waiting for {first}: two such writers can deadlock"
+
+
+def test_a_lease_renewal_skips_a_row_another_transaction_holds_instead_of_waiting(
+    engine: Engine, owner: str
+) -> None:
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    first, *later = _open_rows(sessions, owner)
+    with engine.connect() as holder:  # a final or a checkpoint holding the row
+        holder.execute(text("SELECT 1 FROM usage_records WHERE request_id = :r FOR UPDATE"), {"r": first})
+        with sessions() as session:
+            session.execute(text("SET LOCAL lock_timeout = '5s'"))  # a wait for the held row fails the test
+            assert renew_usage_leases(session, owner, T0) == len(later)
+        holder.rollback()
+    with sessions() as session:
+        renewed = session.execute(
+            text("SELECT request_id FROM usage_records WHERE api_instance_id = :o AND lease_renewed_at = :t"),
+            {"o": owner, "t": T0},
+        ).scalars()
+        assert sorted(renewed) == later
