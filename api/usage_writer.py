@@ -6,8 +6,8 @@ The opener inserts each opened row at once (with the others opened meanwhile, in
 first token waits for that insert (api/inference/serve.py), so it has a thread and a connection of its own and
 never waits behind the other writes. The finisher gives ended requests their final values (with the others ended
 meanwhile, in one statement or transaction): a stream's usage chunk and [DONE] wait for it, and a burst of ends
-costs a few writes, not one each on the shared thread pool. On PostgreSQL each of the three threads keeps an
-autocommit connection: one round trip a batch or a checkpoint (registry/usage_autocommit.py). The checkpointer runs the periodic writes: every
+costs a few writes, not one each on the shared thread pool. On PostgreSQL each of the two keeps an autocommit
+connection: one round trip a batch (registry/usage_autocommit.py). The checkpointer runs the periodic writes: every
 `interval_s` the spool's replay and the streams' checkpoints (one UPDATE for all), every `renewal_interval_s`
 the leases' and the slots' renewals.
 """
@@ -64,7 +64,6 @@ class UsageWriter:
         engine = bind if isinstance(bind, Engine) and AutocommitUsageConnection.is_supported(bind) else None
         self._open_connection = AutocommitUsageConnection(engine) if engine is not None else None
         self._final_connection = AutocommitUsageConnection(engine) if engine is not None else None
-        self._checkpoint_connection = AutocommitUsageConnection(engine) if engine is not None else None
         self.spool = spool
         self.interval_s = interval_s
         self.renewal_interval_s = max(interval_s, renewal_interval_s or interval_s)
@@ -182,11 +181,8 @@ class UsageWriter:
         )  # before any count is read: every token counted by then is in the checkpoint
         values = [meter.checkpoint_values(checkpointed_at) for meter, _ in due]
         try:
-            if self._checkpoint_connection is not None:
-                self._checkpoint_connection.checkpoint(values)
-            else:
-                with self.session_factory() as session:
-                    checkpoint_usage(session, values)
+            with self.session_factory() as session:
+                checkpoint_usage(session, values)
         except DATABASE_ERRORS as exc:
             if self.spool is None or not is_database_unavailable(exc):
                 raise
@@ -246,7 +242,7 @@ class UsageWriter:
             thread.join(timeout=10)
         self.flush_opens()
         self.flush_finals()
-        for connection in (self._open_connection, self._final_connection, self._checkpoint_connection):
+        for connection in (self._open_connection, self._final_connection):
             if connection is not None:
                 connection.close()
 

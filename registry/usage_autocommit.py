@@ -1,14 +1,12 @@
-"""A connection of its own for each of the usage writer's opener, finisher and checkpointer on PostgreSQL, in
-autocommit mode.
+"""A connection of its own for each of the usage writer's opener and finisher on PostgreSQL, in autocommit mode.
 
 A request's first token waits for its `in_progress` row and its stream's end for its final values
 (api/metering.py), and a writer thread needs the interpreter lock back after every round trip to the database: on
 a busy event loop each such wake-up waits up to the interpreter's switch interval (5 ms). Through a pooled session
 an opener's batch cost four round trips (the pool's pre-ping, BEGIN, the INSERT, COMMIT) and ~0.45 ms of the
 thread's CPU, a finisher's batch of n rows n + 4; here a batch is one statement, atomic by itself
-(registry/usage_batches.py insert_open_rows, finish_open_rows, locking_checkpoint_statement: binary arrays), one
-round trip, on a connection the thread keeps (a checkpoint's row locks are then held for its statement only, not
-across a transaction's round trips) (benchmarks/RESULTS.md, Chaos & scale sixteenth pass). The statement runs on the driver's own
+(registry/usage_batches.py insert_open_rows, finish_open_rows: binary arrays), one round trip, on a connection the
+thread keeps (benchmarks/RESULTS.md, Chaos & scale sixteenth pass). The statement runs on the driver's own
 connection, through a cursor kept with it: SQLAlchemy's execution context cost the thread another ~60 us per
 statement (benchmarks/RESULTS.md, Chaos & scale eighteenth pass).
 
@@ -33,7 +31,6 @@ from registry.usage_batches import (
     DriverStatement,
     finish_rows_statement,
     insert_open_rows,
-    locking_checkpoint_statement,
     open_rows_statement,
     unfinished,
 )
@@ -69,15 +66,6 @@ class AutocommitUsageConnection:
         else:
             self._execute(statement)
 
-    def checkpoint(self, checkpoints: Sequence[dict[str, object]]) -> None:
-        """Checkpoint still-open rows in one statement (all or none; closed rows are left alone); raises what the
-        database raised."""
-        statement = locking_checkpoint_statement(checkpoints, self.engine.dialect)
-        if statement is not None:
-            self._execute(
-                statement, prepare=False
-            )  # a generic plan of it scans the table (execute_unprepared)
-
     def finish(self, rows: Sequence[dict[str, object]]) -> list[str] | None:
         """Give open rows their final values in one statement (all or none); returns the request ids that had no
         open row, or None, writing nothing, when the rows do not share their columns (registry/usage_batches.py
@@ -92,9 +80,8 @@ class AutocommitUsageConnection:
         with self._lock:
             self._close()
 
-    def _execute(self, statement: DriverStatement, prepare: bool | None = None) -> list[tuple[object, ...]]:
-        """Run one driver statement on the connection's psycopg cursor (prepared as psycopg decides, or as
-        `prepare` says); the rows it returned."""
+    def _execute(self, statement: DriverStatement) -> list[tuple[object, ...]]:
+        """Run one driver statement on the connection's psycopg cursor; the rows it returned."""
         with self._lock:
             try:
                 if self._cursor is None:
@@ -102,7 +89,7 @@ class AutocommitUsageConnection:
                     assert driver is not None and driver.autocommit  # type: ignore[attr-defined]
                     self._cursor = driver.cursor()  # type: ignore[attr-defined]
                 cursor = self._cursor
-                cursor.execute(*statement, prepare=prepare)
+                cursor.execute(*statement)
                 return list(cursor.fetchall()) if cursor.description is not None else []
             except psycopg.Error as exc:  # as SQLAlchemy raises it (IntegrityError, OperationalError, ...)
                 self._close()

@@ -141,48 +141,16 @@ def _lock_open_rows(session: Session, request_ids: list[object]) -> None:
 # PostgreSQL: every checkpoint in one statement, each column one array (an executemany is one UPDATE per row:
 # twice the client CPU and wall time for 1,000 rows, benchmarks/RESULTS.md); a request_id is unique. The arrays
 # are sent binary (`%b`: psycopg writes no text, so 1,000 checkpoints cost ~2 ms of the writer's CPU, not ~9 ms).
-_CHECKPOINT_SET = (
+_CHECKPOINT_ARRAYS = (
     "UPDATE usage_records SET prompt_tokens = c.prompt_tokens, completion_tokens = c.completion_tokens, "
     "ttft_ms = c.ttft_ms, tpot_ms = c.tpot_ms, e2e_ms = c.e2e_ms, worker_id = c.worker_id, "
     "checkpointed_at = c.checkpointed_at "
-)
-_CHECKPOINT_UNNEST = (
-    "unnest(%b::text[], %b::integer[], %b::integer[], %b::double precision[], %b::double precision[], "
+    "FROM unnest(%b::text[], %b::integer[], %b::integer[], %b::double precision[], %b::double precision[], "
     "%b::double precision[], %b::text[], %b::timestamptz[]) "
     "AS c(request_id, prompt_tokens, completion_tokens, ttft_ms, tpot_ms, e2e_ms, worker_id, checkpointed_at) "
-)
-_CHECKPOINT_ARRAYS = (  # after _LOCK_OPEN_ROWS, in the same transaction
-    f"{_CHECKPOINT_SET}FROM {_CHECKPOINT_UNNEST}"
     f"WHERE usage_records.request_id = c.request_id AND usage_records.status = '{OPEN_USAGE_STATUS}'"
 )
-# The same with the rows' locks taken by the statement itself, in request_id order (in_lock_order: a materialized
-# CTE whose LockRows runs over its sort), for the usage writer's autocommit connection: one round trip, and no
-# lock held while the writer's thread waits for the interpreter lock between statements (a checkpoint's lock, its
-# update and its commit were three, and ending streams' finals waited behind them: benchmarks/RESULTS.md, the
-# twenty-first pass). A row a final closed while the lock waited fails the CTE's re-check and is left alone. The
-# update joins on the locked ids (`id IN (locked)` was planned as a scan), and the statement must run unprepared:
-# its generic plan scanned the table too (450-600 ms a checkpoint of 1,000 open rows among 51,000, ~20 ms as a
-# custom plan).
-_LOCKING_CHECKPOINT_ARRAYS = (
-    "WITH locked AS MATERIALIZED (SELECT id, request_id FROM usage_records WHERE request_id = ANY(%b::text[]) "
-    f"AND status = '{OPEN_USAGE_STATUS}' ORDER BY request_id FOR UPDATE) "
-    f"{_CHECKPOINT_SET}FROM locked JOIN {_CHECKPOINT_UNNEST}ON c.request_id = locked.request_id "
-    f"WHERE usage_records.id = locked.id AND usage_records.status = '{OPEN_USAGE_STATUS}'"
-)
 _FLOAT_CHECKPOINT_FIELDS = frozenset({"ttft_ms", "tpot_ms", "e2e_ms"})  # a binary array holds one type
-
-
-def locking_checkpoint_statement(
-    checkpoints: Sequence[dict[str, object]], dialect: Dialect
-) -> DriverStatement | None:
-    """The one statement that locks (in request_id order) and checkpoints these still-open rows on PostgreSQL
-    through psycopg, atomic by itself (an autocommit connection); None elsewhere. Each checkpoint has `request_id`
-    and every CHECKPOINT_FIELDS key. Run it unprepared (psycopg's `prepare=False`: see _LOCKING_CHECKPOINT_ARRAYS)."""
-    if dialect.driver != "psycopg" or not checkpoints:
-        return None
-    request_ids = _column(checkpoints, "request_id")
-    columns = tuple(_column(checkpoints, name) for name in CHECKPOINT_FIELDS)
-    return _LOCKING_CHECKPOINT_ARRAYS, (request_ids, request_ids, *columns)
 
 
 def checkpoint_usage(session: Session, checkpoints: Sequence[dict[str, object]]) -> None:

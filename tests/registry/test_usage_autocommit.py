@@ -22,7 +22,7 @@ from registry import repository
 from registry.db import make_engine
 from registry.models import RolledUsageDay, UsageRecord, new_id, utcnow
 from registry.usage_autocommit import AutocommitUsageConnection
-from registry.usage_batches import checkpoint_usage, open_usage
+from registry.usage_batches import open_usage
 
 LONG_AGO = date(2001, 2, 3)  # a day no other test writes usage in
 
@@ -233,33 +233,3 @@ def test_the_writer_finishes_opened_rows(sessions: sessionmaker[Session], tenant
         writer.close()
     written = _columns(sessions, [row["request_id"] for row in rows])
     assert [(r["status"], r["completion_tokens"]) for r in written] == [("ok", 0), ("ok", 1), ("ok", 2)]
-
-
-def test_a_checkpoint_in_one_statement_writes_what_a_session_checkpoint_writes_to_open_rows_only(
-    engine: Engine, sessions: sessionmaker[Session], tenant_id: str
-) -> None:
-    rows = [_open_row(tenant_id, index) for index in range(4)]
-    twins = [row | {"request_id": f"{row['request_id']}-session"} for row in rows]
-    connection = AutocommitUsageConnection(engine)
-    connection.insert(rows + twins)
-    closed = rows[3]["request_id"]
-    connection.finish([{"request_id": closed, "status": "ok", "completion_tokens": 1}])
-    # more rounds than psycopg's prepare threshold (5): the statement stays unprepared, and right, every time
-    for round_ in range(7):
-        checkpoints = [
-            {"request_id": row["request_id"], "prompt_tokens": 3, "completion_tokens": round_ * 10 + i,
-             "ttft_ms": None if i == 0 else 1.5 * i, "tpot_ms": 2.0, "e2e_ms": 10.0 + round_,
-             "worker_id": f"w-{i}", "checkpointed_at": utcnow()}
-            for i, row in enumerate(rows)
-        ]  # fmt: skip
-        connection.checkpoint(checkpoints)
-        with sessions() as session:
-            checkpoint_usage(session, [c | {"request_id": f"{c['request_id']}-session"} for c in checkpoints])
-    connection.close()
-    written = _columns(sessions, [row["request_id"] for row in rows[:3]])
-    expected = _columns(sessions, [row["request_id"] for row in twins[:3]])
-    for got, want in zip(written, expected, strict=True):
-        assert got | {"request_id": None} == want | {"request_id": None}
-    assert [got["completion_tokens"] for got in written] == [60, 61, 62]
-    (closed_row,) = _columns(sessions, [closed])
-    assert (closed_row["status"], closed_row["completion_tokens"]) == ("ok", 1)  # a closed row is left alone

@@ -215,7 +215,8 @@ def test_dead_worker_sweep_closes_rows_of_vanished_workers_after_the_grace(db_se
         ],
     )
     closed = close_orphaned_usage(db_session, {"w-live"}, grace_s=10, now=T0 + timedelta(seconds=60))
-    assert closed == [dead]
+    # the sweep is database-wide: open rows other tests committed (their workers are not live here) go too
+    assert [r for r in closed if r in {dead, dead_recent, live, unrouted}] == [dead]
     rows = _rows(db_session, tenant)
     assert (rows[dead].status, rows[dead].completion_tokens) == ("interrupted", 20)
     assert "worker" in (rows[dead].error_message or "")

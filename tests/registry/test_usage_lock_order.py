@@ -23,7 +23,6 @@ from registry import repository
 from registry.db import make_engine
 from registry.models import new_id
 from registry.usage import close_interrupted_usage, renew_usage_leases
-from registry.usage_autocommit import AutocommitUsageConnection
 from registry.usage_batches import checkpoint_usage, finish_open_usage, open_usage
 
 pytestmark = pytest.mark.slow  # PostgreSQL only: SQLite locks the whole database on a write
@@ -80,17 +79,13 @@ def _open_rows(sessions: sessionmaker[Session], owner: str) -> list[str]:
     return request_ids
 
 
-def _wait_for_a_lock_wait(engine: Engine, backend_pid: int | None, other_than: int | None = None) -> None:
-    """Until the backend backend_pid (None: any backend but `other_than` and this one) waits for a row lock (the
-    writer reached the row the test holds)."""
+def _wait_for_a_lock_wait(engine: Engine, backend_pid: int) -> None:
+    """Until the backend backend_pid waits for a row lock (the writer reached the row the test holds)."""
     deadline = time.monotonic() + WAIT_S
     with engine.connect() as conn:
         while time.monotonic() < deadline:
-            query = text(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid() "
-                "AND (pid = :pid OR (CAST(:pid AS integer) IS NULL AND pid <> :other))"
-            )
-            if conn.execute(query, {"pid": backend_pid, "other": other_than or 0}).scalar_one():
+            query = text("SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = :pid")
+            if conn.execute(query, {"pid": backend_pid}).scalar_one():
                 return
             conn.rollback()
             time.sleep(0.01)  # polling PostgreSQL's lock table: nothing to wait on from here
@@ -159,38 +154,3 @@ def test_a_lease_renewal_skips_a_row_another_transaction_holds_instead_of_waitin
             {"o": owner, "t": T0},
         ).scalars()
         assert sorted(renewed) == later
-
-
-def test_a_checkpoint_in_one_statement_waiting_for_a_row_holds_none_after_it_in_request_order(
-    engine: Engine, owner: str
-) -> None:
-    sessions = sessionmaker(engine, expire_on_commit=False)
-    first, *later = _open_rows(sessions, owner)
-    connection = AutocommitUsageConnection(engine)  # the usage writer's checkpointer, outside any transaction
-    errors: list[BaseException] = []
-    with engine.connect() as holder:
-        holder.execute(text("SELECT 1 FROM usage_records WHERE request_id = :r FOR UPDATE"), {"r": first})
-        holder_pid = holder.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-
-        def write() -> None:
-            try:
-                connection.checkpoint([_checkpoint(r) for r in reversed([first, *later])])
-            except BaseException as exc:  # noqa: BLE001 - reported by the test below
-                errors.append(exc)
-
-        thread = threading.Thread(target=write)
-        thread.start()
-        try:
-            _wait_for_a_lock_wait(engine, None, other_than=holder_pid)
-            held = [request_id for request_id in later if not _is_free(engine, request_id)]
-        finally:
-            holder.rollback()
-            thread.join(WAIT_S)
-    connection.close()
-    assert not thread.is_alive() and not errors
-    assert held == [], f"the checkpoint held {held} while waiting for {first}: two such writers can deadlock"
-    with sessions() as session:
-        tokens = session.execute(
-            text("SELECT completion_tokens FROM usage_records WHERE api_instance_id = :o"), {"o": owner}
-        ).scalars()
-        assert set(tokens) == {3}  # and once the row was free, every row was checkpointed
